@@ -1,0 +1,288 @@
+//! The Host's inputs and outputs: everything that crosses the sans-IO boundary.
+
+use crate::engine::{EngineFault, ModelInfo, StepDone, StepPlan};
+use crate::text::SharedCodec;
+use crate::time::Duration;
+
+/// Identifies one client connection; chosen by the caller, unique while open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+/// The five wire dialects, each at its own path (PROTOCOLS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dialect {
+    /// `/generate`: config / control / feedback; init / token / completion.
+    Generate,
+    /// `/ws/session`: client-held conversations.
+    Session,
+    /// `/v1/responses`: OpenAI Responses API WebSocket mode.
+    Responses,
+    /// `/ws`: batch queue with event arrays.
+    Batch,
+    /// `/`: cai-service with query-string auth.
+    Cai,
+}
+
+impl Dialect {
+    /// Every dialect, in a fixed order (for metrics and tests).
+    pub const ALL: [Dialect; 5] = [
+        Dialect::Generate,
+        Dialect::Session,
+        Dialect::Responses,
+        Dialect::Batch,
+        Dialect::Cai,
+    ];
+
+    /// The dialect served at a WebSocket `path`, if any.
+    pub fn from_path(path: &str) -> Option<Dialect> {
+        Some(match path {
+            "/generate" => Dialect::Generate,
+            "/ws/session" => Dialect::Session,
+            "/v1/responses" => Dialect::Responses,
+            "/ws" => Dialect::Batch,
+            "/" => Dialect::Cai,
+            _ => return None,
+        })
+    }
+
+    /// Short lowercase name (`generate`, `session`, ...), used as a metrics label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Generate => "generate",
+            Dialect::Session => "session",
+            Dialect::Responses => "responses",
+            Dialect::Batch => "batch",
+            Dialect::Cai => "cai",
+        }
+    }
+}
+
+/// How a connection reached the Host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A WebSocket: the Host may ping it and close it with a code.
+    WebSocket,
+    /// One HTTP request translated by the shell into the dialect's frames; it ends
+    /// when the request's response ends. No pings, no idle timeout.
+    Http,
+}
+
+/// Everything that can happen to the Host. Pass each with the current time to
+/// [`crate::Host::handle`], then drain [`crate::Host::poll_output`].
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A client connected on a dialect's path.
+    Open {
+        /// Caller-chosen id for the connection.
+        conn: ConnId,
+        /// Dialect from the path.
+        dialect: Dialect,
+        /// How it is carried.
+        transport: Transport,
+        /// Raw query string (without `?`), for dialects that authenticate there.
+        query: String,
+        /// Peer address, for logs and limits.
+        peer: String,
+    },
+    /// A text frame arrived.
+    Text {
+        /// The connection.
+        conn: ConnId,
+        /// The frame's text.
+        text: String,
+    },
+    /// A binary frame arrived (its content is irrelevant: binary is not spoken).
+    Binary {
+        /// The connection.
+        conn: ConnId,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A frame larger than the configured maximum arrived (it was not read).
+    FrameTooLarge {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The client answered a ping.
+    Pong {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection is gone (closed by either side, or broken).
+    Closed {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection's outbound queue is full: stop producing for it.
+    QueueFull {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection's outbound queue drained below its low mark.
+    QueueDrained {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The time returned by [`crate::Host::poll_timeout`] has come.
+    Timeout,
+    /// The engine finished the outstanding step.
+    StepDone(StepDone),
+    /// The engine failed the outstanding step.
+    EngineFault(EngineFault),
+    /// Model weights are loading (before [`Input::ModelLoaded`]).
+    ModelLoading {
+        /// Percent done, 0..=100.
+        progress: f32,
+        /// What is being loaded (no client content).
+        message: String,
+        /// Estimated time remaining.
+        eta: Option<Duration>,
+    },
+    /// The model is loaded and the engine ready: the Host starts serving it.
+    ModelLoaded {
+        /// What the engine serves.
+        info: ModelInfo,
+        /// Its tokenizer and chat template.
+        codec: SharedCodec,
+    },
+    /// Begin graceful shutdown: refuse new work, let generations run for the
+    /// shutdown grace, then end them and close every connection with 1001.
+    Shutdown,
+}
+
+/// Something the caller must do. Drain with [`crate::Host::poll_output`] after every input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Send a text frame.
+    Send {
+        /// The connection.
+        conn: ConnId,
+        /// JSON text.
+        text: String,
+    },
+    /// Send a WebSocket ping; answer with [`Input::Pong`] when the pong comes.
+    Ping {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Close the connection with this code; then report [`Input::Closed`].
+    Close {
+        /// The connection.
+        conn: ConnId,
+        /// WebSocket close code.
+        code: u16,
+        /// Close reason (short, no client content).
+        reason: String,
+    },
+    /// Run this step on the engine; answer with [`Input::StepDone`] or [`Input::EngineFault`].
+    RunStep(StepPlan),
+    /// A client's feedback, for the operator's feedback log (the only client text
+    /// the core ever hands out for writing, and only the shell decides to write it).
+    Feedback(FeedbackRecord),
+    /// Metrics and audit: counts, durations, ids; never conversation text.
+    Event(Event),
+    /// Graceful shutdown is complete: every connection is closed.
+    ShutdownComplete,
+}
+
+/// Feedback sent by a client about one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedbackRecord {
+    /// The generation it concerns, if one was known.
+    pub request_id: Option<String>,
+    /// -1..=1.
+    pub rating: f64,
+    /// Position in the generation, if given.
+    pub position: Option<u64>,
+    /// Free text, at most 4 KiB.
+    pub text: Option<String>,
+}
+
+/// How a request ended, for the requests counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Finished normally (length, stop string, end of sequence).
+    Completed,
+    /// Stopped or interrupted by the client, or its connection went away.
+    Cancelled,
+    /// Ended by a deadline.
+    TimedOut,
+    /// Ended with an error.
+    Failed,
+}
+
+impl Outcome {
+    /// Lowercase label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::TimedOut => "timeout",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// Metrics and audit events. Never carries conversation text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A connection opened.
+    ConnectionOpened {
+        /// Its dialect.
+        dialect: Dialect,
+    },
+    /// A connection closed.
+    ConnectionClosed {
+        /// Its dialect.
+        dialect: Dialect,
+    },
+    /// A request (generation) ended.
+    RequestFinished {
+        /// Its dialect.
+        dialect: Dialect,
+        /// How.
+        outcome: Outcome,
+        /// Prompt tokens.
+        prompt_tokens: u32,
+        /// Generated tokens.
+        completion_tokens: u32,
+    },
+    /// First token of a request, measured from its arrival.
+    FirstToken {
+        /// Time to first token.
+        ttft: Duration,
+    },
+    /// Time between two tokens of one request.
+    InterToken {
+        /// The gap.
+        gap: Duration,
+    },
+    /// An error frame was sent.
+    Error {
+        /// Its dialect.
+        dialect: Dialect,
+        /// The error code sent.
+        code: &'static str,
+    },
+    /// Feedback was received.
+    FeedbackReceived {
+        /// The rating.
+        rating: f64,
+    },
+    /// Scheduler gauges after a step was planned or finished.
+    Gauges {
+        /// Requests waiting for admission.
+        queued: u32,
+        /// Sequences holding KV blocks and being computed.
+        running: u32,
+        /// KV blocks in use.
+        kv_blocks_used: u32,
+        /// KV blocks in the pool.
+        kv_blocks_total: u32,
+    },
+    /// Tokens generated by a step, over all sequences.
+    TokensGenerated {
+        /// How many.
+        count: u32,
+    },
+}

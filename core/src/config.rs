@@ -1,0 +1,52 @@
+//! The Host's settings. Every limit and deadline from PROTOCOLS.md lives here.
+
+use crate::time::Duration;
+
+/// Settings of a [`crate::Host`]. `Default` gives the values PROTOCOLS.md names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostConfig {
+    /// Wall-clock time (unix ms) at the Host's `Instant::ZERO`; ids and timestamps
+    /// are `epoch_unix_ms + now`.
+    pub epoch_unix_ms: u64,
+    /// Largest accepted frame in bytes (larger closes with 1009).
+    pub max_frame_bytes: usize,
+    /// A connection whose outbound queue stays full this long is closed with 1008.
+    pub slow_client_timeout: Duration,
+    /// A paused generation ends with `timeout` after this long.
+    pub pause_timeout: Duration,
+    /// Connections idle this long are closed with 1000.
+    pub idle_timeout: Duration,
+    /// Ping interval.
+    pub keepalive_interval: Duration,
+    /// A connection that answers no ping for this long is closed.
+    pub keepalive_timeout: Duration,
+    /// How long in-flight generations may run after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// `max_tokens` when the request gives none.
+    pub default_max_tokens: u32,
+    /// Most tokens computed in one engine step (prefill chunks plus decodes).
+    pub max_step_tokens: u32,
+    /// Most sequences in one engine step.
+    pub max_running_seqs: u32,
+    /// Most requests waiting for admission; more get the dialect's queue-full error.
+    pub max_queued_requests: u32,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            epoch_unix_ms: 0,
+            max_frame_bytes: 4 * 1024 * 1024,
+            slow_client_timeout: Duration::from_secs(30),
+            pause_timeout: Duration::from_secs(5 * 60),
+            idle_timeout: Duration::from_secs(10 * 60),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+            default_max_tokens: 256,
+            max_step_tokens: 512,
+            max_running_seqs: 64,
+            max_queued_requests: 1024,
+        }
+    }
+}

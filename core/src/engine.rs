@@ -1,0 +1,161 @@
+//! The engine boundary: what the core asks the model engine to compute, and what
+//! comes back.
+//!
+//! The scheduler in the core decides everything about memory (which sequences
+//! run, which KV blocks they use); the engine only computes. At most one step is
+//! outstanding at a time: the Host emits [`crate::Output::RunStep`] and waits for
+//! [`crate::Input::StepDone`] or [`crate::Input::EngineFault`].
+
+/// Identifies one sequence (one generation) for the engine and the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SeqId(pub u64);
+
+/// Index of one block of the paged KV cache (block size tokens per block).
+pub type BlockId = u32;
+
+/// Token id in the model's vocabulary.
+pub type TokenId = u32;
+
+/// How the next token is picked from the logits. One validated set per sequence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy (argmax); otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Keep only the `top_k` most likely tokens; 0 = off.
+    pub top_k: u32,
+    /// Hugging Face (CTRL) repetition penalty; 1 = off.
+    pub repetition_penalty: f32,
+    /// Seed of this sequence's sampler; the draw at each position is a pure
+    /// function of (seed, position, logits).
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: always the most likely token.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+}
+
+/// One sequence's share of a step: feed `tokens` at positions
+/// `start_pos..start_pos + tokens.len()`, writing their K/V into the blocks of
+/// `block_table`; if `sample` is set, sample the next token from the logits of
+/// the last one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqStep {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Tokens to feed (a prefill chunk, or the one newest token when decoding).
+    pub tokens: Vec<TokenId>,
+    /// Position of `tokens[0]` in the sequence.
+    pub start_pos: u32,
+    /// The sequence's KV blocks, in order; covers at least `start_pos + tokens.len()` positions.
+    pub block_table: Vec<BlockId>,
+    /// Sampling parameters for the token sampled after this chunk.
+    pub sampling: SamplingParams,
+    /// True when this chunk reaches the end of the known tokens, so a next token
+    /// is sampled and a [`SeqResult`] comes back. False for a middle prefill chunk.
+    pub sample: bool,
+    /// Number of top alternatives to report with logprobs; `None` = no logprobs.
+    pub logprobs: Option<u8>,
+}
+
+/// One batched forward step for the engine.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepPlan {
+    /// Increasing id, echoed in [`StepDone`] / [`EngineFault`].
+    pub step_id: u64,
+    /// Sequences computed in this step, all in one batch.
+    pub seqs: Vec<SeqStep>,
+    /// Sequences that are gone: the engine drops any per-sequence state it keeps.
+    pub free: Vec<SeqId>,
+    /// KV blocks to copy before computing, `(src, dst)` (copy-on-write).
+    pub copy_blocks: Vec<(BlockId, BlockId)>,
+}
+
+/// Log-probabilities of a sampled token and its top alternatives.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TokenLogprobs {
+    /// Log-probability of the chosen token.
+    pub logprob: f32,
+    /// The most likely tokens with their log-probabilities, best first.
+    pub top: Vec<(TokenId, f32)>,
+}
+
+/// The token sampled for one sequence in a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqResult {
+    /// The sequence.
+    pub seq: SeqId,
+    /// The sampled token.
+    pub token: TokenId,
+    /// Present when the step asked for logprobs.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// The engine's answer to a [`StepPlan`]: one result per [`SeqStep`] with `sample` set.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepDone {
+    /// The plan's `step_id`.
+    pub step_id: u64,
+    /// Sampled tokens.
+    pub results: Vec<SeqResult>,
+}
+
+/// Why a step failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineFaultKind {
+    /// The step needed more device memory than there was.
+    OutOfMemory,
+    /// The device is gone; its KV cache with it.
+    DeviceLost,
+    /// Anything else; the text is for operators (never client content).
+    Internal(String),
+}
+
+/// A step that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineFault {
+    /// The plan's `step_id`.
+    pub step_id: u64,
+    /// What went wrong.
+    pub kind: EngineFaultKind,
+}
+
+/// What the core needs to know about the served model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// Name clients use for it (`model` fields).
+    pub name: String,
+    /// Version string reported in `init.model_info.version`.
+    pub version: String,
+    /// Context window in tokens.
+    pub context_len: u32,
+    /// Vocabulary size.
+    pub vocab_size: u32,
+    /// Token ids that end a generation (from `generation_config.json`).
+    pub eos_ids: Vec<TokenId>,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// KV blocks in the pool.
+    pub num_blocks: u32,
+    /// Weight dtype as reported to clients (`f32`, `f16`, `bf16`, ...).
+    pub dtype: String,
+}

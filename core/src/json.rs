@@ -1,0 +1,1 @@
+//! JSON parsing with limits.

@@ -1,0 +1,57 @@
+//! # tokenwire-core
+//!
+//! The sans-IO heart of tokenwire: connections, the five wire dialects,
+//! generations, pause/resume, deadlines, flow control, scheduling and recovery,
+//! as deterministic state machines. No tokio, no clock, no threads, no OS
+//! randomness: the same seed and the same inputs give the same outputs, bit for bit.
+//!
+//! ## Driving a [`Host`]
+//!
+//! ```
+//! use tokenwire_core::{Host, HostConfig, Input, Output, Instant, ConnId, Dialect, Transport};
+//! # use tokenwire_core::testing::{ByteCodec, tiny_model_info};
+//! let mut host = Host::with_model(HostConfig::default(), tiny_model_info(), ByteCodec::shared(), 42);
+//! let now = Instant::ZERO;
+//! host.handle(now, Input::Open {
+//!     conn: ConnId(1), dialect: Dialect::Generate, transport: Transport::WebSocket,
+//!     query: String::new(), peer: "127.0.0.1:1".into(),
+//! });
+//! host.handle(now, Input::Text { conn: ConnId(1), text: r#"{"type":"config","prompt":"hi"}"#.into() });
+//! while let Some(out) = host.poll_output() {
+//!     match out {
+//!         Output::Send { conn, text } => { /* write `text` to `conn` */ }
+//!         Output::RunStep(plan) => { /* run on the engine, then handle(now, Input::StepDone(..)) */ }
+//!         _ => {}
+//!     }
+//! }
+//! // Sleep until `host.poll_timeout()`, then `host.handle(now, Input::Timeout)`.
+//! ```
+//!
+//! The rule: after every [`Host::handle`], drain [`Host::poll_output`] until it
+//! returns `None`. See the crate README for the full event-loop contract.
+
+pub mod api;
+pub mod config;
+pub mod dialect;
+pub mod engine;
+pub mod gen;
+pub mod host;
+pub mod ids;
+pub mod json;
+pub mod params;
+pub mod rng;
+pub mod sched;
+pub mod testing;
+pub mod text;
+pub mod time;
+pub mod timer;
+
+pub use api::{ConnId, Dialect, Event, FeedbackRecord, Input, Outcome, Output, Transport};
+pub use config::HostConfig;
+pub use engine::{
+    BlockId, EngineFault, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep,
+    StepDone, StepPlan, TokenId, TokenLogprobs,
+};
+pub use host::Host;
+pub use text::{ChatMessage, Role, SharedCodec, TextCodec};
+pub use time::{Duration, Instant};

@@ -1,0 +1,1 @@
+//! Sampling parameter validation.

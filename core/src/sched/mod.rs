@@ -1,0 +1,1 @@
+//! Scheduler (placeholder until the scheduler lands).
