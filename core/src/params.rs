@@ -1,1 +1,270 @@
-//! Sampling parameter validation.
+//! Sampling parameters, validated in one place for every dialect (PROTOCOLS.md).
+
+use serde_json::{json, Map, Value};
+
+use crate::engine::SamplingParams;
+use crate::json::{FieldError, Fields};
+
+/// Most stop strings per request.
+pub const MAX_STOP_STRINGS: usize = 8;
+/// Longest stop string in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
+/// Most top alternatives reported with logprobs.
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// Effective generation parameters of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenParams {
+    /// Most tokens to generate.
+    pub max_tokens: u32,
+    /// 0..=2; 0 = greedy.
+    pub temperature: f32,
+    /// (0, 1].
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// > 0; 1 = off.
+    pub repetition_penalty: f32,
+    /// Strings that end the generation; never streamed.
+    pub stop: Vec<String>,
+    /// Explicit seed, if the client gave one.
+    pub seed: Option<u64>,
+    /// Alternatives per token when logprobs are asked for.
+    pub top_logprobs: u8,
+}
+
+impl GenParams {
+    /// Defaults: `max_tokens` as configured, temperature 1, no filters, no stops.
+    pub fn defaults(default_max_tokens: u32) -> Self {
+        GenParams {
+            max_tokens: default_max_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            stop: Vec::new(),
+            seed: None,
+            top_logprobs: 5,
+        }
+    }
+
+    /// The engine's view, with the seed actually used.
+    pub fn sampling(&self, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            repetition_penalty: self.repetition_penalty,
+            seed,
+        }
+    }
+
+    /// The effective values as JSON (for `modified` acknowledgements).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty,
+            "stop": self.stop,
+            "seed": self.seed,
+            "top_logprobs": self.top_logprobs,
+        })
+    }
+}
+
+/// The names a dialect uses for each parameter (they differ between dialects).
+#[derive(Debug, Clone, Copy)]
+pub struct ParamNames {
+    /// e.g. `max_tokens`, `max_output_tokens`, `max_new_tokens`.
+    pub max_tokens: &'static str,
+    /// Usually `temperature`.
+    pub temperature: &'static str,
+    /// Usually `top_p`.
+    pub top_p: &'static str,
+    /// Usually `top_k`.
+    pub top_k: &'static str,
+    /// Usually `repetition_penalty`.
+    pub repetition_penalty: &'static str,
+    /// Usually `stop`.
+    pub stop: &'static str,
+    /// Usually `seed`.
+    pub seed: &'static str,
+    /// Usually `top_logprobs`.
+    pub top_logprobs: &'static str,
+}
+
+impl ParamNames {
+    /// The common names (`max_tokens`, `temperature`, ...).
+    pub const STANDARD: ParamNames = ParamNames {
+        max_tokens: "max_tokens",
+        temperature: "temperature",
+        top_p: "top_p",
+        top_k: "top_k",
+        repetition_penalty: "repetition_penalty",
+        stop: "stop",
+        seed: "seed",
+        top_logprobs: "top_logprobs",
+    };
+}
+
+/// Applies the fields present in `obj` onto `base`, validating each; fields
+/// absent keep `base`'s value. `prefix` names the enclosing object in errors
+/// (e.g. `"parameters."`). Nothing is applied when any field is invalid.
+pub fn apply(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    names: &ParamNames,
+    base: &GenParams,
+    context_len: u32,
+) -> Result<GenParams, FieldError> {
+    let f = Fields::new(obj, prefix);
+    let name = |n: &str| format!("{prefix}{n}");
+    let mut p = base.clone();
+    if let Some(v) = f.u64(names.max_tokens)? {
+        if v < 1 || v > context_len as u64 {
+            return Err(FieldError::new(
+                name(names.max_tokens),
+                format!("must be between 1 and the context length {context_len}, got {v}"),
+            ));
+        }
+        p.max_tokens = v as u32;
+    }
+    if let Some(v) = f.f64(names.temperature)? {
+        if !(0.0..=2.0).contains(&v) {
+            return Err(FieldError::new(
+                name(names.temperature),
+                format!("must be between 0 and 2, got {v}"),
+            ));
+        }
+        p.temperature = v as f32;
+    }
+    if let Some(v) = f.f64(names.top_p)? {
+        if !(v > 0.0 && v <= 1.0) {
+            return Err(FieldError::new(
+                name(names.top_p),
+                format!("must be greater than 0 and at most 1, got {v}"),
+            ));
+        }
+        p.top_p = v as f32;
+    }
+    if let Some(v) = f.u64(names.top_k)? {
+        p.top_k = u32::try_from(v).unwrap_or(u32::MAX);
+    }
+    if let Some(v) = f.f64(names.repetition_penalty)? {
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(FieldError::new(
+                name(names.repetition_penalty),
+                format!("must be greater than 0, got {v}"),
+            ));
+        }
+        p.repetition_penalty = v as f32;
+    }
+    if let Some(v) = f.raw(names.stop) {
+        p.stop = parse_stop(v, &name(names.stop))?;
+    }
+    if let Some(v) = f.u64(names.seed)? {
+        p.seed = Some(v);
+    }
+    if let Some(v) = f.u64(names.top_logprobs)? {
+        if v > MAX_TOP_LOGPROBS {
+            return Err(FieldError::new(
+                name(names.top_logprobs),
+                format!("must be at most {MAX_TOP_LOGPROBS}, got {v}"),
+            ));
+        }
+        p.top_logprobs = v as u8;
+    }
+    Ok(p)
+}
+
+/// A stop value: one string or an array of up to 8 non-empty strings of at most 256 bytes.
+fn parse_stop(v: &Value, field: &str) -> Result<Vec<String>, FieldError> {
+    let items: Vec<&Value> = match v {
+        Value::String(_) => vec![v],
+        Value::Array(a) => a.iter().collect(),
+        other => {
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "must be a string or an array of strings, got {}",
+                    crate::json::type_name(other)
+                ),
+            ))
+        }
+    };
+    if items.len() > MAX_STOP_STRINGS {
+        return Err(FieldError::new(
+            field,
+            format!("at most {MAX_STOP_STRINGS} stop strings, got {}", items.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::String(s) = item else {
+            return Err(FieldError::new(field, "every stop entry must be a string"));
+        };
+        if s.is_empty() {
+            return Err(FieldError::new(field, "stop strings must not be empty"));
+        }
+        if s.len() > MAX_STOP_BYTES {
+            return Err(FieldError::new(
+                field,
+                format!("stop strings are at most {MAX_STOP_BYTES} bytes, got {}", s.len()),
+            ));
+        }
+        out.push(s.clone());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().expect("object")
+    }
+
+    #[test]
+    fn applies_present_fields_and_keeps_the_rest() {
+        let base = GenParams::defaults(256);
+        let p = apply(
+            &obj(json!({"temperature": 0.5, "stop": "END", "max_tokens": 10})),
+            "",
+            &ParamNames::STANDARD,
+            &base,
+            512,
+        )
+        .expect("valid");
+        assert_eq!(p.temperature, 0.5);
+        assert_eq!(p.stop, vec!["END".to_string()]);
+        assert_eq!(p.max_tokens, 10);
+        assert_eq!(p.top_p, 1.0);
+    }
+
+    #[test]
+    fn every_bound_is_checked_and_named() {
+        let base = GenParams::defaults(256);
+        let cases = [
+            (json!({"max_tokens": 0}), "parameters.max_tokens"),
+            (json!({"max_tokens": 513}), "parameters.max_tokens"),
+            (json!({"temperature": 2.5}), "parameters.temperature"),
+            (json!({"temperature": "hot"}), "parameters.temperature"),
+            (json!({"top_p": 0}), "parameters.top_p"),
+            (json!({"top_k": -1}), "parameters.top_k"),
+            (json!({"repetition_penalty": 0}), "parameters.repetition_penalty"),
+            (json!({"stop": ["a","b","c","d","e","f","g","h","i"]}), "parameters.stop"),
+            (json!({"stop": ["x".repeat(257)]}), "parameters.stop"),
+            (json!({"stop": [1]}), "parameters.stop"),
+            (json!({"seed": 1.5}), "parameters.seed"),
+            (json!({"top_logprobs": 21}), "parameters.top_logprobs"),
+        ];
+        for (v, field) in cases {
+            let err = apply(&obj(v.clone()), "parameters.", &ParamNames::STANDARD, &base, 512)
+                .expect_err("must be rejected");
+            assert_eq!(err.field, field, "for {v}");
+        }
+    }
+}

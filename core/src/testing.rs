@@ -130,3 +130,177 @@ impl ScriptEngine {
         }
     }
 }
+
+/// Drives a [`crate::Host`] with a [`ScriptEngine`] and virtual time, recording
+/// what each connection receives. The model of quinn's test `Pair`: no sockets,
+/// no threads, no sleeping; time moves only when the test says so.
+pub struct Harness {
+    /// The Host under test.
+    pub host: crate::Host,
+    /// The engine that answers its steps.
+    pub engine: ScriptEngine,
+    /// Current virtual time.
+    pub now: crate::Instant,
+    /// Frames sent to each connection, in order, parsed as JSON.
+    pub frames: std::collections::BTreeMap<crate::ConnId, Vec<serde_json::Value>>,
+    /// Close codes sent to each connection.
+    pub closes: std::collections::BTreeMap<crate::ConnId, (u16, String)>,
+    /// Every output other than frames, in order.
+    pub others: Vec<crate::Output>,
+    /// The step handed out and not yet answered.
+    pub pending_step: Option<StepPlan>,
+    /// Virtual time one engine step takes.
+    pub step_time: crate::Duration,
+    /// Steps run.
+    pub steps_run: u64,
+    /// Answer every ping with a pong at once (a live client). Off to test keepalive.
+    pub auto_pong: bool,
+}
+
+impl Harness {
+    /// A harness serving the tiny byte model whose engine writes `script`.
+    pub fn new(config: crate::HostConfig, script: &str, seed: u64) -> Self {
+        Self::with_info(config, tiny_model_info(), script, seed)
+    }
+
+    /// Like [`Harness::new`] with explicit model info (e.g. fewer KV blocks).
+    pub fn with_info(config: crate::HostConfig, info: ModelInfo, script: &str, seed: u64) -> Self {
+        Harness {
+            host: crate::Host::with_model(config, info, ByteCodec::shared(), seed),
+            engine: ScriptEngine::new(script),
+            now: crate::Instant::ZERO,
+            frames: Default::default(),
+            closes: Default::default(),
+            others: Vec::new(),
+            pending_step: None,
+            step_time: crate::Duration::from_millis(10),
+            steps_run: 0,
+            auto_pong: true,
+        }
+    }
+
+    /// Feeds an input at the current time and collects the outputs.
+    pub fn input(&mut self, input: crate::Input) {
+        self.host.handle(self.now, input);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        let mut pongs = Vec::new();
+        while let Some(out) = self.host.poll_output() {
+            match out {
+                crate::Output::Ping { conn } if self.auto_pong => {
+                    pongs.push(conn);
+                    self.others.push(crate::Output::Ping { conn });
+                }
+                crate::Output::Send { conn, text } => {
+                    let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+                    self.frames.entry(conn).or_default().push(v);
+                }
+                crate::Output::Close { conn, code, reason } => {
+                    self.closes.insert(conn, (code, reason));
+                }
+                crate::Output::RunStep(plan) => {
+                    assert!(self.pending_step.is_none(), "two steps outstanding");
+                    self.pending_step = Some(plan);
+                }
+                other => self.others.push(other),
+            }
+        }
+        for conn in pongs {
+            self.input(crate::Input::Pong { conn });
+        }
+    }
+
+    /// Opens a WebSocket connection on `dialect`.
+    pub fn open(&mut self, conn: u64, dialect: crate::Dialect) -> crate::ConnId {
+        let id = crate::ConnId(conn);
+        self.input(crate::Input::Open {
+            conn: id,
+            dialect,
+            transport: crate::Transport::WebSocket,
+            query: String::new(),
+            peer: "127.0.0.1:9".into(),
+        });
+        id
+    }
+
+    /// Sends a text frame from a client.
+    pub fn send(&mut self, conn: crate::ConnId, v: serde_json::Value) {
+        self.send_raw(conn, &v.to_string());
+    }
+
+    /// Sends raw text from a client.
+    pub fn send_raw(&mut self, conn: crate::ConnId, text: &str) {
+        self.input(crate::Input::Text {
+            conn,
+            text: text.to_string(),
+        });
+    }
+
+    /// Runs the outstanding step (if any): time advances by `step_time` and due
+    /// timers fire first. Returns false when no step was outstanding.
+    pub fn step(&mut self) -> bool {
+        let Some(plan) = self.pending_step.take() else {
+            return false;
+        };
+        self.advance(self.step_time);
+        let done = self.engine.step(&plan);
+        self.steps_run += 1;
+        self.input(crate::Input::StepDone(done));
+        true
+    }
+
+    /// Runs steps until none is outstanding or `max` steps ran.
+    pub fn run(&mut self, max: usize) -> usize {
+        let mut n = 0;
+        while n < max && self.step() {
+            n += 1;
+        }
+        n
+    }
+
+    /// Moves time forward by `d`, firing every timer that comes due on the way.
+    pub fn advance(&mut self, d: crate::Duration) {
+        let target = self.now + d;
+        while let Some(t) = self.host.poll_timeout() {
+            if t > target {
+                break;
+            }
+            self.now = t.max(self.now);
+            self.input(crate::Input::Timeout);
+        }
+        self.now = target;
+    }
+
+    /// Frames received by `conn` so far.
+    pub fn received(&self, conn: crate::ConnId) -> &[serde_json::Value] {
+        self.frames.get(&conn).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Frames of `kind` (`type` field) received by `conn`.
+    pub fn of_type(&self, conn: crate::ConnId, kind: &str) -> Vec<serde_json::Value> {
+        self.received(conn)
+            .iter()
+            .filter(|v| v["type"] == kind)
+            .cloned()
+            .collect()
+    }
+
+    /// Concatenation of the `token` fields received by `conn`.
+    pub fn streamed_text(&self, conn: crate::ConnId) -> String {
+        self.of_type(conn, "token")
+            .iter()
+            .filter_map(|v| v["token"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+/// The text [`ScriptEngine`] writes after a prompt of `prompt_tokens` tokens,
+/// for `n` tokens (before any stop string or EOS).
+pub fn script_text(script: &str, prompt_tokens: usize, n: usize) -> String {
+    let b = script.as_bytes();
+    (0..n)
+        .map(|i| b[(prompt_tokens + i) % b.len()] as char)
+        .collect()
+}

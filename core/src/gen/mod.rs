@@ -1,1 +1,297 @@
-//! Generation machine.
+//! The generation machine shared by every dialect: queued, prefilling, decoding,
+//! paused, finished; stop strings, incremental detokenisation.
+//!
+//! A [`Generation`] turns sampled tokens into text pieces and decides when it is
+//! finished. It never talks to the scheduler or the wire: the Host does that.
+
+pub mod detok;
+pub mod stop;
+
+use crate::api::ConnId;
+use crate::engine::{SeqId, SeqResult, TokenId, TokenLogprobs};
+use crate::params::GenParams;
+use crate::text::TextCodec;
+use crate::time::Instant;
+
+use detok::IncrementalDecoder;
+use stop::StopMatcher;
+
+/// Why a generation ended normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// A stop string or an end-of-sequence token.
+    Stop,
+    /// Stopped by the client (control stop, interrupt, cancel, disconnect).
+    Cancelled,
+    /// A deadline (pause timeout) ended it.
+    Timeout,
+}
+
+impl FinishReason {
+    /// The `generate` dialect's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Timeout => "timeout",
+        }
+    }
+}
+
+/// Where a generation is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GenState {
+    /// Waiting for admission.
+    Queued,
+    /// Admitted; prompt being computed.
+    Prefilling,
+    /// Producing tokens.
+    Decoding,
+    /// Ended.
+    Finished,
+}
+
+/// Text released by one sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenPiece {
+    /// The sampled token, if this piece comes from one.
+    pub token_id: Option<TokenId>,
+    /// Text to stream (possibly empty: held back or an incomplete character).
+    pub text: String,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Option<TokenLogprobs>,
+    /// Set when this token ends the generation.
+    pub finish: Option<FinishReason>,
+}
+
+/// One request's generation state.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Its sequence id (also the scheduler's and engine's key).
+    pub id: SeqId,
+    /// The connection that owns it.
+    pub owner: ConnId,
+    /// Prompt token ids (as fed to the model, BOS included).
+    pub prompt_ids: Vec<TokenId>,
+    /// Generated token ids (end-of-sequence token included when one came).
+    pub out_ids: Vec<TokenId>,
+    /// Effective parameters.
+    pub params: GenParams,
+    /// The sampler seed actually used.
+    pub seed: u64,
+    /// Alternatives per token for logprobs, if asked for.
+    pub logprobs: Option<u8>,
+    /// Text streamed so far.
+    pub text: String,
+    /// Where it is.
+    pub state: GenState,
+    /// Paused by its client: not scheduled, results held.
+    pub user_paused: bool,
+    /// Held back by flow control (slow reader, window): not scheduled.
+    pub flow_blocked: bool,
+    /// Results that arrived while paused, applied on resume.
+    pub pending: Vec<SeqResult>,
+    /// When the request arrived.
+    pub created_at: Instant,
+    /// When its first token was produced.
+    pub first_token_at: Option<Instant>,
+    /// When its latest token was produced.
+    pub last_token_at: Option<Instant>,
+    /// Last queue position reported to the client.
+    pub reported_position: Option<u32>,
+    eos_ids: Vec<TokenId>,
+    detok: IncrementalDecoder,
+    stop: StopMatcher,
+}
+
+impl Generation {
+    /// A new queued generation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: SeqId,
+        owner: ConnId,
+        prompt_ids: Vec<TokenId>,
+        params: GenParams,
+        seed: u64,
+        logprobs: Option<u8>,
+        eos_ids: Vec<TokenId>,
+        now: Instant,
+    ) -> Self {
+        let detok = IncrementalDecoder::new(&prompt_ids);
+        let stop = StopMatcher::new(params.stop.clone());
+        Generation {
+            id,
+            owner,
+            prompt_ids,
+            out_ids: Vec::new(),
+            params,
+            seed,
+            logprobs,
+            text: String::new(),
+            state: GenState::Queued,
+            user_paused: false,
+            flow_blocked: false,
+            pending: Vec::new(),
+            created_at: now,
+            first_token_at: None,
+            last_token_at: None,
+            reported_position: None,
+            eos_ids,
+            detok,
+            stop,
+        }
+    }
+
+    /// True when the scheduler may compute it.
+    pub fn runnable(&self) -> bool {
+        !self.user_paused && !self.flow_blocked && self.state != GenState::Finished
+    }
+
+    /// Replaces the parameters (a `modify`); takes effect from the next token.
+    pub fn set_params(&mut self, params: GenParams) {
+        self.stop.set_stops(params.stop.clone());
+        self.params = params;
+    }
+
+    /// Applies one sampled token: decodes it, checks stop strings, end of
+    /// sequence and `max_tokens`.
+    pub fn on_token(&mut self, codec: &dyn TextCodec, result: SeqResult, now: Instant) -> TokenPiece {
+        let token = result.token;
+        self.out_ids.push(token);
+        self.state = GenState::Decoding;
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(now);
+        }
+        self.last_token_at = Some(now);
+        let mut text = String::new();
+        let mut finish = None;
+        if self.eos_ids.contains(&token) {
+            text.push_str(&self.flush(codec));
+            finish = Some(FinishReason::Stop);
+        } else {
+            let piece = self.detok.push(codec, token);
+            let outcome = self.stop.push(&piece);
+            text.push_str(&outcome.emit);
+            if outcome.stopped {
+                finish = Some(FinishReason::Stop);
+            } else if self.out_ids.len() >= self.params.max_tokens as usize {
+                text.push_str(&self.flush(codec));
+                finish = Some(FinishReason::Length);
+            }
+        }
+        self.text.push_str(&text);
+        if finish.is_some() {
+            self.state = GenState::Finished;
+        }
+        TokenPiece {
+            token_id: Some(token),
+            text,
+            logprobs: result.logprobs,
+            finish,
+        }
+    }
+
+    /// Ends the generation from outside (cancel, timeout): releases held text.
+    pub fn end(&mut self, codec: &dyn TextCodec, reason: FinishReason) -> TokenPiece {
+        let text = if self.state == GenState::Finished {
+            String::new()
+        } else {
+            self.flush(codec)
+        };
+        self.text.push_str(&text);
+        self.state = GenState::Finished;
+        TokenPiece {
+            token_id: None,
+            text,
+            logprobs: None,
+            finish: Some(reason),
+        }
+    }
+
+    /// Held text of a generation that did not end on a stop string.
+    fn flush(&mut self, codec: &dyn TextCodec) -> String {
+        let tail = self.detok.finish(codec);
+        let mut out = self.stop.push(&tail).emit;
+        out.push_str(&self.stop.finish());
+        out
+    }
+
+    /// Prompt tokens, for usage.
+    pub fn prompt_tokens(&self) -> u32 {
+        self.prompt_ids.len() as u32
+    }
+
+    /// Generated tokens, for usage.
+    pub fn completion_tokens(&self) -> u32 {
+        self.out_ids.len() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{ByteCodec, BYTE_EOS};
+
+    fn gen(stop: &[&str], max_tokens: u32) -> Generation {
+        let mut p = GenParams::defaults(max_tokens);
+        p.stop = stop.iter().map(|s| s.to_string()).collect();
+        let prompt = ByteCodec.encode("Q: ", true).expect("encode");
+        Generation::new(SeqId(1), ConnId(1), prompt, p, 0, None, vec![BYTE_EOS], Instant::ZERO)
+    }
+
+    fn feed(g: &mut Generation, text: &str) -> Vec<TokenPiece> {
+        text.bytes()
+            .map(|b| {
+                g.on_token(
+                    &ByteCodec,
+                    SeqResult { seq: g.id, token: b as u32 + 3, logprobs: None },
+                    Instant::ZERO,
+                )
+            })
+            .take_while(|_| true)
+            .collect()
+    }
+
+    #[test]
+    fn stop_string_ends_generation_and_is_not_in_text() {
+        let mut g = gen(&["END"], 100);
+        let pieces = feed(&mut g, "abcEND");
+        assert_eq!(pieces.last().and_then(|p| p.finish), Some(FinishReason::Stop));
+        assert_eq!(g.text, "abc");
+        let streamed: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(streamed, "abc");
+    }
+
+    #[test]
+    fn max_tokens_ends_with_length_and_flushes_held_text() {
+        let mut g = gen(&["xyz"], 4);
+        let pieces = feed(&mut g, "abxy");
+        assert_eq!(pieces[3].finish, Some(FinishReason::Length));
+        assert_eq!(g.text, "abxy");
+        assert_eq!(g.completion_tokens(), 4);
+    }
+
+    #[test]
+    fn eos_ends_with_stop_and_adds_no_text() {
+        let mut g = gen(&[], 10);
+        feed(&mut g, "hi");
+        let p = g.on_token(&ByteCodec, SeqResult { seq: g.id, token: BYTE_EOS, logprobs: None }, Instant::ZERO);
+        assert_eq!(p.finish, Some(FinishReason::Stop));
+        assert_eq!(p.text, "");
+        assert_eq!(g.text, "hi");
+        assert_eq!(g.completion_tokens(), 3);
+    }
+
+    #[test]
+    fn cancel_releases_held_partial_stop_prefix() {
+        let mut g = gen(&["STOP"], 10);
+        feed(&mut g, "aST");
+        assert_eq!(g.text, "a");
+        let p = g.end(&ByteCodec, FinishReason::Cancelled);
+        assert_eq!(p.text, "ST");
+        assert_eq!(g.text, "aST");
+    }
+}

@@ -1,0 +1,131 @@
+//! Stop strings with hold-back: text that could be the start of a stop string
+//! is held until it is resolved, so a stop string is never streamed.
+
+/// What a piece of text did to the stop matcher.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StopOutcome {
+    /// Text that can be streamed now.
+    pub emit: String,
+    /// True when a stop string was found: the generation ends; text from the
+    /// stop string on is dropped.
+    pub stopped: bool,
+}
+
+/// Finds stop strings across token boundaries.
+#[derive(Debug, Clone, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    /// A matcher for `stops` (may be empty: then nothing is ever held).
+    pub fn new(stops: Vec<String>) -> Self {
+        StopMatcher {
+            stops,
+            held: String::new(),
+        }
+    }
+
+    /// Replaces the stop strings (a `modify`); held text is re-examined on the next push.
+    pub fn set_stops(&mut self, stops: Vec<String>) {
+        self.stops = stops;
+    }
+
+    /// Feeds newly decoded text.
+    pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.held.push_str(text);
+        if self.stops.is_empty() {
+            return StopOutcome {
+                emit: std::mem::take(&mut self.held),
+                stopped: false,
+            };
+        }
+        let first_match = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
+        if let Some(at) = first_match {
+            let emit = self.held[..at].to_string();
+            self.held.clear();
+            return StopOutcome {
+                emit,
+                stopped: true,
+            };
+        }
+        let keep = self.longest_stop_prefix_suffix();
+        let cut = self.held.len() - keep;
+        let emit = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        StopOutcome {
+            emit,
+            stopped: false,
+        }
+    }
+
+    /// Releases held text at the end of a generation that did not stop on a string.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Length of the longest suffix of `held` that is a proper prefix of a stop string.
+    fn longest_stop_prefix_suffix(&self) -> usize {
+        let held = self.held.as_str();
+        let mut best = 0;
+        for stop in &self.stops {
+            let max = stop.len().saturating_sub(1).min(held.len());
+            for len in (best + 1..=max).rev() {
+                let start = held.len() - len;
+                if held.is_char_boundary(start) && stop.as_bytes().starts_with(&held.as_bytes()[start..]) {
+                    best = len;
+                    break;
+                }
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
+        let mut out = String::new();
+        for p in pieces {
+            let o = m.push(p);
+            out.push_str(&o.emit);
+            if o.stopped {
+                return (out, true);
+            }
+        }
+        out.push_str(&m.finish());
+        (out, false)
+    }
+
+    #[test]
+    fn stop_split_across_pieces_is_caught_and_never_emitted() {
+        assert_eq!(run(&["THE END"], &["once", " THE", " E", "ND more"]), ("once ".into(), true));
+    }
+
+    #[test]
+    fn a_false_start_is_released() {
+        assert_eq!(run(&["\n\n"], &["a\n", "b", "c"]), ("a\nbc".into(), false));
+        assert_eq!(run(&["abc"], &["ab", "ab", "x"]), ("ababx".into(), false));
+    }
+
+    #[test]
+    fn held_text_is_not_streamed_until_resolved() {
+        let mut m = StopMatcher::new(vec!["STOP".into()]);
+        assert_eq!(m.push("go ST").emit, "go ");
+        assert_eq!(m.push("O").emit, "");
+        assert_eq!(m.finish(), "STO");
+    }
+
+    #[test]
+    fn earliest_of_several_stops_wins() {
+        assert_eq!(run(&["c", "ab"], &["xxabc"]), ("xx".into(), true));
+    }
+}

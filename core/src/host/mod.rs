@@ -1,0 +1,653 @@
+//! The Host: one deterministic state machine for the whole server. It routes
+//! inputs to per-connection dialect machines, feeds the scheduler, turns engine
+//! results into tokens, and runs every deadline.
+
+pub(crate) mod shared;
+
+use std::collections::BTreeMap;
+
+use crate::api::{ConnId, Dialect, Event, Input, Outcome, Output, Transport};
+use crate::config::HostConfig;
+use crate::dialect::{machine_for, Cx, DialectConn, Failure, FailureKind};
+use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
+use crate::gen::{FinishReason, GenState, TokenPiece};
+use crate::text::SharedCodec;
+use crate::time::{Duration, Instant};
+
+use shared::{outcome_of, Shared, TimerKey};
+
+/// Frames a connection may send while the model loads; they are handled once it is loaded.
+const MAX_FRAMES_WHILE_LOADING: usize = 64;
+
+/// Close code for a keepalive that went unanswered and for idle connections.
+const CLOSE_NORMAL: u16 = 1000;
+/// Close code on shutdown.
+const CLOSE_GOING_AWAY: u16 = 1001;
+/// Close code for policy violations (slow reader).
+const CLOSE_POLICY: u16 = 1008;
+/// Close code for a frame over the size limit.
+const CLOSE_TOO_BIG: u16 = 1009;
+
+struct Conn {
+    dialect: Dialect,
+    transport: Transport,
+    machine: Box<dyn DialectConn>,
+    /// Outbound queue full: its generations are held.
+    blocked: bool,
+    /// Frames that arrived before the model was loaded.
+    early_frames: Vec<String>,
+}
+
+/// Model loading progress, for `status` messages and `/health`.
+#[derive(Debug, Clone, PartialEq)]
+struct LoadProgress {
+    progress: f32,
+    message: String,
+    eta: Option<Duration>,
+}
+
+/// The whole server state as a deterministic state machine.
+///
+/// Feed inputs with [`Host::handle`], then drain [`Host::poll_output`]; when
+/// [`Host::poll_timeout`] passes, handle [`Input::Timeout`].
+pub struct Host {
+    conns: BTreeMap<ConnId, Conn>,
+    sh: Shared,
+    load: LoadProgress,
+    /// Sequences of the outstanding step, to fail them on an internal fault.
+    in_step: Vec<SeqId>,
+    shutdown_done: bool,
+    last_gauges: Option<Event>,
+}
+
+/// A snapshot of the Host's state for health checks and gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostStats {
+    /// True once the model is loaded.
+    pub loaded: bool,
+    /// Loading progress 0..=100 (100 once loaded).
+    pub load_progress: f32,
+    /// Open connections.
+    pub connections: u32,
+    /// Requests waiting for admission.
+    pub queued: u32,
+    /// Sequences running.
+    pub running: u32,
+    /// KV blocks in use.
+    pub kv_blocks_used: u32,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: u32,
+    /// Live generations.
+    pub generations: u32,
+}
+
+impl Host {
+    /// A Host whose model is still loading: clients that connect get
+    /// `model_loading` status until [`Input::ModelLoaded`].
+    pub fn new(config: HostConfig, seed: u64) -> Host {
+        Host {
+            conns: BTreeMap::new(),
+            sh: Shared::new(config, seed),
+            load: LoadProgress {
+                progress: 0.0,
+                message: "loading model".into(),
+                eta: None,
+            },
+            in_step: Vec::new(),
+            shutdown_done: false,
+            last_gauges: None,
+        }
+    }
+
+    /// A Host serving an already loaded model.
+    pub fn with_model(config: HostConfig, info: ModelInfo, codec: SharedCodec, seed: u64) -> Host {
+        let mut h = Host::new(config, seed);
+        h.sh.set_model(info, codec);
+        h.load.progress = 100.0;
+        h
+    }
+
+    /// The next thing the caller must do, or `None` when there is nothing.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.sh.outputs.pop_front()
+    }
+
+    /// The earliest time at which [`Input::Timeout`] must be handled.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.sh.timers.next()
+    }
+
+    /// The served model, once loaded.
+    pub fn model_info(&self) -> Option<&ModelInfo> {
+        self.sh.model.as_ref().map(|m| &m.info)
+    }
+
+    /// Current gauges.
+    pub fn stats(&self) -> HostStats {
+        let s = self.sh.sched.as_ref().map(|s| s.stats());
+        HostStats {
+            loaded: self.sh.model.is_some(),
+            load_progress: if self.sh.model.is_some() { 100.0 } else { self.load.progress },
+            connections: self.conns.len() as u32,
+            queued: s.as_ref().map_or(0, |s| s.waiting),
+            running: s.as_ref().map_or(0, |s| s.running),
+            kv_blocks_used: s.as_ref().map_or(0, |s| s.blocks_used),
+            kv_blocks_total: s.as_ref().map_or(0, |s| s.blocks_total),
+            generations: self.sh.gens.len() as u32,
+        }
+    }
+
+    /// Checks the scheduler's internal invariants (tests and the simulator).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        match &self.sh.sched {
+            Some(s) => s.check_invariants(),
+            None => Ok(()),
+        }
+    }
+
+    /// Feeds one input at time `now`. Drain [`Host::poll_output`] afterwards.
+    pub fn handle(&mut self, now: Instant, input: Input) {
+        match input {
+            Input::Open {
+                conn,
+                dialect,
+                transport,
+                ..
+            } => self.on_open(now, conn, dialect, transport),
+            Input::Text { conn, text } => self.on_text(now, conn, text),
+            Input::Binary { conn, len } => {
+                self.touch(now, conn);
+                self.with_conn(now, conn, |m, cx| m.on_binary(cx, len))
+            }
+            Input::FrameTooLarge { conn } => {
+                if self.conns.contains_key(&conn) {
+                    self.close_conn(now, conn, CLOSE_TOO_BIG, "frame too large");
+                }
+            }
+            Input::Pong { conn } => self.sh.timers.cancel(TimerKey::PongDeadline(conn)),
+            Input::Closed { conn } => self.teardown(now, conn),
+            Input::QueueFull { conn } => self.set_blocked(now, conn, true),
+            Input::QueueDrained { conn } => self.set_blocked(now, conn, false),
+            Input::Timeout => self.on_timeout(now),
+            Input::StepDone(done) => self.on_step_done(now, done),
+            Input::EngineFault(fault) => self.on_fault(now, fault),
+            Input::ModelLoading {
+                progress,
+                message,
+                eta,
+            } => self.on_loading(now, progress, message, eta),
+            Input::ModelLoaded { info, codec } => self.on_loaded(now, info, codec),
+            Input::Shutdown => self.on_shutdown(now),
+        }
+        self.settle(now);
+    }
+
+    fn with_conn(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        f: impl FnOnce(&mut dyn DialectConn, &mut Cx<'_>),
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let mut cx = Cx {
+            now,
+            conn,
+            dialect: c.dialect,
+            transport: c.transport,
+            sh: &mut self.sh,
+        };
+        f(&mut *c.machine, &mut cx);
+    }
+
+    fn on_open(&mut self, now: Instant, conn: ConnId, dialect: Dialect, transport: Transport) {
+        if self.conns.contains_key(&conn) {
+            return;
+        }
+        self.sh
+            .outputs
+            .push_back(Output::Event(Event::ConnectionOpened { dialect }));
+        let Some(machine) = machine_for(dialect) else {
+            self.sh.outputs.push_back(Output::Close {
+                conn,
+                code: CLOSE_POLICY,
+                reason: format!("the {} dialect is not served by this build", dialect.name()),
+            });
+            self.sh
+                .outputs
+                .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+            return;
+        };
+        if self.sh.shutting_down {
+            self.sh.outputs.push_back(Output::Close {
+                conn,
+                code: CLOSE_GOING_AWAY,
+                reason: "server shutting down".into(),
+            });
+            self.sh
+                .outputs
+                .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+            return;
+        }
+        let c = Conn {
+            dialect,
+            transport,
+            machine,
+            blocked: false,
+            early_frames: Vec::new(),
+        };
+        if transport == Transport::WebSocket {
+            let cfg = &self.sh.config;
+            self.sh.timers.set(TimerKey::Idle(conn), now + cfg.idle_timeout);
+            self.sh
+                .timers
+                .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
+        }
+        self.conns.insert(conn, c);
+        if self.sh.model.is_none() {
+            let l = self.load.clone();
+            self.with_conn(now, conn, |m, cx| {
+                m.on_model_loading(cx, l.progress, &l.message, l.eta)
+            });
+        }
+    }
+
+    /// Restarts a WebSocket connection's idle deadline (a frame arrived or a request ended).
+    fn touch(&mut self, now: Instant, conn: ConnId) {
+        if self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.transport == Transport::WebSocket)
+        {
+            self.sh
+                .timers
+                .set(TimerKey::Idle(conn), now + self.sh.config.idle_timeout);
+        }
+    }
+
+    fn on_text(&mut self, now: Instant, conn: ConnId, text: String) {
+        self.touch(now, conn);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if text.len() > self.sh.config.max_frame_bytes {
+            self.close_conn(now, conn, CLOSE_TOO_BIG, "frame too large");
+            return;
+        }
+        if self.sh.model.is_none() {
+            if c.early_frames.len() >= MAX_FRAMES_WHILE_LOADING {
+                self.close_conn(now, conn, CLOSE_POLICY, "too many frames while the model loads");
+            } else {
+                c.early_frames.push(text);
+            }
+            return;
+        }
+        self.with_conn(now, conn, |m, cx| m.on_text(cx, &text));
+    }
+
+    fn set_blocked(&mut self, now: Instant, conn: ConnId, blocked: bool) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.blocked == blocked {
+            return;
+        }
+        c.blocked = blocked;
+        self.sh.set_conn_blocked(conn, blocked);
+        if blocked {
+            self.sh.timers.set(
+                TimerKey::SlowClient(conn),
+                now + self.sh.config.slow_client_timeout,
+            );
+        } else {
+            self.sh.timers.cancel(TimerKey::SlowClient(conn));
+        }
+    }
+
+    fn on_loading(&mut self, now: Instant, progress: f32, message: String, eta: Option<Duration>) {
+        if self.sh.model.is_some() {
+            return;
+        }
+        self.load = LoadProgress {
+            progress: progress.clamp(0.0, 100.0),
+            message,
+            eta,
+        };
+        let l = self.load.clone();
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in conns {
+            self.with_conn(now, conn, |m, cx| {
+                m.on_model_loading(cx, l.progress, &l.message, l.eta)
+            });
+        }
+    }
+
+    fn on_loaded(&mut self, now: Instant, info: ModelInfo, codec: SharedCodec) {
+        if self.sh.model.is_some() {
+            return;
+        }
+        self.sh.set_model(info, codec);
+        self.load.progress = 100.0;
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in conns {
+            let frames = match self.conns.get_mut(&conn) {
+                Some(c) => std::mem::take(&mut c.early_frames),
+                None => continue,
+            };
+            for text in frames {
+                self.on_text(now, conn, text);
+                self.settle_closings(now);
+            }
+        }
+    }
+
+    fn on_shutdown(&mut self, now: Instant) {
+        if self.sh.shutting_down {
+            return;
+        }
+        self.sh.shutting_down = true;
+        self.sh
+            .timers
+            .set(TimerKey::ShutdownGrace, now + self.sh.config.shutdown_grace);
+    }
+
+    fn finish_shutdown(&mut self, now: Instant) {
+        let ids: Vec<SeqId> = self.sh.gens.keys().copied().collect();
+        for id in ids {
+            self.fail(
+                now,
+                id,
+                Failure {
+                    kind: FailureKind::ShuttingDown,
+                    message: "the server is shutting down; retry on another server".into(),
+                },
+            );
+        }
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in conns {
+            self.close_conn(now, conn, CLOSE_GOING_AWAY, "server shutting down");
+        }
+        self.sh.timers.cancel(TimerKey::ShutdownGrace);
+        self.shutdown_done = true;
+        self.sh.outputs.push_back(Output::ShutdownComplete);
+    }
+
+    fn on_timeout(&mut self, now: Instant) {
+        while let Some(key) = self.sh.timers.pop_expired(now) {
+            match key {
+                TimerKey::PauseTimeout(id) => self.end_gen(now, id, FinishReason::Timeout),
+                TimerKey::SlowClient(conn) => {
+                    self.close_conn(now, conn, CLOSE_POLICY, "client too slow to read")
+                }
+                TimerKey::Idle(conn) => {
+                    let busy = self.conns.get(&conn).is_some_and(|c| c.machine.busy());
+                    if busy {
+                        self.sh
+                            .timers
+                            .set(TimerKey::Idle(conn), now + self.sh.config.idle_timeout);
+                    } else if self.conns.contains_key(&conn) {
+                        self.close_conn(now, conn, CLOSE_NORMAL, "idle timeout");
+                    }
+                }
+                TimerKey::Ping(conn) => {
+                    if self.conns.contains_key(&conn) {
+                        self.sh.outputs.push_back(Output::Ping { conn });
+                        let cfg = &self.sh.config;
+                        if self.sh.timers.get(TimerKey::PongDeadline(conn)).is_none() {
+                            self.sh
+                                .timers
+                                .set(TimerKey::PongDeadline(conn), now + cfg.keepalive_timeout);
+                        }
+                        self.sh
+                            .timers
+                            .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
+                    }
+                }
+                TimerKey::PongDeadline(conn) => {
+                    if self.conns.contains_key(&conn) {
+                        self.close_conn(now, conn, CLOSE_NORMAL, "keepalive timeout");
+                    }
+                }
+                TimerKey::ShutdownGrace => {
+                    if !self.shutdown_done {
+                        self.finish_shutdown(now);
+                    }
+                }
+            }
+            self.settle_closings(now);
+        }
+    }
+
+    fn on_step_done(&mut self, now: Instant, done: StepDone) {
+        let Some(sched) = self.sh.sched.as_mut() else {
+            return;
+        };
+        let results = sched.on_step_done(&done);
+        self.in_step.clear();
+        let count = results.len() as u32;
+        if count > 0 {
+            self.sh
+                .outputs
+                .push_back(Output::Event(Event::TokensGenerated { count }));
+        }
+        for r in results {
+            self.apply_result(now, r);
+        }
+    }
+
+    fn apply_result(&mut self, now: Instant, r: SeqResult) {
+        let Some(model) = &self.sh.model else {
+            return;
+        };
+        let codec = model.codec.clone();
+        let id = r.seq;
+        let Some(gen) = self.sh.gens.get_mut(&id) else {
+            return;
+        };
+        if gen.user_paused {
+            gen.pending.push(r);
+            return;
+        }
+        let previous = gen.last_token_at;
+        let created = gen.created_at;
+        let piece = gen.on_token(&*codec, r, now);
+        let timing = match previous {
+            None => Event::FirstToken {
+                ttft: now - created,
+            },
+            Some(prev) => Event::InterToken { gap: now - prev },
+        };
+        self.sh.outputs.push_back(Output::Event(timing));
+        self.deliver(now, id, piece);
+    }
+
+    /// Hands a piece to the owning dialect; retires the generation if it ended.
+    fn deliver(&mut self, now: Instant, id: SeqId, piece: TokenPiece) {
+        let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) else {
+            return;
+        };
+        self.with_conn(now, owner, |m, cx| m.on_token(cx, id, &piece));
+        if let Some(reason) = piece.finish {
+            self.sh.retire(id, outcome_of(reason));
+            self.touch(now, owner);
+        }
+    }
+
+    /// Ends a generation from the Host's side (deadline) and tells its dialect.
+    fn end_gen(&mut self, now: Instant, id: SeqId, reason: FinishReason) {
+        let Some(model) = &self.sh.model else {
+            return;
+        };
+        let codec = model.codec.clone();
+        let Some(gen) = self.sh.gens.get_mut(&id) else {
+            return;
+        };
+        let piece = gen.end(&*codec, reason);
+        self.deliver(now, id, piece);
+    }
+
+    fn fail(&mut self, now: Instant, id: SeqId, failure: Failure) {
+        let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) else {
+            return;
+        };
+        if let Some(gen) = self.sh.gens.get_mut(&id) {
+            gen.state = GenState::Finished;
+        }
+        self.with_conn(now, owner, |m, cx| m.on_failed(cx, id, &failure));
+        self.sh.retire(id, Outcome::Failed);
+        self.touch(now, owner);
+    }
+
+    fn on_fault(&mut self, now: Instant, fault: EngineFault) {
+        let Some(sched) = self.sh.sched.as_mut() else {
+            return;
+        };
+        let doomed = sched.on_step_failed(fault.step_id, &fault.kind);
+        let in_step = std::mem::take(&mut self.in_step);
+        match &fault.kind {
+            EngineFaultKind::OutOfMemory => {
+                for id in doomed {
+                    self.fail(
+                        now,
+                        id,
+                        Failure {
+                            kind: FailureKind::MemoryPressure,
+                            message: "the engine ran out of memory for this request".into(),
+                        },
+                    );
+                }
+            }
+            EngineFaultKind::DeviceLost => {
+                for id in doomed {
+                    self.fail(
+                        now,
+                        id,
+                        Failure {
+                            kind: FailureKind::Internal,
+                            message: "the compute device was lost".into(),
+                        },
+                    );
+                }
+            }
+            EngineFaultKind::Internal(_) => {
+                for id in in_step {
+                    self.fail(
+                        now,
+                        id,
+                        Failure {
+                            kind: FailureKind::Internal,
+                            message: "the engine failed while computing this request".into(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Closes a connection from the server side.
+    fn close_conn(&mut self, now: Instant, conn: ConnId, code: u16, reason: &str) {
+        if !self.conns.contains_key(&conn) {
+            return;
+        }
+        self.sh.outputs.push_back(Output::Close {
+            conn,
+            code,
+            reason: reason.to_string(),
+        });
+        self.teardown(now, conn);
+    }
+
+    /// Forgets a connection: its generations are cancelled and their KV freed.
+    fn teardown(&mut self, _now: Instant, conn: ConnId) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        for id in self.sh.gens_of(conn) {
+            if let Some(gen) = self.sh.gens.get_mut(&id) {
+                gen.state = GenState::Finished;
+            }
+            self.sh.retire(id, Outcome::Cancelled);
+        }
+        for key in [
+            TimerKey::Idle(conn),
+            TimerKey::Ping(conn),
+            TimerKey::PongDeadline(conn),
+            TimerKey::SlowClient(conn),
+        ] {
+            self.sh.timers.cancel(key);
+        }
+        self.sh.outputs.push_back(Output::Event(Event::ConnectionClosed {
+            dialect: c.dialect,
+        }));
+    }
+
+    fn settle_closings(&mut self, now: Instant) {
+        while !self.sh.closing.is_empty() {
+            let closing = std::mem::take(&mut self.sh.closing);
+            for (conn, code, reason) in closing {
+                self.close_conn(now, conn, code, &reason);
+            }
+        }
+    }
+
+    /// Work that follows every input: held results, closes, the next step.
+    fn settle(&mut self, now: Instant) {
+        loop {
+            self.settle_closings(now);
+            let Some(r) = self.sh.replay.pop_front() else {
+                break;
+            };
+            self.apply_result(now, r);
+        }
+        if self.sh.shutting_down && !self.shutdown_done && self.sh.gens.is_empty() {
+            self.finish_shutdown(now);
+        }
+        self.schedule(now);
+    }
+
+    fn schedule(&mut self, now: Instant) {
+        let Some(sched) = self.sh.sched.as_mut() else {
+            return;
+        };
+        if !sched.step_outstanding() {
+            if let Some(plan) = sched.schedule() {
+                self.in_step = plan.seqs.iter().map(|s| s.seq).collect();
+                for s in &plan.seqs {
+                    if let Some(g) = self.sh.gens.get_mut(&s.seq) {
+                        if g.state == GenState::Queued {
+                            g.state = GenState::Prefilling;
+                        }
+                    }
+                }
+                self.sh.outputs.push_back(Output::RunStep(plan));
+            }
+        }
+        let Some(sched) = self.sh.sched.as_ref() else {
+            return;
+        };
+        let positions = sched.waiting_positions();
+        let stats = sched.stats();
+        for (id, position) in positions {
+            let Some(g) = self.sh.gens.get_mut(&id) else {
+                continue;
+            };
+            if g.state != GenState::Queued || g.reported_position == Some(position) {
+                continue;
+            }
+            g.reported_position = Some(position);
+            let owner = g.owner;
+            self.with_conn(now, owner, |m, cx| m.on_queued(cx, id, position));
+        }
+        let gauges = Event::Gauges {
+            queued: stats.waiting,
+            running: stats.running,
+            kv_blocks_used: stats.blocks_used,
+            kv_blocks_total: stats.blocks_total,
+        };
+        if self.last_gauges.as_ref() != Some(&gauges) {
+            self.last_gauges = Some(gauges.clone());
+            self.sh.outputs.push_back(Output::Event(gauges));
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! State shared by every connection: the model, the generations, the scheduler,
+//! the timers and the output queue. Dialects reach it through [`crate::dialect::Cx`].
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::api::{ConnId, Dialect, Event, Outcome, Output};
+use crate::config::HostConfig;
+use crate::dialect::{GenRequest, StartError};
+use crate::engine::{ModelInfo, SeqId, SeqResult};
+use crate::gen::{FinishReason, Generation, TokenPiece};
+use crate::params::GenParams;
+use crate::rng::Rng;
+use crate::sched::{AdmitError, SchedConfig, Scheduler};
+use crate::text::{SharedCodec, TextCodec};
+use crate::time::Instant;
+use crate::timer::TimerTable;
+
+/// What a deadline belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum TimerKey {
+    /// A paused generation ends with `timeout`.
+    PauseTimeout(SeqId),
+    /// A connection whose queue stays full is closed.
+    SlowClient(ConnId),
+    /// An idle connection is closed.
+    Idle(ConnId),
+    /// Time to ping.
+    Ping(ConnId),
+    /// An unanswered ping closes the connection.
+    PongDeadline(ConnId),
+    /// Graceful shutdown's grace period ends.
+    ShutdownGrace,
+}
+
+/// The loaded model.
+pub(crate) struct Model {
+    pub info: ModelInfo,
+    pub codec: SharedCodec,
+}
+
+/// Everything but the connections.
+pub(crate) struct Shared {
+    pub config: HostConfig,
+    pub rng: Rng,
+    pub model: Option<Model>,
+    pub sched: Option<Scheduler>,
+    pub gens: BTreeMap<SeqId, Generation>,
+    /// The dialect of each generation's owner, for metrics.
+    pub gen_dialect: BTreeMap<SeqId, Dialect>,
+    pub timers: TimerTable<TimerKey>,
+    pub outputs: VecDeque<Output>,
+    /// Results held during a pause, to apply now that it resumed.
+    pub replay: VecDeque<SeqResult>,
+    /// Connections a dialect asked to close: (conn, code, reason).
+    pub closing: Vec<(ConnId, u16, String)>,
+    pub shutting_down: bool,
+    next_seq: u64,
+}
+
+impl Shared {
+    pub fn new(config: HostConfig, seed: u64) -> Self {
+        Shared {
+            config,
+            rng: Rng::new(seed),
+            model: None,
+            sched: None,
+            gens: BTreeMap::new(),
+            gen_dialect: BTreeMap::new(),
+            timers: TimerTable::default(),
+            outputs: VecDeque::new(),
+            replay: VecDeque::new(),
+            closing: Vec::new(),
+            shutting_down: false,
+            next_seq: 1,
+        }
+    }
+
+    pub fn set_model(&mut self, info: ModelInfo, codec: SharedCodec) {
+        let sched = Scheduler::new(SchedConfig {
+            block_size: info.block_size,
+            num_blocks: info.num_blocks,
+            max_step_tokens: self.config.max_step_tokens,
+            max_running_seqs: self.config.max_running_seqs,
+        });
+        self.sched = Some(sched);
+        self.model = Some(Model { info, codec });
+    }
+
+    /// # Panics
+    /// Never in practice: dialect machines only run once the model is loaded.
+    pub fn model_info(&self) -> &ModelInfo {
+        match &self.model {
+            Some(m) => &m.info,
+            None => unreachable!("dialects run only after the model is loaded"),
+        }
+    }
+
+    pub fn codec(&self) -> &dyn TextCodec {
+        match &self.model {
+            Some(m) => &*m.codec,
+            None => unreachable!("dialects run only after the model is loaded"),
+        }
+    }
+
+    pub fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {
+        if !self.closing.iter().any(|(c, _, _)| *c == conn) {
+            self.closing.push((conn, code, reason.to_string()));
+        }
+    }
+
+    pub fn start(
+        &mut self,
+        now: Instant,
+        owner: ConnId,
+        dialect: Dialect,
+        req: GenRequest,
+    ) -> Result<SeqId, StartError> {
+        if self.shutting_down {
+            return Err(StartError::ShuttingDown);
+        }
+        let Some(model) = &self.model else {
+            return Err(StartError::NotLoaded);
+        };
+        let context_len = model.info.context_len;
+        let eos_ids = model.info.eos_ids.clone();
+        let prompt_tokens = req.prompt_ids.len() as u32;
+        if prompt_tokens as u64 + req.params.max_tokens as u64 > context_len as u64 {
+            return Err(StartError::ContextLength {
+                prompt_tokens,
+                max_tokens: req.params.max_tokens,
+                context_len,
+            });
+        }
+        let Some(sched) = self.sched.as_mut() else {
+            return Err(StartError::NotLoaded);
+        };
+        if sched.stats().waiting >= self.config.max_queued_requests {
+            return Err(StartError::QueueFull);
+        }
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        let seed = match req.params.seed {
+            Some(s) => s,
+            None => self.rng.next_u64(),
+        };
+        let max_len = prompt_tokens + req.params.max_tokens;
+        sched
+            .add(
+                id,
+                req.prompt_ids.clone(),
+                max_len,
+                req.params.sampling(seed),
+                req.logprobs,
+            )
+            .map_err(|e| match e {
+                AdmitError::NeverFits {
+                    needed_blocks,
+                    total_blocks,
+                } => StartError::NeverFits {
+                    needed_blocks,
+                    total_blocks,
+                },
+                AdmitError::Duplicate => StartError::QueueFull,
+            })?;
+        let gen = Generation::new(
+            id,
+            owner,
+            req.prompt_ids,
+            req.params,
+            seed,
+            req.logprobs,
+            eos_ids,
+            now,
+        );
+        self.gens.insert(id, gen);
+        self.gen_dialect.insert(id, dialect);
+        Ok(id)
+    }
+
+    /// Removes a generation from the scheduler and the registry and counts it.
+    pub fn retire(&mut self, id: SeqId, outcome: Outcome) -> Option<Generation> {
+        if let Some(s) = self.sched.as_mut() {
+            s.remove(id);
+        }
+        self.timers.cancel(TimerKey::PauseTimeout(id));
+        let gen = self.gens.remove(&id)?;
+        let dialect = self.gen_dialect.remove(&id).unwrap_or(Dialect::Generate);
+        self.outputs.push_back(Output::Event(Event::RequestFinished {
+            dialect,
+            outcome,
+            prompt_tokens: gen.prompt_tokens(),
+            completion_tokens: gen.completion_tokens(),
+        }));
+        Some(gen)
+    }
+
+    pub fn end(
+        &mut self,
+        _now: Instant,
+        id: SeqId,
+        reason: FinishReason,
+    ) -> Option<(TokenPiece, Generation)> {
+        let model = self.model.as_ref()?;
+        let gen = self.gens.get_mut(&id)?;
+        let piece = gen.end(&*model.codec, reason);
+        let gen = self.retire(id, outcome_of(reason))?;
+        Some((piece, gen))
+    }
+
+    pub fn pause(&mut self, now: Instant, id: SeqId) -> bool {
+        let Some(gen) = self.gens.get_mut(&id) else {
+            return false;
+        };
+        if !gen.user_paused {
+            gen.user_paused = true;
+            self.timers
+                .set(TimerKey::PauseTimeout(id), now + self.config.pause_timeout);
+        }
+        self.sync_runnable(id);
+        true
+    }
+
+    pub fn resume(&mut self, id: SeqId) -> bool {
+        let Some(gen) = self.gens.get_mut(&id) else {
+            return false;
+        };
+        gen.user_paused = false;
+        let held = std::mem::take(&mut gen.pending);
+        self.replay.extend(held);
+        self.timers.cancel(TimerKey::PauseTimeout(id));
+        self.sync_runnable(id);
+        true
+    }
+
+    pub fn modify(&mut self, id: SeqId, params: GenParams) -> bool {
+        let Some(gen) = self.gens.get_mut(&id) else {
+            return false;
+        };
+        let seed = params.seed.unwrap_or(gen.seed);
+        gen.seed = seed;
+        let sampling = params.sampling(seed);
+        gen.set_params(params);
+        if let Some(s) = self.sched.as_mut() {
+            s.set_sampling(id, sampling);
+        }
+        true
+    }
+
+    /// Marks every generation of `conn` blocked or not by flow control.
+    pub fn set_conn_blocked(&mut self, conn: ConnId, blocked: bool) {
+        let ids: Vec<SeqId> = self
+            .gens
+            .values()
+            .filter(|g| g.owner == conn)
+            .map(|g| g.id)
+            .collect();
+        for id in ids {
+            if let Some(g) = self.gens.get_mut(&id) {
+                g.flow_blocked = blocked;
+            }
+            self.sync_runnable(id);
+        }
+    }
+
+    /// Tells the scheduler whether `id` may run.
+    pub fn sync_runnable(&mut self, id: SeqId) {
+        let runnable = self.gens.get(&id).is_some_and(|g| g.runnable());
+        if let Some(s) = self.sched.as_mut() {
+            s.set_runnable(id, runnable);
+        }
+    }
+
+    /// Generations owned by `conn`, in id order.
+    pub fn gens_of(&self, conn: ConnId) -> Vec<SeqId> {
+        self.gens
+            .values()
+            .filter(|g| g.owner == conn)
+            .map(|g| g.id)
+            .collect()
+    }
+}
+
+/// Outcome label of a finish reason.
+pub(crate) fn outcome_of(reason: FinishReason) -> Outcome {
+    match reason {
+        FinishReason::Length | FinishReason::Stop => Outcome::Completed,
+        FinishReason::Cancelled => Outcome::Cancelled,
+        FinishReason::Timeout => Outcome::TimedOut,
+    }
+}
