@@ -1,1 +1,246 @@
-//! placeholder
+//! Helpers for tokenwire's end-to-end tests: start a real server on a free
+//! loopback port, talk to it with a real WebSocket client and a raw HTTP client.
+//!
+//! Waiting is always for an event (a frame, a response) with a generous upper
+//! bound so a broken server fails the test instead of hanging it; nothing sleeps.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub use tokenwire_io::{ModelSource, RunningServer, ServerConfig};
+
+/// Upper bound on any single wait; only reached when something is broken.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The stories260K model directory, if present. Under CI (`CI=true`) a missing
+/// model is a failure, elsewhere the caller skips with a printed reason.
+pub fn stories260k() -> Option<PathBuf> {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/models/stories260K"));
+    if dir.join("model.safetensors").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but the model is missing at {}",
+        dir.display()
+    );
+    eprintln!("skipping: {} not found", dir.display());
+    None
+}
+
+/// The golden reference of stories260K.
+pub fn stories_reference(dir: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("REFERENCE.json")).expect("REFERENCE.json readable");
+    serde_json::from_str(&text).expect("REFERENCE.json is JSON")
+}
+
+/// Starts a server on 127.0.0.1 with a free port.
+pub async fn start(model: ModelSource, tweak: impl FnOnce(&mut ServerConfig)) -> RunningServer {
+    let mut cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        model,
+        ..ServerConfig::default()
+    };
+    tweak(&mut cfg);
+    tokenwire_io::start(cfg).await.expect("server starts")
+}
+
+/// A WebSocket client.
+pub struct Client {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+/// What the server did next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received {
+    /// A JSON text frame.
+    Json(Value),
+    /// A close frame with its code and reason.
+    Close(u16, String),
+    /// The stream ended without a close frame.
+    Ended,
+}
+
+impl Client {
+    /// Connects to `ws://addr/path`.
+    pub async fn connect(server: &RunningServer, path: &str) -> Client {
+        let url = format!("ws://{}{}", server.local_addr, path);
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("connect in time")
+            .expect("websocket handshake");
+        Client { ws }
+    }
+
+    /// Sends a JSON value as a text frame.
+    pub async fn send(&mut self, v: Value) {
+        self.send_text(&v.to_string()).await;
+    }
+
+    /// Sends raw text.
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::text(text)).await.expect("send");
+    }
+
+    /// Sends a binary frame.
+    pub async fn send_binary(&mut self, bytes: Vec<u8>) {
+        self.ws.send(Message::binary(bytes)).await.expect("send");
+    }
+
+    /// The next frame from the server (pings are answered by the library).
+    pub async fn next(&mut self) -> Received {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next()).await.expect("server answered in time");
+            match msg {
+                None | Some(Err(_)) => return Received::Ended,
+                Some(Ok(Message::Text(t))) => {
+                    return Received::Json(serde_json::from_str(t.as_str()).expect("server sends JSON"))
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return match frame {
+                        Some(f) => Received::Close(u16::from(f.code), f.reason.to_string()),
+                        None => Received::Close(u16::from(CloseCode::Status), String::new()),
+                    }
+                }
+                Some(Ok(_)) => continue,
+            }
+        }
+    }
+
+    /// The next JSON frame; panics on close.
+    pub async fn recv(&mut self) -> Value {
+        match self.next().await {
+            Received::Json(v) => v,
+            other => panic!("expected a JSON frame, got {other:?}"),
+        }
+    }
+
+    /// Frames up to and including the first whose `type` is one of `kinds`.
+    pub async fn recv_until(&mut self, kinds: &[&str]) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let v = self.recv().await;
+            let done = v["type"].as_str().is_some_and(|t| kinds.contains(&t));
+            out.push(v);
+            if done {
+                return out;
+            }
+        }
+    }
+
+    /// Closes the connection from the client side.
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+
+    /// Drops the TCP connection without a close handshake.
+    pub fn abort(self) {
+        drop(self);
+    }
+}
+
+/// Concatenated `token` fields.
+pub fn token_text(frames: &[Value]) -> String {
+    frames
+        .iter()
+        .filter(|f| f["type"] == "token")
+        .filter_map(|f| f["token"].as_str())
+        .collect()
+}
+
+/// A minimal HTTP/1.1 response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Header lines, lowercased names.
+    pub headers: Vec<(String, String)>,
+    /// Body (chunked encoding removed).
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of an SSE body, parsed as JSON.
+    pub fn sse_events(&self) -> Vec<Value> {
+        self.body
+            .split("\n\n")
+            .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
+            .map(|d| serde_json::from_str(d.trim()).expect("SSE data is JSON"))
+            .collect()
+    }
+}
+
+/// Sends one HTTP/1.1 request with `Connection: close` and reads the whole response.
+pub async fn http(server: &RunningServer, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
+    let fut = async {
+        let mut s = TcpStream::connect(server.local_addr).await.expect("connect");
+        let body = body.unwrap_or("");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("read");
+        parse_response(&raw)
+    };
+    tokio::time::timeout(WAIT, fut).await.expect("HTTP answered in time")
+}
+
+fn parse_response(raw: &[u8]) -> HttpResponse {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head");
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked { dechunk(body) } else { body.to_string() };
+    HttpResponse { status, headers, body }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The value of a Prometheus sample line starting with `prefix` (name plus labels).
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
