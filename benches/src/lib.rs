@@ -1,1 +1,3 @@
-//! benches
+//! # tokenwire-benches
+//!
+//! Benchmarks and the load generator (their issues fill this crate).
