@@ -34,7 +34,9 @@ fn check_depth(text: &str) -> Result<(), String> {
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_DEPTH {
-                    return Err(format!("invalid JSON: nested deeper than {MAX_DEPTH} levels"));
+                    return Err(format!(
+                        "invalid JSON: nested deeper than {MAX_DEPTH} levels"
+                    ));
                 }
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
@@ -151,7 +153,10 @@ impl<'a> Fields<'a> {
         match self.get(field) {
             None => Ok(None),
             Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
-                FieldError::new(self.name(field), format!("must be a non-negative integer, got {n}"))
+                FieldError::new(
+                    self.name(field),
+                    format!("must be a non-negative integer, got {n}"),
+                )
             }),
             Some(v) => Err(wrong(&self.name(field), "a non-negative integer", v)),
         }

@@ -197,7 +197,10 @@ fn parse_stop(v: &Value, field: &str) -> Result<Vec<String>, FieldError> {
     if items.len() > MAX_STOP_STRINGS {
         return Err(FieldError::new(
             field,
-            format!("at most {MAX_STOP_STRINGS} stop strings, got {}", items.len()),
+            format!(
+                "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                items.len()
+            ),
         ));
     }
     let mut out = Vec::with_capacity(items.len());
@@ -211,7 +214,10 @@ fn parse_stop(v: &Value, field: &str) -> Result<Vec<String>, FieldError> {
         if s.len() > MAX_STOP_BYTES {
             return Err(FieldError::new(
                 field,
-                format!("stop strings are at most {MAX_STOP_BYTES} bytes, got {}", s.len()),
+                format!(
+                    "stop strings are at most {MAX_STOP_BYTES} bytes, got {}",
+                    s.len()
+                ),
             ));
         }
         out.push(s.clone());
@@ -254,16 +260,28 @@ mod tests {
             (json!({"temperature": "hot"}), "parameters.temperature"),
             (json!({"top_p": 0}), "parameters.top_p"),
             (json!({"top_k": -1}), "parameters.top_k"),
-            (json!({"repetition_penalty": 0}), "parameters.repetition_penalty"),
-            (json!({"stop": ["a","b","c","d","e","f","g","h","i"]}), "parameters.stop"),
+            (
+                json!({"repetition_penalty": 0}),
+                "parameters.repetition_penalty",
+            ),
+            (
+                json!({"stop": ["a","b","c","d","e","f","g","h","i"]}),
+                "parameters.stop",
+            ),
             (json!({"stop": ["x".repeat(257)]}), "parameters.stop"),
             (json!({"stop": [1]}), "parameters.stop"),
             (json!({"seed": 1.5}), "parameters.seed"),
             (json!({"top_logprobs": 21}), "parameters.top_logprobs"),
         ];
         for (v, field) in cases {
-            let err = apply(&obj(v.clone()), "parameters.", &ParamNames::STANDARD, &base, 512)
-                .expect_err("must be rejected");
+            let err = apply(
+                &obj(v.clone()),
+                "parameters.",
+                &ParamNames::STANDARD,
+                &base,
+                512,
+            )
+            .expect_err("must be rejected");
             assert_eq!(err.field, field, "for {v}");
         }
     }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::engine::{ModelInfo, SeqId, StepDone, StepPlan, SeqResult, TokenId, TokenLogprobs};
+use crate::engine::{ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId, TokenLogprobs};
 use crate::text::{SharedCodec, TextCodec};
 
 /// Id of the beginning-of-sequence token in [`ByteCodec`].

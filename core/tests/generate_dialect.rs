@@ -35,7 +35,9 @@ fn basic_flow_streams_tokens_then_completion_with_real_usage() {
     h.send(c, config("Hello", json!({"max_tokens": 12})));
     let init = h.received(c)[0].clone();
     assert_eq!(init["type"], "init");
-    assert!(init["request_id"].as_str().is_some_and(|s| s.starts_with("gen_")));
+    assert!(init["request_id"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("gen_")));
     assert_eq!(init["model"], "tiny");
     assert_eq!(init["model_info"]["max_tokens"], 512);
     assert_eq!(init["model_info"]["quantization"], "f32");
@@ -44,10 +46,14 @@ fn basic_flow_streams_tokens_then_completion_with_real_usage() {
     assert_eq!(h.streamed_text(c), expected);
     let tokens = h.of_type(c, "token");
     assert_eq!(tokens.len(), 12);
-    assert!(tokens[..11].iter().all(|t| t["finished"] == false && t["finish_reason"].is_null()));
+    assert!(tokens[..11]
+        .iter()
+        .all(|t| t["finished"] == false && t["finish_reason"].is_null()));
     assert_eq!(tokens[11]["finished"], true);
     assert_eq!(tokens[11]["finish_reason"], "length");
-    assert!(tokens.iter().all(|t| t.get("token_id").is_none() && t.get("generated_text").is_none()));
+    assert!(tokens
+        .iter()
+        .all(|t| t.get("token_id").is_none() && t.get("generated_text").is_none()));
     let done = last(&h, c);
     assert_eq!(done["type"], "completion");
     assert_eq!(done["generated_text"], expected);
@@ -62,7 +68,10 @@ fn basic_flow_streams_tokens_then_completion_with_real_usage() {
     h.run(100);
     assert_eq!(last(&h, c)["type"], "completion");
     assert_eq!(h.of_type(c, "init").len(), 2);
-    assert_ne!(h.of_type(c, "init")[0]["request_id"], h.of_type(c, "init")[1]["request_id"]);
+    assert_ne!(
+        h.of_type(c, "init")[0]["request_id"],
+        h.of_type(c, "init")[1]["request_id"]
+    );
 }
 
 #[test]
@@ -90,7 +99,9 @@ fn bad_frames_after_the_first_get_errors_and_the_connection_stays() {
     let c = h.open(1, Dialect::Generate);
     h.input(Input::Binary { conn: c, len: 3 });
     assert_eq!(last(&h, c)["error"], "invalid_request");
-    assert!(last(&h, c)["message"].as_str().is_some_and(|m| m.contains("binary")));
+    assert!(last(&h, c)["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("binary")));
     h.send(c, config("Hi", json!({"max_tokens": 2})));
     h.run(10);
     for bad in [
@@ -115,7 +126,12 @@ fn bad_frames_after_the_first_get_errors_and_the_connection_stays() {
         assert_eq!(got[0]["recoverable"], true);
         assert!(got[0]["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
-    let msg = |i: usize| h.received(c)[h.received(c).len() - i]["message"].as_str().unwrap_or("").to_string();
+    let msg = |i: usize| {
+        h.received(c)[h.received(c).len() - i]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
     assert!(msg(7).contains("parameters.temperature"), "{}", msg(7));
     assert!(msg(6).contains("options.echo_prompt"));
     assert!(msg(5).contains("gpt-9"));
@@ -177,9 +193,16 @@ fn pause_stops_compute_and_resume_continues_the_same_text() {
     h.run(10);
     assert!(h.pending_step.is_none());
     h.advance(Duration::from_secs(60));
-    assert_eq!(h.of_type(c, "token").len(), tokens_at_pause, "no tokens while paused");
+    assert_eq!(
+        h.of_type(c, "token").len(),
+        tokens_at_pause,
+        "no tokens while paused"
+    );
     h.send(c, json!({"type": "control", "action": "resume"}));
-    assert!(h.of_type(c, "status").iter().any(|s| s["operation"] == "resumed"));
+    assert!(h
+        .of_type(c, "status")
+        .iter()
+        .any(|s| s["operation"] == "resumed"));
     h.run(100);
     assert_eq!(h.streamed_text(c), reference.streamed_text(r));
     assert_eq!(last(&h, c)["finish_reason"], "length");
@@ -228,7 +251,10 @@ fn regenerate_restarts_with_a_new_request_id_and_no_completion_for_the_old() {
 fn modify_changes_parameters_and_acks_the_effective_values() {
     let mut h = harness();
     let c = h.open(1, Dialect::Generate);
-    h.send(c, config("Hi", json!({"max_tokens": 30, "temperature": 0.7})));
+    h.send(
+        c,
+        config("Hi", json!({"max_tokens": 30, "temperature": 0.7})),
+    );
     h.run(2);
     h.send(c, json!({"type": "control", "action": "modify", "parameters": {"temperature": 0.9, "top_p": 0.95}}));
     let ack = last(&h, c);
@@ -241,12 +267,24 @@ fn modify_changes_parameters_and_acks_the_effective_values() {
     let s = h.pending_step.clone().expect("a step").seqs[0].sampling;
     assert!((s.temperature - 0.9).abs() < 1e-6);
     // Invalid: error, nothing changes.
-    h.send(c, json!({"type": "control", "action": "modify", "parameters": {"temperature": 9}}));
+    h.send(
+        c,
+        json!({"type": "control", "action": "modify", "parameters": {"temperature": 9}}),
+    );
     assert_eq!(last(&h, c)["error"], "invalid_request");
-    assert!(last(&h, c)["message"].as_str().unwrap_or("").contains("parameters.temperature"));
-    h.send(c, json!({"type": "control", "action": "modify", "parameters": {"max_tokens": 1}}));
+    assert!(last(&h, c)["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("parameters.temperature"));
+    h.send(
+        c,
+        json!({"type": "control", "action": "modify", "parameters": {"max_tokens": 1}}),
+    );
     assert_eq!(last(&h, c)["error"], "invalid_request");
-    h.send(c, json!({"type": "control", "action": "modify", "parameters": {"max_tokens": 8}}));
+    h.send(
+        c,
+        json!({"type": "control", "action": "modify", "parameters": {"max_tokens": 8}}),
+    );
     assert_eq!(last(&h, c)["operation"], "modified");
     h.run(50);
     assert_eq!(last(&h, c)["usage"]["completion_tokens"], 8);
@@ -258,7 +296,10 @@ fn feedback_is_acked_counted_and_handed_out() {
     let c = h.open(1, Dialect::Generate);
     h.send(c, config("Hi", json!({"max_tokens": 2})));
     h.run(10);
-    h.send(c, json!({"type": "feedback", "rating": 1, "text": "Great response!", "position": 1}));
+    h.send(
+        c,
+        json!({"type": "feedback", "rating": 1, "text": "Great response!", "position": 1}),
+    );
     let ack = last(&h, c);
     assert_eq!(ack["operation"], "feedback_received");
     assert_eq!(ack["request_id"], h.received(c)[0]["request_id"]);
@@ -270,7 +311,11 @@ fn feedback_is_acked_counted_and_handed_out() {
     assert_eq!(fb.rating, 1.0);
     assert_eq!(fb.position, Some(1));
     assert_eq!(fb.text.as_deref(), Some("Great response!"));
-    for bad in [json!({"type": "feedback", "rating": 2}), json!({"type": "feedback", "rating": 1, "text": "x".repeat(5000)}), json!({"type": "feedback", "rating": "good"})] {
+    for bad in [
+        json!({"type": "feedback", "rating": 2}),
+        json!({"type": "feedback", "rating": 1, "text": "x".repeat(5000)}),
+        json!({"type": "feedback", "rating": "good"}),
+    ] {
         h.send(c, bad);
         assert_eq!(last(&h, c)["error"], "invalid_request");
     }
@@ -281,7 +326,13 @@ fn stop_strings_end_the_generation_and_never_appear() {
     let mut h = harness();
     let c = h.open(1, Dialect::Generate);
     // The scripted text after "Hi" contains "fox"; stop there.
-    h.send(c, config("Hi", json!({"max_tokens": 200, "stop": ["fox", "never-there"]})));
+    h.send(
+        c,
+        config(
+            "Hi",
+            json!({"max_tokens": 200, "stop": ["fox", "never-there"]}),
+        ),
+    );
     h.run(300);
     let text = h.streamed_text(c);
     assert!(!text.contains("fox"), "{text}");
@@ -332,7 +383,9 @@ fn every_option_adds_its_fields() {
     }
     let done = last(&h, c);
     assert_eq!(done["generated_text"], format!("Hi{cumulative}"));
-    assert!(done["timing"]["first_token_ms"].as_f64().is_some_and(|v| v > 0.0));
+    assert!(done["timing"]["first_token_ms"]
+        .as_f64()
+        .is_some_and(|v| v > 0.0));
     assert!(done["timing"]["total_ms"].as_f64().is_some());
 }
 
@@ -396,7 +449,11 @@ fn many_clients_are_batched_into_the_same_steps_and_each_gets_its_text() {
     assert_eq!(h.pending_step.as_ref().map(|p| p.seqs.len()), Some(1));
     h.step();
     let plan = h.pending_step.clone().expect("step");
-    assert_eq!(plan.seqs.len(), 5, "one decode and four prefills in one step");
+    assert_eq!(
+        plan.seqs.len(),
+        5,
+        "one decode and four prefills in one step"
+    );
     h.step();
     let plan = h.pending_step.clone().expect("step");
     assert_eq!(plan.seqs.len(), 5, "all five decoded in one step");
@@ -417,7 +474,12 @@ fn requests_beyond_capacity_wait_in_order_and_hear_their_position() {
         h.send(*c, config(&"p".repeat(40), json!({"max_tokens": 8})));
     }
     let queued: Vec<Value> = conns.iter().flat_map(|c| h.of_type(*c, "status")).collect();
-    assert!(queued.iter().any(|s| s["operation"] == "queued" && s["position"] == 1), "{queued:?}");
+    assert!(
+        queued
+            .iter()
+            .any(|s| s["operation"] == "queued" && s["position"] == 1),
+        "{queued:?}"
+    );
     h.run(500);
     for c in &conns {
         assert_eq!(h.streamed_text(*c), script_text(SCRIPT, 41, 8));
@@ -463,7 +525,11 @@ fn idle_connections_close_with_1000_and_silent_peers_fail_keepalive() {
     assert!(!h.closes.contains_key(&c));
     h.advance(Duration::from_secs(31));
     assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1000));
-    let pings = h.others.iter().filter(|o| matches!(o, Output::Ping { .. })).count();
+    let pings = h
+        .others
+        .iter()
+        .filter(|o| matches!(o, Output::Ping { .. }))
+        .count();
     assert!(pings >= 19);
 
     h.auto_pong = false;
@@ -471,7 +537,10 @@ fn idle_connections_close_with_1000_and_silent_peers_fail_keepalive() {
     h.advance(Duration::from_secs(30));
     assert!(!h.closes.contains_key(&c2));
     h.advance(Duration::from_secs(61));
-    assert_eq!(h.closes.get(&c2).map(|c| c.1.as_str()), Some("keepalive timeout"));
+    assert_eq!(
+        h.closes.get(&c2).map(|c| c.1.as_str()),
+        Some("keepalive timeout")
+    );
 }
 
 #[test]
@@ -484,7 +553,11 @@ fn graceful_shutdown_lets_work_finish_then_errors_and_closes_1001() {
     h.input(Input::Shutdown);
     h.send(a, config("late", json!({})));
     h.run(3);
-    assert_eq!(h.of_type(a, "completion").len(), 1, "short one finished in the grace period");
+    assert_eq!(
+        h.of_type(a, "completion").len(),
+        1,
+        "short one finished in the grace period"
+    );
     h.send(a, config("late", json!({})));
     assert_eq!(last(&h, a)["recoverable"], true);
     h.advance(Duration::from_secs(11));
@@ -495,7 +568,10 @@ fn graceful_shutdown_lets_work_finish_then_errors_and_closes_1001() {
     assert!(err["generated_text"].as_str().is_some());
     assert_eq!(h.closes.get(&a).map(|c| c.0), Some(1001));
     assert_eq!(h.closes.get(&b).map(|c| c.0), Some(1001));
-    assert!(h.others.iter().any(|o| matches!(o, Output::ShutdownComplete)));
+    assert!(h
+        .others
+        .iter()
+        .any(|o| matches!(o, Output::ShutdownComplete)));
 }
 
 #[test]
@@ -503,22 +579,56 @@ fn clients_connecting_while_the_model_loads_get_status_then_their_init() {
     let mut host = tokenwire_core::Host::new(HostConfig::default(), 1);
     let now = tokenwire_core::Instant::ZERO;
     let c = ConnId(1);
-    host.handle(now, Input::Open { conn: c, dialect: Dialect::Generate, transport: tokenwire_core::Transport::WebSocket, query: String::new(), peer: String::new() });
-    host.handle(now, Input::ModelLoading { progress: 40.0, message: "weights".into(), eta: Some(Duration::from_secs(2)) });
-    host.handle(now, Input::Text { conn: c, text: config("Hi", json!({"max_tokens": 2})).to_string() });
+    host.handle(
+        now,
+        Input::Open {
+            conn: c,
+            dialect: Dialect::Generate,
+            transport: tokenwire_core::Transport::WebSocket,
+            query: String::new(),
+            peer: String::new(),
+        },
+    );
+    host.handle(
+        now,
+        Input::ModelLoading {
+            progress: 40.0,
+            message: "weights".into(),
+            eta: Some(Duration::from_secs(2)),
+        },
+    );
+    host.handle(
+        now,
+        Input::Text {
+            conn: c,
+            text: config("Hi", json!({"max_tokens": 2})).to_string(),
+        },
+    );
     assert!(!host.stats().loaded);
-    host.handle(now, Input::ModelLoaded { info: tiny_model_info(), codec: tokenwire_core::testing::ByteCodec::shared() });
+    host.handle(
+        now,
+        Input::ModelLoaded {
+            info: tiny_model_info(),
+            codec: tokenwire_core::testing::ByteCodec::shared(),
+        },
+    );
     let mut frames = Vec::new();
     while let Some(o) = host.poll_output() {
         if let Output::Send { text, .. } = o {
             frames.push(serde_json::from_str::<Value>(&text).unwrap_or_default());
         }
     }
-    let statuses: Vec<&Value> = frames.iter().filter(|f| f["operation"] == "model_loading").collect();
+    let statuses: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["operation"] == "model_loading")
+        .collect();
     assert!(statuses.len() >= 2);
     assert_eq!(statuses[1]["progress"], 40.0);
     assert_eq!(statuses[1]["eta_seconds"], 2.0);
-    assert_eq!(frames.last().map(|f| f["type"].clone()), Some(json!("init")));
+    assert_eq!(
+        frames.last().map(|f| f["type"].clone()),
+        Some(json!("init"))
+    );
 }
 
 #[test]

@@ -130,10 +130,17 @@ impl GenerateConn {
                 ));
             }
         }
-        let defaults = GenParams::defaults(cx.config().default_max_tokens.min(cx.model().context_len));
+        let defaults =
+            GenParams::defaults(cx.config().default_max_tokens.min(cx.model().context_len));
         let params = match f.obj("parameters").map_err(|e| e.to_string())? {
-            Some(p) => params::apply(p, "parameters.", &ParamNames::STANDARD, &defaults, cx.model().context_len)
-                .map_err(|e| e.to_string())?,
+            Some(p) => params::apply(
+                p,
+                "parameters.",
+                &ParamNames::STANDARD,
+                &defaults,
+                cx.model().context_len,
+            )
+            .map_err(|e| e.to_string())?,
             None => defaults,
         };
         let options = parse_options(f.obj("options").map_err(|e| e.to_string())?)
@@ -151,6 +158,13 @@ impl GenerateConn {
             Ok(ids) => ids,
             Err(e) => return invalid(cx, format!("prompt could not be tokenized: {e}"), None),
         };
+        if prompt_ids.is_empty() {
+            return invalid(
+                cx,
+                "invalid `prompt`: it encodes to no tokens and this model's tokenizer adds no BOS",
+                None,
+            );
+        }
         let logprobs = config
             .options
             .include_logprobs
@@ -211,7 +225,10 @@ impl GenerateConn {
             Ok(a) => a,
             Err(e) => return invalid(cx, e.to_string(), None),
         };
-        if !matches!(action, "stop" | "pause" | "resume" | "regenerate" | "modify") {
+        if !matches!(
+            action,
+            "stop" | "pause" | "resume" | "regenerate" | "modify"
+        ) {
             return invalid(
                 cx,
                 format!("unknown control action `{action}`; expected stop, pause, resume, regenerate or modify"),
@@ -219,7 +236,11 @@ impl GenerateConn {
             );
         }
         let Some(running) = self.running.as_mut() else {
-            return invalid(cx, format!("control `{action}` needs a running generation; none is running"), None);
+            return invalid(
+                cx,
+                format!("control `{action}` needs a running generation; none is running"),
+                None,
+            );
         };
         let id = running.id;
         let rid = running.request_id.clone();
@@ -302,7 +323,10 @@ impl GenerateConn {
                 .f64("rating")?
                 .ok_or_else(|| FieldError::new("rating", "is required"))?;
             if !(-1.0..=1.0).contains(&rating) {
-                return Err(FieldError::new("rating", format!("must be between -1 and 1, got {rating}")));
+                return Err(FieldError::new(
+                    "rating",
+                    format!("must be between -1 and 1, got {rating}"),
+                ));
             }
             let text = f.str("text")?;
             if let Some(t) = text {
@@ -373,7 +397,12 @@ impl GenerateConn {
 
     /// Streams a piece; on the final one, sends `completion` and returns to awaiting config.
     /// `retired` is the generation when it was already removed from the Host.
-    fn on_token_inner(&mut self, cx: &mut Cx<'_>, piece: &TokenPiece, retired: Option<&Generation>) {
+    fn on_token_inner(
+        &mut self,
+        cx: &mut Cx<'_>,
+        piece: &TokenPiece,
+        retired: Option<&Generation>,
+    ) {
         let Some(mut running) = self.running.take() else {
             return;
         };
@@ -551,7 +580,9 @@ impl DialectConn for GenerateConn {
     fn on_binary(&mut self, cx: &mut Cx<'_>, len: usize) {
         invalid(
             cx,
-            format!("binary frames are not supported ({len} bytes received); send JSON text frames"),
+            format!(
+                "binary frames are not supported ({len} bytes received); send JSON text frames"
+            ),
             None,
         );
     }
@@ -595,7 +626,13 @@ impl DialectConn for GenerateConn {
         }
     }
 
-    fn on_model_loading(&mut self, cx: &mut Cx<'_>, progress: f32, message: &str, eta: Option<Duration>) {
+    fn on_model_loading(
+        &mut self,
+        cx: &mut Cx<'_>,
+        progress: f32,
+        message: &str,
+        eta: Option<Duration>,
+    ) {
         cx.send(json!({
             "type": "status",
             "operation": "model_loading",

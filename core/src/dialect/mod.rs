@@ -89,7 +89,13 @@ pub trait DialectConn: Send {
     /// A generation is waiting for admission at 1-based `position`.
     fn on_queued(&mut self, cx: &mut Cx<'_>, id: SeqId, position: u32);
     /// The model is loading (sent to connections that are waiting for it).
-    fn on_model_loading(&mut self, cx: &mut Cx<'_>, progress: f32, message: &str, eta: Option<Duration>);
+    fn on_model_loading(
+        &mut self,
+        cx: &mut Cx<'_>,
+        progress: f32,
+        message: &str,
+        eta: Option<Duration>,
+    );
     /// True while a request is in flight (idle timeout does not apply).
     fn busy(&self) -> bool;
 }
@@ -123,7 +129,10 @@ impl<'a> Cx<'a> {
 
     /// Sends a text frame to this connection.
     pub fn send_text(&mut self, text: String) {
-        self.sh.outputs.push_back(Output::Send { conn: self.conn, text });
+        self.sh.outputs.push_back(Output::Send {
+            conn: self.conn,
+            text,
+        });
     }
 
     /// Closes this connection with `code` after what was already sent.
@@ -134,7 +143,9 @@ impl<'a> Cx<'a> {
     /// Counts an error code sent to the client.
     pub fn count_error(&mut self, code: &'static str) {
         let dialect = self.dialect;
-        self.sh.outputs.push_back(Output::Event(Event::Error { dialect, code }));
+        self.sh
+            .outputs
+            .push_back(Output::Event(Event::Error { dialect, code }));
     }
 
     /// The Host's settings.
@@ -203,7 +214,9 @@ impl<'a> Cx<'a> {
     pub fn feedback(&mut self, record: FeedbackRecord) {
         self.sh
             .outputs
-            .push_back(Output::Event(Event::FeedbackReceived { rating: record.rating }));
+            .push_back(Output::Event(Event::FeedbackReceived {
+                rating: record.rating,
+            }));
         self.sh.outputs.push_back(Output::Feedback(record));
     }
 }

@@ -103,6 +103,9 @@ mod tests {
         assert_eq!(d.push(&codec, bytes[0] as u32 + 3), "");
         assert_eq!(d.push(&codec, bytes[1] as u32 + 3), "");
         let tail = d.finish(&codec);
-        assert_eq!(tail, codec.decode(&[bytes[0] as u32 + 3, bytes[1] as u32 + 3]));
+        assert_eq!(
+            tail,
+            codec.decode(&[bytes[0] as u32 + 3, bytes[1] as u32 + 3])
+        );
     }
 }

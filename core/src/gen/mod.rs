@@ -158,7 +158,12 @@ impl Generation {
 
     /// Applies one sampled token: decodes it, checks stop strings, end of
     /// sequence and `max_tokens`.
-    pub fn on_token(&mut self, codec: &dyn TextCodec, result: SeqResult, now: Instant) -> TokenPiece {
+    pub fn on_token(
+        &mut self,
+        codec: &dyn TextCodec,
+        result: SeqResult,
+        now: Instant,
+    ) -> TokenPiece {
         let token = result.token;
         self.out_ids.push(token);
         self.state = GenState::Decoding;
@@ -239,7 +244,16 @@ mod tests {
         let mut p = GenParams::defaults(max_tokens);
         p.stop = stop.iter().map(|s| s.to_string()).collect();
         let prompt = ByteCodec.encode("Q: ", true).expect("encode");
-        Generation::new(SeqId(1), ConnId(1), prompt, p, 0, None, vec![BYTE_EOS], Instant::ZERO)
+        Generation::new(
+            SeqId(1),
+            ConnId(1),
+            prompt,
+            p,
+            0,
+            None,
+            vec![BYTE_EOS],
+            Instant::ZERO,
+        )
     }
 
     fn feed(g: &mut Generation, text: &str) -> Vec<TokenPiece> {
@@ -247,7 +261,11 @@ mod tests {
             .map(|b| {
                 g.on_token(
                     &ByteCodec,
-                    SeqResult { seq: g.id, token: b as u32 + 3, logprobs: None },
+                    SeqResult {
+                        seq: g.id,
+                        token: b as u32 + 3,
+                        logprobs: None,
+                    },
                     Instant::ZERO,
                 )
             })
@@ -259,7 +277,10 @@ mod tests {
     fn stop_string_ends_generation_and_is_not_in_text() {
         let mut g = gen(&["END"], 100);
         let pieces = feed(&mut g, "abcEND");
-        assert_eq!(pieces.last().and_then(|p| p.finish), Some(FinishReason::Stop));
+        assert_eq!(
+            pieces.last().and_then(|p| p.finish),
+            Some(FinishReason::Stop)
+        );
         assert_eq!(g.text, "abc");
         let streamed: String = pieces.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(streamed, "abc");
@@ -278,7 +299,15 @@ mod tests {
     fn eos_ends_with_stop_and_adds_no_text() {
         let mut g = gen(&[], 10);
         feed(&mut g, "hi");
-        let p = g.on_token(&ByteCodec, SeqResult { seq: g.id, token: BYTE_EOS, logprobs: None }, Instant::ZERO);
+        let p = g.on_token(
+            &ByteCodec,
+            SeqResult {
+                seq: g.id,
+                token: BYTE_EOS,
+                logprobs: None,
+            },
+            Instant::ZERO,
+        );
         assert_eq!(p.finish, Some(FinishReason::Stop));
         assert_eq!(p.text, "");
         assert_eq!(g.text, "hi");

@@ -77,7 +77,9 @@ impl StopMatcher {
             let max = stop.len().saturating_sub(1).min(held.len());
             for len in (best + 1..=max).rev() {
                 let start = held.len() - len;
-                if held.is_char_boundary(start) && stop.as_bytes().starts_with(&held.as_bytes()[start..]) {
+                if held.is_char_boundary(start)
+                    && stop.as_bytes().starts_with(&held.as_bytes()[start..])
+                {
                     best = len;
                     break;
                 }
@@ -107,7 +109,10 @@ mod tests {
 
     #[test]
     fn stop_split_across_pieces_is_caught_and_never_emitted() {
-        assert_eq!(run(&["THE END"], &["once", " THE", " E", "ND more"]), ("once ".into(), true));
+        assert_eq!(
+            run(&["THE END"], &["once", " THE", " E", "ND more"]),
+            ("once ".into(), true)
+        );
     }
 
     #[test]

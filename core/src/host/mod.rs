@@ -127,7 +127,11 @@ impl Host {
         let s = self.sh.sched.as_ref().map(|s| s.stats());
         HostStats {
             loaded: self.sh.model.is_some(),
-            load_progress: if self.sh.model.is_some() { 100.0 } else { self.load.progress },
+            load_progress: if self.sh.model.is_some() {
+                100.0
+            } else {
+                self.load.progress
+            },
             connections: self.conns.len() as u32,
             queued: s.as_ref().map_or(0, |s| s.waiting),
             running: s.as_ref().map_or(0, |s| s.running),
@@ -239,7 +243,9 @@ impl Host {
         };
         if transport == Transport::WebSocket {
             let cfg = &self.sh.config;
-            self.sh.timers.set(TimerKey::Idle(conn), now + cfg.idle_timeout);
+            self.sh
+                .timers
+                .set(TimerKey::Idle(conn), now + cfg.idle_timeout);
             self.sh
                 .timers
                 .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
@@ -277,7 +283,12 @@ impl Host {
         }
         if self.sh.model.is_none() {
             if c.early_frames.len() >= MAX_FRAMES_WHILE_LOADING {
-                self.close_conn(now, conn, CLOSE_POLICY, "too many frames while the model loads");
+                self.close_conn(
+                    now,
+                    conn,
+                    CLOSE_POLICY,
+                    "too many frames while the model loads",
+                );
             } else {
                 c.early_frames.push(text);
             }
@@ -577,9 +588,11 @@ impl Host {
         ] {
             self.sh.timers.cancel(key);
         }
-        self.sh.outputs.push_back(Output::Event(Event::ConnectionClosed {
-            dialect: c.dialect,
-        }));
+        self.sh
+            .outputs
+            .push_back(Output::Event(Event::ConnectionClosed {
+                dialect: c.dialect,
+            }));
     }
 
     fn settle_closings(&mut self, now: Instant) {

@@ -185,12 +185,13 @@ impl Shared {
         self.timers.cancel(TimerKey::PauseTimeout(id));
         let gen = self.gens.remove(&id)?;
         let dialect = self.gen_dialect.remove(&id).unwrap_or(Dialect::Generate);
-        self.outputs.push_back(Output::Event(Event::RequestFinished {
-            dialect,
-            outcome,
-            prompt_tokens: gen.prompt_tokens(),
-            completion_tokens: gen.completion_tokens(),
-        }));
+        self.outputs
+            .push_back(Output::Event(Event::RequestFinished {
+                dialect,
+                outcome,
+                prompt_tokens: gen.prompt_tokens(),
+                completion_tokens: gen.completion_tokens(),
+            }));
         Some(gen)
     }
 

@@ -1,1 +1,21 @@
-//! Scheduler (placeholder until the scheduler lands).
+//! The scheduler: continuous batching over a paged KV block allocator.
+//!
+//! [`Scheduler`] decides which sequences run in each engine step, which KV blocks
+//! they write, when a long prompt is split into chunks, and who loses their
+//! blocks (to be recomputed later) when memory runs short. It is a pure state
+//! machine: the Host feeds it requests and engine answers, and takes
+//! [`crate::StepPlan`]s from it. The same calls give the same plans.
+//!
+//! The shape follows nano-vllm's `scheduler.py` and `block_manager.py`: one
+//! waiting queue (FIFO), one running list in admission order, decodes first,
+//! then prefill chunks; preemption by recompute, newest first.
+
+mod blocks;
+mod scheduler;
+mod seq;
+
+#[cfg(test)]
+mod tests;
+
+pub use blocks::BlockAllocator;
+pub use scheduler::{AdmitError, SchedConfig, SchedStats, Scheduler};

@@ -1,0 +1,941 @@
+//! Continuous batching: which sequences go into each engine step.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use super::blocks::BlockAllocator;
+use super::seq::{Seq, SeqState};
+use crate::config::HostConfig;
+use crate::engine::{
+    BlockId, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep, StepDone,
+    StepPlan, TokenId,
+};
+
+/// Successful steps in a row after which the adaptive seqs-per-step cap, lowered
+/// by an out-of-memory step, grows back by one. Small enough to recover within
+/// a few hundred steps from the largest batches, large enough that a step size
+/// that keeps failing is retried rarely.
+const CAP_RESTORE_STEPS: u32 = 4;
+
+/// Sizes and limits of a [`Scheduler`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// Tokens per KV block (16 for every engine so far).
+    pub block_size: u32,
+    /// KV blocks in the pool at start; [`Scheduler::set_capacity`] changes it later.
+    pub num_blocks: u32,
+    /// Most tokens fed in one step (prefill chunks plus one per decode).
+    pub max_step_tokens: u32,
+    /// Most sequences in one step.
+    pub max_running_seqs: u32,
+}
+
+impl SchedConfig {
+    /// The configuration for serving `model` under the Host's limits.
+    pub fn for_model(model: &ModelInfo, host: &HostConfig) -> Self {
+        SchedConfig {
+            block_size: model.block_size,
+            num_blocks: model.num_blocks,
+            max_step_tokens: host.max_step_tokens,
+            max_running_seqs: host.max_running_seqs,
+        }
+    }
+}
+
+/// Why [`Scheduler::add`] refused a sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmitError {
+    /// Its longest possible length needs more KV blocks than the whole pool
+    /// (or its prompt is empty, so there is nothing to compute from:
+    /// `needed_blocks` is 0 then).
+    NeverFits {
+        /// Blocks its `max_len` needs.
+        needed_blocks: u32,
+        /// Blocks in the pool.
+        total_blocks: u32,
+    },
+    /// A sequence with this id is already known.
+    Duplicate,
+}
+
+impl fmt::Display for AdmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmitError::NeverFits {
+                needed_blocks: 0, ..
+            } => write!(f, "empty prompt"),
+            AdmitError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            } => write!(
+                f,
+                "needs {needed_blocks} KV blocks but the pool has {total_blocks}"
+            ),
+            AdmitError::Duplicate => write!(f, "duplicate sequence id"),
+        }
+    }
+}
+
+impl std::error::Error for AdmitError {}
+
+/// Gauges of a [`Scheduler`]. `waiting + running + paused` is the number of
+/// live sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchedStats {
+    /// Runnable sequences waiting for admission (new, or preempted for recompute).
+    pub waiting: u32,
+    /// Runnable sequences holding blocks.
+    pub running: u32,
+    /// Non-runnable sequences (holding blocks or not).
+    pub paused: u32,
+    /// KV blocks held (by live sequences, and by removed ones still in the
+    /// outstanding step).
+    pub blocks_used: u32,
+    /// KV blocks in the pool now.
+    pub blocks_total: u32,
+}
+
+/// One sequence's share of the outstanding step, kept to apply its result.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    seq: SeqId,
+    fed: u32,
+    sample: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Outstanding {
+    step_id: u64,
+    entries: Vec<Planned>,
+    /// The plan's `free` list, sent again if the step fails (the engine may
+    /// not have applied it).
+    free: Vec<SeqId>,
+}
+
+/// The continuous-batching scheduler and owner of the KV block pool.
+///
+/// Sequences wait in a FIFO queue, are admitted when blocks for all their
+/// tokens are free, and from then on are in every step (one token per decode,
+/// prompt chunks within the token budget) until removed. When blocks run out
+/// the newest admitted sequence is preempted: it loses its blocks and goes back
+/// to the front of the queue to be recomputed from its tokens, which the client
+/// never notices. Non-runnable sequences are never planned and are the first
+/// to lose their blocks.
+///
+/// At most one step is outstanding; blocks of sequences in it are never
+/// touched until it completes ([`Scheduler::on_step_done`]) or fails
+/// ([`Scheduler::on_step_failed`]). A plan's `free` list names sequences whose
+/// engine state can go; the engine applies it before computing the plan's
+/// `seqs`. Everything is deterministic: ordered maps and queues only.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    cfg: SchedConfig,
+    alloc: BlockAllocator,
+    seqs: BTreeMap<SeqId, Seq>,
+    /// Front is admitted first.
+    waiting: VecDeque<SeqId>,
+    /// In admission order: the last is the newest, the first victim.
+    running: Vec<SeqId>,
+    pending_free: Vec<SeqId>,
+    next_step_id: u64,
+    outstanding: Option<Outstanding>,
+    /// Adaptive seqs-per-step cap, lowered by out-of-memory steps.
+    seq_cap: u32,
+    ok_streak: u32,
+}
+
+impl Scheduler {
+    /// An idle scheduler over a pool of `cfg.num_blocks` free blocks. Zero
+    /// sizes and limits are raised to 1 so the arithmetic stays sound.
+    pub fn new(cfg: SchedConfig) -> Self {
+        let cfg = SchedConfig {
+            block_size: cfg.block_size.max(1),
+            num_blocks: cfg.num_blocks,
+            max_step_tokens: cfg.max_step_tokens.max(1),
+            max_running_seqs: cfg.max_running_seqs.max(1),
+        };
+        Scheduler {
+            alloc: BlockAllocator::new(cfg.num_blocks),
+            seqs: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pending_free: Vec::new(),
+            next_step_id: 1,
+            outstanding: None,
+            seq_cap: cfg.max_running_seqs,
+            ok_streak: 0,
+            cfg,
+        }
+    }
+
+    /// The configuration (after zero limits were raised to 1).
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// Queues a new sequence at the back of the waiting queue. `max_len` is
+    /// `prompt.len() + max_tokens`; a sequence whose `max_len` needs more
+    /// blocks than the pool has (the configured size, or the current one if
+    /// larger) could never finish and is refused.
+    pub fn add(
+        &mut self,
+        seq: SeqId,
+        prompt: Vec<TokenId>,
+        max_len: u32,
+        sampling: SamplingParams,
+        logprobs: Option<u8>,
+    ) -> Result<(), AdmitError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(AdmitError::Duplicate);
+        }
+        // A transient shrink must not fail requests that fit the real pool.
+        let total_blocks = self.cfg.num_blocks.max(self.alloc.capacity());
+        if prompt.is_empty() {
+            return Err(AdmitError::NeverFits {
+                needed_blocks: 0,
+                total_blocks,
+            });
+        }
+        let len = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        let needed_blocks = self.blocks_for(max_len.max(len));
+        if needed_blocks > total_blocks {
+            return Err(AdmitError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            });
+        }
+        self.seqs
+            .insert(seq, Seq::new(prompt, max_len.max(len), sampling, logprobs));
+        self.waiting.push_back(seq);
+        Ok(())
+    }
+
+    /// Removes a sequence (finished, cancelled, disconnected). Its blocks go
+    /// back to the pool now, or when the outstanding step ends if it is in
+    /// that step; if the engine has seen it, it is named in a later plan's
+    /// `free` list. Unknown sequences are ignored.
+    pub fn remove(&mut self, seq: SeqId) {
+        let in_step = self.in_outstanding(seq);
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        match s.state {
+            SeqState::Removed => return,
+            SeqState::Waiting => self.waiting.retain(|&w| w != seq),
+            SeqState::Running => self.running.retain(|&r| r != seq),
+        }
+        if in_step {
+            // The engine is writing its blocks right now.
+            s.state = SeqState::Removed;
+            return;
+        }
+        self.forget(seq);
+    }
+
+    /// Marks a sequence runnable or not (paused, slow reader, flow-control
+    /// window closed). A non-runnable sequence is never planned; it keeps its
+    /// blocks until memory is short, when it is the first to lose them (it is
+    /// then recomputed from its tokens once runnable again).
+    pub fn set_runnable(&mut self, seq: SeqId, runnable: bool) {
+        if let Some(s) = self.live_mut(seq) {
+            s.runnable = runnable;
+        }
+    }
+
+    /// Changes a sequence's sampling parameters from the next planned step on.
+    pub fn set_sampling(&mut self, seq: SeqId, sampling: SamplingParams) {
+        if let Some(s) = self.live_mut(seq) {
+            s.sampling = sampling;
+        }
+    }
+
+    /// Changes how many top logprobs a sequence reports, from the next planned step on.
+    pub fn set_logprobs(&mut self, seq: SeqId, logprobs: Option<u8>) {
+        if let Some(s) = self.live_mut(seq) {
+            s.logprobs = logprobs;
+        }
+    }
+
+    /// Builds the next step: a decode for every runnable, fully prefilled
+    /// running sequence, then the next chunk of any partly prefilled one, then
+    /// newly admitted sequences in FIFO order, within the token budget and the
+    /// seqs-per-step limit. `None` while a step is outstanding or when nothing
+    /// can run (pending `free` entries then wait for the next plan).
+    pub fn schedule(&mut self) -> Option<StepPlan> {
+        if self.outstanding.is_some() {
+            return None;
+        }
+        self.enforce_capacity();
+        let limit = self.step_seq_limit();
+        let mut budget = self.cfg.max_step_tokens;
+        let mut planned: Vec<Planned> = Vec::new();
+        let mut in_plan: BTreeSet<SeqId> = BTreeSet::new();
+
+        // Decodes before prefill chunks: a decode is one token of latency the
+        // client is waiting on, a chunk is one slice of a long prompt.
+        for decode_phase in [true, false] {
+            let order = self.running.clone();
+            for id in order {
+                if planned.len() as u32 >= limit || budget == 0 {
+                    break;
+                }
+                let Some(s) = self.seqs.get(&id) else {
+                    continue;
+                };
+                // It may have been preempted by an earlier seq of this plan.
+                if s.state != SeqState::Running || !s.runnable || in_plan.contains(&id) {
+                    continue;
+                }
+                let remaining = s.remaining();
+                if remaining == 0 || (remaining == 1) != decode_phase {
+                    continue;
+                }
+                let fed = remaining.min(budget);
+                let positions = s.num_computed + fed;
+                if !self.grow_table(id, positions, &in_plan) {
+                    continue;
+                }
+                planned.push(Planned {
+                    seq: id,
+                    fed,
+                    sample: fed == remaining,
+                });
+                in_plan.insert(id);
+                budget -= fed;
+            }
+        }
+
+        self.admit(&mut planned, &mut in_plan, &mut budget, limit);
+
+        if planned.is_empty() {
+            return None;
+        }
+        let step_id = self.next_step_id;
+        self.next_step_id += 1;
+        let mut seqs = Vec::with_capacity(planned.len());
+        for p in &planned {
+            let Some(s) = self.seqs.get_mut(&p.seq) else {
+                continue;
+            };
+            s.seen_by_engine = true;
+            let start = s.num_computed as usize;
+            seqs.push(SeqStep {
+                seq: p.seq,
+                tokens: s.tokens[start..start + p.fed as usize].to_vec(),
+                start_pos: s.num_computed,
+                block_table: s.blocks.clone(),
+                sampling: s.sampling,
+                sample: p.sample,
+                logprobs: s.logprobs,
+            });
+        }
+        let free = std::mem::take(&mut self.pending_free);
+        self.outstanding = Some(Outstanding {
+            step_id,
+            entries: planned,
+            free: free.clone(),
+        });
+        Some(StepPlan {
+            step_id,
+            seqs,
+            free,
+            copy_blocks: Vec::new(),
+        })
+    }
+
+    /// Applies the outstanding step's results: every sequence in the step has
+    /// its fed tokens counted as computed, and each sampled token of a live
+    /// sequence is appended to it and returned (in plan order). Results of
+    /// removed sequences are dropped and their blocks freed. A `step_id` that
+    /// is not the outstanding step's changes nothing and returns nothing.
+    pub fn on_step_done(&mut self, done: &StepDone) -> Vec<SeqResult> {
+        let Some((entries, _)) = self.take_outstanding(done.step_id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for p in entries {
+            let Some(s) = self.seqs.get_mut(&p.seq) else {
+                continue;
+            };
+            s.num_computed += p.fed;
+            if !p.sample {
+                continue;
+            }
+            match done.results.iter().find(|r| r.seq == p.seq) {
+                Some(r) => {
+                    s.tokens.push(r.token);
+                    out.push(r.clone());
+                }
+                // No token came back: feed the last token again next step so
+                // the sequence is not left with nothing to compute.
+                None => s.num_computed -= 1,
+            }
+        }
+        self.ok_streak += 1;
+        if self.ok_streak >= CAP_RESTORE_STEPS && self.seq_cap < self.cfg.max_running_seqs {
+            self.seq_cap += 1;
+            self.ok_streak = 0;
+        }
+        self.enforce_capacity();
+        out
+    }
+
+    /// The outstanding step failed; nothing it computed counts.
+    ///
+    /// - `OutOfMemory`: the newest sequence of the step is preempted and the
+    ///   seqs-per-step cap drops to half the step's size (growing back by one
+    ///   every few successful steps). If the step had a single sequence, it
+    ///   cannot run even alone: it is preempted, returned so the Host can
+    ///   fail (and remove) it, and the cap is left as it was.
+    /// - `DeviceLost`: every block's contents are gone. All sequences holding
+    ///   blocks go back to the front of the queue (oldest first) to be
+    ///   recomputed, and the pool is reset.
+    /// - `Internal`: the step is forgotten; the next plan retries its work.
+    ///
+    /// A `step_id` that is not the outstanding step's changes nothing.
+    pub fn on_step_failed(&mut self, step_id: u64, kind: &EngineFaultKind) -> Vec<SeqId> {
+        let Some((entries, free)) = self.take_outstanding(step_id) else {
+            return Vec::new();
+        };
+        self.ok_streak = 0;
+        // Frees are idempotent; sending them again beats leaking engine state.
+        let since = std::mem::replace(&mut self.pending_free, free);
+        for id in since {
+            if !self.pending_free.contains(&id) {
+                self.pending_free.push(id);
+            }
+        }
+        let mut failed = Vec::new();
+        match kind {
+            EngineFaultKind::OutOfMemory => {
+                let step_size = entries.len() as u32;
+                // Removed seqs are already gone; the newest is last in `running`.
+                let newest = self
+                    .running
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|id| entries.iter().any(|p| p.seq == *id));
+                if let Some(victim) = newest {
+                    self.preempt(victim);
+                    if step_size == 1 {
+                        failed.push(victim);
+                    }
+                }
+                // A lone seq that does not fit says nothing about batch size.
+                if step_size > 1 {
+                    self.seq_cap = self.seq_cap.min(step_size / 2);
+                }
+            }
+            EngineFaultKind::DeviceLost => {
+                let lost = std::mem::take(&mut self.running);
+                for &id in lost.iter().rev() {
+                    if let Some(s) = self.seqs.get_mut(&id) {
+                        s.blocks.clear();
+                        s.num_computed = 0;
+                        s.state = SeqState::Waiting;
+                        self.waiting.push_front(id);
+                    }
+                }
+                self.alloc.reset();
+            }
+            EngineFaultKind::Internal(_) => {}
+        }
+        self.enforce_capacity();
+        failed
+    }
+
+    /// Changes the pool size (memory pressure, or its end). When the pool is
+    /// over-full, non-runnable sequences lose their blocks first, then the
+    /// newest running ones, until use fits; sequences in the outstanding step
+    /// are left alone until it ends, so use can exceed the capacity until
+    /// then. Block ids at or above the capacity are not handed out while it
+    /// stays below them.
+    pub fn set_capacity(&mut self, num_blocks: u32) {
+        self.alloc.set_capacity(num_blocks);
+        self.enforce_capacity();
+    }
+
+    /// Queue positions (1-based) of waiting sequences that have never been
+    /// admitted, front first. A position counts the runnable sequences ahead
+    /// (including preempted ones waiting to resume) plus one.
+    pub fn waiting_positions(&self) -> Vec<(SeqId, u32)> {
+        let mut ahead = 0;
+        let mut out = Vec::new();
+        for id in &self.waiting {
+            let Some(s) = self.seqs.get(id) else {
+                continue;
+            };
+            if !s.started {
+                out.push((*id, ahead + 1));
+            }
+            if s.runnable {
+                ahead += 1;
+            }
+        }
+        out
+    }
+
+    /// True when `seq` is in the waiting queue (new, or preempted for recompute).
+    pub fn is_waiting(&self, seq: SeqId) -> bool {
+        self.live(seq).is_some_and(|s| s.state == SeqState::Waiting)
+    }
+
+    /// True when `seq` has been admitted at least once.
+    pub fn has_started(&self, seq: SeqId) -> bool {
+        self.live(seq).is_some_and(|s| s.started)
+    }
+
+    /// The sequence's tokens: prompt, then every token generated so far.
+    pub fn tokens(&self, seq: SeqId) -> Option<&[TokenId]> {
+        self.live(seq).map(|s| s.tokens.as_slice())
+    }
+
+    /// The sequence's KV blocks (empty while waiting).
+    pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
+        self.live(seq).map(|s| s.blocks.as_slice())
+    }
+
+    /// True for a sequence added and not removed.
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.live(seq).is_some()
+    }
+
+    /// True while a planned step awaits its result.
+    pub fn step_outstanding(&self) -> bool {
+        self.outstanding.is_some()
+    }
+
+    /// Current adaptive limit on sequences per step (lowered by out-of-memory
+    /// steps, at most `max_running_seqs`).
+    pub fn seq_cap(&self) -> u32 {
+        self.seq_cap
+    }
+
+    /// Current gauges.
+    pub fn stats(&self) -> SchedStats {
+        let mut st = SchedStats {
+            blocks_used: self.alloc.used(),
+            blocks_total: self.alloc.capacity(),
+            ..SchedStats::default()
+        };
+        for s in self.seqs.values() {
+            match (s.state, s.runnable) {
+                (SeqState::Removed, _) => {}
+                (_, false) => st.paused += 1,
+                (SeqState::Waiting, true) => st.waiting += 1,
+                (SeqState::Running, true) => st.running += 1,
+            }
+        }
+        st
+    }
+
+    /// Checks the internal invariants and describes the first one broken: the
+    /// allocator's counts, every held block held by exactly its refcount's
+    /// number of sequences and no block by two, queues matching states,
+    /// waiting sequences holding nothing, running ones holding blocks for
+    /// their computed tokens (and not more than one token ahead of their
+    /// length), the outstanding step naming live or removed-in-step
+    /// sequences, and use within capacity when no step is outstanding.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.alloc.check()?;
+        let bs = self.cfg.block_size;
+
+        let mut holders: BTreeMap<BlockId, SeqId> = BTreeMap::new();
+        for (&id, s) in &self.seqs {
+            for &b in &s.blocks {
+                if let Some(other) = holders.insert(b, id) {
+                    return Err(format!("block {b} held by both {other:?} and {id:?}"));
+                }
+                if self.alloc.refcount(b) != 1 {
+                    return Err(format!(
+                        "block {b} of {id:?} has refcount {}",
+                        self.alloc.refcount(b)
+                    ));
+                }
+            }
+            let covered = s.blocks.len() as u64 * u64::from(bs);
+            match s.state {
+                SeqState::Waiting => {
+                    if !s.blocks.is_empty() || s.num_computed != 0 {
+                        return Err(format!(
+                            "waiting {id:?} holds {} blocks, {} computed",
+                            s.blocks.len(),
+                            s.num_computed
+                        ));
+                    }
+                }
+                SeqState::Running | SeqState::Removed => {
+                    if covered < u64::from(s.num_computed) {
+                        return Err(format!(
+                            "{id:?}: {} blocks do not cover {} computed tokens",
+                            s.blocks.len(),
+                            s.num_computed
+                        ));
+                    }
+                    if covered + 1 < u64::from(s.len()) {
+                        return Err(format!(
+                            "{id:?}: {} blocks for {} tokens",
+                            s.blocks.len(),
+                            s.len()
+                        ));
+                    }
+                    if s.blocks.len() as u32 > self.blocks_for(s.len() + 1) {
+                        return Err(format!(
+                            "{id:?}: {} blocks, more than {} tokens need",
+                            s.blocks.len(),
+                            s.len() + 1
+                        ));
+                    }
+                    if s.state == SeqState::Running && s.remaining() == 0 {
+                        return Err(format!("running {id:?} has nothing left to feed"));
+                    }
+                }
+            }
+            if s.num_computed > s.len() {
+                return Err(format!(
+                    "{id:?}: {} computed of {}",
+                    s.num_computed,
+                    s.len()
+                ));
+            }
+            if s.state == SeqState::Removed && !self.in_outstanding(id) {
+                return Err(format!(
+                    "removed {id:?} lingers outside the outstanding step"
+                ));
+            }
+        }
+        if holders.len() as u32 != self.alloc.used() {
+            return Err(format!(
+                "sequences hold {} blocks, allocator counts {}",
+                holders.len(),
+                self.alloc.used()
+            ));
+        }
+
+        let mut seen = BTreeSet::new();
+        for (list, want, ids) in [
+            (
+                "waiting",
+                SeqState::Waiting,
+                self.waiting.iter().collect::<Vec<_>>(),
+            ),
+            ("running", SeqState::Running, self.running.iter().collect()),
+        ] {
+            for &id in ids {
+                if !seen.insert(id) {
+                    return Err(format!("{id:?} listed twice ({list})"));
+                }
+                match self.seqs.get(&id) {
+                    Some(s) if s.state == want => {}
+                    _ => return Err(format!("{id:?} in {list} queue with another state")),
+                }
+            }
+        }
+        let listed = self
+            .seqs
+            .values()
+            .filter(|s| s.state != SeqState::Removed)
+            .count();
+        if listed != seen.len() {
+            return Err(format!(
+                "{listed} live sequences but {} queued or running",
+                seen.len()
+            ));
+        }
+
+        if let Some(out) = &self.outstanding {
+            let mut in_step = BTreeSet::new();
+            for p in &out.entries {
+                if !in_step.insert(p.seq) {
+                    return Err(format!("{:?} twice in step {}", p.seq, out.step_id));
+                }
+                let Some(s) = self.seqs.get(&p.seq) else {
+                    return Err(format!("step {} names unknown {:?}", out.step_id, p.seq));
+                };
+                if s.state == SeqState::Waiting {
+                    return Err(format!("{:?} in the outstanding step is waiting", p.seq));
+                }
+                if p.fed == 0 || s.num_computed + p.fed > s.len() {
+                    return Err(format!(
+                        "{:?} fed {} from {} of {}",
+                        p.seq,
+                        p.fed,
+                        s.num_computed,
+                        s.len()
+                    ));
+                }
+            }
+        } else if self.alloc.used() > self.alloc.capacity() {
+            return Err(format!(
+                "{} blocks used with capacity {} and no step outstanding",
+                self.alloc.used(),
+                self.alloc.capacity()
+            ));
+        }
+        if self.seq_cap == 0 || self.seq_cap > self.cfg.max_running_seqs {
+            return Err(format!("seq cap {} out of range", self.seq_cap));
+        }
+        Ok(())
+    }
+
+    fn blocks_for(&self, positions: u32) -> u32 {
+        positions.div_ceil(self.cfg.block_size)
+    }
+
+    fn step_seq_limit(&self) -> u32 {
+        // Decodes alone must never use the whole token budget.
+        self.seq_cap
+            .min(self.cfg.max_running_seqs)
+            .min(self.cfg.max_step_tokens)
+    }
+
+    fn live(&self, seq: SeqId) -> Option<&Seq> {
+        self.seqs.get(&seq).filter(|s| s.state != SeqState::Removed)
+    }
+
+    fn live_mut(&mut self, seq: SeqId) -> Option<&mut Seq> {
+        self.seqs
+            .get_mut(&seq)
+            .filter(|s| s.state != SeqState::Removed)
+    }
+
+    fn in_outstanding(&self, seq: SeqId) -> bool {
+        self.outstanding
+            .as_ref()
+            .is_some_and(|o| o.entries.iter().any(|p| p.seq == seq))
+    }
+
+    /// Ends the outstanding step if `step_id` is its id, freeing sequences
+    /// removed during it, and returns its entries (those of removed sequences
+    /// included, so callers know the step's size) and its `free` list.
+    fn take_outstanding(&mut self, step_id: u64) -> Option<(Vec<Planned>, Vec<SeqId>)> {
+        if self.outstanding.as_ref().map(|o| o.step_id) != Some(step_id) {
+            return None;
+        }
+        let out = self.outstanding.take()?;
+        for p in &out.entries {
+            if self
+                .seqs
+                .get(&p.seq)
+                .is_some_and(|s| s.state == SeqState::Removed)
+            {
+                self.forget(p.seq);
+            }
+        }
+        Some((out.entries, out.free))
+    }
+
+    /// Drops a sequence that is in no queue: its blocks go back to the pool
+    /// and the engine is told to forget it.
+    fn forget(&mut self, seq: SeqId) {
+        let Some(s) = self.seqs.remove(&seq) else {
+            return;
+        };
+        for &b in &s.blocks {
+            self.alloc.release(b);
+        }
+        if s.seen_by_engine && !self.pending_free.contains(&seq) {
+            self.pending_free.push(seq);
+        }
+    }
+
+    /// Takes a running sequence's blocks and puts it at the front of the
+    /// queue, to be recomputed from its tokens when admitted again.
+    fn preempt(&mut self, seq: SeqId) {
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        if s.state != SeqState::Running {
+            return;
+        }
+        for &b in &s.blocks {
+            self.alloc.release(b);
+        }
+        s.blocks.clear();
+        s.num_computed = 0;
+        s.state = SeqState::Waiting;
+        self.running.retain(|&r| r != seq);
+        self.waiting.push_front(seq);
+    }
+
+    /// Preempts until use fits the capacity, sparing the outstanding step.
+    fn enforce_capacity(&mut self) {
+        while self.alloc.used() > self.alloc.capacity() {
+            let spare = |s: &Self, id: &SeqId| !s.in_outstanding(*id);
+            let paused = self
+                .running
+                .iter()
+                .rev()
+                .find(|id| spare(self, id) && self.seqs.get(id).is_some_and(|s| !s.runnable));
+            let victim = paused.or_else(|| self.running.iter().rev().find(|id| spare(self, id)));
+            match victim.copied() {
+                Some(v) => self.preempt(v),
+                // Everything left is in the outstanding step: finish after it.
+                None => break,
+            }
+        }
+    }
+
+    /// Makes the table of running `seq` cover `positions` positions, taking
+    /// blocks from others if needed. False when `seq` itself had to be
+    /// preempted (it is then waiting).
+    fn grow_table(&mut self, seq: SeqId, positions: u32, in_plan: &BTreeSet<SeqId>) -> bool {
+        let need = self.blocks_for(positions);
+        let have = self.seqs.get(&seq).map_or(0, |s| s.blocks.len() as u32);
+        if need <= have {
+            return true;
+        }
+        if need > self.alloc.capacity() {
+            // Not even the whole pool would do: don't preempt others for it.
+            self.preempt(seq);
+            return false;
+        }
+        if !self.make_room(seq, need - have, in_plan) {
+            return false;
+        }
+        for _ in have..need {
+            let Some(b) = self.alloc.allocate() else {
+                self.preempt(seq);
+                return false;
+            };
+            if let Some(s) = self.seqs.get_mut(&seq) {
+                s.blocks.push(b);
+            }
+        }
+        true
+    }
+
+    /// Frees blocks until `n` are available: non-runnable sequences first,
+    /// then the newest running sequence not yet in this plan, which may be
+    /// `seq` itself (then false).
+    fn make_room(&mut self, seq: SeqId, n: u32, in_plan: &BTreeSet<SeqId>) -> bool {
+        while self.alloc.available() < n {
+            let paused = self
+                .running
+                .iter()
+                .rev()
+                .find(|id| self.seqs.get(id).is_some_and(|s| !s.runnable));
+            let victim =
+                paused.or_else(|| self.running.iter().rev().find(|id| !in_plan.contains(id)));
+            let Some(&victim) = victim else {
+                return false;
+            };
+            self.preempt(victim);
+            if victim == seq {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Frees blocks of non-runnable sequences until `n` are available; does
+    /// nothing and returns false if even all of them would not be enough.
+    fn evict_paused_for(&mut self, n: u32) -> bool {
+        if self.alloc.available() >= n {
+            return true;
+        }
+        let reclaimable: u32 = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|s| !s.runnable)
+            .map(|s| {
+                s.blocks
+                    .iter()
+                    .filter(|&&b| self.alloc.refcount(b) == 1)
+                    .count() as u32
+            })
+            .sum();
+        if self.alloc.available() + reclaimable < n {
+            return false;
+        }
+        while self.alloc.available() < n {
+            let victim = self
+                .running
+                .iter()
+                .rev()
+                .find(|id| self.seqs.get(id).is_some_and(|s| !s.runnable))
+                .copied();
+            match victim {
+                Some(v) => self.preempt(v),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Admits waiting sequences in FIFO order while the step has room.
+    fn admit(
+        &mut self,
+        planned: &mut Vec<Planned>,
+        in_plan: &mut BTreeSet<SeqId>,
+        budget: &mut u32,
+        limit: u32,
+    ) {
+        let mut idx = 0;
+        while idx < self.waiting.len() {
+            if planned.len() as u32 >= limit || *budget == 0 {
+                break;
+            }
+            let id = self.waiting[idx];
+            let Some(s) = self.seqs.get(&id) else {
+                idx += 1;
+                continue;
+            };
+            if !s.runnable {
+                idx += 1;
+                continue;
+            }
+            // Room for every known token and the next one's position.
+            let reserve = self.blocks_for((s.len() + 1).min(s.max_len.max(s.len())));
+            if reserve > self.alloc.capacity() {
+                // Cannot fit until the pool grows back; holding the queue
+                // behind it would stall everyone for that long.
+                idx += 1;
+                continue;
+            }
+            if !self.evict_paused_for(reserve) {
+                // FIFO: nobody overtakes the head for lack of blocks.
+                break;
+            }
+            // Evicted sequences were pushed to the front: find ours again.
+            let Some(pos) = self.waiting.iter().position(|&w| w == id) else {
+                break;
+            };
+            self.waiting.remove(pos);
+            idx = pos;
+            let mut blocks = Vec::with_capacity(reserve as usize);
+            for _ in 0..reserve {
+                match self.alloc.allocate() {
+                    Some(b) => blocks.push(b),
+                    None => break,
+                }
+            }
+            let Some(s) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            if blocks.len() as u32 != reserve {
+                // Cannot happen (room was made above); undo rather than panic.
+                for b in blocks {
+                    self.alloc.release(b);
+                }
+                self.waiting.insert(pos, id);
+                break;
+            }
+            s.blocks = blocks;
+            s.state = SeqState::Running;
+            s.started = true;
+            self.running.push(id);
+            let remaining = s.remaining();
+            let fed = remaining.min(*budget);
+            planned.push(Planned {
+                seq: id,
+                fed,
+                sample: fed == remaining,
+            });
+            in_plan.insert(id);
+            *budget -= fed;
+        }
+    }
+}

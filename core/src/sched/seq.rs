@@ -1,0 +1,67 @@
+//! One sequence as the scheduler sees it.
+
+use crate::engine::{BlockId, SamplingParams, TokenId};
+
+/// Where a sequence is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SeqState {
+    /// In the waiting queue, holding no blocks.
+    Waiting,
+    /// Admitted: holds blocks for its tokens (runnable or not).
+    Running,
+    /// Removed while in the outstanding step: its blocks stay with the engine
+    /// until that step ends, then go back to the pool.
+    Removed,
+}
+
+/// Tokens, cache progress and blocks of one sequence.
+#[derive(Debug, Clone)]
+pub(crate) struct Seq {
+    /// Prompt then generated tokens.
+    pub tokens: Vec<TokenId>,
+    /// Longest the sequence may grow (prompt + max tokens).
+    pub max_len: u32,
+    /// Leading tokens whose K/V is in the cache.
+    pub num_computed: u32,
+    /// KV blocks, in position order.
+    pub blocks: Vec<BlockId>,
+    pub state: SeqState,
+    pub runnable: bool,
+    /// Admitted at least once.
+    pub started: bool,
+    /// Appeared in a plan, so the engine may hold state for it.
+    pub seen_by_engine: bool,
+    pub sampling: SamplingParams,
+    pub logprobs: Option<u8>,
+}
+
+impl Seq {
+    pub fn new(
+        tokens: Vec<TokenId>,
+        max_len: u32,
+        sampling: SamplingParams,
+        logprobs: Option<u8>,
+    ) -> Self {
+        Seq {
+            tokens,
+            max_len,
+            num_computed: 0,
+            blocks: Vec::new(),
+            state: SeqState::Waiting,
+            runnable: true,
+            started: false,
+            seen_by_engine: false,
+            sampling,
+            logprobs,
+        }
+    }
+
+    pub fn len(&self) -> u32 {
+        self.tokens.len() as u32
+    }
+
+    /// Tokens still to feed before the next sample.
+    pub fn remaining(&self) -> u32 {
+        self.len().saturating_sub(self.num_computed)
+    }
+}
