@@ -78,6 +78,10 @@ pub struct SeqStep {
 }
 
 /// One batched forward step for the engine.
+///
+/// The engine applies `free` (dropping any per-sequence state; an unknown
+/// sequence is a no-op, since a failed step's frees are sent again) and then
+/// `copy_blocks`, before computing `seqs`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepPlan {
     /// Increasing id, echoed in [`StepDone`] / [`EngineFault`].

@@ -188,6 +188,7 @@ fn pause_stops_compute_and_resume_continues_the_same_text() {
     h.run(5);
     h.send(c, json!({"type": "control", "action": "pause"}));
     assert_eq!(last(&h, c)["operation"], "paused");
+    assert_eq!(h.host.stats().generations, 1);
     let tokens_at_pause = h.of_type(c, "token").len();
     // A step already handed out may still finish; no further steps are planned.
     h.run(10);

@@ -50,6 +50,9 @@ pub enum GenState {
     Prefilling,
     /// Producing tokens.
     Decoding,
+    /// Paused by its client (reported by [`Generation::phase`]; the underlying
+    /// state is kept so resume continues where it was).
+    Paused,
     /// Ended.
     Finished,
 }
@@ -142,6 +145,15 @@ impl Generation {
             eos_ids,
             detok,
             stop,
+        }
+    }
+
+    /// Where it is, with a client pause shown as [`GenState::Paused`].
+    pub fn phase(&self) -> GenState {
+        if self.user_paused && self.state != GenState::Finished {
+            GenState::Paused
+        } else {
+            self.state
         }
     }
 
@@ -322,5 +334,19 @@ mod tests {
         let p = g.end(&ByteCodec, FinishReason::Cancelled);
         assert_eq!(p.text, "ST");
         assert_eq!(g.text, "aST");
+    }
+
+    #[test]
+    fn phase_moves_queued_decoding_paused_finished() {
+        let mut g = gen(&[], 3);
+        assert_eq!(g.phase(), GenState::Queued);
+        feed(&mut g, "a");
+        assert_eq!(g.phase(), GenState::Decoding);
+        g.user_paused = true;
+        assert_eq!(g.phase(), GenState::Paused);
+        assert!(!g.runnable());
+        g.user_paused = false;
+        feed(&mut g, "bc");
+        assert_eq!(g.phase(), GenState::Finished);
     }
 }
