@@ -129,6 +129,13 @@ pub enum Input {
     StepDone(StepDone),
     /// The engine failed the outstanding step.
     EngineFault(EngineFault),
+    /// The engine's KV pool changed size (memory pressure, or pressure gone).
+    /// Shrinking evicts paused sequences first, then preempts the newest running
+    /// ones; they are recomputed later, invisibly to clients.
+    KvCapacity {
+        /// Blocks now available.
+        num_blocks: u32,
+    },
     /// Model weights are loading (before [`Input::ModelLoaded`]).
     ModelLoading {
         /// Percent done, 0..=100.

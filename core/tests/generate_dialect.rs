@@ -650,3 +650,22 @@ fn same_seed_and_inputs_give_bit_identical_outputs() {
     assert_eq!(run(5), run(5));
     assert_ne!(run(5).0, run(6).0, "ids depend on the seed");
 }
+
+#[test]
+fn memory_pressure_shrinks_the_pool_invisibly_to_clients() {
+    let mut h = harness();
+    let conns: Vec<ConnId> = (1..=3).map(|i| h.open(i, Dialect::Generate)).collect();
+    for c in &conns {
+        h.send(*c, config(&"q".repeat(30), json!({"max_tokens": 60})));
+    }
+    h.run(10);
+    h.input(Input::KvCapacity { num_blocks: 6 });
+    h.run(10);
+    h.input(Input::KvCapacity { num_blocks: 64 });
+    h.run(500);
+    for c in &conns {
+        assert_eq!(h.streamed_text(*c), script_text(SCRIPT, 31, 60));
+    }
+    assert_eq!(kv_used(&h), 0);
+    assert!(h.host.check_invariants().is_ok());
+}

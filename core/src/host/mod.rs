@@ -182,6 +182,11 @@ impl Host {
             } => self.on_loading(now, progress, message, eta),
             Input::ModelLoaded { info, codec } => self.on_loaded(now, info, codec),
             Input::Shutdown => self.on_shutdown(now),
+            Input::KvCapacity { num_blocks } => {
+                if let Some(s) = self.sh.sched.as_mut() {
+                    s.set_capacity(num_blocks);
+                }
+            }
         }
         self.settle(now);
     }
