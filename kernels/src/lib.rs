@@ -1,1 +1,39 @@
-//! placeholder
+//! # tokenwire-kernels
+//!
+//! The model engine behind tokenwire's engine boundary: loading llama-family
+//! Hugging Face checkpoints (Llama, Qwen2-style biases and tied embeddings,
+//! Llama 3 RoPE scaling; f32/f16/bf16, single or sharded safetensors), the
+//! tokenizer and chat template ([`HfCodec`]), a paged KV cache, a CPU
+//! [`Backend`], and the deterministic [`sample`] function.
+//!
+//! ```
+//! use tokenwire_kernels::Engine;
+//! let mut engine = Engine::tiny(7);
+//! let prompt = engine.codec().encode("hi", true).expect("byte codec");
+//! let ids = engine.generate_greedy(&prompt, 4, &[]).expect("valid plan");
+//! assert_eq!(ids.len(), 4);
+//! ```
+
+pub mod backend;
+pub mod chat;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod kv;
+pub mod model;
+pub mod rope;
+pub mod sampler;
+pub mod tiny;
+pub mod tokenizer;
+pub mod weights;
+
+pub use backend::{Backend, BackendKind, CpuBackend, SeqBatch};
+pub use chat::ChatTemplate;
+pub use config::{GenerationConfig, ModelConfig};
+pub use engine::{Engine, EngineOptions, ModelIdentity};
+pub use error::LoadError;
+pub use model::Model;
+pub use rope::RopeScaling;
+pub use sampler::{log_softmax, sample, Sampler};
+pub use tokenizer::HfCodec;
+pub use weights::{LayerWeights, Linear, Weights};

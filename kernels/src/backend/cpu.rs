@@ -1,0 +1,606 @@
+//! The CPU backend: f32 llama forward pass, all of a step's tokens pushed
+//! through each weight matrix together, output rows split across rayon threads.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use tokenwire_core::{BlockId, EngineFaultKind};
+
+use super::{Backend, SeqBatch};
+use crate::kv::{KvCache, KvGeometry};
+use crate::model::Model;
+use crate::rope;
+use crate::weights::Linear;
+
+/// Multiply-adds below which splitting a product across threads costs more in
+/// hand-off than it saves (measured on stories260K-sized layers).
+const PAR_MIN_WORK: usize = 1 << 17;
+/// Output rows per parallel task; each task streams its rows once per token.
+const ROW_BLOCK: usize = 16;
+
+/// Where one token of the step sits: its sequence (index in the batch) and position.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    seq: usize,
+    pos: usize,
+}
+
+/// Buffers reused from step to step so the hot loop does not allocate.
+#[derive(Debug, Default)]
+struct Scratch {
+    rows: Vec<Row>,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    tmp: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// Runs a [`Model`] on the host with a [`KvCache`] pool.
+#[derive(Debug)]
+pub struct CpuBackend {
+    model: Arc<Model>,
+    kv: KvCache,
+    inv_freq: Vec<f64>,
+    scratch: Scratch,
+}
+
+impl CpuBackend {
+    /// A backend for `model` with a pool of `num_blocks` blocks of `block_size` slots.
+    pub fn new(model: Arc<Model>, block_size: usize, num_blocks: usize) -> Result<Self, String> {
+        let c = model.config();
+        let geo = KvGeometry {
+            layers: c.num_layers,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size,
+            num_blocks,
+        };
+        if block_size == 0 || num_blocks == 0 {
+            return Err("block_size and num_blocks must be positive".into());
+        }
+        let kv = KvCache::new(geo)?;
+        let inv_freq = rope::inv_freq(c.head_dim, c.rope_theta, &c.rope_scaling);
+        Ok(CpuBackend {
+            model,
+            kv,
+            inv_freq,
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// The KV pool's shape.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        self.kv.geometry()
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<(), EngineFaultKind> {
+        let n = self.kv.geometry().num_blocks;
+        for &(src, dst) in pairs {
+            if src as usize >= n || dst as usize >= n {
+                return Err(EngineFaultKind::Internal(format!(
+                    "copy_blocks ({src}, {dst}) outside the pool of {n} blocks"
+                )));
+            }
+            self.kv.copy_block(src, dst);
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineFaultKind> {
+        let CpuBackend {
+            model,
+            kv,
+            inv_freq,
+            scratch: s,
+        } = self;
+        let cfg = model.config();
+        let w = model.weights();
+        let geo = kv.geometry();
+        check_batch(batch, geo, cfg.vocab_size, cfg.max_position_embeddings)?;
+
+        let h = cfg.hidden_size;
+        let (nh, hd) = (cfg.num_heads, cfg.head_dim);
+        let half = hd / 2;
+        let (q_out, kv_out) = (nh * hd, cfg.num_kv_heads * hd);
+
+        s.rows.clear();
+        for (i, b) in batch.iter().enumerate() {
+            let p0 = b.start_pos as usize;
+            s.rows.extend((0..b.tokens.len()).map(|j| Row {
+                seq: i,
+                pos: p0 + j,
+            }));
+        }
+        let t = s.rows.len();
+        if t == 0 {
+            logits.clear();
+            return Ok(());
+        }
+
+        s.x.clear();
+        for b in batch {
+            for &tok in b.tokens {
+                let r = tok as usize * h;
+                s.x.extend_from_slice(&w.embed[r..r + h]);
+            }
+        }
+        s.cos.resize(t * half, 0.0);
+        s.sin.resize(t * half, 0.0);
+        for (r, row) in s.rows.iter().enumerate() {
+            let span = r * half..(r + 1) * half;
+            rope::angles(
+                inv_freq,
+                row.pos as u32,
+                &mut s.cos[span.clone()],
+                &mut s.sin[span],
+            );
+        }
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            rms_norm(&s.x, &lw.input_norm, cfg.rms_norm_eps, &mut s.xn);
+            linear(&s.xn, t, &lw.q, &mut s.q, &mut s.tmp);
+            linear(&s.xn, t, &lw.k, &mut s.k, &mut s.tmp);
+            linear(&s.xn, t, &lw.v, &mut s.v, &mut s.tmp);
+            for r in 0..t {
+                let (c, sn) = (
+                    &s.cos[r * half..(r + 1) * half],
+                    &s.sin[r * half..(r + 1) * half],
+                );
+                for head in s.q[r * q_out..(r + 1) * q_out].chunks_exact_mut(hd) {
+                    rope::rotate(head, c, sn);
+                }
+                for head in s.k[r * kv_out..(r + 1) * kv_out].chunks_exact_mut(hd) {
+                    rope::rotate(head, c, sn);
+                }
+            }
+
+            let (kc, vc) = kv.layer_mut(l);
+            for (r, row) in s.rows.iter().enumerate() {
+                let table = batch[row.seq].block_table;
+                let block = table[row.pos / geo.block_size] as usize;
+                let off = row.pos % geo.block_size;
+                for g in 0..cfg.num_kv_heads {
+                    let dst = geo.offset(block, g, off);
+                    let src = r * kv_out + g * hd;
+                    kc[dst..dst + hd].copy_from_slice(&s.k[src..src + hd]);
+                    vc[dst..dst + hd].copy_from_slice(&s.v[src..src + hd]);
+                }
+            }
+
+            let (kc, vc) = kv.layer(l);
+            s.att.resize(t * q_out, 0.0);
+            attention(
+                &AttnCtx {
+                    q: &s.q,
+                    kc,
+                    vc,
+                    rows: &s.rows,
+                    batch,
+                    geo,
+                    heads: nh,
+                    group: cfg.group_size(),
+                },
+                &mut s.att,
+                &mut s.scores,
+            );
+            linear(&s.att, t, &lw.o, &mut s.proj, &mut s.tmp);
+            add_in_place(&mut s.x, &s.proj);
+
+            rms_norm(&s.x, &lw.post_norm, cfg.rms_norm_eps, &mut s.xn);
+            linear(&s.xn, t, &lw.gate, &mut s.gate, &mut s.tmp);
+            linear(&s.xn, t, &lw.up, &mut s.up, &mut s.tmp);
+            for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            linear(&s.gate, t, &lw.down, &mut s.proj, &mut s.tmp);
+            add_in_place(&mut s.x, &s.proj);
+        }
+
+        // Only the last token of sampling sequences needs the final norm and head.
+        s.up.clear();
+        let mut end = 0;
+        for b in batch {
+            end += b.tokens.len();
+            if b.want_logits {
+                s.up.extend_from_slice(&s.x[(end - 1) * h..end * h]);
+            }
+        }
+        let n_out = s.up.len() / h;
+        if n_out == 0 {
+            logits.clear();
+            return Ok(());
+        }
+        rms_norm(&s.up, &w.norm, cfg.rms_norm_eps, &mut s.xn);
+        let (head_w, head_b) = match &w.lm_head {
+            Some(lin) => (&lin.w[..], lin.b.as_deref()),
+            None => (&w.embed[..], None),
+        };
+        matmul(
+            &s.xn,
+            n_out,
+            head_w,
+            head_b,
+            cfg.vocab_size,
+            h,
+            logits,
+            &mut s.tmp,
+        );
+        Ok(())
+    }
+}
+
+/// Re-checks what the engine promises, so a direct caller gets a fault, not a panic.
+fn check_batch(
+    batch: &[SeqBatch<'_>],
+    geo: KvGeometry,
+    vocab: usize,
+    context: usize,
+) -> Result<(), EngineFaultKind> {
+    let bad = |msg: String| Err(EngineFaultKind::Internal(msg));
+    for (i, b) in batch.iter().enumerate() {
+        if b.tokens.is_empty() {
+            return bad(format!("batch entry {i} has no tokens"));
+        }
+        if let Some(&tok) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
+            return bad(format!(
+                "batch entry {i}: token {tok} outside vocabulary {vocab}"
+            ));
+        }
+        let end = b.start_pos as usize + b.tokens.len();
+        if end > context {
+            return bad(format!(
+                "batch entry {i}: positions up to {end} exceed context {context}"
+            ));
+        }
+        let blocks = end.div_ceil(geo.block_size);
+        if b.block_table.len() < blocks {
+            return bad(format!(
+                "batch entry {i}: block table has {} blocks, {blocks} needed",
+                b.block_table.len()
+            ));
+        }
+        if let Some(&blk) = b.block_table[..blocks]
+            .iter()
+            .find(|&&blk| blk as usize >= geo.num_blocks)
+        {
+            return bad(format!("batch entry {i}: block {blk} outside the pool"));
+        }
+    }
+    Ok(())
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// RMSNorm of each `w.len()`-wide row of `x` into `out` (HF order: normalise, then scale).
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let h = w.len();
+    out.resize(x.len(), 0.0);
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let ms = dot(xr, xr) / h as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for ((o, &xi), &wi) in or.iter_mut().zip(xr).zip(w) {
+            *o = wi * (xi * r);
+        }
+    }
+}
+
+/// Dot product with eight independent accumulators, so the compiler can keep
+/// them in vector lanes without reordering a single sum.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        // Fixed-size arrays: no bounds checks, so the loop becomes vector code.
+        let (x, y): (&[f32; 8], &[f32; 8]) = match (x.try_into(), y.try_into()) {
+            (Ok(x), Ok(y)) => (x, y),
+            _ => unreachable!("chunks_exact(8) yields 8 elements"),
+        };
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// Four dot products against one `x`, each summed exactly as [`dot`] sums
+/// (same lanes, same order), sharing the loads of `x`.
+#[inline]
+fn dot4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    let n = x.len();
+    let mut acc = [[0.0f32; 8]; 4];
+    let full = n / 8 * 8;
+    let as8 = |s: &[f32], at: usize| -> [f32; 8] {
+        match s[at..at + 8].try_into() {
+            Ok(a) => a,
+            Err(_) => unreachable!("8-element slice"),
+        }
+    };
+    let mut c = 0;
+    while c < full {
+        let xv = as8(x, c);
+        for (r, row) in w.iter().enumerate() {
+            let wv = as8(row, c);
+            for i in 0..8 {
+                acc[r][i] += wv[i] * xv[i];
+            }
+        }
+        c += 8;
+    }
+    let mut out = [0.0f32; 4];
+    for (r, a) in acc.iter().enumerate() {
+        let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        for (xv, wv) in x[full..].iter().zip(&w[r][full..n]) {
+            s += wv * xv;
+        }
+        out[r] = s;
+    }
+    out
+}
+
+/// [`matmul`] through a [`Linear`] layer.
+fn linear(x: &[f32], t: usize, l: &Linear, y: &mut Vec<f32>, tmp: &mut Vec<f32>) {
+    matmul(x, t, &l.w, l.b.as_deref(), l.out_dim, l.in_dim, y, tmp);
+}
+
+/// `y[t, o] = W[o] . x[t] + b[o]` for `t` rows of `x` (`[t, n_in]`); `y` becomes `[t, n_out]`.
+///
+/// Every output element is one [`dot`] call whatever `t` and the thread split,
+/// so a token's result does not depend on what else is in the batch.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    x: &[f32],
+    t: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    n_out: usize,
+    n_in: usize,
+    y: &mut Vec<f32>,
+    tmp: &mut Vec<f32>,
+) {
+    y.resize(t * n_out, 0.0);
+    if t == 0 {
+        return;
+    }
+    let parallel = n_out * n_in * t >= PAR_MIN_WORK && rayon::current_num_threads() > 1;
+    // Computed as [n_out, t] so each task owns whole output rows; transposed after.
+    let row = |o: usize| &w[o * n_in..(o + 1) * n_in];
+    let fill = |ci: usize, chunk: &mut [f32]| {
+        let o0 = ci * ROW_BLOCK;
+        let rows = chunk.len() / t;
+        for tt in 0..t {
+            let xr = &x[tt * n_in..(tt + 1) * n_in];
+            let mut r = 0;
+            while r + 4 <= rows {
+                let o = o0 + r;
+                let d = dot4([row(o), row(o + 1), row(o + 2), row(o + 3)], xr);
+                for (k, v) in d.into_iter().enumerate() {
+                    chunk[(r + k) * t + tt] = v + b.map_or(0.0, |b| b[o + k]);
+                }
+                r += 4;
+            }
+            for r in r..rows {
+                let o = o0 + r;
+                chunk[r * t + tt] = dot(row(o), xr) + b.map_or(0.0, |b| b[o]);
+            }
+        }
+    };
+    let run = |dst: &mut [f32]| {
+        if parallel {
+            dst.par_chunks_mut(ROW_BLOCK * t)
+                .enumerate()
+                .for_each(|(ci, c)| fill(ci, c));
+        } else {
+            dst.chunks_mut(ROW_BLOCK * t)
+                .enumerate()
+                .for_each(|(ci, c)| fill(ci, c));
+        }
+    };
+    if t == 1 {
+        run(y);
+    } else {
+        tmp.resize(t * n_out, 0.0);
+        run(tmp);
+        for (o, col) in tmp.chunks_exact(t).enumerate() {
+            for (tt, &v) in col.iter().enumerate() {
+                y[tt * n_out + o] = v;
+            }
+        }
+    }
+}
+
+/// What every attention task reads.
+struct AttnCtx<'a> {
+    q: &'a [f32],
+    kc: &'a [f32],
+    vc: &'a [f32],
+    rows: &'a [Row],
+    batch: &'a [SeqBatch<'a>],
+    geo: KvGeometry,
+    heads: usize,
+    group: usize,
+}
+
+/// Causal attention of every token over its own sequence's cached positions;
+/// `att` is `[t, heads * head_dim]`. One task per (token, KV head) handles
+/// that KV head's whole group of query heads, so each cached K/V row is read
+/// once per group rather than once per query head.
+fn attention(ctx: &AttnCtx<'_>, att: &mut [f32], scores: &mut Vec<f32>) {
+    let width = ctx.group * ctx.geo.head_dim;
+    let work: usize =
+        ctx.rows.iter().map(|r| r.pos + 1).sum::<usize>() * ctx.heads * ctx.geo.head_dim * 2;
+    if work >= PAR_MIN_WORK && rayon::current_num_threads() > 1 {
+        att.par_chunks_mut(width)
+            .enumerate()
+            .for_each_init(Vec::new, |sc, (i, out)| attend_group(ctx, i, out, sc));
+    } else {
+        for (i, out) in att.chunks_mut(width).enumerate() {
+            attend_group(ctx, i, out, scores);
+        }
+    }
+}
+
+/// Attention output of task `i` (token `i / kv_heads`, KV head `i % kv_heads`)
+/// for the query heads of that group; `scores` is `[group, positions]`.
+fn attend_group(ctx: &AttnCtx<'_>, i: usize, out: &mut [f32], scores: &mut Vec<f32>) {
+    let geo = ctx.geo;
+    let (hd, bs) = (geo.head_dim, geo.block_size);
+    let kv_heads = ctx.heads / ctx.group;
+    let row = ctx.rows[i / kv_heads];
+    let g = i % kv_heads;
+    let width = ctx.group * hd;
+    // Query heads of group g are contiguous: heads g * group .. (g + 1) * group.
+    let q = &ctx.q[i * width..(i + 1) * width];
+    let table = ctx.batch[row.seq].block_table;
+    let n = row.pos + 1;
+    let scale = 1.0 / (hd as f32).sqrt();
+
+    // Walk the block table once per pass; `cnt` slots of each block are live.
+    let blocks = table
+        .iter()
+        .enumerate()
+        .take(n.div_ceil(bs))
+        .map(|(bi, &b)| (geo.offset(b as usize, g, 0), bs.min(n - bi * bs)));
+
+    scores.clear();
+    scores.resize(ctx.group * n, 0.0);
+    let mut j = 0;
+    for (base, cnt) in blocks.clone() {
+        for k in ctx.kc[base..base + cnt * hd].chunks_exact(hd) {
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                scores[h * n + j] = dot(qh, k) * scale;
+            }
+            j += 1;
+        }
+    }
+    for sh in scores.chunks_exact_mut(n) {
+        let max = sh.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for s in sh.iter_mut() {
+            *s -= max;
+        }
+        exp_in_place(sh);
+        let sum: f32 = sh.iter().sum();
+        let inv = 1.0 / sum;
+        for s in sh.iter_mut() {
+            *s *= inv;
+        }
+    }
+    out.fill(0.0);
+    let mut j0 = 0;
+    for (base, cnt) in blocks {
+        let values = &ctx.vc[base..base + cnt * hd];
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let ps = &scores[h * n + j0..h * n + j0 + cnt];
+            for (&p, v) in ps.iter().zip(values.chunks_exact(hd)) {
+                for (o, &vv) in oh.iter_mut().zip(v) {
+                    *o += p * vv;
+                }
+            }
+        }
+        j0 += cnt;
+    }
+}
+
+/// `e^x` for every element, Cephes' single-precision polynomial (about 1 ulp).
+/// Unlike libm's `expf` it is branch-free, so the loop vectorises: softmax
+/// spends most of its time here otherwise.
+fn exp_in_place(xs: &mut [f32]) {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n * LN2_HI is exact.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    for x in xs.iter_mut() {
+        let v = x.clamp(-87.0, 88.0);
+        let fx = v * LOG2E + 0.5;
+        // floor() without SSE4.1: truncate, then step down for negatives.
+        let mut n = fx as i32;
+        if (n as f32) > fx {
+            n -= 1;
+        }
+        let nf = n as f32;
+        let r = v - nf * LN2_HI - nf * LN2_LO;
+        let z = r * r;
+        let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
+            * r
+            + 1.666_666_5e-1)
+            * r
+            + 0.5;
+        let y = p * z + r + 1.0;
+        let scale = f32::from_bits(((n + 127) as u32) << 23);
+        // NaN in, NaN out; -inf (a masked score) gives exactly 0.
+        *x = if x.is_nan() {
+            f32::NAN
+        } else if *x == f32::NEG_INFINITY {
+            0.0
+        } else {
+            y * scale
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_libm() {
+        let mut xs: Vec<f32> = (0..200_000).map(|i| -87.0 + i as f32 * 0.000_87).collect();
+        xs.extend([0.0, -0.0, 1.0, 10.0, -1e-8]);
+        let want: Vec<f32> = xs.iter().map(|x| x.exp()).collect();
+        exp_in_place(&mut xs);
+        for (got, want) in xs.iter().zip(&want) {
+            let rel = ((got - want) / want).abs();
+            assert!(rel < 2.5e-7, "exp: got {got}, want {want}");
+        }
+        let mut edge = [f32::NEG_INFINITY, f32::NAN, -1000.0];
+        exp_in_place(&mut edge);
+        assert_eq!(edge[0], 0.0);
+        assert!(edge[1].is_nan());
+        assert!(edge[2] >= 0.0 && edge[2] < 1e-37);
+    }
+
+    #[test]
+    fn dot4_sums_like_dot() {
+        let w: Vec<f32> = (0..4 * 37)
+            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..37)
+            .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+            .collect();
+        let rows: Vec<&[f32]> = w.chunks_exact(37).collect();
+        let got = dot4([rows[0], rows[1], rows[2], rows[3]], &x);
+        for r in 0..4 {
+            assert_eq!(got[r].to_bits(), dot(rows[r], &x).to_bits());
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! `config.json` and `generation_config.json`: the model's shape, read from
+//! untrusted JSON into a validated [`ModelConfig`].
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use tokenwire_core::TokenId;
+
+use crate::error::LoadError;
+use crate::rope::RopeScaling;
+
+/// Upper bound on any single dimension. Far above real models, low enough that
+/// products of a few dimensions cannot overflow `usize` before we check them.
+const MAX_DIM: usize = 1 << 24;
+
+/// Architectures whose forward pass this engine computes exactly.
+const ARCHITECTURES: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM"];
+/// `model_type` values of those architectures.
+const MODEL_TYPES: &[&str] = &["llama", "qwen2"];
+
+/// The shape and hyper-parameters of a llama-family decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention); divides `num_heads`.
+    pub num_kv_heads: usize,
+    /// Width of one head (even).
+    pub head_dim: usize,
+    /// Rows of the embedding and LM head.
+    pub vocab_size: usize,
+    /// Context window in tokens.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE frequency rescaling.
+    pub rope_scaling: RopeScaling,
+    /// LM head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Config promises q/k/v/o biases (they are used whenever present in the file).
+    pub attention_bias: bool,
+    /// Beginning-of-sequence id, if the config names one.
+    pub bos_token_id: Option<TokenId>,
+    /// End-of-sequence ids from `config.json` (generation config overrides these).
+    pub eos_token_ids: Vec<TokenId>,
+    /// `_name_or_path`, if present.
+    pub name_or_path: Option<String>,
+}
+
+/// Typed access to the fields of one JSON object, with errors naming the file and field.
+struct Fields<'a> {
+    path: &'a Path,
+    obj: &'a Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(path: &'a Path, v: &'a Value) -> Result<Self, LoadError> {
+        match v.as_object() {
+            Some(obj) => Ok(Fields { path, obj }),
+            None => Err(LoadError::json(path, "top level is not a JSON object")),
+        }
+    }
+
+    fn err(&self, msg: String) -> LoadError {
+        LoadError::json(self.path, msg)
+    }
+
+    /// The field, treating JSON `null` as absent.
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.obj.get(name).filter(|v| !v.is_null())
+    }
+
+    fn opt_usize(&self, name: &str) -> Result<Option<usize>, LoadError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        match v.as_u64() {
+            Some(n) if (n as u128) <= MAX_DIM as u128 => Ok(Some(n as usize)),
+            Some(n) => Err(self.err(format!("field `{name}` = {n} is too large"))),
+            None => Err(self.err(format!(
+                "field `{name}` must be a non-negative integer, got {v}"
+            ))),
+        }
+    }
+
+    fn usize(&self, name: &str) -> Result<usize, LoadError> {
+        match self.opt_usize(name)? {
+            Some(n) if n > 0 => Ok(n),
+            Some(_) => Err(self.err(format!("field `{name}` must be positive"))),
+            None => Err(self.err(format!("missing field `{name}`"))),
+        }
+    }
+
+    fn opt_f64(&self, name: &str) -> Result<Option<f64>, LoadError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        match v.as_f64() {
+            Some(x) if x.is_finite() => Ok(Some(x)),
+            _ => Err(self.err(format!("field `{name}` must be a finite number, got {v}"))),
+        }
+    }
+
+    fn positive_f64(&self, name: &str) -> Result<f64, LoadError> {
+        match self.opt_f64(name)? {
+            Some(x) if x > 0.0 => Ok(x),
+            Some(x) => Err(self.err(format!("field `{name}` must be positive, got {x}"))),
+            None => Err(self.err(format!("missing field `{name}`"))),
+        }
+    }
+
+    fn opt_bool(&self, name: &str) -> Result<Option<bool>, LoadError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.err(format!("field `{name}` must be true or false, got {v}"))),
+        }
+    }
+
+    fn opt_str(&self, name: &str) -> Result<Option<&'a str>, LoadError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.err(format!("field `{name}` must be a string, got {v}"))),
+        }
+    }
+
+    fn opt_token(&self, name: &str) -> Result<Option<TokenId>, LoadError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => self.token(name, v).map(Some),
+        }
+    }
+
+    fn token(&self, name: &str, v: &Value) -> Result<TokenId, LoadError> {
+        v.as_u64()
+            .and_then(|n| TokenId::try_from(n).ok())
+            .ok_or_else(|| self.err(format!("field `{name}` must hold token ids, got {v}")))
+    }
+
+    /// A token id or a list of them (Llama 3 style `eos_token_id`).
+    fn token_list(&self, name: &str) -> Result<Option<Vec<TokenId>>, LoadError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| self.token(name, v))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Ok(Some(vec![self.token(name, v)?])),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Reads and validates `path` (a `config.json`).
+    pub fn load(path: &Path) -> Result<ModelConfig, LoadError> {
+        let v = crate::error::read_json(path)?;
+        ModelConfig::from_json(path, &v)
+    }
+
+    /// Validates an already-parsed `config.json`; `path` is only for error messages.
+    pub fn from_json(path: &Path, v: &Value) -> Result<ModelConfig, LoadError> {
+        let f = Fields::new(path, v)?;
+        check_architecture(&f)?;
+
+        let hidden_size = f.usize("hidden_size")?;
+        let num_heads = f.usize("num_attention_heads")?;
+        let num_kv_heads = match f.opt_usize("num_key_value_heads")? {
+            Some(0) => return Err(f.err("field `num_key_value_heads` must be positive".into())),
+            Some(n) => n,
+            None => num_heads,
+        };
+        if num_heads % num_kv_heads != 0 {
+            return Err(f.err(format!(
+                "num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+            )));
+        }
+        let head_dim = match f.opt_usize("head_dim")? {
+            Some(d) => d,
+            None => {
+                if hidden_size % num_heads != 0 {
+                    return Err(f.err(format!(
+                        "no `head_dim` and hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads})"
+                    )));
+                }
+                hidden_size / num_heads
+            }
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(f.err(format!(
+                "head_dim must be even and positive, got {head_dim}"
+            )));
+        }
+        let max_position_embeddings = f.usize("max_position_embeddings")?;
+        if u32::try_from(max_position_embeddings).is_err() {
+            return Err(f.err("max_position_embeddings does not fit in 32 bits".into()));
+        }
+        let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
+        if rms_norm_eps < 0.0 {
+            return Err(f.err(format!(
+                "rms_norm_eps must not be negative, got {rms_norm_eps}"
+            )));
+        }
+        let (rope_theta, rope_scaling) = rope(&f)?;
+
+        Ok(ModelConfig {
+            hidden_size,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_layers: f.usize("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: f.usize("vocab_size")?,
+            max_position_embeddings,
+            rms_norm_eps: rms_norm_eps as f32,
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            attention_bias: f.opt_bool("attention_bias")?.unwrap_or(false),
+            bos_token_id: f.opt_token("bos_token_id")?,
+            eos_token_ids: f.token_list("eos_token_id")?.unwrap_or_default(),
+            name_or_path: f.opt_str("_name_or_path")?.map(str::to_owned),
+        })
+    }
+
+    /// Query heads sharing one KV head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+fn check_architecture(f: &Fields<'_>) -> Result<(), LoadError> {
+    let unsupported = |msg: String| LoadError::Unsupported {
+        path: f.path.to_path_buf(),
+        msg,
+    };
+    if let Some(arch) = f.get("architectures") {
+        let names: Vec<&str> = arch
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if !names.iter().any(|n| ARCHITECTURES.contains(n)) {
+            return Err(unsupported(format!(
+                "architectures {arch} (supported: {})",
+                ARCHITECTURES.join(", ")
+            )));
+        }
+    } else if let Some(t) = f.opt_str("model_type")? {
+        if !MODEL_TYPES.contains(&t) {
+            return Err(unsupported(format!("model_type `{t}`")));
+        }
+    }
+    if let Some(act) = f.opt_str("hidden_act")? {
+        if act != "silu" {
+            return Err(unsupported(format!("hidden_act `{act}` (only silu)")));
+        }
+    }
+    if f.opt_bool("use_sliding_window")? == Some(true) {
+        return Err(unsupported("use_sliding_window: true".into()));
+    }
+    if f.opt_bool("mlp_bias")? == Some(true) {
+        return Err(unsupported("mlp_bias: true".into()));
+    }
+    Ok(())
+}
+
+/// `rope_theta` and `rope_scaling`, from the top level or from transformers 5's
+/// `rope_parameters` object.
+fn rope(f: &Fields<'_>) -> Result<(f64, RopeScaling), LoadError> {
+    let nested =
+        match f.get("rope_parameters") {
+            Some(v) => Some(Fields::new(f.path, v).map_err(|_| {
+                LoadError::json(f.path, "field `rope_parameters` must be an object")
+            })?),
+            None => None,
+        };
+    let theta = match nested
+        .as_ref()
+        .map(|n| n.opt_f64("rope_theta"))
+        .transpose()?
+    {
+        Some(Some(t)) => t,
+        _ => f.opt_f64("rope_theta")?.unwrap_or(10000.0),
+    };
+    if theta <= 0.0 {
+        return Err(f.err(format!("rope_theta must be positive, got {theta}")));
+    }
+    let scaling_fields = match (nested, f.get("rope_scaling")) {
+        (_, Some(v)) => Some(Fields::new(f.path, v).map_err(|_| {
+            LoadError::json(f.path, "field `rope_scaling` must be an object or null")
+        })?),
+        (Some(n), None) => Some(n),
+        (None, None) => None,
+    };
+    let Some(s) = scaling_fields else {
+        return Ok((theta, RopeScaling::None));
+    };
+    let kind = match s.opt_str("rope_type")? {
+        Some(k) => Some(k),
+        None => s.opt_str("type")?,
+    };
+    let scaling = match kind.unwrap_or("default") {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: s.positive_f64("factor")?,
+        },
+        "llama3" => {
+            let low = s.positive_f64("low_freq_factor")?;
+            let high = s.positive_f64("high_freq_factor")?;
+            if high <= low {
+                return Err(f.err(format!(
+                    "rope_scaling: high_freq_factor ({high}) must exceed low_freq_factor ({low})"
+                )));
+            }
+            RopeScaling::Llama3 {
+                factor: s.positive_f64("factor")?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: s
+                    .positive_f64("original_max_position_embeddings")?,
+            }
+        }
+        other => {
+            return Err(LoadError::Unsupported {
+                path: f.path.to_path_buf(),
+                msg: format!("rope_scaling type `{other}` (supported: default, linear, llama3)"),
+            })
+        }
+    };
+    Ok((theta, scaling))
+}
+
+/// What `generation_config.json` says about special tokens.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationConfig {
+    /// Tokens that end a generation.
+    pub eos_token_ids: Option<Vec<TokenId>>,
+    /// Beginning-of-sequence token.
+    pub bos_token_id: Option<TokenId>,
+}
+
+impl GenerationConfig {
+    /// Reads `path` if it exists; a missing file is an empty config, a broken one an error.
+    pub fn load_optional(path: &Path) -> Result<GenerationConfig, LoadError> {
+        if !path.exists() {
+            return Ok(GenerationConfig::default());
+        }
+        let v = crate::error::read_json(path)?;
+        let f = Fields::new(path, &v)?;
+        Ok(GenerationConfig {
+            eos_token_ids: f.token_list("eos_token_id")?,
+            bos_token_id: f.opt_token("bos_token_id")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<ModelConfig, LoadError> {
+        let v: Value = serde_json::from_str(s).map_err(|e| LoadError::json("x", e.to_string()))?;
+        ModelConfig::from_json(Path::new("config.json"), &v)
+    }
+
+    const BASE: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
+        "num_hidden_layers":2,"num_attention_heads":4,"vocab_size":100,"max_position_embeddings":256"#;
+
+    #[test]
+    fn defaults_fill_in() {
+        let c = parse(&format!("{BASE}}}")).expect("valid");
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.num_kv_heads, 4);
+        assert_eq!(c.rope_theta, 10000.0);
+        assert_eq!(c.rope_scaling, RopeScaling::None);
+        assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn llama3_rope_and_eos_list() {
+        let c = parse(&format!(
+            r#"{BASE},"rope_theta":500000,"eos_token_id":[1,2],"rope_scaling":{{"rope_type":"llama3",
+            "factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}}}}"#
+        ))
+        .expect("valid");
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(c.eos_token_ids, vec![1, 2]);
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let e = parse(&format!(r#"{BASE},"num_key_value_heads":3}}"#)).expect_err("must fail");
+        assert!(e.to_string().contains("num_key_value_heads"), "{e}");
+        let e = parse(r#"{"hidden_size":"big"}"#).expect_err("must fail");
+        assert!(e.to_string().contains("hidden_size"), "{e}");
+        let e = parse(&format!(
+            r#"{BASE},"rope_scaling":{{"rope_type":"yarn","factor":2}}}}"#
+        ))
+        .expect_err("must fail");
+        assert!(e.to_string().contains("yarn"), "{e}");
+        let e = parse(r#"{"architectures":["GPT2LMHeadModel"]}"#).expect_err("must fail");
+        assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+        let e = parse("[1]").expect_err("must fail");
+        assert!(e.to_string().contains("object"), "{e}");
+    }
+}

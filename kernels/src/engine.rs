@@ -1,0 +1,390 @@
+//! [`Engine`]: the model behind the core's engine boundary. It checks each
+//! [`StepPlan`], keeps per-sequence token history for the sampler, runs the
+//! batched forward on its [`Backend`] and samples.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use tokenwire_core::testing::ByteCodec;
+use tokenwire_core::{
+    EngineFault, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep,
+    SharedCodec, StepDone, StepPlan, TokenId,
+};
+
+use crate::backend::{Backend, BackendKind, CpuBackend, SeqBatch};
+use crate::config::GenerationConfig;
+use crate::error::LoadError;
+use crate::model::Model;
+use crate::sampler::Sampler;
+use crate::tiny::tiny_model;
+use crate::tokenizer::HfCodec;
+
+/// How to build an [`Engine`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// KV blocks in the pool; `None` = enough for 4 full contexts, at least 64.
+    pub num_blocks: Option<u32>,
+    /// Token slots per KV block.
+    pub block_size: u32,
+    /// Compute backend.
+    pub backend: BackendKind,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            num_blocks: None,
+            block_size: 16,
+            backend: BackendKind::Cpu,
+        }
+    }
+}
+
+/// Identity of a model as clients see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelIdentity {
+    /// Name clients use (`model` fields).
+    pub name: String,
+    /// Version string.
+    pub version: String,
+    /// Tokens that end a generation.
+    pub eos_ids: Vec<TokenId>,
+}
+
+/// Weights, KV pool and compute (inside the [`Backend`], which owns the
+/// device-side state), tokenizer and sampler of one served model.
+pub struct Engine {
+    model: Arc<Model>,
+    info: ModelInfo,
+    codec: SharedCodec,
+    backend: Box<dyn Backend>,
+    sampler: Sampler,
+    history: HashMap<SeqId, Vec<TokenId>>,
+    logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("info", &self.info)
+            .field("backend", &self.backend.name())
+            .field("live_seqs", &self.history.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Loads a Hugging Face model directory (`config.json`, safetensors
+    /// weights, `tokenizer.json`, optional `generation_config.json` and
+    /// `tokenizer_config.json`).
+    pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Engine, LoadError> {
+        let model = Model::load(dir)?;
+        let gen = GenerationConfig::load_optional(&dir.join("generation_config.json"))?;
+        let codec = HfCodec::load(dir)?;
+        // `dir` may be "." or end in "..": the canonical path has the real name.
+        let name = dir
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".into());
+        let cfg = model.config();
+        let identity = ModelIdentity {
+            name,
+            version: cfg.name_or_path.clone().unwrap_or_else(|| "1".into()),
+            eos_ids: gen
+                .eos_token_ids
+                .unwrap_or_else(|| cfg.eos_token_ids.clone()),
+        };
+        Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
+    }
+
+    /// The built-in tiny model (see [`crate::tiny`]) with the byte tokenizer:
+    /// name `tokenwire-tiny`, EOS 2, context 1024.
+    pub fn tiny(seed: u64) -> Engine {
+        let identity = ModelIdentity {
+            name: "tokenwire-tiny".into(),
+            version: "1".into(),
+            eos_ids: vec![tokenwire_core::testing::BYTE_EOS],
+        };
+        match Engine::from_model(
+            tiny_model(seed),
+            ByteCodec::shared(),
+            identity,
+            &EngineOptions::default(),
+        ) {
+            Ok(e) => e,
+            // The tiny pool is 256 blocks of 16 slots: about 1 MiB.
+            Err(e) => unreachable!("tiny engine: {e}"),
+        }
+    }
+
+    /// An engine for an already-built model.
+    pub fn from_model(
+        model: Model,
+        codec: SharedCodec,
+        identity: ModelIdentity,
+        opts: &EngineOptions,
+    ) -> Result<Engine, LoadError> {
+        let cfg = model.config();
+        if opts.block_size == 0 {
+            return Err(LoadError::Options("block_size must be positive".into()));
+        }
+        let context = cfg.max_position_embeddings as u64;
+        let num_blocks = match opts.num_blocks {
+            Some(0) => return Err(LoadError::Options("num_blocks must be positive".into())),
+            Some(n) => n,
+            None => {
+                let want = (4 * context).div_ceil(opts.block_size as u64).max(64);
+                u32::try_from(want).map_err(|_| {
+                    LoadError::Options(format!("default KV pool of {want} blocks is too large"))
+                })?
+            }
+        };
+        let info = ModelInfo {
+            name: identity.name,
+            version: identity.version,
+            context_len: cfg.max_position_embeddings as u32,
+            vocab_size: cfg.vocab_size as u32,
+            eos_ids: identity.eos_ids,
+            block_size: opts.block_size,
+            num_blocks,
+            dtype: model.weights().dtype.clone(),
+        };
+        let model = Arc::new(model);
+        let backend: Box<dyn Backend> = match opts.backend {
+            BackendKind::Cpu => Box::new(
+                CpuBackend::new(model.clone(), opts.block_size as usize, num_blocks as usize)
+                    .map_err(LoadError::Options)?,
+            ),
+        };
+        Ok(Engine {
+            model,
+            info,
+            codec,
+            backend,
+            sampler: Sampler::new(),
+            history: HashMap::new(),
+            logits: Vec::new(),
+        })
+    }
+
+    /// What the core needs to know about the model.
+    pub fn model_info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    /// The model's tokenizer and chat template.
+    pub fn codec(&self) -> SharedCodec {
+        self.codec.clone()
+    }
+
+    /// The model (config and weights).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Runs one step: frees the plan's finished sequences, copies blocks,
+    /// computes every sequence's tokens in one batch and samples one token
+    /// per sequence with `sample` set. A plan that breaks the engine boundary's
+    /// rules is refused with [`EngineFaultKind::Internal`] before anything changes.
+    pub fn step(&mut self, plan: &StepPlan) -> Result<StepDone, EngineFault> {
+        let fault = |kind| EngineFault {
+            step_id: plan.step_id,
+            kind,
+        };
+        self.validate(plan)
+            .map_err(|m| fault(EngineFaultKind::Internal(m)))?;
+        for seq in &plan.free {
+            self.history.remove(seq);
+        }
+        self.backend.copy_blocks(&plan.copy_blocks).map_err(fault)?;
+        for s in &plan.seqs {
+            let h = self.history.entry(s.seq).or_default();
+            h.truncate(s.start_pos as usize);
+            h.extend_from_slice(&s.tokens);
+        }
+        let batch: Vec<SeqBatch<'_>> = plan
+            .seqs
+            .iter()
+            .map(|s| SeqBatch {
+                tokens: &s.tokens,
+                start_pos: s.start_pos,
+                block_table: &s.block_table,
+                want_logits: s.sample,
+            })
+            .collect();
+        self.backend
+            .forward(&batch, &mut self.logits)
+            .map_err(fault)?;
+
+        let vocab = self.info.vocab_size as usize;
+        let mut rows = self.logits.chunks_exact(vocab);
+        let mut results = Vec::new();
+        for s in plan.seqs.iter().filter(|s| s.sample) {
+            let (Some(logits), Some(history)) = (rows.next(), self.history.get(&s.seq)) else {
+                return Err(fault(EngineFaultKind::Internal(
+                    "backend returned fewer logit rows than sampling sequences".into(),
+                )));
+            };
+            // The token drawn here will sit at start_pos + len: that position seeds the draw.
+            let position = s.start_pos + s.tokens.len() as u32;
+            let (token, logprobs) =
+                self.sampler
+                    .sample(logits, &s.sampling, position, history, s.logprobs);
+            results.push(SeqResult {
+                seq: s.seq,
+                token,
+                logprobs,
+            });
+        }
+        Ok(StepDone {
+            step_id: plan.step_id,
+            results,
+        })
+    }
+
+    /// Logits of the last step, one `vocab_size` row per sampled sequence, in
+    /// plan order (after the backend, before the sampler).
+    pub fn last_logits(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.logits.chunks_exact(self.info.vocab_size as usize)
+    }
+
+    /// Tokens the engine holds for `seq` (what it has been fed so far).
+    pub fn history(&self, seq: SeqId) -> Option<&[TokenId]> {
+        self.history.get(&seq).map(Vec::as_slice)
+    }
+
+    fn validate(&self, plan: &StepPlan) -> Result<(), String> {
+        let nb = self.info.num_blocks;
+        let bs = self.info.block_size as u64;
+        for &(src, dst) in &plan.copy_blocks {
+            if src >= nb || dst >= nb {
+                return Err(format!(
+                    "copy_blocks ({src}, {dst}) outside the pool of {nb} blocks"
+                ));
+            }
+        }
+        let freed: HashSet<SeqId> = plan.free.iter().copied().collect();
+        let mut seen = HashSet::with_capacity(plan.seqs.len());
+        for s in &plan.seqs {
+            if !seen.insert(s.seq) {
+                return Err(format!("seq {:?} appears twice in one step", s.seq));
+            }
+            self.validate_seq(s, &freed, nb, bs)?;
+        }
+        Ok(())
+    }
+
+    fn validate_seq(
+        &self,
+        s: &SeqStep,
+        freed: &HashSet<SeqId>,
+        nb: u32,
+        bs: u64,
+    ) -> Result<(), String> {
+        let id = s.seq;
+        if s.tokens.is_empty() {
+            return Err(format!("seq {id:?} has no tokens to feed"));
+        }
+        if let Some(t) = s.tokens.iter().find(|&&t| t >= self.info.vocab_size) {
+            return Err(format!(
+                "seq {id:?} feeds token {t}, vocabulary is {}",
+                self.info.vocab_size
+            ));
+        }
+        let end = s.start_pos as u64 + s.tokens.len() as u64;
+        if end > self.info.context_len as u64 {
+            return Err(format!(
+                "seq {id:?} reaches position {end}, context is {}",
+                self.info.context_len
+            ));
+        }
+        if (s.block_table.len() as u64) * bs < end {
+            return Err(format!(
+                "seq {id:?} block table covers {} positions, {end} needed",
+                s.block_table.len() as u64 * bs
+            ));
+        }
+        if let Some(b) = s.block_table.iter().find(|&&b| b >= nb) {
+            return Err(format!("seq {id:?} uses block {b}, pool has {nb} blocks"));
+        }
+        let held = if freed.contains(&id) {
+            0
+        } else {
+            self.history.get(&id).map_or(0, Vec::len)
+        };
+        if s.start_pos as usize > held {
+            return Err(format!(
+                "seq {id:?} fed at position {} but the engine holds {held} tokens",
+                s.start_pos
+            ));
+        }
+        Ok(())
+    }
+
+    /// Greedy generation of one sequence, as a convenience for tests and
+    /// examples: feeds `prompt` as one chunk, then one token per step, until
+    /// `max_new` tokens or a token in `stop` (included in the result). Uses
+    /// pool blocks from 0 up, so no other sequence may be live; the sequence
+    /// is freed at the end.
+    pub fn generate_greedy(
+        &mut self,
+        prompt: &[TokenId],
+        max_new: usize,
+        stop: &[TokenId],
+    ) -> Result<Vec<TokenId>, EngineFault> {
+        const SEQ: SeqId = SeqId(u64::MAX);
+        let bs = self.info.block_size as usize;
+        let needed = (prompt.len() + max_new).div_ceil(bs);
+        let table: Vec<u32> = (0..needed as u32).collect();
+        let mut out = Vec::with_capacity(max_new);
+        let mut feed = prompt.to_vec();
+        let mut pos = 0u32;
+        let mut step_id = 0;
+        while out.len() < max_new {
+            step_id += 1;
+            let plan = StepPlan {
+                step_id,
+                seqs: vec![SeqStep {
+                    seq: SEQ,
+                    tokens: std::mem::take(&mut feed),
+                    start_pos: pos,
+                    block_table: table.clone(),
+                    sampling: SamplingParams::greedy(),
+                    sample: true,
+                    logprobs: None,
+                }],
+                ..Default::default()
+            };
+            let done = self.step(&plan)?;
+            pos += plan.seqs[0].tokens.len() as u32;
+            let Some(r) = done.results.first() else {
+                break;
+            };
+            out.push(r.token);
+            if stop.contains(&r.token) {
+                break;
+            }
+            feed.push(r.token);
+        }
+        self.history.remove(&SEQ);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_can_move_to_its_own_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Engine>();
+        let mut e = Engine::tiny(1);
+        let h = std::thread::spawn(move || e.generate_greedy(&[1, 4, 5], 3, &[]));
+        let ids = h.join().expect("thread").expect("generate");
+        assert_eq!(ids.len(), 3);
+    }
+}

@@ -1,0 +1,92 @@
+//! A model = validated config + weights that agree with it.
+
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::weights::{Linear, Weights};
+
+/// Config and weights of a llama-family decoder, checked to be consistent so
+/// the backends can index without bounds surprises.
+#[derive(Debug, Clone)]
+pub struct Model {
+    config: ModelConfig,
+    weights: Weights,
+}
+
+impl Model {
+    /// Loads `dir/config.json` and the safetensors weights of `dir`.
+    pub fn load(dir: &Path) -> Result<Model, LoadError> {
+        let cfg_path = dir.join("config.json");
+        let config = ModelConfig::load(&cfg_path)?;
+        let weights = Weights::load(dir, &config)?;
+        Model::new(config, weights).map_err(|msg| LoadError::json(cfg_path, msg))
+    }
+
+    /// Pairs `config` with `weights`, checking every tensor's size.
+    pub fn new(config: ModelConfig, weights: Weights) -> Result<Model, String> {
+        let c = &config;
+        let h = c.hidden_size;
+        let q_out = c.num_heads * c.head_dim;
+        let kv_out = c.num_kv_heads * c.head_dim;
+        let i = c.intermediate_size;
+        let vec_len = |name: &str, v: &[f32], n: usize| {
+            if v.len() == n {
+                Ok(())
+            } else {
+                Err(format!("{name} has {} values, expected {n}", v.len()))
+            }
+        };
+        let lin = |name: &str, l: &Linear, out_dim: usize, in_dim: usize| {
+            if l.out_dim != out_dim || l.in_dim != in_dim {
+                return Err(format!(
+                    "{name} is [{}, {}], expected [{out_dim}, {in_dim}]",
+                    l.out_dim, l.in_dim
+                ));
+            }
+            vec_len(name, &l.w, out_dim * in_dim)?;
+            match &l.b {
+                Some(b) => vec_len(name, b, out_dim),
+                None => Ok(()),
+            }
+        };
+        vec_len("embed_tokens", &weights.embed, c.vocab_size * h)?;
+        vec_len("norm", &weights.norm, h)?;
+        if weights.layers.len() != c.num_layers {
+            return Err(format!(
+                "{} layers of weights, config says {}",
+                weights.layers.len(),
+                c.num_layers
+            ));
+        }
+        for (n, l) in weights.layers.iter().enumerate() {
+            vec_len(&format!("layer {n} input_layernorm"), &l.input_norm, h)?;
+            vec_len(
+                &format!("layer {n} post_attention_layernorm"),
+                &l.post_norm,
+                h,
+            )?;
+            lin(&format!("layer {n} q_proj"), &l.q, q_out, h)?;
+            lin(&format!("layer {n} k_proj"), &l.k, kv_out, h)?;
+            lin(&format!("layer {n} v_proj"), &l.v, kv_out, h)?;
+            lin(&format!("layer {n} o_proj"), &l.o, h, q_out)?;
+            lin(&format!("layer {n} gate_proj"), &l.gate, i, h)?;
+            lin(&format!("layer {n} up_proj"), &l.up, i, h)?;
+            lin(&format!("layer {n} down_proj"), &l.down, h, i)?;
+        }
+        if let Some(head) = &weights.lm_head {
+            lin("lm_head", head, c.vocab_size, h)?;
+        }
+        Ok(Model { config, weights })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+}

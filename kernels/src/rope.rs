@@ -1,0 +1,150 @@
+//! Rotary position embedding frequencies, including Llama 3's long-context
+//! rescaling, computed as Hugging Face `transformers` does.
+
+/// How the rotary frequencies are rescaled (`rope_scaling` in `config.json`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// Llama 3.1's scheme (`rope_type: "llama3"`): low frequencies divided by
+    /// `factor`, high ones kept, the band between interpolated smoothly.
+    Llama3 {
+        /// Divisor of the low frequencies.
+        factor: f64,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled.
+        low_freq_factor: f64,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// The `head_dim / 2` inverse frequencies of rotary pair `i` (HF's `inv_freq`),
+/// after scaling. Kept in f64 so the angles stay exact at long positions.
+pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f64> {
+    let half = head_dim / 2;
+    (0..half)
+        .map(|i| {
+            let base = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            scale_one(base, scaling)
+        })
+        .collect()
+}
+
+/// One frequency through `_compute_llama3_parameters` (or linear scaling).
+fn scale_one(freq: f64, scaling: &RopeScaling) -> f64 {
+    match *scaling {
+        RopeScaling::None => freq,
+        RopeScaling::Linear { factor } => freq / factor,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: old_ctx,
+        } => {
+            let low_freq_wavelen = old_ctx / low_freq_factor;
+            let high_freq_wavelen = old_ctx / high_freq_factor;
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < high_freq_wavelen {
+                freq
+            } else if wavelen > low_freq_wavelen {
+                freq / factor
+            } else {
+                let smooth =
+                    (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                (1.0 - smooth) * freq / factor + smooth * freq
+            }
+        }
+    }
+}
+
+/// Fills `cos`/`sin` (each `inv_freq.len()` long) with the rotation of position `pos`.
+#[inline]
+pub fn angles(inv_freq: &[f64], pos: u32, cos: &mut [f32], sin: &mut [f32]) {
+    for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
+        let a = pos as f64 * f;
+        *c = a.cos() as f32;
+        *s = a.sin() as f32;
+    }
+}
+
+/// Rotates one head in place, HF `rotate_half` convention: element `i` pairs
+/// with `i + head_dim / 2`.
+#[inline]
+pub fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = head.len() / 2;
+    let (a, b) = head.split_at_mut(half);
+    for (((x0, x1), &c), &s) in a.iter_mut().zip(b.iter_mut()).zip(cos).zip(sin) {
+        let (u, v) = (*x0, *x1);
+        *x0 = u * c - v * s;
+        *x1 = v * c + u * s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_frequencies_follow_theta() {
+        let f = inv_freq(8, 10000.0, &RopeScaling::None);
+        let want = [1.0, 0.1, 0.01, 0.001];
+        for (a, b) in f.iter().zip(want) {
+            assert!((a - b).abs() < 1e-12, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn llama3_scaling_matches_hf_formula_by_hand() {
+        // head_dim 8, theta 1e4 -> base frequencies 1, 0.1, 0.01, 0.001, i.e.
+        // wavelengths 2pi/f = 6.28, 62.8, 628.3, 6283.2.
+        // original context 1024, low 1, high 4, factor 8:
+        //   low_freq_wavelen = 1024, high_freq_wavelen = 256.
+        // 6.28 and 62.8 < 256: kept. 6283 > 1024: 0.001 / 8 = 0.000125.
+        // 628.3 is in between: smooth = (1024 / 628.3185 - 1) / 3 = 0.2099142,
+        //   (1 - smooth) * 0.01 / 8 + smooth * 0.01 = 0.0030867610.
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 1024.0,
+        };
+        let f = inv_freq(8, 10000.0, &scaling);
+        let want = [1.0, 0.1, 0.003_086_760_967, 0.000_125];
+        for (a, b) in f.iter().zip(want) {
+            assert!((a - b).abs() < 1e-11, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn linear_scaling_divides() {
+        let f = inv_freq(4, 100.0, &RopeScaling::Linear { factor: 2.0 });
+        assert!((f[0] - 0.5).abs() < 1e-12 && (f[1] - 0.05).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rotation_at_position_zero_is_identity_and_preserves_norm() {
+        let inv = inv_freq(8, 10000.0, &RopeScaling::None);
+        let (mut c, mut s) = (vec![0.0; 4], vec![0.0; 4]);
+        angles(&inv, 0, &mut c, &mut s);
+        let mut h = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let orig = h;
+        rotate(&mut h, &c, &s);
+        assert_eq!(h, orig);
+        angles(&inv, 37, &mut c, &mut s);
+        rotate(&mut h, &c, &s);
+        let n0: f32 = orig.iter().map(|x| x * x).sum();
+        let n1: f32 = h.iter().map(|x| x * x).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+        // Pair (0, 4) rotates by angle 37 * 1.0.
+        let a = 37.0f64;
+        let x0 = (1.0 * a.cos() - 5.0 * a.sin()) as f32;
+        assert!((h[0] - x0).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,217 @@
+//! The sampler: one deterministic function from logits to the next token,
+//! shared by every backend.
+//!
+//! The random draw at a position depends only on (seed, position, logits,
+//! history), so a sequence that is evicted and recomputed continues with the
+//! same tokens.
+
+use std::cmp::Ordering;
+
+use tokenwire_core::rng::{mix64, Rng};
+use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
+
+/// Picks the next token. See [`Sampler::sample`]; this one allocates its scratch.
+pub fn sample(
+    logits: &[f32],
+    params: &SamplingParams,
+    position: u32,
+    history: &[TokenId],
+    logprobs: Option<u8>,
+) -> (TokenId, Option<TokenLogprobs>) {
+    Sampler::new().sample(logits, params, position, history, logprobs)
+}
+
+/// Log-softmax of `logits` (NaN counts as -inf).
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let lse = log_sum_exp(logits);
+    logits.iter().map(|&x| clean(x) - lse).collect()
+}
+
+/// The sampler with its scratch buffers, so steps do not allocate per token.
+#[derive(Debug, Default, Clone)]
+pub struct Sampler {
+    work: Vec<f32>,
+    scaled: Vec<f32>,
+    seen: Vec<bool>,
+    order: Vec<u32>,
+    weights: Vec<f64>,
+}
+
+/// Better first: higher value, then lower id (so ties go to the lowest id).
+#[inline]
+fn better(work: &[f32], a: u32, b: u32) -> Ordering {
+    work[b as usize]
+        .total_cmp(&work[a as usize])
+        .then(a.cmp(&b))
+}
+
+#[inline]
+fn clean(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        x
+    }
+}
+
+fn log_sum_exp(xs: &[f32]) -> f32 {
+    let m = xs
+        .iter()
+        .copied()
+        .map(clean)
+        .fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY || !m.is_finite() {
+        return m;
+    }
+    let s: f64 = xs.iter().map(|&x| ((clean(x) - m) as f64).exp()).sum();
+    m + s.ln() as f32
+}
+
+fn argmax(xs: &[f32]) -> TokenId {
+    let mut best = 0usize;
+    for (i, &x) in xs.iter().enumerate() {
+        if x > xs[best] {
+            best = i;
+        }
+    }
+    best as TokenId
+}
+
+impl Sampler {
+    /// A sampler with empty scratch.
+    pub fn new() -> Sampler {
+        Sampler::default()
+    }
+
+    /// Picks the next token from `logits` (one per vocabulary entry).
+    ///
+    /// Hugging Face order: repetition penalty over the distinct tokens of
+    /// `history`, then (unless `temperature == 0`, which is greedy with ties
+    /// to the lowest id) temperature, top-k, top-p, and a draw from a PRNG
+    /// seeded with `mix64(seed, position)`. With `logprobs = Some(n)` also
+    /// returns the log-softmax of the penalised logits (before temperature) of
+    /// the chosen token and of the `n` best tokens, best first.
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        position: u32,
+        history: &[TokenId],
+        logprobs: Option<u8>,
+    ) -> (TokenId, Option<TokenLogprobs>) {
+        if logits.is_empty() {
+            return (0, logprobs.map(|_| TokenLogprobs::default()));
+        }
+        self.work.clear();
+        self.work.extend(logits.iter().copied().map(clean));
+        self.apply_repetition_penalty(params.repetition_penalty, history);
+
+        let greedy = !(params.temperature > 0.0 && params.temperature.is_finite());
+        let token = if greedy {
+            argmax(&self.work)
+        } else {
+            self.draw(params, position)
+        };
+        let lp = logprobs.map(|n| self.logprobs(token, n));
+        (token, lp)
+    }
+
+    fn apply_repetition_penalty(&mut self, penalty: f32, history: &[TokenId]) {
+        if penalty == 1.0 || penalty.is_nan() || penalty <= 0.0 || penalty.is_infinite() {
+            return;
+        }
+        let n = self.work.len();
+        self.seen.clear();
+        self.seen.resize(n, false);
+        for &t in history {
+            let t = t as usize;
+            if t < n && !self.seen[t] {
+                self.seen[t] = true;
+                let x = &mut self.work[t];
+                *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
+            }
+        }
+    }
+
+    fn draw(&mut self, params: &SamplingParams, position: u32) -> TokenId {
+        // Scaled into its own buffer: logprobs are reported before temperature.
+        let t = params.temperature;
+        self.scaled.clear();
+        self.scaled.extend(self.work.iter().map(|&x| x / t));
+        let n = self.scaled.len();
+        self.order.clear();
+        self.order.extend(0..n as u32);
+        let work = &self.scaled;
+        let k = params.top_k as usize;
+        let top_p = params.top_p;
+        let use_top_p = top_p > 0.0 && top_p < 1.0;
+        if k > 0 && k < n {
+            self.order
+                .select_nth_unstable_by(k - 1, |&a, &b| better(work, a, b));
+            self.order.truncate(k);
+        }
+        if use_top_p || (k > 0 && k < n) {
+            self.order.sort_unstable_by(|&a, &b| better(work, a, b));
+        }
+        let m = self
+            .order
+            .iter()
+            .map(|&i| work[i as usize])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            return argmax(work);
+        }
+        self.weights.clear();
+        self.weights.extend(
+            self.order
+                .iter()
+                .map(|&i| ((work[i as usize] - m) as f64).exp()),
+        );
+        let total: f64 = self.weights.iter().sum();
+        let mut kept = self.weights.len();
+        let mut kept_mass = total;
+        if use_top_p {
+            // Smallest prefix (best first) whose mass reaches top_p; at least one.
+            let target = top_p as f64 * total;
+            let mut cum = 0.0;
+            for (i, w) in self.weights.iter().enumerate() {
+                cum += w;
+                if cum >= target {
+                    kept = i + 1;
+                    kept_mass = cum;
+                    break;
+                }
+            }
+        }
+        let mut rng = Rng::new(mix64(params.seed, position as u64));
+        let u = rng.next_f64() * kept_mass;
+        let mut cum = 0.0;
+        for (i, w) in self.weights[..kept].iter().enumerate() {
+            cum += w;
+            if u < cum {
+                return self.order[i];
+            }
+        }
+        // Rounding can leave u just above the last cumulative sum.
+        self.order[kept - 1]
+    }
+
+    fn logprobs(&mut self, token: TokenId, n: u8) -> TokenLogprobs {
+        let lse = log_sum_exp(&self.work);
+        let work = &self.work;
+        let lp = |t: u32| work[t as usize] - lse;
+        let n = (n as usize).min(work.len());
+        self.order.clear();
+        self.order.extend(0..work.len() as u32);
+        if n > 0 && n < work.len() {
+            self.order
+                .select_nth_unstable_by(n - 1, |&a, &b| better(work, a, b));
+        }
+        self.order.truncate(n);
+        self.order.sort_unstable_by(|&a, &b| better(work, a, b));
+        TokenLogprobs {
+            logprob: lp(token),
+            top: self.order.iter().map(|&t| (t, lp(t))).collect(),
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! Weights of a llama-family checkpoint: `model.safetensors` or a sharded
+//! `model.safetensors.index.json`, f32/f16/bf16, converted to f32 in memory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::config::ModelConfig;
+use crate::error::{read_file, read_json, LoadError};
+
+/// A linear layer `y = W x (+ b)`, `W` row-major `[out_dim, in_dim]` as in HF files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Linear {
+    /// Weight matrix, `out_dim * in_dim` values.
+    pub w: Vec<f32>,
+    /// Optional bias, `out_dim` values.
+    pub b: Option<Vec<f32>>,
+    /// Output features.
+    pub out_dim: usize,
+    /// Input features.
+    pub in_dim: usize,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerWeights {
+    /// RMSNorm before attention.
+    pub input_norm: Vec<f32>,
+    /// Query projection `[heads * head_dim, hidden]`.
+    pub q: Linear,
+    /// Key projection `[kv_heads * head_dim, hidden]`.
+    pub k: Linear,
+    /// Value projection `[kv_heads * head_dim, hidden]`.
+    pub v: Linear,
+    /// Output projection `[hidden, heads * head_dim]`.
+    pub o: Linear,
+    /// RMSNorm before the MLP.
+    pub post_norm: Vec<f32>,
+    /// SwiGLU gate `[intermediate, hidden]`.
+    pub gate: Linear,
+    /// SwiGLU up `[intermediate, hidden]`.
+    pub up: Linear,
+    /// SwiGLU down `[hidden, intermediate]`.
+    pub down: Linear,
+}
+
+/// All weights of the model, f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weights {
+    /// Token embedding `[vocab, hidden]`.
+    pub embed: Vec<f32>,
+    /// Decoder layers.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm.
+    pub norm: Vec<f32>,
+    /// LM head `[vocab, hidden]`; `None` when tied to the embedding.
+    pub lm_head: Option<Linear>,
+    /// Dtype of the file's weights (`f32`, `f16`, `bf16`), as reported to clients.
+    pub dtype: String,
+}
+
+/// The name and shape of one tensor the model reads.
+struct Spec {
+    name: String,
+    shape: Vec<usize>,
+    required: bool,
+}
+
+fn specs(cfg: &ModelConfig) -> Vec<Spec> {
+    let h = cfg.hidden_size;
+    let q_out = cfg.num_heads * cfg.head_dim;
+    let kv_out = cfg.num_kv_heads * cfg.head_dim;
+    let i = cfg.intermediate_size;
+    let mut out = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, required: bool| {
+        out.push(Spec {
+            name,
+            shape,
+            required,
+        })
+    };
+    add(
+        "model.embed_tokens.weight".into(),
+        vec![cfg.vocab_size, h],
+        true,
+    );
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![h], true);
+        add(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            true,
+        );
+        for (proj, out_dim, in_dim) in [
+            ("q_proj", q_out, h),
+            ("k_proj", kv_out, h),
+            ("v_proj", kv_out, h),
+            ("o_proj", h, q_out),
+        ] {
+            add(
+                format!("{p}.self_attn.{proj}.weight"),
+                vec![out_dim, in_dim],
+                true,
+            );
+            let bias_required = cfg.attention_bias && proj != "o_proj";
+            add(
+                format!("{p}.self_attn.{proj}.bias"),
+                vec![out_dim],
+                bias_required,
+            );
+        }
+        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], true);
+        add(format!("{p}.mlp.up_proj.weight"), vec![i, h], true);
+        add(format!("{p}.mlp.down_proj.weight"), vec![h, i], true);
+    }
+    add("model.norm.weight".into(), vec![h], true);
+    // Tied heads use the embedding, as HF does, even if a file also has lm_head.
+    if !cfg.tie_word_embeddings {
+        add("lm_head.weight".into(), vec![cfg.vocab_size, h], true);
+    }
+    out
+}
+
+/// Tensors read from the files, by name, plus the embedding's dtype.
+struct Loaded {
+    tensors: HashMap<String, Vec<f32>>,
+    dtype: Option<&'static str>,
+}
+
+impl Weights {
+    /// Loads the weights `cfg` describes from `dir`.
+    pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<Weights, LoadError> {
+        let specs = specs(cfg);
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let (mut loaded, missing_in) = if single.exists() {
+            (load_single(&single, &specs)?, single)
+        } else if index.exists() {
+            (load_sharded(dir, &index, &specs)?, index)
+        } else {
+            return Err(LoadError::Io {
+                path: single,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "neither model.safetensors nor model.safetensors.index.json exists",
+                ),
+            });
+        };
+        let mut take = |name: String| -> Result<Vec<f32>, LoadError> {
+            loaded
+                .tensors
+                .remove(&name)
+                .ok_or_else(|| LoadError::MissingTensor {
+                    path: missing_in.clone(),
+                    name,
+                })
+        };
+        let embed = take("model.embed_tokens.weight".into())?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        let q_out = cfg.num_heads * cfg.head_dim;
+        let kv_out = cfg.num_kv_heads * cfg.head_dim;
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let input_norm = take(format!("{p}.input_layernorm.weight"))?;
+            let post_norm = take(format!("{p}.post_attention_layernorm.weight"))?;
+            let mut lin = |name: &str, out_dim: usize, in_dim: usize| {
+                Ok::<_, LoadError>(Linear {
+                    w: take(format!("{p}.{name}.weight"))?,
+                    b: None,
+                    out_dim,
+                    in_dim,
+                })
+            };
+            layers.push(LayerWeights {
+                input_norm,
+                q: lin("self_attn.q_proj", q_out, h)?,
+                k: lin("self_attn.k_proj", kv_out, h)?,
+                v: lin("self_attn.v_proj", kv_out, h)?,
+                o: lin("self_attn.o_proj", h, q_out)?,
+                post_norm,
+                gate: lin("mlp.gate_proj", i, h)?,
+                up: lin("mlp.up_proj", i, h)?,
+                down: lin("mlp.down_proj", h, i)?,
+            });
+        }
+        let norm = take("model.norm.weight".into())?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear {
+                w: take("lm_head.weight".into())?,
+                b: None,
+                out_dim: cfg.vocab_size,
+                in_dim: h,
+            })
+        };
+        // Biases are optional (a missing required one failed in extract), so
+        // whatever the files held is attached now.
+        let mut biases = std::mem::take(&mut loaded.tensors);
+        for (l, layer) in layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{l}.self_attn");
+            layer.q.b = biases.remove(&format!("{p}.q_proj.bias"));
+            layer.k.b = biases.remove(&format!("{p}.k_proj.bias"));
+            layer.v.b = biases.remove(&format!("{p}.v_proj.bias"));
+            layer.o.b = biases.remove(&format!("{p}.o_proj.bias"));
+        }
+        Ok(Weights {
+            embed,
+            layers,
+            norm,
+            lm_head,
+            dtype: loaded.dtype.unwrap_or("f32").to_string(),
+        })
+    }
+}
+
+fn load_sharded(dir: &Path, index: &Path, specs: &[Spec]) -> Result<Loaded, LoadError> {
+    let v = read_json(index)?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| LoadError::json(index, "missing object field `weight_map`"))?;
+    // Group the tensors we need by shard so each shard is read once, and only
+    // one shard's bytes are in memory at a time.
+    let mut by_file: BTreeMap<String, Vec<&Spec>> = BTreeMap::new();
+    for spec in specs {
+        match map.get(&spec.name) {
+            Some(serde_json::Value::String(file)) => {
+                by_file.entry(file.clone()).or_default().push(spec)
+            }
+            Some(other) => {
+                return Err(LoadError::json(
+                    index,
+                    format!(
+                        "weight_map[`{}`] must be a file name, got {other}",
+                        spec.name
+                    ),
+                ))
+            }
+            None if spec.required => {
+                return Err(LoadError::MissingTensor {
+                    path: index.to_path_buf(),
+                    name: spec.name.clone(),
+                })
+            }
+            None => {}
+        }
+    }
+    let mut loaded = Loaded {
+        tensors: HashMap::new(),
+        dtype: None,
+    };
+    for (file, wanted) in by_file {
+        if !is_plain_file_name(&file) {
+            return Err(LoadError::json(
+                index,
+                format!("weight_map names `{file}`, which is not a file in the model directory"),
+            ));
+        }
+        let path = dir.join(&file);
+        let bytes = read_file(&path)?;
+        let st = parse_safetensors(&path, &bytes)?;
+        extract(&path, &st, wanted.into_iter(), true, &mut loaded)?;
+    }
+    Ok(loaded)
+}
+
+fn load_single(path: &Path, specs: &[Spec]) -> Result<Loaded, LoadError> {
+    let mut loaded = Loaded {
+        tensors: HashMap::new(),
+        dtype: None,
+    };
+    let bytes = read_file(path)?;
+    let st = parse_safetensors(path, &bytes)?;
+    extract(path, &st, specs.iter(), false, &mut loaded)?;
+    Ok(loaded)
+}
+
+/// Converts the `wanted` tensors of one file into `loaded`. With `all_present`
+/// (a shard the index points at) even optional tensors must be there.
+fn extract<'s>(
+    path: &Path,
+    st: &SafeTensors<'_>,
+    wanted: impl Iterator<Item = &'s Spec>,
+    all_present: bool,
+    loaded: &mut Loaded,
+) -> Result<(), LoadError> {
+    for spec in wanted {
+        match st.tensor(&spec.name) {
+            Ok(view) => {
+                let data = convert(path, spec, &view, &mut loaded.dtype)?;
+                loaded.tensors.insert(spec.name.clone(), data);
+            }
+            Err(_) if !spec.required && !all_present => {}
+            Err(_) => {
+                return Err(LoadError::MissingTensor {
+                    path: path.to_path_buf(),
+                    name: spec.name.clone(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A shard name must stay inside the model directory.
+fn is_plain_file_name(name: &str) -> bool {
+    let p = Path::new(name);
+    !name.is_empty()
+        && p.components().count() == 1
+        && matches!(p.components().next(), Some(std::path::Component::Normal(_)))
+}
+
+fn parse_safetensors<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, LoadError> {
+    SafeTensors::deserialize(bytes).map_err(|e| LoadError::Safetensors {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })
+}
+
+/// Checks shape and dtype and converts to f32. The first tensor seen fixes the
+/// reported dtype (the embedding comes first in the spec list).
+fn convert(
+    path: &Path,
+    spec: &Spec,
+    view: &safetensors::tensor::TensorView<'_>,
+    dtype: &mut Option<&'static str>,
+) -> Result<Vec<f32>, LoadError> {
+    if view.shape() != spec.shape.as_slice() {
+        return Err(LoadError::bad_tensor(
+            path,
+            &spec.name,
+            format!("shape {:?}, expected {:?}", view.shape(), spec.shape),
+        ));
+    }
+    let n: usize = spec.shape.iter().product();
+    let data = view.data();
+    let (name, width) = match view.dtype() {
+        Dtype::F32 => ("f32", 4),
+        Dtype::F16 => ("f16", 2),
+        Dtype::BF16 => ("bf16", 2),
+        other => {
+            return Err(LoadError::bad_tensor(
+                path,
+                &spec.name,
+                format!("dtype {other:?} not supported (f32, f16, bf16)"),
+            ))
+        }
+    };
+    if data.len() != n * width {
+        return Err(LoadError::bad_tensor(
+            path,
+            &spec.name,
+            format!("{} data bytes for {n} {name} values", data.len()),
+        ));
+    }
+    dtype.get_or_insert(name);
+    let out: Vec<f32> = match view.dtype() {
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    };
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names_must_stay_in_the_directory() {
+        assert!(is_plain_file_name("model-00001-of-00002.safetensors"));
+        assert!(!is_plain_file_name("../secret.safetensors"));
+        assert!(!is_plain_file_name("/etc/passwd"));
+        assert!(!is_plain_file_name("sub/dir.safetensors"));
+        assert!(!is_plain_file_name(".."));
+        assert!(!is_plain_file_name(""));
+    }
+}

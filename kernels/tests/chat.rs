@@ -1,0 +1,116 @@
+//! Chat templates rendered with minijinja, and `tokenizer_config.json` forms.
+
+mod common;
+
+use common::*;
+use tokenwire_core::{ChatMessage, Role, TextCodec};
+use tokenwire_kernels::{ChatTemplate, HfCodec};
+
+fn msgs() -> Vec<ChatMessage> {
+    vec![
+        ChatMessage {
+            role: Role::System,
+            content: "Be brief.".into(),
+        },
+        ChatMessage {
+            role: Role::User,
+            content: "  Hi there \n".into(),
+        },
+    ]
+}
+
+const LLAMA3: &str = "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+// Newlines after block tags vanish (trim_blocks) and indentation before them
+// too (lstrip_blocks), as in transformers; a newline after `}}` would stay.
+const CHATML: &str = "{% for message in messages %}\n{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}\n    {% if add_generation_prompt %}\n{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+#[test]
+fn llama3_like_template() {
+    let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").expect("compiles");
+    assert_eq!(
+        t.render(&msgs()).expect("renders"),
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+}
+
+#[test]
+fn chatml_template_with_trim_blocks() {
+    let t = ChatTemplate::new(CHATML, "", "<|im_end|>").expect("compiles");
+    assert_eq!(
+        t.render(&msgs()).expect("renders"),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n  Hi there \n<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn python_methods_and_raise_exception() {
+    let src = "{% for m in messages %}{% if m.role == 'system' and not loop.first %}{{ raise_exception('system message must come first') }}{% endif %}{% if m.content.strip().startswith('Hi') %}[greeting]{% endif %}{{ m.content.strip().upper() }}|{% endfor %}";
+    let t = ChatTemplate::new(src, "", "").expect("compiles");
+    assert_eq!(
+        t.render(&msgs()).expect("renders"),
+        "BE BRIEF.|[greeting]HI THERE|"
+    );
+    let mut bad = msgs();
+    bad.reverse();
+    let err = t.render(&bad).expect_err("must fail");
+    assert!(err.contains("system message must come first"), "{err}");
+}
+
+#[test]
+fn broken_template_is_a_load_error() {
+    let dir = TempDir::new("badtmpl");
+    dir.write("tokenizer.json", toy_tokenizer_json(10));
+    dir.write(
+        "tokenizer_config.json",
+        r#"{"chat_template": "{% for m in messages %}{{ m.content }"}"#,
+    );
+    let err = HfCodec::load(dir.path())
+        .expect_err("must fail")
+        .to_string();
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("chat template"),
+        "{err}"
+    );
+}
+
+#[test]
+fn template_list_form_takes_default_and_token_objects() {
+    let dir = TempDir::new("tmpl");
+    dir.write("tokenizer.json", toy_tokenizer_json(10));
+    let cfg = serde_json::json!({
+        "bos_token": {"content": "<s>", "lstrip": false},
+        "eos_token": "</s>",
+        "chat_template": [
+            {"name": "tool_use", "template": "TOOLS"},
+            {"name": "default", "template": "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"}
+        ]
+    });
+    dir.write("tokenizer_config.json", cfg.to_string());
+    let codec = HfCodec::load(dir.path()).expect("loads");
+    assert!(codec.has_chat_template());
+    let m = &msgs()[..1];
+    assert_eq!(
+        codec.render_chat(m).expect("renders"),
+        "<s>system: Be brief.</s>"
+    );
+}
+
+#[test]
+fn no_template_joins_contents_and_word_tokenizer_works() {
+    let dir = TempDir::new("notmpl");
+    dir.write("tokenizer.json", toy_tokenizer_json(10));
+    let codec = HfCodec::load(dir.path()).expect("loads");
+    assert!(!codec.has_chat_template());
+    assert_eq!(
+        codec.render_chat(&msgs()).expect("joins"),
+        "Be brief.\n  Hi there \n"
+    );
+    assert_eq!(
+        codec.encode("w3 w4 nope", true).expect("encode"),
+        vec![3, 4, 0]
+    );
+    assert_eq!(codec.decode(&[3, 0, 4, 999]), "w3 w4");
+}

@@ -1,0 +1,191 @@
+//! The sampler: greedy, top-k, top-p, repetition penalty, seeding and logprobs.
+
+use proptest::prelude::*;
+use tokenwire_core::rng::Rng;
+use tokenwire_core::SamplingParams;
+use tokenwire_kernels::{log_softmax, sample};
+
+fn random_logits(seed: u64, n: usize, spread: f32) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..n)
+        .map(|_| (r.next_f64() as f32 * 2.0 - 1.0) * spread)
+        .collect()
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut b = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[b] {
+            b = i;
+        }
+    }
+    b as u32
+}
+
+fn params(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        repetition_penalty: 1.0,
+        seed,
+    }
+}
+
+#[test]
+fn temperature_zero_is_greedy_with_ties_to_lowest_id() {
+    for seed in 0..20 {
+        let l = random_logits(seed, 300, 4.0);
+        let (t, _) = sample(&l, &SamplingParams::greedy(), 5, &[], None);
+        assert_eq!(t, argmax(&l));
+    }
+    let (t, _) = sample(
+        &[1.0, 3.0, 3.0, 0.0],
+        &SamplingParams::greedy(),
+        0,
+        &[],
+        None,
+    );
+    assert_eq!(t, 1);
+    let (t, _) = sample(
+        &[f32::NAN, 0.5, 0.2],
+        &SamplingParams::greedy(),
+        0,
+        &[],
+        None,
+    );
+    assert_eq!(t, 1, "NaN never wins");
+}
+
+#[test]
+fn top_k_one_is_argmax() {
+    for seed in 0..50 {
+        let l = random_logits(seed, 100, 1.0);
+        let (t, _) = sample(&l, &params(1.5, 1, 1.0, seed), seed as u32, &[], None);
+        assert_eq!(t, argmax(&l));
+    }
+}
+
+#[test]
+fn tiny_top_p_is_argmax() {
+    for seed in 0..50 {
+        let l = random_logits(seed + 100, 100, 1.0);
+        let (t, _) = sample(&l, &params(1.0, 0, 1e-6, seed), 3, &[], None);
+        assert_eq!(t, argmax(&l));
+    }
+}
+
+#[test]
+fn same_seed_and_position_same_token_and_seeds_differ() {
+    let l = random_logits(7, 64, 0.5);
+    let p = params(1.0, 0, 1.0, 1234);
+    let first = sample(&l, &p, 17, &[], None).0;
+    for _ in 0..10 {
+        assert_eq!(sample(&l, &p, 17, &[], None).0, first);
+    }
+    let by_seed: std::collections::HashSet<u32> = (0..64)
+        .map(|s| sample(&l, &params(1.0, 0, 1.0, s), 17, &[], None).0)
+        .collect();
+    assert!(by_seed.len() > 5, "seeds should spread: {by_seed:?}");
+    let by_pos: std::collections::HashSet<u32> = (0..64)
+        .map(|pos| sample(&l, &p, pos, &[], None).0)
+        .collect();
+    assert!(by_pos.len() > 5, "positions should spread: {by_pos:?}");
+}
+
+#[test]
+fn top_k_and_top_p_restrict_the_draw() {
+    let l = [5.0, 4.9, 4.8, 0.0, -1.0, -2.0];
+    for seed in 0..200 {
+        let (t, _) = sample(&l, &params(1.0, 2, 1.0, seed), 0, &[], None);
+        assert!(t < 2, "top_k 2 drew {t}");
+        // Masses about 0.36, 0.33, 0.30, ...: top_p 0.5 keeps the first two.
+        let (t, _) = sample(&l, &params(1.0, 0, 0.5, seed), 0, &[], None);
+        assert!(t < 2, "top_p 0.5 drew {t}");
+    }
+    let seen: std::collections::HashSet<u32> = (0..200)
+        .map(|s| sample(&l, &params(1.0, 3, 1.0, s), 0, &[], None).0)
+        .collect();
+    assert_eq!(seen.len(), 3);
+}
+
+#[test]
+fn repetition_penalty_changes_the_choice() {
+    let l = [2.0, 1.9, -1.0, -1.2];
+    let mut p = SamplingParams::greedy();
+    assert_eq!(sample(&l, &p, 0, &[0, 0, 3], None).0, 0);
+    p.repetition_penalty = 1.5;
+    // 2.0 / 1.5 = 1.33 < 1.9: token 1 now wins; a repeated id counts once.
+    assert_eq!(sample(&l, &p, 0, &[0, 0, 0], None).0, 1);
+    // Negative logits are multiplied: -1.0 * 2 = -2.0 < -1.2.
+    let l2 = [-1.0, -1.2];
+    p.repetition_penalty = 2.0;
+    assert_eq!(sample(&l2, &p, 0, &[0], None).0, 1);
+    // Out-of-vocabulary history ids are ignored.
+    assert_eq!(sample(&l2, &p, 0, &[7, 9], None).0, 0);
+}
+
+#[test]
+fn logprobs_are_log_softmax_before_temperature() {
+    let l = random_logits(3, 200, 3.0);
+    let full = log_softmax(&l);
+    let total: f64 = full.iter().map(|&x| (x as f64).exp()).sum();
+    assert!((total - 1.0).abs() < 1e-5, "sum {total}");
+
+    let (t, lp) = sample(&l, &params(0.7, 0, 1.0, 9), 4, &[], Some(5));
+    let lp = lp.expect("asked for logprobs");
+    assert!((lp.logprob - full[t as usize]).abs() < 1e-6);
+    assert_eq!(lp.top.len(), 5);
+    assert_eq!(lp.top[0].0, argmax(&l));
+    for w in lp.top.windows(2) {
+        assert!(w[0].1 >= w[1].1, "best first");
+    }
+    for &(id, v) in &lp.top {
+        assert!((v - full[id as usize]).abs() < 1e-6);
+    }
+    let (_, lp2) = sample(&l, &params(2.5, 0, 1.0, 9), 4, &[], Some(5));
+    assert_eq!(
+        lp2.expect("logprobs").top,
+        lp.top,
+        "temperature does not change logprobs"
+    );
+    assert!(sample(&l, &params(0.7, 0, 1.0, 9), 4, &[], None)
+        .1
+        .is_none());
+
+    // With a repetition penalty the logprobs follow the penalised logits.
+    let mut p = SamplingParams::greedy();
+    p.repetition_penalty = 3.0;
+    let (t, lp) = sample(&[2.0, 1.0], &p, 0, &[0], Some(2));
+    let pen = log_softmax(&[2.0 / 3.0, 1.0]);
+    let lp = lp.expect("logprobs");
+    assert_eq!(t, 1);
+    assert!((lp.logprob - pen[1]).abs() < 1e-6);
+    assert_eq!(lp.top[0].0, 1);
+}
+
+proptest! {
+    #[test]
+    fn draws_stay_in_range_and_within_top_k(
+        seed in any::<u64>(),
+        pos in 0u32..10_000,
+        k in 0u32..8,
+        top_p in 0.01f32..=1.0,
+        temp in 0.0f32..3.0,
+        lseed in 0u64..1000,
+    ) {
+        let l = random_logits(lseed, 50, 5.0);
+        let p = SamplingParams { temperature: temp, top_p, top_k: k, repetition_penalty: 1.0, seed };
+        let (t, lp) = sample(&l, &p, pos, &[1, 2, 3], Some(3));
+        prop_assert!((t as usize) < l.len());
+        if k > 0 {
+            let mut sorted = l.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            prop_assert!(l[t as usize] >= sorted[k as usize - 1]);
+        }
+        let lp = lp.expect("logprobs");
+        prop_assert!(lp.logprob <= 0.0);
+        prop_assert_eq!(lp.top.len(), 3);
+        prop_assert_eq!(sample(&l, &p, pos, &[1, 2, 3], None).0, t);
+    }
+}
