@@ -669,3 +669,40 @@ fn memory_pressure_shrinks_the_pool_invisibly_to_clients() {
     assert_eq!(kv_used(&h), 0);
     assert!(h.host.check_invariants().is_ok());
 }
+
+/// Regression (found by the simulator, seed 4): a generation started while the
+/// connection's queue is already full must be held too, not only the ones that
+/// existed when it filled.
+#[test]
+fn a_generation_started_on_a_full_queue_is_held_until_it_drains() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Generate);
+    h.send(c, config("Hi", json!({"max_tokens": 2})));
+    h.run(10);
+    h.input(Input::QueueFull { conn: c });
+    h.send(c, config("Hi", json!({"max_tokens": 5})));
+    assert_eq!(h.of_type(c, "init").len(), 2);
+    h.run(10);
+    assert!(
+        h.pending_step.is_none(),
+        "no compute for a connection whose queue is full"
+    );
+    assert_eq!(h.of_type(c, "completion").len(), 1);
+    // The same for a regenerate while full.
+    h.input(Input::QueueDrained { conn: c });
+    h.run(1);
+    h.input(Input::QueueFull { conn: c });
+    h.run(10);
+    h.send(c, json!({"type": "control", "action": "regenerate"}));
+    h.run(10);
+    assert!(h.pending_step.is_none());
+    h.input(Input::QueueDrained { conn: c });
+    h.run(100);
+    let completions = h.of_type(c, "completion");
+    assert_eq!(completions.len(), 2);
+    assert_eq!(completions[1]["usage"]["completion_tokens"], 5);
+    assert_eq!(
+        completions[1]["request_id"],
+        h.of_type(c, "init")[2]["request_id"]
+    );
+}

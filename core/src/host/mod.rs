@@ -579,6 +579,7 @@ impl Host {
         let Some(c) = self.conns.remove(&conn) else {
             return;
         };
+        self.sh.set_conn_blocked(conn, false);
         for id in self.sh.gens_of(conn) {
             if let Some(gen) = self.sh.gens.get_mut(&id) {
                 gen.state = GenState::Finished;

@@ -1,7 +1,7 @@
 //! State shared by every connection: the model, the generations, the scheduler,
 //! the timers and the output queue. Dialects reach it through [`crate::dialect::Cx`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::api::{ConnId, Dialect, Event, Outcome, Output};
 use crate::config::HostConfig;
@@ -54,6 +54,9 @@ pub(crate) struct Shared {
     /// Connections a dialect asked to close: (conn, code, reason).
     pub closing: Vec<(ConnId, u16, String)>,
     pub shutting_down: bool,
+    /// Connections whose outbound queue is full: their generations, including
+    /// ones started later, are held.
+    blocked_conns: BTreeSet<ConnId>,
     next_seq: u64,
 }
 
@@ -71,6 +74,7 @@ impl Shared {
             replay: VecDeque::new(),
             closing: Vec::new(),
             shutting_down: false,
+            blocked_conns: BTreeSet::new(),
             next_seq: 1,
         }
     }
@@ -162,7 +166,7 @@ impl Shared {
                 },
                 AdmitError::Duplicate => StartError::QueueFull,
             })?;
-        let gen = Generation::new(
+        let mut gen = Generation::new(
             id,
             owner,
             req.prompt_ids,
@@ -172,8 +176,10 @@ impl Shared {
             eos_ids,
             now,
         );
+        gen.flow_blocked = self.blocked_conns.contains(&owner);
         self.gens.insert(id, gen);
         self.gen_dialect.insert(id, dialect);
+        self.sync_runnable(id);
         Ok(id)
     }
 
@@ -249,6 +255,11 @@ impl Shared {
 
     /// Marks every generation of `conn` blocked or not by flow control.
     pub fn set_conn_blocked(&mut self, conn: ConnId, blocked: bool) {
+        if blocked {
+            self.blocked_conns.insert(conn);
+        } else {
+            self.blocked_conns.remove(&conn);
+        }
         let ids: Vec<SeqId> = self
             .gens
             .values()
