@@ -1,1 +1,49 @@
-//! placeholder
+//! # tokenwire-io
+//!
+//! The tokio shell around tokenwire's sans-IO core, and the library behind the
+//! `tokenwire` binary.
+//!
+//! - hyper serves HTTP/1.1; upgrade requests on a dialect's path become
+//!   tokio-tungstenite WebSocket connections ([`conn`](crate#modules)), other
+//!   paths are the HTTP endpoints (`/health`, `/metrics`, `/v1/models`,
+//!   `POST /v1/generate`).
+//! - One driver task owns the [`tokenwire_core::Host`]: connection tasks and the
+//!   engine thread send it inputs over a channel; it drains the Host's outputs
+//!   into per-connection bounded queues ([`sync::OutboundQueue`]), the engine
+//!   thread, the metrics and the feedback log, and sleeps until the Host's next
+//!   deadline.
+//! - The model engine runs on its own OS thread.
+//!
+//! ## Running a server from a test
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use tokenwire_io::{start, ServerConfig};
+//! let config = ServerConfig { listen: "127.0.0.1:0".parse()?, ..ServerConfig::default() };
+//! let server = start(config).await?;          // the built-in tiny model, loaded
+//! let addr = server.local_addr;                // ws://{addr}/generate, http://{addr}/health
+//! // ... talk to it ...
+//! server.shutdown().await;                     // graceful; returns when it is done
+//! // (or `server.finish().await?` to get the error it stopped with, if any)
+//! # Ok(()) }
+//! ```
+//!
+//! [`start_loading`] returns before the model is loaded (to observe the loading
+//! state); [`RunningServer::wait_ready`] then waits for it. [`serve`] is what
+//! the binary runs: it stops on a shutdown future such as [`shutdown::signal`].
+
+mod clock;
+pub mod config;
+mod conn;
+mod driver;
+mod engine_thread;
+mod feedback;
+mod http;
+mod http_generate;
+pub mod metrics;
+mod server;
+pub mod shutdown;
+pub mod sync;
+
+pub use config::{Backend, LogFormat, ModelSource, ServerConfig};
+pub use server::{serve, start, start_loading, RunningServer};

@@ -23,7 +23,10 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// The stories260K model directory, if present. Under CI (`CI=true`) a missing
 /// model is a failure, elsewhere the caller skips with a printed reason.
 pub fn stories260k() -> Option<PathBuf> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/models/stories260K"));
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/models/stories260K"
+    ));
     if dir.join("model.safetensors").exists() {
         return Some(dir);
     }
@@ -38,7 +41,8 @@ pub fn stories260k() -> Option<PathBuf> {
 
 /// The golden reference of stories260K.
 pub fn stories_reference(dir: &std::path::Path) -> Value {
-    let text = std::fs::read_to_string(dir.join("REFERENCE.json")).expect("REFERENCE.json readable");
+    let text =
+        std::fs::read_to_string(dir.join("REFERENCE.json")).expect("REFERENCE.json readable");
     serde_json::from_str(&text).expect("REFERENCE.json is JSON")
 }
 
@@ -98,11 +102,15 @@ impl Client {
     /// The next frame from the server (pings are answered by the library).
     pub async fn next(&mut self) -> Received {
         loop {
-            let msg = tokio::time::timeout(WAIT, self.ws.next()).await.expect("server answered in time");
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("server answered in time");
             match msg {
                 None | Some(Err(_)) => return Received::Ended,
                 Some(Ok(Message::Text(t))) => {
-                    return Received::Json(serde_json::from_str(t.as_str()).expect("server sends JSON"))
+                    return Received::Json(
+                        serde_json::from_str(t.as_str()).expect("server sends JSON"),
+                    )
                 }
                 Some(Ok(Message::Close(frame))) => {
                     return match frame {
@@ -170,12 +178,16 @@ pub struct HttpResponse {
 impl HttpResponse {
     /// The body as JSON.
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
     }
 
     /// A header's value.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The `data:` payloads of an SSE body, parsed as JSON.
@@ -189,9 +201,16 @@ impl HttpResponse {
 }
 
 /// Sends one HTTP/1.1 request with `Connection: close` and reads the whole response.
-pub async fn http(server: &RunningServer, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
+pub async fn http(
+    server: &RunningServer,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> HttpResponse {
     let fut = async {
-        let mut s = TcpStream::connect(server.local_addr).await.expect("connect");
+        let mut s = TcpStream::connect(server.local_addr)
+            .await
+            .expect("connect");
         let body = body.unwrap_or("");
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -202,7 +221,9 @@ pub async fn http(server: &RunningServer, method: &str, path: &str, body: Option
         s.read_to_end(&mut raw).await.expect("read");
         parse_response(&raw)
     };
-    tokio::time::timeout(WAIT, fut).await.expect("HTTP answered in time")
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .expect("HTTP answered in time")
 }
 
 fn parse_response(raw: &[u8]) -> HttpResponse {
@@ -218,15 +239,27 @@ fn parse_response(raw: &[u8]) -> HttpResponse {
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-    let body = if chunked { dechunk(body) } else { body.to_string() };
-    HttpResponse { status, headers, body }
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || rest.len() < n {
             break;
         }

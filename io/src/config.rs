@@ -1,0 +1,760 @@
+//! Settings: the command line, `TOKENWIRE_*` environment variables and a TOML
+//! config file, merged into one [`ServerConfig`].
+//!
+//! Precedence, highest first: command line, environment, config file, default.
+//! Every flag `--some-flag` is also read from `TOKENWIRE_SOME_FLAG` and from the
+//! key `some_flag` of the file named by `--config` / `TOKENWIRE_CONFIG`.
+//!
+//! The environment is passed in as a map ([`EnvMap`]) rather than read here, so
+//! the merging is a pure function that tests can call in parallel. The variable
+//! names are declared once, with clap's `env` attribute (they show in `--help`);
+//! parsing resets them and applies the map itself, feeding each value through the
+//! flag's own clap parser so that a bad value names where it came from.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use tokenwire_core::HostConfig;
+
+/// Environment variables, by name.
+pub type EnvMap = BTreeMap<String, String>;
+
+/// The `tokenwire` command line.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "tokenwire",
+    version,
+    about = "Streams LLM tokens over WebSocket (and HTTP/SSE) in five protocol dialects",
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `tokenwire` subcommands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Run the server.
+    #[command(
+        after_help = "Every flag can also be set with the environment variable shown, or \
+                            with the same name in snake_case as a key of the --config TOML file. \
+                            Precedence: command line > environment > config file > default."
+    )]
+    Serve(ServeArgs),
+}
+
+/// The compute backend.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The CPU reference engine.
+    #[default]
+    Cpu,
+}
+
+/// Log line format.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags of `tokenwire serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Model directory (weights, config.json, tokenizer). Without it the
+    /// built-in tiny model with random weights is served.
+    #[arg(long, env = "TOKENWIRE_MODEL", value_name = "DIR")]
+    pub model: Option<PathBuf>,
+
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "TOKENWIRE_LISTEN",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub listen: SocketAddr,
+
+    /// Compute backend.
+    #[arg(long, env = "TOKENWIRE_BACKEND", value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
+
+    /// TOML file with more settings (keys: the flags' names in snake_case).
+    #[arg(long, env = "TOKENWIRE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Largest accepted frame or HTTP body in bytes; larger frames close the
+    /// connection with 1009.
+    #[arg(long, env = "TOKENWIRE_MAX_FRAME_BYTES", value_name = "N",
+          default_value_t = 4 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_frame_bytes: u64,
+
+    /// Outbound frames queued per connection before its generations pause.
+    #[arg(long, env = "TOKENWIRE_MAX_QUEUED_FRAMES", value_name = "N",
+          default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_queued_frames: u64,
+
+    /// Seconds a connection's outbound queue may stay full before it is closed (1008).
+    #[arg(
+        long,
+        env = "TOKENWIRE_SLOW_CLIENT_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 30
+    )]
+    pub slow_client_timeout: u64,
+
+    /// Seconds a paused generation may stay paused before it ends with `timeout`.
+    #[arg(
+        long,
+        env = "TOKENWIRE_PAUSE_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 300
+    )]
+    pub pause_timeout: u64,
+
+    /// Seconds without a request or frame after which a connection is closed (1000).
+    #[arg(
+        long,
+        env = "TOKENWIRE_IDLE_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 600
+    )]
+    pub idle_timeout: u64,
+
+    /// Seconds in-flight generations may run after shutdown begins.
+    #[arg(
+        long,
+        env = "TOKENWIRE_SHUTDOWN_GRACE",
+        value_name = "SECS",
+        default_value_t = 10
+    )]
+    pub shutdown_grace: u64,
+
+    /// Append client feedback (request id, rating, position, text) to this file,
+    /// one JSON line each. Without it feedback is only counted.
+    #[arg(long, env = "TOKENWIRE_FEEDBACK_LOG", value_name = "FILE")]
+    pub feedback_log: Option<PathBuf>,
+
+    /// Most WebSocket and HTTP generation connections open at once; more get 503.
+    #[arg(long, env = "TOKENWIRE_MAX_CONNECTIONS", value_name = "N",
+          default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+
+    /// KV cache blocks in the pool (default: the engine sizes it).
+    #[arg(long, env = "TOKENWIRE_KV_BLOCKS", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_blocks: Option<u32>,
+
+    /// Seed of the server's random source (ids, default sampling seeds) and of the
+    /// tiny model's weights (default: drawn at start and logged).
+    #[arg(long, env = "TOKENWIRE_SEED", value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Log format.
+    #[arg(long, env = "TOKENWIRE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Which model to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// The built-in tiny model with random weights (seeded).
+    Tiny,
+    /// A model directory loaded with `Engine::load`.
+    Dir(PathBuf),
+}
+
+/// Every setting of a server. `Default` gives the documented defaults, serving
+/// the tiny model on `127.0.0.1:8080`; tests typically set `listen` to port 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Address to listen on (port 0: any free port, see `RunningServer::local_addr`).
+    pub listen: SocketAddr,
+    /// The model.
+    pub model: ModelSource,
+    /// Compute backend.
+    pub backend: Backend,
+    /// Largest accepted frame or HTTP request body in bytes.
+    pub max_frame_bytes: usize,
+    /// Outbound queue capacity per connection (hard limit: twice this).
+    pub max_queued_frames: usize,
+    /// How long an outbound queue may stay full before its connection is closed.
+    pub slow_client_timeout: Duration,
+    /// How long a generation may stay paused.
+    pub pause_timeout: Duration,
+    /// Idle connections are closed after this long.
+    pub idle_timeout: Duration,
+    /// How long in-flight generations may run after shutdown begins; the server
+    /// stops at the latest this plus 5 s after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// Where feedback is appended as JSON lines, if anywhere.
+    pub feedback_log: Option<PathBuf>,
+    /// Most connections (WebSocket and HTTP generations) at once.
+    pub max_connections: usize,
+    /// KV cache blocks (`None`: the engine decides).
+    pub kv_blocks: Option<u32>,
+    /// Seed of the Host's random source and of the tiny model.
+    pub seed: u64,
+    /// Log format (used by the binary when it sets up logging).
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let h = HostConfig::default();
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            model: ModelSource::Tiny,
+            backend: Backend::Cpu,
+            max_frame_bytes: h.max_frame_bytes,
+            max_queued_frames: 1024,
+            slow_client_timeout: h.slow_client_timeout,
+            pause_timeout: h.pause_timeout,
+            idle_timeout: h.idle_timeout,
+            shutdown_grace: h.shutdown_grace,
+            feedback_log: None,
+            max_connections: 10_000,
+            kv_blocks: None,
+            seed: 0,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The configuration `args` describe; `seed` is used when `args.seed` is unset.
+    pub fn from_args(args: &ServeArgs, default_seed: u64) -> ServerConfig {
+        ServerConfig {
+            listen: args.listen,
+            model: match &args.model {
+                Some(dir) => ModelSource::Dir(dir.clone()),
+                None => ModelSource::Tiny,
+            },
+            backend: args.backend,
+            max_frame_bytes: to_usize(args.max_frame_bytes),
+            max_queued_frames: to_usize(args.max_queued_frames),
+            slow_client_timeout: Duration::from_secs(args.slow_client_timeout),
+            pause_timeout: Duration::from_secs(args.pause_timeout),
+            idle_timeout: Duration::from_secs(args.idle_timeout),
+            shutdown_grace: Duration::from_secs(args.shutdown_grace),
+            feedback_log: args.feedback_log.clone(),
+            max_connections: to_usize(args.max_connections),
+            kv_blocks: args.kv_blocks,
+            seed: args.seed.unwrap_or(default_seed),
+            log_format: args.log_format,
+        }
+    }
+
+    /// The Host's settings; `epoch_unix_ms` is the wall-clock time of the Host's
+    /// `Instant::ZERO` (the server's start).
+    pub fn host_config(&self, epoch_unix_ms: u64) -> HostConfig {
+        HostConfig {
+            epoch_unix_ms,
+            max_frame_bytes: self.max_frame_bytes,
+            slow_client_timeout: self.slow_client_timeout,
+            pause_timeout: self.pause_timeout,
+            idle_timeout: self.idle_timeout,
+            shutdown_grace: self.shutdown_grace,
+            ..HostConfig::default()
+        }
+    }
+}
+
+fn to_usize(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// Why the settings could not be read.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// A command-line problem, or `--help` / `--version`: clap renders it
+    /// (`err.exit()` prints it with the right exit code).
+    Cli(clap::Error),
+    /// A bad environment variable or config file; the message names it.
+    Invalid(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Cli(e) => write!(f, "{}", e.render()),
+            ConfigError::Invalid(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The command as it is parsed: no clap-side environment reading (the [`EnvMap`]
+/// is applied by [`parse_args`] instead).
+fn parsing_command() -> clap::Command {
+    Cli::command().mut_subcommand("serve", |s| s.mut_args(|a| a.env(None::<&'static str>)))
+}
+
+/// Reads a file's contents; the real one reads the disk. Lets tests pass a file
+/// without touching the filesystem.
+pub type FileReader<'a> = &'a dyn Fn(&Path) -> std::io::Result<String>;
+
+/// Parses `args` (including the program name) with `env` as the environment and
+/// the config file read from disk. See the module documentation for precedence.
+pub fn parse_args<I, T>(args: I, env: &EnvMap) -> Result<Cli, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    parse_args_with(args, env, &|p| std::fs::read_to_string(p))
+}
+
+/// [`parse_args`] with the config file read through `read_file`.
+pub fn parse_args_with<I, T>(
+    args: I,
+    env: &EnvMap,
+    read_file: FileReader<'_>,
+) -> Result<Cli, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let cmd = parsing_command();
+    let matches = match cmd.clone().try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => return Err(ConfigError::Cli(with_env_help(e, &args))),
+    };
+    let Some(serve) = matches.subcommand_matches("serve") else {
+        // Only one subcommand exists and one is required.
+        return Cli::from_arg_matches(&matches).map_err(ConfigError::Cli);
+    };
+
+    let documented = Cli::command();
+    let serve_cmd = documented
+        .find_subcommand("serve")
+        .ok_or_else(|| ConfigError::Invalid("internal: no serve subcommand".into()))?;
+    let settings: Vec<Setting> = serve_cmd
+        .get_arguments()
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            Some(Setting {
+                id: a.get_id().to_string(),
+                long: long.to_string(),
+                env: a.get_env().map(|e| e.to_string_lossy().into_owned()),
+            })
+        })
+        .filter(|s| s.id != "help" && s.id != "version")
+        .collect();
+    let on_cli = |id: &str| serve.value_source(id) == Some(ValueSource::CommandLine);
+
+    // The config file's path: command line, then environment.
+    let config_path: Option<PathBuf> = if on_cli("config") {
+        serve.get_one::<PathBuf>("config").cloned()
+    } else {
+        env.get("TOKENWIRE_CONFIG").map(PathBuf::from)
+    };
+    let file = match &config_path {
+        Some(p) => Some(read_config_file(p, read_file, &settings)?),
+        None => None,
+    };
+
+    let mut extra: Vec<OsString> = Vec::new();
+    for s in &settings {
+        if on_cli(&s.id) {
+            continue;
+        }
+        if let Some(value) = s.env.as_ref().and_then(|name| env.get(name)) {
+            let name = s.env.as_deref().unwrap_or_default();
+            check_value(&cmd, &s.long, value)
+                .map_err(|m| ConfigError::Invalid(format!("environment variable {name}: {m}")))?;
+            extra.push(format!("--{}", s.long).into());
+            extra.push(value.into());
+            continue;
+        }
+        if s.id == "config" {
+            continue;
+        }
+        if let Some((path, table)) = &file {
+            if let Some(v) = table.get(&s.id) {
+                let value = toml_scalar(v).ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "config file {}: key `{}`: expected a single string, number or boolean",
+                        path.display(),
+                        s.id
+                    ))
+                })?;
+                check_value(&cmd, &s.long, &value).map_err(|m| {
+                    ConfigError::Invalid(format!(
+                        "config file {}: key `{}`: {m}",
+                        path.display(),
+                        s.id
+                    ))
+                })?;
+                extra.push(format!("--{}", s.long).into());
+                extra.push(value.into());
+            }
+        }
+    }
+
+    let mut all = args;
+    all.extend(extra);
+    let merged = cmd.try_get_matches_from(&all).map_err(ConfigError::Cli)?;
+    Cli::from_arg_matches(&merged).map_err(ConfigError::Cli)
+}
+
+struct Setting {
+    id: String,
+    long: String,
+    env: Option<String>,
+}
+
+/// For `--help`, renders the documented command (with its `[env: ...]` notes)
+/// instead of the parsing one.
+fn with_env_help(e: clap::Error, args: &[OsString]) -> clap::Error {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let documented =
+                Cli::command().mut_subcommand("serve", |s| s.mut_args(|a| a.hide_env_values(true)));
+            match documented.try_get_matches_from(args) {
+                Err(help) => help,
+                Ok(_) => e,
+            }
+        }
+        _ => e,
+    }
+}
+
+/// Checks one value with the flag's own parser; the error is clap's, first line.
+fn check_value(cmd: &clap::Command, long: &str, value: &str) -> Result<(), String> {
+    let probe = ["tokenwire", "serve", &format!("--{long}"), value];
+    match cmd.clone().try_get_matches_from(probe) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid value").trim();
+            Err(first.strip_prefix("error: ").unwrap_or(first).to_string())
+        }
+    }
+}
+
+/// Reads and checks the config file: a TOML table whose keys are settings.
+fn read_config_file(
+    path: &Path,
+    read_file: FileReader<'_>,
+    settings: &[Setting],
+) -> Result<(PathBuf, toml::Table), ConfigError> {
+    let text = read_file(path).map_err(|e| {
+        ConfigError::Invalid(format!("cannot read config file {}: {e}", path.display()))
+    })?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        ConfigError::Invalid(format!(
+            "config file {}: invalid TOML: {}",
+            path.display(),
+            e.message()
+        ))
+    })?;
+    let known: HashSet<&str> = settings
+        .iter()
+        .map(|s| s.id.as_str())
+        .filter(|id| *id != "config")
+        .collect();
+    for key in table.keys() {
+        if !known.contains(key.as_str()) {
+            let mut names: Vec<&str> = known.iter().copied().collect();
+            names.sort_unstable();
+            return Err(ConfigError::Invalid(format!(
+                "config file {}: unknown key `{key}` (known keys: {})",
+                path.display(),
+                names.join(", ")
+            )));
+        }
+    }
+    Ok((path.to_path_buf(), table))
+}
+
+/// A TOML scalar as the string a flag would take.
+fn toml_scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        toml::Value::Datetime(_) | toml::Value::Array(_) | toml::Value::Table(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> EnvMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn no_file(_: &Path) -> std::io::Result<String> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no such file",
+        ))
+    }
+
+    fn serve(cli: Cli) -> ServeArgs {
+        match cli.command {
+            Command::Serve(a) => a,
+        }
+    }
+
+    fn parse(args: &[&str], env: &EnvMap, file: Option<&str>) -> Result<ServeArgs, ConfigError> {
+        let owned = file.map(str::to_owned);
+        let reader = move |_: &Path| match &owned {
+            Some(text) => Ok(text.clone()),
+            None => no_file(Path::new("")),
+        };
+        let mut argv = vec!["tokenwire", "serve"];
+        argv.extend_from_slice(args);
+        parse_args_with(argv, env, &reader).map(serve)
+    }
+
+    fn invalid(r: Result<ServeArgs, ConfigError>) -> String {
+        match r {
+            Err(ConfigError::Invalid(m)) => m,
+            other => panic!("expected an invalid-setting error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(&[], &EnvMap::new(), None).expect("parses");
+        let c = ServerConfig::from_args(&a, 7);
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().expect("addr"));
+        assert_eq!(c.model, ModelSource::Tiny);
+        assert_eq!(c.max_frame_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.max_queued_frames, 1024);
+        assert_eq!(c.slow_client_timeout, Duration::from_secs(30));
+        assert_eq!(c.pause_timeout, Duration::from_secs(300));
+        assert_eq!(c.idle_timeout, Duration::from_secs(600));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.kv_blocks, None);
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.feedback_log, None);
+        let d = ServerConfig {
+            seed: 7,
+            ..ServerConfig::default()
+        };
+        assert_eq!(c, d, "ServerConfig::default matches the flag defaults");
+    }
+
+    #[test]
+    fn precedence_cli_over_env_over_file_over_default() {
+        let file = "max_queued_frames = 3\nidle_timeout = 4\npause_timeout = 5\nseed = 6\n";
+        let e = env(&[
+            ("TOKENWIRE_CONFIG", "/etc/tokenwire.toml"),
+            ("TOKENWIRE_IDLE_TIMEOUT", "40"),
+            ("TOKENWIRE_PAUSE_TIMEOUT", "50"),
+        ]);
+        let a = parse(&["--pause-timeout", "500"], &e, Some(file)).expect("parses");
+        assert_eq!(a.pause_timeout, 500, "command line beats env and file");
+        assert_eq!(a.idle_timeout, 40, "env beats file");
+        assert_eq!(a.max_queued_frames, 3, "file beats default");
+        assert_eq!(a.seed, Some(6));
+        assert_eq!(a.shutdown_grace, 10, "default when nobody sets it");
+        assert_eq!(a.config, Some(PathBuf::from("/etc/tokenwire.toml")));
+    }
+
+    #[test]
+    fn config_path_from_the_command_line_beats_env() {
+        let e = env(&[("TOKENWIRE_CONFIG", "/nope.toml")]);
+        let a = parse(&["--config", "/yes.toml"], &e, Some("kv_blocks = 9")).expect("parses");
+        assert_eq!(a.kv_blocks, Some(9));
+        assert_eq!(a.config, Some(PathBuf::from("/yes.toml")));
+    }
+
+    #[test]
+    fn every_flag_has_its_env_var() {
+        let e = env(&[
+            ("TOKENWIRE_MODEL", "/models/m"),
+            ("TOKENWIRE_LISTEN", "0.0.0.0:9000"),
+            ("TOKENWIRE_BACKEND", "cpu"),
+            ("TOKENWIRE_MAX_FRAME_BYTES", "1000"),
+            ("TOKENWIRE_MAX_QUEUED_FRAMES", "8"),
+            ("TOKENWIRE_SLOW_CLIENT_TIMEOUT", "1"),
+            ("TOKENWIRE_PAUSE_TIMEOUT", "2"),
+            ("TOKENWIRE_IDLE_TIMEOUT", "3"),
+            ("TOKENWIRE_SHUTDOWN_GRACE", "4"),
+            ("TOKENWIRE_FEEDBACK_LOG", "/tmp/fb.jsonl"),
+            ("TOKENWIRE_MAX_CONNECTIONS", "5"),
+            ("TOKENWIRE_KV_BLOCKS", "6"),
+            ("TOKENWIRE_SEED", "7"),
+            ("TOKENWIRE_LOG_FORMAT", "json"),
+        ]);
+        let a = parse(&[], &e, None).expect("parses");
+        let c = ServerConfig::from_args(&a, 0);
+        assert_eq!(c.model, ModelSource::Dir("/models/m".into()));
+        assert_eq!(c.listen, "0.0.0.0:9000".parse().expect("addr"));
+        assert_eq!(c.max_frame_bytes, 1000);
+        assert_eq!(c.max_queued_frames, 8);
+        assert_eq!(c.slow_client_timeout, Duration::from_secs(1));
+        assert_eq!(c.pause_timeout, Duration::from_secs(2));
+        assert_eq!(c.idle_timeout, Duration::from_secs(3));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(4));
+        assert_eq!(c.feedback_log, Some(PathBuf::from("/tmp/fb.jsonl")));
+        assert_eq!(c.max_connections, 5);
+        assert_eq!(c.kv_blocks, Some(6));
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn every_flag_has_its_file_key() {
+        let file = r#"
+            model = "/models/m"
+            listen = "0.0.0.0:9000"
+            backend = "cpu"
+            max_frame_bytes = 1000
+            max_queued_frames = 8
+            slow_client_timeout = 1
+            pause_timeout = 2
+            idle_timeout = 3
+            shutdown_grace = 4
+            feedback_log = "/tmp/fb.jsonl"
+            max_connections = 5
+            kv_blocks = 6
+            seed = 7
+            log_format = "json"
+        "#;
+        let a = parse(&["--config", "t.toml"], &EnvMap::new(), Some(file)).expect("parses");
+        let c = ServerConfig::from_args(&a, 0);
+        assert_eq!(c.model, ModelSource::Dir("/models/m".into()));
+        assert_eq!(c.max_connections, 5);
+        assert_eq!(c.kv_blocks, Some(6));
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(4));
+    }
+
+    #[test]
+    fn unknown_file_key_is_an_error_naming_it() {
+        let m = invalid(parse(
+            &["--config", "t.toml"],
+            &EnvMap::new(),
+            Some("idle_timeout = 3\nmax_frames = 1\n"),
+        ));
+        assert!(m.contains("unknown key `max_frames`"), "{m}");
+        assert!(m.contains("t.toml"), "{m}");
+        let m = invalid(parse(
+            &["--config", "t.toml"],
+            &EnvMap::new(),
+            Some("config = \"other.toml\"\n"),
+        ));
+        assert!(m.contains("unknown key `config`"), "{m}");
+    }
+
+    #[test]
+    fn bad_file_value_names_the_key() {
+        let m = invalid(parse(
+            &["--config", "t.toml"],
+            &EnvMap::new(),
+            Some("max_frame_bytes = \"lots\"\n"),
+        ));
+        assert!(m.contains("key `max_frame_bytes`"), "{m}");
+        assert!(m.contains("lots"), "{m}");
+        let m = invalid(parse(
+            &["--config", "t.toml"],
+            &EnvMap::new(),
+            Some("max_queued_frames = 0\n"),
+        ));
+        assert!(m.contains("key `max_queued_frames`"), "{m}");
+        let m = invalid(parse(
+            &["--config", "t.toml"],
+            &EnvMap::new(),
+            Some("listen = [1, 2]\n"),
+        ));
+        assert!(m.contains("key `listen`"), "{m}");
+        let m = invalid(parse(
+            &["--config", "t.toml"],
+            &EnvMap::new(),
+            Some("listen = \n"),
+        ));
+        assert!(m.contains("invalid TOML"), "{m}");
+    }
+
+    #[test]
+    fn bad_env_value_names_the_variable() {
+        let m = invalid(parse(
+            &[],
+            &env(&[("TOKENWIRE_MAX_CONNECTIONS", "many")]),
+            None,
+        ));
+        assert!(m.contains("TOKENWIRE_MAX_CONNECTIONS"), "{m}");
+        assert!(m.contains("many"), "{m}");
+        let m = invalid(parse(&[], &env(&[("TOKENWIRE_BACKEND", "tpu")]), None));
+        assert!(m.contains("TOKENWIRE_BACKEND"), "{m}");
+    }
+
+    #[test]
+    fn a_bad_env_value_is_ignored_when_the_command_line_sets_it() {
+        let a = parse(
+            &["--max-connections", "3"],
+            &env(&[("TOKENWIRE_MAX_CONNECTIONS", "many")]),
+            None,
+        )
+        .expect("the command line wins, the env value is not read");
+        assert_eq!(a.max_connections, 3);
+    }
+
+    #[test]
+    fn missing_config_file_names_the_path() {
+        let m = invalid(parse(&["--config", "/missing.toml"], &EnvMap::new(), None));
+        assert!(m.contains("/missing.toml"), "{m}");
+    }
+
+    #[test]
+    fn bad_command_line_is_a_clap_error() {
+        assert!(matches!(
+            parse(&["--max-frame-bytes", "x"], &EnvMap::new(), None),
+            Err(ConfigError::Cli(_))
+        ));
+        assert!(matches!(
+            parse(&["--no-such-flag"], &EnvMap::new(), None),
+            Err(ConfigError::Cli(_))
+        ));
+    }
+
+    #[test]
+    fn help_mentions_the_env_vars() {
+        match parse(&["--help"], &EnvMap::new(), None) {
+            Err(ConfigError::Cli(e)) => {
+                let text = e.render().to_string();
+                assert!(text.contains("TOKENWIRE_MAX_FRAME_BYTES"), "{text}");
+            }
+            other => panic!("expected help, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn host_config_carries_the_limits() {
+        let c = ServerConfig {
+            max_frame_bytes: 10,
+            idle_timeout: Duration::from_secs(1),
+            ..ServerConfig::default()
+        };
+        let h = c.host_config(123);
+        assert_eq!(h.epoch_unix_ms, 123);
+        assert_eq!(h.max_frame_bytes, 10);
+        assert_eq!(h.idle_timeout, Duration::from_secs(1));
+        assert_eq!(h.shutdown_grace, c.shutdown_grace);
+    }
+}

@@ -1,0 +1,649 @@
+//! The driver: the one task that owns the [`Host`].
+//!
+//! Connection tasks, HTTP handlers and the engine thread send it [`DriverMsg`]s
+//! over one bounded channel. For each it calls [`Host::handle`] and drains
+//! [`Host::poll_output`] until empty, routing frames to the connections'
+//! outbound queues, plans to the engine thread, events to the metrics and
+//! feedback to the feedback log. It sleeps until [`Host::poll_timeout`] with one
+//! reusable `Sleep`, reset only when the deadline changes (quinn's pattern).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokenwire_core::host::HostStats;
+use tokenwire_core::{
+    ConnId, Dialect, EngineFault, EngineFaultKind, Host, Input, Instant, ModelInfo, Output,
+    StepPlan, Transport,
+};
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::{far_future, Clock};
+use crate::feedback::FeedbackLog;
+use crate::metrics::Metrics;
+use crate::sync::{CancelFlag, OutboundQueue, PushResult};
+
+/// Capacity of the driver's input channel.
+pub(crate) const DRIVER_CHANNEL: usize = 1024;
+/// Most messages handled before the driver looks at its timers again.
+const BATCH: usize = 256;
+/// Added to the shutdown grace to get the hard cap on a graceful shutdown.
+pub(crate) const SHUTDOWN_SLACK: Duration = Duration::from_secs(5);
+
+/// A frame for one connection's writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OutFrame {
+    /// A text frame (JSON).
+    Text(String),
+    /// A ping.
+    Ping,
+    /// A close frame; the last frame of the connection.
+    Close {
+        /// Close code.
+        code: u16,
+        /// Close reason (no client content).
+        reason: String,
+    },
+}
+
+/// A connection's outbound queue, shared by the driver and the connection's writer.
+pub(crate) type ConnQueue = Arc<OutboundQueue<OutFrame>>;
+
+/// What the driver receives.
+#[derive(Debug)]
+pub(crate) enum DriverMsg {
+    /// A connection opened; its frames go to `queue`.
+    Open {
+        /// Its id.
+        conn: ConnId,
+        /// Its dialect.
+        dialect: Dialect,
+        /// WebSocket or HTTP.
+        transport: Transport,
+        /// Raw query string.
+        query: String,
+        /// Peer address.
+        peer: SocketAddr,
+        /// Its outbound queue.
+        queue: ConnQueue,
+    },
+    /// An input for the Host (frames, closes, engine results, model loading).
+    Input(Input),
+    /// A connection's writer drained its queue to the low mark.
+    Drained(ConnId),
+    /// The model could not be loaded: the server stops with this error.
+    LoadFailed(String),
+}
+
+/// The sending side of the driver's channel.
+#[derive(Debug, Clone)]
+pub(crate) struct DriverHandle {
+    tx: mpsc::Sender<DriverMsg>,
+}
+
+/// The driver is gone (the server is stopping).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DriverGone;
+
+impl DriverHandle {
+    /// Sends `msg`, waiting while the channel is full.
+    pub(crate) async fn send(&self, msg: DriverMsg) -> Result<(), DriverGone> {
+        self.tx.send(msg).await.map_err(|_| DriverGone)
+    }
+
+    /// Sends `msg` from a thread that is not a tokio worker (the engine thread).
+    pub(crate) fn blocking_send(&self, msg: DriverMsg) -> Result<(), DriverGone> {
+        self.tx.blocking_send(msg).map_err(|_| DriverGone)
+    }
+
+    /// Sends `msg` without waiting, from code that cannot await (a `Drop`, a
+    /// `poll`): if the channel is full the send finishes on a spawned task.
+    pub(crate) fn send_now(&self, msg: DriverMsg) {
+        match self.tx.try_send(msg) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(msg)) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let tx = self.tx.clone();
+                    rt.spawn(async move {
+                        let _ = tx.send(msg).await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// What the HTTP handlers can see of the driver's state.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Snapshot {
+    /// The model is loaded and the Host serves it.
+    pub loaded: bool,
+    /// Loading progress, 0..=100.
+    pub load_progress: f32,
+    /// The served model, once loaded.
+    pub model: Option<Arc<ModelInfo>>,
+    /// The Host's gauges.
+    pub stats: HostStats,
+}
+
+/// The channels between the driver and the rest of the server.
+pub(crate) fn channel() -> (DriverHandle, mpsc::Receiver<DriverMsg>) {
+    let (tx, rx) = mpsc::channel(DRIVER_CHANNEL);
+    (DriverHandle { tx }, rx)
+}
+
+/// A fresh snapshot watch, before the driver runs.
+pub(crate) fn snapshot_channel(
+    host: &Host,
+) -> (watch::Sender<Snapshot>, watch::Receiver<Snapshot>) {
+    watch::channel(Snapshot {
+        loaded: false,
+        load_progress: 0.0,
+        model: None,
+        stats: host.stats(),
+    })
+}
+
+struct ConnEntry {
+    queue: ConnQueue,
+    /// The Host was told `QueueFull` and not yet `QueueDrained`.
+    host_full: bool,
+}
+
+/// The task that owns the Host.
+pub(crate) struct Driver {
+    host: Host,
+    clock: Clock,
+    rx: mpsc::Receiver<DriverMsg>,
+    conns: HashMap<ConnId, ConnEntry>,
+    engine: std::sync::mpsc::Sender<StepPlan>,
+    metrics: Arc<Metrics>,
+    feedback: Option<FeedbackLog>,
+    snapshot: watch::Sender<Snapshot>,
+    model: Option<Arc<ModelInfo>>,
+    pending: VecDeque<Input>,
+    shutdown: CancelFlag,
+    shutdown_cap: Duration,
+    done: bool,
+    failure: Option<String>,
+}
+
+/// Everything [`Driver::new`] takes.
+pub(crate) struct DriverParts {
+    pub host: Host,
+    pub clock: Clock,
+    pub rx: mpsc::Receiver<DriverMsg>,
+    pub engine: std::sync::mpsc::Sender<StepPlan>,
+    pub metrics: Arc<Metrics>,
+    pub feedback: Option<FeedbackLog>,
+    pub snapshot: watch::Sender<Snapshot>,
+    pub shutdown: CancelFlag,
+    pub shutdown_grace: Duration,
+}
+
+impl Driver {
+    /// A driver for `parts.host`.
+    pub(crate) fn new(parts: DriverParts) -> Driver {
+        Driver {
+            host: parts.host,
+            clock: parts.clock,
+            rx: parts.rx,
+            conns: HashMap::new(),
+            engine: parts.engine,
+            metrics: parts.metrics,
+            feedback: parts.feedback,
+            snapshot: parts.snapshot,
+            model: None,
+            pending: VecDeque::new(),
+            shutdown: parts.shutdown,
+            shutdown_cap: parts.shutdown_grace + SHUTDOWN_SLACK,
+            done: false,
+            failure: None,
+        }
+    }
+
+    /// Runs until the Host reports `ShutdownComplete` after `shutdown` was
+    /// cancelled (or every connection is gone by then), the hard cap passes, or the
+    /// model fails to load (then returns that error).
+    pub(crate) async fn run(mut self) -> anyhow::Result<()> {
+        let timer = tokio::time::sleep_until(far_future());
+        tokio::pin!(timer);
+        let mut armed: Option<Instant> = None;
+        let hard_cap = tokio::time::sleep_until(far_future());
+        tokio::pin!(hard_cap);
+        let shutdown = self.shutdown.clone();
+        let mut shutting_down = false;
+
+        loop {
+            // Re-arm the timer only when the Host's deadline moved.
+            let next = self.host.poll_timeout();
+            if next != armed {
+                armed = next;
+                if let Some(t) = next {
+                    timer.as_mut().reset(self.clock.to_tokio(t));
+                }
+            }
+            if shutting_down && self.conns.is_empty() {
+                self.done = true;
+            }
+            self.publish();
+            if self.done {
+                break;
+            }
+
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if !shutting_down => {
+                    shutting_down = true;
+                    tracing::info!(
+                        connections = self.conns.len(),
+                        grace_ms = self.shutdown_cap.saturating_sub(SHUTDOWN_SLACK).as_millis() as u64,
+                        "shutting down: refusing new work, letting generations finish"
+                    );
+                    hard_cap.as_mut().reset(tokio::time::Instant::now() + self.shutdown_cap);
+                    self.input(Input::Shutdown);
+                }
+                _ = &mut hard_cap, if shutting_down => {
+                    tracing::warn!(
+                        connections = self.conns.len(),
+                        "shutdown hard cap reached; closing the remaining connections"
+                    );
+                    break;
+                }
+                _ = &mut timer, if armed.is_some() => {
+                    armed = None;
+                    self.input(Input::Timeout);
+                }
+                msg = self.rx.recv() => {
+                    let Some(msg) = msg else { break };
+                    self.on_msg(msg);
+                    for _ in 0..BATCH {
+                        match self.rx.try_recv() {
+                            Ok(msg) => self.on_msg(msg),
+                            Err(_) => break,
+                        }
+                        if self.done {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.finish()
+    }
+
+    /// Closes what is left and reports how the driver ended.
+    fn finish(mut self) -> anyhow::Result<()> {
+        let (code, reason) = if self.failure.is_some() {
+            (1011, "the model failed to load")
+        } else {
+            (1001, "server shutting down")
+        };
+        for (_, entry) in self.conns.drain() {
+            entry.queue.close_now(Some(OutFrame::Close {
+                code,
+                reason: reason.into(),
+            }));
+        }
+        self.publish();
+        match self.failure.take() {
+            Some(msg) => Err(anyhow::anyhow!(msg)),
+            None => Ok(()),
+        }
+    }
+
+    fn on_msg(&mut self, msg: DriverMsg) {
+        match msg {
+            DriverMsg::Open {
+                conn,
+                dialect,
+                transport,
+                query,
+                peer,
+                queue,
+            } => {
+                self.conns.insert(
+                    conn,
+                    ConnEntry {
+                        queue,
+                        host_full: false,
+                    },
+                );
+                self.input(Input::Open {
+                    conn,
+                    dialect,
+                    transport,
+                    query,
+                    peer: peer.to_string(),
+                });
+            }
+            DriverMsg::Input(input) => self.on_input(input),
+            DriverMsg::Drained(conn) => {
+                let Some(entry) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                // The writer saw the queue drain, but the driver may have filled it
+                // again since: the queue's current state decides.
+                if entry.host_full && !entry.queue.is_full() {
+                    entry.host_full = false;
+                    self.input(Input::QueueDrained { conn });
+                }
+            }
+            DriverMsg::LoadFailed(message) => {
+                tracing::error!(error = %message, "model load failed");
+                self.failure = Some(message);
+                self.done = true;
+            }
+        }
+    }
+
+    fn on_input(&mut self, input: Input) {
+        match &input {
+            Input::Text { conn, .. }
+            | Input::Binary { conn, .. }
+            | Input::FrameTooLarge { conn }
+            | Input::Pong { conn }
+            | Input::QueueFull { conn }
+            | Input::QueueDrained { conn }
+                if !self.conns.contains_key(conn) =>
+            {
+                // The connection is gone already: nothing to tell the Host.
+                return;
+            }
+            Input::Closed { conn } => {
+                let Some(entry) = self.conns.remove(conn) else {
+                    return;
+                };
+                entry.queue.close();
+            }
+            Input::ModelLoaded { info, .. } => {
+                self.model = Some(Arc::new(info.clone()));
+            }
+            _ => {}
+        }
+        self.input(input);
+    }
+
+    /// Hands `input` to the Host and drains its outputs, then does the same for
+    /// any inputs those outputs caused (queue full, engine gone).
+    fn input(&mut self, input: Input) {
+        self.pending.push_back(input);
+        while let Some(input) = self.pending.pop_front() {
+            self.host.handle(self.clock.now(), input);
+            while let Some(out) = self.host.poll_output() {
+                self.on_output(out);
+            }
+        }
+    }
+
+    fn on_output(&mut self, out: Output) {
+        match out {
+            Output::Send { conn, text } => self.push(conn, OutFrame::Text(text)),
+            Output::Ping { conn } => self.push(conn, OutFrame::Ping),
+            Output::Close { conn, code, reason } => {
+                let Some(entry) = self.conns.get(&conn) else {
+                    return;
+                };
+                let frame = OutFrame::Close { code, reason };
+                if entry.queue.is_full() {
+                    // A slow reader: do not make the close wait behind its backlog.
+                    entry.queue.close_now(Some(frame));
+                } else {
+                    entry.queue.push_final(frame);
+                }
+            }
+            Output::RunStep(plan) => {
+                let step_id = plan.step_id;
+                if self.engine.send(plan).is_err() {
+                    self.pending.push_back(Input::EngineFault(EngineFault {
+                        step_id,
+                        kind: EngineFaultKind::Internal("the engine thread has stopped".into()),
+                    }));
+                }
+            }
+            Output::Event(event) => self.metrics.observe(&event),
+            Output::Feedback(record) => {
+                if let Some(log) = &self.feedback {
+                    log.append(&record);
+                }
+            }
+            Output::ShutdownComplete => {
+                tracing::info!("shutdown complete");
+                self.done = true;
+            }
+        }
+    }
+
+    fn push(&mut self, conn: ConnId, frame: OutFrame) {
+        let Some(entry) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        match entry.queue.push(frame) {
+            PushResult::Ok | PushResult::Closed => {}
+            PushResult::BecameFull => {
+                if !entry.host_full {
+                    entry.host_full = true;
+                    self.pending.push_back(Input::QueueFull { conn });
+                }
+            }
+            PushResult::Overflow => {
+                tracing::warn!(
+                    conn = conn.0,
+                    queued = entry.queue.len(),
+                    "outbound queue overflow; closing the connection (1008)"
+                );
+                self.metrics.outbound_overflow();
+                entry.queue.close_now(Some(OutFrame::Close {
+                    code: 1008,
+                    reason: "outbound queue overflow".into(),
+                }));
+            }
+        }
+    }
+
+    /// Publishes the snapshot the HTTP handlers read, if it changed.
+    fn publish(&self) {
+        let stats = self.host.stats();
+        let loaded = self.model.is_some();
+        let next = Snapshot {
+            loaded,
+            load_progress: if loaded { 100.0 } else { stats.load_progress },
+            model: self.model.clone(),
+            stats,
+        };
+        self.snapshot.send_if_modified(|cur| {
+            if *cur == next {
+                false
+            } else {
+                *cur = next;
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+    use crate::sync::Pop;
+    use tokenwire_core::testing::{tiny_model_info, ByteCodec, ScriptEngine};
+
+    /// A driver over a real Host with the byte codec and a scripted engine on
+    /// its own thread; returns its handle and the shutdown flag.
+    fn driver(config: ServerConfig) -> (DriverHandle, CancelFlag, tokio::task::JoinHandle<()>) {
+        let clock = Clock::start();
+        let host = Host::with_model(
+            config.host_config(clock.epoch_unix_ms()),
+            tiny_model_info(),
+            ByteCodec::shared(),
+            1,
+        );
+        let (handle, rx) = channel();
+        let (plans_tx, plans_rx) = std::sync::mpsc::channel::<StepPlan>();
+        let engine_handle = handle.clone();
+        std::thread::spawn(move || {
+            let mut engine = ScriptEngine::new("the quick brown fox jumps over the lazy dog ");
+            while let Ok(plan) = plans_rx.recv() {
+                let done = engine.step(&plan);
+                if engine_handle
+                    .blocking_send(DriverMsg::Input(Input::StepDone(done)))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let (snapshot_tx, _snapshot_rx) = snapshot_channel(&host);
+        let shutdown = CancelFlag::new();
+        let d = Driver::new(DriverParts {
+            host,
+            clock,
+            rx,
+            engine: plans_tx,
+            metrics: Arc::new(Metrics::new()),
+            feedback: None,
+            snapshot: snapshot_tx,
+            shutdown: shutdown.clone(),
+            shutdown_grace: config.shutdown_grace,
+        });
+        let task = tokio::spawn(async move {
+            let _ = d.run().await;
+        });
+        (handle, shutdown, task)
+    }
+
+    async fn open(
+        handle: &DriverHandle,
+        conn: ConnId,
+        capacity: usize,
+        max_tokens: u32,
+    ) -> ConnQueue {
+        let queue: ConnQueue = Arc::new(OutboundQueue::new(capacity));
+        let sent = handle
+            .send(DriverMsg::Open {
+                conn,
+                dialect: Dialect::Generate,
+                transport: Transport::WebSocket,
+                query: String::new(),
+                peer: SocketAddr::from(([127, 0, 0, 1], 1)),
+                queue: queue.clone(),
+            })
+            .await;
+        assert!(sent.is_ok());
+        let config = format!(
+            r#"{{"type":"config","prompt":"hi","parameters":{{"max_tokens":{max_tokens},"temperature":0}}}}"#
+        );
+        let sent = handle
+            .send(DriverMsg::Input(Input::Text { conn, text: config }))
+            .await;
+        assert!(sent.is_ok());
+        queue
+    }
+
+    const BOUND: Duration = Duration::from_secs(30);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_pauses_the_generation_and_draining_resumes_it() {
+        let (handle, shutdown, task) = driver(ServerConfig {
+            max_queued_frames: 4,
+            ..ServerConfig::default()
+        });
+        let conn = ConnId(1);
+        let queue = open(&handle, conn, 4, 100).await;
+        // The scripted engine is instant: the queue fills at once.
+        tokio::time::timeout(BOUND, async {
+            while !queue.is_full() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the queue fills");
+        assert!(
+            queue.len() <= queue.hard_limit(),
+            "paused before the hard limit"
+        );
+
+        // Read like a writer: report each drain, until the completion.
+        let mut tokens = 0;
+        let mut drains = 0;
+        let completion = tokio::time::timeout(BOUND, async {
+            loop {
+                let Some(p) = queue.pop().await else {
+                    panic!("queue closed before the completion")
+                };
+                if p.drained {
+                    drains += 1;
+                    assert!(handle.send(DriverMsg::Drained(conn)).await.is_ok());
+                }
+                let OutFrame::Text(text) = p.item else {
+                    continue;
+                };
+                let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+                match v["type"].as_str() {
+                    Some("token") => tokens += 1,
+                    Some("completion") => return v,
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("the generation completes");
+        assert!(drains >= 1, "the queue was drained at least once");
+        assert_eq!(tokens, 100);
+        assert_eq!(completion["usage"]["completion_tokens"], 100);
+        assert!(handle
+            .send(DriverMsg::Input(Input::Closed { conn }))
+            .await
+            .is_ok());
+        shutdown.cancel();
+        tokio::time::timeout(BOUND, task)
+            .await
+            .expect("the driver stops")
+            .expect("join");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queue_that_stays_full_gets_closed_with_1008() {
+        let (handle, shutdown, task) = driver(ServerConfig {
+            max_queued_frames: 4,
+            slow_client_timeout: Duration::from_millis(50),
+            ..ServerConfig::default()
+        });
+        let conn = ConnId(7);
+        let queue = open(&handle, conn, 4, 100).await;
+        tokio::time::timeout(BOUND, queue.closed())
+            .await
+            .expect("the slow client is closed");
+        // A full queue is not drained into a slow reader: only the close is left.
+        match queue.try_pop() {
+            Pop::Item(p) => assert!(
+                matches!(p.item, OutFrame::Close { code: 1008, .. }),
+                "{:?}",
+                p.item
+            ),
+            other => panic!("expected the close frame, got {other:?}"),
+        }
+        assert_eq!(queue.try_pop(), Pop::Closed);
+        assert!(handle
+            .send(DriverMsg::Input(Input::Closed { conn }))
+            .await
+            .is_ok());
+        shutdown.cancel();
+        tokio::time::timeout(BOUND, task)
+            .await
+            .expect("the driver stops")
+            .expect("join");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_with_no_connections_ends_the_driver() {
+        let (_handle, shutdown, task) = driver(ServerConfig::default());
+        shutdown.cancel();
+        tokio::time::timeout(BOUND, task)
+            .await
+            .expect("the driver stops")
+            .expect("join");
+    }
+}

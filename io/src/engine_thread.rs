@@ -1,0 +1,143 @@
+//! The engine's own OS thread: loads (or builds) the model, then runs one
+//! [`StepPlan`] at a time and reports back to the driver.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::time::Instant as StdInstant;
+
+use tokenwire_core::{EngineFault, EngineFaultKind, Input, StepPlan};
+use tokenwire_kernels::{BackendKind, Engine, EngineOptions};
+
+use crate::config::{Backend, ModelSource};
+use crate::driver::{DriverHandle, DriverMsg};
+
+/// Tokens per KV cache block (DESIGN.md: paged KV cache, block size 16).
+pub(crate) const KV_BLOCK_SIZE: u32 = 16;
+
+/// What the engine thread needs to start.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineSpec {
+    /// The model to serve.
+    pub model: ModelSource,
+    /// The backend.
+    pub backend: Backend,
+    /// KV pool size, if fixed.
+    pub kv_blocks: Option<u32>,
+    /// Seed of the tiny model's weights.
+    pub seed: u64,
+}
+
+/// Starts the engine thread. It loads the model, sends `ModelLoaded` (or
+/// `LoadFailed`) to the driver, then serves plans from the returned sender until
+/// that sender is dropped.
+pub(crate) fn spawn(
+    spec: EngineSpec,
+    driver: DriverHandle,
+) -> anyhow::Result<mpsc::Sender<StepPlan>> {
+    let (plans_tx, plans_rx) = mpsc::channel::<StepPlan>();
+    std::thread::Builder::new()
+        .name("tokenwire-engine".into())
+        .spawn(move || run(spec, driver, plans_rx))
+        .map_err(|e| anyhow::anyhow!("cannot start the engine thread: {e}"))?;
+    Ok(plans_tx)
+}
+
+fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) {
+    let started = StdInstant::now();
+    let Some(mut engine) = load(&spec, &driver) else {
+        return;
+    };
+    let info = engine.model_info();
+    tracing::info!(
+        model = %info.name,
+        context_len = info.context_len,
+        vocab_size = info.vocab_size,
+        kv_blocks = info.num_blocks,
+        block_size = info.block_size,
+        dtype = %info.dtype,
+        load_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    let codec = engine.codec();
+    if driver
+        .blocking_send(DriverMsg::Input(Input::ModelLoaded { info, codec }))
+        .is_err()
+    {
+        return;
+    }
+    while let Ok(plan) = plans.recv() {
+        let step_id = plan.step_id;
+        let seqs = plan.seqs.len();
+        let t0 = StdInstant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| engine.step(&plan)));
+        let input = match result {
+            Ok(Ok(done)) => Input::StepDone(done),
+            Ok(Err(fault)) => {
+                tracing::warn!(step_id, seqs, fault = ?fault.kind, "engine step failed");
+                Input::EngineFault(fault)
+            }
+            Err(_) => {
+                tracing::error!(step_id, seqs, "engine step panicked");
+                Input::EngineFault(EngineFault {
+                    step_id,
+                    kind: EngineFaultKind::Internal("engine step panicked".into()),
+                })
+            }
+        };
+        tracing::trace!(
+            step_id,
+            seqs,
+            step_us = t0.elapsed().as_micros() as u64,
+            "step"
+        );
+        if driver.blocking_send(DriverMsg::Input(input)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Loads or builds the engine; on failure tells the driver and returns `None`.
+fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
+    match &spec.model {
+        ModelSource::Tiny => match catch_unwind(|| Engine::tiny(spec.seed)) {
+            Ok(engine) => Some(engine),
+            Err(_) => {
+                let _ = driver.blocking_send(DriverMsg::LoadFailed(
+                    "building the built-in tiny model panicked".into(),
+                ));
+                None
+            }
+        },
+        ModelSource::Dir(dir) => {
+            let _ = driver.blocking_send(DriverMsg::Input(Input::ModelLoading {
+                progress: 0.0,
+                message: "loading model weights".into(),
+                eta: None,
+            }));
+            let opts = EngineOptions {
+                num_blocks: spec.kv_blocks,
+                block_size: KV_BLOCK_SIZE,
+                backend: match spec.backend {
+                    Backend::Cpu => BackendKind::Cpu,
+                },
+            };
+            match catch_unwind(AssertUnwindSafe(|| Engine::load(dir, &opts))) {
+                Ok(Ok(engine)) => Some(engine),
+                Ok(Err(e)) => {
+                    let _ = driver.blocking_send(DriverMsg::LoadFailed(format!(
+                        "failed to load the model from {}: {e}",
+                        dir.display()
+                    )));
+                    None
+                }
+                Err(_) => {
+                    let _ = driver.blocking_send(DriverMsg::LoadFailed(format!(
+                        "loading the model from {} panicked",
+                        dir.display()
+                    )));
+                    None
+                }
+            }
+        }
+    }
+}

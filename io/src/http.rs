@@ -1,0 +1,319 @@
+//! HTTP routing: WebSocket upgrades on the dialects' paths, and the HTTP
+//! endpoints (`/health`, `/metrics`, `/v1/models`, `POST /v1/generate`).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokenwire_core::{ConnId, Dialect};
+use tokio::sync::{mpsc, watch};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::conn::{self, ConnMeta};
+use crate::driver::{DriverHandle, Snapshot};
+use crate::metrics::Metrics;
+use crate::sync::ConnectionLimiter;
+
+/// Response body type of every endpoint.
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// What the request handlers share.
+pub(crate) struct AppState {
+    /// The driver's channel.
+    pub driver: DriverHandle,
+    /// The driver's latest snapshot.
+    pub snapshot: watch::Receiver<Snapshot>,
+    /// Metrics, for `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Connection cap for upgrades and HTTP generations.
+    pub limiter: Arc<ConnectionLimiter>,
+    /// Next connection id.
+    pub next_conn: AtomicU64,
+    /// Server start, unix seconds (the model's `created`).
+    pub started_unix_s: u64,
+    /// Largest frame / request body.
+    pub max_frame_bytes: usize,
+    /// Outbound queue capacity per connection.
+    pub max_queued_frames: usize,
+    /// WebSocket settings.
+    pub ws_config: WebSocketConfig,
+    /// Never sent on: it is dropped with the last task holding the state, which
+    /// is how the server knows every connection task has ended.
+    pub _tasks: mpsc::Sender<()>,
+}
+
+impl AppState {
+    /// A fresh connection id.
+    pub(crate) fn next_conn_id(&self) -> ConnId {
+        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// hyper's service function: routes one request.
+pub(crate) async fn handle(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let started = std::time::Instant::now();
+    let resp = route(state, peer, req).await;
+    // Path only: query strings may carry credentials.
+    tracing::debug!(
+        %peer,
+        %method,
+        path = %path,
+        status = resp.status().as_u16(),
+        duration_us = started.elapsed().as_micros() as u64,
+        "http request"
+    );
+    Ok(resp)
+}
+
+async fn route(state: Arc<AppState>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    if is_websocket_upgrade(&req) {
+        return upgrade(state, peer, req);
+    }
+    let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
+    match req.uri().path() {
+        "/health" if is_get => health(&state),
+        "/metrics" if is_get => metrics(&state),
+        "/v1/models" if is_get => models(&state),
+        "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
+        "/v1/generate" if req.method() == Method::POST => {
+            crate::http_generate::handle(state, peer, req).await
+        }
+        "/v1/generate" => method_not_allowed("POST"),
+        path => error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no endpoint at {path}"),
+        ),
+    }
+}
+
+fn health(state: &AppState) -> Response<Body> {
+    let snap = state.snapshot.borrow().clone();
+    if snap.loaded {
+        json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+    } else {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "loading", "progress": snap.load_progress}),
+        )
+    }
+}
+
+fn metrics(state: &AppState) -> Response<Body> {
+    let mut resp = Response::new(full(state.metrics.encode()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    resp
+}
+
+fn models(state: &AppState) -> Response<Body> {
+    let model = state.snapshot.borrow().model.clone();
+    let data: Vec<serde_json::Value> = model
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "id": m.name,
+                "object": "model",
+                "created": state.started_unix_s,
+                "owned_by": "tokenwire",
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
+    )
+}
+
+/// True for a request asking to switch to the WebSocket protocol.
+fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+                .unwrap_or(false)
+        })
+    };
+    has_token(header::UPGRADE, "websocket") && has_token(header::CONNECTION, "upgrade")
+}
+
+/// Answers a WebSocket upgrade with 101 and runs the connection on its own task.
+fn upgrade(state: Arc<AppState>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
+    let Some(dialect) = Dialect::from_path(req.uri().path()) else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no WebSocket endpoint at {}", req.uri().path()),
+        );
+    };
+    if req.method() != Method::GET {
+        return method_not_allowed("GET");
+    }
+    let version_ok = req
+        .headers()
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .is_some_and(|v| v.as_bytes() == b"13");
+    if !version_ok {
+        let mut resp = error_response(
+            StatusCode::UPGRADE_REQUIRED,
+            "invalid_request",
+            "only WebSocket version 13 is supported",
+        );
+        resp.headers_mut().insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        );
+        return resp;
+    }
+    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY) else {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "missing Sec-WebSocket-Key",
+        );
+    };
+    let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) else {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "bad Sec-WebSocket-Key",
+        );
+    };
+    let Some(permit) = state.limiter.try_acquire() else {
+        tracing::warn!(%peer, dialect = dialect.name(), max = state.limiter.max(), "connection limit reached");
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            "the server's connection limit is reached; retry later",
+        );
+    };
+
+    let meta = ConnMeta {
+        conn: state.next_conn_id(),
+        dialect,
+        query: req.uri().query().unwrap_or_default().to_owned(),
+        peer,
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(state.ws_config),
+                )
+                .await;
+                conn::run(
+                    ws,
+                    meta,
+                    state.driver.clone(),
+                    state.max_queued_frames,
+                    permit,
+                )
+                .await;
+            }
+            Err(e) => {
+                tracing::debug!(conn = meta.conn.0, %peer, error = %e, "upgrade failed");
+            }
+        }
+        drop(state);
+    });
+
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    resp
+}
+
+/// A body holding `data`.
+pub(crate) fn full(data: impl Into<Bytes>) -> Body {
+    Full::new(data.into()).boxed()
+}
+
+/// An empty body.
+pub(crate) fn empty() -> Body {
+    full(Bytes::new())
+}
+
+/// A JSON response.
+pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    json_text_response(status, value.to_string())
+}
+
+/// A response whose body is already JSON text.
+pub(crate) fn json_text_response(status: StatusCode, json: String) -> Response<Body> {
+    let mut resp = Response::new(full(json));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// `{"error": code, "message": message}` with `status`.
+pub(crate) fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    json_response(
+        status,
+        &serde_json::json!({"error": code, "message": message}),
+    )
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut resp = error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        &format!("allowed methods: {allow}"),
+    );
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upgrade_detection_reads_header_tokens() {
+        let req = Request::builder()
+            .header("Upgrade", "WebSocket")
+            .header("Connection", "keep-alive, Upgrade")
+            .body(())
+            .expect("request");
+        assert!(is_websocket_upgrade(&req));
+        let req = Request::builder()
+            .header("Connection", "Upgrade")
+            .body(())
+            .expect("request");
+        assert!(!is_websocket_upgrade(&req));
+        let req = Request::builder()
+            .header("Upgrade", "h2c")
+            .header("Connection", "Upgrade")
+            .body(())
+            .expect("request");
+        assert!(!is_websocket_upgrade(&req));
+    }
+}

@@ -1,0 +1,354 @@
+//! Prometheus metrics, fed from the Host's [`Event`]s and served at `GET /metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use tokenwire_core::{Dialect, Event, Outcome};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DialectLabels {
+    dialect: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    dialect: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    dialect: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RatingLabels {
+    rating: &'static str,
+}
+
+/// The server's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    connections: Family<DialectLabels, Gauge>,
+    requests: Family<RequestLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    queue_depth: Gauge,
+    running: Gauge,
+    kv_used: Gauge,
+    kv_capacity: Gauge,
+    tokens: Counter,
+    prompt_tokens: Counter,
+    completion_tokens: Counter,
+    ttft: Histogram,
+    inter_token: Histogram,
+    feedback: Family<RatingLabels, Counter>,
+    overflows: Counter,
+}
+
+/// Metric family names, as in the exposition's `# TYPE` lines (counters' samples
+/// carry a `_total` suffix, histograms' `_bucket`, `_sum` and `_count`).
+pub const METRIC_NAMES: &[&str] = &[
+    "tokenwire_connections",
+    "tokenwire_requests",
+    "tokenwire_errors",
+    "tokenwire_queue_depth",
+    "tokenwire_running_sequences",
+    "tokenwire_kv_blocks_used",
+    "tokenwire_kv_blocks_capacity",
+    "tokenwire_tokens_generated",
+    "tokenwire_prompt_tokens",
+    "tokenwire_completion_tokens",
+    "tokenwire_time_to_first_token_seconds",
+    "tokenwire_inter_token_latency_seconds",
+    "tokenwire_feedback",
+    "tokenwire_outbound_queue_overflows",
+];
+
+const OUTCOMES: [Outcome; 4] = [
+    Outcome::Completed,
+    Outcome::Cancelled,
+    Outcome::TimedOut,
+    Outcome::Failed,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics, registered under the `tokenwire_` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tokenwire");
+        let connections = Family::<DialectLabels, Gauge>::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let feedback = Family::<RatingLabels, Counter>::default();
+        let queue_depth = Gauge::default();
+        let running = Gauge::default();
+        let kv_used = Gauge::default();
+        let kv_capacity = Gauge::default();
+        let tokens = Counter::default();
+        let prompt_tokens = Counter::default();
+        let completion_tokens = Counter::default();
+        let overflows = Counter::default();
+        let ttft = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        let inter_token = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+
+        // Series that read 0 rather than being absent (an empty family is not
+        // exposed at all).
+        for rating in ["positive", "neutral", "negative"] {
+            let _ = feedback.get_or_create(&RatingLabels { rating });
+        }
+        for d in Dialect::ALL {
+            let _ = connections.get_or_create(&DialectLabels { dialect: d.name() });
+            let _ = errors.get_or_create(&ErrorLabels {
+                dialect: d.name(),
+                code: "invalid_request",
+            });
+            for o in OUTCOMES {
+                let _ = requests.get_or_create(&RequestLabels {
+                    dialect: d.name(),
+                    outcome: o.name(),
+                });
+            }
+        }
+
+        registry.register(
+            "connections",
+            "Open connections by dialect",
+            connections.clone(),
+        );
+        registry.register(
+            "requests",
+            "Finished requests by dialect and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "errors",
+            "Error frames sent, by dialect and error code",
+            errors.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Requests waiting for admission",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "running_sequences",
+            "Sequences holding KV blocks and being computed",
+            running.clone(),
+        );
+        registry.register("kv_blocks_used", "KV cache blocks in use", kv_used.clone());
+        registry.register(
+            "kv_blocks_capacity",
+            "KV cache blocks in the pool",
+            kv_capacity.clone(),
+        );
+        registry.register(
+            "tokens_generated",
+            "Tokens generated, over all requests",
+            tokens.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            prompt_tokens.clone(),
+        );
+        registry.register(
+            "completion_tokens",
+            "Generated tokens of finished requests",
+            completion_tokens.clone(),
+        );
+        registry.register_with_unit(
+            "time_to_first_token",
+            "Time from a request's arrival to its first token",
+            Unit::Seconds,
+            ttft.clone(),
+        );
+        registry.register_with_unit(
+            "inter_token_latency",
+            "Time between two tokens of one request",
+            Unit::Seconds,
+            inter_token.clone(),
+        );
+        registry.register(
+            "feedback",
+            "Client feedback messages by rating sign",
+            feedback.clone(),
+        );
+        registry.register(
+            "outbound_queue_overflows",
+            "Connections closed because their outbound queue overflowed",
+            overflows.clone(),
+        );
+
+        Metrics {
+            registry,
+            connections,
+            requests,
+            errors,
+            queue_depth,
+            running,
+            kv_used,
+            kv_capacity,
+            tokens,
+            prompt_tokens,
+            completion_tokens,
+            ttft,
+            inter_token,
+            feedback,
+            overflows,
+        }
+    }
+
+    /// Records one Host event.
+    pub fn observe(&self, event: &Event) {
+        match event {
+            Event::ConnectionOpened { dialect } => {
+                self.connections
+                    .get_or_create(&DialectLabels {
+                        dialect: dialect.name(),
+                    })
+                    .inc();
+            }
+            Event::ConnectionClosed { dialect } => {
+                self.connections
+                    .get_or_create(&DialectLabels {
+                        dialect: dialect.name(),
+                    })
+                    .dec();
+            }
+            Event::RequestFinished {
+                dialect,
+                outcome,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        dialect: dialect.name(),
+                        outcome: outcome.name(),
+                    })
+                    .inc();
+                self.prompt_tokens.inc_by(u64::from(*prompt_tokens));
+                self.completion_tokens.inc_by(u64::from(*completion_tokens));
+            }
+            Event::FirstToken { ttft } => self.ttft.observe(ttft.as_secs_f64()),
+            Event::InterToken { gap } => self.inter_token.observe(gap.as_secs_f64()),
+            Event::Error { dialect, code } => {
+                self.errors
+                    .get_or_create(&ErrorLabels {
+                        dialect: dialect.name(),
+                        code,
+                    })
+                    .inc();
+            }
+            Event::FeedbackReceived { rating } => {
+                let rating = if *rating > 0.0 {
+                    "positive"
+                } else if *rating < 0.0 {
+                    "negative"
+                } else {
+                    "neutral"
+                };
+                self.feedback.get_or_create(&RatingLabels { rating }).inc();
+            }
+            Event::Gauges {
+                queued,
+                running,
+                kv_blocks_used,
+                kv_blocks_total,
+            } => {
+                self.queue_depth.set(i64::from(*queued));
+                self.running.set(i64::from(*running));
+                self.kv_used.set(i64::from(*kv_blocks_used));
+                self.kv_capacity.set(i64::from(*kv_blocks_total));
+            }
+            Event::TokensGenerated { count } => {
+                self.tokens.inc_by(u64::from(*count));
+            }
+        }
+    }
+
+    /// Counts a connection closed by the shell because its queue overflowed.
+    pub fn outbound_overflow(&self) {
+        self.overflows.inc();
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            // Writing to a String cannot fail; keep whatever was written.
+            out.push_str("# EOF\n");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_metric_name_is_exposed() {
+        let m = Metrics::new();
+        let text = m.encode();
+        for name in METRIC_NAMES {
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} missing from:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn events_move_the_metrics() {
+        let m = Metrics::new();
+        m.observe(&Event::ConnectionOpened {
+            dialect: Dialect::Generate,
+        });
+        m.observe(&Event::RequestFinished {
+            dialect: Dialect::Generate,
+            outcome: Outcome::Completed,
+            prompt_tokens: 3,
+            completion_tokens: 5,
+        });
+        m.observe(&Event::Error {
+            dialect: Dialect::Batch,
+            code: "invalid_request",
+        });
+        m.observe(&Event::Gauges {
+            queued: 2,
+            running: 1,
+            kv_blocks_used: 4,
+            kv_blocks_total: 64,
+        });
+        m.observe(&Event::TokensGenerated { count: 7 });
+        m.observe(&Event::FirstToken {
+            ttft: Duration::from_millis(20),
+        });
+        let text = m.encode();
+        assert!(
+            text.contains("tokenwire_connections{dialect=\"generate\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokenwire_requests_total{dialect=\"generate\",outcome=\"completed\"} 1")
+        );
+        assert!(
+            text.contains("tokenwire_errors_total{dialect=\"batch\",code=\"invalid_request\"} 1")
+        );
+        assert!(text.contains("tokenwire_kv_blocks_capacity 64"));
+        assert!(text.contains("tokenwire_tokens_generated_total 7"));
+        assert!(text.contains("tokenwire_time_to_first_token_seconds_count 1"));
+    }
+}

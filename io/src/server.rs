@@ -1,0 +1,286 @@
+//! Starting and stopping a server: binds the listener, starts the engine thread
+//! and the driver, accepts HTTP/1.1 connections, and shuts down gracefully.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokenwire_core::Host;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::clock::Clock;
+use crate::config::{ModelSource, ServerConfig};
+use crate::conn::{websocket_config, CLOSE_LINGER};
+use crate::driver::{self, Driver, DriverParts, Snapshot};
+use crate::engine_thread::{self, EngineSpec};
+use crate::feedback::FeedbackLog;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::sync::{CancelFlag, ConnectionLimiter};
+
+/// How long an HTTP client may take to send its request headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A server started by [`start`] or [`start_loading`]. Stop it with
+/// [`RunningServer::shutdown`] (or [`RunningServer::finish`] for its error);
+/// dropping it also begins a graceful shutdown, without waiting for it.
+#[derive(Debug)]
+pub struct RunningServer {
+    /// The address the server listens on (the real port when `listen` had port 0).
+    pub local_addr: SocketAddr,
+    shutdown: CancelFlag,
+    snapshot: watch::Receiver<Snapshot>,
+    task: JoinHandle<anyhow::Result<()>>,
+    outcome: Option<anyhow::Result<()>>,
+}
+
+impl RunningServer {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Resolves once the model is loaded and served (`/health` answers 200), or
+    /// fails if the server stopped first (for instance because the model could
+    /// not be loaded; [`RunningServer::finish`] then returns why).
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        let mut rx = self.snapshot.clone();
+        let loaded = rx.wait_for(|s| s.loaded).await.is_ok();
+        if loaded {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "the server stopped before the model was loaded"
+            ))
+        }
+    }
+
+    /// Begins a graceful shutdown without waiting for it.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Resolves when the server has stopped, by itself (the model failed to
+    /// load) or after a shutdown. Cancel-safe: may be used in `select!`.
+    pub async fn stopped(&mut self) {
+        if self.outcome.is_none() {
+            let joined = (&mut self.task).await;
+            self.outcome = Some(match joined {
+                Ok(result) => result,
+                Err(e) => Err(anyhow::anyhow!("the server task failed: {e}")),
+            });
+        }
+    }
+
+    /// Shuts down gracefully (stop accepting, let generations finish for the
+    /// shutdown grace, close every connection) and waits until it is done. An
+    /// error the server had stopped with is logged; [`RunningServer::finish`]
+    /// returns it instead.
+    pub async fn shutdown(self) {
+        if let Err(e) = self.finish().await {
+            tracing::warn!(error = %format!("{e:#}"), "the server had stopped with an error");
+        }
+    }
+
+    /// [`RunningServer::shutdown`], returning the server's error if it had
+    /// stopped with one (such as a model that failed to load).
+    pub async fn finish(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.stopped().await;
+        self.outcome.take().unwrap_or(Ok(()))
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Runs a server until `shutdown` resolves (then shuts down gracefully) or it
+/// stops by itself with an error (such as a model that fails to load).
+pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let mut server = start_loading(config).await?;
+    tokio::select! {
+        _ = server.stopped() => {}
+        _ = shutdown => {}
+    }
+    server.finish().await
+}
+
+/// Starts a server and waits until its model is loaded, so it is ready to
+/// generate when this returns (it already accepts connections while loading).
+/// Errors: the listener cannot be bound, the feedback log cannot be opened, a
+/// thread cannot be started, or the model fails to load.
+pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
+    let server = start_loading(config).await?;
+    if server.wait_ready().await.is_ok() {
+        return Ok(server);
+    }
+    Err(match server.finish().await {
+        Err(e) => e,
+        Ok(()) => anyhow::anyhow!("the server stopped before the model was loaded"),
+    })
+}
+
+/// Starts a server: binds `config.listen`, starts loading the model and
+/// returns as soon as it accepts connections. Until the model is loaded,
+/// `/health` answers 503 and WebSocket clients get `model_loading` status;
+/// [`RunningServer::wait_ready`] waits for the end of loading. Errors: the
+/// listener cannot be bound, the feedback log cannot be opened, a thread cannot
+/// be started.
+pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer> {
+    match &config.model {
+        ModelSource::Tiny => tracing::info!(
+            seed = config.seed,
+            "no --model given: serving the built-in tiny model (random weights); \
+             pass --model DIR to serve a real model"
+        ),
+        ModelSource::Dir(dir) => tracing::info!(model = %dir.display(), "loading the model"),
+    }
+
+    let feedback = match &config.feedback_log {
+        Some(path) => Some(FeedbackLog::open(path)?),
+        None => None,
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|e| anyhow::anyhow!("cannot read the listening address: {e}"))?;
+
+    let clock = Clock::start();
+    let host = Host::new(config.host_config(clock.epoch_unix_ms()), config.seed);
+    let (snapshot_tx, snapshot_rx) = driver::snapshot_channel(&host);
+    let ready_rx = snapshot_rx.clone();
+    let (driver_handle, driver_rx) = driver::channel();
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = CancelFlag::new();
+
+    let engine = engine_thread::spawn(
+        EngineSpec {
+            model: config.model.clone(),
+            backend: config.backend,
+            kv_blocks: config.kv_blocks,
+            seed: config.seed,
+        },
+        driver_handle.clone(),
+    )?;
+    let driver = Driver::new(DriverParts {
+        host,
+        clock,
+        rx: driver_rx,
+        engine,
+        metrics: metrics.clone(),
+        feedback,
+        snapshot: snapshot_tx,
+        shutdown: shutdown.clone(),
+        shutdown_grace: config.shutdown_grace,
+    });
+
+    let (tasks_tx, mut tasks_rx) = mpsc::channel::<()>(1);
+    let state = Arc::new(AppState {
+        driver: driver_handle,
+        snapshot: snapshot_rx,
+        metrics,
+        limiter: ConnectionLimiter::new(config.max_connections),
+        next_conn: AtomicU64::new(1),
+        started_unix_s: clock.epoch_unix_ms() / 1000,
+        max_frame_bytes: config.max_frame_bytes,
+        max_queued_frames: config.max_queued_frames,
+        ws_config: websocket_config(config.max_frame_bytes),
+        _tasks: tasks_tx,
+    });
+    tracing::info!(addr = %local_addr, "listening");
+
+    let accept_shutdown = shutdown.clone();
+    let driver_shutdown = shutdown.clone();
+    let task = tokio::spawn(async move {
+        let accept = tokio::spawn(accept_loop(listener, state, accept_shutdown));
+        let result = driver.run().await;
+        // However the driver ended, stop accepting and let the connections end.
+        driver_shutdown.cancel();
+        let _ = accept.await;
+        // Every connection task holds the state; wait (briefly) until all are gone.
+        let _ = tokio::time::timeout(CLOSE_LINGER + Duration::from_secs(1), tasks_rx.recv()).await;
+        tracing::info!("server stopped");
+        result
+    });
+
+    Ok(RunningServer {
+        local_addr,
+        shutdown,
+        snapshot: ready_rx,
+        task,
+        outcome: None,
+    })
+}
+
+/// Accepts connections until `shutdown` is cancelled.
+async fn accept_loop(listener: TcpListener, state: Arc<AppState>, shutdown: CancelFlag) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                tokio::spawn(serve_connection(
+                    stream,
+                    peer,
+                    state.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        }
+    }
+    tracing::debug!("stopped accepting");
+}
+
+/// Serves one HTTP/1.1 connection (with upgrades), gracefully ending it on shutdown.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: Arc<AppState>,
+    shutdown: CancelFlag,
+) {
+    let _ = stream.set_nodelay(true);
+    let svc_state = state.clone();
+    let service = service_fn(move |req| http::handle(svc_state.clone(), peer, req));
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "http connection ended with an error");
+    }
+    drop(state);
+}
