@@ -1,6 +1,46 @@
 //! # tokenwire-sim
 //!
-//! The deterministic simulator (DESIGN.md, "The simulator") lives here: seeded
-//! swarms of clients and faults driven through `tokenwire-core`, with invariant
-//! checkers after every event. Until it lands, `tokenwire_core::testing::Harness`
-//! is the virtual-time driver the core's own tests use.
+//! tokenwire's deterministic simulator (DESIGN.md, "The simulator"): seeded
+//! swarms of clients and faults driven through `tokenwire-core`'s sans-IO
+//! [`Host`](tokenwire_core::Host) in virtual time, with invariant checkers
+//! after every event. TigerBeetle's VOPR is the model.
+//!
+//! ```no_run
+//! let report = tokenwire_sim::run_seed(42, 2_000, None).expect("invariants hold");
+//! println!("{report}");
+//! ```
+//!
+//! - [`swarm`]: every option of a run, from its seed.
+//! - [`client`]: the simulated `generate` client.
+//! - [`engine`]: the deterministic model-free engine.
+//! - [`net`]: delays, outbound queues, slow readers.
+//! - [`faults`]: the fault plan and the counts.
+//! - [`invariants`]: the checkers, one file each.
+//! - [`driver`]: feeds a Host and runs the checkers.
+//! - [`runner`]: one whole simulation.
+//! - [`trace`], [`replay`]: recording inputs and feeding them back.
+//! - [`digest`]: hashes of inputs and outputs.
+//! - [`sweep`]: many seeds, the determinism check, the summary.
+//!
+//! The library never reads a clock and never draws OS randomness: the same
+//! seed gives the same run, bit for bit.
+
+pub mod client;
+pub mod digest;
+pub mod driver;
+pub mod engine;
+pub mod faults;
+pub mod invariants;
+pub mod net;
+pub mod replay;
+pub mod report;
+pub mod runner;
+pub mod swarm;
+pub mod sweep;
+pub mod trace;
+
+pub use faults::FaultCounts;
+pub use replay::{replay, ReplayReport};
+pub use report::{Failure, RunReport};
+pub use runner::{run_seed, run_seed_with, RunOptions, DEFAULT_EVENTS};
+pub use swarm::{parse_seed, Swarm};

@@ -1,0 +1,380 @@
+//! The simulated engine: deterministic, cheap, no model.
+//!
+//! It keeps every sequence's token history exactly as the plans fed it (apply
+//! `free` first, then per sequence truncate to `start_pos` and append) and
+//! answers with a token that is a hash of (history, sampling seed) mapped onto
+//! the swarm's symbols as [`ByteCodec`](tokenwire_core::testing::ByteCodec)
+//! byte tokens (`id = byte + 3`), sometimes end-of-sequence (id 2). A
+//! generation that is paused, evicted, preempted or recomputed after a lost
+//! device therefore continues with the same tokens, as long as the core feeds
+//! it the same history: which [`SimEngine::validate`] checks. A plan that
+//! feeds a position beyond what the engine holds, rewrites a held token with
+//! another, does not feed back the token it was given, or hands out block
+//! tables that do not cover the positions or overlap, is rejected as the
+//! `engine_plan` invariant.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tokenwire_core::rng::mix64;
+use tokenwire_core::testing::{BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
+use tokenwire_core::{
+    EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId, TokenLogprobs,
+};
+
+use crate::swarm::EngineOptions;
+
+/// Name of the invariant a rejected plan breaks.
+pub const ENGINE_PLAN: &str = "engine_plan";
+
+/// Start value of a history's rolling hash.
+const HASH_START: u64 = 0x7477_5f68_6973_7400;
+
+#[derive(Debug, Clone, Default)]
+struct SeqState {
+    tokens: Vec<TokenId>,
+    /// `hashes[i]` covers `tokens[..=i]`.
+    hashes: Vec<u64>,
+    /// The token last handed back, and the position it must be fed at.
+    sampled: Option<(usize, TokenId)>,
+}
+
+impl SeqState {
+    fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.hashes.truncate(len);
+    }
+
+    fn push(&mut self, t: TokenId) {
+        let prev = self.hashes.last().copied().unwrap_or(HASH_START);
+        self.tokens.push(t);
+        self.hashes.push(mix64(prev, u64::from(t)));
+    }
+}
+
+/// The deterministic model-free engine.
+#[derive(Debug, Clone)]
+pub struct SimEngine {
+    opts: EngineOptions,
+    info: ModelInfo,
+    seqs: BTreeMap<SeqId, SeqState>,
+    /// Symbols as byte strings.
+    symbols: Vec<Vec<u8>>,
+    last_step_id: Option<u64>,
+    /// Steps computed.
+    pub steps: u64,
+}
+
+impl SimEngine {
+    /// An engine writing `opts.symbols` for a model shaped like `info`.
+    pub fn new(opts: EngineOptions, info: ModelInfo) -> SimEngine {
+        let mut symbols: Vec<Vec<u8>> = opts
+            .symbols
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if symbols.is_empty() {
+            symbols.push(b"a".to_vec());
+        }
+        SimEngine {
+            opts,
+            info,
+            seqs: BTreeMap::new(),
+            symbols,
+            last_step_id: None,
+            steps: 0,
+        }
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// Tokens it holds for `seq` (empty when unknown).
+    pub fn history(&self, seq: SeqId) -> &[TokenId] {
+        self.seqs.get(&seq).map_or(&[], |s| s.tokens.as_slice())
+    }
+
+    /// Checks a plan against what the engine holds; the error describes the
+    /// first problem. Nothing changes.
+    pub fn validate(&self, plan: &StepPlan) -> Result<(), String> {
+        if let Some(last) = self.last_step_id {
+            if plan.step_id <= last {
+                return Err(format!(
+                    "step id {} does not increase (last was {last})",
+                    plan.step_id
+                ));
+            }
+        }
+        if plan.seqs.is_empty() {
+            return Err(format!("step {} computes nothing", plan.step_id));
+        }
+        let freed: BTreeSet<SeqId> = plan.free.iter().copied().collect();
+        let mut seen = BTreeSet::new();
+        let mut blocks = BTreeMap::new();
+        let bs = self.info.block_size as usize;
+        for s in &plan.seqs {
+            if !seen.insert(s.seq) {
+                return Err(format!("{:?} twice in step {}", s.seq, plan.step_id));
+            }
+            if s.tokens.is_empty() {
+                return Err(format!("{:?} fed no tokens", s.seq));
+            }
+            if let Some(t) = s.tokens.iter().find(|&&t| t >= BYTE_VOCAB) {
+                return Err(format!("{:?} fed token {t} outside the vocabulary", s.seq));
+            }
+            let held = if freed.contains(&s.seq) {
+                None
+            } else {
+                self.seqs.get(&s.seq)
+            };
+            let held_len = held.map_or(0, |h| h.tokens.len());
+            let start = s.start_pos as usize;
+            if start > held_len {
+                return Err(format!(
+                    "{:?} fed at position {start} but the engine holds {held_len} tokens",
+                    s.seq
+                ));
+            }
+            if let Some(h) = held {
+                // Recomputing must feed exactly the history it had.
+                for (i, &t) in s.tokens.iter().enumerate() {
+                    let pos = start + i;
+                    if pos < h.tokens.len() && h.tokens[pos] != t {
+                        return Err(format!(
+                            "{:?} position {pos} re-fed as token {t}, but it was {}",
+                            s.seq, h.tokens[pos]
+                        ));
+                    }
+                    if let Some((p, want)) = h.sampled {
+                        if pos == p && t != want {
+                            return Err(format!(
+                                "{:?} position {pos} fed token {t}, but the engine sampled {want} there",
+                                s.seq
+                            ));
+                        }
+                    }
+                }
+            }
+            let end = start + s.tokens.len();
+            if end > self.info.context_len as usize + 1 {
+                return Err(format!(
+                    "{:?} fed up to position {end}, beyond the context of {}",
+                    s.seq, self.info.context_len
+                ));
+            }
+            if s.block_table.len() * bs < end {
+                return Err(format!(
+                    "{:?}: {} blocks of {bs} do not cover {end} positions",
+                    s.seq,
+                    s.block_table.len()
+                ));
+            }
+            for &b in &s.block_table {
+                if b >= self.info.num_blocks {
+                    return Err(format!(
+                        "{:?} uses block {b} of a pool of {}",
+                        s.seq, self.info.num_blocks
+                    ));
+                }
+                if let Some(other) = blocks.insert(b, s.seq) {
+                    return Err(format!(
+                        "block {b} in the tables of both {other:?} and {:?}",
+                        s.seq
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a validated plan: applies `free`, feeds every sequence and samples.
+    pub fn run(&mut self, plan: &StepPlan) -> StepDone {
+        self.last_step_id = Some(plan.step_id);
+        self.steps += 1;
+        for seq in &plan.free {
+            self.seqs.remove(seq);
+        }
+        let mut results = Vec::new();
+        for s in &plan.seqs {
+            let st = self.seqs.entry(s.seq).or_default();
+            st.truncate(s.start_pos as usize);
+            for &t in &s.tokens {
+                st.push(t);
+            }
+            if !s.sample {
+                continue;
+            }
+            let seed = if s.sampling.temperature == 0.0 || s.sampling.top_k == 1 {
+                0
+            } else {
+                s.sampling.seed
+            };
+            let token = next_token(&self.symbols, self.opts.eos_permille, st, seed);
+            st.sampled = Some((st.tokens.len(), token));
+            let logprobs = s.logprobs.map(|n| alternatives(token, n));
+            results.push(SeqResult {
+                seq: s.seq,
+                token,
+                logprobs,
+            });
+        }
+        StepDone {
+            step_id: plan.step_id,
+            results,
+        }
+    }
+
+    /// The plan failed instead of running: out of memory and internal errors
+    /// change nothing; a lost device loses every sequence's state.
+    pub fn fail(&mut self, plan: &StepPlan, kind: &EngineFaultKind) {
+        self.last_step_id = Some(plan.step_id);
+        if *kind == EngineFaultKind::DeviceLost {
+            self.seqs.clear();
+        }
+    }
+}
+
+/// The token after `st`'s history under sampler `seed`.
+fn next_token(symbols: &[Vec<u8>], eos_permille: u32, st: &SeqState, seed: u64) -> TokenId {
+    // Finish a multi-byte character that the history ends inside.
+    let bytes: Vec<u8> = st
+        .tokens
+        .iter()
+        .rev()
+        .take(3)
+        .rev()
+        .filter(|&&t| (BYTE_OFFSET..BYTE_OFFSET + 256).contains(&t))
+        .map(|&t| (t - BYTE_OFFSET) as u8)
+        .collect();
+    for start in 0..bytes.len() {
+        let tail = &bytes[start..];
+        if let Some(sym) = symbols
+            .iter()
+            .find(|s| s.len() > tail.len() && s.starts_with(tail) && s.len() > 1)
+        {
+            if tail[0] >= 0xC0 {
+                return TokenId::from(sym[tail.len()]) + BYTE_OFFSET;
+            }
+        }
+    }
+    let h = mix64(st.hashes.last().copied().unwrap_or(HASH_START), seed);
+    if (h % 1000) < u64::from(eos_permille) {
+        return BYTE_EOS;
+    }
+    let sym = &symbols[((h >> 16) % symbols.len() as u64) as usize];
+    TokenId::from(sym[0]) + BYTE_OFFSET
+}
+
+/// `n` plausible alternatives to `token` with falling log-probabilities.
+fn alternatives(token: TokenId, n: u8) -> TokenLogprobs {
+    TokenLogprobs {
+        logprob: -0.25,
+        top: (0..u32::from(n))
+            .map(|i| {
+                let alt = BYTE_OFFSET + (token - BYTE_OFFSET.min(token) + 1 + i) % 256;
+                (alt, -1.0 - i as f32)
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenwire_core::testing::tiny_model_info;
+    use tokenwire_core::{SamplingParams, SeqStep};
+
+    fn opts() -> EngineOptions {
+        EngineOptions {
+            symbols: vec!["a".into(), "b".into(), "🦀".into()],
+            eos_permille: 0,
+            step_base: Default::default(),
+            per_token: Default::default(),
+            jitter: Default::default(),
+        }
+    }
+
+    fn step(seq: u64, tokens: Vec<TokenId>, start: u32, id: u64) -> StepPlan {
+        let end = start as usize + tokens.len();
+        StepPlan {
+            step_id: id,
+            seqs: vec![SeqStep {
+                seq: SeqId(seq),
+                tokens,
+                start_pos: start,
+                block_table: (0..end.div_ceil(16) as u32).collect(),
+                sampling: SamplingParams {
+                    seed: 5,
+                    ..SamplingParams::default()
+                },
+                sample: true,
+                logprobs: Some(2),
+            }],
+            free: vec![],
+            copy_blocks: vec![],
+        }
+    }
+
+    #[test]
+    fn same_history_same_token_even_after_recompute() {
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let prompt = vec![1, 50, 51, 52];
+        let p1 = step(1, prompt.clone(), 0, 1);
+        e.validate(&p1).expect("valid");
+        let t1 = e.run(&p1).results[0].token;
+        let p2 = step(1, vec![t1], 4, 2);
+        e.validate(&p2).expect("valid");
+        let t2 = e.run(&p2).results[0].token;
+        // Preempted and recomputed from scratch: the same next token.
+        let mut all = prompt.clone();
+        all.push(t1);
+        let p3 = step(1, all, 0, 3);
+        e.validate(&p3).expect("valid");
+        assert_eq!(e.run(&p3).results[0].token, t2);
+        // Another engine, same history: same token (no hidden state).
+        let mut f = SimEngine::new(opts(), tiny_model_info());
+        let mut all2 = prompt;
+        all2.push(t1);
+        assert_eq!(f.run(&step(9, all2, 0, 1)).results[0].token, t2);
+    }
+
+    #[test]
+    fn multi_byte_symbols_are_finished_from_the_history() {
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let crab = "🦀".as_bytes();
+        let fed = vec![1, crab[0] as u32 + 3, crab[1] as u32 + 3];
+        let done = e.run(&step(1, fed, 0, 1));
+        assert_eq!(done.results[0].token, crab[2] as u32 + 3);
+    }
+
+    #[test]
+    fn plans_beyond_the_history_or_rewriting_it_are_rejected() {
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let err = e.validate(&step(1, vec![5], 3, 1)).expect_err("beyond");
+        assert!(err.contains("holds 0 tokens"), "{err}");
+        let t = e.run(&step(1, vec![1, 10, 11], 0, 1)).results[0].token;
+        let err = e
+            .validate(&step(1, vec![1, 12], 0, 2))
+            .expect_err("rewrite");
+        assert!(err.contains("re-fed"), "{err}");
+        let wrong = if t == 10 { 11 } else { 10 };
+        let err = e
+            .validate(&step(1, vec![wrong], 3, 2))
+            .expect_err("sampled");
+        assert!(err.contains("sampled"), "{err}");
+        let err = e.validate(&step(1, vec![t], 3, 1)).expect_err("step id");
+        assert!(err.contains("does not increase"), "{err}");
+        let mut overlap = step(1, vec![t], 3, 2);
+        let mut other = overlap.seqs[0].clone();
+        other.seq = SeqId(2);
+        other.start_pos = 0;
+        overlap.seqs.push(other);
+        let err = e.validate(&overlap).expect_err("overlap");
+        assert!(err.contains("both"), "{err}");
+        let mut freed = step(1, vec![t], 3, 2);
+        freed.free.push(SeqId(1));
+        assert!(e.validate(&freed).is_err(), "freed state is gone");
+    }
+}

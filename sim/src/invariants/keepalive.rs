@@ -1,0 +1,99 @@
+//! `keepalive`: every open WebSocket connection is pinged at least every
+//! keepalive interval (plus one step), a connection that answers no ping for
+//! the keepalive timeout is closed ("keepalive timeout") no later than the
+//! timeout plus one step, and no connection is closed for it earlier.
+
+use tokenwire_core::{Output, Transport};
+
+use super::{Check, Checker, Cx, EndState, Frame};
+
+/// The close reason the Host gives.
+pub const REASON: &str = "keepalive timeout";
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Keepalive;
+
+impl Checker for Keepalive {
+    fn name(&self) -> &'static str {
+        "keepalive"
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
+        let Output::Close { conn, reason, .. } = out else {
+            return Ok(());
+        };
+        if reason != REASON {
+            return Ok(());
+        }
+        let Some(c) = cx.view.conns.get(conn) else {
+            return Ok(());
+        };
+        match c.unanswered_ping {
+            None => Err(format!(
+                "{conn:?} closed for keepalive but every ping was answered"
+            )),
+            Some(p) if cx.now < p + cx.config.keepalive_timeout => Err(format!(
+                "{conn:?} closed for keepalive at {:?}, ping unanswered only since {p:?}",
+                cx.now
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn on_end(&mut self, cx: &Cx<'_>, _end: &EndState) -> Check {
+        for (conn, c) in &cx.view.conns {
+            if c.closed || c.transport != Transport::WebSocket {
+                continue;
+            }
+            if cx.nominal > c.last_ping + cx.config.keepalive_interval + cx.slack {
+                return Err(format!(
+                    "{conn:?} not pinged since {:?} (now {:?}, interval {:?})",
+                    c.last_ping, cx.nominal, cx.config.keepalive_interval
+                ));
+            }
+            if let Some(p) = c.unanswered_ping {
+                if cx.nominal > p + cx.config.keepalive_timeout + cx.slack {
+                    return Err(format!(
+                        "{conn:?} has not answered the ping of {p:?} and is still open at {:?}",
+                        cx.nominal
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use tokenwire_core::{ConnId, Input};
+
+    #[test]
+    fn missing_pings_and_silent_peers_left_open_are_caught() {
+        let mut k = kit(Box::new(Keepalive));
+        k.open(1);
+        k.at(30_020);
+        k.input(Input::Timeout).expect("input");
+        let err = k.end().expect_err("no ping for 30 s");
+        assert_eq!(err.invariant, "keepalive");
+
+        let mut k = kit(Box::new(Keepalive));
+        k.open(1);
+        for s in 1..=3u64 {
+            // The third ping comes late: 60 s plus the slack after the first.
+            k.at(s * 30_000 + if s == 3 { 20 } else { 0 });
+            k.input(Input::Timeout).expect("input");
+            k.out(Output::Ping { conn: ConnId(1) }).expect("ping");
+            let r = k.end();
+            if s < 3 {
+                r.expect("still within the timeout");
+            } else {
+                let err = r.expect_err("silent for 60 s");
+                assert!(err.detail.contains("not answered"));
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! `kv_blocks`: KV blocks in use never exceed the pool's capacity when no step
+//! is outstanding (while one is, only its own sequences may hold blocks beyond
+//! it), and are zero when the Host is idle (no generation, no step).
+
+use super::{Check, Checker, Cx, EndState};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct KvBlocks;
+
+impl Checker for KvBlocks {
+    fn name(&self) -> &'static str {
+        "kv_blocks"
+    }
+
+    fn on_end(&mut self, cx: &Cx<'_>, end: &EndState) -> Check {
+        let s = &end.stats;
+        if !s.loaded {
+            return Ok(());
+        }
+        match &cx.view.step {
+            None => {
+                if s.kv_blocks_used > s.kv_blocks_total {
+                    return Err(format!(
+                        "{} KV blocks used with capacity {} and no step outstanding",
+                        s.kv_blocks_used, s.kv_blocks_total
+                    ));
+                }
+                if s.generations == 0 && s.kv_blocks_used != 0 {
+                    return Err(format!(
+                        "{} KV blocks still used with no generation and no step (leak)",
+                        s.kv_blocks_used
+                    ));
+                }
+            }
+            Some(step) => {
+                if s.kv_blocks_used > s.kv_blocks_total.max(step.blocks) {
+                    return Err(format!(
+                        "{} KV blocks used with capacity {}, and the outstanding step {} holds only {}",
+                        s.kv_blocks_used, s.kv_blocks_total, step.id, step.blocks
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::{idle_end, kit};
+    use tokenwire_core::Input;
+
+    #[test]
+    fn leaked_and_overcommitted_blocks_are_caught() {
+        let mut k = kit(Box::new(KvBlocks));
+        k.input(Input::Timeout).expect("input");
+        let mut leak = idle_end();
+        leak.stats.kv_blocks_used = 3;
+        let err = k.m.end(&leak).expect_err("leak");
+        assert_eq!(err.invariant, "kv_blocks");
+        k.input(Input::Timeout).expect("input");
+        let mut over = idle_end();
+        over.stats.generations = 2;
+        over.stats.kv_blocks_used = 70;
+        assert!(k.m.end(&over).is_err(), "over capacity");
+    }
+}

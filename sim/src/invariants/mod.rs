@@ -1,0 +1,513 @@
+//! Invariant checkers, one file each, run after every event.
+//!
+//! Checkers judge only what crosses the Host's boundary: the inputs it was
+//! given, the outputs it produced, and its gauges after each event. They never
+//! trust the simulated clients, so they work the same on a live run and on a
+//! `--replay`, and a test can feed them a fabricated sequence of outputs.
+//!
+//! A [`Monitor`] keeps the shared [`View`] (what each connection has seen,
+//! request by request) and runs every checker on each observation, *before*
+//! the view takes it in: a checker sees the state as it was before the frame
+//! it is judging. Checkers that hold for every dialect (close, deadlines, KV
+//! blocks, flow control) are [`common_checkers`]; the `generate` dialect's are
+//! [`generate_checkers`]. A later dialect adds its view of requests and its
+//! checkers beside these.
+
+pub mod after_close;
+pub mod after_terminal;
+pub mod flow_control;
+pub mod idle_timeout;
+pub mod keepalive;
+pub mod kv_blocks;
+pub mod liveness;
+pub mod max_tokens;
+pub mod pause;
+pub mod pause_timeout;
+pub mod scheduler;
+pub mod shutdown;
+pub mod slow_client;
+pub mod stop_strings;
+pub mod stream_text;
+pub mod terminal_once;
+pub mod token_delivery;
+pub mod view;
+pub mod wire_format;
+
+use std::fmt;
+
+use serde_json::Value;
+use tokenwire_core::host::HostStats;
+use tokenwire_core::{ConnId, Duration, HostConfig, Input, Instant, ModelInfo, Output};
+
+pub use view::View;
+
+/// What a checker returns: the violation's description on failure.
+pub type Check = Result<(), String>;
+
+/// The input being handled, in short (for "was this frame a reply?" questions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cur {
+    /// No input (a crash, the end of the run).
+    None,
+    /// A connection opened.
+    Open(ConnId),
+    /// A text frame from this connection.
+    Text(ConnId),
+    /// A binary frame from this connection.
+    Binary(ConnId),
+    /// The step with this id finished.
+    StepDone(u64),
+    /// Model loading progress (broadcast to every connection).
+    Loading,
+    /// The model finished loading (frames held while loading are handled now).
+    Loaded,
+    /// Anything else.
+    Other,
+}
+
+impl Cur {
+    /// The short form of `input`.
+    pub fn of(input: &Input) -> Cur {
+        match input {
+            Input::Open { conn, .. } => Cur::Open(*conn),
+            Input::Text { conn, .. } => Cur::Text(*conn),
+            Input::Binary { conn, .. } => Cur::Binary(*conn),
+            Input::StepDone(d) => Cur::StepDone(d.step_id),
+            Input::ModelLoading { .. } => Cur::Loading,
+            Input::ModelLoaded { .. } => Cur::Loaded,
+            _ => Cur::Other,
+        }
+    }
+
+    /// True when a frame to `conn` can be a reply to this input.
+    pub fn is_reply_to(self, conn: ConnId) -> bool {
+        match self {
+            Cur::Open(c) | Cur::Text(c) | Cur::Binary(c) => c == conn,
+            Cur::Loading | Cur::Loaded => true,
+            _ => false,
+        }
+    }
+}
+
+/// A frame sent to a client, parsed once for every checker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    /// The parsed JSON (`Null` when the text is not JSON).
+    pub v: Value,
+}
+
+impl Frame {
+    /// Parses a frame's text.
+    pub fn parse(text: &str) -> Frame {
+        Frame {
+            v: serde_json::from_str(text).unwrap_or(Value::Null),
+        }
+    }
+
+    /// Its `type` field ("" when absent).
+    pub fn kind(&self) -> &str {
+        self.v["type"].as_str().unwrap_or("")
+    }
+
+    /// A string field.
+    pub fn str(&self, field: &str) -> Option<&str> {
+        self.v.get(field).and_then(Value::as_str)
+    }
+
+    /// Its `request_id`, if any.
+    pub fn request_id(&self) -> Option<&str> {
+        self.str("request_id")
+    }
+
+    /// True for an `error` that ends a generation (it carries the partial text).
+    pub fn is_failure(&self) -> bool {
+        self.kind() == "error" && self.v.get("generated_text").is_some()
+    }
+
+    /// True for a `completion` or a failure `error`: the request's terminal event.
+    pub fn is_terminal(&self) -> bool {
+        self.kind() == "completion" || self.is_failure()
+    }
+}
+
+/// What every checker can see.
+pub struct Cx<'a> {
+    /// The Host's time for this event.
+    pub now: Instant,
+    /// The time the event was meant to happen (before a clock jump delayed
+    /// it); late-deadline checks use it, since the Host cannot act before it
+    /// is given the chance.
+    pub nominal: Instant,
+    /// Events handled so far in this run (this one included).
+    pub event: u64,
+    /// The input being handled.
+    pub input: Cur,
+    /// Shared view of connections and requests.
+    pub view: &'a View,
+    /// The Host's settings.
+    pub config: &'a HostConfig,
+    /// The served model.
+    pub model: &'a ModelInfo,
+    /// Slack on every deadline (one engine step and a millisecond).
+    pub slack: Duration,
+}
+
+/// The Host's state after an event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndState {
+    /// `host.stats()`.
+    pub stats: HostStats,
+    /// `host.check_invariants()`.
+    pub sched: Result<(), String>,
+}
+
+/// An invariant checker.
+pub trait Checker {
+    /// The invariant's name (as printed on failure).
+    fn name(&self) -> &'static str;
+    /// An input is about to be handled.
+    fn on_input(&mut self, _cx: &Cx<'_>, _input: &Input) -> Check {
+        Ok(())
+    }
+    /// The Host produced an output (`frame` is the parsed text of a `Send`).
+    fn on_output(&mut self, _cx: &Cx<'_>, _out: &Output, _frame: Option<&Frame>) -> Check {
+        Ok(())
+    }
+    /// The event is over and every output drained.
+    fn on_end(&mut self, _cx: &Cx<'_>, _end: &EndState) -> Check {
+        Ok(())
+    }
+    /// The Host crashed: every connection is gone.
+    fn on_crash(&mut self) {}
+    /// The run is over (the liveness phase ended).
+    fn on_finish(&mut self, _cx: &Cx<'_>) -> Check {
+        Ok(())
+    }
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant's name.
+    pub invariant: String,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invariant `{}` violated: {}",
+            self.invariant, self.detail
+        )
+    }
+}
+
+/// Checkers that hold for every dialect.
+pub fn common_checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(after_close::AfterClose::default()),
+        Box::new(idle_timeout::IdleTimeout),
+        Box::new(keepalive::Keepalive),
+        Box::new(slow_client::SlowClient),
+        Box::new(shutdown::Shutdown),
+        Box::new(kv_blocks::KvBlocks),
+        Box::new(scheduler::SchedulerInvariants),
+        Box::new(flow_control::FlowControl),
+    ]
+}
+
+/// The `generate` dialect's checkers.
+pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(wire_format::WireFormat::default()),
+        Box::new(terminal_once::TerminalOnce),
+        Box::new(after_terminal::AfterTerminal),
+        Box::new(stream_text::StreamText),
+        Box::new(stop_strings::StopStrings),
+        Box::new(max_tokens::MaxTokens),
+        Box::new(token_delivery::TokenDelivery),
+        Box::new(pause::Pause),
+        Box::new(pause_timeout::PauseTimeout),
+        Box::new(liveness::Liveness),
+    ]
+}
+
+/// Every checker of the dialects the core serves today.
+pub fn all_checkers() -> Vec<Box<dyn Checker>> {
+    let mut v = common_checkers();
+    v.extend(generate_checkers());
+    v
+}
+
+/// Every checker except those named in `skip` (triage of a known bug).
+pub fn checkers_except(skip: &[String]) -> Vec<Box<dyn Checker>> {
+    all_checkers()
+        .into_iter()
+        .filter(|c| !skip.iter().any(|s| s == c.name()))
+        .collect()
+}
+
+/// Runs checkers over the Host's inputs and outputs and keeps the [`View`].
+pub struct Monitor {
+    view: View,
+    checkers: Vec<Box<dyn Checker>>,
+    config: HostConfig,
+    model: ModelInfo,
+    slack: Duration,
+    now: Instant,
+    nominal: Instant,
+    event: u64,
+    input: Cur,
+}
+
+impl Monitor {
+    /// A monitor running `checkers` for a Host with `config` serving `model`.
+    pub fn new(
+        config: HostConfig,
+        model: ModelInfo,
+        slack: Duration,
+        checkers: Vec<Box<dyn Checker>>,
+    ) -> Monitor {
+        let view = View::new(&config, &model);
+        Monitor {
+            view,
+            checkers,
+            config,
+            model,
+            slack,
+            now: Instant::ZERO,
+            nominal: Instant::ZERO,
+            event: 0,
+            input: Cur::None,
+        }
+    }
+
+    /// The shared view.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// Events seen so far.
+    pub fn events(&self) -> u64 {
+        self.event
+    }
+
+    /// Sets whether the model starts loaded (`Host::with_model`) or loading.
+    pub fn set_loaded(&mut self, loaded: bool) {
+        self.view.loaded = loaded;
+    }
+
+    fn run(
+        &mut self,
+        mut f: impl FnMut(&mut dyn Checker, &Cx<'_>) -> Check,
+    ) -> Result<(), Violation> {
+        let cx = Cx {
+            now: self.now,
+            nominal: self.nominal,
+            event: self.event,
+            input: self.input,
+            view: &self.view,
+            config: &self.config,
+            model: &self.model,
+            slack: self.slack,
+        };
+        for c in self.checkers.iter_mut() {
+            if let Err(detail) = f(&mut **c, &cx) {
+                return Err(Violation {
+                    invariant: c.name().to_string(),
+                    detail,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// An input is about to be handled at `now` (meant for `nominal`).
+    pub fn input(
+        &mut self,
+        now: Instant,
+        nominal: Instant,
+        input: &Input,
+    ) -> Result<(), Violation> {
+        self.event += 1;
+        self.now = now;
+        self.nominal = nominal;
+        self.input = Cur::of(input);
+        let r = self.run(|c, cx| c.on_input(cx, input));
+        self.view.on_input(now, input);
+        r
+    }
+
+    /// The Host produced `out`.
+    pub fn output(&mut self, out: &Output) -> Result<(), Violation> {
+        let frame = match out {
+            Output::Send { text, .. } => Some(Frame::parse(text)),
+            _ => None,
+        };
+        let r = self.run(|c, cx| c.on_output(cx, out, frame.as_ref()));
+        self.view.on_output(self.now, out, frame.as_ref());
+        r
+    }
+
+    /// The event is over; `end` is the Host's state now.
+    pub fn end(&mut self, end: &EndState) -> Result<(), Violation> {
+        self.view.on_end();
+        self.run(|c, cx| c.on_end(cx, end))
+    }
+
+    /// The Host crashed at `now` and was rebuilt from nothing.
+    pub fn crash(&mut self, now: Instant) {
+        self.now = now;
+        self.input = Cur::None;
+        self.view.on_crash();
+        for c in self.checkers.iter_mut() {
+            c.on_crash();
+        }
+    }
+
+    /// The run is over at `now`.
+    pub fn finish(&mut self, now: Instant) -> Result<(), Violation> {
+        self.now = now;
+        self.nominal = now;
+        self.input = Cur::None;
+        self.run(|c, cx| c.on_finish(cx))
+    }
+}
+
+/// Helpers for the checkers' tests: a Host-free way to feed fabricated events.
+#[cfg(test)]
+pub(crate) mod testkit {
+    use super::*;
+    use serde_json::json;
+    use tokenwire_core::testing::{tiny_model_info, ByteCodec, BYTE_OFFSET};
+    use tokenwire_core::{
+        Dialect, SamplingParams, SeqId, SeqStep, StepDone, StepPlan, TextCodec, Transport,
+    };
+
+    /// A monitor with one checker, time in milliseconds.
+    pub struct Kit {
+        pub m: Monitor,
+        pub t: u64,
+    }
+
+    pub fn kit(checker: Box<dyn Checker>) -> Kit {
+        Kit {
+            m: Monitor::new(
+                HostConfig::default(),
+                tiny_model_info(),
+                Duration::from_millis(10),
+                vec![checker],
+            ),
+            t: 0,
+        }
+    }
+
+    pub fn idle_end() -> EndState {
+        EndState {
+            stats: HostStats {
+                loaded: true,
+                load_progress: 100.0,
+                connections: 0,
+                queued: 0,
+                running: 0,
+                kv_blocks_used: 0,
+                kv_blocks_total: 64,
+                generations: 0,
+            },
+            sched: Ok(()),
+        }
+    }
+
+    impl Kit {
+        pub fn at(&mut self, ms: u64) -> &mut Self {
+            self.t = ms;
+            self
+        }
+        pub fn now(&self) -> Instant {
+            Instant::from_millis(self.t)
+        }
+        pub fn input(&mut self, i: Input) -> Result<(), Violation> {
+            let now = self.now();
+            self.m.input(now, now, &i)
+        }
+        pub fn out(&mut self, o: Output) -> Result<(), Violation> {
+            self.m.output(&o)
+        }
+        pub fn send(&mut self, conn: u64, v: Value) -> Result<(), Violation> {
+            self.out(Output::Send {
+                conn: ConnId(conn),
+                text: v.to_string(),
+            })
+        }
+        pub fn end(&mut self) -> Result<(), Violation> {
+            self.m.end(&idle_end())
+        }
+        pub fn open(&mut self, conn: u64) {
+            self.input(Input::Open {
+                conn: ConnId(conn),
+                dialect: Dialect::Generate,
+                transport: Transport::WebSocket,
+                query: String::new(),
+                peer: String::new(),
+            })
+            .expect("open");
+            self.end().expect("open end");
+        }
+        pub fn text(&mut self, conn: u64, v: Value) -> Result<(), Violation> {
+            self.input(Input::Text {
+                conn: ConnId(conn),
+                text: v.to_string(),
+            })
+        }
+        /// Opens `conn`, sends a config and gets `init` with request id `rid`.
+        pub fn start(&mut self, conn: u64, rid: &str, config: Value) {
+            self.open(conn);
+            self.text(conn, config).expect("config");
+            self.send(
+                conn,
+                json!({"type": "init", "request_id": rid, "model": "tiny",
+                "model_info": {"version": "t", "max_tokens": 512, "quantization": "f32"}}),
+            )
+            .expect("init");
+            self.end().expect("init end");
+        }
+        pub fn token(&mut self, conn: u64, text: &str) -> Result<(), Violation> {
+            self.send(
+                conn,
+                json!({"type": "token", "token": text, "finished": false, "finish_reason": null}),
+            )
+        }
+        pub fn step(&mut self, id: u64, seq: u64, conn: u64) -> Result<(), Violation> {
+            let tokens = ByteCodec
+                .encode(&format!("<c{conn}>hello"), true)
+                .expect("encode");
+            let n = tokens.len() as u32;
+            self.out(Output::RunStep(StepPlan {
+                step_id: id,
+                seqs: vec![SeqStep {
+                    seq: SeqId(seq),
+                    tokens,
+                    start_pos: 0,
+                    block_table: (0..n.div_ceil(16)).collect(),
+                    sampling: SamplingParams::default(),
+                    sample: true,
+                    logprobs: None,
+                }],
+                free: vec![],
+                copy_blocks: vec![],
+            }))
+        }
+        pub fn step_done(&mut self, id: u64, seq: u64) -> Result<(), Violation> {
+            self.input(Input::StepDone(StepDone {
+                step_id: id,
+                results: vec![tokenwire_core::SeqResult {
+                    seq: SeqId(seq),
+                    token: BYTE_OFFSET + b'a' as u32,
+                    logprobs: None,
+                }],
+            }))
+        }
+    }
+}

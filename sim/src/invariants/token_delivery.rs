@@ -1,0 +1,116 @@
+//! `token_delivery`: what a client reads is exactly what the engine sampled
+//! for its request, in order, nothing lost, doubled or misrouted, across
+//! pauses, preemption, recompute and lost devices. A `token_id` streamed is
+//! the next sampled token; at the `completion`, `usage.completion_tokens` is
+//! at most the tokens sampled, and the streamed text is a prefix of the
+//! decoding of that many sampled tokens (stop strings cut it short, never
+//! change it).
+
+use tokenwire_core::testing::ByteCodec;
+use tokenwire_core::{Output, TextCodec};
+
+use super::after_close::clip;
+use super::{Check, Checker, Cx, Frame};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct TokenDelivery;
+
+impl Checker for TokenDelivery {
+    fn name(&self) -> &'static str {
+        "token_delivery"
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        let (Output::Send { conn, .. }, Some(f)) = (out, frame) else {
+            return Ok(());
+        };
+        let Some(r) = cx.view.current(*conn) else {
+            return Ok(());
+        };
+        match f.kind() {
+            "token" => {
+                let Some(id) = f.v.get("token_id").and_then(|v| v.as_u64()) else {
+                    return Ok(());
+                };
+                let i = r.ids_streamed as usize;
+                match r.sampled.get(i) {
+                    Some(&t) if u64::from(t) == id => Ok(()),
+                    other => Err(format!(
+                        "token {} of the request on {conn:?} has token_id {id}, but the engine sampled {other:?} there",
+                        i + 1
+                    )),
+                }
+            }
+            "completion" => {
+                let Some(k) = f.v["usage"]["completion_tokens"].as_u64() else {
+                    return Ok(());
+                };
+                let k = k as usize;
+                if k > r.sampled.len() {
+                    return Err(format!(
+                        "completion on {conn:?} reports {k} tokens, the engine sampled {} for it",
+                        r.sampled.len()
+                    ));
+                }
+                let text = ByteCodec.decode(&r.sampled[..k]);
+                if !text.starts_with(r.streamed.as_str()) {
+                    return Err(format!(
+                        "streamed text {:?} on {conn:?} is not what the engine sampled ({:?})",
+                        clip(&r.streamed),
+                        clip(&text)
+                    ));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use serde_json::json;
+
+    #[test]
+    fn text_the_engine_never_sampled_is_caught() {
+        let mut k = kit(Box::new(TokenDelivery));
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.step(1, 1, 1).expect("step");
+        k.end().expect("end");
+        // The engine samples `a`; the client is told `b`.
+        k.step_done(1, 1).expect("done");
+        k.send(
+            1,
+            json!({"type": "token", "token": "b", "token_id": 101, "finished": false}),
+        )
+        .expect_err("wrong token id");
+        let mut k = kit(Box::new(TokenDelivery));
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.step(1, 1, 1).expect("step");
+        k.end().expect("end");
+        k.step_done(1, 1).expect("done");
+        k.token(1, "b").expect("no id to check yet");
+        let err = k
+            .send(
+                1,
+                json!({"type": "completion", "request_id": "gen_a", "generated_text": "b",
+                "finish_reason": "length", "usage": {"completion_tokens": 1}}),
+            )
+            .expect_err("streamed text differs");
+        assert_eq!(err.invariant, "token_delivery");
+        let err = {
+            let mut k = kit(Box::new(TokenDelivery));
+            k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+            k.send(
+                1,
+                json!({"type": "completion", "request_id": "gen_a", "generated_text": "",
+                "finish_reason": "length", "usage": {"completion_tokens": 2}}),
+            )
+            .expect_err("more tokens than sampled")
+        };
+        assert!(err.detail.contains("sampled 0"));
+    }
+}

@@ -1,0 +1,605 @@
+//! The shared view the checkers judge against: every live connection and
+//! every `generate` request, rebuilt from the Host's inputs and outputs alone.
+//!
+//! A request starts at its `init` (its config is the config frame that was
+//! being handled, or the running request's config for a `regenerate`), streams
+//! `token` frames, and ends with its terminal event: `completion`, or an
+//! `error` carrying `generated_text` (a failure). A `regenerate` supersedes the
+//! running request, which then never gets a terminal event (the protocol says
+//! its completion is not sent). Engine sequences are tied to connections by the
+//! `<c{conn}>` tag every simulated prompt starts with, read from the tokens a
+//! step feeds at position 0.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde_json::Value;
+use tokenwire_core::testing::{BYTE_BOS, BYTE_OFFSET};
+use tokenwire_core::{
+    ConnId, HostConfig, Input, Instant, ModelInfo, Output, SeqId, StepPlan, TokenId, Transport,
+};
+
+use super::Frame;
+
+/// What a request asked for (as far as the checkers need it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReqConfig {
+    /// False when no config frame could be matched to its `init` (the exact
+    /// checks are then skipped).
+    pub known: bool,
+    /// The prompt as sent.
+    pub prompt: String,
+    /// Effective `max_tokens`.
+    pub max_tokens: u32,
+    /// Effective stop strings.
+    pub stops: Vec<String>,
+    /// `options.echo_prompt`.
+    pub echo: bool,
+}
+
+impl ReqConfig {
+    /// The config of a request whose config frame is unknown.
+    pub fn unknown() -> ReqConfig {
+        ReqConfig {
+            known: false,
+            prompt: String::new(),
+            max_tokens: u32::MAX,
+            stops: Vec::new(),
+            echo: false,
+        }
+    }
+
+    /// Reads a `config` frame (already accepted by the Host, so well formed).
+    pub fn from_config(v: &Value, default_max_tokens: u32) -> ReqConfig {
+        let p = &v["parameters"];
+        ReqConfig {
+            known: true,
+            prompt: v["prompt"].as_str().unwrap_or("").to_string(),
+            max_tokens: p["max_tokens"]
+                .as_u64()
+                .map_or(default_max_tokens, |m| m.min(u64::from(u32::MAX)) as u32),
+            stops: stops_of(&p["stop"]),
+            echo: v["options"]["echo_prompt"].as_bool().unwrap_or(false),
+        }
+    }
+}
+
+/// Stop strings of a `stop` value (a string or an array of strings).
+pub fn stops_of(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// One `generate` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReqView {
+    /// Its connection.
+    pub conn: ConnId,
+    /// What it asked for (updated by `modified` acks).
+    pub config: ReqConfig,
+    /// Concatenation of its `token` texts.
+    pub streamed: String,
+    /// Where the current stop strings started to apply in `streamed`.
+    pub stops_from: usize,
+    /// `token` frames received.
+    pub token_frames: u32,
+    /// When the `paused` ack came (until `resumed`).
+    pub paused_at: Option<Instant>,
+    /// The step outstanding when it was paused (its tokens may still come).
+    pub pause_grace_step: Option<u64>,
+    /// Terminal events seen.
+    pub terminals: u32,
+    /// Replaced by a `regenerate` (no terminal event is due).
+    pub superseded: bool,
+    /// When its `init` came.
+    pub started_at: Instant,
+    /// Tokens the engine sampled for its sequence, in order (from `StepDone`).
+    pub sampled: Vec<TokenId>,
+    /// `token` frames that carried a `token_id`.
+    pub ids_streamed: u32,
+}
+
+/// A frame received while the model loads, or the one being handled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pending {
+    /// A config (or a regenerate's copy of the running config).
+    Config(ReqConfig),
+    /// Anything else.
+    Other,
+}
+
+/// One live connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnView {
+    /// How it is carried.
+    pub transport: Transport,
+    /// When it opened.
+    pub opened_at: Instant,
+    /// The server closed it (`Output::Close`).
+    pub closed: bool,
+    /// Last frame received or request ended (the idle deadline's start).
+    pub last_activity: Instant,
+    /// The request in flight.
+    pub current: Option<String>,
+    /// Last ping sent, or the opening.
+    pub last_ping: Instant,
+    /// First ping not yet answered by a pong.
+    pub unanswered_ping: Option<Instant>,
+    /// Since when its outbound queue is full.
+    pub blocked_since: Option<Instant>,
+    /// Frames not yet handled (more than one only while the model loads).
+    pub pending: VecDeque<Pending>,
+}
+
+/// The step handed to the engine and not yet answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepView {
+    /// Its id.
+    pub id: u64,
+    /// Its sequences.
+    pub seqs: Vec<SeqId>,
+    /// Distinct KV blocks in its tables.
+    pub blocks: u32,
+}
+
+/// Everything the checkers know.
+#[derive(Debug, Clone)]
+pub struct View {
+    /// Live connections (not yet reported closed, not lost in a crash).
+    pub conns: BTreeMap<ConnId, ConnView>,
+    /// Connections that are gone.
+    pub dead: BTreeSet<ConnId>,
+    /// Every request, by `request_id`.
+    pub requests: BTreeMap<String, ReqView>,
+    /// The outstanding step.
+    pub step: Option<StepView>,
+    /// Connection of each engine sequence (from its prompt tag).
+    pub seq_owner: BTreeMap<SeqId, ConnId>,
+    /// Request of each engine sequence (the owner's request in flight when
+    /// the tag was read).
+    pub seq_request: BTreeMap<SeqId, String>,
+    /// Leading tokens of sequences whose tag is not complete yet.
+    seq_prefix: BTreeMap<SeqId, Vec<TokenId>>,
+    /// When graceful shutdown began.
+    pub shutdown_at: Option<Instant>,
+    /// `ShutdownComplete` was emitted.
+    pub shutdown_complete: bool,
+    /// The model is loaded.
+    pub loaded: bool,
+    /// Host crashes so far.
+    pub crashes: u64,
+    /// The frames held while the model loaded are being handled now: each
+    /// one's first reply (`init`, `error`, `status`, or the final `token` of a
+    /// `stop`) answers the oldest held frame.
+    replaying_held: bool,
+    /// How often each kind of thing happened (`completion:length`,
+    /// `error:memory_pressure`, `close:idle timeout`, ...): coverage, not checks.
+    pub tally: BTreeMap<String, u64>,
+    default_max_tokens: u32,
+}
+
+impl View {
+    /// An empty view for a Host with `config` serving `model`.
+    pub fn new(config: &HostConfig, model: &ModelInfo) -> View {
+        View {
+            conns: BTreeMap::new(),
+            dead: BTreeSet::new(),
+            requests: BTreeMap::new(),
+            step: None,
+            seq_owner: BTreeMap::new(),
+            seq_request: BTreeMap::new(),
+            seq_prefix: BTreeMap::new(),
+            shutdown_at: None,
+            shutdown_complete: false,
+            loaded: true,
+            crashes: 0,
+            tally: BTreeMap::new(),
+            replaying_held: false,
+            default_max_tokens: config.default_max_tokens.min(model.context_len),
+        }
+    }
+
+    /// The request in flight on `conn`.
+    pub fn current(&self, conn: ConnId) -> Option<&ReqView> {
+        let id = self.conns.get(&conn)?.current.as_ref()?;
+        self.requests.get(id)
+    }
+
+    /// The connection that owns engine sequence `seq`, if its tag was read.
+    pub fn owner(&self, seq: SeqId) -> Option<ConnId> {
+        self.seq_owner.get(&seq).copied()
+    }
+
+    /// Requests in flight on live connections: `(request_id, conn)`.
+    pub fn outstanding(&self) -> Vec<(String, ConnId)> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| !c.closed)
+            .filter_map(|(id, c)| c.current.clone().map(|r| (r, *id)))
+            .collect()
+    }
+
+    pub(crate) fn on_input(&mut self, now: Instant, input: &Input) {
+        match input {
+            Input::Open {
+                conn, transport, ..
+            } => {
+                if self.conns.contains_key(conn) || self.dead.contains(conn) {
+                    return;
+                }
+                self.conns.insert(
+                    *conn,
+                    ConnView {
+                        transport: *transport,
+                        opened_at: now,
+                        closed: false,
+                        last_activity: now,
+                        current: None,
+                        last_ping: now,
+                        unanswered_ping: None,
+                        blocked_since: None,
+                        pending: VecDeque::new(),
+                    },
+                );
+            }
+            Input::Text { conn, text } => {
+                let pending = self.classify(*conn, text);
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.last_activity = now;
+                    c.pending.push_back(pending);
+                }
+            }
+            Input::Binary { conn, .. } => {
+                // Answered at once, even while the model loads (never held).
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.last_activity = now;
+                }
+            }
+            Input::Pong { conn } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.unanswered_ping = None;
+                }
+            }
+            Input::Closed { conn } if self.conns.remove(conn).is_some() => {
+                self.dead.insert(*conn);
+            }
+            Input::QueueFull { conn } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.blocked_since.get_or_insert(now);
+                }
+            }
+            Input::QueueDrained { conn } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.blocked_since = None;
+                }
+            }
+            Input::StepDone(done) => {
+                self.step = None;
+                for r in &done.results {
+                    let Some(rid) = self.seq_request.get(&r.seq) else {
+                        continue;
+                    };
+                    if let Some(req) = self.requests.get_mut(rid) {
+                        req.sampled.push(r.token);
+                    }
+                }
+            }
+            Input::EngineFault(_) => self.step = None,
+            Input::ModelLoaded { .. } => {
+                self.loaded = true;
+                self.replaying_held = true;
+            }
+            Input::Shutdown => {
+                self.shutdown_at.get_or_insert(now);
+            }
+            _ => {}
+        }
+    }
+
+    /// What a text frame is; a `regenerate` supersedes the running request here.
+    fn classify(&mut self, conn: ConnId, text: &str) -> Pending {
+        if !text.starts_with('{') || text.len() > 1 << 16 {
+            return Pending::Other;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(text) else {
+            return Pending::Other;
+        };
+        match (v["type"].as_str(), v["action"].as_str()) {
+            (Some("config"), _) if v["prompt"].is_string() => {
+                Pending::Config(ReqConfig::from_config(&v, self.default_max_tokens))
+            }
+            (Some("control"), Some("regenerate")) => {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return Pending::Other;
+                };
+                let Some(rid) = c.current.take() else {
+                    return Pending::Other;
+                };
+                match self.requests.get_mut(&rid) {
+                    Some(r) => {
+                        r.superseded = true;
+                        Pending::Config(r.config.clone())
+                    }
+                    None => Pending::Other,
+                }
+            }
+            _ => Pending::Other,
+        }
+    }
+
+    fn count(&mut self, key: String) {
+        *self.tally.entry(key).or_default() += 1;
+    }
+
+    pub(crate) fn on_output(&mut self, now: Instant, out: &Output, frame: Option<&Frame>) {
+        match (out, frame) {
+            (Output::Send { .. }, Some(f)) => match f.kind() {
+                "completion" => self.count(format!(
+                    "completion:{}",
+                    f.str("finish_reason").unwrap_or("?")
+                )),
+                "error" => self.count(format!(
+                    "error:{}{}",
+                    f.str("error").unwrap_or("?"),
+                    if f.is_failure() { ":failure" } else { "" }
+                )),
+                "status" => self.count(format!("status:{}", f.str("operation").unwrap_or("?"))),
+                "init" => self.count("init".into()),
+                _ => {}
+            },
+            (Output::Close { code, reason, .. }, _) => self.count(format!("close:{code}:{reason}")),
+            (Output::ShutdownComplete, _) => self.count("shutdown_complete".into()),
+            _ => {}
+        }
+        match out {
+            Output::Send { conn, .. } => {
+                if let Some(f) = frame {
+                    self.on_frame(now, *conn, f);
+                }
+            }
+            Output::Ping { conn } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.last_ping = now;
+                    c.unanswered_ping.get_or_insert(now);
+                }
+            }
+            Output::Close { conn, .. } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.closed = true;
+                }
+            }
+            Output::RunStep(plan) => self.on_plan(plan),
+            Output::ShutdownComplete => self.shutdown_complete = true,
+            _ => {}
+        }
+    }
+
+    fn on_frame(&mut self, now: Instant, conn: ConnId, f: &Frame) {
+        let step = self.step.as_ref().map(|s| s.id);
+        let replaying = self.replaying_held;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let first_reply = match f.kind() {
+            "init" | "error" | "token" => true,
+            "status" => !matches!(f.str("operation"), Some("queued" | "model_loading")),
+            _ => false,
+        };
+        // While held frames are handled, each first reply answers one of them.
+        let answered = if replaying && first_reply {
+            c.pending.pop_front()
+        } else {
+            None
+        };
+        match f.kind() {
+            "init" => {
+                let Some(rid) = f.request_id() else { return };
+                let mut config = ReqConfig::unknown();
+                if replaying {
+                    if let Some(Pending::Config(cfg)) = answered {
+                        config = cfg;
+                    }
+                } else {
+                    while let Some(p) = c.pending.pop_front() {
+                        if let Pending::Config(cfg) = p {
+                            config = cfg;
+                            break;
+                        }
+                    }
+                }
+                if let Some(old) = c.current.replace(rid.to_string()) {
+                    // A second request while one was in flight: the old one is
+                    // left without its terminal event (terminal_once says so).
+                    let _ = old;
+                }
+                self.requests.insert(
+                    rid.to_string(),
+                    ReqView {
+                        conn,
+                        config,
+                        streamed: String::new(),
+                        stops_from: 0,
+                        token_frames: 0,
+                        paused_at: None,
+                        pause_grace_step: None,
+                        terminals: 0,
+                        superseded: false,
+                        started_at: now,
+                        sampled: Vec::new(),
+                        ids_streamed: 0,
+                    },
+                );
+            }
+            "token" => {
+                if let Some(r) = c.current.as_ref().and_then(|id| self.requests.get_mut(id)) {
+                    r.streamed.push_str(f.str("token").unwrap_or(""));
+                    r.token_frames += 1;
+                    if f.v.get("token_id").is_some() {
+                        r.ids_streamed += 1;
+                    }
+                }
+            }
+            "completion" | "error" if f.is_terminal() => {
+                let Some(rid) = f.request_id() else { return };
+                if let Some(r) = self.requests.get_mut(rid) {
+                    r.terminals += 1;
+                }
+                if c.current.as_deref() == Some(rid) {
+                    c.current = None;
+                    c.last_activity = now;
+                }
+            }
+            "status" => {
+                let Some(rid) = f.request_id() else { return };
+                if c.current.as_deref() != Some(rid) {
+                    return;
+                }
+                let Some(r) = self.requests.get_mut(rid) else {
+                    return;
+                };
+                match f.str("operation") {
+                    Some("paused") if r.paused_at.is_none() => {
+                        r.paused_at = Some(now);
+                        r.pause_grace_step = step;
+                    }
+                    Some("resumed") => {
+                        r.paused_at = None;
+                        r.pause_grace_step = None;
+                    }
+                    Some("modified") => {
+                        let p = &f.v["parameters"];
+                        if let Some(m) = p["max_tokens"].as_u64() {
+                            r.config.max_tokens = m.min(u64::from(u32::MAX)) as u32;
+                        }
+                        if p.get("stop").is_some() {
+                            r.config.stops = stops_of(&p["stop"]);
+                            r.stops_from = r.streamed.len();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_plan(&mut self, plan: &StepPlan) {
+        let mut blocks = BTreeSet::new();
+        for s in &plan.seqs {
+            blocks.extend(s.block_table.iter().copied());
+            if self.seq_owner.contains_key(&s.seq) {
+                continue;
+            }
+            let prefix = self.seq_prefix.entry(s.seq).or_default();
+            if s.start_pos as usize != prefix.len() {
+                // Not contiguous from position 0 (recompute restarts at 0).
+                prefix.clear();
+                if s.start_pos != 0 {
+                    continue;
+                }
+            }
+            prefix.extend_from_slice(&s.tokens);
+            match parse_tag(prefix) {
+                Tag::Conn(c) => {
+                    self.seq_owner.insert(s.seq, c);
+                    self.seq_prefix.remove(&s.seq);
+                    if let Some(rid) = self.conns.get(&c).and_then(|c| c.current.clone()) {
+                        self.seq_request.insert(s.seq, rid);
+                    }
+                }
+                Tag::Never => {
+                    self.seq_prefix.remove(&s.seq);
+                    self.seq_owner.insert(s.seq, ConnId(u64::MAX));
+                }
+                Tag::NotYet => {}
+            }
+        }
+        self.step = Some(StepView {
+            id: plan.step_id,
+            seqs: plan.seqs.iter().map(|s| s.seq).collect(),
+            blocks: blocks.len() as u32,
+        });
+    }
+
+    /// The event is over: frames were handled (unless the model still loads).
+    pub(crate) fn on_end(&mut self) {
+        self.replaying_held = false;
+        if self.loaded {
+            for c in self.conns.values_mut() {
+                c.pending.clear();
+            }
+        }
+    }
+
+    pub(crate) fn on_crash(&mut self) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        self.dead.extend(ids);
+        self.conns.clear();
+        self.step = None;
+        self.seq_owner.clear();
+        self.seq_request.clear();
+        self.seq_prefix.clear();
+        self.shutdown_at = None;
+        self.shutdown_complete = false;
+        self.loaded = true;
+        self.crashes += 1;
+    }
+}
+
+enum Tag {
+    Conn(ConnId),
+    NotYet,
+    Never,
+}
+
+/// Reads `<c{digits}>` after BOS.
+fn parse_tag(tokens: &[TokenId]) -> Tag {
+    let byte = |i: usize| -> Option<u8> {
+        let t = *tokens.get(i)?;
+        (BYTE_OFFSET..BYTE_OFFSET + 256)
+            .contains(&t)
+            .then(|| (t - BYTE_OFFSET) as u8)
+    };
+    if tokens.first().is_some_and(|&t| t != BYTE_BOS) {
+        return Tag::Never;
+    }
+    let mut n: u64 = 0;
+    for i in 1..32 {
+        if i >= tokens.len() {
+            return Tag::NotYet;
+        }
+        let Some(b) = byte(i) else {
+            return Tag::Never;
+        };
+        match (i, b) {
+            (1, b'<') | (2, b'c') => {}
+            (i, b'>') if i > 3 => return Tag::Conn(ConnId(n)),
+            (i, d) if i >= 3 && d.is_ascii_digit() => {
+                n = n.saturating_mul(10).saturating_add(u64::from(d - b'0'));
+            }
+            _ => return Tag::Never,
+        }
+    }
+    Tag::Never
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenwire_core::testing::ByteCodec;
+    use tokenwire_core::TextCodec;
+
+    #[test]
+    fn prompt_tags_name_the_connection_even_across_chunks() {
+        let t = ByteCodec.encode("<c42>hello", true).expect("encode");
+        assert!(matches!(parse_tag(&t), Tag::Conn(ConnId(42))));
+        assert!(matches!(parse_tag(&t[..4]), Tag::NotYet));
+        let u = ByteCodec.encode("plain", true).expect("encode");
+        assert!(matches!(parse_tag(&u), Tag::Never));
+    }
+}

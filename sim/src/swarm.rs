@@ -1,0 +1,325 @@
+//! Swarm options: everything one run does, derived from its seed.
+//!
+//! Swarm testing (as TigerBeetle's VOPR does it): rather than one fixed mix of
+//! behaviours, each seed switches whole features on or off and picks their
+//! rates, so that some seeds hammer one fault and others never see it. Every
+//! sub-system draws from its own stream (`mix64(seed, STREAM)`), so changing how
+//! one of them uses randomness does not reshuffle the others.
+
+use tokenwire_core::rng::{mix64, Rng};
+use tokenwire_core::testing::tiny_model_info;
+use tokenwire_core::{Duration, HostConfig, ModelInfo};
+
+/// Random stream for the swarm options themselves.
+pub const STREAM_SWARM: u64 = 0x5357_4152_4d00_0001;
+/// Random stream for network delays and readers.
+pub const STREAM_NET: u64 = 0x4e45_5400_0000_0002;
+/// Random stream for engine latency and fault rolls.
+pub const STREAM_ENGINE: u64 = 0x454e_4700_0000_0003;
+/// Random stream base for clients (mixed with the client index).
+pub const STREAM_CLIENT: u64 = 0x434c_4900_0000_0004;
+/// Random stream for the fault plan.
+pub const STREAM_FAULTS: u64 = 0x4641_5500_0000_0005;
+
+/// How the simulated engine writes and how fast it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// The symbols it writes (each one printable ASCII character, or one
+    /// multi-byte UTF-8 character whose first byte no other symbol shares, so
+    /// that a half-written character can be finished from the history alone).
+    pub symbols: Vec<String>,
+    /// Chance per token, in thousandths, of end-of-sequence.
+    pub eos_permille: u32,
+    /// Fixed latency of a step.
+    pub step_base: Duration,
+    /// Extra latency per token fed.
+    pub per_token: Duration,
+    /// Largest random extra latency of a step.
+    pub jitter: Duration,
+}
+
+impl EngineOptions {
+    /// The longest a step can take under `host` (the step-latency bound used
+    /// in deadline slack and the liveness bound).
+    pub fn max_step_latency(&self, host: &HostConfig) -> Duration {
+        self.step_base + self.per_token * host.max_step_tokens + self.jitter
+    }
+}
+
+/// Network delays and slow readers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetOptions {
+    /// Shortest one-way delay of a client frame.
+    pub delay_min: Duration,
+    /// Longest one-way delay of a client frame.
+    pub delay_max: Duration,
+    /// Chance that a client reads slowly (one frame per interval).
+    pub slow_reader_p: f64,
+    /// Chance that a client's reader stalls now and then.
+    pub stall_p: f64,
+    /// Longest reader stall (long ones cross the slow-client timeout).
+    pub stall_max: Duration,
+    /// Outbound queue capacity of a slow connection, in frames.
+    pub queue_cap: (u32, u32),
+}
+
+/// Fault rates and counts for the safety phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultOptions {
+    /// Chance per step of an engine out-of-memory fault.
+    pub oom_p: f64,
+    /// Chance per step of losing the device.
+    pub device_lost_p: f64,
+    /// Chance per step of an internal engine error.
+    pub internal_p: f64,
+    /// Host crashes during the safety phase.
+    pub crashes: u32,
+    /// KV capacity shrinks (each regrows later) during the safety phase.
+    pub kv_shrinks: u32,
+    /// Clock jumps during the safety phase.
+    pub time_jumps: u32,
+    /// Graceful shutdown near the end (at the start of the liveness phase).
+    pub shutdown: bool,
+}
+
+/// How the simulated clients behave.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientMix {
+    /// Chance that an action is a malformed or hostile frame.
+    pub hostile_p: f64,
+    /// Chance that an action during a generation is a control message.
+    pub control_p: f64,
+    /// Chance that an action is an early disconnect.
+    pub disconnect_p: f64,
+    /// Chance that a client never answers pings.
+    pub silent_p: f64,
+    /// Chance that a client speaks over HTTP (one request per connection).
+    pub http_p: f64,
+    /// Chance that a wait is a long one (minutes: crosses idle and pause deadlines).
+    pub long_wait_p: f64,
+    /// Longest ordinary think time between two actions.
+    pub think_max: Duration,
+    /// Largest `max_tokens` a valid config asks for (before the context cap).
+    pub max_tokens_cap: u32,
+}
+
+/// All options of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Swarm {
+    /// The run's seed.
+    pub seed: u64,
+    /// Simulated clients.
+    pub clients: usize,
+    /// The served model (byte tokenizer).
+    pub model: ModelInfo,
+    /// The Host's settings.
+    pub host: HostConfig,
+    /// Seed of the first Host (a rebuilt one gets `mix64(host_seed, crashes)`).
+    pub host_seed: u64,
+    /// Start with the model still loading (`Host::new`, then `ModelLoaded`).
+    pub start_loading: bool,
+    /// How long loading takes when it does.
+    pub load_time: Duration,
+    /// The simulated engine.
+    pub engine: EngineOptions,
+    /// The network.
+    pub net: NetOptions,
+    /// The faults.
+    pub faults: FaultOptions,
+    /// The clients.
+    pub mix: ClientMix,
+}
+
+/// Printable ASCII symbols the engine may write.
+const ASCII: &[u8] = b" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?;:'\"-()[]{}<>/\\|@#$%^&*_+=~`\n\t";
+/// Multi-byte symbols with distinct first bytes (C3, E4, F0).
+const WIDE: [&str; 3] = ["é", "世", "🦀"];
+
+fn pick<T: Copy>(rng: &mut Rng, items: &[T]) -> T {
+    items[rng.below(items.len() as u64) as usize]
+}
+
+fn chance(rng: &mut Rng, p: f64) -> bool {
+    rng.next_f64() < p
+}
+
+/// A duration uniformly between `lo` and `hi`.
+pub fn between(rng: &mut Rng, lo: Duration, hi: Duration) -> Duration {
+    if hi <= lo {
+        return lo;
+    }
+    let span = (hi - lo).as_nanos().min(u64::MAX as u128) as u64;
+    lo + Duration::from_nanos(rng.below(span.saturating_add(1)))
+}
+
+impl Swarm {
+    /// The options of `seed`. Pure: the same seed always gives the same options.
+    pub fn from_seed(seed: u64) -> Swarm {
+        let mut r = Rng::new(mix64(seed, STREAM_SWARM));
+        let rng = &mut r;
+
+        let mut model = tiny_model_info();
+        model.context_len = pick(rng, &[96, 128, 256, 512]);
+        model.block_size = pick(rng, &[4, 8, 16, 16, 32]);
+        // From a pool that holds less than one context to a generous one.
+        let pool_tokens = pick(rng, &[64u32, 128, 256, 512, 1024, 4096]);
+        model.num_blocks = (pool_tokens / model.block_size).max(2);
+
+        let host = HostConfig {
+            epoch_unix_ms: 1_700_000_000_000 + rng.below(100_000_000_000),
+            max_frame_bytes: pick(rng, &[1024, 4096, 65536, 4 * 1024 * 1024]),
+            max_step_tokens: pick(rng, &[8, 16, 32, 64, 128, 512]),
+            max_running_seqs: pick(rng, &[1, 2, 3, 4, 8, 64]),
+            max_queued_requests: pick(rng, &[1, 2, 4, 16, 1024]),
+            default_max_tokens: pick(rng, &[16, 64, 256]),
+            ..HostConfig::default()
+        };
+
+        let mut symbols: Vec<String> = Vec::new();
+        let alphabet = pick(rng, &[2usize, 4, 8, 16, 40, ASCII.len()]);
+        let offset = rng.below(ASCII.len() as u64) as usize;
+        for i in 0..alphabet {
+            symbols.push((ASCII[(offset + i) % ASCII.len()] as char).to_string());
+        }
+        if chance(rng, 0.4) {
+            for w in WIDE {
+                if chance(rng, 0.6) {
+                    symbols.push(w.to_string());
+                }
+            }
+        }
+        let engine = EngineOptions {
+            symbols,
+            eos_permille: pick(rng, &[0, 2, 10, 30, 80]),
+            step_base: Duration::from_micros(pick(rng, &[200, 1_000, 5_000, 20_000])),
+            per_token: Duration::from_micros(pick(rng, &[0, 10, 50, 200])),
+            jitter: Duration::from_micros(pick(rng, &[0, 500, 5_000])),
+        };
+
+        let net = NetOptions {
+            delay_min: Duration::from_micros(pick(rng, &[0, 100, 1_000])),
+            delay_max: Duration::from_micros(pick(rng, &[200, 5_000, 50_000])),
+            slow_reader_p: if chance(rng, 0.5) {
+                pick(rng, &[0.1, 0.3, 0.7])
+            } else {
+                0.0
+            },
+            stall_p: if chance(rng, 0.4) {
+                pick(rng, &[0.01, 0.05, 0.2])
+            } else {
+                0.0
+            },
+            stall_max: Duration::from_secs(pick(rng, &[2, 20, 45])),
+            queue_cap: pick(rng, &[(2, 4), (4, 16), (16, 64)]),
+        };
+
+        let on = |rng: &mut Rng| chance(rng, 0.5);
+        let faults = FaultOptions {
+            oom_p: if on(rng) {
+                pick(rng, &[0.002, 0.01, 0.05])
+            } else {
+                0.0
+            },
+            device_lost_p: if on(rng) {
+                pick(rng, &[0.001, 0.005, 0.02])
+            } else {
+                0.0
+            },
+            internal_p: if chance(rng, 0.25) {
+                pick(rng, &[0.001, 0.01])
+            } else {
+                0.0
+            },
+            crashes: if on(rng) { 1 + rng.below(3) as u32 } else { 0 },
+            kv_shrinks: if on(rng) { 1 + rng.below(4) as u32 } else { 0 },
+            time_jumps: if on(rng) { 1 + rng.below(3) as u32 } else { 0 },
+            shutdown: chance(rng, 0.2),
+        };
+
+        let mix = ClientMix {
+            hostile_p: if on(rng) {
+                pick(rng, &[0.02, 0.08, 0.25])
+            } else {
+                0.0
+            },
+            control_p: pick(rng, &[0.05, 0.2, 0.5]),
+            disconnect_p: if on(rng) {
+                pick(rng, &[0.01, 0.04])
+            } else {
+                0.0
+            },
+            silent_p: if chance(rng, 0.2) { 0.3 } else { 0.0 },
+            http_p: if chance(rng, 0.2) { 0.3 } else { 0.0 },
+            long_wait_p: if on(rng) {
+                pick(rng, &[0.01, 0.05])
+            } else {
+                0.0
+            },
+            think_max: Duration::from_millis(pick(rng, &[5, 50, 500, 3_000])),
+            max_tokens_cap: pick(rng, &[8, 32, 96]),
+        };
+
+        let most_clients = pick(rng, &[2u64, 4, 8, 16]);
+        Swarm {
+            seed,
+            clients: 1 + rng.below(most_clients) as usize,
+            host_seed: mix64(seed, 0x484f_5354),
+            start_loading: chance(rng, 0.15),
+            load_time: Duration::from_millis(pick(rng, &[1, 50, 400])),
+            model,
+            host,
+            engine,
+            net,
+            faults,
+            mix,
+        }
+    }
+
+    /// Slack allowed on every deadline: one engine step plus a millisecond.
+    pub fn slack(&self) -> Duration {
+        self.engine.max_step_latency(&self.host) + Duration::from_millis(1)
+    }
+}
+
+/// Parses a seed: a decimal `u64`, or a 40-hex-digit commit hash, which is
+/// taken as the first 8 bytes (big-endian) of the SHA-256 of its lowercase text.
+pub fn parse_seed(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if let Ok(n) = t.parse::<u64>() {
+        return Ok(n);
+    }
+    if t.len() == 40 && t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(t.to_ascii_lowercase().as_bytes());
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&digest[..8]);
+        return Ok(u64::from_be_bytes(b));
+    }
+    Err(format!(
+        "seed `{t}` is neither a decimal u64 nor a 40-hex-digit commit hash"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_options_and_seeds_differ() {
+        assert_eq!(Swarm::from_seed(9), Swarm::from_seed(9));
+        let distinct: std::collections::BTreeSet<String> = (0..20)
+            .map(|s| format!("{:?}", Swarm::from_seed(s)))
+            .collect();
+        assert_eq!(distinct.len(), 20);
+    }
+
+    #[test]
+    fn seeds_parse_as_numbers_or_commit_hashes() {
+        assert_eq!(parse_seed("42"), Ok(42));
+        let h = "0123456789abcdef0123456789abcdef01234567";
+        let a = parse_seed(h).expect("hash seed");
+        assert_eq!(parse_seed(&h.to_uppercase()), Ok(a));
+        assert!(parse_seed("xyz").is_err());
+        assert!(parse_seed("abc").is_err());
+    }
+}
