@@ -57,6 +57,10 @@ pub enum Backend {
     /// The CPU reference engine.
     #[default]
     Cpu,
+    /// Hand-written WGSL kernels on wgpu (Vulkan, Metal, DX12). The adapter is
+    /// chosen by `--wgpu-adapter` (a name substring) among those wgpu finds,
+    /// which `WGPU_BACKEND` (e.g. `vulkan`) restricts.
+    Wgpu,
 }
 
 /// Log line format.
@@ -156,6 +160,11 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_blocks: Option<u32>,
 
+    /// With `--backend wgpu`: use the first GPU adapter whose name contains
+    /// NAME (default: the best adapter found; `WGPU_BACKEND` limits the APIs).
+    #[arg(long, env = "TOKENWIRE_WGPU_ADAPTER", value_name = "NAME")]
+    pub wgpu_adapter: Option<String>,
+
     /// Seed of the server's random source (ids, default sampling seeds) and of the
     /// tiny model's weights (default: drawn at start and logged).
     #[arg(long, env = "TOKENWIRE_SEED", value_name = "N")]
@@ -204,6 +213,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// KV cache blocks (`None`: the engine decides).
     pub kv_blocks: Option<u32>,
+    /// Name substring of the wgpu adapter to use (`None`: the best one).
+    pub wgpu_adapter: Option<String>,
     /// Seed of the Host's random source and of the tiny model.
     pub seed: u64,
     /// Log format (used by the binary when it sets up logging).
@@ -226,6 +237,7 @@ impl Default for ServerConfig {
             feedback_log: None,
             max_connections: 10_000,
             kv_blocks: None,
+            wgpu_adapter: None,
             seed: 0,
             log_format: LogFormat::Text,
         }
@@ -251,6 +263,7 @@ impl ServerConfig {
             feedback_log: args.feedback_log.clone(),
             max_connections: to_usize(args.max_connections),
             kv_blocks: args.kv_blocks,
+            wgpu_adapter: args.wgpu_adapter.clone(),
             seed: args.seed.unwrap_or(default_seed),
             log_format: args.log_format,
         }

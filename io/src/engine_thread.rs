@@ -23,6 +23,8 @@ pub(crate) struct EngineSpec {
     pub backend: Backend,
     /// KV pool size, if fixed.
     pub kv_blocks: Option<u32>,
+    /// Name substring of the wgpu adapter, if one was asked for.
+    pub wgpu_adapter: Option<String>,
     /// Seed of the tiny model's weights.
     pub seed: u64,
 }
@@ -98,46 +100,43 @@ fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) 
 
 /// Loads or builds the engine; on failure tells the driver and returns `None`.
 fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
-    match &spec.model {
-        ModelSource::Tiny => match catch_unwind(|| Engine::tiny(spec.seed)) {
-            Ok(engine) => Some(engine),
-            Err(_) => {
-                let _ = driver.blocking_send(DriverMsg::LoadFailed(
-                    "building the built-in tiny model panicked".into(),
-                ));
-                None
-            }
+    let opts = EngineOptions {
+        num_blocks: spec.kv_blocks,
+        block_size: KV_BLOCK_SIZE,
+        backend: match spec.backend {
+            Backend::Cpu => BackendKind::Cpu,
+            Backend::Wgpu => BackendKind::Wgpu {
+                adapter: spec.wgpu_adapter.clone(),
+            },
         },
+    };
+    let (what, result) = match &spec.model {
+        ModelSource::Tiny => (
+            "the built-in tiny model".to_string(),
+            catch_unwind(AssertUnwindSafe(|| Engine::tiny_with(spec.seed, &opts))),
+        ),
         ModelSource::Dir(dir) => {
             let _ = driver.blocking_send(DriverMsg::Input(Input::ModelLoading {
                 progress: 0.0,
                 message: "loading model weights".into(),
                 eta: None,
             }));
-            let opts = EngineOptions {
-                num_blocks: spec.kv_blocks,
-                block_size: KV_BLOCK_SIZE,
-                backend: match spec.backend {
-                    Backend::Cpu => BackendKind::Cpu,
-                },
-            };
-            match catch_unwind(AssertUnwindSafe(|| Engine::load(dir, &opts))) {
-                Ok(Ok(engine)) => Some(engine),
-                Ok(Err(e)) => {
-                    let _ = driver.blocking_send(DriverMsg::LoadFailed(format!(
-                        "failed to load the model from {}: {e}",
-                        dir.display()
-                    )));
-                    None
-                }
-                Err(_) => {
-                    let _ = driver.blocking_send(DriverMsg::LoadFailed(format!(
-                        "loading the model from {} panicked",
-                        dir.display()
-                    )));
-                    None
-                }
-            }
+            (
+                format!("the model from {}", dir.display()),
+                catch_unwind(AssertUnwindSafe(|| Engine::load(dir, &opts))),
+            )
+        }
+    };
+    match result {
+        Ok(Ok(engine)) => Some(engine),
+        Ok(Err(e)) => {
+            let _ =
+                driver.blocking_send(DriverMsg::LoadFailed(format!("failed to load {what}: {e}")));
+            None
+        }
+        Err(_) => {
+            let _ = driver.blocking_send(DriverMsg::LoadFailed(format!("loading {what} panicked")));
+            None
         }
     }
 }

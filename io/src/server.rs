@@ -170,6 +170,7 @@ pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer
             model: config.model.clone(),
             backend: config.backend,
             kv_blocks: config.kv_blocks,
+            wgpu_adapter: config.wgpu_adapter.clone(),
             seed: config.seed,
         },
         driver_handle.clone(),

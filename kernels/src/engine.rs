@@ -12,7 +12,9 @@ use tokenwire_core::{
     SharedCodec, StepDone, StepPlan, TokenId,
 };
 
-use crate::backend::{Backend, BackendKind, CpuBackend, SeqBatch};
+use crate::backend::{
+    Backend, BackendKind, CpuBackend, ForwardOutput, SeqBatch, WgpuBackend, WgpuOptions,
+};
 use crate::config::GenerationConfig;
 use crate::error::LoadError;
 use crate::model::Model;
@@ -27,7 +29,7 @@ pub struct EngineOptions {
     pub num_blocks: Option<u32>,
     /// Token slots per KV block.
     pub block_size: u32,
-    /// Compute backend.
+    /// Compute backend (for the GPU: `BackendKind::Wgpu { adapter }`).
     pub backend: BackendKind,
 }
 
@@ -61,7 +63,8 @@ pub struct Engine {
     backend: Box<dyn Backend>,
     sampler: Sampler,
     history: HashMap<SeqId, Vec<TokenId>>,
-    logits: Vec<f32>,
+    out: ForwardOutput,
+    full_logits: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -103,21 +106,22 @@ impl Engine {
     /// The built-in tiny model (see [`crate::tiny`]) with the byte tokenizer:
     /// name `tokenwire-tiny`, EOS 2, context 1024.
     pub fn tiny(seed: u64) -> Engine {
+        match Engine::tiny_with(seed, &EngineOptions::default()) {
+            Ok(e) => e,
+            // The tiny pool is 256 blocks of 16 slots on the CPU: about 1 MiB.
+            Err(e) => unreachable!("tiny engine: {e}"),
+        }
+    }
+
+    /// The built-in tiny model on the backend and pool `opts` choose (an error
+    /// when, say, no GPU adapter exists).
+    pub fn tiny_with(seed: u64, opts: &EngineOptions) -> Result<Engine, LoadError> {
         let identity = ModelIdentity {
             name: "tokenwire-tiny".into(),
             version: "1".into(),
             eos_ids: vec![tokenwire_core::testing::BYTE_EOS],
         };
-        match Engine::from_model(
-            tiny_model(seed),
-            ByteCodec::shared(),
-            identity,
-            &EngineOptions::default(),
-        ) {
-            Ok(e) => e,
-            // The tiny pool is 256 blocks of 16 slots: about 1 MiB.
-            Err(e) => unreachable!("tiny engine: {e}"),
-        }
+        Engine::from_model(tiny_model(seed), ByteCodec::shared(), identity, opts)
     }
 
     /// An engine for an already-built model.
@@ -153,11 +157,20 @@ impl Engine {
             dtype: model.weights().dtype.clone(),
         };
         let model = Arc::new(model);
-        let backend: Box<dyn Backend> = match opts.backend {
+        let backend: Box<dyn Backend> = match &opts.backend {
             BackendKind::Cpu => Box::new(
                 CpuBackend::new(model.clone(), opts.block_size as usize, num_blocks as usize)
                     .map_err(LoadError::Options)?,
             ),
+            BackendKind::Wgpu { adapter } => Box::new(WgpuBackend::new(
+                model.clone(),
+                opts.block_size as usize,
+                num_blocks as usize,
+                &WgpuOptions {
+                    adapter: adapter.clone(),
+                    ..WgpuOptions::default()
+                },
+            )?),
         };
         Ok(Engine {
             model,
@@ -166,7 +179,8 @@ impl Engine {
             backend,
             sampler: Sampler::new(),
             history: HashMap::new(),
-            logits: Vec::new(),
+            out: ForwardOutput::default(),
+            full_logits: false,
         })
     }
 
@@ -183,6 +197,20 @@ impl Engine {
     /// The model (config and weights).
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The backend's short name (`cpu`, `wgpu`).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// With `true`, every sampled sequence's logits row comes back from the
+    /// backend (see [`Engine::last_logits`]); with `false` (the default) a
+    /// greedy sequence without repetition penalty or logprobs may come back
+    /// as its argmax id only, which saves a GPU backend reading back a
+    /// vocabulary row per sequence. The chosen tokens are the same either way.
+    pub fn set_full_logits(&mut self, on: bool) {
+        self.full_logits = on;
     }
 
     /// Runs one step: frees the plan's finished sequences, copies blocks,
@@ -205,6 +233,7 @@ impl Engine {
             h.truncate(s.start_pos as usize);
             h.extend_from_slice(&s.tokens);
         }
+        let full = self.full_logits;
         let batch: Vec<SeqBatch<'_>> = plan
             .seqs
             .iter()
@@ -213,20 +242,37 @@ impl Engine {
                 start_pos: s.start_pos,
                 block_table: &s.block_table,
                 want_logits: s.sample,
+                argmax_only: !full && argmax_suffices(&s.sampling, s.logprobs),
             })
             .collect();
         self.backend
-            .forward(&batch, &mut self.logits)
+            .forward_select(&batch, &mut self.out)
             .map_err(fault)?;
 
         let vocab = self.info.vocab_size as usize;
-        let mut rows = self.logits.chunks_exact(vocab);
+        let mut rows = self.out.logits.chunks_exact(vocab);
+        let mut ids = self.out.argmax.iter();
         let mut results = Vec::new();
         for s in plan.seqs.iter().filter(|s| s.sample) {
+            let short = || {
+                fault(EngineFaultKind::Internal(
+                    "backend returned fewer outputs than sampling sequences".into(),
+                ))
+            };
+            match ids.next() {
+                Some(Some(token)) => {
+                    results.push(SeqResult {
+                        seq: s.seq,
+                        token: *token,
+                        logprobs: None,
+                    });
+                    continue;
+                }
+                Some(None) => {}
+                None => return Err(short()),
+            }
             let (Some(logits), Some(history)) = (rows.next(), self.history.get(&s.seq)) else {
-                return Err(fault(EngineFaultKind::Internal(
-                    "backend returned fewer logit rows than sampling sequences".into(),
-                )));
+                return Err(short());
             };
             // The token drawn here will sit at start_pos + len: that position seeds the draw.
             let position = s.start_pos + s.tokens.len() as u32;
@@ -245,10 +291,12 @@ impl Engine {
         })
     }
 
-    /// Logits of the last step, one `vocab_size` row per sampled sequence, in
-    /// plan order (after the backend, before the sampler).
+    /// Logits of the last step, one `vocab_size` row per sampled sequence
+    /// whose row the backend returned, in plan order (after the backend,
+    /// before the sampler). The CPU backend returns every row; a GPU backend
+    /// skips greedy sequences unless [`Engine::set_full_logits`] is on.
     pub fn last_logits(&self) -> std::slice::ChunksExact<'_, f32> {
-        self.logits.chunks_exact(self.info.vocab_size as usize)
+        self.out.logits.chunks_exact(self.info.vocab_size as usize)
     }
 
     /// Tokens the engine holds for `seq` (what it has been fed so far).
@@ -372,6 +420,16 @@ impl Engine {
         self.history.remove(&SEQ);
         Ok(out)
     }
+}
+
+/// Whether the sampler's choice for these parameters is the plain argmax of
+/// the logits: greedy (the sampler's test), repetition penalty off (the
+/// sampler's test), and no logprobs.
+fn argmax_suffices(p: &tokenwire_core::SamplingParams, logprobs: Option<u8>) -> bool {
+    let greedy = !(p.temperature > 0.0 && p.temperature.is_finite());
+    let r = p.repetition_penalty;
+    let no_penalty = r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite();
+    greedy && no_penalty && logprobs.is_none()
 }
 
 #[cfg(test)]

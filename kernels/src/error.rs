@@ -75,6 +75,10 @@ pub enum LoadError {
     /// The engine options are invalid or the KV pool they ask for cannot be allocated.
     #[error("engine options: {0}")]
     Options(String),
+    /// The compute backend could not start: no GPU adapter (or none matching
+    /// the requested name), the device refused, or the model does not fit it.
+    #[error("compute backend: {0}")]
+    Backend(String),
 }
 
 impl LoadError {

@@ -3,8 +3,9 @@
 //! The model engine behind tokenwire's engine boundary: loading llama-family
 //! Hugging Face checkpoints (Llama, Qwen2-style biases and tied embeddings,
 //! Llama 3 RoPE scaling; f32/f16/bf16, single or sharded safetensors), the
-//! tokenizer and chat template ([`HfCodec`]), a paged KV cache, a CPU
-//! [`Backend`], and the deterministic [`sample`] function.
+//! tokenizer and chat template ([`HfCodec`]), a paged KV cache, two
+//! [`Backend`]s (CPU, and WGSL kernels on wgpu: [`WgpuBackend`]), and the
+//! deterministic [`sample`] function.
 //!
 //! ```
 //! use tokenwire_kernels::Engine;
@@ -27,7 +28,9 @@ pub mod tiny;
 pub mod tokenizer;
 pub mod weights;
 
-pub use backend::{Backend, BackendKind, CpuBackend, SeqBatch};
+pub use backend::{
+    Backend, BackendKind, CpuBackend, ForwardOutput, SeqBatch, WgpuBackend, WgpuOptions,
+};
 pub use chat::ChatTemplate;
 pub use config::{GenerationConfig, ModelConfig};
 pub use engine::{Engine, EngineOptions, ModelIdentity};

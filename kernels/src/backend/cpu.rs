@@ -249,7 +249,7 @@ impl Backend for CpuBackend {
 }
 
 /// Re-checks what the engine promises, so a direct caller gets a fault, not a panic.
-fn check_batch(
+pub(crate) fn check_batch(
     batch: &[SeqBatch<'_>],
     geo: KvGeometry,
     vocab: usize,

@@ -1,18 +1,29 @@
 //! The compute seam: a [`Backend`] runs one batched forward pass over its
-//! paged KV cache. The CPU backend is here; a GPU one slots in beside it.
+//! paged KV cache. Two backends: the CPU reference ([`CpuBackend`]) and
+//! hand-written WGSL kernels on wgpu ([`WgpuBackend`]).
 
 pub mod cpu;
+pub mod wgpu;
 
 use tokenwire_core::{BlockId, EngineFaultKind, TokenId};
 
+pub use self::wgpu::{WgpuBackend, WgpuOptions};
 pub use cpu::CpuBackend;
 
 /// Which backend an engine computes with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum BackendKind {
     /// Multi-threaded f32 on the host.
     #[default]
     Cpu,
+    /// WGSL compute kernels on a GPU through wgpu. The graphics API comes from
+    /// `WGPU_BACKEND` (e.g. `vulkan`, `metal`, `dx12`; all when unset).
+    Wgpu {
+        /// Use the first adapter whose name contains this (case-insensitive);
+        /// `None` = the best one (discrete, then integrated, then virtual,
+        /// then software).
+        adapter: Option<String>,
+    },
 }
 
 /// One sequence's share of a forward pass. The engine has validated it: tokens
@@ -28,6 +39,22 @@ pub struct SeqBatch<'a> {
     pub block_table: &'a [BlockId],
     /// Return the logits of the last token.
     pub want_logits: bool,
+    /// With `want_logits`: the caller needs only the row's argmax (greedy
+    /// decoding without penalties or logprobs), so a backend may return the
+    /// id instead of the row (see [`Backend::forward_select`]).
+    pub argmax_only: bool,
+}
+
+/// What [`Backend::forward_select`] hands back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardOutput {
+    /// One entry per sequence with `want_logits`, in batch order: `Some(id)`
+    /// when the backend reduced the row to its argmax (ties to the lowest id,
+    /// NaN as -inf: the sampler's greedy rule), `None` when the row is in
+    /// `logits`.
+    pub argmax: Vec<Option<TokenId>>,
+    /// The `vocab_size`-wide rows of the entries that are `None`, in order.
+    pub logits: Vec<f32>,
 }
 
 /// A compute backend: owns the device-side weights and the KV pool.
@@ -49,4 +76,20 @@ pub trait Backend: Send {
         batch: &[SeqBatch<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineFaultKind>;
+
+    /// [`Backend::forward`], except that a sequence with `argmax_only` may
+    /// come back as its argmax id rather than its logits row, so a device
+    /// backend reads back one id instead of a vocabulary row. The default
+    /// returns every row.
+    fn forward_select(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        out: &mut ForwardOutput,
+    ) -> Result<(), EngineFaultKind> {
+        self.forward(batch, &mut out.logits)?;
+        out.argmax.clear();
+        out.argmax
+            .extend(batch.iter().filter(|b| b.want_logits).map(|_| None));
+        Ok(())
+    }
 }

@@ -1,0 +1,421 @@
+//! `engine-bench`: prefill and decode tokens/s of the CPU and wgpu backends
+//! for a model shape given on the command line, with seeded random weights.
+//!
+//! ```text
+//! cargo run --release -p tokenwire-benches --bin engine-bench -- \
+//!     --shape tinyllama-1.1b --layers 2 --backend cpu,wgpu --batch 1,8,32 \
+//!     --prompt 64 --steps 8
+//! ```
+//!
+//! For each batch size B, each backend runs (in the same process, one after
+//! the other) one prefill step of B sequences of `--prompt` tokens, then
+//! `--steps` decode steps of B sequences of one token (greedy: the wgpu
+//! backend reads back only argmax ids). Prints the configuration, then one
+//! line per backend and batch: prefill tokens/s, decode tokens/s, decode step
+//! time, and the weight bytes a decode step reads divided by its time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokenwire_core::rng::Rng;
+use tokenwire_kernels::{
+    Backend, CpuBackend, ForwardOutput, LayerWeights, Linear, Model, ModelConfig, RopeScaling,
+    SeqBatch, Weights, WgpuBackend, WgpuOptions,
+};
+
+const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
+             [--layers N] [--backend cpu,wgpu] [--batch 1,8,32] [--prompt N] [--steps N]
+             [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]";
+
+/// What to run.
+#[derive(Debug, Clone)]
+struct Args {
+    shape: String,
+    layers: Option<usize>,
+    backends: Vec<String>,
+    batches: Vec<usize>,
+    prompt: usize,
+    steps: usize,
+    dtype: String,
+    adapter: Option<String>,
+    block_size: usize,
+    seed: u64,
+}
+
+fn parse_list(v: &str) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|x| x.trim().parse().map_err(|_| format!("bad number `{x}`")))
+        .collect()
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        shape: "stories260k".into(),
+        layers: None,
+        backends: vec!["cpu".into(), "wgpu".into()],
+        batches: vec![1, 8, 32],
+        prompt: 64,
+        steps: 16,
+        dtype: "f32".into(),
+        adapter: None,
+        block_size: 16,
+        seed: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Err(USAGE.into());
+        }
+        let val = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let num = |v: &str| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag}: bad number `{v}`"))
+        };
+        match flag.as_str() {
+            "--shape" => a.shape = val,
+            "--layers" => a.layers = Some(num(&val)?),
+            "--backend" => a.backends = val.split(',').map(|s| s.trim().to_string()).collect(),
+            "--batch" => a.batches = parse_list(&val)?,
+            "--prompt" => a.prompt = num(&val)?.max(1),
+            "--steps" => a.steps = num(&val)?.max(1),
+            "--dtype" => a.dtype = val,
+            "--adapter" => a.adapter = Some(val),
+            "--block-size" => a.block_size = num(&val)?.max(1),
+            "--seed" => a.seed = num(&val)? as u64,
+            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+        }
+    }
+    if !["f32", "f16", "bf16"].contains(&a.dtype.as_str()) {
+        return Err(format!("--dtype must be f32, f16 or bf16\n{USAGE}"));
+    }
+    Ok(a)
+}
+
+/// The shape of a named model (or a custom one).
+fn config(shape: &str, layers: Option<usize>) -> Result<ModelConfig, String> {
+    let base = |h, l, nh, nkv, ffn, vocab, ctx, theta, tied, scaling| ModelConfig {
+        hidden_size: h,
+        intermediate_size: ffn,
+        num_layers: l,
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: h / nh,
+        vocab_size: vocab,
+        max_position_embeddings: ctx,
+        rms_norm_eps: 1e-5,
+        rope_theta: theta,
+        rope_scaling: scaling,
+        tie_word_embeddings: tied,
+        attention_bias: false,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        name_or_path: Some(shape.to_string()),
+    };
+    let mut c = match shape {
+        "tinyllama-1.1b" => base(
+            2048,
+            22,
+            32,
+            4,
+            5632,
+            32000,
+            2048,
+            10000.0,
+            false,
+            RopeScaling::None,
+        ),
+        "llama-3.2-1b" => base(
+            2048,
+            16,
+            32,
+            8,
+            8192,
+            128256,
+            131072,
+            500000.0,
+            true,
+            RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192.0,
+            },
+        ),
+        "stories260k" => base(64, 5, 8, 4, 172, 512, 512, 10000.0, true, RopeScaling::None),
+        custom => {
+            let dims = custom
+                .strip_prefix("custom:")
+                .ok_or_else(|| format!("unknown shape `{custom}`\n{USAGE}"))?;
+            let v = parse_list(dims)?;
+            let [h, l, nh, nkv, ffn, vocab] = v[..] else {
+                return Err("custom:dim,layers,heads,kv_heads,ffn,vocab".into());
+            };
+            if nh == 0 || nkv == 0 || h % nh != 0 || nh % nkv != 0 || (h / nh) % 2 != 0 {
+                return Err("custom shape: heads must divide dim (even head width), kv_heads must divide heads".into());
+            }
+            base(
+                h,
+                l,
+                nh,
+                nkv,
+                ffn,
+                vocab,
+                4096,
+                10000.0,
+                false,
+                RopeScaling::None,
+            )
+        }
+    };
+    if let Some(l) = layers {
+        c.num_layers = l.max(1);
+    }
+    Ok(c)
+}
+
+/// Seeded uniform weights with variance 1 / fan-in, rounded to `dtype`.
+fn random_model(c: &ModelConfig, dtype: &str, seed: u64) -> Result<Model, String> {
+    let mut rng = Rng::new(seed);
+    let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let x = (rng.next_f64() as f32 * 2.0 - 1.0) * scale;
+            v.push(match dtype {
+                "f16" => half::f16::from_f32(x).to_f32(),
+                "bf16" => half::bf16::from_f32(x).to_f32(),
+                _ => x,
+            });
+        }
+        v
+    };
+    let mut lin = |out_dim: usize, in_dim: usize| Linear {
+        w: uniform(out_dim * in_dim, (3.0 / in_dim as f32).sqrt()),
+        b: None,
+        out_dim,
+        in_dim,
+    };
+    let (h, q, kv) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+    );
+    let layers = (0..c.num_layers)
+        .map(|_| LayerWeights {
+            input_norm: vec![1.0; h],
+            q: lin(q, h),
+            k: lin(kv, h),
+            v: lin(kv, h),
+            o: lin(h, q),
+            post_norm: vec![1.0; h],
+            gate: lin(c.intermediate_size, h),
+            up: lin(c.intermediate_size, h),
+            down: lin(h, c.intermediate_size),
+        })
+        .collect();
+    let lm_head = (!c.tie_word_embeddings).then(|| lin(c.vocab_size, h));
+    let embed = lin(c.vocab_size, h).w;
+    let weights = Weights {
+        embed,
+        layers,
+        norm: vec![1.0; h],
+        lm_head,
+        dtype: dtype.into(),
+    };
+    Model::new(c.clone(), weights)
+}
+
+/// Times of one backend at one batch size.
+struct Run {
+    prefill: Duration,
+    decode: Duration,
+}
+
+fn run(
+    be: &mut dyn Backend,
+    batch: usize,
+    prompt: usize,
+    steps: usize,
+    bs: usize,
+    vocab: usize,
+    seed: u64,
+) -> Result<Run, String> {
+    let per = (prompt + steps + 1).max(10).div_ceil(bs);
+    let mut rng = Rng::new(seed);
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
+        .collect();
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..prompt)
+                .map(|_| rng.below(vocab as u64) as u32)
+                .collect()
+        })
+        .collect();
+    let mut out = ForwardOutput::default();
+    let step = |be: &mut dyn Backend, toks: &[Vec<u32>], pos: usize, out: &mut ForwardOutput| {
+        let b: Vec<SeqBatch<'_>> = toks
+            .iter()
+            .zip(&tables)
+            .map(|(t, table)| SeqBatch {
+                tokens: t,
+                start_pos: pos as u32,
+                block_table: table,
+                want_logits: true,
+                argmax_only: true,
+            })
+            .collect();
+        be.forward_select(&b, out).map_err(|e| format!("{e:?}"))
+    };
+    // Untimed warm-up on the first sequence's blocks (rewritten below): a
+    // 9-token chunk and a 1-token step reach every kernel once, so one-time
+    // costs (shader compilation in the driver) are not counted as speed.
+    let warm: Vec<Vec<u32>> = vec![prompts[0].iter().copied().cycle().take(9).collect()];
+    step(be, &warm, 0, &mut out)?;
+    step(be, &[vec![warm[0][0]]], 9, &mut out)?;
+    let t = Instant::now();
+    step(be, &prompts, 0, &mut out)?;
+    let prefill = t.elapsed();
+    let next = |out: &ForwardOutput, rng: &mut Rng| -> Vec<Vec<u32>> {
+        (0..batch)
+            .map(|i| {
+                vec![out
+                    .argmax
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .unwrap_or_else(|| rng.below(vocab as u64) as u32)]
+            })
+            .collect()
+    };
+    // One untimed decode step: first-use costs (shader JIT) are not decode speed.
+    let mut feed = next(&out, &mut rng);
+    step(be, &feed, prompt, &mut out)?;
+    feed = next(&out, &mut rng);
+    let t = Instant::now();
+    for s in 0..steps {
+        step(be, &feed, prompt + 1 + s, &mut out)?;
+        feed = next(&out, &mut rng);
+    }
+    Ok(Run {
+        prefill,
+        decode: t.elapsed(),
+    })
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = bench(&args) {
+        eprintln!("engine-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn bench(a: &Args) -> Result<(), String> {
+    let c = config(&a.shape, a.layers)?;
+    let t = Instant::now();
+    let model = Arc::new(random_model(&c, &a.dtype, a.seed)?);
+    let params: usize = {
+        let w = model.weights();
+        let lin = |l: &Linear| l.w.len();
+        w.embed.len()
+            + w.lm_head.as_ref().map_or(0, lin)
+            + w.layers
+                .iter()
+                .map(|l| {
+                    lin(&l.q)
+                        + lin(&l.k)
+                        + lin(&l.v)
+                        + lin(&l.o)
+                        + lin(&l.gate)
+                        + lin(&l.up)
+                        + lin(&l.down)
+                })
+                .sum::<usize>()
+    };
+    println!(
+        "shape {} (hidden {}, layers {}, heads {}/{} kv, head_dim {}, ffn {}, vocab {}, tied {}), \
+         {:.1} M params, random weights in {} (seed {}), built in {:.1?}",
+        a.shape,
+        c.hidden_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        c.tie_word_embeddings,
+        params as f64 / 1e6,
+        a.dtype,
+        a.seed,
+        t.elapsed()
+    );
+    println!(
+        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}",
+        a.prompt,
+        a.steps,
+        a.block_size,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "{:<6} {:>5} {:>14} {:>14} {:>14} {:>16}",
+        "backend", "batch", "prefill tok/s", "decode tok/s", "decode step", "weights GB/s"
+    );
+    let per_seq = (a.prompt + a.steps + 1).max(10).div_ceil(a.block_size);
+    for &b in &a.batches {
+        let nb = (b * per_seq).max(1);
+        for name in &a.backends {
+            let (mut be, weight_bytes): (Box<dyn Backend>, u64) = match name.as_str() {
+                "cpu" => (
+                    Box::new(CpuBackend::new(model.clone(), a.block_size, nb)?),
+                    4 * params as u64,
+                ),
+                "wgpu" => {
+                    let opts = WgpuOptions {
+                        adapter: a.adapter.clone(),
+                        ..WgpuOptions::default()
+                    };
+                    let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)
+                        .map_err(|e| e.to_string())?;
+                    if b == a.batches[0] {
+                        println!(
+                            "wgpu adapter: {}, weights as {:?}",
+                            w.adapter(),
+                            w.weight_dtypes()
+                        );
+                    }
+                    let bytes = w.weight_bytes();
+                    (Box::new(w), bytes)
+                }
+                other => return Err(format!("unknown backend `{other}` (cpu, wgpu)")),
+            };
+            let r = run(
+                be.as_mut(),
+                b,
+                a.prompt,
+                a.steps,
+                a.block_size,
+                c.vocab_size,
+                a.seed,
+            )?;
+            let step = r.decode / a.steps as u32;
+            println!(
+                "{:<6} {:>5} {:>14.1} {:>14.2} {:>12.1?} {:>16.2}",
+                name,
+                b,
+                (b * a.prompt) as f64 / r.prefill.as_secs_f64(),
+                (b * a.steps) as f64 / r.decode.as_secs_f64(),
+                step,
+                weight_bytes as f64 / step.as_secs_f64() / 1e9
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! The wgpu device: adapter choice, limits, error capture and buffer helpers.
+
+use std::sync::{Arc, Mutex};
+
+use tokenwire_core::EngineFaultKind;
+
+use super::WgpuOptions;
+
+/// An error the device reported outside any error scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GpuError {
+    /// An allocation failed.
+    OutOfMemory(String),
+    /// The device is gone (driver reset, removed GPU).
+    Lost(String),
+    /// Validation or internal error: a bug on our side or in the driver.
+    Other(String),
+}
+
+impl GpuError {
+    pub(crate) fn into_fault(self) -> EngineFaultKind {
+        match self {
+            GpuError::OutOfMemory(_) => EngineFaultKind::OutOfMemory,
+            GpuError::Lost(_) => EngineFaultKind::DeviceLost,
+            GpuError::Other(m) => EngineFaultKind::Internal(format!("wgpu: {m}")),
+        }
+    }
+
+    pub(crate) fn message(&self) -> String {
+        match self {
+            GpuError::OutOfMemory(m) => format!("out of device memory: {m}"),
+            GpuError::Lost(m) => format!("device lost: {m}"),
+            GpuError::Other(m) => m.clone(),
+        }
+    }
+}
+
+/// Device, queue and what we learned about the adapter.
+pub(crate) struct Gpu {
+    pub(crate) device: ::wgpu::Device,
+    pub(crate) queue: ::wgpu::Queue,
+    pub(crate) info: ::wgpu::AdapterInfo,
+    /// Largest storage binding we use, bytes (the device limit or a smaller override).
+    pub(crate) max_binding: u64,
+    /// Alignment of dynamic uniform offsets.
+    pub(crate) uniform_align: u64,
+    /// `shader-f16` enabled: f16 weights are read as `array<f16>`.
+    pub(crate) f16_native: bool,
+    errors: Arc<Mutex<Vec<GpuError>>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("max_binding", &self.max_binding)
+            .field("f16_native", &self.f16_native)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The instance, with the backends `WGPU_BACKEND` names (all when unset).
+fn instance() -> ::wgpu::Instance {
+    ::wgpu::Instance::new(::wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// Every adapter wgpu finds with the backends `WGPU_BACKEND` allows.
+pub fn adapters() -> Vec<::wgpu::AdapterInfo> {
+    let inst = instance();
+    let backends = ::wgpu::Backends::from_env().unwrap_or(::wgpu::Backends::all());
+    pollster::block_on(inst.enumerate_adapters(backends))
+        .iter()
+        .map(|a| a.get_info())
+        .collect()
+}
+
+fn describe(info: &::wgpu::AdapterInfo) -> String {
+    format!(
+        "\"{}\" ({:?}, {:?})",
+        info.name, info.backend, info.device_type
+    )
+}
+
+/// Discrete before integrated before virtual before software.
+fn rank(t: ::wgpu::DeviceType) -> u8 {
+    match t {
+        ::wgpu::DeviceType::DiscreteGpu => 0,
+        ::wgpu::DeviceType::IntegratedGpu => 1,
+        ::wgpu::DeviceType::VirtualGpu => 2,
+        ::wgpu::DeviceType::Cpu => 3,
+        ::wgpu::DeviceType::Other => 4,
+    }
+}
+
+impl Gpu {
+    /// Picks an adapter (by name substring, or the best kind) and opens a
+    /// device with every limit the adapter offers.
+    pub(crate) fn new(opts: &WgpuOptions) -> Result<Gpu, String> {
+        let inst = instance();
+        let backends = ::wgpu::Backends::from_env().unwrap_or(::wgpu::Backends::all());
+        let mut found = pollster::block_on(inst.enumerate_adapters(backends));
+        let env = std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "unset".into());
+        if found.is_empty() {
+            return Err(format!(
+                "no GPU adapter found (backends {backends:?}, WGPU_BACKEND={env}); \
+                 without a GPU on Linux, Mesa's software Vulkan driver works: \
+                 apt-get install mesa-vulkan-drivers"
+            ));
+        }
+        found.sort_by_key(|a| rank(a.get_info().device_type));
+        let adapter = match &opts.adapter {
+            None => found.swap_remove(0),
+            Some(want) => {
+                let w = want.to_lowercase();
+                match found
+                    .iter()
+                    .position(|a| a.get_info().name.to_lowercase().contains(&w))
+                {
+                    Some(i) => found.swap_remove(i),
+                    None => {
+                        let names: Vec<String> =
+                            found.iter().map(|a| describe(&a.get_info())).collect();
+                        return Err(format!(
+                            "no GPU adapter name contains \"{want}\" (WGPU_BACKEND={env}); available: {}",
+                            names.join(", ")
+                        ));
+                    }
+                }
+            }
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let f16_native =
+            opts.shader_f16 && adapter.features().contains(::wgpu::Features::SHADER_F16);
+        let mut features = ::wgpu::Features::empty();
+        if f16_native {
+            features |= ::wgpu::Features::SHADER_F16;
+        }
+        let desc = ::wgpu::DeviceDescriptor {
+            label: Some("tokenwire"),
+            required_features: features,
+            required_limits: limits.clone(),
+            memory_hints: ::wgpu::MemoryHints::Performance,
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| format!("adapter {} refused a device: {e}", describe(&info)))?;
+        let errors: Arc<Mutex<Vec<GpuError>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: ::wgpu::Error| {
+            let item = match e {
+                ::wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
+                other => GpuError::Other(other.to_string()),
+            };
+            if let Ok(mut v) = sink.lock() {
+                v.push(item);
+            }
+        }));
+        let sink = errors.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(GpuError::Lost(format!("{reason:?}: {msg}")));
+            }
+        });
+        let mut max_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        if let Some(cap) = opts.max_binding {
+            max_binding = max_binding.min(cap);
+        }
+        let max_binding = max_binding / 4 * 4;
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            max_binding,
+            uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment).max(16),
+            f16_native,
+            errors,
+        })
+    }
+
+    /// The first error the device reported since the last call, if any;
+    /// later ones are dropped (they usually follow from the first).
+    pub(crate) fn take_error(&self) -> Option<GpuError> {
+        let mut v = self.errors.lock().ok()?;
+        let first = v.first().cloned();
+        v.clear();
+        first
+    }
+
+    /// A zeroed storage buffer of at least `bytes` (rounded up to 16).
+    pub(crate) fn buffer(
+        &self,
+        label: &str,
+        bytes: u64,
+        usage: ::wgpu::BufferUsages,
+    ) -> ::wgpu::Buffer {
+        self.device.create_buffer(&::wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).div_ceil(16) * 16,
+            usage,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    pub(crate) fn buffer_init(&self, label: &str, bytes: &[u8]) -> ::wgpu::Buffer {
+        use ::wgpu::util::DeviceExt;
+        let usage = ::wgpu::BufferUsages::STORAGE
+            | ::wgpu::BufferUsages::COPY_SRC
+            | ::wgpu::BufferUsages::COPY_DST;
+        if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
+            return self
+                .device
+                .create_buffer_init(&::wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: bytes,
+                    usage,
+                });
+        }
+        let mut padded = bytes.to_vec();
+        padded.resize(bytes.len().max(4).div_ceil(4) * 4, 0);
+        self.device
+            .create_buffer_init(&::wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &padded,
+                usage,
+            })
+    }
+
+    /// Waits for the queue, then copies `bytes` bytes of a `MAP_READ` buffer out.
+    pub(crate) fn read_mapped(
+        &self,
+        staging: &::wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<Vec<u8>, GpuError> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        let slice = staging.slice(0..size);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(::wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(::wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Lost(e.to_string()))?;
+        if let Some(e) = self.take_error() {
+            return Err(e);
+        }
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Other(format!("map_async: {e}"))),
+            Err(_) => return Err(GpuError::Other("map_async callback dropped".into())),
+        }
+        let out = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| GpuError::Other(format!("get_mapped_range: {e}")))?;
+            view[..bytes as usize].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+}
+
+/// Workgroup counts for `n` workgroups: x up to 65535, the rest in y. Kernels
+/// compute the flat index as `wid.x + wid.y * num_workgroups.x` and skip the
+/// overhang.
+pub(crate) fn grid(n: u32) -> [u32; 2] {
+    const MAX: u32 = 65535;
+    if n <= MAX {
+        [n.max(1), 1]
+    } else {
+        [MAX, n.div_ceil(MAX)]
+    }
+}

@@ -1,0 +1,628 @@
+//! One kernel at a time: [`KernelLab`] runs each WGSL kernel of the wgpu
+//! backend on inputs given as host slices and returns its output, so tests
+//! can check every kernel against a CPU reference on arbitrary shapes (and
+//! benchmarks can time one kernel). It builds the same pipelines, parameter
+//! blocks and `plan` words as the backend.
+
+use super::context::{grid, Gpu};
+use super::pipelines::{
+    mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel, MAT_MUL_TILE,
+    MAT_VEC_COLS,
+};
+use super::plan::{self, PlanLimits};
+use super::{WeightDtype, WgpuOptions};
+use crate::backend::SeqBatch;
+use tokenwire_core::TokenId;
+
+/// One sequence's share of an attention, RoPE or KV-write case.
+#[derive(Debug, Clone)]
+pub struct LabSeq {
+    /// Position of the sequence's first row.
+    pub start_pos: u32,
+    /// Rows (tokens) of the sequence in this step.
+    pub rows: usize,
+    /// Its KV blocks, in position order.
+    pub block_table: Vec<u32>,
+}
+
+/// Which attention kernel a case runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// attn_decode.wgsl per row, context split every `split_len` positions
+    /// (attn_merge.wgsl combines the splits).
+    Decode {
+        /// Positions per split.
+        split_len: u32,
+    },
+    /// attn_prefill.wgsl on tiles of consecutive rows.
+    Prefill,
+}
+
+/// The shape of the model side of an attention, RoPE or KV-write case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadShape {
+    /// Query heads.
+    pub q_heads: usize,
+    /// KV heads (divides `q_heads`).
+    pub kv_heads: usize,
+    /// Head width (even).
+    pub head_dim: usize,
+    /// Slots per KV block.
+    pub block_size: usize,
+}
+
+impl HeadShape {
+    /// Width of a fused q|k|v row.
+    pub fn qkv_width(&self) -> usize {
+        (self.q_heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// Runs single kernels of the wgpu backend.
+pub struct KernelLab {
+    gpu: Gpu,
+    pipes: Pipelines,
+}
+
+impl std::fmt::Debug for KernelLab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelLab")
+            .field("gpu", &self.gpu)
+            .finish_non_exhaustive()
+    }
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+impl KernelLab {
+    /// Opens a device as the backend would (adapter, binding cap, `shader-f16`
+    /// and the mat-vec variant from `opts`). Fails with a message when there
+    /// is no adapter.
+    pub fn new(opts: &WgpuOptions) -> Result<KernelLab, String> {
+        let gpu = Gpu::new(opts)?;
+        let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
+        let pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
+        Ok(KernelLab { gpu, pipes })
+    }
+
+    /// The adapter: name, graphics API, type, and the subgroup sizes it reports.
+    pub fn adapter(&self) -> String {
+        let i = &self.gpu.info;
+        format!(
+            "{} ({:?}, {:?}, subgroup size {}..={})",
+            i.name, i.backend, i.device_type, i.subgroup_min_size, i.subgroup_max_size
+        )
+    }
+
+    /// Whether f16 weights are read natively (`shader-f16`).
+    pub fn f16_native(&self) -> bool {
+        self.gpu.f16_native
+    }
+
+    /// The storage type the backend would give weights of `file_dtype`.
+    pub fn dtype_for(&self, file_dtype: &str) -> WeightDtype {
+        super::tensors::device_dtype(&self.gpu, file_dtype)
+    }
+
+    fn upload(&self, label: &str, bytes: &[u8]) -> ::wgpu::Buffer {
+        self.gpu.buffer_init(label, bytes)
+    }
+
+    fn output(&self, label: &str, floats: usize) -> ::wgpu::Buffer {
+        self.gpu.buffer(
+            label,
+            4 * floats as u64,
+            ::wgpu::BufferUsages::STORAGE | ::wgpu::BufferUsages::COPY_SRC,
+        )
+    }
+
+    fn bind(
+        &self,
+        layout: &::wgpu::BindGroupLayout,
+        bufs: &[&::wgpu::Buffer],
+    ) -> ::wgpu::BindGroup {
+        let entries: Vec<::wgpu::BindGroupEntry<'_>> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ::wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.gpu
+            .device
+            .create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some("lab"),
+                layout,
+                entries: &entries,
+            })
+    }
+
+    /// Runs `dispatches` (pipeline, bind group, parameter words, workgroups)
+    /// in one compute pass, then reads back `read` (buffer, bytes).
+    fn run(
+        &self,
+        dispatches: &[(
+            &::wgpu::ComputePipeline,
+            &::wgpu::BindGroup,
+            Vec<u32>,
+            [u32; 2],
+        )],
+        read: (&::wgpu::Buffer, u64),
+    ) -> Result<Vec<u8>, String> {
+        let mut params = ParamArena::new(self.gpu.uniform_align);
+        let offs: Vec<u32> = dispatches.iter().map(|d| params.push(&d.2)).collect();
+        let pbuf = self.gpu.buffer(
+            "lab.params",
+            (params.bytes().len() as u64).max(256),
+            ::wgpu::BufferUsages::UNIFORM | ::wgpu::BufferUsages::COPY_DST,
+        );
+        self.gpu.queue.write_buffer(&pbuf, 0, params.bytes());
+        let pbg = self
+            .gpu
+            .device
+            .create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some("lab.params"),
+                layout: &self.pipes.layouts.params,
+                entries: &[::wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
+                        buffer: &pbuf,
+                        offset: 0,
+                        size: ::wgpu::BufferSize::new(super::pipelines::PARAM_BYTES),
+                    }),
+                }],
+            });
+        let bytes = read.1.max(4).div_ceil(4) * 4;
+        let staging = self.gpu.buffer(
+            "lab.staging",
+            bytes,
+            ::wgpu::BufferUsages::MAP_READ | ::wgpu::BufferUsages::COPY_DST,
+        );
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&::wgpu::CommandEncoderDescriptor { label: Some("lab") });
+        {
+            let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
+                label: Some("lab"),
+                timestamp_writes: None,
+            });
+            for (d, off) in dispatches.iter().zip(&offs) {
+                pass.set_pipeline(d.0);
+                pass.set_bind_group(0, d.1, &[]);
+                pass.set_bind_group(1, &pbg, &[*off]);
+                pass.dispatch_workgroups(d.3[0], d.3[1], 1);
+            }
+        }
+        enc.copy_buffer_to_buffer(read.0, 0, &staging, 0, bytes);
+        self.gpu.queue.submit([enc.finish()]);
+        self.gpu
+            .read_mapped(&staging, read.1)
+            .map_err(|e| e.message())
+    }
+
+    /// Uploads a `[rows, in_dim]` matrix as `dtype` in chunks of at most
+    /// `chunk_rows` rows (None: as big as a binding allows).
+    fn chunks(
+        &self,
+        w: &[f32],
+        in_dim: usize,
+        dtype: WeightDtype,
+        chunk_rows: Option<usize>,
+    ) -> Result<Vec<(::wgpu::Buffer, u32, u32)>, String> {
+        let rows = w.len() / in_dim.max(1);
+        let mut per = super::tensors::rows_per_chunk(self.gpu.max_binding, in_dim, dtype)?;
+        if let Some(c) = chunk_rows {
+            per = per.min(c.max(1));
+            if dtype.bytes() == 2 && in_dim % 2 == 1 && per % 2 == 1 && per > 1 {
+                per -= 1;
+            }
+        }
+        let mut out = Vec::new();
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + per).min(rows);
+            let mut bytes = Vec::new();
+            dtype.encode(&w[r0 * in_dim..r1 * in_dim], &mut bytes);
+            out.push((self.upload("lab.w", &bytes), r0 as u32, (r1 - r0) as u32));
+            r0 = r1;
+        }
+        Ok(out)
+    }
+
+    /// `y[c, o] = W[o, :] . x[c, :] (+ b[o])` for `cols` columns: x is
+    /// `[cols, in_dim]`, W `[out_dim, in_dim]` stored as `dtype` (its values
+    /// rounded to that type first), split into chunks of at most `chunk_rows`
+    /// rows. The tiled matmul when `tiled`, else the mat-vec kernel (in
+    /// groups of 8 columns), as the backend dispatches them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        w: &[f32],
+        in_dim: usize,
+        bias: Option<&[f32]>,
+        dtype: WeightDtype,
+        tiled: bool,
+        chunk_rows: Option<usize>,
+    ) -> Result<Vec<f32>, String> {
+        let out_dim = w.len() / in_dim;
+        self.pipes.ensure_weights(&self.gpu, dtype);
+        let chunks = self.chunks(w, in_dim, dtype, chunk_rows)?;
+        let xb = self.upload("lab.x", bytemuck::cast_slice(x));
+        let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
+        let yb = self.output("lab.y", cols * out_dim);
+        let bgs: Vec<::wgpu::BindGroup> = chunks
+            .iter()
+            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.0, &bb, &yb]))
+            .collect();
+        let tpr = mat_vec_tpr(in_dim, self.pipes.split_k);
+        let (k, ldx, ldy, has_bias) = (
+            in_dim as u32,
+            in_dim as u32,
+            out_dim as u32,
+            u32::from(bias.is_some()),
+        );
+        let mut dispatches = Vec::new();
+        for (c, bg) in chunks.iter().zip(&bgs) {
+            let (rows, row0) = (c.2, c.1);
+            if tiled {
+                let pipe = self
+                    .pipes
+                    .weight(WeightKernel::MatMul, dtype)
+                    .ok_or("pipeline missing")?;
+                let words = vec![k, rows, row0, cols as u32, ldx, ldy, has_bias, 0, 0];
+                let groups = [
+                    rows.div_ceil(MAT_MUL_TILE),
+                    (cols as u32).div_ceil(MAT_MUL_TILE),
+                ];
+                dispatches.push((pipe, bg, words, groups));
+                continue;
+            }
+            let mut c0 = 0u32;
+            while (c0 as usize) < cols {
+                let n = (cols as u32 - c0).min(MAT_VEC_COLS as u32);
+                let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
+                let pipe = self.pipes.weight(kind, dtype).ok_or("pipeline missing")?;
+                let words = vec![
+                    k,
+                    rows,
+                    row0,
+                    n,
+                    ldx,
+                    ldy,
+                    has_bias,
+                    c0 * ldx,
+                    c0 * ldy,
+                    tpr,
+                ];
+                dispatches.push((pipe, bg, words, grid(rows.div_ceil(256 / tpr))));
+                c0 += n;
+            }
+        }
+        let out = self.run(&dispatches, (&yb, 4 * (cols * out_dim) as u64))?;
+        Ok(f32s(&out))
+    }
+
+    /// Gathers rows `tokens` of a `[vocab, hidden]` table stored as `dtype`,
+    /// split into chunks of at most `chunk_rows` rows.
+    pub fn embed(
+        &mut self,
+        table: &[f32],
+        hidden: usize,
+        dtype: WeightDtype,
+        tokens: &[TokenId],
+        chunk_rows: Option<usize>,
+    ) -> Result<Vec<f32>, String> {
+        self.pipes.ensure_weights(&self.gpu, dtype);
+        let chunks = self.chunks(table, hidden, dtype, chunk_rows)?;
+        let plan = self.upload("lab.plan", bytemuck::cast_slice(tokens));
+        let xb = self.output("lab.x", tokens.len() * hidden);
+        let pipe = self
+            .pipes
+            .weight(WeightKernel::Embed, dtype)
+            .ok_or("pipeline missing")?;
+        let bgs: Vec<::wgpu::BindGroup> = chunks
+            .iter()
+            .map(|c| self.bind(&self.pipes.layouts.embed, &[&plan, &c.0, &xb]))
+            .collect();
+        let t = tokens.len() as u32;
+        let dispatches: Vec<_> = chunks
+            .iter()
+            .zip(&bgs)
+            .map(|(c, bg)| (pipe, bg, vec![hidden as u32, t, 0, c.1, c.2], grid(t)))
+            .collect();
+        let out = self.run(&dispatches, (&xb, 4 * (tokens.len() * hidden) as u64))?;
+        Ok(f32s(&out))
+    }
+
+    /// RMSNorm with the residual add: returns (x after the optional
+    /// write-back of `x + delta`, the normalised rows). With `select`, only
+    /// those rows are normalised, compactly (and x is not written).
+    pub fn rms_norm(
+        &mut self,
+        x: &[f32],
+        delta: Option<&[f32]>,
+        weight: &[f32],
+        eps: f32,
+        select: Option<&[u32]>,
+    ) -> Result<(Vec<f32>, Vec<f32>), String> {
+        let h = weight.len();
+        let rows = x.len() / h;
+        let out_rows = select.map_or(rows, |s| s.len());
+        let plan = self.upload("lab.plan", bytemuck::cast_slice(select.unwrap_or(&[0])));
+        let xb = self.upload("lab.x", bytemuck::cast_slice(x));
+        let db = self.upload("lab.d", bytemuck::cast_slice(delta.unwrap_or(&[0.0])));
+        let wb = self.upload("lab.w", bytemuck::cast_slice(weight));
+        let yb = self.output("lab.y", out_rows * h);
+        let bg = self.bind(&self.pipes.layouts.norm, &[&plan, &xb, &db, &wb, &yb]);
+        let mut flags = 0;
+        if delta.is_some() {
+            flags |= super::NORM_ADD;
+            if select.is_none() {
+                flags |= super::NORM_WRITE_BACK;
+            }
+        }
+        if select.is_some() {
+            flags |= super::NORM_SELECT;
+        }
+        let words = vec![h as u32, eps.to_bits(), flags, 0, out_rows as u32];
+        let d = [(&self.pipes.rms_norm, &bg, words, grid(out_rows as u32))];
+        let y = self.run(&d, (&yb, 4 * (out_rows * h) as u64))?;
+        let x_after = self.read(&xb, x.len())?;
+        Ok((x_after, f32s(&y)))
+    }
+
+    fn read(&self, buf: &::wgpu::Buffer, floats: usize) -> Result<Vec<f32>, String> {
+        let out = self.run(&[], (buf, 4 * floats as u64))?;
+        Ok(f32s(&out))
+    }
+
+    /// The `plan` words of a step made of `seqs` (their rows in order).
+    fn plan(
+        &self,
+        seqs: &[LabSeq],
+        head_dim: usize,
+        theta_inv_freq: &[f64],
+        limits: PlanLimits,
+    ) -> Result<(Vec<u32>, plan::Pass), String> {
+        let zeros: Vec<Vec<TokenId>> = seqs.iter().map(|s| vec![0; s.rows]).collect();
+        let batch: Vec<SeqBatch<'_>> = seqs
+            .iter()
+            .zip(&zeros)
+            .map(|(s, t)| SeqBatch {
+                tokens: t,
+                start_pos: s.start_pos,
+                block_table: &s.block_table,
+                want_logits: false,
+                argmax_only: false,
+            })
+            .collect();
+        for (i, s) in seqs.iter().enumerate() {
+            let end = s.start_pos as usize + s.rows;
+            if s.rows == 0 || s.block_table.len() * limits.block_size < end {
+                return Err(format!("sequence {i}: empty or block table too short"));
+            }
+        }
+        let _ = head_dim;
+        let hp = plan::build(&batch, theta_inv_freq, &limits, false);
+        match hp.passes.as_slice() {
+            [p] => Ok((hp.words, p.clone())),
+            _ => Err("case too big for one pass".into()),
+        }
+    }
+
+    fn limits(shape: &HeadShape, prefill_min: usize) -> PlanLimits {
+        let s = AttnShape {
+            head_dim: shape.head_dim as u32,
+            group: (shape.q_heads / shape.kv_heads.max(1)) as u32,
+        };
+        PlanLimits {
+            max_rows: usize::MAX,
+            max_logit_rows: usize::MAX,
+            prefill_min,
+            prefill_rows: s.prefill_rows() as usize,
+            block_size: shape.block_size,
+        }
+    }
+
+    /// RoPE on the query and key heads of fused q|k|v rows (`[rows,
+    /// qkv_width]`), positions from `seqs`, frequencies `inv_freq`.
+    pub fn rope(
+        &mut self,
+        qkv: &[f32],
+        shape: &HeadShape,
+        seqs: &[LabSeq],
+        inv_freq: &[f64],
+    ) -> Result<Vec<f32>, String> {
+        let (words, p) = self.plan(seqs, shape.head_dim, inv_freq, Self::limits(shape, 1))?;
+        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
+        let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
+        let bg = self.bind(&self.pipes.layouts.rope, &[&planb, &qb]);
+        let heads = (shape.q_heads + shape.kv_heads) as u32;
+        let half = (shape.head_dim / 2) as u32;
+        let n = p.rows * heads * half;
+        let words = vec![
+            p.rows,
+            heads,
+            half,
+            shape.qkv_width() as u32,
+            p.cos_off,
+            p.sin_off,
+        ];
+        let d = [(&self.pipes.rope, &bg, words, grid(n.div_ceil(256)))];
+        let out = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
+        Ok(f32s(&out))
+    }
+
+    /// Writes the K and V of fused q|k|v rows into copies of the pools
+    /// `k_pool` / `v_pool` through the slots of `seqs`; returns the pools.
+    pub fn kv_write(
+        &mut self,
+        qkv: &[f32],
+        shape: &HeadShape,
+        seqs: &[LabSeq],
+        k_pool: &[f32],
+        v_pool: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>), String> {
+        let (words, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, 1))?;
+        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
+        let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
+        let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
+        let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
+        let bg = self.bind(&self.pipes.layouts.kv_write, &[&planb, &qb, &kb, &vb]);
+        let n = p.rows * (shape.kv_heads * shape.head_dim) as u32;
+        let words = vec![
+            p.rows,
+            shape.kv_heads as u32,
+            shape.head_dim as u32,
+            shape.block_size as u32,
+            shape.qkv_width() as u32,
+            p.slot_off,
+            (shape.q_heads * shape.head_dim) as u32,
+        ];
+        let d = [(&self.pipes.kv_write, &bg, words, grid(n.div_ceil(256)))];
+        let k = self.run(&d, (&kb, 4 * k_pool.len() as u64))?;
+        let v = self.read(&vb, v_pool.len())?;
+        Ok((f32s(&k), v))
+    }
+
+    /// Causal attention of every row of `seqs` over its own sequence's cached
+    /// positions `0..=pos`, reading the queries from fused q|k|v rows and K/V
+    /// from the pools (`[block][kv_head][slot][head_dim]`). Returns
+    /// `[rows, q_heads * head_dim]`.
+    pub fn attention(
+        &mut self,
+        qkv: &[f32],
+        shape: &HeadShape,
+        seqs: &[LabSeq],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        kernel: AttnKernel,
+    ) -> Result<Vec<f32>, String> {
+        let ashape = AttnShape {
+            head_dim: shape.head_dim as u32,
+            group: (shape.q_heads / shape.kv_heads) as u32,
+        };
+        self.pipes.ensure_attn(&self.gpu, ashape);
+        let prefill_min = match kernel {
+            AttnKernel::Prefill => 1,
+            AttnKernel::Decode { .. } => usize::MAX,
+        };
+        let (words, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, prefill_min))?;
+        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
+        let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
+        let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
+        let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
+        let width = shape.q_heads * shape.head_dim;
+        let ab = self.output("lab.att", p.rows as usize * width);
+        let (nq, nkv, hd) = (
+            shape.q_heads as u32,
+            shape.kv_heads as u32,
+            shape.head_dim as u32,
+        );
+        let scale = (1.0 / (hd as f32).sqrt()).to_bits();
+        let bs = shape.block_size as u32;
+        let stride = shape.qkv_width() as u32;
+        let (decode, prefill) = self.pipes.attn(ashape).ok_or("pipeline missing")?;
+        let bytes = 4 * (p.rows as usize * width) as u64;
+        match kernel {
+            AttnKernel::Prefill => {
+                let bg = self.bind(&self.pipes.layouts.prefill, &[&planb, &qb, &kb, &vb, &ab]);
+                let words = vec![
+                    p.tile_off,
+                    p.pos_off,
+                    p.rt_off,
+                    nkv,
+                    ashape.group,
+                    stride,
+                    nq,
+                    bs,
+                    scale,
+                    p.n_tiles,
+                ];
+                let d = [(prefill, &bg, words, [p.n_tiles, nq])];
+                let out = self.run(&d, (&ab, bytes))?;
+                Ok(f32s(&out))
+            }
+            AttnKernel::Decode { split_len } => {
+                let split_len = split_len.max(1);
+                let n_splits = p.max_dec_ctx.div_ceil(split_len).max(1);
+                let ml_off = p.n_dec * nq * n_splits * hd;
+                let part = self.output("lab.part", (ml_off + 2 * p.n_dec * nq * n_splits) as usize);
+                let bg = self.bind(
+                    &self.pipes.layouts.decode,
+                    &[&planb, &qb, &kb, &vb, &ab, &part],
+                );
+                let mbg = self.bind(&self.pipes.layouts.merge, &[&planb, &part, &ab]);
+                let hgroups = ashape.group / ashape.heads_per_wg();
+                let words = vec![
+                    p.n_dec,
+                    p.dec_off,
+                    p.pos_off,
+                    p.rt_off,
+                    nkv,
+                    ashape.group,
+                    stride,
+                    nq,
+                    bs,
+                    split_len,
+                    n_splits,
+                    scale,
+                    ml_off,
+                    hgroups,
+                ];
+                let mut d = vec![(decode, &bg, words, [p.n_dec * nkv * hgroups, n_splits])];
+                if n_splits > 1 {
+                    let mw = vec![p.n_dec, p.dec_off, nq, n_splits, ml_off, hd];
+                    d.push((&self.pipes.attn_merge, &mbg, mw, grid(p.n_dec * nq)));
+                }
+                let out = self.run(&d, (&ab, bytes))?;
+                Ok(f32s(&out))
+            }
+        }
+    }
+
+    /// SwiGLU: rows of `gu` are gate (`inter` values) then up; returns
+    /// `[rows, inter]` of `silu(gate) * up`.
+    pub fn silu_mul(&mut self, gu: &[f32], inter: usize) -> Result<Vec<f32>, String> {
+        let rows = gu.len() / (2 * inter);
+        let gb = self.upload("lab.gu", bytemuck::cast_slice(gu));
+        let ab = self.output("lab.act", rows * inter);
+        let bg = self.bind(&self.pipes.layouts.silu, &[&gb, &ab]);
+        let n = (rows * inter) as u32;
+        let d = [(
+            &self.pipes.silu_mul,
+            &bg,
+            vec![rows as u32, inter as u32],
+            grid(n.div_ceil(256)),
+        )];
+        let out = self.run(&d, (&ab, 4 * (rows * inter) as u64))?;
+        Ok(f32s(&out))
+    }
+
+    /// Argmax of each `vocab`-wide row (ties to the lowest id, NaN as -inf).
+    pub fn argmax(&mut self, logits: &[f32], vocab: usize) -> Result<Vec<u32>, String> {
+        let rows = logits.len() / vocab;
+        let lb = self.upload("lab.logits", bytemuck::cast_slice(logits));
+        let ib = self.output("lab.ids", rows);
+        let bg = self.bind(&self.pipes.layouts.argmax, &[&lb, &ib]);
+        let d = [(
+            &self.pipes.argmax,
+            &bg,
+            vec![rows as u32, vocab as u32, 0],
+            grid(rows as u32),
+        )];
+        let out = self.run(&d, (&ib, 4 * rows as u64))?;
+        Ok(out
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}

@@ -1,0 +1,1132 @@
+//! The wgpu backend: the whole llama forward pass as hand-written WGSL
+//! compute kernels, one file per operation under `shaders/` (in the manner
+//! of llama.cpp's ggml-webgpu).
+//!
+//! * Weights are uploaded once, in the file's dtype (f32; f16 and bf16 kept
+//!   packed two to a u32 and widened in the shader, or read as `f16` where the
+//!   device has `shader-f16`), with f32 accumulation everywhere. q/k/v and
+//!   gate/up are stacked into one matrix each, so each is one product. A
+//!   matrix larger than the largest storage binding is split by rows into
+//!   chunks, one dispatch per chunk.
+//! * A step is recorded into one command encoder and submitted once:
+//!   embedding gather, then per layer RMSNorm (fused with the residual add),
+//!   q|k|v product, RoPE, K/V written into the paged cache through the step's
+//!   slot mapping, paged attention (a decode kernel per row with an online
+//!   softmax and context splits, a tiled causal kernel for prefill runs),
+//!   output product, RMSNorm + residual, gate|up product, SiLU-times-up,
+//!   down product; finally the norm and LM head on only the rows that need
+//!   logits, and an argmax over them.
+//! * Products for up to 8 tokens use the mat-vec kernel, which reads each
+//!   weight once for all of them; more tokens use the tiled matmul. On CPU
+//!   adapters (lavapipe), where each workgroup barrier is expensive, the
+//!   defaults switch to one mat-vec invocation per row and to mat-vec groups
+//!   of 8 columns instead of the tiled matmul ([`WgpuOptions::split_k`],
+//!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
+//! * No kernel uses subgroup operations: reductions go through workgroup
+//!   memory, so any subgroup size (lavapipe's 8, 32, 64) or none works.
+//! * Pipelines and bind groups are built once; bind groups that name
+//!   per-step buffers are rebuilt only when one of those buffers grows.
+//!
+//! Sampling stays on the host, in the one shared [`crate::sampler`]: a greedy
+//! sequence without repetition penalty or logprobs reads back only its argmax
+//! id (computed on the device with the sampler's tie rule); any other reads
+//! back its logits row, which the shared sampler finishes. Reducing rows to a
+//! top-k candidate set on the device would cut that transfer further, but it
+//! would change what the sampler sees (top-k = 0 and top-p draw from the
+//! whole vocabulary), and one sampler for every backend matters more than
+//! the bytes: a row of a 128K vocabulary is 512 KiB.
+
+mod context;
+pub mod lab;
+mod pipelines;
+mod plan;
+mod tensors;
+
+use std::sync::Arc;
+
+use tokenwire_core::{BlockId, EngineFaultKind, TokenId};
+
+use super::{Backend, ForwardOutput, SeqBatch};
+use crate::error::LoadError;
+use crate::kv::KvGeometry;
+use crate::model::Model;
+use crate::rope;
+pub use context::adapters;
+use context::{grid, Gpu, GpuError};
+pub use pipelines::WeightDtype;
+use pipelines::{
+    mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel, MAT_MUL_TILE,
+    MAT_VEC_COLS,
+};
+use plan::{HostPlan, Pass, PlanLimits};
+use tensors::{Matrix, ModelGpu};
+
+/// How to set up the wgpu backend. Only `adapter` matters in production; the
+/// rest exist so tests can reach the code paths big models take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Use the first adapter whose name contains this (case-insensitive);
+    /// `None` = the best (discrete, integrated, virtual, then software).
+    /// `WGPU_BACKEND` picks the graphics APIs searched.
+    pub adapter: Option<String>,
+    /// Cap on the storage binding size, below the device's own limit (to
+    /// exercise the splitting of big tensors on small models).
+    pub max_binding: Option<u64>,
+    /// Use `shader-f16` when the device has it (f16 weights are then read
+    /// natively instead of unpacked from u32 pairs).
+    pub shader_f16: bool,
+    /// Token rows per pass; a bigger step is computed in several passes,
+    /// recorded in the same submission.
+    pub max_rows_per_pass: usize,
+    /// Context positions per decode-attention split.
+    pub split_len: u32,
+    /// A sequence's run of at least this many rows in a pass uses the tiled
+    /// prefill attention; shorter runs use the decode kernel.
+    pub prefill_min_rows: usize,
+    /// Multiply more than 8 tokens with the tiled matmul (`Some(true)`) or
+    /// with the mat-vec kernel in groups of 8 (`Some(false)`). `None`: tiled,
+    /// except on CPU adapters (software Vulkan such as lavapipe), where
+    /// workgroup barriers are so slow that mat-vec groups win.
+    pub tiled_matmul: Option<bool>,
+    /// Mat-vec with each row split over several invocations and reduced in
+    /// workgroup memory (`Some(true)`), or one invocation per row
+    /// (`Some(false)`). `None`: split, except on CPU adapters.
+    pub split_k: Option<bool>,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            adapter: None,
+            max_binding: None,
+            shader_f16: true,
+            max_rows_per_pass: 512,
+            split_len: 512,
+            prefill_min_rows: 4,
+            tiled_matmul: None,
+            split_k: None,
+        }
+    }
+}
+
+/// Flags of rms_norm.wgsl.
+const NORM_ADD: u32 = 1;
+const NORM_WRITE_BACK: u32 = 2;
+const NORM_SELECT: u32 = 4;
+/// Most context splits per decode row.
+const MAX_SPLITS: u32 = 32;
+
+/// A device buffer that grows (never shrinks) to what a step needs.
+#[derive(Debug)]
+struct Grow {
+    buf: ::wgpu::Buffer,
+    bytes: u64,
+    usage: ::wgpu::BufferUsages,
+    label: &'static str,
+}
+
+impl Grow {
+    fn new(gpu: &Gpu, label: &'static str, bytes: u64, usage: ::wgpu::BufferUsages) -> Grow {
+        let bytes = bytes.max(16).div_ceil(16) * 16;
+        Grow {
+            buf: gpu.buffer(label, bytes, usage),
+            bytes,
+            usage,
+            label,
+        }
+    }
+
+    /// Makes room for `need` bytes (at most `cap`); true if it was reallocated.
+    fn ensure(&mut self, gpu: &Gpu, need: u64, cap: u64) -> bool {
+        if need <= self.bytes {
+            return false;
+        }
+        let bytes = need.max(self.bytes * 2).min(cap.max(need)).div_ceil(16) * 16;
+        self.buf = gpu.buffer(self.label, bytes, self.usage);
+        self.bytes = bytes;
+        true
+    }
+}
+
+/// Per-step buffers.
+#[derive(Debug)]
+struct Bufs {
+    plan: Grow,
+    params: Grow,
+    x: Grow,
+    xn: Grow,
+    delta: Grow,
+    qkv: Grow,
+    att: Grow,
+    gate_up: Grow,
+    act: Grow,
+    part: Grow,
+    logits: Grow,
+    ids: Grow,
+    staging: Grow,
+}
+
+/// Bind groups of one layer.
+#[derive(Debug)]
+struct LayerBinds {
+    norm_in: ::wgpu::BindGroup,
+    norm_post: ::wgpu::BindGroup,
+    qkv: Vec<::wgpu::BindGroup>,
+    o: Vec<::wgpu::BindGroup>,
+    gate_up: Vec<::wgpu::BindGroup>,
+    down: Vec<::wgpu::BindGroup>,
+    kv_write: ::wgpu::BindGroup,
+    decode: ::wgpu::BindGroup,
+    prefill: ::wgpu::BindGroup,
+}
+
+/// Every bind group a step uses.
+#[derive(Debug)]
+struct Binds {
+    params: ::wgpu::BindGroup,
+    embed: Vec<::wgpu::BindGroup>,
+    layers: Vec<LayerBinds>,
+    rope: ::wgpu::BindGroup,
+    merge: ::wgpu::BindGroup,
+    silu: ::wgpu::BindGroup,
+    norm_final: ::wgpu::BindGroup,
+    head: Vec<::wgpu::BindGroup>,
+    argmax: ::wgpu::BindGroup,
+}
+
+/// Which pipeline a recorded dispatch uses.
+#[derive(Debug, Clone, Copy)]
+enum Pipe {
+    Weight(WeightKernel, WeightDtype),
+    Norm,
+    Rope,
+    KvWrite,
+    Decode,
+    Prefill,
+    Merge,
+    Silu,
+    Argmax,
+}
+
+/// Which bind group a recorded dispatch uses.
+#[derive(Debug, Clone, Copy)]
+enum Bind {
+    Embed(usize),
+    NormIn(usize),
+    NormPost(usize),
+    NormFinal,
+    Qkv(usize, usize),
+    O(usize, usize),
+    GateUp(usize, usize),
+    Down(usize, usize),
+    Head(usize),
+    Rope,
+    KvWrite(usize),
+    Decode(usize),
+    Prefill(usize),
+    Merge,
+    Silu,
+    Argmax,
+}
+
+/// One dispatch.
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    pipe: Pipe,
+    bind: Bind,
+    param: u32,
+    groups: [u32; 2],
+}
+
+/// One compute pass, then copies of logits rows into the staging buffer
+/// (source offset, destination offset, bytes).
+#[derive(Debug, Default)]
+struct Segment {
+    ops: Vec<Op>,
+    copies: Vec<(u64, u64, u64)>,
+}
+
+/// What a step needs of the growable buffers, in bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Needs {
+    rows: u64,
+    part: u64,
+    logit_rows: u64,
+    ids: u64,
+    staging: u64,
+}
+
+/// Model shape numbers the kernels take.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    h: u32,
+    nq: u32,
+    nkv: u32,
+    hd: u32,
+    inter: u32,
+    vocab: u32,
+    qkv_w: u32,
+    eps: f32,
+}
+
+/// Runs a [`Model`] with WGSL kernels on a wgpu device, over a paged KV
+/// cache that lives on the device.
+pub struct WgpuBackend {
+    model: Arc<Model>,
+    gpu: Gpu,
+    pipes: Pipelines,
+    weights: ModelGpu,
+    geo: KvGeometry,
+    shape: AttnShape,
+    dims: Dims,
+    inv_freq: Vec<f64>,
+    opts: WgpuOptions,
+    limits: PlanLimits,
+    tiled: bool,
+    bufs: Bufs,
+    binds: Option<Binds>,
+    params: ParamArena,
+    scratch: ::wgpu::Buffer,
+    dummy: ::wgpu::Buffer,
+    staged: Vec<u8>,
+}
+
+impl std::fmt::Debug for WgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuBackend")
+            .field("gpu", &self.gpu)
+            .field("geo", &self.geo)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WgpuBackend {
+    /// Opens a device (see [`WgpuOptions::adapter`]), uploads `model` and
+    /// allocates a KV pool of `num_blocks` blocks of `block_size` slots.
+    /// Fails with [`LoadError::Backend`] when no adapter exists or the model
+    /// does not fit.
+    pub fn new(
+        model: Arc<Model>,
+        block_size: usize,
+        num_blocks: usize,
+        opts: &WgpuOptions,
+    ) -> Result<WgpuBackend, LoadError> {
+        if block_size == 0 || num_blocks == 0 {
+            return Err(LoadError::Options(
+                "block_size and num_blocks must be positive".into(),
+            ));
+        }
+        let gpu = Gpu::new(opts).map_err(LoadError::Backend)?;
+        let c = model.config();
+        let geo = KvGeometry {
+            layers: c.num_layers,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size,
+            num_blocks,
+        };
+        let weights = ModelGpu::upload(&gpu, &model, geo).map_err(LoadError::Backend)?;
+        let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
+        let mut pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
+        for d in weights.dtypes() {
+            pipes.ensure_weights(&gpu, d);
+        }
+        let shape = AttnShape {
+            head_dim: c.head_dim as u32,
+            group: c.group_size() as u32,
+        };
+        pipes.ensure_attn(&gpu, shape);
+        if let Some(e) = gpu.take_error() {
+            return Err(LoadError::Backend(format!(
+                "setting up the model on {}: {}",
+                gpu.info.name,
+                e.message()
+            )));
+        }
+        let dims = Dims {
+            h: c.hidden_size as u32,
+            nq: c.num_heads as u32,
+            nkv: c.num_kv_heads as u32,
+            hd: c.head_dim as u32,
+            inter: c.intermediate_size as u32,
+            vocab: c.vocab_size as u32,
+            qkv_w: ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim) as u32,
+            eps: c.rms_norm_eps,
+        };
+        let row_bytes = 4 * [dims.h, dims.qkv_w, dims.nq * dims.hd, 2 * dims.inter]
+            .into_iter()
+            .max()
+            .unwrap_or(1) as u64;
+        let decode_groups = (dims.nkv * (shape.group / shape.heads_per_wg())).max(1) as usize;
+        let max_rows = opts
+            .max_rows_per_pass
+            .min((gpu.max_binding / row_bytes) as usize)
+            .min(65535 / decode_groups)
+            .max(1);
+        let max_logit_rows = ((gpu.max_binding / (4 * dims.vocab as u64)) as usize)
+            .min(max_rows)
+            .max(1);
+        let limits = PlanLimits {
+            max_rows,
+            max_logit_rows,
+            prefill_min: opts.prefill_min_rows.max(1),
+            prefill_rows: shape.prefill_rows() as usize,
+            block_size,
+        };
+        use ::wgpu::BufferUsages as U;
+        let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
+        let bufs = Bufs {
+            plan: Grow::new(&gpu, "plan", 4096, st),
+            params: Grow::new(&gpu, "params", 4096, U::UNIFORM | U::COPY_DST),
+            x: Grow::new(&gpu, "x", row_bytes, st),
+            xn: Grow::new(&gpu, "xn", row_bytes, st),
+            delta: Grow::new(&gpu, "delta", row_bytes, st),
+            qkv: Grow::new(&gpu, "qkv", row_bytes, st),
+            att: Grow::new(&gpu, "att", row_bytes, st),
+            gate_up: Grow::new(&gpu, "gate_up", row_bytes, st),
+            act: Grow::new(&gpu, "act", row_bytes, st),
+            part: Grow::new(&gpu, "part", 16, st),
+            logits: Grow::new(&gpu, "logits", 4 * dims.vocab as u64, st),
+            ids: Grow::new(&gpu, "ids", 64, st),
+            staging: Grow::new(&gpu, "staging", 4096, U::MAP_READ | U::COPY_DST),
+        };
+        let scratch = gpu.buffer("kv_scratch", geo.block_len() as u64 * 4, st);
+        let dummy = gpu.buffer("dummy", 16, st);
+        let inv_freq = rope::inv_freq(c.head_dim, c.rope_theta, &c.rope_scaling);
+        let tiled = opts.tiled_matmul.unwrap_or(!cpu_adapter);
+        let params = ParamArena::new(gpu.uniform_align);
+        let mut be = WgpuBackend {
+            model,
+            gpu,
+            pipes,
+            weights,
+            geo,
+            shape,
+            dims,
+            inv_freq,
+            opts: opts.clone(),
+            limits,
+            tiled,
+            bufs,
+            binds: None,
+            params,
+            scratch,
+            dummy,
+            staged: Vec::new(),
+        };
+        be.binds = Some(be.build_binds());
+        if let Some(e) = be.gpu.take_error() {
+            return Err(LoadError::Backend(e.message()));
+        }
+        Ok(be)
+    }
+
+    /// The adapter's name, graphics API and type, e.g.
+    /// `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
+    pub fn adapter(&self) -> String {
+        let i = &self.gpu.info;
+        format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+    }
+
+    /// The largest storage binding the backend uses, in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.gpu.max_binding
+    }
+
+    /// Storage types of the weights on the device (the file's dtype, or f32
+    /// for a tensor whose values that dtype cannot hold exactly).
+    pub fn weight_dtypes(&self) -> Vec<WeightDtype> {
+        self.weights.dtypes()
+    }
+
+    /// Most row chunks any one weight matrix was split into.
+    pub fn max_chunks(&self) -> usize {
+        let mut n = self.weights.embed.chunks.len();
+        if let Some(h) = &self.weights.head {
+            n = n.max(h.chunks.len());
+        }
+        for l in &self.weights.layers {
+            for m in [&l.qkv, &l.o, &l.gate_up, &l.down] {
+                n = n.max(m.chunks.len());
+            }
+        }
+        n
+    }
+
+    /// Bytes of weights one forward pass reads (each matrix once, the LM head
+    /// included), for bandwidth estimates.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.weight_bytes()
+    }
+
+    /// Bytes of one layer's K pool (V is the same).
+    pub fn kv_layer_bytes(&self) -> u64 {
+        self.weights.kv_bytes
+    }
+
+    /// The model this backend runs.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    fn storage_bg(
+        &self,
+        layout: &::wgpu::BindGroupLayout,
+        label: &str,
+        bufs: &[&::wgpu::Buffer],
+    ) -> ::wgpu::BindGroup {
+        let entries: Vec<::wgpu::BindGroupEntry<'_>> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ::wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.gpu
+            .device
+            .create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout,
+                entries: &entries,
+            })
+    }
+
+    fn mat_bgs(
+        &self,
+        label: &str,
+        m: &Matrix,
+        x: &::wgpu::Buffer,
+        y: &::wgpu::Buffer,
+    ) -> Vec<::wgpu::BindGroup> {
+        let bias = m.bias.as_ref().unwrap_or(&self.dummy);
+        m.chunks
+            .iter()
+            .map(|c| self.storage_bg(&self.pipes.layouts.mat, label, &[x, &c.buf, bias, y]))
+            .collect()
+    }
+
+    fn build_binds(&self) -> Binds {
+        let l = &self.pipes.layouts;
+        let b = &self.bufs;
+        let w = &self.weights;
+        let norm = |label: &str, nw: &::wgpu::Buffer| {
+            self.storage_bg(
+                &l.norm,
+                label,
+                &[&b.plan.buf, &b.x.buf, &b.delta.buf, nw, &b.xn.buf],
+            )
+        };
+        let params = self
+            .gpu
+            .device
+            .create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some("params"),
+                layout: &l.params,
+                entries: &[::wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
+                        buffer: &b.params.buf,
+                        offset: 0,
+                        size: ::wgpu::BufferSize::new(pipelines::PARAM_BYTES),
+                    }),
+                }],
+            });
+        let layers = w
+            .layers
+            .iter()
+            .map(|lw| LayerBinds {
+                norm_in: norm("norm_in", &lw.input_norm),
+                norm_post: norm("norm_post", &lw.post_norm),
+                qkv: self.mat_bgs("qkv", &lw.qkv, &b.xn.buf, &b.qkv.buf),
+                o: self.mat_bgs("o", &lw.o, &b.att.buf, &b.delta.buf),
+                gate_up: self.mat_bgs("gate_up", &lw.gate_up, &b.xn.buf, &b.gate_up.buf),
+                down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.delta.buf),
+                kv_write: self.storage_bg(
+                    &l.kv_write,
+                    "kv_write",
+                    &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v],
+                ),
+                decode: self.storage_bg(
+                    &l.decode,
+                    "attn_decode",
+                    &[
+                        &b.plan.buf,
+                        &b.qkv.buf,
+                        &lw.k,
+                        &lw.v,
+                        &b.att.buf,
+                        &b.part.buf,
+                    ],
+                ),
+                prefill: self.storage_bg(
+                    &l.prefill,
+                    "attn_prefill",
+                    &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v, &b.att.buf],
+                ),
+            })
+            .collect();
+        Binds {
+            params,
+            embed: w
+                .embed
+                .chunks
+                .iter()
+                .map(|c| self.storage_bg(&l.embed, "embed", &[&b.plan.buf, &c.buf, &b.x.buf]))
+                .collect(),
+            layers,
+            rope: self.storage_bg(&l.rope, "rope", &[&b.plan.buf, &b.qkv.buf]),
+            merge: self.storage_bg(
+                &l.merge,
+                "attn_merge",
+                &[&b.plan.buf, &b.part.buf, &b.att.buf],
+            ),
+            silu: self.storage_bg(&l.silu, "silu_mul", &[&b.gate_up.buf, &b.act.buf]),
+            norm_final: norm("norm_final", &w.final_norm),
+            head: self.mat_bgs("lm_head", w.lm_head(), &b.xn.buf, &b.logits.buf),
+            argmax: self.storage_bg(&l.argmax, "argmax", &[&b.logits.buf, &b.ids.buf]),
+        }
+    }
+
+    /// A product through `m` for `m_rows` rows of x, one dispatch per weight
+    /// chunk: mat-vec for up to [`MAT_VEC_COLS`] rows; more rows use the
+    /// tiled matmul when `tiled`, else mat-vec in groups of
+    /// [`MAT_VEC_COLS`] columns.
+    #[allow(clippy::too_many_arguments)]
+    fn mat_ops(
+        params: &mut ParamArena,
+        ops: &mut Vec<Op>,
+        m: &Matrix,
+        bind: impl Fn(usize) -> Bind,
+        m_rows: u32,
+        ldx: u32,
+        ldy: u32,
+        tiled: bool,
+        split_k: bool,
+    ) {
+        let tpr = mat_vec_tpr(m.in_dim, split_k);
+        let bias = u32::from(m.bias.is_some());
+        let k = m.in_dim as u32;
+        for (i, c) in m.chunks.iter().enumerate() {
+            if tiled && m_rows as usize > MAT_VEC_COLS {
+                ops.push(Op {
+                    pipe: Pipe::Weight(WeightKernel::MatMul, m.dtype),
+                    bind: bind(i),
+                    param: params.push(&[k, c.rows, c.row0, m_rows, ldx, ldy, bias, 0, 0]),
+                    groups: [c.rows.div_ceil(MAT_MUL_TILE), m_rows.div_ceil(MAT_MUL_TILE)],
+                });
+                continue;
+            }
+            let mut c0 = 0;
+            while c0 < m_rows {
+                let n = (m_rows - c0).min(MAT_VEC_COLS as u32);
+                let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
+                ops.push(Op {
+                    pipe: Pipe::Weight(kind, m.dtype),
+                    bind: bind(i),
+                    param: params.push(&[
+                        k,
+                        c.rows,
+                        c.row0,
+                        n,
+                        ldx,
+                        ldy,
+                        bias,
+                        c0 * ldx,
+                        c0 * ldy,
+                        tpr,
+                    ]),
+                    groups: grid(c.rows.div_ceil(256 / tpr)),
+                });
+                c0 += n;
+            }
+        }
+    }
+
+    /// The dispatches of one pass.
+    fn pass_ops(&mut self, p: &Pass, staging_rows: &[(u32, u64)], needs: &mut Needs) -> Segment {
+        let d = self.dims;
+        let prm = &mut self.params;
+        let w = &self.weights;
+        let mut ops = Vec::new();
+        let t = p.rows;
+        let tiled = self.tiled;
+        let split_k = self.pipes.split_k;
+        needs.rows = needs.rows.max(t as u64);
+        for (i, c) in w.embed.chunks.iter().enumerate() {
+            ops.push(Op {
+                pipe: Pipe::Weight(WeightKernel::Embed, w.embed.dtype),
+                bind: Bind::Embed(i),
+                param: prm.push(&[d.h, t, p.tok_off, c.row0, c.rows]),
+                groups: grid(t),
+            });
+        }
+        let hgroups = self.shape.group / self.shape.heads_per_wg();
+        let scale = (1.0 / (d.hd as f32).sqrt()).to_bits();
+        let bs = self.geo.block_size as u32;
+        // Decode splits: enough to spread long contexts, bounded in number
+        // and by the partials buffer's binding.
+        let (n_splits, split_len) = if p.n_dec > 0 {
+            let per_split = p.n_dec as u64 * d.nq as u64 * (d.hd as u64 + 2) * 4;
+            let fit = (self.gpu.max_binding / per_split.max(1)).clamp(1, MAX_SPLITS as u64) as u32;
+            let n = p
+                .max_dec_ctx
+                .div_ceil(self.opts.split_len.max(1))
+                .clamp(1, fit);
+            (n, p.max_dec_ctx.div_ceil(n))
+        } else {
+            (1, 1)
+        };
+        let ml_off = p.n_dec * d.nq * n_splits * d.hd;
+        if n_splits > 1 {
+            needs.part = needs
+                .part
+                .max(4 * (ml_off as u64 + 2 * (p.n_dec * d.nq * n_splits) as u64));
+        }
+        let rope_n = t * (d.nq + d.nkv) * (d.hd / 2);
+        let kvw_n = t * d.nkv * d.hd;
+        for (l, lw) in w.layers.iter().enumerate() {
+            let flags = if l == 0 {
+                0
+            } else {
+                NORM_ADD | NORM_WRITE_BACK
+            };
+            ops.push(Op {
+                pipe: Pipe::Norm,
+                bind: Bind::NormIn(l),
+                param: prm.push(&[d.h, d.eps.to_bits(), flags, 0, t]),
+                groups: grid(t),
+            });
+            Self::mat_ops(
+                prm,
+                &mut ops,
+                &lw.qkv,
+                |c| Bind::Qkv(l, c),
+                t,
+                d.h,
+                d.qkv_w,
+                tiled,
+                split_k,
+            );
+            ops.push(Op {
+                pipe: Pipe::Rope,
+                bind: Bind::Rope,
+                param: prm.push(&[t, d.nq + d.nkv, d.hd / 2, d.qkv_w, p.cos_off, p.sin_off]),
+                groups: grid(rope_n.div_ceil(256)),
+            });
+            ops.push(Op {
+                pipe: Pipe::KvWrite,
+                bind: Bind::KvWrite(l),
+                param: prm.push(&[t, d.nkv, d.hd, bs, d.qkv_w, p.slot_off, d.nq * d.hd]),
+                groups: grid(kvw_n.div_ceil(256)),
+            });
+            if p.n_dec > 0 {
+                ops.push(Op {
+                    pipe: Pipe::Decode,
+                    bind: Bind::Decode(l),
+                    param: prm.push(&[
+                        p.n_dec,
+                        p.dec_off,
+                        p.pos_off,
+                        p.rt_off,
+                        d.nkv,
+                        self.shape.group,
+                        d.qkv_w,
+                        d.nq,
+                        bs,
+                        split_len,
+                        n_splits,
+                        scale,
+                        ml_off,
+                        hgroups,
+                    ]),
+                    groups: [p.n_dec * d.nkv * hgroups, n_splits],
+                });
+                if n_splits > 1 {
+                    ops.push(Op {
+                        pipe: Pipe::Merge,
+                        bind: Bind::Merge,
+                        param: prm.push(&[p.n_dec, p.dec_off, d.nq, n_splits, ml_off, d.hd]),
+                        groups: grid(p.n_dec * d.nq),
+                    });
+                }
+            }
+            if p.n_tiles > 0 {
+                ops.push(Op {
+                    pipe: Pipe::Prefill,
+                    bind: Bind::Prefill(l),
+                    param: prm.push(&[
+                        p.tile_off,
+                        p.pos_off,
+                        p.rt_off,
+                        d.nkv,
+                        self.shape.group,
+                        d.qkv_w,
+                        d.nq,
+                        bs,
+                        scale,
+                        p.n_tiles,
+                    ]),
+                    groups: [p.n_tiles, d.nq],
+                });
+            }
+            Self::mat_ops(
+                prm,
+                &mut ops,
+                &lw.o,
+                |c| Bind::O(l, c),
+                t,
+                d.nq * d.hd,
+                d.h,
+                tiled,
+                split_k,
+            );
+            ops.push(Op {
+                pipe: Pipe::Norm,
+                bind: Bind::NormPost(l),
+                param: prm.push(&[d.h, d.eps.to_bits(), NORM_ADD | NORM_WRITE_BACK, 0, t]),
+                groups: grid(t),
+            });
+            Self::mat_ops(
+                prm,
+                &mut ops,
+                &lw.gate_up,
+                |c| Bind::GateUp(l, c),
+                t,
+                d.h,
+                2 * d.inter,
+                tiled,
+                split_k,
+            );
+            ops.push(Op {
+                pipe: Pipe::Silu,
+                bind: Bind::Silu,
+                param: prm.push(&[t, d.inter]),
+                groups: grid((t * d.inter).div_ceil(256)),
+            });
+            Self::mat_ops(
+                prm,
+                &mut ops,
+                &lw.down,
+                |c| Bind::Down(l, c),
+                t,
+                d.inter,
+                d.h,
+                tiled,
+                split_k,
+            );
+        }
+        let mut copies = Vec::new();
+        if p.n_sel > 0 {
+            ops.push(Op {
+                pipe: Pipe::Norm,
+                bind: Bind::NormFinal,
+                param: prm.push(&[
+                    d.h,
+                    d.eps.to_bits(),
+                    NORM_ADD | NORM_SELECT,
+                    p.sel_off,
+                    p.n_sel,
+                ]),
+                groups: grid(p.n_sel),
+            });
+            Self::mat_ops(
+                prm,
+                &mut ops,
+                w.lm_head(),
+                Bind::Head,
+                p.n_sel,
+                d.h,
+                d.vocab,
+                tiled,
+                split_k,
+            );
+            ops.push(Op {
+                pipe: Pipe::Argmax,
+                bind: Bind::Argmax,
+                param: prm.push(&[p.n_sel, d.vocab, p.out_base]),
+                groups: grid(p.n_sel),
+            });
+            needs.logit_rows = needs.logit_rows.max(p.n_sel as u64);
+            let row = 4 * d.vocab as u64;
+            for &(out, dst) in staging_rows {
+                if out >= p.out_base && out < p.out_base + p.n_sel {
+                    copies.push(((out - p.out_base) as u64 * row, dst, row));
+                }
+            }
+        }
+        Segment { ops, copies }
+    }
+
+    /// Grows the per-step buffers to `needs` and rebuilds the bind groups if
+    /// any storage buffer changed.
+    fn ensure(&mut self, needs: &Needs, plan_words: usize) -> Result<(), EngineFaultKind> {
+        let d = self.dims;
+        let g = &self.gpu;
+        let b = &mut self.bufs;
+        let mb = g.max_binding;
+        let r = needs.rows;
+        let mut grown = false;
+        grown |= b.plan.ensure(g, 4 * plan_words as u64, mb);
+        grown |= b
+            .params
+            .ensure(g, self.params.bytes().len() as u64, u64::MAX);
+        grown |= b.x.ensure(g, r * 4 * d.h as u64, mb);
+        grown |= b.xn.ensure(g, r * 4 * d.h as u64, mb);
+        grown |= b.delta.ensure(g, r * 4 * d.h as u64, mb);
+        grown |= b.qkv.ensure(g, r * 4 * d.qkv_w as u64, mb);
+        grown |= b.att.ensure(g, r * 4 * (d.nq * d.hd) as u64, mb);
+        grown |= b.gate_up.ensure(g, r * 8 * d.inter as u64, mb);
+        grown |= b.act.ensure(g, r * 4 * d.inter as u64, mb);
+        grown |= b.part.ensure(g, needs.part, mb);
+        grown |= b
+            .logits
+            .ensure(g, needs.logit_rows * 4 * d.vocab as u64, mb);
+        grown |= b.ids.ensure(g, needs.ids, mb);
+        b.staging.ensure(g, needs.staging, u64::MAX);
+        if grown {
+            self.binds = Some(self.build_binds());
+        }
+        if let Some(e) = self.gpu.take_error() {
+            return Err(e.into_fault());
+        }
+        Ok(())
+    }
+
+    fn pipeline(&self, p: Pipe) -> Result<&::wgpu::ComputePipeline, EngineFaultKind> {
+        let pp = &self.pipes;
+        let missing = || EngineFaultKind::Internal(format!("wgpu: pipeline {p:?} not built"));
+        Ok(match p {
+            Pipe::Weight(k, d) => pp.weight(k, d).ok_or_else(missing)?,
+            Pipe::Norm => &pp.rms_norm,
+            Pipe::Rope => &pp.rope,
+            Pipe::KvWrite => &pp.kv_write,
+            Pipe::Decode => &pp.attn(self.shape).ok_or_else(missing)?.0,
+            Pipe::Prefill => &pp.attn(self.shape).ok_or_else(missing)?.1,
+            Pipe::Merge => &pp.attn_merge,
+            Pipe::Silu => &pp.silu_mul,
+            Pipe::Argmax => &pp.argmax,
+        })
+    }
+
+    fn bind_group(b: &Binds, r: Bind) -> Option<&::wgpu::BindGroup> {
+        Some(match r {
+            Bind::Embed(c) => b.embed.get(c)?,
+            Bind::NormIn(l) => &b.layers.get(l)?.norm_in,
+            Bind::NormPost(l) => &b.layers.get(l)?.norm_post,
+            Bind::NormFinal => &b.norm_final,
+            Bind::Qkv(l, c) => b.layers.get(l)?.qkv.get(c)?,
+            Bind::O(l, c) => b.layers.get(l)?.o.get(c)?,
+            Bind::GateUp(l, c) => b.layers.get(l)?.gate_up.get(c)?,
+            Bind::Down(l, c) => b.layers.get(l)?.down.get(c)?,
+            Bind::Head(c) => b.head.get(c)?,
+            Bind::Rope => &b.rope,
+            Bind::KvWrite(l) => &b.layers.get(l)?.kv_write,
+            Bind::Decode(l) => &b.layers.get(l)?.decode,
+            Bind::Prefill(l) => &b.layers.get(l)?.prefill,
+            Bind::Merge => &b.merge,
+            Bind::Silu => &b.silu,
+            Bind::Argmax => &b.argmax,
+        })
+    }
+
+    /// The forward pass. `argmax_ok`: sequences with `argmax_only` may come
+    /// back as ids.
+    fn run(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        argmax_ok: bool,
+        out: &mut ForwardOutput,
+    ) -> Result<(), EngineFaultKind> {
+        let c = self.model.config();
+        super::cpu::check_batch(batch, self.geo, c.vocab_size, c.max_position_embeddings)?;
+        out.argmax.clear();
+        out.logits.clear();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let plan: HostPlan = plan::build(batch, &self.inv_freq, &self.limits, argmax_ok);
+        let n_out = plan.full.len();
+        let row_bytes = 4 * self.dims.vocab as u64;
+        let ids_bytes = 4 * n_out as u64;
+        // Staging: the ids, then the full rows in order.
+        let mut staging_rows = Vec::new();
+        let mut at = ids_bytes;
+        for (i, &f) in plan.full.iter().enumerate() {
+            if f {
+                staging_rows.push((i as u32, at));
+                at += row_bytes;
+            }
+        }
+        let mut needs = Needs {
+            ids: ids_bytes,
+            staging: at,
+            ..Needs::default()
+        };
+        self.params.clear();
+        let segments: Vec<Segment> = plan
+            .passes
+            .iter()
+            .map(|p| self.pass_ops(p, &staging_rows, &mut needs))
+            .collect();
+        self.ensure(&needs, plan.words.len())?;
+
+        let g = &self.gpu;
+        g.queue
+            .write_buffer(&self.bufs.plan.buf, 0, bytemuck::cast_slice(&plan.words));
+        g.queue
+            .write_buffer(&self.bufs.params.buf, 0, self.params.bytes());
+        let binds = self
+            .binds
+            .as_ref()
+            .ok_or_else(|| EngineFaultKind::Internal("wgpu: bind groups missing".into()))?;
+        let mut enc = g
+            .device
+            .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            });
+        for seg in &segments {
+            {
+                let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
+                    label: Some("forward"),
+                    timestamp_writes: None,
+                });
+                for op in &seg.ops {
+                    let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
+                        EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
+                    })?;
+                    pass.set_pipeline(self.pipeline(op.pipe)?);
+                    pass.set_bind_group(0, bg, &[]);
+                    pass.set_bind_group(1, &binds.params, &[op.param]);
+                    pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
+                }
+            }
+            for &(src, dst, bytes) in &seg.copies {
+                enc.copy_buffer_to_buffer(
+                    &self.bufs.logits.buf,
+                    src,
+                    &self.bufs.staging.buf,
+                    dst,
+                    bytes,
+                );
+            }
+        }
+        if n_out > 0 {
+            enc.copy_buffer_to_buffer(&self.bufs.ids.buf, 0, &self.bufs.staging.buf, 0, ids_bytes);
+        }
+        g.queue.submit([enc.finish()]);
+        if n_out == 0 {
+            return match g.take_error() {
+                Some(e) => Err(e.into_fault()),
+                None => Ok(()),
+            };
+        }
+        self.staged = g
+            .read_mapped(&self.bufs.staging.buf, at)
+            .map_err(GpuError::into_fault)?;
+        let ids: &[u8] = &self.staged[..ids_bytes as usize];
+        for (i, &f) in plan.full.iter().enumerate() {
+            if f {
+                out.argmax.push(None);
+            } else {
+                let b = &ids[4 * i..4 * i + 4];
+                out.argmax
+                    .push(Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as TokenId));
+            }
+        }
+        let rows = &self.staged[ids_bytes as usize..at as usize];
+        out.logits.extend(
+            rows.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        Ok(())
+    }
+}
+
+impl Backend for WgpuBackend {
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<(), EngineFaultKind> {
+        let n = self.geo.num_blocks;
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let len = self.geo.block_len() as u64 * 4;
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
+                label: Some("copy_blocks"),
+            });
+        for &(src, dst) in pairs {
+            if src as usize >= n || dst as usize >= n {
+                return Err(EngineFaultKind::Internal(format!(
+                    "copy_blocks ({src}, {dst}) outside the pool of {n} blocks"
+                )));
+            }
+            if src == dst {
+                continue;
+            }
+            // Through a scratch block: a buffer cannot be copied onto itself.
+            for l in &self.weights.layers {
+                for buf in [&l.k, &l.v] {
+                    enc.copy_buffer_to_buffer(buf, src as u64 * len, &self.scratch, 0, len);
+                    enc.copy_buffer_to_buffer(&self.scratch, 0, buf, dst as u64 * len, len);
+                }
+            }
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        match self.gpu.take_error() {
+            Some(e) => Err(e.into_fault()),
+            None => Ok(()),
+        }
+    }
+
+    fn forward(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineFaultKind> {
+        let mut out = ForwardOutput {
+            argmax: Vec::new(),
+            logits: std::mem::take(logits),
+        };
+        let r = self.run(batch, false, &mut out);
+        *logits = out.logits;
+        r
+    }
+
+    fn forward_select(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        out: &mut ForwardOutput,
+    ) -> Result<(), EngineFaultKind> {
+        self.run(batch, true, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pipelines::AttnShape;
+
+    #[test]
+    fn attention_specialisation_fits_workgroup_memory() {
+        for hd in [2u32, 4, 8, 16, 34, 64, 80, 96, 128, 256] {
+            for group in [1u32, 2, 3, 4, 7, 8, 16] {
+                let s = AttnShape {
+                    head_dim: hd,
+                    group,
+                };
+                let hg = s.heads_per_wg();
+                assert_eq!(group % hg, 0);
+                assert!(hg * hd <= 512 || hg == 1);
+                let br = s.prefill_rows();
+                assert!(br * hd <= 1024 || br == 1);
+                assert!(br >= 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! The WGSL kernels (one file per operation under `shaders/`), their bind
+//! group layouts and compute pipelines, and the per-dispatch parameter arena.
+
+use std::collections::HashMap;
+
+use super::context::Gpu;
+
+/// How one weight tensor is stored on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightDtype {
+    /// 4 bytes per value.
+    F32,
+    /// f16 pairs packed in u32, widened with `unpack2x16float`.
+    F16,
+    /// f16 read as `array<f16>` (devices with `shader-f16`).
+    F16Native,
+    /// bf16 pairs packed in u32, widened by a shift.
+    Bf16,
+}
+
+impl WeightDtype {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            _ => 2,
+        }
+    }
+
+    fn prelude(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => include_str!("shaders/dtype_f32.wgsl"),
+            WeightDtype::F16 => include_str!("shaders/dtype_f16.wgsl"),
+            WeightDtype::F16Native => include_str!("shaders/dtype_f16_native.wgsl"),
+            WeightDtype::Bf16 => include_str!("shaders/dtype_bf16.wgsl"),
+        }
+    }
+
+    /// Values (f32 in memory) as the device stores them, little-endian. For
+    /// the 2-byte types the caller has checked they round-trip exactly.
+    pub(crate) fn encode(self, vals: &[f32], out: &mut Vec<u8>) {
+        match self {
+            WeightDtype::F32 => out.extend_from_slice(bytemuck::cast_slice(vals)),
+            WeightDtype::F16 | WeightDtype::F16Native => {
+                out.extend(
+                    vals.iter()
+                        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes()),
+                );
+            }
+            WeightDtype::Bf16 => {
+                out.extend(
+                    vals.iter()
+                        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()),
+                );
+            }
+        }
+    }
+
+    /// Whether every value survives the trip through this type unchanged.
+    pub(crate) fn exact(self, vals: &[f32]) -> bool {
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        match self {
+            WeightDtype::F32 => true,
+            WeightDtype::F16 | WeightDtype::F16Native => vals
+                .iter()
+                .all(|&v| same(half::f16::from_f32(v).to_f32(), v)),
+            WeightDtype::Bf16 => vals
+                .iter()
+                .all(|&v| same(half::bf16::from_f32(v).to_f32(), v)),
+        }
+    }
+}
+
+/// Bytes of one parameter block (16 u32 words) as every kernel declares it.
+pub(crate) const PARAM_BYTES: u64 = 64;
+
+/// Mat-vec handles at most this many columns (tokens) per dispatch.
+pub(crate) const MAT_VEC_COLS: usize = 8;
+/// Invocations per output row of the mat-vec kernel for rows of `k` values
+/// (its workgroups have 256 invocations, so 256 / tpr rows each); 1 when
+/// the kernel computes whole rows per invocation (`split_k` off).
+pub(crate) fn mat_vec_tpr(k: usize, split_k: bool) -> u32 {
+    if !split_k {
+        return 1;
+    }
+    match k {
+        0..=64 => 8,
+        65..=256 => 16,
+        257..=1024 => 32,
+        _ => 64,
+    }
+}
+/// Output tile of the tiled matmul.
+pub(crate) const MAT_MUL_TILE: u32 = 64;
+/// Positions per tile of the decode attention kernel.
+pub(crate) const DECODE_TILE: u32 = 64;
+
+/// Bind group layouts: one per binding shape, shared by the kernels that
+/// have it (mat-vec and matmul of every dtype share `mat`).
+#[derive(Debug)]
+pub(crate) struct Layouts {
+    pub(crate) params: ::wgpu::BindGroupLayout,
+    pub(crate) mat: ::wgpu::BindGroupLayout,
+    pub(crate) embed: ::wgpu::BindGroupLayout,
+    pub(crate) norm: ::wgpu::BindGroupLayout,
+    pub(crate) rope: ::wgpu::BindGroupLayout,
+    pub(crate) kv_write: ::wgpu::BindGroupLayout,
+    pub(crate) decode: ::wgpu::BindGroupLayout,
+    pub(crate) merge: ::wgpu::BindGroupLayout,
+    pub(crate) prefill: ::wgpu::BindGroupLayout,
+    pub(crate) silu: ::wgpu::BindGroupLayout,
+    pub(crate) argmax: ::wgpu::BindGroupLayout,
+}
+
+fn storage_layout(gpu: &Gpu, label: &str, rw: &[(u32, bool)]) -> ::wgpu::BindGroupLayout {
+    let entries: Vec<::wgpu::BindGroupLayoutEntry> = rw
+        .iter()
+        .map(|&(binding, read_only)| ::wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: ::wgpu::ShaderStages::COMPUTE,
+            ty: ::wgpu::BindingType::Buffer {
+                ty: ::wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    gpu.device
+        .create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
+            label: Some(label),
+            entries: &entries,
+        })
+}
+
+impl Layouts {
+    fn new(gpu: &Gpu) -> Layouts {
+        const R: bool = true;
+        const W: bool = false;
+        let params = gpu
+            .device
+            .create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
+                label: Some("params"),
+                entries: &[::wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: ::wgpu::ShaderStages::COMPUTE,
+                    ty: ::wgpu::BindingType::Buffer {
+                        ty: ::wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: ::wgpu::BufferSize::new(PARAM_BYTES),
+                    },
+                    count: None,
+                }],
+            });
+        Layouts {
+            params,
+            mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W)]),
+            embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
+            norm: storage_layout(gpu, "norm", &[(0, R), (1, W), (2, R), (3, R), (4, W)]),
+            rope: storage_layout(gpu, "rope", &[(0, R), (1, W)]),
+            kv_write: storage_layout(gpu, "kv_write", &[(0, R), (1, R), (2, W), (3, W)]),
+            decode: storage_layout(
+                gpu,
+                "attn_decode",
+                &[(0, R), (1, R), (2, R), (3, R), (4, W), (5, W)],
+            ),
+            merge: storage_layout(gpu, "attn_merge", &[(0, R), (1, R), (2, W)]),
+            prefill: storage_layout(
+                gpu,
+                "attn_prefill",
+                &[(0, R), (1, R), (2, R), (3, R), (4, W)],
+            ),
+            silu: storage_layout(gpu, "silu_mul", &[(0, R), (1, W)]),
+            argmax: storage_layout(gpu, "argmax", &[(0, R), (1, W)]),
+        }
+    }
+}
+
+/// Shape constants the attention kernels are specialised for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AttnShape {
+    /// Head width.
+    pub(crate) head_dim: u32,
+    /// Query heads per KV head.
+    pub(crate) group: u32,
+}
+
+impl AttnShape {
+    /// Query heads per decode workgroup: the largest divisor of the group
+    /// with at most 8 heads and 512 accumulator values.
+    pub(crate) fn heads_per_wg(&self) -> u32 {
+        (1..=self.group.min(8))
+            .rev()
+            .find(|&h| self.group.is_multiple_of(h) && h * self.head_dim <= 512)
+            .unwrap_or(1)
+    }
+
+    /// Rows per prefill query tile (= positions per key tile): the largest
+    /// power of two up to 32 with at most 1024 values per tile.
+    pub(crate) fn prefill_rows(&self) -> u32 {
+        let mut br = 32;
+        while br > 1 && br * self.head_dim > 1024 {
+            br /= 2;
+        }
+        br
+    }
+
+    fn decode_consts(&self) -> String {
+        let hg = self.heads_per_wg();
+        let qs = hg * self.head_dim;
+        format!(
+            "const HEAD_DIM: u32 = {}u;\nconst HG: u32 = {hg}u;\nconst QS_LEN: u32 = {qs}u;\n\
+             const SC_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
+            self.head_dim,
+            hg * DECODE_TILE,
+            qs.div_ceil(64)
+        )
+    }
+
+    fn prefill_consts(&self) -> String {
+        let br = self.prefill_rows();
+        let q = br * self.head_dim;
+        format!(
+            "const HEAD_DIM: u32 = {}u;\nconst BR: u32 = {br}u;\nconst Q_LEN: u32 = {q}u;\n\
+             const S_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
+            self.head_dim,
+            br * br,
+            q.div_ceil(64)
+        )
+    }
+}
+
+/// Kernels whose weights come in several storage types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum WeightKernel {
+    Embed,
+    /// The mat-vec variant for up to this many columns (1, 2, 4 or 8).
+    MatVec(u32),
+    MatMul,
+}
+
+/// The mat-vec variant for `cols` columns (at most [`MAT_VEC_COLS`]).
+pub(crate) fn mat_vec_variant(cols: usize) -> u32 {
+    (cols.clamp(1, MAT_VEC_COLS) as u32).next_power_of_two()
+}
+
+/// Every pipeline a forward pass uses.
+#[derive(Debug)]
+pub(crate) struct Pipelines {
+    pub(crate) layouts: Layouts,
+    /// Mat-vec splits each row over several invocations (GPUs); false on CPU
+    /// adapters, where one invocation per row avoids workgroup barriers.
+    pub(crate) split_k: bool,
+    weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
+    pub(crate) rms_norm: ::wgpu::ComputePipeline,
+    pub(crate) rope: ::wgpu::ComputePipeline,
+    pub(crate) kv_write: ::wgpu::ComputePipeline,
+    pub(crate) silu_mul: ::wgpu::ComputePipeline,
+    pub(crate) argmax: ::wgpu::ComputePipeline,
+    pub(crate) attn_merge: ::wgpu::ComputePipeline,
+    attn: HashMap<AttnShape, (::wgpu::ComputePipeline, ::wgpu::ComputePipeline)>,
+}
+
+fn compile(
+    gpu: &Gpu,
+    label: &str,
+    source: String,
+    layout: &::wgpu::BindGroupLayout,
+    params: &::wgpu::BindGroupLayout,
+) -> ::wgpu::ComputePipeline {
+    let module = gpu
+        .device
+        .create_shader_module(::wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: ::wgpu::ShaderSource::Wgsl(source.into()),
+        });
+    let pl = gpu
+        .device
+        .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
+            label: Some(label),
+            bind_group_layouts: &[Some(layout), Some(params)],
+            immediate_size: 0,
+        });
+    gpu.device
+        .create_compute_pipeline(&::wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: ::wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        })
+}
+
+impl Pipelines {
+    /// Compiles the dtype-independent kernels; weight kernels and attention
+    /// shapes are added with [`Pipelines::ensure_weights`] and
+    /// [`Pipelines::ensure_attn`]. `split_k`: see [`Pipelines::split_k`].
+    pub(crate) fn new(gpu: &Gpu, split_k: bool) -> Pipelines {
+        let layouts = Layouts::new(gpu);
+        let p = &layouts.params;
+        let rms_norm = compile(
+            gpu,
+            "rms_norm",
+            include_str!("shaders/rms_norm.wgsl").into(),
+            &layouts.norm,
+            p,
+        );
+        let rope = compile(
+            gpu,
+            "rope",
+            include_str!("shaders/rope.wgsl").into(),
+            &layouts.rope,
+            p,
+        );
+        let kv_write = compile(
+            gpu,
+            "kv_write",
+            include_str!("shaders/kv_write.wgsl").into(),
+            &layouts.kv_write,
+            p,
+        );
+        let silu_mul = compile(
+            gpu,
+            "silu_mul",
+            include_str!("shaders/silu_mul.wgsl").into(),
+            &layouts.silu,
+            p,
+        );
+        let argmax = compile(
+            gpu,
+            "argmax",
+            include_str!("shaders/argmax.wgsl").into(),
+            &layouts.argmax,
+            p,
+        );
+        let attn_merge = compile(
+            gpu,
+            "attn_merge",
+            include_str!("shaders/attn_merge.wgsl").into(),
+            &layouts.merge,
+            p,
+        );
+        Pipelines {
+            layouts,
+            split_k,
+            weight: HashMap::new(),
+            rms_norm,
+            rope,
+            kv_write,
+            silu_mul,
+            argmax,
+            attn_merge,
+            attn: HashMap::new(),
+        }
+    }
+
+    /// Compiles embed / mat-vec (every column variant) / matmul for `dtype`
+    /// if not yet done.
+    pub(crate) fn ensure_weights(&mut self, gpu: &Gpu, dtype: WeightDtype) {
+        let mut kinds = vec![
+            (
+                WeightKernel::Embed,
+                "embed",
+                include_str!("shaders/embed.wgsl"),
+            ),
+            (
+                WeightKernel::MatMul,
+                "mat_mul",
+                include_str!("shaders/mat_mul.wgsl"),
+            ),
+        ];
+        for cols in [1, 2, 4, 8] {
+            kinds.push((
+                WeightKernel::MatVec(cols),
+                "mat_vec",
+                include_str!("shaders/mat_vec.wgsl"),
+            ));
+        }
+        for (kind, label, body) in kinds {
+            if self.weight.contains_key(&(kind, dtype)) {
+                continue;
+            }
+            let layout = match kind {
+                WeightKernel::Embed => &self.layouts.embed,
+                _ => &self.layouts.mat,
+            };
+            let consts = match kind {
+                WeightKernel::MatVec(cols) => format!(
+                    "const COLS: u32 = {cols}u;\nconst RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n",
+                    256 * cols,
+                    self.split_k
+                ),
+                _ => String::new(),
+            };
+            let source = format!("{}\n{consts}{body}", dtype.prelude());
+            let pipe = compile(
+                gpu,
+                &format!("{label}_{dtype:?}"),
+                source,
+                layout,
+                &self.layouts.params,
+            );
+            self.weight.insert((kind, dtype), pipe);
+        }
+    }
+
+    /// Compiles the attention kernels for `shape` if not yet done.
+    pub(crate) fn ensure_attn(&mut self, gpu: &Gpu, shape: AttnShape) {
+        if self.attn.contains_key(&shape) {
+            return;
+        }
+        let decode = compile(
+            gpu,
+            "attn_decode",
+            format!(
+                "{}\n{}",
+                shape.decode_consts(),
+                include_str!("shaders/attn_decode.wgsl")
+            ),
+            &self.layouts.decode,
+            &self.layouts.params,
+        );
+        let prefill = compile(
+            gpu,
+            "attn_prefill",
+            format!(
+                "{}\n{}",
+                shape.prefill_consts(),
+                include_str!("shaders/attn_prefill.wgsl")
+            ),
+            &self.layouts.prefill,
+            &self.layouts.params,
+        );
+        self.attn.insert(shape, (decode, prefill));
+    }
+
+    /// A weight kernel compiled by [`Pipelines::ensure_weights`].
+    pub(crate) fn weight(
+        &self,
+        kind: WeightKernel,
+        dtype: WeightDtype,
+    ) -> Option<&::wgpu::ComputePipeline> {
+        self.weight.get(&(kind, dtype))
+    }
+
+    /// Decode and prefill attention compiled by [`Pipelines::ensure_attn`].
+    pub(crate) fn attn(
+        &self,
+        shape: AttnShape,
+    ) -> Option<&(::wgpu::ComputePipeline, ::wgpu::ComputePipeline)> {
+        self.attn.get(&shape)
+    }
+}
+
+/// The parameter blocks of one submission, deduplicated, each at a multiple
+/// of the device's uniform offset alignment (used as a dynamic offset).
+#[derive(Debug, Default)]
+pub(crate) struct ParamArena {
+    bytes: Vec<u8>,
+    align: usize,
+    seen: HashMap<[u32; 16], u32>,
+}
+
+impl ParamArena {
+    pub(crate) fn new(align: u64) -> ParamArena {
+        ParamArena {
+            bytes: Vec::new(),
+            align: align as usize,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The offset of a block holding `words` (zero-padded to 16).
+    pub(crate) fn push(&mut self, words: &[u32]) -> u32 {
+        let mut block = [0u32; 16];
+        block[..words.len()].copy_from_slice(words);
+        if let Some(&off) = self.seen.get(&block) {
+            return off;
+        }
+        let off = self.bytes.len();
+        self.bytes.extend_from_slice(bytemuck::cast_slice(&block));
+        self.bytes
+            .resize(off + self.align.max(PARAM_BYTES as usize), 0);
+        self.seen.insert(block, off as u32);
+        off as u32
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.seen.clear();
+    }
+}

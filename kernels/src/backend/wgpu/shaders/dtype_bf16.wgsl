@@ -1,0 +1,11 @@
+// Weight prelude: the tensor is stored as bf16, two values packed per u32
+// (element 2j in the low half, 2j + 1 in the high half, as in the file). A
+// bf16 value is the top half of an f32, so widening is a shift.
+
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+
+fn w_at(i: u32) -> f32 {
+    let word = w[i >> 1u];
+    let bits = select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u);
+    return bitcast<f32>(bits);
+}

@@ -1,0 +1,10 @@
+// Weight prelude: the tensor is stored as f16 and read natively, on devices
+// with the `shader-f16` feature (the `enable` line has to open the module,
+// so this prelude comes first).
+enable f16;
+
+@group(0) @binding(1) var<storage, read> w: array<f16>;
+
+fn w_at(i: u32) -> f32 {
+    return f32(w[i]);
+}

@@ -1,0 +1,458 @@
+//! The wgpu backend end to end: stories260K's golden greedy ids and logits,
+//! and parity with the CPU backend (the reference) on random models in
+//! several storage types, on batched, chunked steps over shuffled block
+//! tables, with big-model code paths forced on small models (weights split
+//! into chunks, steps split into passes, contexts split in decode attention).
+
+mod common;
+mod wgpu_support;
+
+use std::sync::Arc;
+
+use common::*;
+use tokenwire_core::rng::Rng;
+use tokenwire_core::testing::ByteCodec;
+use tokenwire_core::{SamplingParams, SeqId, StepPlan, TokenId};
+use tokenwire_kernels::{
+    Backend, CpuBackend, Engine, ForwardOutput, LoadError, ModelIdentity, RopeScaling, SeqBatch,
+    WgpuBackend, WgpuOptions,
+};
+use wgpu_support::*;
+
+fn stories() -> Option<(Engine, serde_json::Value)> {
+    let dir = stories_dir()?;
+    let engine = or_skip(Engine::load(&dir, &wgpu_options()))?;
+    Some((engine, reference(&dir)))
+}
+
+#[test]
+fn wgpu_stories_greedy_64_tokens_match_reference() {
+    let Some((mut engine, r)) = stories() else {
+        return;
+    };
+    assert_eq!(engine.backend_name(), "wgpu");
+    let prompt = ids(&r["prompt_ids"]);
+    let want = ids(&r["greedy_ids"]);
+    let t = std::time::Instant::now();
+    let got = engine.generate_greedy(&prompt, 64, &[]).expect("generate");
+    eprintln!("64 greedy tokens through wgpu in {:?}", t.elapsed());
+    assert_eq!(got, want);
+    assert_eq!(
+        engine.codec().decode(&got),
+        r["greedy_text"].as_str().expect("text")
+    );
+    // Greedy steps read back ids only.
+    assert_eq!(engine.last_logits().count(), 0);
+}
+
+#[test]
+fn wgpu_stories_first_logits_and_batched_parity() {
+    let Some((mut engine, r)) = stories() else {
+        return;
+    };
+    engine.set_full_logits(true);
+    let prompt = ids(&r["prompt_ids"]);
+    let table: Vec<u32> = (0..5).collect();
+    engine
+        .step(&plan(1, vec![seq_step(7, &prompt, 0, &table, true)]))
+        .expect("prefill");
+    let logits = engine.last_logits().next().expect("row").to_vec();
+    for top in r["first_step_top5"].as_array().expect("top5") {
+        let id = top["id"].as_u64().expect("id") as usize;
+        let want = top["logit"].as_f64().expect("logit") as f32;
+        assert!(
+            (logits[id] - want).abs() < 1e-3,
+            "logit[{id}] = {}, reference {want}",
+            logits[id]
+        );
+    }
+    engine
+        .step(&StepPlan {
+            step_id: 2,
+            free: vec![SeqId(7)],
+            ..Default::default()
+        })
+        .expect("free");
+    let dir = stories_dir().expect("present");
+    let mut alone = or_skip(Engine::load(&dir, &wgpu_options())).expect("second engine");
+    alone.set_full_logits(true);
+    let codec = engine.codec();
+    let toks: Vec<Vec<TokenId>> = [
+        "Once upon a time, there was a little girl named Lily. She loved to play.",
+        "The cat sat on the mat and looked at the big red ball in the garden all day long.",
+        "Tom had a dog.",
+        "One day, a bird flew over the tree and sang a happy song.",
+    ]
+    .iter()
+    .map(|t| codec.encode(t, true).expect("encode"))
+    .collect();
+    batched_parity(&mut engine, &mut alone, &toks, 1e-4);
+}
+
+fn wgpu_tiny_engine(seed: u64) -> Option<Engine> {
+    let identity = ModelIdentity {
+        name: "tokenwire-tiny".into(),
+        version: "1".into(),
+        eos_ids: vec![2],
+    };
+    or_skip(Engine::from_model(
+        tokenwire_kernels::tiny::tiny_model(seed),
+        ByteCodec::shared(),
+        identity,
+        &wgpu_options(),
+    ))
+}
+
+#[test]
+fn wgpu_engine_samples_like_the_cpu_engine() {
+    // Greedy (ids from the device), temperature + top-p, repetition penalty
+    // and logprobs (rows read back, the shared sampler finishes): the same
+    // tokens as the CPU engine, step after step.
+    let Some(mut gpu) = wgpu_tiny_engine(31) else {
+        return;
+    };
+    let mut cpu = Engine::tiny(31);
+    let params = [
+        (SamplingParams::greedy(), None),
+        (
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: 5,
+                ..SamplingParams::default()
+            },
+            None,
+        ),
+        (
+            SamplingParams {
+                repetition_penalty: 1.3,
+                ..SamplingParams::greedy()
+            },
+            None,
+        ),
+        (SamplingParams::greedy(), Some(3u8)),
+    ];
+    let prompts: Vec<Vec<TokenId>> = (0..params.len())
+        .map(|i| {
+            (0..5 + 3 * i as u32)
+                .map(|t| 3 + (t * 11 + i as u32) % 250)
+                .collect()
+        })
+        .collect();
+    let tables: Vec<Vec<u32>> = (0..params.len() as u32)
+        .map(|i| (0..4).map(|b| 40 - 4 * i - b).collect())
+        .collect();
+    let mut feeds = prompts.clone();
+    let mut pos = vec![0u32; params.len()];
+    for step in 0..12u64 {
+        let seqs = (0..params.len())
+            .map(|i| {
+                let mut s = seq_step(i as u64, &feeds[i], pos[i], &tables[i], true);
+                s.sampling = params[i].0;
+                s.logprobs = params[i].1;
+                s
+            })
+            .collect();
+        let p = plan(step, seqs);
+        let a = cpu.step(&p).expect("cpu step");
+        let b = gpu.step(&p).expect("wgpu step");
+        for (x, y) in a.results.iter().zip(&b.results) {
+            assert_eq!(x.token, y.token, "step {step} seq {:?}", x.seq);
+            match (&x.logprobs, &y.logprobs) {
+                (Some(lx), Some(ly)) => {
+                    assert!((lx.logprob - ly.logprob).abs() < 1e-3);
+                    let ix: Vec<u32> = lx.top.iter().map(|t| t.0).collect();
+                    let iy: Vec<u32> = ly.top.iter().map(|t| t.0).collect();
+                    assert_eq!(ix, iy);
+                }
+                (None, None) => {}
+                other => panic!("logprobs differ: {other:?}"),
+            }
+        }
+        for i in 0..params.len() {
+            pos[i] += feeds[i].len() as u32;
+            feeds[i] = vec![b.results[i].token];
+        }
+    }
+}
+
+#[test]
+fn wgpu_copy_blocks_copies_kv_before_the_step() {
+    let Some(mut e) = wgpu_tiny_engine(8) else {
+        return;
+    };
+    e.set_full_logits(true);
+    let toks: Vec<TokenId> = (0..20).map(|i| 3 + i * 5).collect();
+    e.step(&plan(1, vec![seq_step(1, &toks[..16], 0, &[0], false)]))
+        .expect("prefill");
+    let p = StepPlan {
+        step_id: 2,
+        seqs: vec![seq_step(2, &toks[..16], 0, &[7], false)],
+        copy_blocks: vec![(0, 5)],
+        free: vec![SeqId(1)],
+    };
+    e.step(&p).expect("copy");
+    e.step(&plan(3, vec![seq_step(2, &toks[16..], 16, &[5, 6], true)]))
+        .expect("continue");
+    let got = e.last_logits().next().expect("row").to_vec();
+    let want = logits_alone(&mut Engine::tiny(8), &toks);
+    let diff = max_abs_diff(&got, &want);
+    assert!(diff <= 1e-3, "wgpu after copy vs cpu: {diff}");
+}
+
+#[test]
+fn wgpu_missing_adapter_is_an_error_value() {
+    let model = Arc::new(tokenwire_kernels::tiny::tiny_model(1));
+    let opts = WgpuOptions {
+        adapter: Some("no-such-adapter-named-this".into()),
+        ..WgpuOptions::default()
+    };
+    match WgpuBackend::new(model, 16, 64, &opts) {
+        Err(LoadError::Backend(msg)) => {
+            assert!(
+                msg.contains("no-such-adapter-named-this") || msg.contains("no GPU adapter"),
+                "{msg}"
+            );
+            eprintln!("as expected: {msg}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("an adapter matched a made-up name"),
+    }
+}
+
+/// One step's worth of sequences for [`forward_both`].
+struct Seq {
+    tokens: Vec<TokenId>,
+    table: Vec<u32>,
+    fed: usize,
+}
+
+/// Runs the same steps through both backends: each step feeds every live
+/// sequence a random chunk (prefill pieces of 1..=max_chunk tokens, later
+/// single tokens), asks logits of random ones, and compares rows and argmax
+/// ids. Returns the worst NMSE seen.
+fn forward_both(
+    cpu: &mut CpuBackend,
+    gpu: &mut WgpuBackend,
+    rng: &mut Rng,
+    seqs: &mut [Seq],
+    steps: usize,
+    max_chunk: usize,
+    what: &str,
+) -> f64 {
+    let mut worst = 0.0f64;
+    for step in 0..steps {
+        let mut chunks = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
+            if s.fed == s.tokens.len() {
+                continue;
+            }
+            let left = s.tokens.len() - s.fed;
+            let n = if step < 2 {
+                1 + rng.below(max_chunk.min(left) as u64) as usize
+            } else {
+                1
+            };
+            let want = rng.below(3) != 0;
+            chunks.push((i, s.fed, n, want, rng.below(2) == 0));
+        }
+        if chunks.is_empty() {
+            break;
+        }
+        let batch: Vec<SeqBatch<'_>> = chunks
+            .iter()
+            .map(|&(i, fed, n, want, argmax_only)| SeqBatch {
+                tokens: &seqs[i].tokens[fed..fed + n],
+                start_pos: fed as u32,
+                block_table: &seqs[i].table,
+                want_logits: want,
+                argmax_only,
+            })
+            .collect();
+        let mut want = Vec::new();
+        cpu.forward(&batch, &mut want).expect("cpu forward");
+        let mut out = ForwardOutput::default();
+        gpu.forward_select(&batch, &mut out).expect("wgpu forward");
+        let vocab = gpu.model().config().vocab_size;
+        let mut rows = out.logits.chunks_exact(vocab);
+        for (j, (w, id)) in want.chunks_exact(vocab).zip(&out.argmax).enumerate() {
+            match id {
+                Some(id) => {
+                    let a = argmax(w) as TokenId;
+                    // A near-tie may legitimately flip.
+                    let gap = w[a as usize] - w[*id as usize];
+                    assert!(
+                        *id == a || gap < 1e-4,
+                        "{what} step {step} row {j}: argmax {id} vs cpu {a} (gap {gap})"
+                    );
+                }
+                None => {
+                    let got = rows.next().expect("row");
+                    let e = nmse(got, w);
+                    worst = worst.max(e);
+                    assert!(e < 1e-9, "{what} step {step} row {j}: nmse {e:e}");
+                }
+            }
+        }
+        assert!(rows.next().is_none());
+        for &(i, _, n, _, _) in &chunks {
+            seqs[i].fed += n;
+        }
+    }
+    worst
+}
+
+fn case(shape: &Shape, opts: &WgpuOptions, bs: usize, nb: usize, seed: u64, what: &str) {
+    let model = Arc::new(random_model(shape, seed));
+    let Some(mut gpu) = or_skip(WgpuBackend::new(model.clone(), bs, nb, opts)) else {
+        return;
+    };
+    let mut cpu = CpuBackend::new(model, bs, nb).expect("cpu backend");
+    let mut rng = Rng::new(seed);
+    // 1..=9 sequences over a shuffled pool.
+    let n = 1 + rng.below(9) as usize;
+    let mut pool: Vec<u32> = (0..nb as u32).collect();
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let per = nb / n;
+    let mut seqs: Vec<Seq> = (0..n)
+        .map(|i| {
+            let len = 1 + rng.below((per * bs).min(70) as u64) as usize;
+            Seq {
+                tokens: (0..len)
+                    .map(|_| rng.below(shape.vocab as u64) as TokenId)
+                    .collect(),
+                table: pool[i * per..(i + 1) * per].to_vec(),
+                fed: 0,
+            }
+        })
+        .collect();
+    let worst = forward_both(&mut cpu, &mut gpu, &mut rng, &mut seqs, 6, 40, what);
+    eprintln!(
+        "{what}: {n} seqs, {} weight chunks at most, dtypes {:?}, worst logits nmse {worst:e}",
+        gpu.max_chunks(),
+        gpu.weight_dtypes()
+    );
+}
+
+const LLAMA: Shape = Shape {
+    hidden: 48,
+    inter: 100,
+    layers: 2,
+    heads: 6,
+    kv_heads: 3,
+    head_dim: 16,
+    vocab: 301,
+    tied: false,
+    bias: false,
+    dtype: "f32",
+    scaling: RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 64.0,
+    },
+};
+
+const QWEN: Shape = Shape {
+    hidden: 40,
+    inter: 72,
+    layers: 2,
+    heads: 8,
+    kv_heads: 2,
+    head_dim: 8,
+    vocab: 257,
+    tied: true,
+    bias: true,
+    dtype: "bf16",
+    scaling: RopeScaling::None,
+};
+
+const F16_MHA: Shape = Shape {
+    hidden: 33,
+    inter: 45,
+    layers: 1,
+    heads: 2,
+    kv_heads: 2,
+    head_dim: 32,
+    vocab: 99,
+    tied: false,
+    bias: false,
+    dtype: "f16",
+    scaling: RopeScaling::Linear { factor: 2.0 },
+};
+
+#[test]
+fn wgpu_matches_cpu_backend_on_random_models() {
+    let d = WgpuOptions::default();
+    case(&LLAMA, &d, 16, 64, 1, "llama f32, GQA 2, llama3 rope");
+    case(&QWEN, &d, 5, 90, 2, "qwen bf16, biases, tied, GQA 4");
+    case(&F16_MHA, &d, 3, 150, 3, "f16 MHA, odd hidden");
+    let no_f16 = WgpuOptions {
+        shader_f16: false,
+        ..d.clone()
+    };
+    case(&F16_MHA, &no_f16, 3, 150, 4, "f16 packed (no shader-f16)");
+}
+
+#[test]
+fn wgpu_big_model_paths_on_small_models() {
+    // Weights split into chunks of a 4 KiB binding, steps cut into passes of
+    // at most 12 rows (and 3 logits rows per pass by the binding limit),
+    // decode attention split every 8 positions, the tiled matmul for passes
+    // of more than 8 rows, mat-vec rows split over invocations (the GPU
+    // defaults, whatever this adapter is).
+    let small = WgpuOptions {
+        max_binding: Some(4096),
+        max_rows_per_pass: 12,
+        split_len: 8,
+        tiled_matmul: Some(true),
+        split_k: Some(true),
+        ..WgpuOptions::default()
+    };
+    let shape = Shape {
+        hidden: 32,
+        inter: 40,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        ..QWEN
+    };
+    case(
+        &shape,
+        &small,
+        4,
+        16,
+        5,
+        "4 KiB bindings, 5-row passes, splits of 8",
+    );
+    // Only the decode kernel, then only the prefill kernel, for attention.
+    let decode_only = WgpuOptions {
+        prefill_min_rows: usize::MAX,
+        split_len: 16,
+        split_k: Some(true),
+        ..WgpuOptions::default()
+    };
+    case(
+        &LLAMA,
+        &decode_only,
+        16,
+        64,
+        6,
+        "decode attention for every row",
+    );
+    let prefill_only = WgpuOptions {
+        prefill_min_rows: 1,
+        tiled_matmul: Some(true),
+        ..WgpuOptions::default()
+    };
+    case(
+        &LLAMA,
+        &prefill_only,
+        16,
+        64,
+        7,
+        "prefill attention for every row",
+    );
+}

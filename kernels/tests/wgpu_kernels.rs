@@ -1,0 +1,501 @@
+//! Every WGSL kernel of the wgpu backend against a CPU reference, on shapes
+//! drawn from seeded generators: sizes that are not multiples of the tiles
+//! (and odd, for the packed 2-byte weights), 1 to 9 sequences, contexts that
+//! cross block boundaries, shuffled block tables, weights split into chunks.
+//! Each kernel has its own normalised-mean-squared-error bound.
+
+mod wgpu_support;
+
+use tokenwire_core::rng::Rng;
+use tokenwire_core::SamplingParams;
+use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabSeq};
+use tokenwire_kernels::backend::wgpu::WeightDtype;
+use tokenwire_kernels::{rope, sample, RopeScaling};
+use wgpu_support::*;
+
+/// f32 accumulation in a different order than the f64 reference.
+const NMSE_LINEAR: f64 = 1e-10;
+const NMSE_NORM: f64 = 1e-11;
+const NMSE_ROPE: f64 = 1e-12;
+const NMSE_ATTN: f64 = 1e-10;
+const NMSE_SILU: f64 = 1e-11;
+
+fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+fn range(rng: &mut Rng, lo: usize, hi: usize) -> usize {
+    lo + rng.below((hi - lo + 1) as u64) as usize
+}
+
+fn round(dtype: WeightDtype, v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| match dtype {
+            WeightDtype::F32 => x,
+            WeightDtype::F16 | WeightDtype::F16Native => half::f16::from_f32(x).to_f32(),
+            WeightDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        })
+        .collect()
+}
+
+fn dtypes(lab: &KernelLab) -> Vec<WeightDtype> {
+    let mut v = vec![WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16];
+    if lab.f16_native() {
+        v.push(WeightDtype::F16Native);
+    }
+    v
+}
+
+fn linear_ref(x: &[f32], cols: usize, w: &[f32], k: usize, b: Option<&[f32]>) -> Vec<f32> {
+    let n = w.len() / k;
+    let mut y = vec![0.0f32; cols * n];
+    for c in 0..cols {
+        for o in 0..n {
+            let s: f64 = (0..k)
+                .map(|i| w[o * k + i] as f64 * x[c * k + i] as f64)
+                .sum();
+            y[c * n + o] = (s + b.map_or(0.0, |b| b[o] as f64)) as f32;
+        }
+    }
+    y
+}
+
+fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize, cases: usize) {
+    for case in 0..cases {
+        let dts = dtypes(lab);
+        let dtype = dts[case % dts.len()];
+        let k = range(rng, 1, 200);
+        let n = range(rng, 1, 300);
+        let cols = range(rng, 1, max_cols);
+        let w = round(dtype, &uniform(rng, n * k, 1.0));
+        let x = uniform(rng, cols * k, 1.0);
+        let bias = (rng.below(2) == 0).then(|| uniform(rng, n, 1.0));
+        let chunk = (rng.below(2) == 0).then(|| range(rng, 1, n));
+        let got = lab
+            .linear(&x, cols, &w, k, bias.as_deref(), dtype, tiled, chunk)
+            .expect("linear");
+        let want = linear_ref(&x, cols, &w, k, bias.as_deref());
+        let e = nmse(&got, &want);
+        assert!(
+            e < NMSE_LINEAR,
+            "case {case}: {dtype:?} tiled={tiled} [{n}x{k}] x {cols} cols, chunk {chunk:?}: nmse {e:e}"
+        );
+    }
+}
+
+#[test]
+fn wgpu_mat_vec_matches_reference() {
+    // Both variants: rows split over invocations (GPUs) and one invocation
+    // per row (CPU adapters), whichever this adapter defaults to.
+    for split_k in [true, false] {
+        let opts = tokenwire_kernels::WgpuOptions {
+            split_k: Some(split_k),
+            ..Default::default()
+        };
+        let Some(mut lab) = lab_with(&opts) else {
+            return;
+        };
+        let mut rng = Rng::new(1 + split_k as u64);
+        // 1..=20 columns: every column variant (1, 2, 4, 8) and groups of 8.
+        check_linear(&mut lab, &mut rng, false, 20, 12);
+    }
+}
+
+#[test]
+fn wgpu_tiled_matmul_matches_reference() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(2);
+    check_linear(&mut lab, &mut rng, true, 70, 10);
+}
+
+#[test]
+fn wgpu_embedding_gather_is_exact() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(3);
+    for case in 0..10 {
+        let dts = dtypes(&lab);
+        let dtype = dts[case % dts.len()];
+        let vocab = range(&mut rng, 1, 300);
+        let h = range(&mut rng, 1, 100);
+        let table = round(dtype, &uniform(&mut rng, vocab * h, 2.0));
+        let tokens: Vec<u32> = (0..range(&mut rng, 1, 9))
+            .map(|_| rng.below(vocab as u64) as u32)
+            .collect();
+        let chunk = (rng.below(2) == 0).then(|| range(&mut rng, 1, vocab));
+        let got = lab.embed(&table, h, dtype, &tokens, chunk).expect("embed");
+        let want: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| table[t as usize * h..(t as usize + 1) * h].iter().copied())
+            .collect();
+        assert_eq!(
+            got, want,
+            "case {case}: {dtype:?} vocab {vocab} h {h} chunk {chunk:?}"
+        );
+    }
+}
+
+#[test]
+fn wgpu_rms_norm_with_residual_matches_reference() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(4);
+    for case in 0..12 {
+        let h = range(&mut rng, 1, 600);
+        let rows = range(&mut rng, 1, 9);
+        let x = uniform(&mut rng, rows * h, 3.0);
+        let w = uniform(&mut rng, h, 1.5);
+        let delta = (case % 3 != 0).then(|| uniform(&mut rng, rows * h, 1.0));
+        let select: Option<Vec<u32>> = (case % 2 == 1).then(|| {
+            (0..range(&mut rng, 1, rows))
+                .map(|_| rng.below(rows as u64) as u32)
+                .collect()
+        });
+        let eps = 1e-5;
+        let (x_after, y) = lab
+            .rms_norm(&x, delta.as_deref(), &w, eps, select.as_deref())
+            .expect("rms_norm");
+        let sum: Vec<f32> = match &delta {
+            Some(d) => x.iter().zip(d).map(|(a, b)| a + b).collect(),
+            None => x.clone(),
+        };
+        let written = delta.is_some() && select.is_none();
+        assert_eq!(x_after, if written { sum.clone() } else { x.clone() });
+        let src: Vec<usize> = match &select {
+            Some(s) => s.iter().map(|&r| r as usize).collect(),
+            None => (0..rows).collect(),
+        };
+        let mut want = Vec::new();
+        for r in src {
+            let row = &sum[r * h..(r + 1) * h];
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / h as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            want.extend(
+                row.iter()
+                    .zip(&w)
+                    .map(|(&v, &g)| (g as f64 * v as f64 * inv) as f32),
+            );
+        }
+        let e = nmse(&y, &want);
+        assert!(e < NMSE_NORM, "case {case}: h {h} rows {rows}: nmse {e:e}");
+    }
+}
+
+#[test]
+fn wgpu_silu_mul_matches_reference() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(5);
+    for _ in 0..6 {
+        let inter = range(&mut rng, 1, 700);
+        let rows = range(&mut rng, 1, 9);
+        let gu = uniform(&mut rng, rows * 2 * inter, 6.0);
+        let got = lab.silu_mul(&gu, inter).expect("silu_mul");
+        let mut want = Vec::new();
+        for r in 0..rows {
+            for i in 0..inter {
+                let g = gu[r * 2 * inter + i] as f64;
+                let u = gu[r * 2 * inter + inter + i] as f64;
+                want.push((g / (1.0 + (-g).exp()) * u) as f32);
+            }
+        }
+        let e = nmse(&got, &want);
+        assert!(e < NMSE_SILU, "inter {inter} rows {rows}: nmse {e:e}");
+    }
+}
+
+#[test]
+fn wgpu_argmax_follows_the_samplers_rule() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(6);
+    for case in 0..8 {
+        let vocab = range(&mut rng, 1, 3000);
+        let rows = range(&mut rng, 1, 9);
+        let mut logits = uniform(&mut rng, rows * vocab, 10.0);
+        // Ties (to the lowest id), -inf rows and NaN.
+        for r in 0..rows {
+            let row = &mut logits[r * vocab..(r + 1) * vocab];
+            match (case + r) % 4 {
+                0 => {
+                    let m = row.iter().copied().fold(f32::MIN, f32::max);
+                    let a = rng.below(vocab as u64) as usize;
+                    let b = rng.below(vocab as u64) as usize;
+                    row[a] = m + 1.0;
+                    row[b] = m + 1.0;
+                }
+                1 => row.fill(f32::NEG_INFINITY),
+                2 => row[rng.below(vocab as u64) as usize] = f32::NAN,
+                _ => {}
+            }
+        }
+        let got = lab.argmax(&logits, vocab).expect("argmax");
+        let want: Vec<u32> = logits
+            .chunks(vocab)
+            .map(|row| sample(row, &SamplingParams::greedy(), 0, &[], None).0)
+            .collect();
+        assert_eq!(got, want, "case {case}: vocab {vocab}");
+    }
+}
+
+/// Random sequences over a shuffled pool of blocks.
+fn random_seqs(
+    rng: &mut Rng,
+    shape: &HeadShape,
+    n: usize,
+    max_ctx: usize,
+    max_rows: usize,
+) -> (Vec<LabSeq>, usize) {
+    let bs = shape.block_size;
+    let mut seqs = Vec::new();
+    let mut need = 0;
+    for _ in 0..n {
+        let rows = range(rng, 1, max_rows);
+        let start = range(rng, 0, max_ctx - rows);
+        let blocks = (start + rows).div_ceil(bs);
+        seqs.push((start, rows, blocks));
+        need += blocks;
+    }
+    let pool_blocks = need + range(rng, 0, 4);
+    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut it = ids.into_iter();
+    let seqs = seqs
+        .into_iter()
+        .map(|(start, rows, blocks)| LabSeq {
+            start_pos: start as u32,
+            rows,
+            block_table: it.by_ref().take(blocks).collect(),
+        })
+        .collect();
+    (seqs, pool_blocks)
+}
+
+fn pool_index(shape: &HeadShape, table: &[u32], pos: usize, g: usize) -> usize {
+    let bs = shape.block_size;
+    let block = table[pos / bs] as usize;
+    ((block * shape.kv_heads + g) * bs + pos % bs) * shape.head_dim
+}
+
+fn attention_ref(
+    qkv: &[f32],
+    shape: &HeadShape,
+    seqs: &[LabSeq],
+    k: &[f32],
+    v: &[f32],
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = shape.q_heads / shape.kv_heads;
+    let stride = shape.qkv_width();
+    let mut out = Vec::new();
+    let mut r = 0;
+    for s in seqs {
+        for i in 0..s.rows {
+            let pos = s.start_pos as usize + i;
+            for h in 0..shape.q_heads {
+                let g = h / group;
+                let q = &qkv[r * stride + h * hd..r * stride + (h + 1) * hd];
+                let scores: Vec<f64> = (0..=pos)
+                    .map(|j| {
+                        let kb = pool_index(shape, &s.block_table, j, g);
+                        q.iter()
+                            .zip(&k[kb..kb + hd])
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let acc: f64 = (0..=pos)
+                        .map(|j| e[j] / z * v[pool_index(shape, &s.block_table, j, g) + d] as f64)
+                        .sum();
+                    out.push(acc as f32);
+                }
+            }
+            r += 1;
+        }
+    }
+    out
+}
+
+const SHAPES: &[(usize, usize, usize, usize)] = &[
+    // (q_heads, kv_heads, head_dim, block_size)
+    (8, 4, 8, 16),   // stories260K
+    (4, 4, 16, 3),   // MHA, tiny blocks
+    (6, 2, 64, 5),   // group of 3
+    (4, 1, 128, 16), // MQA, widest heads
+    (2, 2, 6, 1),    // head_dim not a power of two, one slot per block
+];
+
+fn check_attention(kernel_of: impl Fn(&mut Rng) -> AttnKernel, seed: u64, max_rows: usize) {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(seed);
+    for (case, &(q_heads, kv_heads, head_dim, block_size)) in SHAPES.iter().enumerate() {
+        let shape = HeadShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+        };
+        let n = range(&mut rng, 1, 9);
+        let max_ctx = if head_dim >= 64 { 90 } else { 150 };
+        let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, max_ctx, max_rows);
+        let rows: usize = seqs.iter().map(|s| s.rows).sum();
+        let pool = pool_blocks * kv_heads * block_size * head_dim;
+        let k = uniform(&mut rng, pool, 1.0);
+        let v = uniform(&mut rng, pool, 1.0);
+        let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
+        let kernel = kernel_of(&mut rng);
+        let got = lab
+            .attention(&qkv, &shape, &seqs, &k, &v, kernel)
+            .expect("attention");
+        let want = attention_ref(&qkv, &shape, &seqs, &k, &v);
+        let e = nmse(&got, &want);
+        assert!(
+            e < NMSE_ATTN,
+            "case {case}: {shape:?} {kernel:?}, {n} seqs, {rows} rows: nmse {e:e}"
+        );
+    }
+}
+
+#[test]
+fn wgpu_decode_attention_matches_reference() {
+    // Splits from a few positions (many splits, some empty) to none.
+    check_attention(
+        |rng| AttnKernel::Decode {
+            split_len: [7, 40, 64, 1000][rng.below(4) as usize],
+        },
+        7,
+        3,
+    );
+}
+
+#[test]
+fn wgpu_prefill_attention_matches_reference() {
+    check_attention(|_| AttnKernel::Prefill, 8, 70);
+}
+
+#[test]
+fn wgpu_rope_matches_cpu_rotation() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(9);
+    let scalings = [
+        RopeScaling::None,
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 1024.0,
+        },
+        RopeScaling::Linear { factor: 4.0 },
+    ];
+    for (case, &(q_heads, kv_heads, head_dim, block_size)) in SHAPES.iter().enumerate() {
+        let shape = HeadShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+        };
+        let theta = [10000.0, 500000.0, 1e6][case % 3];
+        let inv = rope::inv_freq(head_dim, theta, &scalings[case % 3]);
+        let n = range(&mut rng, 1, 9);
+        let (seqs, _) = random_seqs(&mut rng, &shape, n, 5000, 9);
+        let rows: usize = seqs.iter().map(|s| s.rows).sum();
+        let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
+        let got = lab.rope(&qkv, &shape, &seqs, &inv).expect("rope");
+        let mut want = qkv.clone();
+        let half = head_dim / 2;
+        let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
+        let mut r = 0;
+        for sq in &seqs {
+            for i in 0..sq.rows {
+                rope::angles(&inv, sq.start_pos + i as u32, &mut c, &mut s);
+                let row = &mut want[r * shape.qkv_width()..(r + 1) * shape.qkv_width()];
+                for head in row[..(q_heads + kv_heads) * head_dim].chunks_exact_mut(head_dim) {
+                    rope::rotate(head, &c, &s);
+                }
+                r += 1;
+            }
+        }
+        let e = nmse(&got, &want);
+        assert!(e < NMSE_ROPE, "case {case}: {shape:?}: nmse {e:e}");
+    }
+}
+
+#[test]
+fn wgpu_kv_write_follows_the_slot_mapping() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(10);
+    for &(q_heads, kv_heads, head_dim, block_size) in SHAPES {
+        let shape = HeadShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+        };
+        let n = range(&mut rng, 1, 9);
+        let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 100, 20);
+        let rows: usize = seqs.iter().map(|s| s.rows).sum();
+        let pool = pool_blocks * kv_heads * block_size * head_dim;
+        let k0 = uniform(&mut rng, pool, 1.0);
+        let v0 = uniform(&mut rng, pool, 1.0);
+        let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
+        let (k, v) = lab
+            .kv_write(&qkv, &shape, &seqs, &k0, &v0)
+            .expect("kv_write");
+        let (mut wk, mut wv) = (k0.clone(), v0.clone());
+        let kw = kv_heads * head_dim;
+        let mut r = 0;
+        for s in &seqs {
+            for i in 0..s.rows {
+                let pos = s.start_pos as usize + i;
+                let base = r * shape.qkv_width() + q_heads * head_dim;
+                for g in 0..kv_heads {
+                    let dst = pool_index(&shape, &s.block_table, pos, g);
+                    let src = base + g * head_dim;
+                    wk[dst..dst + head_dim].copy_from_slice(&qkv[src..src + head_dim]);
+                    wv[dst..dst + head_dim].copy_from_slice(&qkv[src + kw..src + kw + head_dim]);
+                }
+                r += 1;
+            }
+        }
+        assert_eq!(k, wk, "{shape:?}");
+        assert_eq!(v, wv, "{shape:?}");
+    }
+}
+
+#[test]
+fn wgpu_tiny_binding_limit_splits_weights() {
+    // A 4 KiB binding: a 300 x 50 f32 matrix (60 KB) needs 15+ chunks.
+    let opts = tokenwire_kernels::WgpuOptions {
+        max_binding: Some(4096),
+        ..Default::default()
+    };
+    let Some(mut lab) = lab_with(&opts) else {
+        return;
+    };
+    let mut rng = Rng::new(11);
+    for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        let (n, k) = (300, 51);
+        let w = round(dtype, &uniform(&mut rng, n * k, 1.0));
+        for (cols, tiled) in [(3, false), (20, true)] {
+            let x = uniform(&mut rng, cols * k, 1.0);
+            let got = lab
+                .linear(&x, cols, &w, k, None, dtype, tiled, None)
+                .expect("linear");
+            let e = nmse(&got, &linear_ref(&x, cols, &w, k, None));
+            assert!(e < NMSE_LINEAR, "{dtype:?} {cols} cols: nmse {e:e}");
+        }
+        let got = lab
+            .embed(&w, k, dtype, &[0, 299, 150, 77], None)
+            .expect("embed");
+        let want: Vec<f32> = [0usize, 299, 150, 77]
+            .iter()
+            .flat_map(|&t| w[t * k..(t + 1) * k].iter().copied())
+            .collect();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,169 @@
+//! Shared by the wgpu tests: opening a device, or explaining why not.
+
+#![allow(dead_code)]
+
+use tokenwire_kernels::backend::wgpu::lab::KernelLab;
+use tokenwire_kernels::{BackendKind, EngineOptions, LoadError, WgpuOptions};
+
+/// Whether a missing adapter must fail the test (CI installs lavapipe).
+pub fn required() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// Skips (prints why, returns `None`) when no adapter exists outside CI;
+/// panics under `CI=true`.
+pub fn skip_or_fail<T>(what: &str, err: impl std::fmt::Display) -> Option<T> {
+    let msg = format!("{what}: {err}");
+    if required() {
+        panic!("{msg} (a wgpu adapter is required when CI=true)");
+    }
+    eprintln!("skipping: {msg}");
+    None
+}
+
+/// A kernel lab on the default adapter.
+pub fn lab() -> Option<KernelLab> {
+    lab_with(&WgpuOptions::default())
+}
+
+/// A kernel lab with `opts`.
+pub fn lab_with(opts: &WgpuOptions) -> Option<KernelLab> {
+    match KernelLab::new(opts) {
+        Ok(l) => {
+            eprintln!("adapter: {}", l.adapter());
+            Some(l)
+        }
+        Err(e) => skip_or_fail("no wgpu adapter", e),
+    }
+}
+
+/// Engine options for the wgpu backend.
+pub fn wgpu_options() -> EngineOptions {
+    EngineOptions {
+        backend: BackendKind::Wgpu { adapter: None },
+        ..EngineOptions::default()
+    }
+}
+
+/// `Ok(v)`, or a skip/failure when the error is a missing backend.
+pub fn or_skip<T>(r: Result<T, LoadError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e @ LoadError::Backend(_)) => skip_or_fail("wgpu backend unavailable", e),
+        Err(e) => panic!("load failed: {e}"),
+    }
+}
+
+/// Normalised mean squared error: sum (a - b)^2 / sum b^2.
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let mut num = 0.0f64;
+    let mut den = 0.0f64;
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
+}
+
+/// A small llama-family shape for random models.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub hidden: usize,
+    pub inter: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub tied: bool,
+    /// q/k/v biases (Qwen2) and an o bias.
+    pub bias: bool,
+    /// "f32", "f16" or "bf16": weights rounded to it, reported as the file dtype.
+    pub dtype: &'static str,
+    pub scaling: tokenwire_kernels::RopeScaling,
+}
+
+/// A model of `shape` with seeded uniform weights (variance 1 / fan-in).
+pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
+    use tokenwire_kernels::{LayerWeights, Linear, Model, ModelConfig, Weights};
+    let mut rng = tokenwire_core::rng::Rng::new(seed);
+    let dtype = s.dtype;
+    let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let x = (rng.next_f64() as f32 * 2.0 - 1.0) * scale;
+                match dtype {
+                    "f16" => half::f16::from_f32(x).to_f32(),
+                    "bf16" => half::bf16::from_f32(x).to_f32(),
+                    _ => x,
+                }
+            })
+            .collect()
+    };
+    let mut lin = |out_dim: usize, in_dim: usize, bias: bool| Linear {
+        w: uniform(out_dim * in_dim, (3.0 / in_dim as f32).sqrt()),
+        b: bias.then(|| uniform(out_dim, 0.5)),
+        out_dim,
+        in_dim,
+    };
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let layers = (0..s.layers)
+        .map(|_| LayerWeights {
+            input_norm: vec![1.0; h],
+            q: lin(q, h, s.bias),
+            k: lin(kv, h, s.bias),
+            v: lin(kv, h, s.bias),
+            o: lin(h, q, s.bias),
+            post_norm: vec![1.0; h],
+            gate: lin(s.inter, h, false),
+            up: lin(s.inter, h, false),
+            down: lin(h, s.inter, false),
+        })
+        .collect();
+    let lm_head = (!s.tied).then(|| lin(s.vocab, h, false));
+    let uniform2 = |n: usize| -> Vec<f32> {
+        let mut r = tokenwire_core::rng::Rng::new(seed ^ 0x5eed);
+        (0..n)
+            .map(|_| {
+                let x = r.next_f64() as f32 * 2.0 - 1.0;
+                match dtype {
+                    "f16" => half::f16::from_f32(x).to_f32(),
+                    "bf16" => half::bf16::from_f32(x).to_f32(),
+                    _ => x,
+                }
+            })
+            .collect()
+    };
+    let embed = uniform2(s.vocab * h);
+    let config = ModelConfig {
+        hidden_size: h,
+        intermediate_size: s.inter,
+        num_layers: s.layers,
+        num_heads: s.heads,
+        num_kv_heads: s.kv_heads,
+        head_dim: s.head_dim,
+        vocab_size: s.vocab,
+        max_position_embeddings: 4096,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: s.scaling,
+        tie_word_embeddings: s.tied,
+        attention_bias: s.bias,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        name_or_path: None,
+    };
+    let weights = Weights {
+        embed,
+        layers,
+        norm: vec![1.0; h],
+        lm_head,
+        dtype: dtype.into(),
+    };
+    Model::new(config, weights).expect("consistent random model")
+}
