@@ -385,6 +385,17 @@ async fn kv_blocks_used(server: &tokenwire_tests::RunningServer) -> f64 {
     metric(&m.body, "tokenwire_kv_blocks_used").expect("kv blocks gauge")
 }
 
+/// Waits (bounded, on real requests) until the KV gauge reads zero.
+async fn kv_blocks_return_to_zero(server: &tokenwire_tests::RunningServer) -> bool {
+    for _ in 0..2000 {
+        if kv_blocks_used(server).await == 0.0 {
+            return true;
+        }
+        tokio::task::yield_now().await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnecting_mid_generation_frees_every_kv_block() {
     let server = start(ModelSource::Tiny, |_| {}).await;
@@ -398,16 +409,36 @@ async fn disconnecting_mid_generation_frees_every_kv_block() {
     assert_eq!(c.recv().await["type"], "token");
     assert!(kv_blocks_used(&server).await > 0.0);
     c.abort();
-    // Wait for the server to notice: each check is a real request; bounded.
-    let mut freed = false;
-    for _ in 0..2000 {
-        if kv_blocks_used(&server).await == 0.0 {
-            freed = true;
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(freed, "KV blocks not freed after disconnect");
+    assert!(
+        kv_blocks_return_to_zero(&server).await,
+        "KV blocks not freed after disconnect"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnecting_during_prefill_frees_every_kv_block() {
+    let server = start(ModelSource::Tiny, |_| {}).await;
+    let mut c = Client::connect(&server, "/generate").await;
+    // ~1000 prompt tokens take two prefill chunks; `init` comes before either runs.
+    c.send(config(&"x".repeat(1000), json!({"max_tokens": 20})))
+        .await;
+    assert_eq!(c.recv().await["type"], "init");
+    c.abort();
+    assert!(
+        kv_blocks_return_to_zero(&server).await,
+        "KV blocks not freed after disconnect"
+    );
+    // The server is still healthy and serves the next client.
+    let mut c = Client::connect(&server, "/generate").await;
+    c.send(config("Hi", json!({"max_tokens": 3}))).await;
+    assert_eq!(
+        c.recv_until(&["completion"])
+            .await
+            .last()
+            .map(|f| f["type"].clone()),
+        Some(json!("completion"))
+    );
     server.shutdown().await;
 }
 
