@@ -57,6 +57,21 @@ impl Dialect {
     }
 }
 
+/// The reasons the Host gives in [`Output::Close`], so shells and checkers can
+/// tell closes apart without repeating the strings.
+pub mod close_reason {
+    /// A frame over the size limit (code 1009).
+    pub const FRAME_TOO_LARGE: &str = "frame too large";
+    /// Graceful shutdown (code 1001).
+    pub const SHUTTING_DOWN: &str = "server shutting down";
+    /// The outbound queue stayed full past the slow-client timeout (code 1008).
+    pub const SLOW_CLIENT: &str = "client too slow to read";
+    /// No request and no frame for the idle timeout (code 1000).
+    pub const IDLE: &str = "idle timeout";
+    /// A ping went unanswered for the keepalive timeout (code 1000).
+    pub const KEEPALIVE: &str = "keepalive timeout";
+}
+
 /// How a connection reached the Host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {

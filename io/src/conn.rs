@@ -118,7 +118,10 @@ pub(crate) async fn run(
     if opened.is_err() {
         let _ = tokio::time::timeout(
             CLOSE_LINGER,
-            sink.send(close_message(1001, "server shutting down")),
+            sink.send(close_message(
+                1001,
+                tokenwire_core::api::close_reason::SHUTTING_DOWN,
+            )),
         )
         .await;
         return;

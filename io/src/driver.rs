@@ -278,7 +278,7 @@ impl Driver {
         let (code, reason) = if self.failure.is_some() {
             (1011, "the model failed to load")
         } else {
-            (1001, "server shutting down")
+            (1001, tokenwire_core::api::close_reason::SHUTTING_DOWN)
         };
         for (_, entry) in self.conns.drain() {
             entry.queue.close_now(Some(OutFrame::Close {

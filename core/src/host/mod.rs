@@ -6,7 +6,7 @@ pub(crate) mod shared;
 
 use std::collections::BTreeMap;
 
-use crate::api::{ConnId, Dialect, Event, Input, Outcome, Output, Transport};
+use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, Transport};
 use crate::config::HostConfig;
 use crate::dialect::{machine_for, Cx, DialectConn, Failure, FailureKind};
 use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
@@ -165,7 +165,7 @@ impl Host {
             }
             Input::FrameTooLarge { conn } => {
                 if self.conns.contains_key(&conn) {
-                    self.close_conn(now, conn, CLOSE_TOO_BIG, "frame too large");
+                    self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
                 }
             }
             Input::Pong { conn } => self.sh.timers.cancel(TimerKey::PongDeadline(conn)),
@@ -232,7 +232,7 @@ impl Host {
             self.sh.outputs.push_back(Output::Close {
                 conn,
                 code: CLOSE_GOING_AWAY,
-                reason: "server shutting down".into(),
+                reason: close_reason::SHUTTING_DOWN.into(),
             });
             self.sh
                 .outputs
@@ -283,7 +283,7 @@ impl Host {
             return;
         };
         if text.len() > self.sh.config.max_frame_bytes {
-            self.close_conn(now, conn, CLOSE_TOO_BIG, "frame too large");
+            self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
             return;
         }
         if self.sh.model.is_none() {
@@ -382,7 +382,7 @@ impl Host {
         }
         let conns: Vec<ConnId> = self.conns.keys().copied().collect();
         for conn in conns {
-            self.close_conn(now, conn, CLOSE_GOING_AWAY, "server shutting down");
+            self.close_conn(now, conn, CLOSE_GOING_AWAY, close_reason::SHUTTING_DOWN);
         }
         self.sh.timers.cancel(TimerKey::ShutdownGrace);
         self.shutdown_done = true;
@@ -394,7 +394,7 @@ impl Host {
             match key {
                 TimerKey::PauseTimeout(id) => self.end_gen(now, id, FinishReason::Timeout),
                 TimerKey::SlowClient(conn) => {
-                    self.close_conn(now, conn, CLOSE_POLICY, "client too slow to read")
+                    self.close_conn(now, conn, CLOSE_POLICY, close_reason::SLOW_CLIENT)
                 }
                 TimerKey::Idle(conn) => {
                     let busy = self.conns.get(&conn).is_some_and(|c| c.machine.busy());
@@ -403,7 +403,7 @@ impl Host {
                             .timers
                             .set(TimerKey::Idle(conn), now + self.sh.config.idle_timeout);
                     } else if self.conns.contains_key(&conn) {
-                        self.close_conn(now, conn, CLOSE_NORMAL, "idle timeout");
+                        self.close_conn(now, conn, CLOSE_NORMAL, close_reason::IDLE);
                     }
                 }
                 TimerKey::Ping(conn) => {
@@ -422,7 +422,7 @@ impl Host {
                 }
                 TimerKey::PongDeadline(conn) => {
                     if self.conns.contains_key(&conn) {
-                        self.close_conn(now, conn, CLOSE_NORMAL, "keepalive timeout");
+                        self.close_conn(now, conn, CLOSE_NORMAL, close_reason::KEEPALIVE);
                     }
                 }
                 TimerKey::ShutdownGrace => {

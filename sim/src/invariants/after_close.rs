@@ -76,7 +76,7 @@ mod tests {
         k.out(Output::Close {
             conn: ConnId(1),
             code: 1000,
-            reason: "idle timeout".into(),
+            reason: tokenwire_core::api::close_reason::IDLE.into(),
         })
         .expect("first close is fine");
         let err = k

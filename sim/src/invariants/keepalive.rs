@@ -8,7 +8,7 @@ use tokenwire_core::{Output, Transport};
 use super::{Check, Checker, Cx, EndState, Frame};
 
 /// The close reason the Host gives.
-pub const REASON: &str = "keepalive timeout";
+pub const REASON: &str = tokenwire_core::api::close_reason::KEEPALIVE;
 
 /// See the module docs.
 #[derive(Debug, Default)]

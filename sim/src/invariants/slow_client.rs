@@ -8,7 +8,7 @@ use tokenwire_core::Output;
 use super::{Check, Checker, Cx, EndState, Frame};
 
 /// The close reason the Host gives.
-pub const REASON: &str = "client too slow to read";
+pub const REASON: &str = tokenwire_core::api::close_reason::SLOW_CLIENT;
 
 /// See the module docs.
 #[derive(Debug, Default)]
