@@ -398,3 +398,15 @@ fn every_server_message_the_host_sends_decodes() {
         assert!(kinds.iter().any(|x| x == k), "saw a {k}: {kinds:?}");
     }
 }
+
+#[test]
+fn a_server_float_beyond_f32_is_an_error_not_infinity() {
+    // JSON has no infinity; a value that would become one as f32 must not
+    // decode into a message that cannot be encoded again.
+    let text = r#"{"type":"status","operation":"model_loading","progress":1e39,"message":"","eta_seconds":null}"#;
+    let e = codec::decode_server(text).expect_err("1e39 is no f32");
+    assert!(e.message.contains("`progress`"), "{}", e.message);
+    let text = r#"{"type":"token","token":"a","logprobs":[{"token":"a","logprob":-1e40}],"finish_reason":null,"finished":false}"#;
+    let e = codec::decode_server(text).expect_err("-1e40 is no f32");
+    assert!(e.message.contains("`logprobs.logprob`"), "{}", e.message);
+}

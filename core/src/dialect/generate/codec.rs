@@ -568,5 +568,41 @@ pub fn encode_server(msg: &ServerMessage) -> String {
 /// Decodes a server text frame (what a client receives).
 pub fn decode_server(text: &str) -> Result<ServerMessage, DecodeError> {
     let v = json::parse(text).map_err(|e| DecodeError::new(None, e))?;
-    serde_json::from_value(v).map_err(|e| DecodeError::new(None, format!("invalid message: {e}")))
+    let msg: ServerMessage = serde_json::from_value(v)
+        .map_err(|e| DecodeError::new(None, format!("invalid message: {e}")))?;
+    match first_non_finite(&msg) {
+        Some(field) => Err(DecodeError::new(
+            None,
+            format!("invalid message: `{field}` is out of range"),
+        )),
+        None => Ok(msg),
+    }
+}
+
+/// The first float field of `msg` that is not finite: a JSON number too large
+/// for an `f32` field would otherwise decode to infinity, which no JSON
+/// encoder can write back.
+fn first_non_finite(msg: &ServerMessage) -> Option<&'static str> {
+    let bad32 = |x: f32| !x.is_finite();
+    let bad64 = |x: f64| !x.is_finite();
+    match msg {
+        ServerMessage::Token(t) => {
+            if t.logprobs.iter().flatten().any(|l| bad32(l.logprob)) {
+                return Some("logprobs.logprob");
+            }
+            t.timing
+                .filter(|x| bad64(x.token_ms) || bad64(x.total_ms))
+                .map(|_| "timing")
+        }
+        ServerMessage::Completion(c) => c
+            .timing
+            .filter(|x| x.first_token_ms.is_some_and(bad64) || bad64(x.total_ms))
+            .map(|_| "timing"),
+        ServerMessage::Status(Status::ModelLoading {
+            progress,
+            eta_seconds,
+            ..
+        }) => (bad32(*progress) || eta_seconds.is_some_and(bad64)).then_some("progress"),
+        _ => None,
+    }
 }
