@@ -167,6 +167,12 @@ impl BlockAllocator {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use proptest::prelude::*;
+    use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
+
     use super::*;
 
     #[test]
@@ -228,5 +234,216 @@ mod tests {
         a.reset();
         assert_eq!((a.used(), a.available()), (0, 8));
         a.check().expect("consistent");
+    }
+
+    /// Largest capacity the state machine sets; random ids go past it, and
+    /// past the refcount table, to reach the out-of-range paths.
+    const MAX_CAP: u32 = 12;
+    const ID_RANGE: u32 = MAX_CAP + 4;
+
+    /// What the state machine does to the allocator.
+    #[derive(Debug, Clone)]
+    enum AllocOp {
+        Allocate,
+        /// A held block (from the model), or any id.
+        Retain(BlockId),
+        /// A held block (from the model), or any id (held or not).
+        Release(BlockId),
+        SetCapacity(u32),
+        Reset,
+    }
+
+    /// What the model says the last operation returns.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Returned {
+        Nothing,
+        Allocated(Option<BlockId>),
+        Retained(bool),
+        Released(bool),
+    }
+
+    /// The reference model of the allocator: a capacity and the holders of
+    /// every held block, nothing else. Free ids are the unheld ids below the
+    /// capacity; held ids at or above it (after a shrink) still count as used.
+    #[derive(Debug, Clone)]
+    struct AllocModel {
+        capacity: u32,
+        held: BTreeMap<BlockId, u32>,
+        returned: Returned,
+    }
+
+    impl AllocModel {
+        fn available(&self) -> u32 {
+            self.capacity.saturating_sub(self.held.len() as u32)
+        }
+
+        /// Lowest first: the lowest unheld id below the capacity, while the
+        /// blocks held (above the capacity too) leave room.
+        fn next_block(&self) -> Option<BlockId> {
+            if self.available() == 0 {
+                return None;
+            }
+            (0..self.capacity).find(|b| !self.held.contains_key(b))
+        }
+    }
+
+    impl ReferenceStateMachine for AllocModel {
+        type State = AllocModel;
+        type Transition = AllocOp;
+
+        fn init_state() -> BoxedStrategy<AllocModel> {
+            (0..=MAX_CAP)
+                .prop_map(|capacity| AllocModel {
+                    capacity,
+                    held: BTreeMap::new(),
+                    returned: Returned::Nothing,
+                })
+                .boxed()
+        }
+
+        fn transitions(m: &AllocModel) -> BoxedStrategy<AllocOp> {
+            let any_id = 0..ID_RANGE;
+            let mut ops = vec![
+                (6, Just(AllocOp::Allocate).boxed()),
+                (1, any_id.clone().prop_map(AllocOp::Retain).boxed()),
+                (1, any_id.prop_map(AllocOp::Release).boxed()),
+                (2, (0..=MAX_CAP).prop_map(AllocOp::SetCapacity).boxed()),
+                (1, Just(AllocOp::Reset).boxed()),
+            ];
+            if !m.held.is_empty() {
+                let held = proptest::sample::select(m.held.keys().copied().collect::<Vec<_>>());
+                ops.push((2, held.clone().prop_map(AllocOp::Retain).boxed()));
+                ops.push((5, held.prop_map(AllocOp::Release).boxed()));
+            }
+            proptest::strategy::Union::new_weighted(ops).boxed()
+        }
+
+        fn apply(mut m: AllocModel, op: &AllocOp) -> AllocModel {
+            m.returned = match *op {
+                AllocOp::Allocate => {
+                    let b = m.next_block();
+                    if let Some(b) = b {
+                        m.held.insert(b, 1);
+                    }
+                    Returned::Allocated(b)
+                }
+                AllocOp::Retain(b) => Returned::Retained(match m.held.get_mut(&b) {
+                    Some(rc) => {
+                        *rc += 1;
+                        true
+                    }
+                    None => false,
+                }),
+                AllocOp::Release(b) => Returned::Released(match m.held.get_mut(&b) {
+                    Some(1) => {
+                        m.held.remove(&b);
+                        true
+                    }
+                    Some(rc) => {
+                        *rc -= 1;
+                        false
+                    }
+                    None => false,
+                }),
+                AllocOp::SetCapacity(n) => {
+                    m.capacity = n;
+                    Returned::Nothing
+                }
+                AllocOp::Reset => {
+                    m.held.clear();
+                    Returned::Nothing
+                }
+            };
+            m
+        }
+    }
+
+    /// Drives the real `BlockAllocator` with the model's operations.
+    struct AllocTest;
+
+    impl StateMachineTest for AllocTest {
+        type SystemUnderTest = BlockAllocator;
+        type Reference = AllocModel;
+
+        fn init_test(m: &AllocModel) -> BlockAllocator {
+            BlockAllocator::new(m.capacity)
+        }
+
+        fn apply(mut a: BlockAllocator, m: &AllocModel, op: AllocOp) -> BlockAllocator {
+            let returned = match op {
+                AllocOp::Allocate => {
+                    let held_before: Vec<BlockId> =
+                        (0..ID_RANGE).filter(|&b| a.refcount(b) > 0).collect();
+                    let got = a.allocate();
+                    if let Some(b) = got {
+                        assert!(!held_before.contains(&b), "block {b} handed out twice");
+                    }
+                    Returned::Allocated(got)
+                }
+                AllocOp::Retain(b) => Returned::Retained(a.retain(b)),
+                AllocOp::Release(b) => {
+                    let rc = a.refcount(b);
+                    // An unheld id is a caller's bug: debug builds say so,
+                    // release builds ignore it. Either way nothing changes.
+                    let freed = catch_unwind(AssertUnwindSafe(|| a.release(b)));
+                    match freed {
+                        Ok(freed) => Returned::Released(freed),
+                        Err(_) => {
+                            assert!(
+                                cfg!(debug_assertions) && rc == 0,
+                                "release({b}) panicked with refcount {rc}"
+                            );
+                            Returned::Released(false)
+                        }
+                    }
+                }
+                AllocOp::SetCapacity(n) => {
+                    a.set_capacity(n);
+                    Returned::Nothing
+                }
+                AllocOp::Reset => {
+                    a.reset();
+                    Returned::Nothing
+                }
+            };
+            assert_eq!(returned, m.returned, "{op:?}");
+            a
+        }
+
+        fn check_invariants(a: &BlockAllocator, m: &AllocModel) {
+            if let Err(e) = a.check() {
+                panic!("{e}");
+            }
+            assert_eq!(a.capacity(), m.capacity);
+            assert_eq!(a.used(), m.held.len() as u32);
+            assert_eq!(a.available(), m.available());
+            for b in 0..ID_RANGE {
+                let want = m.held.get(&b).copied().unwrap_or(0);
+                assert_eq!(a.refcount(b), want, "refcount of block {b}");
+            }
+        }
+
+        /// Nothing lost: once every holder lets go, the whole pool is
+        /// allocatable again, lowest first.
+        fn teardown(mut a: BlockAllocator, m: AllocModel) {
+            for (&b, &rc) in &m.held {
+                for left in (0..rc).rev() {
+                    assert_eq!(a.release(b), left == 0, "release of {b}");
+                }
+            }
+            assert_eq!((a.used(), a.available()), (0, m.capacity));
+            let all: Vec<BlockId> = std::iter::from_fn(|| a.allocate()).collect();
+            assert_eq!(all, (0..m.capacity).collect::<Vec<_>>());
+            if let Err(e) = a.check() {
+                panic!("{e}");
+            }
+        }
+    }
+
+    prop_state_machine! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn allocator_matches_its_model(sequential 1..100 => AllocTest);
     }
 }

@@ -3,9 +3,10 @@
 //! sequences, or a table that loses blocks a sequence still needs, shows up as
 //! a wrong token at a position rather than as a silently different schedule.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
+use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
 use super::*;
 use crate::engine::{
@@ -801,45 +802,151 @@ fn a_seq_too_big_for_the_shrunk_pool_does_not_hold_the_queue() {
     assert_eq!(h.finished[&SeqId(1)], Harness::expected_final(1, 60, 4));
 }
 
-/// One thing the proptest does to the scheduler.
+/// One thing the state machine does to the scheduler. Sequence ids come from
+/// the model's live set.
 #[derive(Debug, Clone)]
-enum Op {
+enum SchedOp {
+    /// Adds the next id (the model's `next_id`).
     Add {
         prompt: usize,
         max_tokens: u32,
     },
-    Remove(usize),
-    SetRunnable(usize, bool),
+    Remove(SeqId),
+    SetRunnable(SeqId, bool),
     SetCapacity(u32),
     Step,
-    /// Plan, then remove a seq while the step is outstanding, then complete.
-    StepRemovingDuring(usize),
-    /// Plan, then change the capacity while the step is outstanding, then complete.
+    /// Plan, then remove a seq while the step is outstanding, then complete
+    /// (with nothing to plan, just remove).
+    StepRemovingDuring(SeqId),
+    /// Plan, then change the capacity while the step is outstanding, then
+    /// complete (with nothing to plan, just change it).
     StepResizingDuring(u32),
-    Fail(u8),
+    Fail(EngineFaultKind),
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        3 => (1usize..70, 1u32..40).prop_map(|(prompt, max_tokens)| Op::Add { prompt, max_tokens }),
-        1 => any::<usize>().prop_map(Op::Remove),
-        2 => (any::<usize>(), any::<bool>()).prop_map(|(i, r)| Op::SetRunnable(i, r)),
-        1 => (0u32..24).prop_map(Op::SetCapacity),
-        8 => Just(Op::Step),
-        1 => any::<usize>().prop_map(Op::StepRemovingDuring),
-        1 => (0u32..24).prop_map(Op::StepResizingDuring),
-        1 => (0u8..3).prop_map(Op::Fail),
-    ]
+/// The reference model of the scheduler as the Host sees it: the config, the
+/// pool's capacity, and the sequences the Host added and has not removed
+/// itself, with their runnable flags and sizes. A sequence the harness
+/// retired (finished) or removed after a failed step is still live here: the
+/// model cannot tell when a sequence finishes, so its live set is a superset
+/// of the scheduler's, and a `Remove` of such an id must change nothing.
+#[derive(Debug, Clone)]
+struct SchedModel {
+    cfg: SchedConfig,
+    capacity: u32,
+    /// The largest capacity ever set (or configured): the liveness phase
+    /// restores it.
+    max_cap: u32,
+    next_id: u64,
+    /// Live ids and whether each is runnable.
+    live: BTreeMap<SeqId, bool>,
+    /// (prompt length, max tokens) of every admitted sequence.
+    specs: BTreeMap<SeqId, (usize, u32)>,
+}
+
+impl SchedModel {
+    /// Whether `add` admits a sequence of `positions` tokens at most: it must
+    /// fit the configured pool or the current one, whichever is larger.
+    fn admits(&self, positions: u32) -> bool {
+        positions.div_ceil(self.cfg.block_size) <= self.cfg.num_blocks.max(self.capacity)
+    }
+}
+
+impl ReferenceStateMachine for SchedModel {
+    type State = SchedModel;
+    type Transition = SchedOp;
+
+    fn init_state() -> BoxedStrategy<SchedModel> {
+        (4u32..24, 1u32..48, 1u32..6)
+            .prop_map(
+                |(num_blocks, max_step_tokens, max_running_seqs)| SchedModel {
+                    cfg: cfg(num_blocks, max_step_tokens, max_running_seqs),
+                    capacity: num_blocks,
+                    max_cap: num_blocks,
+                    next_id: 1,
+                    live: BTreeMap::new(),
+                    specs: BTreeMap::new(),
+                },
+            )
+            .boxed()
+    }
+
+    fn transitions(m: &SchedModel) -> BoxedStrategy<SchedOp> {
+        let fault = prop_oneof![
+            Just(EngineFaultKind::OutOfMemory),
+            Just(EngineFaultKind::DeviceLost),
+            Just(EngineFaultKind::Internal("x".into())),
+        ];
+        let mut ops = vec![
+            (
+                3,
+                (1usize..70, 1u32..40)
+                    .prop_map(|(prompt, max_tokens)| SchedOp::Add { prompt, max_tokens })
+                    .boxed(),
+            ),
+            (1, (0u32..24).prop_map(SchedOp::SetCapacity).boxed()),
+            (8, Just(SchedOp::Step).boxed()),
+            (1, (0u32..24).prop_map(SchedOp::StepResizingDuring).boxed()),
+            (1, fault.prop_map(SchedOp::Fail).boxed()),
+        ];
+        if !m.live.is_empty() {
+            let id = proptest::sample::select(m.live.keys().copied().collect::<Vec<_>>());
+            ops.push((1, id.clone().prop_map(SchedOp::Remove).boxed()));
+            ops.push((
+                2,
+                (id.clone(), any::<bool>())
+                    .prop_map(|(id, r)| SchedOp::SetRunnable(id, r))
+                    .boxed(),
+            ));
+            ops.push((1, id.prop_map(SchedOp::StepRemovingDuring).boxed()));
+        }
+        proptest::strategy::Union::new_weighted(ops).boxed()
+    }
+
+    /// Shrinking drops transitions: an id must still be live where it is used.
+    fn preconditions(m: &SchedModel, op: &SchedOp) -> bool {
+        match op {
+            SchedOp::Remove(id) | SchedOp::SetRunnable(id, _) | SchedOp::StepRemovingDuring(id) => {
+                m.live.contains_key(id)
+            }
+            _ => true,
+        }
+    }
+
+    fn apply(mut m: SchedModel, op: &SchedOp) -> SchedModel {
+        match *op {
+            SchedOp::Add { prompt, max_tokens } => {
+                let id = SeqId(m.next_id);
+                m.next_id += 1;
+                if m.admits(prompt as u32 + max_tokens) {
+                    m.live.insert(id, true);
+                    m.specs.insert(id, (prompt, max_tokens));
+                }
+            }
+            SchedOp::Remove(id) | SchedOp::StepRemovingDuring(id) => {
+                m.live.remove(&id);
+            }
+            SchedOp::SetRunnable(id, r) => {
+                m.live.insert(id, r);
+            }
+            SchedOp::SetCapacity(n) | SchedOp::StepResizingDuring(n) => {
+                m.capacity = n;
+                m.max_cap = m.max_cap.max(n);
+            }
+            SchedOp::Step | SchedOp::Fail(_) => {}
+        }
+        m
+    }
+}
+
+/// The harness, plus the sequences it removed because a failed step failed
+/// them.
+struct SchedSut {
+    h: Harness,
+    failed: BTreeSet<SeqId>,
 }
 
 impl Harness {
-    fn nth_live(&self, i: usize) -> Option<SeqId> {
-        if self.expect.is_empty() {
-            return None;
-        }
-        self.expect.keys().nth(i % self.expect.len()).copied()
-    }
-
     /// `used` as the reference model counts it: the blocks in the tables of
     /// all live sequences, each at most once.
     fn model_used(&self) -> u32 {
@@ -853,87 +960,183 @@ impl Harness {
         }
         seen.len() as u32
     }
+
+    /// Removes `id` if it is live; for an id the harness already retired,
+    /// checks that removing it again changes nothing.
+    fn remove_if_live(&mut self, id: SeqId) {
+        if self.expect.contains_key(&id) {
+            self.remove(id);
+        } else {
+            assert!(!self.sched.contains(id), "{id:?} retired but still live");
+            let before = self.sched.stats();
+            self.sched.remove(id);
+            assert_eq!(self.sched.stats(), before, "removing retired {id:?}");
+            self.check();
+        }
+    }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+/// Drives the scheduler, through the `Harness`, with the model's operations.
+struct SchedTest;
 
-    #[test]
-    fn random_ops_keep_blocks_exact(
-        num_blocks in 4u32..24,
-        max_step_tokens in 1u32..48,
-        max_running_seqs in 1u32..6,
-        ops in proptest::collection::vec(op(), 1..200),
-    ) {
-        let mut h = Harness::new(cfg(num_blocks, max_step_tokens, max_running_seqs));
-        let mut next_id = 1u64;
-        let mut max_cap = num_blocks;
-        for op in ops {
-            match op {
-                Op::Add { prompt, max_tokens } => {
-                    let res = h.add(next_id, prompt, max_tokens);
-                    let need = (prompt as u32 + max_tokens).div_ceil(16);
-                    prop_assert_eq!(res.is_ok(), need <= num_blocks.max(h.sched.stats().blocks_total));
-                    next_id += 1;
-                }
-                Op::Remove(i) => {
-                    if let Some(id) = h.nth_live(i) { h.remove(id); }
-                }
-                Op::SetRunnable(i, r) => {
-                    if let Some(id) = h.nth_live(i) { h.sched.set_runnable(id, r); h.check(); }
-                }
-                Op::SetCapacity(n) => { max_cap = max_cap.max(n); h.sched.set_capacity(n); h.check(); }
-                Op::Step => { h.retire_finished(); h.step(); }
-                Op::StepRemovingDuring(i) => {
-                    h.retire_finished();
-                    if let Some(p) = h.plan() {
-                        if let Some(id) = h.nth_live(i) { h.remove(id); }
-                        h.complete(&p);
-                    }
-                }
-                Op::StepResizingDuring(n) => {
-                    h.retire_finished();
-                    if let Some(p) = h.plan() {
-                        max_cap = max_cap.max(n);
-                        h.sched.set_capacity(n);
-                        h.check();
-                        h.complete(&p);
-                    }
-                }
-                Op::Fail(k) => {
-                    if let Some(p) = h.plan() {
-                        let kind = match k {
-                            0 => EngineFaultKind::OutOfMemory,
-                            1 => EngineFaultKind::DeviceLost,
-                            _ => EngineFaultKind::Internal("x".into()),
-                        };
-                        for id in h.fail(&p, kind) {
-                            h.remove(id);
-                        }
-                    }
-                }
-            }
-            let st = h.sched.stats();
-            if !h.sched.step_outstanding() {
-                prop_assert!(st.blocks_used <= st.blocks_total, "{:?}", st);
-            }
-            prop_assert_eq!(st.blocks_used, h.model_used());
+impl StateMachineTest for SchedTest {
+    type SystemUnderTest = SchedSut;
+    type Reference = SchedModel;
+
+    fn init_test(m: &SchedModel) -> SchedSut {
+        SchedSut {
+            h: Harness::new(m.cfg),
+            failed: BTreeSet::new(),
         }
-        // Liveness once the pressure is gone: everything runnable, the pool
-        // back to full size, no faults; every seq finishes with its script.
+    }
+
+    fn apply(mut sut: SchedSut, m: &SchedModel, op: SchedOp) -> SchedSut {
+        let h = &mut sut.h;
+        match op {
+            SchedOp::Add { prompt, max_tokens } => {
+                let id = SeqId(m.next_id - 1);
+                let res = h.add(id.0, prompt, max_tokens);
+                assert_eq!(res.is_ok(), m.live.contains_key(&id), "admission: {res:?}");
+            }
+            SchedOp::Remove(id) => h.remove_if_live(id),
+            SchedOp::SetRunnable(id, r) => {
+                h.sched.set_runnable(id, r);
+                h.check();
+            }
+            SchedOp::SetCapacity(n) => h.set_capacity(n),
+            SchedOp::Step => {
+                h.retire_finished();
+                h.step();
+            }
+            SchedOp::StepRemovingDuring(id) => {
+                h.retire_finished();
+                let plan = h.plan();
+                h.remove_if_live(id);
+                if let Some(p) = plan {
+                    h.complete(&p);
+                }
+            }
+            SchedOp::StepResizingDuring(n) => {
+                h.retire_finished();
+                let plan = h.plan();
+                h.set_capacity(n);
+                if let Some(p) = plan {
+                    h.complete(&p);
+                }
+            }
+            SchedOp::Fail(kind) => {
+                if let Some(p) = h.plan() {
+                    for id in h.fail(&p, kind) {
+                        h.remove(id);
+                        sut.failed.insert(id);
+                    }
+                }
+            }
+        }
+        sut
+    }
+
+    fn check_invariants(sut: &SchedSut, m: &SchedModel) {
+        let h = &sut.h;
+        let st = h.sched.stats();
+        if !h.sched.step_outstanding() {
+            assert!(st.blocks_used <= st.blocks_total, "{st:?}");
+        }
+        // No block shared, none lost: the pool counts exactly the blocks in
+        // live tables.
+        assert_eq!(st.blocks_used, h.model_used());
+        assert_eq!(st.blocks_total, m.capacity);
+        // The scheduler's live sequences are among the model's, with the
+        // runnable flags the model gave them.
+        let mut paused = 0;
+        for id in h.expect.keys() {
+            match m.live.get(id) {
+                Some(runnable) => paused += u32::from(!runnable),
+                None => panic!("{id:?} is live but the model removed it"),
+            }
+        }
+        assert_eq!(st.paused, paused, "{st:?}");
+    }
+
+    /// Liveness once the pressure is gone: everything runnable, the pool back
+    /// to full size, no faults; every seq finishes with its script.
+    fn teardown(mut sut: SchedSut, m: SchedModel) {
+        let h = &mut sut.h;
         for id in h.expect.keys().copied().collect::<Vec<_>>() {
             h.sched.set_runnable(id, true);
         }
-        h.sched.set_capacity(max_cap);
-        h.check();
+        h.set_capacity(m.max_cap);
         h.run_to_completion(5000);
-        prop_assert_eq!(h.sched.stats().blocks_used, 0);
+        assert_eq!(h.sched.stats().blocks_used, 0);
         for (id, toks) in &h.finished {
-            let (prompt, max_tokens) = h.specs[id];
-            prop_assert_eq!(toks, &Harness::expected_final(id.0, prompt, max_tokens));
+            let (prompt, max_tokens) = m.specs[id];
+            assert_eq!(toks, &Harness::expected_final(id.0, prompt, max_tokens));
+        }
+        // Every sequence the Host did not remove finished, or was failed.
+        for id in m.live.keys() {
+            assert!(
+                h.finished.contains_key(id) || sut.failed.contains(id),
+                "{id:?} vanished"
+            );
         }
         // All removed and no step outstanding: nothing is held.
-        prop_assert!(h.sched.schedule().is_none());
-        prop_assert_eq!(h.sched.stats(), SchedStats { blocks_total: max_cap, ..SchedStats::default() });
+        assert!(h.sched.schedule().is_none());
+        assert_eq!(
+            h.sched.stats(),
+            SchedStats {
+                blocks_total: m.max_cap,
+                ..SchedStats::default()
+            }
+        );
+    }
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_ops_keep_blocks_exact(sequential 1..200 => SchedTest);
+}
+
+/// Cases the earlier, hand-rolled version of the property test shrank to
+/// (their saved seeds no longer generate them), replayed through the state
+/// machine.
+#[test]
+fn state_machine_regressions() {
+    let start = |num_blocks, max_step_tokens, max_running_seqs| SchedModel {
+        cfg: cfg(num_blocks, max_step_tokens, max_running_seqs),
+        capacity: num_blocks,
+        max_cap: num_blocks,
+        next_id: 1,
+        live: BTreeMap::new(),
+        specs: BTreeMap::new(),
+    };
+    let add = |prompt, max_tokens| SchedOp::Add { prompt, max_tokens };
+    let cases = [
+        (
+            start(5, 1, 1),
+            vec![add(16, 1), SchedOp::StepResizingDuring(0)],
+        ),
+        (
+            start(5, 29, 2),
+            vec![
+                add(1, 1),
+                SchedOp::StepResizingDuring(0),
+                add(11, 7),
+                SchedOp::SetRunnable(SeqId(1), false),
+                SchedOp::SetCapacity(4),
+                add(28, 6),
+                SchedOp::Step,
+                SchedOp::Step,
+                SchedOp::Step,
+                SchedOp::Step,
+                SchedOp::Step,
+                SchedOp::Step,
+                SchedOp::Step,
+            ],
+        ),
+    ];
+    for (model, ops) in cases {
+        SchedTest::test_sequential(ProptestConfig::default(), model, ops, None);
     }
 }
