@@ -3,9 +3,12 @@
 //! text and a `finish_reason` exactly when finished; `completion` a known
 //! `finish_reason` and usage; `error` a known code, a non-empty message, a
 //! boolean `recoverable` and a known `recovery_action`; `status` an operation.
+//! And the dialect's own codec decodes it (so the codec clients use accepts
+//! everything the server sends).
 
 use std::collections::BTreeSet;
 
+use tokenwire_core::dialect::generate::codec;
 use tokenwire_core::Output;
 
 use super::after_close::clip;
@@ -34,6 +37,9 @@ fn check(f: &Frame, ids: &mut BTreeSet<String>) -> Result<(), String> {
     let v = &f.v;
     if !v.is_object() {
         return Err("not a JSON object".into());
+    }
+    if let Err(e) = codec::decode_server(&v.to_string()) {
+        return Err(format!("the generate codec rejects it: {e}"));
     }
     match f.kind() {
         "init" => {
@@ -125,7 +131,7 @@ mod tests {
         k.open(1);
         k.input(tokenwire_core::Input::Timeout).expect("input");
         let id = "gen_01890a5d-ac96-774b-bcce-b302099a8057";
-        let init = json!({"type": "init", "request_id": id, "model": "tiny", "model_info": {"max_tokens": 512}});
+        let init = json!({"type": "init", "request_id": id, "model": "tiny", "model_info": {"version": "1", "max_tokens": 512, "quantization": "f32"}});
         k.send(1, init.clone()).expect("well formed");
         assert!(k.send(1, init).is_err(), "id reused");
         for bad in [
@@ -135,6 +141,8 @@ mod tests {
             json!({"type": "completion", "request_id": id, "generated_text": "", "finish_reason": "done", "usage": {}}),
             json!({"type": "mystery"}),
             json!([1]),
+            // What only the codec catches: a field of the wrong type.
+            json!({"type": "status", "operation": "queued", "position": "first", "request_id": id}),
         ] {
             let err = k.send(1, bad.clone()).expect_err("malformed");
             assert_eq!(err.invariant, "wire_format", "{bad}");

@@ -448,7 +448,9 @@ pub struct CompletionTiming {
     pub total_ms: f64,
 }
 
-/// The `error` types this server sends (those of the source).
+/// The `error` types of the source. This server sends all but
+/// `content_filter`, `timeout` and `rate_limited`, which a client may still
+/// meet from another server of the dialect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -462,6 +464,12 @@ pub enum ErrorCode {
     InternalError,
     /// The model is not loaded.
     ModelLoadingError,
+    /// Content filtered by a safety system.
+    ContentFilter,
+    /// An operation timed out.
+    Timeout,
+    /// Too many requests.
+    RateLimited,
 }
 
 impl ErrorCode {
@@ -473,6 +481,9 @@ impl ErrorCode {
             ErrorCode::MemoryPressure => "memory_pressure",
             ErrorCode::InternalError => "internal_error",
             ErrorCode::ModelLoadingError => "model_loading_error",
+            ErrorCode::ContentFilter => "content_filter",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::RateLimited => "rate_limited",
         }
     }
 }
