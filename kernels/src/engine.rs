@@ -1,6 +1,8 @@
 //! [`Engine`]: the model behind the core's engine boundary. It checks each
 //! [`StepPlan`], keeps per-sequence token history for the sampler, runs the
-//! batched forward on its [`Backend`] and samples.
+//! batched forward on its [`Backend`] and samples: with the shared CPU
+//! sampler on the rows the backend returns, or by taking the tokens a device
+//! backend sampled itself by the same rule (wgpu).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -13,7 +15,7 @@ use tokenwire_core::{
 };
 
 use crate::backend::{
-    Backend, BackendKind, CpuBackend, ForwardOutput, SeqBatch, WgpuBackend, WgpuOptions,
+    Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, SeqBatch, WgpuBackend, WgpuOptions,
 };
 use crate::config::GenerationConfig;
 use crate::error::LoadError;
@@ -206,9 +208,9 @@ impl Engine {
 
     /// With `true`, every sampled sequence's logits row comes back from the
     /// backend (see [`Engine::last_logits`]); with `false` (the default) a
-    /// greedy sequence without repetition penalty or logprobs may come back
-    /// as its argmax id only, which saves a GPU backend reading back a
-    /// vocabulary row per sequence. The chosen tokens are the same either way.
+    /// backend that samples on its device (wgpu) reads back only the chosen
+    /// tokens (and logprobs when asked), not vocabulary rows. The chosen
+    /// tokens are the same either way.
     pub fn set_full_logits(&mut self, on: bool) {
         self.full_logits = on;
     }
@@ -234,6 +236,7 @@ impl Engine {
             h.extend_from_slice(&s.tokens);
         }
         let full = self.full_logits;
+        let history = &self.history;
         let batch: Vec<SeqBatch<'_>> = plan
             .seqs
             .iter()
@@ -242,7 +245,15 @@ impl Engine {
                 start_pos: s.start_pos,
                 block_table: &s.block_table,
                 want_logits: s.sample,
-                argmax_only: !full && argmax_suffices(&s.sampling, s.logprobs),
+                sample: s.sample.then(|| SampleSpec {
+                    params: s.sampling,
+                    // The token drawn here will sit at start_pos + len: that
+                    // position seeds the draw.
+                    position: s.start_pos + s.tokens.len() as u32,
+                    history: history.get(&s.seq).map_or(&[], Vec::as_slice),
+                    logprobs: s.logprobs,
+                }),
+                keep_row: full,
             })
             .collect();
         self.backend
@@ -251,34 +262,29 @@ impl Engine {
 
         let vocab = self.info.vocab_size as usize;
         let mut rows = self.out.logits.chunks_exact(vocab);
-        let mut ids = self.out.argmax.iter();
+        let mut entries = self.out.sampled.iter().zip(&self.out.has_row);
         let mut results = Vec::new();
-        for s in plan.seqs.iter().filter(|s| s.sample) {
-            let short = || {
-                fault(EngineFaultKind::Internal(
-                    "backend returned fewer outputs than sampling sequences".into(),
-                ))
+        let short = || {
+            fault(EngineFaultKind::Internal(
+                "backend returned fewer outputs than sampling sequences".into(),
+            ))
+        };
+        for (s, spec) in plan.seqs.iter().zip(&batch).filter(|(s, _)| s.sample) {
+            let (done, &has_row) = entries.next().ok_or_else(short)?;
+            let row = if has_row {
+                Some(rows.next().ok_or_else(short)?)
+            } else {
+                None
             };
-            match ids.next() {
-                Some(Some(token)) => {
-                    results.push(SeqResult {
-                        seq: s.seq,
-                        token: *token,
-                        logprobs: None,
-                    });
-                    continue;
+            let (token, logprobs) = match (done, row, spec.sample) {
+                (Some(d), _, _) => (d.token, d.logprobs.clone()),
+                // The backend left this one to the shared sampler.
+                (None, Some(logits), Some(sp)) => {
+                    self.sampler
+                        .sample(logits, &sp.params, sp.position, sp.history, sp.logprobs)
                 }
-                Some(None) => {}
-                None => return Err(short()),
-            }
-            let (Some(logits), Some(history)) = (rows.next(), self.history.get(&s.seq)) else {
-                return Err(short());
+                _ => return Err(short()),
             };
-            // The token drawn here will sit at start_pos + len: that position seeds the draw.
-            let position = s.start_pos + s.tokens.len() as u32;
-            let (token, logprobs) =
-                self.sampler
-                    .sample(logits, &s.sampling, position, history, s.logprobs);
             results.push(SeqResult {
                 seq: s.seq,
                 token,
@@ -292,9 +298,10 @@ impl Engine {
     }
 
     /// Logits of the last step, one `vocab_size` row per sampled sequence
-    /// whose row the backend returned, in plan order (after the backend,
-    /// before the sampler). The CPU backend returns every row; a GPU backend
-    /// skips greedy sequences unless [`Engine::set_full_logits`] is on.
+    /// whose row the backend returned, in plan order, as the model computed
+    /// them (before the repetition penalty and the sampler). The CPU backend
+    /// returns every row; the wgpu backend, which samples on the device,
+    /// returns rows only while [`Engine::set_full_logits`] is on.
     pub fn last_logits(&self) -> std::slice::ChunksExact<'_, f32> {
         self.out.logits.chunks_exact(self.info.vocab_size as usize)
     }
@@ -420,16 +427,6 @@ impl Engine {
         self.history.remove(&SEQ);
         Ok(out)
     }
-}
-
-/// Whether the sampler's choice for these parameters is the plain argmax of
-/// the logits: greedy (the sampler's test), repetition penalty off (the
-/// sampler's test), and no logprobs.
-fn argmax_suffices(p: &tokenwire_core::SamplingParams, logprobs: Option<u8>) -> bool {
-    let greedy = !(p.temperature > 0.0 && p.temperature.is_finite());
-    let r = p.repetition_penalty;
-    let no_penalty = r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite();
-    greedy && no_penalty && logprobs.is_none()
 }
 
 #[cfg(test)]

@@ -29,7 +29,8 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use backend::{
-    Backend, BackendKind, CpuBackend, ForwardOutput, SeqBatch, WgpuBackend, WgpuOptions,
+    Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, Sampled, SeqBatch, WgpuBackend,
+    WgpuOptions,
 };
 pub use chat::ChatTemplate;
 pub use config::{GenerationConfig, ModelConfig};
@@ -37,6 +38,6 @@ pub use engine::{Engine, EngineOptions, ModelIdentity};
 pub use error::LoadError;
 pub use model::Model;
 pub use rope::RopeScaling;
-pub use sampler::{log_softmax, sample, Sampler};
+pub use sampler::{draw_uniform, log_softmax, sample, Sampler};
 pub use tokenizer::HfCodec;
 pub use weights::{LayerWeights, Linear, Weights};

@@ -21,6 +21,12 @@ pub fn sample(
     Sampler::new().sample(logits, params, position, history, logprobs)
 }
 
+/// The uniform in [0, 1) that the draw at `position` of a sequence seeded
+/// with `seed` uses (every backend draws with this one).
+pub fn draw_uniform(seed: u64, position: u32) -> f64 {
+    Rng::new(mix64(seed, position as u64)).next_f64()
+}
+
 /// Log-softmax of `logits` (NaN counts as -inf).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let lse = log_sum_exp(logits);
@@ -183,8 +189,7 @@ impl Sampler {
                 }
             }
         }
-        let mut rng = Rng::new(mix64(params.seed, position as u64));
-        let u = rng.next_f64() * kept_mass;
+        let u = draw_uniform(params.seed, position) * kept_mass;
         let mut cum = 0.0;
         for (i, w) in self.weights[..kept].iter().enumerate() {
             cum += w;

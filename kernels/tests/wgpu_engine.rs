@@ -14,8 +14,8 @@ use tokenwire_core::rng::Rng;
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{SamplingParams, SeqId, StepPlan, TokenId};
 use tokenwire_kernels::{
-    Backend, CpuBackend, Engine, ForwardOutput, LoadError, ModelIdentity, RopeScaling, SeqBatch,
-    WgpuBackend, WgpuOptions,
+    Backend, CpuBackend, Engine, ForwardOutput, LoadError, ModelIdentity, RopeScaling, SampleSpec,
+    SeqBatch, WgpuBackend, WgpuOptions,
 };
 use wgpu_support::*;
 
@@ -105,12 +105,20 @@ fn wgpu_tiny_engine(seed: u64) -> Option<Engine> {
 
 #[test]
 fn wgpu_engine_samples_like_the_cpu_engine() {
-    // Greedy (ids from the device), temperature + top-p, repetition penalty
-    // and logprobs (rows read back, the shared sampler finishes): the same
-    // tokens as the CPU engine, step after step.
+    // Greedy, temperature + top-p, repetition penalty, logprobs, all of them
+    // at once, and more logprobs than the device computes: the wgpu engine
+    // samples every row on the device (reading back only tokens and
+    // logprobs), except the last, whose row comes back for the shared
+    // sampler. The same tokens as the CPU engine, step after step; the same
+    // again with the rows read back too (`set_full_logits`), which come back
+    // as the model computed them, before the penalty.
     let Some(mut gpu) = wgpu_tiny_engine(31) else {
         return;
     };
+    let Some(mut full) = wgpu_tiny_engine(31) else {
+        return;
+    };
+    full.set_full_logits(true);
     let mut cpu = Engine::tiny(31);
     let params = [
         (SamplingParams::greedy(), None),
@@ -131,6 +139,24 @@ fn wgpu_engine_samples_like_the_cpu_engine() {
             None,
         ),
         (SamplingParams::greedy(), Some(3u8)),
+        (
+            SamplingParams {
+                temperature: 1.1,
+                top_k: 20,
+                top_p: 0.95,
+                repetition_penalty: 1.2,
+                seed: 9,
+            },
+            Some(5),
+        ),
+        (
+            SamplingParams {
+                temperature: 0.7,
+                seed: 11,
+                ..SamplingParams::default()
+            },
+            Some(40),
+        ),
     ];
     let prompts: Vec<Vec<TokenId>> = (0..params.len())
         .map(|i| {
@@ -140,7 +166,7 @@ fn wgpu_engine_samples_like_the_cpu_engine() {
         })
         .collect();
     let tables: Vec<Vec<u32>> = (0..params.len() as u32)
-        .map(|i| (0..4).map(|b| 40 - 4 * i - b).collect())
+        .map(|i| (0..4).map(|b| 60 - 4 * i - b).collect())
         .collect();
     let mut feeds = prompts.clone();
     let mut pos = vec![0u32; params.len()];
@@ -156,18 +182,32 @@ fn wgpu_engine_samples_like_the_cpu_engine() {
         let p = plan(step, seqs);
         let a = cpu.step(&p).expect("cpu step");
         let b = gpu.step(&p).expect("wgpu step");
+        let c = full.step(&p).expect("wgpu step, rows kept");
+        assert_eq!(b, c, "step {step}: keeping the rows changed the results");
         for (x, y) in a.results.iter().zip(&b.results) {
             assert_eq!(x.token, y.token, "step {step} seq {:?}", x.seq);
             match (&x.logprobs, &y.logprobs) {
                 (Some(lx), Some(ly)) => {
                     assert!((lx.logprob - ly.logprob).abs() < 1e-3);
-                    let ix: Vec<u32> = lx.top.iter().map(|t| t.0).collect();
-                    let iy: Vec<u32> = ly.top.iter().map(|t| t.0).collect();
-                    assert_eq!(ix, iy);
+                    assert_eq!(lx.top.len(), ly.top.len());
+                    for (tx, ty) in lx.top.iter().zip(&ly.top) {
+                        assert_eq!(tx.0, ty.0, "step {step} seq {:?}", x.seq);
+                        assert!((tx.1 - ty.1).abs() < 1e-3);
+                    }
                 }
                 (None, None) => {}
                 other => panic!("logprobs differ: {other:?}"),
             }
+        }
+        // Only the 40-logprob row came back; with full logits, every row,
+        // unpenalised (the CPU engine's rows are the model's, before the
+        // sampler).
+        assert_eq!(gpu.last_logits().count(), 1, "step {step}");
+        let rows: Vec<&[f32]> = full.last_logits().collect();
+        let want: Vec<&[f32]> = cpu.last_logits().collect();
+        assert_eq!(rows.len(), params.len());
+        for (r, w) in rows.iter().zip(&want) {
+            assert!(max_abs_diff(r, w) < 1e-3, "step {step}: rows differ");
         }
         for i in 0..params.len() {
             pos[i] += feeds[i].len() as u32;
@@ -261,12 +301,19 @@ fn forward_both(
         }
         let batch: Vec<SeqBatch<'_>> = chunks
             .iter()
-            .map(|&(i, fed, n, want, argmax_only)| SeqBatch {
+            .map(|&(i, fed, n, want, on_device)| SeqBatch {
                 tokens: &seqs[i].tokens[fed..fed + n],
                 start_pos: fed as u32,
                 block_table: &seqs[i].table,
                 want_logits: want,
-                argmax_only,
+                // Greedy on the device (the token comes back), or the row.
+                sample: on_device.then(|| SampleSpec {
+                    params: SamplingParams::greedy(),
+                    position: (fed + n) as u32,
+                    history: &seqs[i].tokens[..fed + n],
+                    logprobs: None,
+                }),
+                keep_row: false,
             })
             .collect();
         let mut want = Vec::new();
@@ -275,14 +322,21 @@ fn forward_both(
         gpu.forward_select(&batch, &mut out).expect("wgpu forward");
         let vocab = gpu.model().config().vocab_size;
         let mut rows = out.logits.chunks_exact(vocab);
-        for (j, (w, id)) in want.chunks_exact(vocab).zip(&out.argmax).enumerate() {
-            match id {
+        assert_eq!(out.sampled.len(), want.len() / vocab);
+        for (j, ((w, done), &has_row)) in want
+            .chunks_exact(vocab)
+            .zip(&out.sampled)
+            .zip(&out.has_row)
+            .enumerate()
+        {
+            assert_eq!(has_row, done.is_none(), "{what} step {step} row {j}");
+            match done.as_ref().map(|d| d.token) {
                 Some(id) => {
                     let a = argmax(w) as TokenId;
                     // A near-tie may legitimately flip.
-                    let gap = w[a as usize] - w[*id as usize];
+                    let gap = w[a as usize] - w[id as usize];
                     assert!(
-                        *id == a || gap < 1e-4,
+                        id == a || gap < 1e-4,
                         "{what} step {step} row {j}: argmax {id} vs cpu {a} (gap {gap})"
                     );
                 }

@@ -5,7 +5,7 @@
 pub mod cpu;
 pub mod wgpu;
 
-use tokenwire_core::{BlockId, EngineFaultKind, TokenId};
+use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs};
 
 pub use self::wgpu::{WgpuBackend, WgpuOptions};
 pub use cpu::CpuBackend;
@@ -26,6 +26,21 @@ pub enum BackendKind {
     },
 }
 
+/// How the engine picks a sequence's next token, handed to the backend so a
+/// device backend can pick it on the device (see [`Backend::forward_select`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SampleSpec<'a> {
+    /// The sequence's sampling parameters.
+    pub params: SamplingParams,
+    /// Position the sampled token will take (it seeds the draw).
+    pub position: u32,
+    /// Every token the sequence holds, this step's included (the repetition
+    /// penalty applies to its distinct ids).
+    pub history: &'a [TokenId],
+    /// Logprobs of the chosen token and of this many best ones.
+    pub logprobs: Option<u8>,
+}
+
 /// One sequence's share of a forward pass. The engine has validated it: tokens
 /// are in the vocabulary, positions within the context, and `block_table`
 /// covers `start_pos + tokens.len()` positions with blocks of the pool.
@@ -39,21 +54,38 @@ pub struct SeqBatch<'a> {
     pub block_table: &'a [BlockId],
     /// Return the logits of the last token.
     pub want_logits: bool,
-    /// With `want_logits`: the caller needs only the row's argmax (greedy
-    /// decoding without penalties or logprobs), so a backend may return the
-    /// id instead of the row (see [`Backend::forward_select`]).
-    pub argmax_only: bool,
+    /// With `want_logits`: how the next token is picked. A backend that
+    /// samples on its device returns the token (and logprobs) instead of the
+    /// row (see [`Backend::forward_select`]); `None` = return the row.
+    pub sample: Option<SampleSpec<'a>>,
+    /// With `sample`: return the row as well (for inspection; see
+    /// `Engine::set_full_logits`), as the backend computed it, before any
+    /// penalty.
+    pub keep_row: bool,
+}
+
+/// A token a backend sampled, with its logprobs when they were asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The chosen token.
+    pub token: TokenId,
+    /// Present when the [`SampleSpec`] asked for logprobs.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What [`Backend::forward_select`] hands back.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ForwardOutput {
-    /// One entry per sequence with `want_logits`, in batch order: `Some(id)`
-    /// when the backend reduced the row to its argmax (ties to the lowest id,
-    /// NaN as -inf: the sampler's greedy rule), `None` when the row is in
-    /// `logits`.
-    pub argmax: Vec<Option<TokenId>>,
-    /// The `vocab_size`-wide rows of the entries that are `None`, in order.
+    /// One entry per sequence with `want_logits`, in batch order: `Some`
+    /// when the backend picked the token itself (by the rule of
+    /// [`crate::sampler::Sampler::sample`]), `None` when the caller must
+    /// sample the row it finds in `logits`.
+    pub sampled: Vec<Option<Sampled>>,
+    /// One entry per sequence with `want_logits`, in batch order: whether its
+    /// row is in `logits` (always for `None` in `sampled`; for `Some` only
+    /// with [`SeqBatch::keep_row`]).
+    pub has_row: Vec<bool>,
+    /// The `vocab_size`-wide rows of the entries with `has_row`, in order.
     pub logits: Vec<f32>,
 }
 
@@ -77,19 +109,21 @@ pub trait Backend: Send {
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineFaultKind>;
 
-    /// [`Backend::forward`], except that a sequence with `argmax_only` may
-    /// come back as its argmax id rather than its logits row, so a device
-    /// backend reads back one id instead of a vocabulary row. The default
-    /// returns every row.
+    /// [`Backend::forward`], except that a sequence with a [`SampleSpec`]
+    /// may come back as its sampled token rather than its logits row, so a
+    /// device backend reads back a token id (and logprobs when asked) instead
+    /// of a vocabulary row. The default returns every row, unsampled.
     fn forward_select(
         &mut self,
         batch: &[SeqBatch<'_>],
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         self.forward(batch, &mut out.logits)?;
-        out.argmax.clear();
-        out.argmax
-            .extend(batch.iter().filter(|b| b.want_logits).map(|_| None));
+        let n = batch.iter().filter(|b| b.want_logits).count();
+        out.sampled.clear();
+        out.sampled.resize(n, None);
+        out.has_row.clear();
+        out.has_row.resize(n, true);
         Ok(())
     }
 }

@@ -11,8 +11,8 @@ use super::pipelines::{
 };
 use super::plan::{self, PlanLimits};
 use super::{WeightDtype, WgpuOptions};
-use crate::backend::SeqBatch;
-use tokenwire_core::TokenId;
+use crate::backend::{SampleSpec, SeqBatch};
+use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
 
 /// One sequence's share of an attention, RoPE or KV-write case.
 #[derive(Debug, Clone)]
@@ -58,10 +58,25 @@ impl HeadShape {
     }
 }
 
+/// One row of a [`KernelLab::sample`] case: what a [`SampleSpec`] holds.
+#[derive(Debug, Clone)]
+pub struct LabSample {
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Position of the sampled token (seeds the draw).
+    pub position: u32,
+    /// The sequence's tokens (the repetition penalty uses the distinct ones).
+    pub history: Vec<TokenId>,
+    /// Logprobs of the chosen token and of this many best ones.
+    pub logprobs: Option<u8>,
+}
+
 /// Runs single kernels of the wgpu backend.
 pub struct KernelLab {
     gpu: Gpu,
     pipes: Pipelines,
+    opts: WgpuOptions,
+    cpu_adapter: bool,
 }
 
 impl std::fmt::Debug for KernelLab {
@@ -86,7 +101,12 @@ impl KernelLab {
         let gpu = Gpu::new(opts)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
-        Ok(KernelLab { gpu, pipes })
+        Ok(KernelLab {
+            gpu,
+            pipes,
+            opts: opts.clone(),
+            cpu_adapter,
+        })
     }
 
     /// The adapter: name, graphics API, type, and the subgroup sizes it reports.
@@ -401,7 +421,8 @@ impl KernelLab {
                 start_pos: s.start_pos,
                 block_table: &s.block_table,
                 want_logits: false,
-                argmax_only: false,
+                sample: None,
+                keep_row: false,
             })
             .collect();
         for (i, s) in seqs.iter().enumerate() {
@@ -411,7 +432,7 @@ impl KernelLab {
             }
         }
         let _ = head_dim;
-        let hp = plan::build(&batch, theta_inv_freq, &limits, false);
+        let hp = plan::build(&batch, theta_inv_freq, &limits, &[]);
         match hp.passes.as_slice() {
             [p] => Ok((hp.words, p.clone())),
             _ => Err("case too big for one pass".into()),
@@ -607,22 +628,94 @@ impl KernelLab {
         Ok(f32s(&out))
     }
 
-    /// Argmax of each `vocab`-wide row (ties to the lowest id, NaN as -inf).
+    /// Argmax of each `vocab`-wide row (ties to the lowest id, NaN as -inf):
+    /// sample.wgsl with greedy parameters.
     pub fn argmax(&mut self, logits: &[f32], vocab: usize) -> Result<Vec<u32>, String> {
-        let rows = logits.len() / vocab;
-        let lb = self.upload("lab.logits", bytemuck::cast_slice(logits));
-        let ib = self.output("lab.ids", rows);
-        let bg = self.bind(&self.pipes.layouts.argmax, &[&lb, &ib]);
-        let d = [(
-            &self.pipes.argmax,
-            &bg,
-            vec![rows as u32, vocab as u32, 0],
-            grid(rows as u32),
-        )];
-        let out = self.run(&d, (&ib, 4 * rows as u64))?;
-        Ok(out
+        let rows = logits.len() / vocab.max(1);
+        let greedy = LabSample {
+            params: SamplingParams::greedy(),
+            position: 0,
+            history: Vec::new(),
+            logprobs: None,
+        };
+        let specs = vec![greedy; rows];
+        Ok(self
+            .sample(logits, vocab, &specs, rows.max(1))?
+            .into_iter()
+            .map(|s| s.0)
+            .collect())
+    }
+
+    /// The sampling kernel's workgroup size for rows of `vocab` (what the
+    /// backend would use with the lab's options).
+    pub fn sample_workgroup(&self, vocab: usize) -> u32 {
+        self.opts.sample_wg(self.cpu_adapter, vocab as u32)
+    }
+
+    /// sample.wgsl on `vocab`-wide rows, row i with `specs[i]`, dispatched
+    /// `per_dispatch` rows at a time (as the backend's passes do, each with
+    /// its own rows from offset 0 of its logits buffer), all in one
+    /// submission: each row's token and, when asked, its logprobs. An error
+    /// for a row the backend would not sample on the device (more logprobs
+    /// than it computes there).
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        specs: &[LabSample],
+        per_dispatch: usize,
+    ) -> Result<Vec<(TokenId, Option<TokenLogprobs>)>, String> {
+        if vocab == 0 || logits.len() != vocab * specs.len() {
+            return Err("logits must hold one vocab-wide row per spec".into());
+        }
+        let specs_ref: Vec<Option<SampleSpec<'_>>> = specs
+            .iter()
+            .map(|l| {
+                Some(SampleSpec {
+                    params: l.params,
+                    position: l.position,
+                    history: &l.history,
+                    logprobs: l.logprobs,
+                })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let rows = super::sample::encode(&specs_ref, vocab as u32, &mut seen);
+        if !rows.rows.iter().all(|r| r.0) {
+            return Err("a row asks for more logprobs than the device computes".into());
+        }
+        let wg = self.sample_workgroup(vocab);
+        self.pipes.ensure_sample(&self.gpu, wg);
+        let pipe = self.pipes.sample(wg).ok_or("pipeline missing")?;
+        let sb = self.upload("lab.sample", bytemuck::cast_slice(&rows.words));
+        let ob = self.output("lab.sampled", rows.out_words as usize);
+        let per = per_dispatch.max(1);
+        let chunks: Vec<(usize, ::wgpu::BindGroup)> = logits
+            .chunks(per * vocab)
+            .enumerate()
+            .map(|(d, c)| {
+                let lb = self.upload("lab.logits", bytemuck::cast_slice(c));
+                (
+                    d * per,
+                    self.bind(&self.pipes.layouts.sample, &[&lb, &sb, &ob]),
+                )
+            })
+            .collect();
+        let dispatches: Vec<_> = chunks
+            .iter()
+            .map(|(first, bg)| {
+                let n = per.min(specs.len() - first) as u32;
+                (pipe, bg, vec![n, vocab as u32, *first as u32], grid(n))
+            })
+            .collect();
+        let out = self.run(&dispatches, (&ob, 4 * rows.out_words as u64))?;
+        let words: Vec<u32> = out
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(super::sample::decode(&words, &rows)
+            .into_iter()
+            .map(|s| s.map_or((0, None), |s| (s.token, s.logprobs)))
             .collect())
     }
 }

@@ -15,7 +15,8 @@
 //!   softmax and context splits, a tiled causal kernel for prefill runs),
 //!   output product, RMSNorm + residual, gate|up product, SiLU-times-up,
 //!   down product; finally the norm and LM head on only the rows that need
-//!   logits, and an argmax over them.
+//!   logits, and the sampling kernel over them (in a second compute pass of
+//!   the same encoder, after any rows to read back are copied out).
 //! * Products for up to 8 tokens use the mat-vec kernel, which reads each
 //!   weight once for all of them; more tokens use the tiled matmul. On CPU
 //!   adapters (lavapipe), where each workgroup barrier is expensive, the
@@ -27,26 +28,48 @@
 //! * Pipelines and bind groups are built once; bind groups that name
 //!   per-step buffers are rebuilt only when one of those buffers grows.
 //!
-//! Sampling stays on the host, in the one shared [`crate::sampler`]: a greedy
-//! sequence without repetition penalty or logprobs reads back only its argmax
-//! id (computed on the device with the sampler's tie rule); any other reads
-//! back its logits row, which the shared sampler finishes. Reducing rows to a
-//! top-k candidate set on the device would cut that transfer further, but it
-//! would change what the sampler sees (top-k = 0 and top-p draw from the
-//! whole vocabulary), and one sampler for every backend matters more than
-//! the bytes: a row of a 128K vocabulary is 512 KiB.
+//! Sampling happens on the device as well (`shaders/sample.wgsl`, one
+//! workgroup per row), by the rule of the one shared [`crate::sampler`]:
+//! repetition penalty over the distinct history ids, then greedy argmax, or
+//! temperature, top-k, top-p and a draw whose uniform the host computes
+//! exactly as the CPU sampler does. A step reads back a token id per
+//! sequence, plus its logprobs when asked, never a logits row (4 bytes
+//! instead of 512 KiB for a 128K vocabulary). Rows come back only for
+//! `Engine::set_full_logits`, or for a sequence asking for more than 32
+//! logprobs, which the shared sampler then finishes on the host.
+//!
+//! Nothing is sorted: the k-th best, the top-p cut and the draw are each
+//! the first element of the sampler's order whose prefix reaches a target,
+//! found by bisection over order-preserving keys and then over ids, one pass
+//! and one workgroup reduction per step. Counts and comparisons are exact,
+//! so greedy and top-k pick what the CPU picks. Masses are exact 64-bit
+//! integer sums of each weight exp(s - max) rounded to 2^-31, and the
+//! top-p and draw targets are exact products with 32-bit fractions, so a
+//! device mass differs from the CPU sampler's f64 sum only by the f32
+//! rounding of each exp (a few ulp, of either sign) and by at most 2^-32 of
+//! the largest weight per element (the fixed point's rounding). So the
+//! device can choose another token only when the draw or the top-p target
+//! lands within that rounding of a cumulative boundary. (Where a device
+//! divides x / t less exactly than correctly rounded, as WGSL allows up to
+//! 2.5 ulp, the same holds within that rounding too; lavapipe divides
+//! exactly.) The tests skip such rows and compare all others; in practice
+//! none of several hundred drawn rows differed even at a relative 1e-12.
+//! On CPU adapters the sampling workgroup is small
+//! ([`WgpuOptions::sample_workgroup`]), sized to stay under llvmpipe's cap
+//! on the loop iterations of an invocation.
 
 mod context;
 pub mod lab;
 mod pipelines;
 mod plan;
+mod sample;
 mod tensors;
 
 use std::sync::Arc;
 
-use tokenwire_core::{BlockId, EngineFaultKind, TokenId};
+use tokenwire_core::{BlockId, EngineFaultKind};
 
-use super::{Backend, ForwardOutput, SeqBatch};
+use super::{Backend, ForwardOutput, SampleSpec, SeqBatch};
 use crate::error::LoadError;
 use crate::kv::KvGeometry;
 use crate::model::Model;
@@ -92,6 +115,30 @@ pub struct WgpuOptions {
     /// workgroup memory (`Some(true)`), or one invocation per row
     /// (`Some(false)`). `None`: split, except on CPU adapters.
     pub split_k: Option<bool>,
+    /// Invocations per workgroup of the sampling kernel (a power of two from
+    /// 8 to 256; one workgroup per row). `None`: 256, except on CPU adapters,
+    /// where a row's dozens of barrier-separated reductions cost far more
+    /// than its arithmetic: there the smallest size that keeps a row under
+    /// llvmpipe's cap on loop iterations (8 for a 512-token vocabulary, 16
+    /// for 32K, 64 for 128K). On CPU adapters a smaller `Some` is raised to
+    /// that size.
+    pub sample_workgroup: Option<u32>,
+}
+
+impl WgpuOptions {
+    /// The sampling kernel's workgroup size for `vocab` on an adapter of this kind.
+    pub(crate) fn sample_wg(&self, cpu_adapter: bool, vocab: u32) -> u32 {
+        let wg = self
+            .sample_workgroup
+            .unwrap_or(if cpu_adapter { 8 } else { 256 })
+            .clamp(8, 256)
+            .next_power_of_two();
+        if cpu_adapter {
+            wg.max(pipelines::cpu_sample_wg(vocab))
+        } else {
+            wg
+        }
+    }
 }
 
 impl Default for WgpuOptions {
@@ -105,6 +152,7 @@ impl Default for WgpuOptions {
             prefill_min_rows: 4,
             tiled_matmul: None,
             split_k: None,
+            sample_workgroup: None,
         }
     }
 }
@@ -162,7 +210,10 @@ struct Bufs {
     act: Grow,
     part: Grow,
     logits: Grow,
-    ids: Grow,
+    /// sample.wgsl's input: per-row parameters and penalty histories.
+    sample: Grow,
+    /// sample.wgsl's output: one token per logits row, then logprob blocks.
+    sampled: Grow,
     staging: Grow,
 }
 
@@ -191,7 +242,7 @@ struct Binds {
     silu: ::wgpu::BindGroup,
     norm_final: ::wgpu::BindGroup,
     head: Vec<::wgpu::BindGroup>,
-    argmax: ::wgpu::BindGroup,
+    sample: ::wgpu::BindGroup,
 }
 
 /// Which pipeline a recorded dispatch uses.
@@ -205,7 +256,7 @@ enum Pipe {
     Prefill,
     Merge,
     Silu,
-    Argmax,
+    Sample,
 }
 
 /// Which bind group a recorded dispatch uses.
@@ -226,7 +277,7 @@ enum Bind {
     Prefill(usize),
     Merge,
     Silu,
-    Argmax,
+    Sample,
 }
 
 /// One dispatch.
@@ -239,11 +290,14 @@ struct Op {
 }
 
 /// One compute pass, then copies of logits rows into the staging buffer
-/// (source offset, destination offset, bytes).
+/// (source offset, destination offset, bytes), then (in a second compute
+/// pass, so the copies see the rows before the repetition penalty changes
+/// them) the sampling of the pass's logits rows.
 #[derive(Debug, Default)]
 struct Segment {
     ops: Vec<Op>,
     copies: Vec<(u64, u64, u64)>,
+    sample: Option<Op>,
 }
 
 /// What a step needs of the growable buffers, in bytes.
@@ -252,7 +306,8 @@ struct Needs {
     rows: u64,
     part: u64,
     logit_rows: u64,
-    ids: u64,
+    sample: u64,
+    sampled: u64,
     staging: u64,
 }
 
@@ -283,12 +338,15 @@ pub struct WgpuBackend {
     opts: WgpuOptions,
     limits: PlanLimits,
     tiled: bool,
+    sample_wg: u32,
     bufs: Bufs,
     binds: Option<Binds>,
     params: ParamArena,
     scratch: ::wgpu::Buffer,
     dummy: ::wgpu::Buffer,
     staged: Vec<u8>,
+    /// Scratch of the history deduplication (all false between steps).
+    seen: Vec<bool>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -329,6 +387,8 @@ impl WgpuBackend {
         let weights = ModelGpu::upload(&gpu, &model, geo).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let mut pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
+        let sample_wg = opts.sample_wg(cpu_adapter, c.vocab_size as u32);
+        pipes.ensure_sample(&gpu, sample_wg);
         for d in weights.dtypes() {
             pipes.ensure_weights(&gpu, d);
         }
@@ -388,7 +448,8 @@ impl WgpuBackend {
             act: Grow::new(&gpu, "act", row_bytes, st),
             part: Grow::new(&gpu, "part", 16, st),
             logits: Grow::new(&gpu, "logits", 4 * dims.vocab as u64, st),
-            ids: Grow::new(&gpu, "ids", 64, st),
+            sample: Grow::new(&gpu, "sample", 4096, st),
+            sampled: Grow::new(&gpu, "sampled", 256, st),
             staging: Grow::new(&gpu, "staging", 4096, U::MAP_READ | U::COPY_DST),
         };
         let scratch = gpu.buffer("kv_scratch", geo.block_len() as u64 * 4, st);
@@ -408,12 +469,14 @@ impl WgpuBackend {
             opts: opts.clone(),
             limits,
             tiled,
+            sample_wg,
             bufs,
             binds: None,
             params,
             scratch,
             dummy,
             staged: Vec::new(),
+            seen: Vec::new(),
         };
         be.binds = Some(be.build_binds());
         if let Some(e) = be.gpu.take_error() {
@@ -585,7 +648,11 @@ impl WgpuBackend {
             silu: self.storage_bg(&l.silu, "silu_mul", &[&b.gate_up.buf, &b.act.buf]),
             norm_final: norm("norm_final", &w.final_norm),
             head: self.mat_bgs("lm_head", w.lm_head(), &b.xn.buf, &b.logits.buf),
-            argmax: self.storage_bg(&l.argmax, "argmax", &[&b.logits.buf, &b.ids.buf]),
+            sample: self.storage_bg(
+                &l.sample,
+                "sample",
+                &[&b.logits.buf, &b.sample.buf, &b.sampled.buf],
+            ),
         }
     }
 
@@ -644,8 +711,15 @@ impl WgpuBackend {
         }
     }
 
-    /// The dispatches of one pass.
-    fn pass_ops(&mut self, p: &Pass, staging_rows: &[(u32, u64)], needs: &mut Needs) -> Segment {
+    /// The dispatches of one pass. `on_device`: per logits row of the step,
+    /// whether it is sampled on the device.
+    fn pass_ops(
+        &mut self,
+        p: &Pass,
+        staging_rows: &[(u32, u64)],
+        on_device: &[bool],
+        needs: &mut Needs,
+    ) -> Segment {
         let d = self.dims;
         let prm = &mut self.params;
         let w = &self.weights;
@@ -818,6 +892,7 @@ impl WgpuBackend {
             );
         }
         let mut copies = Vec::new();
+        let mut sample = None;
         if p.n_sel > 0 {
             ops.push(Op {
                 pipe: Pipe::Norm,
@@ -842,12 +917,15 @@ impl WgpuBackend {
                 tiled,
                 split_k,
             );
-            ops.push(Op {
-                pipe: Pipe::Argmax,
-                bind: Bind::Argmax,
-                param: prm.push(&[p.n_sel, d.vocab, p.out_base]),
-                groups: grid(p.n_sel),
-            });
+            let rows = p.out_base as usize..(p.out_base + p.n_sel) as usize;
+            if on_device.get(rows).is_some_and(|r| r.iter().any(|&x| x)) {
+                sample = Some(Op {
+                    pipe: Pipe::Sample,
+                    bind: Bind::Sample,
+                    param: prm.push(&[p.n_sel, d.vocab, p.out_base]),
+                    groups: grid(p.n_sel),
+                });
+            }
             needs.logit_rows = needs.logit_rows.max(p.n_sel as u64);
             let row = 4 * d.vocab as u64;
             for &(out, dst) in staging_rows {
@@ -856,7 +934,11 @@ impl WgpuBackend {
                 }
             }
         }
-        Segment { ops, copies }
+        Segment {
+            ops,
+            copies,
+            sample,
+        }
     }
 
     /// Grows the per-step buffers to `needs` and rebuilds the bind groups if
@@ -883,7 +965,8 @@ impl WgpuBackend {
         grown |= b
             .logits
             .ensure(g, needs.logit_rows * 4 * d.vocab as u64, mb);
-        grown |= b.ids.ensure(g, needs.ids, mb);
+        grown |= b.sample.ensure(g, needs.sample, mb);
+        grown |= b.sampled.ensure(g, needs.sampled, mb);
         b.staging.ensure(g, needs.staging, u64::MAX);
         if grown {
             self.binds = Some(self.build_binds());
@@ -906,7 +989,7 @@ impl WgpuBackend {
             Pipe::Prefill => &pp.attn(self.shape).ok_or_else(missing)?.1,
             Pipe::Merge => &pp.attn_merge,
             Pipe::Silu => &pp.silu_mul,
-            Pipe::Argmax => &pp.argmax,
+            Pipe::Sample => pp.sample(self.sample_wg).ok_or_else(missing)?,
         })
     }
 
@@ -927,32 +1010,39 @@ impl WgpuBackend {
             Bind::Prefill(l) => &b.layers.get(l)?.prefill,
             Bind::Merge => &b.merge,
             Bind::Silu => &b.silu,
-            Bind::Argmax => &b.argmax,
+            Bind::Sample => &b.sample,
         })
     }
 
-    /// The forward pass. `argmax_ok`: sequences with `argmax_only` may come
-    /// back as ids.
+    /// The forward pass. `sample_ok`: sequences with a sample spec are
+    /// sampled on the device (their rows come back only with `keep_row`).
     fn run(
         &mut self,
         batch: &[SeqBatch<'_>],
-        argmax_ok: bool,
+        sample_ok: bool,
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         let c = self.model.config();
         super::cpu::check_batch(batch, self.geo, c.vocab_size, c.max_position_embeddings)?;
-        out.argmax.clear();
+        out.sampled.clear();
+        out.has_row.clear();
         out.logits.clear();
         if batch.is_empty() {
             return Ok(());
         }
-        let plan: HostPlan = plan::build(batch, &self.inv_freq, &self.limits, argmax_ok);
-        let n_out = plan.full.len();
+        let specs: Vec<Option<SampleSpec<'_>>> = batch
+            .iter()
+            .filter(|b| b.want_logits)
+            .map(|b| b.sample.filter(|_| sample_ok))
+            .collect();
+        let rows = sample::encode(&specs, self.dims.vocab, &mut self.seen);
+        let on_device: Vec<bool> = rows.rows.iter().map(|r| r.0).collect();
+        let plan: HostPlan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
         let row_bytes = 4 * self.dims.vocab as u64;
-        let ids_bytes = 4 * n_out as u64;
-        // Staging: the ids, then the full rows in order.
+        let out_bytes = 4 * rows.out_words as u64;
+        // Staging: the sampled words, then the full rows in order.
         let mut staging_rows = Vec::new();
-        let mut at = ids_bytes;
+        let mut at = out_bytes;
         for (i, &f) in plan.full.iter().enumerate() {
             if f {
                 staging_rows.push((i as u32, at));
@@ -960,7 +1050,8 @@ impl WgpuBackend {
             }
         }
         let mut needs = Needs {
-            ids: ids_bytes,
+            sample: 4 * rows.words.len() as u64,
+            sampled: out_bytes,
             staging: at,
             ..Needs::default()
         };
@@ -968,7 +1059,7 @@ impl WgpuBackend {
         let segments: Vec<Segment> = plan
             .passes
             .iter()
-            .map(|p| self.pass_ops(p, &staging_rows, &mut needs))
+            .map(|p| self.pass_ops(p, &staging_rows, &on_device, &mut needs))
             .collect();
         self.ensure(&needs, plan.words.len())?;
 
@@ -977,6 +1068,11 @@ impl WgpuBackend {
             .write_buffer(&self.bufs.plan.buf, 0, bytemuck::cast_slice(&plan.words));
         g.queue
             .write_buffer(&self.bufs.params.buf, 0, self.params.bytes());
+        let any_device = rows.any();
+        if any_device {
+            g.queue
+                .write_buffer(&self.bufs.sample.buf, 0, bytemuck::cast_slice(&rows.words));
+        }
         let binds = self
             .binds
             .as_ref()
@@ -986,22 +1082,24 @@ impl WgpuBackend {
             .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
                 label: Some("step"),
             });
-        for seg in &segments {
-            {
-                let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
-                    label: Some("forward"),
-                    timestamp_writes: None,
-                });
-                for op in &seg.ops {
-                    let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
-                        EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
-                    })?;
-                    pass.set_pipeline(self.pipeline(op.pipe)?);
-                    pass.set_bind_group(0, bg, &[]);
-                    pass.set_bind_group(1, &binds.params, &[op.param]);
-                    pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
-                }
+        let record = |enc: &mut ::wgpu::CommandEncoder, label, ops: &[Op]| {
+            let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
+                label: Some(label),
+                timestamp_writes: None,
+            });
+            for op in ops {
+                let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
+                    EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
+                })?;
+                pass.set_pipeline(self.pipeline(op.pipe)?);
+                pass.set_bind_group(0, bg, &[]);
+                pass.set_bind_group(1, &binds.params, &[op.param]);
+                pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
             }
+            Ok::<(), EngineFaultKind>(())
+        };
+        for seg in &segments {
+            record(&mut enc, "forward", &seg.ops)?;
             for &(src, dst, bytes) in &seg.copies {
                 enc.copy_buffer_to_buffer(
                     &self.bufs.logits.buf,
@@ -1011,12 +1109,21 @@ impl WgpuBackend {
                     bytes,
                 );
             }
+            if let Some(op) = &seg.sample {
+                record(&mut enc, "sample", std::slice::from_ref(op))?;
+            }
         }
-        if n_out > 0 {
-            enc.copy_buffer_to_buffer(&self.bufs.ids.buf, 0, &self.bufs.staging.buf, 0, ids_bytes);
+        if any_device {
+            enc.copy_buffer_to_buffer(
+                &self.bufs.sampled.buf,
+                0,
+                &self.bufs.staging.buf,
+                0,
+                out_bytes,
+            );
         }
         g.queue.submit([enc.finish()]);
-        if n_out == 0 {
+        if plan.full.is_empty() {
             return match g.take_error() {
                 Some(e) => Err(e.into_fault()),
                 None => Ok(()),
@@ -1025,19 +1132,16 @@ impl WgpuBackend {
         self.staged = g
             .read_mapped(&self.bufs.staging.buf, at)
             .map_err(GpuError::into_fault)?;
-        let ids: &[u8] = &self.staged[..ids_bytes as usize];
-        for (i, &f) in plan.full.iter().enumerate() {
-            if f {
-                out.argmax.push(None);
-            } else {
-                let b = &ids[4 * i..4 * i + 4];
-                out.argmax
-                    .push(Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as TokenId));
-            }
-        }
-        let rows = &self.staged[ids_bytes as usize..at as usize];
+        let words: Vec<u32> = self.staged[..out_bytes as usize]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.sampled = sample::decode(&words, &rows);
+        out.has_row.extend_from_slice(&plan.full);
+        let full_rows = &self.staged[out_bytes as usize..at as usize];
         out.logits.extend(
-            rows.chunks_exact(4)
+            full_rows
+                .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
         Ok(())
@@ -1091,8 +1195,8 @@ impl Backend for WgpuBackend {
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineFaultKind> {
         let mut out = ForwardOutput {
-            argmax: Vec::new(),
             logits: std::mem::take(logits),
+            ..ForwardOutput::default()
         };
         let r = self.run(batch, false, &mut out);
         *logits = out.logits;

@@ -90,6 +90,48 @@ pub(crate) fn mat_vec_tpr(k: usize, split_k: bool) -> u32 {
         _ => 64,
     }
 }
+/// Entries each of the first `wg / fan` invocations sums in the sampling
+/// kernel's two-level reductions (`wg` a power of two).
+fn sample_fan(wg: u32) -> u32 {
+    1 << wg.trailing_zeros().div_ceil(2)
+}
+
+/// Row elements the sampling kernel's loops visit per iteration (UNROLL).
+const SAMPLE_UNROLL: u64 = 8;
+
+/// Most logprob alternatives sample.wgsl computes (one pass each); rows that
+/// ask for more come back as logits rows for the CPU sampler.
+pub(crate) const MAX_DEVICE_LOGPROBS: u32 = 32;
+
+/// llvmpipe (lavapipe) ends the loops of an invocation after this many
+/// iterations in all, silently; the bound below stays under it.
+const LLVMPIPE_LOOP_LIMIT: u64 = 65_535;
+
+/// An upper bound on the loop iterations one invocation of sample.wgsl runs
+/// on a row of `vocab` with workgroups of `wg` (every loop of the kernel,
+/// the worst path: top-k, top-p and the draw, then the most logprobs).
+pub(crate) fn sample_loop_bound(vocab: u32, wg: u32) -> u64 {
+    let v = vocab.max(1) as u64;
+    let wg = wg as u64;
+    let fan = sample_fan(wg as u32) as u64;
+    let per_pass = v.div_ceil(wg * SAMPLE_UNROLL) + fan + wg / fan;
+    // Bisection steps: 32 over the key, ceil(log2 v) over the ids.
+    let steps = 32 + (64 - (v - 1).leading_zeros()) as u64;
+    let passes = 3 * steps + 8 + MAX_DEVICE_LOGPROBS as u64;
+    passes * per_pass + 3 * steps + MAX_DEVICE_LOGPROBS as u64 + 64
+}
+
+/// The sampling workgroup for a vocabulary on a CPU adapter: the smallest
+/// (every barrier is expensive there) whose worst row stays under
+/// llvmpipe's loop limit.
+pub(crate) fn cpu_sample_wg(vocab: u32) -> u32 {
+    let mut wg = 8;
+    while wg < 256 && sample_loop_bound(vocab, wg) > LLVMPIPE_LOOP_LIMIT - 4096 {
+        wg *= 2;
+    }
+    wg
+}
+
 /// Output tile of the tiled matmul.
 pub(crate) const MAT_MUL_TILE: u32 = 64;
 /// Positions per tile of the decode attention kernel.
@@ -109,7 +151,7 @@ pub(crate) struct Layouts {
     pub(crate) merge: ::wgpu::BindGroupLayout,
     pub(crate) prefill: ::wgpu::BindGroupLayout,
     pub(crate) silu: ::wgpu::BindGroupLayout,
-    pub(crate) argmax: ::wgpu::BindGroupLayout,
+    pub(crate) sample: ::wgpu::BindGroupLayout,
 }
 
 fn storage_layout(gpu: &Gpu, label: &str, rw: &[(u32, bool)]) -> ::wgpu::BindGroupLayout {
@@ -171,7 +213,7 @@ impl Layouts {
                 &[(0, R), (1, R), (2, R), (3, R), (4, W)],
             ),
             silu: storage_layout(gpu, "silu_mul", &[(0, R), (1, W)]),
-            argmax: storage_layout(gpu, "argmax", &[(0, R), (1, W)]),
+            sample: storage_layout(gpu, "sample", &[(0, W), (1, R), (2, W)]),
         }
     }
 }
@@ -256,7 +298,7 @@ pub(crate) struct Pipelines {
     pub(crate) rope: ::wgpu::ComputePipeline,
     pub(crate) kv_write: ::wgpu::ComputePipeline,
     pub(crate) silu_mul: ::wgpu::ComputePipeline,
-    pub(crate) argmax: ::wgpu::ComputePipeline,
+    sample: HashMap<u32, ::wgpu::ComputePipeline>,
     pub(crate) attn_merge: ::wgpu::ComputePipeline,
     attn: HashMap<AttnShape, (::wgpu::ComputePipeline, ::wgpu::ComputePipeline)>,
 }
@@ -293,9 +335,10 @@ fn compile(
 }
 
 impl Pipelines {
-    /// Compiles the dtype-independent kernels; weight kernels and attention
-    /// shapes are added with [`Pipelines::ensure_weights`] and
-    /// [`Pipelines::ensure_attn`]. `split_k`: see [`Pipelines::split_k`].
+    /// Compiles the dtype-independent kernels; weight kernels, attention
+    /// shapes and sampling workgroup sizes are added with
+    /// [`Pipelines::ensure_weights`], [`Pipelines::ensure_attn`] and
+    /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`].
     pub(crate) fn new(gpu: &Gpu, split_k: bool) -> Pipelines {
         let layouts = Layouts::new(gpu);
         let p = &layouts.params;
@@ -327,13 +370,6 @@ impl Pipelines {
             &layouts.silu,
             p,
         );
-        let argmax = compile(
-            gpu,
-            "argmax",
-            include_str!("shaders/argmax.wgsl").into(),
-            &layouts.argmax,
-            p,
-        );
         let attn_merge = compile(
             gpu,
             "attn_merge",
@@ -349,7 +385,7 @@ impl Pipelines {
             rope,
             kv_write,
             silu_mul,
-            argmax,
+            sample: HashMap::new(),
             attn_merge,
             attn: HashMap::new(),
         }
@@ -403,6 +439,31 @@ impl Pipelines {
             );
             self.weight.insert((kind, dtype), pipe);
         }
+    }
+
+    /// Compiles the sampling kernel for workgroups of `wg` invocations (a
+    /// power of two from 8 to 256) if not yet done.
+    pub(crate) fn ensure_sample(&mut self, gpu: &Gpu, wg: u32) {
+        if self.sample.contains_key(&wg) {
+            return;
+        }
+        let pipe = compile(
+            gpu,
+            "sample",
+            format!(
+                "const WG: u32 = {wg}u;\nconst FAN: u32 = {}u;\n{}",
+                sample_fan(wg),
+                include_str!("shaders/sample.wgsl")
+            ),
+            &self.layouts.sample,
+            &self.layouts.params,
+        );
+        self.sample.insert(wg, pipe);
+    }
+
+    /// The sampling kernel compiled by [`Pipelines::ensure_sample`].
+    pub(crate) fn sample(&self, wg: u32) -> Option<&::wgpu::ComputePipeline> {
+        self.sample.get(&wg)
     }
 
     /// Compiles the attention kernels for `shape` if not yet done.
@@ -493,5 +554,34 @@ impl ParamArena {
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.seen.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_workgroups_stay_under_the_llvmpipe_loop_limit() {
+        assert_eq!(cpu_sample_wg(512), 8);
+        assert_eq!(cpu_sample_wg(32000), 16);
+        assert_eq!(cpu_sample_wg(128_256), 64);
+        for vocab in [
+            1, 2, 3, 257, 512, 4099, 32000, 50257, 128_256, 152_064, 256_000,
+        ] {
+            let wg = cpu_sample_wg(vocab);
+            assert!(wg.is_power_of_two() && (8..=256).contains(&wg));
+            assert!(
+                sample_loop_bound(vocab, wg) < LLVMPIPE_LOOP_LIMIT,
+                "vocab {vocab}"
+            );
+            if wg > 8 {
+                assert!(sample_loop_bound(vocab, wg / 2) > LLVMPIPE_LOOP_LIMIT - 4096);
+            }
+        }
+        for wg in [8, 16, 32, 64, 128, 256] {
+            assert_eq!(wg % sample_fan(wg), 0);
+            assert!(sample_fan(wg) * sample_fan(wg) >= wg);
+        }
     }
 }

@@ -55,7 +55,7 @@ pub(crate) struct HostPlan {
     pub(crate) words: Vec<u32>,
     pub(crate) passes: Vec<Pass>,
     /// Per logits row (sequence with `want_logits`, batch order): whether
-    /// the whole row must come back (else only its argmax).
+    /// the whole row must come back (else only what the device sampled).
     pub(crate) full: Vec<bool>,
 }
 
@@ -63,13 +63,14 @@ fn off(words: &[u32]) -> u32 {
     words.len() as u32
 }
 
-/// Plans `batch` (already validated). With `argmax_ok`, rows of sequences
-/// with `argmax_only` come back as ids only.
+/// Plans `batch` (already validated). `on_device`, per sequence with
+/// `want_logits`: its row is sampled on the device, and comes back only as
+/// a token (and logprobs) unless it asks to keep the row.
 pub(crate) fn build(
     batch: &[SeqBatch<'_>],
     inv_freq: &[f64],
     lim: &PlanLimits,
-    argmax_ok: bool,
+    on_device: &[bool],
 ) -> HostPlan {
     let bs = lim.block_size;
     let mut words = Vec::new();
@@ -88,7 +89,8 @@ pub(crate) fn build(
             rows.push((i, b.start_pos + j as u32, t, b.want_logits && j + 1 == n));
         }
         if b.want_logits {
-            full.push(!(argmax_ok && b.argmax_only));
+            let device = on_device.get(full.len()).copied().unwrap_or(false);
+            full.push(!device || b.keep_row);
         }
     }
     let half = inv_freq.len();
@@ -196,6 +198,12 @@ mod tests {
     #[test]
     fn rows_are_cut_into_passes_and_work_lists() {
         let ta = [7u32, 2, 9];
+        let spec = crate::backend::SampleSpec {
+            params: tokenwire_core::SamplingParams::greedy(),
+            position: 8,
+            history: &[],
+            logprobs: None,
+        };
         let tb = [5u32];
         let batch = [
             SeqBatch {
@@ -203,18 +211,20 @@ mod tests {
                 start_pos: 3,
                 block_table: &ta,
                 want_logits: true,
-                argmax_only: true,
+                sample: Some(spec),
+                keep_row: false,
             },
             SeqBatch {
                 tokens: &[20],
                 start_pos: 2,
                 block_table: &tb,
                 want_logits: true,
-                argmax_only: false,
+                sample: None,
+                keep_row: false,
             },
         ];
         let inv = rope::inv_freq(4, 10000.0, &rope::RopeScaling::None);
-        let plan = build(&batch, &inv, &lim(64, 8), true);
+        let plan = build(&batch, &inv, &lim(64, 8), &[true, false]);
         assert_eq!(plan.full, vec![false, true]);
         assert_eq!(plan.passes.len(), 1);
         let p = &plan.passes[0];
@@ -236,7 +246,7 @@ mod tests {
         let c = f32::from_bits(w[(p.cos_off + 5 * 2) as usize]);
         assert!((c - (2.0f64).cos() as f32).abs() < 1e-7);
 
-        let small = build(&batch, &inv, &lim(4, 1), false);
+        let small = build(&batch, &inv, &lim(4, 1), &[]);
         assert_eq!(small.full, vec![true, true]);
         let rows: Vec<u32> = small.passes.iter().map(|p| p.rows).collect();
         // 4 rows, then A's last (a logits row) with B's first would make two

@@ -1,0 +1,236 @@
+//! Host side of `shaders/sample.wgsl`: the per-row words the kernel reads
+//! (flags and parameters, decided by the same tests as the CPU sampler, the
+//! draw's uniform computed here exactly as the CPU sampler computes it, the
+//! deduplicated repetition-penalty history) and the decoding of what it
+//! writes back (token ids, logprob blocks).
+
+use tokenwire_core::{TokenId, TokenLogprobs};
+
+use super::pipelines::MAX_DEVICE_LOGPROBS;
+use crate::backend::{SampleSpec, Sampled};
+use crate::sampler::draw_uniform;
+
+/// Words per row in the kernel's `rows` buffer.
+pub(crate) const ROW_WORDS: usize = 16;
+const R_FLAGS: usize = 0;
+const R_TEMP: usize = 1;
+const R_TOP_K: usize = 2;
+/// top_p as a 32-bit fraction.
+const R_TOP_P: usize = 3;
+const R_PENALTY: usize = 4;
+/// The draw's uniform as a 32-bit fraction.
+const R_U: usize = 5;
+const R_HIST_OFF: usize = 6;
+const R_HIST_LEN: usize = 7;
+const R_N_LOGPROBS: usize = 8;
+const R_LP_OFF: usize = 9;
+
+const F_GREEDY: u32 = 1;
+const F_PENALTY: u32 = 2;
+const F_TOP_K: u32 = 4;
+const F_TOP_P: u32 = 8;
+const F_LOGPROBS: u32 = 16;
+/// Not sampled on the device (its row comes back instead).
+const F_SKIP: u32 = 0x8000_0000;
+
+/// The kernel's input for one step, and where its outputs land.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SampleRows {
+    /// `ROW_WORDS` per row, then the histories.
+    pub(crate) words: Vec<u32>,
+    /// Per row: sampled on the device, and (word offset, count) of its
+    /// logprob block in the output when logprobs were asked for.
+    pub(crate) rows: Vec<(bool, Option<(u32, u32)>)>,
+    /// Words of the output: one token per row, then the logprob blocks.
+    pub(crate) out_words: u32,
+}
+
+impl SampleRows {
+    /// Whether any row is sampled on the device.
+    pub(crate) fn any(&self) -> bool {
+        self.rows.iter().any(|r| r.0)
+    }
+}
+
+/// `x` in [0, 1) as a 32-bit fraction, rounded down (the kernel multiplies
+/// masses by it exactly).
+fn frac32(x: f64) -> u32 {
+    (x.clamp(0.0, 1.0) * 4_294_967_296.0)
+        .floor()
+        .min(u32::MAX as f64) as u32
+}
+
+/// Encodes one row per entry of `specs` (`None`, or more logprobs than
+/// [`MAX_DEVICE_LOGPROBS`]: not sampled on the device).
+/// `seen` is scratch, left all false.
+pub(crate) fn encode(
+    specs: &[Option<SampleSpec<'_>>],
+    vocab: u32,
+    seen: &mut Vec<bool>,
+) -> SampleRows {
+    let n = specs.len();
+    let mut words = vec![0u32; n * ROW_WORDS];
+    let mut rows = Vec::with_capacity(n);
+    let mut out_words = n as u32;
+    seen.resize(vocab as usize, false);
+    for (i, spec) in specs.iter().enumerate() {
+        let at = i * ROW_WORDS;
+        let device = spec.filter(|sp| sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS));
+        let Some(sp) = device else {
+            words[at + R_FLAGS] = F_SKIP;
+            rows.push((false, None));
+            continue;
+        };
+        let p = &sp.params;
+        let mut flags = 0;
+        // The CPU sampler's tests, one for one.
+        let t = p.temperature;
+        if !(t > 0.0 && t.is_finite()) {
+            flags |= F_GREEDY;
+        }
+        let r = p.repetition_penalty;
+        let penalty = !(r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite());
+        if penalty && !sp.history.is_empty() {
+            flags |= F_PENALTY;
+            let off = words.len();
+            for &tok in sp.history {
+                let ti = tok as usize;
+                if ti < seen.len() && !seen[ti] {
+                    seen[ti] = true;
+                    words.push(tok);
+                }
+            }
+            for &tok in &words[off..] {
+                seen[tok as usize] = false;
+            }
+            words[at + R_HIST_OFF] = off as u32;
+            words[at + R_HIST_LEN] = (words.len() - off) as u32;
+        }
+        if p.top_k > 0 && p.top_k < vocab {
+            flags |= F_TOP_K;
+        }
+        if p.top_p > 0.0 && p.top_p < 1.0 {
+            flags |= F_TOP_P;
+        }
+        let lp = sp.logprobs.map(|k| {
+            let k = (k as u32).min(vocab);
+            let block = (out_words, k);
+            out_words += 1 + 2 * k;
+            block
+        });
+        if let Some((off, k)) = lp {
+            flags |= F_LOGPROBS;
+            words[at + R_N_LOGPROBS] = k;
+            words[at + R_LP_OFF] = off;
+        }
+        words[at + R_FLAGS] = flags;
+        words[at + R_TEMP] = t.to_bits();
+        words[at + R_TOP_K] = p.top_k;
+        words[at + R_TOP_P] = frac32(p.top_p as f64);
+        words[at + R_PENALTY] = r.to_bits();
+        words[at + R_U] = frac32(draw_uniform(p.seed, sp.position));
+        rows.push((true, lp));
+    }
+    SampleRows {
+        words,
+        rows,
+        out_words,
+    }
+}
+
+/// What the kernel wrote for each row (`None` for rows it skipped).
+pub(crate) fn decode(out: &[u32], rows: &SampleRows) -> Vec<Option<Sampled>> {
+    let word = |i: u32| out.get(i as usize).copied().unwrap_or(0);
+    rows.rows
+        .iter()
+        .enumerate()
+        .map(|(i, &(device, lp))| {
+            device.then(|| Sampled {
+                token: word(i as u32) as TokenId,
+                logprobs: lp.map(|(off, k)| TokenLogprobs {
+                    logprob: f32::from_bits(word(off)),
+                    top: (0..k)
+                        .map(|q| {
+                            let at = off + 1 + 2 * q;
+                            (word(at) as TokenId, f32::from_bits(word(at + 1)))
+                        })
+                        .collect(),
+                }),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenwire_core::SamplingParams;
+
+    #[test]
+    fn rows_follow_the_samplers_tests() {
+        let hist = [5u32, 3, 5, 900, 3, 7];
+        let specs = [
+            Some(SampleSpec {
+                params: SamplingParams {
+                    temperature: 0.7,
+                    top_p: 0.9,
+                    top_k: 40,
+                    repetition_penalty: 1.2,
+                    seed: 3,
+                },
+                position: 11,
+                history: &hist,
+                logprobs: Some(3),
+            }),
+            None,
+            Some(SampleSpec {
+                params: SamplingParams {
+                    top_k: 100,
+                    top_p: 1.0,
+                    repetition_penalty: f32::NAN,
+                    ..SamplingParams::greedy()
+                },
+                position: 0,
+                history: &hist,
+                logprobs: Some(0),
+            }),
+            // More logprobs than the device computes: the row comes back.
+            Some(SampleSpec {
+                params: SamplingParams::default(),
+                position: 0,
+                history: &hist,
+                logprobs: Some(MAX_DEVICE_LOGPROBS as u8 + 1),
+            }),
+        ];
+        let mut seen = Vec::new();
+        let r = encode(&specs, 100, &mut seen);
+        assert!(seen.iter().all(|&s| !s));
+        let w = &r.words;
+        assert_eq!(
+            w[R_FLAGS],
+            F_PENALTY | F_TOP_K | F_TOP_P | F_LOGPROBS,
+            "sampled row"
+        );
+        let (off, len) = (w[R_HIST_OFF] as usize, w[R_HIST_LEN] as usize);
+        assert_eq!(
+            &w[off..off + len],
+            &[5, 3, 7],
+            "distinct, in the vocabulary"
+        );
+        let u = w[R_U] as f64 / 4_294_967_296.0;
+        let exact = draw_uniform(3, 11);
+        assert!(u <= exact && exact - u < 1e-9);
+        assert_eq!(w[R_TOP_P], (0.9f32 as f64 * 4_294_967_296.0) as u32);
+        assert_eq!(w[ROW_WORDS + R_FLAGS], F_SKIP);
+        // Greedy, top_k = vocab (off), top_p = 1 (off), NaN penalty (off).
+        assert_eq!(w[2 * ROW_WORDS + R_FLAGS], F_GREEDY | F_LOGPROBS);
+        assert_eq!(r.rows[0].1, Some((4, 3)));
+        assert_eq!(r.rows[2].1, Some((11, 0)));
+        assert_eq!(r.out_words, 12);
+        assert_eq!(w[3 * ROW_WORDS + R_FLAGS], F_SKIP);
+        assert_eq!(r.rows[3], (false, None));
+        assert!(r.any());
+        assert_eq!(frac32(1.0 - 1e-12), u32::MAX);
+        assert_eq!(frac32(0.5), 1 << 31);
+    }
+}

@@ -1,0 +1,653 @@
+// Sampling on the device: finishes logits row r into its next token (and its
+// logprobs when asked) by the rule of the shared CPU sampler
+// (kernels/src/sampler.rs, `Sampler::sample`), so a step reads back token ids
+// instead of vocabulary rows.
+//
+// * Repetition penalty (x > 0 ? x / p : x * p) over the row's distinct
+//   history ids (deduplicated by the host), written back into the row; NaN
+//   counts as -inf.
+// * Temperature 0 (or not finite and positive): argmax, ties to the lowest id.
+// * Otherwise s = x / t. The sampler's "order" is (s descending, id
+//   ascending). Top-k keeps its first k, top-p the shortest prefix of what is
+//   kept whose mass (sum of exp(s - max)) reaches top_p times the kept total,
+//   and the draw takes the first kept element whose cumulative mass exceeds
+//   u * kept mass (u uploaded by the host, drawn exactly as the CPU sampler
+//   draws it). With neither top-k nor top-p the CPU sampler accumulates in id
+//   order, and so does this kernel.
+// * Nothing is sorted. Every "first element of the order whose prefix
+//   reaches X" is found by bisection: s maps to an order-preserving u32 key,
+//   32 halvings over the key space find the threshold key, and a second
+//   bisection over ids (ascending) resolves ties at that key. Each step is one
+//   pass over the row and a workgroup-wide count or mass sum (per invocation
+//   partial sums, then GROUPS x FAN in workgroup memory: two barriers, no
+//   subgroup operations). A prefix of the order is named (K, I): every
+//   element with key > K, and those with key == K and id <= I.
+// * Masses are exact sums: each weight exp(s - max) (f32, in [0, 1]) is
+//   rounded to a multiple of 2^-31 and summed as a 64-bit integer (two u32
+//   words), so a sum does not depend on the order of the additions, grows
+//   with every element added, and differs from the CPU sampler's f64 sums
+//   only by the rounding of each f32 exp (and 2^-32 per element). The
+//   top-p and draw targets are p * total and u * kept with p and u as 32-bit
+//   fractions, multiplied exactly.
+// * Logprobs: log-softmax of the penalised row (before temperature): the
+//   chosen token's, and the n best (id, logprob) pairs by n rounds of masked
+//   argmax, best first, ties to the lower id.
+//
+// One workgroup per row. Every decision below is taken on values that each
+// invocation computes identically from workgroup memory, so control flow
+// around the barriers stays uniform.
+//
+// Loops over the row visit UNROLL elements per iteration, written out:
+// llvmpipe (lavapipe) silently ends every loop of an invocation after 65535
+// iterations in all, so the host also picks WG on CPU adapters to keep a
+// row's whole run below that (see `sample_loop_bound` in pipelines.rs). And
+// each search, sum and argmax is called from as few places as possible:
+// every call is inlined, and llvmpipe compiles a big shader slowly.
+
+struct Params {
+    n_rows: u32,   // rows in this dispatch
+    vocab: u32,    // row length
+    out_base: u32, // index of this dispatch's first row among the step's
+    _p3: u32,
+    _p4: u32, _p5: u32, _p6: u32, _p7: u32,
+    _p8: u32, _p9: u32, _p10: u32, _p11: u32,
+    _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+}
+
+// f32 bits, so NaN payloads are seen as they are.
+@group(0) @binding(0) var<storage, read_write> logits: array<u32>;
+// ROW_WORDS words per row of the step, then the deduplicated histories.
+@group(0) @binding(1) var<storage, read> rows: array<u32>;
+// One token id per row of the step, then the logprob blocks.
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(1) @binding(0) var<uniform> p: Params;
+
+// WG (invocations per workgroup, a power of two) and FAN (WG = FAN * GROUPS)
+// are prepended by pipelines.rs: 256 on GPUs, fewer on CPU adapters.
+const GROUPS: u32 = WG / FAN;
+const UNROLL: u32 = 8u;
+const STRIDE: u32 = WG * UNROLL;
+const ROW_WORDS: u32 = 16u;
+// Row words (see sample.rs).
+const R_FLAGS: u32 = 0u;
+const R_TEMP: u32 = 1u;
+const R_TOP_K: u32 = 2u;
+const R_TOP_P: u32 = 3u; // a 32-bit fraction
+const R_PENALTY: u32 = 4u;
+const R_U: u32 = 5u; // a 32-bit fraction
+const R_HIST_OFF: u32 = 6u;
+const R_HIST_LEN: u32 = 7u;
+const R_N_LOGPROBS: u32 = 8u;
+const R_LP_OFF: u32 = 9u;
+// Flags.
+const F_GREEDY: u32 = 1u;
+const F_PENALTY: u32 = 2u;
+const F_TOP_K: u32 = 4u;
+const F_TOP_P: u32 = 8u;
+const F_LOGPROBS: u32 = 16u;
+const F_SKIP: u32 = 0x80000000u;
+
+const NEG_INF: u32 = 0xff800000u;
+// okey(-inf) and okey(+inf): the smallest and largest keys of NaN-free values.
+const KEY_NEG_INF: u32 = 0x007fffffu;
+const KEY_POS_INF: u32 = 0xff800000u;
+const NONE: u32 = 0xffffffffu;
+
+var<workgroup> part_hi: array<u32, WG>;
+var<workgroup> part_lo: array<u32, WG>;
+var<workgroup> part_c: array<u32, WG>;
+var<workgroup> mid_hi: array<u32, GROUPS>;
+var<workgroup> mid_lo: array<u32, GROUPS>;
+var<workgroup> mid_c: array<u32, GROUPS>;
+var<workgroup> part_k: array<u32, WG>;
+var<workgroup> part_i: array<u32, WG>;
+var<workgroup> mid_k: array<u32, GROUPS>;
+var<workgroup> mid_i: array<u32, GROUPS>;
+
+// The same in every invocation of the workgroup.
+var<private> lid: u32;
+var<private> base: u32; // the row's first word in `logits`
+var<private> n: u32;    // vocabulary
+var<private> temp: f32; // temperature
+var<private> mx: f32;   // the maximum weights are taken against (finite)
+
+// Penalised logit j, NaN as -inf.
+fn work(j: u32) -> f32 {
+    let b = logits[base + j];
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return bitcast<f32>(NEG_INF);
+    }
+    return bitcast<f32>(b);
+}
+
+fn scaled(j: u32) -> f32 {
+    return work(j) / temp;
+}
+
+// Order-preserving key of a NaN-free f32 (total order: -0 below +0, as
+// `f32::total_cmp`, which the sampler's sort uses).
+fn okey(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x80000000u) != 0u) {
+        return ~b;
+    }
+    return b | 0x80000000u;
+}
+
+// Key for argmax by `>`: -0 and +0 are equal.
+fn gkey(x: f32) -> u32 {
+    var b = bitcast<u32>(x);
+    if (b == 0x80000000u) {
+        b = 0u;
+    }
+    return okey(bitcast<f32>(b));
+}
+
+// Whether (k, j) lies in prefix (pk, pi) of the order.
+fn in_prefix(k: u32, j: u32, pk: u32, pi: u32) -> bool {
+    return k > pk || (k == pk && j <= pi);
+}
+
+// The shorter of two prefixes (their intersection).
+fn shorter(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    if (in_prefix(a.x, a.y, b.x, b.y)) {
+        return a;
+    }
+    return b;
+}
+
+// A mass: a 64-bit count of 2^-31 units, (high word, low word).
+fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.y + b.y;
+    return vec2<u32>(a.x + b.x + select(0u, 1u, lo < a.y), lo);
+}
+
+fn ge64(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.x > b.x || (a.x == b.x && a.y >= b.y);
+}
+
+fn gt64(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.x > b.x || (a.x == b.x && a.y > b.y);
+}
+
+// exp(d) for d <= 0 in units of 2^-31, rounded.
+fn units(d: f32) -> u32 {
+    return u32(exp(d) * 2147483648.0 + 0.5);
+}
+
+// floor(f / 2^32 * k): a 32-bit fraction of a mass, exactly (16-bit limbs).
+fn mul_frac(f: u32, k: vec2<u32>) -> vec2<u32> {
+    let fl = array<u32, 2>(f & 0xffffu, f >> 16u);
+    let kl = array<u32, 4>(k.y & 0xffffu, k.y >> 16u, k.x & 0xffffu, k.x >> 16u);
+    var col = array<u32, 7>(0u, 0u, 0u, 0u, 0u, 0u, 0u);
+    for (var i = 0u; i < 2u; i++) {
+        for (var j = 0u; j < 4u; j++) {
+            let t = fl[i] * kl[j];
+            col[i + j] += t & 0xffffu;
+            col[i + j + 1u] += t >> 16u;
+        }
+    }
+    var r = array<u32, 6>(0u, 0u, 0u, 0u, 0u, 0u);
+    var carry = 0u;
+    for (var m = 0u; m < 6u; m++) {
+        let v = col[m] + carry;
+        r[m] = v & 0xffffu;
+        carry = v >> 16u;
+    }
+    return vec2<u32>(r[4] | (r[5] << 16u), r[2] | (r[3] << 16u));
+}
+
+struct Sum {
+    m: vec2<u32>,
+    c: u32,
+}
+
+// Workgroup sums of every invocation's (mass, count).
+fn reduce_sum(m: vec2<u32>, c: u32) -> Sum {
+    part_hi[lid] = m.x;
+    part_lo[lid] = m.y;
+    part_c[lid] = c;
+    workgroupBarrier();
+    if (lid < GROUPS) {
+        var a = vec2<u32>(0u, 0u);
+        var k = 0u;
+        for (var i = 0u; i < FAN; i++) {
+            a = add64(a, vec2<u32>(part_hi[lid * FAN + i], part_lo[lid * FAN + i]));
+            k += part_c[lid * FAN + i];
+        }
+        mid_hi[lid] = a.x;
+        mid_lo[lid] = a.y;
+        mid_c[lid] = k;
+    }
+    workgroupBarrier();
+    var a = vec2<u32>(0u, 0u);
+    var k = 0u;
+    for (var i = 0u; i < GROUPS; i++) {
+        a = add64(a, vec2<u32>(mid_hi[i], mid_lo[i]));
+        k += mid_c[i];
+    }
+    return Sum(a, k);
+}
+
+// Whether (kb, ib) comes before (ka, ia): higher key, then lower id.
+fn before(kb: u32, ib: u32, ka: u32, ia: u32) -> bool {
+    return kb > ka || (kb == ka && ib < ia);
+}
+
+// The earlier of a and c, where (.., NONE) is "none".
+fn better(a: vec2<u32>, c: vec2<u32>) -> vec2<u32> {
+    if (c.y != NONE && (a.y == NONE || before(c.x, c.y, a.x, a.y))) {
+        return c;
+    }
+    return a;
+}
+
+// Workgroup best of every invocation's (key, id); (0, NONE) is "none".
+fn reduce_best(b: vec2<u32>) -> vec2<u32> {
+    part_k[lid] = b.x;
+    part_i[lid] = b.y;
+    workgroupBarrier();
+    if (lid < GROUPS) {
+        var m = vec2<u32>(0u, NONE);
+        for (var j = 0u; j < FAN; j++) {
+            m = better(m, vec2<u32>(part_k[lid * FAN + j], part_i[lid * FAN + j]));
+        }
+        mid_k[lid] = m.x;
+        mid_i[lid] = m.y;
+    }
+    workgroupBarrier();
+    var m = vec2<u32>(0u, NONE);
+    for (var j = 0u; j < GROUPS; j++) {
+        m = better(m, vec2<u32>(mid_k[j], mid_i[j]));
+    }
+    return m;
+}
+
+// What best_of looks for.
+const B_ARGMAX: u32 = 0u; // the argmax of the penalised row (-0 == +0)
+const B_FIRST: u32 = 1u;  // the first of the scaled order
+const B_LAST: u32 = 2u;   // the last of the scaled order (complemented)
+const B_NEXT: u32 = 3u;   // the first of the penalised order after prefix (pk, pi)
+
+// Element j as a candidate: (key, id), or (0, NONE).
+fn candidate(kind: u32, j: u32, pk: u32, pi: u32) -> vec2<u32> {
+    if (j >= n) {
+        return vec2<u32>(0u, NONE);
+    }
+    switch kind {
+        case B_ARGMAX: {
+            return vec2<u32>(gkey(work(j)), j);
+        }
+        case B_FIRST: {
+            return vec2<u32>(okey(scaled(j)), j);
+        }
+        case B_LAST: {
+            // Complemented, "before" picks the lowest key and the highest id.
+            return vec2<u32>(~okey(scaled(j)), ~j);
+        }
+        default: {
+            let k = okey(work(j));
+            if (in_prefix(k, j, pk, pi)) {
+                return vec2<u32>(0u, NONE);
+            }
+            return vec2<u32>(k, j);
+        }
+    }
+}
+
+fn best_of(kind: u32, pk: u32, pi: u32) -> vec2<u32> {
+    var b = vec2<u32>(0u, NONE);
+    for (var j = lid; j < n; j += STRIDE) {
+        b = better(b, candidate(kind, j, pk, pi));
+        b = better(b, candidate(kind, j + WG, pk, pi));
+        b = better(b, candidate(kind, j + 2u * WG, pk, pi));
+        b = better(b, candidate(kind, j + 3u * WG, pk, pi));
+        b = better(b, candidate(kind, j + 4u * WG, pk, pi));
+        b = better(b, candidate(kind, j + 5u * WG, pk, pi));
+        b = better(b, candidate(kind, j + 6u * WG, pk, pi));
+        b = better(b, candidate(kind, j + 7u * WG, pk, pi));
+    }
+    return reduce_best(b);
+}
+
+// What sum_of adds up.
+const S_COUNT: u32 = 0u; // count of prefix (pk, pi) of the scaled order
+const S_MASS: u32 = 1u;  // count and mass of that prefix
+const S_IDS: u32 = 2u;   // mass of ids 0..=pi (id order)
+const S_LSE: u32 = 3u;   // mass of the penalised row against mx
+
+// Element j's (mass units, count) for sum_of.
+fn term(kind: u32, j: u32, pk: u32, pi: u32) -> vec2<u32> {
+    if (j >= n) {
+        return vec2<u32>(0u, 0u);
+    }
+    switch kind {
+        case S_COUNT: {
+            return vec2<u32>(0u, select(0u, 1u, in_prefix(okey(scaled(j)), j, pk, pi)));
+        }
+        case S_MASS: {
+            let s = scaled(j);
+            if (in_prefix(okey(s), j, pk, pi)) {
+                return vec2<u32>(units(s - mx), 1u);
+            }
+            return vec2<u32>(0u, 0u);
+        }
+        case S_IDS: {
+            if (j <= pi) {
+                return vec2<u32>(units(scaled(j) - mx), 1u);
+            }
+            return vec2<u32>(0u, 0u);
+        }
+        default: {
+            return vec2<u32>(units(work(j) - mx), 1u);
+        }
+    }
+}
+
+fn add_term(acc: ptr<function, Sum>, t: vec2<u32>) {
+    (*acc).m = add64((*acc).m, vec2<u32>(0u, t.x));
+    (*acc).c += t.y;
+}
+
+fn sum_of(kind: u32, pk: u32, pi: u32) -> Sum {
+    var a = Sum(vec2<u32>(0u, 0u), 0u);
+    for (var j = lid; j < n; j += STRIDE) {
+        add_term(&a, term(kind, j, pk, pi));
+        add_term(&a, term(kind, j + WG, pk, pi));
+        add_term(&a, term(kind, j + 2u * WG, pk, pi));
+        add_term(&a, term(kind, j + 3u * WG, pk, pi));
+        add_term(&a, term(kind, j + 4u * WG, pk, pi));
+        add_term(&a, term(kind, j + 5u * WG, pk, pi));
+        add_term(&a, term(kind, j + 6u * WG, pk, pi));
+        add_term(&a, term(kind, j + 7u * WG, pk, pi));
+    }
+    return reduce_sum(a.m, a.c);
+}
+
+// What a search looks for: the first prefix whose count or mass meets a goal.
+const COUNT_GE: u32 = 0u; // count >= goal_c (scaled order)
+const MASS_GE: u32 = 1u;  // mass >= goal_m (scaled order)
+const MASS_GT: u32 = 2u;  // mass > goal_m (scaled order)
+const IDS_GT: u32 = 3u;   // mass > goal_m (id order: the prefix is ids 0..=I)
+
+struct Found {
+    key: u32,
+    id: u32,
+    m: vec2<u32>, // mass of the prefix (key, id), cut to the bound
+}
+
+// Bisection for the first element (key, id) whose prefix, cut to `bound`,
+// meets the goal; the caller knows that the whole bound does. Starting with
+// b = 32 and lo == hi only measures the prefix (key0, lo). One pass per step,
+// all through the one sum_of below (the kernel inlines every call).
+fn search(
+    mode: u32,
+    bound: vec2<u32>,
+    goal_m: vec2<u32>,
+    goal_c: u32,
+    b0: u32,
+    key0: u32,
+    lo0: u32,
+    hi0: u32,
+) -> Found {
+    var b = b0;
+    var key = key0;
+    var lo = lo0;
+    var hi = hi0;
+    let kind = select(select(S_MASS, S_COUNT, mode == COUNT_GE), S_IDS, mode == IDS_GT);
+    var found = Found(0u, 0u, vec2<u32>(0u, 0u));
+    loop {
+        // Stage 1 (b < 32): the largest key K whose prefix (K, last id)
+        // meets the goal, bit by bit. Stage 2: the smallest id at that key.
+        // Then the result's own mass.
+        var cand = vec2<u32>(key, lo);
+        if (b < 32u) {
+            cand = vec2<u32>(key | (0x80000000u >> b), n - 1u);
+        } else if (lo < hi) {
+            cand = vec2<u32>(key, lo + (hi - lo) / 2u);
+        }
+        let e = shorter(cand, bound);
+        let s = sum_of(kind, e.x, e.y);
+        if (b >= 32u && lo >= hi) {
+            found = Found(key, lo, s.m);
+            break;
+        }
+        var ok = gt64(s.m, goal_m);
+        if (mode == COUNT_GE) {
+            ok = s.c >= goal_c;
+        } else if (mode == MASS_GE) {
+            ok = ge64(s.m, goal_m);
+        }
+        if (b < 32u) {
+            if (ok) {
+                key = cand.x;
+            }
+            b += 1u;
+        } else if (ok) {
+            hi = cand.y;
+        } else {
+            lo = cand.y + 1u;
+        }
+    }
+    return found;
+}
+
+// Steps of the draw.
+const D_TOP_K: u32 = 0u;
+const D_KEPT: u32 = 1u;
+const D_TOP_P: u32 = 2u;
+const D_DRAW: u32 = 3u;
+const D_IDS_TOTAL: u32 = 4u;
+const D_IDS_DRAW: u32 = 5u;
+const D_DONE: u32 = 6u;
+
+// The draw (temperature > 0).
+fn draw(row: u32, flags: u32) -> u32 {
+    // The first of the scaled order; when it is +inf, the last one too.
+    var top = vec2<u32>(0u, NONE);
+    var last = 0u;
+    for (var t = 0u; t < 2u; t++) {
+        let b = best_of(select(B_FIRST, B_LAST, t == 1u), 0u, 0u);
+        if (t == 0u) {
+            top = b;
+            if (top.x != KEY_POS_INF) {
+                break;
+            }
+        } else {
+            last = ~b.y;
+        }
+    }
+    if (top.x == KEY_NEG_INF) {
+        // Every scaled value is -inf: the sampler's argmax, id 0.
+        return top.y;
+    }
+    let u = rows[row + R_U];
+    let top_k = (flags & F_TOP_K) != 0u;
+    let top_p = (flags & F_TOP_P) != 0u;
+    let whole = vec2<u32>(0u, n - 1u);
+    // With a +inf the sampler's weights are NaN (inf - inf): no prefix ever
+    // reaches its target, and it takes the last kept element (the k-th with
+    // top-k, found below).
+    let pos_inf = top.x == KEY_POS_INF;
+    if (pos_inf && !top_k) {
+        return select(last, n - 1u, !top_p);
+    }
+    mx = scaled(top.y);
+    var step = D_KEPT;
+    if (top_k) {
+        step = D_TOP_K;
+    } else if (!top_p) {
+        // The CPU sampler draws in id order when nothing is cut.
+        step = D_IDS_TOTAL;
+    }
+    var kept = whole;
+    var kept_mass = vec2<u32>(0u, 0u);
+    var token = 0u;
+    loop {
+        // One search per step (a single call site: see `search`).
+        var mode = MASS_GT;
+        var bound = kept;
+        var goal = vec2<u32>(0u, 0u);
+        var goal_c = 0u;
+        var start = vec4<u32>(0u, 0u, 0u, n - 1u); // b, key, lo, hi
+        switch step {
+            case D_TOP_K: {
+                // The first k of the order (0 < k < n, checked by the host).
+                mode = COUNT_GE;
+                goal_c = rows[row + R_TOP_K];
+            }
+            case D_KEPT: {
+                start = vec4<u32>(32u, kept.x, kept.y, kept.y);
+            }
+            case D_TOP_P: {
+                // The shortest prefix of the kept ones reaching top_p * kept.
+                mode = MASS_GE;
+                goal = mul_frac(rows[row + R_TOP_P], kept_mass);
+            }
+            case D_DRAW: {
+                // The first kept element whose prefix exceeds u * kept.
+                // (The whole kept mass does: u < 1, and the first element
+                // alone weighs 2^31 units.)
+                goal = mul_frac(u, kept_mass);
+            }
+            case D_IDS_TOTAL: {
+                mode = IDS_GT;
+                start = vec4<u32>(32u, 0u, n - 1u, n - 1u);
+            }
+            default: {
+                mode = IDS_GT;
+                goal = mul_frac(u, kept_mass);
+                start = vec4<u32>(32u, 0u, 0u, n - 1u);
+            }
+        }
+        let f = search(mode, bound, goal, goal_c, start.x, start.y, start.z, start.w);
+        switch step {
+            case D_TOP_K: {
+                kept = vec2<u32>(f.key, f.id);
+                step = select(D_KEPT, D_DONE, pos_inf);
+                token = f.id;
+            }
+            case D_KEPT: {
+                kept_mass = f.m;
+                step = select(D_DRAW, D_TOP_P, top_p);
+            }
+            case D_TOP_P: {
+                kept = vec2<u32>(f.key, f.id);
+                kept_mass = f.m;
+                step = D_DRAW;
+            }
+            case D_IDS_TOTAL: {
+                kept_mass = f.m;
+                step = D_IDS_DRAW;
+            }
+            default: {
+                token = f.id;
+                step = D_DONE;
+            }
+        }
+        if (step == D_DONE) {
+            break;
+        }
+    }
+    return token;
+}
+
+// History entry i (of len at off): x > 0 ? x / pen : x * pen.
+fn penalise(off: u32, len: u32, i: u32, pen: f32) {
+    if (i >= len) {
+        return;
+    }
+    let t = rows[off + i];
+    if (t < n) {
+        let x = work(t);
+        var y = x * pen;
+        if (x > 0.0) {
+            y = x / pen;
+        }
+        logits[base + t] = bitcast<u32>(y);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let r = wid.x + wid.y * nwg.x;
+    if (r >= p.n_rows) {
+        return;
+    }
+    let step_row = p.out_base + r;
+    let row = step_row * ROW_WORDS;
+    let flags = rows[row + R_FLAGS];
+    if ((flags & F_SKIP) != 0u) {
+        return;
+    }
+    lid = li;
+    n = p.vocab;
+    base = r * p.vocab;
+    temp = bitcast<f32>(rows[row + R_TEMP]);
+    mx = 0.0;
+
+    if ((flags & F_PENALTY) != 0u) {
+        let pen = bitcast<f32>(rows[row + R_PENALTY]);
+        let off = rows[row + R_HIST_OFF];
+        let len = rows[row + R_HIST_LEN];
+        // Distinct ids (at most the vocabulary): no two invocations touch
+        // the same logit.
+        for (var i = lid; i < len; i += STRIDE) {
+            penalise(off, len, i, pen);
+            penalise(off, len, i + WG, pen);
+            penalise(off, len, i + 2u * WG, pen);
+            penalise(off, len, i + 3u * WG, pen);
+            penalise(off, len, i + 4u * WG, pen);
+            penalise(off, len, i + 5u * WG, pen);
+            penalise(off, len, i + 6u * WG, pen);
+            penalise(off, len, i + 7u * WG, pen);
+        }
+    }
+    storageBarrier();
+
+    var token = 0u;
+    if ((flags & F_GREEDY) != 0u) {
+        token = best_of(B_ARGMAX, 0u, 0u).y;
+    } else {
+        token = draw(row, flags);
+    }
+    if (lid == 0u) {
+        out[step_row] = token;
+    }
+
+    if ((flags & F_LOGPROBS) != 0u) {
+        let top = best_of(B_ARGMAX, 0u, 0u);
+        let m = work(top.y);
+        var lse = m;
+        // As the sampler: lse = m when m is -inf or +inf.
+        if (top.x != KEY_NEG_INF && top.x != KEY_POS_INF) {
+            mx = m;
+            let sum = sum_of(S_LSE, 0u, 0u).m;
+            // sum / 2^31 >= 1: the best element alone weighs 2^31 units.
+            let z = f32(sum.x) * 2.0 + f32(sum.y) * (1.0 / 2147483648.0);
+            lse = m + log(z);
+        }
+        let lp_off = rows[row + R_LP_OFF];
+        if (lid == 0u) {
+            out[lp_off] = bitcast<u32>(work(token) - lse);
+        }
+        // The n best by the sampler's order (total order, ties to the lower
+        // id): n rounds of argmax after the prefix found so far.
+        let count = min(rows[row + R_N_LOGPROBS], n);
+        var pk = NONE; // the empty prefix
+        var pi = 0u;
+        for (var q = 0u; q < count; q++) {
+            let b = best_of(B_NEXT, pk, pi);
+            pk = b.x;
+            pi = b.y;
+            if (lid == 0u) {
+                out[lp_off + 1u + 2u * q] = pi;
+                out[lp_off + 2u + 2u * q] = bitcast<u32>(work(pi) - lse);
+            }
+        }
+    }
+}

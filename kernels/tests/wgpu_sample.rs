@@ -1,0 +1,821 @@
+//! sample.wgsl (sampling on the device) against the shared CPU sampler
+//! (`tokenwire_kernels::sample`), on seeded random logits rows: greedy and
+//! top-k = 1 exactly equal to the argmax; drawn tokens equal to the CPU's on
+//! every row whose draw does not land within `EPS` of a cumulative boundary
+//! (the CPU's f64 sums against the kernel's sums of f32 exps); repetition
+//! penalty with repeated history ids; NaN and -inf logits; top-p near 0 and
+//! 1; logprobs; and the frequencies of many draws from one row.
+
+mod wgpu_support;
+
+use tokenwire_core::rng::Rng;
+use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
+use tokenwire_kernels::backend::wgpu::lab::{KernelLab, LabSample};
+use tokenwire_kernels::{draw_uniform, log_softmax, sample};
+use wgpu_support::*;
+
+/// Relative error allowed to the device's masses: they are sums of f32 exps
+/// (a few ulp each) where the CPU sums f64 exps. A draw (or a top-p cut)
+/// closer than this, relative to the masses compared, to a cumulative
+/// boundary may legitimately fall on the other side on the device.
+const EPS: f64 = 2e-6;
+/// Absolute error the device's fixed-point masses may add per element (in
+/// units of the largest weight, 1): half of their 2^-31 step.
+const UNIT: f64 = 1.0 / 4_294_967_296.0;
+
+fn clean(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        x
+    }
+}
+
+/// The penalised row the CPU sampler works on.
+fn penalised(logits: &[f32], p: &SamplingParams, history: &[TokenId]) -> Vec<f32> {
+    let mut w: Vec<f32> = logits.iter().copied().map(clean).collect();
+    let r = p.repetition_penalty;
+    if r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite() {
+        return w;
+    }
+    let mut seen = vec![false; w.len()];
+    for &t in history {
+        let t = t as usize;
+        if t < w.len() && !seen[t] {
+            seen[t] = true;
+            w[t] = if w[t] > 0.0 { w[t] / r } else { w[t] * r };
+        }
+    }
+    w
+}
+
+/// What the CPU sampler chooses, re-derived with its f64 arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Cpu {
+    /// No draw (greedy, or no finite weight): the device must agree exactly.
+    Exact,
+    /// Every cut and draw the device can make within `EPS` gives this token.
+    Clear(TokenId),
+    /// A cut or the draw lies within `EPS` of a boundary.
+    Near,
+}
+
+/// The same steps as `Sampler::draw`, then the same again for every top-p
+/// cut the device could make within `EPS`.
+fn cpu_choice(logits: &[f32], p: &SamplingParams, pos: u32, history: &[TokenId]) -> Cpu {
+    let t = p.temperature;
+    if !(t > 0.0 && t.is_finite()) {
+        return Cpu::Exact;
+    }
+    let s: Vec<f32> = penalised(logits, p, history)
+        .iter()
+        .map(|&x| x / t)
+        .collect();
+    let n = s.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    let k = p.top_k as usize;
+    let use_top_p = p.top_p > 0.0 && p.top_p < 1.0;
+    if (k > 0 && k < n) || use_top_p {
+        order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+        if k > 0 && k < n {
+            order.truncate(k);
+        }
+    }
+    let m = order
+        .iter()
+        .map(|&i| s[i])
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return Cpu::Exact;
+    }
+    let w: Vec<f64> = order.iter().map(|&i| ((s[i] - m) as f64).exp()).collect();
+    let cum: Vec<f64> = w
+        .iter()
+        .scan(0.0, |c, x| {
+            *c += x;
+            Some(*c)
+        })
+        .collect();
+    let tol = |a: f64, b: f64| EPS * a.max(b) + (n as f64 + 2.0) * UNIT;
+    // Cuts (index of the last kept element) the device may make.
+    let mut cuts = vec![w.len() - 1];
+    if use_top_p {
+        let x = p.top_p as f64 * cum[w.len() - 1];
+        let i = cum.iter().position(|&c| c >= x).unwrap_or(w.len() - 1);
+        cuts = vec![i];
+        if i + 1 < w.len() && cum[i] - x < tol(cum[i], x) {
+            cuts.push(i + 1);
+        }
+        if i > 0 && x - cum[i - 1] < tol(cum[i - 1], x) {
+            cuts.push(i - 1);
+        }
+    }
+    let u = draw_uniform(p.seed, pos);
+    let mut token = None;
+    for cut in cuts {
+        let kept = cum[cut];
+        let x = u * kept;
+        let j = cum[..=cut].iter().position(|&c| x < c).unwrap_or(cut);
+        let near_hi = cum[j] - x < tol(cum[j], x);
+        let near_lo = j > 0 && x - cum[j - 1] < tol(cum[j - 1], x);
+        if near_hi || near_lo || token.is_some_and(|t| t != order[j]) {
+            return Cpu::Near;
+        }
+        token = Some(order[j]);
+    }
+    token.map_or(Cpu::Near, |t| Cpu::Clear(t as TokenId))
+}
+
+fn close(a: f32, b: f32, tol: f32) -> bool {
+    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() < tol
+}
+
+/// Logprobs from the device against the CPU's for the same token.
+fn check_logprobs(
+    what: &str,
+    got: &TokenLogprobs,
+    want: &TokenLogprobs,
+    row: &[f32],
+    p: &SamplingParams,
+    history: &[TokenId],
+) {
+    let work = penalised(row, p, history);
+    assert!(
+        close(got.logprob, want.logprob, 1e-3),
+        "{what}: logprob {} vs cpu {}",
+        got.logprob,
+        want.logprob
+    );
+    assert_eq!(got.top.len(), want.top.len(), "{what}: top length");
+    for (q, (g, w)) in got.top.iter().zip(&want.top).enumerate() {
+        // A different id only at an exact tie of the penalised logits.
+        assert!(
+            g.0 == w.0 || work[g.0 as usize].to_bits() == work[w.0 as usize].to_bits(),
+            "{what}: top[{q}] id {} vs cpu {}",
+            g.0,
+            w.0
+        );
+        assert!(
+            close(g.1, w.1, 1e-3),
+            "{what}: top[{q}] logprob {} vs cpu {}",
+            g.1,
+            w.1
+        );
+    }
+}
+
+/// Outcome of comparing a batch with the CPU sampler.
+#[derive(Debug, Default)]
+struct Tally {
+    rows: usize,
+    exact: usize,
+    compared: usize,
+    skipped: usize,
+}
+
+/// Runs `specs` on the device (`per` rows per dispatch) and on the CPU, and
+/// checks every row: greedy rows exactly, drawn rows unless within `EPS` of
+/// a boundary, logprobs when the tokens agree.
+fn compare(
+    lab: &mut KernelLab,
+    what: &str,
+    logits: &[f32],
+    vocab: usize,
+    specs: &[LabSample],
+    per: usize,
+    tally: &mut Tally,
+) {
+    let got = lab
+        .sample(logits, vocab, specs, per)
+        .expect("sample kernel");
+    assert_eq!(got.len(), specs.len());
+    for (r, (spec, (token, lp))) in specs.iter().zip(got).enumerate() {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        let what = format!(
+            "{what} row {r} ({:?}, logprobs {:?})",
+            spec.params, spec.logprobs
+        );
+        let (want, want_lp) = sample(
+            row,
+            &spec.params,
+            spec.position,
+            &spec.history,
+            spec.logprobs,
+        );
+        assert!(
+            (token as usize) < vocab,
+            "{what}: token {token} out of range"
+        );
+        tally.rows += 1;
+        match cpu_choice(row, &spec.params, spec.position, &spec.history) {
+            Cpu::Exact => {
+                tally.exact += 1;
+                assert_eq!(token, want, "{what}: must equal the cpu exactly");
+            }
+            Cpu::Near => {
+                tally.skipped += 1;
+                eprintln!("{what}: within {EPS:e} of a boundary, not compared");
+                continue;
+            }
+            Cpu::Clear(t) => {
+                assert_eq!(
+                    t, want,
+                    "{what}: the test's f64 replay disagrees with the sampler"
+                );
+                tally.compared += 1;
+                assert_eq!(token, want, "{what}: device {token}, cpu {want}");
+            }
+        }
+        match (&lp, &want_lp) {
+            (Some(g), Some(w)) => check_logprobs(&what, g, w, row, &spec.params, &spec.history),
+            (None, None) => {}
+            other => panic!("{what}: logprobs {other:?}"),
+        }
+    }
+}
+
+fn uniform_row(rng: &mut Rng, vocab: usize, spread: f32) -> Vec<f32> {
+    (0..vocab)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * spread)
+        .collect()
+}
+
+fn pick<T: Copy>(rng: &mut Rng, xs: &[T]) -> T {
+    xs[rng.below(xs.len() as u64) as usize]
+}
+
+/// Mixed parameters: greedy, temperature alone, top-k, top-p, both, with and
+/// without a repetition penalty and logprobs.
+fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
+    let v = vocab as u32;
+    let temperature = pick(rng, &[0.0, 0.0, 0.3, 0.7, 1.0, 1.0, 1.3, 2.0]);
+    let top_k = pick(rng, &[0, 0, 0, 1, 5, 40, v.saturating_sub(1), v, v + 3]);
+    let top_p = pick(rng, &[1.0, 1.0, 0.95, 0.9, 0.5, 0.999, 1e-4, 0.0]);
+    let repetition_penalty = pick(rng, &[1.0, 1.0, 1.3, 0.8, 2.0]);
+    let hist_len = pick(rng, &[0usize, 3, 50, 600]);
+    // Duplicates on purpose (ids from a narrow range), and ids past the end.
+    let span = (vocab as u64 / 3).max(1);
+    let history = (0..hist_len)
+        .map(|_| {
+            if rng.below(40) == 0 {
+                (vocab + 5) as TokenId
+            } else {
+                rng.below(span) as TokenId
+            }
+        })
+        .collect();
+    let logprobs = pick(rng, &[None, None, Some(0u8), Some(1), Some(5), Some(20)]);
+    LabSample {
+        params: SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            repetition_penalty,
+            seed: rng.next_u64(),
+        },
+        position: rng.below(5000) as u32,
+        history,
+        logprobs,
+    }
+}
+
+/// One batch: name, rows, vocabulary, specs, rows per dispatch.
+type Case = (String, Vec<f32>, usize, Vec<LabSample>, usize);
+
+/// Seeded batches of 1 to 9 rows over vocabularies that are and are not
+/// multiples of the workgroup size, with mixed parameters.
+fn random_cases(seed: u64, count: usize) -> Vec<Case> {
+    let mut rng = Rng::new(seed);
+    let vocabs = [512usize, 1000, 32000, 257, 4099, 3, 1, 300, 2048, 5000];
+    (0..count)
+        .map(|case| {
+            let vocab = vocabs[case % vocabs.len()];
+            let rows = 1 + rng.below(9) as usize;
+            let mut logits = Vec::with_capacity(rows * vocab);
+            for _ in 0..rows {
+                let spread = pick(&mut rng, &[1.0f32, 3.0, 6.0, 12.0]);
+                logits.extend(uniform_row(&mut rng, vocab, spread));
+            }
+            let specs: Vec<LabSample> = (0..rows).map(|_| random_spec(&mut rng, vocab)).collect();
+            let per = 1 + rng.below(rows as u64) as usize;
+            (
+                format!("case {case} vocab {vocab}"),
+                logits,
+                vocab,
+                specs,
+                per,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn wgpu_sample_matches_cpu_sampler_on_random_rows() {
+    let Some(mut lab) = lab() else { return };
+    let mut tally = Tally::default();
+    for (what, logits, vocab, specs, per) in random_cases(2024, 60) {
+        compare(&mut lab, &what, &logits, vocab, &specs, per, &mut tally);
+    }
+    eprintln!("{tally:?}");
+    let drawn = tally.compared + tally.skipped;
+    assert!(tally.exact > 50 && drawn > 150, "{tally:?}");
+    // Near-boundary draws are rare: at least 95% of the drawn rows compared.
+    assert!(
+        tally.skipped * 20 <= drawn,
+        "too many rows within {EPS:e} of a boundary: {tally:?}"
+    );
+}
+
+#[test]
+fn wgpu_sample_workgroup_sizes_give_identical_results() {
+    // The masses are exact integer sums, so how a row is split over
+    // invocations changes nothing, bit for bit: the GPU default (256), a
+    // middle size and the CPU adapters' default against the default here.
+    let Some(mut base) = lab() else { return };
+    let cases = random_cases(77, 20);
+    let want: Vec<_> = cases
+        .iter()
+        .map(|(_, l, v, s, per)| base.sample(l, *v, s, *per).expect("sample"))
+        .collect();
+    for wg in [256u32, 32, 8] {
+        let opts = tokenwire_kernels::WgpuOptions {
+            sample_workgroup: Some(wg),
+            ..tokenwire_kernels::WgpuOptions::default()
+        };
+        let Some(mut lab) = lab_with(&opts) else {
+            return;
+        };
+        let mut tally = Tally::default();
+        for ((what, logits, vocab, specs, per), want) in cases.iter().zip(&want) {
+            let got = lab.sample(logits, *vocab, specs, *per).expect("sample");
+            for (r, (g, w)) in got.iter().zip(want).enumerate() {
+                assert_eq!(g.0, w.0, "workgroup {wg}, {what} row {r}");
+                let bits = |lp: &Option<TokenLogprobs>| {
+                    lp.as_ref().map(|l| {
+                        let top: Vec<(TokenId, u32)> =
+                            l.top.iter().map(|t| (t.0, t.1.to_bits())).collect();
+                        (l.logprob.to_bits(), top)
+                    })
+                };
+                assert_eq!(bits(&g.1), bits(&w.1), "workgroup {wg}, {what} row {r}");
+            }
+            compare(&mut lab, what, logits, *vocab, specs, *per, &mut tally);
+        }
+        eprintln!("workgroup {wg}: {tally:?}");
+    }
+}
+
+#[test]
+fn wgpu_sample_greedy_and_top_k_one_are_the_argmax() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(11);
+    for (case, vocab) in [512usize, 1000, 32000, 1, 77].into_iter().enumerate() {
+        let rows = 1 + (case * 2) % 9;
+        let mut logits = uniform_row(&mut rng, rows * vocab, 5.0);
+        for r in 0..rows {
+            let row = &mut logits[r * vocab..(r + 1) * vocab];
+            match r % 4 {
+                // Ties at the top: the lowest id wins.
+                0 if vocab > 2 => {
+                    let m = row.iter().copied().fold(f32::MIN, f32::max) + 1.0;
+                    let a = rng.below(vocab as u64) as usize;
+                    let b = rng.below(vocab as u64) as usize;
+                    row[a] = m;
+                    row[b] = m;
+                }
+                1 => row[rng.below(vocab as u64) as usize] = f32::NAN,
+                2 => row[..vocab / 2].fill(f32::NEG_INFINITY),
+                _ => {}
+            }
+        }
+        let argmax: Vec<TokenId> = logits
+            .chunks(vocab)
+            .map(|row| {
+                let mut best = 0;
+                for (i, &x) in row.iter().enumerate() {
+                    if clean(x) > clean(row[best]) {
+                        best = i;
+                    }
+                }
+                best as TokenId
+            })
+            .collect();
+        for top_k in [None, Some(1u32)] {
+            let specs: Vec<LabSample> = (0..rows)
+                .map(|_| LabSample {
+                    params: match top_k {
+                        None => SamplingParams::greedy(),
+                        Some(k) => SamplingParams {
+                            temperature: 0.9,
+                            top_k: k,
+                            seed: rng.next_u64(),
+                            ..SamplingParams::default()
+                        },
+                    },
+                    position: rng.below(100) as u32,
+                    history: Vec::new(),
+                    logprobs: None,
+                })
+                .collect();
+            let got: Vec<TokenId> = lab
+                .sample(&logits, vocab, &specs, rows)
+                .expect("sample")
+                .into_iter()
+                .map(|g| g.0)
+                .collect();
+            assert_eq!(got, argmax, "vocab {vocab}, top_k {top_k:?}");
+        }
+    }
+}
+
+#[test]
+fn wgpu_sample_same_seed_same_token_and_seeds_spread() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(5);
+    let vocab = 1000;
+    let row = uniform_row(&mut rng, vocab, 2.0);
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.9,
+        seed: 77,
+        ..SamplingParams::default()
+    };
+    // The same (seed, position) eight times in one batch, and again later.
+    let same: Vec<LabSample> = (0..8)
+        .map(|_| LabSample {
+            params,
+            position: 41,
+            history: Vec::new(),
+            logprobs: None,
+        })
+        .collect();
+    let logits = row.repeat(8);
+    let a = lab.sample(&logits, vocab, &same, 3).expect("sample");
+    let b = lab.sample(&logits, vocab, &same, 8).expect("sample");
+    assert!(a.iter().all(|x| x.0 == a[0].0), "{a:?}");
+    assert_eq!(a, b);
+    // Different seeds and positions spread over many tokens.
+    let spread: Vec<LabSample> = (0..8)
+        .map(|i| LabSample {
+            params: SamplingParams {
+                seed: i as u64,
+                ..params
+            },
+            position: 41 + i,
+            history: Vec::new(),
+            logprobs: None,
+        })
+        .collect();
+    let c = lab.sample(&logits, vocab, &spread, 8).expect("sample");
+    let distinct: std::collections::HashSet<TokenId> = c.iter().map(|x| x.0).collect();
+    assert!(distinct.len() >= 5, "{c:?}");
+}
+
+#[test]
+fn wgpu_sample_repetition_penalty_counts_each_id_once() {
+    let Some(mut lab) = lab() else { return };
+    let greedy = |penalty: f32, history: &[TokenId], logprobs| LabSample {
+        params: SamplingParams {
+            repetition_penalty: penalty,
+            ..SamplingParams::greedy()
+        },
+        position: 0,
+        history: history.to_vec(),
+        logprobs,
+    };
+    // Penalised once: 2.0 / 1.2 = 1.67 > 1.5 keeps token 0; twice (1.39)
+    // would not. Negative logits are multiplied: -1.0 * 1.2 = -1.2 > -1.3,
+    // twice (-1.44) would lose.
+    let cases: [(&[f32], &[TokenId], TokenId); 5] = [
+        (&[2.0, 1.5], &[0, 0, 0, 0], 0),
+        (&[-1.0, -1.3], &[0, 0, 0], 0),
+        (&[2.0, 1.9, -1.0], &[0, 9, 0, 7], 1),
+        (&[2.0, 1.9], &[5, 9], 0),
+        (&[f32::NAN, 0.5, 0.45], &[1, 1], 2),
+    ];
+    for (row, hist, want) in cases {
+        let specs = [greedy(1.2, hist, Some(2))];
+        let got = lab.sample(row, row.len(), &specs, 1).expect("sample");
+        let (cpu, cpu_lp) = sample(row, &specs[0].params, 0, hist, Some(2));
+        assert_eq!(cpu, want, "cpu on {row:?} {hist:?}");
+        assert_eq!(got[0].0, want, "{row:?} with history {hist:?}");
+        let lp = got[0].1.as_ref().expect("logprobs");
+        check_logprobs(
+            "penalty",
+            lp,
+            &cpu_lp.expect("cpu logprobs"),
+            row,
+            &specs[0].params,
+            hist,
+        );
+    }
+    // Long histories full of repeats, every kind of row, against the CPU.
+    let mut rng = Rng::new(8);
+    let mut tally = Tally::default();
+    for vocab in [512usize, 1000, 32000] {
+        let rows = 6;
+        let logits = uniform_row(&mut rng, rows * vocab, 4.0);
+        let specs: Vec<LabSample> = (0..rows)
+            .map(|r| {
+                // The row's 8 best ids, each repeated: a penalty that counted
+                // repeats would push them much further down.
+                let row = &logits[r * vocab..(r + 1) * vocab];
+                let mut ids: Vec<TokenId> = (0..vocab as TokenId).collect();
+                ids.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+                let history: Vec<TokenId> = ids[..8].iter().cycle().take(100).copied().collect();
+                LabSample {
+                    params: SamplingParams {
+                        temperature: [0.0, 0.8][r % 2],
+                        top_k: [0, 20, 0][r % 3],
+                        repetition_penalty: [1.5, 0.7][r % 2],
+                        seed: r as u64,
+                        ..SamplingParams::default()
+                    },
+                    position: 3 + r as u32,
+                    history,
+                    logprobs: Some(5),
+                }
+            })
+            .collect();
+        compare(
+            &mut lab,
+            &format!("penalty vocab {vocab}"),
+            &logits,
+            vocab,
+            &specs,
+            rows,
+            &mut tally,
+        );
+    }
+    assert_eq!(tally.rows, 18);
+    assert!(tally.skipped <= 1, "{tally:?}");
+}
+
+#[test]
+fn wgpu_sample_nan_and_neg_inf_logits() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(13);
+    let mut tally = Tally::default();
+    for vocab in [512usize, 1000, 7] {
+        let rows = 8;
+        let mut logits = uniform_row(&mut rng, rows * vocab, 3.0);
+        for r in 0..rows {
+            let row = &mut logits[r * vocab..(r + 1) * vocab];
+            match r {
+                0 => row.fill(f32::NEG_INFINITY),
+                1 => row.fill(f32::NAN),
+                2 => {
+                    // All but one masked.
+                    let keep = rng.below(vocab as u64) as usize;
+                    for (i, x) in row.iter_mut().enumerate() {
+                        if i != keep {
+                            *x = if i % 2 == 0 {
+                                f32::NAN
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                        }
+                    }
+                }
+                _ => {
+                    for x in row.iter_mut() {
+                        if rng.below(3) == 0 {
+                            *x = if rng.below(2) == 0 {
+                                f32::NAN
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                        }
+                    }
+                }
+            }
+        }
+        let specs: Vec<LabSample> = (0..rows)
+            .map(|r| LabSample {
+                params: SamplingParams {
+                    temperature: [1.0, 0.0, 0.6, 1.5][r % 4],
+                    top_k: [0, 3, 0, 50][r % 4],
+                    top_p: [1.0, 0.8, 0.9, 1.0][(r / 2) % 4],
+                    repetition_penalty: 1.1,
+                    seed: 100 + r as u64,
+                },
+                position: r as u32,
+                history: vec![0, 1, 2, 3],
+                logprobs: Some(4),
+            })
+            .collect();
+        let got = lab.sample(&logits, vocab, &specs, 3).expect("sample");
+        for (r, g) in got.iter().enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            if row.iter().any(|x| x.is_finite()) {
+                assert!(
+                    row[g.0 as usize].is_finite(),
+                    "vocab {vocab} row {r}: picked masked token {}",
+                    g.0
+                );
+            } else {
+                assert_eq!(g.0, 0, "vocab {vocab} row {r}: all masked -> id 0");
+            }
+        }
+        compare(
+            &mut lab,
+            &format!("masked vocab {vocab}"),
+            &logits,
+            vocab,
+            &specs,
+            3,
+            &mut tally,
+        );
+    }
+    assert!(tally.skipped <= 1, "{tally:?}");
+}
+
+#[test]
+fn wgpu_sample_top_p_near_zero_and_near_one() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(21);
+    let mut tally = Tally::default();
+    for vocab in [512usize, 1000, 32000] {
+        let rows = 9;
+        let logits = uniform_row(&mut rng, rows * vocab, 5.0);
+        for top_p in [1e-6f32, 0.01, 0.9999, 0.99999] {
+            let specs: Vec<LabSample> = (0..rows)
+                .map(|r| LabSample {
+                    params: SamplingParams {
+                        temperature: [1.0, 0.5, 2.0][r % 3],
+                        top_p,
+                        top_k: [0, 0, 100][r % 3],
+                        seed: rng.next_u64(),
+                        ..SamplingParams::default()
+                    },
+                    position: r as u32,
+                    history: Vec::new(),
+                    logprobs: None,
+                })
+                .collect();
+            if top_p < 1e-3 {
+                // Only the best token is left.
+                let got = lab.sample(&logits, vocab, &specs, rows).expect("sample");
+                for (r, g) in got.iter().enumerate() {
+                    let row = &logits[r * vocab..(r + 1) * vocab];
+                    let best = (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+                    assert_eq!(g.0 as usize, best, "top_p {top_p} vocab {vocab} row {r}");
+                }
+            }
+            compare(
+                &mut lab,
+                &format!("top_p {top_p} vocab {vocab}"),
+                &logits,
+                vocab,
+                &specs,
+                4,
+                &mut tally,
+            );
+        }
+    }
+    eprintln!("{tally:?}");
+    assert!(tally.skipped * 20 <= tally.compared, "{tally:?}");
+}
+
+#[test]
+fn wgpu_sample_logprobs_match_log_softmax() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(34);
+    for (vocab, n) in [(3usize, 20u8), (512, 0), (1000, 1), (32000, 20), (5, 5)] {
+        let rows = 3;
+        let logits = uniform_row(&mut rng, rows * vocab, 8.0);
+        let specs: Vec<LabSample> = (0..rows)
+            .map(|r| LabSample {
+                params: SamplingParams {
+                    temperature: [0.0, 0.7, 3.0][r],
+                    seed: 9,
+                    ..SamplingParams::default()
+                },
+                position: 4,
+                history: Vec::new(),
+                logprobs: Some(n),
+            })
+            .collect();
+        let got = lab.sample(&logits, vocab, &specs, 2).expect("sample");
+        for (r, (token, lp)) in got.iter().enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let full = log_softmax(row);
+            let lp = lp.as_ref().expect("asked for logprobs");
+            assert!((lp.logprob - full[*token as usize]).abs() < 1e-3);
+            assert_eq!(lp.top.len(), (n as usize).min(vocab), "vocab {vocab} n {n}");
+            let mut ids: Vec<usize> = (0..vocab).collect();
+            ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            for (q, &(id, v)) in lp.top.iter().enumerate() {
+                assert_eq!(id as usize, ids[q], "vocab {vocab} row {r} rank {q}");
+                assert!((v - full[id as usize]).abs() < 1e-3, "rank {q}: {v}");
+            }
+        }
+    }
+}
+
+/// Frequencies of `draws` draws (positions 0..draws) from `row` with `params`.
+fn frequencies(lab: &mut KernelLab, row: &[f32], params: SamplingParams, draws: usize) -> Vec<f64> {
+    let vocab = row.len();
+    let specs: Vec<LabSample> = (0..draws)
+        .map(|pos| LabSample {
+            params,
+            position: pos as u32,
+            history: Vec::new(),
+            logprobs: None,
+        })
+        .collect();
+    let logits = row.repeat(draws);
+    let mut count = vec![0.0; vocab];
+    for (t, _) in lab.sample(&logits, vocab, &specs, 1000).expect("sample") {
+        count[t as usize] += 1.0;
+    }
+    count.iter().map(|c| c / draws as f64).collect()
+}
+
+/// Softmax of `row / t` cut to the `k` best and the top-p prefix, as
+/// probabilities over the whole vocabulary.
+fn expected(row: &[f32], t: f64, k: usize, top_p: f64) -> Vec<f64> {
+    let mut ids: Vec<usize> = (0..row.len()).collect();
+    ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    ids.truncate(k.min(row.len()));
+    let w: Vec<f64> = ids
+        .iter()
+        .map(|&i| ((row[i] as f64 - row[ids[0]] as f64) / t).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut kept = 0;
+    let mut cum = 0.0;
+    while kept < w.len() {
+        cum += w[kept];
+        kept += 1;
+        if cum >= top_p * total {
+            break;
+        }
+    }
+    let mut p = vec![0.0; row.len()];
+    for (j, &i) in ids[..kept].iter().enumerate() {
+        p[i] = w[j] / cum;
+    }
+    p
+}
+
+fn max_abs(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn wgpu_sample_draws_follow_the_distribution() {
+    let Some(mut lab) = lab() else { return };
+    let row: Vec<f32> = vec![
+        2.0, 1.5, 0.3, -0.5, 1.0, 0.0, -2.0, 0.8, -1.0, 0.5, -3.0, 1.2, 0.1, -0.2, -4.0, 0.9,
+    ];
+    let draws = 6000;
+    // 6000 draws: a frequency's standard deviation is at most 0.0065, so
+    // 0.03 (about 4.6 of them) is never reached by chance with this fixed
+    // seed, while ignoring the temperature or the cuts moves some token's
+    // probability by more than 0.06.
+    let bound = 0.03;
+    let cases = [
+        ("temperature 0.7", 0.7f64, 0usize, 1.0f64),
+        ("temperature 1.6", 1.6, 0, 1.0),
+        ("top_k 4", 1.0, 4, 1.0),
+        ("top_p 0.7", 1.0, 0, 0.7),
+    ];
+    for (what, t, k, top_p) in cases {
+        let params = SamplingParams {
+            temperature: t as f32,
+            top_k: k as u32,
+            top_p: top_p as f32,
+            seed: 4242,
+            ..SamplingParams::default()
+        };
+        let got = frequencies(&mut lab, &row, params, draws);
+        let want = expected(&row, t, if k == 0 { row.len() } else { k }, top_p);
+        let err = max_abs(&got, &want);
+        // Pearson's chi-square over the kept tokens (15 degrees of freedom
+        // at most; 60 is far beyond any chance deviation).
+        let chi2: f64 = got
+            .iter()
+            .zip(&want)
+            .filter(|(_, &w)| w > 0.0)
+            .map(|(&g, &w)| draws as f64 * (g - w).powi(2) / w)
+            .sum();
+        eprintln!("{what}: max |freq - p| {err:.4}, chi-square {chi2:.1}");
+        assert!(err < bound, "{what}: {got:?} vs {want:?}");
+        assert!(chi2 < 60.0, "{what}: chi-square {chi2}");
+        // Nothing outside the cuts.
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!(w > 0.0 || g == 0.0, "{what}: token {i} drawn but cut");
+        }
+        // The test can tell: the plain softmax (temperature 1, nothing cut)
+        // is far from what these parameters must give.
+        let plain = expected(&row, 1.0, row.len(), 1.0);
+        assert!(
+            max_abs(&want, &plain) > 2.0 * bound,
+            "{what}: case too weak"
+        );
+    }
+}
