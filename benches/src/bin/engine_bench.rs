@@ -9,23 +9,29 @@
 //!
 //! For each batch size B, each backend runs (in the same process, one after
 //! the other) one prefill step of B sequences of `--prompt` tokens, then
-//! `--steps` decode steps of B sequences of one token (greedy: the wgpu
-//! backend reads back only argmax ids). Prints the configuration, then one
-//! line per backend and batch: prefill tokens/s, decode tokens/s, decode step
-//! time, and the weight bytes a decode step reads divided by its time.
+//! `--steps` decode steps of B sequences of one token, each step sampling
+//! every sequence's next token as the engine does: greedy by default, or
+//! with `--sample T,P[,K]` at temperature T, top-p P (and top-k K). The CPU
+//! backend returns logits rows and the shared sampler picks the tokens; the
+//! wgpu backend samples on the device and reads back only token ids. Both
+//! are inside the timed steps. Prints the configuration, then one line per
+//! backend and batch: prefill tokens/s, decode tokens/s, decode step time,
+//! and the weight bytes a decode step reads divided by its time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
+use tokenwire_core::SamplingParams;
 use tokenwire_kernels::{
     Backend, CpuBackend, ForwardOutput, LayerWeights, Linear, Model, ModelConfig, RopeScaling,
-    SeqBatch, Weights, WgpuBackend, WgpuOptions,
+    SampleSpec, Sampler, SeqBatch, Weights, WgpuBackend, WgpuOptions,
 };
 
 const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
              [--layers N] [--backend cpu,wgpu] [--batch 1,8,32] [--prompt N] [--steps N]
-             [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]";
+             [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]
+             [--sample greedy|T,P[,K]] (temperature T, top-p P, top-k K)";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -40,6 +46,45 @@ struct Args {
     adapter: Option<String>,
     block_size: usize,
     seed: u64,
+    sampling: SamplingParams,
+}
+
+/// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
+fn parse_sampling(v: &str) -> Result<SamplingParams, String> {
+    if v == "greedy" {
+        return Ok(SamplingParams::greedy());
+    }
+    let parts: Vec<&str> = v.split(',').map(str::trim).collect();
+    let num = |x: &str| {
+        x.parse::<f32>()
+            .map_err(|_| format!("--sample: bad number `{x}`"))
+    };
+    let (t, p, k) = match parts[..] {
+        [t, p] => (num(t)?, num(p)?, 0),
+        [t, p, k] => (
+            num(t)?,
+            num(p)?,
+            k.parse()
+                .map_err(|_| format!("--sample: bad top-k `{k}`"))?,
+        ),
+        _ => return Err(format!("--sample wants greedy or T,P[,K]\n{USAGE}")),
+    };
+    Ok(SamplingParams {
+        temperature: t,
+        top_p: p,
+        top_k: k,
+        ..SamplingParams::default()
+    })
+}
+
+fn describe(p: &SamplingParams) -> String {
+    if !(p.temperature > 0.0 && p.temperature.is_finite()) {
+        return "greedy".into();
+    }
+    format!(
+        "temperature {}, top-p {}, top-k {}",
+        p.temperature, p.top_p, p.top_k
+    )
 }
 
 fn parse_list(v: &str) -> Result<Vec<usize>, String> {
@@ -60,6 +105,7 @@ fn parse_args() -> Result<Args, String> {
         adapter: None,
         block_size: 16,
         seed: 1,
+        sampling: SamplingParams::greedy(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -84,6 +130,7 @@ fn parse_args() -> Result<Args, String> {
             "--adapter" => a.adapter = Some(val),
             "--block-size" => a.block_size = num(&val)?.max(1),
             "--seed" => a.seed = num(&val)? as u64,
+            "--sample" => a.sampling = parse_sampling(&val)?,
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -232,15 +279,10 @@ struct Run {
     decode: Duration,
 }
 
-fn run(
-    be: &mut dyn Backend,
-    batch: usize,
-    prompt: usize,
-    steps: usize,
-    bs: usize,
-    vocab: usize,
-    seed: u64,
-) -> Result<Run, String> {
+/// One backend at one batch size, with `a`'s prompt, steps, block size,
+/// seed and sampling.
+fn run(be: &mut dyn Backend, batch: usize, a: &Args, vocab: usize) -> Result<Run, String> {
+    let (prompt, steps, bs, seed, sampling) = (a.prompt, a.steps, a.block_size, a.seed, a.sampling);
     let per = (prompt + steps + 1).max(10).div_ceil(bs);
     let mut rng = Rng::new(seed);
     let tables: Vec<Vec<u32>> = (0..batch)
@@ -254,49 +296,75 @@ fn run(
         })
         .collect();
     let mut out = ForwardOutput::default();
-    let step = |be: &mut dyn Backend, toks: &[Vec<u32>], pos: usize, out: &mut ForwardOutput| {
+    let mut sampler = Sampler::new();
+    // One step: feeds `toks[i]` at `pos` to sequence i (whose history grows
+    // by them) and returns each sequence's next token, sampled as the engine
+    // does: on the device where the backend can, else by the shared sampler
+    // on the row it returned.
+    let mut step = |be: &mut dyn Backend,
+                    toks: &[Vec<u32>],
+                    pos: usize,
+                    hist: &mut [Vec<u32>]|
+     -> Result<Vec<u32>, String> {
+        for (h, t) in hist.iter_mut().zip(toks) {
+            h.truncate(pos);
+            h.extend_from_slice(t);
+        }
+        let position = |t: &Vec<u32>| (pos + t.len()) as u32;
         let b: Vec<SeqBatch<'_>> = toks
             .iter()
             .zip(&tables)
-            .map(|(t, table)| SeqBatch {
+            .zip(hist.iter())
+            .map(|((t, table), h)| SeqBatch {
                 tokens: t,
                 start_pos: pos as u32,
                 block_table: table,
                 want_logits: true,
-                argmax_only: true,
+                sample: Some(SampleSpec {
+                    params: sampling,
+                    position: position(t),
+                    history: h,
+                    logprobs: None,
+                }),
+                keep_row: false,
             })
             .collect();
-        be.forward_select(&b, out).map_err(|e| format!("{e:?}"))
+        be.forward_select(&b, &mut out)
+            .map_err(|e| format!("{e:?}"))?;
+        let mut rows = out.logits.chunks_exact(vocab);
+        let mut next = Vec::with_capacity(toks.len());
+        for (i, (done, &has_row)) in out.sampled.iter().zip(&out.has_row).enumerate() {
+            let row = if has_row { rows.next() } else { None };
+            next.push(match (done, row) {
+                (Some(d), _) => d.token,
+                (None, Some(r)) => {
+                    sampler
+                        .sample(r, &sampling, position(&toks[i]), &hist[i], None)
+                        .0
+                }
+                _ => return Err("the backend returned neither a token nor a row".into()),
+            });
+        }
+        Ok(next)
     };
     // Untimed warm-up on the first sequence's blocks (rewritten below): a
     // 9-token chunk and a 1-token step reach every kernel once, so one-time
     // costs (shader compilation in the driver) are not counted as speed.
     let warm: Vec<Vec<u32>> = vec![prompts[0].iter().copied().cycle().take(9).collect()];
-    step(be, &warm, 0, &mut out)?;
-    step(be, &[vec![warm[0][0]]], 9, &mut out)?;
+    let mut warm_hist = vec![Vec::new()];
+    step(be, &warm, 0, &mut warm_hist)?;
+    step(be, &[vec![warm[0][0]]], 9, &mut warm_hist)?;
+    let mut hist: Vec<Vec<u32>> = vec![Vec::new(); batch];
     let t = Instant::now();
-    step(be, &prompts, 0, &mut out)?;
+    let first = step(be, &prompts, 0, &mut hist)?;
     let prefill = t.elapsed();
-    let next = |out: &ForwardOutput, rng: &mut Rng| -> Vec<Vec<u32>> {
-        (0..batch)
-            .map(|i| {
-                vec![out
-                    .argmax
-                    .get(i)
-                    .copied()
-                    .flatten()
-                    .unwrap_or_else(|| rng.below(vocab as u64) as u32)]
-            })
-            .collect()
-    };
+    let feed =
+        |tokens: Vec<u32>| -> Vec<Vec<u32>> { tokens.into_iter().map(|t| vec![t]).collect() };
     // One untimed decode step: first-use costs (shader JIT) are not decode speed.
-    let mut feed = next(&out, &mut rng);
-    step(be, &feed, prompt, &mut out)?;
-    feed = next(&out, &mut rng);
+    let mut next = step(be, &feed(first), prompt, &mut hist)?;
     let t = Instant::now();
     for s in 0..steps {
-        step(be, &feed, prompt + 1 + s, &mut out)?;
-        feed = next(&out, &mut rng);
+        next = step(be, &feed(next), prompt + 1 + s, &mut hist)?;
     }
     Ok(Run {
         prefill,
@@ -358,11 +426,12 @@ fn bench(a: &Args) -> Result<(), String> {
         t.elapsed()
     );
     println!(
-        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}",
+        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}, sampling: {}",
         a.prompt,
         a.steps,
         a.block_size,
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        describe(&a.sampling)
     );
     println!(
         "{:<6} {:>5} {:>14} {:>14} {:>14} {:>16}",
@@ -396,15 +465,7 @@ fn bench(a: &Args) -> Result<(), String> {
                 }
                 other => return Err(format!("unknown backend `{other}` (cpu, wgpu)")),
             };
-            let r = run(
-                be.as_mut(),
-                b,
-                a.prompt,
-                a.steps,
-                a.block_size,
-                c.vocab_size,
-                a.seed,
-            )?;
+            let r = run(be.as_mut(), b, a, c.vocab_size)?;
             let step = r.decode / a.steps as u32;
             println!(
                 "{:<6} {:>5} {:>14.1} {:>14.2} {:>12.1?} {:>16.2}",
