@@ -43,7 +43,11 @@ mod http_generate;
 pub mod metrics;
 mod server;
 pub mod shutdown;
-pub mod sync;
+
+/// The shared sync primitives (connection limiter, cancel flag, outbound
+/// queue), from their own crate so loom can model-check them without
+/// recompiling this shell's dependencies.
+pub use tokenwire_sync as sync;
 
 pub use config::{Backend, LogFormat, ModelSource, ServerConfig};
 pub use server::{serve, start, start_loading, RunningServer};

@@ -1,6 +1,11 @@
 //! Caps the number of open connections.
 
-use super::facade::{Arc, AtomicUsize, Ordering};
+// The handle is always `std`'s `Arc`: `self: &Arc<Self>` needs a receiver type
+// stable Rust accepts, and loom's `Arc` is not one. The counter, the only state
+// the threads race on, comes from the facade and is model-checked under loom.
+use std::sync::Arc;
+
+use super::facade::{AtomicUsize, Ordering};
 
 /// Counts open connections against a maximum. Acquire a [`ConnectionPermit`]
 /// per connection; dropping it frees the slot.

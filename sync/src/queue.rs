@@ -415,16 +415,35 @@ mod tests {
         assert!(matches!(q.poll_pop(&mut cx), Poll::Ready(None)));
     }
 
+    /// Wakes a parked thread.
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    /// Runs `fut` to completion on this thread, parking between polls (a
+    /// lost wakeup would hang here, not pass).
+    fn block_on<F: Future>(fut: F) -> F::Output {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            match fut.as_mut().poll(&mut cx) {
+                Poll::Ready(out) => return out,
+                Poll::Pending => std::thread::park(),
+            }
+        }
+    }
+
     #[test]
     fn async_consumer_on_another_thread_sees_every_frame_in_order() {
         let q = Arc::new(OutboundQueue::new(8));
         let consumer = {
             let q = q.clone();
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .build()
-                    .expect("runtime");
-                rt.block_on(async {
+                block_on(async {
                     let mut got = Vec::new();
                     while let Some(p) = q.pop().await {
                         got.push(p.item);

@@ -1,4 +1,4 @@
-//! The loom facade: the synchronisation types the primitives in [`crate::sync`]
+//! The loom facade: the synchronisation types the primitives of this crate
 //! are built from. Under `--cfg loom` they are loom's model-checked versions.
 
 #[cfg(loom)]
@@ -14,7 +14,7 @@ pub(crate) use std::sync::{
 };
 
 /// Locks `m`, recovering the data if another thread panicked while holding it:
-/// every critical section in this module leaves the state consistent.
+/// every critical section in this crate leaves the state consistent.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
