@@ -74,6 +74,14 @@ pub trait TextCodec: Send + Sync {
             .collect::<Vec<_>>()
             .join("\n"))
     }
+
+    /// The prompt ids for `messages`: [`TextCodec::render_chat`] encoded
+    /// with the BOS the tokenizer adds. A codec whose template writes the BOS
+    /// itself (`{{ bos_token }}`) overrides this so the prompt does not start
+    /// with two.
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, String> {
+        self.encode(&self.render_chat(messages)?, true)
+    }
 }
 
 /// A shareable handle to the model's [`TextCodec`].

@@ -55,6 +55,11 @@ impl ChatTemplate {
         })
     }
 
+    /// The BOS token's text as the template sees it (`bos_token`).
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
     /// Renders `messages` with `add_generation_prompt = true`.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
         let msgs: Vec<Message<'_>> = messages

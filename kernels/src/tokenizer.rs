@@ -91,4 +91,15 @@ impl TextCodec for HfCodec {
             None => Ok(join_contents(messages)),
         }
     }
+
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, String> {
+        let text = self.render_chat(messages)?;
+        // Templates such as Llama 3's begin with `{{ bos_token }}`; the
+        // tokenizer's post-processor would add a second one.
+        let template_wrote_bos = self
+            .template
+            .as_ref()
+            .is_some_and(|t| !t.bos_token().is_empty() && text.starts_with(t.bos_token()));
+        self.encode(&text, !template_wrote_bos)
+    }
 }

@@ -114,3 +114,53 @@ fn no_template_joins_contents_and_word_tokenizer_works() {
     );
     assert_eq!(codec.decode(&[3, 0, 4, 999]), "w3 w4");
 }
+
+/// stories260K's tokenizer (whose post-processor adds `<s>`) with a chat
+/// template written into a copy of its directory.
+fn stories_with_template(tag: &str, template: &str) -> Option<HfCodec> {
+    let src = stories_dir()?;
+    let dir = TempDir::new(tag);
+    dir.write(
+        "tokenizer.json",
+        std::fs::read(src.join("tokenizer.json")).expect("tokenizer.json"),
+    );
+    let cfg =
+        serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": template});
+    dir.write("tokenizer_config.json", cfg.to_string());
+    Some(HfCodec::load(dir.path()).expect("loads"))
+}
+
+#[test]
+fn a_template_that_writes_bos_gets_exactly_one() {
+    let Some(codec) = stories_with_template(
+        "bos_tmpl",
+        "{{ bos_token }}{% for m in messages %}{{ m.content }}\n{% endfor %}",
+    ) else {
+        return;
+    };
+    let ids = codec.encode_chat(&msgs()[..1]).expect("encodes");
+    assert_eq!(ids[0], 1, "starts with <s>: {ids:?}");
+    assert_eq!(
+        ids.iter().filter(|&&t| t == 1).count(),
+        1,
+        "one <s>: {ids:?}"
+    );
+    // What encode alone would have done: the tokenizer adds a second.
+    let doubled = codec
+        .encode(&codec.render_chat(&msgs()[..1]).expect("renders"), true)
+        .expect("encodes");
+    assert_eq!(&doubled[..2], &[1, 1], "{doubled:?}");
+}
+
+#[test]
+fn a_template_without_bos_gets_the_tokenizers() {
+    let Some(codec) = stories_with_template(
+        "nobos_tmpl",
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+    ) else {
+        return;
+    };
+    let ids = codec.encode_chat(&msgs()[..1]).expect("encodes");
+    assert_eq!(ids[0], 1, "the tokenizer's <s>: {ids:?}");
+    assert_eq!(ids.iter().filter(|&&t| t == 1).count(), 1, "{ids:?}");
+}
