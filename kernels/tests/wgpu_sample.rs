@@ -819,3 +819,95 @@ fn wgpu_sample_draws_follow_the_distribution() {
         );
     }
 }
+
+/// Rows with +inf logits (or logits that overflow to +inf once divided by a
+/// tiny temperature): the CPU sampler's weights are NaN, so it takes the
+/// last element of its order, which with top-p alone is the lowest value
+/// (ties to the highest id). Id 0 holds the lowest value in every row here,
+/// so the device must answer 0, not the runner-up.
+#[test]
+fn wgpu_sample_pos_inf_takes_the_last_of_the_order() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(31);
+    let mut tally = Tally::default();
+    for vocab in [4usize, 300, 5000] {
+        let rows = 6;
+        let mut logits = uniform_row(&mut rng, rows * vocab, 3.0);
+        let mut specs = Vec::new();
+        for r in 0..rows {
+            let row = &mut logits[r * vocab..(r + 1) * vocab];
+            row[0] = if r % 2 == 0 { -50.0 } else { f32::NEG_INFINITY };
+            let tiny_t = r >= 3;
+            if !tiny_t {
+                row[1 + r % (vocab - 1)] = f32::INFINITY;
+            } else {
+                row[1 + r % (vocab - 1)] = 10.0;
+            }
+            specs.push(LabSample {
+                params: SamplingParams {
+                    // 10 / 1e-38 overflows to +inf; the uniform logits do not.
+                    temperature: if tiny_t { 1e-38 } else { 0.8 },
+                    top_p: [0.9, 0.5, 1e-3][r % 3],
+                    top_k: 0,
+                    seed: 7 + r as u64,
+                    ..SamplingParams::default()
+                },
+                position: r as u32,
+                history: Vec::new(),
+                logprobs: Some(2),
+            });
+        }
+        let got = lab.sample(&logits, vocab, &specs, 4).expect("sample");
+        for (r, g) in got.iter().enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let (want, _) = sample(row, &specs[r].params, specs[r].position, &[], None);
+            assert_eq!(want, 0, "vocab {vocab} row {r}: the cpu takes id 0");
+            assert_eq!(g.0, want, "vocab {vocab} row {r}");
+        }
+        compare(
+            &mut lab,
+            &format!("+inf vocab {vocab}"),
+            &logits,
+            vocab,
+            &specs,
+            4,
+            &mut tally,
+        );
+    }
+    assert_eq!(tally.exact, tally.rows, "{tally:?}");
+}
+
+/// top_p so small that top_p * total mass is below the kernel's 2^-31 mass
+/// unit (the API accepts any top_p in (0, 1]): the CPU keeps the best token
+/// alone, so the device must pick it, never an empty prefix.
+#[test]
+fn wgpu_sample_tiny_top_p_keeps_the_best() {
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(37);
+    for vocab in [7usize, 1000] {
+        let rows = 6;
+        let logits = uniform_row(&mut rng, rows * vocab, 4.0);
+        let specs: Vec<LabSample> = (0..rows)
+            .map(|r| LabSample {
+                params: SamplingParams {
+                    temperature: [1.0, 0.7][r % 2],
+                    top_p: [1e-10, 1e-20, f32::MIN_POSITIVE][r % 3],
+                    top_k: [0, 5][r / 3],
+                    seed: rng.next_u64(),
+                    ..SamplingParams::default()
+                },
+                position: r as u32,
+                history: Vec::new(),
+                logprobs: None,
+            })
+            .collect();
+        let got = lab.sample(&logits, vocab, &specs, rows).expect("sample");
+        for (r, g) in got.iter().enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let best = (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            let (want, _) = sample(row, &specs[r].params, specs[r].position, &[], None);
+            assert_eq!(want as usize, best, "vocab {vocab} row {r}: cpu");
+            assert_eq!(g.0 as usize, best, "vocab {vocab} row {r}: device");
+        }
+    }
+}

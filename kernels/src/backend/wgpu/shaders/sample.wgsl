@@ -175,8 +175,9 @@ fn units(d: f32) -> u32 {
     return u32(exp(d) * 2147483648.0 + 0.5);
 }
 
-// floor(f / 2^32 * k): a 32-bit fraction of a mass, exactly (16-bit limbs).
-fn mul_frac(f: u32, k: vec2<u32>) -> vec2<u32> {
+// floor(f / 2^32 * k), or with `up` its ceiling: a 32-bit fraction of a
+// mass, exactly (16-bit limbs).
+fn mul_frac(f: u32, k: vec2<u32>, up: bool) -> vec2<u32> {
     let fl = array<u32, 2>(f & 0xffffu, f >> 16u);
     let kl = array<u32, 4>(k.y & 0xffffu, k.y >> 16u, k.x & 0xffffu, k.x >> 16u);
     var col = array<u32, 7>(0u, 0u, 0u, 0u, 0u, 0u, 0u);
@@ -194,7 +195,11 @@ fn mul_frac(f: u32, k: vec2<u32>) -> vec2<u32> {
         r[m] = v & 0xffffu;
         carry = v >> 16u;
     }
-    return vec2<u32>(r[4] | (r[5] << 16u), r[2] | (r[3] << 16u));
+    let q = vec2<u32>(r[4] | (r[5] << 16u), r[2] | (r[3] << 16u));
+    if (up && (r[0] | r[1]) != 0u) {
+        return add64(q, vec2<u32>(0u, 1u));
+    }
+    return q;
 }
 
 struct Sum {
@@ -266,7 +271,7 @@ fn reduce_best(b: vec2<u32>) -> vec2<u32> {
 // What best_of looks for.
 const B_ARGMAX: u32 = 0u; // the argmax of the penalised row (-0 == +0)
 const B_FIRST: u32 = 1u;  // the first of the scaled order
-const B_LAST: u32 = 2u;   // the last of the scaled order (complemented)
+const B_LAST: u32 = 2u;   // the last of the scaled order (key complemented, id n - 1 - id)
 const B_NEXT: u32 = 3u;   // the first of the penalised order after prefix (pk, pi)
 
 // Element j as a candidate: (key, id), or (0, NONE).
@@ -282,8 +287,9 @@ fn candidate(kind: u32, j: u32, pk: u32, pi: u32) -> vec2<u32> {
             return vec2<u32>(okey(scaled(j)), j);
         }
         case B_LAST: {
-            // Complemented, "before" picks the lowest key and the highest id.
-            return vec2<u32>(~okey(scaled(j)), ~j);
+            // Reversed, "before" picks the lowest key and the highest id.
+            // (n - 1 - j, not ~j: ~0 would be NONE and drop id 0.)
+            return vec2<u32>(~okey(scaled(j)), n - 1u - j);
         }
         default: {
             let k = okey(work(j));
@@ -454,7 +460,7 @@ fn draw(row: u32, flags: u32) -> u32 {
                 break;
             }
         } else {
-            last = ~b.y;
+            last = n - 1u - b.y;
         }
     }
     if (top.x == KEY_NEG_INF) {
@@ -500,15 +506,21 @@ fn draw(row: u32, flags: u32) -> u32 {
                 start = vec4<u32>(32u, kept.x, kept.y, kept.y);
             }
             case D_TOP_P: {
-                // The shortest prefix of the kept ones reaching top_p * kept.
+                // The shortest prefix of the kept ones reaching top_p * kept:
+                // mass >= ceil(top_p * kept), and at least one unit, since
+                // top_p > 0 (a goal of 0 would keep the empty prefix when
+                // top_p * kept rounds below one unit).
                 mode = MASS_GE;
-                goal = mul_frac(rows[row + R_TOP_P], kept_mass);
+                goal = mul_frac(rows[row + R_TOP_P], kept_mass, true);
+                if (goal.x == 0u && goal.y == 0u) {
+                    goal.y = 1u;
+                }
             }
             case D_DRAW: {
                 // The first kept element whose prefix exceeds u * kept.
                 // (The whole kept mass does: u < 1, and the first element
                 // alone weighs 2^31 units.)
-                goal = mul_frac(u, kept_mass);
+                goal = mul_frac(u, kept_mass, false);
             }
             case D_IDS_TOTAL: {
                 mode = IDS_GT;
@@ -516,7 +528,7 @@ fn draw(row: u32, flags: u32) -> u32 {
             }
             default: {
                 mode = IDS_GT;
-                goal = mul_frac(u, kept_mass);
+                goal = mul_frac(u, kept_mass, false);
                 start = vec4<u32>(32u, 0u, 0u, n - 1u);
             }
         }
