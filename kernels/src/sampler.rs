@@ -27,6 +27,14 @@ pub fn draw_uniform(seed: u64, position: u32) -> f64 {
     Rng::new(mix64(seed, position as u64)).next_f64()
 }
 
+/// Whether `temperature` means greedy: zero, negative, NaN, infinite, or
+/// subnormal. A subnormal temperature is the limit of "almost greedy", and
+/// dividing by it overflows every logit (on GPUs that flush denormals it
+/// would divide by zero), so every backend treats it as greedy.
+pub fn is_greedy(temperature: f32) -> bool {
+    !(temperature.is_normal() && temperature > 0.0)
+}
+
 /// Log-softmax of `logits` (NaN counts as -inf).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let lse = log_sum_exp(logits);
@@ -112,7 +120,7 @@ impl Sampler {
         self.work.extend(logits.iter().copied().map(clean));
         self.apply_repetition_penalty(params.repetition_penalty, history);
 
-        let greedy = !(params.temperature > 0.0 && params.temperature.is_finite());
+        let greedy = is_greedy(params.temperature);
         let token = if greedy {
             argmax(&self.work)
         } else {

@@ -33,6 +33,21 @@ fn params(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> SamplingParams
 }
 
 #[test]
+fn a_subnormal_temperature_is_greedy() {
+    // x / 1e-40 overflows every logit; the limit of a tiny temperature is
+    // the argmax, and every backend must agree on it.
+    for seed in 0..20 {
+        let l = random_logits(seed, 300, 4.0);
+        for t in [1e-40f32, f32::MIN_POSITIVE / 2.0] {
+            let (tok, _) = sample(&l, &params(t, 0, 0.9, seed), 5, &[], None);
+            assert_eq!(tok, argmax(&l), "temperature {t:e}");
+        }
+    }
+    assert!(tokenwire_kernels::sampler::is_greedy(1e-40));
+    assert!(!tokenwire_kernels::sampler::is_greedy(f32::MIN_POSITIVE));
+}
+
+#[test]
 fn temperature_zero_is_greedy_with_ties_to_lowest_id() {
     for seed in 0..20 {
         let l = random_logits(seed, 300, 4.0);

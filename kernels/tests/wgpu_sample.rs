@@ -845,8 +845,10 @@ fn wgpu_sample_pos_inf_takes_the_last_of_the_order() {
             }
             specs.push(LabSample {
                 params: SamplingParams {
-                    // 10 / 1e-38 overflows to +inf; the uniform logits do not.
-                    temperature: if tiny_t { 1e-38 } else { 0.8 },
+                    // 10 / 2e-38 overflows to +inf; the uniform logits do
+                    // not. (2e-38 is the smallest kind of temperature that
+                    // still draws: a subnormal one is greedy.)
+                    temperature: if tiny_t { 2e-38 } else { 0.8 },
                     top_p: [0.9, 0.5, 1e-3][r % 3],
                     top_k: 0,
                     seed: 7 + r as u64,

@@ -84,8 +84,7 @@ pub(crate) fn encode(
         let p = &sp.params;
         let mut flags = 0;
         // The CPU sampler's tests, one for one.
-        let t = p.temperature;
-        if !(t > 0.0 && t.is_finite()) {
+        if crate::sampler::is_greedy(p.temperature) {
             flags |= F_GREEDY;
         }
         let r = p.repetition_penalty;
@@ -124,7 +123,7 @@ pub(crate) fn encode(
             words[at + R_LP_OFF] = off;
         }
         words[at + R_FLAGS] = flags;
-        words[at + R_TEMP] = t.to_bits();
+        words[at + R_TEMP] = p.temperature.to_bits();
         words[at + R_TOP_K] = p.top_k;
         words[at + R_TOP_P] = frac32(p.top_p as f64);
         words[at + R_PENALTY] = r.to_bits();
