@@ -2,7 +2,8 @@
 //! on every path, frames that are either raw fuzz text or messages assembled
 //! from fuzzed fields (so the fuzzer reaches deep dialect states), pongs,
 //! closes, queue signals, time jumps, engine results and faults, KV capacity
-//! changes and shutdown. After every input the Host's own invariants must
+//! changes and shutdown, through the core's test harness (virtual time, a
+//! scripted engine). After every operation the Host's own invariants must
 //! hold, and it must never panic.
 
 #![no_main]
@@ -10,10 +11,9 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
-use tokenwire_core::testing::{tiny_model_info, ByteCodec, ScriptEngine};
+use tokenwire_core::testing::Harness;
 use tokenwire_core::{
-    ConnId, Dialect, Duration, EngineFault, EngineFaultKind, Host, HostConfig, Input, Instant,
-    Output, StepPlan, Transport,
+    ConnId, Dialect, Duration, EngineFault, EngineFaultKind, HostConfig, Input, Transport,
 };
 
 #[derive(Debug, Arbitrary)]
@@ -28,31 +28,92 @@ enum Field {
 
 #[derive(Debug, Arbitrary)]
 enum Op {
-    Open { conn: u8, path: u8 },
-    Raw { conn: u8, text: String },
-    Config { conn: u8, prompt: String, max_tokens: Option<u16>, temperature: Option<u8>, stop: Option<String>, options: u8 },
-    Control { conn: u8, action: u8, params: Vec<(u8, Field)> },
-    Feedback { conn: u8, rating: Field, text: Option<String> },
-    Typed { conn: u8, kind: u8, fields: Vec<(u8, Field)> },
-    Binary { conn: u8, len: u16 },
-    TooLarge { conn: u8 },
-    Pong { conn: u8 },
-    Closed { conn: u8 },
-    QueueFull { conn: u8 },
-    QueueDrained { conn: u8 },
-    Advance { millis: u32 },
+    Open {
+        conn: u8,
+        path: u8,
+    },
+    Raw {
+        conn: u8,
+        text: String,
+    },
+    Config {
+        conn: u8,
+        prompt: String,
+        max_tokens: Option<u16>,
+        temperature: Option<u8>,
+        stop: Option<String>,
+        options: u8,
+    },
+    Control {
+        conn: u8,
+        action: u8,
+        params: Vec<(u8, Field)>,
+    },
+    Feedback {
+        conn: u8,
+        rating: Field,
+        text: Option<String>,
+    },
+    Typed {
+        conn: u8,
+        kind: u8,
+        fields: Vec<(u8, Field)>,
+    },
+    Binary {
+        conn: u8,
+        len: u16,
+    },
+    TooLarge {
+        conn: u8,
+    },
+    Pong {
+        conn: u8,
+    },
+    Closed {
+        conn: u8,
+    },
+    QueueFull {
+        conn: u8,
+    },
+    QueueDrained {
+        conn: u8,
+    },
+    Advance {
+        millis: u32,
+    },
     Step,
-    Fault { kind: u8 },
-    Capacity { blocks: u8 },
+    Fault {
+        kind: u8,
+    },
+    Capacity {
+        blocks: u8,
+    },
     Shutdown,
 }
 
-const PATHS: [&str; 6] = ["/generate", "/ws/session", "/v1/responses", "/ws", "/", "/nope"];
+const PATHS: [&str; 6] = [
+    "/generate",
+    "/ws/session",
+    "/v1/responses",
+    "/ws",
+    "/",
+    "/nope",
+];
 const ACTIONS: [&str; 6] = ["stop", "pause", "resume", "regenerate", "modify", "bogus"];
 const KINDS: [&str; 4] = ["config", "control", "feedback", "other"];
 const NAMES: [&str; 12] = [
-    "prompt", "model", "parameters", "options", "action", "rating", "text", "position",
-    "max_tokens", "temperature", "top_p", "stop",
+    "prompt",
+    "model",
+    "parameters",
+    "options",
+    "action",
+    "rating",
+    "text",
+    "position",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
 ];
 
 fn field(f: &Field) -> Value {
@@ -79,56 +140,60 @@ fn object(kind: &str, fields: &[(u8, Field)]) -> Value {
     Value::Object(m)
 }
 
-struct Sim {
-    host: Host,
-    engine: ScriptEngine,
-    now: Instant,
-    pending: Option<StepPlan>,
+/// Feeds `input` to the harness's Host (which collects the outputs and
+/// refuses a second outstanding step), then checks the Host's invariants.
+fn feed(h: &mut Harness, input: Input) {
+    h.input(input);
+    checked(h);
 }
 
-impl Sim {
-    fn input(&mut self, input: Input) {
-        self.host.handle(self.now, input);
-        while let Some(out) = self.host.poll_output() {
-            if let Output::RunStep(plan) = out {
-                assert!(self.pending.is_none(), "a second step while one is outstanding");
-                self.pending = Some(plan);
-            }
-        }
-        if let Err(e) = self.host.check_invariants() {
-            panic!("host invariant broken: {e}");
-        }
+fn checked(h: &Harness) {
+    if let Err(e) = h.host.check_invariants() {
+        panic!("host invariant broken: {e}");
     }
+}
 
-    fn text(&mut self, conn: u8, text: String) {
-        self.input(Input::Text { conn: ConnId(conn as u64 % 4), text });
-    }
+fn send_text(h: &mut Harness, conn: u8, text: String) {
+    feed(
+        h,
+        Input::Text {
+            conn: ConnId(conn as u64 % 4),
+            text,
+        },
+    );
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let mut sim = Sim {
-        host: Host::with_model(HostConfig::default(), tiny_model_info(), ByteCodec::shared(), 7),
-        engine: ScriptEngine::new("the fox. "),
-        now: Instant::ZERO,
-        pending: None,
-    };
+    let mut h = Harness::new(HostConfig::default(), "the fox. ", 7);
+    // Pongs come only when the fuzzer sends them, so keepalive closes happen.
+    h.auto_pong = false;
     for op in ops.into_iter().take(256) {
         let c = |conn: u8| ConnId(conn as u64 % 4);
         match op {
             Op::Open { conn, path } => {
                 let path = PATHS[path as usize % PATHS.len()];
                 if let Some(dialect) = Dialect::from_path(path) {
-                    sim.input(Input::Open {
-                        conn: c(conn),
-                        dialect,
-                        transport: Transport::WebSocket,
-                        query: String::new(),
-                        peer: "fuzz".into(),
-                    });
+                    feed(
+                        &mut h,
+                        Input::Open {
+                            conn: c(conn),
+                            dialect,
+                            transport: Transport::WebSocket,
+                            query: String::new(),
+                            peer: "fuzz".into(),
+                        },
+                    );
                 }
             }
-            Op::Raw { conn, text } => sim.text(conn, text),
-            Op::Config { conn, prompt, max_tokens, temperature, stop, options } => {
+            Op::Raw { conn, text } => send_text(&mut h, conn, text),
+            Op::Config {
+                conn,
+                prompt,
+                max_tokens,
+                temperature,
+                stop,
+                options,
+            } => {
                 let mut params = serde_json::Map::new();
                 if let Some(m) = max_tokens {
                     params.insert("max_tokens".into(), json!(m));
@@ -145,57 +210,69 @@ fuzz_target!(|ops: Vec<Op>| {
                                 "include_timing": options & 4 != 0,
                                 "include_generated_text": options & 8 != 0,
                                 "echo_prompt": options & 16 != 0}});
-                sim.text(conn, v.to_string());
+                send_text(&mut h, conn, v.to_string());
             }
-            Op::Control { conn, action, params } => {
+            Op::Control {
+                conn,
+                action,
+                params,
+            } => {
                 let mut v = object("control", &[]);
                 v["action"] = json!(ACTIONS[action as usize % ACTIONS.len()]);
                 v["parameters"] = object("x", &params);
-                sim.text(conn, v.to_string());
+                send_text(&mut h, conn, v.to_string());
             }
             Op::Feedback { conn, rating, text } => {
                 let v = json!({"type": "feedback", "rating": field(&rating), "text": text});
-                sim.text(conn, v.to_string());
+                send_text(&mut h, conn, v.to_string());
             }
             Op::Typed { conn, kind, fields } => {
                 let v = object(KINDS[kind as usize % KINDS.len()], &fields);
-                sim.text(conn, v.to_string());
+                send_text(&mut h, conn, v.to_string());
             }
-            Op::Binary { conn, len } => sim.input(Input::Binary { conn: c(conn), len: len as usize }),
-            Op::TooLarge { conn } => sim.input(Input::FrameTooLarge { conn: c(conn) }),
-            Op::Pong { conn } => sim.input(Input::Pong { conn: c(conn) }),
-            Op::Closed { conn } => sim.input(Input::Closed { conn: c(conn) }),
-            Op::QueueFull { conn } => sim.input(Input::QueueFull { conn: c(conn) }),
-            Op::QueueDrained { conn } => sim.input(Input::QueueDrained { conn: c(conn) }),
+            Op::Binary { conn, len } => feed(
+                &mut h,
+                Input::Binary {
+                    conn: c(conn),
+                    len: len as usize,
+                },
+            ),
+            Op::TooLarge { conn } => feed(&mut h, Input::FrameTooLarge { conn: c(conn) }),
+            Op::Pong { conn } => feed(&mut h, Input::Pong { conn: c(conn) }),
+            Op::Closed { conn } => feed(&mut h, Input::Closed { conn: c(conn) }),
+            Op::QueueFull { conn } => feed(&mut h, Input::QueueFull { conn: c(conn) }),
+            Op::QueueDrained { conn } => feed(&mut h, Input::QueueDrained { conn: c(conn) }),
             Op::Advance { millis } => {
-                let target = sim.now + Duration::from_millis(millis as u64 % 700_000);
-                while let Some(t) = sim.host.poll_timeout() {
-                    if t > target {
-                        break;
-                    }
-                    sim.now = t.max(sim.now);
-                    sim.input(Input::Timeout);
-                }
-                sim.now = target;
+                h.advance(Duration::from_millis(millis as u64 % 700_000));
+                checked(&h);
             }
             Op::Step => {
-                if let Some(plan) = sim.pending.take() {
-                    let done = sim.engine.step(&plan);
-                    sim.input(Input::StepDone(done));
-                }
+                h.step();
+                checked(&h);
             }
             Op::Fault { kind } => {
-                if let Some(plan) = sim.pending.take() {
+                if let Some(plan) = h.pending_step.take() {
                     let kind = match kind % 3 {
                         0 => EngineFaultKind::OutOfMemory,
                         1 => EngineFaultKind::DeviceLost,
                         _ => EngineFaultKind::Internal("fuzz".into()),
                     };
-                    sim.input(Input::EngineFault(EngineFault { step_id: plan.step_id, kind }));
+                    feed(
+                        &mut h,
+                        Input::EngineFault(EngineFault {
+                            step_id: plan.step_id,
+                            kind,
+                        }),
+                    );
                 }
             }
-            Op::Capacity { blocks } => sim.input(Input::KvCapacity { num_blocks: blocks as u32 }),
-            Op::Shutdown => sim.input(Input::Shutdown),
+            Op::Capacity { blocks } => feed(
+                &mut h,
+                Input::KvCapacity {
+                    num_blocks: blocks as u32,
+                },
+            ),
+            Op::Shutdown => feed(&mut h, Input::Shutdown),
         }
     }
 });

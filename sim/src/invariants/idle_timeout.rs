@@ -19,13 +19,7 @@ impl Checker for IdleTimeout {
     }
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
-        let Output::Close { conn, reason, .. } = out else {
-            return Ok(());
-        };
-        if reason != REASON {
-            return Ok(());
-        }
-        let Some(c) = cx.view.conns.get(conn) else {
+        let Some((conn, c)) = cx.closed_with(out, REASON) else {
             return Ok(());
         };
         if let Some(r) = &c.current {

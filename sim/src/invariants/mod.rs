@@ -152,6 +152,24 @@ pub struct Cx<'a> {
     pub slack: Duration,
 }
 
+impl<'a> Cx<'a> {
+    /// When `out` closes a known connection with `reason`: that connection
+    /// and its view as it was before the close. The deadline checkers judge
+    /// only their own closes.
+    pub fn closed_with(&self, out: &Output, reason: &str) -> Option<(ConnId, &'a view::ConnView)> {
+        let Output::Close {
+            conn, reason: r, ..
+        } = out
+        else {
+            return None;
+        };
+        if r != reason {
+            return None;
+        }
+        self.view.conns.get(conn).map(|c| (*conn, c))
+    }
+}
+
 /// The Host's state after an event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndState {

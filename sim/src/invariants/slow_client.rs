@@ -20,13 +20,7 @@ impl Checker for SlowClient {
     }
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
-        let Output::Close { conn, reason, .. } = out else {
-            return Ok(());
-        };
-        if reason != REASON {
-            return Ok(());
-        }
-        let Some(c) = cx.view.conns.get(conn) else {
+        let Some((conn, c)) = cx.closed_with(out, REASON) else {
             return Ok(());
         };
         match c.blocked_since {

@@ -33,12 +33,12 @@ pub struct WireFormat {
     ids: BTreeSet<String>,
 }
 
-fn check(f: &Frame, ids: &mut BTreeSet<String>) -> Result<(), String> {
+fn check(f: &Frame, text: &str, ids: &mut BTreeSet<String>) -> Result<(), String> {
     let v = &f.v;
     if !v.is_object() {
         return Err("not a JSON object".into());
     }
-    if let Err(e) = codec::decode_server(&v.to_string()) {
+    if let Err(e) = codec::decode_server(text) {
         return Err(format!("the generate codec rejects it: {e}"));
     }
     match f.kind() {
@@ -115,7 +115,8 @@ impl Checker for WireFormat {
         let (Output::Send { conn, text }, Some(f)) = (out, frame) else {
             return Ok(());
         };
-        check(f, &mut self.ids).map_err(|e| format!("{e} in frame to {conn:?}: {}", clip(text)))
+        check(f, text, &mut self.ids)
+            .map_err(|e| format!("{e} in frame to {conn:?}: {}", clip(text)))
     }
 }
 

@@ -32,6 +32,17 @@ pub enum ClientMessage {
     Feedback(Feedback),
 }
 
+impl ClientMessage {
+    /// The message's `type` on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientMessage::Config(_) => "config",
+            ClientMessage::Control(_) => "control",
+            ClientMessage::Feedback(_) => "feedback",
+        }
+    }
+}
+
 /// The `config` message.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Config {
@@ -256,9 +267,9 @@ fn decode_feedback(f: &Fields<'_>) -> Result<Feedback, DecodeError> {
 /// Encodes a client message (what a client sends).
 pub fn encode_client(msg: &ClientMessage) -> String {
     let mut v = Map::new();
+    v.insert("type".into(), msg.kind().into());
     match msg {
         ClientMessage::Config(c) => {
-            v.insert("type".into(), "config".into());
             v.insert("prompt".into(), c.prompt.clone().into());
             if let Some(m) = &c.model {
                 v.insert("model".into(), m.clone().into());
@@ -284,14 +295,12 @@ pub fn encode_client(msg: &ClientMessage) -> String {
             }
         }
         ClientMessage::Control(c) => {
-            v.insert("type".into(), "control".into());
             v.insert("action".into(), c.action.as_str().into());
             if let Some(p) = &c.parameters {
                 v.insert("parameters".into(), Value::Object(p.clone()));
             }
         }
         ClientMessage::Feedback(fb) => {
-            v.insert("type".into(), "feedback".into());
             v.insert("rating".into(), fb.rating.into());
             if let Some(t) = &fb.text {
                 v.insert("text".into(), t.clone().into());

@@ -486,16 +486,13 @@ impl DialectConn for GenerateConn {
         };
         match msg {
             ClientMessage::Config(c) => self.on_config(cx, c),
-            _ if first => {
-                let kind = match msg {
-                    ClientMessage::Control(_) => "control",
-                    _ => "feedback",
-                };
-                self.reject_first(
-                    cx,
-                    &format!("the first message must be a config message, got `{kind}`"),
-                )
-            }
+            _ if first => self.reject_first(
+                cx,
+                &format!(
+                    "the first message must be a config message, got `{}`",
+                    msg.kind()
+                ),
+            ),
             ClientMessage::Control(c) => self.on_control(cx, c),
             ClientMessage::Feedback(f) => self.on_feedback(cx, f),
         }
