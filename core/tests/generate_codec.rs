@@ -413,3 +413,36 @@ fn a_server_float_beyond_f32_is_an_error_not_infinity() {
     let e = codec::decode_server(text).expect_err("-1e40 is no f32");
     assert!(e.message.contains("`logprobs.logprob`"), "{}", e.message);
 }
+
+/// The metrics label of an error (`ErrorCode::as_str`) is written by hand
+/// beside serde's spelling on the wire; they must never drift apart.
+#[test]
+fn error_code_labels_are_the_wire_spelling() {
+    for (i, code) in ErrorCode::ALL.into_iter().enumerate() {
+        // Adding a variant breaks this match until it is placed in `ALL`.
+        let declared = match code {
+            ErrorCode::InvalidRequest => 0,
+            ErrorCode::ContextLengthExceeded => 1,
+            ErrorCode::MemoryPressure => 2,
+            ErrorCode::InternalError => 3,
+            ErrorCode::ModelLoadingError => 4,
+            ErrorCode::ContentFilter => 5,
+            ErrorCode::Timeout => 6,
+            ErrorCode::RateLimited => 7,
+        };
+        assert_eq!(declared, i, "ErrorCode::ALL is in declaration order");
+        let wire = serde_json::to_value(code).expect("serialises");
+        assert_eq!(wire, json!(code.as_str()), "{code:?}");
+        let back: ErrorCode = serde_json::from_value(json!(code.as_str())).expect("decodes");
+        assert_eq!(back, code);
+    }
+    for reason in [
+        tokenwire_core::gen::FinishReason::Length,
+        tokenwire_core::gen::FinishReason::Stop,
+        tokenwire_core::gen::FinishReason::Cancelled,
+        tokenwire_core::gen::FinishReason::Timeout,
+    ] {
+        let wire = serde_json::to_value(FinishReason::from(reason)).expect("serialises");
+        assert_eq!(wire, json!(reason.as_str()), "{reason:?}");
+    }
+}

@@ -706,3 +706,27 @@ fn a_generation_started_on_a_full_queue_is_held_until_it_drains() {
         h.of_type(c, "init")[2]["request_id"]
     );
 }
+
+#[test]
+fn shutdown_of_an_idle_host_completes_at_once_and_only_once() {
+    let mut h = harness();
+    let idle = h.open(1, Dialect::Generate);
+    let complete = |h: &Harness| {
+        h.others
+            .iter()
+            .filter(|o| matches!(o, Output::ShutdownComplete))
+            .count()
+    };
+    h.input(Input::Shutdown);
+    assert_eq!(complete(&h), 1, "nothing in flight: no need for the grace");
+    assert_eq!(h.closes.get(&idle).map(|c| c.0), Some(1001));
+    // Later inputs, the grace deadline passing and a late connection do not
+    // complete it again.
+    h.input(Input::Closed { conn: idle });
+    h.input(Input::Shutdown);
+    h.advance(Duration::from_secs(30));
+    h.input(Input::Timeout);
+    let late = h.open(2, Dialect::Generate);
+    assert_eq!(h.closes.get(&late).map(|c| c.0), Some(1001));
+    assert_eq!(complete(&h), 1);
+}

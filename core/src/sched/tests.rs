@@ -509,6 +509,31 @@ fn paused_seqs_keep_blocks_and_are_evicted_first() {
 }
 
 #[test]
+fn a_new_seq_evicts_a_paused_one_when_free_plus_its_blocks_suffice() {
+    // 8 blocks: paused seq 1 holds 3, running seq 2 holds 4, 1 is free. Seq 3
+    // needs 4: only free + reclaimable (1 + 3) makes room, so the paused one
+    // must give way rather than keep the newcomer waiting.
+    let mut h = Harness::new(cfg(8, 128, 8));
+    h.add(1, 40, 5).expect("fits");
+    h.add(2, 60, 2).expect("fits");
+    assert!(h.step());
+    assert_eq!(h.sched.block_table(SeqId(1)).map(<[_]>::len), Some(3));
+    assert_eq!(h.sched.block_table(SeqId(2)).map(<[_]>::len), Some(4));
+    h.sched.set_runnable(SeqId(1), false);
+    h.add(3, 60, 2).expect("fits");
+    let p = h.plan().expect("plan");
+    let ids: Vec<u64> = p.seqs.iter().map(|s| s.seq.0).collect();
+    assert_eq!(ids, vec![2, 3], "seq 3 admitted next to running seq 2");
+    assert!(h.sched.is_waiting(SeqId(1)), "the paused seq was evicted");
+    assert_eq!(h.sched.block_table(SeqId(1)), Some(&[][..]));
+    h.complete(&p);
+    h.sched.set_runnable(SeqId(1), true);
+    h.run_to_completion(200);
+    assert_eq!(h.finished[&SeqId(1)], Harness::expected_final(1, 40, 5));
+    assert_eq!(h.finished[&SeqId(3)], Harness::expected_final(3, 60, 2));
+}
+
+#[test]
 fn refuses_what_never_fits_and_duplicates() {
     let mut s = Scheduler::new(cfg(4, 64, 8));
     let g = SamplingParams::greedy();

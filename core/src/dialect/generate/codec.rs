@@ -482,7 +482,19 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// The wire spelling (also the metrics label).
+    /// Every error type, in declaration order.
+    pub const ALL: [ErrorCode; 8] = [
+        ErrorCode::InvalidRequest,
+        ErrorCode::ContextLengthExceeded,
+        ErrorCode::MemoryPressure,
+        ErrorCode::InternalError,
+        ErrorCode::ModelLoadingError,
+        ErrorCode::ContentFilter,
+        ErrorCode::Timeout,
+        ErrorCode::RateLimited,
+    ];
+
+    /// The wire spelling (also the metrics label; a test ties the two).
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::InvalidRequest => "invalid_request",
