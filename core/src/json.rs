@@ -7,10 +7,105 @@ use serde_json::{Map, Value};
 pub const MAX_DEPTH: usize = 64;
 
 /// Parses `text` as JSON, rejecting nesting deeper than [`MAX_DEPTH`] as invalid.
-/// The error is a message for the client.
+/// The error is a message for the client; a number too large for a double
+/// (`1e400`) is named by its field.
 pub fn parse(text: &str) -> Result<Value, String> {
     check_depth(text)?;
-    serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
+    serde_json::from_str(text).map_err(|e| describe_error(text, &e))
+}
+
+/// The client's message for a parse error of `text`.
+fn describe_error(text: &str, e: &serde_json::Error) -> String {
+    if e.to_string().starts_with("number out of range") {
+        if let Some(offset) = byte_offset(text, e.line(), e.column()) {
+            let path = path_at(text, offset);
+            if !path.is_empty() {
+                return format!(
+                    "invalid JSON: the number at `{path}` is out of range (line {}, column {})",
+                    e.line(),
+                    e.column()
+                );
+            }
+        }
+    }
+    format!("invalid JSON: {e}")
+}
+
+/// The byte offset of serde_json's 1-based (line, byte column) position.
+fn byte_offset(text: &str, line: usize, column: usize) -> Option<usize> {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        text.match_indices('\n').nth(line - 2).map(|(i, _)| i + 1)?
+    };
+    let offset = line_start + column.checked_sub(1)?;
+    (offset < text.len()).then_some(offset)
+}
+
+/// One open container while scanning for a path.
+enum Open {
+    Object { key: Option<String>, want_key: bool },
+    Array { index: usize },
+}
+
+/// The field path (`parameters.stop[2]`) of the value at byte `offset` of
+/// `text`, as far as the text up to there shows it; empty at the top level.
+pub fn path_at(text: &str, offset: usize) -> String {
+    let bytes = text.as_bytes();
+    let mut stack: Vec<Open> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() && i < offset {
+        match bytes[i] {
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                if let Some(Open::Object {
+                    key,
+                    want_key: want_key @ true,
+                }) = stack.last_mut()
+                {
+                    let raw = text.get(start..=i.min(bytes.len() - 1)).unwrap_or("");
+                    *key = Some(serde_json::from_str::<String>(raw).unwrap_or_default());
+                    *want_key = false;
+                }
+            }
+            b'{' => stack.push(Open::Object {
+                key: None,
+                want_key: true,
+            }),
+            b'[' => stack.push(Open::Array { index: 0 }),
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b',' => match stack.last_mut() {
+                Some(Open::Object { key, want_key }) => {
+                    *key = None;
+                    *want_key = true;
+                }
+                Some(Open::Array { index }) => *index += 1,
+                None => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut path = String::new();
+    for open in &stack {
+        match open {
+            Open::Object { key: Some(k), .. } => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+            }
+            Open::Object { key: None, .. } => {}
+            Open::Array { index } => path.push_str(&format!("[{index}]")),
+        }
+    }
+    path
 }
 
 /// Scans for nesting depth before parsing so a hostile frame cannot make the
@@ -44,6 +139,18 @@ fn check_depth(text: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A stored `f32` as a JSON number written as the shortest decimal that reads
+/// back to it (`0.7`, not `0.699999988079071`); not finite: `null`.
+pub fn f32_number(x: f32) -> Value {
+    // `Display` for f32 is the shortest round-trip decimal; as an f64 that
+    // decimal prints the same way.
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
 }
 
 /// A client field that is missing or of the wrong type or value.
@@ -200,6 +307,28 @@ mod tests {
         assert!(parse(&s).is_ok());
         let esc = r#"{"a":"\"[[[[","b":1}"#;
         assert!(parse(esc).is_ok());
+    }
+
+    #[test]
+    fn a_number_out_of_range_is_named_by_its_field() {
+        let e = parse(r#"{"type":"config","parameters":{"temperature":1e400}}"#).unwrap_err();
+        assert!(e.contains("`parameters.temperature`"), "{e}");
+        assert!(e.contains("out of range"), "{e}");
+        let e = parse("{\"é\":\"ü\",\n \"stop\": [1, 2, -1e999]}").unwrap_err();
+        assert!(e.contains("`stop[2]`"), "{e}");
+        let e = parse(r#"{"a\"b":{"c":[{"d":1e999}]}}"#).unwrap_err();
+        assert!(e.contains("`a\"b.c[0].d`"), "{e}");
+        let e = parse("1e400").unwrap_err();
+        assert!(e.contains("number out of range"), "{e}");
+    }
+
+    #[test]
+    fn paths_follow_keys_and_indexes() {
+        let t = r#"{"a":{"b":[10,{"c":5}]},"d":7}"#;
+        assert_eq!(path_at(t, t.find('5').unwrap_or(0)), "a.b[1].c");
+        assert_eq!(path_at(t, t.find("10").unwrap_or(0)), "a.b[0]");
+        assert_eq!(path_at(t, t.find('7').unwrap_or(0)), "d");
+        assert_eq!(path_at(t, 0), "");
     }
 
     #[test]

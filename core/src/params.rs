@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::engine::SamplingParams;
-use crate::json::{FieldError, Fields};
+use crate::json::{f32_number, FieldError, Fields};
 
 /// Most stop strings per request.
 pub const MAX_STOP_STRINGS: usize = 8;
@@ -59,14 +59,15 @@ impl GenParams {
         }
     }
 
-    /// The effective values as JSON (for `modified` acknowledgements).
+    /// The effective values as JSON (for `modified` acknowledgements); floats
+    /// are the shortest decimals that read back to the stored `f32`s.
     pub fn to_json(&self) -> Value {
         json!({
             "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
+            "temperature": f32_number(self.temperature),
+            "top_p": f32_number(self.top_p),
             "top_k": self.top_k,
-            "repetition_penalty": self.repetition_penalty,
+            "repetition_penalty": f32_number(self.repetition_penalty),
             "stop": self.stop,
             "seed": self.seed,
             "top_logprobs": self.top_logprobs,
@@ -131,35 +132,46 @@ pub fn apply(
         }
         p.max_tokens = v as u32;
     }
+    // Floats are checked as they will be stored (f32), so a value that passes
+    // in f64 but rounds to zero, a subnormal or infinity is refused.
     if let Some(v) = f.f64(names.temperature)? {
-        if !(0.0..=2.0).contains(&v) {
+        let t = v as f32;
+        if !(0.0..=2.0).contains(&t) {
             return Err(FieldError::new(
                 name(names.temperature),
                 format!("must be between 0 and 2, got {v}"),
             ));
         }
-        p.temperature = v as f32;
+        p.temperature = t;
     }
     if let Some(v) = f.f64(names.top_p)? {
+        let t = v as f32;
         if !(v > 0.0 && v <= 1.0) {
             return Err(FieldError::new(
                 name(names.top_p),
                 format!("must be greater than 0 and at most 1, got {v}"),
             ));
         }
-        p.top_p = v as f32;
+        if !t.is_normal() {
+            return Err(too_small(&name(names.top_p), v));
+        }
+        p.top_p = t;
     }
     if let Some(v) = f.u64(names.top_k)? {
         p.top_k = u32::try_from(v).unwrap_or(u32::MAX);
     }
     if let Some(v) = f.f64(names.repetition_penalty)? {
-        if !(v > 0.0 && v.is_finite()) {
+        let t = v as f32;
+        if !(v > 0.0 && t.is_finite()) {
             return Err(FieldError::new(
                 name(names.repetition_penalty),
-                format!("must be greater than 0, got {v}"),
+                format!("must be greater than 0 and at most {}, got {v}", f32::MAX),
             ));
         }
-        p.repetition_penalty = v as f32;
+        if !t.is_normal() {
+            return Err(too_small(&name(names.repetition_penalty), v));
+        }
+        p.repetition_penalty = t;
     }
     if let Some(v) = f.raw(names.stop) {
         p.stop = parse_stop(v, &name(names.stop))?;
@@ -177,6 +189,17 @@ pub fn apply(
         p.top_logprobs = v as u8;
     }
     Ok(p)
+}
+
+/// The error for a positive value too close to 0 to keep as a 32-bit float.
+fn too_small(field: &str, v: f64) -> FieldError {
+    FieldError::new(
+        field,
+        format!(
+            "must be at least {} (the smallest normal 32-bit float), got {v}",
+            f32::MIN_POSITIVE
+        ),
+    )
 }
 
 /// A stop value: one string or an array of up to 8 non-empty strings of at most 256 bytes.
@@ -248,6 +271,48 @@ mod tests {
         assert_eq!(p.stop, vec!["END".to_string()]);
         assert_eq!(p.max_tokens, 10);
         assert_eq!(p.top_p, 1.0);
+    }
+
+    #[test]
+    fn floats_are_checked_as_stored_and_echoed_as_sent() {
+        let base = GenParams::defaults(256);
+        let names = &ParamNames::STANDARD;
+        for (v, field) in [
+            (json!({"repetition_penalty": 1e-40}), "repetition_penalty"),
+            (json!({"repetition_penalty": 1e39}), "repetition_penalty"),
+            (json!({"top_p": 1e-50}), "top_p"),
+            (json!({"top_p": 1e-40}), "top_p"),
+        ] {
+            let err = apply(&obj(v.clone()), "", names, &base, 512).expect_err("refused");
+            assert_eq!(err.field, field, "{v}");
+        }
+        let p = apply(
+            &obj(json!({"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1})),
+            "",
+            names,
+            &base,
+            512,
+        )
+        .expect("valid");
+        let echoed = p.to_json().to_string();
+        assert!(echoed.contains(r#""temperature":0.7,"#), "{echoed}");
+        assert!(echoed.contains(r#""top_p":0.9,"#), "{echoed}");
+        assert!(echoed.contains(r#""repetition_penalty":1.1,"#), "{echoed}");
+        // The smallest values that are kept still read back to what is held.
+        let p = apply(
+            &obj(json!({"top_p": 1.2e-38, "temperature": 1e-40})),
+            "",
+            names,
+            &base,
+            512,
+        )
+        .expect("valid");
+        let v = p.to_json();
+        assert_eq!(v["top_p"].as_f64().map(|x| x as f32), Some(p.top_p));
+        assert_eq!(
+            v["temperature"].as_f64().map(|x| x as f32),
+            Some(p.temperature)
+        );
     }
 
     #[test]

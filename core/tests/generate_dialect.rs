@@ -260,8 +260,10 @@ fn modify_changes_parameters_and_acks_the_effective_values() {
     h.send(c, json!({"type": "control", "action": "modify", "parameters": {"temperature": 0.9, "top_p": 0.95}}));
     let ack = last(&h, c);
     assert_eq!(ack["operation"], "modified");
-    assert!((ack["parameters"]["temperature"].as_f64().unwrap_or(0.0) - 0.9).abs() < 1e-6);
-    assert!((ack["parameters"]["top_p"].as_f64().unwrap_or(0.0) - 0.95).abs() < 1e-6);
+    // Echoed exactly as sent: the shortest decimal of the stored f32.
+    assert_eq!(ack["parameters"]["temperature"], json!(0.9));
+    assert_eq!(ack["parameters"]["top_p"], json!(0.95));
+    assert_eq!(ack["parameters"]["repetition_penalty"], json!(1.0));
     assert_eq!(ack["parameters"]["max_tokens"], 30);
     // The step planned after the modify carries the new sampling parameters.
     h.step();
@@ -287,6 +289,16 @@ fn modify_changes_parameters_and_acks_the_effective_values() {
         json!({"type": "control", "action": "modify", "parameters": {"max_tokens": 8}}),
     );
     assert_eq!(last(&h, c)["operation"], "modified");
+    // A value that passes in f64 but not as the f32 it is kept as is refused.
+    h.send(
+        c,
+        json!({"type": "control", "action": "modify", "parameters": {"repetition_penalty": 1e-40}}),
+    );
+    assert_eq!(last(&h, c)["error"], "invalid_request");
+    assert!(last(&h, c)["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("parameters.repetition_penalty"));
     h.run(50);
     assert_eq!(last(&h, c)["usage"]["completion_tokens"], 8);
 }
