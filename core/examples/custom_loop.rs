@@ -64,6 +64,9 @@ fn main() {
                 Output::Close { conn, code, reason } => println!("close {conn:?} {code} {reason}"),
                 // One step at a time: run it (on any thread you like) and report back.
                 Output::RunStep(plan) => inbox.push_back(Input::StepDone(engine.step(&plan))),
+                // Tokenizing may be slow for long prompts: a real loop runs it
+                // on a worker thread so other connections keep streaming.
+                Output::Tokenize(job) => inbox.push_back(Input::Tokenized(job.run())),
                 Output::Ping { conn } => inbox.push_back(Input::Pong { conn }),
                 Output::Event(_) | Output::Feedback(_) | Output::ShutdownComplete => {}
             }

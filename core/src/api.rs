@@ -1,7 +1,7 @@
 //! The Host's inputs and outputs: everything that crosses the sans-IO boundary.
 
 use crate::engine::{EngineFault, ModelInfo, StepDone, StepPlan};
-use crate::text::SharedCodec;
+use crate::text::{SharedCodec, TextDone, TextJob};
 use crate::time::Duration;
 
 /// Identifies one client connection; chosen by the caller, unique while open.
@@ -140,6 +140,8 @@ pub enum Input {
     },
     /// The time returned by [`crate::Host::poll_timeout`] has come.
     Timeout,
+    /// A [`TextJob`] handed out as [`Output::Tokenize`] is done.
+    Tokenized(TextDone),
     /// The engine finished the outstanding step.
     StepDone(StepDone),
     /// The engine failed the outstanding step.
@@ -198,6 +200,11 @@ pub enum Output {
     },
     /// Run this step on the engine; answer with [`Input::StepDone`] or [`Input::EngineFault`].
     RunStep(StepPlan),
+    /// Tokenize (render a chat template, count tokens) off the thread that
+    /// drives the Host: run `job` anywhere ([`TextJob::run`]) and answer with
+    /// [`Input::Tokenized`]. Any number may be outstanding; the frames of the
+    /// connection that asked wait, in order, until its answer comes.
+    Tokenize(TextJob),
     /// A client's feedback, for the operator's feedback log (the only client text
     /// the core ever hands out for writing, and only the shell decides to write it).
     Feedback(FeedbackRecord),

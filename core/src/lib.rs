@@ -53,5 +53,7 @@ pub use engine::{
     StepDone, StepPlan, TokenId, TokenLogprobs,
 };
 pub use host::Host;
-pub use text::{ChatMessage, Role, SharedCodec, TextCodec};
+pub use text::{
+    ChatMessage, Encoded, Role, SharedCodec, TextCodec, TextDone, TextJob, TextJobId, TextWork,
+};
 pub use time::{Duration, Instant};

@@ -37,6 +37,10 @@ impl TextCodec for ByteCodec {
         Ok(ids)
     }
 
+    fn max_token_bytes(&self) -> Option<usize> {
+        Some(1)
+    }
+
     fn decode(&self, ids: &[TokenId]) -> String {
         let bytes: Vec<u8> = ids
             .iter()
@@ -155,6 +159,13 @@ pub struct Harness {
     pub steps_run: u64,
     /// Answer every ping with a pong at once (a live client). Off to test keepalive.
     pub auto_pong: bool,
+    /// Run every text job at once and hand its result back. Off to hold them
+    /// in `text_jobs` and answer with [`Harness::finish_text_jobs`].
+    pub auto_text: bool,
+    /// Text jobs handed out and not yet answered (when `auto_text` is off).
+    pub text_jobs: Vec<crate::TextJob>,
+    /// Text jobs handed out so far.
+    pub text_jobs_run: u64,
 }
 
 impl Harness {
@@ -176,6 +187,9 @@ impl Harness {
             step_time: crate::Duration::from_millis(10),
             steps_run: 0,
             auto_pong: true,
+            auto_text: true,
+            text_jobs: Vec::new(),
+            text_jobs_run: 0,
         }
     }
 
@@ -187,8 +201,17 @@ impl Harness {
 
     fn drain(&mut self) {
         let mut pongs = Vec::new();
+        let mut texts = Vec::new();
         while let Some(out) = self.host.poll_output() {
             match out {
+                crate::Output::Tokenize(job) => {
+                    self.text_jobs_run += 1;
+                    if self.auto_text {
+                        texts.push(job.run());
+                    } else {
+                        self.text_jobs.push(job);
+                    }
+                }
                 crate::Output::Ping { conn } if self.auto_pong => {
                     pongs.push(conn);
                     self.others.push(crate::Output::Ping { conn });
@@ -209,6 +232,17 @@ impl Harness {
         }
         for conn in pongs {
             self.input(crate::Input::Pong { conn });
+        }
+        for done in texts {
+            self.input(crate::Input::Tokenized(done));
+        }
+    }
+
+    /// Answers the held text jobs, in the order they were handed out.
+    pub fn finish_text_jobs(&mut self) {
+        for job in std::mem::take(&mut self.text_jobs) {
+            let done = job.run();
+            self.input(crate::Input::Tokenized(done));
         }
     }
 

@@ -82,6 +82,105 @@ pub trait TextCodec: Send + Sync {
     fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, String> {
         self.encode(&self.render_chat(messages)?, true)
     }
+
+    /// An upper bound on the bytes of input text one token can stand for, when
+    /// the tokenizer has one (no normalizer or pre-tokenizer that drops text,
+    /// no unknown token that swallows a run of characters). A prompt of `b`
+    /// bytes is then at least `b / max_token_bytes` tokens, which lets the Host
+    /// refuse a prompt that can never fit the context before tokenizing it.
+    /// `None` (the default) means no such bound is known.
+    fn max_token_bytes(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The fewest tokens a text of `bytes` bytes can encode to under `codec`
+/// (0 when the codec knows no bound).
+pub fn min_tokens_for_bytes(codec: &dyn TextCodec, bytes: usize) -> usize {
+    match codec.max_token_bytes() {
+        Some(per_token) if per_token > 0 => bytes.div_ceil(per_token),
+        _ => 0,
+    }
+}
+
+/// Identifies one [`TextJob`] of a Host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TextJobId(pub u64);
+
+/// What a [`TextJob`] computes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TextWork {
+    /// Tokenize a raw prompt exactly as given, with the BOS the tokenizer adds.
+    Encode {
+        /// The prompt.
+        text: String,
+    },
+}
+
+/// The result of a [`TextJob`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    /// The prompt's token ids.
+    pub ids: Vec<TokenId>,
+}
+
+/// Tokenizing (and chat-template rendering) handed out by the Host as
+/// [`crate::Output::Tokenize`], so that a long prompt costs the thread that
+/// runs the job, never the one that drives the Host. Run it anywhere with
+/// [`TextJob::run`] and hand the result back as [`crate::Input::Tokenized`].
+#[derive(Clone)]
+pub struct TextJob {
+    /// The job's id, echoed in its [`TextDone`].
+    pub id: TextJobId,
+    /// The connection whose request it is.
+    pub conn: crate::api::ConnId,
+    /// The model's tokenizer and chat template.
+    pub codec: SharedCodec,
+    /// What to compute.
+    pub work: TextWork,
+}
+
+impl std::fmt::Debug for TextJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the text: jobs carry conversation content.
+        let (kind, bytes) = match &self.work {
+            TextWork::Encode { text } => ("encode", text.len()),
+        };
+        f.debug_struct("TextJob")
+            .field("id", &self.id)
+            .field("conn", &self.conn)
+            .field("work", &kind)
+            .field("bytes", &bytes)
+            .finish()
+    }
+}
+
+impl PartialEq for TextJob {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id && self.conn == other.conn && self.work == other.work
+    }
+}
+
+impl TextJob {
+    /// Computes the job (pure: the same job always gives the same result).
+    pub fn run(&self) -> TextDone {
+        let result = match &self.work {
+            TextWork::Encode { text } => self.codec.encode(text, true).map(|ids| Encoded { ids }),
+        };
+        TextDone {
+            id: self.id,
+            result,
+        }
+    }
+}
+
+/// A finished [`TextJob`]: the token ids, or the tokenizer's error message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextDone {
+    /// The job's id.
+    pub id: TextJobId,
+    /// Its result.
+    pub result: Result<Encoded, String>,
 }
 
 /// A shareable handle to the model's [`TextCodec`].

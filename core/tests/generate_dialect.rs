@@ -626,6 +626,19 @@ fn clients_connecting_while_the_model_loads_get_status_then_their_init() {
         },
     );
     let mut frames = Vec::new();
+    let mut jobs = Vec::new();
+    while let Some(o) = host.poll_output() {
+        match o {
+            Output::Send { text, .. } => {
+                frames.push(serde_json::from_str::<Value>(&text).unwrap_or_default())
+            }
+            Output::Tokenize(job) => jobs.push(job),
+            _ => {}
+        }
+    }
+    // The held config's prompt is tokenized once the model is there.
+    assert_eq!(jobs.len(), 1);
+    host.handle(now, Input::Tokenized(jobs[0].run()));
     while let Some(o) = host.poll_output() {
         if let Output::Send { text, .. } = o {
             frames.push(serde_json::from_str::<Value>(&text).unwrap_or_default());
@@ -741,4 +754,113 @@ fn shutdown_of_an_idle_host_completes_at_once_and_only_once() {
     let late = h.open(2, Dialect::Generate);
     assert_eq!(h.closes.get(&late).map(|c| c.0), Some(1001));
     assert_eq!(complete(&h), 1);
+}
+
+#[test]
+fn prompts_are_tokenized_off_the_host_and_later_frames_wait_their_turn() {
+    let mut h = harness();
+    h.auto_text = false;
+    let busy = h.open(1, Dialect::Generate);
+    h.send(busy, config("streaming", json!({"max_tokens": 30})));
+    h.finish_text_jobs();
+    h.run(2);
+    let tokens_before = h.of_type(busy, "token").len();
+
+    let c = h.open(2, Dialect::Generate);
+    h.send(c, config("Hello", json!({"max_tokens": 20})));
+    h.send(c, json!({"type": "control", "action": "stop"}));
+    assert_eq!(h.text_jobs.len(), 1, "the prompt went out as a text job");
+    assert!(
+        h.received(c).is_empty(),
+        "nothing is answered before the tokens are back, not even the stop"
+    );
+    // Meanwhile other connections keep streaming.
+    h.run(3);
+    assert!(h.of_type(busy, "token").len() > tokens_before);
+    assert!(h.received(c).is_empty());
+
+    h.finish_text_jobs();
+    let kinds: Vec<Value> = h.received(c).iter().map(|f| f["type"].clone()).collect();
+    assert_eq!(
+        kinds,
+        vec![json!("init"), json!("token"), json!("completion")]
+    );
+    let done = last(&h, c);
+    assert_eq!(done["finish_reason"], "cancelled");
+    assert_eq!(done["usage"]["prompt_tokens"], ptoks("Hello"));
+    assert_eq!(done["usage"]["completion_tokens"], 0);
+}
+
+#[test]
+fn a_prompt_too_long_by_its_bytes_is_refused_without_tokenizing() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Generate);
+    // The byte codec's tokens are at most one byte: 600 bytes cannot fit 512.
+    h.send(c, config(&"x".repeat(600), json!({"max_tokens": 1})));
+    assert_eq!(h.text_jobs_run, 0);
+    let e = last(&h, c);
+    assert_eq!(e["error"], "context_length_exceeded");
+    assert_eq!(e["recovery_action"], "shorten_prompt");
+    assert!(e["message"].as_str().unwrap_or("").contains("600 bytes"));
+    // Fits by bytes but not with max_tokens: reduce max_tokens.
+    h.send(c, config(&"x".repeat(300), json!({"max_tokens": 300})));
+    assert_eq!(h.text_jobs_run, 0);
+    assert_eq!(last(&h, c)["recovery_action"], "reduce_max_tokens");
+    // A prompt that may fit is tokenized, and the exact count decides.
+    h.send(c, config(&"x".repeat(300), json!({"max_tokens": 212})));
+    assert_eq!(h.text_jobs_run, 1);
+    assert_eq!(last(&h, c)["error"], "context_length_exceeded");
+    h.send(c, config(&"x".repeat(300), json!({"max_tokens": 211})));
+    assert_eq!(last(&h, c)["type"], "init");
+}
+
+#[test]
+fn a_connection_gone_while_its_prompt_is_tokenized_starts_nothing() {
+    let mut h = harness();
+    h.auto_text = false;
+    let c = h.open(1, Dialect::Generate);
+    h.send(c, config("Hello", json!({"max_tokens": 5})));
+    h.input(Input::Closed { conn: c });
+    h.finish_text_jobs();
+    assert!(h.received(c).is_empty());
+    assert_eq!(h.host.stats().generations, 0);
+    assert!(h.pending_step.is_none());
+}
+
+#[test]
+fn a_client_that_piles_up_frames_while_waiting_is_closed() {
+    let mut h = harness();
+    h.auto_text = false;
+    let c = h.open(1, Dialect::Generate);
+    h.send(c, config("Hello", json!({"max_tokens": 5})));
+    for _ in 0..64 {
+        h.send(c, json!({"type": "control", "action": "pause"}));
+    }
+    assert!(!h.closes.contains_key(&c), "64 frames may wait");
+    h.send(c, json!({"type": "control", "action": "pause"}));
+    assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1008));
+}
+
+#[test]
+fn shutdown_waits_for_a_prompt_being_tokenized_then_refuses_it() {
+    let mut h = harness();
+    h.auto_text = false;
+    let c = h.open(1, Dialect::Generate);
+    h.send(c, config("Hello", json!({"max_tokens": 5})));
+    h.input(Input::Shutdown);
+    assert!(
+        !h.others
+            .iter()
+            .any(|o| matches!(o, Output::ShutdownComplete)),
+        "a request is in flight"
+    );
+    h.finish_text_jobs();
+    let e = last(&h, c);
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["recovery_action"], "retry");
+    assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1001));
+    assert!(h
+        .others
+        .iter()
+        .any(|o| matches!(o, Output::ShutdownComplete)));
 }

@@ -2,7 +2,7 @@
 //! on every path, frames that are either raw fuzz text or messages assembled
 //! from fuzzed fields (so the fuzzer reaches deep dialect states), pongs,
 //! closes, queue signals, time jumps, engine results and faults, KV capacity
-//! changes and shutdown, through the core's test harness (virtual time, a
+//! changes, text jobs held and answered late, and shutdown, through the core's test harness (virtual time, a
 //! scripted engine). After every operation the Host's own invariants must
 //! hold, and it must never panic.
 
@@ -89,6 +89,12 @@ enum Op {
         blocks: u8,
     },
     Shutdown,
+    /// Hold text jobs from now on (or answer them at once again).
+    HoldText {
+        hold: bool,
+    },
+    /// Answer the held text jobs, in the order they went out.
+    FinishText,
 }
 
 const PATHS: [&str; 6] = [
@@ -273,6 +279,11 @@ fuzz_target!(|ops: Vec<Op>| {
                 },
             ),
             Op::Shutdown => feed(&mut h, Input::Shutdown),
+            Op::HoldText { hold } => h.auto_text = !hold,
+            Op::FinishText => {
+                h.finish_text_jobs();
+                checked(&h);
+            }
         }
     }
 });

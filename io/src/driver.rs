@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokenwire_core::host::HostStats;
 use tokenwire_core::{
     ConnId, Dialect, EngineFault, EngineFaultKind, Host, Input, Instant, ModelInfo, Output,
-    StepPlan, Transport,
+    StepPlan, TextDone, TextJob, Transport,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -151,9 +151,51 @@ struct ConnEntry {
     host_full: bool,
 }
 
+/// Runs the Host's text jobs (tokenizing, chat templates) on tokio's blocking
+/// threads, a few at a time, so a long prompt never stalls the driver and a
+/// burst of them cannot take every core from the engine.
+pub(crate) struct TextWorkers {
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl TextWorkers {
+    /// At most `parallel` jobs at once.
+    pub(crate) fn new(parallel: usize) -> TextWorkers {
+        TextWorkers {
+            permits: Arc::new(tokio::sync::Semaphore::new(parallel.max(1))),
+        }
+    }
+
+    /// Runs `job` and sends its result to the driver.
+    fn run(&self, job: TextJob, driver: DriverHandle) {
+        let permits = self.permits.clone();
+        tokio::spawn(async move {
+            let Ok(_permit) = permits.acquire_owned().await else {
+                return;
+            };
+            let id = job.id;
+            let done = match tokio::task::spawn_blocking(move || job.run()).await {
+                Ok(done) => done,
+                // The tokenizer panicked: the request gets an error, not silence.
+                Err(e) => {
+                    tracing::error!(job = id.0, error = %e, "a text job failed");
+                    TextDone {
+                        id,
+                        result: Err("the tokenizer failed on this input".into()),
+                    }
+                }
+            };
+            let _ = driver.send(DriverMsg::Input(Input::Tokenized(done))).await;
+        });
+    }
+}
+
 /// The task that owns the Host.
 pub(crate) struct Driver {
     host: Host,
+    /// The driver's own channel, for results of work it hands out.
+    handle: DriverHandle,
+    text: TextWorkers,
     clock: Clock,
     rx: mpsc::Receiver<DriverMsg>,
     conns: HashMap<ConnId, ConnEntry>,
@@ -172,6 +214,8 @@ pub(crate) struct Driver {
 /// Everything [`Driver::new`] takes.
 pub(crate) struct DriverParts {
     pub host: Host,
+    pub handle: DriverHandle,
+    pub text: TextWorkers,
     pub clock: Clock,
     pub rx: mpsc::Receiver<DriverMsg>,
     pub engine: std::sync::mpsc::Sender<StepPlan>,
@@ -187,6 +231,8 @@ impl Driver {
     pub(crate) fn new(parts: DriverParts) -> Driver {
         Driver {
             host: parts.host,
+            handle: parts.handle,
+            text: parts.text,
             clock: parts.clock,
             rx: parts.rx,
             conns: HashMap::new(),
@@ -402,6 +448,7 @@ impl Driver {
                     }));
                 }
             }
+            Output::Tokenize(job) => self.text.run(job, self.handle.clone()),
             Output::Event(event) => self.metrics.observe(&event),
             Output::Feedback(record) => {
                 if let Some(log) = &self.feedback {
@@ -499,6 +546,8 @@ mod tests {
         let shutdown = CancelFlag::new();
         let d = Driver::new(DriverParts {
             host,
+            handle: handle.clone(),
+            text: TextWorkers::new(2),
             clock,
             rx,
             engine: plans_tx,

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::clock::Clock;
 use crate::config::{ModelSource, ServerConfig};
 use crate::conn::{websocket_config, CLOSE_LINGER};
-use crate::driver::{self, Driver, DriverParts, Snapshot};
+use crate::driver::{self, Driver, DriverParts, Snapshot, TextWorkers};
 use crate::engine_thread::{self, EngineSpec};
 use crate::feedback::FeedbackLog;
 use crate::http::{self, AppState};
@@ -177,6 +177,8 @@ pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer
     )?;
     let driver = Driver::new(DriverParts {
         host,
+        handle: driver_handle.clone(),
+        text: TextWorkers::new(text_workers()),
         clock,
         rx: driver_rx,
         engine,
@@ -223,6 +225,12 @@ pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer
         task,
         outcome: None,
     })
+}
+
+/// How many text jobs (tokenizing prompts) run at once: one per core, so a
+/// burst of long prompts cannot starve the engine of every core.
+fn text_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 /// Accepts connections until `shutdown` is cancelled.

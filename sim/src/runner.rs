@@ -24,7 +24,8 @@ use std::io::Write;
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{
-    ConnId, Dialect, Duration, EngineFault, Host, Input, Instant, Output, StepPlan, Transport,
+    ConnId, Dialect, Duration, EngineFault, Host, Input, Instant, Output, StepPlan, TextDone,
+    Transport,
 };
 
 use crate::client::{ClientCx, ClientOp, GenerateClient};
@@ -35,7 +36,9 @@ use crate::invariants::liveness::describe_outstanding;
 use crate::invariants::{checkers_except, Monitor, Violation};
 use crate::net::{Net, Reader};
 use crate::report::{Failure, RunReport};
-use crate::swarm::{between, Swarm, STREAM_CLIENT, STREAM_ENGINE, STREAM_FAULTS, STREAM_NET};
+use crate::swarm::{
+    between, Swarm, STREAM_CLIENT, STREAM_ENGINE, STREAM_FAULTS, STREAM_NET, STREAM_TEXT,
+};
 use crate::trace::{End, Header, Line};
 
 /// Safety-phase events per seed when none is given: sized so that a sweep of
@@ -70,6 +73,8 @@ enum Ev {
     Read { conn: ConnId },
     /// The engine answers (`StepDone` or `EngineFault`).
     Engine { gen: u64, input: Input },
+    /// A text job (tokenizing a prompt) comes back.
+    Text { gen: u64, done: TextDone },
     /// Model loading progress, then the loaded model.
     Loading { gen: u64, done: bool, progress: f32 },
     /// Memory pressure is over: the KV pool grows back.
@@ -141,6 +146,7 @@ struct Sim<'w> {
     d: Driver<'w>,
     gen: u64,
     eng_rng: Rng,
+    text_rng: Rng,
     net: Net,
     clients: Vec<GenerateClient>,
     acts: Vec<u64>,
@@ -209,6 +215,7 @@ impl<'w> Sim<'w> {
             d,
             gen: 0,
             eng_rng: Rng::new(mix64(sw.seed, STREAM_ENGINE)),
+            text_rng: Rng::new(mix64(sw.seed, STREAM_TEXT ^ 1)),
             net: Net::new(sw.net.clone(), Rng::new(mix64(sw.seed, STREAM_NET))),
             acts: vec![0; sw.clients],
             clients,
@@ -465,6 +472,11 @@ impl<'w> Sim<'w> {
                     self.feed(input)?;
                 }
             }
+            Ev::Text { gen, done } => {
+                if gen == self.gen {
+                    self.feed(Input::Tokenized(done))?;
+                }
+            }
             Ev::Jump(d) => {
                 self.counts.time_jump += 1;
                 self.clock = self.clock + d;
@@ -640,6 +652,12 @@ impl<'w> Sim<'w> {
                 }
             }
             Output::RunStep(plan) => self.run_step(plan),
+            Output::Tokenize(job) => {
+                let after = between(&mut self.text_rng, Duration::ZERO, self.sw.text_latency_max);
+                let gen = self.gen;
+                let done = job.run();
+                self.at(self.clock + after, Ev::Text { gen, done });
+            }
             _ => {}
         }
         Ok(())
@@ -799,7 +817,9 @@ impl<'w> Sim<'w> {
     fn quiet(&self) -> bool {
         self.local.is_empty()
             && !self.queue.values().any(|e| match e {
-                Ev::Deliver { gen, .. } | Ev::Engine { gen, .. } => *gen == self.gen,
+                Ev::Deliver { gen, .. } | Ev::Engine { gen, .. } | Ev::Text { gen, .. } => {
+                    *gen == self.gen
+                }
                 _ => false,
             })
     }

@@ -20,6 +20,8 @@ pub const STREAM_ENGINE: u64 = 0x454e_4700_0000_0003;
 pub const STREAM_CLIENT: u64 = 0x434c_4900_0000_0004;
 /// Random stream for the fault plan.
 pub const STREAM_FAULTS: u64 = 0x4641_5500_0000_0005;
+/// Random stream for text jobs (tokenizing): their options and latencies.
+pub const STREAM_TEXT: u64 = 0x5445_5854_0000_0006;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +130,10 @@ pub struct Swarm {
     pub faults: FaultOptions,
     /// The clients.
     pub mix: ClientMix,
+    /// Longest time a text job (tokenizing a prompt) takes to come back; each
+    /// takes a random time up to this, so answers overtake one another and
+    /// engine steps.
+    pub text_latency_max: Duration,
 }
 
 /// Printable ASCII symbols the engine may write.
@@ -259,6 +265,10 @@ impl Swarm {
             max_tokens_cap: pick(rng, &[8, 32, 96]),
         };
 
+        // From its own stream, so the options above stay as they were.
+        let mut text_rng = Rng::new(mix64(seed, STREAM_TEXT));
+        let text_latency_max = Duration::from_micros(pick(&mut text_rng, &[0, 50, 1_000, 20_000]));
+
         let most_clients = pick(rng, &[2u64, 4, 8, 16]);
         Swarm {
             seed,
@@ -272,6 +282,7 @@ impl Swarm {
             net,
             faults,
             mix,
+            text_latency_max,
         }
     }
 

@@ -14,8 +14,8 @@
 
 use serde_json::{json, Value};
 use tokenwire_core::{
-    ConnId, Dialect, Duration, EngineFault, EngineFaultKind, HostConfig, Input, Instant, ModelInfo,
-    SeqId, SeqResult, StepDone, TokenLogprobs, Transport,
+    ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
+    ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId, TokenLogprobs, Transport,
 };
 
 use crate::swarm::EngineOptions;
@@ -215,6 +215,10 @@ pub fn input_json(input: &Input) -> Value {
         Input::QueueFull { conn } => json!({"QueueFull": {"conn": conn.0}}),
         Input::QueueDrained { conn } => json!({"QueueDrained": {"conn": conn.0}}),
         Input::Timeout => json!("Timeout"),
+        Input::Tokenized(d) => match &d.result {
+            Ok(e) => json!({"Tokenized": {"job": d.id.0, "ids": e.ids}}),
+            Err(m) => json!({"Tokenized": {"job": d.id.0, "error": m}}),
+        },
         Input::StepDone(d) => json!({"StepDone": {
             "step_id": d.step_id,
             "results": d.results.iter().map(|r| json!({
@@ -289,6 +293,24 @@ pub fn input_from(v: &Value) -> Result<Input, String> {
         "Closed" => Input::Closed { conn: conn_of(b)? },
         "QueueFull" => Input::QueueFull { conn: conn_of(b)? },
         "QueueDrained" => Input::QueueDrained { conn: conn_of(b)? },
+        "Tokenized" => Input::Tokenized(TextDone {
+            id: TextJobId(u64_of(b, "job")?),
+            result: match b["error"].as_str() {
+                Some(m) => Err(m.to_string()),
+                None => Ok(Encoded {
+                    ids: b["ids"]
+                        .as_array()
+                        .ok_or("missing ids")?
+                        .iter()
+                        .map(|t| {
+                            t.as_u64()
+                                .and_then(|t| u32::try_from(t).ok())
+                                .ok_or("bad token id")
+                        })
+                        .collect::<Result<_, _>>()?,
+                }),
+            },
+        }),
         "StepDone" => Input::StepDone(StepDone {
             step_id: u64_of(b, "step_id")?,
             results: b["results"]
@@ -470,6 +492,16 @@ mod tests {
             Input::EngineFault(EngineFault {
                 step_id: 6,
                 kind: EngineFaultKind::DeviceLost,
+            }),
+            Input::Tokenized(TextDone {
+                id: TextJobId(8),
+                result: Ok(Encoded {
+                    ids: vec![1, 70, 71],
+                }),
+            }),
+            Input::Tokenized(TextDone {
+                id: TextJobId(9),
+                result: Err("tokenizer: bad".into()),
             }),
             Input::KvCapacity { num_blocks: 3 },
             Input::ModelLoading {

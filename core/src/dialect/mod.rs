@@ -14,7 +14,7 @@ use crate::engine::{ModelInfo, SeqId, TokenId};
 use crate::gen::{FinishReason, Generation, TokenPiece};
 use crate::host::shared::Shared;
 use crate::params::GenParams;
-use crate::text::TextCodec;
+use crate::text::{min_tokens_for_bytes, Encoded, TextCodec, TextJobId, TextWork};
 use crate::time::{Duration, Instant};
 
 /// Why a generation failed (as opposed to finishing).
@@ -44,6 +44,18 @@ pub enum StartError {
     ContextLength {
         /// Tokens in the prompt.
         prompt_tokens: u32,
+        /// Requested `max_tokens`.
+        max_tokens: u32,
+        /// The model's context window.
+        context_len: u32,
+    },
+    /// The prompt's byte length alone shows it cannot fit the context with
+    /// `max_tokens` (found before tokenizing it).
+    PromptTooLong {
+        /// The prompt's length in bytes.
+        bytes: usize,
+        /// The fewest tokens that many bytes can encode to.
+        min_tokens: u32,
         /// Requested `max_tokens`.
         max_tokens: u32,
         /// The model's context window.
@@ -86,6 +98,16 @@ pub trait DialectConn: Send {
     fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece);
     /// A generation of this connection failed; it is dropped after this call.
     fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure);
+    /// A text job this connection asked for ([`Cx::encode_prompt`]) is done:
+    /// the prompt's token ids, or the tokenizer's error. The connection's
+    /// frames that arrived meanwhile are handed over after this call.
+    fn on_text_done(
+        &mut self,
+        _cx: &mut Cx<'_>,
+        _job: TextJobId,
+        _result: Result<Encoded, String>,
+    ) {
+    }
     /// A generation is waiting for admission at 1-based `position`.
     fn on_queued(&mut self, cx: &mut Cx<'_>, id: SeqId, position: u32);
     /// The model is loading (sent to connections that are waiting for it).
@@ -177,6 +199,29 @@ impl<'a> Cx<'a> {
     /// A fresh random sampler seed.
     pub fn draw_seed(&mut self) -> u64 {
         self.sh.rng.next_u64()
+    }
+
+    /// Has a raw prompt tokenized off the Host's thread; the ids come back in
+    /// [`DialectConn::on_text_done`], and until then this connection's frames
+    /// wait. A prompt whose byte length alone shows that it cannot fit the
+    /// context with `max_tokens` is refused at once, untokenized.
+    pub fn encode_prompt(
+        &mut self,
+        text: String,
+        max_tokens: u32,
+    ) -> Result<TextJobId, StartError> {
+        let context_len = self.model().context_len;
+        let min_tokens =
+            u32::try_from(min_tokens_for_bytes(self.codec(), text.len())).unwrap_or(u32::MAX);
+        if u64::from(min_tokens) + u64::from(max_tokens) > u64::from(context_len) {
+            return Err(StartError::PromptTooLong {
+                bytes: text.len(),
+                min_tokens,
+                max_tokens,
+                context_len,
+            });
+        }
+        Ok(self.sh.tokenize(self.conn, TextWork::Encode { text }))
     }
 
     /// Starts a generation owned by this connection.

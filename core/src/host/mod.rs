@@ -4,20 +4,21 @@
 
 pub(crate) mod shared;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, Transport};
 use crate::config::HostConfig;
 use crate::dialect::{machine_for, Cx, DialectConn, Failure, FailureKind};
 use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
 use crate::gen::{FinishReason, GenState, TokenPiece};
-use crate::text::SharedCodec;
+use crate::text::{SharedCodec, TextDone};
 use crate::time::{Duration, Instant};
 
 use shared::{outcome_of, Shared, TimerKey};
 
-/// Frames a connection may send while the model loads; they are handled once it is loaded.
-const MAX_FRAMES_WHILE_LOADING: usize = 64;
+/// Frames a connection may send while it waits (for the model to load, or for
+/// a prompt of its own to be tokenized); they are handled, in order, after.
+const MAX_HELD_FRAMES: usize = 64;
 
 /// Close code for a keepalive that went unanswered and for idle connections.
 const CLOSE_NORMAL: u16 = 1000;
@@ -28,14 +29,32 @@ const CLOSE_POLICY: u16 = 1008;
 /// Close code for a frame over the size limit.
 const CLOSE_TOO_BIG: u16 = 1009;
 
+/// A client frame that arrived while its connection was waiting.
+enum Held {
+    Text(String),
+    Binary(usize),
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        match self {
+            Held::Text(t) => t.len(),
+            Held::Binary(_) => 0,
+        }
+    }
+}
+
 struct Conn {
     dialect: Dialect,
     transport: Transport,
     machine: Box<dyn DialectConn>,
     /// Outbound queue full: its generations are held.
     blocked: bool,
-    /// Frames that arrived before the model was loaded.
-    early_frames: Vec<String>,
+    /// Frames that arrived while the model loaded or a text job of this
+    /// connection was outstanding, in arrival order.
+    held: VecDeque<Held>,
+    /// Bytes of text in `held`.
+    held_bytes: usize,
 }
 
 /// Model loading progress, for `status` messages and `/health`.
@@ -159,10 +178,8 @@ impl Host {
                 ..
             } => self.on_open(now, conn, dialect, transport),
             Input::Text { conn, text } => self.on_text(now, conn, text),
-            Input::Binary { conn, len } => {
-                self.touch(now, conn);
-                self.with_conn(now, conn, |m, cx| m.on_binary(cx, len))
-            }
+            Input::Binary { conn, len } => self.on_binary(now, conn, len),
+            Input::Tokenized(done) => self.on_tokenized(now, done),
             Input::FrameTooLarge { conn } => {
                 if self.conns.contains_key(&conn) {
                     self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
@@ -244,7 +261,8 @@ impl Host {
             transport,
             machine,
             blocked: false,
-            early_frames: Vec::new(),
+            held: VecDeque::new(),
+            held_bytes: 0,
         };
         if transport == Transport::WebSocket {
             let cfg = &self.sh.config;
@@ -279,27 +297,82 @@ impl Host {
 
     fn on_text(&mut self, now: Instant, conn: ConnId, text: String) {
         self.touch(now, conn);
-        let Some(c) = self.conns.get_mut(&conn) else {
+        if !self.conns.contains_key(&conn) {
             return;
-        };
+        }
         if text.len() > self.sh.config.max_frame_bytes {
             self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
             return;
         }
-        if self.sh.model.is_none() {
-            if c.early_frames.len() >= MAX_FRAMES_WHILE_LOADING {
-                self.close_conn(
-                    now,
-                    conn,
-                    CLOSE_POLICY,
-                    "too many frames while the model loads",
-                );
-            } else {
-                c.early_frames.push(text);
-            }
-            return;
+        if self.must_hold(conn) {
+            return self.hold(now, conn, Held::Text(text));
         }
         self.with_conn(now, conn, |m, cx| m.on_text(cx, &text));
+    }
+
+    fn on_binary(&mut self, now: Instant, conn: ConnId, len: usize) {
+        self.touch(now, conn);
+        if self.must_hold(conn) {
+            return self.hold(now, conn, Held::Binary(len));
+        }
+        self.with_conn(now, conn, |m, cx| m.on_binary(cx, len));
+    }
+
+    /// True when `conn`'s frames must wait: the model is loading, a text job
+    /// of the connection is outstanding, or earlier frames are still waiting.
+    fn must_hold(&self, conn: ConnId) -> bool {
+        self.sh.model.is_none()
+            || self.sh.awaits_text(conn)
+            || self.conns.get(&conn).is_some_and(|c| !c.held.is_empty())
+    }
+
+    /// Keeps a frame for later; a connection that piles up more than
+    /// [`MAX_HELD_FRAMES`] frames or a frame limit's worth of bytes meanwhile
+    /// is closed (1008): it is not waiting for answers.
+    fn hold(&mut self, now: Instant, conn: ConnId, frame: Held) {
+        let max_bytes = self.sh.config.max_frame_bytes;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.held.len() >= MAX_HELD_FRAMES || c.held_bytes + frame.len() > max_bytes {
+            let reason = if self.sh.model.is_none() {
+                "too many frames while the model loads"
+            } else {
+                "too many frames while a prompt is prepared"
+            };
+            self.close_conn(now, conn, CLOSE_POLICY, reason);
+            return;
+        }
+        c.held_bytes += frame.len();
+        c.held.push_back(frame);
+    }
+
+    /// Hands `conn` the frames it was holding, in order, until it has to wait again.
+    fn release_held(&mut self, now: Instant, conn: ConnId) {
+        while self.sh.model.is_some() && !self.sh.awaits_text(conn) {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            let Some(frame) = c.held.pop_front() else {
+                return;
+            };
+            c.held_bytes -= frame.len();
+            match frame {
+                Held::Text(text) => self.with_conn(now, conn, |m, cx| m.on_text(cx, &text)),
+                Held::Binary(len) => self.with_conn(now, conn, |m, cx| m.on_binary(cx, len)),
+            }
+            self.settle_closings(now);
+        }
+    }
+
+    fn on_tokenized(&mut self, now: Instant, done: TextDone) {
+        let Some(conn) = self.sh.text_jobs.remove(&done.id) else {
+            // Its connection is gone, or the job is unknown.
+            return;
+        };
+        self.with_conn(now, conn, |m, cx| m.on_text_done(cx, done.id, done.result));
+        self.settle_closings(now);
+        self.release_held(now, conn);
     }
 
     fn set_blocked(&mut self, now: Instant, conn: ConnId, blocked: bool) {
@@ -347,14 +420,7 @@ impl Host {
         self.load.progress = 100.0;
         let conns: Vec<ConnId> = self.conns.keys().copied().collect();
         for conn in conns {
-            let frames = match self.conns.get_mut(&conn) {
-                Some(c) => std::mem::take(&mut c.early_frames),
-                None => continue,
-            };
-            for text in frames {
-                self.on_text(now, conn, text);
-                self.settle_closings(now);
-            }
+            self.release_held(now, conn);
         }
     }
 
@@ -384,6 +450,7 @@ impl Host {
         for conn in conns {
             self.close_conn(now, conn, CLOSE_GOING_AWAY, close_reason::SHUTTING_DOWN);
         }
+        self.sh.text_jobs.clear();
         self.sh.timers.cancel(TimerKey::ShutdownGrace);
         self.shutdown_done = true;
         self.sh.outputs.push_back(Output::ShutdownComplete);
@@ -397,7 +464,8 @@ impl Host {
                     self.close_conn(now, conn, CLOSE_POLICY, close_reason::SLOW_CLIENT)
                 }
                 TimerKey::Idle(conn) => {
-                    let busy = self.conns.get(&conn).is_some_and(|c| c.machine.busy());
+                    let busy = self.sh.awaits_text(conn)
+                        || self.conns.get(&conn).is_some_and(|c| c.machine.busy());
                     if busy {
                         self.sh
                             .timers
@@ -580,6 +648,7 @@ impl Host {
             return;
         };
         self.sh.set_conn_blocked(conn, false);
+        self.sh.text_jobs.retain(|_, owner| *owner != conn);
         for id in self.sh.gens_of(conn) {
             if let Some(gen) = self.sh.gens.get_mut(&id) {
                 gen.state = GenState::Finished;
@@ -619,7 +688,13 @@ impl Host {
             };
             self.apply_result(now, r);
         }
-        if self.sh.shutting_down && !self.shutdown_done && self.sh.gens.is_empty() {
+        // Requests still being tokenized count as in flight: they get their
+        // answer (an error, since no new work starts) within the grace.
+        if self.sh.shutting_down
+            && !self.shutdown_done
+            && self.sh.gens.is_empty()
+            && self.sh.text_jobs.is_empty()
+        {
             self.finish_shutdown(now);
         }
         self.schedule(now);

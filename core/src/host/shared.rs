@@ -11,7 +11,7 @@ use crate::gen::{FinishReason, Generation, TokenPiece};
 use crate::params::GenParams;
 use crate::rng::Rng;
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
-use crate::text::{SharedCodec, TextCodec};
+use crate::text::{SharedCodec, TextCodec, TextJob, TextJobId, TextWork};
 use crate::time::Instant;
 use crate::timer::TimerTable;
 
@@ -54,6 +54,9 @@ pub(crate) struct Shared {
     /// Connections a dialect asked to close: (conn, code, reason).
     pub closing: Vec<(ConnId, u16, String)>,
     pub shutting_down: bool,
+    /// Outstanding text jobs and the connection each belongs to.
+    pub text_jobs: BTreeMap<TextJobId, ConnId>,
+    next_job: u64,
     /// Connections whose outbound queue is full: their generations, including
     /// ones started later, are held.
     blocked_conns: BTreeSet<ConnId>,
@@ -74,6 +77,8 @@ impl Shared {
             replay: VecDeque::new(),
             closing: Vec::new(),
             shutting_down: false,
+            text_jobs: BTreeMap::new(),
+            next_job: 1,
             blocked_conns: BTreeSet::new(),
             next_seq: 1,
         }
@@ -104,6 +109,27 @@ impl Shared {
             Some(m) => &*m.codec,
             None => unreachable!("dialects run only after the model is loaded"),
         }
+    }
+
+    /// Hands out a text job for `conn`; its frames wait until the answer.
+    pub fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId {
+        let id = TextJobId(self.next_job);
+        self.next_job += 1;
+        self.text_jobs.insert(id, conn);
+        if let Some(m) = &self.model {
+            self.outputs.push_back(Output::Tokenize(TextJob {
+                id,
+                conn,
+                codec: m.codec.clone(),
+                work,
+            }));
+        }
+        id
+    }
+
+    /// True while a text job of `conn` is outstanding.
+    pub fn awaits_text(&self, conn: ConnId) -> bool {
+        self.text_jobs.values().any(|&c| c == conn)
     }
 
     pub fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {

@@ -61,6 +61,9 @@ pub enum Cur {
     Loading,
     /// The model finished loading (frames held while loading are handled now).
     Loaded,
+    /// A text job of this connection came back (its request starts or fails,
+    /// and the frames it held are handled now).
+    Tokenized(ConnId),
     /// Anything else.
     Other,
 }
@@ -82,7 +85,7 @@ impl Cur {
     /// True when a frame to `conn` can be a reply to this input.
     pub fn is_reply_to(self, conn: ConnId) -> bool {
         match self {
-            Cur::Open(c) | Cur::Text(c) | Cur::Binary(c) => c == conn,
+            Cur::Open(c) | Cur::Text(c) | Cur::Binary(c) | Cur::Tokenized(c) => c == conn,
             Cur::Loading | Cur::Loaded => true,
             _ => false,
         }
@@ -352,7 +355,14 @@ impl Monitor {
         self.event += 1;
         self.now = now;
         self.nominal = nominal;
-        self.input = Cur::of(input);
+        self.input = match input {
+            Input::Tokenized(done) => self
+                .view
+                .text_owner
+                .get(&done.id)
+                .map_or(Cur::Other, |&c| Cur::Tokenized(c)),
+            _ => Cur::of(input),
+        };
         let r = self.run(|c, cx| c.on_input(cx, input));
         self.view.on_input(now, input);
         r

@@ -7,6 +7,7 @@
 
 use tokenwire_core::Output;
 
+use super::view::Pending;
 use super::{Check, Checker, Cx, Frame};
 
 /// See the module docs.
@@ -26,7 +27,9 @@ impl Checker for TerminalOnce {
             return Ok(());
         };
         if f.kind() == "init" {
-            if let Some(cur) = &c.current {
+            // A held regenerate being handled replaces the request in flight.
+            let regenerate = c.pending.front() == Some(&Pending::Regenerate);
+            if let Some(cur) = c.current.as_ref().filter(|_| !regenerate) {
                 return Err(format!(
                     "{conn:?} started request {:?} while {cur} was in flight",
                     f.request_id().unwrap_or("?")
@@ -83,6 +86,39 @@ mod tests {
         let err = k.send(1, completion("gen_a")).expect_err("second");
         assert_eq!(err.invariant, "terminal_once");
         assert!(err.detail.contains("second terminal"), "{}", err.detail);
+    }
+
+    #[test]
+    fn a_held_regenerate_replaces_the_request_its_job_started() {
+        use tokenwire_core::testing::ByteCodec;
+        use tokenwire_core::{ConnId, Input, Output, TextJob, TextJobId, TextWork};
+        let mut k = kit(Box::new(TerminalOnce));
+        k.open(1);
+        // A config goes out to be tokenized; the regenerate behind it waits.
+        k.text(1, json!({"type": "config", "prompt": "hi"}))
+            .expect("config");
+        let job = TextJob {
+            id: TextJobId(1),
+            conn: ConnId(1),
+            codec: ByteCodec::shared(),
+            work: TextWork::Encode { text: "hi".into() },
+        };
+        k.out(Output::Tokenize(job.clone())).expect("job");
+        k.end().expect("end");
+        k.text(1, json!({"type": "control", "action": "regenerate"}))
+            .expect("held");
+        k.end().expect("end");
+        // Its tokens come back: the request starts, then the held regenerate
+        // replaces it with a new one.
+        k.input(Input::Tokenized(job.run())).expect("tokenized");
+        k.send(1, json!({"type": "init", "request_id": "gen_a"}))
+            .expect("init of the config");
+        k.send(1, json!({"type": "init", "request_id": "gen_b"}))
+            .expect("init of the regenerate");
+        k.end().expect("end");
+        let err = k.send(1, completion("gen_a")).expect_err("replaced");
+        assert!(err.detail.contains("regenerate replaced"), "{}", err.detail);
+        k.send(1, completion("gen_b")).expect("the new one ends");
     }
 
     #[test]

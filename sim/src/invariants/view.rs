@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde_json::Value;
 use tokenwire_core::testing::{BYTE_BOS, BYTE_OFFSET};
 use tokenwire_core::{
-    ConnId, HostConfig, Input, Instant, ModelInfo, Output, SeqId, StepPlan, TokenId, Transport,
+    ConnId, HostConfig, Input, Instant, ModelInfo, Output, SeqId, StepPlan, TextJobId, TokenId,
+    Transport,
 };
 
 use super::Frame;
@@ -109,6 +110,9 @@ pub struct ReqView {
 pub enum Pending {
     /// A config (or a regenerate's copy of the running config).
     Config(ReqConfig),
+    /// A regenerate that arrived while the connection's frames were held: it
+    /// replaces whichever request is in flight when it is handled.
+    Regenerate,
     /// Anything else.
     Other,
 }
@@ -132,8 +136,11 @@ pub struct ConnView {
     pub unanswered_ping: Option<Instant>,
     /// Since when its outbound queue is full.
     pub blocked_since: Option<Instant>,
-    /// Frames not yet handled (more than one only while the model loads).
+    /// Frames not yet handled (more than one only while the model loads or
+    /// a text job of the connection is outstanding).
     pub pending: VecDeque<Pending>,
+    /// Its text jobs not yet answered: its frames are held meanwhile.
+    pub text_jobs: BTreeSet<TextJobId>,
 }
 
 /// The step handed to the engine and not yet answered.
@@ -177,6 +184,12 @@ pub struct View {
     /// one's first reply (`init`, `error`, `status`, or the final `token` of a
     /// `stop`) answers the oldest held frame.
     replaying_held: bool,
+    /// The same for one connection whose text job just came back: its first
+    /// reply answers the config that asked for the job, the next ones the
+    /// frames held meanwhile.
+    replaying_conn: Option<ConnId>,
+    /// The connection of every text job not yet answered.
+    pub text_owner: BTreeMap<TextJobId, ConnId>,
     /// How often each kind of thing happened (`completion:length`,
     /// `error:memory_pressure`, `close:idle timeout`, ...): coverage, not checks.
     pub tally: BTreeMap<String, u64>,
@@ -200,6 +213,8 @@ impl View {
             crashes: 0,
             tally: BTreeMap::new(),
             replaying_held: false,
+            replaying_conn: None,
+            text_owner: BTreeMap::new(),
             default_max_tokens: config.default_max_tokens.min(model.context_len),
         }
     }
@@ -244,6 +259,7 @@ impl View {
                         unanswered_ping: None,
                         blocked_since: None,
                         pending: VecDeque::new(),
+                        text_jobs: BTreeSet::new(),
                     },
                 );
             }
@@ -290,6 +306,14 @@ impl View {
                 }
             }
             Input::EngineFault(_) => self.step = None,
+            Input::Tokenized(done) => {
+                if let Some(conn) = self.text_owner.remove(&done.id) {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.text_jobs.remove(&done.id);
+                    }
+                    self.replaying_conn = Some(conn);
+                }
+            }
             Input::ModelLoaded { .. } => {
                 self.loaded = true;
                 self.replaying_held = true;
@@ -314,9 +338,14 @@ impl View {
                 Pending::Config(ReqConfig::from_config(&v, self.default_max_tokens))
             }
             (Some("control"), Some("regenerate")) => {
+                let loaded = self.loaded;
                 let Some(c) = self.conns.get_mut(&conn) else {
                     return Pending::Other;
                 };
+                if !loaded || !c.text_jobs.is_empty() || !c.pending.is_empty() {
+                    // Held: it acts on the request in flight when it is handled.
+                    return Pending::Regenerate;
+                }
                 let Some(rid) = c.current.take() else {
                     return Pending::Other;
                 };
@@ -374,6 +403,12 @@ impl View {
                 }
             }
             Output::RunStep(plan) => self.on_plan(plan),
+            Output::Tokenize(job) => {
+                if let Some(c) = self.conns.get_mut(&job.conn) {
+                    c.text_jobs.insert(job.id);
+                    self.text_owner.insert(job.id, job.conn);
+                }
+            }
             Output::ShutdownComplete => self.shutdown_complete = true,
             _ => {}
         }
@@ -381,7 +416,7 @@ impl View {
 
     fn on_frame(&mut self, now: Instant, conn: ConnId, f: &Frame) {
         let step = self.step.as_ref().map(|s| s.id);
-        let replaying = self.replaying_held;
+        let replaying = self.replaying_held || self.replaying_conn == Some(conn);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -400,17 +435,28 @@ impl View {
             "init" => {
                 let Some(rid) = f.request_id() else { return };
                 let mut config = ReqConfig::unknown();
-                if replaying {
-                    if let Some(Pending::Config(cfg)) = answered {
-                        config = cfg;
-                    }
+                let answered = if replaying {
+                    answered
                 } else {
+                    let mut found = None;
                     while let Some(p) = c.pending.pop_front() {
-                        if let Pending::Config(cfg) = p {
-                            config = cfg;
+                        if matches!(p, Pending::Config(_) | Pending::Regenerate) {
+                            found = Some(p);
                             break;
                         }
                     }
+                    found
+                };
+                match answered {
+                    Some(Pending::Config(cfg)) => config = cfg,
+                    Some(Pending::Regenerate) => {
+                        if let Some(r) = c.current.take().and_then(|id| self.requests.get_mut(&id))
+                        {
+                            r.superseded = true;
+                            config = r.config.clone();
+                        }
+                    }
+                    _ => {}
                 }
                 if let Some(old) = c.current.replace(rid.to_string()) {
                     // A second request while one was in flight: the old one is
@@ -529,9 +575,13 @@ impl View {
     /// The event is over: frames were handled (unless the model still loads).
     pub(crate) fn on_end(&mut self) {
         self.replaying_held = false;
+        self.replaying_conn = None;
         if self.loaded {
             for c in self.conns.values_mut() {
-                c.pending.clear();
+                // Frames wait while a text job of the connection is out.
+                if c.text_jobs.is_empty() {
+                    c.pending.clear();
+                }
             }
         }
     }
@@ -540,6 +590,8 @@ impl View {
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         self.dead.extend(ids);
         self.conns.clear();
+        self.text_owner.clear();
+        self.replaying_conn = None;
         self.step = None;
         self.seq_owner.clear();
         self.seq_request.clear();

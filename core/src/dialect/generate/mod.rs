@@ -18,6 +18,7 @@ use crate::api::FeedbackRecord;
 use crate::engine::{SeqId, TokenLogprobs};
 use crate::gen::{FinishReason, Generation, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
+use crate::text::{Encoded, TextJobId};
 use crate::time::{millis_f64, Duration, Instant};
 
 /// Close code when the first message is not a `config`.
@@ -45,10 +46,18 @@ struct Running {
     cumulative: String,
 }
 
+/// A `config` whose prompt is being tokenized.
+#[derive(Debug, Clone)]
+struct Pending {
+    job: TextJobId,
+    config: Config,
+}
+
 /// One `/generate` connection.
 #[derive(Debug, Default)]
 pub struct GenerateConn {
     seen_first: bool,
+    pending: Option<Pending>,
     running: Option<Running>,
     last_request_id: Option<String>,
 }
@@ -120,12 +129,16 @@ impl GenerateConn {
         })
     }
 
-    /// Tokenizes and starts `config`; sends `init` or the error.
-    fn start(&mut self, cx: &mut Cx<'_>, config: Config) {
-        let prompt_ids = match cx.codec().encode(&config.prompt, true) {
-            Ok(ids) => ids,
-            Err(e) => return invalid(cx, format!("prompt could not be tokenized: {e}"), None),
-        };
+    /// Has `config`'s prompt tokenized; [`GenerateConn::on_text_done`] starts it.
+    fn tokenize(&mut self, cx: &mut Cx<'_>, config: Config) {
+        match cx.encode_prompt(config.prompt.clone(), config.params.max_tokens) {
+            Ok(job) => self.pending = Some(Pending { job, config }),
+            Err(e) => start_error(cx, e),
+        }
+    }
+
+    /// Starts `config` with its prompt's ids; sends `init` or the error.
+    fn start(&mut self, cx: &mut Cx<'_>, config: Config, prompt_ids: Vec<u32>) {
         if prompt_ids.is_empty() {
             return invalid(
                 cx,
@@ -172,6 +185,8 @@ impl GenerateConn {
     }
 
     fn on_config(&mut self, cx: &mut Cx<'_>, msg: codec::Config) {
+        // (A config cannot arrive while one is pending: the Host holds this
+        // connection's frames until the prompt's tokens are back.)
         if let Some(r) = &self.running {
             let rid = r.request_id.clone();
             return invalid(
@@ -181,7 +196,7 @@ impl GenerateConn {
             );
         }
         match self.parse_config(cx, msg) {
-            Ok(config) => self.start(cx, config),
+            Ok(config) => self.tokenize(cx, config),
             Err(message) => invalid(cx, message, None),
         }
     }
@@ -222,8 +237,10 @@ impl GenerateConn {
             ControlAction::Regenerate => {
                 let config = running.config.clone();
                 self.running = None;
-                cx.end(id, FinishReason::Cancelled);
-                self.start(cx, config);
+                // Same prompt, same tokens: no need to tokenize it again.
+                if let Some((_, gen)) = cx.end(id, FinishReason::Cancelled) {
+                    self.start(cx, config, gen.prompt_ids);
+                }
             }
             ControlAction::Modify => {
                 let Some(p) = msg.parameters else {
@@ -444,6 +461,22 @@ fn start_error(cx: &mut Cx<'_>, e: StartError) {
                 RecoveryAction::ReduceMaxTokens
             },
         ),
+        StartError::PromptTooLong {
+            bytes,
+            min_tokens,
+            max_tokens,
+            context_len,
+        } => (
+            ErrorCode::ContextLengthExceeded,
+            format!(
+                "the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus max_tokens ({max_tokens}) exceed the context length of {context_len} tokens"
+            ),
+            if min_tokens >= context_len {
+                RecoveryAction::ShortenPrompt
+            } else {
+                RecoveryAction::ReduceMaxTokens
+            },
+        ),
         StartError::NeverFits {
             needed_blocks,
             total_blocks,
@@ -539,6 +572,16 @@ impl DialectConn for GenerateConn {
         send(cx, ServerMessage::Error(e));
     }
 
+    fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
+        let Some(pending) = self.pending.take_if(|p| p.job == job) else {
+            return;
+        };
+        match result {
+            Ok(encoded) => self.start(cx, pending.config, encoded.ids),
+            Err(e) => invalid(cx, format!("prompt could not be tokenized: {e}"), None),
+        }
+    }
+
     fn on_queued(&mut self, cx: &mut Cx<'_>, id: SeqId, position: u32) {
         if let Some(r) = self.running.as_ref().filter(|r| r.id == id) {
             let request_id = r.request_id.clone();
@@ -570,6 +613,6 @@ impl DialectConn for GenerateConn {
     }
 
     fn busy(&self) -> bool {
-        self.running.is_some()
+        self.running.is_some() || self.pending.is_some()
     }
 }
