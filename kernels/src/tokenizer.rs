@@ -16,6 +16,7 @@ const SP_SPACE: char = '\u{2581}';
 pub struct HfCodec {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    max_token_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for HfCodec {
@@ -42,9 +43,11 @@ impl HfCodec {
 
     /// A codec from parts already built.
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> HfCodec {
+        let max_token_bytes = max_token_bytes(&tokenizer);
         HfCodec {
             tokenizer,
             template,
+            max_token_bytes,
         }
     }
 
@@ -85,6 +88,10 @@ impl TextCodec for HfCodec {
         }
     }
 
+    fn max_token_bytes(&self) -> Option<usize> {
+        self.max_token_bytes
+    }
+
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
         match &self.template {
             Some(t) => t.render(messages),
@@ -101,5 +108,68 @@ impl TextCodec for HfCodec {
             .as_ref()
             .is_some_and(|t| !t.bos_token().is_empty() && text.starts_with(t.bos_token()));
         self.encode(&text, !template_wrote_bos)
+    }
+}
+
+/// The most input bytes one token of `tokenizer` can stand for, when its
+/// pipeline never shrinks or drops text: then every token's vocabulary
+/// string is at least as long (in UTF-8 bytes) as the input it covers, since
+/// byte-level BPE spells each input byte as one character of one or two bytes,
+/// SentencePiece spells a space as the three-byte `▁` and a fallback byte as
+/// `<0xAB>`, and added tokens match their content literally. `None` for any
+/// normalizer, pre-tokenizer or model not known to keep that property.
+fn max_token_bytes(tokenizer: &Tokenizer) -> Option<usize> {
+    let json: serde_json::Value = serde_json::from_str(&tokenizer.to_string(false).ok()?).ok()?;
+    if !keeps_bytes_normalizer(&json["normalizer"])
+        || !keeps_text_pre_tokenizer(&json["pre_tokenizer"])
+    {
+        return None;
+    }
+    let model = &json["model"];
+    // Only BPE: WordPiece, WordLevel and Unigram can turn a whole unknown word
+    // into one unknown token, and so can BPE when it fuses unknown runs.
+    if model["type"].as_str() != Some("BPE") {
+        return None;
+    }
+    let vocab = tokenizer.get_vocab(true);
+    // With byte fallback and every `<0xAB>` piece present, no character is
+    // ever unknown.
+    let all_bytes = model["byte_fallback"].as_bool() == Some(true)
+        && (0..=255u8).all(|b| vocab.contains_key(&format!("<0x{b:02X}>")));
+    let has_unk = model["unk_token"].as_str().is_some() && !all_bytes;
+    if has_unk && model["fuse_unk"].as_bool() == Some(true) {
+        return None;
+    }
+    let longest = vocab.keys().map(String::len).max()?;
+    // An unknown character (at most 4 bytes) may become the unknown token.
+    Some(if has_unk { longest.max(4) } else { longest })
+}
+
+/// True for normalizers that never make text shorter in bytes.
+fn keeps_bytes_normalizer(n: &serde_json::Value) -> bool {
+    match n["type"].as_str() {
+        None => n.is_null(),
+        Some("Sequence") => n["normalizers"]
+            .as_array()
+            .is_some_and(|all| all.iter().all(keeps_bytes_normalizer)),
+        Some("Prepend") => true,
+        Some("Replace") => match (n["pattern"]["String"].as_str(), n["content"].as_str()) {
+            (Some(pattern), Some(content)) => content.len() >= pattern.len(),
+            _ => false,
+        },
+        Some(_) => false,
+    }
+}
+
+/// True for pre-tokenizers that keep every byte of the text.
+fn keeps_text_pre_tokenizer(p: &serde_json::Value) -> bool {
+    match p["type"].as_str() {
+        None => p.is_null(),
+        Some("Sequence") => p["pretokenizers"]
+            .as_array()
+            .is_some_and(|all| all.iter().all(keeps_text_pre_tokenizer)),
+        Some("ByteLevel" | "Metaspace" | "Digits") => true,
+        Some("Split" | "Punctuation") => p["behavior"].as_str() != Some("Removed"),
+        Some(_) => false,
     }
 }

@@ -1,0 +1,121 @@
+//! `HfCodec::max_token_bytes`: the bound that lets the Host refuse a prompt
+//! that cannot fit by its byte length alone must never be wrong, since a wrong
+//! bound refuses prompts that would fit.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use serde_json::json;
+use tokenizers::Tokenizer;
+use tokenwire_core::TextCodec;
+use tokenwire_kernels::tokenizer::HfCodec;
+
+/// Characters that stress every path: spaces (`▁`), newlines, multi-byte
+/// characters, byte fallback, digits and punctuation.
+fn text() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop_oneof![
+            Just(" ".to_string()),
+            Just("  ".to_string()),
+            Just("\n".to_string()),
+            "[a-z]{1,8}",
+            "[A-Z0-9.,!?]{1,3}",
+            Just("é".to_string()),
+            Just("中文".to_string()),
+            Just("🦀".to_string()),
+            any::<char>().prop_map(|c| c.to_string()),
+        ],
+        0..40,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+/// Tokens `codec` makes of `text`, without the BOS it adds.
+fn tokens(codec: &HfCodec, text: &str) -> usize {
+    let with = codec.encode(text, true).expect("encode").len();
+    let without = codec.encode(text, false).expect("encode").len();
+    with.min(without)
+}
+
+/// GPT-2's byte-to-character map: every byte is one printable character.
+fn byte_char(b: u8) -> char {
+    let printable = (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    if printable {
+        return char::from(b);
+    }
+    let rank = (0..b)
+        .filter(|&x| !((b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || x >= 0xAE))
+        .count() as u32;
+    char::from_u32(256 + rank).expect("valid char")
+}
+
+/// A small byte-level BPE (GPT-2 style): every byte, and a few merges.
+fn byte_level_bpe() -> HfCodec {
+    let mut vocab = serde_json::Map::new();
+    for b in 0..=255u8 {
+        vocab.insert(byte_char(b).to_string(), json!(b as u32));
+    }
+    let merges = [
+        "Ġ t", "Ġt h", "Ġth e", "h e", "i n", "Ġ a", "a n", "an d", "Ġ and",
+    ];
+    let mut next = 256u32;
+    for m in merges {
+        vocab.insert(m.replace(' ', ""), json!(next));
+        next += 1;
+    }
+    vocab.insert("<|endoftext|>".into(), json!(next));
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": next, "content": "<|endoftext|>", "single_word": false,
+                          "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges}
+    });
+    let tokenizer = Tokenizer::from_bytes(tj.to_string().as_bytes()).expect("tokenizer");
+    HfCodec::new(tokenizer, None)
+}
+
+#[test]
+fn stories260k_has_a_bound_and_never_breaks_it() {
+    let Some(dir) = stories_dir() else { return };
+    let codec = HfCodec::load(&dir).expect("codec");
+    let bound = codec
+        .max_token_bytes()
+        .expect("a SentencePiece BPE with byte fallback");
+    assert_eq!(bound, 9, "its longest piece");
+    proptest!(ProptestConfig::with_cases(512), |(t in text())| {
+        let n = tokens(&codec, &t);
+        prop_assert!(n * bound >= t.len(), "{:?}: {} tokens for {} bytes", t, n, t.len());
+    });
+}
+
+#[test]
+fn a_byte_level_bpe_has_a_bound_and_never_breaks_it() {
+    let codec = byte_level_bpe();
+    let bound = codec.max_token_bytes().expect("byte-level BPE");
+    assert_eq!(bound, "<|endoftext|>".len());
+    proptest!(ProptestConfig::with_cases(512), |(t in text())| {
+        let n = tokens(&codec, &t);
+        prop_assert!(n * bound >= t.len(), "{:?}: {} tokens for {} bytes", t, n, t.len());
+    });
+    // Worst case for the merges: every token spans as much as it can.
+    let t = " the and the and";
+    assert!(tokens(&codec, t) * bound >= t.len());
+}
+
+#[test]
+fn tokenizers_that_drop_text_have_no_bound() {
+    // Whitespace pre-tokenization drops spaces: a megabyte of them is no token.
+    let dir = TempDir::new("bound-wordlevel");
+    dir.write("tokenizer.json", toy_tokenizer_json(10));
+    let tokenizer = Tokenizer::from_file(dir.path().join("tokenizer.json")).expect("tokenizer");
+    let codec = HfCodec::new(tokenizer, None);
+    assert_eq!(codec.max_token_bytes(), None);
+    assert_eq!(tokens(&codec, &" ".repeat(1000)), 0, "why it has none");
+}
