@@ -68,6 +68,8 @@ fn main() {
                 // on a worker thread so other connections keep streaming.
                 Output::Tokenize(job) => inbox.push_back(Input::Tokenized(job.run())),
                 Output::Ping { conn } => inbox.push_back(Input::Pong { conn }),
+                // Back-pressure: stop (and restart) reading this connection.
+                Output::PauseReading { .. } | Output::ResumeReading { .. } => {}
                 Output::Event(_) | Output::Feedback(_) | Output::ShutdownComplete => {}
             }
         }

@@ -198,6 +198,17 @@ pub enum Output {
         /// Close reason (short, no client content).
         reason: String,
     },
+    /// Stop reading this connection's socket (its frames are piling up while
+    /// it waits); frames already read may still be handed in.
+    PauseReading {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Read this connection's socket again.
+    ResumeReading {
+        /// The connection.
+        conn: ConnId,
+    },
     /// Run this step on the engine; answer with [`Input::StepDone`] or [`Input::EngineFault`].
     RunStep(StepPlan),
     /// Tokenize (render a chat template, count tokens) off the thread that

@@ -828,15 +828,61 @@ fn a_connection_gone_while_its_prompt_is_tokenized_starts_nothing() {
 }
 
 #[test]
-fn a_client_that_piles_up_frames_while_waiting_is_closed() {
+fn frames_piling_up_while_waiting_pause_reading_until_they_are_handled() {
+    let mut h = harness();
+    h.auto_text = false;
+    let c = h.open(1, Dialect::Generate);
+    let paused = |h: &Harness| {
+        h.others
+            .iter()
+            .filter(|o| matches!(o, Output::PauseReading { conn } if *conn == c))
+            .count()
+    };
+    let resumed = |h: &Harness| {
+        h.others
+            .iter()
+            .filter(|o| matches!(o, Output::ResumeReading { conn } if *conn == c))
+            .count()
+    };
+    h.send(c, config("Hello", json!({"max_tokens": 5})));
+    for _ in 0..15 {
+        h.send(c, json!({"type": "feedback", "rating": 1}));
+    }
+    assert_eq!(paused(&h), 0, "15 frames may wait without pushing back");
+    h.send(c, json!({"type": "feedback", "rating": 1}));
+    assert_eq!(paused(&h), 1, "the 16th asks the shell to stop reading");
+    // Frames already on their way still count and are kept, in order.
+    for _ in 0..20 {
+        h.send(c, json!({"type": "feedback", "rating": -1}));
+    }
+    assert_eq!(paused(&h), 1);
+    assert!(h.received(c).is_empty());
+    h.finish_text_jobs();
+    assert_eq!(
+        resumed(&h),
+        1,
+        "reading resumes once every held frame is handled"
+    );
+    let kinds: Vec<Value> = h.received(c).iter().map(|f| f["type"].clone()).collect();
+    assert_eq!(kinds[0], "init");
+    assert_eq!(
+        h.of_type(c, "status").len(),
+        36,
+        "every held feedback was acknowledged"
+    );
+    assert!(!h.closes.contains_key(&c));
+}
+
+#[test]
+fn a_client_that_ignores_the_pause_is_closed() {
     let mut h = harness();
     h.auto_text = false;
     let c = h.open(1, Dialect::Generate);
     h.send(c, config("Hello", json!({"max_tokens": 5})));
-    for _ in 0..64 {
+    for _ in 0..4096 {
         h.send(c, json!({"type": "control", "action": "pause"}));
     }
-    assert!(!h.closes.contains_key(&c), "64 frames may wait");
+    assert!(!h.closes.contains_key(&c), "4096 frames may wait");
     h.send(c, json!({"type": "control", "action": "pause"}));
     assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1008));
 }

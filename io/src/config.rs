@@ -155,6 +155,34 @@ pub struct ServeArgs {
           default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
 
+    /// Seconds an HTTP client may take to send a request's headers (also the
+    /// longest an idle keep-alive connection stays open).
+    #[arg(long, env = "TOKENWIRE_HEADER_TIMEOUT", value_name = "SECS",
+          default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+
+    /// Seconds an HTTP request body may take to arrive, extended by one second
+    /// for every --body-min-rate bytes received; a slower body gets 408.
+    #[arg(long, env = "TOKENWIRE_BODY_TIMEOUT", value_name = "SECS",
+          default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
+
+    /// Bytes per second a request body must keep up, beyond --body-timeout.
+    #[arg(long, env = "TOKENWIRE_BODY_MIN_RATE", value_name = "BYTES",
+          default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_min_rate: u64,
+
+    /// Kernel send buffer per connection in bytes (0: the OS's own sizing).
+    /// The outbound queue is the buffer that matters; a small socket buffer
+    /// lets a reader that stalls be seen as slow, and its close be delivered.
+    #[arg(
+        long,
+        env = "TOKENWIRE_SEND_BUFFER_BYTES",
+        value_name = "N",
+        default_value_t = 256 * 1024
+    )]
+    pub send_buffer_bytes: u64,
+
     /// KV cache blocks in the pool (default: the engine sizes it).
     #[arg(long, env = "TOKENWIRE_KV_BLOCKS", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -211,6 +239,14 @@ pub struct ServerConfig {
     pub feedback_log: Option<PathBuf>,
     /// Most connections (WebSocket and HTTP generations) at once.
     pub max_connections: usize,
+    /// How long an HTTP client may take to send a request's headers.
+    pub header_timeout: Duration,
+    /// How long a request body may take, before the rate extension.
+    pub body_timeout: Duration,
+    /// Bytes per second a request body must keep up beyond `body_timeout`.
+    pub body_min_rate: u64,
+    /// Kernel send buffer per connection (0: the OS's own sizing).
+    pub send_buffer_bytes: usize,
     /// KV cache blocks (`None`: the engine decides).
     pub kv_blocks: Option<u32>,
     /// Name substring of the wgpu adapter to use (`None`: the best one).
@@ -236,6 +272,10 @@ impl Default for ServerConfig {
             shutdown_grace: h.shutdown_grace,
             feedback_log: None,
             max_connections: 10_000,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(10),
+            body_min_rate: 8192,
+            send_buffer_bytes: 256 * 1024,
             kv_blocks: None,
             wgpu_adapter: None,
             seed: 0,
@@ -262,6 +302,10 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
             feedback_log: args.feedback_log.clone(),
             max_connections: to_usize(args.max_connections),
+            header_timeout: Duration::from_secs(args.header_timeout),
+            body_timeout: Duration::from_secs(args.body_timeout),
+            body_min_rate: args.body_min_rate,
+            send_buffer_bytes: to_usize(args.send_buffer_bytes),
             kv_blocks: args.kv_blocks,
             wgpu_adapter: args.wgpu_adapter.clone(),
             seed: args.seed.unwrap_or(default_seed),
@@ -611,6 +655,10 @@ mod tests {
             ("TOKENWIRE_FEEDBACK_LOG", "/tmp/fb.jsonl"),
             ("TOKENWIRE_MAX_CONNECTIONS", "5"),
             ("TOKENWIRE_KV_BLOCKS", "6"),
+            ("TOKENWIRE_HEADER_TIMEOUT", "8"),
+            ("TOKENWIRE_BODY_TIMEOUT", "9"),
+            ("TOKENWIRE_BODY_MIN_RATE", "10"),
+            ("TOKENWIRE_SEND_BUFFER_BYTES", "11"),
             ("TOKENWIRE_SEED", "7"),
             ("TOKENWIRE_LOG_FORMAT", "json"),
         ]);
@@ -627,6 +675,10 @@ mod tests {
         assert_eq!(c.feedback_log, Some(PathBuf::from("/tmp/fb.jsonl")));
         assert_eq!(c.max_connections, 5);
         assert_eq!(c.kv_blocks, Some(6));
+        assert_eq!(c.header_timeout, Duration::from_secs(8));
+        assert_eq!(c.body_timeout, Duration::from_secs(9));
+        assert_eq!(c.body_min_rate, 10);
+        assert_eq!(c.send_buffer_bytes, 11);
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Json);
     }
@@ -646,6 +698,10 @@ mod tests {
             feedback_log = "/tmp/fb.jsonl"
             max_connections = 5
             kv_blocks = 6
+            header_timeout = 8
+            body_timeout = 9
+            body_min_rate = 10
+            send_buffer_bytes = 11
             seed = 7
             log_format = "json"
         "#;
@@ -654,6 +710,8 @@ mod tests {
         assert_eq!(c.model, ModelSource::Dir("/models/m".into()));
         assert_eq!(c.max_connections, 5);
         assert_eq!(c.kv_blocks, Some(6));
+        assert_eq!(c.body_min_rate, 10);
+        assert_eq!(c.send_buffer_bytes, 11);
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.shutdown_grace, Duration::from_secs(4));
     }

@@ -16,17 +16,21 @@ use futures_util::{SinkExt, StreamExt};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokenwire_core::{ConnId, Dialect, Input, Transport};
+use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
-use crate::driver::{ConnQueue, DriverHandle, DriverMsg, OutFrame};
+use crate::driver::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
 use crate::sync::{ConnectionPermit, OutboundQueue, Pop};
 
-/// How long a closing connection may take to deliver its last frames and see
-/// the peer's close reply before the socket is dropped.
+/// How long a closing connection may take to finish the write in flight and
+/// deliver its close frame before the socket is dropped.
 pub(crate) const CLOSE_LINGER: Duration = Duration::from_secs(5);
+/// How long to wait for the peer's close reply once ours is out (a peer that
+/// never answers must not hold a shutdown up).
+pub(crate) const REPLY_LINGER: Duration = Duration::from_secs(1);
 /// Most frames written before one flush.
 const WRITE_BATCH: usize = 64;
 /// Extra room over `max_frame_bytes` before tungstenite itself refuses a message
@@ -71,7 +75,7 @@ struct Counts {
 }
 
 /// How the reader stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum ReadEnd {
     /// The peer closed, or the socket ended.
     PeerClosed,
@@ -79,18 +83,34 @@ enum ReadEnd {
     Error,
     /// A frame over the limit; the Host will close with 1009.
     TooLarge,
+    /// The peer broke the protocol (RFC 6455 asks for a close with `code`:
+    /// 1007 for text that is not UTF-8, 1002 otherwise).
+    Protocol {
+        /// The close code owed.
+        code: u16,
+        /// Why, for the close frame and the log (never frame content).
+        reason: String,
+    },
     /// The driver is gone.
     DriverGone,
 }
 
 /// How the writer stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum WriteEnd {
-    /// A close frame with this code was sent (or tried).
-    SentClose(u16),
+    /// The connection was being closed with `code`; `sent` tells whether the
+    /// close frame reached the socket within the linger.
+    Close {
+        /// The close code.
+        code: u16,
+        /// The close reason.
+        reason: String,
+        /// The close frame was written.
+        sent: bool,
+    },
     /// The queue ended without a close frame.
     QueueEnded,
-    /// The socket failed or the close could not be delivered in time.
+    /// The socket failed.
     Error,
 }
 
@@ -104,6 +124,7 @@ pub(crate) async fn run(
 ) {
     let started = StdInstant::now();
     let queue: ConnQueue = Arc::new(OutboundQueue::new(max_queued_frames));
+    let (gate, gate_rx) = read_gate();
     let opened = driver
         .send(DriverMsg::Open {
             conn: meta.conn,
@@ -112,6 +133,7 @@ pub(crate) async fn run(
             query: meta.query.clone(),
             peer: meta.peer,
             queue: queue.clone(),
+            gate,
         })
         .await;
     let (mut sink, stream) = ws.split();
@@ -136,23 +158,39 @@ pub(crate) async fn run(
     let mut counts_in = Counts::default();
     let mut counts_out = Counts::default();
     let (read_end, write_end) = {
-        let reader = read_loop(stream, meta.conn, &driver, &mut counts_in);
+        let reader = read_loop(stream, gate_rx, meta.conn, &driver, &mut counts_in);
         let writer = write_loop(&mut sink, &queue, meta.conn, &driver, &mut counts_out);
         tokio::pin!(reader);
         tokio::pin!(writer);
         tokio::select! {
             r = &mut reader => {
-                let w = if r == ReadEnd::TooLarge {
+                let w = match &r {
                     // The Host answers with a 1009 close; let the writer deliver it.
-                    tokio::time::timeout(CLOSE_LINGER, &mut writer).await.ok()
-                } else {
-                    None
+                    ReadEnd::TooLarge => {
+                        tokio::time::timeout(2 * CLOSE_LINGER, &mut writer).await.ok()
+                    }
+                    ReadEnd::Protocol { code, reason } => {
+                        tracing::info!(
+                            conn = meta.conn.0,
+                            code,
+                            reason = %reason,
+                            "websocket protocol error; closing"
+                        );
+                        // Whatever was queued for a peer that broke the
+                        // protocol is dropped: the close goes next.
+                        queue.close_now(Some(OutFrame::Close {
+                            code: *code,
+                            reason: reason.clone(),
+                        }));
+                        tokio::time::timeout(2 * CLOSE_LINGER, &mut writer).await.ok()
+                    }
+                    _ => None,
                 };
                 (Some(r), w)
             }
             w = &mut writer => {
                 // Our close is out: read until the peer's close reply, briefly.
-                let r = tokio::time::timeout(CLOSE_LINGER, &mut reader).await.ok();
+                let r = tokio::time::timeout(REPLY_LINGER, &mut reader).await.ok();
                 (r, Some(w))
             }
         }
@@ -163,10 +201,24 @@ pub(crate) async fn run(
         .await;
     drop(permit);
 
-    let close_code = match write_end {
-        Some(WriteEnd::SentClose(code)) => Some(code),
-        _ => None,
+    let (close_code, close_reason, close_sent) = match &write_end {
+        Some(WriteEnd::Close { code, reason, sent }) => {
+            (Some(*code), Some(reason.as_str()), Some(*sent))
+        }
+        _ => (None, None, None),
     };
+    let read_end = read_end.map(|r| match r {
+        ReadEnd::Protocol { .. } => "protocol_error",
+        ReadEnd::PeerClosed => "peer_closed",
+        ReadEnd::Error => "error",
+        ReadEnd::TooLarge => "too_large",
+        ReadEnd::DriverGone => "driver_gone",
+    });
+    let write_end = write_end.as_ref().map(|w| match w {
+        WriteEnd::Close { .. } => "close",
+        WriteEnd::QueueEnded => "queue_ended",
+        WriteEnd::Error => "error",
+    });
     tracing::info!(
         conn = meta.conn.0,
         dialect = meta.dialect.name(),
@@ -177,19 +229,30 @@ pub(crate) async fn run(
         frames_out = counts_out.frames_out,
         bytes_out = counts_out.bytes_out,
         close_code,
-        read_end = ?read_end,
-        write_end = ?write_end,
+        close_reason,
+        close_sent,
+        read_end,
+        write_end,
         "connection closed"
     );
 }
 
 async fn read_loop(
     mut stream: SplitStream<Socket>,
+    mut gate: watch::Receiver<bool>,
     conn: ConnId,
     driver: &DriverHandle,
     counts: &mut Counts,
 ) -> ReadEnd {
-    while let Some(msg) = stream.next().await {
+    loop {
+        // The Host may ask us to stop reading while this connection's frames
+        // pile up (TCP then pushes back on the peer).
+        if gate.wait_for(|open| *open).await.is_err() {
+            return ReadEnd::DriverGone;
+        }
+        let Some(msg) = stream.next().await else {
+            break;
+        };
         let input = match msg {
             Ok(Message::Text(text)) => {
                 counts.frames_in += 1;
@@ -222,6 +285,18 @@ async fn read_loop(
                 }
                 return ReadEnd::TooLarge;
             }
+            Err(WsError::Utf8(_)) => {
+                return ReadEnd::Protocol {
+                    code: 1007,
+                    reason: "text frame is not valid UTF-8".into(),
+                }
+            }
+            Err(WsError::Protocol(e)) => {
+                return ReadEnd::Protocol {
+                    code: 1002,
+                    reason: format!("protocol error: {e}"),
+                }
+            }
             Err(e) => {
                 tracing::debug!(conn = conn.0, error = %e, "read error");
                 return ReadEnd::Error;
@@ -253,7 +328,7 @@ async fn write_loop(
             if popped.drained && driver.send(DriverMsg::Drained(conn)).await.is_err() {
                 return WriteEnd::QueueEnded;
             }
-            match popped.item {
+            let msg = match popped.item {
                 OutFrame::Close { code, reason } => {
                     close = Some((code, reason));
                     break;
@@ -261,15 +336,12 @@ async fn write_loop(
                 OutFrame::Text(text) => {
                     counts.frames_out += 1;
                     counts.bytes_out += text.len() as u64;
-                    if !guarded(queue, sink.feed(Message::text(text))).await {
-                        return WriteEnd::Error;
-                    }
+                    Message::text(text)
                 }
-                OutFrame::Ping => {
-                    if !guarded(queue, sink.feed(Message::Ping(Default::default()))).await {
-                        return WriteEnd::Error;
-                    }
-                }
+                OutFrame::Ping => Message::Ping(Default::default()),
+            };
+            if !guarded(queue, sink.feed(msg)).await {
+                return gave_up(queue);
             }
             written += 1;
             if written < WRITE_BATCH {
@@ -279,17 +351,33 @@ async fn write_loop(
             }
         }
         if written > 0 && !guarded(queue, sink.flush()).await {
-            return WriteEnd::Error;
+            return gave_up(queue);
         }
         if let Some((code, reason)) = close {
             let sent =
                 tokio::time::timeout(CLOSE_LINGER, sink.send(close_message(code, &reason))).await;
-            return match sent {
-                Ok(Ok(())) => WriteEnd::SentClose(code),
-                _ => WriteEnd::Error,
+            return WriteEnd::Close {
+                code,
+                reason,
+                sent: matches!(sent, Ok(Ok(()))),
             };
         }
     }
+}
+
+/// The writer could not finish a write within the linger after the queue
+/// closed: report the close that was owed (from the queue), undelivered.
+fn gave_up(queue: &ConnQueue) -> WriteEnd {
+    while let Pop::Item(p) = queue.try_pop() {
+        if let OutFrame::Close { code, reason } = p.item {
+            return WriteEnd::Close {
+                code,
+                reason,
+                sent: false,
+            };
+        }
+    }
+    WriteEnd::Error
 }
 
 /// Runs a socket write, giving up if the queue has been closed for longer than

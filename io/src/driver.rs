@@ -67,6 +67,8 @@ pub(crate) enum DriverMsg {
         peer: SocketAddr,
         /// Its outbound queue.
         queue: ConnQueue,
+        /// Whether its reader may read (the Host pauses it while frames pile up).
+        gate: ReadGate,
     },
     /// An input for the Host (frames, closes, engine results, model loading).
     Input(Input),
@@ -145,8 +147,18 @@ pub(crate) fn snapshot_channel(
     })
 }
 
+/// Lets the driver pause and resume a connection's reader.
+pub(crate) type ReadGate = Arc<watch::Sender<bool>>;
+
+/// A gate open for reading, and the receiver its reader waits on.
+pub(crate) fn read_gate() -> (ReadGate, watch::Receiver<bool>) {
+    let (tx, rx) = watch::channel(true);
+    (Arc::new(tx), rx)
+}
+
 struct ConnEntry {
     queue: ConnQueue,
+    gate: ReadGate,
     /// The Host was told `QueueFull` and not yet `QueueDrained`.
     host_full: bool,
 }
@@ -348,11 +360,13 @@ impl Driver {
                 query,
                 peer,
                 queue,
+                gate,
             } => {
                 self.conns.insert(
                     conn,
                     ConnEntry {
                         queue,
+                        gate,
                         host_full: false,
                     },
                 );
@@ -449,6 +463,12 @@ impl Driver {
                 }
             }
             Output::Tokenize(job) => self.text.run(job, self.handle.clone()),
+            Output::PauseReading { conn } | Output::ResumeReading { conn } => {
+                let open = matches!(out, Output::ResumeReading { .. });
+                if let Some(entry) = self.conns.get(&conn) {
+                    entry.gate.send_replace(open);
+                }
+            }
             Output::Event(event) => self.metrics.observe(&event),
             Output::Feedback(record) => {
                 if let Some(log) = &self.feedback {
@@ -578,6 +598,7 @@ mod tests {
                 query: String::new(),
                 peer: SocketAddr::from(([127, 0, 0, 1], 1)),
                 queue: queue.clone(),
+                gate: read_gate().0,
             })
             .await;
         assert!(sent.is_ok());

@@ -22,7 +22,7 @@ use tokio_tungstenite::WebSocketStream;
 use crate::conn::{self, ConnMeta};
 use crate::driver::{DriverHandle, Snapshot};
 use crate::metrics::Metrics;
-use crate::sync::ConnectionLimiter;
+use crate::sync::{ConnectionLimiter, ConnectionPermit};
 
 /// Response body type of every endpoint.
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -35,7 +35,7 @@ pub(crate) struct AppState {
     pub snapshot: watch::Receiver<Snapshot>,
     /// Metrics, for `/metrics`.
     pub metrics: Arc<Metrics>,
-    /// Connection cap for upgrades and HTTP generations.
+    /// Cap on open connections (HTTP and WebSocket alike).
     pub limiter: Arc<ConnectionLimiter>,
     /// Next connection id.
     pub next_conn: AtomicU64,
@@ -43,6 +43,14 @@ pub(crate) struct AppState {
     pub started_unix_s: u64,
     /// Largest frame / request body.
     pub max_frame_bytes: usize,
+    /// How long a request body may take before the rate extension.
+    pub body_timeout: std::time::Duration,
+    /// Bytes per second a body must keep up beyond `body_timeout`.
+    pub body_min_rate: u64,
+    /// How long a client may take to send a request's headers.
+    pub header_timeout: std::time::Duration,
+    /// Kernel send buffer per connection (0: the OS's sizing).
+    pub send_buffer_bytes: usize,
     /// Outbound queue capacity per connection.
     pub max_queued_frames: usize,
     /// WebSocket settings.
@@ -59,16 +67,37 @@ impl AppState {
     }
 }
 
+/// A connection's slot in the connection limit, shared by its requests: an
+/// upgrade takes it over for the WebSocket's life.
+#[derive(Clone)]
+pub(crate) struct PermitSlot(Arc<std::sync::Mutex<Option<ConnectionPermit>>>);
+
+impl PermitSlot {
+    /// A slot holding `permit`.
+    pub(crate) fn new(permit: ConnectionPermit) -> PermitSlot {
+        PermitSlot(Arc::new(std::sync::Mutex::new(Some(permit))))
+    }
+
+    /// Takes the permit (once).
+    fn take(&self) -> Option<ConnectionPermit> {
+        match self.0.lock() {
+            Ok(mut p) => p.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        }
+    }
+}
+
 /// hyper's service function: routes one request.
 pub(crate) async fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
+    slot: PermitSlot,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let started = std::time::Instant::now();
-    let resp = route(state, peer, req).await;
+    let resp = route(state, peer, slot, req).await;
     // Path only: query strings may carry credentials.
     tracing::debug!(
         %peer,
@@ -81,9 +110,14 @@ pub(crate) async fn handle(
     Ok(resp)
 }
 
-async fn route(state: Arc<AppState>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn route(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    slot: PermitSlot,
+    req: Request<Incoming>,
+) -> Response<Body> {
     if is_websocket_upgrade(&req) {
-        return upgrade(state, peer, req);
+        return upgrade(state, peer, slot, req);
     }
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
     match req.uri().path() {
@@ -92,7 +126,7 @@ async fn route(state: Arc<AppState>, peer: SocketAddr, req: Request<Incoming>) -
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
         "/v1/generate" if req.method() == Method::POST => {
-            crate::http_generate::handle(state, peer, req).await
+            crate::http_dialect::handle(state, peer, Dialect::Generate, req).await
         }
         "/v1/generate" => method_not_allowed("POST"),
         path => error_response(
@@ -108,9 +142,12 @@ fn health(state: &AppState) -> Response<Body> {
     if snap.loaded {
         json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
     } else {
-        json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"status": "loading", "progress": snap.load_progress}),
+        with_retry_after(
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"status": "loading", "progress": snap.load_progress}),
+            ),
+            1,
         )
     }
 }
@@ -155,8 +192,14 @@ fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
     has_token(header::UPGRADE, "websocket") && has_token(header::CONNECTION, "upgrade")
 }
 
-/// Answers a WebSocket upgrade with 101 and runs the connection on its own task.
-fn upgrade(state: Arc<AppState>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
+/// Answers a WebSocket upgrade with 101 and runs the connection on its own
+/// task, which takes over the connection's slot in the connection limit.
+fn upgrade(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    slot: PermitSlot,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
     let Some(dialect) = Dialect::from_path(req.uri().path()) else {
         return error_response(
             StatusCode::NOT_FOUND,
@@ -166,6 +209,13 @@ fn upgrade(state: Arc<AppState>, peer: SocketAddr, mut req: Request<Incoming>) -
     };
     if req.method() != Method::GET {
         return method_not_allowed("GET");
+    }
+    if req.version() < http::Version::HTTP_11 {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "a WebSocket upgrade needs HTTP/1.1",
+        );
     }
     let version_ok = req
         .headers()
@@ -190,6 +240,13 @@ fn upgrade(state: Arc<AppState>, peer: SocketAddr, mut req: Request<Incoming>) -
             "missing Sec-WebSocket-Key",
         );
     };
+    if !is_websocket_key(key.as_bytes()) {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Sec-WebSocket-Key must be 16 bytes in base64 (24 characters)",
+        );
+    }
     let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) else {
         return error_response(
             StatusCode::BAD_REQUEST,
@@ -197,12 +254,13 @@ fn upgrade(state: Arc<AppState>, peer: SocketAddr, mut req: Request<Incoming>) -
             "bad Sec-WebSocket-Key",
         );
     };
-    let Some(permit) = state.limiter.try_acquire() else {
-        tracing::warn!(%peer, dialect = dialect.name(), max = state.limiter.max(), "connection limit reached");
+    let Some(permit) = slot.take() else {
+        // A second upgrade on one connection cannot happen (the first one
+        // ends HTTP on it); answer rather than assume.
         return error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_connections",
-            "the server's connection limit is reached; retry later",
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "this connection was already upgraded",
         );
     };
 
@@ -273,12 +331,32 @@ pub(crate) fn json_text_response(status: StatusCode, json: String) -> Response<B
     resp
 }
 
-/// `{"error": code, "message": message}` with `status`.
+/// `{"type": "error", "error": code, "message": message, "recoverable": true}`
+/// with `status` (and `Retry-After` on a 503).
 pub(crate) fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Body> {
-    json_response(
+    let resp = json_response(
         status,
-        &serde_json::json!({"error": code, "message": message}),
-    )
+        &serde_json::json!({"type": "error", "error": code, "message": message, "recoverable": true}),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        with_retry_after(resp, 1)
+    } else {
+        resp
+    }
+}
+
+/// Adds `Retry-After: seconds`.
+pub(crate) fn with_retry_after(mut resp: Response<Body>, seconds: u32) -> Response<Body> {
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    resp
+}
+
+/// True for a `Sec-WebSocket-Key` that decodes to 16 bytes: 22 base64
+/// characters and `==` (RFC 6455, 4.2.1).
+fn is_websocket_key(key: &[u8]) -> bool {
+    let b64 = |c: &u8| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/';
+    key.len() == 24 && key[..22].iter().all(b64) && &key[22..] == b"=="
 }
 
 fn method_not_allowed(allow: &'static str) -> Response<Body> {
@@ -295,6 +373,21 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn websocket_keys_are_16_bytes_of_base64() {
+        assert!(is_websocket_key(b"dGhlIHNhbXBsZSBub25jZQ=="));
+        for bad in [
+            &b"abc"[..],
+            b"",
+            b"dGhlIHNhbXBsZSBub25jZQ",
+            b"dGhlIHNhbXBsZSBub25jZQ=!",
+            b"dGhlIHNhbXBsZSBub25jZ$==",
+            b"dGhlIHNhbXBsZSBub25jZQ===",
+        ] {
+            assert!(!is_websocket_key(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
 
     #[test]
     fn upgrade_detection_reads_header_tokens() {

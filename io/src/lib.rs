@@ -39,7 +39,7 @@ mod driver;
 mod engine_thread;
 mod feedback;
 mod http;
-mod http_generate;
+mod http_dialect;
 pub mod metrics;
 mod server;
 pub mod shutdown;

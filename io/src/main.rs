@@ -47,6 +47,17 @@ fn serve(config: ServerConfig, env: &EnvMap) -> ExitCode {
     }
 }
 
+/// Libraries that could log frame contents, prompt characters or credentials
+/// at low levels, and the most verbose level each may use whatever the filter
+/// asks (the `tokenizers` crate logs every replaced prompt character at trace).
+const LOG_CAPS: [&str; 5] = [
+    "tungstenite=warn",
+    "tokio_tungstenite=warn",
+    "hyper=info",
+    "hyper_util=info",
+    "tokenizers=warn",
+];
+
 /// Log filter from `TOKENWIRE_LOG` or `RUST_LOG` (default `info`). Libraries that
 /// could log frame contents or credentials at low levels are capped regardless.
 fn init_logging(format: LogFormat, env: &EnvMap) {
@@ -59,12 +70,7 @@ fn init_logging(format: LogFormat, env: &EnvMap) {
         eprintln!("tokenwire: ignoring the log filter {spec:?}: {e}");
         EnvFilter::new("info")
     });
-    for cap in [
-        "tungstenite=warn",
-        "tokio_tungstenite=warn",
-        "hyper=info",
-        "hyper_util=info",
-    ] {
+    for cap in LOG_CAPS {
         if let Ok(d) = cap.parse() {
             filter = filter.add_directive(d);
         }

@@ -48,6 +48,7 @@ pub struct Metrics {
     inter_token: Histogram,
     feedback: Family<RatingLabels, Counter>,
     overflows: Counter,
+    refused: Counter,
 }
 
 /// Metric family names, as in the exposition's `# TYPE` lines (counters' samples
@@ -67,6 +68,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_inter_token_latency_seconds",
     "tokenwire_feedback",
     "tokenwire_outbound_queue_overflows",
+    "tokenwire_connections_refused",
 ];
 
 const OUTCOMES: [Outcome; 4] = [
@@ -98,6 +100,7 @@ impl Metrics {
         let prompt_tokens = Counter::default();
         let completion_tokens = Counter::default();
         let overflows = Counter::default();
+        let refused = Counter::default();
         let ttft = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         let inter_token = Histogram::new(exponential_buckets(0.001, 2.0, 14));
 
@@ -188,6 +191,11 @@ impl Metrics {
             "Connections closed because their outbound queue overflowed",
             overflows.clone(),
         );
+        registry.register(
+            "connections_refused",
+            "Connections answered 503 because the connection limit was reached",
+            refused.clone(),
+        );
 
         Metrics {
             registry,
@@ -205,6 +213,7 @@ impl Metrics {
             inter_token,
             feedback,
             overflows,
+            refused,
         }
     }
 
@@ -280,6 +289,11 @@ impl Metrics {
     /// Counts a connection closed by the shell because its queue overflowed.
     pub fn outbound_overflow(&self) {
         self.overflows.inc();
+    }
+
+    /// Counts a connection refused at accept (the connection limit).
+    pub fn connection_refused(&self) {
+        self.refused.inc();
     }
 
     /// The metrics in the OpenMetrics text format.

@@ -21,12 +21,14 @@ use crate::conn::{websocket_config, CLOSE_LINGER};
 use crate::driver::{self, Driver, DriverParts, Snapshot, TextWorkers};
 use crate::engine_thread::{self, EngineSpec};
 use crate::feedback::FeedbackLog;
+use crate::http::PermitSlot;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
-use crate::sync::{CancelFlag, ConnectionLimiter};
+use crate::sync::{CancelFlag, ConnectionLimiter, ConnectionPermit};
 
-/// How long an HTTP client may take to send its request headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection over the limit may take to read its 503 before it
+/// is dropped.
+const REFUSE_LINGER: Duration = Duration::from_secs(1);
 
 /// A server started by [`start`] or [`start_loading`]. Stop it with
 /// [`RunningServer::shutdown`] (or [`RunningServer::finish`] for its error);
@@ -198,6 +200,10 @@ pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer
         next_conn: AtomicU64::new(1),
         started_unix_s: clock.epoch_unix_ms() / 1000,
         max_frame_bytes: config.max_frame_bytes,
+        body_timeout: config.body_timeout,
+        body_min_rate: config.body_min_rate,
+        header_timeout: config.header_timeout,
+        send_buffer_bytes: config.send_buffer_bytes,
         max_queued_frames: config.max_queued_frames,
         ws_config: websocket_config(config.max_frame_bytes),
         _tasks: tasks_tx,
@@ -233,7 +239,9 @@ fn text_workers() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// Accepts connections until `shutdown` is cancelled.
+/// Accepts connections until `shutdown` is cancelled. Every connection,
+/// HTTP or WebSocket, holds one slot of the connection limit for its whole
+/// life; one over the limit gets a 503 and is closed at once.
 async fn accept_loop(listener: TcpListener, state: Arc<AppState>, shutdown: CancelFlag) {
     loop {
         let accepted = tokio::select! {
@@ -242,14 +250,22 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, shutdown: Canc
             a = listener.accept() => a,
         };
         match accepted {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve_connection(
-                    stream,
-                    peer,
-                    state.clone(),
-                    shutdown.clone(),
-                ));
-            }
+            Ok((stream, peer)) => match state.limiter.try_acquire() {
+                Some(permit) => {
+                    tokio::spawn(serve_connection(
+                        stream,
+                        peer,
+                        permit,
+                        state.clone(),
+                        shutdown.clone(),
+                    ));
+                }
+                None => {
+                    tracing::debug!(%peer, max = state.limiter.max(), "connection limit reached");
+                    state.metrics.connection_refused();
+                    tokio::spawn(refuse(stream));
+                }
+            },
             Err(e) => {
                 // Out of file descriptors and the like: back off briefly.
                 tracing::warn!(error = %e, "accept failed");
@@ -263,20 +279,51 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, shutdown: Canc
     tracing::debug!("stopped accepting");
 }
 
-/// Serves one HTTP/1.1 connection (with upgrades), gracefully ending it on shutdown.
+/// Answers a connection over the limit with a 503 (and when to retry), then
+/// drops it; the whole exchange is bounded by [`REFUSE_LINGER`].
+async fn refuse(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = r#"{"type":"error","error":"too_many_connections","message":"the server's connection limit is reached; retry later","recoverable":true}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSE_LINGER, async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Read what the client sent until it closes, so closing does not
+        // reset the connection before the client has read the response.
+        let mut sink = [0u8; 1024];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+}
+
+/// Serves one HTTP/1.1 connection (with upgrades), gracefully ending it on
+/// shutdown. `permit` is its slot in the connection limit: an upgrade takes
+/// it over for the WebSocket's life, otherwise it is freed with the connection.
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    permit: ConnectionPermit,
     state: Arc<AppState>,
     shutdown: CancelFlag,
 ) {
     let _ = stream.set_nodelay(true);
+    if state.send_buffer_bytes > 0 {
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(state.send_buffer_bytes);
+    }
+    let slot = PermitSlot::new(permit);
     let svc_state = state.clone();
-    let service = service_fn(move |req| http::handle(svc_state.clone(), peer, req));
+    let svc_slot = slot.clone();
+    let service =
+        service_fn(move |req| http::handle(svc_state.clone(), peer, svc_slot.clone(), req));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(state.header_timeout);
     let conn = builder
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
@@ -291,5 +338,6 @@ async fn serve_connection(
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "http connection ended with an error");
     }
+    drop(slot);
     drop(state);
 }

@@ -192,6 +192,14 @@ impl GenerateClient {
                 let x = self.rng.next_f64();
                 if self.resend {
                     ops.push(self.resend_config());
+                } else if x < m.hostile_p * 0.2 {
+                    // A config with a burst of frames behind it, sent without
+                    // waiting: they pile up while its prompt is tokenized.
+                    ops.push(self.new_config(cx));
+                    let n = 8 + self.rng.below(40);
+                    for _ in 0..n {
+                        ops.push(self.feedback());
+                    }
                 } else if x < m.hostile_p {
                     ops.push(self.hostile(cx));
                 } else if x < m.hostile_p + m.disconnect_p {

@@ -111,6 +111,8 @@ pub struct FaultCounts {
     pub hostile_frame: u64,
     /// Early disconnects by clients.
     pub disconnect: u64,
+    /// Times the Host asked to stop reading a connection (frames piling up).
+    pub read_paused: u64,
 }
 
 impl FaultCounts {
@@ -126,6 +128,7 @@ impl FaultCounts {
         self.queue_full += o.queue_full;
         self.hostile_frame += o.hostile_frame;
         self.disconnect += o.disconnect;
+        self.read_paused += o.read_paused;
     }
 
     /// Counts an engine fault.
@@ -142,7 +145,7 @@ impl fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "crash={} oom={} device_lost={} engine_internal={} kv_shrink={} time_jump={} shutdown={} queue_full={} hostile_frame={} disconnect={}",
+            "crash={} oom={} device_lost={} engine_internal={} kv_shrink={} time_jump={} shutdown={} queue_full={} hostile_frame={} disconnect={} read_paused={}",
             self.crash,
             self.oom,
             self.device_lost,
@@ -152,7 +155,8 @@ impl fmt::Display for FaultCounts {
             self.shutdown,
             self.queue_full,
             self.hostile_frame,
-            self.disconnect
+            self.disconnect,
+            self.read_paused
         )
     }
 }

@@ -147,6 +147,8 @@ struct Sim<'w> {
     gen: u64,
     eng_rng: Rng,
     text_rng: Rng,
+    /// Connections the Host asked not to be read, and what waits for them.
+    unread: BTreeMap<ConnId, VecDeque<Wire>>,
     net: Net,
     clients: Vec<GenerateClient>,
     acts: Vec<u64>,
@@ -216,6 +218,7 @@ impl<'w> Sim<'w> {
             gen: 0,
             eng_rng: Rng::new(mix64(sw.seed, STREAM_ENGINE)),
             text_rng: Rng::new(mix64(sw.seed, STREAM_TEXT ^ 1)),
+            unread: BTreeMap::new(),
             net: Net::new(sw.net.clone(), Rng::new(mix64(sw.seed, STREAM_NET))),
             acts: vec![0; sw.clients],
             clients,
@@ -425,6 +428,12 @@ impl<'w> Sim<'w> {
             }
             Ev::Deliver { conn, gen, what } => {
                 if gen != self.gen {
+                    return Ok(());
+                }
+                if let Some(waiting) = self.unread.get_mut(&conn) {
+                    // The Host asked the shell to stop reading this connection:
+                    // whatever the client sends waits in the socket, in order.
+                    waiting.push_back(what);
                     return Ok(());
                 }
                 let Some(c) = self.net.conns.get_mut(&conn) else {
@@ -652,6 +661,19 @@ impl<'w> Sim<'w> {
                 }
             }
             Output::RunStep(plan) => self.run_step(plan),
+            Output::PauseReading { conn } => {
+                self.counts.read_paused += 1;
+                self.unread.entry(conn).or_default();
+            }
+            Output::ResumeReading { conn } => {
+                // What waited is read now, in order, before anything newer.
+                if let Some(waiting) = self.unread.remove(&conn) {
+                    let gen = self.gen;
+                    for what in waiting {
+                        self.at(self.clock, Ev::Deliver { conn, gen, what });
+                    }
+                }
+            }
             Output::Tokenize(job) => {
                 let after = between(&mut self.text_rng, Duration::ZERO, self.sw.text_latency_max);
                 let gen = self.gen;
@@ -699,6 +721,7 @@ impl<'w> Sim<'w> {
                 }
                 self.counts.crash += 1;
                 self.gen += 1;
+                self.unread.clear();
                 self.loaded = true;
                 self.local.clear();
                 let seed = mix64(self.sw.host_seed, self.gen);

@@ -5,6 +5,7 @@
 //! and one arm in [`machine_for`].
 
 pub mod generate;
+pub mod http;
 
 use serde_json::Value;
 

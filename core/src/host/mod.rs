@@ -16,9 +16,14 @@ use crate::time::{Duration, Instant};
 
 use shared::{outcome_of, Shared, TimerKey};
 
-/// Frames a connection may send while it waits (for the model to load, or for
-/// a prompt of its own to be tokenized); they are handled, in order, after.
-const MAX_HELD_FRAMES: usize = 64;
+/// Frames held for a waiting connection (the model loads, or a prompt of its
+/// own is being tokenized) at which the Host asks the shell to stop reading
+/// its socket; they are handled, in order, once it can go on.
+const PAUSE_READING_AT: usize = 16;
+/// Frames held beyond which a connection is closed (1008): the shell did not
+/// stop reading, or the peer ignores it. Frames already on their way when
+/// reading paused fit well below this.
+const MAX_HELD_FRAMES: usize = 4096;
 
 /// Close code for a keepalive that went unanswered and for idle connections.
 const CLOSE_NORMAL: u16 = 1000;
@@ -55,6 +60,8 @@ struct Conn {
     held: VecDeque<Held>,
     /// Bytes of text in `held`.
     held_bytes: usize,
+    /// The shell was asked to stop reading this connection.
+    reading_paused: bool,
 }
 
 /// Model loading progress, for `status` messages and `/health`.
@@ -263,6 +270,7 @@ impl Host {
             blocked: false,
             held: VecDeque::new(),
             held_bytes: 0,
+            reading_paused: false,
         };
         if transport == Transport::WebSocket {
             let cfg = &self.sh.config;
@@ -326,15 +334,18 @@ impl Host {
             || self.conns.get(&conn).is_some_and(|c| !c.held.is_empty())
     }
 
-    /// Keeps a frame for later; a connection that piles up more than
-    /// [`MAX_HELD_FRAMES`] frames or a frame limit's worth of bytes meanwhile
-    /// is closed (1008): it is not waiting for answers.
+    /// Keeps a frame for later. From [`PAUSE_READING_AT`] frames (or a frame
+    /// limit's worth of bytes) on, the shell is asked to stop reading the
+    /// connection; one that piles up more than [`MAX_HELD_FRAMES`] frames or
+    /// four frame limits' worth of bytes anyway is closed (1008).
     fn hold(&mut self, now: Instant, conn: ConnId, frame: Held) {
         let max_bytes = self.sh.config.max_frame_bytes;
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        if c.held.len() >= MAX_HELD_FRAMES || c.held_bytes + frame.len() > max_bytes {
+        let too_many = c.held.len() >= MAX_HELD_FRAMES
+            || c.held_bytes + frame.len() > max_bytes.saturating_mul(4);
+        if too_many {
             let reason = if self.sh.model.is_none() {
                 "too many frames while the model loads"
             } else {
@@ -345,6 +356,10 @@ impl Host {
         }
         c.held_bytes += frame.len();
         c.held.push_back(frame);
+        if !c.reading_paused && (c.held.len() >= PAUSE_READING_AT || c.held_bytes >= max_bytes) {
+            c.reading_paused = true;
+            self.sh.outputs.push_back(Output::PauseReading { conn });
+        }
     }
 
     /// Hands `conn` the frames it was holding, in order, until it has to wait again.
@@ -354,6 +369,10 @@ impl Host {
                 return;
             };
             let Some(frame) = c.held.pop_front() else {
+                if c.reading_paused {
+                    c.reading_paused = false;
+                    self.sh.outputs.push_back(Output::ResumeReading { conn });
+                }
                 return;
             };
             c.held_bytes -= frame.len();
@@ -489,7 +508,14 @@ impl Host {
                     }
                 }
                 TimerKey::PongDeadline(conn) => {
-                    if self.conns.contains_key(&conn) {
+                    // A connection we stopped reading cannot be seen answering.
+                    let paused = self.conns.get(&conn).is_some_and(|c| c.reading_paused);
+                    if paused {
+                        self.sh.timers.set(
+                            TimerKey::PongDeadline(conn),
+                            now + self.sh.config.keepalive_timeout,
+                        );
+                    } else if self.conns.contains_key(&conn) {
                         self.close_conn(now, conn, CLOSE_NORMAL, close_reason::KEEPALIVE);
                     }
                 }

@@ -6,6 +6,7 @@
 //! (many generations per connection, one at a time).
 
 pub mod codec;
+pub mod http;
 
 use serde_json::{Map, Value};
 

@@ -1,0 +1,208 @@
+//! The HTTP side of the dialects. A request body becomes a dialect's frames
+//! on a virtual connection ([`crate::Transport::Http`]), and the frames the
+//! Host sends back to it become one JSON response or a stream of server-sent
+//! events. Each dialect owns its mapping (how a body reads, what its terminal
+//! frame is, its error shape), so the shell's routes stay thin: read the body,
+//! call [`http_call`], send the frames, hand every frame the Host sends back
+//! to the [`HttpExchange`], write what it says.
+
+use crate::api::Dialect;
+
+/// A complete HTTP response, written as is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpReply {
+    /// Status code.
+    pub status: u16,
+    /// JSON body.
+    pub body: String,
+    /// Seconds for a `Retry-After` header (503s and 429s).
+    pub retry_after: Option<u32>,
+}
+
+impl HttpReply {
+    /// A reply with no `Retry-After`.
+    pub fn new(status: u16, body: String) -> HttpReply {
+        HttpReply {
+            status,
+            body,
+            retry_after: None,
+        }
+    }
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    /// The `event:` line, if any.
+    pub event: Option<String>,
+    /// The `data:` payload (one JSON frame).
+    pub data: String,
+}
+
+impl SseEvent {
+    /// The event's wire form: an optional `event:` line, one `data:` line per
+    /// line of the payload, and a blank line.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(self.data.len() + 16);
+        if let Some(e) = &self.event {
+            out.push_str("event: ");
+            out.push_str(e);
+            out.push('\n');
+        }
+        for line in self.data.split('\n') {
+            out.push_str("data: ");
+            out.push_str(line.strip_suffix('\r').unwrap_or(line));
+            out.push('\n');
+        }
+        out.push('\n');
+        out
+    }
+}
+
+/// What to do with one frame the Host sent to an HTTP request's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpStep {
+    /// Nothing for the client yet.
+    Wait,
+    /// A streaming response goes on with this event.
+    Event(SseEvent),
+    /// A streaming response ends with this event.
+    LastEvent(SseEvent),
+    /// A JSON response is complete.
+    Reply(HttpReply),
+}
+
+/// One HTTP request on its way through the Host.
+pub trait HttpExchange: Send + Sync {
+    /// A text frame the Host sent to the request's connection.
+    fn on_frame(&mut self, text: &str) -> HttpStep;
+    /// The Host closed the connection (code, reason) before the response was
+    /// complete: the last step (a reply, or a stream's last event).
+    fn on_close(&mut self, code: u16, reason: &str) -> HttpStep;
+    /// The request's id once known, for logs.
+    fn request_id(&self) -> Option<&str>;
+}
+
+/// An HTTP request accepted by its dialect's mapping.
+pub struct HttpCall {
+    /// Frames the virtual connection sends, in order, once it is open.
+    pub frames: Vec<String>,
+    /// A `text/event-stream` response (otherwise one JSON response).
+    pub stream: bool,
+    /// Turns the Host's frames into the response.
+    pub exchange: Box<dyn HttpExchange>,
+}
+
+impl std::fmt::Debug for HttpCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpCall")
+            .field("frames", &self.frames.len())
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+/// What went wrong with a request before the Host saw it (the shell's side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpFailure {
+    /// The body is larger than the frame limit.
+    BodyTooLarge {
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// The body did not arrive within its deadline.
+    BodyTimeout,
+    /// The body could not be read (the peer reset, bad chunking).
+    BodyUnreadable,
+    /// The server's connection limit is reached.
+    Busy {
+        /// Seconds after which a retry may succeed.
+        retry_after: u32,
+    },
+    /// The server is shutting down.
+    ShuttingDown {
+        /// Seconds after which a retry (elsewhere) may succeed.
+        retry_after: u32,
+    },
+}
+
+/// Maps a request body for `dialect`'s HTTP route to its frames, or the
+/// error reply (in the dialect's error shape) when the body is not valid.
+pub fn http_call(dialect: Dialect, body: &[u8]) -> Result<HttpCall, HttpReply> {
+    match dialect {
+        Dialect::Generate => super::generate::http::call(body),
+        other => Err(failure_json(
+            404,
+            &format!("the {} dialect has no HTTP route", other.name()),
+        )),
+    }
+}
+
+/// The reply for a failure the shell met on `dialect`'s HTTP route, in that
+/// dialect's error shape.
+pub fn http_failure(dialect: Dialect, failure: &HttpFailure) -> HttpReply {
+    match dialect {
+        Dialect::Generate => super::generate::http::failure(failure),
+        _ => {
+            let (status, message, retry_after) = describe(failure);
+            HttpReply {
+                retry_after,
+                ..failure_json(status, &message)
+            }
+        }
+    }
+}
+
+/// Status, message and retry delay of a failure (shared by the dialects).
+pub(crate) fn describe(f: &HttpFailure) -> (u16, String, Option<u32>) {
+    match f {
+        HttpFailure::BodyTooLarge { max } => (
+            413,
+            format!("the request body is larger than {max} bytes"),
+            None,
+        ),
+        HttpFailure::BodyTimeout => (408, "the request body did not arrive in time".into(), None),
+        HttpFailure::BodyUnreadable => (400, "the request body could not be read".into(), None),
+        HttpFailure::Busy { retry_after } => (
+            503,
+            "the server's connection limit is reached; retry later".into(),
+            Some(*retry_after),
+        ),
+        HttpFailure::ShuttingDown { retry_after } => (
+            503,
+            "the server is shutting down; retry on another server".into(),
+            Some(*retry_after),
+        ),
+    }
+}
+
+/// A plain error object for routes outside any dialect.
+fn failure_json(status: u16, message: &str) -> HttpReply {
+    let body = serde_json::json!({
+        "type": "error",
+        "error": if status >= 500 { "unavailable" } else { "invalid_request" },
+        "message": message,
+        "recoverable": true,
+    })
+    .to_string();
+    HttpReply::new(status, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_data_lines_with_an_optional_name() {
+        let e = SseEvent {
+            event: None,
+            data: r#"{"a":1}"#.into(),
+        };
+        assert_eq!(e.encode(), "data: {\"a\":1}\n\n");
+        let e = SseEvent {
+            event: Some("response.created".into()),
+            data: "a\nb\r".into(),
+        };
+        assert_eq!(e.encode(), "event: response.created\ndata: a\ndata: b\n\n");
+    }
+}
