@@ -198,6 +198,22 @@ fn upgrade(
     state: Arc<AppState>,
     peer: SocketAddr,
     slot: PermitSlot,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let mut resp = upgrade_or_refuse(state, peer, slot, req);
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // The client asked for a protocol switch and will not reuse this
+        // connection for plain HTTP: end it rather than wait for its timeout.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+fn upgrade_or_refuse(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    slot: PermitSlot,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
     let Some(dialect) = Dialect::from_path(req.uri().path()) else {

@@ -93,3 +93,142 @@ fn tiny_model_is_announced_first_and_sigterm_stops_cleanly() {
         "{rest:?}"
     );
 }
+
+/// The stories260K model (a real tokenizer, whose library logs prompt
+/// characters at trace level), or `None` with a printed reason; under
+/// `CI=true` a missing model fails.
+fn stories260k() -> Option<std::path::PathBuf> {
+    let dir = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/models/stories260K"
+    ));
+    if dir.join("model.safetensors").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but the model is missing at {}",
+        dir.display()
+    );
+    eprintln!("skipping: {} not found", dir.display());
+    None
+}
+
+/// Runs every dialect the server speaks, over WebSocket and HTTP, with a
+/// marker in every prompt, at the most verbose log level: neither the
+/// marker, nor any character-by-character trace of it, nor the generated
+/// text may reach the log.
+#[cfg(unix)]
+#[test]
+fn no_conversation_text_reaches_the_log_at_trace_level() {
+    use futures_util::{SinkExt, StreamExt};
+    let Some(model) = stories260k() else { return };
+    let mut child = tokenwire()
+        .args(["serve", "--listen", "127.0.0.1:0", "--seed", "3", "--model"])
+        .arg(&model)
+        .env("TOKENWIRE_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tokenwire");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let mut log: Vec<String> = Vec::new();
+    let mut addr = None;
+    for line in lines.by_ref() {
+        let line = line.expect("utf-8");
+        if line.contains("listening") {
+            addr = line
+                .split("addr=")
+                .nth(1)
+                .and_then(|a| a.split_whitespace().next())
+                .map(str::to_owned);
+        }
+        let loaded = line.contains("model loaded");
+        log.push(line);
+        if loaded {
+            break;
+        }
+    }
+    let addr = addr.expect("the listening address is logged");
+    // A marker the model's vocabulary spells out piece by piece.
+    let marker = "Quixotic Zephyr marker";
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let generated: Vec<String> = rt.block_on(async {
+        let mut texts = Vec::new();
+        // Every WebSocket dialect: one request each that reaches the model.
+        let requests = [(
+            "/generate",
+            serde_json::json!({"type": "config", "prompt": format!("{marker} once upon a time"),
+                               "parameters": {"max_tokens": 24, "temperature": 0}}),
+            "completion",
+        )];
+        for (path, request, terminal) in requests {
+            let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+                .await
+                .expect("connect");
+            ws.send(tokio_tungstenite::tungstenite::Message::text(request.to_string()))
+                .await
+                .expect("send");
+            while let Some(Ok(m)) = ws.next().await {
+                if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
+                    let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
+                    if v["type"] == terminal {
+                        texts.push(v["generated_text"].as_str().unwrap_or("").to_string());
+                        break;
+                    }
+                }
+            }
+            let _ = ws.close(None).await;
+        }
+        // The HTTP routes, JSON and streaming.
+        for stream in [false, true] {
+            let body = serde_json::json!({"prompt": format!("{marker} and then"), "max_tokens": 8,
+                                          "temperature": 0, "stream": stream})
+            .to_string();
+            let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+            let req = format!(
+                "POST /v1/generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            s.write_all(req.as_bytes()).await.expect("write");
+            let mut raw = String::new();
+            s.read_to_string(&mut raw).await.expect("read");
+            assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        }
+        texts
+    });
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    log.extend(lines.map_while(Result::ok));
+    assert!(child.wait().expect("wait").success());
+
+    assert!(
+        log.iter().any(|l| l.contains("TRACE")),
+        "the log really is at trace level"
+    );
+    let generated: Vec<&String> = generated.iter().filter(|t| t.len() >= 12).collect();
+    assert!(
+        !generated.is_empty(),
+        "the model generated text to look for"
+    );
+    for line in &log {
+        for word in ["Quixotic", "Zephyr", "marker"] {
+            assert!(!line.contains(word), "prompt text in the log: {line}");
+        }
+        for text in &generated {
+            assert!(
+                !line.contains(text.as_str()),
+                "generated text in the log: {line}"
+            );
+        }
+        assert!(
+            !line.contains("Replacing char") && !line.contains(" tokenizers"),
+            "the tokenizer's character trace in the log: {line}"
+        );
+    }
+}

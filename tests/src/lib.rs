@@ -226,7 +226,8 @@ pub async fn http(
         .expect("HTTP answered in time")
 }
 
-fn parse_response(raw: &[u8]) -> HttpResponse {
+/// Parses a raw HTTP/1.1 response.
+pub fn parse_response(raw: &[u8]) -> HttpResponse {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head");
     let mut lines = head.lines();
@@ -276,4 +277,140 @@ pub fn metric(text: &str, prefix: &str) -> Option<f64> {
         .find(|l| l.starts_with(prefix))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Sends `bytes` as they are on a fresh connection and reads the response
+/// until the server closes the connection.
+pub async fn raw_http(server: &RunningServer, bytes: &[u8]) -> HttpResponse {
+    let fut = async {
+        let mut s = TcpStream::connect(server.local_addr)
+            .await
+            .expect("connect");
+        s.write_all(bytes).await.expect("write");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("read");
+        parse_response(&raw)
+    };
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .expect("HTTP answered in time")
+}
+
+/// Performs a WebSocket handshake on `path` by hand and returns the raw
+/// stream, for tests that must send what a well-behaved client never does.
+pub async fn raw_websocket(server: &RunningServer, path: &str) -> TcpStream {
+    let mut s = TcpStream::connect(server.local_addr)
+        .await
+        .expect("connect");
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    // Read the 101 head byte by byte so no frame byte is consumed with it.
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, s.read(&mut b))
+            .await
+            .expect("handshake in time")
+            .expect("read");
+        assert!(n == 1, "connection closed during the handshake");
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+/// A client frame: FIN set as given, reserved bits `rsv` (0..8), `opcode`,
+/// masked unless `masked` is false.
+pub fn client_frame(fin: bool, rsv: u8, opcode: u8, payload: &[u8], masked: bool) -> Vec<u8> {
+    let mut f = vec![(u8::from(fin) << 7) | (rsv << 4) | opcode];
+    let mask_bit = if masked { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => f.push(mask_bit | n as u8),
+        n if n < 65536 => {
+            f.push(mask_bit | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            f.push(mask_bit | 127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    if masked {
+        let key = [0x1a, 0x2b, 0x3c, 0x4d];
+        f.extend_from_slice(&key);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    } else {
+        f.extend_from_slice(payload);
+    }
+    f
+}
+
+/// What a raw WebSocket stream received up to its end: the text frames and
+/// the close frame's code and reason, if one came.
+#[derive(Debug, Default)]
+pub struct RawReceived {
+    /// Text frames, in order.
+    pub texts: Vec<String>,
+    /// The close frame, if any.
+    pub close: Option<(u16, String)>,
+}
+
+/// Reads server frames from a raw stream until the server closes it (or
+/// `limit` passes, which fails the test).
+pub async fn read_raw_frames(s: &mut TcpStream, limit: Duration) -> RawReceived {
+    let mut raw = Vec::new();
+    let read = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(limit, read)
+        .await
+        .expect("the server ended the connection in time");
+    let mut out = RawReceived::default();
+    let mut i = 0;
+    while i + 2 <= raw.len() {
+        let opcode = raw[i] & 0x0f;
+        let mut len = (raw[i + 1] & 0x7f) as usize;
+        let mut at = i + 2;
+        if len == 126 {
+            len = u16::from_be_bytes([raw[at], raw[at + 1]]) as usize;
+            at += 2;
+        } else if len == 127 {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[at..at + 8]);
+            len = u64::from_be_bytes(b) as usize;
+            at += 8;
+        }
+        if at + len > raw.len() {
+            break;
+        }
+        let payload = &raw[at..at + len];
+        match opcode {
+            1 => out
+                .texts
+                .push(String::from_utf8_lossy(payload).into_owned()),
+            8 if payload.len() >= 2 => {
+                out.close = Some((
+                    u16::from_be_bytes([payload[0], payload[1]]),
+                    String::from_utf8_lossy(&payload[2..]).into_owned(),
+                ))
+            }
+            8 => out.close = Some((1005, String::new())),
+            _ => {}
+        }
+        i = at + len;
+    }
+    out
 }
