@@ -910,3 +910,27 @@ fn shutdown_waits_for_a_prompt_being_tokenized_then_refuses_it() {
         .iter()
         .any(|o| matches!(o, Output::ShutdownComplete)));
 }
+
+#[test]
+fn a_modify_whose_length_could_never_fit_the_cache_is_refused() {
+    // 64 blocks of 16 tokens: 1024 positions, in a 2048-token context.
+    let mut info = tiny_model_info();
+    info.context_len = 2048;
+    let mut h = Harness::with_info(HostConfig::default(), info, SCRIPT, 7);
+    let c = h.open(1, Dialect::Generate);
+    h.send(c, config("Hi", json!({"max_tokens": 10})));
+    h.run(2);
+    h.send(
+        c,
+        json!({"type": "control", "action": "modify", "parameters": {"max_tokens": 1500}}),
+    );
+    let e = last(&h, c);
+    assert_eq!(e["error"], "invalid_request");
+    assert!(
+        e["message"].as_str().unwrap_or("").contains("KV cache"),
+        "{e}"
+    );
+    // Nothing changed: it ends at its 10 tokens.
+    h.run(50);
+    assert_eq!(last(&h, c)["usage"]["completion_tokens"], 10);
+}

@@ -453,23 +453,36 @@ impl GenerateClient {
     fn config_text(&mut self, cx: &ClientCx<'_>) -> (String, Saved) {
         let sw = cx.swarm;
         let mut params = Map::new();
+        let body = self.prompt_body(cx);
         if chance(&mut self.rng, 0.8) {
-            let cap = if chance(&mut self.rng, 0.05) {
-                sw.model.context_len
+            let ctx = u64::from(sw.model.context_len);
+            // The prompt's tokens: BOS, the tag, the body (one per byte).
+            let prompt_tokens = 1 + self.tag().len() as u64 + body.len() as u64;
+            let max = if chance(&mut self.rng, 0.08) {
+                // The boundaries: the whole context, the most that fits, one more.
+                let fits = ctx.saturating_sub(prompt_tokens).max(1);
+                [ctx, fits, fits + 1][self.rng.below(3) as usize]
             } else {
-                sw.mix.max_tokens_cap.min(sw.model.context_len)
+                let cap = if chance(&mut self.rng, 0.05) {
+                    sw.model.context_len
+                } else {
+                    sw.mix.max_tokens_cap.min(sw.model.context_len)
+                };
+                1 + self.rng.below(u64::from(cap))
             };
-            params.insert(
-                "max_tokens".into(),
-                json!(1 + self.rng.below(u64::from(cap))),
-            );
+            params.insert("max_tokens".into(), json!(max));
         }
         if chance(&mut self.rng, 0.5) {
             let t = [0.0, 0.0, 0.7, 1.0, 2.0][self.rng.below(5) as usize];
             params.insert("temperature".into(), json!(t));
         }
         if chance(&mut self.rng, 0.2) {
-            params.insert("top_p".into(), json!(0.05 + 0.95 * self.rng.next_f64()));
+            let p = if chance(&mut self.rng, 0.2) {
+                1.0
+            } else {
+                0.05 + 0.95 * self.rng.next_f64()
+            };
+            params.insert("top_p".into(), json!(p));
         }
         if chance(&mut self.rng, 0.2) {
             params.insert("top_k".into(), json!(self.rng.below(50)));
@@ -497,7 +510,12 @@ impl GenerateClient {
             }
         }
         if chance(&mut self.rng, 0.1) {
-            params.insert("top_logprobs".into(), json!(self.rng.below(21)));
+            let n = if chance(&mut self.rng, 0.3) {
+                20
+            } else {
+                self.rng.below(21)
+            };
+            params.insert("top_logprobs".into(), json!(n));
         }
         let mut rest = Map::new();
         rest.insert("type".into(), json!("config"));
@@ -526,10 +544,7 @@ impl GenerateClient {
         if chance(&mut self.rng, 0.1) {
             rest.insert("x-unknown".into(), json!({"ignored": [1, 2, 3]}));
         }
-        let saved = Saved {
-            body: self.prompt_body(cx),
-            rest,
-        };
+        let saved = Saved { body, rest };
         (self.render(&saved), saved)
     }
 

@@ -251,8 +251,9 @@ impl<'a> Cx<'a> {
         self.sh.resume(id)
     }
 
-    /// Replaces a generation's parameters from the next token on.
-    pub fn modify(&mut self, id: SeqId, params: GenParams) -> bool {
+    /// Replaces a generation's parameters from the next token on; refused
+    /// (nothing changes) when its new length could never fit the KV cache.
+    pub fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
         self.sh.modify(id, params)
     }
 

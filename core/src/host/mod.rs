@@ -389,6 +389,8 @@ impl Host {
             // Its connection is gone, or the job is unknown.
             return;
         };
+        // A request was in flight until now: the idle clock starts again.
+        self.touch(now, conn);
         self.with_conn(now, conn, |m, cx| m.on_text_done(cx, done.id, done.result));
         self.settle_closings(now);
         self.release_held(now, conn);

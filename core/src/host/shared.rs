@@ -265,10 +265,25 @@ impl Shared {
         true
     }
 
-    pub fn modify(&mut self, id: SeqId, params: GenParams) -> bool {
+    pub fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
         let Some(gen) = self.gens.get_mut(&id) else {
-            return false;
+            return Ok(());
         };
+        // A longer max_tokens must still fit the KV pool, or the sequence
+        // could never finish.
+        let max_len = gen.prompt_tokens() + params.max_tokens;
+        if let Some(s) = self.sched.as_mut() {
+            s.set_max_len(id, max_len).map_err(|e| match e {
+                AdmitError::NeverFits {
+                    needed_blocks,
+                    total_blocks,
+                } => StartError::NeverFits {
+                    needed_blocks,
+                    total_blocks,
+                },
+                AdmitError::Duplicate => StartError::QueueFull,
+            })?;
+        }
         let seed = params.seed.unwrap_or(gen.seed);
         gen.seed = seed;
         let sampling = params.sampling(seed);
@@ -276,7 +291,7 @@ impl Shared {
         if let Some(s) = self.sched.as_mut() {
             s.set_sampling(id, sampling);
         }
-        true
+        Ok(())
     }
 
     /// Marks every generation of `conn` blocked or not by flow control.

@@ -242,6 +242,26 @@ impl Scheduler {
         }
     }
 
+    /// Changes a sequence's longest length (a `modify` of `max_tokens`); refused,
+    /// changing nothing, when that length could never fit the pool.
+    pub fn set_max_len(&mut self, seq: SeqId, max_len: u32) -> Result<(), AdmitError> {
+        let total_blocks = self.cfg.num_blocks.max(self.alloc.capacity());
+        let Some(len) = self.live(seq).map(Seq::len) else {
+            return Ok(());
+        };
+        let needed_blocks = self.blocks_for(max_len.max(len));
+        if needed_blocks > total_blocks {
+            return Err(AdmitError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            });
+        }
+        if let Some(s) = self.live_mut(seq) {
+            s.max_len = max_len.max(len);
+        }
+        Ok(())
+    }
+
     /// Changes a sequence's sampling parameters from the next planned step on.
     pub fn set_sampling(&mut self, seq: SeqId, sampling: SamplingParams) {
         if let Some(s) = self.live_mut(seq) {

@@ -27,6 +27,11 @@ impl Checker for IdleTimeout {
                 "{conn:?} closed as idle while request {r} is in flight"
             ));
         }
+        if !c.text_jobs.is_empty() {
+            return Err(format!(
+                "{conn:?} closed as idle while its prompt is being tokenized"
+            ));
+        }
         if cx.now < c.last_activity + cx.config.idle_timeout {
             return Err(format!(
                 "{conn:?} closed as idle at {:?}, but it was active at {:?} (idle timeout {:?})",
@@ -38,7 +43,9 @@ impl Checker for IdleTimeout {
 
     fn on_end(&mut self, cx: &Cx<'_>, _end: &EndState) -> Check {
         for (conn, c) in &cx.view.conns {
-            if c.closed || c.transport != Transport::WebSocket || c.current.is_some() {
+            // A prompt being tokenized is a request in flight too.
+            let busy = c.current.is_some() || !c.text_jobs.is_empty();
+            if c.closed || c.transport != Transport::WebSocket || busy {
                 continue;
             }
             let due = c.last_activity + cx.config.idle_timeout + cx.slack;

@@ -16,16 +16,21 @@
 pub mod after_close;
 pub mod after_terminal;
 pub mod flow_control;
+pub mod generate_model;
 pub mod idle_timeout;
 pub mod keepalive;
 pub mod kv_blocks;
 pub mod liveness;
 pub mod max_tokens;
+pub mod metrics;
 pub mod pause;
 pub mod pause_timeout;
+pub mod queue_position;
+pub mod replies;
 pub mod scheduler;
 pub mod shutdown;
 pub mod slow_client;
+pub mod step_budget;
 pub mod stop_strings;
 pub mod stream_text;
 pub mod terminal_once;
@@ -235,6 +240,7 @@ pub fn common_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(shutdown::Shutdown),
         Box::new(kv_blocks::KvBlocks),
         Box::new(scheduler::SchedulerInvariants),
+        Box::new(step_budget::StepBudget::default()),
         Box::new(flow_control::FlowControl),
     ]
 }
@@ -243,6 +249,9 @@ pub fn common_checkers() -> Vec<Box<dyn Checker>> {
 pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
     vec![
         Box::new(wire_format::WireFormat::default()),
+        Box::new(replies::Replies::default()),
+        Box::new(metrics::Metrics::default()),
+        Box::new(queue_position::QueuePosition::default()),
         Box::new(terminal_once::TerminalOnce),
         Box::new(after_terminal::AfterTerminal),
         Box::new(stream_text::StreamText),

@@ -1,7 +1,7 @@
 //! `shutdown`: after `Input::Shutdown` no new request starts, and within the
 //! shutdown grace (plus one step) every generation has ended, every
-//! connection is closed and `ShutdownComplete` is out; after it, nothing more
-//! is sent.
+//! connection is closed and `ShutdownComplete` is out, exactly once and
+//! never without a shutdown; after it, nothing more is sent.
 
 use tokenwire_core::Output;
 
@@ -17,6 +17,14 @@ impl Checker for Shutdown {
     }
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        if matches!(out, Output::ShutdownComplete) {
+            if cx.view.shutdown_at.is_none() {
+                return Err("ShutdownComplete without a shutdown".into());
+            }
+            if cx.view.shutdown_complete {
+                return Err("ShutdownComplete a second time".into());
+            }
+        }
         let Some(at) = cx.view.shutdown_at else {
             return Ok(());
         };
@@ -88,5 +96,20 @@ mod tests {
         k.input(Input::Timeout).expect("input");
         let err = k.end().expect_err("grace over");
         assert!(err.detail.contains("not complete"));
+    }
+
+    #[test]
+    fn shutdown_complete_twice_or_unasked_is_caught() {
+        let mut k = kit(Box::new(Shutdown));
+        k.input(Input::Timeout).expect("input");
+        let err = k.out(Output::ShutdownComplete).expect_err("unasked");
+        assert!(err.detail.contains("without a shutdown"));
+        let mut k = kit(Box::new(Shutdown));
+        k.input(Input::Shutdown).expect("shutdown");
+        k.out(Output::ShutdownComplete).expect("once");
+        k.end().expect("end");
+        k.input(Input::Timeout).expect("input");
+        let err = k.out(Output::ShutdownComplete).expect_err("twice");
+        assert!(err.detail.contains("second time"));
     }
 }

@@ -28,7 +28,7 @@ impl Checker for TerminalOnce {
         };
         if f.kind() == "init" {
             // A held regenerate being handled replaces the request in flight.
-            let regenerate = c.pending.front() == Some(&Pending::Regenerate);
+            let regenerate = c.pending.front().map(|h| &h.kind) == Some(&Pending::Regenerate);
             if let Some(cur) = c.current.as_ref().filter(|_| !regenerate) {
                 return Err(format!(
                     "{conn:?} started request {:?} while {cur} was in flight",

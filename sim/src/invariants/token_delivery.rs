@@ -2,9 +2,9 @@
 //! for its request, in order, nothing lost, doubled or misrouted, across
 //! pauses, preemption, recompute and lost devices. A `token_id` streamed is
 //! the next sampled token; at the `completion`, `usage.completion_tokens` is
-//! at most the tokens sampled, and the streamed text is a prefix of the
-//! decoding of that many sampled tokens (stop strings cut it short, never
-//! change it).
+//! at most the tokens sampled, and the streamed text is the decoding of
+//! that many sampled tokens (a stop cuts it short, never changes it; any
+//! other end leaves nothing held back).
 
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{Output, TextCodec};
@@ -61,6 +61,20 @@ impl Checker for TokenDelivery {
                         clip(&text)
                     ));
                 }
+                // Only a stop (string or end of sequence) may end the text
+                // early; any other end releases everything held back, a
+                // half-written character included. (Held text is matched
+                // against the stop strings of the moment, so a request that
+                // had some may lose its tail to one at any end.)
+                let cut_by_stop = f.str("finish_reason") == Some("stop") || r.had_stops;
+                if !cut_by_stop && r.streamed != text {
+                    return Err(format!(
+                        "request on {conn:?} ended ({}) having streamed {:?} of {:?}",
+                        f.str("finish_reason").unwrap_or("?"),
+                        clip(&r.streamed),
+                        clip(&text)
+                    ));
+                }
                 Ok(())
             }
             _ => Ok(()),
@@ -112,5 +126,25 @@ mod tests {
             .expect_err("more tokens than sampled")
         };
         assert!(err.detail.contains("sampled 0"));
+    }
+
+    #[test]
+    fn text_held_back_at_the_end_is_caught() {
+        let mut k = kit(Box::new(TokenDelivery));
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.step(1, 1, 1).expect("step");
+        k.end().expect("end");
+        k.step_done(1, 1).expect("done");
+        // The engine sampled `a`, but the request ends at its length with
+        // nothing streamed.
+        k.token(1, "").expect("held");
+        let err = k
+            .send(
+                1,
+                json!({"type": "completion", "request_id": "gen_a", "generated_text": "",
+                "finish_reason": "length", "usage": {"completion_tokens": 1}}),
+            )
+            .expect_err("the held text never came");
+        assert!(err.detail.contains("ended (length)"), "{}", err.detail);
     }
 }

@@ -35,6 +35,61 @@ pub struct ReqConfig {
     pub stops: Vec<String>,
     /// `options.echo_prompt`.
     pub echo: bool,
+    /// Effective sampling values (from the config, then `modified` acks):
+    /// temperature, top_p, top_k, repetition_penalty, top_logprobs.
+    pub sampling: Sampling,
+    /// The seed, when the client gave one (a drawn seed is not known).
+    pub seed: Option<u64>,
+}
+
+/// Sampling values as the client set them (f32, as the server keeps them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Temperature.
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Top-k (0 = off).
+    pub top_k: u64,
+    /// Repetition penalty.
+    pub repetition_penalty: f32,
+    /// Alternatives with logprobs.
+    pub top_logprobs: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            top_logprobs: 5,
+        }
+    }
+}
+
+impl Sampling {
+    /// These values with the fields present in `p` (a valid parameters object).
+    pub fn with(mut self, p: &Value) -> Sampling {
+        let f = |k: &str| p.get(k).and_then(Value::as_f64);
+        if let Some(x) = f("temperature") {
+            self.temperature = x as f32;
+        }
+        if let Some(x) = f("top_p") {
+            self.top_p = x as f32;
+        }
+        if let Some(x) = p.get("top_k").and_then(Value::as_u64) {
+            self.top_k = x.min(u64::from(u32::MAX));
+        }
+        if let Some(x) = f("repetition_penalty") {
+            self.repetition_penalty = x as f32;
+        }
+        if let Some(x) = p.get("top_logprobs").and_then(Value::as_u64) {
+            self.top_logprobs = x;
+        }
+        self
+    }
 }
 
 impl ReqConfig {
@@ -46,6 +101,8 @@ impl ReqConfig {
             max_tokens: u32::MAX,
             stops: Vec::new(),
             echo: false,
+            sampling: Sampling::default(),
+            seed: None,
         }
     }
 
@@ -60,6 +117,8 @@ impl ReqConfig {
                 .map_or(default_max_tokens, |m| m.min(u64::from(u32::MAX)) as u32),
             stops: stops_of(&p["stop"]),
             echo: v["options"]["echo_prompt"].as_bool().unwrap_or(false),
+            sampling: Sampling::default().with(p),
+            seed: p["seed"].as_u64(),
         }
     }
 }
@@ -103,6 +162,11 @@ pub struct ReqView {
     pub sampled: Vec<TokenId>,
     /// `token` frames that carried a `token_id`.
     pub ids_streamed: u32,
+    /// The engine has been handed its sequence.
+    pub planned: bool,
+    /// It had stop strings at some point (which may cut its text short at
+    /// any end: text held back is matched against the current ones).
+    pub had_stops: bool,
 }
 
 /// A frame received while the model loads, or the one being handled.
@@ -115,6 +179,28 @@ pub enum Pending {
     Regenerate,
     /// Anything else.
     Other,
+}
+
+/// A client frame as the checkers keep it until it is answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentFrame {
+    /// The parsed JSON (`Null` for a binary frame or text that is not JSON).
+    pub v: Value,
+    /// A binary frame.
+    pub binary: bool,
+    /// The connection's first text frame.
+    pub first: bool,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+/// A frame not yet answered: what it means for requests, and the frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// What it does to the connection's requests.
+    pub kind: Pending,
+    /// The frame itself.
+    pub frame: SentFrame,
 }
 
 /// One live connection.
@@ -138,7 +224,11 @@ pub struct ConnView {
     pub blocked_since: Option<Instant>,
     /// Frames not yet handled (more than one only while the model loads or
     /// a text job of the connection is outstanding).
-    pub pending: VecDeque<Pending>,
+    pub pending: VecDeque<Held>,
+    /// Text frames received so far (the first one must be a `config`).
+    pub texts_in: u64,
+    /// The last request started on it (for feedback acks).
+    pub last_request: Option<String>,
     /// Its text jobs not yet answered: its frames are held meanwhile.
     pub text_jobs: BTreeSet<TextJobId>,
 }
@@ -219,6 +309,13 @@ impl View {
         }
     }
 
+    /// True while frames held for `conn` are being handled (after the model
+    /// loaded, or after one of its text jobs came back): each first reply
+    /// answers the oldest of them.
+    pub fn replaying(&self, conn: ConnId) -> bool {
+        self.replaying_held || self.replaying_conn == Some(conn)
+    }
+
     /// The request in flight on `conn`.
     pub fn current(&self, conn: ConnId) -> Option<&ReqView> {
         let id = self.conns.get(&conn)?.current.as_ref()?;
@@ -259,21 +356,45 @@ impl View {
                         unanswered_ping: None,
                         blocked_since: None,
                         pending: VecDeque::new(),
+                        texts_in: 0,
+                        last_request: None,
                         text_jobs: BTreeSet::new(),
                     },
                 );
             }
             Input::Text { conn, text } => {
-                let pending = self.classify(*conn, text);
+                let kind = self.classify(*conn, text);
+                let v = if text.len() <= 1 << 16 {
+                    serde_json::from_str(text).unwrap_or(Value::Null)
+                } else {
+                    Value::Null
+                };
                 if let Some(c) = self.conns.get_mut(conn) {
                     c.last_activity = now;
-                    c.pending.push_back(pending);
+                    let frame = SentFrame {
+                        v,
+                        binary: false,
+                        first: c.texts_in == 0,
+                        len: text.len(),
+                    };
+                    c.texts_in += 1;
+                    c.pending.push_back(Held { kind, frame });
                 }
             }
-            Input::Binary { conn, .. } => {
-                // Answered at once, even while the model loads (never held).
+            Input::Binary { conn, len } => {
+                // Held like text while the connection waits.
                 if let Some(c) = self.conns.get_mut(conn) {
                     c.last_activity = now;
+                    let frame = SentFrame {
+                        v: Value::Null,
+                        binary: true,
+                        first: false,
+                        len: *len,
+                    };
+                    c.pending.push_back(Held {
+                        kind: Pending::Other,
+                        frame,
+                    });
                 }
             }
             Input::Pong { conn } => {
@@ -310,6 +431,7 @@ impl View {
                 if let Some(conn) = self.text_owner.remove(&done.id) {
                     if let Some(c) = self.conns.get_mut(&conn) {
                         c.text_jobs.remove(&done.id);
+                        c.last_activity = now;
                     }
                     self.replaying_conn = Some(conn);
                 }
@@ -427,7 +549,7 @@ impl View {
         };
         // While held frames are handled, each first reply answers one of them.
         let answered = if replaying && first_reply {
-            c.pending.pop_front()
+            c.pending.pop_front().map(|h| h.kind)
         } else {
             None
         };
@@ -440,8 +562,8 @@ impl View {
                 } else {
                     let mut found = None;
                     while let Some(p) = c.pending.pop_front() {
-                        if matches!(p, Pending::Config(_) | Pending::Regenerate) {
-                            found = Some(p);
+                        if matches!(p.kind, Pending::Config(_) | Pending::Regenerate) {
+                            found = Some(p.kind);
                             break;
                         }
                     }
@@ -458,11 +580,13 @@ impl View {
                     }
                     _ => {}
                 }
+                c.last_request = Some(rid.to_string());
                 if let Some(old) = c.current.replace(rid.to_string()) {
                     // A second request while one was in flight: the old one is
                     // left without its terminal event (terminal_once says so).
                     let _ = old;
                 }
+                let had_stops = !config.stops.is_empty();
                 self.requests.insert(
                     rid.to_string(),
                     ReqView {
@@ -478,6 +602,8 @@ impl View {
                         started_at: now,
                         sampled: Vec::new(),
                         ids_streamed: 0,
+                        planned: false,
+                        had_stops,
                     },
                 );
             }
@@ -519,12 +645,17 @@ impl View {
                     }
                     Some("modified") => {
                         let p = &f.v["parameters"];
+                        r.config.sampling = r.config.sampling.with(p);
+                        if let Some(seed) = p["seed"].as_u64() {
+                            r.config.seed = Some(seed);
+                        }
                         if let Some(m) = p["max_tokens"].as_u64() {
                             r.config.max_tokens = m.min(u64::from(u32::MAX)) as u32;
                         }
                         if p.get("stop").is_some() {
                             r.config.stops = stops_of(&p["stop"]);
                             r.stops_from = r.streamed.len();
+                            r.had_stops |= !r.config.stops.is_empty();
                         }
                     }
                     _ => {}
@@ -555,6 +686,9 @@ impl View {
                     self.seq_owner.insert(s.seq, c);
                     self.seq_prefix.remove(&s.seq);
                     if let Some(rid) = self.conns.get(&c).and_then(|c| c.current.clone()) {
+                        if let Some(r) = self.requests.get_mut(&rid) {
+                            r.planned = true;
+                        }
                         self.seq_request.insert(s.seq, rid);
                     }
                 }

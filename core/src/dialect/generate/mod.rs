@@ -292,10 +292,26 @@ impl GenerateConn {
             Value::Object(m) => m,
             _ => Map::new(),
         };
-        if let Some(running) = self.running.as_mut() {
-            running.config.params = new.clone();
+        match cx.modify(id, new.clone()) {
+            Ok(()) => {}
+            Err(StartError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            }) => {
+                return invalid(
+                    cx,
+                    format!(
+                        "invalid `parameters.max_tokens`: {} tokens would need {needed_blocks} KV cache blocks but the cache holds {total_blocks}",
+                        prompt_tokens + new.max_tokens
+                    ),
+                    Some(rid),
+                )
+            }
+            Err(e) => return start_error(cx, e),
         }
-        cx.modify(id, new);
+        if let Some(running) = self.running.as_mut() {
+            running.config.params = new;
+        }
         send_status(
             cx,
             Status::Modified {

@@ -1,0 +1,269 @@
+//! `metrics`: the metrics events agree with the frames. Within every event:
+//! each `error` frame is counted by an `Error` event with its code and each
+//! counted error was sent; each `completion` is one `RequestFinished` with
+//! the outcome its finish reason means and the token counts of its usage,
+//! each failure one `Failed`; each feedback ack one `FeedbackReceived`; each
+//! sampled token's frame one `FirstToken` or `InterToken`; `TokensGenerated`
+//! only for a finished step and never more than it sampled. After every
+//! event, connections opened minus closed is the Host's connection count,
+//! and the last gauges are the Host's own.
+
+use std::collections::BTreeMap;
+
+use tokenwire_core::{Event, Input, Outcome, Output};
+
+use super::{Check, Checker, Cx, EndState, Frame};
+
+/// What one event produced, as frames and as metrics events.
+#[derive(Debug, Default)]
+struct Tally {
+    error_frames: BTreeMap<String, i64>,
+    error_events: BTreeMap<String, i64>,
+    /// (outcome, prompt tokens, completion tokens) from frames, and from events;
+    /// `u64::MAX` where the frame does not say.
+    finished_frames: BTreeMap<(&'static str, u64, u64), i64>,
+    finished_events: BTreeMap<(&'static str, u64, u64), i64>,
+    cancelled_frames: i64,
+    cancelled_events: i64,
+    feedback_acks: i64,
+    feedback_events: i64,
+    sampled_token_frames: i64,
+    timing_events: i64,
+    tokens_generated: u64,
+    step_results: Option<u64>,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    t: Tally,
+    /// Connections opened minus closed, by the events, since the Host started.
+    balance: i64,
+    /// The last gauges event: (queued, running, kv used, kv total).
+    gauges: Option<(u32, u32, u32, u32)>,
+}
+
+fn outcome_name(o: Outcome) -> &'static str {
+    o.name()
+}
+
+impl Checker for Metrics {
+    fn name(&self) -> &'static str {
+        "metrics"
+    }
+
+    fn on_crash(&mut self) {
+        *self = Metrics::default();
+    }
+
+    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
+        self.t = Tally::default();
+        if let Input::StepDone(d) = input {
+            self.t.step_results = Some(d.results.len() as u64);
+        }
+        Ok(())
+    }
+
+    fn on_output(&mut self, _cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        let t = &mut self.t;
+        match (out, frame) {
+            (Output::Send { .. }, Some(f)) => match f.kind() {
+                "error" => {
+                    *t.error_frames
+                        .entry(f.str("error").unwrap_or("").to_string())
+                        .or_default() += 1;
+                    if f.is_failure() {
+                        *t.finished_frames
+                            .entry(("failed", u64::MAX, u64::MAX))
+                            .or_default() += 1;
+                    }
+                }
+                "completion" => {
+                    let usage = &f.v["usage"];
+                    let (p, c) = (
+                        usage["prompt_tokens"].as_u64().unwrap_or(u64::MAX),
+                        usage["completion_tokens"].as_u64().unwrap_or(u64::MAX),
+                    );
+                    match f.str("finish_reason") {
+                        Some("length" | "stop") => {
+                            *t.finished_frames.entry(("completed", p, c)).or_default() += 1
+                        }
+                        Some("timeout") => {
+                            *t.finished_frames.entry(("timeout", p, c)).or_default() += 1
+                        }
+                        _ => t.cancelled_frames += 1,
+                    }
+                }
+                "status" if f.str("operation") == Some("feedback_received") => t.feedback_acks += 1,
+                "token" => {
+                    let ended_by_client_or_deadline =
+                        matches!(f.str("finish_reason"), Some("cancelled" | "timeout"));
+                    if !ended_by_client_or_deadline {
+                        t.sampled_token_frames += 1;
+                    }
+                }
+                _ => {}
+            },
+            (Output::Event(e), _) => match e {
+                Event::Error { code, .. } => {
+                    *t.error_events.entry(code.to_string()).or_default() += 1
+                }
+                Event::RequestFinished {
+                    outcome,
+                    prompt_tokens,
+                    completion_tokens,
+                    ..
+                } => match outcome {
+                    Outcome::Cancelled => t.cancelled_events += 1,
+                    Outcome::Failed => {
+                        *t.finished_events
+                            .entry(("failed", u64::MAX, u64::MAX))
+                            .or_default() += 1
+                    }
+                    o => {
+                        *t.finished_events
+                            .entry((
+                                outcome_name(*o),
+                                u64::from(*prompt_tokens),
+                                u64::from(*completion_tokens),
+                            ))
+                            .or_default() += 1
+                    }
+                },
+                Event::FeedbackReceived { .. } => t.feedback_events += 1,
+                Event::FirstToken { .. } | Event::InterToken { .. } => t.timing_events += 1,
+                Event::TokensGenerated { count } => {
+                    t.tokens_generated += u64::from(*count);
+                    match t.step_results {
+                        Some(n) if u64::from(*count) <= n => {}
+                        _ => {
+                            return Err(format!(
+                                "TokensGenerated {count} for a step that sampled {:?}",
+                                t.step_results
+                            ))
+                        }
+                    }
+                }
+                Event::ConnectionOpened { .. } => self.balance += 1,
+                Event::ConnectionClosed { .. } => self.balance -= 1,
+                Event::Gauges {
+                    queued,
+                    running,
+                    kv_blocks_used,
+                    kv_blocks_total,
+                } => self.gauges = Some((*queued, *running, *kv_blocks_used, *kv_blocks_total)),
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_end(&mut self, _cx: &Cx<'_>, end: &EndState) -> Check {
+        let t = &self.t;
+        if t.error_frames != t.error_events {
+            return Err(format!(
+                "error frames {:?} but error events {:?}",
+                t.error_frames, t.error_events
+            ));
+        }
+        if t.finished_frames != t.finished_events {
+            return Err(format!(
+                "terminal frames {:?} but finished-request events {:?}",
+                t.finished_frames, t.finished_events
+            ));
+        }
+        if t.cancelled_events < t.cancelled_frames {
+            return Err(format!(
+                "{} cancelled completions but {} cancelled-request events",
+                t.cancelled_frames, t.cancelled_events
+            ));
+        }
+        if t.feedback_acks != t.feedback_events {
+            return Err(format!(
+                "{} feedback acks but {} feedback events",
+                t.feedback_acks, t.feedback_events
+            ));
+        }
+        if t.sampled_token_frames != t.timing_events {
+            return Err(format!(
+                "{} sampled token frames but {} token timing events",
+                t.sampled_token_frames, t.timing_events
+            ));
+        }
+        let open = i64::from(end.stats.connections);
+        if self.balance != open {
+            return Err(format!(
+                "connections opened minus closed is {} but the Host holds {open}",
+                self.balance
+            ));
+        }
+        if let Some(g) = self.gauges {
+            let s = &end.stats;
+            let now = (s.queued, s.running, s.kv_blocks_used, s.kv_blocks_total);
+            if g != now && s.loaded {
+                return Err(format!("last gauges {g:?} but the Host reports {now:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use serde_json::json;
+    use tokenwire_core::Dialect;
+
+    #[test]
+    fn an_error_frame_without_its_count_is_caught() {
+        let mut k = kit(Box::new(Metrics::default()));
+        k.open(1);
+        k.text(1, json!({"type": "bogus"})).expect("frame");
+        k.send(
+            1,
+            json!({"type": "error", "error": "invalid_request", "message": "m",
+                         "recoverable": true, "recovery_action": "none"}),
+        )
+        .expect("frame");
+        let err = k.end().expect_err("not counted");
+        assert_eq!(err.invariant, "metrics");
+        assert!(err.detail.contains("error frames"), "{}", err.detail);
+    }
+
+    #[test]
+    fn a_completion_counted_with_other_tokens_is_caught() {
+        let mut k = kit(Box::new(Metrics::default()));
+        k.open(1);
+        k.input(Input::Timeout).expect("input");
+        k.send(
+            1,
+            json!({"type": "completion", "request_id": "gen_a", "generated_text": "",
+                         "finish_reason": "length",
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        )
+        .expect("frame");
+        k.out(Output::Event(Event::RequestFinished {
+            dialect: Dialect::Generate,
+            outcome: Outcome::Completed,
+            prompt_tokens: 3,
+            completion_tokens: 1,
+        }))
+        .expect("event");
+        let err = k.end().expect_err("counts differ");
+        assert!(err.detail.contains("terminal frames"), "{}", err.detail);
+    }
+
+    #[test]
+    fn a_connection_count_that_drifts_is_caught() {
+        let mut k = kit(Box::new(Metrics::default()));
+        k.input(Input::Timeout).expect("input");
+        k.out(Output::Event(Event::ConnectionOpened {
+            dialect: Dialect::Generate,
+        }))
+        .expect("event");
+        // The kit reports a Host with no connection.
+        let err = k.end().expect_err("drift");
+        assert!(err.detail.contains("opened minus closed"), "{}", err.detail);
+    }
+}
