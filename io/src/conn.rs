@@ -36,6 +36,11 @@ const WRITE_BATCH: usize = 64;
 /// Extra room over `max_frame_bytes` before tungstenite itself refuses a message
 /// (the Host enforces the exact limit).
 const FRAME_SLACK: usize = 1024;
+/// Bytes tungstenite reads from the socket at a time; it allocates this much
+/// per connection up front, so it is most of what an idle connection costs.
+/// Client frames are small (a config, a control); a large one just takes
+/// more reads.
+const READ_BUFFER: usize = 4 * 1024;
 /// Longest close reason a close frame can carry, in bytes.
 const MAX_CLOSE_REASON: usize = 123;
 
@@ -49,7 +54,7 @@ pub(crate) fn websocket_config(max_frame_bytes: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(limit))
         .max_frame_size(Some(limit))
-        .read_buffer_size(16 * 1024)
+        .read_buffer_size(READ_BUFFER)
         .write_buffer_size(16 * 1024)
 }
 
