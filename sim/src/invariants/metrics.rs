@@ -197,11 +197,16 @@ impl Checker for Metrics {
                 self.balance
             ));
         }
-        if let Some(g) = self.gauges {
-            let s = &end.stats;
+        let s = &end.stats;
+        if s.loaded {
+            // Every event of a Host with a model ends with its gauges current.
             let now = (s.queued, s.running, s.kv_blocks_used, s.kv_blocks_total);
-            if g != now && s.loaded {
-                return Err(format!("last gauges {g:?} but the Host reports {now:?}"));
+            match self.gauges {
+                None => return Err(format!("no gauges event, the Host reports {now:?}")),
+                Some(g) if g != now => {
+                    return Err(format!("last gauges {g:?} but the Host reports {now:?}"))
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -215,9 +220,27 @@ mod tests {
     use serde_json::json;
     use tokenwire_core::Dialect;
 
+    /// A first event that leaves the gauges current.
+    fn warm(k: &mut crate::invariants::testkit::Kit) {
+        k.input(Input::Timeout).expect("input");
+        k.out(idle_gauges()).expect("gauges");
+        k.end().expect("end");
+    }
+
+    /// The gauges of the kit's idle Host.
+    fn idle_gauges() -> Output {
+        Output::Event(Event::Gauges {
+            queued: 0,
+            running: 0,
+            kv_blocks_used: 0,
+            kv_blocks_total: 64,
+        })
+    }
+
     #[test]
     fn an_error_frame_without_its_count_is_caught() {
         let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
         k.open(1);
         k.text(1, json!({"type": "bogus"})).expect("frame");
         k.send(
@@ -234,6 +257,7 @@ mod tests {
     #[test]
     fn a_completion_counted_with_other_tokens_is_caught() {
         let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
         k.open(1);
         k.input(Input::Timeout).expect("input");
         k.send(
@@ -255,9 +279,29 @@ mod tests {
     }
 
     #[test]
+    fn gauges_missing_or_stale_are_caught() {
+        let mut k = kit(Box::new(Metrics::default()));
+        k.input(Input::Timeout).expect("input");
+        let err = k.end().expect_err("no gauges at all");
+        assert!(err.detail.contains("no gauges"), "{}", err.detail);
+        let mut k = kit(Box::new(Metrics::default()));
+        k.input(Input::Timeout).expect("input");
+        k.out(Output::Event(Event::Gauges {
+            queued: 0,
+            running: 1,
+            kv_blocks_used: 0,
+            kv_blocks_total: 64,
+        }))
+        .expect("event");
+        let err = k.end().expect_err("stale");
+        assert!(err.detail.contains("last gauges"), "{}", err.detail);
+    }
+
+    #[test]
     fn a_connection_count_that_drifts_is_caught() {
         let mut k = kit(Box::new(Metrics::default()));
         k.input(Input::Timeout).expect("input");
+        k.out(idle_gauges()).expect("gauges");
         k.out(Output::Event(Event::ConnectionOpened {
             dialect: Dialect::Generate,
         }))
