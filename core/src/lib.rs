@@ -21,6 +21,7 @@
 //!     match out {
 //!         Output::Send { conn, text } => { /* write `text` to `conn` */ }
 //!         Output::RunStep(plan) => { /* run on the engine, then handle(now, Input::StepDone(..)) */ }
+//!         Output::Tokenize(job) => { /* on a worker: handle(now, Input::Tokenized(job.run())) */ }
 //!         _ => {}
 //!     }
 //! }

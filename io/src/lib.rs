@@ -3,15 +3,19 @@
 //! The tokio shell around tokenwire's sans-IO core, and the library behind the
 //! `tokenwire` binary.
 //!
-//! - hyper serves HTTP/1.1; upgrade requests on a dialect's path become
-//!   tokio-tungstenite WebSocket connections ([`conn`](crate#modules)), other
-//!   paths are the HTTP endpoints (`/health`, `/metrics`, `/v1/models`,
-//!   `POST /v1/generate`).
+//! - hyper serves HTTP/1.1; every accepted connection holds a slot of the
+//!   connection limit for its life (past it: 503). Upgrade requests on a
+//!   dialect's path become tokio-tungstenite WebSocket connections
+//!   ([`conn`](crate#modules)), other paths are the HTTP endpoints (`/health`,
+//!   `/metrics`, `/v1/models`, and each dialect's route, such as
+//!   `POST /v1/generate`, whose body and replies the dialect's own mapping in
+//!   the core translates; the shell only reads the body within its deadline).
 //! - One driver task owns the [`tokenwire_core::Host`]: connection tasks and the
 //!   engine thread send it inputs over a channel; it drains the Host's outputs
 //!   into per-connection bounded queues ([`sync::OutboundQueue`]), the engine
-//!   thread, the metrics and the feedback log, and sleeps until the Host's next
-//!   deadline.
+//!   thread, a small pool of text workers (tokenizing prompts off the driver),
+//!   the metrics and the feedback log, pauses and resumes connection readers
+//!   when the Host asks, and sleeps until the Host's next deadline.
 //! - The model engine runs on its own OS thread.
 //!
 //! ## Running a server from a test
