@@ -934,3 +934,20 @@ fn a_modify_whose_length_could_never_fit_the_cache_is_refused() {
     h.run(50);
     assert_eq!(last(&h, c)["usage"]["completion_tokens"], 10);
 }
+
+#[test]
+fn a_prompt_being_tokenized_keeps_its_connection_busy_and_restarts_the_idle_clock() {
+    let mut h = harness();
+    h.auto_text = false;
+    let c = h.open(1, Dialect::Generate);
+    // Fits by its bytes, not by its tokens: refused once tokenized.
+    h.send(c, config(&"x".repeat(300), json!({"max_tokens": 212})));
+    h.advance(Duration::from_secs(11 * 60));
+    assert!(!h.closes.contains_key(&c), "a request is in flight");
+    h.finish_text_jobs();
+    assert_eq!(last(&h, c)["error"], "context_length_exceeded");
+    h.advance(Duration::from_secs(9 * 60));
+    assert!(!h.closes.contains_key(&c), "idle only since the answer");
+    h.advance(Duration::from_secs(2 * 60));
+    assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1000));
+}
