@@ -27,6 +27,7 @@ pub mod pause;
 pub mod pause_timeout;
 pub mod queue_position;
 pub mod replies;
+pub mod sampling;
 pub mod scheduler;
 pub mod shutdown;
 pub mod slow_client;
@@ -252,6 +253,7 @@ pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(replies::Replies::default()),
         Box::new(metrics::Metrics::default()),
         Box::new(queue_position::QueuePosition::default()),
+        Box::new(sampling::Sampling),
         Box::new(terminal_once::TerminalOnce),
         Box::new(after_terminal::AfterTerminal),
         Box::new(stream_text::StreamText),

@@ -35,6 +35,8 @@ pub struct ReqConfig {
     pub stops: Vec<String>,
     /// `options.echo_prompt`.
     pub echo: bool,
+    /// `options.include_logprobs`.
+    pub logprobs: bool,
     /// Effective sampling values (from the config, then `modified` acks):
     /// temperature, top_p, top_k, repetition_penalty, top_logprobs.
     pub sampling: Sampling,
@@ -101,6 +103,7 @@ impl ReqConfig {
             max_tokens: u32::MAX,
             stops: Vec::new(),
             echo: false,
+            logprobs: false,
             sampling: Sampling::default(),
             seed: None,
         }
@@ -117,6 +120,7 @@ impl ReqConfig {
                 .map_or(default_max_tokens, |m| m.min(u64::from(u32::MAX)) as u32),
             stops: stops_of(&p["stop"]),
             echo: v["options"]["echo_prompt"].as_bool().unwrap_or(false),
+            logprobs: v["options"]["include_logprobs"].as_bool().unwrap_or(false),
             sampling: Sampling::default().with(p),
             seed: p["seed"].as_u64(),
         }
