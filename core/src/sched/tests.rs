@@ -534,6 +534,33 @@ fn a_new_seq_evicts_a_paused_one_when_free_plus_its_blocks_suffice() {
 }
 
 #[test]
+fn a_growing_seq_takes_a_paused_seqs_blocks_before_preempting_anyone_runnable() {
+    // 3 blocks of 16, all held: paused seq 1 has 1, running seq 2 has 2 and
+    // needs a third for its next position. The paused one gives way.
+    let mut h = Harness::new(cfg(3, 128, 8));
+    h.add(1, 10, 5).expect("fits");
+    h.add(2, 31, 5).expect("fits");
+    assert!(h.step());
+    assert!(h.step());
+    assert_eq!(h.sched.stats().blocks_used, 3);
+    h.sched.set_runnable(SeqId(1), false);
+    let p = h.plan().expect("seq 2 goes on");
+    assert_eq!(p.seqs.iter().map(|s| s.seq.0).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(
+        (p.seqs[0].start_pos, p.seqs[0].tokens.len()),
+        (32, 1),
+        "seq 2 decodes on, it is not preempted and recomputed"
+    );
+    assert!(h.sched.is_waiting(SeqId(1)), "the paused seq was evicted");
+    assert!(!h.sched.is_waiting(SeqId(2)));
+    h.complete(&p);
+    h.sched.set_runnable(SeqId(1), true);
+    h.run_to_completion(200);
+    assert_eq!(h.finished[&SeqId(1)], Harness::expected_final(1, 10, 5));
+    assert_eq!(h.finished[&SeqId(2)], Harness::expected_final(2, 31, 5));
+}
+
+#[test]
 fn refuses_what_never_fits_and_duplicates() {
     let mut s = Scheduler::new(cfg(4, 64, 8));
     let g = SamplingParams::greedy();
