@@ -70,6 +70,10 @@ pub mod close_reason {
     pub const IDLE: &str = "idle timeout";
     /// A ping went unanswered for the keepalive timeout (code 1000).
     pub const KEEPALIVE: &str = "keepalive timeout";
+    /// The first frame was not the dialect's opening message (code 1008).
+    pub const FIRST_FRAME: &str = "first message must be config";
+    /// Frames piled up past every bound while the connection waited (code 1008).
+    pub const HELD_TOO_MANY: &str = "too many frames while the connection waits";
 }
 
 /// How a connection reached the Host.

@@ -346,12 +346,7 @@ impl Host {
         let too_many = c.held.len() >= MAX_HELD_FRAMES
             || c.held_bytes + frame.len() > max_bytes.saturating_mul(4);
         if too_many {
-            let reason = if self.sh.model.is_none() {
-                "too many frames while the model loads"
-            } else {
-                "too many frames while a prompt is prepared"
-            };
-            self.close_conn(now, conn, CLOSE_POLICY, reason);
+            self.close_conn(now, conn, CLOSE_POLICY, close_reason::HELD_TOO_MANY);
             return;
         }
         c.held_bytes += frame.len();

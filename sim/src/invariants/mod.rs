@@ -15,6 +15,8 @@
 
 pub mod after_close;
 pub mod after_terminal;
+pub mod closes;
+pub mod engine_faults;
 pub mod flow_control;
 pub mod generate_model;
 pub mod idle_timeout;
@@ -70,6 +72,8 @@ pub enum Cur {
     /// A text job of this connection came back (its request starts or fails,
     /// and the frames it held are handled now).
     Tokenized(ConnId),
+    /// A frame over the size limit arrived on this connection.
+    TooLarge(ConnId),
     /// Anything else.
     Other,
 }
@@ -81,6 +85,7 @@ impl Cur {
             Input::Open { conn, .. } => Cur::Open(*conn),
             Input::Text { conn, .. } => Cur::Text(*conn),
             Input::Binary { conn, .. } => Cur::Binary(*conn),
+            Input::FrameTooLarge { conn } => Cur::TooLarge(*conn),
             Input::StepDone(d) => Cur::StepDone(d.step_id),
             Input::ModelLoading { .. } => Cur::Loading,
             Input::ModelLoaded { .. } => Cur::Loaded,
@@ -243,6 +248,7 @@ pub fn common_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(scheduler::SchedulerInvariants),
         Box::new(step_budget::StepBudget::default()),
         Box::new(flow_control::FlowControl),
+        Box::new(closes::Closes::default()),
     ]
 }
 
@@ -254,6 +260,7 @@ pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(metrics::Metrics::default()),
         Box::new(queue_position::QueuePosition::default()),
         Box::new(sampling::Sampling),
+        Box::new(engine_faults::EngineFaults::default()),
         Box::new(terminal_once::TerminalOnce),
         Box::new(after_terminal::AfterTerminal),
         Box::new(stream_text::StreamText),

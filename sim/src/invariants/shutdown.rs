@@ -37,6 +37,18 @@ impl Checker for Shutdown {
                 _ => Ok(()),
             };
         }
+        if let Output::Close {
+            conn, code: 1001, ..
+        } = out
+        {
+            // The grace is over: every request still in flight gets the
+            // dialect's error before its connection goes.
+            if let Some(r) = cx.view.conns.get(conn).and_then(|c| c.current.as_ref()) {
+                return Err(format!(
+                    "{conn:?} closed for the shutdown with request {r} in flight and no error for it"
+                ));
+            }
+        }
         if let (Output::Send { conn, .. }, Some(f)) = (out, frame) {
             if f.kind() == "init" {
                 return Err(format!(

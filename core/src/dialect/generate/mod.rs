@@ -446,7 +446,7 @@ impl GenerateConn {
             )
         };
         send(cx, ServerMessage::Error(e));
-        cx.close(CLOSE_POLICY, "first message must be config");
+        cx.close(CLOSE_POLICY, crate::api::close_reason::FIRST_FRAME);
     }
 }
 
