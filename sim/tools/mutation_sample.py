@@ -87,9 +87,9 @@ def main():
                 print(f"[{i}] unviable: {m['name']}", flush=True)
                 continue
             sim = os.path.join(env["CARGO_TARGET_DIR"], "release", "tokenwire-sim")
-            code, out = run([sim, "--seeds", f"0..{args.sim_seeds}"], wt, env, 900)
+            code, out = run([sim, "--seeds", f"0..{args.sim_seeds}"], wt, env, 300)
             sim_verdict = "survived" if code == 0 else "killed"
-            code, out = run(["cargo", "test", "-p", "tokenwire-core"], wt, env, 1800)
+            code, out = run(["cargo", "test", "-p", "tokenwire-core"], wt, env, 600)
             if code != 0 and "error[E" in out and "could not compile" in out:
                 unit_verdict = "unviable"
             else:
