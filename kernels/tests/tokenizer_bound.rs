@@ -6,7 +6,6 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use serde_json::json;
 use tokenizers::Tokenizer;
 use tokenwire_core::TextCodec;
 use tokenwire_kernels::tokenizer::HfCodec;
@@ -36,49 +35,6 @@ fn tokens(codec: &HfCodec, text: &str) -> usize {
     let with = codec.encode(text, true).expect("encode").len();
     let without = codec.encode(text, false).expect("encode").len();
     with.min(without)
-}
-
-/// GPT-2's byte-to-character map: every byte is one printable character.
-fn byte_char(b: u8) -> char {
-    let printable = (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
-    if printable {
-        return char::from(b);
-    }
-    let rank = (0..b)
-        .filter(|&x| !((b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || x >= 0xAE))
-        .count() as u32;
-    char::from_u32(256 + rank).expect("valid char")
-}
-
-/// A small byte-level BPE (GPT-2 style): every byte, and a few merges.
-fn byte_level_bpe() -> HfCodec {
-    let mut vocab = serde_json::Map::new();
-    for b in 0..=255u8 {
-        vocab.insert(byte_char(b).to_string(), json!(b as u32));
-    }
-    let merges = [
-        "Ġ t", "Ġt h", "Ġth e", "h e", "i n", "Ġ a", "a n", "an d", "Ġ and",
-    ];
-    let mut next = 256u32;
-    for m in merges {
-        vocab.insert(m.replace(' ', ""), json!(next));
-        next += 1;
-    }
-    vocab.insert("<|endoftext|>".into(), json!(next));
-    let tj = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [{"id": next, "content": "<|endoftext|>", "single_word": false,
-                          "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "vocab": vocab, "merges": merges}
-    });
-    let tokenizer = Tokenizer::from_bytes(tj.to_string().as_bytes()).expect("tokenizer");
-    HfCodec::new(tokenizer, None)
 }
 
 #[test]

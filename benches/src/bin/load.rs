@@ -75,6 +75,10 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mode = it.next().ok_or(USAGE)?;
+    if mode == "--help" || mode == "-h" {
+        println!("{USAGE}");
+        std::process::exit(0);
+    }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut a = Args {
         mode,

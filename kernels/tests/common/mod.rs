@@ -531,3 +531,45 @@ pub fn batched_parity(engine: &mut Engine, alone: &mut Engine, toks: &[Vec<Token
         .expect("step 4");
     check(engine, alone, &[b]);
 }
+
+/// A small byte-level BPE (GPT-2 style): every byte, a few merges, and three
+/// odd tokens (one outside the byte map, one special, one added).
+pub fn byte_level_bpe() -> tokenwire_kernels::HfCodec {
+    let mut vocab = serde_json::Map::new();
+    for b in 0..=255u8 {
+        vocab.insert(
+            tokenwire_kernels::tokenizer::byte_level_char(b).to_string(),
+            json!(b as u32),
+        );
+    }
+    let merges = [
+        "Ġ t", "Ġt h", "Ġth e", "h e", "i n", "Ġ a", "a n", "an d", "Ġ and",
+    ];
+    let mut next = 256u32;
+    for m in merges {
+        vocab.insert(m.replace(' ', ""), json!(next));
+        next += 1;
+    }
+    // A piece outside the byte map (decoded as its own UTF-8), a special
+    // token and an added token that is not special.
+    vocab.insert("中文".into(), json!(next));
+    vocab.insert("<|endoftext|>".into(), json!(next + 1));
+    vocab.insert("<tool>".into(), json!(next + 2));
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": next + 1, "content": "<|endoftext|>", "single_word": false,
+                          "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+                         {"id": next + 2, "content": "<tool>", "single_word": false,
+                          "lstrip": false, "rstrip": false, "normalized": false, "special": false}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges}
+    });
+    let tokenizer =
+        tokenizers::Tokenizer::from_bytes(tj.to_string().as_bytes()).expect("tokenizer");
+    tokenwire_kernels::HfCodec::new(tokenizer, None)
+}

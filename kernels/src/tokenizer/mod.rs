@@ -9,14 +9,18 @@ use tokenwire_core::{ChatMessage, TextCodec, TokenId};
 use crate::chat::{join_contents, ChatTemplate};
 use crate::error::{read_file, LoadError};
 
-/// SentencePiece's word-boundary marker, which decoders turn into a space.
-const SP_SPACE: char = '\u{2581}';
+mod decode_table;
+
+pub use decode_table::byte_level_char;
+use decode_table::{DecodeTable, SP_SPACE};
 
 /// A Hugging Face tokenizer plus optional chat template.
 pub struct HfCodec {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     max_token_bytes: Option<usize>,
+    /// Set when the decoder is one `decode_table` reproduces exactly.
+    table: Option<DecodeTable>,
 }
 
 impl std::fmt::Debug for HfCodec {
@@ -44,16 +48,24 @@ impl HfCodec {
     /// A codec from parts already built.
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> HfCodec {
         let max_token_bytes = max_token_bytes(&tokenizer);
+        let table = DecodeTable::build(&tokenizer);
         HfCodec {
             tokenizer,
             template,
             max_token_bytes,
+            table,
         }
     }
 
     /// The underlying tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// Whether decoding uses a per-id table built at load (the decoder is a
+    /// SentencePiece or byte-level pipeline) rather than the decoder chain.
+    pub fn decodes_by_table(&self) -> bool {
+        self.table.is_some()
     }
 
     /// Whether the model has a chat template.
@@ -71,6 +83,9 @@ impl TextCodec for HfCodec {
     }
 
     fn decode(&self, ids: &[TokenId]) -> String {
+        if let Some(table) = &self.table {
+            return table.decode(ids);
+        }
         // Decoding only fails inside exotic decoders; an empty string is the
         // least surprising text for such ids.
         self.tokenizer.decode(ids, true).unwrap_or_default()
