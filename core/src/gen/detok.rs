@@ -96,6 +96,19 @@ mod tests {
     }
 
     #[test]
+    fn each_character_is_released_by_the_token_that_completes_it() {
+        let codec = ByteCodec;
+        let mut d = IncrementalDecoder::new(&codec.encode("say: ", true).expect("encode"));
+        for c in ['h', 'i', ' '] {
+            assert_eq!(d.push(&codec, c as u32 + 3), c.to_string());
+        }
+        let bytes = "é".as_bytes();
+        assert_eq!(d.push(&codec, bytes[0] as u32 + 3), "", "half a character");
+        assert_eq!(d.push(&codec, bytes[1] as u32 + 3), "é");
+        assert_eq!(d.finish(&codec), "", "nothing was held");
+    }
+
+    #[test]
     fn an_unfinished_character_at_the_end_is_flushed_as_a_full_decode_would() {
         let codec = ByteCodec;
         let mut d = IncrementalDecoder::new(&[]);

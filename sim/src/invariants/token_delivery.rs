@@ -4,7 +4,9 @@
 //! the next sampled token; at the `completion`, `usage.completion_tokens` is
 //! at most the tokens sampled, and the streamed text is the decoding of
 //! that many sampled tokens (a stop cuts it short, never changes it; any
-//! other end leaves nothing held back).
+//! other end leaves nothing held back). Text is not held longer than it must
+//! be: once the sampled tokens decode to whole characters, the frame of the
+//! last of them has carried all of it (unless stop strings may hold a tail).
 
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{Output, TextCodec};
@@ -35,12 +37,25 @@ impl Checker for TokenDelivery {
                 };
                 let i = r.ids_streamed as usize;
                 match r.sampled.get(i) {
-                    Some(&t) if u64::from(t) == id => Ok(()),
-                    other => Err(format!(
-                        "token {} of the request on {conn:?} has token_id {id}, but the engine sampled {other:?} there",
-                        i + 1
-                    )),
+                    Some(&t) if u64::from(t) == id => {}
+                    other => {
+                        return Err(format!(
+                            "token {} of the request on {conn:?} has token_id {id}, but the engine sampled {other:?} there",
+                            i + 1
+                        ))
+                    }
                 }
+                let text = ByteCodec.decode(&r.sampled[..=i]);
+                let now = format!("{}{}", r.streamed, f.str("token").unwrap_or(""));
+                if !r.had_stops && !text.ends_with('\u{FFFD}') && now != text {
+                    return Err(format!(
+                        "after token {} on {conn:?} the client has {:?}, but the tokens sampled so far are the whole text {:?}",
+                        i + 1,
+                        clip(&now),
+                        clip(&text)
+                    ));
+                }
+                Ok(())
             }
             "completion" => {
                 let Some(k) = f.v["usage"]["completion_tokens"].as_u64() else {
@@ -126,6 +141,33 @@ mod tests {
             .expect_err("more tokens than sampled")
         };
         assert!(err.detail.contains("sampled 0"));
+    }
+
+    #[test]
+    fn complete_text_held_back_mid_stream_is_caught() {
+        let mut k = kit(Box::new(TokenDelivery));
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.step(1, 1, 1).expect("step");
+        k.end().expect("end");
+        k.step_done(1, 1).expect("done");
+        // The engine sampled `a`, a whole character: its frame must carry it.
+        let err = k
+            .send(
+                1,
+                json!({"type": "token", "token": "", "token_id": 100, "finished": false}),
+            )
+            .expect_err("held");
+        assert!(err.detail.contains("whole text"), "{}", err.detail);
+        let mut k = kit(Box::new(TokenDelivery));
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.step(1, 1, 1).expect("step");
+        k.end().expect("end");
+        k.step_done(1, 1).expect("done");
+        k.send(
+            1,
+            json!({"type": "token", "token": "a", "token_id": 100, "finished": false}),
+        )
+        .expect("released at once");
     }
 
     #[test]
