@@ -3,7 +3,8 @@
 //! The model engine behind tokenwire's engine boundary: loading llama-family
 //! Hugging Face checkpoints (Llama, Qwen2-style biases and tied embeddings,
 //! Llama 3 RoPE scaling; f32/f16/bf16, single or sharded safetensors), the
-//! tokenizer and chat template ([`HfCodec`]), a paged KV cache, two
+//! tokenizer and chat template ([`HfCodec`]; SentencePiece and byte-level
+//! decoders decode from a per-id table built at load), a paged KV cache, two
 //! [`Backend`]s (CPU, and WGSL kernels on wgpu: [`WgpuBackend`]), and the
 //! deterministic [`sample`] function.
 //!

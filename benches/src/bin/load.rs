@@ -5,7 +5,7 @@
 //! ```text
 //! tw-load idle     --connections 10000 [--sources 4]
 //! tw-load stream   --clients 50 --max-tokens 64 --model DIR
-//! tw-load overhead --clients 32 --max-tokens 200 --model DIR
+//! tw-load overhead --clients 64 --max-tokens 400 --model DIR
 //! ```
 //!
 //! - `idle`: opens N WebSocket connections that only answer pings, and prints

@@ -1,5 +1,8 @@
 //! [`HfCodec`]: the model's `tokenizer.json` (through the `tokenizers` crate)
-//! and chat template behind the core's [`TextCodec`] trait.
+//! and chat template behind the core's [`TextCodec`] trait. Decoding, which
+//! streaming does twice per generated token, uses a per-id table for the
+//! SentencePiece and byte-level decoder pipelines (`decode_table`) and the
+//! crate's decoder chain for any other.
 
 use std::path::Path;
 
