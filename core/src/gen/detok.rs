@@ -108,6 +108,31 @@ mod tests {
         assert_eq!(d.finish(&codec), "", "nothing was held");
     }
 
+    /// SentencePiece-style decoding: the byte codec, less one leading space
+    /// of the whole text (as Llama's `Strip` decoder does).
+    struct StripCodec;
+
+    impl TextCodec for StripCodec {
+        fn encode(&self, text: &str, add_special: bool) -> Result<Vec<TokenId>, String> {
+            ByteCodec.encode(text, add_special)
+        }
+        fn decode(&self, ids: &[TokenId]) -> String {
+            let text = ByteCodec.decode(ids);
+            text.strip_prefix(' ').map(str::to_string).unwrap_or(text)
+        }
+    }
+
+    #[test]
+    fn a_token_that_decodes_to_nothing_keeps_the_context_that_follows_it() {
+        let codec = StripCodec;
+        let mut d = IncrementalDecoder::new(&codec.encode("hi", true).expect("encode"));
+        // A special token adds nothing; the window must keep "hi" before it,
+        // or the space after it becomes a leading space and is stripped.
+        assert_eq!(d.push(&codec, crate::testing::BYTE_BOS), "");
+        assert_eq!(d.push(&codec, b' ' as u32 + 3), " ");
+        assert_eq!(d.push(&codec, b'x' as u32 + 3), "x");
+    }
+
     #[test]
     fn an_unfinished_character_at_the_end_is_flushed_as_a_full_decode_would() {
         let codec = ByteCodec;
