@@ -3,14 +3,15 @@
 //! limit (this event's frame), 1008 after refusing a first frame that was not
 //! a config (in this event), 1008 for frames piled up past every bound, 1001
 //! during a shutdown. (Idle, keepalive and slow-client closes have checkers of
-//! their own.)
+//! their own.) And the other way: a refused first frame closes its connection
+//! in the same event.
 
 use std::collections::BTreeSet;
 
 use tokenwire_core::api::close_reason;
 use tokenwire_core::{ConnId, Input, Output};
 
-use super::{Check, Checker, Cur, Cx, Frame};
+use super::{Check, Checker, Cur, Cx, EndState, Frame};
 
 /// Frames a connection may have waiting before the Host may give up on it.
 const MAX_HELD_FRAMES: usize = 4096;
@@ -43,6 +44,7 @@ impl Checker for Closes {
             return Ok(());
         };
         let c = cx.view.conns.get(conn);
+        let refused = self.refused.remove(conn);
         let ok = match (*code, reason.as_str()) {
             (1009, close_reason::FRAME_TOO_LARGE) => {
                 cx.input == Cur::TooLarge(*conn)
@@ -50,7 +52,7 @@ impl Checker for Closes {
                         && c.and_then(|c| c.pending.back())
                             .is_some_and(|h| h.frame.len > cx.config.max_frame_bytes))
             }
-            (1008, close_reason::FIRST_FRAME) => self.refused.contains(conn),
+            (1008, close_reason::FIRST_FRAME) => refused,
             (1008, close_reason::HELD_TOO_MANY) => {
                 let bytes: usize = c.map_or(0, |c| c.pending.iter().map(|h| h.frame.len).sum());
                 c.is_some_and(|c| c.pending.len() > MAX_HELD_FRAMES)
@@ -68,6 +70,15 @@ impl Checker for Closes {
             Err(format!(
                 "{conn:?} closed with {code} {reason:?}, which nothing here calls for"
             ))
+        }
+    }
+
+    fn on_end(&mut self, _cx: &Cx<'_>, _end: &EndState) -> Check {
+        match self.refused.first() {
+            Some(conn) => Err(format!(
+                "{conn:?} had its first frame refused for good but was not closed"
+            )),
+            None => Ok(()),
         }
     }
 }
@@ -111,5 +122,21 @@ mod tests {
         .expect("refusal");
         k.out(close(1008, close_reason::FIRST_FRAME))
             .expect("refused first frame");
+        k.end().expect("closed in the event");
+    }
+
+    #[test]
+    fn a_refused_first_frame_left_open_is_caught() {
+        let mut k = kit(Box::new(Closes::default()));
+        k.open(1);
+        k.text(1, json!({"type": "bogus"})).expect("frame");
+        k.send(
+            1,
+            json!({"type": "error", "error": "invalid_request", "message": "m",
+                         "recoverable": false, "recovery_action": "none"}),
+        )
+        .expect("refusal");
+        let err = k.end().expect_err("left open");
+        assert!(err.detail.contains("not closed"), "{}", err.detail);
     }
 }
