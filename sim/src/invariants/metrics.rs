@@ -6,7 +6,8 @@
 //! sampled token's frame one `FirstToken` or `InterToken`; `TokensGenerated`
 //! only for a finished step and never more than it sampled. After every
 //! event, connections opened minus closed is the Host's connection count,
-//! and the last gauges are the Host's own.
+//! and the last gauges are the Host's own; while the engine computes a
+//! sequence for a live, unpaused request, the Host counts one running.
 
 use std::collections::BTreeMap;
 
@@ -158,7 +159,7 @@ impl Checker for Metrics {
         Ok(())
     }
 
-    fn on_end(&mut self, _cx: &Cx<'_>, end: &EndState) -> Check {
+    fn on_end(&mut self, cx: &Cx<'_>, end: &EndState) -> Check {
         let t = &self.t;
         if t.error_frames != t.error_events {
             return Err(format!(
@@ -207,6 +208,32 @@ impl Checker for Metrics {
                     return Err(format!("last gauges {g:?} but the Host reports {now:?}"))
                 }
                 Some(_) => {}
+            }
+            // A sequence the engine is computing for a live, unpaused request
+            // is running, whatever the scheduler's own count says.
+            let v = cx.view;
+            let computing = v.step.as_ref().map_or(0, |step| {
+                step.seqs
+                    .iter()
+                    .filter(|q| {
+                        v.seq_request.get(q).is_some_and(|rid| {
+                            v.requests.get(rid).is_some_and(|r| {
+                                r.terminals == 0
+                                    && r.paused_at.is_none()
+                                    && v.conns.get(&r.conn).is_some_and(|c| {
+                                        !c.closed
+                                            && c.blocked_since.is_none()
+                                            && c.current.as_deref() == Some(rid.as_str())
+                                    })
+                            })
+                        })
+                    })
+                    .count()
+            });
+            if computing > 0 && s.running == 0 {
+                return Err(format!(
+                    "the Host reports no sequence running while the engine computes {computing} for live requests"
+                ));
             }
         }
         Ok(())
@@ -276,6 +303,34 @@ mod tests {
         .expect("event");
         let err = k.end().expect_err("counts differ");
         assert!(err.detail.contains("terminal frames"), "{}", err.detail);
+    }
+
+    #[test]
+    fn no_sequence_running_while_the_engine_computes_one_is_caught() {
+        let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.input(Input::Timeout).expect("input");
+        k.step(1, 1, 1).expect("step");
+        k.out(idle_gauges()).expect("gauges");
+        let err = k.end().expect_err("counted none");
+        assert!(err.detail.contains("no sequence running"), "{}", err.detail);
+        // Counted, it is fine.
+        let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "<c1>hello"}));
+        k.input(Input::Timeout).expect("input");
+        k.step(1, 1, 1).expect("step");
+        let running = Event::Gauges {
+            queued: 0,
+            running: 1,
+            kv_blocks_used: 0,
+            kv_blocks_total: 64,
+        };
+        k.out(Output::Event(running)).expect("gauges");
+        let mut end = crate::invariants::testkit::idle_end();
+        end.stats.running = 1;
+        k.m.end(&end).expect("counted");
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub mod terminal_once;
 pub mod token_delivery;
 pub mod view;
 pub mod wire_format;
+pub mod work_conserving;
 
 use std::fmt;
 
@@ -259,6 +260,7 @@ pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(replies::Replies::default()),
         Box::new(metrics::Metrics::default()),
         Box::new(queue_position::QueuePosition::default()),
+        Box::new(work_conserving::WorkConserving),
         Box::new(sampling::Sampling),
         Box::new(engine_faults::EngineFaults::default()),
         Box::new(terminal_once::TerminalOnce),

@@ -1,13 +1,16 @@
 //! `queue_position`: a `queued` status names the request in flight on its
 //! connection, before the engine ever saw that request, at a position from 1
 //! up to the number of requests in flight; no two requests that can run
-//! are told the same position in one event.
+//! are told the same position in one event. After every event, the Host's
+//! `queued` count covers every request told a position that can run and the
+//! engine has not been handed yet (less those that may be behind a sequence
+//! whose first chunk was too short to tell whose it is).
 
 use std::collections::BTreeSet;
 
 use tokenwire_core::{Input, Output};
 
-use super::{Check, Checker, Cx, Frame};
+use super::{Check, Checker, Cx, EndState, Frame};
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -67,12 +70,41 @@ impl Checker for QueuePosition {
         }
         Ok(())
     }
+
+    fn on_end(&mut self, cx: &Cx<'_>, end: &EndState) -> Check {
+        if !end.stats.loaded {
+            return Ok(());
+        }
+        let waiting: Vec<String> = cx
+            .view
+            .outstanding()
+            .into_iter()
+            .filter(|(rid, conn)| {
+                // A full outbound queue holds a request back like a pause.
+                cx.view.conns[conn].blocked_since.is_none()
+                    && cx.view.requests.get(rid).is_some_and(|r| {
+                        r.told_queued && !r.planned && r.paused_at.is_none() && r.terminals == 0
+                    })
+            })
+            .map(|(rid, _)| rid)
+            .collect();
+        let unknown = cx.view.unidentified_seqs() as u64;
+        if waiting.len() as u64 > u64::from(end.stats.queued) + unknown {
+            return Err(format!(
+                "the Host counts {} queued, but {} requests told a position wait to run: {:?}",
+                end.stats.queued,
+                waiting.len(),
+                waiting
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::invariants::testkit::kit;
+    use crate::invariants::testkit::{idle_end, kit};
     use serde_json::json;
 
     #[test]
@@ -94,5 +126,23 @@ mod tests {
             k.send(1, q(1, "gen_b")).is_err(),
             "not the request in flight"
         );
+    }
+
+    #[test]
+    fn a_queued_request_the_host_does_not_count_is_caught() {
+        let mut k = kit(Box::new(QueuePosition::default()));
+        k.start(1, "gen_a", json!({"type": "config", "prompt": "hi"}));
+        k.input(Input::Timeout).expect("input");
+        k.send(
+            1,
+            json!({"type": "status", "operation": "queued", "position": 1, "request_id": "gen_a"}),
+        )
+        .expect("told");
+        let err = k.m.end(&idle_end()).expect_err("counted 0");
+        assert!(err.detail.contains("counts 0 queued"), "{}", err.detail);
+        let mut counted = idle_end();
+        counted.stats.queued = 1;
+        k.input(Input::Timeout).expect("input");
+        k.m.end(&counted).expect("counted");
     }
 }

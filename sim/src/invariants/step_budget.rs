@@ -3,7 +3,10 @@
 //! at most `max_step_tokens` tokens fed in all, none empty or twice; every
 //! block table long enough for the positions it is fed, its blocks inside
 //! the pool and held by no other sequence of the step; nothing both freed
-//! and computed; step ids going up by one.
+//! and computed; step ids going up by one; decodes before prompt chunks (a
+//! sequence's one sampled next token never waits behind another's slice of
+//! prompt in the same step, so a long prompt cannot eat the budget of
+//! streams already running).
 
 use std::collections::BTreeSet;
 
@@ -84,6 +87,20 @@ impl Checker for StepBudget {
                 return Err(format!("step {id} frees {:?} and computes it", s.seq));
             }
         }
+        let mut chunk = None;
+        for s in &plan.seqs {
+            let decode = s.tokens.len() == 1 && s.sample && s.start_pos > 0;
+            match chunk {
+                Some(c) if decode => {
+                    return Err(format!(
+                        "step {id} decodes {:?} after the prompt chunk of {c:?}",
+                        s.seq
+                    ))
+                }
+                None if s.tokens.len() > 1 => chunk = Some(s.seq),
+                _ => {}
+            }
+        }
         Ok(())
     }
 }
@@ -137,5 +154,32 @@ mod tests {
             let err = k.out(bad.clone()).expect_err("caught");
             assert_eq!(err.invariant, "step_budget", "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_decode_behind_a_prompt_chunk_is_caught() {
+        let decode = |id| SeqStep {
+            start_pos: 5,
+            ..seq(id, 1, vec![id as u32])
+        };
+        let chunk = |id| SeqStep {
+            sample: false,
+            ..seq(id, 8, vec![id as u32])
+        };
+        let mut k = kit(Box::new(StepBudget::default()));
+        k.input(tokenwire_core::Input::Timeout).expect("input");
+        k.out(plan(1, vec![decode(1), chunk(2), decode(3)]))
+            .expect_err("decode after a chunk");
+        let mut k = kit(Box::new(StepBudget::default()));
+        k.input(tokenwire_core::Input::Timeout).expect("input");
+        k.out(plan(1, vec![decode(1), decode(3), chunk(2)]))
+            .expect("decodes first");
+        // A one-token slice of a prompt that samples nothing may come last.
+        let last_slice = SeqStep {
+            sample: false,
+            ..decode(4)
+        };
+        k.out(plan(2, vec![decode(1), chunk(2), last_slice]))
+            .expect("not a decode");
     }
 }

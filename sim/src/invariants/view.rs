@@ -168,6 +168,9 @@ pub struct ReqView {
     pub ids_streamed: u32,
     /// The engine has been handed its sequence.
     pub planned: bool,
+    /// It was told a `queued` position (so it waits in the scheduler's
+    /// queue until the engine is handed it).
+    pub told_queued: bool,
     /// It had stop strings at some point (which may cut its text short at
     /// any end: text held back is matched against the current ones).
     pub had_stops: bool,
@@ -329,6 +332,12 @@ impl View {
     /// The connection that owns engine sequence `seq`, if its tag was read.
     pub fn owner(&self, seq: SeqId) -> Option<ConnId> {
         self.seq_owner.get(&seq).copied()
+    }
+
+    /// Sequences the engine has been handed whose request is not known yet
+    /// (their first chunks were too short to carry the connection tag).
+    pub fn unidentified_seqs(&self) -> usize {
+        self.seq_prefix.len()
     }
 
     /// Requests in flight on live connections: `(request_id, conn)`.
@@ -607,6 +616,7 @@ impl View {
                         sampled: Vec::new(),
                         ids_streamed: 0,
                         planned: false,
+                        told_queued: false,
                         had_stops,
                     },
                 );
@@ -639,6 +649,7 @@ impl View {
                     return;
                 };
                 match f.str("operation") {
+                    Some("queued") => r.told_queued = true,
                     Some("paused") if r.paused_at.is_none() => {
                         r.paused_at = Some(now);
                         r.pause_grace_step = step;
