@@ -182,16 +182,7 @@ impl Shared {
                 req.params.sampling(seed),
                 req.logprobs,
             )
-            .map_err(|e| match e {
-                AdmitError::NeverFits {
-                    needed_blocks,
-                    total_blocks,
-                } => StartError::NeverFits {
-                    needed_blocks,
-                    total_blocks,
-                },
-                AdmitError::Duplicate => StartError::QueueFull,
-            })?;
+            .map_err(StartError::from)?;
         let mut gen = Generation::new(
             id,
             owner,
@@ -273,16 +264,7 @@ impl Shared {
         // could never finish.
         let max_len = gen.prompt_tokens() + params.max_tokens;
         if let Some(s) = self.sched.as_mut() {
-            s.set_max_len(id, max_len).map_err(|e| match e {
-                AdmitError::NeverFits {
-                    needed_blocks,
-                    total_blocks,
-                } => StartError::NeverFits {
-                    needed_blocks,
-                    total_blocks,
-                },
-                AdmitError::Duplicate => StartError::QueueFull,
-            })?;
+            s.set_max_len(id, max_len).map_err(StartError::from)?;
         }
         let seed = params.seed.unwrap_or(gen.seed);
         gen.seed = seed;
@@ -339,5 +321,23 @@ pub(crate) fn outcome_of(reason: FinishReason) -> Outcome {
         FinishReason::Length | FinishReason::Stop => Outcome::Completed,
         FinishReason::Cancelled => Outcome::Cancelled,
         FinishReason::Timeout => Outcome::TimedOut,
+    }
+}
+
+/// What the scheduler refused, as the dialects report it.
+impl From<AdmitError> for StartError {
+    fn from(e: AdmitError) -> StartError {
+        match e {
+            AdmitError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            } => StartError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            },
+            // A sequence id already in use: never a client's doing; the
+            // request is refused as if the queue were full.
+            AdmitError::Duplicate => StartError::QueueFull,
+        }
     }
 }
