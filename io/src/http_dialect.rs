@@ -136,8 +136,8 @@ pub(crate) async fn handle(
 /// Reads a body of at most `max` bytes that must arrive within `timeout`,
 /// extended by one second for every `min_rate` bytes received: a client that
 /// trickles its body holds the connection no longer than that.
-async fn read_body(
-    mut body: Incoming,
+async fn read_body<B: hyper::body::Body<Data = Bytes> + Unpin>(
+    mut body: B,
     max: usize,
     timeout: Duration,
     min_rate: u64,
@@ -341,5 +341,76 @@ impl hyper::body::Body for SseBody {
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+
+    type Chunk = Result<Frame<Bytes>, Infallible>;
+
+    /// A request body fed by the test, a chunk at a time.
+    fn fed_body() -> (
+        tokio::sync::mpsc::Sender<Chunk>,
+        http_body_util::StreamBody<impl futures_util::Stream<Item = Chunk> + Unpin>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(4);
+        let chunks =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
+            );
+        (tx, http_body_util::StreamBody::new(Box::pin(chunks)))
+    }
+
+    /// Sends `chunk` every `every` of paused time until the body is read or
+    /// `n` chunks went; returns the read's result and the time it took.
+    async fn trickle(
+        chunk: &'static [u8],
+        every: Duration,
+        n: usize,
+    ) -> (Result<Bytes, HttpFailure>, Duration) {
+        let (tx, body) = fed_body();
+        let started = tokio::time::Instant::now();
+        let reader = tokio::spawn(read_body(body, 1 << 20, Duration::from_secs(1), 1000));
+        for _ in 0..n {
+            if reader.is_finished()
+                || tx
+                    .send(Ok(Frame::data(Bytes::from_static(chunk))))
+                    .await
+                    .is_err()
+            {
+                break;
+            }
+            tokio::time::advance(every).await;
+            tokio::task::yield_now().await;
+        }
+        drop(tx);
+        let result = reader.await.expect("reader");
+        (result, started.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_trickled_below_the_minimum_rate_times_out_at_its_deadline() {
+        // One byte every 150 ms is far below 1000 bytes/s: the 1 s deadline
+        // grows by only a millisecond per byte.
+        let (result, took) = trickle(b" ", Duration::from_millis(150), 1000).await;
+        assert!(
+            matches!(result, Err(HttpFailure::BodyTimeout)),
+            "{result:?}"
+        );
+        assert!(took < Duration::from_millis(1300), "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_arriving_at_the_minimum_rate_outlives_the_base_deadline() {
+        // 500 bytes every 100 ms (5000 bytes/s) for 3 s: each chunk earns
+        // half a second, so the body completes long past the 1 s base.
+        let chunk: &'static [u8] = &[b'x'; 500];
+        let (result, took) = trickle(chunk, Duration::from_millis(100), 30).await;
+        assert_eq!(result.expect("complete").len(), 15_000);
+        assert!(took >= Duration::from_secs(3), "{took:?}");
     }
 }

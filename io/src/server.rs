@@ -10,6 +10,7 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokenwire_core::host::HostStats;
 use tokenwire_core::Host;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -47,6 +48,15 @@ impl RunningServer {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Resolves once the Host's gauges satisfy `pred` (at once if they do
+    /// now): true, or false if the server stopped first. Tests wait on this
+    /// for what the Host has done instead of sleeping.
+    pub async fn wait_for_stats(&self, mut pred: impl FnMut(&HostStats) -> bool) -> bool {
+        let mut rx = self.snapshot.clone();
+        let held = rx.wait_for(|s| pred(&s.stats)).await.is_ok();
+        held
     }
 
     /// Resolves once the model is loaded and served (`/health` answers 200), or
