@@ -9,7 +9,9 @@ use std::collections::VecDeque;
 use std::time::Instant as WallClock;
 
 use tokenwire_core::testing::{tiny_model_info, ByteCodec, ScriptEngine};
-use tokenwire_core::{ConnId, Dialect, Host, HostConfig, Input, Instant, Output, Transport};
+use tokenwire_core::{
+    ConnId, Dialect, Host, HostConfig, Input, Instant, JobGrant, Output, Transport,
+};
 
 fn main() {
     let start = WallClock::now();
@@ -68,6 +70,12 @@ fn main() {
                 // on a worker thread so other connections keep streaming.
                 Output::Tokenize(job) => inbox.push_back(Input::Tokenized(job.run())),
                 Output::Ping { conn } => inbox.push_back(Input::Pong { conn }),
+                // A client's job id (`session`): ask your payment service; this
+                // loop accepts every job with no token cap.
+                Output::VerifyJob(check) => inbox.push_back(Input::JobVerified {
+                    check: check.id,
+                    verdict: Ok(JobGrant::default()),
+                }),
                 // Back-pressure: stop (and restart) reading this connection.
                 Output::PauseReading { .. } | Output::ResumeReading { .. } => {}
                 Output::Event(_) | Output::Feedback(_) | Output::ShutdownComplete => {}

@@ -146,6 +146,13 @@ pub enum Input {
     Timeout,
     /// A [`TextJob`] handed out as [`Output::Tokenize`] is done.
     Tokenized(TextDone),
+    /// The shell's verdict on a [`JobCheck`] handed out as [`Output::VerifyJob`].
+    JobVerified {
+        /// The check answered.
+        check: JobCheckId,
+        /// What the job may use, or why it is refused (a message for the client).
+        verdict: Result<JobGrant, String>,
+    },
     /// The engine finished the outstanding step.
     StepDone(StepDone),
     /// The engine failed the outstanding step.
@@ -220,6 +227,10 @@ pub enum Output {
     /// [`Input::Tokenized`]. Any number may be outstanding; the frames of the
     /// connection that asked wait, in order, until its answer comes.
     Tokenize(TextJob),
+    /// Verify a client's job id (payment, quota) with whatever service the
+    /// shell trusts, and answer with [`Input::JobVerified`]. The frames of
+    /// the connection that asked wait, in order, until then.
+    VerifyJob(JobCheck),
     /// A client's feedback, for the operator's feedback log (the only client text
     /// the core ever hands out for writing, and only the shell decides to write it).
     Feedback(FeedbackRecord),
@@ -227,6 +238,31 @@ pub enum Output {
     Event(Event),
     /// Graceful shutdown is complete: every connection is closed.
     ShutdownComplete,
+}
+
+/// Identifies one [`JobCheck`] of a Host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobCheckId(pub u64);
+
+/// A job id to verify ([`Output::VerifyJob`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCheck {
+    /// Echo it in [`Input::JobVerified`].
+    pub id: JobCheckId,
+    /// The connection that presented the job.
+    pub conn: ConnId,
+    /// Its dialect.
+    pub dialect: Dialect,
+    /// The job id as the client sent it.
+    pub job_id: String,
+}
+
+/// What a verified job may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JobGrant {
+    /// Most tokens (prompt and generated) the job may use on this host;
+    /// `None`: no cap.
+    pub token_budget: Option<u64>,
 }
 
 /// Feedback sent by a client about one generation.

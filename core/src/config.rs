@@ -30,6 +30,12 @@ pub struct HostConfig {
     pub max_running_seqs: u32,
     /// Most requests waiting for admission; more get the dialect's queue-full error.
     pub max_queued_requests: u32,
+    /// `session`: most non-system messages a prompt is built from (the newest).
+    pub session_max_messages: usize,
+    /// `session`: most live sessions on this host.
+    pub max_sessions: usize,
+    /// Most jobs whose token use this host remembers.
+    pub max_jobs: usize,
 }
 
 impl Default for HostConfig {
@@ -47,6 +53,9 @@ impl Default for HostConfig {
             max_step_tokens: 512,
             max_running_seqs: 64,
             max_queued_requests: 1024,
+            session_max_messages: 20,
+            max_sessions: 10_000,
+            max_jobs: 10_000,
         }
     }
 }

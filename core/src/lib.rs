@@ -47,7 +47,10 @@ pub mod text;
 pub mod time;
 pub mod timer;
 
-pub use api::{ConnId, Dialect, Event, FeedbackRecord, Input, Outcome, Output, Transport};
+pub use api::{
+    ConnId, Dialect, Event, FeedbackRecord, Input, JobCheck, JobCheckId, JobGrant, Outcome, Output,
+    Transport,
+};
 pub use config::HostConfig;
 pub use engine::{
     BlockId, EngineFault, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep,
@@ -56,5 +59,6 @@ pub use engine::{
 pub use host::Host;
 pub use text::{
     ChatMessage, Encoded, Role, SharedCodec, TextCodec, TextDone, TextJob, TextJobId, TextWork,
+    CONTEXT_TOO_LONG,
 };
 pub use time::{Duration, Instant};

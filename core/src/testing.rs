@@ -166,6 +166,10 @@ pub struct Harness {
     pub text_jobs: Vec<crate::TextJob>,
     /// Text jobs handed out so far.
     pub text_jobs_run: u64,
+    /// The verdict given at once to every job check (default: accepted, no cap).
+    pub verdict: Result<crate::JobGrant, String>,
+    /// Every job check handed out, in order.
+    pub job_checks: Vec<crate::JobCheck>,
 }
 
 impl Harness {
@@ -190,6 +194,8 @@ impl Harness {
             auto_text: true,
             text_jobs: Vec::new(),
             text_jobs_run: 0,
+            verdict: Ok(crate::JobGrant::default()),
+            job_checks: Vec::new(),
         }
     }
 
@@ -202,6 +208,7 @@ impl Harness {
     fn drain(&mut self) {
         let mut pongs = Vec::new();
         let mut texts = Vec::new();
+        let mut verdicts = Vec::new();
         while let Some(out) = self.host.poll_output() {
             match out {
                 crate::Output::Tokenize(job) => {
@@ -223,6 +230,13 @@ impl Harness {
                 crate::Output::Close { conn, code, reason } => {
                     self.closes.insert(conn, (code, reason));
                 }
+                crate::Output::VerifyJob(check) => {
+                    verdicts.push(crate::Input::JobVerified {
+                        check: check.id,
+                        verdict: self.verdict.clone(),
+                    });
+                    self.job_checks.push(check);
+                }
                 crate::Output::RunStep(plan) => {
                     assert!(self.pending_step.is_none(), "two steps outstanding");
                     self.pending_step = Some(plan);
@@ -235,6 +249,9 @@ impl Harness {
         }
         for done in texts {
             self.input(crate::Input::Tokenized(done));
+        }
+        for v in verdicts {
+            self.input(v);
         }
     }
 

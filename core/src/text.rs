@@ -115,13 +115,80 @@ pub enum TextWork {
         /// The prompt.
         text: String,
     },
+    /// Render a conversation with the chat template and tokenize it, keeping
+    /// the newest messages that fit: every system message, then at most
+    /// `max_messages` others, newest first, dropping the oldest until the
+    /// prompt has at most `max_tokens` tokens. The newest message is never
+    /// dropped; if it cannot fit, the job fails with [`CONTEXT_TOO_LONG`]'s
+    /// message.
+    Chat {
+        /// The conversation, oldest first.
+        messages: Vec<ChatMessage>,
+        /// Most non-system messages kept.
+        max_messages: usize,
+        /// Most prompt tokens.
+        max_tokens: u32,
+    },
 }
 
+/// Start of a [`TextWork::Chat`] job's error when even the newest message
+/// alone (with the system messages) is over its token budget; the error goes
+/// on with the prompt's token count.
+pub const CONTEXT_TOO_LONG: &str = "context too long:";
+
 /// The result of a [`TextJob`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Encoded {
     /// The prompt's token ids.
     pub ids: Vec<TokenId>,
+    /// Messages of a [`TextWork::Chat`] left out to fit (0 for raw prompts).
+    pub dropped: u32,
+}
+
+/// Keeps the newest messages that fit (see [`TextWork::Chat`]).
+fn encode_fitting(
+    codec: &dyn TextCodec,
+    messages: &[ChatMessage],
+    max_messages: usize,
+    max_tokens: u32,
+) -> Result<Encoded, String> {
+    let others: Vec<usize> = (0..messages.len())
+        .filter(|&i| messages[i].role != Role::System)
+        .collect();
+    // Dropping `k` of the oldest non-system messages: the prompt shrinks as k
+    // grows, so the fewest drops that fit is found by bisection.
+    let encode = |k: usize| -> Result<Vec<TokenId>, String> {
+        let first_kept = others.get(k).copied().unwrap_or(messages.len());
+        let kept: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| m.role == Role::System || *i >= first_kept)
+            .map(|(_, m)| m.clone())
+            .collect();
+        codec.encode_chat(&kept)
+    };
+    let fits = |ids: &[TokenId]| ids.len() as u64 <= u64::from(max_tokens);
+    let least = others.len().saturating_sub(max_messages);
+    let most = others.len().saturating_sub(1).max(least);
+    let at_most = encode(most)?;
+    if !fits(&at_most) {
+        return Err(format!("{CONTEXT_TOO_LONG} {} tokens", at_most.len()));
+    }
+    let (mut lo, mut hi, mut best) = (least, most, at_most);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let ids = encode(mid)?;
+        if fits(&ids) {
+            hi = mid;
+            best = ids;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(Encoded {
+        ids: best,
+        dropped: u32::try_from(hi).unwrap_or(u32::MAX),
+    })
 }
 
 /// Tokenizing (and chat-template rendering) handed out by the Host as
@@ -145,6 +212,10 @@ impl std::fmt::Debug for TextJob {
         // Never the text: jobs carry conversation content.
         let (kind, bytes) = match &self.work {
             TextWork::Encode { text } => ("encode", text.len()),
+            TextWork::Chat { messages, .. } => (
+                "chat",
+                messages.iter().map(|m| m.content.len()).sum::<usize>(),
+            ),
         };
         f.debug_struct("TextJob")
             .field("id", &self.id)
@@ -165,7 +236,15 @@ impl TextJob {
     /// Computes the job (pure: the same job always gives the same result).
     pub fn run(&self) -> TextDone {
         let result = match &self.work {
-            TextWork::Encode { text } => self.codec.encode(text, true).map(|ids| Encoded { ids }),
+            TextWork::Encode { text } => self
+                .codec
+                .encode(text, true)
+                .map(|ids| Encoded { ids, dropped: 0 }),
+            TextWork::Chat {
+                messages,
+                max_messages,
+                max_tokens,
+            } => encode_fitting(&*self.codec, messages, *max_messages, *max_tokens),
         };
         TextDone {
             id: self.id,

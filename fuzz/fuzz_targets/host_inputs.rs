@@ -106,8 +106,24 @@ const PATHS: [&str; 6] = [
     "/nope",
 ];
 const ACTIONS: [&str; 6] = ["stop", "pause", "resume", "regenerate", "modify", "bogus"];
-const KINDS: [&str; 4] = ["config", "control", "feedback", "other"];
-const NAMES: [&str; 12] = [
+const KINDS: [&str; 8] = [
+    "config",
+    "control",
+    "feedback",
+    "other",
+    "session_init",
+    "session_resume",
+    "prompt",
+    "session_end",
+];
+const NAMES: [&str; 19] = [
+    "session_id",
+    "job_id",
+    "content",
+    "message_index",
+    "conversation_context",
+    "last_message_index",
+    "payload",
     "prompt",
     "model",
     "parameters",

@@ -150,6 +150,19 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_FEEDBACK_LOG", value_name = "FILE")]
     pub feedback_log: Option<PathBuf>,
 
+    /// `session`: most user and assistant messages a prompt is built from
+    /// (the newest; system messages are always kept).
+    #[arg(long, env = "TOKENWIRE_SESSION_MAX_MESSAGES", value_name = "N",
+          default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_max_messages: u64,
+
+    /// Tokens (prompt and generated) each job may use on this host, as the
+    /// default job verifier grants them; past it prompts get
+    /// `token_budget_exhausted`. Without it jobs have no cap.
+    #[arg(long, env = "TOKENWIRE_JOB_TOKEN_BUDGET", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub job_token_budget: Option<u64>,
+
     /// Most WebSocket and HTTP generation connections open at once; more get 503.
     #[arg(long, env = "TOKENWIRE_MAX_CONNECTIONS", value_name = "N",
           default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -237,6 +250,10 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Where feedback is appended as JSON lines, if anywhere.
     pub feedback_log: Option<PathBuf>,
+    /// `session`: most non-system messages a prompt is built from.
+    pub session_max_messages: usize,
+    /// Tokens each job may use on this host, as the default verifier grants.
+    pub job_token_budget: Option<u64>,
     /// Most connections (WebSocket and HTTP generations) at once.
     pub max_connections: usize,
     /// How long an HTTP client may take to send a request's headers.
@@ -271,6 +288,8 @@ impl Default for ServerConfig {
             idle_timeout: h.idle_timeout,
             shutdown_grace: h.shutdown_grace,
             feedback_log: None,
+            session_max_messages: h.session_max_messages,
+            job_token_budget: None,
             max_connections: 10_000,
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(10),
@@ -301,6 +320,8 @@ impl ServerConfig {
             idle_timeout: Duration::from_secs(args.idle_timeout),
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
             feedback_log: args.feedback_log.clone(),
+            session_max_messages: to_usize(args.session_max_messages),
+            job_token_budget: args.job_token_budget,
             max_connections: to_usize(args.max_connections),
             header_timeout: Duration::from_secs(args.header_timeout),
             body_timeout: Duration::from_secs(args.body_timeout),
@@ -323,6 +344,7 @@ impl ServerConfig {
             pause_timeout: self.pause_timeout,
             idle_timeout: self.idle_timeout,
             shutdown_grace: self.shutdown_grace,
+            session_max_messages: self.session_max_messages,
             ..HostConfig::default()
         }
     }

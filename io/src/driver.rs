@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::clock::{far_future, Clock};
 use crate::feedback::FeedbackLog;
+use crate::jobs::{JobVerifier, VerdictReply};
 use crate::metrics::Metrics;
 use crate::sync::{CancelFlag, OutboundQueue, PushResult};
 
@@ -214,6 +215,7 @@ pub(crate) struct Driver {
     engine: std::sync::mpsc::Sender<StepPlan>,
     metrics: Arc<Metrics>,
     feedback: Option<FeedbackLog>,
+    verifier: Arc<dyn JobVerifier>,
     snapshot: watch::Sender<Snapshot>,
     model: Option<Arc<ModelInfo>>,
     pending: VecDeque<Input>,
@@ -233,6 +235,8 @@ pub(crate) struct DriverParts {
     pub engine: std::sync::mpsc::Sender<StepPlan>,
     pub metrics: Arc<Metrics>,
     pub feedback: Option<FeedbackLog>,
+    /// Answers the Host's job checks.
+    pub verifier: Arc<dyn JobVerifier>,
     pub snapshot: watch::Sender<Snapshot>,
     pub shutdown: CancelFlag,
     pub shutdown_grace: Duration,
@@ -251,6 +255,7 @@ impl Driver {
             engine: parts.engine,
             metrics: parts.metrics,
             feedback: parts.feedback,
+            verifier: parts.verifier,
             snapshot: parts.snapshot,
             model: None,
             pending: VecDeque::new(),
@@ -463,6 +468,10 @@ impl Driver {
                 }
             }
             Output::Tokenize(job) => self.text.run(job, self.handle.clone()),
+            Output::VerifyJob(check) => {
+                let reply = VerdictReply::new(check.id, self.handle.clone());
+                self.verifier.verify(check, reply);
+            }
             Output::PauseReading { conn } | Output::ResumeReading { conn } => {
                 let open = matches!(out, Output::ResumeReading { .. });
                 if let Some(entry) = self.conns.get(&conn) {
@@ -573,6 +582,7 @@ mod tests {
             engine: plans_tx,
             metrics: Arc::new(Metrics::new()),
             feedback: None,
+            verifier: Arc::new(crate::jobs::AcceptAll::default()),
             snapshot: snapshot_tx,
             shutdown: shutdown.clone(),
             shutdown_grace: config.shutdown_grace,

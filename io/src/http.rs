@@ -125,15 +125,17 @@ async fn route(
         "/metrics" if is_get => metrics(&state),
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
-        "/v1/generate" if req.method() == Method::POST => {
-            crate::http_dialect::handle(state, peer, Dialect::Generate, req).await
-        }
-        "/v1/generate" => method_not_allowed("POST"),
-        path => error_response(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            &format!("no endpoint at {path}"),
-        ),
+        path => match tokenwire_core::dialect::http::route(path) {
+            Some(dialect) if req.method() == Method::POST => {
+                crate::http_dialect::handle(state, peer, dialect, req).await
+            }
+            Some(_) => method_not_allowed("POST"),
+            None => error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                &format!("no endpoint at {path}"),
+            ),
+        },
     }
 }
 

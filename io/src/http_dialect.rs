@@ -61,7 +61,14 @@ pub(crate) async fn handle(
             return failed(dialect, &f);
         }
     };
-    let call = match http_call(dialect, &body) {
+    let model = state
+        .snapshot
+        .borrow()
+        .model
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
+    let call = match http_call(dialect, &body, &model) {
         Ok(c) => c,
         Err(reply) => return response(reply),
     };

@@ -8,14 +8,16 @@
 //!   dialect's path become tokio-tungstenite WebSocket connections
 //!   ([`conn`](crate#modules)), other paths are the HTTP endpoints (`/health`,
 //!   `/metrics`, `/v1/models`, and each dialect's route, such as
-//!   `POST /v1/generate`, whose body and replies the dialect's own mapping in
-//!   the core translates; the shell only reads the body within its deadline).
+//!   `POST /v1/generate` and `POST /v1/inference`, whose body and replies the
+//!   dialect's own mapping in the core translates; the shell only reads the
+//!   body within its deadline).
 //! - One driver task owns the [`tokenwire_core::Host`]: connection tasks and the
 //!   engine thread send it inputs over a channel; it drains the Host's outputs
 //!   into per-connection bounded queues ([`sync::OutboundQueue`]), the engine
 //!   thread, a small pool of text workers (tokenizing prompts off the driver),
-//!   the metrics and the feedback log, pauses and resumes connection readers
-//!   when the Host asks, and sleeps until the Host's next deadline.
+//!   the metrics and the feedback log, the job verifier ([`jobs`]), pauses
+//!   and resumes connection readers when the Host asks, and sleeps until the
+//!   Host's next deadline.
 //! - The model engine runs on its own OS thread.
 //!
 //! ## Running a server from a test
@@ -44,6 +46,7 @@ mod engine_thread;
 mod feedback;
 mod http;
 mod http_dialect;
+pub mod jobs;
 pub mod metrics;
 mod server;
 pub mod shutdown;
@@ -54,4 +57,4 @@ pub mod shutdown;
 pub use tokenwire_sync as sync;
 
 pub use config::{Backend, LogFormat, ModelSource, ServerConfig};
-pub use server::{serve, start, start_loading, RunningServer};
+pub use server::{serve, start, start_loading, start_loading_with, RunningServer};

@@ -149,6 +149,18 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
 /// listener cannot be bound, the feedback log cannot be opened, a thread cannot
 /// be started.
 pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer> {
+    let verifier = Arc::new(crate::jobs::AcceptAll {
+        token_budget: config.job_token_budget,
+    });
+    start_loading_with(config, verifier).await
+}
+
+/// [`start_loading`] with a job verifier of the caller's (a deployment's
+/// payment or quota check) instead of the default [`crate::jobs::AcceptAll`].
+pub async fn start_loading_with(
+    config: ServerConfig,
+    verifier: Arc<dyn crate::jobs::JobVerifier>,
+) -> anyhow::Result<RunningServer> {
     match &config.model {
         ModelSource::Tiny => tracing::info!(
             seed = config.seed,
@@ -196,6 +208,7 @@ pub async fn start_loading(config: ServerConfig) -> anyhow::Result<RunningServer
         engine,
         metrics: metrics.clone(),
         feedback,
+        verifier,
         snapshot: snapshot_tx,
         shutdown: shutdown.clone(),
         shutdown_grace: config.shutdown_grace,

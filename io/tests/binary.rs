@@ -157,12 +157,24 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
     let generated: Vec<String> = rt.block_on(async {
         let mut texts = Vec::new();
         // Every WebSocket dialect: one request each that reaches the model.
-        let requests = [(
-            "/generate",
-            serde_json::json!({"type": "config", "prompt": format!("{marker} once upon a time"),
-                               "parameters": {"max_tokens": 24, "temperature": 0}}),
-            "completion",
-        )];
+        let requests = [
+            (
+                "/generate",
+                serde_json::json!({"type": "config", "prompt": format!("{marker} once upon a time"),
+                                   "parameters": {"max_tokens": 24, "temperature": 0}}),
+                "completion",
+            ),
+            (
+                "/ws/session",
+                serde_json::json!([
+                    {"type": "session_init", "session_id": "redact", "job_id": 1,
+                     "conversation_context": [{"role": "system", "content": format!("{marker} system")}]},
+                    {"type": "prompt", "session_id": "redact", "content": format!("{marker} once upon a time"),
+                     "message_index": 0, "max_tokens": 24, "temperature": 0}
+                ]),
+                "response",
+            ),
+        ];
         for (path, request, terminal) in requests {
             let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
                 .await
@@ -174,7 +186,8 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
                 if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
                     let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
                     if v["type"] == terminal {
-                        texts.push(v["generated_text"].as_str().unwrap_or("").to_string());
+                        let text = v["generated_text"].as_str().or(v["content"].as_str());
+                        texts.push(text.unwrap_or("").to_string());
                         break;
                     }
                 }
@@ -182,13 +195,18 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
             let _ = ws.close(None).await;
         }
         // The HTTP routes, JSON and streaming.
-        for stream in [false, true] {
+        for (route, stream) in [
+            ("/v1/generate", false),
+            ("/v1/generate", true),
+            ("/v1/inference", false),
+            ("/v1/inference", true),
+        ] {
             let body = serde_json::json!({"prompt": format!("{marker} and then"), "max_tokens": 8,
                                           "temperature": 0, "stream": stream})
             .to_string();
             let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
             let req = format!(
-                "POST /v1/generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST {route} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
             use tokio::io::{AsyncReadExt, AsyncWriteExt};

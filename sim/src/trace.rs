@@ -15,7 +15,8 @@
 use serde_json::{json, Value};
 use tokenwire_core::{
     ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
-    ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId, TokenLogprobs, Transport,
+    JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId,
+    TokenLogprobs, Transport,
 };
 
 use crate::swarm::EngineOptions;
@@ -149,6 +150,8 @@ fn host_json(h: &HostConfig) -> Value {
         "keepalive_timeout_ns": ns(h.keepalive_timeout), "shutdown_grace_ns": ns(h.shutdown_grace),
         "default_max_tokens": h.default_max_tokens, "max_step_tokens": h.max_step_tokens,
         "max_running_seqs": h.max_running_seqs, "max_queued_requests": h.max_queued_requests,
+        "session_max_messages": h.session_max_messages, "max_sessions": h.max_sessions,
+        "max_jobs": h.max_jobs,
     })
 }
 
@@ -168,7 +171,14 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         max_step_tokens: u32_of(v, "max_step_tokens")?,
         max_running_seqs: u32_of(v, "max_running_seqs")?,
         max_queued_requests: u32_of(v, "max_queued_requests")?,
+        session_max_messages: usize_of(v, "session_max_messages")?,
+        max_sessions: usize_of(v, "max_sessions")?,
+        max_jobs: usize_of(v, "max_jobs")?,
     })
+}
+
+fn usize_of(v: &Value, field: &str) -> Result<usize, String> {
+    usize::try_from(u64_of(v, field)?).map_err(|e| e.to_string())
 }
 
 fn engine_json(e: &EngineOptions) -> Value {
@@ -216,8 +226,12 @@ pub fn input_json(input: &Input) -> Value {
         Input::QueueDrained { conn } => json!({"QueueDrained": {"conn": conn.0}}),
         Input::Timeout => json!("Timeout"),
         Input::Tokenized(d) => match &d.result {
-            Ok(e) => json!({"Tokenized": {"job": d.id.0, "ids": e.ids}}),
+            Ok(e) => json!({"Tokenized": {"job": d.id.0, "ids": e.ids, "dropped": e.dropped}}),
             Err(m) => json!({"Tokenized": {"job": d.id.0, "error": m}}),
+        },
+        Input::JobVerified { check, verdict } => match verdict {
+            Ok(g) => json!({"JobVerified": {"check": check.0, "token_budget": g.token_budget}}),
+            Err(m) => json!({"JobVerified": {"check": check.0, "refused": m}}),
         },
         Input::StepDone(d) => json!({"StepDone": {
             "step_id": d.step_id,
@@ -308,9 +322,22 @@ pub fn input_from(v: &Value) -> Result<Input, String> {
                                 .ok_or("bad token id")
                         })
                         .collect::<Result<_, _>>()?,
+                    dropped: b["dropped"]
+                        .as_u64()
+                        .and_then(|d| u32::try_from(d).ok())
+                        .unwrap_or(0),
                 }),
             },
         }),
+        "JobVerified" => Input::JobVerified {
+            check: JobCheckId(u64_of(b, "check")?),
+            verdict: match b["refused"].as_str() {
+                Some(m) => Err(m.to_string()),
+                None => Ok(JobGrant {
+                    token_budget: b["token_budget"].as_u64(),
+                }),
+            },
+        },
         "StepDone" => Input::StepDone(StepDone {
             step_id: u64_of(b, "step_id")?,
             results: b["results"]
@@ -497,6 +524,24 @@ mod tests {
                 id: TextJobId(8),
                 result: Ok(Encoded {
                     ids: vec![1, 70, 71],
+                    dropped: 2,
+                }),
+            }),
+            Input::JobVerified {
+                check: JobCheckId(3),
+                verdict: Ok(JobGrant {
+                    token_budget: Some(50),
+                }),
+            },
+            Input::JobVerified {
+                check: JobCheckId(4),
+                verdict: Err("unpaid".into()),
+            },
+            Input::Tokenized(TextDone {
+                id: TextJobId(10),
+                result: Ok(Encoded {
+                    ids: vec![1],
+                    dropped: 0,
                 }),
             }),
             Input::Tokenized(TextDone {

@@ -126,11 +126,22 @@ pub enum HttpFailure {
     },
 }
 
+/// The dialect whose HTTP route is `path` (`POST` only), if any.
+pub fn route(path: &str) -> Option<Dialect> {
+    match path {
+        "/v1/generate" => Some(Dialect::Generate),
+        "/v1/inference" => Some(Dialect::Session),
+        _ => None,
+    }
+}
+
 /// Maps a request body for `dialect`'s HTTP route to its frames, or the
 /// error reply (in the dialect's error shape) when the body is not valid.
-pub fn http_call(dialect: Dialect, body: &[u8]) -> Result<HttpCall, HttpReply> {
+/// `model` is the served model's name (empty while it loads).
+pub fn http_call(dialect: Dialect, body: &[u8], model: &str) -> Result<HttpCall, HttpReply> {
     match dialect {
         Dialect::Generate => super::generate::http::call(body),
+        Dialect::Session => super::session::http::call(body, model),
         other => Err(failure_json(
             404,
             &format!("the {} dialect has no HTTP route", other.name()),
@@ -143,6 +154,7 @@ pub fn http_call(dialect: Dialect, body: &[u8]) -> Result<HttpCall, HttpReply> {
 pub fn http_failure(dialect: Dialect, failure: &HttpFailure) -> HttpReply {
     match dialect {
         Dialect::Generate => super::generate::http::failure(failure),
+        Dialect::Session => super::session::http::failure(failure),
         _ => {
             let (status, message, retry_after) = describe(failure);
             HttpReply {

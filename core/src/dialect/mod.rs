@@ -2,106 +2,67 @@
 //! state machine that drives the shared generation machine through [`Cx`].
 //!
 //! Adding a dialect is adding one module here that implements [`DialectConn`]
-//! and one arm in [`machine_for`].
+//! (only the hooks it needs: most have no-op defaults), one arm in
+//! [`machine_for`], its HTTP mapping in [`http::http_call`], and, if it keeps
+//! anything beyond one connection (a session registry, a response store), a
+//! bounded field in [`state::DialectState`].
+//!
+//! Imports run one way: the Host uses this layer (it implements
+//! [`cx::HostPort`] for [`Cx`]), and this layer uses the generation machine
+//! ([`crate::gen`]); nothing here names the Host.
 
+pub mod cx;
 pub mod generate;
 pub mod http;
+pub mod session;
+pub mod state;
 
-use serde_json::Value;
+pub use crate::gen::{Failure, FailureKind, GenRequest, StartError};
+pub use cx::{Cx, HostPort};
 
-use crate::api::{ConnId, Dialect, Event, FeedbackRecord, Output, Transport};
-use crate::config::HostConfig;
-use crate::engine::{ModelInfo, SeqId, TokenId};
-use crate::gen::{FinishReason, Generation, TokenPiece};
-use crate::host::shared::Shared;
-use crate::params::GenParams;
-use crate::text::{min_tokens_for_bytes, Encoded, TextCodec, TextJobId, TextWork};
-use crate::time::{Duration, Instant};
+use crate::api::{Dialect, JobCheckId, JobGrant};
+use crate::engine::SeqId;
+use crate::gen::TokenPiece;
+use crate::text::{Encoded, TextJobId};
+use crate::time::Duration;
 
-/// Why a generation failed (as opposed to finishing).
+/// A connection refused when it opens: closed with `code` and `reason`
+/// after whatever the dialect sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FailureKind {
-    /// The KV cache cannot hold it, now or ever.
-    MemoryPressure,
-    /// The engine failed.
-    Internal,
-    /// The server is shutting down; retry elsewhere.
-    ShuttingDown,
-}
-
-/// A generation that ended in failure; its partial text is in the Generation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// What kind of failure.
-    pub kind: FailureKind,
-    /// Operator-facing explanation (no client content).
-    pub message: String,
-}
-
-/// Why a generation could not start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartError {
-    /// Prompt plus `max_tokens` exceed the context window.
-    ContextLength {
-        /// Tokens in the prompt.
-        prompt_tokens: u32,
-        /// Requested `max_tokens`.
-        max_tokens: u32,
-        /// The model's context window.
-        context_len: u32,
-    },
-    /// The prompt's byte length alone shows it cannot fit the context with
-    /// `max_tokens` (found before tokenizing it).
-    PromptTooLong {
-        /// The prompt's length in bytes.
-        bytes: usize,
-        /// The fewest tokens that many bytes can encode to.
-        min_tokens: u32,
-        /// Requested `max_tokens`.
-        max_tokens: u32,
-        /// The model's context window.
-        context_len: u32,
-    },
-    /// The KV cache can never hold it.
-    NeverFits {
-        /// Blocks it would need.
-        needed_blocks: u32,
-        /// Blocks in the pool.
-        total_blocks: u32,
-    },
-    /// Too many requests are waiting.
-    QueueFull,
-    /// The server is shutting down.
-    ShuttingDown,
-    /// The model is not loaded.
-    NotLoaded,
-}
-
-/// What a dialect asks the Host to start.
-#[derive(Debug, Clone)]
-pub struct GenRequest {
-    /// Prompt token ids (BOS included as the tokenizer adds it).
-    pub prompt_ids: Vec<TokenId>,
-    /// Validated parameters.
-    pub params: GenParams,
-    /// Logprob alternatives, if wanted.
-    pub logprobs: Option<u8>,
+pub struct Refusal {
+    /// WebSocket close code.
+    pub code: u16,
+    /// Close reason (short, no client content).
+    pub reason: String,
 }
 
 /// The per-connection state machine of one dialect.
+///
+/// The Host calls these hooks; each may send frames and steer generations
+/// through its [`Cx`]. Hooks a dialect does not need keep their no-op bodies.
 pub trait DialectConn: Send {
+    /// The connection opened (`query` is the raw query string without `?`;
+    /// `peer` the remote address). Refusing closes it with the refusal's code,
+    /// after whatever was sent here. Runs before the model is loaded too, so
+    /// it must not ask for the model.
+    fn on_open(&mut self, _cx: &mut Cx<'_>, _query: &str, _peer: &str) -> Result<(), Refusal> {
+        Ok(())
+    }
     /// A text frame arrived (already checked against the frame size limit).
     fn on_text(&mut self, cx: &mut Cx<'_>, text: &str);
     /// A binary frame arrived.
     fn on_binary(&mut self, cx: &mut Cx<'_>, len: usize);
     /// A generation of this connection produced a token or ended. When
-    /// `piece.finish` is set the generation is over and is dropped after this call.
+    /// `piece.finish` is set the generation is over and is dropped after this
+    /// call. This is the one route of a generation's last piece, whether it
+    /// ended by itself, by a deadline or by [`Cx::end`].
     fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece);
     /// A generation of this connection failed; it is dropped after this call.
     fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure);
-    /// A text job this connection asked for ([`Cx::encode_prompt`]) is done:
-    /// the prompt's token ids, or the tokenizer's error. The connection's
-    /// frames that arrived meanwhile are handed over after this call.
+    /// A text job this connection asked for ([`Cx::encode_prompt`],
+    /// [`Cx::encode_chat`]) is done: the prompt's token ids, or the
+    /// tokenizer's error. The connection's frames that arrived meanwhile are
+    /// handed over after this call.
     fn on_text_done(
         &mut self,
         _cx: &mut Cx<'_>,
@@ -109,8 +70,26 @@ pub trait DialectConn: Send {
         _result: Result<Encoded, String>,
     ) {
     }
+    /// A job id this connection asked to verify ([`Cx::verify_job`]) was
+    /// answered: what the job may use, or why it was refused. Frames that
+    /// arrived meanwhile are handed over after this call.
+    fn on_job_verified(
+        &mut self,
+        _cx: &mut Cx<'_>,
+        _check: JobCheckId,
+        _verdict: Result<JobGrant, String>,
+    ) {
+    }
     /// A generation is waiting for admission at 1-based `position`.
     fn on_queued(&mut self, cx: &mut Cx<'_>, id: SeqId, position: u32);
+    /// The scheduler admitted a generation of this connection: its prompt is
+    /// being computed from the step just planned.
+    fn on_admitted(&mut self, _cx: &mut Cx<'_>, _id: SeqId) {}
+    /// An engine step that computed generations of this connection is done,
+    /// and every token it produced was delivered.
+    fn on_step_end(&mut self, _cx: &mut Cx<'_>) {}
+    /// A timer this connection set ([`Cx::set_timer`]) is due.
+    fn on_timer(&mut self, _cx: &mut Cx<'_>, _tag: u8) {}
     /// The model is loading (sent to connections that are waiting for it).
     fn on_model_loading(
         &mut self,
@@ -119,6 +98,10 @@ pub trait DialectConn: Send {
         message: &str,
         eta: Option<Duration>,
     );
+    /// The connection is gone (either side closed it): release what it holds
+    /// in [`state::DialectState`]. Nothing can be sent any more; its
+    /// generations are cancelled by the Host after this call.
+    fn on_closed(&mut self, _cx: &mut Cx<'_>) {}
     /// True while a request is in flight (idle timeout does not apply).
     fn busy(&self) -> bool;
 }
@@ -127,143 +110,7 @@ pub trait DialectConn: Send {
 pub fn machine_for(dialect: Dialect) -> Option<Box<dyn DialectConn>> {
     match dialect {
         Dialect::Generate => Some(Box::new(generate::GenerateConn::default())),
+        Dialect::Session => Some(Box::new(session::SessionConn::default())),
         _ => None,
-    }
-}
-
-/// What a dialect machine may do: send, close, start and steer generations.
-pub struct Cx<'a> {
-    /// Current time.
-    pub now: Instant,
-    /// The connection being served.
-    pub conn: ConnId,
-    /// Its dialect.
-    pub dialect: Dialect,
-    /// Its transport.
-    pub transport: Transport,
-    pub(crate) sh: &'a mut Shared,
-}
-
-impl<'a> Cx<'a> {
-    /// Sends a JSON frame to this connection.
-    pub fn send(&mut self, v: Value) {
-        self.send_text(v.to_string());
-    }
-
-    /// Sends a text frame to this connection.
-    pub fn send_text(&mut self, text: String) {
-        self.sh.outputs.push_back(Output::Send {
-            conn: self.conn,
-            text,
-        });
-    }
-
-    /// Closes this connection with `code` after what was already sent.
-    pub fn close(&mut self, code: u16, reason: &str) {
-        self.sh.request_close(self.conn, code, reason);
-    }
-
-    /// Counts an error code sent to the client.
-    pub fn count_error(&mut self, code: &'static str) {
-        let dialect = self.dialect;
-        self.sh
-            .outputs
-            .push_back(Output::Event(Event::Error { dialect, code }));
-    }
-
-    /// The Host's settings.
-    pub fn config(&self) -> &HostConfig {
-        &self.sh.config
-    }
-
-    /// The served model. Dialects only run once it is loaded.
-    pub fn model(&self) -> &ModelInfo {
-        self.sh.model_info()
-    }
-
-    /// The model's tokenizer and chat template.
-    pub fn codec(&self) -> &dyn TextCodec {
-        self.sh.codec()
-    }
-
-    /// Wall-clock milliseconds since the unix epoch.
-    pub fn unix_ms(&self) -> u64 {
-        self.sh.config.epoch_unix_ms + self.now.as_millis()
-    }
-
-    /// A fresh `prefix<uuid7>` id.
-    pub fn new_id(&mut self, prefix: &str) -> String {
-        let ms = self.unix_ms();
-        crate::ids::prefixed(prefix, ms, &mut self.sh.rng)
-    }
-
-    /// A fresh random sampler seed.
-    pub fn draw_seed(&mut self) -> u64 {
-        self.sh.rng.next_u64()
-    }
-
-    /// Has a raw prompt tokenized off the Host's thread; the ids come back in
-    /// [`DialectConn::on_text_done`], and until then this connection's frames
-    /// wait. A prompt whose byte length alone shows that it cannot fit the
-    /// context with `max_tokens` is refused at once, untokenized.
-    pub fn encode_prompt(
-        &mut self,
-        text: String,
-        max_tokens: u32,
-    ) -> Result<TextJobId, StartError> {
-        let context_len = self.model().context_len;
-        let min_tokens =
-            u32::try_from(min_tokens_for_bytes(self.codec(), text.len())).unwrap_or(u32::MAX);
-        if u64::from(min_tokens) + u64::from(max_tokens) > u64::from(context_len) {
-            return Err(StartError::PromptTooLong {
-                bytes: text.len(),
-                min_tokens,
-                max_tokens,
-                context_len,
-            });
-        }
-        Ok(self.sh.tokenize(self.conn, TextWork::Encode { text }))
-    }
-
-    /// Starts a generation owned by this connection.
-    pub fn start(&mut self, req: GenRequest) -> Result<SeqId, StartError> {
-        self.sh.start(self.now, self.conn, self.dialect, req)
-    }
-
-    /// A live generation.
-    pub fn gen(&self, id: SeqId) -> Option<&Generation> {
-        self.sh.gens.get(&id)
-    }
-
-    /// Ends a generation now (no callback follows). Returns its final piece
-    /// (held text released) and the generation.
-    pub fn end(&mut self, id: SeqId, reason: FinishReason) -> Option<(TokenPiece, Generation)> {
-        self.sh.end(self.now, id, reason)
-    }
-
-    /// Pauses a generation: not scheduled, results held until resume. Returns false if unknown.
-    pub fn pause(&mut self, id: SeqId) -> bool {
-        self.sh.pause(self.now, id)
-    }
-
-    /// Resumes a paused generation. Returns false if unknown.
-    pub fn resume(&mut self, id: SeqId) -> bool {
-        self.sh.resume(id)
-    }
-
-    /// Replaces a generation's parameters from the next token on; refused
-    /// (nothing changes) when its new length could never fit the KV cache.
-    pub fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
-        self.sh.modify(id, params)
-    }
-
-    /// Hands feedback to the operator's log and counts it.
-    pub fn feedback(&mut self, record: FeedbackRecord) {
-        self.sh
-            .outputs
-            .push_back(Output::Event(Event::FeedbackReceived {
-                rating: record.rating,
-            }));
-        self.sh.outputs.push_back(Output::Feedback(record));
     }
 }

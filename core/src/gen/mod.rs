@@ -5,6 +5,8 @@
 //! finished. It never talks to the scheduler or the wire: the Host does that.
 
 pub mod detok;
+pub mod hold;
+pub mod request;
 pub mod stop;
 
 use crate::api::ConnId;
@@ -14,6 +16,8 @@ use crate::text::TextCodec;
 use crate::time::Instant;
 
 use detok::IncrementalDecoder;
+pub use hold::{HoldReason, Holds};
+pub use request::{Failure, FailureKind, GenRequest, StartError};
 use stop::StopMatcher;
 
 /// Why a generation ended normally.
@@ -91,11 +95,10 @@ pub struct Generation {
     pub text: String,
     /// Where it is.
     pub state: GenState,
-    /// Paused by its client: not scheduled, results held.
-    pub user_paused: bool,
-    /// Held back by flow control (slow reader, window): not scheduled.
-    pub flow_blocked: bool,
-    /// Results that arrived while paused, applied on resume.
+    /// Why it is held (client pause, full outbound queue, flow window): not
+    /// scheduled while any reason remains.
+    pub holds: Holds,
+    /// Results that arrived during a client pause, applied on resume.
     pub pending: Vec<SeqResult>,
     /// When the request arrived.
     pub created_at: Instant,
@@ -135,8 +138,7 @@ impl Generation {
             logprobs,
             text: String::new(),
             state: GenState::Queued,
-            user_paused: false,
-            flow_blocked: false,
+            holds: Holds::NONE,
             pending: Vec::new(),
             created_at: now,
             first_token_at: None,
@@ -150,16 +152,21 @@ impl Generation {
 
     /// Where it is, with a client pause shown as [`GenState::Paused`].
     pub fn phase(&self) -> GenState {
-        if self.user_paused && self.state != GenState::Finished {
+        if self.client_paused() && self.state != GenState::Finished {
             GenState::Paused
         } else {
             self.state
         }
     }
 
+    /// True while its client has it paused (results are then kept back).
+    pub fn client_paused(&self) -> bool {
+        self.holds.contains(HoldReason::ClientPause)
+    }
+
     /// True when the scheduler may compute it.
     pub fn runnable(&self) -> bool {
-        !self.user_paused && !self.flow_blocked && self.state != GenState::Finished
+        self.holds.is_empty() && self.state != GenState::Finished
     }
 
     /// Replaces the parameters (a `modify`); takes effect from the next token.
@@ -342,10 +349,19 @@ mod tests {
         assert_eq!(g.phase(), GenState::Queued);
         feed(&mut g, "a");
         assert_eq!(g.phase(), GenState::Decoding);
-        g.user_paused = true;
+        g.holds.insert(HoldReason::ClientPause);
         assert_eq!(g.phase(), GenState::Paused);
         assert!(!g.runnable());
-        g.user_paused = false;
+        g.holds.insert(HoldReason::OutboundFull);
+        g.holds.remove(HoldReason::ClientPause);
+        assert_eq!(
+            g.phase(),
+            GenState::Decoding,
+            "a slow reader is no client pause"
+        );
+        assert!(!g.runnable(), "still held by the full queue");
+        g.holds.remove(HoldReason::OutboundFull);
+        assert!(g.runnable());
         feed(&mut g, "bc");
         assert_eq!(g.phase(), GenState::Finished);
     }

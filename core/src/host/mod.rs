@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, Transport};
 use crate::config::HostConfig;
-use crate::dialect::{machine_for, Cx, DialectConn, Failure, FailureKind};
+use crate::dialect::cx::MAX_TIMERS;
+use crate::dialect::{machine_for, Cx, DialectConn};
 use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
-use crate::gen::{FinishReason, GenState, TokenPiece};
+use crate::gen::{Failure, FailureKind, FinishReason, GenState, TokenPiece};
 use crate::text::{SharedCodec, TextDone};
 use crate::time::{Duration, Instant};
 
@@ -105,6 +106,8 @@ pub struct HostStats {
     pub kv_blocks_total: u32,
     /// Live generations.
     pub generations: u32,
+    /// Live `session` sessions on this host.
+    pub sessions: u32,
 }
 
 impl Host {
@@ -164,6 +167,7 @@ impl Host {
             kv_blocks_used: s.as_ref().map_or(0, |s| s.blocks_used),
             kv_blocks_total: s.as_ref().map_or(0, |s| s.blocks_total),
             generations: self.sh.gens.len() as u32,
+            sessions: self.sh.dialects.sessions.len() as u32,
         }
     }
 
@@ -182,11 +186,13 @@ impl Host {
                 conn,
                 dialect,
                 transport,
-                ..
-            } => self.on_open(now, conn, dialect, transport),
+                query,
+                peer,
+            } => self.on_open(now, conn, dialect, transport, &query, &peer),
             Input::Text { conn, text } => self.on_text(now, conn, text),
             Input::Binary { conn, len } => self.on_binary(now, conn, len),
             Input::Tokenized(done) => self.on_tokenized(now, done),
+            Input::JobVerified { check, verdict } => self.on_job_verified(now, check, verdict),
             Input::FrameTooLarge { conn } => {
                 if self.conns.contains_key(&conn) {
                     self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
@@ -224,17 +230,28 @@ impl Host {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        let mut cx = Cx {
-            now,
-            conn,
-            dialect: c.dialect,
-            transport: c.transport,
-            sh: &mut self.sh,
-        };
+        let mut cx = Cx::new(now, conn, c.dialect, c.transport, &mut self.sh);
         f(&mut *c.machine, &mut cx);
+        self.deliver_ended(now);
     }
 
-    fn on_open(&mut self, now: Instant, conn: ConnId, dialect: Dialect, transport: Transport) {
+    /// Delivers the last pieces of generations their dialects ended, by the
+    /// same route as any other ending.
+    fn deliver_ended(&mut self, now: Instant) {
+        while let Some((id, piece)) = self.sh.ended.pop_front() {
+            self.deliver(now, id, piece);
+        }
+    }
+
+    fn on_open(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        dialect: Dialect,
+        transport: Transport,
+        query: &str,
+        peer: &str,
+    ) {
         if self.conns.contains_key(&conn) {
             return;
         }
@@ -282,6 +299,15 @@ impl Host {
                 .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
         }
         self.conns.insert(conn, c);
+        *self.sh.open_by_dialect.entry(dialect).or_default() += 1;
+        let mut refused = None;
+        self.with_conn(now, conn, |m, cx| {
+            refused = m.on_open(cx, query, peer).err()
+        });
+        if let Some(r) = refused {
+            self.close_conn(now, conn, r.code, &r.reason);
+            return;
+        }
         if self.sh.model.is_none() {
             let l = self.load.clone();
             self.with_conn(now, conn, |m, cx| {
@@ -330,7 +356,7 @@ impl Host {
     /// of the connection is outstanding, or earlier frames are still waiting.
     fn must_hold(&self, conn: ConnId) -> bool {
         self.sh.model.is_none()
-            || self.sh.awaits_text(conn)
+            || self.sh.awaits_answer(conn)
             || self.conns.get(&conn).is_some_and(|c| !c.held.is_empty())
     }
 
@@ -359,7 +385,7 @@ impl Host {
 
     /// Hands `conn` the frames it was holding, in order, until it has to wait again.
     fn release_held(&mut self, now: Instant, conn: ConnId) {
-        while self.sh.model.is_some() && !self.sh.awaits_text(conn) {
+        while self.sh.model.is_some() && !self.sh.awaits_answer(conn) {
             let Some(c) = self.conns.get_mut(&conn) else {
                 return;
             };
@@ -387,6 +413,21 @@ impl Host {
         // A request was in flight until now: the idle clock starts again.
         self.touch(now, conn);
         self.with_conn(now, conn, |m, cx| m.on_text_done(cx, done.id, done.result));
+        self.settle_closings(now);
+        self.release_held(now, conn);
+    }
+
+    fn on_job_verified(
+        &mut self,
+        now: Instant,
+        check: crate::api::JobCheckId,
+        verdict: Result<crate::api::JobGrant, String>,
+    ) {
+        let Some(conn) = self.sh.job_checks.remove(&check) else {
+            return;
+        };
+        self.touch(now, conn);
+        self.with_conn(now, conn, |m, cx| m.on_job_verified(cx, check, verdict));
         self.settle_closings(now);
         self.release_held(now, conn);
     }
@@ -467,6 +508,7 @@ impl Host {
             self.close_conn(now, conn, CLOSE_GOING_AWAY, close_reason::SHUTTING_DOWN);
         }
         self.sh.text_jobs.clear();
+        self.sh.job_checks.clear();
         self.sh.timers.cancel(TimerKey::ShutdownGrace);
         self.shutdown_done = true;
         self.sh.outputs.push_back(Output::ShutdownComplete);
@@ -480,7 +522,7 @@ impl Host {
                     self.close_conn(now, conn, CLOSE_POLICY, close_reason::SLOW_CLIENT)
                 }
                 TimerKey::Idle(conn) => {
-                    let busy = self.sh.awaits_text(conn)
+                    let busy = self.sh.awaits_answer(conn)
                         || self.conns.get(&conn).is_some_and(|c| c.machine.busy());
                     if busy {
                         self.sh
@@ -521,6 +563,9 @@ impl Host {
                         self.finish_shutdown(now);
                     }
                 }
+                TimerKey::Dialect(conn, tag) => {
+                    self.with_conn(now, conn, |m, cx| m.on_timer(cx, tag));
+                }
             }
             self.settle_closings(now);
         }
@@ -531,7 +576,7 @@ impl Host {
             return;
         };
         let results = sched.on_step_done(&done);
-        self.in_step.clear();
+        let stepped = std::mem::take(&mut self.in_step);
         let count = results.len() as u32;
         if count > 0 {
             self.sh
@@ -540,6 +585,17 @@ impl Host {
         }
         for r in results {
             self.apply_result(now, r);
+        }
+        let mut owners: Vec<ConnId> = Vec::new();
+        for id in stepped {
+            if let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) {
+                if !owners.contains(&owner) {
+                    owners.push(owner);
+                }
+            }
+        }
+        for owner in owners {
+            self.with_conn(now, owner, |m, cx| m.on_step_end(cx));
         }
     }
 
@@ -552,7 +608,7 @@ impl Host {
         let Some(gen) = self.sh.gens.get_mut(&id) else {
             return;
         };
-        if gen.user_paused {
+        if gen.client_paused() {
             gen.pending.push(r);
             return;
         }
@@ -666,12 +722,18 @@ impl Host {
     }
 
     /// Forgets a connection: its generations are cancelled and their KV freed.
-    fn teardown(&mut self, _now: Instant, conn: ConnId) {
-        let Some(c) = self.conns.remove(&conn) else {
+    fn teardown(&mut self, now: Instant, conn: ConnId) {
+        let Some(mut c) = self.conns.remove(&conn) else {
             return;
         };
+        let mut cx = Cx::new(now, conn, c.dialect, c.transport, &mut self.sh);
+        c.machine.on_closed(&mut cx);
+        if let Some(n) = self.sh.open_by_dialect.get_mut(&c.dialect) {
+            *n = n.saturating_sub(1);
+        }
         self.sh.set_conn_blocked(conn, false);
         self.sh.text_jobs.retain(|_, owner| *owner != conn);
+        self.sh.job_checks.retain(|_, owner| *owner != conn);
         for id in self.sh.gens_of(conn) {
             if let Some(gen) = self.sh.gens.get_mut(&id) {
                 gen.state = GenState::Finished;
@@ -685,6 +747,9 @@ impl Host {
             TimerKey::SlowClient(conn),
         ] {
             self.sh.timers.cancel(key);
+        }
+        for tag in 0..MAX_TIMERS {
+            self.sh.timers.cancel(TimerKey::Dialect(conn, tag));
         }
         self.sh
             .outputs
@@ -717,6 +782,7 @@ impl Host {
             && !self.shutdown_done
             && self.sh.gens.is_empty()
             && self.sh.text_jobs.is_empty()
+            && self.sh.job_checks.is_empty()
         {
             self.finish_shutdown(now);
         }
@@ -730,14 +796,19 @@ impl Host {
         if !sched.step_outstanding() {
             if let Some(plan) = sched.schedule() {
                 self.in_step = plan.seqs.iter().map(|s| s.seq).collect();
+                let mut admitted = Vec::new();
                 for s in &plan.seqs {
                     if let Some(g) = self.sh.gens.get_mut(&s.seq) {
                         if g.state == GenState::Queued {
                             g.state = GenState::Prefilling;
+                            admitted.push((g.owner, g.id));
                         }
                     }
                 }
                 self.sh.outputs.push_back(Output::RunStep(plan));
+                for (owner, id) in admitted {
+                    self.with_conn(now, owner, |m, cx| m.on_admitted(cx, id));
+                }
             }
         }
         let Some(sched) = self.sh.sched.as_ref() else {

@@ -1,13 +1,15 @@
 //! State shared by every connection: the model, the generations, the scheduler,
-//! the timers and the output queue. Dialects reach it through [`crate::dialect::Cx`].
+//! the timers, the dialects' host-wide state and the output queue. Dialects
+//! reach it through [`crate::dialect::Cx`], over the [`HostPort`] it implements.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::api::{ConnId, Dialect, Event, Outcome, Output};
+use crate::api::{ConnId, Dialect, Event, JobCheck, JobCheckId, Outcome, Output};
 use crate::config::HostConfig;
-use crate::dialect::{GenRequest, StartError};
+use crate::dialect::state::DialectState;
+use crate::dialect::HostPort;
 use crate::engine::{ModelInfo, SeqId, SeqResult};
-use crate::gen::{FinishReason, Generation, TokenPiece};
+use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, StartError, TokenPiece};
 use crate::params::GenParams;
 use crate::rng::Rng;
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
@@ -30,6 +32,8 @@ pub(crate) enum TimerKey {
     PongDeadline(ConnId),
     /// Graceful shutdown's grace period ends.
     ShutdownGrace,
+    /// A dialect's own timer on a connection ([`crate::dialect::Cx::set_timer`]).
+    Dialect(ConnId, u8),
 }
 
 /// The loaded model.
@@ -57,6 +61,16 @@ pub(crate) struct Shared {
     /// Outstanding text jobs and the connection each belongs to.
     pub text_jobs: BTreeMap<TextJobId, ConnId>,
     next_job: u64,
+    /// Outstanding job checks and the connection each belongs to.
+    pub job_checks: BTreeMap<JobCheckId, ConnId>,
+    next_check: u64,
+    /// Generations ended by their dialect ([`HostPort::end`]) whose last
+    /// piece is still to be delivered, in order.
+    pub ended: VecDeque<(SeqId, TokenPiece)>,
+    /// The dialects' host-wide state.
+    pub dialects: DialectState,
+    /// Open connections per dialect.
+    pub open_by_dialect: BTreeMap<Dialect, u32>,
     /// Connections whose outbound queue is full: their generations, including
     /// ones started later, are held.
     blocked_conns: BTreeSet<ConnId>,
@@ -66,6 +80,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn new(config: HostConfig, seed: u64) -> Self {
         Shared {
+            dialects: DialectState::new(&config),
             config,
             rng: Rng::new(seed),
             model: None,
@@ -79,6 +94,10 @@ impl Shared {
             shutting_down: false,
             text_jobs: BTreeMap::new(),
             next_job: 1,
+            job_checks: BTreeMap::new(),
+            next_check: 1,
+            ended: VecDeque::new(),
+            open_by_dialect: BTreeMap::new(),
             blocked_conns: BTreeSet::new(),
             next_seq: 1,
         }
@@ -127,9 +146,24 @@ impl Shared {
         id
     }
 
-    /// True while a text job of `conn` is outstanding.
-    pub fn awaits_text(&self, conn: ConnId) -> bool {
-        self.text_jobs.values().any(|&c| c == conn)
+    /// True while a text job or a job check of `conn` is outstanding: its
+    /// frames wait.
+    pub fn awaits_answer(&self, conn: ConnId) -> bool {
+        self.text_jobs.values().any(|&c| c == conn) || self.job_checks.values().any(|&c| c == conn)
+    }
+
+    /// Hands out a job check for `conn`; its frames wait until the verdict.
+    pub fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId {
+        let id = JobCheckId(self.next_check);
+        self.next_check += 1;
+        self.job_checks.insert(id, conn);
+        self.outputs.push_back(Output::VerifyJob(JobCheck {
+            id,
+            conn,
+            dialect,
+            job_id,
+        }));
+        id
     }
 
     pub fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {
@@ -193,7 +227,9 @@ impl Shared {
             eos_ids,
             now,
         );
-        gen.flow_blocked = self.blocked_conns.contains(&owner);
+        if self.blocked_conns.contains(&owner) {
+            gen.holds.insert(HoldReason::OutboundFull);
+        }
         self.gens.insert(id, gen);
         self.gen_dialect.insert(id, dialect);
         self.sync_runnable(id);
@@ -218,25 +254,34 @@ impl Shared {
         Some(gen)
     }
 
-    pub fn end(
-        &mut self,
-        _now: Instant,
-        id: SeqId,
-        reason: FinishReason,
-    ) -> Option<(TokenPiece, Generation)> {
-        let model = self.model.as_ref()?;
-        let gen = self.gens.get_mut(&id)?;
-        let piece = gen.end(&*model.codec, reason);
-        let gen = self.retire(id, outcome_of(reason))?;
-        Some((piece, gen))
-    }
-
-    pub fn pause(&mut self, now: Instant, id: SeqId) -> bool {
+    /// Ends a generation for its dialect: the last piece (held text
+    /// released) is queued for delivery through the same route as a natural
+    /// ending, and the scheduler forgets it at once.
+    pub fn end(&mut self, id: SeqId, reason: FinishReason) -> bool {
+        let Some(model) = self.model.as_ref() else {
+            return false;
+        };
+        if self.ended.iter().any(|(e, _)| *e == id) {
+            return false;
+        }
         let Some(gen) = self.gens.get_mut(&id) else {
             return false;
         };
-        if !gen.user_paused {
-            gen.user_paused = true;
+        let piece = gen.end(&*model.codec, reason);
+        if let Some(s) = self.sched.as_mut() {
+            s.remove(id);
+        }
+        self.timers.cancel(TimerKey::PauseTimeout(id));
+        self.ended.push_back((id, piece));
+        true
+    }
+
+    /// Adds `reason` to what holds `id`; a client pause starts its timeout.
+    pub fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
+        let Some(gen) = self.gens.get_mut(&id) else {
+            return false;
+        };
+        if gen.holds.insert(reason) && reason == HoldReason::ClientPause {
             self.timers
                 .set(TimerKey::PauseTimeout(id), now + self.config.pause_timeout);
         }
@@ -244,14 +289,17 @@ impl Shared {
         true
     }
 
-    pub fn resume(&mut self, id: SeqId) -> bool {
+    /// Removes `reason` from what holds `id`; the end of a client pause
+    /// replays the results it kept back.
+    pub fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {
         let Some(gen) = self.gens.get_mut(&id) else {
             return false;
         };
-        gen.user_paused = false;
-        let held = std::mem::take(&mut gen.pending);
-        self.replay.extend(held);
-        self.timers.cancel(TimerKey::PauseTimeout(id));
+        if gen.holds.remove(reason) && reason == HoldReason::ClientPause {
+            let held = std::mem::take(&mut gen.pending);
+            self.replay.extend(held);
+            self.timers.cancel(TimerKey::PauseTimeout(id));
+        }
         self.sync_runnable(id);
         true
     }
@@ -291,7 +339,11 @@ impl Shared {
             .collect();
         for id in ids {
             if let Some(g) = self.gens.get_mut(&id) {
-                g.flow_blocked = blocked;
+                if blocked {
+                    g.holds.insert(HoldReason::OutboundFull);
+                } else {
+                    g.holds.remove(HoldReason::OutboundFull);
+                }
             }
             self.sync_runnable(id);
         }
@@ -312,6 +364,86 @@ impl Shared {
             .filter(|g| g.owner == conn)
             .map(|g| g.id)
             .collect()
+    }
+}
+
+impl HostPort for Shared {
+    fn push_output(&mut self, out: Output) {
+        self.outputs.push_back(out);
+    }
+
+    fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {
+        Shared::request_close(self, conn, code, reason);
+    }
+
+    fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    fn model_info(&self) -> &ModelInfo {
+        Shared::model_info(self)
+    }
+
+    fn codec(&self) -> &dyn TextCodec {
+        Shared::codec(self)
+    }
+
+    fn rng(&mut self) -> &mut Rng {
+        &mut self.rng
+    }
+
+    fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId {
+        Shared::tokenize(self, conn, work)
+    }
+
+    fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId {
+        Shared::verify_job(self, conn, dialect, job_id)
+    }
+
+    fn start(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        dialect: Dialect,
+        req: GenRequest,
+    ) -> Result<SeqId, StartError> {
+        Shared::start(self, now, conn, dialect, req)
+    }
+
+    fn generation(&self, id: SeqId) -> Option<&Generation> {
+        self.gens.get(&id)
+    }
+
+    fn end(&mut self, id: SeqId, reason: FinishReason) -> bool {
+        Shared::end(self, id, reason)
+    }
+
+    fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
+        Shared::hold(self, now, id, reason)
+    }
+
+    fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {
+        Shared::release(self, id, reason)
+    }
+
+    fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
+        Shared::modify(self, id, params)
+    }
+
+    fn dialect_state(&mut self) -> &mut DialectState {
+        &mut self.dialects
+    }
+
+    fn open_connections(&self, dialect: Dialect) -> u32 {
+        self.open_by_dialect.get(&dialect).copied().unwrap_or(0)
+    }
+
+    fn set_timer(&mut self, conn: ConnId, tag: u8, at: Instant) {
+        self.timers.set(TimerKey::Dialect(conn, tag), at);
+    }
+
+    fn cancel_timer(&mut self, conn: ConnId, tag: u8) {
+        self.timers.cancel(TimerKey::Dialect(conn, tag));
     }
 }
 

@@ -463,6 +463,7 @@ pub(crate) mod testkit {
                 kv_blocks_used: 0,
                 kv_blocks_total: 64,
                 generations: 0,
+                sessions: 0,
             },
             sched: Ok(()),
         }

@@ -17,7 +17,7 @@ use self::codec::{
 use super::{Cx, DialectConn, Failure, FailureKind, GenRequest, StartError};
 use crate::api::FeedbackRecord;
 use crate::engine::{SeqId, TokenLogprobs};
-use crate::gen::{FinishReason, Generation, TokenPiece};
+use crate::gen::{FinishReason, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{Encoded, TextJobId};
 use crate::time::{millis_f64, Duration, Instant};
@@ -218,9 +218,8 @@ impl GenerateConn {
         let rid = running.request_id.clone();
         match action {
             ControlAction::Stop => {
-                if let Some((piece, gen)) = cx.end(id, FinishReason::Cancelled) {
-                    self.on_token_inner(cx, &piece, Some(&gen));
-                }
+                // The last piece and the completion follow through on_token.
+                cx.end(id, FinishReason::Cancelled);
             }
             ControlAction::Pause => {
                 running.paused = true;
@@ -238,9 +237,12 @@ impl GenerateConn {
             ControlAction::Regenerate => {
                 let config = running.config.clone();
                 self.running = None;
-                // Same prompt, same tokens: no need to tokenize it again.
-                if let Some((_, gen)) = cx.end(id, FinishReason::Cancelled) {
-                    self.start(cx, config, gen.prompt_ids);
+                // Same prompt, same tokens: no need to tokenize it again. The
+                // old generation's last piece finds no running request and
+                // is dropped: a regenerated request gets no completion.
+                if let Some(prompt_ids) = cx.gen(id).map(|g| g.prompt_ids.clone()) {
+                    cx.end(id, FinishReason::Cancelled);
+                    self.start(cx, config, prompt_ids);
                 }
             }
             ControlAction::Modify => {
@@ -364,13 +366,7 @@ impl GenerateConn {
     }
 
     /// Streams a piece; on the final one, sends `completion` and returns to awaiting config.
-    /// `retired` is the generation when it was already removed from the Host.
-    fn on_token_inner(
-        &mut self,
-        cx: &mut Cx<'_>,
-        piece: &TokenPiece,
-        retired: Option<&Generation>,
-    ) {
+    fn on_token_inner(&mut self, cx: &mut Cx<'_>, piece: &TokenPiece) {
         let Some(mut running) = self.running.take() else {
             return;
         };
@@ -389,8 +385,8 @@ impl GenerateConn {
             self.running = Some(running);
             return;
         };
-        let usage = retired
-            .or_else(|| cx.gen(running.id))
+        let usage = cx
+            .gen(running.id)
             .map(|g| (g.text.clone(), g.prompt_tokens(), g.completion_tokens()));
         if let Some((text, prompt_tokens, completion_tokens)) = usage {
             let usage = Usage {
@@ -562,7 +558,7 @@ impl DialectConn for GenerateConn {
         if self.running.as_ref().map(|r| r.id) != Some(id) {
             return;
         }
-        self.on_token_inner(cx, piece, None);
+        self.on_token_inner(cx, piece);
     }
 
     fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure) {

@@ -1,0 +1,288 @@
+//! [`Cx`]: everything a dialect machine may do (send, close, start and steer
+//! generations, ask for text and job checks, keep host-wide state, set
+//! timers), over the [`HostPort`] that the Host implements.
+
+use serde_json::Value;
+
+use super::state::DialectState;
+use crate::api::{ConnId, Dialect, Event, FeedbackRecord, JobCheckId, Output, Transport};
+use crate::config::HostConfig;
+use crate::engine::{ModelInfo, SeqId};
+use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, StartError};
+use crate::params::GenParams;
+use crate::rng::Rng;
+use crate::text::{min_tokens_for_bytes, ChatMessage, TextCodec, TextJobId, TextWork};
+use crate::time::Instant;
+
+/// Most timers one connection may have set at once (tags `0..MAX_TIMERS`).
+pub const MAX_TIMERS: u8 = 4;
+
+/// What the Host offers its dialect machines. Implemented by the Host; a
+/// dialect only sees it through [`Cx`].
+pub trait HostPort {
+    /// Queues an output.
+    fn push_output(&mut self, out: Output);
+    /// Closes `conn` with `code` once the current callback returns.
+    fn request_close(&mut self, conn: ConnId, code: u16, reason: &str);
+    /// The Host's settings.
+    fn config(&self) -> &HostConfig;
+    /// The served model (dialects run only once it is loaded).
+    fn model_info(&self) -> &ModelInfo;
+    /// Its tokenizer and chat template.
+    fn codec(&self) -> &dyn TextCodec;
+    /// The Host's random source (ids, seeds).
+    fn rng(&mut self) -> &mut Rng;
+    /// Hands out a text job for `conn`; its frames wait for the answer.
+    fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId;
+    /// Asks the shell to verify `job_id`; `conn`'s frames wait for the answer.
+    fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId;
+    /// Starts a generation owned by `conn`.
+    fn start(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        dialect: Dialect,
+        req: GenRequest,
+    ) -> Result<SeqId, StartError>;
+    /// A live generation.
+    fn generation(&self, id: SeqId) -> Option<&Generation>;
+    /// Ends a generation; its last piece comes through `on_token`.
+    fn end(&mut self, id: SeqId, reason: FinishReason) -> bool;
+    /// Adds a hold reason to a generation.
+    fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool;
+    /// Removes a hold reason from a generation.
+    fn release(&mut self, id: SeqId, reason: HoldReason) -> bool;
+    /// Replaces a generation's parameters.
+    fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError>;
+    /// The dialects' host-wide state.
+    fn dialect_state(&mut self) -> &mut DialectState;
+    /// Connections open on `dialect`'s path.
+    fn open_connections(&self, dialect: Dialect) -> u32;
+    /// Sets (or moves) `conn`'s timer `tag`.
+    fn set_timer(&mut self, conn: ConnId, tag: u8, at: Instant);
+    /// Cancels `conn`'s timer `tag`.
+    fn cancel_timer(&mut self, conn: ConnId, tag: u8);
+}
+
+/// What a dialect machine may do, for one connection at one instant.
+pub struct Cx<'a> {
+    /// Current time.
+    pub now: Instant,
+    /// The connection being served.
+    pub conn: ConnId,
+    /// Its dialect.
+    pub dialect: Dialect,
+    /// Its transport.
+    pub transport: Transport,
+    port: &'a mut dyn HostPort,
+}
+
+impl<'a> Cx<'a> {
+    /// A context for `conn` (the Host makes these).
+    pub fn new(
+        now: Instant,
+        conn: ConnId,
+        dialect: Dialect,
+        transport: Transport,
+        port: &'a mut dyn HostPort,
+    ) -> Cx<'a> {
+        Cx {
+            now,
+            conn,
+            dialect,
+            transport,
+            port,
+        }
+    }
+
+    /// Sends a JSON frame to this connection.
+    pub fn send(&mut self, v: Value) {
+        self.send_text(v.to_string());
+    }
+
+    /// Sends a text frame to this connection.
+    pub fn send_text(&mut self, text: String) {
+        self.port.push_output(Output::Send {
+            conn: self.conn,
+            text,
+        });
+    }
+
+    /// Closes this connection with `code` after what was already sent.
+    pub fn close(&mut self, code: u16, reason: &str) {
+        self.port.request_close(self.conn, code, reason);
+    }
+
+    /// Counts an error code sent to the client.
+    pub fn count_error(&mut self, code: &'static str) {
+        let dialect = self.dialect;
+        self.port
+            .push_output(Output::Event(Event::Error { dialect, code }));
+    }
+
+    /// The Host's settings.
+    pub fn config(&self) -> &HostConfig {
+        self.port.config()
+    }
+
+    /// The served model. Dialects only run once it is loaded (except
+    /// [`super::DialectConn::on_open`], which must not call this).
+    pub fn model(&self) -> &ModelInfo {
+        self.port.model_info()
+    }
+
+    /// The model's tokenizer and chat template.
+    pub fn codec(&self) -> &dyn TextCodec {
+        self.port.codec()
+    }
+
+    /// Wall-clock milliseconds since the unix epoch.
+    pub fn unix_ms(&self) -> u64 {
+        self.port.config().epoch_unix_ms + self.now.as_millis()
+    }
+
+    /// A fresh `prefix<uuid7>` id.
+    pub fn new_id(&mut self, prefix: &str) -> String {
+        let ms = self.unix_ms();
+        crate::ids::prefixed(prefix, ms, self.port.rng())
+    }
+
+    /// A fresh random sampler seed.
+    pub fn draw_seed(&mut self) -> u64 {
+        self.port.rng().next_u64()
+    }
+
+    /// Has a raw prompt tokenized off the Host's thread; the ids come back in
+    /// [`super::DialectConn::on_text_done`], and until then this connection's
+    /// frames wait. A prompt whose byte length alone shows that it cannot fit
+    /// the context with `max_tokens` is refused at once, untokenized.
+    pub fn encode_prompt(
+        &mut self,
+        text: String,
+        max_tokens: u32,
+    ) -> Result<TextJobId, StartError> {
+        let context_len = self.model().context_len;
+        let min_tokens =
+            u32::try_from(min_tokens_for_bytes(self.codec(), text.len())).unwrap_or(u32::MAX);
+        if u64::from(min_tokens) + u64::from(max_tokens) > u64::from(context_len) {
+            return Err(StartError::PromptTooLong {
+                bytes: text.len(),
+                min_tokens,
+                max_tokens,
+                context_len,
+            });
+        }
+        Ok(self.port.tokenize(self.conn, TextWork::Encode { text }))
+    }
+
+    /// Has a conversation rendered with the chat template and tokenized off
+    /// the Host's thread, keeping the newest messages that fit
+    /// ([`TextWork::Chat`]) in `max_tokens` prompt tokens; the answer comes
+    /// back in [`super::DialectConn::on_text_done`].
+    pub fn encode_chat(
+        &mut self,
+        messages: Vec<ChatMessage>,
+        max_messages: usize,
+        max_tokens: u32,
+    ) -> TextJobId {
+        self.port.tokenize(
+            self.conn,
+            TextWork::Chat {
+                messages,
+                max_messages,
+                max_tokens,
+            },
+        )
+    }
+
+    /// Asks the shell's job verifier about `job_id`; the verdict comes back
+    /// in [`super::DialectConn::on_job_verified`], and until then this
+    /// connection's frames wait.
+    pub fn verify_job(&mut self, job_id: String) -> JobCheckId {
+        let (conn, dialect) = (self.conn, self.dialect);
+        self.port.verify_job(conn, dialect, job_id)
+    }
+
+    /// Starts a generation owned by this connection.
+    pub fn start(&mut self, req: GenRequest) -> Result<SeqId, StartError> {
+        let (now, conn, dialect) = (self.now, self.conn, self.dialect);
+        self.port.start(now, conn, dialect, req)
+    }
+
+    /// A live generation.
+    pub fn gen(&self, id: SeqId) -> Option<&Generation> {
+        self.port.generation(id)
+    }
+
+    /// Ends a generation: its held text is released and its last piece (with
+    /// `reason`) comes through [`super::DialectConn::on_token`] as soon as
+    /// this callback returns, like any other ending. False if unknown.
+    pub fn end(&mut self, id: SeqId, reason: FinishReason) -> bool {
+        self.port.end(id, reason)
+    }
+
+    /// Pauses a generation for its client: not scheduled, results held until
+    /// [`Cx::resume`]; ends with `timeout` after the pause timeout. Returns
+    /// false if unknown.
+    pub fn pause(&mut self, id: SeqId) -> bool {
+        let now = self.now;
+        self.port.hold(now, id, HoldReason::ClientPause)
+    }
+
+    /// Resumes a generation its client paused. Returns false if unknown.
+    pub fn resume(&mut self, id: SeqId) -> bool {
+        self.port.release(id, HoldReason::ClientPause)
+    }
+
+    /// Holds a generation for a dialect's flow window (not scheduled until
+    /// [`Cx::open_window`]). Returns false if unknown.
+    pub fn close_window(&mut self, id: SeqId) -> bool {
+        let now = self.now;
+        self.port.hold(now, id, HoldReason::FlowWindow)
+    }
+
+    /// Releases a generation held by [`Cx::close_window`]. Returns false if unknown.
+    pub fn open_window(&mut self, id: SeqId) -> bool {
+        self.port.release(id, HoldReason::FlowWindow)
+    }
+
+    /// Replaces a generation's parameters from the next token on; refused
+    /// (nothing changes) when its new length could never fit the KV cache.
+    pub fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
+        self.port.modify(id, params)
+    }
+
+    /// The dialects' host-wide state (session registry, job ledger, ...).
+    pub fn state(&mut self) -> &mut DialectState {
+        self.port.dialect_state()
+    }
+
+    /// Connections open on `dialect`'s path, this one included.
+    pub fn open_connections(&self, dialect: Dialect) -> u32 {
+        self.port.open_connections(dialect)
+    }
+
+    /// Sets (or moves) this connection's timer `tag` (below [`MAX_TIMERS`])
+    /// to fire at `at`, calling [`super::DialectConn::on_timer`]. Timers end
+    /// with the connection.
+    pub fn set_timer(&mut self, tag: u8, at: Instant) {
+        debug_assert!(tag < MAX_TIMERS);
+        let conn = self.conn;
+        self.port.set_timer(conn, tag % MAX_TIMERS, at);
+    }
+
+    /// Cancels this connection's timer `tag`.
+    pub fn cancel_timer(&mut self, tag: u8) {
+        let conn = self.conn;
+        self.port.cancel_timer(conn, tag % MAX_TIMERS);
+    }
+
+    /// Hands feedback to the operator's log and counts it.
+    pub fn feedback(&mut self, record: FeedbackRecord) {
+        self.port
+            .push_output(Output::Event(Event::FeedbackReceived {
+                rating: record.rating,
+            }));
+        self.port.push_output(Output::Feedback(record));
+    }
+}

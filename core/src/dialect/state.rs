@@ -1,0 +1,223 @@
+//! The dialects' host-wide state: what outlives one connection's callback
+//! but belongs to no single generation. Each part is bounded, and none holds
+//! conversation text beyond the connection that brought it.
+
+use std::collections::BTreeMap;
+
+use crate::api::ConnId;
+use crate::config::HostConfig;
+
+/// Everything the dialects keep across connections.
+#[derive(Debug)]
+pub struct DialectState {
+    /// `session`: which connection holds each live session id on this host.
+    pub sessions: SessionRegistry,
+    /// Tokens each verified job has used on this host, against its budget.
+    pub jobs: JobLedger,
+}
+
+impl DialectState {
+    /// Empty state sized by `config`.
+    pub fn new(config: &HostConfig) -> DialectState {
+        DialectState {
+            sessions: SessionRegistry::new(config.max_sessions),
+            jobs: JobLedger::new(config.max_jobs),
+        }
+    }
+}
+
+/// Live `session` ids and the connection holding each (ids only: the
+/// conversation stays with its connection and goes with it).
+#[derive(Debug)]
+pub struct SessionRegistry {
+    live: BTreeMap<String, ConnId>,
+    capacity: usize,
+}
+
+/// Why a session id could not be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimError {
+    /// It is live on this host already.
+    Exists,
+    /// The host holds as many sessions as it may.
+    Full,
+}
+
+impl SessionRegistry {
+    /// A registry of at most `capacity` sessions.
+    pub fn new(capacity: usize) -> SessionRegistry {
+        SessionRegistry {
+            live: BTreeMap::new(),
+            capacity,
+        }
+    }
+
+    /// Takes `id` for `conn`.
+    pub fn claim(&mut self, id: &str, conn: ConnId) -> Result<(), ClaimError> {
+        if self.live.contains_key(id) {
+            return Err(ClaimError::Exists);
+        }
+        if self.live.len() >= self.capacity {
+            return Err(ClaimError::Full);
+        }
+        self.live.insert(id.to_string(), conn);
+        Ok(())
+    }
+
+    /// Gives `id` back if `conn` holds it.
+    pub fn release(&mut self, id: &str, conn: ConnId) {
+        if self.live.get(id) == Some(&conn) {
+            self.live.remove(id);
+        }
+    }
+
+    /// The connection holding `id`.
+    pub fn holder(&self, id: &str) -> Option<ConnId> {
+        self.live.get(id).copied()
+    }
+
+    /// Live sessions.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// True when no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+/// One job's account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Account {
+    budget: Option<u64>,
+    used: u64,
+    last_touched: u64,
+}
+
+/// Tokens used per verified job on this host, least recently used forgotten
+/// first past its capacity (a forgotten job starts again from zero when it
+/// is verified again: the verifier, not this host, is the budget's authority).
+#[derive(Debug)]
+pub struct JobLedger {
+    accounts: BTreeMap<String, Account>,
+    by_age: BTreeMap<u64, String>,
+    clock: u64,
+    capacity: usize,
+}
+
+impl JobLedger {
+    /// A ledger of at most `capacity` jobs.
+    pub fn new(capacity: usize) -> JobLedger {
+        JobLedger {
+            accounts: BTreeMap::new(),
+            by_age: BTreeMap::new(),
+            clock: 0,
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn touch(&mut self, job: &str) -> Option<&mut Account> {
+        self.clock += 1;
+        let clock = self.clock;
+        let a = self.accounts.get_mut(job)?;
+        self.by_age.remove(&a.last_touched);
+        a.last_touched = clock;
+        self.by_age.insert(clock, job.to_string());
+        Some(a)
+    }
+
+    /// Records a verifier's grant for `job` (the budget it gave; tokens used
+    /// so far are kept).
+    pub fn grant(&mut self, job: &str, budget: Option<u64>) {
+        if let Some(a) = self.touch(job) {
+            a.budget = budget;
+            return;
+        }
+        while self.accounts.len() >= self.capacity {
+            let Some((_, oldest)) = self.by_age.pop_first() else {
+                break;
+            };
+            self.accounts.remove(&oldest);
+        }
+        self.clock += 1;
+        self.accounts.insert(
+            job.to_string(),
+            Account {
+                budget,
+                used: 0,
+                last_touched: self.clock,
+            },
+        );
+        self.by_age.insert(self.clock, job.to_string());
+    }
+
+    /// Tokens `job` may still use (`None`: no cap, or an unknown job).
+    pub fn remaining(&self, job: &str) -> Option<u64> {
+        let a = self.accounts.get(job)?;
+        a.budget.map(|b| b.saturating_sub(a.used))
+    }
+
+    /// Charges `tokens` to `job`.
+    pub fn charge(&mut self, job: &str, tokens: u64) {
+        if let Some(a) = self.touch(job) {
+            a.used = a.used.saturating_add(tokens);
+        }
+    }
+
+    /// Jobs with an account.
+    pub fn len(&self) -> usize {
+        self.accounts.len()
+    }
+
+    /// True when no job has an account.
+    pub fn is_empty(&self) -> bool {
+        self.accounts.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_id_is_held_by_one_connection_until_it_lets_go() {
+        let mut r = SessionRegistry::new(2);
+        r.claim("a", ConnId(1)).expect("free");
+        assert_eq!(r.claim("a", ConnId(2)), Err(ClaimError::Exists));
+        r.release("a", ConnId(2));
+        assert_eq!(
+            r.holder("a"),
+            Some(ConnId(1)),
+            "only its holder releases it"
+        );
+        r.claim("b", ConnId(2)).expect("room");
+        assert_eq!(r.claim("c", ConnId(3)), Err(ClaimError::Full));
+        r.release("a", ConnId(1));
+        r.claim("c", ConnId(3)).expect("room again");
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn budgets_are_charged_and_the_least_recent_job_is_forgotten() {
+        let mut l = JobLedger::new(2);
+        l.grant("j1", Some(100));
+        l.grant("j2", None);
+        l.charge("j1", 60);
+        assert_eq!(l.remaining("j1"), Some(40));
+        l.charge("j1", 60);
+        assert_eq!(l.remaining("j1"), Some(0), "never below zero");
+        assert_eq!(l.remaining("j2"), None, "no cap");
+        l.charge("j2", 1); // j2 is now the most recent
+        l.grant("j3", Some(5));
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.remaining("j1"), None, "j1 was least recent and forgotten");
+        assert_eq!(l.remaining("j3"), Some(5));
+        l.grant("j3", Some(10));
+        assert_eq!(
+            l.remaining("j3"),
+            Some(10),
+            "a new grant keeps what was used"
+        );
+    }
+}

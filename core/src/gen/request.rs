@@ -1,0 +1,79 @@
+//! What a dialect asks of the generation machine and what can go wrong: the
+//! request to start one, why it could not start, and why it failed.
+//!
+//! These live beside the generation (not in the dialect layer or the Host) so
+//! that imports run one way: the Host uses the dialects, the dialects use the
+//! generation machine, and nothing points back.
+
+use crate::engine::TokenId;
+use crate::params::GenParams;
+
+/// Why a generation failed (as opposed to finishing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The KV cache cannot hold it, now or ever.
+    MemoryPressure,
+    /// The engine failed.
+    Internal,
+    /// The server is shutting down; retry elsewhere.
+    ShuttingDown,
+}
+
+/// A generation that ended in failure; its partial text is in the Generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What kind of failure.
+    pub kind: FailureKind,
+    /// Operator-facing explanation (no client content).
+    pub message: String,
+}
+
+/// Why a generation could not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartError {
+    /// Prompt plus `max_tokens` exceed the context window.
+    ContextLength {
+        /// Tokens in the prompt.
+        prompt_tokens: u32,
+        /// Requested `max_tokens`.
+        max_tokens: u32,
+        /// The model's context window.
+        context_len: u32,
+    },
+    /// The prompt's byte length alone shows it cannot fit the context with
+    /// `max_tokens` (found before tokenizing it).
+    PromptTooLong {
+        /// The prompt's length in bytes.
+        bytes: usize,
+        /// The fewest tokens that many bytes can encode to.
+        min_tokens: u32,
+        /// Requested `max_tokens`.
+        max_tokens: u32,
+        /// The model's context window.
+        context_len: u32,
+    },
+    /// The KV cache can never hold it.
+    NeverFits {
+        /// Blocks it would need.
+        needed_blocks: u32,
+        /// Blocks in the pool.
+        total_blocks: u32,
+    },
+    /// Too many requests are waiting.
+    QueueFull,
+    /// The server is shutting down.
+    ShuttingDown,
+    /// The model is not loaded.
+    NotLoaded,
+}
+
+/// What a dialect asks the Host to start.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    /// Prompt token ids (BOS included as the tokenizer adds it).
+    pub prompt_ids: Vec<TokenId>,
+    /// Validated parameters.
+    pub params: GenParams,
+    /// Logprob alternatives, if wanted.
+    pub logprobs: Option<u8>,
+}
