@@ -36,6 +36,16 @@ pub struct HostConfig {
     pub max_sessions: usize,
     /// Most jobs whose token use this host remembers.
     pub max_jobs: usize,
+    /// `responses`: most WebSocket connections at once; the next gets
+    /// `websocket_connection_limit_reached` and close 1013.
+    pub max_websocket_connections: u32,
+    /// `responses`: a WebSocket connection is told `connection_expiring` this
+    /// long after it opened.
+    pub responses_expiring_after: Duration,
+    /// `responses`: a WebSocket connection is closed (1000) this long after it opened.
+    pub responses_lifetime: Duration,
+    /// `responses`: most `store: true` HTTP responses kept.
+    pub response_store_size: usize,
 }
 
 impl Default for HostConfig {
@@ -56,6 +66,10 @@ impl Default for HostConfig {
             session_max_messages: 20,
             max_sessions: 10_000,
             max_jobs: 10_000,
+            max_websocket_connections: 100,
+            responses_expiring_after: Duration::from_secs(55 * 60),
+            responses_lifetime: Duration::from_secs(60 * 60),
+            response_store_size: 1000,
         }
     }
 }

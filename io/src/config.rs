@@ -163,6 +163,33 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub job_token_budget: Option<u64>,
 
+    /// `responses`: most WebSocket connections on `/v1/responses` at once; the
+    /// next gets `websocket_connection_limit_reached` and close 1013.
+    #[arg(long, env = "TOKENWIRE_MAX_WEBSOCKET_CONNECTIONS", value_name = "N",
+          default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_websocket_connections: u32,
+
+    /// `responses`: seconds after which a WebSocket connection is warned
+    /// `connection_expiring`.
+    #[arg(long, env = "TOKENWIRE_RESPONSES_EXPIRING_AFTER", value_name = "SECS",
+          default_value_t = 55 * 60)]
+    pub responses_expiring_after: u64,
+
+    /// `responses`: seconds after which a WebSocket connection is closed (1000).
+    #[arg(long, env = "TOKENWIRE_RESPONSES_LIFETIME", value_name = "SECS",
+          default_value_t = 60 * 60)]
+    pub responses_lifetime: u64,
+
+    /// `responses`: most `store: true` HTTP responses kept in memory for
+    /// `GET /v1/responses/{id}` and continuations (least recently used go first).
+    #[arg(
+        long,
+        env = "TOKENWIRE_RESPONSE_STORE_SIZE",
+        value_name = "N",
+        default_value_t = 1000
+    )]
+    pub response_store_size: u64,
+
     /// Most WebSocket and HTTP generation connections open at once; more get 503.
     #[arg(long, env = "TOKENWIRE_MAX_CONNECTIONS", value_name = "N",
           default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -254,6 +281,14 @@ pub struct ServerConfig {
     pub session_max_messages: usize,
     /// Tokens each job may use on this host, as the default verifier grants.
     pub job_token_budget: Option<u64>,
+    /// `responses`: most WebSocket connections at once.
+    pub max_websocket_connections: u32,
+    /// `responses`: when a WebSocket connection is warned it expires.
+    pub responses_expiring_after: Duration,
+    /// `responses`: when a WebSocket connection is closed.
+    pub responses_lifetime: Duration,
+    /// `responses`: most stored HTTP responses.
+    pub response_store_size: usize,
     /// Most connections (WebSocket and HTTP generations) at once.
     pub max_connections: usize,
     /// How long an HTTP client may take to send a request's headers.
@@ -290,6 +325,10 @@ impl Default for ServerConfig {
             feedback_log: None,
             session_max_messages: h.session_max_messages,
             job_token_budget: None,
+            max_websocket_connections: h.max_websocket_connections,
+            responses_expiring_after: h.responses_expiring_after,
+            responses_lifetime: h.responses_lifetime,
+            response_store_size: h.response_store_size,
             max_connections: 10_000,
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(10),
@@ -322,6 +361,10 @@ impl ServerConfig {
             feedback_log: args.feedback_log.clone(),
             session_max_messages: to_usize(args.session_max_messages),
             job_token_budget: args.job_token_budget,
+            max_websocket_connections: args.max_websocket_connections,
+            responses_expiring_after: Duration::from_secs(args.responses_expiring_after),
+            responses_lifetime: Duration::from_secs(args.responses_lifetime),
+            response_store_size: to_usize(args.response_store_size),
             max_connections: to_usize(args.max_connections),
             header_timeout: Duration::from_secs(args.header_timeout),
             body_timeout: Duration::from_secs(args.body_timeout),
@@ -345,6 +388,10 @@ impl ServerConfig {
             idle_timeout: self.idle_timeout,
             shutdown_grace: self.shutdown_grace,
             session_max_messages: self.session_max_messages,
+            max_websocket_connections: self.max_websocket_connections,
+            responses_expiring_after: self.responses_expiring_after,
+            responses_lifetime: self.responses_lifetime,
+            response_store_size: self.response_store_size,
             ..HostConfig::default()
         }
     }

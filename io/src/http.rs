@@ -13,6 +13,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokenwire_core::dialect::http::Route;
 use tokenwire_core::{ConnId, Dialect};
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -125,12 +126,10 @@ async fn route(
         "/metrics" if is_get => metrics(&state),
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
-        path => match tokenwire_core::dialect::http::route(path) {
-            Some(dialect) if req.method() == Method::POST => {
-                crate::http_dialect::handle(state, peer, dialect, req).await
-            }
-            Some(_) => method_not_allowed("POST"),
-            None => error_response(
+        path => match tokenwire_core::dialect::http::route(req.method().as_str(), path) {
+            Route::Dialect(dialect) => crate::http_dialect::handle(state, peer, dialect, req).await,
+            Route::WrongMethod(allow) => method_not_allowed(allow),
+            Route::NotFound => error_response(
                 StatusCode::NOT_FOUND,
                 "not_found",
                 &format!("no endpoint at {path}"),

@@ -20,7 +20,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
 use tokenwire_core::dialect::http::{
-    http_call, http_failure, HttpExchange, HttpFailure, HttpReply, HttpStep,
+    http_call, http_failure, HttpExchange, HttpFailure, HttpReply, HttpRequest, HttpStep, SseEvent,
 };
 use tokenwire_core::{ConnId, Dialect, Input, Transport};
 
@@ -39,6 +39,8 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let max = state.max_frame_bytes;
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -68,7 +70,13 @@ pub(crate) async fn handle(
         .as_ref()
         .map(|m| m.name.clone())
         .unwrap_or_default();
-    let call = match http_call(dialect, &body, &model) {
+    let request = HttpRequest {
+        method: &method,
+        path: &path,
+        body: &body,
+        model: &model,
+    };
+    let call = match http_call(dialect, &request) {
         Ok(c) => c,
         Err(reply) => return response(reply),
     };
@@ -122,11 +130,21 @@ pub(crate) async fn handle(
     }
 
     if call.stream {
+        // The first step decides: an error before anything streams is an
+        // HTTP error with its status; otherwise the event stream starts.
+        let mut exchange = call.exchange;
+        let first = match next_step(&queue, &mut guard, &mut exchange).await {
+            HttpStep::Reply(r) => return response(r),
+            HttpStep::Event(e) => (e, false),
+            HttpStep::LastEvent(e) => (e, true),
+            HttpStep::Wait => return shutting_down(dialect),
+        };
         let mut resp = Response::new(BodyExt::boxed(SseBody {
             queue,
             guard,
-            exchange: call.exchange,
-            done: false,
+            exchange,
+            first: Some(first.0),
+            done: first.1,
         }));
         let h = resp.headers_mut();
         h.insert(
@@ -214,9 +232,22 @@ async fn collect(
     guard: &mut VirtualConn,
     mut exchange: Box<dyn HttpExchange>,
 ) -> Response<Body> {
-    let step = loop {
+    match next_step(queue, guard, &mut exchange).await {
+        HttpStep::Reply(r) => response(r),
+        // A JSON exchange never ends with an event; answer rather than hang.
+        _ => shutting_down(guard.dialect),
+    }
+}
+
+/// The exchange's next step that is not `Wait`.
+async fn next_step(
+    queue: &ConnQueue,
+    guard: &mut VirtualConn,
+    exchange: &mut Box<dyn HttpExchange>,
+) -> HttpStep {
+    loop {
         let Some(popped) = queue.pop().await else {
-            break exchange.on_close(1001, tokenwire_core::api::close_reason::SHUTTING_DOWN);
+            return exchange.on_close(1001, tokenwire_core::api::close_reason::SHUTTING_DOWN);
         };
         if popped.drained {
             let _ = guard.driver.send(DriverMsg::Drained(guard.conn)).await;
@@ -230,15 +261,9 @@ async fn collect(
             }
         };
         guard.request_id = exchange.request_id().map(str::to_owned);
-        match step {
-            HttpStep::Wait | HttpStep::Event(_) => {}
-            other => break other,
+        if step != HttpStep::Wait {
+            return step;
         }
-    };
-    match step {
-        HttpStep::Reply(r) => response(r),
-        // A JSON exchange never ends with an event; answer rather than hang.
-        _ => shutting_down(guard.dialect),
     }
 }
 
@@ -289,6 +314,8 @@ struct SseBody {
     queue: ConnQueue,
     guard: VirtualConn,
     exchange: Box<dyn HttpExchange>,
+    /// The event that started the stream, sent first.
+    first: Option<SseEvent>,
     done: bool,
 }
 
@@ -301,6 +328,9 @@ impl hyper::body::Body for SseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(first.encode())))));
+        }
         loop {
             if this.done {
                 return Poll::Ready(None);
@@ -336,7 +366,7 @@ impl hyper::body::Body for SseBody {
                 HttpStep::Reply(r) => {
                     // A streaming exchange ends with an event; relay the body.
                     this.done = true;
-                    tokenwire_core::dialect::http::SseEvent {
+                    SseEvent {
                         event: None,
                         data: r.body,
                     }
@@ -347,7 +377,7 @@ impl hyper::body::Body for SseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.first.is_none()
     }
 }
 

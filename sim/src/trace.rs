@@ -151,7 +151,10 @@ fn host_json(h: &HostConfig) -> Value {
         "default_max_tokens": h.default_max_tokens, "max_step_tokens": h.max_step_tokens,
         "max_running_seqs": h.max_running_seqs, "max_queued_requests": h.max_queued_requests,
         "session_max_messages": h.session_max_messages, "max_sessions": h.max_sessions,
-        "max_jobs": h.max_jobs,
+        "max_jobs": h.max_jobs, "max_websocket_connections": h.max_websocket_connections,
+        "responses_expiring_after_ns": ns(h.responses_expiring_after),
+        "responses_lifetime_ns": ns(h.responses_lifetime),
+        "response_store_size": h.response_store_size,
     })
 }
 
@@ -174,6 +177,10 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         session_max_messages: usize_of(v, "session_max_messages")?,
         max_sessions: usize_of(v, "max_sessions")?,
         max_jobs: usize_of(v, "max_jobs")?,
+        max_websocket_connections: u32_of(v, "max_websocket_connections")?,
+        responses_expiring_after: d("responses_expiring_after_ns")?,
+        responses_lifetime: d("responses_lifetime_ns")?,
+        response_store_size: usize_of(v, "response_store_size")?,
     })
 }
 

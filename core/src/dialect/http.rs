@@ -126,22 +126,69 @@ pub enum HttpFailure {
     },
 }
 
-/// The dialect whose HTTP route is `path` (`POST` only), if any.
-pub fn route(path: &str) -> Option<Dialect> {
+/// Where an HTTP request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A dialect's route: read the body and call [`http_call`].
+    Dialect(Dialect),
+    /// A dialect's path with another method; `Allow` lists this one.
+    WrongMethod(&'static str),
+    /// No dialect serves this path.
+    NotFound,
+}
+
+/// The dialect route for `method` and `path`: `POST /v1/generate`,
+/// `POST /v1/inference`, `POST /v1/responses`, `GET /v1/responses/{id}`.
+pub fn route(method: &str, path: &str) -> Route {
+    let post = |d| {
+        if method == "POST" {
+            Route::Dialect(d)
+        } else {
+            Route::WrongMethod("POST")
+        }
+    };
     match path {
-        "/v1/generate" => Some(Dialect::Generate),
-        "/v1/inference" => Some(Dialect::Session),
-        _ => None,
+        "/v1/generate" => post(Dialect::Generate),
+        "/v1/inference" => post(Dialect::Session),
+        "/v1/responses" => post(Dialect::Responses),
+        _ => match retrieve_id(path) {
+            Some(_) if method == "GET" || method == "HEAD" => Route::Dialect(Dialect::Responses),
+            Some(_) => Route::WrongMethod("GET"),
+            None => Route::NotFound,
+        },
     }
 }
 
-/// Maps a request body for `dialect`'s HTTP route to its frames, or the
-/// error reply (in the dialect's error shape) when the body is not valid.
-/// `model` is the served model's name (empty while it loads).
-pub fn http_call(dialect: Dialect, body: &[u8], model: &str) -> Result<HttpCall, HttpReply> {
+/// The id of `GET /v1/responses/{id}`.
+fn retrieve_id(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/responses/")
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// One HTTP request on a dialect's route, as the shell read it.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpRequest<'a> {
+    /// The method.
+    pub method: &'a str,
+    /// The path (no query).
+    pub path: &'a str,
+    /// The body.
+    pub body: &'a [u8],
+    /// The served model's name (empty while it loads).
+    pub model: &'a str,
+}
+
+/// Maps a request for `dialect`'s HTTP route to its frames, or the error
+/// reply (in the dialect's error shape) when the request is not valid.
+pub fn http_call(dialect: Dialect, req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
+    let body = req.body;
     match dialect {
         Dialect::Generate => super::generate::http::call(body),
-        Dialect::Session => super::session::http::call(body, model),
+        Dialect::Session => super::session::http::call(body, req.model),
+        Dialect::Responses => match retrieve_id(req.path) {
+            Some(id) => Ok(super::responses::http::retrieve(id)),
+            None => super::responses::http::create(body),
+        },
         other => Err(failure_json(
             404,
             &format!("the {} dialect has no HTTP route", other.name()),
@@ -155,6 +202,7 @@ pub fn http_failure(dialect: Dialect, failure: &HttpFailure) -> HttpReply {
     match dialect {
         Dialect::Generate => super::generate::http::failure(failure),
         Dialect::Session => super::session::http::failure(failure),
+        Dialect::Responses => super::responses::http::failure(failure),
         _ => {
             let (status, message, retry_after) = describe(failure);
             HttpReply {

@@ -14,6 +14,7 @@
 pub mod cx;
 pub mod generate;
 pub mod http;
+pub mod responses;
 pub mod session;
 pub mod state;
 
@@ -111,6 +112,7 @@ pub fn machine_for(dialect: Dialect) -> Option<Box<dyn DialectConn>> {
     match dialect {
         Dialect::Generate => Some(Box::new(generate::GenerateConn::default())),
         Dialect::Session => Some(Box::new(session::SessionConn::default())),
+        Dialect::Responses => Some(Box::new(responses::ResponsesConn::default())),
         _ => None,
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::responses::store::ResponseStore;
 use crate::api::ConnId;
 use crate::config::HostConfig;
 
@@ -14,6 +15,10 @@ pub struct DialectState {
     pub sessions: SessionRegistry,
     /// Tokens each verified job has used on this host, against its budget.
     pub jobs: JobLedger,
+    /// `responses`: the `store: true` responses made over HTTP.
+    pub responses: ResponseStore,
+    /// `responses`: WebSocket connections open (against their own limit).
+    pub responses_sockets: u32,
 }
 
 impl DialectState {
@@ -22,6 +27,8 @@ impl DialectState {
         DialectState {
             sessions: SessionRegistry::new(config.max_sessions),
             jobs: JobLedger::new(config.max_jobs),
+            responses: ResponseStore::new(config.response_store_size),
+            responses_sockets: 0,
         }
     }
 }

@@ -1,0 +1,588 @@
+//! The `responses` dialect (seed 002) at `/v1/responses`: the OpenAI Responses
+//! API WebSocket mode, close enough that the official SDKs work unchanged.
+//! Each `response.create` streams `response.created`, `response.in_progress`,
+//! the output item and text part, one `response.output_text.delta` per piece,
+//! their `done` events and exactly one terminal event (`response.completed`,
+//! `response.incomplete` or `response.failed`), numbered from 0 per response.
+//!
+//! One response in flight per connection; `previous_response_id` resolves
+//! only against this connection's last completed or incomplete response (on
+//! the socket) or the bounded store of `store: true` responses (over HTTP).
+//! A connection past `max_websocket_connections` gets
+//! `websocket_connection_limit_reached` and close 1013; each lives
+//! `responses_lifetime`, warned `connection_expiring` before.
+
+pub mod codec;
+pub mod http;
+pub mod store;
+
+use serde_json::{json, Map, Value};
+
+use self::codec::{ClientEvent, CreateRequest, Echo, Usage};
+use self::store::Stored;
+use super::{Cx, DialectConn, Refusal};
+use crate::api::Transport;
+use crate::engine::SeqId;
+use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
+use crate::json::f32_number;
+use crate::params::{self, GenParams, ParamNames};
+use crate::text::{ChatMessage, Encoded, Role, TextJobId};
+use crate::time::Duration;
+
+/// Close code past the connection limit (try again later).
+const CLOSE_TRY_AGAIN: u16 = 1013;
+/// Close code at the end of a connection's lifetime.
+const CLOSE_NORMAL: u16 = 1000;
+/// Timer tags.
+const TIMER_EXPIRING: u8 = 0;
+const TIMER_LIFETIME: u8 = 1;
+
+/// The names of the sampling parameters in a Responses body.
+const NAMES: ParamNames = ParamNames {
+    max_tokens: "max_output_tokens",
+    ..ParamNames::STANDARD
+};
+
+/// A response this connection can continue from.
+#[derive(Debug, Clone)]
+struct Cached {
+    id: String,
+    /// Its whole conversation: input (instructions excluded) and output.
+    messages: Vec<ChatMessage>,
+}
+
+/// The response being built.
+#[derive(Debug)]
+struct Draft {
+    id: String,
+    msg_id: String,
+    created_at: u64,
+    model: String,
+    previous_response_id: Option<String>,
+    instructions: Option<String>,
+    echo: Echo,
+    params: GenParams,
+    stream_id: Option<Value>,
+    /// The conversation the prompt was built from (instructions excluded).
+    messages: Vec<ChatMessage>,
+    generate: bool,
+    store: bool,
+    usage: Usage,
+    text: String,
+    /// Next `sequence_number`.
+    seq_no: u64,
+    /// The output item was announced (its `done` events are owed).
+    item_open: bool,
+}
+
+impl Draft {
+    /// The Response object with `status` and `output`.
+    fn object(&self, status: &str, output: Vec<Value>, usage: bool) -> Value {
+        let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
+        let error = (status == "failed").then(
+            || json!({"code": "server_error", "message": "the response could not be generated"}),
+        );
+        let p = &self.params;
+        json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": false,
+            "tool_choice": "auto",
+            "tools": [],
+            "previous_response_id": self.previous_response_id,
+            "instructions": self.instructions,
+            "temperature": self.echo.temperature.clone().unwrap_or_else(|| f32_number(p.temperature)),
+            "top_p": self.echo.top_p.clone().unwrap_or_else(|| f32_number(p.top_p)),
+            "max_output_tokens": self.echo.max_output_tokens.clone().unwrap_or(Value::Null),
+            "metadata": self.echo.metadata.clone().unwrap_or_else(|| json!({})),
+            "error": error,
+            "incomplete_details": incomplete,
+            "usage": if usage { self.usage.to_json() } else { Value::Null },
+        })
+    }
+
+    /// Sends one event: `sequence_number` and `stream_id` added.
+    fn emit(&mut self, cx: &mut Cx<'_>, mut event: Map<String, Value>) {
+        event.insert("sequence_number".into(), self.seq_no.into());
+        if let Some(s) = &self.stream_id {
+            event.insert("stream_id".into(), s.clone());
+        }
+        self.seq_no += 1;
+        cx.send(Value::Object(event));
+    }
+
+    fn emit_json(&mut self, cx: &mut Cx<'_>, event: Value) {
+        if let Value::Object(m) = event {
+            self.emit(cx, m);
+        }
+    }
+}
+
+/// Where the in-flight response is.
+#[derive(Debug)]
+enum Stage {
+    /// Its prompt is being tokenized.
+    Tokenizing(TextJobId),
+    /// Its generation runs.
+    Running(SeqId),
+}
+
+#[derive(Debug)]
+struct Inflight {
+    stage: Stage,
+    draft: Draft,
+}
+
+/// One `/v1/responses` connection (or one HTTP request on that route).
+#[derive(Debug, Default)]
+pub struct ResponsesConn {
+    /// Counted against the WebSocket connection limit.
+    counted: bool,
+    cache: Option<Cached>,
+    inflight: Option<Inflight>,
+}
+
+fn send_error(
+    cx: &mut Cx<'_>,
+    status: u16,
+    code: &'static str,
+    message: &str,
+    param: Option<&str>,
+) {
+    cx.count_error(code);
+    cx.send(codec::error_event(status, code, message, param));
+}
+
+/// Status, code and message for a generation that could not start.
+fn start_error(e: &StartError) -> (u16, &'static str, String) {
+    match *e {
+        StartError::ContextLength { prompt_tokens, max_tokens, context_len } => (
+            400,
+            "context_length_exceeded",
+            format!("the input ({prompt_tokens} tokens) plus max_output_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
+        ),
+        StartError::PromptTooLong { bytes, min_tokens, max_tokens, context_len } => (
+            400,
+            "context_length_exceeded",
+            format!("the input ({bytes} bytes, so at least {min_tokens} tokens) plus max_output_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
+        ),
+        StartError::NeverFits { needed_blocks, total_blocks } => (
+            400,
+            "context_length_exceeded",
+            format!("the response needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower max_output_tokens"),
+        ),
+        StartError::QueueFull => (429, "rate_limit_exceeded", "the request queue is full; retry later".into()),
+        StartError::ShuttingDown => (503, "server_error", "the server is shutting down; retry on another server".into()),
+        StartError::NotLoaded => (503, "server_error", "the model is not loaded".into()),
+    }
+}
+
+impl ResponsesConn {
+    fn on_create(&mut self, cx: &mut Cx<'_>, req: CreateRequest) {
+        if self.inflight.is_some() {
+            return send_error(
+                cx,
+                409,
+                "concurrent_request",
+                "a response is already in progress on this connection; wait for its terminal event or send response.cancel",
+                None,
+            );
+        }
+        let served = cx.model().name.clone();
+        if let Some(m) = req.model.as_deref().filter(|m| *m != served) {
+            return send_error(
+                cx,
+                404,
+                "model_not_found",
+                &format!("the model `{m}` does not exist on this server; it serves `{served}`"),
+                Some("model"),
+            );
+        }
+        let context_len = cx.model().context_len;
+        let defaults = GenParams::defaults(cx.config().default_max_tokens.min(context_len));
+        let params = match params::apply(&req.sampling, "", &NAMES, &defaults, context_len) {
+            Ok(p) => p,
+            Err(e) => {
+                return send_error(cx, 400, "invalid_request", &e.to_string(), Some(&e.field))
+            }
+        };
+        let mut messages = Vec::new();
+        if let Some(prev) = &req.previous_response_id {
+            let found = if cx.transport == Transport::Http {
+                cx.state().responses.get(prev).map(|s| s.messages.clone())
+            } else {
+                self.cache
+                    .as_ref()
+                    .filter(|c| &c.id == prev)
+                    .map(|c| c.messages.clone())
+            };
+            let Some(history) = found else {
+                return send_error(
+                    cx,
+                    404,
+                    "previous_response_not_found",
+                    &format!("previous response with id '{prev}' not found"),
+                    Some("previous_response_id"),
+                );
+            };
+            messages = history;
+        }
+        messages.extend(req.input);
+        if messages.is_empty() && req.instructions.is_none() {
+            return send_error(
+                cx,
+                400,
+                "invalid_request",
+                "`input` is required",
+                Some("input"),
+            );
+        }
+        let draft = Draft {
+            id: cx.new_id("resp_"),
+            msg_id: String::new(),
+            created_at: cx.unix_ms() / 1000,
+            model: served,
+            previous_response_id: req.previous_response_id,
+            instructions: req.instructions,
+            echo: req.echo,
+            params,
+            stream_id: req.stream_id,
+            messages,
+            generate: req.generate,
+            store: req.store,
+            usage: Usage::default(),
+            text: String::new(),
+            seq_no: 0,
+            item_open: false,
+        };
+        let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
+        if let Some(i) = &draft.instructions {
+            prompt.push(ChatMessage {
+                role: Role::System,
+                content: i.clone(),
+            });
+        }
+        prompt.extend(draft.messages.iter().cloned());
+        // Every message is kept (no truncation): one left out is an error.
+        let budget = context_len.saturating_sub(if draft.generate {
+            draft.params.max_tokens
+        } else {
+            0
+        });
+        let job = cx.encode_chat(prompt, usize::MAX, budget);
+        self.inflight = Some(Inflight {
+            stage: Stage::Tokenizing(job),
+            draft,
+        });
+    }
+
+    fn on_tokens(&mut self, cx: &mut Cx<'_>, mut draft: Draft, result: Result<Encoded, String>) {
+        let encoded = match result {
+            Ok(e) if e.dropped == 0 => e,
+            Ok(e) => {
+                return send_error(
+                    cx,
+                    400,
+                    "context_length_exceeded",
+                    &format!("the input does not fit the context beside max_output_tokens ({}); {} of its messages would have to be left out", draft.params.max_tokens, e.dropped),
+                    Some("input"),
+                )
+            }
+            Err(e) if e.starts_with(crate::text::CONTEXT_TOO_LONG) => {
+                return send_error(cx, 400, "context_length_exceeded", &format!("the input is too long for the context beside max_output_tokens ({})", draft.params.max_tokens), Some("input"))
+            }
+            Err(e) => return send_error(cx, 400, "invalid_request", &format!("the input could not be tokenized: {e}"), Some("input")),
+        };
+        draft.usage.input_tokens = encoded.ids.len() as u32;
+        if !draft.generate {
+            // Warm-up: the input is cached as a response, nothing runs.
+            let created = draft.object("in_progress", Vec::new(), false);
+            draft.emit_json(cx, json!({"type": "response.created", "response": created}));
+            let done = draft.object("completed", Vec::new(), true);
+            draft.emit_json(
+                cx,
+                json!({"type": "response.completed", "response": done.clone()}),
+            );
+            return self.remember(cx, &draft, done);
+        }
+        let req = GenRequest {
+            prompt_ids: encoded.ids,
+            params: draft.params.clone(),
+            logprobs: None,
+        };
+        let seq = match cx.start(req) {
+            Ok(seq) => seq,
+            Err(e) => {
+                let (status, code, message) = start_error(&e);
+                return send_error(cx, status, code, &message, None);
+            }
+        };
+        draft.msg_id = cx.new_id("msg_");
+        let created = draft.object("in_progress", Vec::new(), false);
+        draft.emit_json(
+            cx,
+            json!({"type": "response.created", "response": created.clone()}),
+        );
+        draft.emit_json(
+            cx,
+            json!({"type": "response.in_progress", "response": created}),
+        );
+        let item = codec::message_item(&draft.msg_id, "in_progress", None);
+        draft.emit_json(
+            cx,
+            json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+        );
+        let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+        let msg_id = draft.msg_id.clone();
+        draft.emit_json(cx, json!({"type": "response.content_part.added", "item_id": msg_id, "output_index": 0, "content_index": 0, "part": part}));
+        draft.item_open = true;
+        self.inflight = Some(Inflight {
+            stage: Stage::Running(seq),
+            draft,
+        });
+    }
+
+    /// Closes the output item (its `done` events) with `item_status`.
+    fn close_item(cx: &mut Cx<'_>, draft: &mut Draft, item_status: &str) -> Vec<Value> {
+        if !draft.item_open {
+            return Vec::new();
+        }
+        draft.item_open = false;
+        let id = draft.msg_id.clone();
+        let text = draft.text.clone();
+        draft.emit_json(cx, json!({"type": "response.output_text.done", "item_id": id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}));
+        draft.emit_json(cx, json!({"type": "response.content_part.done", "item_id": id, "output_index": 0, "content_index": 0, "part": codec::text_part(&text)}));
+        let item = codec::message_item(&id, item_status, Some(&text));
+        draft.emit_json(
+            cx,
+            json!({"type": "response.output_item.done", "output_index": 0, "item": item.clone()}),
+        );
+        vec![item]
+    }
+
+    /// Ends the in-flight response with its terminal event.
+    fn finish(&mut self, cx: &mut Cx<'_>, reason: FinishReason) {
+        let Some(Inflight { mut draft, .. }) = self.inflight.take() else {
+            return;
+        };
+        let (status, item_status) = match reason {
+            FinishReason::Stop => ("completed", "completed"),
+            FinishReason::Length => ("incomplete", "incomplete"),
+            FinishReason::Cancelled | FinishReason::Timeout => ("cancelled", "incomplete"),
+        };
+        let output = Self::close_item(cx, &mut draft, item_status);
+        let object = draft.object(status, output, true);
+        let kind = codec::terminal_event_type(status);
+        draft.emit_json(cx, json!({"type": kind, "response": object.clone()}));
+        if status != "cancelled" {
+            draft.messages.push(ChatMessage {
+                role: Role::Assistant,
+                content: draft.text.clone(),
+            });
+            self.remember(cx, &draft, object);
+        }
+    }
+
+    /// Keeps a finished response for continuations: this connection's cache
+    /// (the socket), or the host's store (HTTP, `store: true`).
+    fn remember(&mut self, cx: &mut Cx<'_>, draft: &Draft, object: Value) {
+        if cx.transport == Transport::Http {
+            if draft.store {
+                cx.state().responses.put(
+                    draft.id.clone(),
+                    Stored {
+                        response: object,
+                        messages: draft.messages.clone(),
+                    },
+                );
+            }
+        } else {
+            self.cache = Some(Cached {
+                id: draft.id.clone(),
+                messages: draft.messages.clone(),
+            });
+        }
+    }
+
+    fn on_cancel(&mut self, cx: &mut Cx<'_>, response_id: Option<String>) {
+        let running = match &self.inflight {
+            Some(Inflight {
+                stage: Stage::Running(seq),
+                draft,
+            }) => Some((*seq, draft.id.clone())),
+            _ => None,
+        };
+        let Some((seq, id)) = running else {
+            return send_error(
+                cx,
+                400,
+                "invalid_request",
+                "no response is in progress on this connection",
+                None,
+            );
+        };
+        if response_id.as_deref().is_some_and(|r| r != id) {
+            return send_error(
+                cx,
+                400,
+                "invalid_request",
+                &format!("the response in progress is '{id}'"),
+                Some("response_id"),
+            );
+        }
+        cx.end(seq, FinishReason::Cancelled);
+    }
+
+    fn on_retrieve(&mut self, cx: &mut Cx<'_>, id: &str) {
+        match cx.state().responses.get(id).map(|s| s.response.clone()) {
+            Some(response) => cx.send(json!({"type": "response.retrieved", "response": response})),
+            None => send_error(
+                cx,
+                404,
+                "not_found",
+                &format!("no stored response with id '{id}'"),
+                None,
+            ),
+        }
+    }
+}
+
+impl DialectConn for ResponsesConn {
+    fn on_open(&mut self, cx: &mut Cx<'_>, _query: &str, _peer: &str) -> Result<(), Refusal> {
+        if cx.transport != Transport::WebSocket {
+            return Ok(());
+        }
+        let limit = cx.config().max_websocket_connections;
+        if cx.state().responses_sockets >= limit {
+            send_error(
+                cx,
+                503,
+                "websocket_connection_limit_reached",
+                &format!("this server holds its limit of {limit} Responses WebSocket connections; retry later"),
+                None,
+            );
+            return Err(Refusal {
+                code: CLOSE_TRY_AGAIN,
+                reason: "connection limit reached".into(),
+            });
+        }
+        cx.state().responses_sockets += 1;
+        self.counted = true;
+        let (warn, end) = (
+            cx.config().responses_expiring_after,
+            cx.config().responses_lifetime,
+        );
+        let now = cx.now;
+        cx.set_timer(TIMER_EXPIRING, now + warn);
+        cx.set_timer(TIMER_LIFETIME, now + end);
+        Ok(())
+    }
+
+    fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
+        match codec::decode_client(text) {
+            Ok(ClientEvent::Create(req)) => self.on_create(cx, *req),
+            Ok(ClientEvent::Cancel { response_id }) => self.on_cancel(cx, response_id),
+            Ok(ClientEvent::Retrieve { response_id }) if cx.transport == Transport::Http => {
+                self.on_retrieve(cx, &response_id)
+            }
+            Ok(ClientEvent::Retrieve { .. }) => send_error(cx, 400, "unknown_event_type", "unknown event type `response.retrieve`; this server accepts response.create and response.cancel", Some("type")),
+            Err(e) => send_error(cx, 400, e.code, &e.message, e.param.as_deref()),
+        }
+    }
+
+    fn on_binary(&mut self, cx: &mut Cx<'_>, len: usize) {
+        send_error(
+            cx,
+            400,
+            "invalid_request",
+            &format!(
+                "binary frames are not supported ({len} bytes received); send JSON text frames"
+            ),
+            None,
+        );
+    }
+
+    fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece) {
+        let Some(inflight) = self.inflight.as_mut() else {
+            return;
+        };
+        if !matches!(inflight.stage, Stage::Running(s) if s == id) {
+            return;
+        }
+        let draft = &mut inflight.draft;
+        if !piece.text.is_empty() {
+            draft.text.push_str(&piece.text);
+            let msg_id = draft.msg_id.clone();
+            draft.emit_json(cx, json!({"type": "response.output_text.delta", "item_id": msg_id, "output_index": 0, "content_index": 0, "delta": piece.text, "logprobs": []}));
+        }
+        let Some(reason) = piece.finish else { return };
+        if let Some(g) = cx.gen(id) {
+            draft.usage.output_tokens = g.completion_tokens();
+        }
+        self.finish(cx, reason);
+    }
+
+    fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure) {
+        if !matches!(&self.inflight, Some(Inflight { stage: Stage::Running(s), .. }) if *s == id) {
+            return;
+        }
+        let Some(Inflight { mut draft, .. }) = self.inflight.take() else {
+            return;
+        };
+        if let Some(g) = cx.gen(id) {
+            draft.usage.output_tokens = g.completion_tokens();
+        }
+        let output = Self::close_item(cx, &mut draft, "incomplete");
+        let mut object = draft.object("failed", output, true);
+        object["error"] = json!({"code": "server_error", "message": failure.message});
+        draft.emit_json(cx, json!({"type": "response.failed", "response": object}));
+        // A failed response leaves nothing to continue from.
+        self.cache = None;
+        cx.count_error("server_error");
+    }
+
+    fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
+        match self.inflight.take() {
+            Some(Inflight {
+                stage: Stage::Tokenizing(j),
+                draft,
+            }) if j == job => self.on_tokens(cx, draft, result),
+            other => self.inflight = other,
+        }
+    }
+
+    fn on_timer(&mut self, cx: &mut Cx<'_>, tag: u8) {
+        match tag {
+            TIMER_EXPIRING => send_error(
+                cx,
+                400,
+                "connection_expiring",
+                "this connection reaches its time limit soon; open a new one and continue with previous_response_id there",
+                None,
+            ),
+            TIMER_LIFETIME => cx.close(CLOSE_NORMAL, "connection lifetime reached"),
+            _ => {}
+        }
+    }
+
+    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
+
+    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
+
+    fn on_closed(&mut self, cx: &mut Cx<'_>) {
+        if self.counted {
+            let open = &mut cx.state().responses_sockets;
+            *open = open.saturating_sub(1);
+        }
+        self.cache = None;
+        self.inflight = None;
+    }
+
+    fn busy(&self) -> bool {
+        self.inflight.is_some()
+    }
+}

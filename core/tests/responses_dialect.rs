@@ -1,0 +1,414 @@
+//! The `responses` dialect against PROTOCOLS.md through a Host with a
+//! scripted engine and virtual time: event order and numbering, terminal
+//! events, continuations, cancel, concurrency, warm-up, limits, lifetime,
+//! failures, and the HTTP store.
+
+use serde_json::{json, Value};
+use tokenwire_core::testing::{script_text, ByteCodec, Harness};
+use tokenwire_core::{
+    ChatMessage, ConnId, Dialect, Duration, EngineFault, EngineFaultKind, HostConfig, Input, Role,
+    TextCodec, Transport,
+};
+
+const SCRIPT: &str = "abcdefghijklmnopqrstuvwxyz";
+
+fn harness() -> Harness {
+    Harness::new(HostConfig::default(), SCRIPT, 1)
+}
+
+fn create(input: Value, max: u32) -> Value {
+    json!({"type":"response.create","model":"tiny","input":input,"max_output_tokens":max,"temperature":0})
+}
+
+fn events(h: &Harness, c: ConnId) -> Vec<Value> {
+    h.received(c).to_vec()
+}
+
+fn kinds(evs: &[Value]) -> Vec<String> {
+    evs.iter()
+        .map(|e| e["type"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+fn last(h: &Harness, c: ConnId) -> Value {
+    h.received(c).last().cloned().unwrap_or(Value::Null)
+}
+
+fn prompt_len(messages: &[(Role, &str)]) -> usize {
+    let m: Vec<ChatMessage> = messages
+        .iter()
+        .map(|(role, c)| ChatMessage {
+            role: *role,
+            content: c.to_string(),
+        })
+        .collect();
+    ByteCodec.encode_chat(&m).expect("enc").len()
+}
+
+/// Checks one response's events: numbering from 0, one terminal event last,
+/// every added item done before it. Returns the terminal event.
+fn check_response(evs: &[Value]) -> Value {
+    for (i, e) in evs.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i as u64, "{e}");
+    }
+    let terminal: Vec<&Value> = evs
+        .iter()
+        .filter(|e| {
+            matches!(
+                e["type"].as_str(),
+                Some("response.completed" | "response.incomplete" | "response.failed")
+            )
+        })
+        .collect();
+    assert_eq!(terminal.len(), 1, "{:?}", kinds(evs));
+    let last = evs.last().expect("events");
+    assert_eq!(last, terminal[0]);
+    let added = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .count();
+    let done = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .count();
+    assert_eq!(added, done);
+    last.clone()
+}
+
+#[test]
+fn a_response_streams_in_order_and_ends_incomplete_at_max_output_tokens() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send(c, create(json!("hi"), 5));
+    h.run(50);
+    let evs = events(&h, c);
+    assert_eq!(
+        kinds(&evs)[..4],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added"
+        ]
+    );
+    let end = check_response(&evs);
+    assert_eq!(end["type"], "response.incomplete");
+    let r = &end["response"];
+    assert_eq!(r["status"], "incomplete");
+    assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
+    let p = prompt_len(&[(Role::User, "hi")]);
+    let text = script_text(SCRIPT, p, 5);
+    let deltas: String = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, text);
+    assert_eq!(r["output"][0]["content"][0]["text"], text.as_str());
+    assert_eq!(r["usage"]["input_tokens"], p as u64);
+    assert_eq!(r["usage"]["output_tokens"], 5);
+    assert_eq!(r["usage"]["total_tokens"], p as u64 + 5);
+    assert!(r["id"].as_str().is_some_and(|i| i.starts_with("resp_")));
+    assert!(r["output"][0]["id"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("msg_")));
+    assert_eq!(r["temperature"], json!(0), "echoed as sent");
+    assert_eq!(r["max_output_tokens"], 5);
+    assert_eq!(evs[0]["response"]["output"], json!([]));
+}
+
+#[test]
+fn an_end_of_sequence_completes_and_a_continuation_sees_the_whole_conversation() {
+    // A 0 byte in the script is the end-of-sequence token.
+    let mut h = Harness::new(HostConfig::default(), "abc\0", 1);
+    let c = h.open(1, Dialect::Responses);
+    h.send(
+        c,
+        json!({"type":"response.create","input":"hey","instructions":"be nice","temperature":0}),
+    );
+    h.run(50);
+    let end = check_response(&events(&h, c));
+    assert_eq!(end["type"], "response.completed", "{end}");
+    assert_eq!(end["response"]["incomplete_details"], Value::Null);
+    let id = end["response"]["id"].as_str().expect("id").to_string();
+    let out1 = end["response"]["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    h.frames.clear();
+    h.send(c, json!({"type":"response.create","input":[{"role":"user","content":[{"type":"input_text","text":"more"}]}],
+                     "previous_response_id":id,"max_output_tokens":2,"temperature":0}));
+    h.run(50);
+    let end2 = check_response(&events(&h, c));
+    // Instructions do not carry over; the old input and output do.
+    let p = prompt_len(&[
+        (Role::User, "hey"),
+        (Role::Assistant, &out1),
+        (Role::User, "more"),
+    ]);
+    assert_eq!(end2["response"]["usage"]["input_tokens"], p as u64);
+    assert_eq!(end2["response"]["previous_response_id"], id.as_str());
+}
+
+#[test]
+fn an_unknown_previous_id_is_404_and_the_connection_goes_on() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send(
+        c,
+        json!({"type":"response.create","input":"x","previous_response_id":"resp_nope"}),
+    );
+    let e = last(&h, c);
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["status"], 404);
+    assert_eq!(e["error"]["code"], "previous_response_not_found");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["param"], "previous_response_id");
+    h.frames.clear();
+    h.send(c, create(json!("x"), 2));
+    h.run(20);
+    check_response(&events(&h, c));
+    // A response id from another connection never resolves here.
+    let id = last(&h, c)["response"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let d = h.open(2, Dialect::Responses);
+    h.send(
+        d,
+        json!({"type":"response.create","input":"x","previous_response_id":id}),
+    );
+    assert_eq!(last(&h, d)["error"]["code"], "previous_response_not_found");
+}
+
+#[test]
+fn cancel_ends_the_response_cancelled_and_concurrent_creates_are_refused() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send(c, create(json!("x"), 300));
+    h.run(3);
+    h.send(c, create(json!("y"), 3));
+    let e = last(&h, c);
+    assert_eq!(
+        (e["status"].as_u64(), e["error"]["code"].as_str()),
+        (Some(409), Some("concurrent_request"))
+    );
+    h.send(
+        c,
+        json!({"type":"response.cancel","response_id":"resp_other"}),
+    );
+    assert_eq!(last(&h, c)["error"]["param"], "response_id");
+    h.send(c, json!({"type":"response.cancel"}));
+    h.run(10);
+    let evs: Vec<Value> = events(&h, c)
+        .into_iter()
+        .filter(|e| e["type"] != "error")
+        .collect();
+    let end = check_response(&evs);
+    assert_eq!(end["type"], "response.incomplete");
+    assert_eq!(end["response"]["status"], "cancelled");
+    assert_eq!(end["response"]["incomplete_details"], Value::Null);
+    assert_eq!(h.host.stats().generations, 0);
+    assert_eq!(h.host.stats().kv_blocks_used, 0);
+    // A cancelled response is not one to continue from.
+    let id = end["response"]["id"].as_str().expect("id").to_string();
+    h.send(
+        c,
+        json!({"type":"response.create","input":"z","previous_response_id":id}),
+    );
+    assert_eq!(last(&h, c)["error"]["code"], "previous_response_not_found");
+    h.send(c, json!({"type":"response.cancel"}));
+    assert_eq!(
+        last(&h, c)["error"]["code"],
+        "invalid_request",
+        "nothing to cancel"
+    );
+}
+
+#[test]
+fn a_warm_up_caches_the_input_and_a_continuation_uses_it() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send(
+        c,
+        json!({"type":"response.create","input":"warm","generate":false,"stream_id":"s-1"}),
+    );
+    let evs = events(&h, c);
+    assert_eq!(kinds(&evs), ["response.created", "response.completed"]);
+    assert!(evs.iter().all(|e| e["stream_id"] == "s-1"));
+    let r = &evs[1]["response"];
+    assert_eq!(r["output"], json!([]));
+    let p = prompt_len(&[(Role::User, "warm")]);
+    assert_eq!(r["usage"]["input_tokens"], p as u64);
+    assert_eq!(r["usage"]["output_tokens"], 0);
+    assert_eq!(h.steps_run, 0, "nothing ran");
+    let id = r["id"].as_str().expect("id").to_string();
+    h.frames.clear();
+    h.send(c, json!({"type":"response.create","input":"go","previous_response_id":id,"max_output_tokens":2,"temperature":0}));
+    h.run(20);
+    let end = check_response(&events(&h, c));
+    let p2 = prompt_len(&[(Role::User, "warm"), (Role::User, "go")]);
+    assert_eq!(end["response"]["usage"]["input_tokens"], p2 as u64);
+}
+
+#[test]
+fn bad_events_get_specific_errors_and_the_connection_stays() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send_raw(c, "{oops");
+    h.send(c, json!({"type":"response.steer","input":"x"}));
+    h.send(
+        c,
+        json!({"type":"response.create","input":"x","temperature":9}),
+    );
+    h.send(
+        c,
+        json!({"type":"response.create","input":[{"type":"input_image","image_url":"u"}]}),
+    );
+    h.send(
+        c,
+        json!({"type":"response.create","input":"x","model":"gpt-9"}),
+    );
+    h.input(Input::Binary { conn: c, len: 2 });
+    let got: Vec<(u64, String)> = h
+        .of_type(c, "error")
+        .iter()
+        .map(|e| {
+            (
+                e["status"].as_u64().unwrap_or(0),
+                e["error"]["code"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        (400, "invalid_json"),
+        (400, "unknown_event_type"),
+        (400, "invalid_request"),
+        (400, "invalid_request"),
+        (404, "model_not_found"),
+        (400, "invalid_request"),
+    ];
+    assert_eq!(got, want.map(|(s, c)| (s, c.to_string())).to_vec());
+    assert_eq!(h.of_type(c, "error")[2]["error"]["param"], "temperature");
+    assert!(h.closes.is_empty());
+    h.frames.clear();
+    h.send(c, create(json!("ok"), 1));
+    h.run(10);
+    check_response(&events(&h, c));
+}
+
+#[test]
+fn the_connection_limit_refuses_with_1013_and_the_lifetime_closes_with_1000() {
+    let config = HostConfig {
+        max_websocket_connections: 1,
+        responses_expiring_after: Duration::from_secs(1),
+        responses_lifetime: Duration::from_secs(2),
+        idle_timeout: Duration::from_secs(60),
+        ..HostConfig::default()
+    };
+    let mut h = Harness::new(config, SCRIPT, 1);
+    let a = h.open(1, Dialect::Responses);
+    let b = h.open(2, Dialect::Responses);
+    assert_eq!(
+        last(&h, b)["error"]["code"],
+        "websocket_connection_limit_reached"
+    );
+    assert_eq!(h.closes.get(&b).map(|x| x.0), Some(1013));
+    assert!(!h.closes.contains_key(&a));
+    h.advance(Duration::from_millis(1500));
+    assert_eq!(last(&h, a)["error"]["code"], "connection_expiring");
+    assert!(!h.closes.contains_key(&a));
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.closes.get(&a).map(|x| x.0), Some(1000));
+    let c = h.open(3, Dialect::Responses);
+    assert!(!h.closes.contains_key(&c), "a slot is free again");
+    // HTTP requests do not count against the socket limit.
+    let web = ConnId(9);
+    h.input(Input::Open {
+        conn: web,
+        dialect: Dialect::Responses,
+        transport: Transport::Http,
+        query: String::new(),
+        peer: "p".into(),
+    });
+    assert!(!h.closes.contains_key(&web));
+}
+
+#[test]
+fn a_failed_response_ends_failed_and_evicts_the_cache() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send(c, create(json!("a"), 2));
+    h.run(10);
+    let id = last(&h, c)["response"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    h.frames.clear();
+    h.send(c, json!({"type":"response.create","input":"b","previous_response_id":id,"max_output_tokens":50}));
+    h.run(2);
+    let step = h.pending_step.take().expect("a step");
+    h.input(Input::EngineFault(EngineFault {
+        step_id: step.step_id,
+        kind: EngineFaultKind::Internal("boom".into()),
+    }));
+    let end = check_response(&events(&h, c));
+    assert_eq!(end["type"], "response.failed");
+    assert_eq!(end["response"]["status"], "failed");
+    assert_eq!(end["response"]["error"]["code"], "server_error");
+    h.send(
+        c,
+        json!({"type":"response.create","input":"c","previous_response_id":id}),
+    );
+    assert_eq!(last(&h, c)["error"]["code"], "previous_response_not_found");
+}
+
+#[test]
+fn http_responses_are_stored_retrieved_and_continued() {
+    let mut h = harness();
+    let open = |h: &mut Harness, n: u64| {
+        let c = ConnId(n);
+        h.input(Input::Open {
+            conn: c,
+            dialect: Dialect::Responses,
+            transport: Transport::Http,
+            query: String::new(),
+            peer: "p".into(),
+        });
+        c
+    };
+    let a = open(&mut h, 10);
+    h.send(a, create(json!("hello"), 3));
+    h.run(10);
+    let r = last(&h, a)["response"].clone();
+    let id = r["id"].as_str().expect("id").to_string();
+    h.input(Input::Closed { conn: a });
+    let b = open(&mut h, 11);
+    h.send(b, json!({"type":"response.retrieve","response_id":id}));
+    assert_eq!(last(&h, b)["response"], r);
+    let c = open(&mut h, 12);
+    h.send(c, json!({"type":"response.create","input":"again","previous_response_id":id,"max_output_tokens":2,"temperature":0}));
+    h.run(10);
+    let out = r["output"][0]["content"][0]["text"].as_str().expect("text");
+    let p = prompt_len(&[
+        (Role::User, "hello"),
+        (Role::Assistant, out),
+        (Role::User, "again"),
+    ]);
+    assert_eq!(last(&h, c)["response"]["usage"]["input_tokens"], p as u64);
+    let d = open(&mut h, 13);
+    h.send(
+        d,
+        json!({"type":"response.create","input":"x","store":false,"max_output_tokens":1}),
+    );
+    h.run(5);
+    let unstored = last(&h, d)["response"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    h.send(
+        d,
+        json!({"type":"response.retrieve","response_id":unstored}),
+    );
+    assert_eq!(last(&h, d)["status"], 404);
+}
