@@ -106,7 +106,7 @@ const PATHS: [&str; 6] = [
     "/nope",
 ];
 const ACTIONS: [&str; 6] = ["stop", "pause", "resume", "regenerate", "modify", "bogus"];
-const KINDS: [&str; 8] = [
+const KINDS: [&str; 10] = [
     "config",
     "control",
     "feedback",
@@ -115,8 +115,15 @@ const KINDS: [&str; 8] = [
     "session_resume",
     "prompt",
     "session_end",
+    "response.create",
+    "response.cancel",
 ];
-const NAMES: [&str; 19] = [
+const NAMES: [&str; 24] = [
+    "input",
+    "previous_response_id",
+    "instructions",
+    "max_output_tokens",
+    "generate",
     "session_id",
     "job_id",
     "content",

@@ -174,6 +174,13 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
                 ]),
                 "response",
             ),
+            (
+                "/v1/responses",
+                serde_json::json!({"type": "response.create", "input": format!("{marker} once upon a time"),
+                                   "instructions": format!("{marker} instructions"),
+                                   "max_output_tokens": 24, "temperature": 0}),
+                "response.incomplete",
+            ),
         ];
         for (path, request, terminal) in requests {
             let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
@@ -186,7 +193,10 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
                 if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
                     let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
                     if v["type"] == terminal {
-                        let text = v["generated_text"].as_str().or(v["content"].as_str());
+                        let text = v["generated_text"]
+                            .as_str()
+                            .or(v["content"].as_str())
+                            .or(v["response"]["output"][0]["content"][0]["text"].as_str());
                         texts.push(text.unwrap_or("").to_string());
                         break;
                     }
@@ -200,9 +210,16 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
             ("/v1/generate", true),
             ("/v1/inference", false),
             ("/v1/inference", true),
+            ("/v1/responses", false),
+            ("/v1/responses", true),
         ] {
-            let body = serde_json::json!({"prompt": format!("{marker} and then"), "max_tokens": 8,
-                                          "temperature": 0, "stream": stream})
+            let body = if route == "/v1/responses" {
+                serde_json::json!({"input": format!("{marker} and then"), "max_output_tokens": 8,
+                                   "temperature": 0, "stream": stream})
+            } else {
+                serde_json::json!({"prompt": format!("{marker} and then"), "max_tokens": 8,
+                                   "temperature": 0, "stream": stream})
+            }
             .to_string();
             let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
             let req = format!(

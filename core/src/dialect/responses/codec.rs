@@ -351,11 +351,12 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// The SDK's usage shape.
+    /// The SDK's usage shape (`cache_write_tokens` is required by the
+    /// official SDK's strict types, beyond PROTOCOLS.md's list).
     pub fn to_json(self) -> Value {
         json!({
             "input_tokens": self.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": self.input_tokens + self.output_tokens,

@@ -1,0 +1,109 @@
+//! The official OpenAI Python SDK against tokenwire's `responses` dialect:
+//! `client.responses.connect()` (WebSocket mode), `create()` as JSON and
+//! with `stream=True`, `stream()` and `retrieve()`, every event validated
+//! with the SDK's own pydantic types in strict mode
+//! (`tests/sdk/responses_sdk.py`), pointed at a real server with
+//! `base_url="http://127.0.0.1:PORT/v1"`.
+//!
+//! The SDK comes from a Python venv named by `TOKENWIRE_SDK_PYTHON` (`.ci/run`
+//! makes one from `tests/sdk/requirements.txt`). Without it the test skips
+//! with a printed reason, except under `CI=true`, where that is a failure.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokenwire_tests::{start, stories260k, ModelSource, RunningServer};
+
+fn sdk_python() -> Option<PathBuf> {
+    match std::env::var_os("TOKENWIRE_SDK_PYTHON") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but TOKENWIRE_SDK_PYTHON (a venv with tests/sdk/requirements.txt) is not set"
+            );
+            eprintln!("skipping: set TOKENWIRE_SDK_PYTHON to a venv's python with tests/sdk/requirements.txt");
+            None
+        }
+    }
+}
+
+/// Runs the SDK script against `server` with `args`; fails with its output
+/// unless every check passed.
+async fn run_sdk(python: &PathBuf, server: &RunningServer, args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/responses_sdk.py");
+    let base = format!("http://{}/v1", server.local_addr);
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args(["--base-url", &base, "--model", "stories260K"])
+        .args(args)
+        .env("OPENAI_API_KEY", "unused")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the SDK checks finish in time")
+        .expect("the venv's python runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "SDK checks failed:\n{text}");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
+    let Some(dir) = stories260k() else { return };
+    let Some(python) = sdk_python() else { return };
+    let server = start(ModelSource::Dir(dir), |c| c.max_websocket_connections = 3).await;
+    let out = run_sdk(&python, &server, &["--max-connections", "3"]).await;
+    for check in [
+        "ok: ws create streams deltas to response.completed",
+        "ok: ws continuation by previous_response_id",
+        "ok: ws unknown previous_response_id -> 404, socket stays",
+        "ok: ws response.cancel -> status cancelled",
+        "ok: ws concurrent create -> 409, in-flight one finishes",
+        "ok: ws generate:false warm-up and its continuation",
+        "ok: http create (JSON) completed",
+        "ok: http create(stream=True) SSE events",
+        "ok: http responses.stream() and get_final_response()",
+        "ok: http continuation and retrieve(id)",
+        "ok: http unknown previous_response_id -> NotFoundError",
+        "ok: ws connection limit 3 -> 1013",
+    ] {
+        assert!(out.contains(check), "missing `{check}` in:\n{out}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_sees_the_lifetime_warning_then_close_1000() {
+    let Some(dir) = stories260k() else { return };
+    let Some(python) = sdk_python() else { return };
+    let server = start(ModelSource::Dir(dir), |c| {
+        c.responses_expiring_after = Duration::from_secs(1);
+        c.responses_lifetime = Duration::from_secs(2);
+    })
+    .await;
+    let out = run_sdk(
+        &python,
+        &server,
+        &[
+            "--lifetime-check",
+            "--expiring-after",
+            "1",
+            "--close-after",
+            "2",
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("ok: ws lifetime: connection_expiring then close 1000"),
+        "{out}"
+    );
+    server.shutdown().await;
+}
