@@ -168,6 +168,9 @@ pub struct Harness {
     pub text_jobs_run: u64,
     /// The verdict given at once to every job check (default: accepted, no cap).
     pub verdict: Result<crate::JobGrant, String>,
+    /// Leave job checks unanswered (the test answers them with
+    /// [`crate::Input::JobVerified`]); off by default.
+    pub hold_verdicts: bool,
     /// Every job check handed out, in order.
     pub job_checks: Vec<crate::JobCheck>,
 }
@@ -195,6 +198,7 @@ impl Harness {
             text_jobs: Vec::new(),
             text_jobs_run: 0,
             verdict: Ok(crate::JobGrant::default()),
+            hold_verdicts: false,
             job_checks: Vec::new(),
         }
     }
@@ -231,10 +235,12 @@ impl Harness {
                     self.closes.insert(conn, (code, reason));
                 }
                 crate::Output::VerifyJob(check) => {
-                    verdicts.push(crate::Input::JobVerified {
-                        check: check.id,
-                        verdict: self.verdict.clone(),
-                    });
+                    if !self.hold_verdicts {
+                        verdicts.push(crate::Input::JobVerified {
+                            check: check.id,
+                            verdict: self.verdict.clone(),
+                        });
+                    }
                     self.job_checks.push(check);
                 }
                 crate::Output::RunStep(plan) => {

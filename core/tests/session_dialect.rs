@@ -448,3 +448,47 @@ fn a_full_host_or_queue_is_rate_limited() {
         "the refused prompt added no message"
     );
 }
+
+#[test]
+fn a_connection_gone_while_its_job_is_checked_leaves_no_session_behind() {
+    let mut h = harness();
+    h.hold_verdicts = true;
+    let a = h.open(1, Dialect::Session);
+    h.send(a, init("pending", json!([])));
+    h.send(a, prompt("pending", "x", 0, 2));
+    assert_eq!(h.job_checks.len(), 1);
+    assert_eq!(
+        h.host.stats().sessions,
+        1,
+        "the id is taken while its job is checked"
+    );
+    h.input(Input::Closed { conn: a });
+    assert_eq!(h.host.stats().sessions, 0);
+    // The late verdict finds nobody; the id is free for another connection.
+    h.input(Input::JobVerified {
+        check: h.job_checks[0].id,
+        verdict: Ok(JobGrant::default()),
+    });
+    h.hold_verdicts = false;
+    let b = h.open(2, Dialect::Session);
+    h.send(b, init("pending", json!([])));
+    assert_eq!(last(&h, b)["type"], "session_ready");
+    assert_eq!(h.host.stats().sessions, 1);
+}
+
+#[test]
+fn a_context_starts_even_when_the_default_reply_fills_the_window() {
+    let config = HostConfig {
+        default_max_tokens: 512,
+        ..HostConfig::default()
+    };
+    let mut h = Harness::new(config, SCRIPT, 1);
+    let c = h.open(1, Dialect::Session);
+    h.send(c, init("w", json!([{"role":"user","content":"hi"}])));
+    let ready = last(&h, c);
+    assert_eq!(ready["type"], "session_ready", "{ready}");
+    assert_eq!(
+        ready["context_tokens"],
+        rendered_len(&[("user", "hi")]) as u64
+    );
+}

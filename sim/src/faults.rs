@@ -113,6 +113,8 @@ pub struct FaultCounts {
     pub disconnect: u64,
     /// Times the Host asked to stop reading a connection (frames piling up).
     pub read_paused: u64,
+    /// Jobs the simulated verifier refused.
+    pub job_refused: u64,
 }
 
 impl FaultCounts {
@@ -129,6 +131,7 @@ impl FaultCounts {
         self.hostile_frame += o.hostile_frame;
         self.disconnect += o.disconnect;
         self.read_paused += o.read_paused;
+        self.job_refused += o.job_refused;
     }
 
     /// Counts an engine fault.
@@ -145,7 +148,7 @@ impl fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "crash={} oom={} device_lost={} engine_internal={} kv_shrink={} time_jump={} shutdown={} queue_full={} hostile_frame={} disconnect={} read_paused={}",
+            "crash={} oom={} device_lost={} engine_internal={} kv_shrink={} time_jump={} shutdown={} queue_full={} hostile_frame={} disconnect={} read_paused={} job_refused={}",
             self.crash,
             self.oom,
             self.device_lost,
@@ -156,7 +159,8 @@ impl fmt::Display for FaultCounts {
             self.queue_full,
             self.hostile_frame,
             self.disconnect,
-            self.read_paused
+            self.read_paused,
+            self.job_refused
         )
     }
 }

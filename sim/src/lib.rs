@@ -5,13 +5,23 @@
 //! [`Host`](tokenwire_core::Host) in virtual time, with invariant checkers
 //! after every event. TigerBeetle's VOPR is the model.
 //!
+//! A run mixes clients of the three dialects the core serves (`generate`,
+//! `session`, `responses`): most seeds have all three, a few only one (the
+//! swarm decides). The runner plays the shell around the Host: it delivers
+//! frames over a network with random delays, runs engine steps and text jobs, and
+//! answers the job verifier (`Output::VerifyJob`) with a verdict drawn per
+//! run (a token budget, refusals). Faults: Host crashes (the Host is
+//! rebuilt from nothing and `session` clients resume their conversations on
+//! it), engine faults, KV pool shrinks, clock jumps, graceful shutdown,
+//! slow readers, hostile frames and early hang-ups.
+//!
 //! ```no_run
 //! let report = tokenwire_sim::run_seed(42, 2_000, None).expect("invariants hold");
 //! println!("{report}");
 //! ```
 //!
 //! - [`swarm`]: every option of a run, from its seed.
-//! - [`client`]: the simulated `generate` client.
+//! - [`client`]: the simulated clients, one module per dialect.
 //! - [`engine`]: the deterministic model-free engine.
 //! - [`net`]: delays, outbound queues, slow readers.
 //! - [`faults`]: the fault plan and the counts.

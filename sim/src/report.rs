@@ -71,7 +71,8 @@ pub struct RunReport {
     pub faults: FaultCounts,
     /// Simulated clients.
     pub clients: u64,
-    /// Requests started (`init`s).
+    /// Requests started: `generate` `init`s, `session` turns, `responses`
+    /// responses.
     pub requests: u64,
     /// Engine steps planned.
     pub steps: u64,

@@ -24,11 +24,11 @@ use std::io::Write;
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{
-    ConnId, Dialect, Duration, EngineFault, Host, Input, Instant, Output, StepPlan, TextDone,
-    Transport,
+    ConnId, Duration, EngineFault, Host, Input, Instant, JobCheckId, JobGrant, Output, StepPlan,
+    TextDone, Transport,
 };
 
-use crate::client::{ClientCx, ClientOp, GenerateClient};
+use crate::client::{new_client, ClientCx, ClientOp, SimClient};
 use crate::driver::Driver;
 use crate::engine::SimEngine;
 use crate::faults::{roll_step, Fault, FaultCounts, FaultPlan};
@@ -37,7 +37,8 @@ use crate::invariants::{checkers_except, Monitor, Violation};
 use crate::net::{Net, Reader};
 use crate::report::{Failure, RunReport};
 use crate::swarm::{
-    between, Swarm, STREAM_CLIENT, STREAM_ENGINE, STREAM_FAULTS, STREAM_NET, STREAM_TEXT,
+    between, Swarm, STREAM_CLIENT, STREAM_ENGINE, STREAM_FAULTS, STREAM_JOBS, STREAM_NET,
+    STREAM_TEXT,
 };
 use crate::trace::{End, Header, Line};
 
@@ -75,6 +76,12 @@ enum Ev {
     Engine { gen: u64, input: Input },
     /// A text job (tokenizing a prompt) comes back.
     Text { gen: u64, done: TextDone },
+    /// The job verifier's verdict comes back.
+    Verdict {
+        gen: u64,
+        check: JobCheckId,
+        verdict: Result<JobGrant, String>,
+    },
     /// Model loading progress, then the loaded model.
     Loading { gen: u64, done: bool, progress: f32 },
     /// Memory pressure is over: the KV pool grows back.
@@ -147,10 +154,11 @@ struct Sim<'w> {
     gen: u64,
     eng_rng: Rng,
     text_rng: Rng,
+    job_rng: Rng,
     /// Connections the Host asked not to be read, and what waits for them.
     unread: BTreeMap<ConnId, VecDeque<Wire>>,
     net: Net,
-    clients: Vec<GenerateClient>,
+    clients: Vec<Box<dyn SimClient>>,
     acts: Vec<u64>,
     local: VecDeque<Input>,
     plan: FaultPlan,
@@ -204,9 +212,7 @@ impl<'w> Sim<'w> {
         let mut fault_rng = Rng::new(mix64(sw.seed, STREAM_FAULTS));
         let plan = FaultPlan::new(&sw, budget, &mut fault_rng);
         let clients = (0..sw.clients)
-            .map(|i| {
-                GenerateClient::new(i, &sw, Rng::new(mix64(sw.seed, STREAM_CLIENT + i as u64)))
-            })
+            .map(|i| new_client(i, &sw, Rng::new(mix64(sw.seed, STREAM_CLIENT + i as u64))))
             .collect();
         Sim {
             budget,
@@ -218,6 +224,7 @@ impl<'w> Sim<'w> {
             gen: 0,
             eng_rng: Rng::new(mix64(sw.seed, STREAM_ENGINE)),
             text_rng: Rng::new(mix64(sw.seed, STREAM_TEXT ^ 1)),
+            job_rng: Rng::new(mix64(sw.seed, STREAM_JOBS)),
             unread: BTreeMap::new(),
             net: Net::new(sw.net.clone(), Rng::new(mix64(sw.seed, STREAM_NET))),
             acts: vec![0; sw.clients],
@@ -442,10 +449,11 @@ impl<'w> Sim<'w> {
                 if c.closed_reported {
                     return Ok(());
                 }
+                let dialect = self.clients[c.client].dialect();
                 let input = match what {
                     Wire::Open(transport) => Input::Open {
                         conn,
-                        dialect: Dialect::Generate,
+                        dialect,
                         transport,
                         query: String::new(),
                         peer: format!(
@@ -484,6 +492,15 @@ impl<'w> Sim<'w> {
             Ev::Text { gen, done } => {
                 if gen == self.gen {
                     self.feed(Input::Tokenized(done))?;
+                }
+            }
+            Ev::Verdict {
+                gen,
+                check,
+                verdict,
+            } => {
+                if gen == self.gen {
+                    self.feed(Input::JobVerified { check, verdict })?;
                 }
             }
             Ev::Jump(d) => {
@@ -558,8 +575,7 @@ impl<'w> Sim<'w> {
             let conn = self.clients[client].conn();
             match op {
                 ClientOp::Open(transport) => {
-                    let c = &self.clients[client];
-                    let (slow, stalls) = (c.slow_reader, c.stalls);
+                    let (slow, stalls) = self.clients[client].reader();
                     let reader = if self.liveness() {
                         Reader::FAST
                     } else {
@@ -607,8 +623,8 @@ impl<'w> Sim<'w> {
     }
 
     fn sync_counts(&mut self) {
-        self.counts.hostile_frame = self.clients.iter().map(|c| c.hostile_sent).sum();
-        self.counts.disconnect = self.clients.iter().map(|c| c.disconnects).sum();
+        self.counts.hostile_frame = self.clients.iter().map(|c| c.counts().0).sum();
+        self.counts.disconnect = self.clients.iter().map(|c| c.counts().1).sum();
     }
 
     fn route(&mut self, out: Output) -> Result<(), Failure> {
@@ -631,7 +647,7 @@ impl<'w> Sim<'w> {
                     .net
                     .conns
                     .get(&conn)
-                    .is_none_or(|c| c.client_closed || self.clients[c.client].silent);
+                    .is_none_or(|c| c.client_closed || self.clients[c.client].silent());
                 if !silent && self.host_knows(conn) {
                     self.send_wire(conn, Wire::Pong);
                 }
@@ -679,6 +695,25 @@ impl<'w> Sim<'w> {
                 let gen = self.gen;
                 let done = job.run();
                 self.at(self.clock + after, Ev::Text { gen, done });
+            }
+            Output::VerifyJob(check) => {
+                let j = &self.sw.jobs;
+                let after = between(&mut self.job_rng, Duration::ZERO, j.latency_max);
+                let verdict = if self.job_rng.next_f64() < j.refuse_p {
+                    self.counts.job_refused += 1;
+                    Err("the job is not known to the billing service".to_string())
+                } else {
+                    Ok(JobGrant {
+                        token_budget: j.token_budget,
+                    })
+                };
+                let gen = self.gen;
+                let ev = Ev::Verdict {
+                    gen,
+                    check: check.id,
+                    verdict,
+                };
+                self.at(self.clock + after, ev);
             }
             _ => {}
         }
@@ -840,9 +875,10 @@ impl<'w> Sim<'w> {
     fn quiet(&self) -> bool {
         self.local.is_empty()
             && !self.queue.values().any(|e| match e {
-                Ev::Deliver { gen, .. } | Ev::Engine { gen, .. } | Ev::Text { gen, .. } => {
-                    *gen == self.gen
-                }
+                Ev::Deliver { gen, .. }
+                | Ev::Engine { gen, .. }
+                | Ev::Text { gen, .. }
+                | Ev::Verdict { gen, .. } => *gen == self.gen,
                 _ => false,
             })
     }
@@ -850,12 +886,13 @@ impl<'w> Sim<'w> {
     fn final_check(&mut self) -> Result<RunReport, Failure> {
         let s = self.d.host.stats();
         let open: Vec<ConnId> = self.net.live(self.gen).map(|(id, _)| *id).collect();
-        if s.connections != 0 || s.generations != 0 || s.kv_blocks_used != 0 || !open.is_empty() {
+        let left = s.connections != 0 || s.generations != 0 || s.kv_blocks_used != 0;
+        if left || s.sessions != 0 || !open.is_empty() {
             return Err(self.fail(Violation {
                 invariant: "hang_up".into(),
                 detail: format!(
-                    "after every client hung up the Host holds {} connections, {} generations, {} KV blocks (open in the shell: {open:?})",
-                    s.connections, s.generations, s.kv_blocks_used
+                    "after every client hung up the Host holds {} connections, {} generations, {} KV blocks, {} sessions (open in the shell: {open:?})",
+                    s.connections, s.generations, s.kv_blocks_used, s.sessions
                 ),
             }));
         }
@@ -865,7 +902,7 @@ impl<'w> Sim<'w> {
             liveness_events: self.events - self.liveness_start,
             faults: self.counts,
             clients: self.clients.len() as u64,
-            requests: self.d.monitor.view().requests.len() as u64,
+            requests: self.d.monitor.view().started(),
             steps: self.d.steps,
             sim_time: self.clock,
             inputs_hash: self.d.inputs.hex(),

@@ -8,7 +8,7 @@
 
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
-use tokenwire_core::{Duration, HostConfig, ModelInfo};
+use tokenwire_core::{Dialect, Duration, HostConfig, ModelInfo};
 
 /// Random stream for the swarm options themselves.
 pub const STREAM_SWARM: u64 = 0x5357_4152_4d00_0001;
@@ -22,6 +22,11 @@ pub const STREAM_CLIENT: u64 = 0x434c_4900_0000_0004;
 pub const STREAM_FAULTS: u64 = 0x4641_5500_0000_0005;
 /// Random stream for text jobs (tokenizing): their options and latencies.
 pub const STREAM_TEXT: u64 = 0x5445_5854_0000_0006;
+/// Random stream for the dialect mix and the `session` / `responses`
+/// settings of a run.
+pub const STREAM_DIALECTS: u64 = 0x4449_414c_0000_0007;
+/// Random stream for the job verifier's verdicts and latencies.
+pub const STREAM_JOBS: u64 = 0x4a4f_4253_0000_0008;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +110,17 @@ pub struct ClientMix {
     pub max_tokens_cap: u32,
 }
 
+/// How the shell's job verifier answers (`Output::VerifyJob`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOptions {
+    /// Chance that a job is refused.
+    pub refuse_p: f64,
+    /// Tokens a job may use on a host (`None`: no cap).
+    pub token_budget: Option<u64>,
+    /// Longest time a verdict takes.
+    pub latency_max: Duration,
+}
+
 /// All options of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Swarm {
@@ -112,6 +128,11 @@ pub struct Swarm {
     pub seed: u64,
     /// Simulated clients.
     pub clients: usize,
+    /// The dialect of each client, by index: all three in most seeds, a
+    /// single one in a few.
+    pub dialects: Vec<Dialect>,
+    /// The job verifier.
+    pub jobs: JobOptions,
     /// The served model (byte tokenizer).
     pub model: ModelInfo,
     /// The Host's settings.
@@ -270,12 +291,42 @@ impl Swarm {
         let text_latency_max = Duration::from_micros(pick(&mut text_rng, &[0, 50, 1_000, 20_000]));
 
         let most_clients = pick(rng, &[2u64, 4, 8, 16]);
+        let generate_clients = 1 + rng.below(most_clients) as usize;
+        let start_loading = chance(rng, 0.15);
+        let load_time = Duration::from_millis(pick(rng, &[1, 50, 400]));
+
+        // From their own stream, so the options above stay as they were.
+        let mut host = host;
+        let d = &mut Rng::new(mix64(seed, STREAM_DIALECTS));
+        let dialects = dialect_mix(d, generate_clients);
+        host.session_max_messages = pick(d, &[2, 4, 20]);
+        host.max_sessions = pick(d, &[2, 8, 10_000]);
+        host.max_websocket_connections = pick(d, &[1, 2, 4, 100]);
+        let (warn, life) = pick(
+            d,
+            &[
+                (55 * 60, 60 * 60),
+                (20, 30),
+                (90, 180),
+                (300, 330),
+                (50, 51),
+            ],
+        );
+        host.responses_expiring_after = Duration::from_secs(warn);
+        host.responses_lifetime = Duration::from_secs(life);
+        let jobs = JobOptions {
+            refuse_p: pick(d, &[0.0, 0.0, 0.05, 0.3]),
+            token_budget: pick(d, &[None, None, Some(300), Some(3_000)]),
+            latency_max: Duration::from_micros(pick(d, &[0, 1_000, 20_000])),
+        };
         Swarm {
             seed,
-            clients: 1 + rng.below(most_clients) as usize,
+            clients: dialects.len(),
+            dialects,
+            jobs,
             host_seed: mix64(seed, 0x484f_5354),
-            start_loading: chance(rng, 0.15),
-            load_time: Duration::from_millis(pick(rng, &[1, 50, 400])),
+            start_loading,
+            load_time,
             model,
             host,
             engine,
@@ -290,6 +341,29 @@ impl Swarm {
     pub fn slack(&self) -> Duration {
         self.engine.max_step_latency(&self.host) + Duration::from_millis(1)
     }
+}
+
+/// The dialect of each client. Most seeds mix all three: the `generate`
+/// clients the seed drew, then one to three of each new dialect; a few
+/// seeds give every client one dialect.
+fn dialect_mix(rng: &mut Rng, generate_clients: usize) -> Vec<Dialect> {
+    let x = rng.next_f64();
+    let only = |d: Dialect| vec![d; generate_clients];
+    if x < 0.06 {
+        return only(Dialect::Generate);
+    }
+    if x < 0.1 {
+        return only(Dialect::Session);
+    }
+    if x < 0.14 {
+        return only(Dialect::Responses);
+    }
+    let mut v = only(Dialect::Generate);
+    let sessions = 1 + rng.below(3) as usize;
+    let responses = 1 + rng.below(3) as usize;
+    v.extend(std::iter::repeat_n(Dialect::Session, sessions));
+    v.extend(std::iter::repeat_n(Dialect::Responses, responses));
+    v
 }
 
 /// Parses a seed: a decimal `u64`, or a 40-hex-digit commit hash, which is
@@ -322,6 +396,21 @@ mod tests {
             .map(|s| format!("{:?}", Swarm::from_seed(s)))
             .collect();
         assert_eq!(distinct.len(), 20);
+    }
+
+    #[test]
+    fn most_seeds_mix_all_three_dialects() {
+        let mixed = (0..200)
+            .filter(|&s| {
+                let d = Swarm::from_seed(s).dialects;
+                [Dialect::Generate, Dialect::Session, Dialect::Responses]
+                    .iter()
+                    .all(|x| d.contains(x))
+            })
+            .count();
+        assert!(mixed >= 160, "{mixed} of 200 seeds mix all three dialects");
+        let sw = Swarm::from_seed(3);
+        assert_eq!(sw.clients, sw.dialects.len());
     }
 
     #[test]

@@ -2,14 +2,16 @@
 //! contract names, and only when that reason holds: 1009 for a frame over the
 //! limit (this event's frame), 1008 after refusing a first frame that was not
 //! a config (in this event), 1008 for frames piled up past every bound, 1001
-//! during a shutdown. (Idle, keepalive and slow-client closes have checkers of
-//! their own.) And the other way: a refused first frame closes its connection
-//! in the same event.
+//! during a shutdown, 1013 for a `responses` connection refused as it opens
+//! (over the connection limit), 1000 at a `responses` connection's lifetime.
+//! (Idle, keepalive, slow-client, connection-limit and lifetime closes have
+//! checkers of their own.) And the other way: a refused first frame of a
+//! `generate` connection closes it in the same event.
 
 use std::collections::BTreeSet;
 
 use tokenwire_core::api::close_reason;
-use tokenwire_core::{ConnId, Input, Output};
+use tokenwire_core::{ConnId, Dialect, Input, Output};
 
 use super::{Check, Checker, Cur, Cx, EndState, Frame};
 
@@ -35,7 +37,8 @@ impl Checker for Closes {
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
         if let (Output::Send { conn, .. }, Some(f)) = (out, frame) {
-            if f.kind() == "error" && f.v["recoverable"] == false {
+            let generate = cx.view.dialect_of(*conn) == Some(Dialect::Generate);
+            if generate && f.kind() == "error" && f.v["recoverable"] == false {
                 self.refused.insert(*conn);
             }
             return Ok(());
@@ -59,6 +62,12 @@ impl Checker for Closes {
                     || bytes > cx.config.max_frame_bytes.saturating_mul(4)
             }
             (1001, close_reason::SHUTTING_DOWN) => cx.view.shutdown_at.is_some(),
+            (1013, super::responses_limit::REASON) => {
+                cx.input == Cur::Open(*conn) && c.is_some_and(|c| c.dialect == Dialect::Responses)
+            }
+            (1000, super::responses_lifetime::REASON) => {
+                c.is_some_and(|c| c.dialect == Dialect::Responses)
+            }
             (1008, close_reason::SLOW_CLIENT)
             | (1000, close_reason::IDLE)
             | (1000, close_reason::KEEPALIVE) => true,

@@ -1,5 +1,6 @@
-//! `idle_timeout`: a WebSocket connection with no request in flight and no
-//! frame received for the idle timeout is closed (1000, "idle timeout") no
+//! `idle_timeout`: a WebSocket connection of any dialect with no request in
+//! flight (nor a text job or job check it waits for) and no frame received
+//! for the idle timeout is closed (1000, "idle timeout") no
 //! later than the timeout plus one step, and never earlier or while busy.
 
 use tokenwire_core::{Output, Transport};
@@ -22,14 +23,14 @@ impl Checker for IdleTimeout {
         let Some((conn, c)) = cx.closed_with(out, REASON) else {
             return Ok(());
         };
-        if let Some(r) = &c.current {
+        if let Some(r) = c.in_flight() {
             return Err(format!(
                 "{conn:?} closed as idle while request {r} is in flight"
             ));
         }
-        if !c.text_jobs.is_empty() {
+        if c.busy() {
             return Err(format!(
-                "{conn:?} closed as idle while its prompt is being tokenized"
+                "{conn:?} closed as idle while it waits for a text job or a job check"
             ));
         }
         if cx.now < c.last_activity + cx.config.idle_timeout {
@@ -43,9 +44,9 @@ impl Checker for IdleTimeout {
 
     fn on_end(&mut self, cx: &Cx<'_>, _end: &EndState) -> Check {
         for (conn, c) in &cx.view.conns {
-            // A prompt being tokenized is a request in flight too.
-            let busy = c.current.is_some() || !c.text_jobs.is_empty();
-            if c.closed || c.transport != Transport::WebSocket || busy {
+            // A prompt being tokenized, a job being verified, is a request
+            // in flight too.
+            if c.closed || c.transport != Transport::WebSocket || c.busy() {
                 continue;
             }
             let due = c.last_activity + cx.config.idle_timeout + cx.slack;

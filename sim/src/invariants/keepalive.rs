@@ -1,7 +1,9 @@
 //! `keepalive`: every open WebSocket connection is pinged at least every
 //! keepalive interval (plus one step), a connection that answers no ping for
 //! the keepalive timeout is closed ("keepalive timeout") no later than the
-//! timeout plus one step, and no connection is closed for it earlier.
+//! timeout plus one step, and no connection is closed for it earlier. A
+//! connection the Host stopped reading cannot be seen answering: while it is
+//! not read its deadline moves on, to one timeout after it was last not read.
 
 use tokenwire_core::{Output, Transport};
 
@@ -47,7 +49,12 @@ impl Checker for Keepalive {
                 ));
             }
             if let Some(p) = c.unanswered_ping {
-                if cx.nominal > p + cx.config.keepalive_timeout + cx.slack {
+                let unread = match c.reading_paused_since {
+                    Some(_) => Some(cx.now),
+                    None => c.reading_resumed_at,
+                };
+                let from = unread.map_or(p, |u| u.max(p));
+                if cx.nominal > from + cx.config.keepalive_timeout + cx.slack {
                     return Err(format!(
                         "{conn:?} has not answered the ping of {p:?} and is still open at {:?}",
                         cx.nominal
@@ -64,6 +71,33 @@ mod tests {
     use super::*;
     use crate::invariants::testkit::kit;
     use tokenwire_core::{ConnId, Input};
+
+    #[test]
+    fn a_connection_not_read_may_stay_past_its_deadline_until_read_again() {
+        let mut k = kit(Box::new(Keepalive));
+        k.open(1);
+        k.at(30_000);
+        k.input(Input::Timeout).expect("input");
+        k.out(Output::Ping { conn: ConnId(1) }).expect("ping");
+        k.out(Output::PauseReading { conn: ConnId(1) })
+            .expect("not read");
+        k.end().expect("end");
+        k.at(100_000);
+        k.input(Input::Timeout).expect("input");
+        k.out(Output::Ping { conn: ConnId(1) }).expect("ping");
+        k.out(Output::ResumeReading { conn: ConnId(1) })
+            .expect("read again");
+        k.end().expect("not read until now");
+        k.at(130_000);
+        k.input(Input::Timeout).expect("input");
+        k.out(Output::Ping { conn: ConnId(1) }).expect("ping");
+        k.end().expect("end");
+        k.at(160_011);
+        k.input(Input::Timeout).expect("input");
+        k.out(Output::Ping { conn: ConnId(1) }).expect("ping");
+        let err = k.end().expect_err("a timeout after it was read again");
+        assert!(err.detail.contains("not answered"));
+    }
 
     #[test]
     fn missing_pings_and_silent_peers_left_open_are_caught() {

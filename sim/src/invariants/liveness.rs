@@ -1,6 +1,9 @@
 //! `liveness`: at the end of the liveness phase (faults healed, no new work)
-//! every request has reached its terminal event, unless its connection died
-//! or a `regenerate` replaced it. The runner bounds the phase in simulated
+//! every request of every dialect has reached its terminal event (a
+//! `generate` request its `completion` or failure, a `session` turn its
+//! `response` or error, a `responses` response its terminal event) and
+//! every message sent got its answer, unless its connection died or a
+//! `regenerate` replaced it. The runner bounds the phase in simulated
 //! time and steps and reports this invariant when the bound is passed.
 
 use super::{Check, Checker, Cx, View};
@@ -13,15 +16,15 @@ pub struct Liveness;
 pub fn describe_outstanding(view: &View) -> Vec<String> {
     view.outstanding()
         .into_iter()
-        .map(|(rid, conn)| {
-            let r = view.requests.get(&rid);
-            format!(
+        .map(|(rid, conn)| match view.requests.get(&rid) {
+            Some(r) => format!(
                 "{rid} on {conn:?} (started {:?}, {} token frames, max_tokens {}, paused: {})",
-                r.map(|r| r.started_at).unwrap_or_default(),
-                r.map_or(0, |r| r.token_frames),
-                r.map_or(0, |r| r.config.max_tokens),
-                r.and_then(|r| r.paused_at).is_some()
-            )
+                r.started_at,
+                r.token_frames,
+                r.config.max_tokens,
+                r.paused_at.is_some()
+            ),
+            None => format!("{rid} on {conn:?}"),
         })
         .collect()
 }

@@ -6,12 +6,29 @@
 //! `--replay`, and a test can feed them a fabricated sequence of outputs.
 //!
 //! A [`Monitor`] keeps the shared [`View`] (what each connection has seen,
-//! request by request) and runs every checker on each observation, *before*
-//! the view takes it in: a checker sees the state as it was before the frame
-//! it is judging. Checkers that hold for every dialect (close, deadlines, KV
-//! blocks, flow control) are [`common_checkers`]; the `generate` dialect's are
-//! [`generate_checkers`]. A later dialect adds its view of requests and its
-//! checkers beside these.
+//! request by request, with each `session` and `responses` connection's own
+//! view of its messages, sessions and responses) and runs every checker on
+//! each observation, *before* the view takes it in: a checker sees the state
+//! as it was before the frame it is judging.
+//!
+//! - [`common_checkers`] hold for every dialect: closes and what may follow
+//!   them, the idle, keepalive, slow-client and shutdown deadlines (each
+//!   dialect's notion of busy), KV blocks, the scheduler, step budgets, flow
+//!   control, metrics (each dialect's errors and terminal frames) and
+//!   liveness (every request of every dialect ends, every message is
+//!   answered).
+//! - [`generate_checkers`] judge `generate` connections only
+//!   ([`ForDialect`]): wire format, replies, queue positions, sampling,
+//!   engine faults, terminal events, streamed text, stop strings,
+//!   `max_tokens`, token delivery, pause and its timeout; and that the
+//!   engine never idles while a request waits.
+//! - [`session_checkers`]: wire format, replies in order, message indexes,
+//!   the history a session continues from (after a resume on a rebuilt Host
+//!   too), chunks against responses, and that nothing of a session outlives
+//!   its end or its connection.
+//! - [`responses_checkers`]: event shapes, one response in flight, exactly
+//!   one terminal event, sequence numbers, `previous_response_id`
+//!   resolution, the connection limit and the connection lifetime.
 
 pub mod after_close;
 pub mod after_terminal;
@@ -29,8 +46,21 @@ pub mod pause;
 pub mod pause_timeout;
 pub mod queue_position;
 pub mod replies;
+pub mod responses_inflight;
+pub mod responses_lifetime;
+pub mod responses_limit;
+pub mod responses_previous;
+pub mod responses_sequence;
+pub mod responses_terminal;
+pub mod responses_wire;
 pub mod sampling;
 pub mod scheduler;
+pub mod session_cleanup;
+pub mod session_history;
+pub mod session_index;
+pub mod session_replies;
+pub mod session_stream;
+pub mod session_wire;
 pub mod shutdown;
 pub mod slow_client;
 pub mod step_budget;
@@ -46,7 +76,7 @@ use std::fmt;
 
 use serde_json::Value;
 use tokenwire_core::host::HostStats;
-use tokenwire_core::{ConnId, Duration, HostConfig, Input, Instant, ModelInfo, Output};
+use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, Instant, ModelInfo, Output};
 
 pub use view::View;
 
@@ -73,6 +103,9 @@ pub enum Cur {
     /// A text job of this connection came back (its request starts or fails,
     /// and the frames it held are handled now).
     Tokenized(ConnId),
+    /// A job check of this connection came back (its session starts or is
+    /// refused, and the frames it held are handled now).
+    Verified(ConnId),
     /// A frame over the size limit arrived on this connection.
     TooLarge(ConnId),
     /// Anything else.
@@ -97,7 +130,9 @@ impl Cur {
     /// True when a frame to `conn` can be a reply to this input.
     pub fn is_reply_to(self, conn: ConnId) -> bool {
         match self {
-            Cur::Open(c) | Cur::Text(c) | Cur::Binary(c) | Cur::Tokenized(c) => c == conn,
+            Cur::Open(c) | Cur::Text(c) | Cur::Binary(c) | Cur::Tokenized(c) | Cur::Verified(c) => {
+                c == conn
+            }
             Cur::Loading | Cur::Loaded => true,
             _ => false,
         }
@@ -250,15 +285,17 @@ pub fn common_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(step_budget::StepBudget::default()),
         Box::new(flow_control::FlowControl),
         Box::new(closes::Closes::default()),
+        Box::new(metrics::Metrics::default()),
+        Box::new(liveness::Liveness),
     ]
 }
 
-/// The `generate` dialect's checkers.
+/// The `generate` dialect's checkers, each judging only what goes to
+/// `generate` connections (see [`ForDialect`]).
 pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
-    vec![
+    let v: Vec<Box<dyn Checker>> = vec![
         Box::new(wire_format::WireFormat::default()),
         Box::new(replies::Replies::default()),
-        Box::new(metrics::Metrics::default()),
         Box::new(queue_position::QueuePosition::default()),
         Box::new(work_conserving::WorkConserving),
         Box::new(sampling::Sampling),
@@ -271,7 +308,34 @@ pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(token_delivery::TokenDelivery),
         Box::new(pause::Pause),
         Box::new(pause_timeout::PauseTimeout),
-        Box::new(liveness::Liveness),
+    ];
+    v.into_iter()
+        .map(|c| ForDialect::wrap(Dialect::Generate, c))
+        .collect()
+}
+
+/// The `session` dialect's checkers.
+pub fn session_checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(session_wire::SessionWire),
+        Box::new(session_replies::SessionReplies),
+        Box::new(session_index::SessionIndex),
+        Box::new(session_history::SessionHistory),
+        Box::new(session_stream::SessionStream),
+        Box::new(session_cleanup::SessionCleanup),
+    ]
+}
+
+/// The `responses` dialect's checkers.
+pub fn responses_checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(responses_wire::ResponsesWire),
+        Box::new(responses_inflight::ResponsesInflight),
+        Box::new(responses_terminal::ResponsesTerminal),
+        Box::new(responses_sequence::ResponsesSequence),
+        Box::new(responses_previous::ResponsesPrevious),
+        Box::new(responses_limit::ResponsesLimit::default()),
+        Box::new(responses_lifetime::ResponsesLifetime),
     ]
 }
 
@@ -279,7 +343,66 @@ pub fn generate_checkers() -> Vec<Box<dyn Checker>> {
 pub fn all_checkers() -> Vec<Box<dyn Checker>> {
     let mut v = common_checkers();
     v.extend(generate_checkers());
+    v.extend(session_checkers());
+    v.extend(responses_checkers());
     v
+}
+
+/// A checker that judges one dialect's connections only: outputs aimed at a
+/// connection of another dialect (as the [`View`] knows it) are not shown
+/// to it. Inputs, outputs tied to no connection (steps, metrics), the end of
+/// each event and the end of the run are.
+pub struct ForDialect {
+    dialect: Dialect,
+    inner: Box<dyn Checker>,
+}
+
+impl ForDialect {
+    /// `inner`, judging only `dialect`'s connections.
+    pub fn wrap(dialect: Dialect, inner: Box<dyn Checker>) -> Box<dyn Checker> {
+        Box::new(ForDialect { dialect, inner })
+    }
+}
+
+/// The connection an output concerns, if any.
+pub fn conn_of(out: &Output) -> Option<ConnId> {
+    match out {
+        Output::Send { conn, .. }
+        | Output::Ping { conn }
+        | Output::Close { conn, .. }
+        | Output::PauseReading { conn }
+        | Output::ResumeReading { conn } => Some(*conn),
+        Output::Tokenize(job) => Some(job.conn),
+        Output::VerifyJob(check) => Some(check.conn),
+        _ => None,
+    }
+}
+
+impl Checker for ForDialect {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn on_input(&mut self, cx: &Cx<'_>, input: &Input) -> Check {
+        self.inner.on_input(cx, input)
+    }
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        let other = conn_of(out)
+            .and_then(|c| cx.view.dialect_of(c))
+            .is_some_and(|d| d != self.dialect);
+        if other {
+            return Ok(());
+        }
+        self.inner.on_output(cx, out, frame)
+    }
+    fn on_end(&mut self, cx: &Cx<'_>, end: &EndState) -> Check {
+        self.inner.on_end(cx, end)
+    }
+    fn on_crash(&mut self) {
+        self.inner.on_crash()
+    }
+    fn on_finish(&mut self, cx: &Cx<'_>) -> Check {
+        self.inner.on_finish(cx)
+    }
 }
 
 /// Every checker except those named in `skip` (triage of a known bug).
@@ -328,6 +451,12 @@ impl Monitor {
     /// The shared view.
     pub fn view(&self) -> &View {
         &self.view
+    }
+
+    /// The shared view, to fabricate a state in a checker's test.
+    #[cfg(test)]
+    pub(crate) fn view_mut(&mut self) -> &mut View {
+        &mut self.view
     }
 
     /// Events seen so far.
@@ -381,6 +510,11 @@ impl Monitor {
                 .text_owner
                 .get(&done.id)
                 .map_or(Cur::Other, |&c| Cur::Tokenized(c)),
+            Input::JobVerified { check, .. } => self
+                .view
+                .check_owner
+                .get(check)
+                .map_or(Cur::Other, |&c| Cur::Verified(c)),
             _ => Cur::of(input),
         };
         let r = self.run(|c, cx| c.on_input(cx, input));
@@ -401,7 +535,7 @@ impl Monitor {
 
     /// The event is over; `end` is the Host's state now.
     pub fn end(&mut self, end: &EndState) -> Result<(), Violation> {
-        self.view.on_end();
+        self.view.on_end(self.now);
         self.run(|c, cx| c.on_end(cx, end))
     }
 
@@ -494,9 +628,13 @@ pub(crate) mod testkit {
             self.m.end(&idle_end())
         }
         pub fn open(&mut self, conn: u64) {
+            self.open_as(conn, Dialect::Generate);
+        }
+        /// Opens a WebSocket connection of `dialect`.
+        pub fn open_as(&mut self, conn: u64, dialect: Dialect) {
             self.input(Input::Open {
                 conn: ConnId(conn),
-                dialect: Dialect::Generate,
+                dialect,
                 transport: Transport::WebSocket,
                 query: String::new(),
                 peer: String::new(),

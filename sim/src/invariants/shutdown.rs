@@ -1,7 +1,9 @@
-//! `shutdown`: after `Input::Shutdown` no new request starts, and within the
-//! shutdown grace (plus one step) every generation has ended, every
-//! connection is closed and `ShutdownComplete` is out, exactly once and
-//! never without a shutdown; after it, nothing more is sent.
+//! `shutdown`: after `Input::Shutdown` no new request starts (no `generate`
+//! `init`, no `responses` generation going `in_progress`, no `session` turn),
+//! and within the shutdown grace (plus one step) every generation has ended,
+//! every connection is closed (none with a request in flight and no error
+//! for it) and `ShutdownComplete` is out, exactly once and never without a
+//! shutdown; after it, nothing more is sent.
 
 use tokenwire_core::Output;
 
@@ -43,14 +45,14 @@ impl Checker for Shutdown {
         {
             // The grace is over: every request still in flight gets the
             // dialect's error before its connection goes.
-            if let Some(r) = cx.view.conns.get(conn).and_then(|c| c.current.as_ref()) {
+            if let Some(r) = cx.view.conns.get(conn).and_then(|c| c.in_flight()) {
                 return Err(format!(
                     "{conn:?} closed for the shutdown with request {r} in flight and no error for it"
                 ));
             }
         }
         if let (Output::Send { conn, .. }, Some(f)) = (out, frame) {
-            if f.kind() == "init" {
+            if f.kind() == "init" || f.kind() == "response.in_progress" {
                 return Err(format!(
                     "request started on {conn:?} after shutdown began at {at:?}"
                 ));
@@ -63,6 +65,18 @@ impl Checker for Shutdown {
         let Some(at) = cx.view.shutdown_at else {
             return Ok(());
         };
+        for (conn, c) in &cx.view.conns {
+            let late = c.session.as_ref().and_then(|s| {
+                s.live
+                    .iter()
+                    .find(|(_, l)| l.turn.as_ref().is_some_and(|t| t.after_shutdown))
+            });
+            if let Some((sid, _)) = late {
+                return Err(format!(
+                    "a reply of session {sid:?} started on {conn:?} after shutdown began at {at:?}"
+                ));
+            }
+        }
         if cx.view.shutdown_complete {
             if let Some((conn, _)) = cx.view.conns.iter().find(|(_, c)| !c.closed) {
                 return Err(format!("{conn:?} still open after ShutdownComplete"));

@@ -1,5 +1,8 @@
 //! The shared view the checkers judge against: every live connection and
 //! every `generate` request, rebuilt from the Host's inputs and outputs alone.
+//! A `session` or `responses` connection keeps its dialect's own view
+//! ([`session`], [`responses`]) beside the parts every dialect shares
+//! (deadlines, text jobs, job checks, held frames).
 //!
 //! A request starts at its `init` (its config is the config frame that was
 //! being handled, or the running request's config for a `regenerate`), streams
@@ -10,13 +13,16 @@
 //! `<c{conn}>` tag every simulated prompt starts with, read from the tokens a
 //! step feeds at position 0.
 
+pub mod responses;
+pub mod session;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::Value;
 use tokenwire_core::testing::{BYTE_BOS, BYTE_OFFSET};
 use tokenwire_core::{
-    ConnId, HostConfig, Input, Instant, ModelInfo, Output, SeqId, StepPlan, TextJobId, TokenId,
-    Transport,
+    ConnId, Dialect, HostConfig, Input, Instant, JobCheckId, ModelInfo, Output, SeqId, StepPlan,
+    TextJobId, TokenId, Transport,
 };
 
 use super::Frame;
@@ -213,6 +219,8 @@ pub struct Held {
 /// One live connection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConnView {
+    /// Its dialect.
+    pub dialect: Dialect,
     /// How it is carried.
     pub transport: Transport,
     /// When it opened.
@@ -229,6 +237,11 @@ pub struct ConnView {
     pub unanswered_ping: Option<Instant>,
     /// Since when its outbound queue is full.
     pub blocked_since: Option<Instant>,
+    /// The Host asked the shell to stop reading it (`PauseReading`, until
+    /// `ResumeReading`): since when.
+    pub reading_paused_since: Option<Instant>,
+    /// When reading it last resumed.
+    pub reading_resumed_at: Option<Instant>,
     /// Frames not yet handled (more than one only while the model loads or
     /// a text job of the connection is outstanding).
     pub pending: VecDeque<Held>,
@@ -238,6 +251,50 @@ pub struct ConnView {
     pub last_request: Option<String>,
     /// Its text jobs not yet answered: its frames are held meanwhile.
     pub text_jobs: BTreeSet<TextJobId>,
+    /// Its job checks not yet answered: its frames are held meanwhile.
+    pub job_checks: BTreeSet<JobCheckId>,
+    /// A `session` connection's messages and sessions.
+    pub session: Option<session::SessionConnView>,
+    /// A `responses` connection's frames and responses.
+    pub responses: Option<responses::ResponsesConnView>,
+}
+
+impl ConnView {
+    /// `session` turns and `responses` responses started on it.
+    pub fn started(&self) -> u64 {
+        self.session.as_ref().map_or(0, |s| s.turns_started)
+            + self.responses.as_ref().map_or(0, |r| r.created)
+    }
+
+    /// A request in flight on it, any dialect: a `generate` request, a
+    /// `session` turn, a `responses` response.
+    pub fn in_flight(&self) -> Option<String> {
+        if let Some(r) = &self.current {
+            return Some(r.clone());
+        }
+        if let Some((sid, _)) = self
+            .session
+            .as_ref()
+            .and_then(|s| s.live.iter().find(|(_, l)| l.turn.is_some()))
+        {
+            return Some(format!("the reply of session {sid:?}"));
+        }
+        self.responses
+            .as_ref()
+            .and_then(|r| r.current.as_ref())
+            .map(|r| r.id.clone())
+    }
+
+    /// True while the Host must count it busy: a request in flight, or an
+    /// answer (a text job, a job check) it waits for. The idle timeout does
+    /// not apply meanwhile.
+    pub fn busy(&self) -> bool {
+        self.current.is_some()
+            || !self.text_jobs.is_empty()
+            || !self.job_checks.is_empty()
+            || self.session.as_ref().is_some_and(|s| s.busy())
+            || self.responses.as_ref().is_some_and(|r| r.busy())
+    }
 }
 
 /// The step handed to the engine and not yet answered.
@@ -287,10 +344,20 @@ pub struct View {
     replaying_conn: Option<ConnId>,
     /// The connection of every text job not yet answered.
     pub text_owner: BTreeMap<TextJobId, ConnId>,
+    /// The connection of every job check not yet answered.
+    pub check_owner: BTreeMap<JobCheckId, ConnId>,
+    /// The connection whose frames the input being handled hands over (its
+    /// own frame, or its held frames after a text job or job check came
+    /// back); every connection's while held frames are handled after loading.
+    handling: Option<ConnId>,
+    /// `session` turns and `responses` responses started on connections
+    /// that are gone.
+    started_gone: u64,
     /// How often each kind of thing happened (`completion:length`,
     /// `error:memory_pressure`, `close:idle timeout`, ...): coverage, not checks.
     pub tally: BTreeMap<String, u64>,
     default_max_tokens: u32,
+    max_frame_bytes: usize,
 }
 
 impl View {
@@ -312,7 +379,11 @@ impl View {
             replaying_held: false,
             replaying_conn: None,
             text_owner: BTreeMap::new(),
+            check_owner: BTreeMap::new(),
+            handling: None,
+            started_gone: 0,
             default_max_tokens: config.default_max_tokens.min(model.context_len),
+            max_frame_bytes: config.max_frame_bytes,
         }
     }
 
@@ -340,19 +411,49 @@ impl View {
         self.seq_prefix.len()
     }
 
-    /// Requests in flight on live connections: `(request_id, conn)`.
-    pub fn outstanding(&self) -> Vec<(String, ConnId)> {
+    /// Session ids the Host holds, with their connections: live on an open
+    /// connection, or claimed by a start that waits for its verdict or its
+    /// context.
+    pub fn sessions_held(&self) -> Vec<(&str, ConnId)> {
         self.conns
             .iter()
             .filter(|(_, c)| !c.closed)
-            .filter_map(|(id, c)| c.current.clone().map(|r| (r, *id)))
+            .filter_map(|(id, c)| c.session.as_ref().map(|s| (id, s)))
+            .flat_map(|(id, s)| s.held().into_iter().map(move |sid| (sid, *id)))
             .collect()
+    }
+
+    /// The dialect of a live connection.
+    pub fn dialect_of(&self, conn: ConnId) -> Option<Dialect> {
+        self.conns.get(&conn).map(|c| c.dialect)
+    }
+
+    /// Requests in flight on live connections, every dialect: `(what,
+    /// conn)`, where `what` is a `generate` request id, a `session` turn or
+    /// unanswered message, or a `responses` response or unanswered frame.
+    pub fn outstanding(&self) -> Vec<(String, ConnId)> {
+        let mut v = Vec::new();
+        for (id, c) in self.conns.iter().filter(|(_, c)| !c.closed) {
+            if let Some(r) = &c.current {
+                v.push((r.clone(), *id));
+            }
+            if let Some(s) = &c.session {
+                v.extend(s.outstanding().into_iter().map(|w| (w, *id)));
+            }
+            if let Some(r) = &c.responses {
+                v.extend(r.outstanding().into_iter().map(|w| (w, *id)));
+            }
+        }
+        v
     }
 
     pub(crate) fn on_input(&mut self, now: Instant, input: &Input) {
         match input {
             Input::Open {
-                conn, transport, ..
+                conn,
+                transport,
+                dialect,
+                ..
             } => {
                 if self.conns.contains_key(conn) || self.dead.contains(conn) {
                     return;
@@ -360,6 +461,7 @@ impl View {
                 self.conns.insert(
                     *conn,
                     ConnView {
+                        dialect: *dialect,
                         transport: *transport,
                         opened_at: now,
                         closed: false,
@@ -368,15 +470,38 @@ impl View {
                         last_ping: now,
                         unanswered_ping: None,
                         blocked_since: None,
+                        reading_paused_since: None,
+                        reading_resumed_at: None,
                         pending: VecDeque::new(),
                         texts_in: 0,
                         last_request: None,
                         text_jobs: BTreeSet::new(),
+                        job_checks: BTreeSet::new(),
+                        session: (*dialect == Dialect::Session)
+                            .then(session::SessionConnView::default),
+                        responses: (*dialect == Dialect::Responses).then(|| {
+                            responses::ResponsesConnView::opened(*transport == Transport::WebSocket)
+                        }),
                     },
                 );
             }
             Input::Text { conn, text } => {
-                let kind = self.classify(*conn, text);
+                self.handling = Some(*conn);
+                let max_frame = self.max_frame_bytes;
+                if let Some(c) = self.conns.get_mut(conn) {
+                    if let Some(s) = c.session.as_mut() {
+                        s.on_text(text, max_frame);
+                    }
+                    if let Some(r) = c.responses.as_mut() {
+                        r.on_text(text, max_frame);
+                    }
+                }
+                let generate = self.dialect_of(*conn) == Some(Dialect::Generate);
+                let kind = if generate {
+                    self.classify(*conn, text)
+                } else {
+                    Pending::Other
+                };
                 let v = if text.len() <= 1 << 16 {
                     serde_json::from_str(text).unwrap_or(Value::Null)
                 } else {
@@ -395,8 +520,15 @@ impl View {
                 }
             }
             Input::Binary { conn, len } => {
+                self.handling = Some(*conn);
                 // Held like text while the connection waits.
                 if let Some(c) = self.conns.get_mut(conn) {
+                    if let Some(s) = c.session.as_mut() {
+                        s.on_binary();
+                    }
+                    if let Some(r) = c.responses.as_mut() {
+                        r.on_binary();
+                    }
                     c.last_activity = now;
                     let frame = SentFrame {
                         v: Value::Null,
@@ -415,8 +547,11 @@ impl View {
                     c.unanswered_ping = None;
                 }
             }
-            Input::Closed { conn } if self.conns.remove(conn).is_some() => {
-                self.dead.insert(*conn);
+            Input::Closed { conn } => {
+                if let Some(c) = self.conns.remove(conn) {
+                    self.started_gone += c.started();
+                    self.dead.insert(*conn);
+                }
             }
             Input::QueueFull { conn } => {
                 if let Some(c) = self.conns.get_mut(conn) {
@@ -445,8 +580,27 @@ impl View {
                     if let Some(c) = self.conns.get_mut(&conn) {
                         c.text_jobs.remove(&done.id);
                         c.last_activity = now;
+                        if let Some(s) = c.session.as_mut() {
+                            s.on_tokenized(done);
+                        }
+                        if let Some(r) = c.responses.as_mut() {
+                            r.on_tokenized(done.id);
+                        }
                     }
                     self.replaying_conn = Some(conn);
+                    self.handling = Some(conn);
+                }
+            }
+            Input::JobVerified { check, verdict } => {
+                if let Some(conn) = self.check_owner.remove(check) {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.job_checks.remove(check);
+                        c.last_activity = now;
+                        if let Some(s) = c.session.as_mut() {
+                            s.on_verified(*check, verdict.is_ok());
+                        }
+                    }
+                    self.handling = Some(conn);
                 }
             }
             Input::ModelLoaded { .. } => {
@@ -501,7 +655,38 @@ impl View {
     }
 
     pub(crate) fn on_output(&mut self, now: Instant, out: &Output, frame: Option<&Frame>) {
+        let dialect = match out {
+            Output::Send { conn, .. } => self.dialect_of(*conn),
+            _ => None,
+        };
         match (out, frame) {
+            (Output::Send { conn, .. }, Some(f)) if dialect == Some(Dialect::Session) => {
+                let resumed = f.kind() == "session_ready"
+                    && self
+                        .conns
+                        .get(conn)
+                        .and_then(|c| c.session.as_ref())
+                        .and_then(|s| s.answered_by(f))
+                        .is_some_and(|m| {
+                            matches!(m.kind, session::MsgKind::Start { resume: true, .. })
+                        });
+                if resumed {
+                    let key = if self.crashes > 0 {
+                        "session:resumed_after_crash"
+                    } else {
+                        "session:resumed"
+                    };
+                    self.count(key.into());
+                }
+                if let Some(key) = session::tally_key(f) {
+                    self.count(key);
+                }
+            }
+            (Output::Send { .. }, Some(f)) if dialect == Some(Dialect::Responses) => {
+                if let Some(key) = responses::tally_key(f) {
+                    self.count(key);
+                }
+            }
             (Output::Send { .. }, Some(f)) => match f.kind() {
                 "completion" => self.count(format!(
                     "completion:{}",
@@ -522,8 +707,28 @@ impl View {
         }
         match out {
             Output::Send { conn, .. } => {
-                if let Some(f) = frame {
-                    self.on_frame(now, *conn, f);
+                let handling = self.handles(*conn);
+                let shutting_down = self.shutdown_at.is_some();
+                let c = self.conns.get_mut(conn);
+                match (c, frame) {
+                    (Some(c), Some(f)) if c.session.is_some() => {
+                        if let Some(s) = c.session.as_mut() {
+                            s.on_frame(now, shutting_down, f);
+                        }
+                        if f.kind() == "response" || f.kind() == "error" {
+                            c.last_activity = now;
+                        }
+                    }
+                    (Some(c), Some(f)) if c.responses.is_some() => {
+                        if let Some(r) = c.responses.as_mut() {
+                            r.on_frame(now, f, handling);
+                        }
+                        if responses::is_terminal(f) {
+                            c.last_activity = now;
+                        }
+                    }
+                    (_, Some(f)) => self.on_frame(now, *conn, f),
+                    _ => {}
                 }
             }
             Output::Ping { conn } => {
@@ -537,11 +742,40 @@ impl View {
                     c.closed = true;
                 }
             }
+            Output::PauseReading { conn } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.reading_paused_since.get_or_insert(now);
+                }
+            }
+            Output::ResumeReading { conn } => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    if c.reading_paused_since.take().is_some() {
+                        c.reading_resumed_at = Some(now);
+                    }
+                }
+            }
             Output::RunStep(plan) => self.on_plan(plan),
             Output::Tokenize(job) => {
+                let shutting_down = self.shutdown_at.is_some();
                 if let Some(c) = self.conns.get_mut(&job.conn) {
                     c.text_jobs.insert(job.id);
                     self.text_owner.insert(job.id, job.conn);
+                    if let Some(s) = c.session.as_mut() {
+                        s.on_tokenize(now, shutting_down, job.id);
+                    }
+                    if let Some(r) = c.responses.as_mut() {
+                        r.on_tokenize(job.id);
+                    }
+                }
+            }
+            Output::VerifyJob(check) => {
+                let shutting_down = self.shutdown_at.is_some();
+                if let Some(c) = self.conns.get_mut(&check.conn) {
+                    c.job_checks.insert(check.id);
+                    self.check_owner.insert(check.id, check.conn);
+                    if let Some(s) = c.session.as_mut() {
+                        s.on_verify(now, shutting_down, check.id);
+                    }
                 }
             }
             Output::ShutdownComplete => self.shutdown_complete = true,
@@ -722,24 +956,48 @@ impl View {
     }
 
     /// The event is over: frames were handled (unless the model still loads).
-    pub(crate) fn on_end(&mut self) {
+    pub(crate) fn on_end(&mut self, now: Instant) {
         self.replaying_held = false;
         self.replaying_conn = None;
+        self.handling = None;
+        let shutting_down = self.shutdown_at.is_some();
+        for c in self.conns.values_mut() {
+            if let Some(s) = c.session.as_mut() {
+                s.on_end(now, shutting_down);
+            }
+        }
         if self.loaded {
             for c in self.conns.values_mut() {
-                // Frames wait while a text job of the connection is out.
-                if c.text_jobs.is_empty() {
+                // Frames wait while a text job or job check of the connection is out.
+                if c.text_jobs.is_empty() && c.job_checks.is_empty() {
                     c.pending.clear();
                 }
             }
         }
     }
 
+    /// True when the input being handled hands `conn`'s frames over (so a
+    /// frame to it can be a reply).
+    pub fn handles(&self, conn: ConnId) -> bool {
+        self.replaying_held || self.handling == Some(conn)
+    }
+
+    /// Requests started so far, every dialect: `generate` `init`s,
+    /// `session` turns, `responses` responses.
+    pub fn started(&self) -> u64 {
+        self.requests.len() as u64
+            + self.started_gone
+            + self.conns.values().map(ConnView::started).sum::<u64>()
+    }
+
     pub(crate) fn on_crash(&mut self) {
+        self.started_gone += self.conns.values().map(ConnView::started).sum::<u64>();
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         self.dead.extend(ids);
         self.conns.clear();
         self.text_owner.clear();
+        self.check_owner.clear();
+        self.handling = None;
         self.replaying_conn = None;
         self.step = None;
         self.seq_owner.clear();

@@ -456,9 +456,10 @@ pub struct SessionReady {
     pub session_id: String,
     /// User and assistant messages the session holds.
     pub message_count: u64,
-    /// Tokens of the context as the next prompt would use it.
+    /// Tokens of the newest messages that fit the window (less one token for
+    /// a reply); each prompt drops more old messages if its `max_tokens` needs.
     pub context_tokens: u32,
-    /// Messages left out of that context to fit.
+    /// Messages left out of that count (the message cap, or the window).
     pub truncated_messages: u32,
     /// Unix ms.
     pub timestamp: u64,

@@ -293,11 +293,11 @@ impl SessionConn {
         });
     }
 
-    /// Prompt tokens a reply of the default length leaves room for.
+    /// Prompt tokens a context may use in `session_ready`'s count: the whole
+    /// window but one token for the reply. Each prompt then fits the window
+    /// beside its own `max_tokens`, dropping more old messages if it must.
     fn default_prompt_budget(&self, cx: &Cx<'_>) -> u32 {
-        let context_len = cx.model().context_len;
-        let max_tokens = cx.config().default_max_tokens.min(context_len);
-        context_len.saturating_sub(max_tokens)
+        cx.model().context_len.saturating_sub(1)
     }
 
     fn ready(&mut self, cx: &mut Cx<'_>, sid: &str, context_tokens: u32, truncated: u32) {
@@ -669,6 +669,10 @@ impl DialectConn for SessionConn {
 
     fn on_closed(&mut self, cx: &mut Cx<'_>) {
         let conn = cx.conn;
+        // A session whose job is still being checked holds its id too.
+        if let Some(Waiting::Verdict { start, .. }) = &self.waiting {
+            cx.state().sessions.release(&start.session_id, conn);
+        }
         for sid in std::mem::take(&mut self.sessions).into_keys() {
             cx.state().sessions.release(&sid, conn);
         }
