@@ -344,6 +344,16 @@ pub enum Event {
         /// The error code sent.
         code: &'static str,
     },
+    /// A dialect named a connection for logs and audit (`responses`:
+    /// `ws-<uuid7>`), so an operator can follow it without its content.
+    ConnectionNamed {
+        /// The connection.
+        conn: ConnId,
+        /// Its dialect.
+        dialect: Dialect,
+        /// The name.
+        name: String,
+    },
     /// Feedback was received.
     FeedbackReceived {
         /// The rating.

@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 use tokenwire_core::testing::{script_text, ByteCodec, Harness};
 use tokenwire_core::{
-    ChatMessage, ConnId, Dialect, Duration, EngineFault, EngineFaultKind, HostConfig, Input, Role,
-    TextCodec, Transport,
+    ChatMessage, ConnId, Dialect, Duration, EngineFault, EngineFaultKind, Event, HostConfig, Input,
+    Output, Role, TextCodec, Transport,
 };
 
 const SCRIPT: &str = "abcdefghijklmnopqrstuvwxyz";
@@ -308,6 +308,20 @@ fn the_connection_limit_refuses_with_1013_and_the_lifetime_closes_with_1000() {
     };
     let mut h = Harness::new(config, SCRIPT, 1);
     let a = h.open(1, Dialect::Responses);
+    let names: Vec<String> = h
+        .others
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(Event::ConnectionNamed { conn, name, .. }) if *conn == a => {
+                Some(name.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names.len(), 1, "each socket is named once");
+    let uuid = names[0].strip_prefix("ws-").expect("ws- prefix");
+    assert_eq!(uuid.len(), 36);
+    assert_eq!(&uuid[14..15], "7", "a UUID v7: {uuid}");
     let b = h.open(2, Dialect::Responses);
     assert_eq!(
         last(&h, b)["error"]["code"],

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokenwire_core::host::HostStats;
 use tokenwire_core::{
-    ConnId, Dialect, EngineFault, EngineFaultKind, Host, Input, Instant, ModelInfo, Output,
+    ConnId, Dialect, EngineFault, EngineFaultKind, Event, Host, Input, Instant, ModelInfo, Output,
     StepPlan, TextDone, TextJob, Transport,
 };
 use tokio::sync::{mpsc, watch};
@@ -477,6 +477,13 @@ impl Driver {
                 if let Some(entry) = self.conns.get(&conn) {
                     entry.gate.send_replace(open);
                 }
+            }
+            Output::Event(Event::ConnectionNamed {
+                conn,
+                dialect,
+                name,
+            }) => {
+                tracing::info!(conn = conn.0, dialect = dialect.name(), %name, "connection named");
             }
             Output::Event(event) => self.metrics.observe(&event),
             Output::Feedback(record) => {

@@ -259,6 +259,8 @@ impl Metrics {
                     })
                     .inc();
             }
+            // Logged by the driver; nothing to count.
+            Event::ConnectionNamed { .. } => {}
             Event::FeedbackReceived { rating } => {
                 let rating = if *rating > 0.0 {
                     "positive"

@@ -277,6 +277,16 @@ impl<'a> Cx<'a> {
         self.port.cancel_timer(conn, tag % MAX_TIMERS);
     }
 
+    /// Names this connection in the operator's log ([`Event::ConnectionNamed`]).
+    pub fn name_connection(&mut self, name: String) {
+        let (conn, dialect) = (self.conn, self.dialect);
+        self.port.push_output(Output::Event(Event::ConnectionNamed {
+            conn,
+            dialect,
+            name,
+        }));
+    }
+
     /// Hands feedback to the operator's log and counts it.
     pub fn feedback(&mut self, record: FeedbackRecord) {
         self.port

@@ -233,6 +233,18 @@ impl Checker for Metrics {
                     }
                 }
                 Event::FeedbackReceived { .. } => t.feedback_events += 1,
+                Event::ConnectionNamed { name, dialect, .. } => {
+                    let uuid = name
+                        .strip_prefix("ws-")
+                        .and_then(|u| uuid::Uuid::parse_str(u).ok());
+                    if *dialect != Dialect::Responses
+                        || uuid.map(|u| u.get_version_num()) != Some(7)
+                    {
+                        return Err(format!(
+                            "connection name {name:?} for {dialect:?} is not ws-<uuid7>"
+                        ));
+                    }
+                }
                 Event::FirstToken { .. } | Event::InterToken { .. } => t.timing_events += 1,
                 Event::TokensGenerated { count } => {
                     t.tokens_generated += u64::from(*count);

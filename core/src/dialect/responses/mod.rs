@@ -472,6 +472,8 @@ impl DialectConn for ResponsesConn {
         }
         cx.state().responses_sockets += 1;
         self.counted = true;
+        let name = cx.new_id("ws-");
+        cx.name_connection(name);
         let (warn, end) = (
             cx.config().responses_expiring_after,
             cx.config().responses_lifetime,
