@@ -156,6 +156,12 @@ pub struct ServeArgs {
           default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub session_max_messages: u64,
 
+    /// `session`: most live sessions on this host; past it `session_init` and
+    /// `session_resume` get `rate_limited`.
+    #[arg(long, env = "TOKENWIRE_MAX_SESSIONS", value_name = "N",
+          default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
+
     /// Tokens (prompt and generated) each job may use on this host, as the
     /// default job verifier grants them; past it prompts get
     /// `token_budget_exhausted`. Without it jobs have no cap.
@@ -279,6 +285,8 @@ pub struct ServerConfig {
     pub feedback_log: Option<PathBuf>,
     /// `session`: most non-system messages a prompt is built from.
     pub session_max_messages: usize,
+    /// `session`: most live sessions on this host.
+    pub max_sessions: usize,
     /// Tokens each job may use on this host, as the default verifier grants.
     pub job_token_budget: Option<u64>,
     /// `responses`: most WebSocket connections at once.
@@ -324,6 +332,7 @@ impl Default for ServerConfig {
             shutdown_grace: h.shutdown_grace,
             feedback_log: None,
             session_max_messages: h.session_max_messages,
+            max_sessions: h.max_sessions,
             job_token_budget: None,
             max_websocket_connections: h.max_websocket_connections,
             responses_expiring_after: h.responses_expiring_after,
@@ -360,6 +369,7 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
             feedback_log: args.feedback_log.clone(),
             session_max_messages: to_usize(args.session_max_messages),
+            max_sessions: to_usize(args.max_sessions),
             job_token_budget: args.job_token_budget,
             max_websocket_connections: args.max_websocket_connections,
             responses_expiring_after: Duration::from_secs(args.responses_expiring_after),
@@ -388,6 +398,7 @@ impl ServerConfig {
             idle_timeout: self.idle_timeout,
             shutdown_grace: self.shutdown_grace,
             session_max_messages: self.session_max_messages,
+            max_sessions: self.max_sessions,
             max_websocket_connections: self.max_websocket_connections,
             responses_expiring_after: self.responses_expiring_after,
             responses_lifetime: self.responses_lifetime,

@@ -253,3 +253,25 @@ async fn http_inference_answers_json_and_sse_like_the_socket() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_full_of_sessions_answers_rate_limited_until_one_ends() {
+    let Some(dir) = stories260k() else { return };
+    let server = start(ModelSource::Dir(dir), |c| c.max_sessions = 1).await;
+    let mut a = Client::connect(&server, "/ws/session").await;
+    let mut b = Client::connect(&server, "/ws/session").await;
+    a.send(init("first", json!([]))).await;
+    assert_eq!(a.recv().await["type"], "session_ready");
+    b.send(init("second", json!([]))).await;
+    let e = b.recv().await;
+    assert_eq!(
+        (e["code"].as_str(), e["recoverable"].as_bool()),
+        (Some("rate_limited"), Some(true))
+    );
+    a.send(json!({"type":"session_end","session_id":"first"}))
+        .await;
+    assert_eq!(a.recv().await["type"], "session_ended");
+    b.send(init("second", json!([]))).await;
+    assert_eq!(b.recv().await["type"], "session_ready");
+    server.shutdown().await;
+}
