@@ -10,6 +10,9 @@ use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, T
 use crate::config::HostConfig;
 use crate::dialect::cx::MAX_TIMERS;
 use crate::dialect::{machine_for, Cx, DialectConn};
+
+/// Makes the per-connection machine for a dialect (`None`: not served).
+pub type MachineFactory = fn(Dialect) -> Option<Box<dyn DialectConn>>;
 use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
 use crate::gen::{Failure, FailureKind, FinishReason, GenState, TokenPiece};
 use crate::text::{SharedCodec, TextDone};
@@ -85,6 +88,7 @@ pub struct Host {
     in_step: Vec<SeqId>,
     shutdown_done: bool,
     last_gauges: Option<Event>,
+    machines: MachineFactory,
 }
 
 /// A snapshot of the Host's state for health checks and gauges.
@@ -125,7 +129,16 @@ impl Host {
             in_step: Vec::new(),
             shutdown_done: false,
             last_gauges: None,
+            machines: machine_for,
         }
+    }
+
+    /// Serves connections with the machines `factory` makes instead of the
+    /// built-in dialects ([`crate::dialect::machine_for`]): a dialect of your
+    /// own on the same Host, scheduler and deadlines. Affects connections
+    /// opened from now on.
+    pub fn set_machines(&mut self, factory: MachineFactory) {
+        self.machines = factory;
     }
 
     /// A Host serving an already loaded model.
@@ -258,7 +271,7 @@ impl Host {
         self.sh
             .outputs
             .push_back(Output::Event(Event::ConnectionOpened { dialect }));
-        let Some(machine) = machine_for(dialect) else {
+        let Some(machine) = (self.machines)(dialect) else {
             self.sh.outputs.push_back(Output::Close {
                 conn,
                 code: CLOSE_POLICY,

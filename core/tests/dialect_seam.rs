@@ -1,0 +1,202 @@
+//! The dialect seam as a dialect of one's own sees it: a probe machine,
+//! served through `Host::set_machines`, reports every hook the Host calls as
+//! a frame, so each hook's timing is checked against the Host's behaviour:
+//! refusal at open, admission, the end of each step, timers, hold reasons as
+//! a set, and the one route of a generation's last piece.
+
+use tokenwire_core::dialect::{Cx, DialectConn, Failure, Refusal};
+use tokenwire_core::engine::SeqId;
+use tokenwire_core::gen::{FinishReason, GenRequest, TokenPiece};
+use tokenwire_core::params::GenParams;
+use tokenwire_core::testing::Harness;
+use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, TextCodec, Transport};
+
+#[derive(Default)]
+struct Probe {
+    gen: Option<SeqId>,
+}
+
+impl Probe {
+    fn say(cx: &mut Cx<'_>, what: String) {
+        cx.send_text(format!("\"{what}\""));
+    }
+}
+
+impl DialectConn for Probe {
+    fn on_open(&mut self, cx: &mut Cx<'_>, query: &str, _peer: &str) -> Result<(), Refusal> {
+        if query == "refuse" {
+            Self::say(cx, "refused".into());
+            return Err(Refusal {
+                code: 4000,
+                reason: "nope".into(),
+            });
+        }
+        let at = cx.now + Duration::from_secs(1);
+        cx.set_timer(2, at);
+        Ok(())
+    }
+
+    fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
+        match text {
+            "start" => {
+                let prompt_ids = cx.codec().encode("ab", true).expect("encode");
+                let req = GenRequest {
+                    prompt_ids,
+                    params: GenParams::defaults(6),
+                    logprobs: None,
+                };
+                self.gen = cx.start(req).ok();
+                Self::say(cx, "started".into());
+            }
+            "close_window" => {
+                let id = self.gen.expect("running");
+                cx.close_window(id);
+            }
+            "open_window" => {
+                let id = self.gen.expect("running");
+                cx.open_window(id);
+            }
+            "end" => {
+                let id = self.gen.expect("running");
+                cx.end(id, FinishReason::Cancelled);
+                // The last piece comes after this callback, not inside it.
+                Self::say(cx, "end asked".into());
+            }
+            _ => {}
+        }
+    }
+
+    fn on_binary(&mut self, _cx: &mut Cx<'_>, _len: usize) {}
+
+    fn on_token(&mut self, cx: &mut Cx<'_>, _id: SeqId, piece: &TokenPiece) {
+        match piece.finish {
+            Some(r) => {
+                self.gen = None;
+                Self::say(cx, format!("last:{}", r.as_str()));
+            }
+            None => Self::say(cx, "token".into()),
+        }
+    }
+
+    fn on_failed(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _failure: &Failure) {}
+
+    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
+
+    fn on_admitted(&mut self, cx: &mut Cx<'_>, _id: SeqId) {
+        Self::say(cx, "admitted".into());
+    }
+
+    fn on_step_end(&mut self, cx: &mut Cx<'_>) {
+        Self::say(cx, "step_end".into());
+    }
+
+    fn on_timer(&mut self, cx: &mut Cx<'_>, tag: u8) {
+        Self::say(cx, format!("timer:{tag}"));
+    }
+
+    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
+
+    fn busy(&self) -> bool {
+        self.gen.is_some()
+    }
+}
+
+fn probes(_d: Dialect) -> Option<Box<dyn DialectConn>> {
+    Some(Box::new(Probe::default()))
+}
+
+fn harness() -> Harness {
+    let mut h = Harness::new(HostConfig::default(), "xyz", 1);
+    h.host.set_machines(probes);
+    h
+}
+
+fn said(h: &Harness, c: ConnId) -> Vec<String> {
+    h.received(c)
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_refusal_at_open_closes_with_its_code_after_what_was_sent() {
+    let mut h = harness();
+    let c = ConnId(1);
+    h.input(Input::Open {
+        conn: c,
+        dialect: Dialect::Cai,
+        transport: Transport::WebSocket,
+        query: "refuse".into(),
+        peer: "p".into(),
+    });
+    assert_eq!(said(&h, c), ["refused"]);
+    assert_eq!(h.closes.get(&c), Some(&(4000, "nope".to_string())));
+    assert_eq!(h.host.stats().connections, 0);
+}
+
+#[test]
+fn admission_comes_once_and_each_step_ends_after_its_tokens() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Cai);
+    h.send_raw(c, "start");
+    assert_eq!(
+        said(&h, c),
+        ["started", "admitted"],
+        "admitted as the step is planned"
+    );
+    h.run(50);
+    let s = said(&h, c);
+    assert_eq!(s.iter().filter(|x| *x == "admitted").count(), 1);
+    assert_eq!(s.last().map(String::as_str), Some("last:length"));
+    // Every step ends after the tokens it produced: `step_end` follows each
+    // `token`, and the step that ended the generation reports nothing more.
+    let tokens = s.iter().filter(|x| *x == "token").count();
+    assert_eq!(tokens, 5, "{s:?}");
+    for (i, x) in s.iter().enumerate() {
+        if x == "token" {
+            assert_eq!(s.get(i + 1).map(String::as_str), Some("step_end"), "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn hold_reasons_are_a_set_and_the_last_piece_takes_one_route() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Cai);
+    h.send_raw(c, "start");
+    h.run(2);
+    h.send_raw(c, "close_window");
+    h.input(Input::QueueFull { conn: c });
+    h.run(5);
+    let before = said(&h, c).len();
+    assert!(h.pending_step.is_none(), "nothing runs while held");
+    h.send_raw(c, "open_window");
+    h.run(5);
+    assert_eq!(said(&h, c).len(), before, "the full queue still holds it");
+    assert!(h.pending_step.is_none());
+    h.input(Input::QueueDrained { conn: c });
+    assert!(h.pending_step.is_some(), "no reason left: it runs again");
+    h.step();
+    h.send_raw(c, "end");
+    let s = said(&h, c);
+    let n = s.len();
+    assert_eq!(s[n - 2..], ["end asked", "last:cancelled"], "{s:?}");
+    h.run(10);
+    assert_eq!(said(&h, c).len(), n, "exactly one last piece");
+    assert_eq!(h.host.stats().generations, 0);
+}
+
+#[test]
+fn a_timer_fires_once_and_goes_with_its_connection() {
+    let mut h = harness();
+    let a = h.open(1, Dialect::Cai);
+    let b = h.open(2, Dialect::Cai);
+    h.input(Input::Closed { conn: b });
+    h.advance(Duration::from_millis(999));
+    assert!(said(&h, a).is_empty());
+    h.advance(Duration::from_millis(2));
+    assert_eq!(said(&h, a), ["timer:2"]);
+    h.advance(Duration::from_secs(5));
+    assert_eq!(said(&h, a), ["timer:2"], "once");
+    assert!(said(&h, b).is_empty());
+}
