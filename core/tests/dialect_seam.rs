@@ -9,7 +9,7 @@ use tokenwire_core::engine::SeqId;
 use tokenwire_core::gen::{FinishReason, GenRequest, TokenPiece};
 use tokenwire_core::params::GenParams;
 use tokenwire_core::testing::Harness;
-use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, TextCodec, Transport};
+use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, Transport};
 
 #[derive(Default)]
 struct Probe {
