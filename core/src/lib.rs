@@ -40,6 +40,7 @@ pub mod host;
 pub mod ids;
 pub mod json;
 pub mod params;
+pub mod rate;
 pub mod rng;
 pub mod sched;
 pub mod testing;

@@ -7,6 +7,7 @@
 pub mod detok;
 pub mod hold;
 pub mod request;
+pub mod sentence;
 pub mod stop;
 
 use crate::api::ConnId;

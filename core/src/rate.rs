@@ -1,0 +1,114 @@
+//! Token buckets driven by the core's clock, for per-organisation rate
+//! limits (`cai`: requests and tokens per minute). Exact integer arithmetic
+//! on nanoseconds, so the same inputs give the same answers on any host.
+
+use crate::time::{Duration, Instant};
+
+/// Nanoseconds in the refill period (a minute).
+const PERIOD_NS: i128 = 60_000_000_000;
+
+/// A bucket holding up to `per_minute` units, refilled continuously at
+/// `per_minute` units a minute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    per_minute: u64,
+    /// Units held, scaled by [`PERIOD_NS`] so refills never round; below
+    /// zero after charges past empty (a debt later refills repay).
+    scaled: i128,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(per_minute: u64, now: Instant) -> TokenBucket {
+        TokenBucket {
+            per_minute,
+            scaled: i128::from(per_minute) * PERIOD_NS,
+            last: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = i128::from(now.saturating_duration_since(self.last).as_nanos() as u64);
+        let cap = i128::from(self.per_minute) * PERIOD_NS;
+        self.scaled = (self.scaled + elapsed * i128::from(self.per_minute)).min(cap);
+        if now > self.last {
+            self.last = now;
+        }
+    }
+
+    /// Whole units available at `now`.
+    pub fn available(&mut self, now: Instant) -> u64 {
+        self.refill(now);
+        u64::try_from(self.scaled.max(0) / PERIOD_NS).unwrap_or(u64::MAX)
+    }
+
+    /// Takes `n` units at `now`, or says how long until `n` are there (never,
+    /// as `None`, when `n` exceeds the bucket's size). Nothing is taken on refusal.
+    pub fn take(&mut self, now: Instant, n: u64) -> Result<(), Option<Duration>> {
+        self.refill(now);
+        let need = i128::from(n) * PERIOD_NS;
+        if need <= self.scaled {
+            self.scaled -= need;
+            return Ok(());
+        }
+        if n > self.per_minute {
+            return Err(None);
+        }
+        let missing = need - self.scaled;
+        let rate = i128::from(self.per_minute);
+        let ns = (missing + rate - 1) / rate;
+        Err(Some(Duration::from_nanos(
+            u64::try_from(ns).unwrap_or(u64::MAX),
+        )))
+    }
+
+    /// Takes `n` units even past empty (tokens already generated are
+    /// charged after the fact); the debt is repaid by later refills.
+    pub fn charge(&mut self, now: Instant, n: u64) {
+        self.refill(now);
+        self.scaled -= i128::from(n) * PERIOD_NS;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::ZERO + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_bucket_empties_then_refills_at_its_rate() {
+        let mut b = TokenBucket::new(60, at(0));
+        for _ in 0..60 {
+            b.take(at(0), 1).expect("full");
+        }
+        // One unit a second.
+        assert_eq!(b.take(at(0), 1), Err(Some(Duration::from_secs(1))));
+        assert_eq!(b.take(at(400), 1), Err(Some(Duration::from_millis(600))));
+        b.take(at(1000), 1).expect("refilled");
+        assert_eq!(b.available(at(1000)), 0);
+        assert_eq!(b.available(at(31_000)), 30);
+        assert_eq!(b.available(at(10_000_000)), 60, "never above its size");
+        assert_eq!(
+            b.take(at(10_000_000), 61),
+            Err(None),
+            "more than it can ever hold"
+        );
+    }
+
+    #[test]
+    fn refusals_take_nothing_and_charges_may_go_into_debt() {
+        let mut b = TokenBucket::new(10, at(0));
+        assert!(b.take(at(0), 11).is_err());
+        assert_eq!(b.available(at(0)), 10);
+        b.charge(at(0), 15);
+        assert_eq!(b.available(at(0)), 0);
+        // A debt of 5 units, then 1 to take: 6 units at 10 a minute.
+        assert_eq!(b.take(at(0), 1), Err(Some(Duration::from_secs(36))));
+        assert_eq!(b.available(at(30_000)), 0, "still repaying");
+        b.take(at(36_000), 1).expect("repaid");
+    }
+}
