@@ -77,7 +77,7 @@ pub mod close_reason {
 }
 
 /// How a connection reached the Host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Transport {
     /// A WebSocket: the Host may ping it and close it with a code.
     WebSocket,

@@ -1,19 +1,11 @@
 //! The `tokenwire` binary as an operator runs it.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-fn tokenwire() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tokenwire"));
-    // The child's environment only: the test process's own is untouched.
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("TOKENWIRE_") || k == "RUST_LOG" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.stdin(Stdio::null());
-    cmd
-}
+use common::{stories260k, tokenwire};
 
 #[test]
 fn a_model_that_cannot_load_is_a_clear_error_not_a_panic() {
@@ -94,26 +86,6 @@ fn tiny_model_is_announced_first_and_sigterm_stops_cleanly() {
     );
 }
 
-/// The stories260K model (a real tokenizer, whose library logs prompt
-/// characters at trace level), or `None` with a printed reason; under
-/// `CI=true` a missing model fails.
-fn stories260k() -> Option<std::path::PathBuf> {
-    let dir = std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/models/stories260K"
-    ));
-    if dir.join("model.safetensors").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but the model is missing at {}",
-        dir.display()
-    );
-    eprintln!("skipping: {} not found", dir.display());
-    None
-}
-
 /// Runs every dialect the server speaks, over WebSocket and HTTP, with a
 /// marker in every prompt, at the most verbose log level: neither the
 /// marker, nor any character-by-character trace of it, nor the generated
@@ -123,34 +95,16 @@ fn stories260k() -> Option<std::path::PathBuf> {
 fn no_conversation_text_reaches_the_log_at_trace_level() {
     use futures_util::{SinkExt, StreamExt};
     let Some(model) = stories260k() else { return };
-    let mut child = tokenwire()
-        .args(["serve", "--listen", "127.0.0.1:0", "--seed", "3", "--model"])
+    let mut cmd = tokenwire();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--seed", "3", "--model"])
         .arg(&model)
-        .env("TOKENWIRE_LOG", "trace")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tokenwire");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let mut log: Vec<String> = Vec::new();
-    let mut addr = None;
-    for line in lines.by_ref() {
-        let line = line.expect("utf-8");
-        if line.contains("listening") {
-            addr = line
-                .split("addr=")
-                .nth(1)
-                .and_then(|a| a.split_whitespace().next())
-                .map(str::to_owned);
-        }
-        let loaded = line.contains("model loaded");
-        log.push(line);
-        if loaded {
-            break;
-        }
-    }
-    let addr = addr.expect("the listening address is logged");
+        .env("TOKENWIRE_LOG", "trace");
+    let common::Served {
+        mut child,
+        addr,
+        mut log,
+        lines,
+    } = common::serve(cmd);
     // A marker the model's vocabulary spells out piece by piece.
     let marker = "Quixotic Zephyr marker";
     let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -3,8 +3,11 @@
 //! on a second `tokenwire serve` process with its history and gets the same
 //! (greedy) continuation as a run that was never interrupted.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Child;
+
+use common::stories260k;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -15,57 +18,16 @@ type Ws =
 
 const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-fn stories260k() -> Option<std::path::PathBuf> {
-    let dir = std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/models/stories260K"
-    ));
-    if dir.join("model.safetensors").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but the model is missing at {}",
-        dir.display()
-    );
-    eprintln!("skipping: {} not found", dir.display());
-    None
-}
-
-/// Starts `tokenwire serve` on a free port; returns the process and its address
-/// once the model is loaded. Its log is drained on a thread.
+/// Starts `tokenwire serve` with `model` on a free port; its log is drained
+/// on a thread.
 fn serve(model: &std::path::Path) -> (Child, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tokenwire"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("TOKENWIRE_") || k == "RUST_LOG" {
-            cmd.env_remove(k);
-        }
-    }
-    let mut child = cmd
-        .args(["serve", "--listen", "127.0.0.1:0", "--model"])
-        .arg(model)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tokenwire");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut addr = None;
-    for line in lines.by_ref() {
-        let line = line.expect("utf-8");
-        if line.contains("listening") {
-            addr = line
-                .split("addr=")
-                .nth(1)
-                .and_then(|a| a.split_whitespace().next())
-                .map(str::to_owned);
-        }
-        if line.contains("model loaded") {
-            break;
-        }
-    }
+    let mut cmd = common::tokenwire();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--model"])
+        .arg(model);
+    let served = common::serve(cmd);
+    let lines = served.lines;
     std::thread::spawn(move || lines.for_each(drop));
-    (child, addr.expect("the listening address is logged"))
+    (served.child, served.addr)
 }
 
 async fn connect(addr: &str) -> Ws {

@@ -95,6 +95,24 @@ pub fn new_client(id: usize, swarm: &Swarm, rng: Rng) -> Box<dyn SimClient> {
     }
 }
 
+/// How long a client waits before acting again: mostly a moment up to the
+/// mix's `think_max`, now and then long enough to cross the pause timeout
+/// or the idle timeout.
+pub(crate) fn think(rng: &mut Rng, cx: &ClientCx<'_>) -> Duration {
+    let m = &cx.swarm.mix;
+    if chance(rng, m.long_wait_p) {
+        let mins = if chance(rng, 0.5) { 6 } else { 11 };
+        return Duration::from_secs(mins * 60);
+    }
+    crate::swarm::between(rng, Duration::from_micros(1), m.think_max)
+}
+
+/// The tag every prompt of connection `conn` carries (`<c{conn}>`), by which
+/// checkers tell whose sequence an engine step computes.
+pub(crate) fn conn_tag(conn: Option<ConnId>) -> String {
+    format!("<c{}>", conn.map_or(0, |c| c.0))
+}
+
 /// True with chance `p`.
 pub(crate) fn chance(rng: &mut Rng, p: f64) -> bool {
     rng.next_f64() < p

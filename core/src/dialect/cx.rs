@@ -56,8 +56,8 @@ pub trait HostPort {
     fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError>;
     /// The dialects' host-wide state.
     fn dialect_state(&mut self) -> &mut DialectState;
-    /// Connections open on `dialect`'s path.
-    fn open_connections(&self, dialect: Dialect) -> u32;
+    /// Connections open on `dialect`'s path over `transport`.
+    fn open_connections(&self, dialect: Dialect, transport: Transport) -> u32;
     /// Sets (or moves) `conn`'s timer `tag`.
     fn set_timer(&mut self, conn: ConnId, tag: u8, at: Instant);
     /// Cancels `conn`'s timer `tag`.
@@ -257,9 +257,10 @@ impl<'a> Cx<'a> {
         self.port.dialect_state()
     }
 
-    /// Connections open on `dialect`'s path, this one included.
-    pub fn open_connections(&self, dialect: Dialect) -> u32 {
-        self.port.open_connections(dialect)
+    /// Connections open on `dialect`'s path over `transport`, this one
+    /// included (in [`super::DialectConn::on_open`] too).
+    pub fn open_connections(&self, dialect: Dialect, transport: Transport) -> u32 {
+        self.port.open_connections(dialect, transport)
     }
 
     /// Sets (or moves) this connection's timer `tag` (below [`MAX_TIMERS`])

@@ -17,8 +17,6 @@ pub struct DialectState {
     pub jobs: JobLedger,
     /// `responses`: the `store: true` responses made over HTTP.
     pub responses: ResponseStore,
-    /// `responses`: WebSocket connections open (against their own limit).
-    pub responses_sockets: u32,
 }
 
 impl DialectState {
@@ -28,7 +26,6 @@ impl DialectState {
             sessions: SessionRegistry::new(config.max_sessions),
             jobs: JobLedger::new(config.max_jobs),
             responses: ResponseStore::new(config.response_store_size),
-            responses_sockets: 0,
         }
     }
 }

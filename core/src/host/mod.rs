@@ -312,7 +312,11 @@ impl Host {
                 .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
         }
         self.conns.insert(conn, c);
-        *self.sh.open_by_dialect.entry(dialect).or_default() += 1;
+        *self
+            .sh
+            .open_by_dialect
+            .entry((dialect, transport))
+            .or_default() += 1;
         let mut refused = None;
         self.with_conn(now, conn, |m, cx| {
             refused = m.on_open(cx, query, peer).err()
@@ -741,7 +745,7 @@ impl Host {
         };
         let mut cx = Cx::new(now, conn, c.dialect, c.transport, &mut self.sh);
         c.machine.on_closed(&mut cx);
-        if let Some(n) = self.sh.open_by_dialect.get_mut(&c.dialect) {
+        if let Some(n) = self.sh.open_by_dialect.get_mut(&(c.dialect, c.transport)) {
             *n = n.saturating_sub(1);
         }
         self.sh.set_conn_blocked(conn, false);

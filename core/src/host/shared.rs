@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::api::{ConnId, Dialect, Event, JobCheck, JobCheckId, Outcome, Output};
+use crate::api::{ConnId, Dialect, Event, JobCheck, JobCheckId, Outcome, Output, Transport};
 use crate::config::HostConfig;
 use crate::dialect::state::DialectState;
 use crate::dialect::HostPort;
@@ -69,8 +69,8 @@ pub(crate) struct Shared {
     pub ended: VecDeque<(SeqId, TokenPiece)>,
     /// The dialects' host-wide state.
     pub dialects: DialectState,
-    /// Open connections per dialect.
-    pub open_by_dialect: BTreeMap<Dialect, u32>,
+    /// Open connections per dialect and transport.
+    pub open_by_dialect: BTreeMap<(Dialect, Transport), u32>,
     /// Connections whose outbound queue is full: their generations, including
     /// ones started later, are held.
     blocked_conns: BTreeSet<ConnId>,
@@ -434,8 +434,11 @@ impl HostPort for Shared {
         &mut self.dialects
     }
 
-    fn open_connections(&self, dialect: Dialect) -> u32 {
-        self.open_by_dialect.get(&dialect).copied().unwrap_or(0)
+    fn open_connections(&self, dialect: Dialect, transport: Transport) -> u32 {
+        self.open_by_dialect
+            .get(&(dialect, transport))
+            .copied()
+            .unwrap_or(0)
     }
 
     fn set_timer(&mut self, conn: ConnId, tag: u8, at: Instant) {

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Transport};
 
-use super::{chance, ClientCx, ClientOp, SimClient, PROMPT_CHARS};
+use super::{chance, conn_tag, think, ClientCx, ClientOp, SimClient, PROMPT_CHARS};
 use crate::swarm::{between, Swarm};
 
 /// Where the client is with its connection.
@@ -106,16 +106,6 @@ impl GenerateClient {
         matches!(self.phase, Phase::Awaiting | Phase::Generating { .. })
     }
 
-    fn think(&mut self, cx: &ClientCx<'_>) -> Duration {
-        let m = &cx.swarm.mix;
-        if chance(&mut self.rng, m.long_wait_p) {
-            // Long enough to cross the pause timeout or the idle timeout.
-            let mins = if chance(&mut self.rng, 0.5) { 6 } else { 11 };
-            return Duration::from_secs(mins * 60);
-        }
-        between(&mut self.rng, Duration::from_micros(1), m.think_max)
-    }
-
     fn transport(&self) -> Transport {
         if self.http {
             Transport::Http
@@ -139,7 +129,7 @@ impl GenerateClient {
                 if !self.http && chance(&mut self.rng, m.hostile_p * 0.3) {
                     ops.push(self.hostile(cx));
                 }
-                ops.push(ClientOp::Wake(self.think(cx)));
+                ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
             }
             Phase::Idle => {
                 if self.http {
@@ -148,7 +138,7 @@ impl GenerateClient {
                         ops.push(ClientOp::Close(conn));
                     }
                     self.phase = Phase::Offline;
-                    ops.push(ClientOp::Wake(self.think(cx)));
+                    ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
                     return ops;
                 }
                 let x = self.rng.next_f64();
@@ -173,12 +163,12 @@ impl GenerateClient {
                 } else {
                     ops.push(self.new_config(cx));
                 }
-                ops.push(ClientOp::Wake(self.think(cx)));
+                ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
             }
             Phase::Generating { paused, tokens } => {
                 let x = self.rng.next_f64();
                 if self.http {
-                    ops.push(ClientOp::Wake(self.think(cx)));
+                    ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
                     return ops;
                 }
                 if x < m.hostile_p * 0.5 {
@@ -194,9 +184,9 @@ impl GenerateClient {
                     ops.push(ClientOp::Text(self.config_text(cx).0));
                 }
                 let wait = if paused {
-                    self.think(cx)
+                    think(&mut self.rng, cx)
                 } else {
-                    self.think(cx) / 4
+                    think(&mut self.rng, cx) / 4
                 };
                 ops.push(ClientOp::Wake(wait));
             }
@@ -224,7 +214,7 @@ impl GenerateClient {
         } else {
             ops.push(self.new_config(cx));
         }
-        ops.push(ClientOp::Wake(self.think(cx)));
+        ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
         ops
     }
 
@@ -291,7 +281,7 @@ impl GenerateClient {
             "completion" => {
                 self.phase = Phase::Idle;
                 if !self.liveness {
-                    let soon = self.think(cx) / 8;
+                    let soon = think(&mut self.rng, cx) / 8;
                     ops.push(ClientOp::Wake(soon));
                 } else if self.http {
                     if let Some(conn) = self.conn.take() {
@@ -310,7 +300,7 @@ impl GenerateClient {
                     self.phase = Phase::Idle;
                     self.resend = retry && self.saved.is_some() && chance(&mut self.rng, 0.5);
                     if !self.liveness {
-                        ops.push(ClientOp::Wake(self.think(cx) / 8));
+                        ops.push(ClientOp::Wake(think(&mut self.rng, cx) / 8));
                     } else if self.http {
                         if let Some(conn) = self.conn.take() {
                             ops.push(ClientOp::Close(conn));
@@ -388,10 +378,6 @@ impl GenerateClient {
         }
     }
 
-    fn tag(&self) -> String {
-        format!("<c{}>", self.conn.map_or(0, |c| c.0))
-    }
-
     fn prompt_body(&mut self, cx: &ClientCx<'_>) -> String {
         let len = match self.rng.below(20) {
             0 => self.rng.below(u64::from(cx.swarm.model.context_len) + 64),
@@ -419,7 +405,7 @@ impl GenerateClient {
         if chance(&mut self.rng, 0.8) {
             let ctx = u64::from(sw.model.context_len);
             // The prompt's tokens: BOS, the tag, the body (one per byte).
-            let prompt_tokens = 1 + self.tag().len() as u64 + body.len() as u64;
+            let prompt_tokens = 1 + conn_tag(self.conn).len() as u64 + body.len() as u64;
             let max = if chance(&mut self.rng, 0.08) {
                 // The boundaries: the whole context, the most that fits, one more.
                 let fits = ctx.saturating_sub(prompt_tokens).max(1);
@@ -514,7 +500,7 @@ impl GenerateClient {
         let mut v = saved.rest.clone();
         v.insert(
             "prompt".into(),
-            json!(format!("{}{}", self.tag(), saved.body)),
+            json!(format!("{}{}", conn_tag(self.conn), saved.body)),
         );
         Value::Object(v).to_string()
     }
@@ -539,7 +525,7 @@ impl GenerateClient {
     }
 
     fn invalid_config(&mut self, cx: &ClientCx<'_>) -> String {
-        let tag = self.tag();
+        let tag = conn_tag(self.conn);
         let ctx = cx.swarm.model.context_len;
         let p = |params: Value| json!({"type": "config", "prompt": format!("{tag}x"), "parameters": params});
         let v = match self.rng.below(14) {
@@ -643,7 +629,7 @@ impl GenerateClient {
             13 => return ClientOp::TooLarge,
             14 if limit <= 65536 => "x".repeat(limit + 1),
             15 => "\u{0}\u{FFFF}\u{1F980}\"".into(),
-            16 => json!({"type": "config", "prompt": self.tag(), "parameters": {"stop": {"a": 1}}})
+            16 => json!({"type": "config", "prompt": conn_tag(self.conn), "parameters": {"stop": {"a": 1}}})
                 .to_string(),
             _ => {
                 // A config cut off in the middle.

@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Transport};
 
-use super::{chance, garbage, text, ClientCx, ClientOp, SimClient};
+use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, SimClient};
 use crate::swarm::{between, Swarm};
 
 /// A frame sent and not yet answered.
@@ -101,19 +101,6 @@ impl ResponsesClient {
         }
     }
 
-    fn think(&mut self, cx: &ClientCx<'_>) -> Duration {
-        let m = &cx.swarm.mix;
-        if chance(&mut self.rng, m.long_wait_p) {
-            let mins = if chance(&mut self.rng, 0.5) { 6 } else { 11 };
-            return Duration::from_secs(mins * 60);
-        }
-        between(&mut self.rng, Duration::from_micros(1), m.think_max)
-    }
-
-    fn tag(&self) -> String {
-        format!("<c{}>", self.conn.map_or(0, |c| c.0))
-    }
-
     /// True while a create is unanswered or a response is in flight.
     fn busy(&self) -> bool {
         self.streaming.is_some() || self.sent.contains(&Sent::Create)
@@ -127,7 +114,11 @@ impl ResponsesClient {
     /// The new input: a string, or message items (with a tool output now
     /// and then); it starts with the tag when it starts a conversation.
     fn input(&mut self, first: bool) -> Value {
-        let tag = if first { self.tag() } else { String::new() };
+        let tag = if first {
+            conn_tag(self.conn)
+        } else {
+            String::new()
+        };
         let said = format!("{tag}{}", text(&mut self.rng, 20));
         if chance(&mut self.rng, 0.5) {
             return json!(said);
@@ -155,7 +146,7 @@ impl ResponsesClient {
         v.insert("type".into(), json!("response.create"));
         let instructions = chance(&mut self.rng, 0.2);
         if instructions {
-            let said = format!("{}{}", self.tag(), text(&mut self.rng, 12));
+            let said = format!("{}{}", conn_tag(self.conn), text(&mut self.rng, 12));
             v.insert("instructions".into(), json!(said));
         }
         // A conversation's first input carries the tag too: a continuation
@@ -319,7 +310,7 @@ impl ResponsesClient {
             };
             ops.push(self.create(cx, prev));
         }
-        ops.push(ClientOp::Wake(self.think(cx)));
+        ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
         ops
     }
 }
@@ -410,7 +401,7 @@ impl SimClient for ResponsesClient {
                     _ => {}
                 }
                 if !self.liveness {
-                    let soon = self.think(cx) / 8;
+                    let soon = think(&mut self.rng, cx) / 8;
                     return vec![ClientOp::Wake(soon)];
                 }
             }

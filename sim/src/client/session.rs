@@ -19,7 +19,7 @@ use tokenwire_core::dialect::session::codec::{self, ClientMessage, Prompt, Sessi
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ChatMessage, ConnId, Dialect, Duration, Instant, Role, Transport};
 
-use super::{chance, garbage, text, ClientCx, ClientOp, SimClient};
+use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, SimClient};
 use crate::swarm::{between, Swarm};
 
 /// A reply in flight longer than this is given up (its error was taken for
@@ -122,19 +122,6 @@ impl SessionClient {
         }
     }
 
-    fn think(&mut self, cx: &ClientCx<'_>) -> Duration {
-        let m = &cx.swarm.mix;
-        if chance(&mut self.rng, m.long_wait_p) {
-            let mins = if chance(&mut self.rng, 0.5) { 6 } else { 11 };
-            return Duration::from_secs(mins * 60);
-        }
-        between(&mut self.rng, Duration::from_micros(1), m.think_max)
-    }
-
-    fn tag(&self) -> String {
-        format!("<c{}>", self.conn.map_or(0, |c| c.0))
-    }
-
     fn new_job(&mut self) -> Value {
         self.next_job += 1;
         if chance(&mut self.rng, 0.2) {
@@ -150,7 +137,7 @@ impl SessionClient {
         let job = self.new_job();
         let mut history = vec![ChatMessage {
             role: Role::System,
-            content: self.tag(),
+            content: conn_tag(self.conn),
         }];
         // A conversation handed over from elsewhere: a few turns already.
         let turns = match self.rng.below(4) {
@@ -187,7 +174,7 @@ impl SessionClient {
     }
 
     fn start_message(&mut self, i: usize) -> ClientMessage {
-        let tag = self.tag();
+        let tag = conn_tag(self.conn);
         let c = &mut self.convs[i];
         if let Some(first) = c.history.first_mut().filter(|_| c.tag_message) {
             first.content = tag;
@@ -230,7 +217,7 @@ impl SessionClient {
     fn prompt_message(&mut self, cx: &ClientCx<'_>, i: usize) -> ClientMessage {
         let mut content = text(&mut self.rng, 24);
         if !self.convs[i].tag_message {
-            content = format!("{}{content}", self.tag());
+            content = format!("{}{content}", conn_tag(self.conn));
         }
         let mut sampling = Map::new();
         let sw = cx.swarm;
@@ -337,7 +324,7 @@ impl SessionClient {
                 }
             }
         }
-        ops.push(ClientOp::Wake(self.think(cx)));
+        ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
         ops
     }
 
@@ -601,7 +588,7 @@ impl SimClient for SessionClient {
                     }
                 }
                 if !self.liveness {
-                    let soon = self.think(cx) / 8;
+                    let soon = think(&mut self.rng, cx) / 8;
                     return vec![ClientOp::Wake(soon)];
                 }
             }

@@ -21,12 +21,7 @@ impl Checker for ResponsesInflight {
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
         match out {
             Output::Tokenize(job) => {
-                let Some(r) = cx
-                    .view
-                    .conns
-                    .get(&job.conn)
-                    .and_then(|c| c.responses.as_ref())
-                else {
+                let Some(r) = cx.view.responses(&job.conn) else {
                     return Ok(());
                 };
                 match &r.current {
@@ -41,7 +36,7 @@ impl Checker for ResponsesInflight {
                 let Some(f) = frame else {
                     return Ok(());
                 };
-                let Some(r) = cx.view.conns.get(conn).and_then(|c| c.responses.as_ref()) else {
+                let Some(r) = cx.view.responses(conn) else {
                     return Ok(());
                 };
                 if f.kind() == "response.created" {

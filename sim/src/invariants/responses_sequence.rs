@@ -19,7 +19,7 @@ impl Checker for ResponsesSequence {
         let (Output::Send { conn, .. }, Some(f)) = (out, frame) else {
             return Ok(());
         };
-        let Some(r) = cx.view.conns.get(conn).and_then(|c| c.responses.as_ref()) else {
+        let Some(r) = cx.view.responses(conn) else {
             return Ok(());
         };
         let Some(n) = f.v.get("sequence_number").and_then(|n| n.as_u64()) else {

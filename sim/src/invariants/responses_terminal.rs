@@ -24,7 +24,7 @@ impl Checker for ResponsesTerminal {
         let (Output::Send { conn, text }, Some(f)) = (out, frame) else {
             return Ok(());
         };
-        let Some(r) = cx.view.conns.get(conn).and_then(|c| c.responses.as_ref()) else {
+        let Some(r) = cx.view.responses(conn) else {
             return Ok(());
         };
         let kind = f.kind();

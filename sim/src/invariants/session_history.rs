@@ -67,12 +67,7 @@ impl Checker for SessionHistory {
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
         match out {
             Output::Tokenize(job) => {
-                let Some(s) = cx
-                    .view
-                    .conns
-                    .get(&job.conn)
-                    .and_then(|c| c.session.as_ref())
-                else {
+                let Some(s) = cx.view.session(&job.conn) else {
                     return Ok(());
                 };
                 match s.next_handled() {

@@ -149,12 +149,7 @@ impl Checker for SessionReplies {
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
         match out {
             Output::VerifyJob(check) => {
-                let Some(s) = cx
-                    .view
-                    .conns
-                    .get(&check.conn)
-                    .and_then(|c| c.session.as_ref())
-                else {
+                let Some(s) = cx.view.session(&check.conn) else {
                     return Ok(());
                 };
                 let Some(m) = s.next_handled().filter(|m| m.stage == Stage::Sent) else {
@@ -179,12 +174,7 @@ impl Checker for SessionReplies {
                 Ok(())
             }
             Output::Tokenize(job) => {
-                let Some(s) = cx
-                    .view
-                    .conns
-                    .get(&job.conn)
-                    .and_then(|c| c.session.as_ref())
-                else {
+                let Some(s) = cx.view.session(&job.conn) else {
                     return Ok(());
                 };
                 match s.next_handled() {

@@ -361,6 +361,16 @@ pub struct View {
 }
 
 impl View {
+    /// The `session` view of live connection `conn`, if it speaks `session`.
+    pub fn session(&self, conn: &ConnId) -> Option<&session::SessionConnView> {
+        self.conns.get(conn).and_then(|c| c.session.as_ref())
+    }
+
+    /// The `responses` view of live connection `conn`, if it speaks `responses`.
+    pub fn responses(&self, conn: &ConnId) -> Option<&responses::ResponsesConnView> {
+        self.conns.get(conn).and_then(|c| c.responses.as_ref())
+    }
+
     /// An empty view for a Host with `config` serving `model`.
     pub fn new(config: &HostConfig, model: &ModelInfo) -> View {
         View {

@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 use self::codec::{ClientEvent, CreateRequest, Echo, Usage};
 use self::store::Stored;
 use super::{Cx, DialectConn, Refusal};
-use crate::api::Transport;
+use crate::api::{Dialect, Transport};
 use crate::engine::SeqId;
 use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
 use crate::json::f32_number;
@@ -140,8 +140,6 @@ struct Inflight {
 /// One `/v1/responses` connection (or one HTTP request on that route).
 #[derive(Debug, Default)]
 pub struct ResponsesConn {
-    /// Counted against the WebSocket connection limit.
-    counted: bool,
     cache: Option<Cached>,
     inflight: Option<Inflight>,
 }
@@ -457,7 +455,8 @@ impl DialectConn for ResponsesConn {
             return Ok(());
         }
         let limit = cx.config().max_websocket_connections;
-        if cx.state().responses_sockets >= limit {
+        // This socket is counted already: refuse the one past the limit.
+        if cx.open_connections(Dialect::Responses, Transport::WebSocket) > limit {
             send_error(
                 cx,
                 503,
@@ -470,8 +469,6 @@ impl DialectConn for ResponsesConn {
                 reason: "connection limit reached".into(),
             });
         }
-        cx.state().responses_sockets += 1;
-        self.counted = true;
         let name = cx.new_id("ws-");
         cx.name_connection(name);
         let (warn, end) = (
@@ -574,15 +571,6 @@ impl DialectConn for ResponsesConn {
     fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
 
     fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
-
-    fn on_closed(&mut self, cx: &mut Cx<'_>) {
-        if self.counted {
-            let open = &mut cx.state().responses_sockets;
-            *open = open.saturating_sub(1);
-        }
-        self.cache = None;
-        self.inflight = None;
-    }
 
     fn busy(&self) -> bool {
         self.inflight.is_some()
