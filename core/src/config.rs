@@ -1,5 +1,6 @@
 //! The Host's settings. Every limit and deadline from PROTOCOLS.md lives here.
 
+use crate::dialect::cai::auth::KeyRing;
 use crate::time::Duration;
 
 /// Settings of a [`crate::Host`]. `Default` gives the values PROTOCOLS.md names.
@@ -46,6 +47,15 @@ pub struct HostConfig {
     pub responses_lifetime: Duration,
     /// `responses`: most `store: true` HTTP responses kept.
     pub response_store_size: usize,
+    /// `cai`: the accepted keys (the keys file); `None` refuses every
+    /// connection with 1008.
+    pub cai_keys: Option<KeyRing>,
+    /// `cai`: most requests in flight per connection; more get `RATE_LIMITED`.
+    pub cai_max_inflight: u32,
+    /// `cai`: how long a conversation is kept after its last request.
+    pub conversation_ttl: Duration,
+    /// `cai`: most conversations kept (least recently used go first).
+    pub max_conversations: usize,
 }
 
 impl Default for HostConfig {
@@ -70,6 +80,10 @@ impl Default for HostConfig {
             responses_expiring_after: Duration::from_secs(55 * 60),
             responses_lifetime: Duration::from_secs(60 * 60),
             response_store_size: 1000,
+            cai_keys: None,
+            cai_max_inflight: 4,
+            conversation_ttl: Duration::from_secs(30 * 60),
+            max_conversations: 10_000,
         }
     }
 }

@@ -210,6 +210,11 @@ impl<'a> Fields<'a> {
         format!("{}{}", self.prefix, field)
     }
 
+    /// The prefix errors put before field names.
+    pub fn prefix(&self) -> &'a str {
+        self.prefix
+    }
+
     fn get(&self, field: &str) -> Option<&'a Value> {
         self.obj.get(field).filter(|v| !v.is_null())
     }

@@ -46,10 +46,17 @@ impl TokenBucket {
     /// Takes `n` units at `now`, or says how long until `n` are there (never,
     /// as `None`, when `n` exceeds the bucket's size). Nothing is taken on refusal.
     pub fn take(&mut self, now: Instant, n: u64) -> Result<(), Option<Duration>> {
+        self.check(now, n)?;
+        self.scaled -= i128::from(n) * PERIOD_NS;
+        Ok(())
+    }
+
+    /// Whether `n` units are there at `now` (taking nothing), or how long
+    /// until they are (`None`: never, `n` exceeds the bucket's size).
+    pub fn check(&mut self, now: Instant, n: u64) -> Result<(), Option<Duration>> {
         self.refill(now);
         let need = i128::from(n) * PERIOD_NS;
         if need <= self.scaled {
-            self.scaled -= need;
             return Ok(());
         }
         if n > self.per_minute {
@@ -109,6 +116,9 @@ mod tests {
         // A debt of 5 units, then 1 to take: 6 units at 10 a minute.
         assert_eq!(b.take(at(0), 1), Err(Some(Duration::from_secs(36))));
         assert_eq!(b.available(at(30_000)), 0, "still repaying");
+        assert_eq!(b.check(at(35_000), 1), Err(Some(Duration::from_secs(1))));
+        assert_eq!(b.check(at(36_000), 1), Ok(()));
+        assert_eq!(b.check(at(36_000), 1), Ok(()), "checking takes nothing");
         b.take(at(36_000), 1).expect("repaid");
     }
 }

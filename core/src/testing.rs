@@ -271,12 +271,18 @@ impl Harness {
 
     /// Opens a WebSocket connection on `dialect`.
     pub fn open(&mut self, conn: u64, dialect: crate::Dialect) -> crate::ConnId {
+        self.open_with(conn, dialect, "")
+    }
+
+    /// Opens a WebSocket connection on `dialect` whose upgrade carried
+    /// `query` (without `?`).
+    pub fn open_with(&mut self, conn: u64, dialect: crate::Dialect, query: &str) -> crate::ConnId {
         let id = crate::ConnId(conn);
         self.input(crate::Input::Open {
             conn: id,
             dialect,
             transport: crate::Transport::WebSocket,
-            query: String::new(),
+            query: query.to_string(),
             peer: "127.0.0.1:9".into(),
         });
         id

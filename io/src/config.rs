@@ -40,6 +40,8 @@ pub struct Cli {
 }
 
 /// `tokenwire` subcommands.
+// Parsed once at start-up: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug, Clone)]
 pub enum Command {
     /// Run the server.
@@ -49,6 +51,9 @@ pub enum Command {
                             Precedence: command line > environment > config file > default."
     )]
     Serve(ServeArgs),
+    /// Print the `sha256 = "..."` line of a `cai` keys file entry for the API
+    /// key read from standard input (one line; the key is not echoed or stored).
+    HashKey,
 }
 
 /// The compute backend.
@@ -196,6 +201,28 @@ pub struct ServeArgs {
     )]
     pub response_store_size: u64,
 
+    /// `cai`: the keys file (TOML: each key's SHA-256, the organisations it
+    /// may act for, its rate limits; see `tokenwire hash-key`). Without it
+    /// every `cai` connection is closed with 1008.
+    #[arg(long, env = "TOKENWIRE_KEYS", value_name = "FILE")]
+    pub keys: Option<PathBuf>,
+
+    /// `cai`: most requests in flight per connection; more get `RATE_LIMITED`.
+    #[arg(long, env = "TOKENWIRE_CAI_MAX_INFLIGHT", value_name = "N",
+          default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cai_max_inflight: u32,
+
+    /// `cai`: seconds a conversation (per organisation and `conversationId`)
+    /// is kept in memory after its last request.
+    #[arg(long, env = "TOKENWIRE_CONVERSATION_TTL", value_name = "SECS",
+          default_value_t = 30 * 60)]
+    pub conversation_ttl: u64,
+
+    /// `cai`: most conversations kept in memory (least recently used go first).
+    #[arg(long, env = "TOKENWIRE_MAX_CONVERSATIONS", value_name = "N",
+          default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_conversations: u64,
+
     /// Most WebSocket and HTTP generation connections open at once; more get 503.
     #[arg(long, env = "TOKENWIRE_MAX_CONNECTIONS", value_name = "N",
           default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -297,6 +324,14 @@ pub struct ServerConfig {
     pub responses_lifetime: Duration,
     /// `responses`: most stored HTTP responses.
     pub response_store_size: usize,
+    /// `cai`: the keys file, read when the server starts.
+    pub keys: Option<PathBuf>,
+    /// `cai`: most requests in flight per connection.
+    pub cai_max_inflight: u32,
+    /// `cai`: how long a conversation is kept after its last request.
+    pub conversation_ttl: Duration,
+    /// `cai`: most conversations kept.
+    pub max_conversations: usize,
     /// Most connections (WebSocket and HTTP generations) at once.
     pub max_connections: usize,
     /// How long an HTTP client may take to send a request's headers.
@@ -338,6 +373,10 @@ impl Default for ServerConfig {
             responses_expiring_after: h.responses_expiring_after,
             responses_lifetime: h.responses_lifetime,
             response_store_size: h.response_store_size,
+            keys: None,
+            cai_max_inflight: h.cai_max_inflight,
+            conversation_ttl: h.conversation_ttl,
+            max_conversations: h.max_conversations,
             max_connections: 10_000,
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(10),
@@ -375,6 +414,10 @@ impl ServerConfig {
             responses_expiring_after: Duration::from_secs(args.responses_expiring_after),
             responses_lifetime: Duration::from_secs(args.responses_lifetime),
             response_store_size: to_usize(args.response_store_size),
+            keys: args.keys.clone(),
+            cai_max_inflight: args.cai_max_inflight,
+            conversation_ttl: Duration::from_secs(args.conversation_ttl),
+            max_conversations: to_usize(args.max_conversations),
             max_connections: to_usize(args.max_connections),
             header_timeout: Duration::from_secs(args.header_timeout),
             body_timeout: Duration::from_secs(args.body_timeout),
@@ -388,7 +431,8 @@ impl ServerConfig {
     }
 
     /// The Host's settings; `epoch_unix_ms` is the wall-clock time of the Host's
-    /// `Instant::ZERO` (the server's start).
+    /// `Instant::ZERO` (the server's start). The `cai` keys are not read
+    /// here (see [`crate::keys::load`]).
     pub fn host_config(&self, epoch_unix_ms: u64) -> HostConfig {
         HostConfig {
             epoch_unix_ms,
@@ -403,6 +447,9 @@ impl ServerConfig {
             responses_expiring_after: self.responses_expiring_after,
             responses_lifetime: self.responses_lifetime,
             response_store_size: self.response_store_size,
+            cai_max_inflight: self.cai_max_inflight,
+            conversation_ttl: self.conversation_ttl,
+            max_conversations: self.max_conversations,
             ..HostConfig::default()
         }
     }
@@ -650,6 +697,7 @@ mod tests {
     fn serve(cli: Cli) -> ServeArgs {
         match cli.command {
             Command::Serve(a) => a,
+            other => panic!("expected serve, got {other:?}"),
         }
     }
 

@@ -47,6 +47,7 @@ mod feedback;
 mod http;
 mod http_dialect;
 pub mod jobs;
+pub mod keys;
 pub mod metrics;
 mod server;
 pub mod shutdown;

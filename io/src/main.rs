@@ -19,7 +19,28 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => serve(ServerConfig::from_args(&args, random_seed()), &env),
+        Command::HashKey => hash_key(),
     }
+}
+
+/// `tokenwire hash-key`: the keys file line for a key read from stdin.
+fn hash_key() -> ExitCode {
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut line) {
+        eprintln!("tokenwire: cannot read the key from standard input: {e}");
+        return ExitCode::FAILURE;
+    }
+    let key = line.trim_end_matches(['\r', '\n']);
+    if key.is_empty() {
+        eprintln!("tokenwire: no key on standard input (give it as one line)");
+        return ExitCode::from(2);
+    }
+    let digest = tokenwire_core::dialect::cai::auth::hash_key(key);
+    println!(
+        "sha256 = \"{}\"",
+        tokenwire_core::dialect::cai::auth::to_hex(&digest)
+    );
+    ExitCode::SUCCESS
 }
 
 fn serve(config: ServerConfig, env: &EnvMap) -> ExitCode {

@@ -170,6 +170,17 @@ pub async fn start_loading_with(
         ModelSource::Dir(dir) => tracing::info!(model = %dir.display(), "loading the model"),
     }
 
+    let cai_keys = match &config.keys {
+        Some(path) => {
+            let ring = crate::keys::load(path).map_err(anyhow::Error::msg)?;
+            tracing::info!(keys = ring.len(), "cai: keys file loaded");
+            Some(ring)
+        }
+        None => {
+            tracing::info!("cai: no --keys given, so every connection on / is refused (1008)");
+            None
+        }
+    };
     let feedback = match &config.feedback_log {
         Some(path) => Some(FeedbackLog::open(path)?),
         None => None,
@@ -182,7 +193,9 @@ pub async fn start_loading_with(
         .map_err(|e| anyhow::anyhow!("cannot read the listening address: {e}"))?;
 
     let clock = Clock::start();
-    let host = Host::new(config.host_config(clock.epoch_unix_ms()), config.seed);
+    let mut host_config = config.host_config(clock.epoch_unix_ms());
+    host_config.cai_keys = cai_keys;
+    let host = Host::new(host_config, config.seed);
     let (snapshot_tx, snapshot_rx) = driver::snapshot_channel(&host);
     let ready_rx = snapshot_rx.clone();
     let (driver_handle, driver_rx) = driver::channel();

@@ -95,9 +95,22 @@ fn tiny_model_is_announced_first_and_sigterm_stops_cleanly() {
 fn no_conversation_text_reaches_the_log_at_trace_level() {
     use futures_util::{SinkExt, StreamExt};
     let Some(model) = stories260k() else { return };
+    // A cai key the log must not show either (nor its hash).
+    let key = "Zephyr-secret-key";
+    let digest = tokenwire_core::dialect::cai::auth::to_hex(
+        &tokenwire_core::dialect::cai::auth::hash_key(key),
+    );
+    let keys = std::env::temp_dir().join(format!("tokenwire-log-keys-{}.toml", std::process::id()));
+    std::fs::write(
+        &keys,
+        format!("[[key]]\nsha256 = \"{digest}\"\norgs = [\"org_log\"]\n"),
+    )
+    .expect("write the keys file");
     let mut cmd = tokenwire();
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--seed", "3", "--model"])
         .arg(&model)
+        .arg("--keys")
+        .arg(&keys)
         .env("TOKENWIRE_LOG", "trace");
     let common::Served {
         mut child,
@@ -135,6 +148,15 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
                                    "max_output_tokens": 24, "temperature": 0}),
                 "response.incomplete",
             ),
+            (
+                "/?authorization=Bearer%20Zephyr-secret-key&orgId=org_log",
+                serde_json::json!({"type": "COMPLETION", "requestId": "redact",
+                                   "payload": {"prompt": format!("{marker} once upon a time"),
+                                               "conversationId": "redact",
+                                               "context": [{"role": "system", "content": format!("{marker} system")}],
+                                               "options": {"maxTokens": 24, "temperature": 0}}}),
+                "STREAM_COMPLETE",
+            ),
         ];
         for (path, request, terminal) in requests {
             let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
@@ -150,6 +172,7 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
                         let text = v["generated_text"]
                             .as_str()
                             .or(v["content"].as_str())
+                            .or(v["payload"]["fullContent"].as_str())
                             .or(v["response"]["output"][0]["content"][0]["text"].as_str());
                         texts.push(text.unwrap_or("").to_string());
                         break;
@@ -195,6 +218,7 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
     assert!(killed.success());
     log.extend(lines.map_while(Result::ok));
     assert!(child.wait().expect("wait").success());
+    let _ = std::fs::remove_file(&keys);
 
     assert!(
         log.iter().any(|l| l.contains("TRACE")),
@@ -206,7 +230,7 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
         "the model generated text to look for"
     );
     for line in &log {
-        for word in ["Quixotic", "Zephyr", "marker"] {
+        for word in ["Quixotic", "Zephyr", "marker", "secret", &digest[..16]] {
             assert!(!line.contains(word), "prompt text in the log: {line}");
         }
         for text in &generated {

@@ -13,6 +13,7 @@
 //! client frames are synthetic text made by the simulator.
 
 use serde_json::{json, Value};
+use tokenwire_core::dialect::cai::auth::{parse_sha256, to_hex, ApiKey, KeyRing};
 use tokenwire_core::{
     ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
     JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId,
@@ -155,7 +156,46 @@ fn host_json(h: &HostConfig) -> Value {
         "responses_expiring_after_ns": ns(h.responses_expiring_after),
         "responses_lifetime_ns": ns(h.responses_lifetime),
         "response_store_size": h.response_store_size,
+        "cai_keys": h.cai_keys.as_ref().map(keys_json),
+        "cai_max_inflight": h.cai_max_inflight,
+        "conversation_ttl_ns": ns(h.conversation_ttl),
+        "max_conversations": h.max_conversations,
     })
+}
+
+fn keys_json(ring: &KeyRing) -> Value {
+    (0..ring.len())
+        .filter_map(|i| ring.key(i))
+        .map(|k| {
+            json!({"name": k.name, "sha256": to_hex(&k.sha256), "orgs": k.orgs,
+                   "requests_per_minute": k.requests_per_minute,
+                   "tokens_per_minute": k.tokens_per_minute})
+        })
+        .collect()
+}
+
+fn keys_from(v: &Value) -> Result<Option<KeyRing>, String> {
+    let Some(items) = v.as_array() else {
+        return Ok(None);
+    };
+    let keys = items
+        .iter()
+        .map(|k| {
+            Ok(ApiKey {
+                name: str_of(k, "name")?.to_string(),
+                sha256: parse_sha256(str_of(k, "sha256")?)?,
+                orgs: k["orgs"]
+                    .as_array()
+                    .ok_or("missing orgs")?
+                    .iter()
+                    .map(|o| o.as_str().map(str::to_string).ok_or("bad org"))
+                    .collect::<Result<_, _>>()?,
+                requests_per_minute: k["requests_per_minute"].as_u64(),
+                tokens_per_minute: k["tokens_per_minute"].as_u64(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    KeyRing::new(keys).map(Some)
 }
 
 fn host_from(v: &Value) -> Result<HostConfig, String> {
@@ -181,6 +221,10 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         responses_expiring_after: d("responses_expiring_after_ns")?,
         responses_lifetime: d("responses_lifetime_ns")?,
         response_store_size: usize_of(v, "response_store_size")?,
+        cai_keys: keys_from(&v["cai_keys"])?,
+        cai_max_inflight: u32_of(v, "cai_max_inflight")?,
+        conversation_ttl: d("conversation_ttl_ns")?,
+        max_conversations: usize_of(v, "max_conversations")?,
     })
 }
 

@@ -11,9 +11,11 @@
 //! [`cx::HostPort`] for [`Cx`]), and this layer uses the generation machine
 //! ([`crate::gen`]); nothing here names the Host.
 
+pub mod cai;
 pub mod cx;
 pub mod generate;
 pub mod http;
+pub mod messages;
 pub mod responses;
 pub mod session;
 pub mod state;
@@ -113,6 +115,7 @@ pub fn machine_for(dialect: Dialect) -> Option<Box<dyn DialectConn>> {
         Dialect::Generate => Some(Box::new(generate::GenerateConn::default())),
         Dialect::Session => Some(Box::new(session::SessionConn::default())),
         Dialect::Responses => Some(Box::new(responses::ResponsesConn::default())),
+        Dialect::Cai => Some(Box::new(cai::CaiConn::default())),
         _ => None,
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::cai::state::CaiState;
 use super::responses::store::ResponseStore;
 use crate::api::ConnId;
 use crate::config::HostConfig;
@@ -17,6 +18,8 @@ pub struct DialectState {
     pub jobs: JobLedger,
     /// `responses`: the `store: true` responses made over HTTP.
     pub responses: ResponseStore,
+    /// `cai`: conversations and rate limits.
+    pub cai: CaiState,
 }
 
 impl DialectState {
@@ -26,6 +29,7 @@ impl DialectState {
             sessions: SessionRegistry::new(config.max_sessions),
             jobs: JobLedger::new(config.max_jobs),
             responses: ResponseStore::new(config.response_store_size),
+            cai: CaiState::new(config.max_conversations, config.conversation_ttl),
         }
     }
 }

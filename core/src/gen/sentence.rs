@@ -11,8 +11,7 @@
 //!
 //! Each sentence carries the whitespace that came before it, so the
 //! sentences and the remainder [`SentenceSplitter::finish`] flushes
-//! concatenate to exactly the text pushed, except trailing whitespace that
-//! no further text followed.
+//! concatenate to exactly the text pushed without its trailing whitespace.
 
 /// Lowercase words whose `.` does not end a sentence.
 const ABBREVIATIONS: &[&str] = &[
@@ -64,11 +63,13 @@ impl SentenceSplitter {
     }
 
     /// The text left at the end (the last sentence, which may lack terminal
-    /// punctuation), or `None` when only whitespace is left.
+    /// punctuation) without trailing whitespace, or `None` when only
+    /// whitespace is left.
     pub fn finish(&mut self) -> Option<String> {
-        let rest = std::mem::take(&mut self.pending);
+        let mut rest = std::mem::take(&mut self.pending);
         self.scanned = 0;
-        (!rest.trim().is_empty()).then_some(rest)
+        rest.truncate(rest.trim_end().len());
+        (!rest.is_empty()).then_some(rest)
     }
 
     /// The byte offset just after the first sentence that `pending` shows

@@ -9,7 +9,7 @@ use crate::config::HostConfig;
 use crate::dialect::state::DialectState;
 use crate::dialect::HostPort;
 use crate::engine::{ModelInfo, SeqId, SeqResult};
-use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, StartError, TokenPiece};
+use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, Holds, StartError, TokenPiece};
 use crate::params::GenParams;
 use crate::rng::Rng;
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
@@ -276,12 +276,16 @@ impl Shared {
         true
     }
 
-    /// Adds `reason` to what holds `id`; a client pause starts its timeout.
+    /// Adds `reason` to what holds `id`. A hold the client controls (its
+    /// pause, its flow window) starts the pause timeout: a client that never
+    /// resumes or acknowledges cannot keep a generation's memory forever.
     pub fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
         let Some(gen) = self.gens.get_mut(&id) else {
             return false;
         };
-        if gen.holds.insert(reason) && reason == HoldReason::ClientPause {
+        let was_timed = client_held(gen.holds);
+        gen.holds.insert(reason);
+        if !was_timed && client_held(gen.holds) {
             self.timers
                 .set(TimerKey::PauseTimeout(id), now + self.config.pause_timeout);
         }
@@ -298,6 +302,8 @@ impl Shared {
         if gen.holds.remove(reason) && reason == HoldReason::ClientPause {
             let held = std::mem::take(&mut gen.pending);
             self.replay.extend(held);
+        }
+        if !client_held(gen.holds) {
             self.timers.cancel(TimerKey::PauseTimeout(id));
         }
         self.sync_runnable(id);
@@ -475,4 +481,9 @@ impl From<AdmitError> for StartError {
             AdmitError::Duplicate => StartError::QueueFull,
         }
     }
+}
+
+/// True when a hold the client controls (and the pause timeout bounds) is set.
+fn client_held(holds: Holds) -> bool {
+    holds.contains(HoldReason::ClientPause) || holds.contains(HoldReason::FlowWindow)
 }

@@ -13,8 +13,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::dialect::messages;
 use crate::json::{self, FieldError, Fields};
-use crate::text::{ChatMessage, Role};
+use crate::text::ChatMessage;
 
 /// Keys of a `prompt` (and an HTTP inference body) read as sampling parameters.
 pub const SAMPLING_KEYS: [&str; 7] = [
@@ -275,38 +276,7 @@ fn job_id(f: &Fields<'_>) -> Result<String, FieldError> {
 
 /// `conversation_context`: `[{role, content}]`, roles user, assistant, system.
 fn context(f: &Fields<'_>) -> Result<Vec<ChatMessage>, FieldError> {
-    let Some(items) = f.array("conversation_context")? else {
-        return Ok(Vec::new());
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let name = format!("conversation_context[{i}]");
-            let Value::Object(m) = item else {
-                return Err(FieldError::new(
-                    name,
-                    format!("must be an object, got {}", json::type_name(item)),
-                ));
-            };
-            let prefix = format!("{name}.");
-            let f = Fields::new(m, &prefix);
-            let role = f.req_str("role")?;
-            let role = match Role::parse(role) {
-                Some(r @ (Role::User | Role::Assistant | Role::System)) => r,
-                _ => {
-                    return Err(FieldError::new(
-                        format!("{name}.role"),
-                        format!("must be user, assistant or system, got `{role}`"),
-                    ))
-                }
-            };
-            Ok(ChatMessage {
-                role,
-                content: f.req_str("content")?.to_string(),
-            })
-        })
-        .collect()
+    messages::decode(f, "conversation_context")
 }
 
 fn sampling(msg: &Map<String, Value>) -> Map<String, Value> {
@@ -314,15 +284,6 @@ fn sampling(msg: &Map<String, Value>) -> Map<String, Value> {
         .iter()
         .filter_map(|k| msg.get(*k).map(|v| ((*k).to_string(), v.clone())))
         .collect()
-}
-
-fn context_json(messages: &[ChatMessage]) -> Value {
-    Value::Array(
-        messages
-            .iter()
-            .map(|m| serde_json::json!({"role": m.role.as_str(), "content": m.content}))
-            .collect(),
-    )
 }
 
 /// Encodes a client message (flat form).
@@ -340,7 +301,7 @@ pub fn encode_client_value(msg: &ClientMessage) -> Value {
             v.insert("job_id".into(), s.job_id.clone().into());
             v.insert(
                 "conversation_context".into(),
-                context_json(&s.conversation_context),
+                messages::encode(&s.conversation_context),
             );
             if let Some(m) = &s.model {
                 v.insert("model".into(), m.clone().into());
@@ -365,7 +326,7 @@ pub fn encode_client_value(msg: &ClientMessage) -> Value {
             v.insert("prompt".into(), i.prompt.clone().into());
             v.insert(
                 "conversation_context".into(),
-                context_json(&i.conversation_context),
+                messages::encode(&i.conversation_context),
             );
             if let Some(s) = &i.session_id {
                 v.insert("session_id".into(), s.clone().into());

@@ -1,0 +1,296 @@
+//! What `cai` keeps across connections: conversations per (organisation,
+//! `conversationId`) for a time-to-live, and each organisation's token
+//! buckets. Both bounded: conversations by count (least recently used go
+//! first) and by length, buckets by the keys file's (key, organisation) pairs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::auth::{ApiKey, Credentials};
+use crate::rate::TokenBucket;
+use crate::text::{ChatMessage, Role};
+use crate::time::{Duration, Instant};
+
+/// Most messages a stored conversation keeps (the oldest non-system
+/// messages go first); prompts are cut to the context window anyway.
+pub const MAX_CONVERSATION_MESSAGES: usize = 256;
+
+type ConvKey = (String, String);
+
+#[derive(Debug)]
+struct Conversation {
+    messages: Vec<ChatMessage>,
+    expires: Instant,
+    /// Its key in `by_use`.
+    used: u64,
+}
+
+/// Conversations kept in memory, per (organisation, conversation id).
+#[derive(Debug)]
+pub struct Conversations {
+    map: BTreeMap<ConvKey, Conversation>,
+    by_expiry: BTreeSet<(Instant, ConvKey)>,
+    by_use: BTreeMap<u64, ConvKey>,
+    clock: u64,
+    capacity: usize,
+    ttl: Duration,
+}
+
+impl Conversations {
+    /// A store of at most `capacity` conversations, each forgotten `ttl`
+    /// after it was last used.
+    pub fn new(capacity: usize, ttl: Duration) -> Conversations {
+        Conversations {
+            map: BTreeMap::new(),
+            by_expiry: BTreeSet::new(),
+            by_use: BTreeMap::new(),
+            clock: 0,
+            capacity: capacity.max(1),
+            ttl,
+        }
+    }
+
+    fn remove(&mut self, key: &ConvKey) -> Option<Conversation> {
+        let c = self.map.remove(key)?;
+        self.by_expiry.remove(&(c.expires, key.clone()));
+        self.by_use.remove(&c.used);
+        Some(c)
+    }
+
+    /// Forgets every conversation whose time ran out by `now`.
+    pub fn expire(&mut self, now: Instant) {
+        while let Some((at, key)) = self.by_expiry.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.remove(&key);
+        }
+    }
+
+    /// The messages of a live conversation.
+    pub fn get(&mut self, now: Instant, org: &str, id: &str) -> Option<Vec<ChatMessage>> {
+        self.expire(now);
+        let key = (org.to_string(), id.to_string());
+        self.map.get(&key).map(|c| c.messages.clone())
+    }
+
+    /// Stores `messages` as the conversation, alive for the TTL from `now`.
+    pub fn put(&mut self, now: Instant, org: &str, id: &str, mut messages: Vec<ChatMessage>) {
+        self.expire(now);
+        let key = (org.to_string(), id.to_string());
+        self.remove(&key);
+        while self.map.len() >= self.capacity {
+            let Some((_, oldest)) = self.by_use.first_key_value().map(|(u, k)| (*u, k.clone()))
+            else {
+                break;
+            };
+            self.remove(&oldest);
+        }
+        trim(&mut messages);
+        self.clock += 1;
+        let expires = now + self.ttl;
+        self.by_expiry.insert((expires, key.clone()));
+        self.by_use.insert(self.clock, key.clone());
+        self.map.insert(
+            key,
+            Conversation {
+                messages,
+                expires,
+                used: self.clock,
+            },
+        );
+    }
+
+    /// Live conversations (as of the last call that expired them).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Drops the oldest non-system messages past [`MAX_CONVERSATION_MESSAGES`].
+fn trim(messages: &mut Vec<ChatMessage>) {
+    let mut excess = messages.len().saturating_sub(MAX_CONVERSATION_MESSAGES);
+    messages.retain(|m| {
+        if excess > 0 && m.role != Role::System {
+            excess -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
+
+/// One (key, organisation)'s buckets.
+#[derive(Debug)]
+struct Buckets {
+    requests: Option<TokenBucket>,
+    tokens: Option<TokenBucket>,
+}
+
+/// Rate limits per (key, organisation), as the keys file gives them.
+#[derive(Debug, Default)]
+pub struct RateLimits {
+    buckets: BTreeMap<(usize, String), Buckets>,
+}
+
+impl RateLimits {
+    fn buckets(&mut self, now: Instant, who: &Credentials, key: &ApiKey) -> &mut Buckets {
+        self.buckets
+            .entry((who.key, who.org.clone()))
+            .or_insert_with(|| Buckets {
+                requests: key.requests_per_minute.map(|n| TokenBucket::new(n, now)),
+                tokens: key.tokens_per_minute.map(|n| TokenBucket::new(n, now)),
+            })
+    }
+
+    /// Admits one request at `now` (taking one from the request bucket) when
+    /// both buckets allow it; otherwise how long until they would.
+    pub fn admit(&mut self, now: Instant, who: &Credentials, key: &ApiKey) -> Result<(), Duration> {
+        let b = self.buckets(now, who, key);
+        // A token bucket in debt (tokens already generated past the limit)
+        // refuses until it is back to one token.
+        let tokens_wait = match b.tokens.as_mut().map(|t| t.check(now, 1)) {
+            Some(Err(wait)) => Some(wait.unwrap_or(Duration::MAX)),
+            _ => None,
+        };
+        let requests_wait = match b.requests.as_mut().map(|r| r.check(now, 1)) {
+            Some(Err(wait)) => Some(wait.unwrap_or(Duration::MAX)),
+            _ => None,
+        };
+        match tokens_wait.max(requests_wait) {
+            Some(wait) => Err(wait),
+            None => {
+                if let Some(r) = b.requests.as_mut() {
+                    r.charge(now, 1);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Charges `tokens` (prompt or generated) to the organisation's bucket.
+    pub fn charge_tokens(&mut self, now: Instant, who: &Credentials, key: &ApiKey, tokens: u64) {
+        if let Some(t) = self.buckets(now, who, key).tokens.as_mut() {
+            t.charge(now, tokens);
+        }
+    }
+}
+
+/// Everything `cai` keeps host-wide.
+#[derive(Debug)]
+pub struct CaiState {
+    /// Conversations per (organisation, conversation id).
+    pub conversations: Conversations,
+    /// Token buckets per (key, organisation).
+    pub limits: RateLimits,
+}
+
+impl CaiState {
+    /// Empty state.
+    pub fn new(max_conversations: usize, ttl: Duration) -> CaiState {
+        CaiState {
+            conversations: Conversations::new(max_conversations, ttl),
+            limits: RateLimits::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::cai::auth::hash_key;
+
+    fn at(secs: u64) -> Instant {
+        Instant::ZERO + Duration::from_secs(secs)
+    }
+
+    fn msg(role: Role, content: &str) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn conversations_live_for_their_ttl_per_organisation() {
+        let mut c = Conversations::new(10, Duration::from_secs(60));
+        c.put(at(0), "org", "c1", vec![msg(Role::User, "hi")]);
+        assert_eq!(c.get(at(59), "org", "c1").map(|m| m.len()), Some(1));
+        assert_eq!(
+            c.get(at(59), "other", "c1"),
+            None,
+            "another org's id is another conversation"
+        );
+        c.put(
+            at(30),
+            "org",
+            "c1",
+            vec![msg(Role::User, "a"), msg(Role::Assistant, "b")],
+        );
+        assert_eq!(
+            c.get(at(89), "org", "c1").map(|m| m.len()),
+            Some(2),
+            "a put renews it"
+        );
+        assert_eq!(c.get(at(90), "org", "c1"), None, "expired");
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn conversations_are_bounded_by_count_and_length() {
+        let mut c = Conversations::new(2, Duration::from_secs(60));
+        c.put(at(0), "o", "a", vec![]);
+        c.put(at(1), "o", "b", vec![]);
+        c.put(at(2), "o", "a", vec![]); // a is now the most recent
+        c.put(at(3), "o", "c", vec![]);
+        assert_eq!(c.len(), 2);
+        assert!(
+            c.get(at(3), "o", "b").is_none(),
+            "least recently used went first"
+        );
+        assert!(c.get(at(3), "o", "a").is_some());
+        let mut long = vec![msg(Role::System, "sys")];
+        long.extend((0..MAX_CONVERSATION_MESSAGES + 5).map(|i| msg(Role::User, &i.to_string())));
+        c.put(at(4), "o", "long", long);
+        let kept = c.get(at(4), "o", "long").expect("kept");
+        assert_eq!(kept.len(), MAX_CONVERSATION_MESSAGES);
+        assert_eq!(kept[0].role, Role::System, "system messages stay");
+        assert_eq!(kept[1].content, "6", "the oldest went");
+    }
+
+    #[test]
+    fn limits_refuse_with_the_wait_and_tokens_may_go_into_debt() {
+        let key = ApiKey {
+            name: "k".into(),
+            sha256: hash_key("k"),
+            orgs: vec!["o".into(), "p".into()],
+            requests_per_minute: Some(2),
+            tokens_per_minute: Some(600),
+        };
+        let who = Credentials {
+            key: 0,
+            org: "o".into(),
+        };
+        let other = Credentials {
+            key: 0,
+            org: "p".into(),
+        };
+        let mut l = RateLimits::default();
+        l.admit(at(0), &who, &key).expect("1st");
+        l.admit(at(0), &who, &key).expect("2nd");
+        assert_eq!(l.admit(at(0), &who, &key), Err(Duration::from_secs(30)));
+        l.admit(at(0), &other, &key)
+            .expect("another org has its own buckets");
+        l.charge_tokens(at(30), &who, &key, 900);
+        // 300 tokens of debt at 10 a second, plus one to admit.
+        assert_eq!(
+            l.admit(at(30), &who, &key),
+            Err(Duration::from_millis(30_100))
+        );
+        l.admit(at(61), &who, &key).expect("repaid");
+    }
+}
