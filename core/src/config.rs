@@ -1,5 +1,6 @@
 //! The Host's settings. Every limit and deadline from PROTOCOLS.md lives here.
 
+use crate::dialect::batch::GenerationDefaults;
 use crate::dialect::cai::auth::KeyRing;
 use crate::time::Duration;
 
@@ -47,6 +48,11 @@ pub struct HostConfig {
     pub responses_lifetime: Duration,
     /// `responses`: most `store: true` HTTP responses kept.
     pub response_store_size: usize,
+    /// `batch`: `generation_config` values a payload leaves out.
+    pub batch_defaults: GenerationDefaults,
+    /// `batch`: most finished batches kept for continuing (least recently
+    /// used go first; 0 keeps none).
+    pub batch_cache_entries: usize,
     /// `cai`: the accepted keys (the keys file); `None` refuses every
     /// connection with 1008.
     pub cai_keys: Option<KeyRing>,
@@ -80,6 +86,8 @@ impl Default for HostConfig {
             responses_expiring_after: Duration::from_secs(55 * 60),
             responses_lifetime: Duration::from_secs(60 * 60),
             response_store_size: 1000,
+            batch_defaults: GenerationDefaults::default(),
+            batch_cache_entries: 256,
             cai_keys: None,
             cai_max_inflight: 4,
             conversation_ttl: Duration::from_secs(30 * 60),

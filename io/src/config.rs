@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use tokenwire_core::dialect::batch::GenerationDefaults;
 use tokenwire_core::HostConfig;
 
 /// Environment variables, by name.
@@ -201,6 +202,62 @@ pub struct ServeArgs {
     )]
     pub response_store_size: u64,
 
+    /// `batch`: most finished batches kept to be continued (least recently
+    /// used go first; 0 keeps none).
+    #[arg(
+        long,
+        env = "TOKENWIRE_BATCH_CACHE_ENTRIES",
+        value_name = "N",
+        default_value_t = 256
+    )]
+    pub batch_cache_entries: u64,
+
+    /// `batch`: `generation_config.num_beams` when a payload leaves it out.
+    #[arg(long, env = "TOKENWIRE_GEN_NUM_BEAMS", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gen_num_beams: u32,
+
+    /// `batch`: `generation_config.do_sample` when a payload leaves it out
+    /// (false: greedy).
+    #[arg(long, env = "TOKENWIRE_GEN_DO_SAMPLE", value_name = "BOOL", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub gen_do_sample: bool,
+
+    /// `batch`: `generation_config.temperature` when a payload leaves it out (0 to 2).
+    #[arg(long, env = "TOKENWIRE_GEN_TEMPERATURE", value_name = "T", default_value_t = 1.0,
+          value_parser = temperature)]
+    pub gen_temperature: f32,
+
+    /// `batch`: `generation_config.top_p` when a payload leaves it out (above 0, at most 1).
+    #[arg(long, env = "TOKENWIRE_GEN_TOP_P", value_name = "P", default_value_t = 1.0,
+          value_parser = top_p)]
+    pub gen_top_p: f32,
+
+    /// `batch`: `generation_config.top_k` when a payload leaves it out (0: off).
+    #[arg(
+        long,
+        env = "TOKENWIRE_GEN_TOP_K",
+        value_name = "K",
+        default_value_t = 50
+    )]
+    pub gen_top_k: u32,
+
+    /// `batch`: `generation_config.max_new_tokens` when a payload leaves it out.
+    #[arg(long, env = "TOKENWIRE_GEN_MAX_NEW_TOKENS", value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub gen_max_new_tokens: u32,
+
+    /// `batch`: `generation_config.repetition_penalty` when a payload leaves
+    /// it out (above 0; 1: off).
+    #[arg(long, env = "TOKENWIRE_GEN_REPETITION_PENALTY", value_name = "X", default_value_t = 1.0,
+          value_parser = positive)]
+    pub gen_repetition_penalty: f32,
+
+    /// `batch`: `generation_config.length_penalty` when a payload leaves it out.
+    #[arg(long, env = "TOKENWIRE_GEN_LENGTH_PENALTY", value_name = "X", default_value_t = 1.0,
+          value_parser = finite)]
+    pub gen_length_penalty: f32,
+
     /// `cai`: the keys file (TOML: each key's SHA-256, the organisations it
     /// may act for, its rate limits; see `tokenwire hash-key`). Without it
     /// every `cai` connection is closed with 1008.
@@ -324,6 +381,10 @@ pub struct ServerConfig {
     pub responses_lifetime: Duration,
     /// `responses`: most stored HTTP responses.
     pub response_store_size: usize,
+    /// `batch`: most finished batches kept to be continued.
+    pub batch_cache_entries: usize,
+    /// `batch`: `generation_config` defaults.
+    pub batch_defaults: GenerationDefaults,
     /// `cai`: the keys file, read when the server starts.
     pub keys: Option<PathBuf>,
     /// `cai`: most requests in flight per connection.
@@ -373,6 +434,8 @@ impl Default for ServerConfig {
             responses_expiring_after: h.responses_expiring_after,
             responses_lifetime: h.responses_lifetime,
             response_store_size: h.response_store_size,
+            batch_cache_entries: h.batch_cache_entries,
+            batch_defaults: h.batch_defaults.clone(),
             keys: None,
             cai_max_inflight: h.cai_max_inflight,
             conversation_ttl: h.conversation_ttl,
@@ -414,6 +477,17 @@ impl ServerConfig {
             responses_expiring_after: Duration::from_secs(args.responses_expiring_after),
             responses_lifetime: Duration::from_secs(args.responses_lifetime),
             response_store_size: to_usize(args.response_store_size),
+            batch_cache_entries: to_usize(args.batch_cache_entries),
+            batch_defaults: GenerationDefaults {
+                num_beams: args.gen_num_beams,
+                do_sample: args.gen_do_sample,
+                temperature: args.gen_temperature,
+                top_p: args.gen_top_p,
+                top_k: args.gen_top_k,
+                max_new_tokens: args.gen_max_new_tokens,
+                repetition_penalty: args.gen_repetition_penalty,
+                length_penalty: args.gen_length_penalty,
+            },
             keys: args.keys.clone(),
             cai_max_inflight: args.cai_max_inflight,
             conversation_ttl: Duration::from_secs(args.conversation_ttl),
@@ -447,12 +521,55 @@ impl ServerConfig {
             responses_expiring_after: self.responses_expiring_after,
             responses_lifetime: self.responses_lifetime,
             response_store_size: self.response_store_size,
+            batch_cache_entries: self.batch_cache_entries,
+            batch_defaults: self.batch_defaults.clone(),
             cai_max_inflight: self.cai_max_inflight,
             conversation_ttl: self.conversation_ttl,
             max_conversations: self.max_conversations,
             ..HostConfig::default()
         }
     }
+}
+
+fn float(s: &str) -> Result<f32, String> {
+    let v: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("`{s}` is not a finite number"))
+    }
+}
+
+fn temperature(s: &str) -> Result<f32, String> {
+    float(s).and_then(|v| {
+        (0.0..=2.0)
+            .contains(&v)
+            .then_some(v)
+            .ok_or_else(|| format!("must be from 0 to 2, got {v}"))
+    })
+}
+
+fn top_p(s: &str) -> Result<f32, String> {
+    float(s).and_then(|v| {
+        (v > 0.0 && v <= 1.0)
+            .then_some(v)
+            .ok_or_else(|| format!("must be above 0 and at most 1, got {v}"))
+    })
+}
+
+fn positive(s: &str) -> Result<f32, String> {
+    float(s).and_then(|v| {
+        (v > 0.0)
+            .then_some(v)
+            .ok_or_else(|| format!("must be above 0, got {v}"))
+    })
+}
+
+fn finite(s: &str) -> Result<f32, String> {
+    float(s)
 }
 
 fn to_usize(v: u64) -> usize {
@@ -789,6 +906,10 @@ mod tests {
             ("TOKENWIRE_SEND_BUFFER_BYTES", "11"),
             ("TOKENWIRE_SEED", "7"),
             ("TOKENWIRE_LOG_FORMAT", "json"),
+            ("TOKENWIRE_GEN_TEMPERATURE", "0.25"),
+            ("TOKENWIRE_GEN_DO_SAMPLE", "true"),
+            ("TOKENWIRE_GEN_MAX_NEW_TOKENS", "12"),
+            ("TOKENWIRE_BATCH_CACHE_ENTRIES", "3"),
         ]);
         let a = parse(&[], &e, None).expect("parses");
         let c = ServerConfig::from_args(&a, 0);
@@ -809,6 +930,14 @@ mod tests {
         assert_eq!(c.send_buffer_bytes, 11);
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.batch_defaults.temperature, 0.25);
+        assert!(c.batch_defaults.do_sample);
+        assert_eq!(c.batch_defaults.max_new_tokens, 12);
+        assert_eq!(c.batch_cache_entries, 3);
+        let h = c.host_config(0);
+        assert_eq!(h.batch_defaults, c.batch_defaults, "they reach the Host");
+        let bad = parse(&[], &env(&[("TOKENWIRE_GEN_TEMPERATURE", "3")]), None);
+        assert!(invalid(bad).contains("TOKENWIRE_GEN_TEMPERATURE"));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! client frames are synthetic text made by the simulator.
 
 use serde_json::{json, Value};
+use tokenwire_core::dialect::batch::GenerationDefaults;
 use tokenwire_core::dialect::cai::auth::{parse_sha256, to_hex, ApiKey, KeyRing};
 use tokenwire_core::{
     ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
@@ -156,10 +157,32 @@ fn host_json(h: &HostConfig) -> Value {
         "responses_expiring_after_ns": ns(h.responses_expiring_after),
         "responses_lifetime_ns": ns(h.responses_lifetime),
         "response_store_size": h.response_store_size,
+        "batch_defaults": batch_json(&h.batch_defaults),
+        "batch_cache_entries": h.batch_cache_entries,
         "cai_keys": h.cai_keys.as_ref().map(keys_json),
         "cai_max_inflight": h.cai_max_inflight,
         "conversation_ttl_ns": ns(h.conversation_ttl),
         "max_conversations": h.max_conversations,
+    })
+}
+
+fn batch_json(d: &GenerationDefaults) -> Value {
+    json!({"num_beams": d.num_beams, "do_sample": d.do_sample, "temperature": d.temperature,
+           "top_p": d.top_p, "top_k": d.top_k, "max_new_tokens": d.max_new_tokens,
+           "repetition_penalty": d.repetition_penalty, "length_penalty": d.length_penalty})
+}
+
+fn batch_from(v: &Value) -> Result<GenerationDefaults, String> {
+    let f = |k: &str| v[k].as_f64().map(|x| x as f32).ok_or(format!("bad {k}"));
+    Ok(GenerationDefaults {
+        num_beams: u32_of(v, "num_beams")?,
+        do_sample: v["do_sample"].as_bool().ok_or("bad do_sample")?,
+        temperature: f("temperature")?,
+        top_p: f("top_p")?,
+        top_k: u32_of(v, "top_k")?,
+        max_new_tokens: u32_of(v, "max_new_tokens")?,
+        repetition_penalty: f("repetition_penalty")?,
+        length_penalty: f("length_penalty")?,
     })
 }
 
@@ -221,6 +244,8 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         responses_expiring_after: d("responses_expiring_after_ns")?,
         responses_lifetime: d("responses_lifetime_ns")?,
         response_store_size: usize_of(v, "response_store_size")?,
+        batch_defaults: batch_from(&v["batch_defaults"])?,
+        batch_cache_entries: usize_of(v, "batch_cache_entries")?,
         cai_keys: keys_from(&v["cai_keys"])?,
         cai_max_inflight: u32_of(v, "cai_max_inflight")?,
         conversation_ttl: d("conversation_ttl_ns")?,

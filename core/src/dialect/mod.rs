@@ -11,6 +11,7 @@
 //! [`cx::HostPort`] for [`Cx`]), and this layer uses the generation machine
 //! ([`crate::gen`]); nothing here names the Host.
 
+pub mod batch;
 pub mod cai;
 pub mod cx;
 pub mod generate;
@@ -115,7 +116,7 @@ pub fn machine_for(dialect: Dialect) -> Option<Box<dyn DialectConn>> {
         Dialect::Generate => Some(Box::new(generate::GenerateConn::default())),
         Dialect::Session => Some(Box::new(session::SessionConn::default())),
         Dialect::Responses => Some(Box::new(responses::ResponsesConn::default())),
+        Dialect::Batch => Some(Box::new(batch::BatchConn::default())),
         Dialect::Cai => Some(Box::new(cai::CaiConn::default())),
-        _ => None,
     }
 }

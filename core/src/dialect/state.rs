@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::batch::cache::ContinueCache;
 use super::cai::state::CaiState;
 use super::responses::store::ResponseStore;
 use crate::api::ConnId;
@@ -20,6 +21,8 @@ pub struct DialectState {
     pub responses: ResponseStore,
     /// `cai`: conversations and rate limits.
     pub cai: CaiState,
+    /// `batch`: the continue-generation cache.
+    pub batch: ContinueCache,
 }
 
 impl DialectState {
@@ -30,6 +33,7 @@ impl DialectState {
             jobs: JobLedger::new(config.max_jobs),
             responses: ResponseStore::new(config.response_store_size),
             cai: CaiState::new(config.max_conversations, config.conversation_ttl),
+            batch: ContinueCache::new(config.batch_cache_entries),
         }
     }
 }

@@ -600,9 +600,9 @@ impl Host {
                 .outputs
                 .push_back(Output::Event(Event::TokensGenerated { count }));
         }
-        for r in results {
-            self.apply_result(now, r);
-        }
+        // Owners are found before the results are applied: a generation that
+        // ends in this step is gone afterwards, and its connection still
+        // hears that the step ended.
         let mut owners: Vec<ConnId> = Vec::new();
         for id in stepped {
             if let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) {
@@ -610,6 +610,9 @@ impl Host {
                     owners.push(owner);
                 }
             }
+        }
+        for r in results {
+            self.apply_result(now, r);
         }
         for owner in owners {
             self.with_conn(now, owner, |m, cx| m.on_step_end(cx));

@@ -1,0 +1,697 @@
+//! The `batch` dialect (seed 003) at `/ws`: a queue of payloads, each a
+//! batch of raw prompts generated together, answered with event arrays
+//! (ACCEPTED, STARTED, INITIALIZED, PROGRESS, COMPLETE, ERROR), one element
+//! per prompt the event concerns, in payload order.
+//!
+//! A connection may queue several payloads. They start in arrival order: the
+//! next one's prompts are started once every prompt of the one before has
+//! been admitted, all of a payload's prompts in one instant, so the scheduler
+//! takes them into the same step as capacity allows. Events of one engine
+//! step are gathered and sent when the step ends ([`DialectConn::on_step_end`]):
+//! one PROGRESS frame per step with an element for each prompt that produced a
+//! token in it.
+//!
+//! `generation_config` falls back to the server's [`GenerationDefaults`];
+//! `do_sample: false` is greedy; `repetition_penalty` is the Hugging Face
+//! (CTRL) penalty the engine applies. A finished batch is kept in the host's
+//! continue-generation cache ([`cache`]) under its ordered request ids; a
+//! later payload with the same ids continues every sequence instead of
+//! reading its prompts.
+
+pub mod cache;
+pub mod codec;
+
+use std::collections::VecDeque;
+
+use serde_json::{Map, Value};
+
+use self::cache::CachedSeq;
+use self::codec::{Event, EventKind, Payload};
+use super::{Cx, DialectConn};
+use crate::engine::{SeqId, TokenId};
+use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
+use crate::json::Fields;
+use crate::params::{self, GenParams, ParamNames};
+use crate::text::{Encoded, TextJobId};
+use crate::time::{Duration, Instant};
+
+/// The source's error for beams with streaming.
+pub const BEAMS_WITH_STREAMER: &str =
+    "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1.";
+
+/// `generation_config` values used when a payload leaves them out (the
+/// source's ".env"; the server's configuration sets them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationDefaults {
+    /// Beams (1: no beam search).
+    pub num_beams: u32,
+    /// Sample (true) or take the most likely token (false).
+    pub do_sample: bool,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Top-k filter (0: off).
+    pub top_k: u32,
+    /// New tokens per prompt.
+    pub max_new_tokens: u32,
+    /// Hugging Face repetition penalty (1: off).
+    pub repetition_penalty: f32,
+    /// Beam search length penalty exponent.
+    pub length_penalty: f32,
+}
+
+impl Default for GenerationDefaults {
+    /// Hugging Face `GenerationConfig`'s own defaults, and 256 new tokens.
+    fn default() -> Self {
+        GenerationDefaults {
+            num_beams: 1,
+            do_sample: false,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 50,
+            max_new_tokens: 256,
+            repetition_penalty: 1.0,
+            length_penalty: 1.0,
+        }
+    }
+}
+
+/// The names of `generation_config`'s sampling fields.
+const CONFIG_NAMES: ParamNames = ParamNames {
+    max_tokens: "max_new_tokens",
+    temperature: "temperature",
+    top_p: "top_p",
+    top_k: "top_k",
+    repetition_penalty: "repetition_penalty",
+    stop: "stop",
+    seed: "seed",
+    top_logprobs: "top_logprobs",
+};
+
+/// Where one prompt of a running payload is.
+#[derive(Debug, Clone, PartialEq)]
+enum Stage {
+    /// Waiting for its turn to be tokenized or started.
+    Waiting,
+    /// Its generation runs.
+    Running(SeqId),
+    /// It completed or failed.
+    Done,
+}
+
+/// One prompt of a payload.
+#[derive(Debug)]
+struct Prompt {
+    request_id: String,
+    /// The prompt as the client sent it (a fresh batch).
+    prompt: String,
+    /// The token ids to start from, once known.
+    ids: Option<Vec<TokenId>>,
+    /// The text before this run's (the prompt, or for a continuation the
+    /// original prompt and everything generated since).
+    before: String,
+    stage: Stage,
+    started_at: Option<Instant>,
+    /// Set when the payload's duplicate of an earlier prompt (answered with
+    /// ERROR and never run).
+    duplicate: bool,
+}
+
+/// A payload accepted on this connection.
+#[derive(Debug)]
+struct Job {
+    prompts: Vec<Prompt>,
+    only_new_tokens: bool,
+    stream: bool,
+    params: GenParams,
+    /// The continue-generation key (ordered request ids), when cacheable.
+    key: Option<Vec<String>>,
+    /// Whether all of its prompts' generations were started.
+    launched: bool,
+    /// Cached sequences of completed prompts, by index, for the cache.
+    finished: Vec<Option<CachedSeq>>,
+    failed: bool,
+}
+
+/// Events gathered during one engine step, per kind, for one job.
+#[derive(Debug, Default)]
+struct StepEvents {
+    started: Vec<usize>,
+    initialized: Vec<usize>,
+    progress: Vec<(usize, String)>,
+    complete: Vec<(usize, EventKind)>,
+}
+
+/// One `/ws` connection.
+#[derive(Debug, Default)]
+pub struct BatchConn {
+    /// Accepted payloads, oldest first; finished ones leave from the front.
+    jobs: VecDeque<Job>,
+    /// Events of the current step, per job (parallel to `jobs`).
+    pending: VecDeque<StepEvents>,
+    /// The prompt being tokenized: (job index, prompt index).
+    tokenizing: Option<(TextJobId, usize, usize)>,
+}
+
+fn event(rid: &str, kind: EventKind) -> Event {
+    Event {
+        request_id: Some(rid.to_string()),
+        kind,
+    }
+}
+
+fn send(cx: &mut Cx<'_>, events: &[Event]) {
+    if events.is_empty() {
+        return;
+    }
+    for e in events {
+        if matches!(e.kind, EventKind::Error { .. }) {
+            cx.count_error("ERROR");
+        }
+    }
+    cx.send_text(codec::encode_events(events));
+}
+
+/// The effective parameters of a payload, or what is wrong with them.
+fn config_params(
+    cfg: &Map<String, Value>,
+    defaults: &GenerationDefaults,
+    context_len: u32,
+) -> Result<(GenParams, u32, f32), String> {
+    let f = Fields::new(cfg, "generation_config.");
+    let num_beams = match f.u64("num_beams").map_err(|e| e.to_string())? {
+        None => defaults.num_beams,
+        Some(n @ 1..=64) => n as u32,
+        Some(n) => {
+            return Err(format!(
+                "invalid `generation_config.num_beams`: must be from 1 to 64, got {n}"
+            ))
+        }
+    };
+    let do_sample = f
+        .bool("do_sample")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(defaults.do_sample);
+    let length_penalty = match f.f64("length_penalty").map_err(|e| e.to_string())? {
+        None => defaults.length_penalty,
+        Some(v) if v.is_finite() && (v as f32).is_finite() => v as f32,
+        Some(v) => {
+            return Err(format!(
+                "invalid `generation_config.length_penalty`: must be a finite number, got {v}"
+            ))
+        }
+    };
+    let base = GenParams {
+        max_tokens: defaults.max_new_tokens.min(context_len),
+        temperature: defaults.temperature,
+        top_p: defaults.top_p,
+        top_k: defaults.top_k,
+        repetition_penalty: defaults.repetition_penalty,
+        stop: Vec::new(),
+        seed: None,
+        top_logprobs: 0,
+    };
+    // Only the source's fields: a stop list or a seed is not part of it.
+    let known: Map<String, Value> = cfg
+        .iter()
+        .filter(|(k, _)| {
+            matches!(
+                k.as_str(),
+                "max_new_tokens" | "temperature" | "top_p" | "top_k" | "repetition_penalty"
+            )
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut p = params::apply(
+        &known,
+        "generation_config.",
+        &CONFIG_NAMES,
+        &base,
+        context_len,
+    )
+    .map_err(|e| e.to_string())?;
+    if !do_sample {
+        // Greedy: the most likely token, whatever the sampling fields say
+        // (as `generate` ignores them without `do_sample`).
+        p.temperature = 0.0;
+    }
+    Ok((p, num_beams, length_penalty))
+}
+
+impl BatchConn {
+    fn on_payload(&mut self, cx: &mut Cx<'_>, payload: Payload) {
+        let ids: Vec<String> = payload
+            .prompts
+            .iter()
+            .map(|p| p.request_id.clone())
+            .collect();
+        let fail_all = |cx: &mut Cx<'_>, message: String| {
+            let events: Vec<Event> = ids
+                .iter()
+                .map(|id| {
+                    event(
+                        id,
+                        EventKind::Error {
+                            error: message.clone(),
+                        },
+                    )
+                })
+                .collect();
+            send(cx, &events);
+        };
+        let context_len = cx.model().context_len;
+        let defaults = cx.config().batch_defaults.clone();
+        let (params, num_beams, _length_penalty) =
+            match config_params(&payload.generation_config, &defaults, context_len) {
+                Ok(p) => p,
+                Err(e) => return fail_all(cx, e),
+            };
+        if num_beams > 1 && payload.stream_response {
+            return fail_all(cx, BEAMS_WITH_STREAMER.to_string());
+        }
+        if num_beams > 1 {
+            return fail_all(
+                cx,
+                "beam search (num_beams > 1) is not available on this server yet; set num_beams to 1".into(),
+            );
+        }
+        let mut prompts = Vec::with_capacity(payload.prompts.len());
+        let mut seen: Vec<&str> = Vec::new();
+        for p in &payload.prompts {
+            let duplicate = seen.contains(&p.request_id.as_str());
+            seen.push(&p.request_id);
+            prompts.push(Prompt {
+                request_id: p.request_id.clone(),
+                prompt: p.prompt.clone(),
+                ids: None,
+                before: p.prompt.clone(),
+                stage: if duplicate {
+                    Stage::Done
+                } else {
+                    Stage::Waiting
+                },
+                started_at: None,
+                duplicate,
+            });
+        }
+        let any_duplicate = prompts.iter().any(|p| p.duplicate);
+        let key = (!any_duplicate).then(|| ids.clone());
+        // A continuation: the same ordered ids as a finished batch.
+        if let Some(cached) = key.as_ref().and_then(|k| cx.state().batch.get(k)) {
+            for (p, c) in prompts.iter_mut().zip(cached) {
+                p.ids = Some(c.ids);
+                p.before = c.text;
+            }
+        }
+        let mut accepted = Vec::new();
+        let mut errors = Vec::new();
+        for p in &prompts {
+            if p.duplicate {
+                errors.push(event(
+                    &p.request_id,
+                    EventKind::Error {
+                        error: format!(
+                            "duplicate request_id `{}` in this payload; each prompt needs its own",
+                            p.request_id
+                        ),
+                    },
+                ));
+            } else {
+                accepted.push(event(&p.request_id, EventKind::Accepted));
+            }
+        }
+        send(cx, &accepted);
+        send(cx, &errors);
+        let n = prompts.len();
+        self.jobs.push_back(Job {
+            prompts,
+            only_new_tokens: payload.only_new_tokens,
+            stream: payload.stream_response,
+            params,
+            key,
+            launched: false,
+            finished: vec![None; n],
+            failed: any_duplicate,
+        });
+        self.pending.push_back(StepEvents::default());
+        self.advance(cx);
+    }
+
+    /// Starts what can start: the first payload not yet launched, once
+    /// every earlier one is, tokenizing its prompts one by one first.
+    fn advance(&mut self, cx: &mut Cx<'_>) {
+        if self.tokenizing.is_some() {
+            return;
+        }
+        loop {
+            let Some(ji) = self.jobs.iter().position(|j| !j.launched) else {
+                return;
+            };
+            // Earlier payloads must have every prompt admitted first.
+            let earlier_admitted = self.jobs.iter().take(ji).all(|j| {
+                j.prompts
+                    .iter()
+                    .all(|p| p.stage == Stage::Done || p.started_at.is_some())
+            });
+            if !earlier_admitted {
+                return;
+            }
+            let job = &self.jobs[ji];
+            let next = job
+                .prompts
+                .iter()
+                .position(|p| p.stage == Stage::Waiting && p.ids.is_none());
+            if let Some(pi) = next {
+                let text = job.prompts[pi].prompt.clone();
+                let max_tokens = job.params.max_tokens;
+                match cx.encode_prompt(text, max_tokens) {
+                    Ok(tj) => {
+                        self.tokenizing = Some((tj, ji, pi));
+                        return;
+                    }
+                    Err(e) => {
+                        self.fail_prompt(cx, ji, pi, start_error(&e));
+                        continue;
+                    }
+                }
+            }
+            self.launch(cx, ji);
+        }
+    }
+
+    /// Starts every waiting prompt of job `ji` at once.
+    fn launch(&mut self, cx: &mut Cx<'_>, ji: usize) {
+        self.jobs[ji].launched = true;
+        let params = self.jobs[ji].params.clone();
+        for pi in 0..self.jobs[ji].prompts.len() {
+            let p = &self.jobs[ji].prompts[pi];
+            if p.stage != Stage::Waiting {
+                continue;
+            }
+            let Some(ids) = p.ids.clone() else { continue };
+            let req = GenRequest {
+                prompt_ids: ids,
+                params: params.clone(),
+                logprobs: None,
+            };
+            match cx.start(req) {
+                Ok(seq) => self.jobs[ji].prompts[pi].stage = Stage::Running(seq),
+                Err(e) => self.fail_prompt(cx, ji, pi, start_error(&e)),
+            }
+        }
+        self.retire_done(cx);
+    }
+
+    fn fail_prompt(&mut self, cx: &mut Cx<'_>, ji: usize, pi: usize, message: String) {
+        let Some(job) = self.jobs.get_mut(ji) else {
+            return;
+        };
+        job.failed = true;
+        let p = &mut job.prompts[pi];
+        p.stage = Stage::Done;
+        let rid = p.request_id.clone();
+        send(cx, &[event(&rid, EventKind::Error { error: message })]);
+    }
+
+    /// The job and prompt whose generation is `seq`.
+    fn find(&self, seq: SeqId) -> Option<(usize, usize)> {
+        self.jobs.iter().enumerate().find_map(|(ji, j)| {
+            j.prompts
+                .iter()
+                .position(|p| p.stage == Stage::Running(seq))
+                .map(|pi| (ji, pi))
+        })
+    }
+
+    /// Sends the gathered events, then retires finished payloads.
+    fn flush(&mut self, cx: &mut Cx<'_>) {
+        self.flush_events(cx);
+        self.retire_done(cx);
+    }
+
+    /// Sends the gathered events of every job, each kind as one frame in
+    /// payload order.
+    fn flush_events(&mut self, cx: &mut Cx<'_>) {
+        for (ji, ev) in self.pending.iter_mut().enumerate() {
+            let Some(job) = self.jobs.get(ji) else {
+                continue;
+            };
+            let rid = |i: usize| job.prompts[i].request_id.as_str();
+            let mut started: Vec<usize> = std::mem::take(&mut ev.started);
+            started.sort_unstable();
+            let frame: Vec<Event> = started
+                .iter()
+                .map(|&i| event(rid(i), EventKind::Started))
+                .collect();
+            send(cx, &frame);
+            let mut init = std::mem::take(&mut ev.initialized);
+            init.sort_unstable();
+            let frame: Vec<Event> = init
+                .iter()
+                .map(|&i| {
+                    let text = if job.only_new_tokens {
+                        String::new()
+                    } else {
+                        job.prompts[i].before.clone()
+                    };
+                    event(rid(i), EventKind::Initialized { text })
+                })
+                .collect();
+            send(cx, &frame);
+            let mut progress = std::mem::take(&mut ev.progress);
+            progress.sort_by_key(|(i, _)| *i);
+            if job.stream {
+                let frame: Vec<Event> = progress
+                    .into_iter()
+                    .map(|(i, text)| event(rid(i), EventKind::Progress { text }))
+                    .collect();
+                send(cx, &frame);
+            }
+            let mut complete = std::mem::take(&mut ev.complete);
+            complete.sort_by_key(|(i, _)| *i);
+            let frame: Vec<Event> = complete
+                .into_iter()
+                .map(|(i, kind)| event(rid(i), kind))
+                .collect();
+            send(cx, &frame);
+        }
+    }
+
+    /// Drops finished payloads from the front, keeping each in the
+    /// continue-generation cache when all of its prompts completed.
+    fn retire_done(&mut self, cx: &mut Cx<'_>) {
+        while let Some(job) = self.jobs.front() {
+            let done = job.launched && job.prompts.iter().all(|p| p.stage == Stage::Done);
+            if !done {
+                break;
+            }
+            let Some(job) = self.jobs.pop_front() else {
+                break;
+            };
+            self.pending.pop_front();
+            // The prompt being tokenized belongs to a later payload, whose
+            // index just moved down by one.
+            if let Some((_, ji, _)) = self.tokenizing.as_mut() {
+                *ji = ji.saturating_sub(1);
+            }
+            if job.failed {
+                continue;
+            }
+            let seqs: Option<Vec<CachedSeq>> = job.finished.into_iter().collect();
+            if let (Some(key), Some(seqs)) = (job.key, seqs) {
+                cx.state().batch.put(key, seqs);
+            }
+        }
+    }
+}
+
+/// The error text for a prompt that could not start.
+fn start_error(e: &StartError) -> String {
+    match *e {
+        StartError::ContextLength {
+            prompt_tokens,
+            max_tokens,
+            context_len,
+        } => format!("the prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
+        StartError::PromptTooLong {
+            bytes,
+            min_tokens,
+            max_tokens,
+            context_len,
+        } => format!("the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus max_new_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
+        StartError::NeverFits {
+            needed_blocks,
+            total_blocks,
+        } => format!("the prompt needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower max_new_tokens"),
+        StartError::QueueFull => "the server's request queue is full; retry later".into(),
+        StartError::ShuttingDown => "the server is shutting down; retry on another host".into(),
+        StartError::NotLoaded => "the model is not loaded".into(),
+    }
+}
+
+impl DialectConn for BatchConn {
+    fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
+        match codec::decode_payload(text) {
+            Ok(p) => self.on_payload(cx, p),
+            Err(e) => {
+                let events: Vec<Event> = if e.request_ids.is_empty() {
+                    vec![Event {
+                        request_id: None,
+                        kind: EventKind::Error { error: e.message },
+                    }]
+                } else {
+                    e.request_ids
+                        .iter()
+                        .map(|id| {
+                            event(
+                                id,
+                                EventKind::Error {
+                                    error: e.message.clone(),
+                                },
+                            )
+                        })
+                        .collect()
+                };
+                send(cx, &events);
+            }
+        }
+    }
+
+    fn on_binary(&mut self, cx: &mut Cx<'_>, len: usize) {
+        send(
+            cx,
+            &[Event {
+                request_id: None,
+                kind: EventKind::Error {
+                    error: format!("binary frames are not supported ({len} bytes received); send a JSON payload as a text frame"),
+                },
+            }],
+        );
+    }
+
+    fn on_admitted(&mut self, cx: &mut Cx<'_>, id: SeqId) {
+        let Some((ji, pi)) = self.find(id) else {
+            return;
+        };
+        self.jobs[ji].prompts[pi].started_at = Some(cx.now);
+        self.pending[ji].started.push(pi);
+    }
+
+    fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece) {
+        let Some((ji, pi)) = self.find(id) else {
+            return;
+        };
+        let Some(g) = cx.gen(id) else { return };
+        if piece.token_id.is_some() && g.out_ids.len() == 1 {
+            self.pending[ji].initialized.push(pi);
+        }
+        if piece.token_id.is_some() || !piece.text.is_empty() {
+            self.pending[ji].progress.push((pi, piece.text.clone()));
+        }
+        let Some(reason) = piece.finish else {
+            return;
+        };
+        let is_eos = reason == FinishReason::Stop
+            && g.out_ids
+                .last()
+                .is_some_and(|t| cx.model().eos_ids.contains(t));
+        let mut ids = g.prompt_ids.clone();
+        ids.extend_from_slice(&g.out_ids);
+        let generated = g.text.clone();
+        let new_tokens = g.completion_tokens();
+        let job = &mut self.jobs[ji];
+        let p = &mut job.prompts[pi];
+        let started = p.started_at.unwrap_or(g.created_at);
+        let seconds = (cx.now - started).as_secs_f64();
+        let execution_time = (seconds * 1000.0).round() / 1000.0;
+        let text = if job.only_new_tokens {
+            generated.clone()
+        } else {
+            format!("{}{generated}", p.before)
+        };
+        p.stage = Stage::Done;
+        job.finished[pi] = Some(CachedSeq {
+            ids,
+            text: format!("{}{generated}", p.before),
+        });
+        self.pending[ji].complete.push((
+            pi,
+            EventKind::Complete {
+                text,
+                is_eos,
+                new_tokens_count: new_tokens,
+                execution_time,
+            },
+        ));
+        if !matches!(reason, FinishReason::Length | FinishReason::Stop) {
+            // Ended from outside (shutdown grace, a deadline): not a clean
+            // state to continue from.
+            self.jobs[ji].failed = true;
+        }
+    }
+
+    fn on_step_end(&mut self, cx: &mut Cx<'_>) {
+        self.flush(cx);
+        self.advance(cx);
+    }
+
+    fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure) {
+        let Some((ji, pi)) = self.find(id) else {
+            return;
+        };
+        // What this step gathered goes first, so events stay in order.
+        self.flush_events(cx);
+        self.fail_prompt(cx, ji, pi, failure.message.clone());
+        self.retire_done(cx);
+        self.advance(cx);
+    }
+
+    fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
+        let Some((tj, ji, pi)) = self.tokenizing else {
+            return;
+        };
+        if tj != job {
+            return;
+        }
+        self.tokenizing = None;
+        match result {
+            Ok(enc) => {
+                let max_tokens = self.jobs[ji].params.max_tokens;
+                let context_len = cx.model().context_len;
+                let n = enc.ids.len() as u32;
+                if u64::from(n) + u64::from(max_tokens) > u64::from(context_len) {
+                    let e = StartError::ContextLength {
+                        prompt_tokens: n,
+                        max_tokens,
+                        context_len,
+                    };
+                    self.fail_prompt(cx, ji, pi, start_error(&e));
+                } else {
+                    self.jobs[ji].prompts[pi].ids = Some(enc.ids);
+                }
+            }
+            Err(e) => self.fail_prompt(
+                cx,
+                ji,
+                pi,
+                format!("the prompt could not be tokenized: {e}"),
+            ),
+        }
+        self.advance(cx);
+    }
+
+    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
+
+    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
+
+    fn on_closed(&mut self, _cx: &mut Cx<'_>) {
+        self.jobs.clear();
+        self.pending.clear();
+        self.tokenizing = None;
+    }
+
+    fn busy(&self) -> bool {
+        !self.jobs.is_empty() || self.tokenizing.is_some()
+    }
+}

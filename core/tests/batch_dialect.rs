@@ -1,0 +1,338 @@
+//! The `batch` dialect against PROTOCOLS.md, driven through a Host with a
+//! scripted engine and virtual time (no sockets): the event arrays and their
+//! order, payload validation, duplicates, queued payloads, generation_config
+//! defaults and greedy decoding, and the continue-generation cache (also
+//! after its entry was evicted).
+
+use serde_json::{json, Value};
+use tokenwire_core::dialect::batch::{GenerationDefaults, BEAMS_WITH_STREAMER};
+use tokenwire_core::testing::{script_text, Harness};
+use tokenwire_core::{ConnId, Dialect, HostConfig};
+
+const SCRIPT: &str = "abcdefghijklmnopqrstuvwxyz";
+
+fn harness_with(config: HostConfig) -> (Harness, ConnId) {
+    let mut h = Harness::new(config, SCRIPT, 1);
+    let c = h.open(1, Dialect::Batch);
+    (h, c)
+}
+
+fn harness() -> (Harness, ConnId) {
+    harness_with(HostConfig::default())
+}
+
+fn payload(prompts: &[(&str, &str)], extra: Value) -> Value {
+    let mut p = json!({
+        "prompts": prompts.iter().map(|(id, p)| json!({"request_id": id, "prompt": p})).collect::<Vec<_>>(),
+        "generation_config": {"max_new_tokens": 6},
+    });
+    if let (Value::Object(m), Value::Object(e)) = (&mut p, extra) {
+        for (k, v) in e {
+            m.insert(k, v);
+        }
+    }
+    p
+}
+
+/// Each frame as (type of its elements, their request ids); every frame must
+/// be a non-empty array of one type.
+fn frames(h: &Harness, c: ConnId) -> Vec<(String, Vec<Value>)> {
+    h.received(c)
+        .iter()
+        .map(|f| {
+            let items = f.as_array().expect("every frame is an array");
+            assert!(!items.is_empty());
+            let kind = items[0]["type"].as_str().unwrap_or("").to_string();
+            assert!(items.iter().all(|i| i["type"] == kind.as_str()), "{f}");
+            (
+                kind,
+                items.iter().map(|i| i["request_id"].clone()).collect(),
+            )
+        })
+        .collect()
+}
+
+fn elements(h: &Harness, c: ConnId, kind: &str, rid: &str) -> Vec<Value> {
+    h.received(c)
+        .iter()
+        .flat_map(|f| f.as_array().cloned().unwrap_or_default())
+        .filter(|e| e["type"] == kind && e["request_id"] == rid)
+        .collect()
+}
+
+fn complete_text(h: &Harness, c: ConnId, rid: &str) -> Vec<String> {
+    elements(h, c, "COMPLETE", rid)
+        .iter()
+        .map(|e| e["text"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn a_payload_runs_as_one_batch_with_one_progress_frame_per_step() {
+    let (mut h, c) = harness();
+    h.send(c, payload(&[("a", "hi"), ("b", "hey")], json!({})));
+    h.run(50);
+    let f = frames(&h, c);
+    let ab = vec![json!("a"), json!("b")];
+    assert_eq!(f[0], ("ACCEPTED".to_string(), ab.clone()));
+    assert_eq!(
+        f[1],
+        ("STARTED".to_string(), ab.clone()),
+        "admitted together"
+    );
+    assert_eq!(f[2], ("INITIALIZED".to_string(), ab.clone()));
+    let progress: Vec<_> = f.iter().filter(|(k, _)| k == "PROGRESS").collect();
+    assert_eq!(progress.len(), 6, "one frame per step");
+    assert!(progress.iter().all(|(_, ids)| *ids == ab), "payload order");
+    assert_eq!(
+        f.last().cloned(),
+        Some(("COMPLETE".to_string(), ab))
+    );
+    // "hi" is 3 tokens with BOS, "hey" 4: each continues the script from there.
+    assert_eq!(complete_text(&h, c, "a"), vec![script_text(SCRIPT, 3, 6)]);
+    assert_eq!(complete_text(&h, c, "b"), vec![script_text(SCRIPT, 4, 6)]);
+    let streamed: String = elements(&h, c, "PROGRESS", "a")
+        .iter()
+        .filter_map(|e| e["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, script_text(SCRIPT, 3, 6));
+    let done = &elements(&h, c, "COMPLETE", "a")[0];
+    assert_eq!(done["is_eos"], false);
+    assert_eq!(done["new_tokens_count"], 6);
+    assert!(
+        done["execution_time"].as_f64().is_some_and(|t| t > 0.0),
+        "{done}"
+    );
+    assert_eq!(elements(&h, c, "INITIALIZED", "a")[0]["text"], "");
+}
+
+#[test]
+fn only_new_tokens_false_returns_the_prompt_and_stream_false_sends_no_progress() {
+    let (mut h, c) = harness();
+    h.send(
+        c,
+        payload(
+            &[("a", "hi")],
+            json!({"only_new_tokens": false, "stream_response": false}),
+        ),
+    );
+    h.run(50);
+    let kinds: Vec<String> = frames(&h, c).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        kinds,
+        vec!["ACCEPTED", "STARTED", "INITIALIZED", "COMPLETE"]
+    );
+    assert_eq!(elements(&h, c, "INITIALIZED", "a")[0]["text"], "hi");
+    assert_eq!(
+        complete_text(&h, c, "a"),
+        vec![format!("hi{}", script_text(SCRIPT, 3, 6))]
+    );
+}
+
+#[test]
+fn a_payload_that_fails_as_a_whole_gets_one_error_per_prompt_and_nothing_runs() {
+    let (mut h, c) = harness();
+    let cases = [
+        ("{nope".to_string(), vec![Value::Null], "JSON"),
+        (json!({}).to_string(), vec![Value::Null], "prompts"),
+        (
+            json!({"prompts": []}).to_string(),
+            vec![Value::Null],
+            "prompts",
+        ),
+        (
+            json!({"prompts": [{"request_id": "a", "prompt": "x"}, {"request_id": "b"}]})
+                .to_string(),
+            vec![json!("a"), json!("b")],
+            "prompts[1].prompt",
+        ),
+        (
+            payload(
+                &[("a", "x"), ("b", "y")],
+                json!({"generation_config": {"temperature": 9}}),
+            )
+            .to_string(),
+            vec![json!("a"), json!("b")],
+            "generation_config.temperature",
+        ),
+        (
+            payload(
+                &[("a", "x")],
+                json!({"generation_config": {"num_beams": 0}}),
+            )
+            .to_string(),
+            vec![json!("a")],
+            "generation_config.num_beams",
+        ),
+        (
+            payload(&[("a", "x")], json!({"only_new_tokens": "yes"})).to_string(),
+            vec![json!("a")],
+            "only_new_tokens",
+        ),
+        (
+            payload(
+                &[("a", "x"), ("b", "y")],
+                json!({"generation_config": {"num_beams": 2}}),
+            )
+            .to_string(),
+            vec![json!("a"), json!("b")],
+            BEAMS_WITH_STREAMER,
+        ),
+    ];
+    for (frame, ids, needle) in cases {
+        let before = h.received(c).len();
+        h.send_raw(c, &frame);
+        let got = &h.received(c)[before..];
+        assert_eq!(got.len(), 1, "{frame}: {got:?}");
+        let items = got[0].as_array().expect("array");
+        let got_ids: Vec<Value> = items.iter().map(|e| e["request_id"].clone()).collect();
+        assert_eq!(got_ids, ids, "{frame}");
+        for e in items {
+            assert_eq!(e["type"], "ERROR");
+            assert!(
+                e["error"].as_str().unwrap_or("").contains(needle),
+                "{frame}: {e}"
+            );
+        }
+    }
+    h.run(20);
+    assert_eq!(h.steps_run, 0, "nothing was queued");
+    assert!(h.closes.is_empty());
+}
+
+#[test]
+fn a_duplicate_id_gets_its_error_and_the_others_run() {
+    let (mut h, c) = harness();
+    h.send(
+        c,
+        payload(&[("a", "hi"), ("b", "x"), ("a", "again")], json!({})),
+    );
+    h.run(50);
+    let f = frames(&h, c);
+    assert_eq!(f[0], ("ACCEPTED".to_string(), vec![json!("a"), json!("b")]));
+    assert_eq!(f[1].0, "ERROR");
+    assert_eq!(f[1].1, vec![json!("a")]);
+    assert_eq!(complete_text(&h, c, "a").len(), 1);
+    assert_eq!(complete_text(&h, c, "b").len(), 1);
+}
+
+#[test]
+fn a_prompt_that_cannot_fit_gets_its_error_and_the_others_run() {
+    let (mut h, c) = harness();
+    let long = "x".repeat(600);
+    h.send(c, payload(&[("a", "hi"), ("long", &long)], json!({})));
+    h.run(50);
+    let e = elements(&h, c, "ERROR", "long");
+    assert_eq!(e.len(), 1);
+    assert!(e[0]["error"]
+        .as_str()
+        .unwrap_or("")
+        .contains("context length"));
+    assert_eq!(complete_text(&h, c, "a"), vec![script_text(SCRIPT, 3, 6)]);
+}
+
+#[test]
+fn queued_payloads_run_in_arrival_order() {
+    let (mut h, c) = harness();
+    h.send(c, payload(&[("p1", "hi")], json!({})));
+    h.send(c, payload(&[("p2", "hi")], json!({})));
+    h.send(c, payload(&[("p3", "hi")], json!({})));
+    h.run(100);
+    let started: Vec<Value> = frames(&h, c)
+        .into_iter()
+        .filter(|(k, _)| k == "STARTED")
+        .flat_map(|(_, ids)| ids)
+        .collect();
+    assert_eq!(started, vec![json!("p1"), json!("p2"), json!("p3")]);
+    for id in ["p1", "p2", "p3"] {
+        assert_eq!(complete_text(&h, c, id), vec![script_text(SCRIPT, 3, 6)]);
+    }
+}
+
+#[test]
+fn generation_config_falls_back_to_the_servers_defaults_and_do_sample_false_is_greedy() {
+    let (mut h, c) = harness_with(HostConfig {
+        batch_defaults: GenerationDefaults {
+            max_new_tokens: 4,
+            do_sample: true,
+            temperature: 0.5,
+            repetition_penalty: 1.3,
+            ..GenerationDefaults::default()
+        },
+        ..HostConfig::default()
+    });
+    h.send(
+        c,
+        json!({"prompts": [{"request_id": "a", "prompt": "hi"}], "generation_config": {}}),
+    );
+    let plan = h.pending_step.clone().expect("a step");
+    let s = plan.seqs[0].sampling;
+    assert_eq!(
+        (s.temperature, s.top_k, s.repetition_penalty),
+        (0.5, 50, 1.3)
+    );
+    h.run(50);
+    assert_eq!(elements(&h, c, "COMPLETE", "a")[0]["new_tokens_count"], 4);
+    h.send(
+        c,
+        json!({"prompts": [{"request_id": "b", "prompt": "hi"}],
+               "generation_config": {"do_sample": false, "temperature": 1.5}}),
+    );
+    let plan = h.pending_step.clone().expect("a step");
+    assert_eq!(plan.seqs[0].sampling.temperature, 0.0, "greedy");
+}
+
+#[test]
+fn a_continued_batch_extends_each_sequence_exactly_even_after_eviction() {
+    for capacity in [256usize, 1] {
+        let (mut h, c) = harness_with(HostConfig {
+            batch_cache_entries: capacity,
+            ..HostConfig::default()
+        });
+        let first = payload(&[("a", "hi"), ("b", "hey")], json!({}));
+        h.send(c, first.clone());
+        h.run(50);
+        if capacity == 1 {
+            // Another batch pushes the first out of a one-entry cache...
+            h.send(c, payload(&[("z", "hi")], json!({})));
+            h.run(50);
+        }
+        // ... and the same ids in the same order continue where they stopped
+        // (prompts ignored), or start afresh from the prompts once evicted.
+        let cont = payload(&[("a", "IGNORED"), ("b", "IGNORED")], json!({}));
+        h.send(c, cont);
+        h.run(50);
+        let a = complete_text(&h, c, "a");
+        if capacity == 256 {
+            assert_eq!(
+                a,
+                vec![script_text(SCRIPT, 3, 6), script_text(SCRIPT, 9, 6)]
+            );
+            assert_eq!(
+                complete_text(&h, c, "b")[1],
+                script_text(SCRIPT, 10, 6),
+                "each sequence from its own end"
+            );
+            // The whole text from the original prompt on.
+            h.send(
+                c,
+                payload(&[("a", "x"), ("b", "y")], json!({"only_new_tokens": false})),
+            );
+            h.run(50);
+            assert_eq!(
+                complete_text(&h, c, "a")[2],
+                format!("hi{}", script_text(SCRIPT, 3, 18))
+            );
+            // Another order is another key: the prompts are used.
+            h.send(c, payload(&[("b", "hi"), ("a", "hi")], json!({})));
+            h.run(50);
+            assert_eq!(complete_text(&h, c, "a")[3], script_text(SCRIPT, 3, 6));
+        } else {
+            assert_eq!(
+                a[1],
+                script_text(SCRIPT, 8, 6),
+                "evicted: the prompt (7 bytes and BOS) is used"
+            );
+        }
+    }
+}
