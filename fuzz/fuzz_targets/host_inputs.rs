@@ -11,6 +11,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
+use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::testing::Harness;
 use tokenwire_core::{
     ConnId, Dialect, Duration, EngineFault, EngineFaultKind, HostConfig, Input, Transport,
@@ -106,7 +107,11 @@ const PATHS: [&str; 6] = [
     "/nope",
 ];
 const ACTIONS: [&str; 6] = ["stop", "pause", "resume", "regenerate", "modify", "bogus"];
-const KINDS: [&str; 10] = [
+const KINDS: [&str; 14] = [
+    "COMPLETION",
+    "INTERRUPTED",
+    "AWAIT_MORE",
+    "SENTENCE_COMPLETED",
     "config",
     "control",
     "feedback",
@@ -118,7 +123,18 @@ const KINDS: [&str; 10] = [
     "response.create",
     "response.cancel",
 ];
-const NAMES: [&str; 24] = [
+const NAMES: [&str; 35] = [
+    "requestId",
+    "conversationId",
+    "context",
+    "lastReceivedIndex",
+    "sentenceIndex",
+    "window",
+    "sentenceWindow",
+    "maxTokens",
+    "prompts",
+    "request_id",
+    "generation_config",
     "input",
     "previous_response_id",
     "instructions",
@@ -193,7 +209,20 @@ fn send_text(h: &mut Harness, conn: u8, text: String) {
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let mut h = Harness::new(HostConfig::default(), "the fox. ", 7);
+    // One cai key, so that `/` connections (opened with it) reach the dialect.
+    let keys = KeyRing::new(vec![ApiKey {
+        name: "fuzz".into(),
+        sha256: hash_key("k"),
+        orgs: vec!["o".into()],
+        requests_per_minute: Some(30),
+        tokens_per_minute: Some(2000),
+    }])
+    .ok();
+    let config = HostConfig {
+        cai_keys: keys,
+        ..HostConfig::default()
+    };
+    let mut h = Harness::new(config, "the fox. e.g. 3.14 is it? ", 7);
     // Pongs come only when the fuzzer sends them, so keepalive closes happen.
     h.auto_pong = false;
     for op in ops.into_iter().take(256) {
@@ -208,7 +237,12 @@ fuzz_target!(|ops: Vec<Op>| {
                             conn: c(conn),
                             dialect,
                             transport: Transport::WebSocket,
-                            query: String::new(),
+                            // Every other `/` connection authenticates.
+                            query: if conn % 2 == 0 {
+                                "authorization=Bearer%20k&orgId=o".into()
+                            } else {
+                                String::new()
+                            },
                             peer: "fuzz".into(),
                         },
                     );
