@@ -18,16 +18,32 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-PROMPTS = ["Once upon a time", "Lily and Ben", "The little dog", "One day"]
+PROMPTS = ["Once upon a time", "Lily and Ben", "The little dog", "One day", "Tom had a", "She was sad"]
 CASES = [
-    # (num_beams, length_penalty, early_stopping, max_new_tokens)
-    (2, 1.0, False, 48),
-    (3, 1.0, True, 48),
-    (4, 0.5, False, 40),
-    (4, 2.0, False, 40),
-    (4, 1.0, "never", 32),
-    (5, -1.0, True, 24),
+    # (num_beams, length_penalty, early_stopping, max_new_tokens, eos): the
+    # model's own EOS ids, or "." as well (stories260K rarely ends a story
+    # within a few dozen tokens, so with "." ending a hypothesis, hypotheses
+    # of different lengths compete and the length penalty decides).
+    (2, 1.0, False, 48, "model"),
+    (3, 1.0, True, 48, "model"),
+    (3, 1.0, False, 40, "period"),
+    (4, 0.5, False, 40, "period"),
+    (4, 2.0, False, 40, "period"),
+    (4, 1.0, "never", 40, "period"),
+    (4, 1.0, True, 40, "period"),
+    (5, -1.0, True, 32, "period"),
+    (3, 0.0, "never", 32, "period"),
+    (2, 1.0, True, 40, "period"),
+    (3, 2.0, True, 40, "period"),
+    (2, 3.0, "never", 40, "period"),
+    (4, 0.5, "never", 40, "period"),
+    (6, 1.0, True, 30, "period"),
 ]
+
+
+def tok_eos(model) -> list:
+    eos = model.generation_config.eos_token_id
+    return eos if isinstance(eos, list) else [eos]
 
 
 def main() -> None:
@@ -37,6 +53,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
+    period = tok.convert_tokens_to_ids(".")
     cases = []
     differ = 0
     for prompt in PROMPTS:
@@ -44,7 +61,8 @@ def main() -> None:
         with torch.no_grad():
             greedy = model.generate(ids, do_sample=False, num_beams=1, max_new_tokens=48)
         greedy_ids = greedy[0, ids.shape[1]:].tolist()
-        for num_beams, length_penalty, early_stopping, max_new in CASES:
+        for num_beams, length_penalty, early_stopping, max_new, eos in CASES:
+            eos_ids = tok_eos(model) + ([period] if eos == "period" else [])
             with torch.no_grad():
                 got = model.generate(
                     ids,
@@ -53,6 +71,7 @@ def main() -> None:
                     length_penalty=length_penalty,
                     early_stopping=early_stopping,
                     max_new_tokens=max_new,
+                    eos_token_id=eos_ids,
                 )
             new_ids = got[0, ids.shape[1]:].tolist()
             if new_ids != greedy_ids[: len(new_ids)]:
@@ -65,6 +84,7 @@ def main() -> None:
                     "length_penalty": length_penalty,
                     "early_stopping": early_stopping,
                     "max_new_tokens": max_new,
+                    "eos_ids": eos_ids,
                     "ids": new_ids,
                     "text": tok.decode(new_ids, skip_special_tokens=True),
                     "greedy_ids": greedy_ids[:max_new],
@@ -72,6 +92,17 @@ def main() -> None:
             )
     if differ < len(cases) // 2:
         raise SystemExit(f"only {differ} of {len(cases)} cases differ from greedy")
+    eos_ended = sum(1 for c in cases if c["ids"] and c["ids"][-1] in c["eos_ids"])
+    # The same prompt and beams under different length penalties must not
+    # all agree, or the penalty was never exercised.
+    by_prompt = {}
+    for c in cases:
+        if c["num_beams"] == 4 and c["early_stopping"] is False:
+            by_prompt.setdefault(c["prompt"], set()).add(tuple(c["ids"]))
+    penalty_matters = sum(1 for v in by_prompt.values() if len(v) > 1)
+    if eos_ended < len(cases) // 3 or penalty_matters < 2:
+        raise SystemExit(f"{eos_ended} cases end with EOS, penalty matters for {penalty_matters} prompts")
+    print(f"{eos_ended} end with EOS; the length penalty changes the result for {penalty_matters} prompts")
     doc = {
         "about": "transformers generate() beam search on stories260K, float32 CPU; see beam_goldens.py",
         "transformers": transformers.__version__,

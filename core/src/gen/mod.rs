@@ -4,6 +4,7 @@
 //! A [`Generation`] turns sampled tokens into text pieces and decides when it is
 //! finished. It never talks to the scheduler or the wire: the Host does that.
 
+pub mod beam;
 pub mod detok;
 pub mod hold;
 pub mod request;
