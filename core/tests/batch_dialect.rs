@@ -84,10 +84,7 @@ fn a_payload_runs_as_one_batch_with_one_progress_frame_per_step() {
     let progress: Vec<_> = f.iter().filter(|(k, _)| k == "PROGRESS").collect();
     assert_eq!(progress.len(), 6, "one frame per step");
     assert!(progress.iter().all(|(_, ids)| *ids == ab), "payload order");
-    assert_eq!(
-        f.last().cloned(),
-        Some(("COMPLETE".to_string(), ab))
-    );
+    assert_eq!(f.last().cloned(), Some(("COMPLETE".to_string(), ab)));
     // "hi" is 3 tokens with BOS, "hey" 4: each continues the script from there.
     assert_eq!(complete_text(&h, c, "a"), vec![script_text(SCRIPT, 3, 6)]);
     assert_eq!(complete_text(&h, c, "b"), vec![script_text(SCRIPT, 4, 6)]);

@@ -569,3 +569,22 @@ fn shutdown_ends_requests_with_a_recoverable_error() {
         .iter()
         .any(|o| matches!(o, Output::ShutdownComplete)));
 }
+
+#[test]
+fn tokens_of_a_request_cut_off_by_a_disconnect_still_count() {
+    let (mut h, c) = harness_with(HostConfig {
+        cai_keys: Some(keys(None, Some(10))),
+        ..config()
+    });
+    h.send(c, completion("r1", "hi", json!({"maxTokens": 100})));
+    h.run(12);
+    assert!(of(&h, c, "CONTENT_CHUNK", "r1").len() >= 10);
+    h.input(Input::Closed { conn: c });
+    let d = h.open_with(2, Dialect::Cai, QUERY);
+    h.send(d, completion("r2", "hi", json!({"maxTokens": 2})));
+    assert_eq!(
+        error_codes(&h, d),
+        vec!["RATE_LIMITED"],
+        "3 prompt and 10 or more generated tokens spent a limit of 10"
+    );
+}

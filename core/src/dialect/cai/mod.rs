@@ -646,7 +646,19 @@ impl DialectConn for CaiConn {
 
     fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
 
-    fn on_closed(&mut self, _cx: &mut Cx<'_>) {
+    fn on_closed(&mut self, cx: &mut Cx<'_>) {
+        // Tokens generated for requests cut off by the disconnect still count
+        // against the organisation's limit.
+        let running: Vec<SeqId> = self
+            .requests
+            .values()
+            .filter(|r| r.done.is_none())
+            .filter_map(|r| r.seq)
+            .collect();
+        for seq in running {
+            let tokens = cx.gen(seq).map_or(0, |g| g.completion_tokens());
+            self.charge_generated(cx, tokens);
+        }
         self.requests.clear();
         self.pending = None;
     }
