@@ -588,3 +588,89 @@ fn tokens_of_a_request_cut_off_by_a_disconnect_still_count() {
         "3 prompt and 10 or more generated tokens spent a limit of 10"
     );
 }
+
+/// A request whose generation is over while its last sentence and
+/// completion still wait for the client's sentence window (a stop string's
+/// held-back text, released at the end, carries two sentence boundaries).
+fn stalled(config: HostConfig) -> (Harness, ConnId) {
+    let mut h = Harness::new(config, "ab. c", 1);
+    let c = h.open_with(1, Dialect::Cai, QUERY);
+    h.send(
+        c,
+        completion(
+            "r1",
+            "pppp",
+            json!({"maxTokens": 5, "stop": ["ab. cQ"], "sentenceWindow": 1}),
+        ),
+    );
+    h.run(50);
+    assert_eq!(of(&h, c, "SENTENCE_BOUNDARY", "r1").len(), 1);
+    assert!(
+        of(&h, c, "STREAM_COMPLETE", "r1").is_empty(),
+        "waiting for the window"
+    );
+    assert_eq!(
+        h.host.stats().running + h.host.stats().queued,
+        0,
+        "no generation is left"
+    );
+    (h, c)
+}
+
+#[test]
+fn a_shutdown_waits_for_a_reply_held_by_its_window_then_answers_it() {
+    let (mut h, c) = stalled(HostConfig {
+        shutdown_grace: Duration::from_secs(5),
+        ..config()
+    });
+    h.input(Input::Shutdown);
+    assert!(h.closes.is_empty(), "the grace is given to the held reply");
+    h.send(
+        c,
+        json!({"type":"SENTENCE_COMPLETED","requestId":"r1","payload":{"sentenceIndex":0}}),
+    );
+    assert_eq!(
+        of(&h, c, "STREAM_COMPLETE", "r1").len(),
+        1,
+        "delivered within the grace"
+    );
+    assert_eq!(
+        h.closes.get(&c).map(|x| x.0),
+        Some(1001),
+        "then the shutdown completes"
+    );
+
+    let (mut h, c) = stalled(HostConfig {
+        shutdown_grace: Duration::from_secs(5),
+        ..config()
+    });
+    h.input(Input::Shutdown);
+    h.advance(Duration::from_secs(6));
+    let e = h.of_type(c, "ERROR");
+    assert_eq!(e.len(), 1, "answered at the end of the grace");
+    assert_eq!(e[0]["error"]["code"], "INTERNAL_ERROR");
+    assert_eq!(e[0]["error"]["details"]["recoverable"], true);
+    assert_eq!(h.closes.get(&c).map(|x| x.0), Some(1001));
+}
+
+#[test]
+fn a_reply_left_waiting_on_its_window_past_the_pause_timeout_is_ended() {
+    let (mut h, c) = stalled(HostConfig {
+        pause_timeout: Duration::from_secs(5),
+        ..config()
+    });
+    h.advance(Duration::from_secs(4));
+    assert!(h.of_type(c, "ERROR").is_empty());
+    h.advance(Duration::from_secs(2));
+    assert_eq!(error_codes(&h, c), vec!["GENERATION_FAILED"]);
+    h.send(
+        c,
+        json!({"type":"SENTENCE_COMPLETED","requestId":"r1","payload":{"sentenceIndex":0}}),
+    );
+    assert_eq!(
+        error_codes(&h, c).len(),
+        1,
+        "a late acknowledgement is quietly accepted"
+    );
+    assert!(of(&h, c, "STREAM_COMPLETE", "r1").is_empty());
+}

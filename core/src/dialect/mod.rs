@@ -102,12 +102,22 @@ pub trait DialectConn: Send {
         message: &str,
         eta: Option<Duration>,
     );
+    /// The shutdown grace is over and no generation is left: answer what the
+    /// connection still holds (with the dialect's error, retry elsewhere);
+    /// it is closed with 1001 right after.
+    fn on_shutdown(&mut self, _cx: &mut Cx<'_>) {}
     /// The connection is gone (either side closed it): release what it holds
     /// in [`state::DialectState`]. Nothing can be sent any more; its
     /// generations are cancelled by the Host after this call.
     fn on_closed(&mut self, _cx: &mut Cx<'_>) {}
     /// True while a request is in flight (idle timeout does not apply).
     fn busy(&self) -> bool;
+    /// True while the connection holds replies whose generation has ended
+    /// (waiting for the client's flow-control window): a shutdown waits for
+    /// them within its grace, then [`DialectConn::on_shutdown`] answers them.
+    fn holds_output(&self) -> bool {
+        false
+    }
 }
 
 /// The machine for a dialect, if this build serves it.

@@ -521,6 +521,9 @@ impl Host {
             );
         }
         let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for &conn in &conns {
+            self.with_conn(now, conn, |m, cx| m.on_shutdown(cx));
+        }
         for conn in conns {
             self.close_conn(now, conn, CLOSE_GOING_AWAY, close_reason::SHUTTING_DOWN);
         }
@@ -797,12 +800,15 @@ impl Host {
             self.apply_result(now, r);
         }
         // Requests still being tokenized count as in flight: they get their
-        // answer (an error, since no new work starts) within the grace.
+        // answer (an error, since no new work starts) within the grace. So
+        // does what a dialect still holds for its client after a generation
+        // ended (text waiting for a flow-control window).
         if self.sh.shutting_down
             && !self.shutdown_done
             && self.sh.gens.is_empty()
             && self.sh.text_jobs.is_empty()
             && self.sh.job_checks.is_empty()
+            && !self.conns.values().any(|c| c.machine.holds_output())
         {
             self.finish_shutdown(now);
         }

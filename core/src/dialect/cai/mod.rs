@@ -30,7 +30,10 @@ use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, StartError, Tok
 use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId, CONTEXT_TOO_LONG};
-use crate::time::Duration;
+use crate::time::{Duration, Instant};
+
+/// The connection's one timer: stalled replies past the pause timeout.
+const STALL_TIMER: u8 = 0;
 
 /// The names of `payload.options`' sampling fields.
 pub const OPTION_NAMES: ParamNames = ParamNames {
@@ -69,6 +72,9 @@ struct Request {
     /// Set when the generation is over: what `STREAM_COMPLETE` reports once
     /// the outbox has sent everything before it.
     done: Option<Done>,
+    /// When its generation ended with text still waiting for a window (the
+    /// pause timeout then runs from here, as it did for the generation).
+    stalled_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -307,6 +313,7 @@ impl CaiConn {
                 messages,
                 prompt_tokens: 0,
                 done: None,
+                stalled_at: None,
             },
         );
     }
@@ -402,9 +409,15 @@ impl CaiConn {
             send(cx, &msg);
         }
         if ended {
-            return self.complete(cx, rid);
+            self.complete(cx, rid);
+            return self.arm_stall_timer(cx);
         }
         let blocked = r.outbox.blocked();
+        if r.done.is_some() && r.stalled_at.is_none() {
+            r.stalled_at = Some(cx.now);
+            self.arm_stall_timer(cx);
+            return;
+        }
         if let Some(seq) = r.seq.filter(|_| r.done.is_none() && blocked != r.held) {
             r.held = blocked;
             if blocked {
@@ -413,6 +426,28 @@ impl CaiConn {
                 cx.open_window(seq);
             }
         }
+    }
+
+    /// Sets the stall timer for the earliest stalled reply (or cancels it).
+    fn arm_stall_timer(&mut self, cx: &mut Cx<'_>) {
+        let timeout = cx.config().pause_timeout;
+        match self.requests.values().filter_map(|r| r.stalled_at).min() {
+            Some(at) => cx.set_timer(STALL_TIMER, at + timeout),
+            None => cx.cancel_timer(STALL_TIMER),
+        }
+    }
+
+    /// The error for a request its client left waiting on a full window.
+    fn end_stalled(&mut self, cx: &mut Cx<'_>, rid: &str) {
+        self.requests.remove(rid);
+        self.remember(rid);
+        let secs = cx.config().pause_timeout.as_secs();
+        error(
+            cx,
+            Some(rid),
+            ErrorCode::GenerationFailed,
+            format!("the request's flow window stayed full for {secs} s, so it was ended; acknowledge chunks (AWAIT_MORE) or sentences (SENTENCE_COMPLETED) sooner"),
+        );
     }
 
     /// Sends `STREAM_COMPLETE`, keeps the conversation and forgets the request.
@@ -587,16 +622,8 @@ impl DialectConn for CaiConn {
                 FinishReason::Stop => "stop",
                 FinishReason::Cancelled => "interrupted",
                 FinishReason::Timeout => {
-                    self.requests.remove(&rid);
-                    self.remember(&rid);
                     self.charge_generated(cx, completion_tokens);
-                    let secs = cx.config().pause_timeout.as_secs();
-                    return error(
-                        cx,
-                        Some(&rid),
-                        ErrorCode::GenerationFailed,
-                        format!("the request's flow window stayed full for {secs} s, so it was ended; acknowledge chunks (AWAIT_MORE) or sentences (SENTENCE_COMPLETED) sooner"),
-                    );
+                    return self.end_stalled(cx, &rid);
                 }
             };
             self.charge_generated(cx, completion_tokens);
@@ -663,7 +690,39 @@ impl DialectConn for CaiConn {
         self.pending = None;
     }
 
+    fn on_timer(&mut self, cx: &mut Cx<'_>, _tag: u8) {
+        let timeout = cx.config().pause_timeout;
+        let now = cx.now;
+        let due: Vec<String> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.stalled_at.is_some_and(|at| at + timeout <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for rid in due {
+            self.end_stalled(cx, &rid);
+        }
+        self.arm_stall_timer(cx);
+    }
+
+    fn on_shutdown(&mut self, cx: &mut Cx<'_>) {
+        for rid in std::mem::take(&mut self.requests).into_keys() {
+            error_with(
+                cx,
+                Some(&rid),
+                ErrorCode::InternalError,
+                "the server is shutting down; retry on another host",
+                details(json!({"recoverable": true})),
+            );
+        }
+        self.pending = None;
+    }
+
     fn busy(&self) -> bool {
         self.pending.is_some() || !self.requests.is_empty()
+    }
+
+    fn holds_output(&self) -> bool {
+        self.requests.values().any(|r| r.done.is_some())
     }
 }
