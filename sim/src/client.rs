@@ -5,7 +5,10 @@
 //! - [`session`]: `/ws/session` (client-held conversations, resumed after a
 //!   crash or a disconnect with the history the client holds);
 //! - [`responses`]: `/v1/responses` (creates, continuations, warm-ups,
-//!   cancels, the connection limit and lifetime).
+//!   cancels, the connection limit and lifetime);
+//! - [`cai`]: `/` (credentials in the query string, good and bad; several
+//!   completions in flight, conversations, interrupts, chunk and sentence
+//!   windows acknowledged eagerly, late or never, a speaking client's pace).
 //!
 //! Each only reacts to what it reads and speaks through the same
 //! [`ClientOp`]s; whether the server was right is the invariant checkers'
@@ -14,8 +17,12 @@
 //! checkers can tell which connection a sequence in an engine step belongs
 //! to: a `generate` prompt as given, a `session` conversation through its
 //! first (system) message, which the Host always keeps, a `responses` one
-//! through its instructions or its first input message.
+//! through its instructions or its first input message, a `cai` one through
+//! the system message its `context` starts with (or, continuing a kept
+//! conversation, the one the conversation started with: conversation ids are
+//! unique per connection) and its prompt, which carries the tag too.
 
+pub mod cai;
 pub mod generate;
 pub mod responses;
 pub mod session;
@@ -23,6 +30,7 @@ pub mod session;
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Instant, Transport};
 
+pub use cai::CaiClient;
 pub use generate::GenerateClient;
 pub use responses::ResponsesClient;
 pub use session::SessionClient;
@@ -63,6 +71,10 @@ pub trait SimClient: std::fmt::Debug + Send {
     fn dialect(&self) -> Dialect;
     /// How its next connection is carried.
     fn transport(&self) -> Transport;
+    /// The query string its next connection opens with (without `?`).
+    fn query(&self) -> String {
+        String::new()
+    }
     /// Its connection, if it has one.
     fn conn(&self) -> Option<ConnId>;
     /// Binds the connection the runner opened for it.
@@ -91,6 +103,7 @@ pub fn new_client(id: usize, swarm: &Swarm, rng: Rng) -> Box<dyn SimClient> {
     match swarm.dialects.get(id).copied().unwrap_or(Dialect::Generate) {
         Dialect::Session => Box::new(SessionClient::new(id, swarm, rng)),
         Dialect::Responses => Box::new(ResponsesClient::new(id, swarm, rng)),
+        Dialect::Cai => Box::new(CaiClient::new(id, swarm, rng)),
         _ => Box::new(GenerateClient::new(id, swarm, rng)),
     }
 }

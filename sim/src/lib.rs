@@ -5,15 +5,18 @@
 //! [`Host`](tokenwire_core::Host) in virtual time, with invariant checkers
 //! after every event. TigerBeetle's VOPR is the model.
 //!
-//! A run mixes clients of the three dialects the core serves (`generate`,
-//! `session`, `responses`): most seeds have all three, a few only one (the
-//! swarm decides). The runner plays the shell around the Host: it delivers
-//! frames over a network with random delays, runs engine steps and text jobs, and
+//! A run mixes clients of four of the dialects the core serves (`generate`,
+//! `session`, `responses`, `cai`): most seeds have all four, a few only one
+//! (the swarm decides). The runner plays the shell around the Host: it
+//! opens connections with the query string each client chooses (`cai`
+//! credentials, checked against the run's keys file), delivers frames over a
+//! network with random delays, runs engine steps and text jobs, and
 //! answers the job verifier (`Output::VerifyJob`) with a verdict drawn per
 //! run (a token budget, refusals). Faults: Host crashes (the Host is
 //! rebuilt from nothing and `session` clients resume their conversations on
 //! it), engine faults, KV pool shrinks, clock jumps, graceful shutdown,
-//! slow readers, hostile frames and early hang-ups.
+//! slow readers, hostile frames (bad credentials among them) and early
+//! hang-ups.
 //!
 //! ```no_run
 //! let report = tokenwire_sim::run_seed(42, 2_000, None).expect("invariants hold");

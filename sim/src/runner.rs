@@ -56,7 +56,8 @@ const MAX_TAIL_EVENTS: u64 = 2_000_000;
 /// What travels from a client to the Host.
 #[derive(Debug, Clone)]
 enum Wire {
-    Open(Transport),
+    /// A connection opens, with its query string (credentials, for `cai`).
+    Open(Transport, String),
     Text(String),
     Binary(usize),
     TooLarge,
@@ -451,11 +452,11 @@ impl<'w> Sim<'w> {
                 }
                 let dialect = self.clients[c.client].dialect();
                 let input = match what {
-                    Wire::Open(transport) => Input::Open {
+                    Wire::Open(transport, query) => Input::Open {
                         conn,
                         dialect,
                         transport,
-                        query: String::new(),
+                        query,
                         peer: format!(
                             "10.0.{}.{}:{}",
                             c.client / 250,
@@ -582,8 +583,9 @@ impl<'w> Sim<'w> {
                         self.net.reader_for(slow, stalls)
                     };
                     let conn = self.net.open(client, self.gen, transport, reader);
+                    let query = self.clients[client].query();
                     self.clients[client].bind(conn);
-                    self.send_wire(conn, Wire::Open(transport));
+                    self.send_wire(conn, Wire::Open(transport, query));
                     let cx = ClientCx {
                         now: self.clock,
                         swarm: &self.sw,

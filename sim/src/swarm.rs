@@ -6,6 +6,7 @@
 //! sub-system draws from its own stream (`mix64(seed, STREAM)`), so changing how
 //! one of them uses randomness does not reshuffle the others.
 
+use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
 use tokenwire_core::{Dialect, Duration, HostConfig, ModelInfo};
@@ -27,6 +28,8 @@ pub const STREAM_TEXT: u64 = 0x5445_5854_0000_0006;
 pub const STREAM_DIALECTS: u64 = 0x4449_414c_0000_0007;
 /// Random stream for the job verifier's verdicts and latencies.
 pub const STREAM_JOBS: u64 = 0x4a4f_4253_0000_0008;
+/// Random stream for the `cai` clients of a run and its keys file.
+pub const STREAM_CAI: u64 = 0x4341_4900_0000_0009;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +124,26 @@ pub struct JobOptions {
     pub latency_max: Duration,
 }
 
+/// A `cai` API key as the run's clients know it (the Host's keys file
+/// holds only its SHA-256).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaiKey {
+    /// The key as clients present it.
+    pub secret: String,
+    /// The organisations it may act for.
+    pub orgs: Vec<String>,
+}
+
+/// The `cai` side of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaiOptions {
+    /// The keys of the keys file (empty when the run has none: every `cai`
+    /// connection is then refused with 1008).
+    pub keys: Vec<CaiKey>,
+    /// Every organisation named anywhere, some of them allowed for no key.
+    pub orgs: Vec<String>,
+}
+
 /// All options of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Swarm {
@@ -128,9 +151,11 @@ pub struct Swarm {
     pub seed: u64,
     /// Simulated clients.
     pub clients: usize,
-    /// The dialect of each client, by index: all three in most seeds, a
-    /// single one in a few.
+    /// The dialect of each client, by index: all four served dialects in
+    /// most seeds, a single one in a few.
     pub dialects: Vec<Dialect>,
+    /// The `cai` keys and organisations (the keys file itself is in `host`).
+    pub cai: CaiOptions,
     /// The job verifier.
     pub jobs: JobOptions,
     /// The served model (byte tokenizer).
@@ -319,10 +344,15 @@ impl Swarm {
             token_budget: pick(d, &[None, None, Some(300), Some(3_000)]),
             latency_max: Duration::from_micros(pick(d, &[0, 1_000, 20_000])),
         };
+        // `cai` from its own stream too: its clients join the mix drawn above.
+        let c = &mut Rng::new(mix64(seed, STREAM_CAI));
+        let dialects = cai_mix(c, dialects);
+        let cai = cai_options(c, &mut host);
         Swarm {
             seed,
             clients: dialects.len(),
             dialects,
+            cai,
             jobs,
             host_seed: mix64(seed, 0x484f_5354),
             start_loading,
@@ -343,9 +373,10 @@ impl Swarm {
     }
 }
 
-/// The dialect of each client. Most seeds mix all three: the `generate`
-/// clients the seed drew, then one to three of each new dialect; a few
-/// seeds give every client one dialect.
+/// The dialect of each client. Most seeds mix `generate`, `session` and
+/// `responses`: the `generate` clients the seed drew, then one to three of
+/// each of the other two; a few seeds give every client one dialect.
+/// ([`cai_mix`] then adds the `cai` clients, from a stream of their own.)
 fn dialect_mix(rng: &mut Rng, generate_clients: usize) -> Vec<Dialect> {
     let x = rng.next_f64();
     let only = |d: Dialect| vec![d; generate_clients];
@@ -364,6 +395,78 @@ fn dialect_mix(rng: &mut Rng, generate_clients: usize) -> Vec<Dialect> {
     v.extend(std::iter::repeat_n(Dialect::Session, sessions));
     v.extend(std::iter::repeat_n(Dialect::Responses, responses));
     v
+}
+
+/// Adds one to three `cai` clients to a mixed run (a run of one dialect
+/// stays so), and makes a few runs all `cai`.
+fn cai_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
+    let x = rng.next_f64();
+    let n = 1 + rng.below(3) as usize;
+    let single = dialects.windows(2).all(|w| w[0] == w[1]);
+    if x < 0.04 {
+        return vec![Dialect::Cai; dialects.len().max(2)];
+    }
+    if !single {
+        dialects.extend(std::iter::repeat_n(Dialect::Cai, n));
+    }
+    dialects
+}
+
+/// The keys file of a run and the `cai` limits: a key with small per-minute
+/// limits (so that `RATE_LIMITED` happens), one without, one for an
+/// organisation of its own; a few runs have no keys file at all.
+fn cai_options(rng: &mut Rng, host: &mut HostConfig) -> CaiOptions {
+    let orgs: Vec<String> = ["org_a", "org_b", "org c", "org_d", "org_zzz"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let keys = vec![
+        CaiKey {
+            secret: "sk-sim-limited".into(),
+            orgs: vec!["org_a".into(), "org c".into()],
+        },
+        CaiKey {
+            secret: "sk-sim-open".into(),
+            orgs: vec!["org_a".into(), "org_b".into()],
+        },
+        CaiKey {
+            secret: "sk-sim-d".into(),
+            orgs: vec!["org_d".into()],
+        },
+    ];
+    let limits = [
+        (
+            Some(pick(rng, &[2u64, 6, 30, 120])),
+            pick(rng, &[None, Some(300u64), Some(3_000), Some(30_000)]),
+        ),
+        (None, None),
+        (pick(rng, &[None, Some(1u64), Some(20)]), None),
+    ];
+    host.cai_max_inflight = pick(rng, &[1, 2, 4, 4, 8]);
+    host.conversation_ttl = Duration::from_secs(pick(rng, &[2, 60, 30 * 60]));
+    host.max_conversations = pick(rng, &[1, 4, 10_000]);
+    let no_keys = chance(rng, 0.05);
+    if no_keys {
+        host.cai_keys = None;
+        return CaiOptions {
+            keys: Vec::new(),
+            orgs,
+        };
+    }
+    let ring = keys
+        .iter()
+        .zip(limits)
+        .enumerate()
+        .map(|(i, (k, (rpm, tpm)))| ApiKey {
+            name: format!("sim-{i}"),
+            sha256: hash_key(&k.secret),
+            orgs: k.orgs.clone(),
+            requests_per_minute: rpm,
+            tokens_per_minute: tpm,
+        })
+        .collect();
+    host.cai_keys = KeyRing::new(ring).ok();
+    CaiOptions { keys, orgs }
 }
 
 /// Parses a seed: a decimal `u64`, or a 40-hex-digit commit hash, which is
@@ -399,16 +502,34 @@ mod tests {
     }
 
     #[test]
-    fn most_seeds_mix_all_three_dialects() {
+    fn most_seeds_mix_all_four_dialects() {
+        let served = [
+            Dialect::Generate,
+            Dialect::Session,
+            Dialect::Responses,
+            Dialect::Cai,
+        ];
         let mixed = (0..200)
             .filter(|&s| {
                 let d = Swarm::from_seed(s).dialects;
-                [Dialect::Generate, Dialect::Session, Dialect::Responses]
-                    .iter()
-                    .all(|x| d.contains(x))
+                served.iter().all(|x| d.contains(x))
             })
             .count();
-        assert!(mixed >= 160, "{mixed} of 200 seeds mix all three dialects");
+        assert!(mixed >= 150, "{mixed} of 200 seeds mix all four dialects");
+        let only_cai = (0..200)
+            .filter(|&s| {
+                let d = Swarm::from_seed(s).dialects;
+                d.iter().all(|x| *x == Dialect::Cai)
+            })
+            .count();
+        assert!(only_cai >= 1, "no seed of 200 is all cai");
+        let keyless = (0..200)
+            .filter(|&s| Swarm::from_seed(s).host.cai_keys.is_none())
+            .count();
+        assert!(
+            (1..40).contains(&keyless),
+            "{keyless} of 200 seeds have no keys file"
+        );
         let sw = Swarm::from_seed(3);
         assert_eq!(sw.clients, sw.dialects.len());
     }

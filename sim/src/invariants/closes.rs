@@ -3,8 +3,9 @@
 //! limit (this event's frame), 1008 after refusing a first frame that was not
 //! a config (in this event), 1008 for frames piled up past every bound, 1001
 //! during a shutdown, 1013 for a `responses` connection refused as it opens
-//! (over the connection limit), 1000 at a `responses` connection's lifetime.
-//! (Idle, keepalive, slow-client, connection-limit and lifetime closes have
+//! (over the connection limit), 1000 at a `responses` connection's lifetime,
+//! 1008 or 4001 to 4003 for a `cai` connection refused as it opens (which
+//! code, [`super::cai_auth`] judges). (Idle, keepalive, slow-client, connection-limit and lifetime closes have
 //! checkers of their own.) And the other way: a refused first frame of a
 //! `generate` connection closes it in the same event.
 
@@ -71,6 +72,10 @@ impl Checker for Closes {
             (1008, close_reason::SLOW_CLIENT)
             | (1000, close_reason::IDLE)
             | (1000, close_reason::KEEPALIVE) => true,
+            // A `cai` opening refused: which code is `cai_auth`'s business.
+            (1008 | 4001..=4003, _) => {
+                cx.input == Cur::Open(*conn) && c.is_some_and(|c| c.dialect == Dialect::Cai)
+            }
             _ => false,
         };
         if ok {

@@ -5,7 +5,10 @@
 //! `RequestFinished` of its dialect with the outcome its end means and its
 //! token counts (a `generate` `completion`'s usage, a `session` `response`'s
 //! `tokens_used`, a `responses` Response's usage; a warm-up runs no
-//! generation), each failure one `Failed`; cancellations are counted; each
+//! generation), each failure one `Failed`; a `cai` `ERROR` is counted like
+//! any error, but `cai` requests are not matched to finished-request events
+//! (a generation is counted when it ends, and its `STREAM_COMPLETE` may
+//! wait for the client's window long after); cancellations are counted; each
 //! feedback ack one `FeedbackReceived`; each sampled `generate` token's frame
 //! one `FirstToken` or `InterToken` (at least one, when the step also
 //! computed another dialect's sequences, whose tokens are timed without a
@@ -160,6 +163,13 @@ impl Checker for Metrics {
                 responses_frame(t, f);
                 return Ok(());
             }
+            if c.cai.is_some() {
+                if f.kind() == "ERROR" {
+                    let code = f.v["error"]["code"].as_str().unwrap_or("").to_string();
+                    *t.error_frames.entry(("cai", code)).or_default() += 1;
+                }
+                return Ok(());
+            }
         }
         match (out, frame) {
             (Output::Send { .. }, Some(f)) => match f.kind() {
@@ -216,6 +226,9 @@ impl Checker for Metrics {
                     completion_tokens,
                 } => {
                     let d = dialect.name();
+                    if *dialect == Dialect::Cai {
+                        return Ok(());
+                    }
                     let (p, c) = (u64::from(*prompt_tokens), u64::from(*completion_tokens));
                     let key = match outcome {
                         Outcome::Cancelled => {

@@ -6,10 +6,12 @@
 //! `--replay`, and a test can feed them a fabricated sequence of outputs.
 //!
 //! A [`Monitor`] keeps the shared [`View`] (what each connection has seen,
-//! request by request, with each `session` and `responses` connection's own
-//! view of its messages, sessions and responses) and runs every checker on
-//! each observation, *before* the view takes it in: a checker sees the state
-//! as it was before the frame it is judging.
+//! request by request, with each `session`, `responses` and `cai`
+//! connection's own view of its messages, sessions, responses and requests)
+//! and runs every checker on each observation, *before* the view takes it
+//! in: a checker sees the state as it was before the frame it is judging
+//! (a `cai` connection having taken up the held messages the Host handled
+//! before that frame).
 //!
 //! - [`common_checkers`] hold for every dialect: closes and what may follow
 //!   them, the idle, keepalive, slow-client and shutdown deadlines (each
@@ -29,9 +31,23 @@
 //! - [`responses_checkers`]: event shapes, one response in flight, exactly
 //!   one terminal event, sequence numbers, `previous_response_id`
 //!   resolution, the connection limit and the connection lifetime.
+//! - [`cai_checkers`]: authentication at the opening against the keys file,
+//!   the answer each message gets, exactly one terminal frame per accepted
+//!   request and nothing of it after, chunk and sentence indices and texts
+//!   that add up, chunk and sentence windows (and no compute for a
+//!   connection whose generations are all window-paused), per-organisation
+//!   request buckets and the reasons of `RATE_LIMITED`, and the decoder's
+//!   shape of every frame.
 
 pub mod after_close;
 pub mod after_terminal;
+pub mod cai_auth;
+pub mod cai_rate;
+pub mod cai_replies;
+pub mod cai_sentences;
+pub mod cai_terminal;
+pub mod cai_window;
+pub mod cai_wire;
 pub mod closes;
 pub mod engine_faults;
 pub mod flow_control;
@@ -339,12 +355,26 @@ pub fn responses_checkers() -> Vec<Box<dyn Checker>> {
     ]
 }
 
+/// The `cai` dialect's checkers.
+pub fn cai_checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(cai_wire::CaiWire),
+        Box::new(cai_auth::CaiAuth),
+        Box::new(cai_replies::CaiReplies),
+        Box::new(cai_terminal::CaiTerminal),
+        Box::new(cai_sentences::CaiSentences),
+        Box::new(cai_window::CaiWindow),
+        Box::new(cai_rate::CaiRate::default()),
+    ]
+}
+
 /// Every checker of the dialects the core serves today.
 pub fn all_checkers() -> Vec<Box<dyn Checker>> {
     let mut v = common_checkers();
     v.extend(generate_checkers());
     v.extend(session_checkers());
     v.extend(responses_checkers());
+    v.extend(cai_checkers());
     v
 }
 
@@ -528,6 +558,7 @@ impl Monitor {
             Output::Send { text, .. } => Some(Frame::parse(text)),
             _ => None,
         };
+        self.view.prepare(out, frame.as_ref());
         let r = self.run(|c, cx| c.on_output(cx, out, frame.as_ref()));
         self.view.on_output(self.now, out, frame.as_ref());
         r
@@ -563,27 +594,59 @@ impl Monitor {
 pub(crate) mod testkit {
     use super::*;
     use serde_json::json;
+    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
     use tokenwire_core::testing::{tiny_model_info, ByteCodec, BYTE_OFFSET};
     use tokenwire_core::{
-        Dialect, SamplingParams, SeqId, SeqStep, StepDone, StepPlan, TextCodec, Transport,
+        Dialect, Encoded, SamplingParams, SeqId, SeqStep, StepDone, StepPlan, TextCodec, TextDone,
+        TextJob, TextJobId, TextWork, Transport,
     };
 
     /// A monitor with one checker, time in milliseconds.
     pub struct Kit {
         pub m: Monitor,
         pub t: u64,
+        /// Text jobs handed out so far.
+        pub jobs: u64,
     }
 
     pub fn kit(checker: Box<dyn Checker>) -> Kit {
+        kit_with(checker, HostConfig::default())
+    }
+
+    pub fn kit_with(checker: Box<dyn Checker>, config: HostConfig) -> Kit {
         Kit {
             m: Monitor::new(
-                HostConfig::default(),
+                config,
                 tiny_model_info(),
                 Duration::from_millis(10),
                 vec![checker],
             ),
             t: 0,
+            jobs: 0,
         }
+    }
+
+    /// The credentials [`cai_kit`] accepts.
+    pub const CAI_QUERY: &str = "authorization=Bearer%20sk-test&orgId=org_a";
+
+    /// A kit for `cai` checkers: a keys file with the one key `sk-test`,
+    /// for `org_a` only, 2 requests a minute and no token limit; at most 2
+    /// requests in flight per connection.
+    pub fn cai_kit(checker: Box<dyn Checker>) -> Kit {
+        let ring = KeyRing::new(vec![ApiKey {
+            name: "test".into(),
+            sha256: hash_key("sk-test"),
+            orgs: vec!["org_a".into()],
+            requests_per_minute: Some(2),
+            tokens_per_minute: None,
+        }])
+        .expect("ring");
+        let config = HostConfig {
+            cai_keys: Some(ring),
+            cai_max_inflight: 2,
+            ..HostConfig::default()
+        };
+        kit_with(checker, config)
     }
 
     pub fn idle_end() -> EndState {
@@ -641,6 +704,53 @@ pub(crate) mod testkit {
             })
             .expect("open");
             self.end().expect("open end");
+        }
+        /// A `cai` connection opens with `query` (the event stays open).
+        pub fn open_query(&mut self, conn: u64, query: &str) -> Result<(), Violation> {
+            self.input(Input::Open {
+                conn: ConnId(conn),
+                dialect: Dialect::Cai,
+                transport: Transport::WebSocket,
+                query: query.into(),
+                peer: String::new(),
+            })
+        }
+        /// A `cai` connection opens with [`CAI_QUERY`].
+        pub fn open_cai(&mut self, conn: u64) {
+            self.open_query(conn, CAI_QUERY).expect("open");
+            self.end().expect("open end");
+        }
+        /// A `COMPLETION` of `rid` on `conn`, handled at once and accepted:
+        /// its prompt goes to be tokenized (the event ends).
+        pub fn completion(
+            &mut self,
+            conn: u64,
+            rid: &str,
+            options: Value,
+        ) -> Result<(), Violation> {
+            self.text(
+                conn,
+                json!({"type": "COMPLETION", "requestId": rid,
+                       "payload": {"prompt": format!("<c{conn}>hi"), "options": options}}),
+            )?;
+            self.jobs += 1;
+            self.out(Output::Tokenize(TextJob {
+                id: TextJobId(self.jobs),
+                conn: ConnId(conn),
+                codec: ByteCodec::shared(),
+                work: TextWork::Encode { text: "x".into() },
+            }))?;
+            self.end()
+        }
+        /// The last text job comes back (the event stays open).
+        pub fn tokenized(&mut self, _conn: u64) -> Result<(), Violation> {
+            self.input(Input::Tokenized(TextDone {
+                id: TextJobId(self.jobs),
+                result: Ok(Encoded {
+                    ids: vec![],
+                    dropped: 0,
+                }),
+            }))
         }
         pub fn text(&mut self, conn: u64, v: Value) -> Result<(), Violation> {
             self.input(Input::Text {

@@ -1,5 +1,6 @@
 //! `shutdown`: after `Input::Shutdown` no new request starts (no `generate`
-//! `init`, no `responses` generation going `in_progress`, no `session` turn),
+//! `init`, no `responses` generation going `in_progress`, no `session` turn,
+//! no `cai` `STREAM_START`),
 //! and within the shutdown grace (plus one step) every generation has ended,
 //! every connection is closed (none with a request in flight and no error
 //! for it) and `ShutdownComplete` is out, exactly once and never without a
@@ -52,7 +53,7 @@ impl Checker for Shutdown {
             }
         }
         if let (Output::Send { conn, .. }, Some(f)) = (out, frame) {
-            if f.kind() == "init" || f.kind() == "response.in_progress" {
+            if matches!(f.kind(), "init" | "response.in_progress" | "STREAM_START") {
                 return Err(format!(
                     "request started on {conn:?} after shutdown began at {at:?}"
                 ));

@@ -1,8 +1,8 @@
 //! The shared view the checkers judge against: every live connection and
 //! every `generate` request, rebuilt from the Host's inputs and outputs alone.
-//! A `session` or `responses` connection keeps its dialect's own view
-//! ([`session`], [`responses`]) beside the parts every dialect shares
-//! (deadlines, text jobs, job checks, held frames).
+//! A `session`, `responses` or `cai` connection keeps its dialect's own view
+//! ([`session`], [`responses`], [`cai`]) beside the parts every dialect
+//! shares (deadlines, text jobs, job checks, held frames).
 //!
 //! A request starts at its `init` (its config is the config frame that was
 //! being handled, or the running request's config for a `regenerate`), streams
@@ -13,12 +13,14 @@
 //! `<c{conn}>` tag every simulated prompt starts with, read from the tokens a
 //! step feeds at position 0.
 
+pub mod cai;
 pub mod responses;
 pub mod session;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::Value;
+use tokenwire_core::dialect::cai::auth::KeyRing;
 use tokenwire_core::testing::{BYTE_BOS, BYTE_OFFSET};
 use tokenwire_core::{
     ConnId, Dialect, HostConfig, Input, Instant, JobCheckId, ModelInfo, Output, SeqId, StepPlan,
@@ -257,6 +259,8 @@ pub struct ConnView {
     pub session: Option<session::SessionConnView>,
     /// A `responses` connection's frames and responses.
     pub responses: Option<responses::ResponsesConnView>,
+    /// A `cai` connection's credentials, messages and requests.
+    pub cai: Option<cai::CaiConnView>,
 }
 
 impl ConnView {
@@ -264,10 +268,12 @@ impl ConnView {
     pub fn started(&self) -> u64 {
         self.session.as_ref().map_or(0, |s| s.turns_started)
             + self.responses.as_ref().map_or(0, |r| r.created)
+            + self.cai.as_ref().map_or(0, |c| c.accepted)
     }
 
     /// A request in flight on it, any dialect: a `generate` request, a
-    /// `session` turn, a `responses` response.
+    /// `session` turn, a `responses` response, a `cai` request whose prompt
+    /// was tokenized.
     pub fn in_flight(&self) -> Option<String> {
         if let Some(r) = &self.current {
             return Some(r.clone());
@@ -278,6 +284,15 @@ impl ConnView {
             .and_then(|s| s.live.iter().find(|(_, l)| l.turn.is_some()))
         {
             return Some(format!("the reply of session {sid:?}"));
+        }
+        // A `cai` request counts once its prompt is tokenized (it started,
+        // or was refused), as other dialects' requests do from their start.
+        if let Some((rid, _)) = self
+            .cai
+            .as_ref()
+            .and_then(|c| c.requests.iter().find(|(_, r)| r.tokenized))
+        {
+            return Some(format!("cai request {rid:?}"));
         }
         self.responses
             .as_ref()
@@ -294,6 +309,7 @@ impl ConnView {
             || !self.job_checks.is_empty()
             || self.session.as_ref().is_some_and(|s| s.busy())
             || self.responses.as_ref().is_some_and(|r| r.busy())
+            || self.cai.as_ref().is_some_and(|c| !c.requests.is_empty())
     }
 }
 
@@ -350,9 +366,13 @@ pub struct View {
     /// own frame, or its held frames after a text job or job check came
     /// back); every connection's while held frames are handled after loading.
     handling: Option<ConnId>,
-    /// `session` turns and `responses` responses started on connections
-    /// that are gone.
+    /// `session` turns, `responses` responses and `cai` requests started on
+    /// connections that are gone.
     started_gone: u64,
+    /// Engine steps that completed (or failed) so far.
+    pub steps_done: u64,
+    /// The `cai` keys file.
+    cai_keys: Option<KeyRing>,
     /// How often each kind of thing happened (`completion:length`,
     /// `error:memory_pressure`, `close:idle timeout`, ...): coverage, not checks.
     pub tally: BTreeMap<String, u64>,
@@ -369,6 +389,11 @@ impl View {
     /// The `responses` view of live connection `conn`, if it speaks `responses`.
     pub fn responses(&self, conn: &ConnId) -> Option<&responses::ResponsesConnView> {
         self.conns.get(conn).and_then(|c| c.responses.as_ref())
+    }
+
+    /// The `cai` view of live connection `conn`, if it speaks `cai`.
+    pub fn cai(&self, conn: &ConnId) -> Option<&cai::CaiConnView> {
+        self.conns.get(conn).and_then(|c| c.cai.as_ref())
     }
 
     /// An empty view for a Host with `config` serving `model`.
@@ -392,6 +417,8 @@ impl View {
             check_owner: BTreeMap::new(),
             handling: None,
             started_gone: 0,
+            steps_done: 0,
+            cai_keys: config.cai_keys.clone(),
             default_max_tokens: config.default_max_tokens.min(model.context_len),
             max_frame_bytes: config.max_frame_bytes,
         }
@@ -453,6 +480,9 @@ impl View {
             if let Some(r) = &c.responses {
                 v.extend(r.outstanding().into_iter().map(|w| (w, *id)));
             }
+            if let Some(r) = &c.cai {
+                v.extend(r.outstanding().into_iter().map(|w| (w, *id)));
+            }
         }
         v
     }
@@ -463,6 +493,7 @@ impl View {
                 conn,
                 transport,
                 dialect,
+                query,
                 ..
             } => {
                 if self.conns.contains_key(conn) || self.dead.contains(conn) {
@@ -492,6 +523,8 @@ impl View {
                         responses: (*dialect == Dialect::Responses).then(|| {
                             responses::ResponsesConnView::opened(*transport == Transport::WebSocket)
                         }),
+                        cai: (*dialect == Dialect::Cai)
+                            .then(|| cai::CaiConnView::opened(self.cai_keys.as_ref(), query)),
                     },
                 );
             }
@@ -504,6 +537,10 @@ impl View {
                     }
                     if let Some(r) = c.responses.as_mut() {
                         r.on_text(text, max_frame);
+                    }
+                    if let Some(a) = c.cai.as_mut().filter(|_| text.len() <= max_frame) {
+                        a.on_message(cai::Msg::of_text(text), self.loaded);
+                        a.refresh(self.steps_done);
                     }
                 }
                 let generate = self.dialect_of(*conn) == Some(Dialect::Generate);
@@ -538,6 +575,9 @@ impl View {
                     }
                     if let Some(r) = c.responses.as_mut() {
                         r.on_binary();
+                    }
+                    if let Some(a) = c.cai.as_mut() {
+                        a.on_binary(self.loaded);
                     }
                     c.last_activity = now;
                     let frame = SentFrame {
@@ -575,6 +615,7 @@ impl View {
             }
             Input::StepDone(done) => {
                 self.step = None;
+                self.steps_done += 1;
                 for r in &done.results {
                     let Some(rid) = self.seq_request.get(&r.seq) else {
                         continue;
@@ -584,7 +625,10 @@ impl View {
                     }
                 }
             }
-            Input::EngineFault(_) => self.step = None,
+            Input::EngineFault(_) => {
+                self.step = None;
+                self.steps_done += 1;
+            }
             Input::Tokenized(done) => {
                 if let Some(conn) = self.text_owner.remove(&done.id) {
                     if let Some(c) = self.conns.get_mut(&conn) {
@@ -595,6 +639,9 @@ impl View {
                         }
                         if let Some(r) = c.responses.as_mut() {
                             r.on_tokenized(done.id);
+                        }
+                        if let Some(a) = c.cai.as_mut() {
+                            a.on_tokenized(done.id);
                         }
                     }
                     self.replaying_conn = Some(conn);
@@ -616,6 +663,9 @@ impl View {
             Input::ModelLoaded { .. } => {
                 self.loaded = true;
                 self.replaying_held = true;
+                for a in self.conns.values_mut().filter_map(|c| c.cai.as_mut()) {
+                    a.on_loaded();
+                }
             }
             Input::Shutdown => {
                 self.shutdown_at.get_or_insert(now);
@@ -697,6 +747,11 @@ impl View {
                     self.count(key);
                 }
             }
+            (Output::Send { .. }, Some(f)) if dialect == Some(Dialect::Cai) => {
+                if let Some(key) = cai::tally_key(f) {
+                    self.count(key);
+                }
+            }
             (Output::Send { .. }, Some(f)) => match f.kind() {
                 "completion" => self.count(format!(
                     "completion:{}",
@@ -737,6 +792,21 @@ impl View {
                             c.last_activity = now;
                         }
                     }
+                    (Some(c), Some(f)) if c.cai.is_some() => {
+                        let steps = self.steps_done;
+                        let mut unsent = false;
+                        if let Some(a) = c.cai.as_mut() {
+                            if a.is_terminal(f) {
+                                c.last_activity = now;
+                            }
+                            unsent = a.partial_beyond_chunks(f);
+                            a.on_frame(f);
+                            a.refresh(steps);
+                        }
+                        if unsent {
+                            self.count("cai:interrupted:partial_beyond_chunks".into());
+                        }
+                    }
                     (_, Some(f)) => self.on_frame(now, *conn, f),
                     _ => {}
                 }
@@ -768,6 +838,9 @@ impl View {
             Output::Tokenize(job) => {
                 let shutting_down = self.shutdown_at.is_some();
                 if let Some(c) = self.conns.get_mut(&job.conn) {
+                    if let Some(a) = c.cai.as_mut() {
+                        a.on_tokenize(now, job.id);
+                    }
                     c.text_jobs.insert(job.id);
                     self.text_owner.insert(job.id, job.conn);
                     if let Some(s) = c.session.as_mut() {
@@ -965,8 +1038,56 @@ impl View {
         });
     }
 
+    /// Before checkers judge `out`: a `cai` connection takes up the held
+    /// messages the Host must have handled before it (every one still due,
+    /// before a step is planned: steps are planned once the input's frames
+    /// were handled).
+    pub(crate) fn prepare(&mut self, out: &Output, frame: Option<&Frame>) {
+        let steps = self.steps_done;
+        match out {
+            Output::Send { conn, .. } => {
+                if let Some(a) = self.conns.get_mut(conn).and_then(|c| c.cai.as_mut()) {
+                    a.prepare(frame, false);
+                    a.refresh(steps);
+                }
+            }
+            Output::Tokenize(job) => {
+                if let Some(a) = self.conns.get_mut(&job.conn).and_then(|c| c.cai.as_mut()) {
+                    a.prepare(None, true);
+                }
+            }
+            Output::RunStep(_) => {
+                for a in self.conns.values_mut().filter_map(|c| c.cai.as_mut()) {
+                    a.on_end();
+                    a.refresh(steps);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The event is over: frames were handled (unless the model still loads).
     pub(crate) fn on_end(&mut self, now: Instant) {
+        let steps = self.steps_done;
+        let (mut held, mut paused) = (0, 0);
+        for a in self.conns.values_mut().filter_map(|c| c.cai.as_mut()) {
+            a.on_end();
+            a.refresh(steps);
+            held += std::mem::take(&mut a.counts.0);
+            paused += std::mem::take(&mut a.counts.1);
+        }
+        if held > 0 {
+            *self
+                .tally
+                .entry("cai:held_message_handled".into())
+                .or_default() += held;
+        }
+        if paused > 0 {
+            *self
+                .tally
+                .entry("cai:all_window_paused".into())
+                .or_default() += paused;
+        }
         self.replaying_held = false;
         self.replaying_conn = None;
         self.handling = None;
