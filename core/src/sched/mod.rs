@@ -15,6 +15,8 @@ mod scheduler;
 mod seq;
 
 #[cfg(test)]
+mod fork_tests;
+#[cfg(test)]
 mod tests;
 
 pub use blocks::BlockAllocator;

@@ -110,6 +110,10 @@ struct Outstanding {
     /// The plan's `free` list, sent again if the step fails (the engine may
     /// not have applied it).
     free: Vec<SeqId>,
+    /// The plan's block copies, sent again if the step fails.
+    copies: Vec<(BlockId, BlockId)>,
+    /// Copy sources kept from reuse until the copies are done.
+    holds: Vec<BlockId>,
 }
 
 /// The continuous-batching scheduler and owner of the KV block pool.
@@ -137,6 +141,11 @@ pub struct Scheduler {
     /// In admission order: the last is the newest, the first victim.
     running: Vec<SeqId>,
     pending_free: Vec<SeqId>,
+    /// Block copies for the next plan (copy-on-write of forked sequences).
+    pending_copies: Vec<(BlockId, BlockId)>,
+    /// One extra reference on each pending copy's source block, so that the
+    /// block is not handed out again before the engine has copied it.
+    copy_holds: Vec<BlockId>,
     next_step_id: u64,
     outstanding: Option<Outstanding>,
     /// Adaptive seqs-per-step cap, lowered by out-of-memory steps.
@@ -160,6 +169,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             pending_free: Vec::new(),
+            pending_copies: Vec::new(),
+            copy_holds: Vec::new(),
             next_step_id: 1,
             outstanding: None,
             seq_cap: cfg.max_running_seqs,
@@ -230,6 +241,80 @@ impl Scheduler {
             return;
         }
         self.forget(seq);
+    }
+
+    /// Starts `dst` as a copy of live `src` (a beam that continues another):
+    /// the same tokens, parameters and runnability. A running `src` outside
+    /// the outstanding step shares its full KV blocks with `dst`
+    /// (reference-counted, never written again) and its last, partial block
+    /// is copied into a fresh one by the next plan's `copy_blocks`, so both
+    /// then write only blocks of their own (copy-on-write). Otherwise, or when
+    /// no block is free for the copy, `dst` waits at the front of the queue
+    /// and is recomputed from its tokens. False (nothing changes) when `src`
+    /// is unknown or `dst` exists.
+    pub fn fork(&mut self, src: SeqId, dst: SeqId) -> bool {
+        if self.seqs.contains_key(&dst) {
+            return false;
+        }
+        let in_step = self.in_outstanding(src);
+        let Some(s) = self.live(src) else {
+            return false;
+        };
+        let mut child = Seq::new(s.tokens.clone(), s.max_len, s.sampling, s.logprobs);
+        child.runnable = s.runnable;
+        child.started = true;
+        let bs = self.cfg.block_size;
+        let full = (s.num_computed / bs) as usize;
+        let partial = (s.num_computed % bs != 0)
+            .then(|| s.blocks.get(full).copied())
+            .flatten();
+        let shareable = s.state == SeqState::Running
+            && !in_step
+            && s.blocks.len() == full + usize::from(partial.is_some());
+        let shared: Vec<BlockId> = s.blocks[..full.min(s.blocks.len())].to_vec();
+        let computed = s.num_computed;
+        let target = match (shareable, partial) {
+            (true, Some(_)) => self.alloc.allocate(),
+            _ => None,
+        };
+        if shareable && (partial.is_none() || target.is_some()) {
+            for &b in &shared {
+                self.alloc.retain(b);
+            }
+            child.blocks = shared;
+            if let (Some(src_block), Some(t)) = (partial, target) {
+                child.blocks.push(t);
+                self.pending_copies.push((src_block, t));
+                self.alloc.retain(src_block);
+                self.copy_holds.push(src_block);
+            }
+            child.num_computed = computed;
+            child.state = SeqState::Running;
+            self.running.push(dst);
+        } else {
+            self.waiting.push_front(dst);
+        }
+        self.seqs.insert(dst, child);
+        true
+    }
+
+    /// Replaces the last token of live `seq` when it is not computed yet (a
+    /// beam continuing with another token than the one sampled). False
+    /// otherwise.
+    pub fn set_last_token(&mut self, seq: SeqId, token: TokenId) -> bool {
+        let Some(s) = self.live_mut(seq) else {
+            return false;
+        };
+        if s.num_computed >= s.len() {
+            return false;
+        }
+        match s.tokens.last_mut() {
+            Some(t) => {
+                *t = token;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Marks a sequence runnable or not (paused, slow reader, flow-control
@@ -350,16 +435,20 @@ impl Scheduler {
             });
         }
         let free = std::mem::take(&mut self.pending_free);
+        let copies = std::mem::take(&mut self.pending_copies);
+        let holds = std::mem::take(&mut self.copy_holds);
         self.outstanding = Some(Outstanding {
             step_id,
             entries: planned,
             free: free.clone(),
+            copies: copies.clone(),
+            holds,
         });
         Some(StepPlan {
             step_id,
             seqs,
             free,
-            copy_blocks: Vec::new(),
+            copy_blocks: copies,
         })
     }
 
@@ -369,9 +458,13 @@ impl Scheduler {
     /// removed sequences are dropped and their blocks freed. A `step_id` that
     /// is not the outstanding step's changes nothing and returns nothing.
     pub fn on_step_done(&mut self, done: &StepDone) -> Vec<SeqResult> {
-        let Some((entries, _)) = self.take_outstanding(done.step_id) else {
+        let Some((entries, _, _, holds)) = self.take_outstanding(done.step_id) else {
             return Vec::new();
         };
+        // The copies are done: their sources may be handed out again.
+        for b in holds {
+            self.alloc.release(b);
+        }
         let mut out = Vec::new();
         for p in entries {
             let Some(s) = self.seqs.get_mut(&p.seq) else {
@@ -414,9 +507,15 @@ impl Scheduler {
     ///
     /// A `step_id` that is not the outstanding step's changes nothing.
     pub fn on_step_failed(&mut self, step_id: u64, kind: &EngineFaultKind) -> Vec<SeqId> {
-        let Some((entries, free)) = self.take_outstanding(step_id) else {
+        let Some((entries, free, copies, holds)) = self.take_outstanding(step_id) else {
             return Vec::new();
         };
+        // Copies may not have been applied: they go first in the next plan,
+        // their sources still held.
+        let later = std::mem::replace(&mut self.pending_copies, copies);
+        self.pending_copies.extend(later);
+        let later = std::mem::replace(&mut self.copy_holds, holds);
+        self.copy_holds.extend(later);
         self.ok_streak = 0;
         // Frees are idempotent; sending them again beats leaking engine state.
         let since = std::mem::replace(&mut self.pending_free, free);
@@ -448,6 +547,9 @@ impl Scheduler {
                 }
             }
             EngineFaultKind::DeviceLost => {
+                // Every block's contents are gone, so nothing is left to copy.
+                self.pending_copies.clear();
+                self.copy_holds.clear();
                 let lost = std::mem::take(&mut self.running);
                 for &id in lost.iter().rev() {
                     if let Some(s) = self.seqs.get_mut(&id) {
@@ -561,18 +663,20 @@ impl Scheduler {
         self.alloc.check()?;
         let bs = self.cfg.block_size;
 
-        let mut holders: BTreeMap<BlockId, SeqId> = BTreeMap::new();
+        // Every reference a block has: the sequences holding it (forked
+        // beams share full blocks) and the holds of pending copies.
+        let mut holders: BTreeMap<BlockId, u32> = BTreeMap::new();
+        let pending_holds = self.outstanding.iter().flat_map(|o| o.holds.iter());
+        for &b in self.copy_holds.iter().chain(pending_holds) {
+            *holders.entry(b).or_default() += 1;
+        }
         for (&id, s) in &self.seqs {
+            let mut own = BTreeSet::new();
             for &b in &s.blocks {
-                if let Some(other) = holders.insert(b, id) {
-                    return Err(format!("block {b} held by both {other:?} and {id:?}"));
+                if !own.insert(b) {
+                    return Err(format!("{id:?} holds block {b} twice"));
                 }
-                if self.alloc.refcount(b) != 1 {
-                    return Err(format!(
-                        "block {b} of {id:?} has refcount {}",
-                        self.alloc.refcount(b)
-                    ));
-                }
+                *holders.entry(b).or_default() += 1;
             }
             let covered = s.blocks.len() as u64 * u64::from(bs);
             match s.state {
@@ -622,6 +726,14 @@ impl Scheduler {
             if s.state == SeqState::Removed && !self.in_outstanding(id) {
                 return Err(format!(
                     "removed {id:?} lingers outside the outstanding step"
+                ));
+            }
+        }
+        for (&b, &n) in &holders {
+            if self.alloc.refcount(b) != n {
+                return Err(format!(
+                    "block {b} has {n} holders but refcount {}",
+                    self.alloc.refcount(b)
                 ));
             }
         }
@@ -729,7 +841,16 @@ impl Scheduler {
     /// Ends the outstanding step if `step_id` is its id, freeing sequences
     /// removed during it, and returns its entries (those of removed sequences
     /// included, so callers know the step's size) and its `free` list.
-    fn take_outstanding(&mut self, step_id: u64) -> Option<(Vec<Planned>, Vec<SeqId>)> {
+    #[allow(clippy::type_complexity)]
+    fn take_outstanding(
+        &mut self,
+        step_id: u64,
+    ) -> Option<(
+        Vec<Planned>,
+        Vec<SeqId>,
+        Vec<(BlockId, BlockId)>,
+        Vec<BlockId>,
+    )> {
         if self.outstanding.as_ref().map(|o| o.step_id) != Some(step_id) {
             return None;
         }
@@ -743,7 +864,7 @@ impl Scheduler {
                 self.forget(p.seq);
             }
         }
-        Some((out.entries, out.free))
+        Some((out.entries, out.free, out.copies, out.holds))
     }
 
     /// Drops a sequence that is in no queue: its blocks go back to the pool

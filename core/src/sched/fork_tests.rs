@@ -1,0 +1,237 @@
+//! Forked sequences (beams): full KV blocks shared by reference count, the
+//! partial last block copied by the next plan, the copy's source kept until
+//! the copy is done, and every sequence reading back its own tokens' K/V
+//! through a model of the cache that applies the plan's copies first.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::engine::{
+    BlockId, EngineFaultKind, SamplingParams, SeqId, SeqResult, StepDone, StepPlan, TokenId,
+};
+
+const BS: u32 = 16;
+
+fn sched(num_blocks: u32) -> Scheduler {
+    Scheduler::new(SchedConfig {
+        block_size: BS,
+        num_blocks,
+        max_step_tokens: 512,
+        max_running_seqs: 8,
+    })
+}
+
+/// The KV cache as the engine would hold it: (block, slot) -> (position, token).
+#[derive(Default)]
+struct Kv(BTreeMap<(BlockId, u32), (u32, TokenId)>);
+
+impl Kv {
+    /// Applies `plan` as the engine does (copies, then writes), after
+    /// checking that every planned sequence finds its earlier tokens' K/V
+    /// (`tokens` gives each one's full token list).
+    fn run(&mut self, s: &Scheduler, plan: &StepPlan) {
+        for &(src, dst) in &plan.copy_blocks {
+            for slot in 0..BS {
+                match self.0.get(&(src, slot)).copied() {
+                    Some(v) => self.0.insert((dst, slot), v),
+                    None => self.0.remove(&(dst, slot)),
+                };
+            }
+        }
+        for step in &plan.seqs {
+            let tokens = s.tokens(step.seq).expect("live");
+            for p in 0..step.start_pos {
+                let slot = (step.block_table[(p / BS) as usize], p % BS);
+                assert_eq!(
+                    self.0.get(&slot),
+                    Some(&(p, tokens[p as usize])),
+                    "{:?} reads position {p}",
+                    step.seq
+                );
+            }
+        }
+        for step in &plan.seqs {
+            for (i, &t) in step.tokens.iter().enumerate() {
+                let p = step.start_pos + i as u32;
+                self.0
+                    .insert((step.block_table[(p / BS) as usize], p % BS), (p, t));
+            }
+        }
+    }
+}
+
+fn done(plan: &StepPlan, token: TokenId) -> StepDone {
+    StepDone {
+        step_id: plan.step_id,
+        results: plan
+            .seqs
+            .iter()
+            .filter(|s| s.sample)
+            .map(|s| SeqResult {
+                seq: s.seq,
+                token,
+                logprobs: None,
+            })
+            .collect(),
+    }
+}
+
+fn ok(s: &Scheduler) {
+    if let Err(e) = s.check_invariants() {
+        panic!("invariant broken: {e}");
+    }
+}
+
+/// A sequence of `prompt` tokens, prefilled and one token sampled.
+fn prefilled(s: &mut Scheduler, kv: &mut Kv, prompt: usize) -> SeqId {
+    prefilled_to(s, kv, prompt, 200)
+}
+
+/// [`prefilled`] for a sequence that may grow to `max_len` tokens.
+fn prefilled_to(s: &mut Scheduler, kv: &mut Kv, prompt: usize, max_len: u32) -> SeqId {
+    let id = SeqId(1);
+    let tokens: Vec<TokenId> = (0..prompt as u32).map(|t| 100 + t).collect();
+    s.add(id, tokens, max_len, SamplingParams::greedy(), None)
+        .expect("admitted");
+    let plan = s.schedule().expect("prefill");
+    kv.run(s, &plan);
+    s.on_step_done(&done(&plan, 7));
+    ok(s);
+    id
+}
+
+#[test]
+fn a_fork_shares_full_blocks_and_copies_the_partial_one() {
+    let mut s = sched(16);
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 20);
+    let b = SeqId(2);
+    assert!(s.fork(a, b));
+    assert!(!s.fork(a, b), "a second fork into the same id is refused");
+    ok(&s);
+    let ta = s.block_table(a).expect("a").to_vec();
+    let tb = s.block_table(b).expect("b").to_vec();
+    assert_eq!(ta[0], tb[0], "the full block is shared");
+    assert_ne!(ta[1], tb[1], "the partial one is the child's own");
+    assert!(s.set_last_token(b, 9), "b continues with another token");
+    assert_eq!(s.tokens(b).and_then(|t| t.last()), Some(&9));
+    assert_eq!(s.tokens(a).and_then(|t| t.last()), Some(&7));
+    // The parent goes (as a beam nobody continues does); its partial block
+    // must survive until the copy is done.
+    s.remove(a);
+    ok(&s);
+    let plan = s.schedule().expect("decode");
+    assert_eq!(plan.copy_blocks, vec![(ta[1], tb[1])]);
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 8));
+    ok(&s);
+    // b goes on through its own blocks, reading the shared and copied K/V.
+    for _ in 0..20 {
+        let plan = s.schedule().expect("decode");
+        assert!(plan.copy_blocks.is_empty());
+        kv.run(&s, &plan);
+        s.on_step_done(&done(&plan, 8));
+        ok(&s);
+    }
+    s.remove(b);
+    ok(&s);
+    assert_eq!(s.stats().blocks_used, 0, "every block came back");
+}
+
+#[test]
+fn beams_forked_from_one_parent_write_only_their_own_blocks() {
+    let mut s = sched(32);
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 5);
+    for (i, beam) in [SeqId(2), SeqId(3), SeqId(4)].into_iter().enumerate() {
+        assert!(s.fork(a, beam));
+        assert!(s.set_last_token(beam, 50 + i as TokenId));
+    }
+    s.remove(a);
+    for round in 0..40 {
+        let plan = s.schedule().expect("a step");
+        kv.run(&s, &plan);
+        s.on_step_done(&done(&plan, 60 + round));
+        ok(&s);
+        // Every few steps the beams are reshuffled: beam 4 is dropped and
+        // replaced by a fork of beam 2 (as a search keeps the best).
+        if round % 5 == 4 {
+            let new = SeqId(100 + u64::from(round));
+            let parent = SeqId(2);
+            assert!(s.fork(parent, new));
+            assert!(s.set_last_token(new, 77));
+            let gone = s
+                .block_table(SeqId(4))
+                .map(<[BlockId]>::to_vec)
+                .unwrap_or_default();
+            s.remove(SeqId(4));
+            ok(&s);
+            let plan = s.schedule().expect("a step");
+            kv.run(&s, &plan);
+            s.on_step_done(&done(&plan, 1));
+            ok(&s);
+            let _ = gone;
+            // Keep the numbering simple: the new beam takes 4's place.
+            assert!(s.fork(new, SeqId(4)));
+            s.remove(new);
+            ok(&s);
+        }
+    }
+}
+
+#[test]
+fn a_failed_step_sends_its_copies_again() {
+    let mut s = sched(16);
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 20);
+    assert!(s.fork(a, SeqId(2)));
+    s.remove(a);
+    let plan = s.schedule().expect("decode");
+    assert_eq!(plan.copy_blocks.len(), 1);
+    s.on_step_failed(plan.step_id, &EngineFaultKind::Internal("x".into()));
+    ok(&s);
+    let again = s.schedule().expect("retry");
+    assert_eq!(
+        again.copy_blocks, plan.copy_blocks,
+        "sent again, source still held"
+    );
+    kv.run(&s, &again);
+    s.on_step_done(&done(&again, 3));
+    ok(&s);
+}
+
+#[test]
+fn without_a_free_block_the_child_is_recomputed_and_a_block_boundary_needs_no_copy() {
+    // Two blocks: the parent holds both, none is left for the copy.
+    let mut s = sched(2);
+    let mut kv = Kv::default();
+    let a = prefilled_to(&mut s, &mut kv, 20, 30);
+    assert!(s.fork(a, SeqId(2)));
+    ok(&s);
+    assert!(s.block_table(SeqId(2)).is_some_and(<[BlockId]>::is_empty));
+    s.remove(a);
+    let plan = s.schedule().expect("recompute");
+    let step = plan
+        .seqs
+        .iter()
+        .find(|p| p.seq == SeqId(2))
+        .expect("planned");
+    assert_eq!(step.start_pos, 0, "recomputed from its tokens");
+    assert!(plan.copy_blocks.is_empty());
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 3));
+    ok(&s);
+
+    let mut s = sched(8);
+    let mut kv = Kv::default();
+    let a = prefilled_to(&mut s, &mut kv, 16, 40);
+    assert!(s.fork(a, SeqId(2)));
+    let plan = s.schedule().expect("decode");
+    assert!(
+        plan.copy_blocks.is_empty(),
+        "a whole block is shared, not copied"
+    );
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 3));
+    ok(&s);
+}
