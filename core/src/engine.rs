@@ -77,11 +77,27 @@ pub struct SeqStep {
     pub logprobs: Option<u8>,
 }
 
+/// A sequence started as a copy of another (a beam continuing another): the
+/// engine gives `dst` the first `len` tokens `src` holds (its sampler
+/// history), as if `dst` had been fed them; their K/V is in `dst`'s blocks
+/// (shared, or copied by the plan's `copy_blocks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fork {
+    /// The sequence copied.
+    pub src: SeqId,
+    /// The new sequence.
+    pub dst: SeqId,
+    /// Tokens of `src` that `dst` holds.
+    pub len: u32,
+}
+
 /// One batched forward step for the engine.
 ///
-/// The engine applies `free` (dropping any per-sequence state; an unknown
-/// sequence is a no-op, since a failed step's frees are sent again) and then
-/// `copy_blocks`, before computing `seqs`.
+/// The engine applies `forks` (a fork whose `dst` it already holds is a
+/// no-op, since a failed step's forks are sent again), then `free`
+/// (dropping any per-sequence state; an unknown sequence is a no-op, since a
+/// failed step's frees are sent again) and then `copy_blocks`, before
+/// computing `seqs`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepPlan {
     /// Increasing id, echoed in [`StepDone`] / [`EngineFault`].
@@ -92,6 +108,8 @@ pub struct StepPlan {
     pub free: Vec<SeqId>,
     /// KV blocks to copy before computing, `(src, dst)` (copy-on-write).
     pub copy_blocks: Vec<(BlockId, BlockId)>,
+    /// Sequences started as copies of others, applied first.
+    pub forks: Vec<Fork>,
 }
 
 /// Log-probabilities of a sampled token and its top alternatives.

@@ -54,8 +54,8 @@ pub use api::{
 };
 pub use config::HostConfig;
 pub use engine::{
-    BlockId, EngineFault, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep,
-    StepDone, StepPlan, TokenId, TokenLogprobs,
+    BlockId, EngineFault, EngineFaultKind, Fork, ModelInfo, SamplingParams, SeqId, SeqResult,
+    SeqStep, StepDone, StepPlan, TokenId, TokenLogprobs,
 };
 pub use host::Host;
 pub use text::{

@@ -92,6 +92,15 @@ impl ScriptEngine {
     /// engine should shout about a scheduler bug.
     pub fn step(&mut self, plan: &StepPlan) -> StepDone {
         self.steps += 1;
+        for f in &plan.forks {
+            if !self.history.contains_key(&f.dst) {
+                let h = self
+                    .history
+                    .get(&f.src)
+                    .map_or(Vec::new(), |h| h[..(f.len as usize).min(h.len())].to_vec());
+                self.history.insert(f.dst, h);
+            }
+        }
         for seq in &plan.free {
             self.history.remove(seq);
         }

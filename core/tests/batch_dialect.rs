@@ -333,3 +333,68 @@ fn a_continued_batch_extends_each_sequence_exactly_even_after_eviction() {
         }
     }
 }
+
+#[test]
+fn beams_fork_from_their_parents_sharing_kv_blocks_and_end_with_one_complete() {
+    let (mut h, c) = harness();
+    h.send(
+        c,
+        payload(
+            &[("a", "a prompt of twenty b")],
+            json!({"stream_response": false,
+                   "generation_config": {"num_beams": 3, "max_new_tokens": 8}}),
+        ),
+    );
+    let mut forks = 0;
+    let mut copies = 0;
+    for _ in 0..40 {
+        if let Some(plan) = &h.pending_step {
+            forks += plan.forks.len();
+            copies += plan.copy_blocks.len();
+        }
+        if !h.step() {
+            break;
+        }
+    }
+    let done = elements(&h, c, "COMPLETE", "a");
+    assert_eq!(done.len(), 1, "{:?}", h.received(c));
+    assert_eq!(done[0]["new_tokens_count"], 8);
+    assert_eq!(done[0]["text"].as_str().map(str::len), Some(8));
+    // Three beams forked from their parents after each of the first seven
+    // rounds; the eighth ends the search.
+    assert_eq!(forks, 3 * 7, "{forks} forks");
+    assert!(copies > 0, "partial blocks are copied, full ones shared");
+    let st = h.host.stats();
+    assert_eq!(st.running + st.queued, 0, "every beam ended");
+    assert_eq!(st.kv_blocks_used, 0, "and gave its blocks back");
+    assert!(elements(&h, c, "PROGRESS", "a").is_empty());
+    // Beams with streaming, beam sampling and a repetition penalty are refused.
+    for (cfg, needle) in [
+        (json!({"num_beams": 2}), "streamer"),
+        (
+            json!({"num_beams": 2, "do_sample": true, "temperature": 1}),
+            "beam sampling",
+        ),
+        (
+            json!({"num_beams": 2, "repetition_penalty": 1.2}),
+            "repetition_penalty",
+        ),
+        (json!({"num_beams": 30}), "num_beams"),
+        (
+            json!({"num_beams": 2, "early_stopping": "sometimes"}),
+            "early_stopping",
+        ),
+    ] {
+        let stream = cfg["num_beams"] == 2 && needle == "streamer";
+        h.send(
+            c,
+            payload(
+                &[("z", "x")],
+                json!({"stream_response": stream, "generation_config": cfg}),
+            ),
+        );
+        let e = elements(&h, c, "ERROR", "z");
+        let last = e.last().and_then(|e| e["error"].as_str()).unwrap_or("");
+        assert!(last.contains(needle), "{needle}: {last}");
+    }
+}

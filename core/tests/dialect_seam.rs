@@ -44,6 +44,7 @@ impl DialectConn for Probe {
                     prompt_ids,
                     params: GenParams::defaults(6),
                     logprobs: None,
+                    raw: false,
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());

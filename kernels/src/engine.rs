@@ -226,6 +226,16 @@ impl Engine {
         };
         self.validate(plan)
             .map_err(|m| fault(EngineFaultKind::Internal(m)))?;
+        // Forks first: a beam's parent may be freed by this same plan.
+        for f in &plan.forks {
+            if self.history.contains_key(&f.dst) {
+                continue; // sent again after a failed step
+            }
+            if let Some(h) = self.history.get(&f.src) {
+                let h = h[..(f.len as usize).min(h.len())].to_vec();
+                self.history.insert(f.dst, h);
+            }
+        }
         for seq in &plan.free {
             self.history.remove(seq);
         }
@@ -321,13 +331,27 @@ impl Engine {
                 ));
             }
         }
+        let mut forked: HashMap<SeqId, usize> = HashMap::new();
+        for f in &plan.forks {
+            if self.history.contains_key(&f.dst) {
+                continue;
+            }
+            let held = self.history.get(&f.src).map_or(0, Vec::len);
+            if (f.len as usize) > held {
+                return Err(format!(
+                    "fork of {:?} into {:?} takes {} tokens but the engine holds {held}",
+                    f.src, f.dst, f.len
+                ));
+            }
+            forked.insert(f.dst, f.len as usize);
+        }
         let freed: HashSet<SeqId> = plan.free.iter().copied().collect();
         let mut seen = HashSet::with_capacity(plan.seqs.len());
         for s in &plan.seqs {
             if !seen.insert(s.seq) {
                 return Err(format!("seq {:?} appears twice in one step", s.seq));
             }
-            self.validate_seq(s, &freed, nb, bs)?;
+            self.validate_seq(s, &freed, &forked, nb, bs)?;
         }
         Ok(())
     }
@@ -336,6 +360,7 @@ impl Engine {
         &self,
         s: &SeqStep,
         freed: &HashSet<SeqId>,
+        forked: &HashMap<SeqId, usize>,
         nb: u32,
         bs: u64,
     ) -> Result<(), String> {
@@ -368,7 +393,11 @@ impl Engine {
         let held = if freed.contains(&id) {
             0
         } else {
-            self.history.get(&id).map_or(0, Vec::len)
+            self.history
+                .get(&id)
+                .map(Vec::len)
+                .or_else(|| forked.get(&id).copied())
+                .unwrap_or(0)
         };
         if s.start_pos as usize > held {
             return Err(format!(

@@ -165,6 +165,7 @@ fn history_truncates_and_free_drops_it() {
         seqs: vec![seq_step(1, &[1], 0, &t, true)],
         free: vec![SeqId(1)],
         copy_blocks: vec![],
+        forks: vec![],
     };
     e.step(&p).expect("free then start");
     assert_eq!(e.history(SeqId(1)), Some(&[1][..]));
@@ -184,6 +185,7 @@ fn copy_blocks_copies_kv_before_the_step() {
         step_id: 2,
         seqs: vec![seq_step(2, &toks[..16], 0, &[7], false)],
         copy_blocks: vec![(0, 5)],
+        forks: vec![],
         free: vec![SeqId(1)],
     };
     e.step(&p).expect("copy");

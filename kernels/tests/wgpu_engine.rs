@@ -229,6 +229,7 @@ fn wgpu_copy_blocks_copies_kv_before_the_step() {
         step_id: 2,
         seqs: vec![seq_step(2, &toks[..16], 0, &[7], false)],
         copy_blocks: vec![(0, 5)],
+        forks: vec![],
         free: vec![SeqId(1)],
     };
     e.step(&p).expect("copy");

@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokenwire_core::rng::mix64;
 use tokenwire_core::testing::{BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
 use tokenwire_core::{
-    EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId, TokenLogprobs,
+    BlockId, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId,
+    TokenLogprobs,
 };
 
 use crate::swarm::EngineOptions;
@@ -39,6 +40,15 @@ struct SeqState {
 }
 
 impl SeqState {
+    /// A fork's copy: the first `len` tokens, nothing sampled yet.
+    fn forked(&self, len: usize) -> SeqState {
+        SeqState {
+            tokens: self.tokens[..len].to_vec(),
+            hashes: self.hashes[..len].to_vec(),
+            sampled: None,
+        }
+    }
+
     fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.hashes.truncate(len);
@@ -110,9 +120,32 @@ impl SimEngine {
         if plan.seqs.is_empty() {
             return Err(format!("step {} computes nothing", plan.step_id));
         }
+        // Forks come first: a beam's copy of its parent's history.
+        let mut forked: BTreeMap<SeqId, SeqState> = BTreeMap::new();
+        for f in &plan.forks {
+            if self.seqs.contains_key(&f.dst) {
+                continue;
+            }
+            let Some(src) = self.seqs.get(&f.src) else {
+                return Err(format!("fork of unknown {:?} into {:?}", f.src, f.dst));
+            };
+            if f.len as usize > src.tokens.len() {
+                return Err(format!(
+                    "fork of {:?} into {:?} takes {} tokens, the engine holds {}",
+                    f.src,
+                    f.dst,
+                    f.len,
+                    src.tokens.len()
+                ));
+            }
+            forked.insert(f.dst, src.forked(f.len as usize));
+        }
         let freed: BTreeSet<SeqId> = plan.free.iter().copied().collect();
         let mut seen = BTreeSet::new();
-        let mut blocks = BTreeMap::new();
+        // Blocks a sequence writes in this step are its alone; blocks it
+        // only reads (positions before its start) may be shared by forks.
+        let mut written: BTreeMap<BlockId, SeqId> = BTreeMap::new();
+        let mut read: BTreeMap<BlockId, SeqId> = BTreeMap::new();
         let bs = self.info.block_size as usize;
         for s in &plan.seqs {
             if !seen.insert(s.seq) {
@@ -127,7 +160,7 @@ impl SimEngine {
             let held = if freed.contains(&s.seq) {
                 None
             } else {
-                self.seqs.get(&s.seq)
+                self.seqs.get(&s.seq).or_else(|| forked.get(&s.seq))
             };
             let held_len = held.map_or(0, |h| h.tokens.len());
             let start = s.start_pos as usize;
@@ -171,16 +204,23 @@ impl SimEngine {
                     s.block_table.len()
                 ));
             }
-            for &b in &s.block_table {
+            for (i, &b) in s.block_table.iter().enumerate() {
                 if b >= self.info.num_blocks {
                     return Err(format!(
                         "{:?} uses block {b} of a pool of {}",
                         s.seq, self.info.num_blocks
                     ));
                 }
-                if let Some(other) = blocks.insert(b, s.seq) {
+                let writes = (i + 1) * bs > start && i * bs < end;
+                let clash = if writes {
+                    written.insert(b, s.seq).or_else(|| read.get(&b).copied())
+                } else {
+                    read.insert(b, s.seq);
+                    written.get(&b).copied()
+                };
+                if let Some(other) = clash {
                     return Err(format!(
-                        "block {b} in the tables of both {other:?} and {:?}",
+                        "block {b} written in this step by one of {other:?} and {:?} and in the table of the other",
                         s.seq
                     ));
                 }
@@ -193,6 +233,15 @@ impl SimEngine {
     pub fn run(&mut self, plan: &StepPlan) -> StepDone {
         self.last_step_id = Some(plan.step_id);
         self.steps += 1;
+        for f in &plan.forks {
+            if self.seqs.contains_key(&f.dst) {
+                continue;
+            }
+            if let Some(src) = self.seqs.get(&f.src) {
+                let child = src.forked(f.len as usize);
+                self.seqs.insert(f.dst, child);
+            }
+        }
         for seq in &plan.free {
             self.seqs.remove(seq);
         }
@@ -314,6 +363,7 @@ mod tests {
             }],
             free: vec![],
             copy_blocks: vec![],
+            forks: vec![],
         }
     }
 

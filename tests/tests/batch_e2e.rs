@@ -195,3 +195,67 @@ async fn errors_queued_payloads_and_the_servers_defaults() {
     }
     server.shutdown().await;
 }
+
+/// Beam search over the socket against Hugging Face transformers'
+/// `generate(num_beams=..., early_stopping=...)` on stories260K: the golden
+/// cases that use the model's own EOS ids (those with "." as an extra EOS
+/// are checked on the search machine alone, kernels/tests/beam_goldens.rs).
+/// The beams share KV blocks copy-on-write through the scheduler's forks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beam_search_matches_transformers_over_the_socket() {
+    let Some(dir) = stories260k() else { return };
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/goldens/stories260k_beams.json"
+    );
+    let goldens: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("goldens")).expect("JSON");
+    let server = start(ModelSource::Dir(dir), |_| {}).await;
+    let mut c = Client::connect(&server, "/ws").await;
+    let mut checked = 0;
+    let mut differ = 0;
+    for case in goldens["cases"].as_array().expect("cases") {
+        if case["eos_ids"] != json!([2, 1]) {
+            continue;
+        }
+        let prompt = case["prompt"].as_str().expect("prompt");
+        // A new id each time: the same id would continue the last batch.
+        let rid = format!("beam-{checked}");
+        c.send(payload(
+            &[(rid.as_str(), prompt)],
+            json!({"do_sample": false, "num_beams": case["num_beams"],
+                   "length_penalty": case["length_penalty"],
+                   "early_stopping": case["early_stopping"],
+                   "max_new_tokens": case["max_new_tokens"]}),
+            json!({"stream_response": false}),
+        ))
+        .await;
+        let frames = until_done(&mut c, &[rid.as_str()]).await;
+        let done = element(&frames, "COMPLETE", &rid);
+        assert_eq!(done["type"], "COMPLETE", "{frames:?}");
+        assert_eq!(done["text"], case["text"], "{case}");
+        assert_eq!(
+            done["new_tokens_count"].as_u64(),
+            case["ids"].as_array().map(|a| a.len() as u64)
+        );
+        if case["ids"] != case["greedy_ids"] {
+            differ += 1;
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 12 && differ * 2 >= checked,
+        "{checked} checked, {differ} differ from greedy"
+    );
+    // Several prompts of one payload run their searches side by side.
+    c.send(payload(
+        &[("x", "Once upon a time"), ("y", "Lily and Ben")],
+        json!({"do_sample": false, "num_beams": 3, "max_new_tokens": 24}),
+        json!({"stream_response": false}),
+    ))
+    .await;
+    let frames = until_done(&mut c, &["x", "y"]).await;
+    assert_eq!(element(&frames, "COMPLETE", "x")["new_tokens_count"], 24);
+    assert_eq!(element(&frames, "COMPLETE", "y")["new_tokens_count"], 24);
+    server.shutdown().await;
+}

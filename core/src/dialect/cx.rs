@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::state::DialectState;
 use crate::api::{ConnId, Dialect, Event, FeedbackRecord, JobCheckId, Output, Transport};
 use crate::config::HostConfig;
-use crate::engine::{ModelInfo, SeqId};
+use crate::engine::{ModelInfo, SeqId, TokenId};
 use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, StartError};
 use crate::params::GenParams;
 use crate::rng::Rng;
@@ -52,6 +52,10 @@ pub trait HostPort {
     fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool;
     /// Removes a hold reason from a generation.
     fn release(&mut self, id: SeqId, reason: HoldReason) -> bool;
+    /// Starts a copy of a live generation sharing its KV blocks.
+    fn fork(&mut self, src: SeqId) -> Option<SeqId>;
+    /// Replaces the last token of a raw generation before it is computed.
+    fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool;
     /// Replaces a generation's parameters.
     fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError>;
     /// The dialects' host-wide state.
@@ -244,6 +248,21 @@ impl<'a> Cx<'a> {
     /// Releases a generation held by [`Cx::close_window`]. Returns false if unknown.
     pub fn open_window(&mut self, id: SeqId) -> bool {
         self.port.release(id, HoldReason::FlowWindow)
+    }
+
+    /// Starts a copy of live generation `src` owned by this connection (a
+    /// beam that continues another): the same tokens and state, its KV
+    /// blocks shared copy-on-write through the step plan's block copies.
+    /// `None` when `src` is unknown.
+    pub fn fork(&mut self, src: SeqId) -> Option<SeqId> {
+        self.port.fork(src)
+    }
+
+    /// Replaces the last token of raw generation `id` ([`GenRequest::raw`])
+    /// while it is not computed yet: a beam continuing with another token
+    /// than the one sampled. False otherwise.
+    pub fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
+        self.port.set_last_token(id, token)
     }
 
     /// Replaces a generation's parameters from the next token on; refused

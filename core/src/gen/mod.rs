@@ -110,6 +110,8 @@ pub struct Generation {
     pub last_token_at: Option<Instant>,
     /// Last queue position reported to the client.
     pub reported_position: Option<u32>,
+    /// A raw generation ([`GenRequest::raw`]): never ends by itself.
+    pub raw: bool,
     eos_ids: Vec<TokenId>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
@@ -146,6 +148,7 @@ impl Generation {
             first_token_at: None,
             last_token_at: None,
             reported_position: None,
+            raw: false,
             eos_ids,
             detok,
             stop,
@@ -192,6 +195,14 @@ impl Generation {
             self.first_token_at = Some(now);
         }
         self.last_token_at = Some(now);
+        if self.raw {
+            return TokenPiece {
+                token_id: Some(token),
+                text: String::new(),
+                logprobs: result.logprobs,
+                finish: None,
+            };
+        }
         let mut text = String::new();
         let mut finish = None;
         if self.eos_ids.contains(&token) {
@@ -243,6 +254,18 @@ impl Generation {
         let mut out = self.stop.push(&tail).emit;
         out.push_str(&self.stop.finish());
         out
+    }
+
+    /// Replaces the last generated token (a beam continuing with another
+    /// token than the one sampled). Raw generations only: no text was decoded.
+    pub fn set_last_token(&mut self, token: TokenId) -> bool {
+        match self.out_ids.last_mut() {
+            Some(t) if self.raw => {
+                *t = token;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Prompt tokens, for usage.

@@ -76,4 +76,8 @@ pub struct GenRequest {
     pub params: GenParams,
     /// Logprob alternatives, if wanted.
     pub logprobs: Option<u8>,
+    /// A raw generation (one beam of a beam search): it never ends by itself
+    /// (no end-of-sequence, stop string or `max_tokens` check) and decodes no
+    /// text; its owner reads the sampled tokens and logprobs and ends it.
+    pub raw: bool,
 }

@@ -8,7 +8,7 @@ use crate::api::{ConnId, Dialect, Event, JobCheck, JobCheckId, Outcome, Output, 
 use crate::config::HostConfig;
 use crate::dialect::state::DialectState;
 use crate::dialect::HostPort;
-use crate::engine::{ModelInfo, SeqId, SeqResult};
+use crate::engine::{ModelInfo, SeqId, SeqResult, TokenId};
 use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, Holds, StartError, TokenPiece};
 use crate::params::GenParams;
 use crate::rng::Rng;
@@ -227,6 +227,7 @@ impl Shared {
             eos_ids,
             now,
         );
+        gen.raw = req.raw;
         if self.blocked_conns.contains(&owner) {
             gen.holds.insert(HoldReason::OutboundFull);
         }
@@ -234,6 +235,37 @@ impl Shared {
         self.gen_dialect.insert(id, dialect);
         self.sync_runnable(id);
         Ok(id)
+    }
+
+    /// Starts a copy of live generation `src` (a beam continuing another):
+    /// same owner, tokens and state, sharing `src`'s KV blocks copy-on-write.
+    pub fn fork(&mut self, src: SeqId) -> Option<SeqId> {
+        let gen = self.gens.get(&src)?.clone();
+        let dialect = self.gen_dialect.get(&src).copied()?;
+        let id = SeqId(self.next_seq);
+        if !self.sched.as_mut()?.fork(src, id) {
+            return None;
+        }
+        self.next_seq += 1;
+        let mut child = gen;
+        child.id = id;
+        self.gens.insert(id, child);
+        self.gen_dialect.insert(id, dialect);
+        self.sync_runnable(id);
+        Some(id)
+    }
+
+    /// Replaces the last token of raw generation `id` before it is computed.
+    pub fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
+        let Some(gen) = self.gens.get_mut(&id) else {
+            return false;
+        };
+        if !gen.set_last_token(token) {
+            return false;
+        }
+        self.sched
+            .as_mut()
+            .is_some_and(|s| s.set_last_token(id, token))
     }
 
     /// Removes a generation from the scheduler and the registry and counts it.
@@ -244,6 +276,10 @@ impl Shared {
         self.timers.cancel(TimerKey::PauseTimeout(id));
         let gen = self.gens.remove(&id)?;
         let dialect = self.gen_dialect.remove(&id).unwrap_or(Dialect::Generate);
+        if gen.raw {
+            // A beam, not a request: its dialect reports the request.
+            return Some(gen);
+        }
         self.outputs
             .push_back(Output::Event(Event::RequestFinished {
                 dialect,
@@ -426,6 +462,14 @@ impl HostPort for Shared {
 
     fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
         Shared::hold(self, now, id, reason)
+    }
+
+    fn fork(&mut self, src: SeqId) -> Option<SeqId> {
+        Shared::fork(self, src)
+    }
+
+    fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
+        Shared::set_last_token(self, id, token)
     }
 
     fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {

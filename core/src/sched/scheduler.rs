@@ -7,7 +7,7 @@ use super::blocks::BlockAllocator;
 use super::seq::{Seq, SeqState};
 use crate::config::HostConfig;
 use crate::engine::{
-    BlockId, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep, StepDone,
+    BlockId, EngineFaultKind, Fork, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep, StepDone,
     StepPlan, TokenId,
 };
 
@@ -112,6 +112,8 @@ struct Outstanding {
     free: Vec<SeqId>,
     /// The plan's block copies, sent again if the step fails.
     copies: Vec<(BlockId, BlockId)>,
+    /// The plan's forks, sent again if the step fails.
+    forks: Vec<Fork>,
     /// Copy sources kept from reuse until the copies are done.
     holds: Vec<BlockId>,
 }
@@ -143,6 +145,8 @@ pub struct Scheduler {
     pending_free: Vec<SeqId>,
     /// Block copies for the next plan (copy-on-write of forked sequences).
     pending_copies: Vec<(BlockId, BlockId)>,
+    /// Forks for the next plan (the engine copies the parent's history).
+    pending_forks: Vec<Fork>,
     /// One extra reference on each pending copy's source block, so that the
     /// block is not handed out again before the engine has copied it.
     copy_holds: Vec<BlockId>,
@@ -170,6 +174,7 @@ impl Scheduler {
             running: Vec::new(),
             pending_free: Vec::new(),
             pending_copies: Vec::new(),
+            pending_forks: Vec::new(),
             copy_holds: Vec::new(),
             next_step_id: 1,
             outstanding: None,
@@ -290,6 +295,11 @@ impl Scheduler {
             }
             child.num_computed = computed;
             child.state = SeqState::Running;
+            self.pending_forks.push(Fork {
+                src,
+                dst,
+                len: computed,
+            });
             self.running.push(dst);
         } else {
             self.waiting.push_front(dst);
@@ -436,12 +446,14 @@ impl Scheduler {
         }
         let free = std::mem::take(&mut self.pending_free);
         let copies = std::mem::take(&mut self.pending_copies);
+        let forks = std::mem::take(&mut self.pending_forks);
         let holds = std::mem::take(&mut self.copy_holds);
         self.outstanding = Some(Outstanding {
             step_id,
             entries: planned,
             free: free.clone(),
             copies: copies.clone(),
+            forks: forks.clone(),
             holds,
         });
         Some(StepPlan {
@@ -449,6 +461,7 @@ impl Scheduler {
             seqs,
             free,
             copy_blocks: copies,
+            forks,
         })
     }
 
@@ -458,7 +471,7 @@ impl Scheduler {
     /// removed sequences are dropped and their blocks freed. A `step_id` that
     /// is not the outstanding step's changes nothing and returns nothing.
     pub fn on_step_done(&mut self, done: &StepDone) -> Vec<SeqResult> {
-        let Some((entries, _, _, holds)) = self.take_outstanding(done.step_id) else {
+        let Some((entries, _, _, _, holds)) = self.take_outstanding(done.step_id) else {
             return Vec::new();
         };
         // The copies are done: their sources may be handed out again.
@@ -507,9 +520,11 @@ impl Scheduler {
     ///
     /// A `step_id` that is not the outstanding step's changes nothing.
     pub fn on_step_failed(&mut self, step_id: u64, kind: &EngineFaultKind) -> Vec<SeqId> {
-        let Some((entries, free, copies, holds)) = self.take_outstanding(step_id) else {
+        let Some((entries, free, copies, forks, holds)) = self.take_outstanding(step_id) else {
             return Vec::new();
         };
+        let later = std::mem::replace(&mut self.pending_forks, forks);
+        self.pending_forks.extend(later);
         // Copies may not have been applied: they go first in the next plan,
         // their sources still held.
         let later = std::mem::replace(&mut self.pending_copies, copies);
@@ -549,6 +564,7 @@ impl Scheduler {
             EngineFaultKind::DeviceLost => {
                 // Every block's contents are gone, so nothing is left to copy.
                 self.pending_copies.clear();
+                self.pending_forks.clear();
                 self.copy_holds.clear();
                 let lost = std::mem::take(&mut self.running);
                 for &id in lost.iter().rev() {
@@ -849,6 +865,7 @@ impl Scheduler {
         Vec<Planned>,
         Vec<SeqId>,
         Vec<(BlockId, BlockId)>,
+        Vec<Fork>,
         Vec<BlockId>,
     )> {
         if self.outstanding.as_ref().map(|o| o.step_id) != Some(step_id) {
@@ -864,7 +881,7 @@ impl Scheduler {
                 self.forget(p.seq);
             }
         }
-        Some((out.entries, out.free, out.copies, out.holds))
+        Some((out.entries, out.free, out.copies, out.forks, out.holds))
     }
 
     /// Drops a sequence that is in no queue: its blocks go back to the pool

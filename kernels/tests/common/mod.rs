@@ -314,6 +314,7 @@ pub fn logits_alone(engine: &mut Engine, tokens: &[TokenId]) -> Vec<f32> {
         seqs: vec![seq_step(999, tokens, 0, &table, true)],
         free: vec![SeqId(999)],
         copy_blocks: vec![],
+        forks: vec![],
     };
     engine.step(&p).expect("step alone");
     let row = engine.last_logits().next().expect("one row").to_vec();

@@ -794,6 +794,7 @@ pub(crate) mod testkit {
                 }],
                 free: vec![],
                 copy_blocks: vec![],
+                forks: vec![],
             }))
         }
         pub fn step_done(&mut self, id: u64, seq: u64) -> Result<(), Violation> {

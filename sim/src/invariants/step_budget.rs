@@ -129,6 +129,7 @@ mod tests {
             seqs,
             free: vec![],
             copy_blocks: vec![],
+            forks: vec![],
         })
     }
 

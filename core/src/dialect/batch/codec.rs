@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 use crate::json::{self, Fields};
 
 /// Keys of `generation_config` the server reads.
-pub const CONFIG_KEYS: [&str; 8] = [
+pub const CONFIG_KEYS: [&str; 9] = [
+    "early_stopping",
     "num_beams",
     "do_sample",
     "temperature",

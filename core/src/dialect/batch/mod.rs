@@ -29,11 +29,16 @@ use self::cache::CachedSeq;
 use self::codec::{Event, EventKind, Payload};
 use super::{Cx, DialectConn};
 use crate::engine::{SeqId, TokenId};
+use crate::gen::beam::{BeamConfig, BeamSearch, EarlyStopping};
 use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
 use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{Encoded, TextJobId};
 use crate::time::{Duration, Instant};
+
+/// Most log-probability alternatives a beam can ask the engine for per
+/// step: beam search needs `max(2, 1 + EOS ids) * num_beams` of them.
+pub const MAX_BEAM_CANDIDATES: usize = 20;
 
 /// The source's error for beams with streaming.
 pub const BEAMS_WITH_STREAMER: &str =
@@ -116,6 +121,21 @@ struct Prompt {
     /// Set when the payload's duplicate of an earlier prompt (answered with
     /// ERROR and never run).
     duplicate: bool,
+    /// Its beam search, when the payload asked for beams.
+    beam: Option<BeamRun>,
+}
+
+/// One prompt's beam search in flight: its search machine and the
+/// generations that are its running beams (raw generations sharing KV blocks).
+#[derive(Debug)]
+struct BeamRun {
+    search: BeamSearch,
+    /// The running beams' generations, in the search's beam order (one, the
+    /// prompt's, before the first step).
+    beams: Vec<SeqId>,
+    /// Candidates reported this round, by generation.
+    reported: std::collections::BTreeMap<SeqId, Vec<(TokenId, f32)>>,
+    prompt_ids: Vec<TokenId>,
 }
 
 /// A payload accepted on this connection.
@@ -132,6 +152,8 @@ struct Job {
     /// Cached sequences of completed prompts, by index, for the cache.
     finished: Vec<Option<CachedSeq>>,
     failed: bool,
+    /// Beam search settings, when `num_beams` > 1.
+    beams: Option<BeamConfig>,
 }
 
 /// Events gathered during one engine step, per kind, for one job.
@@ -178,7 +200,7 @@ fn config_params(
     cfg: &Map<String, Value>,
     defaults: &GenerationDefaults,
     context_len: u32,
-) -> Result<(GenParams, u32, f32), String> {
+) -> Result<(GenParams, u32, f32, EarlyStopping), String> {
     let f = Fields::new(cfg, "generation_config.");
     let num_beams = match f.u64("num_beams").map_err(|e| e.to_string())? {
         None => defaults.num_beams,
@@ -199,6 +221,16 @@ fn config_params(
         Some(v) => {
             return Err(format!(
                 "invalid `generation_config.length_penalty`: must be a finite number, got {v}"
+            ))
+        }
+    };
+    let early_stopping = match cfg.get("early_stopping") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => EarlyStopping::No,
+        Some(Value::Bool(true)) => EarlyStopping::Yes,
+        Some(Value::String(s)) if s == "never" => EarlyStopping::Never,
+        Some(other) => {
+            return Err(format!(
+                "invalid `generation_config.early_stopping`: must be true, false or \"never\", got {other}"
             ))
         }
     };
@@ -236,7 +268,7 @@ fn config_params(
         // (as `generate` ignores them without `do_sample`).
         p.temperature = 0.0;
     }
-    Ok((p, num_beams, length_penalty))
+    Ok((p, num_beams, length_penalty, early_stopping))
 }
 
 impl BatchConn {
@@ -262,7 +294,7 @@ impl BatchConn {
         };
         let context_len = cx.model().context_len;
         let defaults = cx.config().batch_defaults.clone();
-        let (params, num_beams, _length_penalty) =
+        let (params, num_beams, length_penalty, early_stopping) =
             match config_params(&payload.generation_config, &defaults, context_len) {
                 Ok(p) => p,
                 Err(e) => return fail_all(cx, e),
@@ -270,12 +302,21 @@ impl BatchConn {
         if num_beams > 1 && payload.stream_response {
             return fail_all(cx, BEAMS_WITH_STREAMER.to_string());
         }
-        if num_beams > 1 {
-            return fail_all(
-                cx,
-                "beam search (num_beams > 1) is not available on this server yet; set num_beams to 1".into(),
-            );
-        }
+        let beams = if num_beams > 1 {
+            let cfg = BeamConfig {
+                num_beams: num_beams as usize,
+                length_penalty,
+                early_stopping,
+                max_new_tokens: params.max_tokens as usize,
+                eos_ids: cx.model().eos_ids.clone(),
+            };
+            if let Err(e) = beam_limits(&cfg, &params) {
+                return fail_all(cx, e);
+            }
+            Some(cfg)
+        } else {
+            None
+        };
         let mut prompts = Vec::with_capacity(payload.prompts.len());
         let mut seen: Vec<&str> = Vec::new();
         for p in &payload.prompts {
@@ -293,6 +334,7 @@ impl BatchConn {
                 },
                 started_at: None,
                 duplicate,
+                beam: None,
             });
         }
         let any_duplicate = prompts.iter().any(|p| p.duplicate);
@@ -333,6 +375,7 @@ impl BatchConn {
             launched: false,
             finished: vec![None; n],
             failed: any_duplicate,
+            beams,
         });
         self.pending.push_back(StepEvents::default());
         self.advance(cx);
@@ -384,19 +427,34 @@ impl BatchConn {
     fn launch(&mut self, cx: &mut Cx<'_>, ji: usize) {
         self.jobs[ji].launched = true;
         let params = self.jobs[ji].params.clone();
+        let beams = self.jobs[ji].beams.clone();
         for pi in 0..self.jobs[ji].prompts.len() {
             let p = &self.jobs[ji].prompts[pi];
             if p.stage != Stage::Waiting {
                 continue;
             }
             let Some(ids) = p.ids.clone() else { continue };
+            // A beam is a raw generation: it reports its best next tokens
+            // and the search decides how it goes on.
             let req = GenRequest {
-                prompt_ids: ids,
+                prompt_ids: ids.clone(),
                 params: params.clone(),
-                logprobs: None,
+                logprobs: beams
+                    .as_ref()
+                    .map(|b| b.beams_to_keep().min(MAX_BEAM_CANDIDATES) as u8),
+                raw: beams.is_some(),
             };
             match cx.start(req) {
-                Ok(seq) => self.jobs[ji].prompts[pi].stage = Stage::Running(seq),
+                Ok(seq) => {
+                    let p = &mut self.jobs[ji].prompts[pi];
+                    p.stage = Stage::Running(seq);
+                    p.beam = beams.clone().map(|cfg| BeamRun {
+                        search: BeamSearch::new(cfg),
+                        beams: vec![seq],
+                        reported: Default::default(),
+                        prompt_ids: ids,
+                    });
+                }
                 Err(e) => self.fail_prompt(cx, ji, pi, start_error(&e)),
             }
         }
@@ -410,6 +468,11 @@ impl BatchConn {
         job.failed = true;
         let p = &mut job.prompts[pi];
         p.stage = Stage::Done;
+        if let Some(run) = p.beam.take() {
+            for seq in run.beams {
+                cx.end(seq, FinishReason::Cancelled);
+            }
+        }
         let rid = p.request_id.clone();
         send(cx, &[event(&rid, EventKind::Error { error: message })]);
     }
@@ -419,7 +482,10 @@ impl BatchConn {
         self.jobs.iter().enumerate().find_map(|(ji, j)| {
             j.prompts
                 .iter()
-                .position(|p| p.stage == Stage::Running(seq))
+                .position(|p| match &p.beam {
+                    Some(run) => p.stage != Stage::Done && run.beams.contains(&seq),
+                    None => p.stage == Stage::Running(seq),
+                })
                 .map(|pi| (ji, pi))
         })
     }
@@ -506,6 +572,142 @@ impl BatchConn {
     }
 }
 
+impl BatchConn {
+    /// A beam reported its candidates: once every running beam of the
+    /// prompt has, the search takes a step, forks the beams it keeps from
+    /// their parents (sharing KV blocks) and ends the old ones, or finishes.
+    fn on_beam_token(
+        &mut self,
+        cx: &mut Cx<'_>,
+        ji: usize,
+        pi: usize,
+        seq: SeqId,
+        piece: &TokenPiece,
+    ) {
+        if piece.finish.is_some() {
+            return;
+        }
+        let Some(top) = piece.logprobs.as_ref().map(|l| l.top.clone()) else {
+            let why = "the engine gave no log-probabilities for a beam".to_string();
+            return self.fail_prompt(cx, ji, pi, why);
+        };
+        // No more compute for this beam until the round is decided.
+        cx.close_window(seq);
+        let first_round = {
+            let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() else {
+                return;
+            };
+            run.reported.insert(seq, top);
+            if run.reported.len() < run.beams.len() {
+                return;
+            }
+            run.beams.len() == 1 && run.search.running().len() > 1
+        };
+        if first_round {
+            self.pending[ji].initialized.push(pi);
+        }
+        let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() else {
+            return;
+        };
+        // Before the first step every beam is the prompt: the same candidates.
+        let candidates: Vec<Vec<(TokenId, f32)>> = if first_round {
+            let c = run.reported.get(&run.beams[0]).cloned().unwrap_or_default();
+            vec![c; run.search.running().len()]
+        } else {
+            run.beams
+                .iter()
+                .map(|b| run.reported.get(b).cloned().unwrap_or_default())
+                .collect()
+        };
+        run.reported.clear();
+        let old = std::mem::take(&mut run.beams);
+        let Some(advance) = run.search.step(&candidates) else {
+            for s in old {
+                cx.end(s, FinishReason::Cancelled);
+            }
+            return self.finish_beams(cx, ji, pi);
+        };
+        let mut new = Vec::with_capacity(advance.parents.len());
+        for (&parent, &token) in advance.parents.iter().zip(&advance.tokens) {
+            let src = if first_round { old[0] } else { old[parent] };
+            let Some(child) = cx.fork(src) else {
+                for s in new.into_iter().chain(old) {
+                    cx.end(s, FinishReason::Cancelled);
+                }
+                let why = "beam search could not continue a beam".to_string();
+                return self.fail_prompt(cx, ji, pi, why);
+            };
+            cx.set_last_token(child, token);
+            cx.open_window(child);
+            new.push(child);
+        }
+        for s in old {
+            cx.end(s, FinishReason::Cancelled);
+        }
+        if let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() {
+            run.beams = new;
+        }
+    }
+
+    /// The search is over: the best hypothesis is the prompt's COMPLETE.
+    fn finish_beams(&mut self, cx: &mut Cx<'_>, ji: usize, pi: usize) {
+        let eos = cx.model().eos_ids.clone();
+        let now = cx.now;
+        let Some(run) = self.jobs[ji].prompts[pi].beam.take() else {
+            return;
+        };
+        let best = run.search.best().to_vec();
+        // The text as `generate` users decode it: special tokens left out.
+        let shown: Vec<TokenId> = best.iter().copied().filter(|t| !eos.contains(t)).collect();
+        let generated = cx.codec().decode(&shown);
+        let job = &mut self.jobs[ji];
+        let p = &mut job.prompts[pi];
+        let is_eos = best.last().is_some_and(|t| eos.contains(t));
+        let started = p.started_at.unwrap_or(now);
+        let execution_time = ((now - started).as_secs_f64() * 1000.0).round() / 1000.0;
+        let text = if job.only_new_tokens {
+            generated.clone()
+        } else {
+            format!("{}{generated}", p.before)
+        };
+        let mut ids = run.prompt_ids;
+        ids.extend_from_slice(&best);
+        job.finished[pi] = Some(CachedSeq {
+            ids,
+            text: format!("{}{generated}", p.before),
+        });
+        p.stage = Stage::Done;
+        self.pending[ji].complete.push((
+            pi,
+            EventKind::Complete {
+                text,
+                is_eos,
+                new_tokens_count: best.len() as u32,
+                execution_time,
+            },
+        ));
+    }
+}
+
+/// What beam search here cannot do, said before anything runs.
+fn beam_limits(cfg: &BeamConfig, params: &GenParams) -> Result<(), String> {
+    if cfg.beams_to_keep() > MAX_BEAM_CANDIDATES {
+        let per = cfg.beams_to_keep() / cfg.num_beams;
+        return Err(format!(
+            "invalid `generation_config.num_beams`: at most {} with this model ({per} candidates per beam, {MAX_BEAM_CANDIDATES} at most), got {}",
+            MAX_BEAM_CANDIDATES / per,
+            cfg.num_beams
+        ));
+    }
+    if params.temperature != 0.0 {
+        return Err("beam sampling (`do_sample` true with `num_beams` > 1) is not available; set do_sample to false".into());
+    }
+    if params.repetition_penalty != 1.0 {
+        return Err("`repetition_penalty` with beam search is not available (Hugging Face applies it to log-probabilities, this engine to logits); leave it at 1".into());
+    }
+    Ok(())
+}
+
 /// The error text for a prompt that could not start.
 fn start_error(e: &StartError) -> String {
     match *e {
@@ -582,6 +784,9 @@ impl DialectConn for BatchConn {
         let Some((ji, pi)) = self.find(id) else {
             return;
         };
+        if self.jobs[ji].prompts[pi].beam.is_some() {
+            return self.on_beam_token(cx, ji, pi, id, piece);
+        }
         let Some(g) = cx.gen(id) else { return };
         if piece.token_id.is_some() && g.out_ids.len() == 1 {
             self.pending[ji].initialized.push(pi);

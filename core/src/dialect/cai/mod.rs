@@ -358,6 +358,7 @@ impl CaiConn {
             prompt_ids: encoded.ids,
             params,
             logprobs: None,
+            raw: false,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -155,6 +155,7 @@ impl GenerateConn {
             prompt_ids,
             params: config.params.clone(),
             logprobs,
+            raw: false,
         };
         let id = match cx.start(req) {
             Ok(id) => id,

@@ -311,6 +311,7 @@ impl ResponsesConn {
             prompt_ids: encoded.ids,
             params: draft.params.clone(),
             logprobs: None,
+            raw: false,
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

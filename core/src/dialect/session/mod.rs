@@ -481,6 +481,7 @@ impl SessionConn {
             prompt_ids: encoded.ids,
             params,
             logprobs: None,
+            raw: false,
         };
         match cx.start(req) {
             Ok(seq) => {
