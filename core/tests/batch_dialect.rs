@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 use tokenwire_core::dialect::batch::{GenerationDefaults, BEAMS_WITH_STREAMER};
 use tokenwire_core::testing::{script_text, Harness};
-use tokenwire_core::{ConnId, Dialect, HostConfig};
+use tokenwire_core::{ConnId, Dialect, Duration, HostConfig};
 
 const SCRIPT: &str = "abcdefghijklmnopqrstuvwxyz";
 
@@ -397,4 +397,53 @@ fn beams_fork_from_their_parents_sharing_kv_blocks_and_end_with_one_complete() {
         let last = e.last().and_then(|e| e["error"].as_str()).unwrap_or("");
         assert!(last.contains(needle), "{needle}: {last}");
     }
+}
+
+#[test]
+fn a_shutdown_answers_every_prompt_that_did_not_finish() {
+    let (mut h, c) = harness_with(HostConfig {
+        shutdown_grace: Duration::from_secs(1),
+        ..HostConfig::default()
+    });
+    h.send(
+        c,
+        payload(
+            &[("run", "hi")],
+            json!({"generation_config": {"max_new_tokens": 400}}),
+        ),
+    );
+    // Queued behind the first until it is admitted; then it runs too.
+    h.send(c, payload(&[("q1", "hi"), ("q2", "hey")], json!({})));
+    h.run(2);
+    h.input(tokenwire_core::Input::Shutdown);
+    h.send(c, payload(&[("late", "hi")], json!({})));
+    for _ in 0..300 {
+        if !h.step() {
+            break;
+        }
+    }
+    h.advance(Duration::from_secs(2));
+    // A payload whose prompts are still being tokenized when the grace ends.
+    let (mut h2, c2) = harness_with(HostConfig {
+        shutdown_grace: Duration::from_secs(1),
+        ..HostConfig::default()
+    });
+    h2.auto_text = false;
+    h2.send(c2, payload(&[("t1", "hi"), ("t2", "hey")], json!({})));
+    h2.input(tokenwire_core::Input::Shutdown);
+    h2.advance(Duration::from_secs(2));
+    for id in ["t1", "t2"] {
+        assert_eq!(
+            elements(&h2, c2, "ERROR", id).len(),
+            1,
+            "{id}: {:?}",
+            h2.received(c2)
+        );
+    }
+    assert_eq!(h2.closes.get(&c2).map(|x| x.0), Some(1001));
+    for id in ["run", "q1", "q2", "late"] {
+        let ends = elements(&h, c, "COMPLETE", id).len() + elements(&h, c, "ERROR", id).len();
+        assert_eq!(ends, 1, "{id}: {:?}", h.received(c));
+    }
+    assert_eq!(h.closes.get(&c).map(|x| x.0), Some(1001));
 }

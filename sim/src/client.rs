@@ -8,7 +8,10 @@
 //!   cancels, the connection limit and lifetime);
 //! - [`cai`]: `/` (credentials in the query string, good and bad; several
 //!   completions in flight, conversations, interrupts, chunk and sentence
-//!   windows acknowledged eagerly, late or never, a speaking client's pace).
+//!   windows acknowledged eagerly, late or never, a speaking client's pace);
+//! - [`batch`]: `/ws` (payloads of raw prompts queued several at once,
+//!   continuations of its own finished batches, duplicate ids, invalid
+//!   payloads).
 //!
 //! Each only reacts to what it reads and speaks through the same
 //! [`ClientOp`]s; whether the server was right is the invariant checkers'
@@ -20,8 +23,11 @@
 //! through its instructions or its first input message, a `cai` one through
 //! the system message its `context` starts with (or, continuing a kept
 //! conversation, the one the conversation started with: conversation ids are
-//! unique per connection) and its prompt, which carries the tag too.
+//! unique per connection) and its prompt, which carries the tag too, a
+//! `batch` prompt as given (a continued batch's sequences keep the tag of
+//! the connection the batch started on).
 
+pub mod batch;
 pub mod cai;
 pub mod generate;
 pub mod responses;
@@ -30,6 +36,7 @@ pub mod session;
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Instant, Transport};
 
+pub use batch::BatchClient;
 pub use cai::CaiClient;
 pub use generate::GenerateClient;
 pub use responses::ResponsesClient;
@@ -104,6 +111,7 @@ pub fn new_client(id: usize, swarm: &Swarm, rng: Rng) -> Box<dyn SimClient> {
         Dialect::Session => Box::new(SessionClient::new(id, swarm, rng)),
         Dialect::Responses => Box::new(ResponsesClient::new(id, swarm, rng)),
         Dialect::Cai => Box::new(CaiClient::new(id, swarm, rng)),
+        Dialect::Batch => Box::new(BatchClient::new(id, swarm, rng)),
         _ => Box::new(GenerateClient::new(id, swarm, rng)),
     }
 }

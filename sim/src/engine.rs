@@ -220,7 +220,7 @@ impl SimEngine {
                 };
                 if let Some(other) = clash {
                     return Err(format!(
-                        "block {b} written in this step by one of {other:?} and {:?} and in the table of the other",
+                        "block {b} is in the tables of both {other:?} and {:?}, and one of them writes it in this step",
                         s.seq
                     ));
                 }

@@ -5,9 +5,9 @@
 //! [`Host`](tokenwire_core::Host) in virtual time, with invariant checkers
 //! after every event. TigerBeetle's VOPR is the model.
 //!
-//! A run mixes clients of four of the dialects the core serves (`generate`,
-//! `session`, `responses`, `cai`): most seeds have all four, a few only one
-//! (the swarm decides). The runner plays the shell around the Host: it
+//! A run mixes clients of all five dialects the core serves (`generate`,
+//! `session`, `responses`, `cai`, `batch`): most seeds have all five, a few
+//! only one (the swarm decides). The runner plays the shell around the Host: it
 //! opens connections with the query string each client chooses (`cai`
 //! credentials, checked against the run's keys file), delivers frames over a
 //! network with random delays, runs engine steps and text jobs, and

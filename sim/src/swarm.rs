@@ -30,6 +30,8 @@ pub const STREAM_DIALECTS: u64 = 0x4449_414c_0000_0007;
 pub const STREAM_JOBS: u64 = 0x4a4f_4253_0000_0008;
 /// Random stream for the `cai` clients of a run and its keys file.
 pub const STREAM_CAI: u64 = 0x4341_4900_0000_0009;
+/// Random stream for the `batch` clients of a run and its cache size.
+pub const STREAM_BATCH: u64 = 0x4241_5443_0000_000a;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,7 +153,7 @@ pub struct Swarm {
     pub seed: u64,
     /// Simulated clients.
     pub clients: usize,
-    /// The dialect of each client, by index: all four served dialects in
+    /// The dialect of each client, by index: all five served dialects in
     /// most seeds, a single one in a few.
     pub dialects: Vec<Dialect>,
     /// The `cai` keys and organisations (the keys file itself is in `host`).
@@ -348,6 +350,10 @@ impl Swarm {
         let c = &mut Rng::new(mix64(seed, STREAM_CAI));
         let dialects = cai_mix(c, dialects);
         let cai = cai_options(c, &mut host);
+        // `batch` from its own stream too: its clients join at the end.
+        let b = &mut Rng::new(mix64(seed, STREAM_BATCH));
+        let dialects = batch_mix(b, dialects);
+        host.batch_cache_entries = pick(b, &[0, 1, 2, 4, 256]);
         Swarm {
             seed,
             clients: dialects.len(),
@@ -408,6 +414,22 @@ fn cai_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
     }
     if !single {
         dialects.extend(std::iter::repeat_n(Dialect::Cai, n));
+    }
+    dialects
+}
+
+/// Adds one to three `batch` clients to a mixed run (a run of one dialect
+/// stays so), and makes a few runs all `batch`. Appended last, so every
+/// other client keeps its index and its random stream.
+fn batch_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
+    let x = rng.next_f64();
+    let n = 1 + rng.below(3) as usize;
+    let single = dialects.windows(2).all(|w| w[0] == w[1]);
+    if x < 0.04 {
+        return vec![Dialect::Batch; dialects.len().max(2)];
+    }
+    if !single {
+        dialects.extend(std::iter::repeat_n(Dialect::Batch, n));
     }
     dialects
 }
@@ -502,20 +524,15 @@ mod tests {
     }
 
     #[test]
-    fn most_seeds_mix_all_four_dialects() {
-        let served = [
-            Dialect::Generate,
-            Dialect::Session,
-            Dialect::Responses,
-            Dialect::Cai,
-        ];
+    fn most_seeds_mix_all_five_dialects() {
+        let served = Dialect::ALL;
         let mixed = (0..200)
             .filter(|&s| {
                 let d = Swarm::from_seed(s).dialects;
                 served.iter().all(|x| d.contains(x))
             })
             .count();
-        assert!(mixed >= 150, "{mixed} of 200 seeds mix all four dialects");
+        assert!(mixed >= 150, "{mixed} of 200 seeds mix all five dialects");
         let only_cai = (0..200)
             .filter(|&s| {
                 let d = Swarm::from_seed(s).dialects;
@@ -523,6 +540,13 @@ mod tests {
             })
             .count();
         assert!(only_cai >= 1, "no seed of 200 is all cai");
+        let only_batch = (0..200)
+            .filter(|&s| {
+                let d = Swarm::from_seed(s).dialects;
+                d.iter().all(|x| *x == Dialect::Batch)
+            })
+            .count();
+        assert!(only_batch >= 1, "no seed of 200 is all batch");
         let keyless = (0..200)
             .filter(|&s| Swarm::from_seed(s).host.cai_keys.is_none())
             .count();

@@ -6,7 +6,8 @@
 //! token counts (a `generate` `completion`'s usage, a `session` `response`'s
 //! `tokens_used`, a `responses` Response's usage; a warm-up runs no
 //! generation), each failure one `Failed`; a `cai` `ERROR` is counted like
-//! any error, but `cai` requests are not matched to finished-request events
+//! any error (and each `batch` ERROR element), but `cai` and `batch`
+//! requests are not matched to finished-request events
 //! (a generation is counted when it ends, and its `STREAM_COMPLETE` may
 //! wait for the client's window long after); cancellations are counted; each
 //! feedback ack one `FeedbackReceived`; each sampled `generate` token's frame
@@ -163,6 +164,23 @@ impl Checker for Metrics {
                 responses_frame(t, f);
                 return Ok(());
             }
+            if c.batch.is_some() {
+                // One error counted per ERROR element.
+                let text = match out {
+                    Output::Send { text, .. } => text.as_str(),
+                    _ => "",
+                };
+                if let Ok(events) = tokenwire_core::dialect::batch::codec::decode_events(text) {
+                    let errors =
+                        events.iter().filter(|e| e.kind.as_str() == "ERROR").count() as i64;
+                    if errors > 0 {
+                        *t.error_frames
+                            .entry(("batch", "ERROR".to_string()))
+                            .or_default() += errors;
+                    }
+                }
+                return Ok(());
+            }
             if c.cai.is_some() {
                 if f.kind() == "ERROR" {
                     let code = f.v["error"]["code"].as_str().unwrap_or("").to_string();
@@ -226,7 +244,7 @@ impl Checker for Metrics {
                     completion_tokens,
                 } => {
                     let d = dialect.name();
-                    if *dialect == Dialect::Cai {
+                    if matches!(*dialect, Dialect::Cai | Dialect::Batch) {
                         return Ok(());
                     }
                     let (p, c) = (u64::from(*prompt_tokens), u64::from(*completion_tokens));

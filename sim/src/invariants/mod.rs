@@ -6,8 +6,9 @@
 //! `--replay`, and a test can feed them a fabricated sequence of outputs.
 //!
 //! A [`Monitor`] keeps the shared [`View`] (what each connection has seen,
-//! request by request, with each `session`, `responses` and `cai`
-//! connection's own view of its messages, sessions, responses and requests)
+//! request by request, with each `session`, `responses`, `cai` and `batch`
+//! connection's own view of its messages, sessions, responses, requests and
+//! payloads, and the `batch` continue-generation cache)
 //! and runs every checker on each observation, *before* the view takes it
 //! in: a checker sees the state as it was before the frame it is judging
 //! (a `cai` connection having taken up the held messages the Host handled
@@ -38,9 +39,21 @@
 //!   connection whose generations are all window-paused), per-organisation
 //!   request buckets and the reasons of `RATE_LIMITED`, and the decoder's
 //!   shape of every frame.
+//! - [`batch_checkers`]: every frame an array of events of one type; each
+//!   payload answered in order (ACCEPTED, or one ERROR per prompt it names),
+//!   exactly one COMPLETE or ERROR per accepted prompt and nothing after,
+//!   STARTED / INITIALIZED at most once and before PROGRESS; frames in
+//!   payload order, PROGRESS only when streaming; continued batches starting
+//!   from the text the modelled continue-generation cache holds;
+//!   `new_tokens_count` within `max_new_tokens` and streamed texts adding up.
 
 pub mod after_close;
 pub mod after_terminal;
+pub mod batch_continuation;
+pub mod batch_order;
+pub mod batch_terminal;
+pub mod batch_text;
+pub mod batch_wire;
 pub mod cai_auth;
 pub mod cai_rate;
 pub mod cai_replies;
@@ -368,6 +381,17 @@ pub fn cai_checkers() -> Vec<Box<dyn Checker>> {
     ]
 }
 
+/// The `batch` dialect's checkers.
+pub fn batch_checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(batch_wire::BatchWire),
+        Box::new(batch_terminal::BatchTerminal),
+        Box::new(batch_order::BatchOrder),
+        Box::new(batch_continuation::BatchContinuation),
+        Box::new(batch_text::BatchText),
+    ]
+}
+
 /// Every checker of the dialects the core serves today.
 pub fn all_checkers() -> Vec<Box<dyn Checker>> {
     let mut v = common_checkers();
@@ -375,6 +399,7 @@ pub fn all_checkers() -> Vec<Box<dyn Checker>> {
     v.extend(session_checkers());
     v.extend(responses_checkers());
     v.extend(cai_checkers());
+    v.extend(batch_checkers());
     v
 }
 

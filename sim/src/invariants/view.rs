@@ -1,8 +1,10 @@
 //! The shared view the checkers judge against: every live connection and
 //! every `generate` request, rebuilt from the Host's inputs and outputs alone.
-//! A `session`, `responses` or `cai` connection keeps its dialect's own view
-//! ([`session`], [`responses`], [`cai`]) beside the parts every dialect
-//! shares (deadlines, text jobs, job checks, held frames).
+//! A `session`, `responses`, `cai` or `batch` connection keeps its dialect's
+//! own view ([`session`], [`responses`], [`cai`], [`batch`]) beside the parts
+//! every dialect shares (deadlines, text jobs, job checks, held frames); the
+//! `batch` continue-generation cache is the Host's, so the view keeps it
+//! ([`batch::BatchCache`]).
 //!
 //! A request starts at its `init` (its config is the config frame that was
 //! being handled, or the running request's config for a `regenerate`), streams
@@ -13,6 +15,7 @@
 //! `<c{conn}>` tag every simulated prompt starts with, read from the tokens a
 //! step feeds at position 0.
 
+pub mod batch;
 pub mod cai;
 pub mod responses;
 pub mod session;
@@ -261,6 +264,8 @@ pub struct ConnView {
     pub responses: Option<responses::ResponsesConnView>,
     /// A `cai` connection's credentials, messages and requests.
     pub cai: Option<cai::CaiConnView>,
+    /// A `batch` connection's payloads and prompts.
+    pub batch: Option<batch::BatchConnView>,
 }
 
 impl ConnView {
@@ -269,6 +274,7 @@ impl ConnView {
         self.session.as_ref().map_or(0, |s| s.turns_started)
             + self.responses.as_ref().map_or(0, |r| r.created)
             + self.cai.as_ref().map_or(0, |c| c.accepted)
+            + self.batch.as_ref().map_or(0, |b| b.prompts.len() as u64)
     }
 
     /// A request in flight on it, any dialect: a `generate` request, a
@@ -294,6 +300,9 @@ impl ConnView {
         {
             return Some(format!("cai request {rid:?}"));
         }
+        if let Some(rid) = self.batch.as_ref().and_then(|b| b.live.keys().next()) {
+            return Some(format!("batch prompt {rid:?}"));
+        }
         self.responses
             .as_ref()
             .and_then(|r| r.current.as_ref())
@@ -310,6 +319,7 @@ impl ConnView {
             || self.session.as_ref().is_some_and(|s| s.busy())
             || self.responses.as_ref().is_some_and(|r| r.busy())
             || self.cai.as_ref().is_some_and(|c| !c.requests.is_empty())
+            || self.batch.as_ref().is_some_and(|b| b.busy())
     }
 }
 
@@ -373,6 +383,10 @@ pub struct View {
     pub steps_done: u64,
     /// The `cai` keys file.
     cai_keys: Option<KeyRing>,
+    /// The Host's `batch` continue-generation cache, as the frames tell it.
+    pub batch_cache: batch::BatchCache,
+    /// `batch`: the default `max_new_tokens` and the context length.
+    batch_limits: (u64, u64),
     /// How often each kind of thing happened (`completion:length`,
     /// `error:memory_pressure`, `close:idle timeout`, ...): coverage, not checks.
     pub tally: BTreeMap<String, u64>,
@@ -389,6 +403,11 @@ impl View {
     /// The `responses` view of live connection `conn`, if it speaks `responses`.
     pub fn responses(&self, conn: &ConnId) -> Option<&responses::ResponsesConnView> {
         self.conns.get(conn).and_then(|c| c.responses.as_ref())
+    }
+
+    /// The `batch` view of live connection `conn`, if it speaks `batch`.
+    pub fn batch(&self, conn: &ConnId) -> Option<&batch::BatchConnView> {
+        self.conns.get(conn).and_then(|c| c.batch.as_ref())
     }
 
     /// The `cai` view of live connection `conn`, if it speaks `cai`.
@@ -419,6 +438,11 @@ impl View {
             started_gone: 0,
             steps_done: 0,
             cai_keys: config.cai_keys.clone(),
+            batch_cache: batch::BatchCache::new(config.batch_cache_entries),
+            batch_limits: (
+                u64::from(config.batch_defaults.max_new_tokens),
+                u64::from(model.context_len),
+            ),
             default_max_tokens: config.default_max_tokens.min(model.context_len),
             max_frame_bytes: config.max_frame_bytes,
         }
@@ -483,6 +507,9 @@ impl View {
             if let Some(r) = &c.cai {
                 v.extend(r.outstanding().into_iter().map(|w| (w, *id)));
             }
+            if let Some(b) = &c.batch {
+                v.extend(b.outstanding().into_iter().map(|w| (w, *id)));
+            }
         }
         v
     }
@@ -525,6 +552,7 @@ impl View {
                         }),
                         cai: (*dialect == Dialect::Cai)
                             .then(|| cai::CaiConnView::opened(self.cai_keys.as_ref(), query)),
+                        batch: (*dialect == Dialect::Batch).then(batch::BatchConnView::default),
                     },
                 );
             }
@@ -537,6 +565,9 @@ impl View {
                     }
                     if let Some(r) = c.responses.as_mut() {
                         r.on_text(text, max_frame);
+                    }
+                    if let Some(b) = c.batch.as_mut().filter(|_| text.len() <= max_frame) {
+                        b.on_text(text, self.batch_limits.0, self.batch_limits.1);
                     }
                     if let Some(a) = c.cai.as_mut().filter(|_| text.len() <= max_frame) {
                         a.on_message(cai::Msg::of_text(text), self.loaded);
@@ -578,6 +609,9 @@ impl View {
                     }
                     if let Some(a) = c.cai.as_mut() {
                         a.on_binary(self.loaded);
+                    }
+                    if let Some(b) = c.batch.as_mut() {
+                        b.on_binary();
                     }
                     c.last_activity = now;
                     let frame = SentFrame {
@@ -746,6 +780,35 @@ impl View {
                 if let Some(key) = responses::tally_key(f) {
                     self.count(key);
                 }
+            }
+            (Output::Send { conn, text }, _) if dialect == Some(Dialect::Batch) => {
+                let events = tokenwire_core::dialect::batch::codec::decode_events(text);
+                if let (Ok(events), Some(c)) = (events, self.conns.get_mut(conn)) {
+                    let ended = events.iter().any(|e| {
+                        matches!(
+                            e.kind,
+                            tokenwire_core::dialect::batch::codec::EventKind::Complete { .. }
+                                | tokenwire_core::dialect::batch::codec::EventKind::Error { .. }
+                        )
+                    });
+                    if ended {
+                        c.last_activity = now;
+                    }
+                    if let Some(b) = c.batch.as_mut() {
+                        let reading = b.read(&events);
+                        let key = batch::tally_key(&events, &reading);
+                        b.on_events(&events, &mut self.batch_cache);
+                        let continued = matches!(reading, batch::Reading::Accepted(p)
+                            if b.payloads[p].continued);
+                        if let Some(key) = key {
+                            self.count(key);
+                        }
+                        if continued {
+                            self.count("batch:continued".into());
+                        }
+                    }
+                }
+                return;
             }
             (Output::Send { .. }, Some(f)) if dialect == Some(Dialect::Cai) => {
                 if let Some(key) = cai::tally_key(f) {
@@ -1137,6 +1200,7 @@ impl View {
         self.shutdown_at = None;
         self.shutdown_complete = false;
         self.loaded = true;
+        self.batch_cache.clear();
         self.crashes += 1;
     }
 }

@@ -890,6 +890,33 @@ impl DialectConn for BatchConn {
 
     fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
 
+    fn on_shutdown(&mut self, cx: &mut Cx<'_>) {
+        // What gathered in the last step goes first; then every prompt that
+        // never finished (waiting behind an earlier payload, or being
+        // tokenized) gets its error, one frame per payload.
+        self.flush_events(cx);
+        for job in &mut self.jobs {
+            let events: Vec<Event> = job
+                .prompts
+                .iter_mut()
+                .filter(|p| p.stage != Stage::Done)
+                .map(|p| {
+                    p.stage = Stage::Done;
+                    event(
+                        &p.request_id,
+                        EventKind::Error {
+                            error: "the server is shutting down; retry on another host".into(),
+                        },
+                    )
+                })
+                .collect();
+            send(cx, &events);
+        }
+        self.jobs.clear();
+        self.pending.clear();
+        self.tokenizing = None;
+    }
+
     fn on_closed(&mut self, _cx: &mut Cx<'_>) {
         self.jobs.clear();
         self.pending.clear();
