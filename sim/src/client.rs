@@ -97,12 +97,53 @@ pub trait SimClient: std::fmt::Debug + Send {
     fn on_closed(&mut self, cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp>;
     /// The liveness phase begins: no new work.
     fn start_liveness(&mut self) -> Vec<ClientOp>;
+    /// How its connection behaves, and what it counted.
+    fn habits(&self) -> &Habits;
     /// Its reader: (slow, stalls now and then).
-    fn reader(&self) -> (bool, bool);
+    fn reader(&self) -> (bool, bool) {
+        (self.habits().slow_reader, self.habits().stalls)
+    }
     /// It never answers pings.
-    fn silent(&self) -> bool;
+    fn silent(&self) -> bool {
+        self.habits().silent
+    }
     /// (malformed or hostile frames sent, early disconnects).
-    fn counts(&self) -> (u64, u64);
+    fn counts(&self) -> (u64, u64) {
+        (self.habits().hostile_sent, self.habits().disconnects)
+    }
+}
+
+/// What every simulated user has whatever its dialect: how its connection
+/// behaves (drawn once) and the faults it caused (counted for the report).
+#[derive(Debug, Clone, Default)]
+pub struct Habits {
+    /// Never answers pings.
+    pub silent: bool,
+    /// Reads slowly.
+    pub slow_reader: bool,
+    /// Stops reading now and then.
+    pub stalls: bool,
+    /// Malformed or hostile frames sent.
+    pub hostile_sent: u64,
+    /// Early disconnects.
+    pub disconnects: u64,
+}
+
+impl Habits {
+    /// Draws them from `rng` (silence only when `may_be_silent`: no draw
+    /// is made otherwise, so the stream stays as it was).
+    pub(crate) fn draw(rng: &mut Rng, swarm: &Swarm, may_be_silent: bool) -> Habits {
+        let silent = may_be_silent && chance(rng, swarm.mix.silent_p);
+        let slow_reader = chance(rng, swarm.net.slow_reader_p);
+        let stalls = chance(rng, swarm.net.stall_p * 5.0);
+        Habits {
+            silent,
+            slow_reader,
+            stalls,
+            hostile_sent: 0,
+            disconnects: 0,
+        }
+    }
 }
 
 /// Client `id` of a run with `swarm`, speaking its dialect, drawing from `rng`.

@@ -33,7 +33,7 @@ use tokenwire_core::dialect::batch::codec::{
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Instant, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, SimClient};
+use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
 use crate::swarm::{between, Swarm};
 
 /// A payload without an answer for this long is given up.
@@ -70,24 +70,14 @@ pub struct BatchClient {
     /// The server said it is going away (1001): never come back.
     gone: bool,
     liveness: bool,
-    /// Never answers pings.
-    pub silent: bool,
-    /// Reads slowly.
-    pub slow_reader: bool,
-    /// Stops reading now and then.
-    pub stalls: bool,
-    /// Malformed or hostile frames sent.
-    pub hostile_sent: u64,
-    /// Early disconnects.
-    pub disconnects: u64,
+    /// How its connection behaves, and what it counted.
+    pub habits: Habits,
 }
 
 impl BatchClient {
     /// Client `id` of a run with `swarm`, drawing from `rng`.
     pub fn new(id: usize, swarm: &Swarm, mut rng: Rng) -> BatchClient {
-        let silent = chance(&mut rng, swarm.mix.silent_p);
-        let slow_reader = chance(&mut rng, swarm.net.slow_reader_p);
-        let stalls = chance(&mut rng, swarm.net.stall_p * 5.0);
+        let habits = Habits::draw(&mut rng, swarm, true);
         let most = 1 + rng.below(4) as usize;
         BatchClient {
             id,
@@ -101,11 +91,7 @@ impl BatchClient {
             wake_at: None,
             gone: false,
             liveness: false,
-            silent,
-            slow_reader,
-            stalls,
-            hostile_sent: 0,
-            disconnects: 0,
+            habits,
         }
     }
 
@@ -214,7 +200,7 @@ impl BatchClient {
     }
 
     fn hostile(&mut self) -> ClientOp {
-        self.hostile_sent += 1;
+        self.habits.hostile_sent += 1;
         let tag = conn_tag(self.conn);
         let rid = format!("h{}-{}", self.id, self.rng.below(1_000_000));
         let prompt = json!([{"request_id": rid, "prompt": format!("{tag}x")}]);
@@ -240,7 +226,7 @@ impl BatchClient {
     }
 
     fn hang_up(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        self.disconnects += 1;
+        self.habits.disconnects += 1;
         let Some(conn) = self.conn.take() else {
             return Vec::new();
         };
@@ -412,15 +398,7 @@ impl SimClient for BatchClient {
         Vec::new()
     }
 
-    fn reader(&self) -> (bool, bool) {
-        (self.slow_reader, self.stalls)
-    }
-
-    fn silent(&self) -> bool {
-        self.silent
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (self.hostile_sent, self.disconnects)
+    fn habits(&self) -> &Habits {
+        &self.habits
     }
 }

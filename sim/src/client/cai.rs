@@ -32,7 +32,7 @@ use tokenwire_core::dialect::cai::codec::{self, ClientMessage, Completion};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ChatMessage, ConnId, Dialect, Duration, Instant, Role, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, SimClient};
+use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
 use crate::swarm::{between, Swarm};
 
 /// A request without a frame for this long is given up (its end was taken
@@ -119,16 +119,8 @@ pub struct CaiClient {
     /// The server said it is going away (1001): never come back.
     gone: bool,
     liveness: bool,
-    /// Never answers pings.
-    pub silent: bool,
-    /// Reads slowly.
-    pub slow_reader: bool,
-    /// Stops reading now and then.
-    pub stalls: bool,
-    /// Malformed or hostile frames sent (bad credentials included).
-    pub hostile_sent: u64,
-    /// Early disconnects.
-    pub disconnects: u64,
+    /// How its connection behaves, and what it counted.
+    pub habits: Habits,
 }
 
 /// `%`-escapes a query value.
@@ -144,9 +136,7 @@ fn escape(s: &str) -> String {
 impl CaiClient {
     /// Client `id` of a run with `swarm`, drawing from `rng`.
     pub fn new(id: usize, swarm: &Swarm, mut rng: Rng) -> CaiClient {
-        let silent = chance(&mut rng, swarm.mix.silent_p);
-        let slow_reader = chance(&mut rng, swarm.net.slow_reader_p);
-        let stalls = chance(&mut rng, swarm.net.stall_p * 5.0);
+        let habits = Habits::draw(&mut rng, swarm, true);
         let most = 1 + rng.below(6) as usize;
         let acks = match rng.below(5) {
             0 | 1 => Acks::Eager,
@@ -180,11 +170,7 @@ impl CaiClient {
             speaking_until: Instant::ZERO,
             gone: false,
             liveness: false,
-            silent,
-            slow_reader,
-            stalls,
-            hostile_sent: 0,
-            disconnects: 0,
+            habits,
         };
         c.choose_credentials(swarm);
         c
@@ -469,7 +455,7 @@ impl CaiClient {
 
     /// A malformed or hostile message.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.hostile_sent += 1;
+        self.habits.hostile_sent += 1;
         let fresh = format!("h{}-{}", self.id, self.rng.below(1_000_000));
         let tag = conn_tag(self.conn);
         let v = match self.rng.below(15) {
@@ -526,7 +512,7 @@ impl CaiClient {
     }
 
     fn hang_up(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        self.disconnects += 1;
+        self.habits.disconnects += 1;
         let Some(conn) = self.conn.take() else {
             return Vec::new();
         };
@@ -753,7 +739,7 @@ impl SimClient for CaiClient {
         if self.bad {
             // Refused at the opening: wait for the close (a frame sent
             // meanwhile reaches nobody).
-            self.hostile_sent += 1;
+            self.habits.hostile_sent += 1;
             if chance(&mut self.rng, 0.3) {
                 ops.push(self.completion(cx, None));
             }
@@ -858,15 +844,7 @@ impl SimClient for CaiClient {
         ops
     }
 
-    fn reader(&self) -> (bool, bool) {
-        (self.slow_reader, self.stalls)
-    }
-
-    fn silent(&self) -> bool {
-        self.silent
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (self.hostile_sent, self.disconnects)
+    fn habits(&self) -> &Habits {
+        &self.habits
     }
 }

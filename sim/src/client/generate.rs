@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Transport};
 
-use super::{chance, conn_tag, think, ClientCx, ClientOp, SimClient, PROMPT_CHARS};
+use super::{chance, conn_tag, think, ClientCx, ClientOp, Habits, SimClient, PROMPT_CHARS};
 use crate::swarm::{between, Swarm};
 
 /// Where the client is with its connection.
@@ -53,19 +53,11 @@ pub struct GenerateClient {
     liveness: bool,
     /// Speaks HTTP (one request per connection) rather than WebSocket.
     pub http: bool,
-    /// Never answers pings.
-    pub silent: bool,
-    /// Reads slowly.
-    pub slow_reader: bool,
-    /// Stops reading now and then.
-    pub stalls: bool,
     /// Resumes a paused generation when the liveness phase starts (otherwise
     /// lets it time out).
     resume_at_liveness: bool,
-    /// Malformed or hostile frames sent.
-    pub hostile_sent: u64,
-    /// Early disconnects.
-    pub disconnects: u64,
+    /// How its connection behaves, and what it counted.
+    pub habits: Habits,
 }
 
 impl GenerateClient {
@@ -73,9 +65,7 @@ impl GenerateClient {
     pub fn new(id: usize, swarm: &Swarm, mut rng: Rng) -> GenerateClient {
         let m = &swarm.mix;
         let http = chance(&mut rng, m.http_p);
-        let silent = !http && chance(&mut rng, m.silent_p);
-        let slow_reader = chance(&mut rng, swarm.net.slow_reader_p);
-        let stalls = chance(&mut rng, swarm.net.stall_p * 5.0);
+        let habits = Habits::draw(&mut rng, swarm, !http);
         let resume_at_liveness = chance(&mut rng, 0.5);
         GenerateClient {
             id,
@@ -87,12 +77,8 @@ impl GenerateClient {
             gone: false,
             liveness: false,
             http,
-            silent,
-            slow_reader,
-            stalls,
             resume_at_liveness,
-            hostile_sent: 0,
-            disconnects: 0,
+            habits,
         }
     }
 
@@ -224,7 +210,7 @@ impl GenerateClient {
     }
 
     fn hang_up(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        self.disconnects += 1;
+        self.habits.disconnects += 1;
         self.resend = self.busy() && chance(&mut self.rng, 0.5);
         self.phase = Phase::Offline;
         let Some(conn) = self.conn.take() else {
@@ -600,7 +586,7 @@ impl GenerateClient {
 
     /// A malformed or hostile frame.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.hostile_sent += 1;
+        self.habits.hostile_sent += 1;
         let limit = cx.swarm.host.max_frame_bytes;
         let text = match self.rng.below(18) {
             0 => "{not json".to_string(),
@@ -670,13 +656,7 @@ impl SimClient for GenerateClient {
     fn start_liveness(&mut self) -> Vec<ClientOp> {
         GenerateClient::start_liveness(self)
     }
-    fn reader(&self) -> (bool, bool) {
-        (self.slow_reader, self.stalls)
-    }
-    fn silent(&self) -> bool {
-        self.silent
-    }
-    fn counts(&self) -> (u64, u64) {
-        (self.hostile_sent, self.disconnects)
+    fn habits(&self) -> &Habits {
+        &self.habits
     }
 }

@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, SimClient};
+use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
 use crate::swarm::{between, Swarm};
 
 /// A frame sent and not yet answered.
@@ -62,24 +62,14 @@ pub struct ResponsesClient {
     /// The server said it is going away (1001): never come back.
     gone: bool,
     liveness: bool,
-    /// Never answers pings.
-    pub silent: bool,
-    /// Reads slowly.
-    pub slow_reader: bool,
-    /// Stops reading now and then.
-    pub stalls: bool,
-    /// Malformed or hostile frames sent.
-    pub hostile_sent: u64,
-    /// Early disconnects.
-    pub disconnects: u64,
+    /// How its connection behaves, and what it counted.
+    pub habits: Habits,
 }
 
 impl ResponsesClient {
     /// Client `id` of a run with `swarm`, drawing from `rng`.
     pub fn new(id: usize, swarm: &Swarm, mut rng: Rng) -> ResponsesClient {
-        let silent = chance(&mut rng, swarm.mix.silent_p);
-        let slow_reader = chance(&mut rng, swarm.net.slow_reader_p);
-        let stalls = chance(&mut rng, swarm.net.stall_p * 5.0);
+        let habits = Habits::draw(&mut rng, swarm, true);
         ResponsesClient {
             id,
             rng,
@@ -93,11 +83,7 @@ impl ResponsesClient {
             refused: false,
             gone: false,
             liveness: false,
-            silent,
-            slow_reader,
-            stalls,
-            hostile_sent: 0,
-            disconnects: 0,
+            habits,
         }
     }
 
@@ -197,7 +183,7 @@ impl ResponsesClient {
 
     /// A malformed or hostile frame.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.hostile_sent += 1;
+        self.habits.hostile_sent += 1;
         match self.rng.below(12) {
             0 => {
                 self.sent.push_back(Sent::Other);
@@ -246,7 +232,7 @@ impl ResponsesClient {
     }
 
     fn hang_up(&mut self, soon: bool) -> Vec<ClientOp> {
-        self.disconnects += u64::from(!soon);
+        self.habits.disconnects += u64::from(!soon);
         self.lost();
         let Some(conn) = self.conn.take() else {
             return Vec::new();
@@ -436,15 +422,7 @@ impl SimClient for ResponsesClient {
         Vec::new()
     }
 
-    fn reader(&self) -> (bool, bool) {
-        (self.slow_reader, self.stalls)
-    }
-
-    fn silent(&self) -> bool {
-        self.silent
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (self.hostile_sent, self.disconnects)
+    fn habits(&self) -> &Habits {
+        &self.habits
     }
 }

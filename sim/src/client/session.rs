@@ -19,7 +19,7 @@ use tokenwire_core::dialect::session::codec::{self, ClientMessage, Prompt, Sessi
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ChatMessage, ConnId, Dialect, Duration, Instant, Role, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, SimClient};
+use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
 use crate::swarm::{between, Swarm};
 
 /// A reply in flight longer than this is given up (its error was taken for
@@ -85,24 +85,14 @@ pub struct SessionClient {
     /// The server said it is going away (1001): never come back.
     gone: bool,
     liveness: bool,
-    /// Never answers pings.
-    pub silent: bool,
-    /// Reads slowly.
-    pub slow_reader: bool,
-    /// Stops reading now and then.
-    pub stalls: bool,
-    /// Malformed or hostile frames sent.
-    pub hostile_sent: u64,
-    /// Early disconnects.
-    pub disconnects: u64,
+    /// How its connection behaves, and what it counted.
+    pub habits: Habits,
 }
 
 impl SessionClient {
     /// Client `id` of a run with `swarm`, drawing from `rng`.
     pub fn new(id: usize, swarm: &Swarm, mut rng: Rng) -> SessionClient {
-        let silent = chance(&mut rng, swarm.mix.silent_p);
-        let slow_reader = chance(&mut rng, swarm.net.slow_reader_p);
-        let stalls = chance(&mut rng, swarm.net.stall_p * 5.0);
+        let habits = Habits::draw(&mut rng, swarm, true);
         let most = 1 + rng.below(2) as usize;
         SessionClient {
             id,
@@ -114,11 +104,7 @@ impl SessionClient {
             next_job: 0,
             gone: false,
             liveness: false,
-            silent,
-            slow_reader,
-            stalls,
-            hostile_sent: 0,
-            disconnects: 0,
+            habits,
         }
     }
 
@@ -329,7 +315,7 @@ impl SessionClient {
     }
 
     fn hang_up(&mut self) -> Vec<ClientOp> {
-        self.disconnects += 1;
+        self.habits.disconnects += 1;
         self.lost();
         let Some(conn) = self.conn.take() else {
             return Vec::new();
@@ -367,7 +353,7 @@ impl SessionClient {
 
     /// A malformed or hostile message.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.hostile_sent += 1;
+        self.habits.hostile_sent += 1;
         let live: Vec<usize> = (0..self.convs.len())
             .filter(|&i| matches!(self.convs[i].state, State::Ready | State::Prompting { .. }))
             .collect();
@@ -626,15 +612,7 @@ impl SimClient for SessionClient {
         Vec::new()
     }
 
-    fn reader(&self) -> (bool, bool) {
-        (self.slow_reader, self.stalls)
-    }
-
-    fn silent(&self) -> bool {
-        self.silent
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (self.hostile_sent, self.disconnects)
+    fn habits(&self) -> &Habits {
+        &self.habits
     }
 }
