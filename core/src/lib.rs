@@ -39,6 +39,7 @@ pub mod gen;
 pub mod host;
 pub mod ids;
 pub mod json;
+pub mod lru;
 pub mod params;
 pub mod rate;
 pub mod rng;

@@ -9,6 +9,7 @@ use super::cai::state::CaiState;
 use super::responses::store::ResponseStore;
 use crate::api::ConnId;
 use crate::config::HostConfig;
+use crate::lru::Lru;
 
 /// Everything the dialects keep across connections.
 #[derive(Debug)]
@@ -104,7 +105,6 @@ impl SessionRegistry {
 struct Account {
     budget: Option<u64>,
     used: u64,
-    last_touched: u64,
 }
 
 /// Tokens used per verified job on this host, least recently used forgotten
@@ -112,67 +112,38 @@ struct Account {
 /// is verified again: the verifier, not this host, is the budget's authority).
 #[derive(Debug)]
 pub struct JobLedger {
-    accounts: BTreeMap<String, Account>,
-    by_age: BTreeMap<u64, String>,
-    clock: u64,
-    capacity: usize,
+    accounts: Lru<String, Account>,
 }
 
 impl JobLedger {
     /// A ledger of at most `capacity` jobs.
     pub fn new(capacity: usize) -> JobLedger {
         JobLedger {
-            accounts: BTreeMap::new(),
-            by_age: BTreeMap::new(),
-            clock: 0,
-            capacity: capacity.max(1),
+            accounts: Lru::new(capacity.max(1)),
         }
-    }
-
-    fn touch(&mut self, job: &str) -> Option<&mut Account> {
-        self.clock += 1;
-        let clock = self.clock;
-        let a = self.accounts.get_mut(job)?;
-        self.by_age.remove(&a.last_touched);
-        a.last_touched = clock;
-        self.by_age.insert(clock, job.to_string());
-        Some(a)
     }
 
     /// Records a verifier's grant for `job` (the budget it gave; tokens used
     /// so far are kept).
     pub fn grant(&mut self, job: &str, budget: Option<u64>) {
-        if let Some(a) = self.touch(job) {
-            a.budget = budget;
-            return;
+        let key = job.to_string();
+        match self.accounts.get(&key) {
+            Some(a) => a.budget = budget,
+            None => {
+                self.accounts.put(key, Account { budget, used: 0 });
+            }
         }
-        while self.accounts.len() >= self.capacity {
-            let Some((_, oldest)) = self.by_age.pop_first() else {
-                break;
-            };
-            self.accounts.remove(&oldest);
-        }
-        self.clock += 1;
-        self.accounts.insert(
-            job.to_string(),
-            Account {
-                budget,
-                used: 0,
-                last_touched: self.clock,
-            },
-        );
-        self.by_age.insert(self.clock, job.to_string());
     }
 
     /// Tokens `job` may still use (`None`: no cap, or an unknown job).
     pub fn remaining(&self, job: &str) -> Option<u64> {
-        let a = self.accounts.get(job)?;
+        let a = self.accounts.peek(&job.to_string())?;
         a.budget.map(|b| b.saturating_sub(a.used))
     }
 
     /// Charges `tokens` to `job`.
     pub fn charge(&mut self, job: &str, tokens: u64) {
-        if let Some(a) = self.touch(job) {
+        if let Some(a) = self.accounts.get(&job.to_string()) {
             a.used = a.used.saturating_add(tokens);
         }
     }

@@ -67,6 +67,36 @@ pub enum StartError {
     NotLoaded,
 }
 
+impl StartError {
+    /// What went wrong, for the client, naming the request's length field
+    /// as the dialect spells it (`max_tokens`, `maxTokens`, ...). Each
+    /// dialect chooses its own error code; the words are shared.
+    pub fn message(&self, max_tokens_field: &str) -> String {
+        match *self {
+            StartError::ContextLength {
+                prompt_tokens,
+                max_tokens,
+                context_len,
+            } => format!("the prompt ({prompt_tokens} tokens) plus {max_tokens_field} ({max_tokens}) exceed the context length of {context_len} tokens"),
+            StartError::PromptTooLong {
+                bytes,
+                min_tokens,
+                max_tokens,
+                context_len,
+            } => format!("the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus {max_tokens_field} ({max_tokens}) exceed the context length of {context_len} tokens"),
+            StartError::NeverFits {
+                needed_blocks,
+                total_blocks,
+            } => format!("the request needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower {max_tokens_field}"),
+            StartError::QueueFull => "the request queue is full; retry later".into(),
+            StartError::ShuttingDown => {
+                "the server is shutting down; retry on another server".into()
+            }
+            StartError::NotLoaded => "the model is not loaded".into(),
+        }
+    }
+}
+
 /// What a dialect asks the Host to start.
 #[derive(Debug, Clone)]
 pub struct GenRequest {

@@ -7,9 +7,8 @@
 //! the ids back as its prompt, so the KV cache is recomputed from them (the
 //! scheduler's prefill), which changes time only, never tokens.
 
-use std::collections::BTreeMap;
-
 use crate::engine::TokenId;
+use crate::lru::Lru;
 
 /// One sequence of a finished batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,83 +19,44 @@ pub struct CachedSeq {
     pub text: String,
 }
 
-#[derive(Debug)]
-struct Entry {
-    seqs: Vec<CachedSeq>,
-    used: u64,
-}
-
 /// Finished batches by their ordered request ids.
 #[derive(Debug)]
 pub struct ContinueCache {
-    map: BTreeMap<Vec<String>, Entry>,
-    by_use: BTreeMap<u64, Vec<String>>,
-    clock: u64,
-    capacity: usize,
+    batches: Lru<Vec<String>, Vec<CachedSeq>>,
 }
 
 impl ContinueCache {
     /// A cache of at most `capacity` batches (0: keeps nothing).
     pub fn new(capacity: usize) -> ContinueCache {
         ContinueCache {
-            map: BTreeMap::new(),
-            by_use: BTreeMap::new(),
-            clock: 0,
-            capacity,
+            batches: Lru::new(capacity),
         }
     }
 
     /// The batch kept under `key`, marked as just used.
     pub fn get(&mut self, key: &[String]) -> Option<Vec<CachedSeq>> {
-        self.clock += 1;
-        let clock = self.clock;
-        let e = self.map.get_mut(key)?;
-        self.by_use.remove(&e.used);
-        e.used = clock;
-        self.by_use.insert(clock, key.to_vec());
-        Some(e.seqs.clone())
+        self.batches.get(&key.to_vec()).map(|s| s.clone())
     }
 
     /// Keeps `seqs` under `key`, forgetting the least recently used past the
     /// capacity.
     pub fn put(&mut self, key: Vec<String>, seqs: Vec<CachedSeq>) {
-        if self.capacity == 0 {
-            return;
-        }
-        if let Some(old) = self.map.remove(&key) {
-            self.by_use.remove(&old.used);
-        }
-        while self.map.len() >= self.capacity {
-            let Some((_, oldest)) = self.by_use.pop_first() else {
-                break;
-            };
-            self.map.remove(&oldest);
-        }
-        self.clock += 1;
-        self.by_use.insert(self.clock, key.clone());
-        self.map.insert(
-            key,
-            Entry {
-                seqs,
-                used: self.clock,
-            },
-        );
+        self.batches.put(key, seqs);
     }
 
     /// Forgets every entry (memory pressure).
     pub fn clear(&mut self) {
-        self.map.clear();
-        self.by_use.clear();
+        self.batches.clear();
     }
 
     /// Batches kept.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.batches.len()
     }
 
     /// True when none is kept.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.batches.is_empty()
     }
 }
 

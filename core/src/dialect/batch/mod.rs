@@ -710,26 +710,7 @@ fn beam_limits(cfg: &BeamConfig, params: &GenParams) -> Result<(), String> {
 
 /// The error text for a prompt that could not start.
 fn start_error(e: &StartError) -> String {
-    match *e {
-        StartError::ContextLength {
-            prompt_tokens,
-            max_tokens,
-            context_len,
-        } => format!("the prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        StartError::PromptTooLong {
-            bytes,
-            min_tokens,
-            max_tokens,
-            context_len,
-        } => format!("the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus max_new_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        StartError::NeverFits {
-            needed_blocks,
-            total_blocks,
-        } => format!("the prompt needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower max_new_tokens"),
-        StartError::QueueFull => "the server's request queue is full; retry later".into(),
-        StartError::ShuttingDown => "the server is shutting down; retry on another host".into(),
-        StartError::NotLoaded => "the model is not loaded".into(),
-    }
+    e.message("max_new_tokens")
 }
 
 impl DialectConn for BatchConn {

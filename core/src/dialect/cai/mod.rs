@@ -144,41 +144,14 @@ fn timestamp(cx: &Cx<'_>) -> String {
 
 /// The error for a generation that could not start.
 fn start_error(e: &StartError) -> (ErrorCode, String) {
-    match *e {
-        StartError::ContextLength {
-            prompt_tokens,
-            max_tokens,
-            context_len,
-        } => (
-            ErrorCode::ContextTooLong,
-            format!("the prompt ({prompt_tokens} tokens) plus maxTokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        ),
-        StartError::PromptTooLong {
-            bytes,
-            min_tokens,
-            max_tokens,
-            context_len,
-        } => (
-            ErrorCode::ContextTooLong,
-            format!("the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus maxTokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        ),
-        StartError::NeverFits {
-            needed_blocks,
-            total_blocks,
-        } => (
-            ErrorCode::ContextTooLong,
-            format!("the request needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower maxTokens"),
-        ),
-        StartError::QueueFull => (
-            ErrorCode::RateLimited,
-            "the server's request queue is full; retry later".into(),
-        ),
-        StartError::ShuttingDown => (
-            ErrorCode::InternalError,
-            "the server is shutting down; retry on another host".into(),
-        ),
-        StartError::NotLoaded => (ErrorCode::InternalError, "the model is not loaded".into()),
-    }
+    let code = match e {
+        StartError::ContextLength { .. }
+        | StartError::PromptTooLong { .. }
+        | StartError::NeverFits { .. } => ErrorCode::ContextTooLong,
+        StartError::QueueFull => ErrorCode::RateLimited,
+        StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
+    };
+    (code, e.message("maxTokens"))
 }
 
 /// Options that are not sampling parameters.

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::auth::{ApiKey, Credentials};
+use crate::lru::Lru;
 use crate::rate::TokenBucket;
 use crate::text::{ChatMessage, Role};
 use crate::time::{Duration, Instant};
@@ -20,18 +21,13 @@ type ConvKey = (String, String);
 struct Conversation {
     messages: Vec<ChatMessage>,
     expires: Instant,
-    /// Its key in `by_use`.
-    used: u64,
 }
 
 /// Conversations kept in memory, per (organisation, conversation id).
 #[derive(Debug)]
 pub struct Conversations {
-    map: BTreeMap<ConvKey, Conversation>,
+    map: Lru<ConvKey, Conversation>,
     by_expiry: BTreeSet<(Instant, ConvKey)>,
-    by_use: BTreeMap<u64, ConvKey>,
-    clock: u64,
-    capacity: usize,
     ttl: Duration,
 }
 
@@ -40,20 +36,16 @@ impl Conversations {
     /// after it was last used.
     pub fn new(capacity: usize, ttl: Duration) -> Conversations {
         Conversations {
-            map: BTreeMap::new(),
+            map: Lru::new(capacity.max(1)),
             by_expiry: BTreeSet::new(),
-            by_use: BTreeMap::new(),
-            clock: 0,
-            capacity: capacity.max(1),
             ttl,
         }
     }
 
-    fn remove(&mut self, key: &ConvKey) -> Option<Conversation> {
-        let c = self.map.remove(key)?;
-        self.by_expiry.remove(&(c.expires, key.clone()));
-        self.by_use.remove(&c.used);
-        Some(c)
+    fn remove(&mut self, key: &ConvKey) {
+        if let Some(c) = self.map.remove(key) {
+            self.by_expiry.remove(&(c.expires, key.clone()));
+        }
     }
 
     /// Forgets every conversation whose time ran out by `now`.
@@ -70,7 +62,7 @@ impl Conversations {
     pub fn get(&mut self, now: Instant, org: &str, id: &str) -> Option<Vec<ChatMessage>> {
         self.expire(now);
         let key = (org.to_string(), id.to_string());
-        self.map.get(&key).map(|c| c.messages.clone())
+        self.map.peek(&key).map(|c| c.messages.clone())
     }
 
     /// Stores `messages` as the conversation, alive for the TTL from `now`.
@@ -78,26 +70,12 @@ impl Conversations {
         self.expire(now);
         let key = (org.to_string(), id.to_string());
         self.remove(&key);
-        while self.map.len() >= self.capacity {
-            let Some((_, oldest)) = self.by_use.first_key_value().map(|(u, k)| (*u, k.clone()))
-            else {
-                break;
-            };
-            self.remove(&oldest);
-        }
         trim(&mut messages);
-        self.clock += 1;
         let expires = now + self.ttl;
         self.by_expiry.insert((expires, key.clone()));
-        self.by_use.insert(self.clock, key.clone());
-        self.map.insert(
-            key,
-            Conversation {
-                messages,
-                expires,
-                used: self.clock,
-            },
-        );
+        for (gone, c) in self.map.put(key, Conversation { messages, expires }) {
+            self.by_expiry.remove(&(c.expires, gone));
+        }
     }
 
     /// Live conversations (as of the last call that expired them).

@@ -459,63 +459,31 @@ fn logprobs_list(cx: &Cx<'_>, id: u32, lp: &TokenLogprobs, with_ids: bool) -> Ve
 }
 
 fn start_error(cx: &mut Cx<'_>, e: StartError) {
-    let (code, message, action) = match e {
+    let message = e.message("max_tokens");
+    let (code, action) = match e {
         StartError::ContextLength {
-            prompt_tokens,
-            max_tokens,
+            prompt_tokens: n,
             context_len,
+            ..
+        }
+        | StartError::PromptTooLong {
+            min_tokens: n,
+            context_len,
+            ..
         } => (
             ErrorCode::ContextLengthExceeded,
-            format!(
-                "prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceed the context length of {context_len} tokens"
-            ),
-            if prompt_tokens >= context_len {
+            if n >= context_len {
                 RecoveryAction::ShortenPrompt
             } else {
                 RecoveryAction::ReduceMaxTokens
             },
         ),
-        StartError::PromptTooLong {
-            bytes,
-            min_tokens,
-            max_tokens,
-            context_len,
-        } => (
-            ErrorCode::ContextLengthExceeded,
-            format!(
-                "the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus max_tokens ({max_tokens}) exceed the context length of {context_len} tokens"
-            ),
-            if min_tokens >= context_len {
-                RecoveryAction::ShortenPrompt
-            } else {
-                RecoveryAction::ReduceMaxTokens
-            },
-        ),
-        StartError::NeverFits {
-            needed_blocks,
-            total_blocks,
-        } => (
-            ErrorCode::MemoryPressure,
-            format!(
-                "the request needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}"
-            ),
-            RecoveryAction::ReduceMaxTokens,
-        ),
-        StartError::QueueFull => (
-            ErrorCode::MemoryPressure,
-            "the request queue is full".to_string(),
-            RecoveryAction::Retry,
-        ),
-        StartError::ShuttingDown => (
-            ErrorCode::InternalError,
-            "the server is shutting down; retry on another server".to_string(),
-            RecoveryAction::Retry,
-        ),
-        StartError::NotLoaded => (
-            ErrorCode::ModelLoadingError,
-            "the model is not loaded".to_string(),
-            RecoveryAction::Retry,
-        ),
+        StartError::NeverFits { .. } => {
+            (ErrorCode::MemoryPressure, RecoveryAction::ReduceMaxTokens)
+        }
+        StartError::QueueFull => (ErrorCode::MemoryPressure, RecoveryAction::Retry),
+        StartError::ShuttingDown => (ErrorCode::InternalError, RecoveryAction::Retry),
+        StartError::NotLoaded => (ErrorCode::ModelLoadingError, RecoveryAction::Retry),
     };
     send(cx, ServerMessage::Error(error(code, message, action, None)));
 }

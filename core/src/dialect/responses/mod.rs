@@ -157,26 +157,14 @@ fn send_error(
 
 /// Status, code and message for a generation that could not start.
 fn start_error(e: &StartError) -> (u16, &'static str, String) {
-    match *e {
-        StartError::ContextLength { prompt_tokens, max_tokens, context_len } => (
-            400,
-            "context_length_exceeded",
-            format!("the input ({prompt_tokens} tokens) plus max_output_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        ),
-        StartError::PromptTooLong { bytes, min_tokens, max_tokens, context_len } => (
-            400,
-            "context_length_exceeded",
-            format!("the input ({bytes} bytes, so at least {min_tokens} tokens) plus max_output_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        ),
-        StartError::NeverFits { needed_blocks, total_blocks } => (
-            400,
-            "context_length_exceeded",
-            format!("the response needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower max_output_tokens"),
-        ),
-        StartError::QueueFull => (429, "rate_limit_exceeded", "the request queue is full; retry later".into()),
-        StartError::ShuttingDown => (503, "server_error", "the server is shutting down; retry on another server".into()),
-        StartError::NotLoaded => (503, "server_error", "the model is not loaded".into()),
-    }
+    let (status, code) = match e {
+        StartError::ContextLength { .. }
+        | StartError::PromptTooLong { .. }
+        | StartError::NeverFits { .. } => (400, "context_length_exceeded"),
+        StartError::QueueFull => (429, "rate_limit_exceeded"),
+        StartError::ShuttingDown | StartError::NotLoaded => (503, "server_error"),
+    };
+    (status, code, e.message("max_output_tokens"))
 }
 
 impl ResponsesConn {

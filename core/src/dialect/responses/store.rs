@@ -2,10 +2,9 @@
 //! `GET /v1/responses/{id}` and HTTP continuations: a bounded map that
 //! forgets the least recently used response first. Memory only, never disk.
 
-use std::collections::BTreeMap;
-
 use serde_json::Value;
 
+use crate::lru::Lru;
 use crate::text::ChatMessage;
 
 /// One stored response.
@@ -21,61 +20,33 @@ pub struct Stored {
 /// At most `capacity` responses, least recently used forgotten first.
 #[derive(Debug)]
 pub struct ResponseStore {
-    entries: BTreeMap<String, (u64, Stored)>,
-    by_age: BTreeMap<u64, String>,
-    clock: u64,
-    capacity: usize,
+    entries: Lru<String, Stored>,
 }
 
 impl ResponseStore {
-    /// A store of at most `capacity` responses (0 keeps none).
+    /// A store of at most `capacity` responses (0: stores nothing).
     pub fn new(capacity: usize) -> ResponseStore {
         ResponseStore {
-            entries: BTreeMap::new(),
-            by_age: BTreeMap::new(),
-            clock: 0,
-            capacity,
+            entries: Lru::new(capacity),
         }
     }
 
-    /// Keeps `stored` under `id`, forgetting the least recent past capacity.
+    /// Stores a response, forgetting the least recently used past the capacity.
     pub fn put(&mut self, id: String, stored: Stored) {
-        if self.capacity == 0 {
-            return;
-        }
-        if let Some((age, _)) = self.entries.remove(&id) {
-            self.by_age.remove(&age);
-        }
-        while self.entries.len() >= self.capacity {
-            let Some((_, oldest)) = self.by_age.pop_first() else {
-                break;
-            };
-            self.entries.remove(&oldest);
-        }
-        self.clock += 1;
-        self.by_age.insert(self.clock, id.clone());
-        self.entries.insert(id, (self.clock, stored));
+        self.entries.put(id, stored);
     }
 
-    /// The response `id`, marked recently used.
+    /// A stored response, marked as just used.
     pub fn get(&mut self, id: &str) -> Option<&Stored> {
-        self.clock += 1;
-        let clock = self.clock;
-        let (age, _) = self.entries.get(id)?;
-        let old = *age;
-        self.by_age.remove(&old);
-        self.by_age.insert(clock, id.to_string());
-        let entry = self.entries.get_mut(id)?;
-        entry.0 = clock;
-        Some(&entry.1)
+        self.entries.get(&id.to_string()).map(|s| &*s)
     }
 
-    /// Responses held.
+    /// Responses stored.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// True when none is held.
+    /// True when none is stored.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

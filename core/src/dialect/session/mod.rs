@@ -124,44 +124,14 @@ fn error_with(
 
 /// The error code and message for a generation that could not start.
 fn start_error(e: &StartError) -> (ErrorCode, String) {
-    match *e {
-        StartError::ContextLength {
-            prompt_tokens,
-            max_tokens,
-            context_len,
-        } => (
-            ErrorCode::ContextLengthExceeded,
-            format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        ),
-        StartError::PromptTooLong {
-            bytes,
-            min_tokens,
-            max_tokens,
-            context_len,
-        } => (
-            ErrorCode::ContextLengthExceeded,
-            format!("the prompt ({bytes} bytes, so at least {min_tokens} tokens) plus max_tokens ({max_tokens}) exceed the context length of {context_len} tokens"),
-        ),
-        StartError::NeverFits {
-            needed_blocks,
-            total_blocks,
-        } => (
-            ErrorCode::ContextLengthExceeded,
-            format!("the request needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower max_tokens"),
-        ),
-        StartError::QueueFull => (
-            ErrorCode::RateLimited,
-            "the request queue is full; retry later".into(),
-        ),
-        StartError::ShuttingDown => (
-            ErrorCode::InternalError,
-            "the server is shutting down; resume the session on another host".into(),
-        ),
-        StartError::NotLoaded => (
-            ErrorCode::InternalError,
-            "the model is not loaded".into(),
-        ),
-    }
+    let code = match e {
+        StartError::ContextLength { .. }
+        | StartError::PromptTooLong { .. }
+        | StartError::NeverFits { .. } => ErrorCode::ContextLengthExceeded,
+        StartError::QueueFull => ErrorCode::RateLimited,
+        StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
+    };
+    (code, e.message("max_tokens"))
 }
 
 impl SessionConn {
