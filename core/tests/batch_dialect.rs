@@ -6,8 +6,8 @@
 
 use serde_json::{json, Value};
 use tokenwire_core::dialect::batch::{GenerationDefaults, BEAMS_WITH_STREAMER};
-use tokenwire_core::testing::{script_text, Harness};
-use tokenwire_core::{ConnId, Dialect, Duration, HostConfig};
+use tokenwire_core::testing::{script_text, tiny_model_info, Harness};
+use tokenwire_core::{ConnId, Dialect, Duration, Event, HostConfig, Output};
 
 const SCRIPT: &str = "abcdefghijklmnopqrstuvwxyz";
 
@@ -57,6 +57,18 @@ fn elements(h: &Harness, c: ConnId, kind: &str, rid: &str) -> Vec<Value> {
         .iter()
         .flat_map(|f| f.as_array().cloned().unwrap_or_default())
         .filter(|e| e["type"] == kind && e["request_id"] == rid)
+        .collect()
+}
+
+/// Prompt tokens the Host continued from kept KV blocks, one entry per
+/// generation that reused them.
+fn reused(h: &Harness) -> Vec<u32> {
+    h.others
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(Event::PromptTokensReused { count }) => Some(*count),
+            _ => None,
+        })
         .collect()
 }
 
@@ -289,10 +301,14 @@ fn a_continued_batch_extends_each_sequence_exactly_even_after_eviction() {
         let first = payload(&[("a", "hi"), ("b", "hey")], json!({}));
         h.send(c, first.clone());
         h.run(50);
+        // "hi" + 6 and "hey" + 6 tokens, each in one KV block kept.
+        assert_eq!(h.host.stats().kv_blocks_kept, 2);
         if capacity == 1 {
-            // Another batch pushes the first out of a one-entry cache...
+            // Another batch pushes the first out of a one-entry cache (and
+            // its blocks are freed at once)...
             h.send(c, payload(&[("z", "hi")], json!({})));
             h.run(50);
+            assert_eq!(h.host.stats().kv_blocks_kept, 1, "only z's");
         }
         // ... and the same ids in the same order continue where they stopped
         // (prompts ignored), or start afresh from the prompts once evicted.
@@ -301,6 +317,11 @@ fn a_continued_batch_extends_each_sequence_exactly_even_after_eviction() {
         h.run(50);
         let a = complete_text(&h, c, "a");
         if capacity == 256 {
+            assert_eq!(
+                reused(&h),
+                vec![3 + 6 - 1, 4 + 6 - 1],
+                "both continued from their kept blocks, only the last token fed"
+            );
             assert_eq!(
                 a,
                 vec![script_text(SCRIPT, 3, 6), script_text(SCRIPT, 9, 6)]
@@ -330,8 +351,48 @@ fn a_continued_batch_extends_each_sequence_exactly_even_after_eviction() {
                 script_text(SCRIPT, 8, 6),
                 "evicted: the prompt (7 bytes and BOS) is used"
             );
+            assert!(reused(&h).is_empty(), "{:?}", reused(&h));
         }
     }
+}
+
+#[test]
+fn kept_kv_blocks_are_the_first_freed_under_memory_pressure_and_then_recomputed() {
+    let mut info = tiny_model_info();
+    info.num_blocks = 4; // 64 positions
+    let mut h = Harness::with_info(HostConfig::default(), info, SCRIPT, 1);
+    let c = h.open(1, Dialect::Batch);
+    h.send(c, payload(&[("a", "hi"), ("b", "hey")], json!({})));
+    h.run(50);
+    h.send(c, payload(&[("a", "-"), ("b", "-")], json!({})));
+    h.run(50);
+    assert_eq!(reused(&h), vec![8, 9]);
+    // a (15 tokens) and b (16) keep a block each; z needs 43 positions,
+    // three blocks: the oldest kept sequence (a's) is freed for it.
+    let long = json!({"generation_config": {"max_new_tokens": 40}});
+    h.send(c, payload(&[("z", "hi")], long));
+    h.run(100);
+    assert_eq!(complete_text(&h, c, "z"), vec![script_text(SCRIPT, 3, 40)]);
+    // Continuing a and b: a is recomputed from its token ids; b frees z's
+    // kept blocks for the copy of its partial block and continues from its own.
+    h.send(c, payload(&[("a", "-"), ("b", "-")], json!({})));
+    h.run(50);
+    assert_eq!(
+        reused(&h),
+        vec![8, 9, 15],
+        "only b's blocks were still kept"
+    );
+    assert_eq!(
+        complete_text(&h, c, "a"),
+        vec![
+            script_text(SCRIPT, 3, 6),
+            script_text(SCRIPT, 9, 6),
+            script_text(SCRIPT, 15, 6)
+        ],
+        "eviction changes time, never tokens"
+    );
+    assert_eq!(complete_text(&h, c, "b")[2], script_text(SCRIPT, 16, 6));
+    h.host.check_invariants().expect("scheduler invariants");
 }
 
 #[test]

@@ -45,6 +45,7 @@ impl DialectConn for Probe {
                     params: GenParams::defaults(6),
                     logprobs: None,
                     raw: false,
+                    reuse_kv: None,
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());

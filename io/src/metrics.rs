@@ -40,8 +40,10 @@ pub struct Metrics {
     queue_depth: Gauge,
     running: Gauge,
     kv_used: Gauge,
+    kv_kept: Gauge,
     kv_capacity: Gauge,
     tokens: Counter,
+    prompt_reused: Counter,
     prompt_tokens: Counter,
     completion_tokens: Counter,
     ttft: Histogram,
@@ -60,7 +62,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_queue_depth",
     "tokenwire_running_sequences",
     "tokenwire_kv_blocks_used",
+    "tokenwire_kv_blocks_kept",
     "tokenwire_kv_blocks_capacity",
+    "tokenwire_prompt_tokens_reused",
     "tokenwire_tokens_generated",
     "tokenwire_prompt_tokens",
     "tokenwire_completion_tokens",
@@ -95,6 +99,8 @@ impl Metrics {
         let queue_depth = Gauge::default();
         let running = Gauge::default();
         let kv_used = Gauge::default();
+        let kv_kept = Gauge::default();
+        let prompt_reused = Counter::default();
         let kv_capacity = Gauge::default();
         let tokens = Counter::default();
         let prompt_tokens = Counter::default();
@@ -149,6 +155,16 @@ impl Metrics {
             running.clone(),
         );
         registry.register("kv_blocks_used", "KV cache blocks in use", kv_used.clone());
+        registry.register(
+            "kv_blocks_kept",
+            "KV cache blocks in use only to continue finished batches (freed first under memory pressure)",
+            kv_kept.clone(),
+        );
+        registry.register(
+            "prompt_tokens_reused",
+            "Prompt tokens whose KV blocks were kept from an earlier generation instead of computed",
+            prompt_reused.clone(),
+        );
         registry.register(
             "kv_blocks_capacity",
             "KV cache blocks in the pool",
@@ -205,8 +221,10 @@ impl Metrics {
             queue_depth,
             running,
             kv_used,
+            kv_kept,
             kv_capacity,
             tokens,
+            prompt_reused,
             prompt_tokens,
             completion_tokens,
             ttft,
@@ -275,15 +293,20 @@ impl Metrics {
                 queued,
                 running,
                 kv_blocks_used,
+                kv_blocks_kept,
                 kv_blocks_total,
             } => {
                 self.queue_depth.set(i64::from(*queued));
                 self.running.set(i64::from(*running));
                 self.kv_used.set(i64::from(*kv_blocks_used));
+                self.kv_kept.set(i64::from(*kv_blocks_kept));
                 self.kv_capacity.set(i64::from(*kv_blocks_total));
             }
             Event::TokensGenerated { count } => {
                 self.tokens.inc_by(u64::from(*count));
+            }
+            Event::PromptTokensReused { count } => {
+                self.prompt_reused.inc_by(u64::from(*count));
             }
         }
     }
@@ -346,9 +369,11 @@ mod tests {
             queued: 2,
             running: 1,
             kv_blocks_used: 4,
+            kv_blocks_kept: 3,
             kv_blocks_total: 64,
         });
         m.observe(&Event::TokensGenerated { count: 7 });
+        m.observe(&Event::PromptTokensReused { count: 11 });
         m.observe(&Event::FirstToken {
             ttft: Duration::from_millis(20),
         });
@@ -365,6 +390,8 @@ mod tests {
         );
         assert!(text.contains("tokenwire_kv_blocks_capacity 64"));
         assert!(text.contains("tokenwire_tokens_generated_total 7"));
+        assert!(text.contains("tokenwire_kv_blocks_kept 3"), "{text}");
+        assert!(text.contains("tokenwire_prompt_tokens_reused_total 11"));
         assert!(text.contains("tokenwire_time_to_first_token_seconds_count 1"));
     }
 }

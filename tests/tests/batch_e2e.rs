@@ -6,7 +6,9 @@
 
 use serde_json::{json, Value};
 use tokenwire_core::dialect::batch::BEAMS_WITH_STREAMER;
-use tokenwire_tests::{start, stories260k, stories_reference, Client, ModelSource};
+use tokenwire_tests::{
+    http, metric, start, stories260k, stories_reference, Client, ModelSource, RunningServer,
+};
 
 fn payload(prompts: &[(&str, &str)], config: Value, extra: Value) -> Value {
     let mut p = json!({
@@ -35,6 +37,12 @@ async fn until_done(c: &mut Client, ids: &[&str]) -> Vec<Value> {
         frames.push(f);
     }
     frames
+}
+
+/// A sample of the server's `/metrics` (0 when absent).
+async fn sample(server: &RunningServer, name: &str) -> f64 {
+    let m = http(server, "GET", "/metrics", None).await;
+    metric(&m.body, &format!("{name} ")).unwrap_or(0.0)
 }
 
 fn kind(f: &Value) -> String {
@@ -104,9 +112,14 @@ async fn a_batch_streams_event_arrays_and_continuing_it_extends_each_sequence_ex
         .collect();
     assert_eq!(streamed, first);
 
+    // Both sequences' KV blocks are kept for a continuation.
+    let prompt_tokens = sample(&server, "tokenwire_prompt_tokens_total").await;
+    assert!(sample(&server, "tokenwire_kv_blocks_kept").await > 0.0);
+
     // The same ids in the same order continue both sequences (the prompts
-    // are ignored); the whole text from the original prompt on is the
-    // golden 64-token greedy text.
+    // are ignored) from their kept blocks, feeding only each one's last
+    // token; the whole text from the original prompt on is the golden
+    // 64-token greedy text.
     c.send(payload(
         &[("a", "ignored"), ("b", "ignored")],
         greedy.clone(),
@@ -121,6 +134,11 @@ async fn a_batch_streams_event_arrays_and_continuing_it_extends_each_sequence_ex
         .unwrap_or("")
         .to_string();
     assert_eq!(whole, golden);
+    assert_eq!(
+        sample(&server, "tokenwire_prompt_tokens_reused_total").await,
+        prompt_tokens + 2.0 * 31.0,
+        "every token of both sequences but the last was reused"
+    );
     // Another order is another key: the prompts are used again.
     c.send(payload(
         &[("b", "Once upon a time"), ("a", "Once upon a time")],
@@ -131,6 +149,58 @@ async fn a_batch_streams_event_arrays_and_continuing_it_extends_each_sequence_ex
     let frames = until_done(&mut c, &["a", "b"]).await;
     assert!(frames.iter().all(|f| kind(f) != "PROGRESS"));
     assert_eq!(element(&frames, "COMPLETE", "a")["text"], first.as_str());
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_blocks_give_way_to_new_work_and_a_continuation_recomputes_them_exactly() {
+    let Some(dir) = stories260k() else { return };
+    let golden = stories_reference(&dir)["full_text"]
+        .as_str()
+        .expect("full_text")
+        .to_string();
+    // 7 blocks of 16 positions. "Once upon a time" is 5 tokens with BOS.
+    let server = start(ModelSource::Dir(dir), |c| c.kv_blocks = Some(7)).await;
+    let mut c = Client::connect(&server, "/ws").await;
+    let greedy = |n: u32| json!({"do_sample": false, "max_new_tokens": n});
+    let once = "Once upon a time";
+    c.send(payload(&[("a", once), ("b", once)], greedy(32), json!({})))
+        .await;
+    until_done(&mut c, &["a", "b"]).await;
+    // 36 computed positions each: 3 blocks each kept, one block free.
+    assert_eq!(sample(&server, "tokenwire_kv_blocks_kept").await, 6.0);
+    // 17 computed positions need 2 blocks: a's kept blocks (the oldest)
+    // are freed for this new request.
+    c.send(payload(&[("c", once)], greedy(13), json!({}))).await;
+    let frames = until_done(&mut c, &["c"]).await;
+    assert!(golden.starts_with(&format!(
+        "{once}{}",
+        element(&frames, "COMPLETE", "c")["text"]
+            .as_str()
+            .unwrap_or("?")
+    )));
+    assert_eq!(
+        sample(&server, "tokenwire_kv_blocks_kept").await,
+        5.0,
+        "b's 3 and c's 2"
+    );
+    // Continuing a and b: a is recomputed from its token ids, b goes on
+    // from its kept blocks; both texts are exactly the golden ones.
+    c.send(payload(
+        &[("a", "-"), ("b", "-")],
+        greedy(32),
+        json!({"only_new_tokens": false}),
+    ))
+    .await;
+    let frames = until_done(&mut c, &["a", "b"]).await;
+    for rid in ["a", "b"] {
+        assert_eq!(element(&frames, "COMPLETE", rid)["text"], golden.as_str());
+    }
+    assert_eq!(
+        sample(&server, "tokenwire_prompt_tokens_reused_total").await,
+        36.0,
+        "only b's blocks were still kept"
+    );
     server.shutdown().await;
 }
 

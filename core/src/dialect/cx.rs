@@ -8,7 +8,7 @@ use super::state::DialectState;
 use crate::api::{ConnId, Dialect, Event, FeedbackRecord, JobCheckId, Output, Transport};
 use crate::config::HostConfig;
 use crate::engine::{ModelInfo, SeqId, TokenId};
-use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, StartError};
+use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, KeptKv, StartError};
 use crate::params::GenParams;
 use crate::rng::Rng;
 use crate::text::{min_tokens_for_bytes, ChatMessage, TextCodec, TextJobId, TextWork};
@@ -56,6 +56,10 @@ pub trait HostPort {
     fn fork(&mut self, src: SeqId) -> Option<SeqId>;
     /// Replaces the last token of a raw generation before it is computed.
     fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool;
+    /// Keeps a generation's KV blocks when it completes.
+    fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv>;
+    /// Frees KV blocks kept by `keep_kv`.
+    fn drop_kv(&mut self, kv: KeptKv);
     /// Replaces a generation's parameters.
     fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError>;
     /// The dialects' host-wide state.
@@ -263,6 +267,22 @@ impl<'a> Cx<'a> {
     /// than the one sampled. False otherwise.
     pub fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
         self.port.set_last_token(id, token)
+    }
+
+    /// Asks the Host to keep live generation `id`'s KV blocks when it
+    /// completes (finishes with `stop` or `length`; any other ending frees
+    /// them), so that a later [`GenRequest::reuse_kv`] continues from them
+    /// without recomputing. The blocks are the first freed under memory
+    /// pressure; free them with [`Cx::drop_kv`] once the handle is no longer
+    /// wanted. `None` for an unknown or raw generation.
+    pub fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv> {
+        self.port.keep_kv(id)
+    }
+
+    /// Frees KV blocks kept by [`Cx::keep_kv`]; nothing happens when they
+    /// are already gone or were reused.
+    pub fn drop_kv(&mut self, kv: KeptKv) {
+        self.port.drop_kv(kv)
     }
 
     /// Replaces a generation's parameters from the next token on; refused

@@ -19,7 +19,7 @@ use crate::time::Instant;
 
 use detok::IncrementalDecoder;
 pub use hold::{HoldReason, Holds};
-pub use request::{Failure, FailureKind, GenRequest, StartError};
+pub use request::{Failure, FailureKind, GenRequest, KeptKv, StartError};
 use stop::StopMatcher;
 
 /// Why a generation ended normally.
@@ -112,6 +112,8 @@ pub struct Generation {
     pub reported_position: Option<u32>,
     /// A raw generation ([`GenRequest::raw`]): never ends by itself.
     pub raw: bool,
+    /// Keep its KV blocks when it completes ([`crate::dialect::Cx::keep_kv`]).
+    pub keep_kv: bool,
     eos_ids: Vec<TokenId>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
@@ -149,6 +151,7 @@ impl Generation {
             last_token_at: None,
             reported_position: None,
             raw: false,
+            keep_kv: false,
             eos_ids,
             detok,
             stop,

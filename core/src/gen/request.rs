@@ -5,7 +5,7 @@
 //! that imports run one way: the Host uses the dialects, the dialects use the
 //! generation machine, and nothing points back.
 
-use crate::engine::TokenId;
+use crate::engine::{SeqId, TokenId};
 use crate::params::GenParams;
 
 /// Why a generation failed (as opposed to finishing).
@@ -110,4 +110,17 @@ pub struct GenRequest {
     /// (no end-of-sequence, stop string or `max_tokens` check) and decodes no
     /// text; its owner reads the sampled tokens and logprobs and ends it.
     pub raw: bool,
+    /// KV blocks kept from an earlier generation ([`KeptKv`]) whose tokens
+    /// should be exactly `prompt_ids`: the new generation continues from them
+    /// without recomputing its prompt. When they are gone (memory pressure)
+    /// or their tokens differ, the prompt is computed as usual, so this
+    /// changes time, never tokens.
+    pub reuse_kv: Option<KeptKv>,
 }
+
+/// A finished generation's KV blocks kept by the Host for a continuation
+/// ([`crate::dialect::Cx::keep_kv`]). Only a handle: the blocks may be freed
+/// at any time under memory pressure, and every use checks that they are
+/// still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeptKv(pub(crate) SeqId);

@@ -106,6 +106,8 @@ pub struct HostStats {
     pub running: u32,
     /// KV blocks in use.
     pub kv_blocks_used: u32,
+    /// Of those, blocks only kept for continuations (freed first).
+    pub kv_blocks_kept: u32,
     /// KV blocks in the pool.
     pub kv_blocks_total: u32,
     /// Live generations.
@@ -178,6 +180,7 @@ impl Host {
             queued: s.as_ref().map_or(0, |s| s.waiting),
             running: s.as_ref().map_or(0, |s| s.running),
             kv_blocks_used: s.as_ref().map_or(0, |s| s.blocks_used),
+            kv_blocks_kept: s.as_ref().map_or(0, |s| s.blocks_parked),
             kv_blocks_total: s.as_ref().map_or(0, |s| s.blocks_total),
             generations: self.sh.gens.len() as u32,
             sessions: self.sh.dialects.sessions.len() as u32,
@@ -857,6 +860,7 @@ impl Host {
             queued: stats.waiting,
             running: stats.running,
             kv_blocks_used: stats.blocks_used,
+            kv_blocks_kept: stats.blocks_parked,
             kv_blocks_total: stats.blocks_total,
         };
         if self.last_gauges.as_ref() != Some(&gauges) {

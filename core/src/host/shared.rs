@@ -9,7 +9,9 @@ use crate::config::HostConfig;
 use crate::dialect::state::DialectState;
 use crate::dialect::HostPort;
 use crate::engine::{ModelInfo, SeqId, SeqResult, TokenId};
-use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, Holds, StartError, TokenPiece};
+use crate::gen::{
+    FinishReason, GenRequest, Generation, HoldReason, Holds, KeptKv, StartError, TokenPiece,
+};
 use crate::params::GenParams;
 use crate::rng::Rng;
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
@@ -208,15 +210,26 @@ impl Shared {
             None => self.rng.next_u64(),
         };
         let max_len = prompt_tokens + req.params.max_tokens;
-        sched
-            .add(
-                id,
-                req.prompt_ids.clone(),
-                max_len,
-                req.params.sampling(seed),
-                req.logprobs,
-            )
-            .map_err(StartError::from)?;
+        let sampling = req.params.sampling(seed);
+        let reused = req.reuse_kv.is_some_and(|KeptKv(kept)| {
+            let same = sched.tokens(kept) == Some(req.prompt_ids.as_slice());
+            let reused = same && sched.unpark(kept, id, max_len, sampling, req.logprobs);
+            if !reused {
+                sched.drop_parked(kept);
+            }
+            reused
+        });
+        if reused {
+            // Every prompt token but the last has its K/V in the kept blocks.
+            self.outputs
+                .push_back(Output::Event(Event::PromptTokensReused {
+                    count: prompt_tokens.saturating_sub(1),
+                }));
+        } else {
+            sched
+                .add(id, req.prompt_ids.clone(), max_len, sampling, req.logprobs)
+                .map_err(StartError::from)?;
+        }
         let mut gen = Generation::new(
             id,
             owner,
@@ -255,6 +268,20 @@ impl Shared {
         Some(id)
     }
 
+    /// Asks that live generation `id` keep its KV blocks when it completes.
+    pub fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv> {
+        let gen = self.gens.get_mut(&id).filter(|g| !g.raw)?;
+        gen.keep_kv = true;
+        Some(KeptKv(id))
+    }
+
+    /// Frees KV blocks kept by [`Shared::keep_kv`] (no-op when already gone).
+    pub fn drop_kv(&mut self, kv: KeptKv) {
+        if let Some(s) = self.sched.as_mut() {
+            s.drop_parked(kv.0);
+        }
+    }
+
     /// Replaces the last token of raw generation `id` before it is computed.
     pub fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
         let Some(gen) = self.gens.get_mut(&id) else {
@@ -268,10 +295,17 @@ impl Shared {
             .is_some_and(|s| s.set_last_token(id, token))
     }
 
-    /// Removes a generation from the scheduler and the registry and counts it.
+    /// Removes a generation from the scheduler (parking its KV blocks when
+    /// it completed and its dialect asked to keep them) and the registry,
+    /// and counts it.
     pub fn retire(&mut self, id: SeqId, outcome: Outcome) -> Option<Generation> {
+        let keep = outcome == Outcome::Completed && self.gens.get(&id).is_some_and(|g| g.keep_kv);
         if let Some(s) = self.sched.as_mut() {
-            s.remove(id);
+            if keep {
+                s.park(id);
+            } else {
+                s.remove(id);
+            }
         }
         self.timers.cancel(TimerKey::PauseTimeout(id));
         let gen = self.gens.remove(&id)?;
@@ -470,6 +504,14 @@ impl HostPort for Shared {
 
     fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
         Shared::set_last_token(self, id, token)
+    }
+
+    fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv> {
+        Shared::keep_kv(self, id)
+    }
+
+    fn drop_kv(&mut self, kv: KeptKv) {
+        Shared::drop_kv(self, kv)
     }
 
     fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {

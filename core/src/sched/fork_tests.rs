@@ -225,7 +225,17 @@ fn without_a_free_block_the_child_is_recomputed_and_a_block_boundary_needs_no_co
     let mut s = sched(8);
     let mut kv = Kv::default();
     let a = prefilled_to(&mut s, &mut kv, 16, 40);
+    assert_eq!(
+        s.block_table(a).map(<[BlockId]>::len),
+        Some(2),
+        "admission reserved a block for the next token"
+    );
     assert!(s.fork(a, SeqId(2)));
+    assert_eq!(
+        s.block_table(SeqId(2)),
+        s.block_table(a).map(|t| &t[..1]),
+        "the child shares the one computed block and runs at once"
+    );
     let plan = s.schedule().expect("decode");
     assert!(
         plan.copy_blocks.is_empty(),
@@ -234,4 +244,41 @@ fn without_a_free_block_the_child_is_recomputed_and_a_block_boundary_needs_no_co
     kv.run(&s, &plan);
     s.on_step_done(&done(&plan, 3));
     ok(&s);
+}
+
+#[test]
+fn a_child_removed_before_its_copy_leaves_no_copy_fork_or_hold_behind() {
+    let mut s = sched(16);
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 20);
+    let before = s.stats().blocks_used;
+    let b = SeqId(2);
+    assert!(s.fork(a, b));
+    assert_eq!(s.stats().blocks_used, before + 1, "the copy's target");
+    s.remove(b);
+    ok(&s);
+    assert_eq!(
+        s.stats().blocks_used,
+        before,
+        "target freed and the source's hold let go"
+    );
+    s.remove(a);
+    ok(&s);
+    assert_eq!(
+        s.stats().blocks_used,
+        0,
+        "nothing held for a copy nobody needs"
+    );
+    s.add(SeqId(3), vec![1; 4], 10, SamplingParams::greedy(), None)
+        .expect("admitted");
+    let plan = s.schedule().expect("a step");
+    assert!(
+        plan.copy_blocks.is_empty() && plan.forks.is_empty(),
+        "{plan:?}"
+    );
+    assert_eq!(
+        plan.free,
+        vec![a],
+        "only the parent was ever seen by the engine"
+    );
 }

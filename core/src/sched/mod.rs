@@ -8,7 +8,10 @@
 //!
 //! The shape follows nano-vllm's `scheduler.py` and `block_manager.py`: one
 //! waiting queue (FIFO), one running list in admission order, decodes first,
-//! then prefill chunks; preemption by recompute, newest first.
+//! then prefill chunks; preemption by recompute, newest first. Beyond it:
+//! forked sequences share full blocks by reference count and copy their
+//! partial one (beams), and finished sequences can be parked with their
+//! blocks for a continuation, the first to go when memory runs short.
 
 mod blocks;
 mod scheduler;
@@ -16,6 +19,8 @@ mod seq;
 
 #[cfg(test)]
 mod fork_tests;
+#[cfg(test)]
+mod park_tests;
 #[cfg(test)]
 mod tests;
 

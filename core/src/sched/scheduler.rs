@@ -78,8 +78,8 @@ impl fmt::Display for AdmitError {
 
 impl std::error::Error for AdmitError {}
 
-/// Gauges of a [`Scheduler`]. `waiting + running + paused` is the number of
-/// live sequences.
+/// Gauges of a [`Scheduler`]. `waiting + running + paused + parked` is the
+/// number of live sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SchedStats {
     /// Runnable sequences waiting for admission (new, or preempted for recompute).
@@ -88,6 +88,12 @@ pub struct SchedStats {
     pub running: u32,
     /// Non-runnable sequences (holding blocks or not).
     pub paused: u32,
+    /// Finished sequences whose KV blocks are kept for a continuation
+    /// ([`Scheduler::park`]); not counted in `paused`.
+    pub parked: u32,
+    /// KV blocks only parked sequences hold: the first freed under memory
+    /// pressure.
+    pub blocks_parked: u32,
     /// KV blocks held (by live sequences, and by removed ones still in the
     /// outstanding step).
     pub blocks_used: u32,
@@ -273,9 +279,10 @@ impl Scheduler {
         let partial = (s.num_computed % bs != 0)
             .then(|| s.blocks.get(full).copied())
             .flatten();
-        let shareable = s.state == SeqState::Running
-            && !in_step
-            && s.blocks.len() == full + usize::from(partial.is_some());
+        // Blocks past the computed positions (admission reserves one for
+        // the next token) hold nothing the child needs.
+        let covered = s.num_computed % bs == 0 || partial.is_some();
+        let shareable = s.state == SeqState::Running && !in_step && covered;
         let shared: Vec<BlockId> = s.blocks[..full.min(s.blocks.len())].to_vec();
         let computed = s.num_computed;
         let target = match (shareable, partial) {
@@ -327,12 +334,107 @@ impl Scheduler {
         }
     }
 
+    /// Keeps finished `seq`'s KV blocks for a later continuation instead of
+    /// freeing them: it stays, never runnable, until [`Scheduler::unpark`]
+    /// continues it, [`Scheduler::remove`] drops it, or memory runs short, when
+    /// parked sequences are the first to go (least recently parked first) and
+    /// are forgotten rather than queued for recompute. False (and `seq` is
+    /// removed) when it holds no reusable blocks: it is waiting, or in the
+    /// outstanding step.
+    pub fn park(&mut self, seq: SeqId) -> bool {
+        let in_step = self.in_outstanding(seq);
+        let keep = self
+            .live(seq)
+            .is_some_and(|s| s.state == SeqState::Running && !in_step && s.num_computed > 0);
+        if !keep {
+            self.remove(seq);
+            return false;
+        }
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            s.parked = true;
+            s.runnable = false;
+        }
+        // Running order is eviction order among parked sequences.
+        self.running.retain(|&r| r != seq);
+        self.running.push(seq);
+        true
+    }
+
+    /// Continues parked `src` as new sequence `dst` with its own limits and
+    /// sampling: `dst` shares `src`'s full KV blocks, copies its partial one
+    /// (as [`Scheduler::fork`] does, other parked sequences freed first if no
+    /// block is free for the copy) and is running at once, with only the last
+    /// token left to feed; `src` is dropped. False (nothing changes) when
+    /// `src` is not parked or was evicted, `dst` exists, or `max_len` could
+    /// never fit; the caller then adds `dst` to be computed from its tokens.
+    pub fn unpark(
+        &mut self,
+        src: SeqId,
+        dst: SeqId,
+        max_len: u32,
+        sampling: SamplingParams,
+        logprobs: Option<u8>,
+    ) -> bool {
+        let total_blocks = self.cfg.num_blocks.max(self.alloc.capacity());
+        let fits = |s: &Seq| self.blocks_for(max_len.max(s.len())) <= total_blocks;
+        if !self.live(src).is_some_and(|s| s.parked && fits(s)) || self.seqs.contains_key(&dst) {
+            return false;
+        }
+        // The partial block's copy needs a free block: other kept sequences
+        // make room before this one falls back to recomputing.
+        let bs = self.cfg.block_size;
+        if self.live(src).is_some_and(|s| s.num_computed % bs != 0) {
+            while self.alloc.available() == 0 {
+                let other_parked =
+                    |id: &SeqId| *id != src && self.seqs.get(id).is_some_and(|s| s.parked);
+                match self.idle_victim(other_parked) {
+                    Some(v) => self.preempt(v),
+                    None => break,
+                }
+            }
+        }
+        if !self.fork(src, dst) {
+            return false;
+        }
+        let Some(child) = self.seqs.get_mut(&dst) else {
+            return false;
+        };
+        child.max_len = max_len.max(child.len());
+        child.sampling = sampling;
+        child.logprobs = logprobs;
+        child.runnable = true;
+        if child.state == SeqState::Waiting {
+            // No block for the copy: it waits its turn like any new request
+            // and is recomputed from its tokens.
+            child.started = false;
+            self.waiting.retain(|&w| w != dst);
+            self.waiting.push_back(dst);
+        }
+        self.remove(src);
+        true
+    }
+
+    /// Drops parked `seq` and frees its blocks (its cache entry went). False,
+    /// changing nothing, when `seq` is not parked.
+    pub fn drop_parked(&mut self, seq: SeqId) -> bool {
+        if !self.live(seq).is_some_and(|s| s.parked) {
+            return false;
+        }
+        self.remove(seq);
+        true
+    }
+
+    /// True when `seq` is parked with its KV blocks.
+    pub fn is_parked(&self, seq: SeqId) -> bool {
+        self.live(seq).is_some_and(|s| s.parked)
+    }
+
     /// Marks a sequence runnable or not (paused, slow reader, flow-control
     /// window closed). A non-runnable sequence is never planned; it keeps its
     /// blocks until memory is short, when it is the first to lose them (it is
     /// then recomputed from its tokens once runnable again).
     pub fn set_runnable(&mut self, seq: SeqId, runnable: bool) {
-        if let Some(s) = self.live_mut(seq) {
+        if let Some(s) = self.live_mut(seq).filter(|s| !s.parked) {
             s.runnable = runnable;
         }
     }
@@ -447,6 +549,12 @@ impl Scheduler {
         let free = std::mem::take(&mut self.pending_free);
         let copies = std::mem::take(&mut self.pending_copies);
         let forks = std::mem::take(&mut self.pending_forks);
+        for f in &forks {
+            // The engine holds state for it from this plan on.
+            if let Some(s) = self.seqs.get_mut(&f.dst) {
+                s.seen_by_engine = true;
+            }
+        }
         let holds = std::mem::take(&mut self.copy_holds);
         self.outstanding = Some(Outstanding {
             step_id,
@@ -568,6 +676,10 @@ impl Scheduler {
                 self.copy_holds.clear();
                 let lost = std::mem::take(&mut self.running);
                 for &id in lost.iter().rev() {
+                    if self.seqs.get(&id).is_some_and(|s| s.parked) {
+                        self.forget(id);
+                        continue;
+                    }
                     if let Some(s) = self.seqs.get_mut(&id) {
                         s.blocks.clear();
                         s.num_computed = 0;
@@ -658,6 +770,15 @@ impl Scheduler {
             ..SchedStats::default()
         };
         for s in self.seqs.values() {
+            if s.parked && s.state != SeqState::Removed {
+                st.parked += 1;
+                st.blocks_parked += s
+                    .blocks
+                    .iter()
+                    .filter(|&&b| self.alloc.refcount(b) == 1)
+                    .count() as u32;
+                continue;
+            }
             match (s.state, s.runnable) {
                 (SeqState::Removed, _) => {}
                 (_, false) => st.paused += 1,
@@ -731,6 +852,9 @@ impl Scheduler {
                         return Err(format!("running {id:?} has nothing left to feed"));
                     }
                 }
+            }
+            if s.parked && (s.runnable || s.state == SeqState::Waiting) {
+                return Err(format!("parked {id:?} is runnable or waiting"));
             }
             if s.num_computed > s.len() {
                 return Err(format!(
@@ -821,6 +945,18 @@ impl Scheduler {
                 self.alloc.capacity()
             ));
         }
+        // One hold per copy not yet done, on that copy's source.
+        let mut srcs: Vec<BlockId> = self.pending_copies.iter().map(|c| c.0).collect();
+        let mut holds = self.copy_holds.clone();
+        if let Some(out) = &self.outstanding {
+            srcs.extend(out.copies.iter().map(|c| c.0));
+            holds.extend(out.holds.iter().copied());
+        }
+        srcs.sort_unstable();
+        holds.sort_unstable();
+        if srcs != holds {
+            return Err(format!("copy sources {srcs:?} but holds on {holds:?}"));
+        }
         if self.seq_cap == 0 || self.seq_cap > self.cfg.max_running_seqs {
             return Err(format!("seq cap {} out of range", self.seq_cap));
         }
@@ -890,11 +1026,30 @@ impl Scheduler {
         let Some(s) = self.seqs.remove(&seq) else {
             return;
         };
+        // A fork not yet sent to the engine is moot now.
+        self.pending_forks.retain(|f| f.dst != seq);
+        self.drop_copies_into(&s.blocks);
         for &b in &s.blocks {
             self.alloc.release(b);
         }
         if s.seen_by_engine && !self.pending_free.contains(&seq) {
             self.pending_free.push(seq);
+        }
+    }
+
+    /// Drops pending copies into `blocks` (their sequence lost them) and lets
+    /// go of the holds on their sources.
+    fn drop_copies_into(&mut self, blocks: &[BlockId]) {
+        let (moot, keep): (Vec<_>, Vec<_>) = self
+            .pending_copies
+            .iter()
+            .partition(|(_, dst)| blocks.contains(dst));
+        self.pending_copies = keep;
+        for (src, _) in moot {
+            if let Some(i) = self.copy_holds.iter().position(|&h| h == src) {
+                self.copy_holds.swap_remove(i);
+                self.alloc.release(src);
+            }
         }
     }
 
@@ -907,27 +1062,54 @@ impl Scheduler {
         if s.state != SeqState::Running {
             return;
         }
-        for &b in &s.blocks {
-            self.alloc.release(b);
+        if s.parked {
+            // A kept cache entry: its owner recomputes from token ids.
+            self.running.retain(|&r| r != seq);
+            self.forget(seq);
+            return;
         }
-        s.blocks.clear();
+        let blocks = std::mem::take(&mut s.blocks);
         s.num_computed = 0;
         s.state = SeqState::Waiting;
+        // It is recomputed from its tokens: a copy into its blocks is moot.
+        self.drop_copies_into(&blocks);
+        for &b in &blocks {
+            self.alloc.release(b);
+        }
         self.running.retain(|&r| r != seq);
         self.waiting.push_front(seq);
+    }
+
+    /// The first non-runnable sequence to lose its blocks among those `spare`
+    /// allows: a parked one (least recently parked first), else the newest
+    /// non-runnable one.
+    fn idle_victim(&self, spare: impl Fn(&SeqId) -> bool) -> Option<SeqId> {
+        let is = |id: &SeqId, parked: bool| {
+            spare(id)
+                && self
+                    .seqs
+                    .get(id)
+                    .is_some_and(|s| !s.runnable && s.parked == parked)
+        };
+        let parked = self.running.iter().find(|id| is(id, true));
+        parked
+            .or_else(|| self.running.iter().rev().find(|id| is(id, false)))
+            .copied()
     }
 
     /// Preempts until use fits the capacity, sparing the outstanding step.
     fn enforce_capacity(&mut self) {
         while self.alloc.used() > self.alloc.capacity() {
             let spare = |s: &Self, id: &SeqId| !s.in_outstanding(*id);
-            let paused = self
-                .running
-                .iter()
-                .rev()
-                .find(|id| spare(self, id) && self.seqs.get(id).is_some_and(|s| !s.runnable));
-            let victim = paused.or_else(|| self.running.iter().rev().find(|id| spare(self, id)));
-            match victim.copied() {
+            let paused = self.idle_victim(|id| spare(self, id));
+            let victim = paused.or_else(|| {
+                self.running
+                    .iter()
+                    .rev()
+                    .find(|id| spare(self, id))
+                    .copied()
+            });
+            match victim {
                 Some(v) => self.preempt(v),
                 // Everything left is in the outstanding step: finish after it.
                 None => break,
@@ -969,14 +1151,15 @@ impl Scheduler {
     /// `seq` itself (then false).
     fn make_room(&mut self, seq: SeqId, n: u32, in_plan: &BTreeSet<SeqId>) -> bool {
         while self.alloc.available() < n {
-            let paused = self
-                .running
-                .iter()
-                .rev()
-                .find(|id| self.seqs.get(id).is_some_and(|s| !s.runnable));
-            let victim =
-                paused.or_else(|| self.running.iter().rev().find(|id| !in_plan.contains(id)));
-            let Some(&victim) = victim else {
+            let paused = self.idle_victim(|_| true);
+            let victim = paused.or_else(|| {
+                self.running
+                    .iter()
+                    .rev()
+                    .find(|id| !in_plan.contains(id))
+                    .copied()
+            });
+            let Some(victim) = victim else {
                 return false;
             };
             self.preempt(victim);
@@ -1009,13 +1192,7 @@ impl Scheduler {
             return false;
         }
         while self.alloc.available() < n {
-            let victim = self
-                .running
-                .iter()
-                .rev()
-                .find(|id| self.seqs.get(id).is_some_and(|s| !s.runnable))
-                .copied();
-            match victim {
+            match self.idle_victim(|_| true) {
                 Some(v) => self.preempt(v),
                 None => return false,
             }

@@ -33,6 +33,9 @@ pub(crate) struct Seq {
     pub seen_by_engine: bool,
     pub sampling: SamplingParams,
     pub logprobs: Option<u8>,
+    /// Finished, its KV blocks kept for a continuation (never runnable; the
+    /// first to go under memory pressure, and then forgotten, not queued).
+    pub parked: bool,
 }
 
 impl Seq {
@@ -53,6 +56,7 @@ impl Seq {
             seen_by_engine: false,
             sampling,
             logprobs,
+            parked: false,
         }
     }
 

@@ -59,8 +59,8 @@ pub struct Metrics {
     t: Tally,
     /// Connections opened minus closed, by the events, since the Host started.
     balance: i64,
-    /// The last gauges event: (queued, running, kv used, kv total).
-    gauges: Option<(u32, u32, u32, u32)>,
+    /// The last gauges event: (queued, running, kv used, kv kept, kv total).
+    gauges: Option<(u32, u32, u32, u32, u32)>,
 }
 
 fn outcome_name(o: Outcome) -> &'static str {
@@ -289,14 +289,25 @@ impl Checker for Metrics {
                         }
                     }
                 }
+                // A continuation's prompt: checked by `batch_continuation`'s text.
+                Event::PromptTokensReused { .. } => {}
                 Event::ConnectionOpened { .. } => self.balance += 1,
                 Event::ConnectionClosed { .. } => self.balance -= 1,
                 Event::Gauges {
                     queued,
                     running,
                     kv_blocks_used,
+                    kv_blocks_kept,
                     kv_blocks_total,
-                } => self.gauges = Some((*queued, *running, *kv_blocks_used, *kv_blocks_total)),
+                } => {
+                    self.gauges = Some((
+                        *queued,
+                        *running,
+                        *kv_blocks_used,
+                        *kv_blocks_kept,
+                        *kv_blocks_total,
+                    ))
+                }
             },
             _ => {}
         }
@@ -350,7 +361,13 @@ impl Checker for Metrics {
         let s = &end.stats;
         if s.loaded {
             // Every event of a Host with a model ends with its gauges current.
-            let now = (s.queued, s.running, s.kv_blocks_used, s.kv_blocks_total);
+            let now = (
+                s.queued,
+                s.running,
+                s.kv_blocks_used,
+                s.kv_blocks_kept,
+                s.kv_blocks_total,
+            );
             match self.gauges {
                 None => return Err(format!("no gauges event, the Host reports {now:?}")),
                 Some(g) if g != now => {
@@ -409,6 +426,7 @@ mod tests {
             queued: 0,
             running: 0,
             kv_blocks_used: 0,
+            kv_blocks_kept: 0,
             kv_blocks_total: 64,
         })
     }
@@ -474,6 +492,7 @@ mod tests {
             queued: 0,
             running: 1,
             kv_blocks_used: 0,
+            kv_blocks_kept: 0,
             kv_blocks_total: 64,
         };
         k.out(Output::Event(running)).expect("gauges");
@@ -494,6 +513,7 @@ mod tests {
             queued: 0,
             running: 1,
             kv_blocks_used: 0,
+            kv_blocks_kept: 0,
             kv_blocks_total: 64,
         }))
         .expect("event");

@@ -683,6 +683,7 @@ pub(crate) mod testkit {
                 queued: 0,
                 running: 0,
                 kv_blocks_used: 0,
+                kv_blocks_kept: 0,
                 kv_blocks_total: 64,
                 generations: 0,
                 sessions: 0,

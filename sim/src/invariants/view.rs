@@ -330,7 +330,8 @@ pub struct StepView {
     pub id: u64,
     /// Its sequences.
     pub seqs: Vec<SeqId>,
-    /// Distinct KV blocks in its tables.
+    /// Distinct KV blocks in its tables and its copies' sources (held
+    /// until the copies are done, even when their owner went).
     pub blocks: u32,
 }
 
@@ -1061,7 +1062,7 @@ impl View {
     }
 
     fn on_plan(&mut self, plan: &StepPlan) {
-        let mut blocks = BTreeSet::new();
+        let mut blocks: BTreeSet<u32> = plan.copy_blocks.iter().map(|c| c.0).collect();
         for s in &plan.seqs {
             blocks.extend(s.block_table.iter().copied());
             if self.seq_owner.contains_key(&s.seq) {

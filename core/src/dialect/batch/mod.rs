@@ -30,7 +30,7 @@ use self::codec::{Event, EventKind, Payload};
 use super::{Cx, DialectConn};
 use crate::engine::{SeqId, TokenId};
 use crate::gen::beam::{BeamConfig, BeamSearch, EarlyStopping};
-use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
+use crate::gen::{Failure, FinishReason, GenRequest, KeptKv, StartError, TokenPiece};
 use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{Encoded, TextJobId};
@@ -113,6 +113,9 @@ struct Prompt {
     prompt: String,
     /// The token ids to start from, once known.
     ids: Option<Vec<TokenId>>,
+    /// A continuation's kept KV blocks (for exactly `ids`), handed to its
+    /// generation.
+    kv: Option<KeptKv>,
     /// The text before this run's (the prompt, or for a continuation the
     /// original prompt and everything generated since).
     before: String,
@@ -326,6 +329,7 @@ impl BatchConn {
                 request_id: p.request_id.clone(),
                 prompt: p.prompt.clone(),
                 ids: None,
+                kv: None,
                 before: p.prompt.clone(),
                 stage: if duplicate {
                     Stage::Done
@@ -343,6 +347,7 @@ impl BatchConn {
         if let Some(cached) = key.as_ref().and_then(|k| cx.state().batch.get(k)) {
             for (p, c) in prompts.iter_mut().zip(cached) {
                 p.ids = Some(c.ids);
+                p.kv = c.kv;
                 p.before = c.text;
             }
         }
@@ -429,11 +434,12 @@ impl BatchConn {
         let params = self.jobs[ji].params.clone();
         let beams = self.jobs[ji].beams.clone();
         for pi in 0..self.jobs[ji].prompts.len() {
-            let p = &self.jobs[ji].prompts[pi];
+            let p = &mut self.jobs[ji].prompts[pi];
             if p.stage != Stage::Waiting {
                 continue;
             }
             let Some(ids) = p.ids.clone() else { continue };
+            let reuse_kv = p.kv.take();
             // A beam is a raw generation: it reports its best next tokens
             // and the search decides how it goes on.
             let req = GenRequest {
@@ -443,6 +449,7 @@ impl BatchConn {
                     .as_ref()
                     .map(|b| b.beams_to_keep().min(MAX_BEAM_CANDIDATES) as u8),
                 raw: beams.is_some(),
+                reuse_kv,
             };
             match cx.start(req) {
                 Ok(seq) => {
@@ -544,6 +551,16 @@ impl BatchConn {
         }
     }
 
+    /// Forgets every payload (the connection is going), freeing the KV
+    /// blocks kept for prompts of payloads that never completed.
+    fn drop_unfinished(&mut self, cx: &mut Cx<'_>) {
+        for job in self.jobs.drain(..) {
+            drop_kept(cx, job.finished.into_iter().flatten());
+        }
+        self.pending.clear();
+        self.tokenizing = None;
+    }
+
     /// Drops finished payloads from the front, keeping each in the
     /// continue-generation cache when all of its prompts completed.
     fn retire_done(&mut self, cx: &mut Cx<'_>) {
@@ -562,11 +579,13 @@ impl BatchConn {
                 *ji = ji.saturating_sub(1);
             }
             if job.failed {
+                drop_kept(cx, job.finished.into_iter().flatten());
                 continue;
             }
             let seqs: Option<Vec<CachedSeq>> = job.finished.into_iter().collect();
             if let (Some(key), Some(seqs)) = (job.key, seqs) {
-                cx.state().batch.put(key, seqs);
+                let displaced = cx.state().batch.put(key, seqs);
+                drop_kept(cx, displaced);
             }
         }
     }
@@ -672,9 +691,12 @@ impl BatchConn {
         };
         let mut ids = run.prompt_ids;
         ids.extend_from_slice(&best);
+        // The best hypothesis's sequence may be gone (beams that hit their
+        // end are ended at once): a continuation recomputes it.
         job.finished[pi] = Some(CachedSeq {
             ids,
             text: format!("{}{generated}", p.before),
+            kv: None,
         });
         p.stage = Stage::Done;
         self.pending[ji].complete.push((
@@ -706,6 +728,13 @@ fn beam_limits(cfg: &BeamConfig, params: &GenParams) -> Result<(), String> {
         return Err("`repetition_penalty` with beam search is not available (Hugging Face applies it to log-probabilities, this engine to logits); leave it at 1".into());
     }
     Ok(())
+}
+
+/// Frees the KV blocks kept for `seqs`, which no cache entry will hold.
+fn drop_kept(cx: &mut Cx<'_>, seqs: impl IntoIterator<Item = CachedSeq>) {
+    for kv in seqs.into_iter().filter_map(|s| s.kv) {
+        cx.drop_kv(kv);
+    }
 }
 
 /// The error text for a prompt that could not start.
@@ -797,9 +826,17 @@ impl DialectConn for BatchConn {
             format!("{}{generated}", p.before)
         };
         p.stage = Stage::Done;
+        let clean = matches!(reason, FinishReason::Length | FinishReason::Stop);
+        // Its blocks stay for a continuation while memory allows.
+        let kv = (clean && job.key.is_some() && !job.failed)
+            .then(|| cx.keep_kv(id))
+            .flatten();
+        let job = &mut self.jobs[ji];
+        let p = &mut job.prompts[pi];
         job.finished[pi] = Some(CachedSeq {
             ids,
             text: format!("{}{generated}", p.before),
+            kv,
         });
         self.pending[ji].complete.push((
             pi,
@@ -893,15 +930,11 @@ impl DialectConn for BatchConn {
                 .collect();
             send(cx, &events);
         }
-        self.jobs.clear();
-        self.pending.clear();
-        self.tokenizing = None;
+        self.drop_unfinished(cx);
     }
 
-    fn on_closed(&mut self, _cx: &mut Cx<'_>) {
-        self.jobs.clear();
-        self.pending.clear();
-        self.tokenizing = None;
+    fn on_closed(&mut self, cx: &mut Cx<'_>) {
+        self.drop_unfinished(cx);
     }
 
     fn busy(&self) -> bool {

@@ -332,6 +332,7 @@ impl CaiConn {
             params,
             logprobs: None,
             raw: false,
+            reuse_kv: None,
         };
         match cx.start(req) {
             Ok(seq) => {

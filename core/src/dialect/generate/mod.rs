@@ -156,6 +156,7 @@ impl GenerateConn {
             params: config.params.clone(),
             logprobs,
             raw: false,
+            reuse_kv: None,
         };
         let id = match cx.start(req) {
             Ok(id) => id,

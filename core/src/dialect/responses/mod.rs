@@ -300,6 +300,7 @@ impl ResponsesConn {
             params: draft.params.clone(),
             logprobs: None,
             raw: false,
+            reuse_kv: None,
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

@@ -452,6 +452,7 @@ impl SessionConn {
             params,
             logprobs: None,
             raw: false,
+            reuse_kv: None,
         };
         match cx.start(req) {
             Ok(seq) => {
