@@ -508,3 +508,29 @@ fn a_shutdown_answers_every_prompt_that_did_not_finish() {
     }
     assert_eq!(h.closes.get(&c).map(|x| x.0), Some(1001));
 }
+
+#[test]
+fn a_beam_waiting_for_the_rest_of_its_round_is_not_timed_out_like_a_client_pause() {
+    // One sequence per step: each round's beams run one after another, the
+    // first waiting a whole step for the second, longer than a pause may last.
+    let (mut h, c) = harness_with(HostConfig {
+        max_running_seqs: 1,
+        pause_timeout: Duration::from_millis(5),
+        ..HostConfig::default()
+    });
+    h.send(
+        c,
+        payload(
+            &[("a", "hi")],
+            json!({"stream_response": false,
+                   "generation_config": {"num_beams": 2, "max_new_tokens": 6}}),
+        ),
+    );
+    h.run(100);
+    let done = elements(&h, c, "COMPLETE", "a");
+    assert_eq!(done.len(), 1, "{:?}", h.received(c));
+    assert_eq!(done[0]["new_tokens_count"], 6);
+    assert!(elements(&h, c, "ERROR", "a").is_empty());
+    let st = h.host.stats();
+    assert_eq!((st.running, st.queued, st.generations), (0, 0, 0));
+}

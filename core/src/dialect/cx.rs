@@ -249,6 +249,21 @@ impl<'a> Cx<'a> {
         self.port.hold(now, id, HoldReason::FlowWindow)
     }
 
+    /// Holds a generation until the generations it moves in step with catch
+    /// up (a beam until its round is decided): not scheduled until
+    /// [`Cx::release_for_siblings`], and, unlike a client's hold, not bounded
+    /// by the pause timeout. Returns false if unknown.
+    pub fn hold_for_siblings(&mut self, id: SeqId) -> bool {
+        let now = self.now;
+        self.port.hold(now, id, HoldReason::Siblings)
+    }
+
+    /// Releases a generation held by [`Cx::hold_for_siblings`]. Returns
+    /// false if unknown.
+    pub fn release_for_siblings(&mut self, id: SeqId) -> bool {
+        self.port.release(id, HoldReason::Siblings)
+    }
+
     /// Releases a generation held by [`Cx::close_window`]. Returns false if unknown.
     pub fn open_window(&mut self, id: SeqId) -> bool {
         self.port.release(id, HoldReason::FlowWindow)

@@ -11,14 +11,19 @@ pub enum HoldReason {
     OutboundFull,
     /// A dialect's flow window is spent (credit-based flow control).
     FlowWindow,
+    /// Its dialect waits for the generations it moves in step with (a beam
+    /// waiting for the rest of its round). The server releases it, so no
+    /// pause timeout bounds it.
+    Siblings,
 }
 
 impl HoldReason {
     /// Every reason.
-    pub const ALL: [HoldReason; 3] = [
+    pub const ALL: [HoldReason; 4] = [
         HoldReason::ClientPause,
         HoldReason::OutboundFull,
         HoldReason::FlowWindow,
+        HoldReason::Siblings,
     ];
 
     fn bit(self) -> u8 {
@@ -26,6 +31,7 @@ impl HoldReason {
             HoldReason::ClientPause => 1,
             HoldReason::OutboundFull => 2,
             HoldReason::FlowWindow => 4,
+            HoldReason::Siblings => 8,
         }
     }
 }

@@ -603,15 +603,27 @@ impl BatchConn {
         seq: SeqId,
         piece: &TokenPiece,
     ) {
-        if piece.finish.is_some() {
-            return;
+        if let Some(reason) = piece.finish {
+            // A running beam ended from outside (a deadline, the end of a
+            // shutdown's grace): the search cannot go on without it. Beams
+            // the search replaced are no longer found here.
+            if let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() {
+                run.beams.retain(|&b| b != seq);
+            }
+            let why = match reason {
+                FinishReason::Timeout => "the beam search ran out of time",
+                _ => "the beam search was stopped before it finished",
+            };
+            // What this step gathered goes first, so events stay in order.
+            self.flush_events(cx);
+            return self.fail_prompt(cx, ji, pi, why.to_string());
         }
         let Some(top) = piece.logprobs.as_ref().map(|l| l.top.clone()) else {
             let why = "the engine gave no log-probabilities for a beam".to_string();
             return self.fail_prompt(cx, ji, pi, why);
         };
         // No more compute for this beam until the round is decided.
-        cx.close_window(seq);
+        cx.hold_for_siblings(seq);
         let first_round = {
             let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() else {
                 return;
@@ -657,7 +669,7 @@ impl BatchConn {
                 return self.fail_prompt(cx, ji, pi, why);
             };
             cx.set_last_token(child, token);
-            cx.open_window(child);
+            cx.release_for_siblings(child);
             new.push(child);
         }
         for s in old {
