@@ -41,4 +41,5 @@ pub use model::Model;
 pub use rope::RopeScaling;
 pub use sampler::{draw_uniform, log_softmax, sample, Sampler};
 pub use tokenizer::HfCodec;
+pub use tokenwire_gguf as gguf;
 pub use weights::{LayerWeights, Linear, Weights};

@@ -32,6 +32,33 @@ pub fn stories_dir() -> Option<PathBuf> {
     None
 }
 
+/// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`
+/// puts it in `target/models`; `TOKENWIRE_SMOLLM2_GGUF` names another
+/// place), or `None` with the reason printed when it is absent outside CI.
+/// In CI (`CI=true`) a missing file fails the test.
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let path = std::env::var_os("TOKENWIRE_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+            ))
+        });
+    if path.exists() {
+        return Some(path);
+    }
+    let msg = format!(
+        "{} not found (scripts/fetch-smollm2-gguf.sh fetches it)",
+        path.display()
+    );
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg} (required when CI=true)");
+    }
+    eprintln!("skipping: {msg}");
+    None
+}
+
 /// REFERENCE.json of stories260K.
 pub fn reference(dir: &Path) -> Value {
     let bytes = std::fs::read(dir.join("REFERENCE.json")).expect("REFERENCE.json readable");

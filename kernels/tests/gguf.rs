@@ -1,0 +1,55 @@
+//! The GGUF parser on a real file: SmolLM2-135M-Instruct, Q4_1, as llama.cpp
+//! wrote it (its metadata, every tensor in range and of a loaded type), and
+//! every prefix of its header refused with an error rather than a panic.
+
+mod common;
+
+use tokenwire_kernels::gguf::{GgmlType, GgufFile};
+
+#[test]
+fn smollm2_q4_1_parses_with_its_architecture_tokenizer_and_tensors() {
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let bytes = std::fs::read(&path).expect("readable");
+    let f = GgufFile::parse(&bytes).expect("a valid GGUF file");
+    assert_eq!(f.str("general.architecture"), Ok(Some("llama")));
+    assert_eq!(f.uint("llama.block_count"), Ok(Some(30)));
+    assert_eq!(f.uint("llama.embedding_length"), Ok(Some(576)));
+    assert_eq!(f.uint("llama.attention.head_count"), Ok(Some(9)));
+    assert_eq!(f.uint("llama.attention.head_count_kv"), Ok(Some(3)));
+    assert_eq!(f.str("tokenizer.ggml.model"), Ok(Some("gpt2")));
+    let tokens = f
+        .array("tokenizer.ggml.tokens")
+        .expect("an array")
+        .expect("present");
+    assert_eq!(tokens.len(), 49152);
+    assert!(f
+        .str("tokenizer.chat_template")
+        .expect("a string")
+        .is_some());
+    // 30 layers of 9 tensors, the embedding and the final norm (the LM
+    // head is tied to the embedding).
+    assert_eq!(
+        f.tensors.len(),
+        30 * 9 + 2,
+        "{:?}",
+        f.tensors.iter().map(|t| &t.name).collect::<Vec<_>>()
+    );
+    let q = f.tensor("blk.0.attn_q.weight").expect("q");
+    assert_eq!(q.dims, vec![576, 576]);
+    assert_eq!(q.dtype, GgmlType::Q4_1);
+    let norm = f.tensor("blk.0.attn_norm.weight").expect("norm");
+    assert_eq!(norm.dtype, GgmlType::F32);
+    let end = f
+        .tensors
+        .iter()
+        .map(|t| t.offset + t.len)
+        .max()
+        .unwrap_or(0);
+    assert_eq!(end, bytes.len() as u64, "the last tensor ends the file");
+    let header = f.data_offset as usize;
+    for len in (0..header).step_by(header / 64 + 1) {
+        assert!(GgufFile::parse(&bytes[..len]).is_err(), "{len}-byte prefix");
+    }
+}
