@@ -174,42 +174,16 @@ impl ModelConfig {
 
         let hidden_size = f.usize("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
-        let num_kv_heads = match f.opt_usize("num_key_value_heads")? {
-            Some(0) => return Err(f.err("field `num_key_value_heads` must be positive".into())),
-            Some(n) => n,
-            None => num_heads,
-        };
-        if num_heads % num_kv_heads != 0 {
-            return Err(f.err(format!(
-                "num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
-            )));
-        }
-        let head_dim = match f.opt_usize("head_dim")? {
-            Some(d) => d,
-            None => {
-                if hidden_size % num_heads != 0 {
-                    return Err(f.err(format!(
-                        "no `head_dim` and hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads})"
-                    )));
-                }
-                hidden_size / num_heads
-            }
-        };
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(f.err(format!(
-                "head_dim must be even and positive, got {head_dim}"
-            )));
-        }
+        let (num_kv_heads, head_dim) = check_heads(
+            hidden_size,
+            num_heads,
+            f.opt_usize("num_key_value_heads")?,
+            f.opt_usize("head_dim")?,
+        )
+        .map_err(|m| f.err(m))?;
         let max_position_embeddings = f.usize("max_position_embeddings")?;
-        if u32::try_from(max_position_embeddings).is_err() {
-            return Err(f.err("max_position_embeddings does not fit in 32 bits".into()));
-        }
         let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
-        if rms_norm_eps < 0.0 {
-            return Err(f.err(format!(
-                "rms_norm_eps must not be negative, got {rms_norm_eps}"
-            )));
-        }
+        check_limits(max_position_embeddings, rms_norm_eps).map_err(|m| f.err(m))?;
         let (rope_theta, rope_scaling) = rope(&f)?;
 
         Ok(ModelConfig {
@@ -275,6 +249,63 @@ fn check_architecture(f: &Fields<'_>) -> Result<(), LoadError> {
 
 /// `rope_theta` and `rope_scaling`, from the top level or from transformers 5's
 /// `rope_parameters` object.
+/// The KV head count (query heads when absent) and head width (hidden size
+/// over query heads when absent), checked: GQA groups whole, heads even.
+/// Messages use `config.json`'s field names, which GGUF keys map to.
+pub(crate) fn check_heads(
+    hidden_size: usize,
+    num_heads: usize,
+    num_kv_heads: Option<usize>,
+    head_dim: Option<usize>,
+) -> Result<(usize, usize), String> {
+    if num_heads == 0 {
+        return Err("num_attention_heads must be positive".into());
+    }
+    let num_kv_heads = match num_kv_heads {
+        Some(0) => return Err("field `num_key_value_heads` must be positive".into()),
+        Some(n) => n,
+        None => num_heads,
+    };
+    if !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(format!(
+            "num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+        ));
+    }
+    let head_dim = match head_dim {
+        Some(d) => d,
+        None => {
+            if !hidden_size.is_multiple_of(num_heads) {
+                return Err(format!(
+                    "no `head_dim` and hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads})"
+                ));
+            }
+            hidden_size / num_heads
+        }
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(format!(
+            "head_dim must be even and positive, got {head_dim}"
+        ));
+    }
+    Ok((num_kv_heads, head_dim))
+}
+
+/// The context length fits positions in 32 bits; the norm epsilon is not negative.
+pub(crate) fn check_limits(
+    max_position_embeddings: usize,
+    rms_norm_eps: f64,
+) -> Result<(), String> {
+    if u32::try_from(max_position_embeddings).is_err() {
+        return Err("max_position_embeddings does not fit in 32 bits".into());
+    }
+    if rms_norm_eps < 0.0 || rms_norm_eps.is_nan() {
+        return Err(format!(
+            "rms_norm_eps must not be negative, got {rms_norm_eps}"
+        ));
+    }
+    Ok(())
+}
+
 fn rope(f: &Fields<'_>) -> Result<(f64, RopeScaling), LoadError> {
     let nested =
         match f.get("rope_parameters") {

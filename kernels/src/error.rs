@@ -64,6 +64,15 @@ pub enum LoadError {
         /// The template engine's complaint.
         msg: String,
     },
+    /// A GGUF file is malformed, or its metadata does not describe a model
+    /// this engine can build.
+    #[error("{}: {msg}", path.display())]
+    Gguf {
+        /// The GGUF file.
+        path: PathBuf,
+        /// What is wrong, naming the byte offset or metadata key.
+        msg: String,
+    },
     /// The model is well-formed but uses something this engine does not run.
     #[error("{}: unsupported: {msg}", path.display())]
     Unsupported {

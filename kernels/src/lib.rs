@@ -2,7 +2,8 @@
 //!
 //! The model engine behind tokenwire's engine boundary: loading llama-family
 //! Hugging Face checkpoints (Llama, Qwen2-style biases and tied embeddings,
-//! Llama 3 RoPE scaling; f32/f16/bf16, single or sharded safetensors), the
+//! Llama 3 RoPE scaling; f32/f16/bf16, single or sharded safetensors; from a
+//! GGUF file, so far its configuration: [`gguf_config`]), the
 //! tokenizer and chat template ([`HfCodec`]; SentencePiece and byte-level
 //! decoders decode from a per-id table built at load), a paged KV cache, two
 //! [`Backend`]s (CPU, and WGSL kernels on wgpu: [`WgpuBackend`]), and the
@@ -21,6 +22,7 @@ pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod gguf_config;
 pub mod kv;
 pub mod model;
 pub mod rope;

@@ -1,0 +1,126 @@
+//! A [`ModelConfig`] from a GGUF file's metadata: llama.cpp's keys
+//! (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...) mapped to
+//! the fields `config.json` gives, checked the same way, and the facts GGUF
+//! keeps in its tensor table (a tied LM head, attention biases) read from there.
+
+use std::path::Path;
+
+use tokenwire_core::TokenId;
+
+use crate::config::{check_heads, check_limits, ModelConfig};
+use crate::error::LoadError;
+use crate::gguf::GgufFile;
+use crate::rope::RopeScaling;
+
+/// Architectures whose GGUF tensors and keys this engine maps (the llama
+/// family it runs from Hugging Face directories).
+const ARCHITECTURES: &[&str] = &["llama", "qwen2"];
+
+impl ModelConfig {
+    /// The configuration the GGUF file at `path` (parsed as `file`) describes.
+    pub fn from_gguf(path: &Path, file: &GgufFile) -> Result<ModelConfig, LoadError> {
+        let err = |msg: String| LoadError::Gguf {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let arch = file
+            .str("general.architecture")
+            .map_err(err)?
+            .ok_or_else(|| err("no `general.architecture` in the metadata".into()))?;
+        if !ARCHITECTURES.contains(&arch) {
+            return Err(LoadError::Unsupported {
+                path: path.to_path_buf(),
+                msg: format!(
+                    "architecture `{arch}` (this engine runs {})",
+                    ARCHITECTURES.join(", ")
+                ),
+            });
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let uint = |k: &str| -> Result<Option<usize>, LoadError> {
+            let v = file.uint(&key(k)).map_err(err)?;
+            v.map(|v| usize::try_from(v).map_err(|_| err(format!("`{}` is too large", key(k)))))
+                .transpose()
+        };
+        let need = |k: &str| -> Result<usize, LoadError> {
+            uint(k)?.ok_or_else(|| err(format!("no `{}` in the metadata", key(k))))
+        };
+        let hidden_size = need("embedding_length")?;
+        let num_heads = need("attention.head_count")?;
+        let (num_kv_heads, head_dim) = check_heads(
+            hidden_size,
+            num_heads,
+            uint("attention.head_count_kv")?,
+            uint("attention.key_length")?,
+        )
+        .map_err(err)?;
+        let max_position_embeddings = need("context_length")?;
+        let rms_norm_eps = file
+            .float(&key("attention.layer_norm_rms_epsilon"))
+            .map_err(err)?
+            .unwrap_or(1e-6);
+        check_limits(max_position_embeddings, rms_norm_eps).map_err(err)?;
+        let rope_theta = file
+            .float(&key("rope.freq_base"))
+            .map_err(err)?
+            .unwrap_or(10_000.0);
+        let rope_scaling = rope_scaling(file, arch).map_err(err)?;
+        if file.tensor("rope_freqs.weight").is_some() {
+            return Err(LoadError::Unsupported {
+                path: path.to_path_buf(),
+                msg: "a `rope_freqs.weight` tensor (Llama 3.1 RoPE scaling stored as frequencies)"
+                    .into(),
+            });
+        }
+        let tokens = file.array("tokenizer.ggml.tokens").map_err(err)?;
+        let vocab_size = match (uint("vocab_size")?, tokens) {
+            (Some(n), _) => n,
+            (None, Some(t)) => t.len(),
+            (None, None) => {
+                return Err(err(
+                    "no vocabulary size and no `tokenizer.ggml.tokens`".into()
+                ))
+            }
+        };
+        let token = |k: &str| -> Result<Option<TokenId>, LoadError> {
+            let v = file.uint(k).map_err(err)?;
+            v.map(|v| TokenId::try_from(v).map_err(|_| err(format!("`{k}` is too large"))))
+                .transpose()
+        };
+        Ok(ModelConfig {
+            hidden_size,
+            intermediate_size: need("feed_forward_length")?,
+            num_layers: need("block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size,
+            max_position_embeddings,
+            rms_norm_eps: rms_norm_eps as f32,
+            rope_theta,
+            rope_scaling,
+            // GGUF writers leave the LM head out when it is the embedding.
+            tie_word_embeddings: file.tensor("output.weight").is_none(),
+            attention_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+            bos_token_id: token("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+            name_or_path: file.str("general.name").map_err(err)?.map(str::to_owned),
+        })
+    }
+}
+
+/// `{arch}.rope.scaling.type` and `.factor`: none or linear.
+fn rope_scaling(file: &GgufFile, arch: &str) -> Result<RopeScaling, String> {
+    let kind = file.str(&format!("{arch}.rope.scaling.type"))?;
+    let factor = file.float(&format!("{arch}.rope.scaling.factor"))?;
+    match (kind, factor) {
+        (None | Some("none"), _) => Ok(RopeScaling::None),
+        (Some("linear"), Some(f)) if f > 0.0 => Ok(RopeScaling::Linear { factor: f }),
+        (Some("linear"), f) => Err(format!(
+            "`{arch}.rope.scaling.type` is linear but `{arch}.rope.scaling.factor` is {f:?}, not a positive number"
+        )),
+        (Some(other), _) => Err(format!(
+            "RoPE scaling `{other}` is not supported (none and linear are)"
+        )),
+    }
+}
