@@ -10,9 +10,10 @@ use crate::engine::{
     BlockId, EngineFaultKind, SamplingParams, SeqId, SeqResult, StepDone, StepPlan, TokenId,
 };
 
-const BS: u32 = 16;
+/// Tokens per block in these tests (shared with `park_tests`).
+pub(super) const BS: u32 = 16;
 
-fn sched(num_blocks: u32) -> Scheduler {
+pub(super) fn sched(num_blocks: u32) -> Scheduler {
     Scheduler::new(SchedConfig {
         block_size: BS,
         num_blocks,
@@ -60,7 +61,7 @@ impl Kv {
     }
 }
 
-fn done(plan: &StepPlan, token: TokenId) -> StepDone {
+pub(super) fn done(plan: &StepPlan, token: TokenId) -> StepDone {
     StepDone {
         step_id: plan.step_id,
         results: plan
@@ -76,7 +77,7 @@ fn done(plan: &StepPlan, token: TokenId) -> StepDone {
     }
 }
 
-fn ok(s: &Scheduler) {
+pub(super) fn ok(s: &Scheduler) {
     if let Err(e) = s.check_invariants() {
         panic!("invariant broken: {e}");
     }

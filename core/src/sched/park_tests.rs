@@ -3,41 +3,9 @@
 //! first to go under memory pressure (and then forgotten, not queued), and
 //! dropped only when they are parked.
 
+use super::fork_tests::{done, ok, sched};
 use super::*;
-use crate::engine::{EngineFaultKind, SamplingParams, SeqId, SeqResult, StepDone, StepPlan};
-
-const BS: u32 = 16;
-
-fn sched(num_blocks: u32) -> Scheduler {
-    Scheduler::new(SchedConfig {
-        block_size: BS,
-        num_blocks,
-        max_step_tokens: 512,
-        max_running_seqs: 8,
-    })
-}
-
-fn ok(s: &Scheduler) {
-    if let Err(e) = s.check_invariants() {
-        panic!("invariant broken: {e}");
-    }
-}
-
-fn done(plan: &StepPlan, token: u32) -> StepDone {
-    StepDone {
-        step_id: plan.step_id,
-        results: plan
-            .seqs
-            .iter()
-            .filter(|s| s.sample)
-            .map(|s| SeqResult {
-                seq: s.seq,
-                token,
-                logprobs: None,
-            })
-            .collect(),
-    }
-}
+use crate::engine::{EngineFaultKind, SamplingParams, SeqId};
 
 /// Runs steps until nothing is planned or `steps` ran.
 fn run(s: &mut Scheduler, steps: usize) {
