@@ -25,6 +25,7 @@ pub mod error;
 pub mod gguf_config;
 pub mod kv;
 pub mod model;
+pub mod quant;
 pub mod rope;
 pub mod sampler;
 pub mod tiny;

@@ -1,0 +1,100 @@
+//! Activations quantized to 8 bits per block: one scale per block, each
+//! value rounded to the nearest of -127..=127 steps. A row is quantized once
+//! per matrix product and then read by every output row's dot product.
+
+use super::blocks::{QK, QK_K};
+
+/// 32 activations as `d * q`, with `s = d * sum(q)` for the formats whose
+/// weights carry an offset (Q4_0's 8, Q4_1's minimum).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(16))]
+pub struct Q8Block {
+    /// Scale.
+    pub d: f32,
+    /// `d` times the sum of `q`.
+    pub s: f32,
+    /// Quantized values.
+    pub q: [i8; QK],
+}
+
+/// 256 activations as `d * q`, with the sums of each 16 values (the K-quant
+/// minimums and Q6_K's offset of 32 multiply them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(32))]
+pub struct Q8KBlock {
+    /// Scale.
+    pub d: f32,
+    /// Quantized values.
+    pub q: [i8; QK_K],
+    /// Sums of `q[16 i .. 16 i + 16]`.
+    pub bsums: [i16; QK_K / 16],
+}
+
+impl Default for Q8Block {
+    fn default() -> Self {
+        Q8Block {
+            d: 0.0,
+            s: 0.0,
+            q: [0; QK],
+        }
+    }
+}
+
+impl Default for Q8KBlock {
+    fn default() -> Self {
+        Q8KBlock {
+            d: 0.0,
+            q: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        }
+    }
+}
+
+/// Scale for values whose largest magnitude is `amax`, and its inverse (0
+/// for an all-zero block, whose values all quantize to 0).
+#[inline]
+fn scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// Quantizes `x` (a multiple of 32 long) into `out`, one block per 32 values.
+pub fn quantize_q8(x: &[f32], out: &mut Vec<Q8Block>) {
+    out.clear();
+    out.extend(x.chunks_exact(QK).map(|xs| {
+        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let (d, id) = scale(amax);
+        let mut b = Q8Block {
+            d,
+            s: 0.0,
+            q: [0; QK],
+        };
+        let mut sum = 0i32;
+        for (q, &v) in b.q.iter_mut().zip(xs) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        b.s = d * sum as f32;
+        b
+    }));
+}
+
+/// Quantizes `x` (a multiple of 256 long) into `out`, one block per 256 values.
+pub fn quantize_q8k(x: &[f32], out: &mut Vec<Q8KBlock>) {
+    out.clear();
+    out.extend(x.chunks_exact(QK_K).map(|xs| {
+        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let (d, id) = scale(amax);
+        let mut b = Q8KBlock {
+            d,
+            ..Q8KBlock::default()
+        };
+        for (q, &v) in b.q.iter_mut().zip(xs) {
+            *q = (v * id).round() as i8;
+        }
+        for (s, qs) in b.bsums.iter_mut().zip(b.q.chunks_exact(16)) {
+            *s = qs.iter().map(|&q| q as i16).sum();
+        }
+        b
+    }));
+}

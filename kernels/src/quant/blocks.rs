@@ -1,0 +1,161 @@
+//! ggml's block layouts, byte for byte as GGUF files store them, and their
+//! scalar dequantization: the definition every kernel is tested against.
+//!
+//! | type | values | bytes | layout |
+//! |---|---:|---:|---|
+//! | Q8_0 | 32 | 34 | f16 `d`, 32 × i8 `q`; `x = d q` |
+//! | Q4_0 | 32 | 18 | f16 `d`, 16 bytes; value `j` is the low nibble of byte `j`, value `j + 16` its high nibble; `x = d (q - 8)` |
+//! | Q4_1 | 32 | 20 | f16 `d`, f16 `m`, nibbles as Q4_0; `x = d q + m` |
+//! | Q4_K | 256 | 144 | f16 `d`, f16 `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; `x = d sc q - dmin mn` per 32 |
+//! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales, f16 `d`; `x = d sc (q - 32)` per 16 |
+
+use tokenwire_gguf::GgmlType;
+
+/// Bytes of a Q8_0 block.
+pub const Q8_0_BYTES: usize = 34;
+/// Bytes of a Q4_0 block.
+pub const Q4_0_BYTES: usize = 18;
+/// Bytes of a Q4_1 block.
+pub const Q4_1_BYTES: usize = 20;
+/// Bytes of a Q4_K super-block.
+pub const Q4_K_BYTES: usize = 144;
+/// Bytes of a Q6_K super-block.
+pub const Q6_K_BYTES: usize = 210;
+/// Values per Q8_0/Q4_0/Q4_1 block.
+pub const QK: usize = 32;
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+
+/// The little-endian f16 at `b[at..at + 2]`, widened.
+#[inline]
+pub fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// The little-endian bf16 at `b[at..at + 2]`, widened.
+#[inline]
+pub fn bf16_at(b: &[u8], at: usize) -> f32 {
+    f32::from_bits((u16::from_le_bytes([b[at], b[at + 1]]) as u32) << 16)
+}
+
+/// Scale and minimum of sub-block `j` (0..8) of a Q4_K super-block, from its
+/// 12 packed bytes: sub-blocks 0-3 keep theirs in the low 6 bits of bytes
+/// `j` and `j + 4`; 4-7 split theirs between a nibble of bytes 8-11 and the
+/// top 2 bits of bytes `j - 4` and `j`.
+#[inline]
+pub fn q4k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Dequantizes one row of `dtype` (`bytes` holds whole blocks) into `out`,
+/// which must hold exactly the row's values.
+pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f16_at(bytes, 2 * i);
+            }
+        }
+        GgmlType::BF16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = bf16_at(bytes, 2 * i);
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (b, y) in bytes.chunks_exact(Q8_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+                let d = f16_at(b, 0);
+                for (yi, &q) in y.iter_mut().zip(&b[2..]) {
+                    *yi = d * (q as i8) as f32;
+                }
+            }
+        }
+        GgmlType::Q4_0 => {
+            for (b, y) in bytes.chunks_exact(Q4_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+                let d = f16_at(b, 0);
+                for (j, &q) in b[2..].iter().enumerate() {
+                    y[j] = d * ((q & 0x0F) as i32 - 8) as f32;
+                    y[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+                }
+            }
+        }
+        GgmlType::Q4_1 => {
+            for (b, y) in bytes.chunks_exact(Q4_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                for (j, &q) in b[4..].iter().enumerate() {
+                    y[j] = d * (q & 0x0F) as f32 + m;
+                    y[j + 16] = d * (q >> 4) as f32 + m;
+                }
+            }
+        }
+        GgmlType::Q4_K => {
+            for (b, y) in bytes
+                .chunks_exact(Q4_K_BYTES)
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let scales = &b[4..16];
+                let qs = &b[16..];
+                // Four groups of 64 values: 32 low nibbles, then 32 high ones.
+                for g in 0..4 {
+                    let (sc1, m1) = q4k_scale_min(scales, 2 * g);
+                    let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
+                    let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+                    let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                    let q = &qs[32 * g..32 * g + 32];
+                    let y = &mut y[64 * g..64 * g + 64];
+                    for l in 0..32 {
+                        y[l] = d1 * (q[l] & 0x0F) as f32 - m1;
+                        y[32 + l] = d2 * (q[l] >> 4) as f32 - m2;
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            for (b, y) in bytes
+                .chunks_exact(Q6_K_BYTES)
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                let d = f16_at(b, 208);
+                for half in 0..2 {
+                    let ql = &b[64 * half..64 * half + 64];
+                    let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+                    let sc = &b[192 + 8 * half..192 + 8 * half + 8];
+                    let y = &mut y[128 * half..128 * half + 128];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let [q1, q2, q3, q4] = q6k_quad(ql, qh, l);
+                        y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                        y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                        y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                        y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The four signed 6-bit values a Q6_K half-block stores at `l` (0..32):
+/// those of positions `l`, `l + 32`, `l + 64` and `l + 96`.
+#[inline]
+pub fn q6k_quad(ql: &[u8], qh: &[u8], l: usize) -> [i32; 4] {
+    let h = qh[l];
+    [
+        ((ql[l] & 0x0F) | ((h & 3) << 4)) as i32 - 32,
+        ((ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4)) as i32 - 32,
+        ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i32 - 32,
+        ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) as i32 - 32,
+    ]
+}

@@ -1,0 +1,153 @@
+//! Quantized weights on the CPU: ggml's block formats read as they are in
+//! the file, and the dot products of a weight row with one token's
+//! activations the way the fastest CPU engines compute them.
+//!
+//! * [`blocks`]: the byte layout of each format and its scalar dequantization,
+//!   the reference every other path is tested against.
+//! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
+//!   for Q8_0/Q4_0/Q4_1 weights) or 256 ([`Q8KBlock`], for Q4_K/Q6_K), so the
+//!   inner loop multiplies small integers.
+//! * [`reference`]: scalar dot products, for every format, on those blocks.
+//! * `x86` (x86_64 only): the same dot products in AVX2 (and AVX-512 VNNI
+//!   where the CPU has it); the only `unsafe` of the CPU engine's arithmetic.
+//! * [`Kernels`]: the set chosen once at run time for the CPU the process
+//!   runs on, falling back to the scalar reference.
+
+pub mod acts;
+pub mod blocks;
+pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+pub use acts::{quantize_q8, quantize_q8k, Q8Block, Q8KBlock};
+
+use tokenwire_gguf::GgmlType;
+
+/// Dot product of a weight row (raw block bytes) with 32-blocks of activations.
+pub type DotQ8 = fn(&[u8], &[Q8Block]) -> f32;
+/// Dot product of a weight row with 256-blocks of activations.
+pub type DotQ8K = fn(&[u8], &[Q8KBlock]) -> f32;
+/// Dot product of a 2-byte-float weight row with f32 activations.
+pub type DotHalf = fn(&[u8], &[f32]) -> f32;
+
+/// An instruction set the kernels are written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust, no intrinsics.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86_64 AVX2 with AVX-512 VNNI's 256-bit integer dot product.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The best instruction set this CPU has.
+    pub fn detect() -> Isa {
+        Isa::available().into_iter().last().unwrap_or(Isa::Scalar)
+    }
+
+    /// Every instruction set this CPU can run, scalar first.
+    pub fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut out = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::has_avx2() {
+                out.push(Isa::Avx2);
+            }
+            if x86::has_avx512_vnni() {
+                out.push(Isa::Avx512Vnni);
+            }
+        }
+        out
+    }
+
+    /// A short name for logs and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}
+
+/// The dot-product kernels of one [`Isa`].
+#[derive(Debug, Clone, Copy)]
+pub struct Kernels {
+    /// The instruction set they use.
+    pub isa: Isa,
+    /// Q8_0 weights.
+    pub q8_0: DotQ8,
+    /// Q4_0 weights.
+    pub q4_0: DotQ8,
+    /// Q4_1 weights.
+    pub q4_1: DotQ8,
+    /// Q4_K weights.
+    pub q4_k: DotQ8K,
+    /// Q6_K weights.
+    pub q6_k: DotQ8K,
+    /// F16 weights, f32 activations.
+    pub f16: DotHalf,
+    /// BF16 weights, f32 activations.
+    pub bf16: DotHalf,
+    /// F32 weights, f32 activations.
+    pub f32: fn(&[f32], &[f32]) -> f32,
+}
+
+impl Kernels {
+    /// The fastest kernels for this CPU.
+    pub fn detect() -> Kernels {
+        Kernels::for_isa(Isa::detect())
+    }
+
+    /// The kernels of `isa`; scalar ones where `isa` has none of its own,
+    /// or where this CPU cannot run it.
+    pub fn for_isa(isa: Isa) -> Kernels {
+        let scalar = Kernels {
+            isa: Isa::Scalar,
+            q8_0: reference::dot_q8_0,
+            q4_0: reference::dot_q4_0,
+            q4_1: reference::dot_q4_1,
+            q4_k: reference::dot_q4_k,
+            q6_k: reference::dot_q6_k,
+            f16: reference::dot_f16,
+            bf16: reference::dot_bf16,
+            f32: reference::dot_f32,
+        };
+        if !Isa::available().contains(&isa) {
+            return scalar;
+        }
+        match isa {
+            Isa::Scalar => scalar,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512Vnni => x86::kernels(isa, scalar),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => scalar,
+        }
+    }
+}
+
+/// Which activation blocks a weight type is multiplied with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActFormat {
+    /// f32 as they are (float weights).
+    F32,
+    /// [`Q8Block`]s of 32.
+    Q8,
+    /// [`Q8KBlock`]s of 256.
+    Q8K,
+}
+
+/// The activation format `dtype` weights take.
+pub fn act_format(dtype: GgmlType) -> ActFormat {
+    match dtype {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActFormat::F32,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => ActFormat::Q8,
+        GgmlType::Q4_K | GgmlType::Q6_K => ActFormat::Q8K,
+    }
+}

@@ -1,0 +1,208 @@
+//! Every kernel of every instruction set this CPU has, against the scalar
+//! reference, and the reference against plain f64 arithmetic on the
+//! dequantized values.
+
+use tokenwire_gguf::GgmlType;
+
+use super::blocks::{dequantize_row, QK_K};
+use super::*;
+
+/// xorshift64*: deterministic bytes for fabricated blocks.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Offsets of the f16 fields of one block of `dtype`.
+fn f16_fields(dtype: GgmlType) -> &'static [usize] {
+    match dtype {
+        GgmlType::Q8_0 | GgmlType::Q4_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// A row of `n` values of `dtype` from random bytes, with its f16 scales set
+/// to small finite values (random bits would include NaN and infinity).
+fn random_row(dtype: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let bytes = dtype.row_bytes(n as u64).expect("whole blocks") as usize;
+    let mut row: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    match dtype {
+        GgmlType::F32 => {
+            for c in row.chunks_exact_mut(4) {
+                c.copy_from_slice(&rng.unit().to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for c in row.chunks_exact_mut(2) {
+                c.copy_from_slice(&half::f16::from_f32(rng.unit()).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for c in row.chunks_exact_mut(2) {
+                c.copy_from_slice(&half::bf16::from_f32(rng.unit()).to_le_bytes());
+            }
+        }
+        _ => {
+            for block in row.chunks_exact_mut(dtype.block_bytes()) {
+                for &at in f16_fields(dtype) {
+                    let v = half::f16::from_f32(rng.unit() * 0.05);
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    row
+}
+
+fn random_acts(n: usize, rng: &mut Rng) -> Vec<f32> {
+    // Mostly small with a few outliers, as real hidden states are.
+    (0..n)
+        .map(|i| rng.unit() * if i % 61 == 0 { 20.0 } else { 1.0 })
+        .collect()
+}
+
+/// What a kernel must compute: the dequantized weights times the activations
+/// as the kernel sees them (after their own quantization), in f64.
+fn exact(dtype: GgmlType, w: &[u8], x: &[f32]) -> (f64, f64) {
+    let mut wf = vec![0.0f32; x.len()];
+    dequantize_row(dtype, w, &mut wf);
+    let xs: Vec<f32> = match act_format(dtype) {
+        ActFormat::F32 => x.to_vec(),
+        ActFormat::Q8 => {
+            let mut q = Vec::new();
+            quantize_q8(x, &mut q);
+            q.iter()
+                .flat_map(|b| b.q.iter().map(move |&v| b.d * v as f32))
+                .collect()
+        }
+        ActFormat::Q8K => {
+            let mut q = Vec::new();
+            quantize_q8k(x, &mut q);
+            q.iter()
+                .flat_map(|b| b.q.iter().map(move |&v| b.d * v as f32))
+                .collect()
+        }
+    };
+    let dot: f64 = wf.iter().zip(&xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+    let mag: f64 = wf
+        .iter()
+        .zip(&xs)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
+    (dot, mag)
+}
+
+fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
+    match act_format(dtype) {
+        ActFormat::F32 => match dtype {
+            GgmlType::F16 => (k.f16)(w, x),
+            GgmlType::BF16 => (k.bf16)(w, x),
+            _ => {
+                let wf: Vec<f32> = w
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                (k.f32)(&wf, x)
+            }
+        },
+        ActFormat::Q8 => {
+            let mut q = Vec::new();
+            quantize_q8(x, &mut q);
+            let f = match dtype {
+                GgmlType::Q8_0 => k.q8_0,
+                GgmlType::Q4_0 => k.q4_0,
+                _ => k.q4_1,
+            };
+            f(w, &q)
+        }
+        ActFormat::Q8K => {
+            let mut q = Vec::new();
+            quantize_q8k(x, &mut q);
+            let f = if dtype == GgmlType::Q4_K {
+                k.q4_k
+            } else {
+                k.q6_k
+            };
+            f(w, &q)
+        }
+    }
+}
+
+#[test]
+fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let isas = Isa::available();
+    for dtype in GgmlType::ALL {
+        // Lengths with a tail for the float kernels' 32-wide loops.
+        let lens: &[usize] = match dtype.block_len() {
+            1 => &[8, 40, 576, 1000],
+            32 => &[32, 576, 1536],
+            _ => &[QK_K, 2048],
+        };
+        for &n in lens {
+            for _ in 0..20 {
+                let w = random_row(dtype, n, &mut rng);
+                let x = random_acts(n, &mut rng);
+                let (want, mag) = exact(dtype, &w, &x);
+                for &isa in &isas {
+                    let got = run(&Kernels::for_isa(isa), dtype, &w, &x) as f64;
+                    // f32 accumulation of `n` terms: relative to the sum of
+                    // magnitudes, a few ulps per term at most.
+                    let tol = mag * 1e-6 + 1e-6;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{dtype} n={n} {}: got {got}, want {want} (tolerance {tol})",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn activations_quantize_within_half_a_step() {
+    let mut rng = Rng(7);
+    let x = random_acts(512, &mut rng);
+    let (mut q8, mut q8k) = (Vec::new(), Vec::new());
+    quantize_q8(&x, &mut q8);
+    quantize_q8k(&x, &mut q8k);
+    for (b, xs) in q8.iter().zip(x.chunks_exact(32)) {
+        let sum: i32 = b.q.iter().map(|&q| q as i32).sum();
+        assert_eq!(b.s, b.d * sum as f32);
+        for (&q, &v) in b.q.iter().zip(xs) {
+            assert!((b.d * q as f32 - v).abs() <= b.d * 0.5 + 1e-6);
+        }
+    }
+    for (b, xs) in q8k.iter().zip(x.chunks_exact(256)) {
+        for (g, &s) in b.bsums.iter().enumerate() {
+            let want: i16 = b.q[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum();
+            assert_eq!(s, want);
+        }
+        for (&q, &v) in b.q.iter().zip(xs) {
+            assert!((b.d * q as f32 - v).abs() <= b.d * 0.5 + 1e-6);
+        }
+    }
+    // An all-zero block has scale 0 and all-zero values, not NaN.
+    quantize_q8(&[0.0; 32], &mut q8);
+    assert_eq!((q8[0].d, q8[0].s, q8[0].q), (0.0, 0.0, [0; 32]));
+}
+
+#[test]
+fn the_detected_kernels_are_the_best_available() {
+    let best = Isa::detect();
+    assert_eq!(Kernels::detect().isa, best);
+    assert_eq!(Isa::available().last(), Some(&best));
+    assert_eq!(Kernels::for_isa(Isa::Scalar).isa, Isa::Scalar);
+}

@@ -1,0 +1,336 @@
+//! AVX2 (and AVX-512 VNNI) dot products for x86_64.
+//!
+//! Every kernel here is an `unsafe fn` with `#[target_feature]`, reached only
+//! through the safe wrappers in [`kernels`], which is only called for an
+//! [`Isa`] that `is_x86_feature_detected!` confirmed on this CPU: that check
+//! is what makes calling them sound. Inside, every pointer load reads whole
+//! blocks at offsets below `n_blocks * block_bytes`, where `n_blocks` is the
+//! smaller of the weight bytes' and the activations' block counts, so no load
+//! leaves its slice; the unaligned load intrinsics need no alignment.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::acts::{Q8Block, Q8KBlock};
+use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
+use super::{Isa, Kernels};
+
+/// AVX2, FMA and F16C, which every AVX2 kernel here uses.
+pub(super) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The 256-bit forms of AVX-512 VNNI's `vpdpbusd`.
+pub(super) fn has_avx512_vnni() -> bool {
+    has_avx2() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
+/// The kernels of `isa` (which the caller checked this CPU has).
+pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
+    // SAFETY (all closures below): `isa` was confirmed on this CPU by
+    // `Isa::available`, which is the only precondition of these functions.
+    let avx2 = Kernels {
+        isa: Isa::Avx2,
+        q8_0: |w, a| unsafe { dot_q8_0_avx2(w, a) },
+        q4_0: |w, a| unsafe { dot_q4_0_avx2(w, a) },
+        q4_1: |w, a| unsafe { dot_q4_1_avx2(w, a) },
+        q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
+        q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
+        f16: |w, x| unsafe { dot_f16_avx2(w, x) },
+        bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
+        f32: |a, b| unsafe { dot_f32_avx2(a, b) },
+    };
+    match isa {
+        Isa::Scalar => scalar,
+        Isa::Avx2 => avx2,
+        Isa::Avx512Vnni => Kernels {
+            isa: Isa::Avx512Vnni,
+            q4_0: |w, a| unsafe { dot_q4_0_vnni(w, a) },
+            q4_1: |w, a| unsafe { dot_q4_1_vnni(w, a) },
+            ..avx2
+        },
+    }
+}
+
+/// Sum of the eight lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The little-endian f16 at `p`, widened by F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// 16 bytes of nibbles at `p` as 32 bytes: low nibbles (values 0..16) in the
+/// low lane, high nibbles (values 16..32) in the high lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let qs = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Sums of `u8 * i8` products in eight i32 lanes (pairs through i16, which
+/// cannot saturate: 15 * 127 * 2 and 63 * 127 * 2 are below 32767).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn udot(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
+    let n = a.len().min(w.len() / Q8_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    for (i, x) in a[..n].iter().enumerate() {
+        let b = w.as_ptr().add(i * Q8_0_BYTES);
+        let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+        // i8 x i8 through maddubs: |w| as unsigned, the sign moved onto x.
+        let p = udot(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
+    let n = a.len().min(w.len() / Q4_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for (i, x) in a[..n].iter().enumerate() {
+        let b = w.as_ptr().add(i * Q4_0_BYTES);
+        let d = f16_at(b);
+        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+        let p = udot(nibbles(b.add(2)), xq);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(p), acc);
+        offset += d * x.s;
+    }
+    hsum(acc) - 8.0 * offset
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
+    let n = a.len().min(w.len() / Q4_1_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for (i, x) in a[..n].iter().enumerate() {
+        let b = w.as_ptr().add(i * Q4_1_BYTES);
+        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+        let p = udot(nibbles(b.add(4)), xq);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
+        mins += f16_at(b.add(2)) * x.s;
+    }
+    hsum(acc) + mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn dot_q4_0_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
+    let n = a.len().min(w.len() / Q4_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for (i, x) in a[..n].iter().enumerate() {
+        let b = w.as_ptr().add(i * Q4_0_BYTES);
+        let d = f16_at(b);
+        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+        let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(b.add(2)), xq);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(p), acc);
+        offset += d * x.s;
+    }
+    hsum(acc) - 8.0 * offset
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn dot_q4_1_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
+    let n = a.len().min(w.len() / Q4_1_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for (i, x) in a[..n].iter().enumerate() {
+        let b = w.as_ptr().add(i * Q4_1_BYTES);
+        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+        let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(b.add(4)), xq);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
+        mins += f16_at(b.add(2)) * x.s;
+    }
+    hsum(acc) + mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    let n = a.len().min(w.len() / Q4_K_BYTES);
+    let mask = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for (i, x) in a[..n].iter().enumerate() {
+        let blk = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
+        let b = blk.as_ptr();
+        let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+        let scales = &blk[4..16];
+        let mut dots = _mm256_setzero_si256();
+        let mut msum = 0i32;
+        for g in 0..4 {
+            let (sc1, m1) = q4k_scale_min(scales, 2 * g);
+            let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
+            let q = _mm256_loadu_si256(b.add(16 + 32 * g) as *const __m256i);
+            let lo = _mm256_and_si256(q, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+            let x1 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g) as *const __m256i);
+            let x2 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g + 32) as *const __m256i);
+            // Pairs summed straight into i32 with the sub-block scale as the
+            // multiplier: 3810 * 63 * 2 fits easily.
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), _mm256_set1_epi16(sc1 as i16));
+            let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), _mm256_set1_epi16(sc2 as i16));
+            dots = _mm256_add_epi32(dots, _mm256_add_epi32(p1, p2));
+            let bs = |sub: usize| (x.bsums[2 * sub] + x.bsums[2 * sub + 1]) as i32;
+            msum += m1 as i32 * bs(2 * g) + m2 as i32 * bs(2 * g + 1);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(dots), acc);
+        mins += dmin * x.d * msum as f32;
+    }
+    hsum(acc) - mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    let n = a.len().min(w.len() / Q6_K_BYTES);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    for (i, x) in a[..n].iter().enumerate() {
+        let blk = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
+        let b = blk.as_ptr();
+        let d = f16_at(b.add(208));
+        let sc = &blk[192..208];
+        let mut dots = _mm256_setzero_si256();
+        let mut offset = 0i32;
+        for (g, &s) in sc.iter().enumerate() {
+            offset += (s as i8) as i32 * x.bsums[g] as i32;
+        }
+        for half in 0..2 {
+            let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+            // Values 0..64 (the -32 comes off through the block sums).
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                ),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                let g = 8 * half + 2 * k;
+                let xq =
+                    _mm256_loadu_si256(x.q.as_ptr().add(128 * half + 32 * k) as *const __m256i);
+                // Low lane is group g, high lane group g + 1.
+                let scale = _mm256_set_m128i(
+                    _mm_set1_epi16((sc[g + 1] as i8) as i16),
+                    _mm_set1_epi16((sc[g] as i8) as i16),
+                );
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, xq), scale);
+                dots = _mm256_add_epi32(dots, p);
+            }
+        }
+        let total = _mm256_sub_epi32(dots, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_avx2(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len().min(w.len() / 2);
+    let full = n / 32 * 32;
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut j = 0;
+    while j < full {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let at = j + 8 * k;
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * at) as *const __m128i));
+            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(at)), *a);
+        }
+        j += 32;
+    }
+    let mut s = hsum(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
+    for (k, &xv) in x[full..n].iter().enumerate() {
+        s += super::blocks::f16_at(w, 2 * (full + k)) * xv;
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len().min(w.len() / 2);
+    let full = n / 32 * 32;
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut j = 0;
+    while j < full {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let at = j + 8 * k;
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.add(2 * at) as *const __m128i));
+            let wv = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(at)), *a);
+        }
+        j += 32;
+    }
+    let mut s = hsum(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
+    for (k, &xv) in x[full..n].iter().enumerate() {
+        s += super::blocks::bf16_at(w, 2 * (full + k)) * xv;
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let full = n / 32 * 32;
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut j = 0;
+    while j < full {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let at = j + 8 * k;
+            *s = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(at)), _mm256_loadu_ps(bp.add(at)), *s);
+        }
+        j += 32;
+    }
+    let mut s = hsum(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
+    for (x, y) in a[full..n].iter().zip(&b[full..n]) {
+        s += x * y;
+    }
+    s
+}
