@@ -4,6 +4,7 @@ use std::path::Path;
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
+use crate::tensor::WeightMatrix;
 use crate::weights::{Linear, Weights};
 
 /// Config and weights of a llama-family decoder, checked to be consistent so
@@ -37,20 +38,27 @@ impl Model {
                 Err(format!("{name} has {} values, expected {n}", v.len()))
             }
         };
-        let lin = |name: &str, l: &Linear, out_dim: usize, in_dim: usize| {
-            if l.out_dim != out_dim || l.in_dim != in_dim {
+        let mat = |name: &str, m: &WeightMatrix, out_dim: usize, in_dim: usize| {
+            if m.rows() != out_dim || m.cols() != in_dim {
                 return Err(format!(
                     "{name} is [{}, {}], expected [{out_dim}, {in_dim}]",
-                    l.out_dim, l.in_dim
+                    m.rows(),
+                    m.cols()
                 ));
             }
-            vec_len(name, &l.w, out_dim * in_dim)?;
+            Ok(())
+        };
+        let lin = |name: &str, l: &Linear, out_dim: usize, in_dim: usize| {
+            mat(name, &l.w, out_dim, in_dim)?;
             match &l.b {
                 Some(b) => vec_len(name, b, out_dim),
                 None => Ok(()),
             }
         };
-        vec_len("embed_tokens", &weights.embed, c.vocab_size * h)?;
+        mat("embed_tokens", &weights.embed, c.vocab_size, h)?;
+        if c.head_dim % 2 == 1 {
+            return Err(format!("head_dim {} is odd; RoPE needs pairs", c.head_dim));
+        }
         vec_len("norm", &weights.norm, h)?;
         if weights.layers.len() != c.num_layers {
             return Err(format!(

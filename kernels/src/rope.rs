@@ -74,6 +74,40 @@ pub fn angles(inv_freq: &[f64], pos: u32, cos: &mut [f32], sin: &mut [f32]) {
     }
 }
 
+/// Which elements of a head RoPE rotates together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RopeLayout {
+    /// Element `i` with `i + head_dim / 2` (Hugging Face's `rotate_half`).
+    #[default]
+    HalfSplit,
+    /// Element `2 i` with `2 i + 1`: llama.cpp's converter permutes the rows
+    /// of a llama model's q and k projections into this order, so a GGUF
+    /// llama's heads come out interleaved (the attention scores are the same).
+    Interleaved,
+}
+
+/// Rotates one head in place, pairing its elements as `layout` says.
+#[inline]
+pub fn rotate_as(layout: RopeLayout, head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    match layout {
+        RopeLayout::HalfSplit => rotate(head, cos, sin),
+        RopeLayout::Interleaved => {
+            for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                let (u, v) = (pair[0], pair[1]);
+                pair[0] = u * c - v * s;
+                pair[1] = v * c + u * s;
+            }
+        }
+    }
+}
+
+/// The row of a HF-layout (half-split) head that row `r` of an interleaved
+/// one holds: llama.cpp's permutation, undone. `head_dim` must be even.
+pub fn interleaved_source_row(r: usize, head_dim: usize) -> usize {
+    let (head, i) = (r / head_dim, r % head_dim);
+    head * head_dim + i / 2 + (i % 2) * (head_dim / 2)
+}
+
 /// Rotates one head in place, HF `rotate_half` convention: element `i` pairs
 /// with `i + head_dim / 2`.
 #[inline]
@@ -90,6 +124,26 @@ pub fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interleaved_rotation_is_the_half_split_one_on_permuted_rows() {
+        let hd = 8;
+        let head: Vec<f32> = (0..hd).map(|i| i as f32 + 1.0).collect();
+        let cos = [0.1, 0.5, -0.3, 0.9];
+        let sin = [0.7, -0.2, 0.4, 0.05];
+        let mut hf = head.clone();
+        rotate_as(RopeLayout::HalfSplit, &mut hf, &cos, &sin);
+        // The interleaved head holds HF element interleaved_source_row(r) at r.
+        let mut il: Vec<f32> = (0..hd)
+            .map(|r| head[interleaved_source_row(r, hd)])
+            .collect();
+        rotate_as(RopeLayout::Interleaved, &mut il, &cos, &sin);
+        for r in 0..hd {
+            assert_eq!(il[r], hf[interleaved_source_row(r, hd)], "row {r}");
+        }
+        assert_eq!(interleaved_source_row(1, 8), 4);
+        assert_eq!(interleaved_source_row(8 + 3, 8), 8 + 5);
+    }
 
     #[test]
     fn plain_frequencies_follow_theta() {

@@ -7,7 +7,8 @@ use tokenwire_core::testing::{BYTE_BOS, BYTE_EOS, BYTE_VOCAB};
 
 use crate::config::ModelConfig;
 use crate::model::Model;
-use crate::rope::RopeScaling;
+use crate::rope::{RopeLayout, RopeScaling};
+use crate::tensor::WeightMatrix;
 use crate::weights::{LayerWeights, Linear, Weights};
 
 /// Shape of the tiny model: hidden 64, 2 layers, 4 heads over 2 KV heads of
@@ -47,11 +48,16 @@ pub fn tiny_model(seed: u64) -> Model {
     let kv_out = c.num_kv_heads * c.head_dim;
     // Uniform(-a, a) with a = sqrt(3 / fan_in) has variance 1 / fan_in, which
     // keeps activations O(1) through the layers.
-    let mut lin = |out_dim: usize, in_dim: usize| Linear {
-        w: uniform(out_dim * in_dim, (3.0 / in_dim as f32).sqrt()),
-        b: None,
-        out_dim,
-        in_dim,
+    let mut matrix = |rows: usize, cols: usize, scale: f32| match WeightMatrix::from_f32(
+        rows,
+        cols,
+        uniform(rows * cols, scale),
+    ) {
+        Ok(m) => m,
+        Err(e) => unreachable!("rows * cols values: {e}"),
+    };
+    let mut lin = |out_dim: usize, in_dim: usize| {
+        Linear::new(matrix(out_dim, in_dim, (3.0 / in_dim as f32).sqrt()))
     };
     let mut layers = Vec::with_capacity(c.num_layers);
     for _ in 0..c.num_layers {
@@ -68,13 +74,14 @@ pub fn tiny_model(seed: u64) -> Model {
         });
     }
     let lm_head = Some(lin(c.vocab_size, h));
-    let embed = uniform(c.vocab_size * h, 1.0);
+    let embed = matrix(c.vocab_size, h, 1.0);
     let weights = Weights {
         embed,
         layers,
         norm: vec![1.0; h],
         lm_head,
         dtype: "f32".into(),
+        rope: RopeLayout::HalfSplit,
     };
     match Model::new(c, weights) {
         Ok(m) => m,

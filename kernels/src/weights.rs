@@ -1,25 +1,43 @@
 //! Weights of a llama-family checkpoint: `model.safetensors` or a sharded
-//! `model.safetensors.index.json`, f32/f16/bf16, converted to f32 in memory.
+//! `model.safetensors.index.json` (f32/f16/bf16), memory-mapped and kept in
+//! the file's dtype; GGUF files load through [`crate::gguf_weights`] into the
+//! same [`Weights`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
+use tokenwire_gguf::GgmlType;
 
 use crate::config::ModelConfig;
-use crate::error::{read_file, read_json, LoadError};
+use crate::error::{read_json, LoadError};
+use crate::rope::RopeLayout;
+use crate::tensor::{map_file, SharedMap, WeightMatrix};
 
 /// A linear layer `y = W x (+ b)`, `W` row-major `[out_dim, in_dim]` as in HF files.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Linear {
-    /// Weight matrix, `out_dim * in_dim` values.
-    pub w: Vec<f32>,
+    /// Weight matrix `[out_dim, in_dim]`, in its file's dtype.
+    pub w: WeightMatrix,
     /// Optional bias, `out_dim` values.
     pub b: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// A layer without bias.
+    pub fn new(w: WeightMatrix) -> Linear {
+        Linear { w, b: None }
+    }
+
     /// Output features.
-    pub out_dim: usize,
+    pub fn out_dim(&self) -> usize {
+        self.w.rows()
+    }
+
     /// Input features.
-    pub in_dim: usize,
+    pub fn in_dim(&self) -> usize {
+        self.w.cols()
+    }
 }
 
 /// One decoder layer.
@@ -45,19 +63,22 @@ pub struct LayerWeights {
     pub down: Linear,
 }
 
-/// All weights of the model, f32.
+/// All weights of the model: matrices in their file's dtypes, norms in f32.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Weights {
     /// Token embedding `[vocab, hidden]`.
-    pub embed: Vec<f32>,
+    pub embed: WeightMatrix,
     /// Decoder layers.
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm.
     pub norm: Vec<f32>,
     /// LM head `[vocab, hidden]`; `None` when tied to the embedding.
     pub lm_head: Option<Linear>,
-    /// Dtype of the file's weights (`f32`, `f16`, `bf16`), as reported to clients.
+    /// Dtype of the file's weights (`f32`, `f16`, `bf16`, `q4_1`, ...), as
+    /// reported to clients.
     pub dtype: String,
+    /// How the rows of the q and k projections pair up for RoPE.
+    pub rope: RopeLayout,
 }
 
 /// The name and shape of one tensor the model reads.
@@ -125,7 +146,7 @@ fn specs(cfg: &ModelConfig) -> Vec<Spec> {
 
 /// Tensors read from the files, by name, plus the embedding's dtype.
 struct Loaded {
-    tensors: HashMap<String, Vec<f32>>,
+    tensors: HashMap<String, WeightMatrix>,
     dtype: Option<&'static str>,
 }
 
@@ -148,7 +169,7 @@ impl Weights {
                 ),
             });
         };
-        let mut take = |name: String| -> Result<Vec<f32>, LoadError> {
+        let mut take = |name: String| -> Result<WeightMatrix, LoadError> {
             loaded
                 .tensors
                 .remove(&name)
@@ -159,53 +180,40 @@ impl Weights {
         };
         let embed = take("model.embed_tokens.weight".into())?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        let q_out = cfg.num_heads * cfg.head_dim;
-        let kv_out = cfg.num_kv_heads * cfg.head_dim;
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         for l in 0..cfg.num_layers {
             let p = format!("model.layers.{l}");
-            let input_norm = take(format!("{p}.input_layernorm.weight"))?;
-            let post_norm = take(format!("{p}.post_attention_layernorm.weight"))?;
-            let mut lin = |name: &str, out_dim: usize, in_dim: usize| {
-                Ok::<_, LoadError>(Linear {
-                    w: take(format!("{p}.{name}.weight"))?,
-                    b: None,
-                    out_dim,
-                    in_dim,
-                })
-            };
+            let input_norm = take(format!("{p}.input_layernorm.weight"))?.to_f32_vec();
+            let post_norm = take(format!("{p}.post_attention_layernorm.weight"))?.to_f32_vec();
+            let mut lin =
+                |name: &str| Ok::<_, LoadError>(Linear::new(take(format!("{p}.{name}.weight"))?));
             layers.push(LayerWeights {
                 input_norm,
-                q: lin("self_attn.q_proj", q_out, h)?,
-                k: lin("self_attn.k_proj", kv_out, h)?,
-                v: lin("self_attn.v_proj", kv_out, h)?,
-                o: lin("self_attn.o_proj", h, q_out)?,
+                q: lin("self_attn.q_proj")?,
+                k: lin("self_attn.k_proj")?,
+                v: lin("self_attn.v_proj")?,
+                o: lin("self_attn.o_proj")?,
                 post_norm,
-                gate: lin("mlp.gate_proj", i, h)?,
-                up: lin("mlp.up_proj", i, h)?,
-                down: lin("mlp.down_proj", h, i)?,
+                gate: lin("mlp.gate_proj")?,
+                up: lin("mlp.up_proj")?,
+                down: lin("mlp.down_proj")?,
             });
         }
-        let norm = take("model.norm.weight".into())?;
+        let norm = take("model.norm.weight".into())?.to_f32_vec();
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(Linear {
-                w: take("lm_head.weight".into())?,
-                b: None,
-                out_dim: cfg.vocab_size,
-                in_dim: h,
-            })
+            Some(Linear::new(take("lm_head.weight".into())?))
         };
         // Biases are optional (a missing required one failed in extract), so
         // whatever the files held is attached now.
         let mut biases = std::mem::take(&mut loaded.tensors);
+        let mut bias = |name: String| biases.remove(&name).map(|m| m.to_f32_vec());
         for (l, layer) in layers.iter_mut().enumerate() {
             let p = format!("model.layers.{l}.self_attn");
-            layer.q.b = biases.remove(&format!("{p}.q_proj.bias"));
-            layer.k.b = biases.remove(&format!("{p}.k_proj.bias"));
-            layer.v.b = biases.remove(&format!("{p}.v_proj.bias"));
-            layer.o.b = biases.remove(&format!("{p}.o_proj.bias"));
+            layer.q.b = bias(format!("{p}.q_proj.bias"));
+            layer.k.b = bias(format!("{p}.k_proj.bias"));
+            layer.v.b = bias(format!("{p}.v_proj.bias"));
+            layer.o.b = bias(format!("{p}.o_proj.bias"));
         }
         Ok(Weights {
             embed,
@@ -213,6 +221,7 @@ impl Weights {
             norm,
             lm_head,
             dtype: loaded.dtype.unwrap_or("f32").to_string(),
+            rope: RopeLayout::HalfSplit,
         })
     }
 }
@@ -261,9 +270,9 @@ fn load_sharded(dir: &Path, index: &Path, specs: &[Spec]) -> Result<Loaded, Load
             ));
         }
         let path = dir.join(&file);
-        let bytes = read_file(&path)?;
-        let st = parse_safetensors(&path, &bytes)?;
-        extract(&path, &st, wanted.into_iter(), true, &mut loaded)?;
+        let map = map_weights(&path)?;
+        let st = parse_safetensors(&path, &map)?;
+        extract(&path, &map, &st, wanted.into_iter(), true, &mut loaded)?;
     }
     Ok(loaded)
 }
@@ -273,16 +282,24 @@ fn load_single(path: &Path, specs: &[Spec]) -> Result<Loaded, LoadError> {
         tensors: HashMap::new(),
         dtype: None,
     };
-    let bytes = read_file(path)?;
-    let st = parse_safetensors(path, &bytes)?;
-    extract(path, &st, specs.iter(), false, &mut loaded)?;
+    let map = map_weights(path)?;
+    let st = parse_safetensors(path, &map)?;
+    extract(path, &map, &st, specs.iter(), false, &mut loaded)?;
     Ok(loaded)
+}
+
+fn map_weights(path: &Path) -> Result<SharedMap, LoadError> {
+    map_file(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Converts the `wanted` tensors of one file into `loaded`. With `all_present`
 /// (a shard the index points at) even optional tensors must be there.
 fn extract<'s>(
     path: &Path,
+    map: &SharedMap,
     st: &SafeTensors<'_>,
     wanted: impl Iterator<Item = &'s Spec>,
     all_present: bool,
@@ -291,7 +308,7 @@ fn extract<'s>(
     for spec in wanted {
         match st.tensor(&spec.name) {
             Ok(view) => {
-                let data = convert(path, spec, &view, &mut loaded.dtype)?;
+                let data = convert(path, map, spec, &view, &mut loaded.dtype)?;
                 loaded.tensors.insert(spec.name.clone(), data);
             }
             Err(_) if !spec.required && !all_present => {}
@@ -321,14 +338,16 @@ fn parse_safetensors<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>
     })
 }
 
-/// Checks shape and dtype and converts to f32. The first tensor seen fixes the
-/// reported dtype (the embedding comes first in the spec list).
+/// Checks shape and dtype and wraps the tensor's bytes where they lie in
+/// the mapped file. The first tensor seen fixes the reported dtype (the
+/// embedding comes first in the spec list).
 fn convert(
     path: &Path,
+    map: &SharedMap,
     spec: &Spec,
     view: &safetensors::tensor::TensorView<'_>,
     dtype: &mut Option<&'static str>,
-) -> Result<Vec<f32>, LoadError> {
+) -> Result<WeightMatrix, LoadError> {
     if view.shape() != spec.shape.as_slice() {
         return Err(LoadError::bad_tensor(
             path,
@@ -336,12 +355,10 @@ fn convert(
             format!("shape {:?}, expected {:?}", view.shape(), spec.shape),
         ));
     }
-    let n: usize = spec.shape.iter().product();
-    let data = view.data();
-    let (name, width) = match view.dtype() {
-        Dtype::F32 => ("f32", 4),
-        Dtype::F16 => ("f16", 2),
-        Dtype::BF16 => ("bf16", 2),
+    let (name, ty) = match view.dtype() {
+        Dtype::F32 => ("f32", GgmlType::F32),
+        Dtype::F16 => ("f16", GgmlType::F16),
+        Dtype::BF16 => ("bf16", GgmlType::BF16),
         other => {
             return Err(LoadError::bad_tensor(
                 path,
@@ -350,29 +367,36 @@ fn convert(
             ))
         }
     };
-    if data.len() != n * width {
+    dtype.get_or_insert(name);
+    // A vector is a one-row matrix.
+    let (rows, cols) = match spec.shape[..] {
+        [n] => (1, n),
+        [r, c] => (r, c),
+        _ => {
+            return Err(LoadError::bad_tensor(
+                path,
+                &spec.name,
+                "not a vector or matrix",
+            ))
+        }
+    };
+    let want = rows * cols * if ty == GgmlType::F32 { 4 } else { 2 };
+    if view.data().len() != want {
         return Err(LoadError::bad_tensor(
             path,
             &spec.name,
-            format!("{} data bytes for {n} {name} values", data.len()),
+            format!(
+                "{} data bytes for {} {name} values",
+                view.data().len(),
+                rows * cols
+            ),
         ));
     }
-    dtype.get_or_insert(name);
-    let out: Vec<f32> = match view.dtype() {
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    };
-    Ok(out)
+    // The view borrows the mapped bytes: its offset in the map is where the
+    // tensor lies in the file.
+    let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+    WeightMatrix::mapped(ty, rows, cols, map, start)
+        .map_err(|msg| LoadError::bad_tensor(path, &spec.name, msg))
 }
 
 #[cfg(test)]

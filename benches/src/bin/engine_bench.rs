@@ -23,9 +23,11 @@ use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
+use tokenwire_kernels::gguf::GgmlType;
+use tokenwire_kernels::tensor::encode_floats;
 use tokenwire_kernels::{
-    Backend, CpuBackend, ForwardOutput, LayerWeights, Linear, Model, ModelConfig, RopeScaling,
-    SampleSpec, Sampler, SeqBatch, Weights, WgpuBackend, WgpuOptions,
+    Backend, CpuBackend, ForwardOutput, LayerWeights, Linear, Model, ModelConfig, RopeLayout,
+    RopeScaling, SampleSpec, Sampler, SeqBatch, WeightMatrix, Weights, WgpuBackend, WgpuOptions,
 };
 
 const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
@@ -222,53 +224,52 @@ fn config(shape: &str, layers: Option<usize>) -> Result<ModelConfig, String> {
     Ok(c)
 }
 
-/// Seeded uniform weights with variance 1 / fan-in, rounded to `dtype`.
+/// Seeded uniform weights with variance 1 / fan-in, stored as `dtype`.
 fn random_model(c: &ModelConfig, dtype: &str, seed: u64) -> Result<Model, String> {
-    let mut rng = Rng::new(seed);
-    let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            let x = (rng.next_f64() as f32 * 2.0 - 1.0) * scale;
-            v.push(match dtype {
-                "f16" => half::f16::from_f32(x).to_f32(),
-                "bf16" => half::bf16::from_f32(x).to_f32(),
-                _ => x,
-            });
-        }
-        v
+    let ty = match dtype {
+        "f16" => GgmlType::F16,
+        "bf16" => GgmlType::BF16,
+        _ => GgmlType::F32,
     };
-    let mut lin = |out_dim: usize, in_dim: usize| Linear {
-        w: uniform(out_dim * in_dim, (3.0 / in_dim as f32).sqrt()),
-        b: None,
-        out_dim,
-        in_dim,
+    let mut rng = Rng::new(seed);
+    let mut matrix = |rows: usize, cols: usize| -> Result<WeightMatrix, String> {
+        let scale = (3.0 / cols as f32).sqrt();
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
+            .collect();
+        WeightMatrix::from_bytes(ty, rows, cols, encode_floats(ty, &v)?)
     };
     let (h, q, kv) = (
         c.hidden_size,
         c.num_heads * c.head_dim,
         c.num_kv_heads * c.head_dim,
     );
-    let layers = (0..c.num_layers)
-        .map(|_| LayerWeights {
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for _ in 0..c.num_layers {
+        layers.push(LayerWeights {
             input_norm: vec![1.0; h],
-            q: lin(q, h),
-            k: lin(kv, h),
-            v: lin(kv, h),
-            o: lin(h, q),
+            q: Linear::new(matrix(q, h)?),
+            k: Linear::new(matrix(kv, h)?),
+            v: Linear::new(matrix(kv, h)?),
+            o: Linear::new(matrix(h, q)?),
             post_norm: vec![1.0; h],
-            gate: lin(c.intermediate_size, h),
-            up: lin(c.intermediate_size, h),
-            down: lin(h, c.intermediate_size),
-        })
-        .collect();
-    let lm_head = (!c.tie_word_embeddings).then(|| lin(c.vocab_size, h));
-    let embed = lin(c.vocab_size, h).w;
+            gate: Linear::new(matrix(c.intermediate_size, h)?),
+            up: Linear::new(matrix(c.intermediate_size, h)?),
+            down: Linear::new(matrix(h, c.intermediate_size)?),
+        });
+    }
+    let lm_head = match c.tie_word_embeddings {
+        true => None,
+        false => Some(Linear::new(matrix(c.vocab_size, h)?)),
+    };
+    let embed = matrix(c.vocab_size, h)?;
     let weights = Weights {
         embed,
         layers,
         norm: vec![1.0; h],
         lm_head,
         dtype: dtype.into(),
+        rope: RopeLayout::HalfSplit,
     };
     Model::new(c.clone(), weights)
 }
@@ -392,8 +393,8 @@ fn bench(a: &Args) -> Result<(), String> {
     let model = Arc::new(random_model(&c, &a.dtype, a.seed)?);
     let params: usize = {
         let w = model.weights();
-        let lin = |l: &Linear| l.w.len();
-        w.embed.len()
+        let lin = |l: &Linear| l.w.rows() * l.w.cols();
+        w.embed.rows() * w.embed.cols()
             + w.lm_head.as_ref().map_or(0, lin)
             + w.layers
                 .iter()
@@ -444,7 +445,7 @@ fn bench(a: &Args) -> Result<(), String> {
             let (mut be, weight_bytes): (Box<dyn Backend>, u64) = match name.as_str() {
                 "cpu" => (
                     Box::new(CpuBackend::new(model.clone(), a.block_size, nb)?),
-                    4 * params as u64,
+                    cpu_weight_bytes(&model),
                 ),
                 "wgpu" => {
                     let opts = WgpuOptions {
@@ -479,4 +480,26 @@ fn bench(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Bytes of every matrix one decode step reads on the CPU, in their own
+/// dtype (the embedding counted once, as the tied LM head).
+fn cpu_weight_bytes(model: &Model) -> u64 {
+    let w = model.weights();
+    let m = |m: &WeightMatrix| m.bytes().len() as u64;
+    let lin = |l: &Linear| m(&l.w);
+    m(&w.embed)
+        + w.lm_head.as_ref().map_or(0, lin)
+        + w.layers
+            .iter()
+            .map(|l| {
+                lin(&l.q)
+                    + lin(&l.k)
+                    + lin(&l.v)
+                    + lin(&l.o)
+                    + lin(&l.gate)
+                    + lin(&l.up)
+                    + lin(&l.down)
+            })
+            .sum::<u64>()
 }

@@ -381,9 +381,10 @@ pub fn naive_logits(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
     let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
     let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     let lin = |l: &tokenwire_kernels::Linear, x: &[f64]| -> Vec<f64> {
-        (0..l.out_dim)
+        let mut row = vec![0.0f32; l.in_dim()];
+        (0..l.out_dim())
             .map(|o| {
-                let row = &l.w[o * l.in_dim..(o + 1) * l.in_dim];
+                l.w.dequantize_row(o, &mut row);
                 let s: f64 = row.iter().zip(x).map(|(&a, b)| a as f64 * b).sum();
                 s + l.b.as_ref().map_or(0.0, |b| b[o] as f64)
             })
@@ -397,19 +398,29 @@ pub fn naive_logits(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
     let inv: Vec<f64> = (0..hd / 2)
         .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f64 / hd as f64))
         .collect();
+    // Which element pairs with element i of a head (GGUF llamas interleave).
+    let partner = |i: usize| match w.rope {
+        tokenwire_kernels::RopeLayout::HalfSplit => (i, i + hd / 2),
+        tokenwire_kernels::RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+    };
     let rope = |v: &mut [f64], pos: usize| {
         for head in v.chunks_mut(hd) {
-            for i in 0..hd / 2 {
-                let a = pos as f64 * inv[i];
-                let (x0, x1) = (head[i], head[i + hd / 2]);
-                head[i] = x0 * a.cos() - x1 * a.sin();
-                head[i + hd / 2] = x1 * a.cos() + x0 * a.sin();
+            for (i, f) in inv.iter().enumerate() {
+                let a = pos as f64 * f;
+                let (i0, i1) = partner(i);
+                let (x0, x1) = (head[i0], head[i1]);
+                head[i0] = x0 * a.cos() - x1 * a.sin();
+                head[i1] = x1 * a.cos() + x0 * a.sin();
             }
         }
     };
     let mut xs: Vec<Vec<f64>> = tokens
         .iter()
-        .map(|&t| f(&w.embed[t as usize * h..(t as usize + 1) * h]))
+        .map(|&t| {
+            let mut row = vec![0.0f32; h];
+            w.embed.dequantize_row(t as usize, &mut row);
+            f(&row)
+        })
         .collect();
     for l in &w.layers {
         let mut ks = Vec::new();
@@ -468,11 +479,9 @@ pub fn naive_logits(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
         Some(l) => lin(l, &last),
         None => (0..c.vocab_size)
             .map(|v| {
-                w.embed[v * h..(v + 1) * h]
-                    .iter()
-                    .zip(&last)
-                    .map(|(&a, b)| a as f64 * b)
-                    .sum()
+                let mut row = vec![0.0f32; h];
+                w.embed.dequantize_row(v, &mut row);
+                row.iter().zip(&last).map(|(&a, b)| a as f64 * b).sum()
             })
             .collect(),
     };

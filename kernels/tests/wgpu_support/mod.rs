@@ -90,7 +90,9 @@ pub struct Shape {
 
 /// A model of `shape` with seeded uniform weights (variance 1 / fan-in).
 pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
-    use tokenwire_kernels::{LayerWeights, Linear, Model, ModelConfig, Weights};
+    use tokenwire_kernels::gguf::GgmlType;
+    use tokenwire_kernels::tensor::encode_floats;
+    use tokenwire_kernels::{LayerWeights, Linear, Model, ModelConfig, WeightMatrix, Weights};
     let mut rng = tokenwire_core::rng::Rng::new(seed);
     let dtype = s.dtype;
     let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
@@ -105,11 +107,22 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
             })
             .collect()
     };
+    let ty = match dtype {
+        "f16" => GgmlType::F16,
+        "bf16" => GgmlType::BF16,
+        _ => GgmlType::F32,
+    };
+    let matrix = move |rows: usize, cols: usize, v: Vec<f32>| {
+        let bytes = encode_floats(ty, &v).expect("float dtype");
+        WeightMatrix::from_bytes(ty, rows, cols, bytes).expect("rows * cols values")
+    };
     let mut lin = |out_dim: usize, in_dim: usize, bias: bool| Linear {
-        w: uniform(out_dim * in_dim, (3.0 / in_dim as f32).sqrt()),
+        w: matrix(
+            out_dim,
+            in_dim,
+            uniform(out_dim * in_dim, (3.0 / in_dim as f32).sqrt()),
+        ),
         b: bias.then(|| uniform(out_dim, 0.5)),
-        out_dim,
-        in_dim,
     };
     let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
     let layers = (0..s.layers)
@@ -139,7 +152,7 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
             })
             .collect()
     };
-    let embed = uniform2(s.vocab * h);
+    let embed = matrix(s.vocab, h, uniform2(s.vocab * h));
     let config = ModelConfig {
         hidden_size: h,
         intermediate_size: s.inter,
@@ -164,6 +177,7 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
         norm: vec![1.0; h],
         lm_head,
         dtype: dtype.into(),
+        rope: tokenwire_kernels::RopeLayout::HalfSplit,
     };
     Model::new(config, weights).expect("consistent random model")
 }

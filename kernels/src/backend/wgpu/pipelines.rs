@@ -37,7 +37,8 @@ impl WeightDtype {
     }
 
     /// Values (f32 in memory) as the device stores them, little-endian. For
-    /// the 2-byte types the caller has checked they round-trip exactly.
+    /// the 2-byte types the values came from a matrix of that type, so they
+    /// round-trip exactly.
     pub(crate) fn encode(self, vals: &[f32], out: &mut Vec<u8>) {
         match self {
             WeightDtype::F32 => out.extend_from_slice(bytemuck::cast_slice(vals)),
@@ -53,20 +54,6 @@ impl WeightDtype {
                         .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()),
                 );
             }
-        }
-    }
-
-    /// Whether every value survives the trip through this type unchanged.
-    pub(crate) fn exact(self, vals: &[f32]) -> bool {
-        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        match self {
-            WeightDtype::F32 => true,
-            WeightDtype::F16 | WeightDtype::F16Native => vals
-                .iter()
-                .all(|&v| same(half::f16::from_f32(v).to_f32(), v)),
-            WeightDtype::Bf16 => vals
-                .iter()
-                .all(|&v| same(half::bf16::from_f32(v).to_f32(), v)),
         }
     }
 }

@@ -1,10 +1,19 @@
-//! Weights on the device: uploaded once, in the file's dtype, each matrix
-//! split by rows into chunks that fit one storage binding.
+//! Weights on the device: uploaded once, each matrix split by rows into
+//! chunks that fit one storage binding. f16 and bf16 matrices keep their
+//! dtype; quantized ones are widened to f32 a chunk at a time on the way up
+//! (these kernels have no quantized formats yet), so no host-side f32 copy
+//! of a whole model is ever made. A GGUF llama's q and k rows are put back
+//! in Hugging Face's order on the way, for the half-split RoPE these
+//! kernels apply.
+
+use tokenwire_gguf::GgmlType;
 
 use super::context::Gpu;
 use super::pipelines::WeightDtype;
 use crate::kv::KvGeometry;
 use crate::model::Model;
+use crate::rope::{interleaved_source_row, RopeLayout};
+use crate::tensor::WeightMatrix;
 use crate::weights::Linear;
 
 /// Rows `row0 .. row0 + rows` of a matrix, in one buffer.
@@ -35,6 +44,31 @@ pub(crate) fn device_dtype(gpu: &Gpu, file_dtype: &str) -> WeightDtype {
     }
 }
 
+/// The device type for a matrix of `dtype`: its own for the 2-byte floats,
+/// f32 for everything else.
+fn device_dtype_of(gpu: &Gpu, dtype: GgmlType) -> WeightDtype {
+    match dtype {
+        GgmlType::F16 => device_dtype(gpu, "f16"),
+        GgmlType::BF16 => device_dtype(gpu, "bf16"),
+        _ => WeightDtype::F32,
+    }
+}
+
+/// One matrix of a stacked upload.
+#[derive(Clone, Copy)]
+pub(crate) struct Part<'a> {
+    /// The matrix.
+    pub(crate) m: &'a WeightMatrix,
+    /// `Some(head_dim)`: rows are interleaved heads, uploaded in HF order.
+    pub(crate) unpermute: Option<usize>,
+}
+
+impl<'a> Part<'a> {
+    fn plain(m: &'a WeightMatrix) -> Self {
+        Part { m, unpermute: None }
+    }
+}
+
 /// Rows per chunk so one chunk fits `max_binding` bytes (for the 2-byte
 /// types also an even number of values, so packed pairs never straddle).
 pub(crate) fn rows_per_chunk(
@@ -55,43 +89,54 @@ pub(crate) fn rows_per_chunk(
     Ok(rows)
 }
 
-/// Uploads the matrix made of `parts` stacked by rows (each row-major with
-/// `in_dim` columns), stored as `want` where every value survives that
-/// (else f32), in chunks of at most `max_binding` bytes.
+/// Uploads the matrix made of `parts` stacked by rows (each `[rows, in_dim]`),
+/// in the device type of their dtype when they all share one (else f32), in
+/// chunks of at most `max_binding` bytes.
 pub(crate) fn upload_matrix(
     gpu: &Gpu,
     label: &str,
-    parts: &[&[f32]],
+    parts: &[Part<'_>],
     in_dim: usize,
-    want: WeightDtype,
     bias: Option<Vec<f32>>,
 ) -> Result<Matrix, String> {
-    let out_dim: usize = parts.iter().map(|p| p.len() / in_dim).sum();
-    let dtype = if parts.iter().all(|p| want.exact(p)) {
-        want
-    } else {
-        WeightDtype::F32
+    let out_dim: usize = parts.iter().map(|p| p.m.rows()).sum();
+    let first = parts.first().map(|p| p.m.dtype());
+    let dtype = match first {
+        Some(d) if parts.iter().all(|p| p.m.dtype() == d) => device_dtype_of(gpu, d),
+        _ => WeightDtype::F32,
     };
+    if let Some(p) = parts.iter().find(|p| p.m.cols() != in_dim) {
+        return Err(format!(
+            "{label}: a part has {} columns, not {in_dim}",
+            p.m.cols()
+        ));
+    }
     let per = rows_per_chunk(gpu.max_binding, in_dim, dtype)?;
-    let row = |r: usize| -> &[f32] {
+    // Row `r` of the stack: which part, and which of its rows.
+    let locate = |r: usize| -> (Part<'_>, usize) {
         let mut r = r;
         for p in parts {
-            let n = p.len() / in_dim;
-            if r < n {
-                return &p[r * in_dim..(r + 1) * in_dim];
+            if r < p.m.rows() {
+                let src = p
+                    .unpermute
+                    .map_or(r, |hd| interleaved_source_row_inverse(r, hd));
+                return (*p, src);
             }
-            r -= n;
+            r -= p.m.rows();
         }
-        &[]
+        unreachable!("row below the stack's height")
     };
     let mut chunks = Vec::new();
     let mut bytes = Vec::new();
+    let mut row = vec![0.0f32; in_dim];
     let mut r0 = 0;
     while r0 < out_dim {
         let r1 = (r0 + per).min(out_dim);
         bytes.clear();
         for r in r0..r1 {
-            dtype.encode(row(r), &mut bytes);
+            let (p, src) = locate(r);
+            p.m.dequantize_row(src, &mut row);
+            dtype.encode(&row, &mut bytes);
         }
         chunks.push(Chunk {
             buf: gpu.buffer_init(&format!("{label}[{r0}..{r1}]"), &bytes),
@@ -110,8 +155,18 @@ pub(crate) fn upload_matrix(
     })
 }
 
-fn upload_linear(gpu: &Gpu, label: &str, l: &Linear, want: WeightDtype) -> Result<Matrix, String> {
-    upload_matrix(gpu, label, &[&l.w], l.in_dim, want, l.b.clone())
+/// The row of an interleaved matrix that holds HF row `r`: the inverse of
+/// [`interleaved_source_row`].
+fn interleaved_source_row_inverse(r: usize, head_dim: usize) -> usize {
+    let (head, i) = (r / head_dim, r % head_dim);
+    let half = head_dim / 2;
+    let row = head * head_dim + 2 * (i % half) + i / half;
+    debug_assert_eq!(interleaved_source_row(row, head_dim), r);
+    row
+}
+
+fn upload_linear(gpu: &Gpu, label: &str, l: &Linear) -> Result<Matrix, String> {
+    upload_matrix(gpu, label, &[Part::plain(&l.w)], l.in_dim(), l.b.clone())
 }
 
 /// One decoder layer on the device, with its share of the KV pool.
@@ -149,7 +204,7 @@ impl ModelGpu {
     pub(crate) fn upload(gpu: &Gpu, model: &Model, geo: KvGeometry) -> Result<ModelGpu, String> {
         let c = model.config();
         let w = model.weights();
-        let want = device_dtype(gpu, &w.dtype);
+        let unpermute = (w.rope == RopeLayout::Interleaved).then_some(c.head_dim);
         let kv_bytes = (geo.block_len() as u64)
             .checked_mul(geo.num_blocks as u64)
             .and_then(|n| n.checked_mul(4))
@@ -163,20 +218,23 @@ impl ModelGpu {
                 gpu.max_binding >> 20
             ));
         }
-        let embed = upload_matrix(gpu, "embed", &[&w.embed], c.hidden_size, want, None)?;
+        let embed = upload_matrix(gpu, "embed", &[Part::plain(&w.embed)], c.hidden_size, None)?;
         let head = match &w.lm_head {
-            Some(l) => Some(upload_linear(gpu, "lm_head", l, want)?),
+            Some(l) => Some(upload_linear(gpu, "lm_head", l)?),
             None => None,
         };
         let f32_buf = |label: &str, v: &[f32]| gpu.buffer_init(label, bytemuck::cast_slice(v));
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, l) in w.layers.iter().enumerate() {
             let bias = if l.q.b.is_some() || l.k.b.is_some() || l.v.b.is_some() {
-                let mut b = Vec::with_capacity(l.q.out_dim + l.k.out_dim + l.v.out_dim);
-                for lin in [&l.q, &l.k, &l.v] {
-                    match &lin.b {
-                        Some(v) => b.extend_from_slice(v),
-                        None => b.resize(b.len() + lin.out_dim, 0.0),
+                let mut b = Vec::with_capacity(l.q.out_dim() + l.k.out_dim() + l.v.out_dim());
+                for (lin, permuted) in [(&l.q, true), (&l.k, true), (&l.v, false)] {
+                    match (&lin.b, unpermute) {
+                        (Some(v), Some(hd)) if permuted => {
+                            b.extend((0..v.len()).map(|r| v[interleaved_source_row_inverse(r, hd)]))
+                        }
+                        (Some(v), _) => b.extend_from_slice(v),
+                        (None, _) => b.resize(b.len() + lin.out_dim(), 0.0),
                     }
                 }
                 Some(b)
@@ -186,17 +244,25 @@ impl ModelGpu {
             let qkv = upload_matrix(
                 gpu,
                 &format!("layer{i}.qkv"),
-                &[&l.q.w, &l.k.w, &l.v.w],
+                &[
+                    Part {
+                        m: &l.q.w,
+                        unpermute,
+                    },
+                    Part {
+                        m: &l.k.w,
+                        unpermute,
+                    },
+                    Part::plain(&l.v.w),
+                ],
                 c.hidden_size,
-                want,
                 bias,
             )?;
             let gate_up = upload_matrix(
                 gpu,
                 &format!("layer{i}.gate_up"),
-                &[&l.gate.w, &l.up.w],
+                &[Part::plain(&l.gate.w), Part::plain(&l.up.w)],
                 c.hidden_size,
-                want,
                 None,
             )?;
             let kv = |name: &str| {
@@ -212,9 +278,9 @@ impl ModelGpu {
                 input_norm: f32_buf(&format!("layer{i}.input_norm"), &l.input_norm),
                 post_norm: f32_buf(&format!("layer{i}.post_norm"), &l.post_norm),
                 qkv,
-                o: upload_linear(gpu, &format!("layer{i}.o"), &l.o, want)?,
+                o: upload_linear(gpu, &format!("layer{i}.o"), &l.o)?,
                 gate_up,
-                down: upload_linear(gpu, &format!("layer{i}.down"), &l.down, want)?,
+                down: upload_linear(gpu, &format!("layer{i}.down"), &l.down)?,
                 k: kv("k"),
                 v: kv("v"),
             });

@@ -1,5 +1,10 @@
-//! The CPU backend: f32 llama forward pass, all of a step's tokens pushed
-//! through each weight matrix together, output rows split across rayon threads.
+//! The CPU backend: the llama forward pass on weights in their file's dtype
+//! (f32, f16, bf16, or ggml's quantized blocks), all of a step's tokens pushed
+//! through each weight matrix together (`matmul`), output rows split across
+//! rayon's persistent thread pool, the dot products in the SIMD kernels
+//! chosen for this CPU at start ([`crate::quant::Kernels`]).
+
+mod matmul;
 
 use std::sync::Arc;
 
@@ -9,14 +14,15 @@ use tokenwire_core::{BlockId, EngineFaultKind};
 use super::{Backend, SeqBatch};
 use crate::kv::{KvCache, KvGeometry};
 use crate::model::Model;
+use crate::quant::Kernels;
 use crate::rope;
 use crate::weights::Linear;
+pub use matmul::ActivationPrecision;
+use matmul::{matmul, MatScratch};
 
-/// Multiply-adds below which splitting a product across threads costs more in
-/// hand-off than it saves (measured on stories260K-sized layers).
+/// Multiply-adds below which splitting attention across threads costs more
+/// in hand-off than it saves.
 const PAR_MIN_WORK: usize = 1 << 17;
-/// Output rows per parallel task; each task streams its rows once per token.
-const ROW_BLOCK: usize = 16;
 
 /// Where one token of the step sits: its sequence (index in the batch) and position.
 #[derive(Debug, Clone, Copy)]
@@ -38,10 +44,10 @@ struct Scratch {
     proj: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    tmp: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
     scores: Vec<f32>,
+    mat: MatScratch,
 }
 
 /// Runs a [`Model`] on the host with a [`KvCache`] pool.
@@ -51,11 +57,32 @@ pub struct CpuBackend {
     kv: KvCache,
     inv_freq: Vec<f64>,
     scratch: Scratch,
+    kernels: Kernels,
+    precision: ActivationPrecision,
 }
 
 impl CpuBackend {
-    /// A backend for `model` with a pool of `num_blocks` blocks of `block_size` slots.
+    /// A backend for `model` with a pool of `num_blocks` blocks of
+    /// `block_size` slots, quantized activations, and the best kernels for
+    /// this CPU.
     pub fn new(model: Arc<Model>, block_size: usize, num_blocks: usize) -> Result<Self, String> {
+        CpuBackend::with(
+            model,
+            block_size,
+            num_blocks,
+            Kernels::detect(),
+            ActivationPrecision::default(),
+        )
+    }
+
+    /// [`CpuBackend::new`] with the kernels and activation precision chosen.
+    pub fn with(
+        model: Arc<Model>,
+        block_size: usize,
+        num_blocks: usize,
+        kernels: Kernels,
+        precision: ActivationPrecision,
+    ) -> Result<Self, String> {
         let c = model.config();
         let geo = KvGeometry {
             layers: c.num_layers,
@@ -74,7 +101,14 @@ impl CpuBackend {
             kv,
             inv_freq,
             scratch: Scratch::default(),
+            kernels,
+            precision,
         })
+    }
+
+    /// The kernels in use.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
     }
 
     /// The KV pool's shape.
@@ -111,7 +145,10 @@ impl Backend for CpuBackend {
             kv,
             inv_freq,
             scratch: s,
+            kernels: k,
+            precision,
         } = self;
+        let (k, precision) = (&*k, *precision);
         let cfg = model.config();
         let w = model.weights();
         let geo = kv.geometry();
@@ -137,11 +174,12 @@ impl Backend for CpuBackend {
         }
 
         s.x.clear();
-        for b in batch {
-            for &tok in b.tokens {
-                let r = tok as usize * h;
-                s.x.extend_from_slice(&w.embed[r..r + h]);
-            }
+        s.x.resize(t * h, 0.0);
+        for (xr, &tok) in
+            s.x.chunks_exact_mut(h)
+                .zip(batch.iter().flat_map(|b| b.tokens))
+        {
+            w.embed.dequantize_row(tok as usize, xr);
         }
         s.cos.resize(t * half, 0.0);
         s.sin.resize(t * half, 0.0);
@@ -156,20 +194,23 @@ impl Backend for CpuBackend {
         }
 
         for (l, lw) in w.layers.iter().enumerate() {
+            let lin = |x: &[f32], l: &Linear, y: &mut Vec<f32>, m: &mut MatScratch| {
+                matmul(k, precision, x, t, &l.w, l.b.as_deref(), y, m)
+            };
             rms_norm(&s.x, &lw.input_norm, cfg.rms_norm_eps, &mut s.xn);
-            linear(&s.xn, t, &lw.q, &mut s.q, &mut s.tmp);
-            linear(&s.xn, t, &lw.k, &mut s.k, &mut s.tmp);
-            linear(&s.xn, t, &lw.v, &mut s.v, &mut s.tmp);
+            lin(&s.xn, &lw.q, &mut s.q, &mut s.mat);
+            lin(&s.xn, &lw.k, &mut s.k, &mut s.mat);
+            lin(&s.xn, &lw.v, &mut s.v, &mut s.mat);
             for r in 0..t {
                 let (c, sn) = (
                     &s.cos[r * half..(r + 1) * half],
                     &s.sin[r * half..(r + 1) * half],
                 );
                 for head in s.q[r * q_out..(r + 1) * q_out].chunks_exact_mut(hd) {
-                    rope::rotate(head, c, sn);
+                    rope::rotate_as(w.rope, head, c, sn);
                 }
                 for head in s.k[r * kv_out..(r + 1) * kv_out].chunks_exact_mut(hd) {
-                    rope::rotate(head, c, sn);
+                    rope::rotate_as(w.rope, head, c, sn);
                 }
             }
 
@@ -198,20 +239,21 @@ impl Backend for CpuBackend {
                     geo,
                     heads: nh,
                     group: cfg.group_size(),
+                    dot: k.f32,
                 },
                 &mut s.att,
                 &mut s.scores,
             );
-            linear(&s.att, t, &lw.o, &mut s.proj, &mut s.tmp);
+            lin(&s.att, &lw.o, &mut s.proj, &mut s.mat);
             add_in_place(&mut s.x, &s.proj);
 
             rms_norm(&s.x, &lw.post_norm, cfg.rms_norm_eps, &mut s.xn);
-            linear(&s.xn, t, &lw.gate, &mut s.gate, &mut s.tmp);
-            linear(&s.xn, t, &lw.up, &mut s.up, &mut s.tmp);
+            lin(&s.xn, &lw.gate, &mut s.gate, &mut s.mat);
+            lin(&s.xn, &lw.up, &mut s.up, &mut s.mat);
             for (g, u) in s.gate.iter_mut().zip(&s.up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            linear(&s.gate, t, &lw.down, &mut s.proj, &mut s.tmp);
+            lin(&s.gate, &lw.down, &mut s.proj, &mut s.mat);
             add_in_place(&mut s.x, &s.proj);
         }
 
@@ -231,18 +273,11 @@ impl Backend for CpuBackend {
         }
         rms_norm(&s.up, &w.norm, cfg.rms_norm_eps, &mut s.xn);
         let (head_w, head_b) = match &w.lm_head {
-            Some(lin) => (&lin.w[..], lin.b.as_deref()),
-            None => (&w.embed[..], None),
+            Some(lin) => (&lin.w, lin.b.as_deref()),
+            None => (&w.embed, None),
         };
         matmul(
-            &s.xn,
-            n_out,
-            head_w,
-            head_b,
-            cfg.vocab_size,
-            h,
-            logits,
-            &mut s.tmp,
+            k, precision, &s.xn, n_out, head_w, head_b, logits, &mut s.mat,
         );
         Ok(())
     }
@@ -333,112 +368,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// Four dot products against one `x`, each summed exactly as [`dot`] sums
-/// (same lanes, same order), sharing the loads of `x`.
-#[inline]
-fn dot4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
-    let n = x.len();
-    let mut acc = [[0.0f32; 8]; 4];
-    let full = n / 8 * 8;
-    let as8 = |s: &[f32], at: usize| -> [f32; 8] {
-        match s[at..at + 8].try_into() {
-            Ok(a) => a,
-            Err(_) => unreachable!("8-element slice"),
-        }
-    };
-    let mut c = 0;
-    while c < full {
-        let xv = as8(x, c);
-        for (r, row) in w.iter().enumerate() {
-            let wv = as8(row, c);
-            for i in 0..8 {
-                acc[r][i] += wv[i] * xv[i];
-            }
-        }
-        c += 8;
-    }
-    let mut out = [0.0f32; 4];
-    for (r, a) in acc.iter().enumerate() {
-        let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-        for (xv, wv) in x[full..].iter().zip(&w[r][full..n]) {
-            s += wv * xv;
-        }
-        out[r] = s;
-    }
-    out
-}
-
-/// [`matmul`] through a [`Linear`] layer.
-fn linear(x: &[f32], t: usize, l: &Linear, y: &mut Vec<f32>, tmp: &mut Vec<f32>) {
-    matmul(x, t, &l.w, l.b.as_deref(), l.out_dim, l.in_dim, y, tmp);
-}
-
-/// `y[t, o] = W[o] . x[t] + b[o]` for `t` rows of `x` (`[t, n_in]`); `y` becomes `[t, n_out]`.
-///
-/// Every output element is one [`dot`] call whatever `t` and the thread split,
-/// so a token's result does not depend on what else is in the batch.
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    x: &[f32],
-    t: usize,
-    w: &[f32],
-    b: Option<&[f32]>,
-    n_out: usize,
-    n_in: usize,
-    y: &mut Vec<f32>,
-    tmp: &mut Vec<f32>,
-) {
-    y.resize(t * n_out, 0.0);
-    if t == 0 {
-        return;
-    }
-    let parallel = n_out * n_in * t >= PAR_MIN_WORK && rayon::current_num_threads() > 1;
-    // Computed as [n_out, t] so each task owns whole output rows; transposed after.
-    let row = |o: usize| &w[o * n_in..(o + 1) * n_in];
-    let fill = |ci: usize, chunk: &mut [f32]| {
-        let o0 = ci * ROW_BLOCK;
-        let rows = chunk.len() / t;
-        for tt in 0..t {
-            let xr = &x[tt * n_in..(tt + 1) * n_in];
-            let mut r = 0;
-            while r + 4 <= rows {
-                let o = o0 + r;
-                let d = dot4([row(o), row(o + 1), row(o + 2), row(o + 3)], xr);
-                for (k, v) in d.into_iter().enumerate() {
-                    chunk[(r + k) * t + tt] = v + b.map_or(0.0, |b| b[o + k]);
-                }
-                r += 4;
-            }
-            for r in r..rows {
-                let o = o0 + r;
-                chunk[r * t + tt] = dot(row(o), xr) + b.map_or(0.0, |b| b[o]);
-            }
-        }
-    };
-    let run = |dst: &mut [f32]| {
-        if parallel {
-            dst.par_chunks_mut(ROW_BLOCK * t)
-                .enumerate()
-                .for_each(|(ci, c)| fill(ci, c));
-        } else {
-            dst.chunks_mut(ROW_BLOCK * t)
-                .enumerate()
-                .for_each(|(ci, c)| fill(ci, c));
-        }
-    };
-    if t == 1 {
-        run(y);
-    } else {
-        tmp.resize(t * n_out, 0.0);
-        run(tmp);
-        for (o, col) in tmp.chunks_exact(t).enumerate() {
-            for (tt, &v) in col.iter().enumerate() {
-                y[tt * n_out + o] = v;
-            }
-        }
-    }
-}
-
 /// What every attention task reads.
 struct AttnCtx<'a> {
     q: &'a [f32],
@@ -449,6 +378,8 @@ struct AttnCtx<'a> {
     geo: KvGeometry,
     heads: usize,
     group: usize,
+    /// The f32 dot product of the kernels in use.
+    dot: fn(&[f32], &[f32]) -> f32,
 }
 
 /// Causal attention of every token over its own sequence's cached positions;
@@ -498,7 +429,7 @@ fn attend_group(ctx: &AttnCtx<'_>, i: usize, out: &mut [f32], scores: &mut Vec<f
     for (base, cnt) in blocks.clone() {
         for k in ctx.kc[base..base + cnt * hd].chunks_exact(hd) {
             for (h, qh) in q.chunks_exact(hd).enumerate() {
-                scores[h * n + j] = dot(qh, k) * scale;
+                scores[h * n + j] = (ctx.dot)(qh, k) * scale;
             }
             j += 1;
         }
@@ -587,20 +518,5 @@ mod tests {
         assert_eq!(edge[0], 0.0);
         assert!(edge[1].is_nan());
         assert!(edge[2] >= 0.0 && edge[2] < 1e-37);
-    }
-
-    #[test]
-    fn dot4_sums_like_dot() {
-        let w: Vec<f32> = (0..4 * 37)
-            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
-            .collect();
-        let x: Vec<f32> = (0..37)
-            .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
-            .collect();
-        let rows: Vec<&[f32]> = w.chunks_exact(37).collect();
-        let got = dot4([rows[0], rows[1], rows[2], rows[3]], &x);
-        for r in 0..4 {
-            assert_eq!(got[r].to_bits(), dot(rows[r], &x).to_bits());
-        }
     }
 }

@@ -1,0 +1,298 @@
+//! Weight matrices kept in their file's dtype: owned (built in memory, or
+//! read from a safetensors file) or a range of a memory-mapped GGUF file.
+//! The loaders fill [`WeightMatrix`]es; the backends dispatch on
+//! [`WeightMatrix::dtype`] and read rows of raw blocks. No f32 copy of a
+//! half-precision or quantized matrix is ever made.
+
+use std::sync::Arc;
+
+use tokenwire_gguf::GgmlType;
+
+use crate::quant::blocks::dequantize_row;
+
+/// A read-only file mapping shared by every matrix that lives in it.
+pub type SharedMap = Arc<memmap2::Mmap>;
+
+/// Where a matrix's bytes are.
+#[derive(Clone)]
+enum Storage {
+    /// f32 values owned (4-byte aligned, so they can be read as `&[f32]`).
+    F32(Vec<f32>),
+    /// Any other dtype's bytes, owned.
+    Bytes(Vec<u8>),
+    /// `len` bytes at `start` of a mapped file.
+    Mapped {
+        map: SharedMap,
+        start: usize,
+        len: usize,
+    },
+}
+
+/// A row-major `[rows, cols]` matrix in one of the [`GgmlType`]s; for the
+/// block types each row is a whole number of blocks.
+#[derive(Clone)]
+pub struct WeightMatrix {
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+    storage: Storage,
+}
+
+impl std::fmt::Debug for WeightMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = match self.storage {
+            Storage::Mapped { .. } => "mapped",
+            _ => "owned",
+        };
+        write!(
+            f,
+            "WeightMatrix({} [{}, {}], {place})",
+            self.dtype, self.rows, self.cols
+        )
+    }
+}
+
+impl PartialEq for WeightMatrix {
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype
+            && self.rows == other.rows
+            && self.cols == other.cols
+            && self.bytes() == other.bytes()
+    }
+}
+
+/// Bytes of a `[rows, cols]` matrix of `dtype`, or why there is no such matrix.
+fn matrix_bytes(dtype: GgmlType, rows: usize, cols: usize) -> Result<usize, String> {
+    let row = dtype.row_bytes(cols as u64).ok_or_else(|| {
+        format!(
+            "a row of {cols} values is not a whole number of {dtype} blocks of {}",
+            dtype.block_len()
+        )
+    })?;
+    row.checked_mul(rows as u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("a [{rows}, {cols}] {dtype} matrix does not fit in memory"))
+}
+
+impl WeightMatrix {
+    /// An f32 matrix from its values.
+    pub fn from_f32(rows: usize, cols: usize, values: Vec<f32>) -> Result<Self, String> {
+        if Some(values.len()) != rows.checked_mul(cols) {
+            return Err(format!(
+                "{} values for a [{rows}, {cols}] matrix",
+                values.len()
+            ));
+        }
+        Ok(WeightMatrix {
+            dtype: GgmlType::F32,
+            rows,
+            cols,
+            storage: Storage::F32(values),
+        })
+    }
+
+    /// A matrix of `dtype` from its raw little-endian bytes, as a file stores them.
+    pub fn from_bytes(
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self, String> {
+        let want = matrix_bytes(dtype, rows, cols)?;
+        if bytes.len() != want {
+            return Err(format!(
+                "{} bytes for a [{rows}, {cols}] {dtype} matrix of {want} bytes",
+                bytes.len()
+            ));
+        }
+        if dtype == GgmlType::F32 {
+            let values = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            return WeightMatrix::from_f32(rows, cols, values);
+        }
+        Ok(WeightMatrix {
+            dtype,
+            rows,
+            cols,
+            storage: Storage::Bytes(bytes),
+        })
+    }
+
+    /// A matrix of `dtype` stored at `start` of the mapped file `map`. An f32
+    /// matrix at an offset not divisible by 4 is copied (GGUF aligns tensor
+    /// data, so only a file with `general.alignment` below 4 has one).
+    pub fn mapped(
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        map: &SharedMap,
+        start: usize,
+    ) -> Result<Self, String> {
+        let len = matrix_bytes(dtype, rows, cols)?;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= map.len())
+            .ok_or_else(|| {
+                format!(
+                    "{len} bytes at offset {start} run past the end of the {}-byte file",
+                    map.len()
+                )
+            })?;
+        let aligned = (map.as_ptr() as usize + start).is_multiple_of(4);
+        if dtype == GgmlType::F32 && !aligned {
+            return WeightMatrix::from_bytes(dtype, rows, cols, map[start..end].to_vec());
+        }
+        Ok(WeightMatrix {
+            dtype,
+            rows,
+            cols,
+            storage: Storage::Mapped {
+                map: map.clone(),
+                start,
+                len,
+            },
+        })
+    }
+
+    /// The values' type.
+    pub fn dtype(&self) -> GgmlType {
+        self.dtype
+    }
+
+    /// Rows (output features of a linear layer).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Whether the bytes are a range of a mapped file rather than owned.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+
+    /// All bytes, row after row.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::F32(v) => bytemuck::cast_slice(v),
+            Storage::Bytes(b) => b,
+            Storage::Mapped { map, start, len } => &map[*start..*start + *len],
+        }
+    }
+
+    /// Bytes of one row.
+    pub fn row_len_bytes(&self) -> usize {
+        self.bytes().len() / self.rows.max(1)
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_len_bytes();
+        &self.bytes()[r * n..(r + 1) * n]
+    }
+
+    /// The values of an f32 matrix as a slice; `None` for other dtypes.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        if self.dtype != GgmlType::F32 {
+            return None;
+        }
+        match &self.storage {
+            Storage::F32(v) => Some(v),
+            // `mapped` copied any f32 matrix whose start is not 4-aligned.
+            _ => bytemuck::try_cast_slice(self.bytes()).ok(),
+        }
+    }
+
+    /// Row `r` widened to f32 into `out` (`cols` values).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        dequantize_row(self.dtype, self.row(r), &mut out[..self.cols]);
+    }
+
+    /// Every value widened to f32 (for the small vectors: norms, biases).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.dequantize_rows(0, self.rows, &mut out);
+        out
+    }
+
+    /// Rows `r0..r1` widened to f32, appended to `out`: for uploads and
+    /// tests, a chunk at a time, never the whole model.
+    pub fn dequantize_rows(&self, r0: usize, r1: usize, out: &mut Vec<f32>) {
+        let at = out.len();
+        out.resize(at + (r1 - r0) * self.cols, 0.0);
+        for (r, o) in (r0..r1).zip(out[at..].chunks_exact_mut(self.cols.max(1))) {
+            self.dequantize_row(r, o);
+        }
+    }
+}
+
+/// Maps the file at `path` read-only. The mapping outlives the file handle.
+///
+/// Soundness: `Mmap::map` is `unsafe` because another process could change
+/// or truncate the file while it is mapped. A model file is not written
+/// while a server reads it (the same contract llama.cpp and safetensors
+/// loaders rely on), and every read through the map is bounds-checked
+/// against the length it had when mapped.
+#[allow(unsafe_code)]
+pub fn map_file(path: &std::path::Path) -> std::io::Result<SharedMap> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: see above; the map is never written (read-only mapping).
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    Ok(Arc::new(map))
+}
+
+/// Rounds f32 values to `dtype` (F32, F16 or BF16), as a file of that dtype
+/// would hold them: for benchmarks and tests that build models in memory.
+pub fn encode_floats(dtype: GgmlType, values: &[f32]) -> Result<Vec<u8>, String> {
+    Ok(match dtype {
+        GgmlType::F32 => bytemuck::cast_slice(values).to_vec(),
+        GgmlType::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        other => return Err(format!("{other} is not a float type")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_that_are_not_whole_blocks_or_lengths_are_refused() {
+        let e = WeightMatrix::from_bytes(GgmlType::Q4_1, 2, 48, vec![0; 60]).unwrap_err();
+        assert!(e.contains("not a whole number of Q4_1 blocks"), "{e}");
+        let e = WeightMatrix::from_bytes(GgmlType::Q8_0, 2, 32, vec![0; 67]).unwrap_err();
+        assert!(e.contains("67 bytes"), "{e}");
+        let e = WeightMatrix::from_f32(2, 3, vec![0.0; 5]).unwrap_err();
+        assert!(e.contains("5 values"), "{e}");
+    }
+
+    #[test]
+    fn rows_widen_to_their_values() {
+        let vals = [1.5f32, -2.0, 0.25, 8.0];
+        let m = WeightMatrix::from_bytes(
+            GgmlType::F16,
+            2,
+            2,
+            encode_floats(GgmlType::F16, &vals).expect("f16"),
+        )
+        .expect("matrix");
+        let mut out = Vec::new();
+        m.dequantize_rows(1, 2, &mut out);
+        assert_eq!(out, vec![0.25, 8.0]);
+        assert!(m.as_f32().is_none());
+        let f = WeightMatrix::from_f32(2, 2, vals.to_vec()).expect("matrix");
+        assert_eq!(f.as_f32(), Some(&vals[..]));
+        assert_eq!(f.row(1), bytemuck::cast_slice::<f32, u8>(&vals[2..]));
+    }
+}
