@@ -69,6 +69,18 @@ pub enum Backend {
     Wgpu,
 }
 
+/// How the CPU backend multiplies quantized weights.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuActivations {
+    /// Activations quantized to 8 bits per block, integer dot products
+    /// (llama.cpp's arithmetic; fast).
+    #[default]
+    Int8,
+    /// Weights widened to f32, f32 dot products: the arithmetic of the
+    /// dequantized model (`transformers` on a GGUF file); slower.
+    F32,
+}
+
 /// Log line format.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -82,9 +94,10 @@ pub enum LogFormat {
 /// Flags of `tokenwire serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Model directory (weights, config.json, tokenizer). Without it the
-    /// built-in tiny model with random weights is served.
-    #[arg(long, env = "TOKENWIRE_MODEL", value_name = "DIR")]
+    /// A GGUF file, or a Hugging Face model directory (safetensors weights,
+    /// config.json, tokenizer.json). Without it the built-in tiny model with
+    /// random weights is served.
+    #[arg(long, env = "TOKENWIRE_MODEL", value_name = "PATH")]
     pub model: Option<PathBuf>,
 
     /// Address to listen on.
@@ -323,6 +336,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_WGPU_ADAPTER", value_name = "NAME")]
     pub wgpu_adapter: Option<String>,
 
+    /// With `--backend cpu`: how quantized weights meet activations.
+    #[arg(long, env = "TOKENWIRE_CPU_ACTIVATIONS", value_enum, default_value_t = CpuActivations::Int8)]
+    pub cpu_activations: CpuActivations,
+
     /// Seed of the server's random source (ids, default sampling seeds) and of the
     /// tiny model's weights (default: drawn at start and logged).
     #[arg(long, env = "TOKENWIRE_SEED", value_name = "N")]
@@ -338,7 +355,7 @@ pub struct ServeArgs {
 pub enum ModelSource {
     /// The built-in tiny model with random weights (seeded).
     Tiny,
-    /// A model directory loaded with `Engine::load`.
+    /// A GGUF file or a model directory, loaded with `Engine::load`.
     Dir(PathBuf),
 }
 
@@ -407,6 +424,8 @@ pub struct ServerConfig {
     pub kv_blocks: Option<u32>,
     /// Name substring of the wgpu adapter to use (`None`: the best one).
     pub wgpu_adapter: Option<String>,
+    /// CPU backend: how quantized weights meet activations.
+    pub cpu_activations: CpuActivations,
     /// Seed of the Host's random source and of the tiny model.
     pub seed: u64,
     /// Log format (used by the binary when it sets up logging).
@@ -447,6 +466,7 @@ impl Default for ServerConfig {
             send_buffer_bytes: 256 * 1024,
             kv_blocks: None,
             wgpu_adapter: None,
+            cpu_activations: CpuActivations::Int8,
             seed: 0,
             log_format: LogFormat::Text,
         }
@@ -499,6 +519,7 @@ impl ServerConfig {
             send_buffer_bytes: to_usize(args.send_buffer_bytes),
             kv_blocks: args.kv_blocks,
             wgpu_adapter: args.wgpu_adapter.clone(),
+            cpu_activations: args.cpu_activations,
             seed: args.seed.unwrap_or(default_seed),
             log_format: args.log_format,
         }

@@ -6,9 +6,9 @@ use std::sync::mpsc;
 use std::time::Instant as StdInstant;
 
 use tokenwire_core::{EngineFault, EngineFaultKind, Input, StepPlan};
-use tokenwire_kernels::{BackendKind, Engine, EngineOptions};
+use tokenwire_kernels::{ActivationPrecision, BackendKind, Engine, EngineOptions};
 
-use crate::config::{Backend, ModelSource};
+use crate::config::{Backend, CpuActivations, ModelSource};
 use crate::driver::{DriverHandle, DriverMsg};
 
 /// Tokens per KV cache block (DESIGN.md: paged KV cache, block size 16).
@@ -25,6 +25,8 @@ pub(crate) struct EngineSpec {
     pub kv_blocks: Option<u32>,
     /// Name substring of the wgpu adapter, if one was asked for.
     pub wgpu_adapter: Option<String>,
+    /// CPU backend: how quantized weights meet activations.
+    pub cpu_activations: CpuActivations,
     /// Seed of the tiny model's weights.
     pub seed: u64,
 }
@@ -108,6 +110,10 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
             Backend::Wgpu => BackendKind::Wgpu {
                 adapter: spec.wgpu_adapter.clone(),
             },
+        },
+        cpu_activations: match spec.cpu_activations {
+            CpuActivations::Int8 => ActivationPrecision::Int8,
+            CpuActivations::F32 => ActivationPrecision::F32,
         },
     };
     let (what, result) = match &spec.model {

@@ -208,6 +208,7 @@ pub async fn start_loading_with(
             backend: config.backend,
             kv_blocks: config.kv_blocks,
             wgpu_adapter: config.wgpu_adapter.clone(),
+            cpu_activations: config.cpu_activations,
             seed: config.seed,
         },
         driver_handle.clone(),

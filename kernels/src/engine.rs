@@ -14,12 +14,15 @@ use tokenwire_core::{
     SharedCodec, StepDone, StepPlan, TokenId,
 };
 
+use crate::backend::cpu::ActivationPrecision;
 use crate::backend::{
     Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, SeqBatch, WgpuBackend, WgpuOptions,
 };
 use crate::config::GenerationConfig;
 use crate::error::LoadError;
+use crate::gguf_tokenizer::codec_from_gguf;
 use crate::model::Model;
+use crate::quant::Kernels;
 use crate::sampler::Sampler;
 use crate::tiny::tiny_model;
 use crate::tokenizer::HfCodec;
@@ -33,6 +36,9 @@ pub struct EngineOptions {
     pub block_size: u32,
     /// Compute backend (for the GPU: `BackendKind::Wgpu { adapter }`).
     pub backend: BackendKind,
+    /// How the CPU backend multiplies quantized weights: with activations
+    /// quantized to 8 bits (fast, the default) or in f32.
+    pub cpu_activations: ActivationPrecision,
 }
 
 impl Default for EngineOptions {
@@ -41,6 +47,7 @@ impl Default for EngineOptions {
             num_blocks: None,
             block_size: 16,
             backend: BackendKind::Cpu,
+            cpu_activations: ActivationPrecision::default(),
         }
     }
 }
@@ -80,10 +87,14 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Loads a Hugging Face model directory (`config.json`, safetensors
-    /// weights, `tokenizer.json`, optional `generation_config.json` and
+    /// Loads a model: a GGUF file (see [`Engine::load_gguf`]), or a Hugging
+    /// Face model directory (`config.json`, safetensors weights,
+    /// `tokenizer.json`, optional `generation_config.json` and
     /// `tokenizer_config.json`).
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Engine, LoadError> {
+        if dir.is_file() {
+            return Engine::load_gguf(dir, opts);
+        }
         let model = Model::load(dir)?;
         let gen = GenerationConfig::load_optional(&dir.join("generation_config.json"))?;
         let codec = HfCodec::load(dir)?;
@@ -101,6 +112,35 @@ impl Engine {
             eos_ids: gen
                 .eos_token_ids
                 .unwrap_or_else(|| cfg.eos_token_ids.clone()),
+        };
+        Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
+    }
+
+    /// Loads a GGUF file: weights mapped in their own dtypes, tokenizer,
+    /// chat template, BOS/EOS and context length from its metadata. The
+    /// model's name is the file name without `.gguf`.
+    pub fn load_gguf(path: &Path, opts: &EngineOptions) -> Result<Engine, LoadError> {
+        let (model, file) = Model::load_gguf(path)?;
+        let codec = codec_from_gguf(path, &file)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .map(|n| n.strip_suffix(".gguf").unwrap_or(&n).to_owned())
+            .unwrap_or_else(|| "model".into());
+        let cfg = model.config();
+        let mut eos_ids = cfg.eos_token_ids.clone();
+        // Chat models may end a turn with a token other than EOS.
+        if let Ok(Some(eot)) = file.uint("tokenizer.ggml.eot_token_id") {
+            if let Ok(eot) = TokenId::try_from(eot) {
+                if (eot as usize) < cfg.vocab_size && !eos_ids.contains(&eot) {
+                    eos_ids.push(eot);
+                }
+            }
+        }
+        let identity = ModelIdentity {
+            name,
+            version: cfg.name_or_path.clone().unwrap_or_else(|| "1".into()),
+            eos_ids,
         };
         Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
     }
@@ -161,8 +201,14 @@ impl Engine {
         let model = Arc::new(model);
         let backend: Box<dyn Backend> = match &opts.backend {
             BackendKind::Cpu => Box::new(
-                CpuBackend::new(model.clone(), opts.block_size as usize, num_blocks as usize)
-                    .map_err(LoadError::Options)?,
+                CpuBackend::with(
+                    model.clone(),
+                    opts.block_size as usize,
+                    num_blocks as usize,
+                    Kernels::detect(),
+                    opts.cpu_activations,
+                )
+                .map_err(LoadError::Options)?,
             ),
             BackendKind::Wgpu { adapter } => Box::new(WgpuBackend::new(
                 model.clone(),

@@ -23,6 +23,8 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod gguf_config;
+pub mod gguf_tokenizer;
+pub mod gguf_weights;
 pub mod kv;
 pub mod model;
 pub mod quant;
@@ -34,8 +36,8 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use backend::{
-    Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, Sampled, SeqBatch, WgpuBackend,
-    WgpuOptions,
+    ActivationPrecision, Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, Sampled,
+    SeqBatch, WgpuBackend, WgpuOptions,
 };
 pub use chat::ChatTemplate;
 pub use config::{GenerationConfig, ModelConfig};

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::tensor::WeightMatrix;
+use crate::gguf::GgufFile;
+use crate::tensor::{map_file, WeightMatrix};
 use crate::weights::{Linear, Weights};
 
 /// Config and weights of a llama-family decoder, checked to be consistent so
@@ -22,6 +23,33 @@ impl Model {
         let config = ModelConfig::load(&cfg_path)?;
         let weights = Weights::load(dir, &config)?;
         Model::new(config, weights).map_err(|msg| LoadError::json(cfg_path, msg))
+    }
+
+    /// Loads a GGUF file: its configuration, and its weights mapped from the
+    /// file in their own dtypes. Returns the parsed header too (the
+    /// tokenizer and generation settings are in its metadata).
+    pub fn load_gguf(path: &Path) -> Result<(Model, GgufFile), LoadError> {
+        let map = map_file(path).map_err(|source| LoadError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let file = GgufFile::parse(&map).map_err(|e| LoadError::Gguf {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        let config = ModelConfig::from_gguf(path, &file)?;
+        let arch = file
+            .str("general.architecture")
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .to_owned();
+        let weights = Weights::from_gguf(path, &map, &file, &config, &arch)?;
+        let model = Model::new(config, weights).map_err(|msg| LoadError::Gguf {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        Ok((model, file))
     }
 
     /// Pairs `config` with `weights`, checking every tensor's size.

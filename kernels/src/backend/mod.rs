@@ -8,7 +8,7 @@ pub mod wgpu;
 use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs};
 
 pub use self::wgpu::{WgpuBackend, WgpuOptions};
-pub use cpu::CpuBackend;
+pub use cpu::{ActivationPrecision, CpuBackend};
 
 /// Which backend an engine computes with.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -100,9 +100,18 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// The fastest kernels for this CPU.
+    /// The fastest kernels for this CPU, or those `TOKENWIRE_CPU_KERNELS`
+    /// names (`scalar`, `avx2`, `avx512-vnni`; one this CPU lacks falls back
+    /// to scalar), for comparing instruction sets on one machine.
     pub fn detect() -> Kernels {
-        Kernels::for_isa(Isa::detect())
+        let chosen = std::env::var("TOKENWIRE_CPU_KERNELS")
+            .ok()
+            .and_then(|name| {
+                [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+                    .into_iter()
+                    .find(|i| i.name() == name)
+            });
+        Kernels::for_isa(chosen.unwrap_or_else(Isa::detect))
     }
 
     /// The kernels of `isa`; scalar ones where `isa` has none of its own,
