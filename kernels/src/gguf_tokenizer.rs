@@ -228,9 +228,11 @@ fn tokenizer_json(file: &GgufFile) -> Result<Value, String> {
                 true,
             )
         }
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "tokenizer model `{other}` (`tokenizer.ggml.model`) is not supported (gpt2, llama are)"
-        )),
+        ))
+        }
     };
     let post_processor = match (add_bos.unwrap_or(default_bos), bos) {
         (true, Some(b)) => {

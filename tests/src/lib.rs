@@ -39,6 +39,31 @@ pub fn stories260k() -> Option<PathBuf> {
     None
 }
 
+/// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`
+/// puts it in `target/models`; `TOKENWIRE_SMOLLM2_GGUF` names another place).
+/// Under CI (`CI=true`) a missing file is a failure, elsewhere the caller
+/// skips with a printed reason.
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let path = std::env::var_os("TOKENWIRE_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+            ))
+        });
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but {} is missing (scripts/fetch-smollm2-gguf.sh fetches it)",
+        path.display()
+    );
+    eprintln!("skipping: {} not found", path.display());
+    None
+}
+
 /// The golden reference of stories260K.
 pub fn stories_reference(dir: &std::path::Path) -> Value {
     let text =
