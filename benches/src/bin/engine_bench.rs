@@ -33,7 +33,9 @@ use tokenwire_kernels::{
 const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
              [--layers N] [--backend cpu,wgpu] [--batch 1,8,32] [--prompt N] [--steps N]
              [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]
-             [--sample greedy|T,P[,K]] (temperature T, top-p P, top-k K)";
+             [--sample greedy|T,P[,K]] (temperature T, top-p P, top-k K)
+             [--gguf FILE] (a real model instead of --shape/--dtype; its weights as stored)
+Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -49,6 +51,7 @@ struct Args {
     block_size: usize,
     seed: u64,
     sampling: SamplingParams,
+    gguf: Option<std::path::PathBuf>,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -108,6 +111,7 @@ fn parse_args() -> Result<Args, String> {
         block_size: 16,
         seed: 1,
         sampling: SamplingParams::greedy(),
+        gguf: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -133,6 +137,7 @@ fn parse_args() -> Result<Args, String> {
             "--block-size" => a.block_size = num(&val)?.max(1),
             "--seed" => a.seed = num(&val)? as u64,
             "--sample" => a.sampling = parse_sampling(&val)?,
+            "--gguf" => a.gguf = Some(val.into()),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -388,9 +393,18 @@ fn main() {
 }
 
 fn bench(a: &Args) -> Result<(), String> {
-    let c = config(&a.shape, a.layers)?;
     let t = Instant::now();
-    let model = Arc::new(random_model(&c, &a.dtype, a.seed)?);
+    let (c, model) = match &a.gguf {
+        Some(path) => {
+            let (m, _) = Model::load_gguf(path).map_err(|e| e.to_string())?;
+            (m.config().clone(), Arc::new(m))
+        }
+        None => {
+            let c = config(&a.shape, a.layers)?;
+            let m = random_model(&c, &a.dtype, a.seed)?;
+            (c, Arc::new(m))
+        }
+    };
     let params: usize = {
         let w = model.weights();
         let lin = |l: &Linear| l.w.rows() * l.w.cols();
@@ -411,8 +425,10 @@ fn bench(a: &Args) -> Result<(), String> {
     };
     println!(
         "shape {} (hidden {}, layers {}, heads {}/{} kv, head_dim {}, ffn {}, vocab {}, tied {}), \
-         {:.1} M params, random weights in {} (seed {}), built in {:.1?}",
-        a.shape,
+         {:.1} M params, weights: {}, built in {:.1?}",
+        a.gguf
+            .as_ref()
+            .map_or(a.shape.clone(), |p| p.display().to_string()),
         c.hidden_size,
         c.num_layers,
         c.num_heads,
@@ -422,16 +438,19 @@ fn bench(a: &Args) -> Result<(), String> {
         c.vocab_size,
         c.tie_word_embeddings,
         params as f64 / 1e6,
-        a.dtype,
-        a.seed,
+        match &a.gguf {
+            Some(_) => format!("{} from the file", model.weights().dtype),
+            None => format!("random in {} (seed {})", a.dtype, a.seed),
+        },
         t.elapsed()
     );
     println!(
-        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}, sampling: {}",
+        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}, CPU kernels {}, sampling: {}",
         a.prompt,
         a.steps,
         a.block_size,
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        rayon::current_num_threads(),
+        tokenwire_kernels::quant::Kernels::detect().isa.name(),
         describe(&a.sampling)
     );
     println!(

@@ -8,17 +8,22 @@
 //! activations, whatever `t` and the thread split, so a token's result does
 //! not depend on what else is in the batch.
 
-use rayon::prelude::*;
+use std::sync::Mutex;
+
 use tokenwire_gguf::GgmlType;
 
+use super::pool::Pool;
 use crate::quant::{act_format, quantize_q8, quantize_q8k, ActFormat, Kernels, Q8Block, Q8KBlock};
 use crate::tensor::WeightMatrix;
 
 /// Multiply-adds below which splitting a product across threads costs more in
-/// hand-off than it saves (measured on stories260K-sized layers).
-const PAR_MIN_WORK: usize = 1 << 17;
-/// Output rows per parallel task.
-const ROW_BLOCK: usize = 16;
+/// hand-off than it saves.
+const PAR_MIN_WORK: usize = 1 << 15;
+/// Tasks per thread of a product: one long contiguous stretch of rows each
+/// for a decode step (hardware prefetchers follow long streams, and fewer
+/// hand-offs), a few for prefill so uneven threads even out.
+const TASKS_PER_THREAD_DECODE: usize = 1;
+const TASKS_PER_THREAD_PREFILL: usize = 4;
 
 /// How a quantized matrix meets its activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,6 +58,7 @@ enum Acts<'a> {
 /// (`[t, in]`); `y` becomes `[t, out]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
+    pool: &Pool,
     k: &Kernels,
     precision: ActivationPrecision,
     x: &[f32],
@@ -83,9 +89,16 @@ pub(crate) fn matmul(
             }
         }
     };
-    let parallel = n_out * n_in * t >= PAR_MIN_WORK && rayon::current_num_threads() > 1;
+    let parallel = n_out * n_in * t >= PAR_MIN_WORK && pool.threads() > 1;
+    let per_thread = if t == 1 {
+        TASKS_PER_THREAD_DECODE
+    } else {
+        TASKS_PER_THREAD_PREFILL
+    };
+    let tasks = if parallel { pool.threads() * per_thread } else { 1 };
+    let rows_per_task = n_out.div_ceil(tasks).max(1);
     let fill = |ci: usize, chunk: &mut [f32], row_buf: &mut Vec<f32>| {
-        let o0 = ci * ROW_BLOCK;
+        let o0 = ci * rows_per_task;
         for (r, out) in chunk.chunks_exact_mut(t).enumerate() {
             let o = o0 + r;
             let bias = b.map_or(0.0, |b| b[o]);
@@ -102,12 +115,17 @@ pub(crate) fn matmul(
     };
     let run = |dst: &mut [f32]| {
         if parallel {
-            dst.par_chunks_mut(ROW_BLOCK * t)
-                .enumerate()
-                .for_each_init(Vec::new, |buf, (ci, c)| fill(ci, c, buf));
+            // Each task locks only its own chunk: uncontended, and it lets
+            // shared tasks write disjoint parts of `dst` without `unsafe`.
+            let chunks: Vec<Mutex<&mut [f32]>> =
+                dst.chunks_mut(rows_per_task * t).map(Mutex::new).collect();
+            pool.run(chunks.len(), &|ci| {
+                let mut c = chunks[ci].lock().unwrap_or_else(|e| e.into_inner());
+                fill(ci, &mut c, &mut Vec::new());
+            });
         } else {
             let mut buf = Vec::new();
-            for (ci, c) in dst.chunks_mut(ROW_BLOCK * t).enumerate() {
+            for (ci, c) in dst.chunks_mut(rows_per_task * t).enumerate() {
                 fill(ci, c, &mut buf);
             }
         }

@@ -5,6 +5,7 @@
 //! chosen for this CPU at start ([`crate::quant::Kernels`]).
 
 mod matmul;
+mod pool;
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use crate::rope;
 use crate::weights::Linear;
 pub use matmul::ActivationPrecision;
 use matmul::{matmul, MatScratch};
+use pool::Pool;
 
 /// Multiply-adds below which splitting attention across threads costs more
 /// in hand-off than it saves.
@@ -59,6 +61,7 @@ pub struct CpuBackend {
     scratch: Scratch,
     kernels: Kernels,
     precision: ActivationPrecision,
+    pool: Pool,
 }
 
 impl CpuBackend {
@@ -103,6 +106,8 @@ impl CpuBackend {
             scratch: Scratch::default(),
             kernels,
             precision,
+            // Sized like rayon's pool (RAYON_NUM_THREADS, else one per core).
+            pool: Pool::new(rayon::current_num_threads()),
         })
     }
 
@@ -147,7 +152,9 @@ impl Backend for CpuBackend {
             scratch: s,
             kernels: k,
             precision,
+            pool,
         } = self;
+        let pool = &*pool;
         let (k, precision) = (&*k, *precision);
         let cfg = model.config();
         let w = model.weights();
@@ -195,7 +202,7 @@ impl Backend for CpuBackend {
 
         for (l, lw) in w.layers.iter().enumerate() {
             let lin = |x: &[f32], l: &Linear, y: &mut Vec<f32>, m: &mut MatScratch| {
-                matmul(k, precision, x, t, &l.w, l.b.as_deref(), y, m)
+                matmul(pool, k, precision, x, t, &l.w, l.b.as_deref(), y, m)
             };
             rms_norm(&s.x, &lw.input_norm, cfg.rms_norm_eps, &mut s.xn);
             lin(&s.xn, &lw.q, &mut s.q, &mut s.mat);
@@ -277,7 +284,7 @@ impl Backend for CpuBackend {
             None => (&w.embed, None),
         };
         matmul(
-            k, precision, &s.xn, n_out, head_w, head_b, logits, &mut s.mat,
+            pool, k, precision, &s.xn, n_out, head_w, head_b, logits, &mut s.mat,
         );
         Ok(())
     }
