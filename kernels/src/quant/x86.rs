@@ -36,6 +36,9 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0: |w, a| unsafe { dot_q8_0_avx2(w, a) },
         q4_0: |w, a| unsafe { dot_q4_0_avx2(w, a) },
         q4_1: |w, a| unsafe { dot_q4_1_avx2(w, a) },
+        q8_0_x4: |w, a| unsafe { dot_q8_0_x4_avx2(w, a) },
+        q4_0_x4: |w, a| unsafe { dot_q4_0_x4_avx2(w, a) },
+        q4_1_x4: |w, a| unsafe { dot_q4_1_x4_avx2(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -49,6 +52,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             isa: Isa::Avx512Vnni,
             q4_0: |w, a| unsafe { dot_q4_0_vnni(w, a) },
             q4_1: |w, a| unsafe { dot_q4_1_vnni(w, a) },
+            q4_0_x4: |w, a| unsafe { dot_q4_0_x4_vnni(w, a) },
+            q4_1_x4: |w, a| unsafe { dot_q4_1_x4_vnni(w, a) },
             ..avx2
         },
     }
@@ -337,3 +342,101 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     }
     s
 }
+
+/// The 4-token forms: one weight row against four tokens' activations, each
+/// block's weights unpacked once and used four times. Each token's sums run
+/// in exactly the order of the one-token kernel, so the results are the same
+/// bits (a token's output does not depend on its neighbours in the batch).
+macro_rules! dot_x4 {
+    ($name:ident, $features:literal, $bytes:expr, |$b:ident| $unpack:expr,
+     |$wv:ident, $xq:ident| $product:expr, $scale:ident, |$bb:ident, $x:ident| $extra:expr,
+     $finish:expr) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(w: &[u8], a: &[&[Q8Block]; 4]) -> [f32; 4] {
+            let n = a
+                .iter()
+                .map(|r| r.len())
+                .min()
+                .unwrap_or(0)
+                .min(w.len() / $bytes);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut extra = [0.0f32; 4];
+            for i in 0..n {
+                let $b = w.as_ptr().add(i * $bytes);
+                _mm_prefetch($b.wrapping_add(640) as *const i8, _MM_HINT_T0);
+                let $wv = $unpack;
+                let $scale = f16_at($b);
+                for j in 0..4 {
+                    let $x = &a[j][i];
+                    let $xq = _mm256_loadu_si256($x.q.as_ptr() as *const __m256i);
+                    let p = $product;
+                    acc[j] = _mm256_fmadd_ps(
+                        _mm256_set1_ps($scale * $x.d),
+                        _mm256_cvtepi32_ps(p),
+                        acc[j],
+                    );
+                    let $bb = $b;
+                    extra[j] += $extra;
+                }
+            }
+            let finish: fn(f32, f32) -> f32 = $finish;
+            [
+                finish(hsum(acc[0]), extra[0]),
+                finish(hsum(acc[1]), extra[1]),
+                finish(hsum(acc[2]), extra[2]),
+                finish(hsum(acc[3]), extra[3]),
+            ]
+        }
+    };
+}
+
+dot_x4!(
+    dot_q4_1_x4_avx2,
+    "avx2,fma,f16c",
+    Q4_1_BYTES,
+    |b| nibbles(b.add(4)),
+    |wv, xq| udot(wv, xq),
+    d,
+    |b, x| f16_at(b.add(2)) * x.s,
+    |v, e| v + e
+);
+dot_x4!(
+    dot_q4_1_x4_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    Q4_1_BYTES,
+    |b| nibbles(b.add(4)),
+    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
+    d,
+    |b, x| f16_at(b.add(2)) * x.s,
+    |v, e| v + e
+);
+dot_x4!(
+    dot_q4_0_x4_avx2,
+    "avx2,fma,f16c",
+    Q4_0_BYTES,
+    |b| nibbles(b.add(2)),
+    |wv, xq| udot(wv, xq),
+    d,
+    |b, x| f16_at(b) * x.s,
+    |v, e| v - 8.0 * e
+);
+dot_x4!(
+    dot_q4_0_x4_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    Q4_0_BYTES,
+    |b| nibbles(b.add(2)),
+    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
+    d,
+    |b, x| f16_at(b) * x.s,
+    |v, e| v - 8.0 * e
+);
+dot_x4!(
+    dot_q8_0_x4_avx2,
+    "avx2,fma,f16c",
+    Q8_0_BYTES,
+    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
+    |wv, xq| udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv)),
+    d,
+    |_b, x| 0.0 * x.s,
+    |v, _e| v
+);

@@ -95,7 +95,11 @@ pub(crate) fn matmul(
     } else {
         TASKS_PER_THREAD_PREFILL
     };
-    let tasks = if parallel { pool.threads() * per_thread } else { 1 };
+    let tasks = if parallel {
+        pool.threads() * per_thread
+    } else {
+        1
+    };
     let rows_per_task = n_out.div_ceil(tasks).max(1);
     let fill = |ci: usize, chunk: &mut [f32], row_buf: &mut Vec<f32>| {
         let o0 = ci * rows_per_task;
@@ -181,13 +185,27 @@ fn row_dots(
             }
         }
         Acts::Q8(a) => {
-            let f = match w.dtype() {
-                GgmlType::Q8_0 => k.q8_0,
-                GgmlType::Q4_0 => k.q4_0,
-                _ => k.q4_1,
+            let (f, f4) = match w.dtype() {
+                GgmlType::Q8_0 => (k.q8_0, k.q8_0_x4),
+                GgmlType::Q4_0 => (k.q4_0, k.q4_0_x4),
+                _ => (k.q4_1, k.q4_1_x4),
             };
             let per = n_in / 32;
-            for (v, ar) in out.iter_mut().zip(a.chunks_exact(per)) {
+            // Four tokens at a time share each block's unpacking; the rest
+            // one by one. Both give the same bits for a token.
+            let mut groups = out.chunks_exact_mut(4);
+            let mut tokens = a.chunks_exact(per);
+            for vs in &mut groups {
+                let (Some(a0), Some(a1), Some(a2), Some(a3)) =
+                    (tokens.next(), tokens.next(), tokens.next(), tokens.next())
+                else {
+                    return;
+                };
+                for (v, d) in vs.iter_mut().zip(f4(row, &[a0, a1, a2, a3])) {
+                    *v = d + bias;
+                }
+            }
+            for (v, ar) in groups.into_remainder().iter_mut().zip(tokens) {
                 *v = f(row, ar) + bias;
             }
         }

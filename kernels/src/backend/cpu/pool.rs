@@ -95,8 +95,7 @@ impl Shared {
         loop {
             let start = Instant::now();
             let mut spins = 0u32;
-            while self.epoch.load(Ordering::Acquire) == seen && !self.stop.load(Ordering::Acquire)
-            {
+            while self.epoch.load(Ordering::Acquire) == seen && !self.stop.load(Ordering::Acquire) {
                 spins = spins.wrapping_add(1);
                 if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
                     self.sleeping.fetch_add(1, Ordering::SeqCst);
@@ -171,7 +170,8 @@ impl Pool {
         };
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
         s.done.store(0, Ordering::Release);
-        s.claim.store((epoch & 0xFFFF_FFFF) << 32, Ordering::Release);
+        s.claim
+            .store((epoch & 0xFFFF_FFFF) << 32, Ordering::Release);
         s.epoch.store(epoch, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -212,7 +212,10 @@ mod tests {
             pool.run(tasks, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "round {round}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
             if round % 500 == 0 {
                 // Wait until both workers have gone to sleep: the next job
                 // must wake them.
