@@ -187,13 +187,22 @@ impl WeightMatrix {
 
     /// Bytes of one row.
     pub fn row_len_bytes(&self) -> usize {
-        self.bytes().len() / self.rows.max(1)
+        // Whole blocks by construction (`matrix_bytes` checked the shape).
+        (self.cols / self.dtype.block_len()) * self.dtype.block_bytes()
     }
 
     /// The bytes of row `r`.
+    #[inline]
     pub fn row(&self, r: usize) -> &[u8] {
         let n = self.row_len_bytes();
         &self.bytes()[r * n..(r + 1) * n]
+    }
+
+    /// The bytes of rows `r0..r1`, contiguous.
+    #[inline]
+    pub fn rows_bytes(&self, r0: usize, r1: usize) -> &[u8] {
+        let n = self.row_len_bytes();
+        &self.bytes()[r0 * n..r1 * n]
     }
 
     /// The values of an f32 matrix as a slice; `None` for other dtypes.

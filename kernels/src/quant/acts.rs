@@ -58,6 +58,14 @@ fn scale(amax: f32) -> (f32, f32) {
     (d, if d > 0.0 { 1.0 / d } else { 0.0 })
 }
 
+/// `v` (within ±127.5) to the nearest integer, halves away from zero.
+/// `f32::round` is a libm call without SSE4.1 at compile time; this is two
+/// instructions and vectorises.
+#[inline]
+fn round(v: f32) -> i8 {
+    (v + 0.5f32.copysign(v)) as i8
+}
+
 /// Quantizes `x` (a multiple of 32 long) into `out`, one block per 32 values.
 pub fn quantize_q8(x: &[f32], out: &mut Vec<Q8Block>) {
     out.clear();
@@ -71,7 +79,7 @@ pub fn quantize_q8(x: &[f32], out: &mut Vec<Q8Block>) {
         };
         let mut sum = 0i32;
         for (q, &v) in b.q.iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
+            *q = round(v * id);
             sum += *q as i32;
         }
         b.s = d * sum as f32;
@@ -90,7 +98,7 @@ pub fn quantize_q8k(x: &[f32], out: &mut Vec<Q8KBlock>) {
             ..Q8KBlock::default()
         };
         for (q, &v) in b.q.iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
+            *q = round(v * id);
         }
         for (s, qs) in b.bsums.iter_mut().zip(b.q.chunks_exact(16)) {
             *s = qs.iter().map(|&q| q as i16).sum();

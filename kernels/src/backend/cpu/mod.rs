@@ -7,9 +7,7 @@
 mod matmul;
 mod pool;
 
-use std::sync::Arc;
-
-use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
 use tokenwire_core::{BlockId, EngineFaultKind};
 
 use super::{Backend, SeqBatch};
@@ -250,6 +248,7 @@ impl Backend for CpuBackend {
                 },
                 &mut s.att,
                 &mut s.scores,
+                pool,
             );
             lin(&s.att, &lw.o, &mut s.proj, &mut s.mat);
             add_in_place(&mut s.x, &s.proj);
@@ -393,14 +392,17 @@ struct AttnCtx<'a> {
 /// `att` is `[t, heads * head_dim]`. One task per (token, KV head) handles
 /// that KV head's whole group of query heads, so each cached K/V row is read
 /// once per group rather than once per query head.
-fn attention(ctx: &AttnCtx<'_>, att: &mut [f32], scores: &mut Vec<f32>) {
+fn attention(ctx: &AttnCtx<'_>, att: &mut [f32], scores: &mut Vec<f32>, pool: &Pool) {
     let width = ctx.group * ctx.geo.head_dim;
     let work: usize =
         ctx.rows.iter().map(|r| r.pos + 1).sum::<usize>() * ctx.heads * ctx.geo.head_dim * 2;
-    if work >= PAR_MIN_WORK && rayon::current_num_threads() > 1 {
-        att.par_chunks_mut(width)
-            .enumerate()
-            .for_each_init(Vec::new, |sc, (i, out)| attend_group(ctx, i, out, sc));
+    if work >= PAR_MIN_WORK && pool.threads() > 1 {
+        // One task per (token, KV head); each locks only its own output.
+        let outs: Vec<Mutex<&mut [f32]>> = att.chunks_mut(width).map(Mutex::new).collect();
+        pool.run(outs.len(), &|i| {
+            let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
+            attend_group(ctx, i, &mut out, &mut Vec::new());
+        });
     } else {
         for (i, out) in att.chunks_mut(width).enumerate() {
             attend_group(ctx, i, out, scores);
