@@ -1,13 +1,18 @@
 //! # tokenwire-kernels
 //!
 //! The model engine behind tokenwire's engine boundary: loading llama-family
-//! Hugging Face checkpoints (Llama, Qwen2-style biases and tied embeddings,
-//! Llama 3 RoPE scaling; f32/f16/bf16, single or sharded safetensors; from a
-//! GGUF file, so far its configuration: [`gguf_config`]), the
-//! tokenizer and chat template ([`HfCodec`]; SentencePiece and byte-level
-//! decoders decode from a per-id table built at load), a paged KV cache, two
-//! [`Backend`]s (CPU, and WGSL kernels on wgpu: [`WgpuBackend`]), and the
-//! deterministic [`sample`] function.
+//! models from Hugging Face directories (Llama, Qwen2-style biases and tied
+//! embeddings, Llama 3 RoPE scaling; f32/f16/bf16, single or sharded
+//! safetensors) and from GGUF files ([`Model::load_gguf`]: configuration
+//! ([`gguf_config`]), weights ([`gguf_weights`]), tokenizer and chat template
+//! ([`gguf_tokenizer`]) from the file), every matrix kept in its file's dtype
+//! and memory-mapped ([`tensor::WeightMatrix`]), ggml's quantized block
+//! formats and their 8-bit-activation dot products in scalar, AVX2 and
+//! AVX-512 VNNI code chosen at run time ([`quant`]), the tokenizer and chat
+//! template ([`HfCodec`]; SentencePiece and byte-level decoders decode from a
+//! per-id table built at load), a paged KV cache, two [`Backend`]s (CPU, on
+//! a persistent worker pool; and WGSL kernels on wgpu: [`WgpuBackend`]), and
+//! the deterministic [`sample`] function.
 //!
 //! ```
 //! use tokenwire_kernels::Engine;

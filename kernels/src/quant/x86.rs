@@ -15,6 +15,11 @@ use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 use super::{Isa, Kernels};
 
+/// How far ahead of the block being read the weight stream is prefetched:
+/// far enough to cover a DRAM round trip and to run ahead across 4 KiB page
+/// boundaries, where the hardware prefetchers stop.
+const PREFETCH_AHEAD: usize = 2048;
+
 /// AVX2, FMA and F16C, which every AVX2 kernel here uses.
 pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
@@ -39,6 +44,9 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0_x4: |w, a| unsafe { dot_q8_0_x4_avx2(w, a) },
         q4_0_x4: |w, a| unsafe { dot_q4_0_x4_avx2(w, a) },
         q4_1_x4: |w, a| unsafe { dot_q4_1_x4_avx2(w, a) },
+        q8_0_r4: |w, a| unsafe { dot_q8_0_r4_avx2(w, a) },
+        q4_0_r4: |w, a| unsafe { dot_q4_0_r4_avx2(w, a) },
+        q4_1_r4: |w, a| unsafe { dot_q4_1_r4_avx2(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -52,6 +60,11 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             isa: Isa::Avx512Vnni,
             q4_0: |w, a| unsafe { dot_q4_0_vnni(w, a) },
             q4_1: |w, a| unsafe { dot_q4_1_vnni(w, a) },
+            q8_0: |w, a| unsafe { dot_q8_0_vnni(w, a) },
+            q8_0_x4: |w, a| unsafe { dot_q8_0_x4_vnni(w, a) },
+            q8_0_r4: |w, a| unsafe { dot_q8_0_r4_vnni(w, a) },
+            q4_0_r4: |w, a| unsafe { dot_q4_0_r4_vnni(w, a) },
+            q4_1_r4: |w, a| unsafe { dot_q4_1_r4_vnni(w, a) },
             q4_0_x4: |w, a| unsafe { dot_q4_0_x4_vnni(w, a) },
             q4_1_x4: |w, a| unsafe { dot_q4_1_x4_vnni(w, a) },
             ..avx2
@@ -101,10 +114,30 @@ unsafe fn dot_q8_0_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (i, x) in a[..n].iter().enumerate() {
         let b = w.as_ptr().add(i * Q8_0_BYTES);
+        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
         let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
         let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
         // i8 x i8 through maddubs: |w| as unsigned, the sign moved onto x.
         let p = udot(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn dot_q8_0_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
+    let n = a.len().min(w.len() / Q8_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    for (i, x) in a[..n].iter().enumerate() {
+        let b = w.as_ptr().add(i * Q8_0_BYTES);
+        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
+        let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+        let p = _mm256_dpbusd_epi32(
+            _mm256_setzero_si256(),
+            _mm256_sign_epi8(wq, wq),
+            _mm256_sign_epi8(xq, wq),
+        );
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
     }
     hsum(acc)
@@ -117,6 +150,7 @@ unsafe fn dot_q4_0_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
     let mut offset = 0.0f32;
     for (i, x) in a[..n].iter().enumerate() {
         let b = w.as_ptr().add(i * Q4_0_BYTES);
+        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
         let d = f16_at(b);
         let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
         let p = udot(nibbles(b.add(2)), xq);
@@ -133,6 +167,7 @@ unsafe fn dot_q4_1_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
     let mut mins = 0.0f32;
     for (i, x) in a[..n].iter().enumerate() {
         let b = w.as_ptr().add(i * Q4_1_BYTES);
+        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
         let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
         let p = udot(nibbles(b.add(4)), xq);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
@@ -148,6 +183,7 @@ unsafe fn dot_q4_0_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
     let mut offset = 0.0f32;
     for (i, x) in a[..n].iter().enumerate() {
         let b = w.as_ptr().add(i * Q4_0_BYTES);
+        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
         let d = f16_at(b);
         let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
         let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(b.add(2)), xq);
@@ -164,9 +200,9 @@ unsafe fn dot_q4_1_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
     let mut mins = 0.0f32;
     for (i, x) in a[..n].iter().enumerate() {
         let b = w.as_ptr().add(i * Q4_1_BYTES);
-        // A hint for the weights 32 blocks ahead; `wrapping_add` because that
-        // address may lie past the slice (a prefetch never faults).
-        _mm_prefetch(b.wrapping_add(640) as *const i8, _MM_HINT_T0);
+        // `wrapping_add`: that address may lie past the slice, and a
+        // prefetch never faults.
+        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
         let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
         let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(b.add(4)), xq);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
@@ -363,7 +399,7 @@ macro_rules! dot_x4 {
             let mut extra = [0.0f32; 4];
             for i in 0..n {
                 let $b = w.as_ptr().add(i * $bytes);
-                _mm_prefetch($b.wrapping_add(640) as *const i8, _MM_HINT_T0);
+                _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
                 let $wv = $unpack;
                 let $scale = f16_at($b);
                 for j in 0..4 {
@@ -437,6 +473,124 @@ dot_x4!(
     |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
     |wv, xq| udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv)),
     d,
+    |_b, x| 0.0 * x.s,
+    |v, _e| v
+);
+dot_x4!(
+    dot_q8_0_x4_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    Q8_0_BYTES,
+    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
+    |wv, xq| _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(),
+        _mm256_sign_epi8(wv, wv),
+        _mm256_sign_epi8(xq, wv)
+    ),
+    d,
+    |_b, x| 0.0 * x.s,
+    |v, _e| v
+);
+
+/// The 4-row forms: four weight rows against one token's activations, each
+/// activation block loaded once for four rows, and four independent weight
+/// streams in flight (one stream alone leaves DRAM latency exposed). Each
+/// row's sums run in exactly the one-token kernel's order: the same bits.
+macro_rules! dot_r4 {
+    ($name:ident, $features:literal, $bytes:expr, |$b:ident| $unpack:expr,
+     |$wv:ident, $xq:ident| $product:expr, |$bb:ident, $x:ident| $extra:expr,
+     $finish:expr) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(w: &[&[u8]; 4], a: &[Q8Block]) -> [f32; 4] {
+            let n = w
+                .iter()
+                .map(|r| r.len() / $bytes)
+                .min()
+                .unwrap_or(0)
+                .min(a.len());
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut extra = [0.0f32; 4];
+            for (i, $x) in a[..n].iter().enumerate() {
+                let $xq = _mm256_loadu_si256($x.q.as_ptr() as *const __m256i);
+                for r in 0..4 {
+                    let $b = w[r].as_ptr().add(i * $bytes);
+                    _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
+                    let $wv = $unpack;
+                    let p = $product;
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(f16_at($b) * $x.d),
+                        _mm256_cvtepi32_ps(p),
+                        acc[r],
+                    );
+                    let $bb = $b;
+                    extra[r] += $extra;
+                }
+            }
+            let finish: fn(f32, f32) -> f32 = $finish;
+            [
+                finish(hsum(acc[0]), extra[0]),
+                finish(hsum(acc[1]), extra[1]),
+                finish(hsum(acc[2]), extra[2]),
+                finish(hsum(acc[3]), extra[3]),
+            ]
+        }
+    };
+}
+
+dot_r4!(
+    dot_q4_1_r4_avx2,
+    "avx2,fma,f16c",
+    Q4_1_BYTES,
+    |b| nibbles(b.add(4)),
+    |wv, xq| udot(wv, xq),
+    |b, x| f16_at(b.add(2)) * x.s,
+    |v, e| v + e
+);
+dot_r4!(
+    dot_q4_1_r4_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    Q4_1_BYTES,
+    |b| nibbles(b.add(4)),
+    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
+    |b, x| f16_at(b.add(2)) * x.s,
+    |v, e| v + e
+);
+dot_r4!(
+    dot_q4_0_r4_avx2,
+    "avx2,fma,f16c",
+    Q4_0_BYTES,
+    |b| nibbles(b.add(2)),
+    |wv, xq| udot(wv, xq),
+    |b, x| f16_at(b) * x.s,
+    |v, e| v - 8.0 * e
+);
+dot_r4!(
+    dot_q4_0_r4_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    Q4_0_BYTES,
+    |b| nibbles(b.add(2)),
+    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
+    |b, x| f16_at(b) * x.s,
+    |v, e| v - 8.0 * e
+);
+dot_r4!(
+    dot_q8_0_r4_avx2,
+    "avx2,fma,f16c",
+    Q8_0_BYTES,
+    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
+    |wv, xq| udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv)),
+    |_b, x| 0.0 * x.s,
+    |v, _e| v
+);
+dot_r4!(
+    dot_q8_0_r4_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    Q8_0_BYTES,
+    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
+    |wv, xq| _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(),
+        _mm256_sign_epi8(wv, wv),
+        _mm256_sign_epi8(xq, wv)
+    ),
     |_b, x| 0.0 * x.s,
     |v, _e| v
 );
