@@ -9,11 +9,14 @@
 //!   inner loop multiplies small integers.
 //! * [`reference`]: scalar dot products, for every format, on those blocks.
 //! * `x86` (x86_64 only): the same dot products in AVX2 (and AVX-512 VNNI
-//!   where the CPU has it); the only `unsafe` of the CPU engine's arithmetic.
+//!   where the CPU has it); `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
+//!   These are the only `unsafe` of the CPU engine's arithmetic.
 //! * [`Kernels`]: the set chosen once at run time for the CPU the process
 //!   runs on, falling back to the scalar reference.
 
 pub mod acts;
+#[cfg(target_arch = "aarch64")]
+mod arm;
 pub mod blocks;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
@@ -48,6 +51,8 @@ pub enum Isa {
     Avx2,
     /// x86_64 AVX2 with AVX-512 VNNI's 256-bit integer dot product.
     Avx512Vnni,
+    /// aarch64 NEON (every aarch64 CPU).
+    Neon,
 }
 
 impl Isa {
@@ -69,6 +74,8 @@ impl Isa {
                 out.push(Isa::Avx512Vnni);
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        out.push(Isa::Neon);
         out
     }
 
@@ -78,6 +85,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512-vnni",
+            Isa::Neon => "neon",
         }
     }
 }
@@ -125,7 +133,7 @@ impl Kernels {
         let chosen = std::env::var("TOKENWIRE_CPU_KERNELS")
             .ok()
             .and_then(|name| {
-                [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+                [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon]
                     .into_iter()
                     .find(|i| i.name() == name)
             });
@@ -159,7 +167,8 @@ impl Kernels {
             Isa::Scalar => scalar,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::Avx512Vnni => x86::kernels(isa, scalar),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::kernels(isa, scalar),
             _ => scalar,
         }
     }

@@ -54,7 +54,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
     };
     match isa {
-        Isa::Scalar => scalar,
+        Isa::Scalar | Isa::Neon => scalar,
         Isa::Avx2 => avx2,
         Isa::Avx512Vnni => Kernels {
             isa: Isa::Avx512Vnni,
