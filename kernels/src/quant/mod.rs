@@ -119,6 +119,8 @@ pub struct Kernels {
     pub q6_k: DotQ8K,
     /// F16 weights, f32 activations.
     pub f16: DotHalf,
+    /// F16 weights, four tokens at once (the same bits as one at a time).
+    pub f16_x4: fn(&[u8], &[&[f32]; 4]) -> [f32; 4],
     /// BF16 weights, f32 activations.
     pub bf16: DotHalf,
     /// F32 weights, f32 activations.
@@ -157,6 +159,7 @@ impl Kernels {
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
             f16: reference::dot_f16,
+            f16_x4: |w, x| x.map(|x| reference::dot_f16(w, x)),
             bf16: reference::dot_bf16,
             f32: reference::dot_f32,
         };

@@ -50,6 +50,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
+        f16_x4: |w, x| unsafe { dot_f16_x4_avx2(w, x) },
         bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
     };
@@ -307,9 +308,9 @@ unsafe fn dot_q6_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16_avx2(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len().min(w.len() / 2);
-    let full = n / 32 * 32;
+    let full = n / 16 * 16;
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = [_mm256_setzero_ps(); 2];
     let mut j = 0;
     while j < full {
         for (k, a) in acc.iter_mut().enumerate() {
@@ -317,24 +318,58 @@ unsafe fn dot_f16_avx2(w: &[u8], x: &[f32]) -> f32 {
             let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * at) as *const __m128i));
             *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(at)), *a);
         }
-        j += 32;
+        j += 16;
     }
-    let mut s = hsum(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
+    let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
     for (k, &xv) in x[full..n].iter().enumerate() {
         s += super::blocks::f16_at(w, 2 * (full + k)) * xv;
     }
     s
 }
 
+/// f16 weights against four tokens: each 8 weights widened once and used
+/// four times. Two accumulators per token, so one token alone (above) and
+/// four together sum in the same order: the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_x4_avx2(w: &[u8], xs: &[&[f32]; 4]) -> [f32; 4] {
+    let n = xs
+        .iter()
+        .map(|x| x.len())
+        .min()
+        .unwrap_or(0)
+        .min(w.len() / 2);
+    let full = n / 16 * 16;
+    let wp = w.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let mut j = 0;
+    while j < full {
+        for k in 0..2 {
+            let at = j + 8 * k;
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * at) as *const __m128i));
+            for (a, x) in acc.iter_mut().zip(xs) {
+                a[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(at)), a[k]);
+            }
+        }
+        j += 16;
+    }
+    let mut out = [0.0f32; 4];
+    for ((o, a), x) in out.iter_mut().zip(&acc).zip(xs) {
+        let mut s = hsum(_mm256_add_ps(a[0], a[1]));
+        for (k, &xv) in x[full..n].iter().enumerate() {
+            s += super::blocks::f16_at(w, 2 * (full + k)) * xv;
+        }
+        *o = s;
+    }
+    out
+}
+
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
+    // Summed as the f16 and f32 kernels sum (two accumulators over 16).
     let n = x.len().min(w.len() / 2);
-    let full = n / 32 * 32;
+    let full = n / 16 * 16;
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = [_mm256_setzero_ps(); 2];
     let mut j = 0;
     while j < full {
         for (k, a) in acc.iter_mut().enumerate() {
@@ -343,12 +378,9 @@ unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
             let wv = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
             *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(at)), *a);
         }
-        j += 32;
+        j += 16;
     }
-    let mut s = hsum(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
+    let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
     for (k, &xv) in x[full..n].iter().enumerate() {
         s += super::blocks::bf16_at(w, 2 * (full + k)) * xv;
     }
@@ -357,22 +389,21 @@ unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+    // Two accumulators over 16 values, as the f16 kernels sum: a matrix
+    // stored as f16 and the same values stored as f32 give the same bits.
     let n = a.len().min(b.len());
-    let full = n / 32 * 32;
+    let full = n / 16 * 16;
     let (ap, bp) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = [_mm256_setzero_ps(); 2];
     let mut j = 0;
     while j < full {
         for (k, s) in acc.iter_mut().enumerate() {
             let at = j + 8 * k;
             *s = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(at)), _mm256_loadu_ps(bp.add(at)), *s);
         }
-        j += 32;
+        j += 16;
     }
-    let mut s = hsum(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
+    let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
     for (x, y) in a[full..n].iter().zip(&b[full..n]) {
         s += x * y;
     }

@@ -183,7 +183,20 @@ fn row_dots(
             let xs = x.chunks_exact(n_in);
             match w.dtype() {
                 GgmlType::F16 => {
-                    for (v, xr) in out.iter_mut().zip(xs) {
+                    // Four tokens at a time share each widened weight.
+                    let mut groups = out.chunks_exact_mut(4);
+                    let mut xs = xs;
+                    for vs in &mut groups {
+                        let (Some(a), Some(b), Some(c), Some(d)) =
+                            (xs.next(), xs.next(), xs.next(), xs.next())
+                        else {
+                            return;
+                        };
+                        for (v, r) in vs.iter_mut().zip((k.f16_x4)(row, &[a, b, c, d])) {
+                            *v = r + bias;
+                        }
+                    }
+                    for (v, xr) in groups.into_remainder().iter_mut().zip(xs) {
                         *v = (k.f16)(row, xr) + bias;
                     }
                 }
