@@ -198,13 +198,6 @@ impl WeightMatrix {
         &self.bytes()[r * n..(r + 1) * n]
     }
 
-    /// The bytes of rows `r0..r1`, contiguous.
-    #[inline]
-    pub fn rows_bytes(&self, r0: usize, r1: usize) -> &[u8] {
-        let n = self.row_len_bytes();
-        &self.bytes()[r0 * n..r1 * n]
-    }
-
     /// The values of an f32 matrix as a slice; `None` for other dtypes.
     pub fn as_f32(&self) -> Option<&[f32]> {
         if self.dtype != GgmlType::F32 {

@@ -81,6 +81,20 @@ pub struct Weights {
     pub rope: RopeLayout,
 }
 
+impl Weights {
+    /// Every matrix a forward pass reads: the embedding, each layer's seven
+    /// projections, and the untied LM head if there is one.
+    pub fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].map(|lin| &lin.w));
+        std::iter::once(&self.embed)
+            .chain(layers)
+            .chain(self.lm_head.as_ref().map(|l| &l.w))
+    }
+}
+
 /// The name and shape of one tensor the model reads.
 struct Spec {
     name: String,

@@ -57,6 +57,8 @@ fn the_tokenizer_and_chat_template_from_the_file_match_transformers() {
     assert_eq!(info.dtype, "q4_1");
     assert_eq!(info.context_len, 8192);
     assert_eq!(info.eos_ids, vec![2]);
+    // Every matrix is a view of the mapped file, not a copy.
+    assert!(e.model().weights().matrices().all(|m| m.is_mapped()));
     let codec = e.codec();
     let g = goldens();
     for case in g["encode"].as_array().expect("encode cases") {

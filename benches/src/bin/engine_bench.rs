@@ -405,24 +405,11 @@ fn bench(a: &Args) -> Result<(), String> {
             (c, Arc::new(m))
         }
     };
-    let params: usize = {
-        let w = model.weights();
-        let lin = |l: &Linear| l.w.rows() * l.w.cols();
-        w.embed.rows() * w.embed.cols()
-            + w.lm_head.as_ref().map_or(0, lin)
-            + w.layers
-                .iter()
-                .map(|l| {
-                    lin(&l.q)
-                        + lin(&l.k)
-                        + lin(&l.v)
-                        + lin(&l.o)
-                        + lin(&l.gate)
-                        + lin(&l.up)
-                        + lin(&l.down)
-                })
-                .sum::<usize>()
-    };
+    let params: usize = model
+        .weights()
+        .matrices()
+        .map(|m| m.rows() * m.cols())
+        .sum();
     println!(
         "shape {} (hidden {}, layers {}, heads {}/{} kv, head_dim {}, ffn {}, vocab {}, tied {}), \
          {:.1} M params, weights: {}, built in {:.1?}",
@@ -504,21 +491,9 @@ fn bench(a: &Args) -> Result<(), String> {
 /// Bytes of every matrix one decode step reads on the CPU, in their own
 /// dtype (the embedding counted once, as the tied LM head).
 fn cpu_weight_bytes(model: &Model) -> u64 {
-    let w = model.weights();
-    let m = |m: &WeightMatrix| m.bytes().len() as u64;
-    let lin = |l: &Linear| m(&l.w);
-    m(&w.embed)
-        + w.lm_head.as_ref().map_or(0, lin)
-        + w.layers
-            .iter()
-            .map(|l| {
-                lin(&l.q)
-                    + lin(&l.k)
-                    + lin(&l.v)
-                    + lin(&l.o)
-                    + lin(&l.gate)
-                    + lin(&l.up)
-                    + lin(&l.down)
-            })
-            .sum::<u64>()
+    model
+        .weights()
+        .matrices()
+        .map(|m| m.bytes().len() as u64)
+        .sum()
 }

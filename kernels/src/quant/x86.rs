@@ -38,15 +38,15 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     // `Isa::available`, which is the only precondition of these functions.
     let avx2 = Kernels {
         isa: Isa::Avx2,
-        q8_0: |w, a| unsafe { dot_q8_0_avx2(w, a) },
-        q4_0: |w, a| unsafe { dot_q4_0_avx2(w, a) },
-        q4_1: |w, a| unsafe { dot_q4_1_avx2(w, a) },
-        q8_0_x4: |w, a| unsafe { dot_q8_0_x4_avx2(w, a) },
-        q4_0_x4: |w, a| unsafe { dot_q4_0_x4_avx2(w, a) },
-        q4_1_x4: |w, a| unsafe { dot_q4_1_x4_avx2(w, a) },
-        q8_0_r4: |w, a| unsafe { dot_q8_0_r4_avx2(w, a) },
-        q4_0_r4: |w, a| unsafe { dot_q4_0_r4_avx2(w, a) },
-        q4_1_r4: |w, a| unsafe { dot_q4_1_r4_avx2(w, a) },
+        q8_0: |w, a| unsafe { q8_0_avx2::one(w, a) },
+        q4_0: |w, a| unsafe { q4_0_avx2::one(w, a) },
+        q4_1: |w, a| unsafe { q4_1_avx2::one(w, a) },
+        q8_0_x4: |w, a| unsafe { q8_0_avx2::x4(w, a) },
+        q4_0_x4: |w, a| unsafe { q4_0_avx2::x4(w, a) },
+        q4_1_x4: |w, a| unsafe { q4_1_avx2::x4(w, a) },
+        q8_0_r4: |w, a| unsafe { q8_0_avx2::r4(w, a) },
+        q4_0_r4: |w, a| unsafe { q4_0_avx2::r4(w, a) },
+        q4_1_r4: |w, a| unsafe { q4_1_avx2::r4(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -59,15 +59,15 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         Isa::Avx2 => avx2,
         Isa::Avx512Vnni => Kernels {
             isa: Isa::Avx512Vnni,
-            q4_0: |w, a| unsafe { dot_q4_0_vnni(w, a) },
-            q4_1: |w, a| unsafe { dot_q4_1_vnni(w, a) },
-            q8_0: |w, a| unsafe { dot_q8_0_vnni(w, a) },
-            q8_0_x4: |w, a| unsafe { dot_q8_0_x4_vnni(w, a) },
-            q8_0_r4: |w, a| unsafe { dot_q8_0_r4_vnni(w, a) },
-            q4_0_r4: |w, a| unsafe { dot_q4_0_r4_vnni(w, a) },
-            q4_1_r4: |w, a| unsafe { dot_q4_1_r4_vnni(w, a) },
-            q4_0_x4: |w, a| unsafe { dot_q4_0_x4_vnni(w, a) },
-            q4_1_x4: |w, a| unsafe { dot_q4_1_x4_vnni(w, a) },
+            q8_0: |w, a| unsafe { q8_0_vnni::one(w, a) },
+            q4_0: |w, a| unsafe { q4_0_vnni::one(w, a) },
+            q4_1: |w, a| unsafe { q4_1_vnni::one(w, a) },
+            q8_0_x4: |w, a| unsafe { q8_0_vnni::x4(w, a) },
+            q4_0_x4: |w, a| unsafe { q4_0_vnni::x4(w, a) },
+            q4_1_x4: |w, a| unsafe { q4_1_vnni::x4(w, a) },
+            q8_0_r4: |w, a| unsafe { q8_0_vnni::r4(w, a) },
+            q4_0_r4: |w, a| unsafe { q4_0_vnni::r4(w, a) },
+            q4_1_r4: |w, a| unsafe { q4_1_vnni::r4(w, a) },
             ..avx2
         },
     }
@@ -107,109 +107,6 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2")]
 fn udot(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
-    let n = a.len().min(w.len() / Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    for (i, x) in a[..n].iter().enumerate() {
-        let b = w.as_ptr().add(i * Q8_0_BYTES);
-        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-        let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
-        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-        // i8 x i8 through maddubs: |w| as unsigned, the sign moved onto x.
-        let p = udot(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
-    }
-    hsum(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn dot_q8_0_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
-    let n = a.len().min(w.len() / Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    for (i, x) in a[..n].iter().enumerate() {
-        let b = w.as_ptr().add(i * Q8_0_BYTES);
-        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-        let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
-        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-        let p = _mm256_dpbusd_epi32(
-            _mm256_setzero_si256(),
-            _mm256_sign_epi8(wq, wq),
-            _mm256_sign_epi8(xq, wq),
-        );
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
-    }
-    hsum(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
-    let n = a.len().min(w.len() / Q4_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0.0f32;
-    for (i, x) in a[..n].iter().enumerate() {
-        let b = w.as_ptr().add(i * Q4_0_BYTES);
-        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-        let d = f16_at(b);
-        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-        let p = udot(nibbles(b.add(2)), xq);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(p), acc);
-        offset += d * x.s;
-    }
-    hsum(acc) - 8.0 * offset
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_avx2(w: &[u8], a: &[Q8Block]) -> f32 {
-    let n = a.len().min(w.len() / Q4_1_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
-    for (i, x) in a[..n].iter().enumerate() {
-        let b = w.as_ptr().add(i * Q4_1_BYTES);
-        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-        let p = udot(nibbles(b.add(4)), xq);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
-        mins += f16_at(b.add(2)) * x.s;
-    }
-    hsum(acc) + mins
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn dot_q4_0_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
-    let n = a.len().min(w.len() / Q4_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0.0f32;
-    for (i, x) in a[..n].iter().enumerate() {
-        let b = w.as_ptr().add(i * Q4_0_BYTES);
-        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-        let d = f16_at(b);
-        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-        let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(b.add(2)), xq);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(p), acc);
-        offset += d * x.s;
-    }
-    hsum(acc) - 8.0 * offset
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn dot_q4_1_vnni(w: &[u8], a: &[Q8Block]) -> f32 {
-    let n = a.len().min(w.len() / Q4_1_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
-    for (i, x) in a[..n].iter().enumerate() {
-        let b = w.as_ptr().add(i * Q4_1_BYTES);
-        // `wrapping_add`: that address may lie past the slice, and a
-        // prefetch never faults.
-        _mm_prefetch(b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-        let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-        let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(b.add(4)), xq);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * x.d), _mm256_cvtepi32_ps(p), acc);
-        mins += f16_at(b.add(2)) * x.s;
-    }
-    hsum(acc) + mins
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -410,218 +307,167 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// The 4-token forms: one weight row against four tokens' activations, each
-/// block's weights unpacked once and used four times. Each token's sums run
-/// in exactly the order of the one-token kernel, so the results are the same
-/// bits (a token's output does not depend on its neighbours in the batch).
-macro_rules! dot_x4 {
-    ($name:ident, $features:literal, $bytes:expr, |$b:ident| $unpack:expr,
-     |$wv:ident, $xq:ident| $product:expr, $scale:ident, |$bb:ident, $x:ident| $extra:expr,
-     $finish:expr) => {
+/// The three shapes of one 32-block format's dot product, generated from
+/// one description of the format so they cannot drift apart:
+///
+/// * `one`: one weight row · one token;
+/// * `x4`: one row · four tokens, each block unpacked once for the four
+///   (prefill and batches);
+/// * `r4`: four rows · one token, each activation block loaded once and
+///   four weight streams in flight (one stream alone leaves DRAM latency
+///   exposed).
+///
+/// Per (row, token) all three run the same operations in the same order:
+/// `acc = fma(d_w d_x, int_dot, acc)` and `extra += $extra` per block, then
+/// `$finish(hsum(acc), extra)`; so every shape gives the same bits and a
+/// token's result does not depend on its neighbours in the batch.
+/// `$unpack` reads a block's weights as 32 bytes, `$product` multiplies them
+/// with the activations' 32 bytes into eight i32 sums.
+macro_rules! q8_family {
+    ($features:literal, $bytes:expr,
+     unpack: |$b:ident| $unpack:expr,
+     product: |$wv:ident, $xq:ident| $product:expr,
+     extra: |$eb:ident, $ex:ident| $extra:expr,
+     finish: $finish:expr) => {
+        /// One block: the weights at `b` against `x`, into `acc` and `extra`.
+        #[inline(always)]
+        unsafe fn step(
+            $b: *const u8,
+            x: &Q8Block,
+            $wv: __m256i,
+            acc: &mut __m256,
+            extra: &mut f32,
+        ) {
+            let $xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+            let p = $product;
+            *acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(f16_at($b) * x.d),
+                _mm256_cvtepi32_ps(p),
+                *acc,
+            );
+            let ($eb, $ex) = ($b, x);
+            *extra += $extra;
+        }
+
         #[target_feature(enable = $features)]
-        unsafe fn $name(w: &[u8], a: &[&[Q8Block]; 4]) -> [f32; 4] {
+        pub(super) unsafe fn one(w: &[u8], a: &[Q8Block]) -> f32 {
+            let n = a.len().min(w.len() / $bytes);
+            let (mut acc, mut extra) = (_mm256_setzero_ps(), 0.0f32);
+            for (i, x) in a[..n].iter().enumerate() {
+                let $b = w.as_ptr().add(i * $bytes);
+                _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
+                step($b, x, $unpack, &mut acc, &mut extra);
+            }
+            let finish: fn(f32, f32) -> f32 = $finish;
+            finish(hsum(acc), extra)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn x4(w: &[u8], a: &[&[Q8Block]; 4]) -> [f32; 4] {
             let n = a
                 .iter()
                 .map(|r| r.len())
                 .min()
                 .unwrap_or(0)
                 .min(w.len() / $bytes);
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut extra = [0.0f32; 4];
+            let (mut acc, mut extra) = ([_mm256_setzero_ps(); 4], [0.0f32; 4]);
             for i in 0..n {
                 let $b = w.as_ptr().add(i * $bytes);
                 _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-                let $wv = $unpack;
-                let $scale = f16_at($b);
+                let wv = $unpack;
                 for j in 0..4 {
-                    let $x = &a[j][i];
-                    let $xq = _mm256_loadu_si256($x.q.as_ptr() as *const __m256i);
-                    let p = $product;
-                    acc[j] = _mm256_fmadd_ps(
-                        _mm256_set1_ps($scale * $x.d),
-                        _mm256_cvtepi32_ps(p),
-                        acc[j],
-                    );
-                    let $bb = $b;
-                    extra[j] += $extra;
+                    step($b, &a[j][i], wv, &mut acc[j], &mut extra[j]);
                 }
             }
             let finish: fn(f32, f32) -> f32 = $finish;
-            [
-                finish(hsum(acc[0]), extra[0]),
-                finish(hsum(acc[1]), extra[1]),
-                finish(hsum(acc[2]), extra[2]),
-                finish(hsum(acc[3]), extra[3]),
-            ]
+            [0, 1, 2, 3].map(|j| finish(hsum(acc[j]), extra[j]))
         }
-    };
-}
 
-dot_x4!(
-    dot_q4_1_x4_avx2,
-    "avx2,fma,f16c",
-    Q4_1_BYTES,
-    |b| nibbles(b.add(4)),
-    |wv, xq| udot(wv, xq),
-    d,
-    |b, x| f16_at(b.add(2)) * x.s,
-    |v, e| v + e
-);
-dot_x4!(
-    dot_q4_1_x4_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    Q4_1_BYTES,
-    |b| nibbles(b.add(4)),
-    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
-    d,
-    |b, x| f16_at(b.add(2)) * x.s,
-    |v, e| v + e
-);
-dot_x4!(
-    dot_q4_0_x4_avx2,
-    "avx2,fma,f16c",
-    Q4_0_BYTES,
-    |b| nibbles(b.add(2)),
-    |wv, xq| udot(wv, xq),
-    d,
-    |b, x| f16_at(b) * x.s,
-    |v, e| v - 8.0 * e
-);
-dot_x4!(
-    dot_q4_0_x4_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    Q4_0_BYTES,
-    |b| nibbles(b.add(2)),
-    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
-    d,
-    |b, x| f16_at(b) * x.s,
-    |v, e| v - 8.0 * e
-);
-dot_x4!(
-    dot_q8_0_x4_avx2,
-    "avx2,fma,f16c",
-    Q8_0_BYTES,
-    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
-    |wv, xq| udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv)),
-    d,
-    |_b, x| 0.0 * x.s,
-    |v, _e| v
-);
-dot_x4!(
-    dot_q8_0_x4_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    Q8_0_BYTES,
-    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
-    |wv, xq| _mm256_dpbusd_epi32(
-        _mm256_setzero_si256(),
-        _mm256_sign_epi8(wv, wv),
-        _mm256_sign_epi8(xq, wv)
-    ),
-    d,
-    |_b, x| 0.0 * x.s,
-    |v, _e| v
-);
-
-/// The 4-row forms: four weight rows against one token's activations, each
-/// activation block loaded once for four rows, and four independent weight
-/// streams in flight (one stream alone leaves DRAM latency exposed). Each
-/// row's sums run in exactly the one-token kernel's order: the same bits.
-macro_rules! dot_r4 {
-    ($name:ident, $features:literal, $bytes:expr, |$b:ident| $unpack:expr,
-     |$wv:ident, $xq:ident| $product:expr, |$bb:ident, $x:ident| $extra:expr,
-     $finish:expr) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name(w: &[&[u8]; 4], a: &[Q8Block]) -> [f32; 4] {
+        pub(super) unsafe fn r4(w: &[&[u8]; 4], a: &[Q8Block]) -> [f32; 4] {
             let n = w
                 .iter()
                 .map(|r| r.len() / $bytes)
                 .min()
                 .unwrap_or(0)
                 .min(a.len());
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut extra = [0.0f32; 4];
-            for (i, $x) in a[..n].iter().enumerate() {
-                let $xq = _mm256_loadu_si256($x.q.as_ptr() as *const __m256i);
+            let (mut acc, mut extra) = ([_mm256_setzero_ps(); 4], [0.0f32; 4]);
+            for (i, x) in a[..n].iter().enumerate() {
                 for r in 0..4 {
                     let $b = w[r].as_ptr().add(i * $bytes);
                     _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-                    let $wv = $unpack;
-                    let p = $product;
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(f16_at($b) * $x.d),
-                        _mm256_cvtepi32_ps(p),
-                        acc[r],
-                    );
-                    let $bb = $b;
-                    extra[r] += $extra;
+                    step($b, x, $unpack, &mut acc[r], &mut extra[r]);
                 }
             }
             let finish: fn(f32, f32) -> f32 = $finish;
-            [
-                finish(hsum(acc[0]), extra[0]),
-                finish(hsum(acc[1]), extra[1]),
-                finish(hsum(acc[2]), extra[2]),
-                finish(hsum(acc[3]), extra[3]),
-            ]
+            [0, 1, 2, 3].map(|r| finish(hsum(acc[r]), extra[r]))
         }
     };
 }
 
-dot_r4!(
-    dot_q4_1_r4_avx2,
-    "avx2,fma,f16c",
-    Q4_1_BYTES,
-    |b| nibbles(b.add(4)),
-    |wv, xq| udot(wv, xq),
-    |b, x| f16_at(b.add(2)) * x.s,
-    |v, e| v + e
-);
-dot_r4!(
-    dot_q4_1_r4_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    Q4_1_BYTES,
-    |b| nibbles(b.add(4)),
-    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
-    |b, x| f16_at(b.add(2)) * x.s,
-    |v, e| v + e
-);
-dot_r4!(
-    dot_q4_0_r4_avx2,
-    "avx2,fma,f16c",
-    Q4_0_BYTES,
-    |b| nibbles(b.add(2)),
-    |wv, xq| udot(wv, xq),
-    |b, x| f16_at(b) * x.s,
-    |v, e| v - 8.0 * e
-);
-dot_r4!(
-    dot_q4_0_r4_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    Q4_0_BYTES,
-    |b| nibbles(b.add(2)),
-    |wv, xq| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
-    |b, x| f16_at(b) * x.s,
-    |v, e| v - 8.0 * e
-);
-dot_r4!(
-    dot_q8_0_r4_avx2,
-    "avx2,fma,f16c",
-    Q8_0_BYTES,
-    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
-    |wv, xq| udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv)),
-    |_b, x| 0.0 * x.s,
-    |v, _e| v
-);
-dot_r4!(
-    dot_q8_0_r4_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    Q8_0_BYTES,
-    |b| _mm256_loadu_si256(b.add(2) as *const __m256i),
-    |wv, xq| _mm256_dpbusd_epi32(
+/// Bytes 2.. of a Q8_0 block: its 32 signed weights.
+#[inline(always)]
+unsafe fn q8_weights(b: *const u8) -> __m256i {
+    _mm256_loadu_si256(b.add(2) as *const __m256i)
+}
+
+/// i8 · i8 through maddubs: |w| as unsigned, the sign moved onto x.
+#[inline(always)]
+unsafe fn signed_udot(wv: __m256i, xq: __m256i) -> __m256i {
+    udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv))
+}
+
+/// The same with `vpdpbusd`.
+#[inline(always)]
+unsafe fn signed_vnni(wv: __m256i, xq: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(
         _mm256_setzero_si256(),
         _mm256_sign_epi8(wv, wv),
-        _mm256_sign_epi8(xq, wv)
-    ),
-    |_b, x| 0.0 * x.s,
-    |v, _e| v
-);
+        _mm256_sign_epi8(xq, wv),
+    )
+}
+
+/// `u8 · i8` with `vpdpbusd`.
+#[inline(always)]
+unsafe fn vnni(wv: __m256i, xq: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq)
+}
+
+mod q8_0_avx2 {
+    use super::*;
+    q8_family!("avx2,fma,f16c", Q8_0_BYTES,
+        unpack: |b| q8_weights(b), product: |wv, xq| signed_udot(wv, xq),
+        extra: |_b, _x| 0.0, finish: |v, _| v);
+}
+mod q8_0_vnni {
+    use super::*;
+    q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q8_0_BYTES,
+        unpack: |b| q8_weights(b), product: |wv, xq| signed_vnni(wv, xq),
+        extra: |_b, _x| 0.0, finish: |v, _| v);
+}
+// Q4_0: d (q - 8) · x = d (q · x) - 8 d sum(x).
+mod q4_0_avx2 {
+    use super::*;
+    q8_family!("avx2,fma,f16c", Q4_0_BYTES,
+        unpack: |b| nibbles(b.add(2)), product: |wv, xq| udot(wv, xq),
+        extra: |b, x| f16_at(b) * x.s, finish: |v, e| v - 8.0 * e);
+}
+mod q4_0_vnni {
+    use super::*;
+    q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_0_BYTES,
+        unpack: |b| nibbles(b.add(2)), product: |wv, xq| vnni(wv, xq),
+        extra: |b, x| f16_at(b) * x.s, finish: |v, e| v - 8.0 * e);
+}
+// Q4_1: (d q + m) · x = d (q · x) + m sum(x).
+mod q4_1_avx2 {
+    use super::*;
+    q8_family!("avx2,fma,f16c", Q4_1_BYTES,
+        unpack: |b| nibbles(b.add(4)), product: |wv, xq| udot(wv, xq),
+        extra: |b, x| f16_at(b.add(2)) * x.s, finish: |v, e| v + e);
+}
+mod q4_1_vnni {
+    use super::*;
+    q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_1_BYTES,
+        unpack: |b| nibbles(b.add(4)), product: |wv, xq| vnni(wv, xq),
+        extra: |b, x| f16_at(b.add(2)) * x.s, finish: |v, e| v + e);
+}

@@ -8,8 +8,6 @@
 //! activations, whatever `t` and the thread split, so a token's result does
 //! not depend on what else is in the batch.
 
-use std::sync::Mutex;
-
 use tokenwire_gguf::GgmlType;
 
 use super::pool::Pool;
@@ -139,14 +137,7 @@ pub(crate) fn matmul(
     };
     let run = |dst: &mut [f32]| {
         if parallel {
-            // Each task locks only its own chunk: uncontended, and it lets
-            // shared tasks write disjoint parts of `dst` without `unsafe`.
-            let chunks: Vec<Mutex<&mut [f32]>> =
-                dst.chunks_mut(rows_per_task * t).map(Mutex::new).collect();
-            pool.run(chunks.len(), &|ci| {
-                let mut c = chunks[ci].lock().unwrap_or_else(|e| e.into_inner());
-                fill(ci, &mut c, &mut Vec::new());
-            });
+            pool.for_each_chunk(dst, rows_per_task * t, |ci, c| fill(ci, c, &mut Vec::new()));
         } else {
             let mut buf = Vec::new();
             for (ci, c) in dst.chunks_mut(rows_per_task * t).enumerate() {

@@ -7,12 +7,13 @@
 mod matmul;
 mod pool;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokenwire_core::{BlockId, EngineFaultKind};
 
 use super::{Backend, SeqBatch};
 use crate::kv::{KvCache, KvGeometry};
 use crate::model::Model;
+use crate::quant::reference::dot_f32;
 use crate::quant::Kernels;
 use crate::rope;
 use crate::weights::Linear;
@@ -340,38 +341,12 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     let h = w.len();
     out.resize(x.len(), 0.0);
     for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-        let ms = dot(xr, xr) / h as f32;
+        let ms = dot_f32(xr, xr) / h as f32;
         let r = 1.0 / (ms + eps).sqrt();
         for ((o, &xi), &wi) in or.iter_mut().zip(xr).zip(w) {
             *o = wi * (xi * r);
         }
     }
-}
-
-/// Dot product with eight independent accumulators, so the compiler can keep
-/// them in vector lanes without reordering a single sum.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        // Fixed-size arrays: no bounds checks, so the loop becomes vector code.
-        let (x, y): (&[f32; 8], &[f32; 8]) = match (x.try_into(), y.try_into()) {
-            (Ok(x), Ok(y)) => (x, y),
-            _ => unreachable!("chunks_exact(8) yields 8 elements"),
-        };
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 /// What every attention task reads.
@@ -397,11 +372,9 @@ fn attention(ctx: &AttnCtx<'_>, att: &mut [f32], scores: &mut Vec<f32>, pool: &P
     let work: usize =
         ctx.rows.iter().map(|r| r.pos + 1).sum::<usize>() * ctx.heads * ctx.geo.head_dim * 2;
     if work >= PAR_MIN_WORK && pool.threads() > 1 {
-        // One task per (token, KV head); each locks only its own output.
-        let outs: Vec<Mutex<&mut [f32]>> = att.chunks_mut(width).map(Mutex::new).collect();
-        pool.run(outs.len(), &|i| {
-            let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
-            attend_group(ctx, i, &mut out, &mut Vec::new());
+        // One task per (token, KV head).
+        pool.for_each_chunk(att, width, |i, out| {
+            attend_group(ctx, i, out, &mut Vec::new())
         });
     } else {
         for (i, out) in att.chunks_mut(width).enumerate() {

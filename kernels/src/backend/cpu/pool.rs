@@ -186,6 +186,23 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Runs `f(i, chunk)` for every `chunk_len`-long chunk `i` of `dst`
+    /// across the pool. Each task locks only its own chunk (uncontended),
+    /// which lets tasks write disjoint parts of `dst` without `unsafe`.
+    pub(crate) fn for_each_chunk<F>(&self, dst: &mut [f32], chunk_len: usize, f: F)
+    where
+        F: Fn(usize, &mut [f32]) + Sync,
+    {
+        let chunks: Vec<Mutex<&mut [f32]>> =
+            dst.chunks_mut(chunk_len.max(1)).map(Mutex::new).collect();
+        self.run(chunks.len(), &|i| {
+            let mut c = chunks[i].lock().unwrap_or_else(|e| e.into_inner());
+            f(i, &mut c)
+        });
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
