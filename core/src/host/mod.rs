@@ -844,7 +844,6 @@ impl Host {
             return;
         };
         let positions = sched.waiting_positions();
-        let stats = sched.stats();
         for (id, position) in positions {
             let Some(g) = self.sh.gens.get_mut(&id) else {
                 continue;
@@ -856,6 +855,12 @@ impl Host {
             let owner = g.owner;
             self.with_conn(now, owner, |m, cx| m.on_queued(cx, id, position));
         }
+        // Read after the dialects heard their queue positions: delivering to
+        // them may end generations and free blocks, and the gauges must show
+        // the state this input leaves, as `stats()` does.
+        let Some(stats) = self.sh.sched.as_ref().map(|s| s.stats()) else {
+            return;
+        };
         let gauges = Event::Gauges {
             queued: stats.waiting,
             running: stats.running,
