@@ -31,9 +31,6 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_x4: |w, a| a.map(|x| unsafe { dot_q8_0_neon(w, x) }),
             q4_0_x4: |w, a| a.map(|x| unsafe { dot_q4_0_neon(w, x) }),
             q4_1_x4: |w, a| a.map(|x| unsafe { dot_q4_1_neon(w, x) }),
-            q8_0_r4: |w, a| w.map(|r| unsafe { dot_q8_0_neon(r, a) }),
-            q4_0_r4: |w, a| w.map(|r| unsafe { dot_q4_0_neon(r, a) }),
-            q4_1_r4: |w, a| w.map(|r| unsafe { dot_q4_1_neon(r, a) }),
             ..scalar
         },
         _ => scalar,

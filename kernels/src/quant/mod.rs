@@ -34,9 +34,6 @@ pub type DotQ8 = fn(&[u8], &[Q8Block]) -> f32;
 /// Dot products of one weight row with four tokens' 32-blocks, each the
 /// same bits as the one-token kernel gives.
 pub type DotQ8x4 = fn(&[u8], &[&[Q8Block]; 4]) -> [f32; 4];
-/// Dot products of four weight rows with one token's 32-blocks, each the
-/// same bits as the one-row kernel gives.
-pub type DotQ8r4 = fn(&[&[u8]; 4], &[Q8Block]) -> [f32; 4];
 /// Dot product of a weight row with 256-blocks of activations.
 pub type DotQ8K = fn(&[u8], &[Q8KBlock]) -> f32;
 /// Dot product of a 2-byte-float weight row with f32 activations.
@@ -107,12 +104,6 @@ pub struct Kernels {
     pub q4_0_x4: DotQ8x4,
     /// Q4_1 weights, four tokens at once.
     pub q4_1_x4: DotQ8x4,
-    /// Q8_0 weights, four rows at once.
-    pub q8_0_r4: DotQ8r4,
-    /// Q4_0 weights, four rows at once.
-    pub q4_0_r4: DotQ8r4,
-    /// Q4_1 weights, four rows at once.
-    pub q4_1_r4: DotQ8r4,
     /// Q4_K weights.
     pub q4_k: DotQ8K,
     /// Q6_K weights.
@@ -153,9 +144,6 @@ impl Kernels {
             q8_0_x4: |w, a| a.map(|x| reference::dot_q8_0(w, x)),
             q4_0_x4: |w, a| a.map(|x| reference::dot_q4_0(w, x)),
             q4_1_x4: |w, a| a.map(|x| reference::dot_q4_1(w, x)),
-            q8_0_r4: |w, a| w.map(|r| reference::dot_q8_0(r, a)),
-            q4_0_r4: |w, a| w.map(|r| reference::dot_q4_0(r, a)),
-            q4_1_r4: |w, a| w.map(|r| reference::dot_q4_1(r, a)),
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
             f16: reference::dot_f16,

@@ -227,35 +227,6 @@ fn the_four_token_f16_kernel_gives_the_one_token_kernels_bits() {
 }
 
 #[test]
-fn four_row_kernels_give_the_one_row_kernels_bits() {
-    let mut rng = Rng(43);
-    for isa in Isa::available() {
-        let k = Kernels::for_isa(isa);
-        let triples: [(GgmlType, DotQ8, DotQ8r4); 3] = [
-            (GgmlType::Q8_0, k.q8_0, k.q8_0_r4),
-            (GgmlType::Q4_0, k.q4_0, k.q4_0_r4),
-            (GgmlType::Q4_1, k.q4_1, k.q4_1_r4),
-        ];
-        for (dtype, one, four) in triples {
-            for n in [32, 576, 1536] {
-                let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
-                let mut a = Vec::new();
-                quantize_q8(&random_acts(n, &mut rng), &mut a);
-                let got = four(&[&rows[0], &rows[1], &rows[2], &rows[3]], &a);
-                for (r, row) in rows.iter().enumerate() {
-                    assert_eq!(
-                        got[r].to_bits(),
-                        one(row, &a).to_bits(),
-                        "{dtype} n={n} row {r} {}",
-                        isa.name()
-                    );
-                }
-            }
-        }
-    }
-}
-
-#[test]
 fn activations_quantize_within_half_a_step() {
     let mut rng = Rng(7);
     let x = random_acts(512, &mut rng);

@@ -15,11 +15,6 @@ use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 use super::{Isa, Kernels};
 
-/// How far ahead of the block being read the weight stream is prefetched:
-/// far enough to cover a DRAM round trip and to run ahead across 4 KiB page
-/// boundaries, where the hardware prefetchers stop.
-const PREFETCH_AHEAD: usize = 2048;
-
 /// AVX2, FMA and F16C, which every AVX2 kernel here uses.
 pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
@@ -44,9 +39,6 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0_x4: |w, a| unsafe { q8_0_avx2::x4(w, a) },
         q4_0_x4: |w, a| unsafe { q4_0_avx2::x4(w, a) },
         q4_1_x4: |w, a| unsafe { q4_1_avx2::x4(w, a) },
-        q8_0_r4: |w, a| unsafe { q8_0_avx2::r4(w, a) },
-        q4_0_r4: |w, a| unsafe { q4_0_avx2::r4(w, a) },
-        q4_1_r4: |w, a| unsafe { q4_1_avx2::r4(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -65,9 +57,6 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_x4: |w, a| unsafe { q8_0_vnni::x4(w, a) },
             q4_0_x4: |w, a| unsafe { q4_0_vnni::x4(w, a) },
             q4_1_x4: |w, a| unsafe { q4_1_vnni::x4(w, a) },
-            q8_0_r4: |w, a| unsafe { q8_0_vnni::r4(w, a) },
-            q4_0_r4: |w, a| unsafe { q4_0_vnni::r4(w, a) },
-            q4_1_r4: |w, a| unsafe { q4_1_vnni::r4(w, a) },
             ..avx2
         },
     }
@@ -83,12 +72,23 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The little-endian f16 at `p`, widened by F16C into all eight lanes.
+///
+/// The load is a broadcast on purpose: inserting the 16 bits into lane 0
+/// (`vpinsrw`, what LLVM makes of a scalar conversion) merges with whatever
+/// register it picks, often the loop's accumulator, which chains every
+/// block's scale to the previous block's FMA and halved Q8_0's speed.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16x8_at(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
+}
+
 /// The little-endian f16 at `p`, widened by F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    _mm256_cvtss_f32(f16x8_at(p))
 }
 
 /// 16 bytes of nibbles at `p` as 32 bytes: low nibbles (values 0..16) in the
@@ -307,22 +307,24 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// The three shapes of one 32-block format's dot product, generated from
+/// The two shapes of one 32-block format's dot product, generated from
 /// one description of the format so they cannot drift apart:
 ///
-/// * `one`: one weight row · one token;
+/// * `one`: one weight row · one token. One sequential stream per core
+///   reaches this machine's read bandwidth without software prefetch (which
+///   measured slower), and interleaving four rows' streams measured at less
+///   than half of it, so decode runs row by row;
 /// * `x4`: one row · four tokens, each block unpacked once for the four
-///   (prefill and batches);
-/// * `r4`: four rows · one token, each activation block loaded once and
-///   four weight streams in flight (one stream alone leaves DRAM latency
-///   exposed).
+///   (prefill and batches).
 ///
-/// Per (row, token) all three run the same operations in the same order:
+/// Per (row, token) both run the same operations in the same order:
 /// `acc = fma(d_w d_x, int_dot, acc)` and `extra += $extra` per block, then
-/// `$finish(hsum(acc), extra)`; so every shape gives the same bits and a
+/// `$finish(hsum(acc), extra)`; so both shapes give the same bits and a
 /// token's result does not depend on its neighbours in the batch.
 /// `$unpack` reads a block's weights as 32 bytes, `$product` multiplies them
-/// with the activations' 32 bytes into eight i32 sums.
+/// with the activations' 32 bytes into eight i32 sums; `$extra` is a
+/// block's offset term in all eight lanes. Scales stay in vectors end to
+/// end, so no block waits on the previous block's accumulator.
 macro_rules! q8_family {
     ($features:literal, $bytes:expr,
      unpack: |$b:ident| $unpack:expr,
@@ -336,30 +338,29 @@ macro_rules! q8_family {
             x: &Q8Block,
             $wv: __m256i,
             acc: &mut __m256,
-            extra: &mut f32,
+            extra: &mut __m256,
         ) {
             let $xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
             let p = $product;
             *acc = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_at($b) * x.d),
+                _mm256_mul_ps(f16x8_at($b), _mm256_set1_ps(x.d)),
                 _mm256_cvtepi32_ps(p),
                 *acc,
             );
             let ($eb, $ex) = ($b, x);
-            *extra += $extra;
+            *extra = _mm256_add_ps(*extra, $extra);
         }
 
         #[target_feature(enable = $features)]
         pub(super) unsafe fn one(w: &[u8], a: &[Q8Block]) -> f32 {
             let n = a.len().min(w.len() / $bytes);
-            let (mut acc, mut extra) = (_mm256_setzero_ps(), 0.0f32);
+            let (mut acc, mut extra) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for (i, x) in a[..n].iter().enumerate() {
                 let $b = w.as_ptr().add(i * $bytes);
-                _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
                 step($b, x, $unpack, &mut acc, &mut extra);
             }
             let finish: fn(f32, f32) -> f32 = $finish;
-            finish(hsum(acc), extra)
+            finish(hsum(acc), _mm256_cvtss_f32(extra))
         }
 
         #[target_feature(enable = $features)]
@@ -370,37 +371,16 @@ macro_rules! q8_family {
                 .min()
                 .unwrap_or(0)
                 .min(w.len() / $bytes);
-            let (mut acc, mut extra) = ([_mm256_setzero_ps(); 4], [0.0f32; 4]);
+            let (mut acc, mut extra) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
             for i in 0..n {
                 let $b = w.as_ptr().add(i * $bytes);
-                _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
                 let wv = $unpack;
                 for j in 0..4 {
                     step($b, &a[j][i], wv, &mut acc[j], &mut extra[j]);
                 }
             }
             let finish: fn(f32, f32) -> f32 = $finish;
-            [0, 1, 2, 3].map(|j| finish(hsum(acc[j]), extra[j]))
-        }
-
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn r4(w: &[&[u8]; 4], a: &[Q8Block]) -> [f32; 4] {
-            let n = w
-                .iter()
-                .map(|r| r.len() / $bytes)
-                .min()
-                .unwrap_or(0)
-                .min(a.len());
-            let (mut acc, mut extra) = ([_mm256_setzero_ps(); 4], [0.0f32; 4]);
-            for (i, x) in a[..n].iter().enumerate() {
-                for r in 0..4 {
-                    let $b = w[r].as_ptr().add(i * $bytes);
-                    _mm_prefetch($b.wrapping_add(PREFETCH_AHEAD) as *const i8, _MM_HINT_T0);
-                    step($b, x, $unpack, &mut acc[r], &mut extra[r]);
-                }
-            }
-            let finish: fn(f32, f32) -> f32 = $finish;
-            [0, 1, 2, 3].map(|r| finish(hsum(acc[r]), extra[r]))
+            [0, 1, 2, 3].map(|j| finish(hsum(acc[j]), _mm256_cvtss_f32(extra[j])))
         }
     };
 }
@@ -437,37 +417,37 @@ mod q8_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q8_0_BYTES,
         unpack: |b| q8_weights(b), product: |wv, xq| signed_udot(wv, xq),
-        extra: |_b, _x| 0.0, finish: |v, _| v);
+        extra: |_b, _x| _mm256_setzero_ps(), finish: |v, _| v);
 }
 mod q8_0_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q8_0_BYTES,
         unpack: |b| q8_weights(b), product: |wv, xq| signed_vnni(wv, xq),
-        extra: |_b, _x| 0.0, finish: |v, _| v);
+        extra: |_b, _x| _mm256_setzero_ps(), finish: |v, _| v);
 }
 // Q4_0: d (q - 8) · x = d (q · x) - 8 d sum(x).
 mod q4_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q4_0_BYTES,
         unpack: |b| nibbles(b.add(2)), product: |wv, xq| udot(wv, xq),
-        extra: |b, x| f16_at(b) * x.s, finish: |v, e| v - 8.0 * e);
+        extra: |b, x| _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.s)), finish: |v, e| v - 8.0 * e);
 }
 mod q4_0_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_0_BYTES,
         unpack: |b| nibbles(b.add(2)), product: |wv, xq| vnni(wv, xq),
-        extra: |b, x| f16_at(b) * x.s, finish: |v, e| v - 8.0 * e);
+        extra: |b, x| _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.s)), finish: |v, e| v - 8.0 * e);
 }
 // Q4_1: (d q + m) · x = d (q · x) + m sum(x).
 mod q4_1_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q4_1_BYTES,
         unpack: |b| nibbles(b.add(4)), product: |wv, xq| udot(wv, xq),
-        extra: |b, x| f16_at(b.add(2)) * x.s, finish: |v, e| v + e);
+        extra: |b, x| _mm256_mul_ps(f16x8_at(b.add(2)), _mm256_set1_ps(x.s)), finish: |v, e| v + e);
 }
 mod q4_1_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_1_BYTES,
         unpack: |b| nibbles(b.add(4)), product: |wv, xq| vnni(wv, xq),
-        extra: |b, x| f16_at(b.add(2)) * x.s, finish: |v, e| v + e);
+        extra: |b, x| _mm256_mul_ps(f16x8_at(b.add(2)), _mm256_set1_ps(x.s)), finish: |v, e| v + e);
 }

@@ -99,29 +99,9 @@ pub(crate) fn matmul(
         1
     };
     let rows_per_task = n_out.div_ceil(tasks).max(1);
-    let bias_of = |o: usize| b.map_or(0.0, |b| b[o]);
     let fill = |ci: usize, chunk: &mut [f32], row_buf: &mut Vec<f32>| {
         let o0 = ci * rows_per_task;
-        let mut first = 0;
-        // One token against 32-block weights: four rows at a time, so four
-        // weight streams are in flight and each activation block is loaded
-        // once for them (same bits as row by row).
-        if let (1, false, Acts::Q8(a)) = (t, widen, acts) {
-            let f4 = match w.dtype() {
-                GgmlType::Q8_0 => k.q8_0_r4,
-                GgmlType::Q4_0 => k.q4_0_r4,
-                _ => k.q4_1_r4,
-            };
-            for (g, outs) in chunk.chunks_exact_mut(4).enumerate() {
-                let o = o0 + 4 * g;
-                let d = f4(&[w.row(o), w.row(o + 1), w.row(o + 2), w.row(o + 3)], a);
-                for (j, (v, d)) in outs.iter_mut().zip(d).enumerate() {
-                    *v = d + bias_of(o + j);
-                }
-            }
-            first = chunk.len() / 4 * 4;
-        }
-        for (r, out) in chunk.chunks_exact_mut(t).enumerate().skip(first) {
+        for (r, out) in chunk.chunks_exact_mut(t).enumerate() {
             let o = o0 + r;
             let bias = b.map_or(0.0, |b| b[o]);
             if widen {
