@@ -15,6 +15,9 @@ pub struct Q8Block {
     pub s: f32,
     /// Quantized values.
     pub q: [i8; QK],
+    /// `-128 * sum(q)`: what `(w + 128) · q` over-counts when signed
+    /// weights are offset to unsigned ones for VNNI's `u8 · i8` product.
+    pub neg128_sum: i32,
 }
 
 /// 256 activations as `d * q`, with the sums of each 16 values (the K-quant
@@ -36,6 +39,7 @@ impl Default for Q8Block {
             d: 0.0,
             s: 0.0,
             q: [0; QK],
+            neg128_sum: 0,
         }
     }
 }
@@ -68,41 +72,43 @@ fn round(v: f32) -> i8 {
 
 /// Quantizes `x` (a multiple of 32 long) into `out`, one block per 32 values.
 pub fn quantize_q8(x: &[f32], out: &mut Vec<Q8Block>) {
-    out.clear();
-    out.extend(x.chunks_exact(QK).map(|xs| {
+    out.resize(x.len() / QK, Q8Block::default());
+    quantize_q8_into(x, out);
+}
+
+/// Quantizes `x` into the blocks `out` (as many as `x` has whole 32s).
+pub fn quantize_q8_into(x: &[f32], out: &mut [Q8Block]) {
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
         let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let (d, id) = scale(amax);
-        let mut b = Q8Block {
-            d,
-            s: 0.0,
-            q: [0; QK],
-        };
         let mut sum = 0i32;
         for (q, &v) in b.q.iter_mut().zip(xs) {
             *q = round(v * id);
             sum += *q as i32;
         }
+        b.d = d;
         b.s = d * sum as f32;
-        b
-    }));
+        b.neg128_sum = -128 * sum;
+    }
 }
 
 /// Quantizes `x` (a multiple of 256 long) into `out`, one block per 256 values.
 pub fn quantize_q8k(x: &[f32], out: &mut Vec<Q8KBlock>) {
-    out.clear();
-    out.extend(x.chunks_exact(QK_K).map(|xs| {
+    out.resize(x.len() / QK_K, Q8KBlock::default());
+    quantize_q8k_into(x, out);
+}
+
+/// Quantizes `x` into the blocks `out` (as many as `x` has whole 256s).
+pub fn quantize_q8k_into(x: &[f32], out: &mut [Q8KBlock]) {
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
         let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let (d, id) = scale(amax);
-        let mut b = Q8KBlock {
-            d,
-            ..Q8KBlock::default()
-        };
+        b.d = d;
         for (q, &v) in b.q.iter_mut().zip(xs) {
             *q = round(v * id);
         }
         for (s, qs) in b.bsums.iter_mut().zip(b.q.chunks_exact(16)) {
             *s = qs.iter().map(|&q| q as i16).sum();
         }
-        b
-    }));
+    }
 }

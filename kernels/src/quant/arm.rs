@@ -27,10 +27,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0: |w, a| unsafe { dot_q8_0_neon(w, a) },
             q4_0: |w, a| unsafe { dot_q4_0_neon(w, a) },
             q4_1: |w, a| unsafe { dot_q4_1_neon(w, a) },
-            // Four tokens or four rows as four one-row calls: the same bits.
-            q8_0_x4: |w, a| a.map(|x| unsafe { dot_q8_0_neon(w, x) }),
-            q4_0_x4: |w, a| a.map(|x| unsafe { dot_q4_0_neon(w, x) }),
-            q4_1_x4: |w, a| a.map(|x| unsafe { dot_q4_1_neon(w, x) }),
+            // A tile as sixteen one-row calls: the same bits.
+            q8_0_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q8_0_neon(r, x) })),
+            q4_0_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q4_0_neon(r, x) })),
+            q4_1_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q4_1_neon(r, x) })),
             ..scalar
         },
         _ => scalar,

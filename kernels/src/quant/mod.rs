@@ -25,15 +25,17 @@ mod x86;
 #[cfg(test)]
 mod tests;
 
-pub use acts::{quantize_q8, quantize_q8k, Q8Block, Q8KBlock};
+pub use acts::{
+    quantize_q8, quantize_q8_into, quantize_q8k, quantize_q8k_into, Q8Block, Q8KBlock,
+};
 
 use tokenwire_gguf::GgmlType;
 
 /// Dot product of a weight row (raw block bytes) with 32-blocks of activations.
 pub type DotQ8 = fn(&[u8], &[Q8Block]) -> f32;
-/// Dot products of one weight row with four tokens' 32-blocks, each the
-/// same bits as the one-token kernel gives.
-pub type DotQ8x4 = fn(&[u8], &[&[Q8Block]; 4]) -> [f32; 4];
+/// Dot products of four weight rows with four tokens' 32-blocks
+/// (`[row][token]`), each the same bits as the one-row, one-token kernel.
+pub type DotQ8Tile = fn(&[&[u8]; 4], &[&[Q8Block]; 4]) -> [[f32; 4]; 4];
 /// Dot product of a weight row with 256-blocks of activations.
 pub type DotQ8K = fn(&[u8], &[Q8KBlock]) -> f32;
 /// Dot product of a 2-byte-float weight row with f32 activations.
@@ -98,12 +100,12 @@ pub struct Kernels {
     pub q4_0: DotQ8,
     /// Q4_1 weights.
     pub q4_1: DotQ8,
-    /// Q8_0 weights, four tokens at once.
-    pub q8_0_x4: DotQ8x4,
-    /// Q4_0 weights, four tokens at once.
-    pub q4_0_x4: DotQ8x4,
-    /// Q4_1 weights, four tokens at once.
-    pub q4_1_x4: DotQ8x4,
+    /// Q8_0 weights, four rows by four tokens.
+    pub q8_0_tile: DotQ8Tile,
+    /// Q4_0 weights, four rows by four tokens.
+    pub q4_0_tile: DotQ8Tile,
+    /// Q4_1 weights, four rows by four tokens.
+    pub q4_1_tile: DotQ8Tile,
     /// Q4_K weights.
     pub q4_k: DotQ8K,
     /// Q6_K weights.
@@ -141,9 +143,9 @@ impl Kernels {
             q8_0: reference::dot_q8_0,
             q4_0: reference::dot_q4_0,
             q4_1: reference::dot_q4_1,
-            q8_0_x4: |w, a| a.map(|x| reference::dot_q8_0(w, x)),
-            q4_0_x4: |w, a| a.map(|x| reference::dot_q4_0(w, x)),
-            q4_1_x4: |w, a| a.map(|x| reference::dot_q4_1(w, x)),
+            q8_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q8_0(r, x))),
+            q4_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_0(r, x))),
+            q4_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_1(r, x))),
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
             f16: reference::dot_f16,

@@ -172,18 +172,18 @@ fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
 }
 
 #[test]
-fn four_token_kernels_give_the_one_token_kernels_bits() {
+fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
     let mut rng = Rng(41);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
-        let pairs: [(GgmlType, DotQ8, DotQ8x4); 3] = [
-            (GgmlType::Q8_0, k.q8_0, k.q8_0_x4),
-            (GgmlType::Q4_0, k.q4_0, k.q4_0_x4),
-            (GgmlType::Q4_1, k.q4_1, k.q4_1_x4),
+        let pairs: [(GgmlType, DotQ8, DotQ8Tile); 3] = [
+            (GgmlType::Q8_0, k.q8_0, k.q8_0_tile),
+            (GgmlType::Q4_0, k.q4_0, k.q4_0_tile),
+            (GgmlType::Q4_1, k.q4_1, k.q4_1_tile),
         ];
-        for (dtype, one, four) in pairs {
+        for (dtype, one, tile) in pairs {
             for n in [32, 576, 1536] {
-                let w = random_row(dtype, n, &mut rng);
+                let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
                 let acts: Vec<Vec<Q8Block>> = (0..4)
                     .map(|_| {
                         let mut q = Vec::new();
@@ -191,14 +191,19 @@ fn four_token_kernels_give_the_one_token_kernels_bits() {
                         q
                     })
                     .collect();
-                let got = four(&w, &[&acts[0], &acts[1], &acts[2], &acts[3]]);
-                for (j, a) in acts.iter().enumerate() {
-                    assert_eq!(
-                        got[j].to_bits(),
-                        one(&w, a).to_bits(),
-                        "{dtype} n={n} token {j} {}",
-                        isa.name()
-                    );
+                let got = tile(
+                    &[&rows[0], &rows[1], &rows[2], &rows[3]],
+                    &[&acts[0], &acts[1], &acts[2], &acts[3]],
+                );
+                for (r, w) in rows.iter().enumerate() {
+                    for (j, a) in acts.iter().enumerate() {
+                        assert_eq!(
+                            got[r][j].to_bits(),
+                            one(w, a).to_bits(),
+                            "{dtype} n={n} row {r} token {j} {}",
+                            isa.name()
+                        );
+                    }
                 }
             }
         }

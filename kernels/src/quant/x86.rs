@@ -36,9 +36,9 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0: |w, a| unsafe { q8_0_avx2::one(w, a) },
         q4_0: |w, a| unsafe { q4_0_avx2::one(w, a) },
         q4_1: |w, a| unsafe { q4_1_avx2::one(w, a) },
-        q8_0_x4: |w, a| unsafe { q8_0_avx2::x4(w, a) },
-        q4_0_x4: |w, a| unsafe { q4_0_avx2::x4(w, a) },
-        q4_1_x4: |w, a| unsafe { q4_1_avx2::x4(w, a) },
+        q8_0_tile: |w, a| unsafe { tile_of_2x2(w, a, q8_0_avx2::tile::<2>) },
+        q4_0_tile: |w, a| unsafe { tile_of_2x2(w, a, q4_0_avx2::tile::<2>) },
+        q4_1_tile: |w, a| unsafe { tile_of_2x2(w, a, q4_1_avx2::tile::<2>) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -54,12 +54,25 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0: |w, a| unsafe { q8_0_vnni::one(w, a) },
             q4_0: |w, a| unsafe { q4_0_vnni::one(w, a) },
             q4_1: |w, a| unsafe { q4_1_vnni::one(w, a) },
-            q8_0_x4: |w, a| unsafe { q8_0_vnni::x4(w, a) },
-            q4_0_x4: |w, a| unsafe { q4_0_vnni::x4(w, a) },
-            q4_1_x4: |w, a| unsafe { q4_1_vnni::x4(w, a) },
+            q8_0_tile: |w, a| unsafe { q8_0_vnni::tile::<4>(w, a) },
+            q4_0_tile: |w, a| unsafe { q4_0_vnni::tile::<4>(w, a) },
+            q4_1_tile: |w, a| unsafe { q4_1_vnni::tile::<4>(w, a) },
             ..avx2
         },
     }
+}
+
+/// A 4 x 4 tile as two 2-row tiles: AVX2 has 16 vector registers, too few
+/// for sixteen accumulators.
+#[inline(always)]
+unsafe fn tile_of_2x2(
+    w: &[&[u8]; 4],
+    a: &[&[Q8Block]; 4],
+    half: unsafe fn(&[&[u8]; 2], &[&[Q8Block]; 4]) -> [[f32; 4]; 2],
+) -> [[f32; 4]; 4] {
+    let [t0, t1] = half(&[w[0], w[1]], a);
+    let [t2, t3] = half(&[w[2], w[3]], a);
+    [t0, t1, t2, t3]
 }
 
 /// Sum of the eight lanes.
@@ -314,8 +327,10 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
 ///   reaches this machine's read bandwidth without software prefetch (which
 ///   measured slower), and interleaving four rows' streams measured at less
 ///   than half of it, so decode runs row by row;
-/// * `x4`: one row · four tokens, each block unpacked once for the four
-///   (prefill and batches).
+/// * `tile`: `R` rows · four tokens (prefill and batches), so each weight
+///   block is unpacked once for four tokens and each activation block is
+///   loaded once for `R` rows: the activations of a long prompt live in L2,
+///   and reading them once per row left the kernel waiting on L2.
 ///
 /// Per (row, token) both run the same operations in the same order:
 /// `acc = fma(d_w d_x, int_dot, acc)` and `extra += $extra` per block, then
@@ -328,7 +343,7 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
 macro_rules! q8_family {
     ($features:literal, $bytes:expr,
      unpack: |$b:ident| $unpack:expr,
-     product: |$wv:ident, $xq:ident| $product:expr,
+     product: |$wv:ident, $xq:ident, $px:ident| $product:expr,
      extra: |$eb:ident, $ex:ident| $extra:expr,
      finish: $finish:expr) => {
         /// One block: the weights at `b` against `x`, into `acc` and `extra`.
@@ -341,6 +356,7 @@ macro_rules! q8_family {
             extra: &mut __m256,
         ) {
             let $xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+            let $px = x;
             let p = $product;
             *acc = _mm256_fmadd_ps(
                 _mm256_mul_ps(f16x8_at($b), _mm256_set1_ps(x.d)),
@@ -363,24 +379,40 @@ macro_rules! q8_family {
             finish(hsum(acc), _mm256_cvtss_f32(extra))
         }
 
+        /// `R` rows · four tokens: each block unpacked once for the four
+        /// tokens, each token's block loaded once for the `R` rows.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn x4(w: &[u8], a: &[&[Q8Block]; 4]) -> [f32; 4] {
+        pub(super) unsafe fn tile<const R: usize>(
+            w: &[&[u8]; R],
+            a: &[&[Q8Block]; 4],
+        ) -> [[f32; 4]; R] {
             let n = a
                 .iter()
                 .map(|r| r.len())
+                .chain(w.iter().map(|r| r.len() / $bytes))
                 .min()
-                .unwrap_or(0)
-                .min(w.len() / $bytes);
-            let (mut acc, mut extra) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                .unwrap_or(0);
+            // Cut to `n` so the indexing below needs no bounds checks.
+            let a: [&[Q8Block]; 4] = a.map(|t| &t[..n]);
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            let mut extra = [[_mm256_setzero_ps(); 4]; R];
             for i in 0..n {
-                let $b = w.as_ptr().add(i * $bytes);
-                let wv = $unpack;
-                for j in 0..4 {
-                    step($b, &a[j][i], wv, &mut acc[j], &mut extra[j]);
+                for r in 0..R {
+                    let $b = w[r].as_ptr().add(i * $bytes);
+                    let wv = $unpack;
+                    for j in 0..4 {
+                        step($b, &a[j][i], wv, &mut acc[r][j], &mut extra[r][j]);
+                    }
                 }
             }
             let finish: fn(f32, f32) -> f32 = $finish;
-            [0, 1, 2, 3].map(|j| finish(hsum(acc[j]), _mm256_cvtss_f32(extra[j])))
+            let mut out = [[0.0f32; 4]; R];
+            for r in 0..R {
+                for j in 0..4 {
+                    out[r][j] = finish(hsum(acc[r][j]), _mm256_cvtss_f32(extra[r][j]));
+                }
+            }
+            out
         }
     };
 }
@@ -397,16 +429,6 @@ unsafe fn signed_udot(wv: __m256i, xq: __m256i) -> __m256i {
     udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv))
 }
 
-/// The same with `vpdpbusd`.
-#[inline(always)]
-unsafe fn signed_vnni(wv: __m256i, xq: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(
-        _mm256_setzero_si256(),
-        _mm256_sign_epi8(wv, wv),
-        _mm256_sign_epi8(xq, wv),
-    )
-}
-
 /// `u8 · i8` with `vpdpbusd`.
 #[inline(always)]
 unsafe fn vnni(wv: __m256i, xq: __m256i) -> __m256i {
@@ -416,38 +438,43 @@ unsafe fn vnni(wv: __m256i, xq: __m256i) -> __m256i {
 mod q8_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q8_0_BYTES,
-        unpack: |b| q8_weights(b), product: |wv, xq| signed_udot(wv, xq),
+        unpack: |b| q8_weights(b), product: |wv, xq, _x| signed_udot(wv, xq),
         extra: |_b, _x| _mm256_setzero_ps(), finish: |v, _| v);
 }
+// Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
+// by the tile's tokens) and the offset's `128 sum(x)` taken back out in the
+// integers, which is exact and saves the sign trick's per-token instruction.
 mod q8_0_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q8_0_BYTES,
-        unpack: |b| q8_weights(b), product: |wv, xq| signed_vnni(wv, xq),
+        unpack: |b| _mm256_xor_si256(q8_weights(b), _mm256_set1_epi8(-128)),
+        product: |wv, xq, x| _mm256_dpbusd_epi32(
+            _mm256_zextsi128_si256(_mm_cvtsi32_si128(x.neg128_sum)), wv, xq),
         extra: |_b, _x| _mm256_setzero_ps(), finish: |v, _| v);
 }
 // Q4_0: d (q - 8) · x = d (q · x) - 8 d sum(x).
 mod q4_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q4_0_BYTES,
-        unpack: |b| nibbles(b.add(2)), product: |wv, xq| udot(wv, xq),
+        unpack: |b| nibbles(b.add(2)), product: |wv, xq, _x| udot(wv, xq),
         extra: |b, x| _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.s)), finish: |v, e| v - 8.0 * e);
 }
 mod q4_0_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_0_BYTES,
-        unpack: |b| nibbles(b.add(2)), product: |wv, xq| vnni(wv, xq),
+        unpack: |b| nibbles(b.add(2)), product: |wv, xq, _x| vnni(wv, xq),
         extra: |b, x| _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.s)), finish: |v, e| v - 8.0 * e);
 }
 // Q4_1: (d q + m) · x = d (q · x) + m sum(x).
 mod q4_1_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q4_1_BYTES,
-        unpack: |b| nibbles(b.add(4)), product: |wv, xq| udot(wv, xq),
+        unpack: |b| nibbles(b.add(4)), product: |wv, xq, _x| udot(wv, xq),
         extra: |b, x| _mm256_mul_ps(f16x8_at(b.add(2)), _mm256_set1_ps(x.s)), finish: |v, e| v + e);
 }
 mod q4_1_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_1_BYTES,
-        unpack: |b| nibbles(b.add(4)), product: |wv, xq| vnni(wv, xq),
+        unpack: |b| nibbles(b.add(4)), product: |wv, xq, _x| vnni(wv, xq),
         extra: |b, x| _mm256_mul_ps(f16x8_at(b.add(2)), _mm256_set1_ps(x.s)), finish: |v, e| v + e);
 }

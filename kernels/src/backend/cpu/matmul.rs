@@ -11,7 +11,9 @@
 use tokenwire_gguf::GgmlType;
 
 use super::pool::Pool;
-use crate::quant::{act_format, quantize_q8, quantize_q8k, ActFormat, Kernels, Q8Block, Q8KBlock};
+use crate::quant::{
+    act_format, quantize_q8_into, quantize_q8k_into, ActFormat, Kernels, Q8Block, Q8KBlock,
+};
 use crate::tensor::WeightMatrix;
 
 /// Multiply-adds below which splitting a product across threads costs more in
@@ -72,22 +74,33 @@ pub(crate) fn matmul(
         return;
     }
     let widen = precision == ActivationPrecision::F32 && act_format(w.dtype()) != ActFormat::F32;
+    let parallel = n_out * n_in * t >= PAR_MIN_WORK && pool.threads() > 1;
+    // A long prompt's activations are quantized across the pool too: done
+    // on one thread, they were a tenth of a two-thread prefill.
+    let token_chunk = if parallel { t.div_ceil(pool.threads()) } else { t };
     let acts = if widen {
         Acts::F32(x)
     } else {
         match act_format(w.dtype()) {
             ActFormat::F32 => Acts::F32(x),
             ActFormat::Q8 => {
-                quantize_q8(x, &mut s.q8);
+                let per = n_in / 32;
+                s.q8.resize(t * per, Q8Block::default());
+                pool.for_each_chunk(&mut s.q8, token_chunk * per, |ci, out| {
+                    quantize_q8_into(&x[ci * token_chunk * n_in..], out)
+                });
                 Acts::Q8(&s.q8)
             }
             ActFormat::Q8K => {
-                quantize_q8k(x, &mut s.q8k);
+                let per = n_in / 256;
+                s.q8k.resize(t * per, Q8KBlock::default());
+                pool.for_each_chunk(&mut s.q8k, token_chunk * per, |ci, out| {
+                    quantize_q8k_into(&x[ci * token_chunk * n_in..], out)
+                });
                 Acts::Q8K(&s.q8k)
             }
         }
     };
-    let parallel = n_out * n_in * t >= PAR_MIN_WORK && pool.threads() > 1;
     let per_thread = if t == 1 {
         TASKS_PER_THREAD_DECODE
     } else {
@@ -98,9 +111,14 @@ pub(crate) fn matmul(
     } else {
         1
     };
-    let rows_per_task = n_out.div_ceil(tasks).max(1);
+    // Whole 4-row tiles per task.
+    let rows_per_task = n_out.div_ceil(tasks).next_multiple_of(4);
     let fill = |ci: usize, chunk: &mut [f32], row_buf: &mut Vec<f32>| {
         let o0 = ci * rows_per_task;
+        if let (false, true, Acts::Q8(a)) = (widen, t > 1, acts) {
+            q8_tiles(k, w, o0, a, n_in, t, chunk, b);
+            return;
+        }
         for (r, out) in chunk.chunks_exact_mut(t).enumerate() {
             let o = o0 + r;
             let bias = b.map_or(0.0, |b| b[o]);
@@ -130,9 +148,60 @@ pub(crate) fn matmul(
     } else {
         s.cols.resize(t * n_out, 0.0);
         run(&mut s.cols);
-        for (o, col) in s.cols.chunks_exact(t).enumerate() {
-            for (tt, &v) in col.iter().enumerate() {
-                y[tt * n_out + o] = v;
+        // `[n_out, t]` to `[t, n_out]`, each task its own tokens, in
+        // blocks of 16 tokens: the reads are whole cache lines and the
+        // writes 16 sequential streams (a store per row of `y` at stride
+        // `n_out`, one token at a time, was 6% of a prefill).
+        let cols = &s.cols;
+        pool.for_each_chunk(y, token_chunk * n_out, |ci, rows| {
+            let t0 = ci * token_chunk;
+            let n = rows.len() / n_out;
+            for b0 in (0..n).step_by(16) {
+                let b1 = (b0 + 16).min(n);
+                for (o, col) in cols.chunks_exact(t).enumerate() {
+                    for (j, &v) in col[t0 + b0..t0 + b1].iter().enumerate() {
+                        rows[(b0 + j) * n_out + o] = v;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Rows `o0..` of `w` (`out` holds `t` results for each) against every
+/// token's 32-block activations, four rows by four tokens per kernel call.
+/// A short last group repeats its last row or token, whose duplicate
+/// result is dropped; every result is the one-row kernel's bits.
+#[allow(clippy::too_many_arguments)]
+fn q8_tiles(
+    k: &Kernels,
+    w: &WeightMatrix,
+    o0: usize,
+    a: &[Q8Block],
+    n_in: usize,
+    t: usize,
+    out: &mut [f32],
+    b: Option<&[f32]>,
+) {
+    let tile = match w.dtype() {
+        GgmlType::Q8_0 => k.q8_0_tile,
+        GgmlType::Q4_0 => k.q4_0_tile,
+        _ => k.q4_1_tile,
+    };
+    let per = n_in / 32;
+    let rows = out.len() / t;
+    for r0 in (0..rows).step_by(4) {
+        let row = |i: usize| w.row(o0 + (r0 + i).min(rows - 1));
+        let ws = [row(0), row(1), row(2), row(3)];
+        for t0 in (0..t).step_by(4) {
+            let token = |j: usize| &a[(t0 + j).min(t - 1) * per..][..per];
+            let d = tile(&ws, &[token(0), token(1), token(2), token(3)]);
+            for (i, d) in d.iter().enumerate().take(rows - r0) {
+                let bias = b.map_or(0.0, |b| b[o0 + r0 + i]);
+                let dst = &mut out[(r0 + i) * t + t0..];
+                for (v, d) in dst.iter_mut().zip(d).take(t - t0) {
+                    *v = d + bias;
+                }
             }
         }
     }
@@ -189,27 +258,12 @@ fn row_dots(
             }
         }
         Acts::Q8(a) => {
-            let (f, f4) = match w.dtype() {
-                GgmlType::Q8_0 => (k.q8_0, k.q8_0_x4),
-                GgmlType::Q4_0 => (k.q4_0, k.q4_0_x4),
-                _ => (k.q4_1, k.q4_1_x4),
+            let f = match w.dtype() {
+                GgmlType::Q8_0 => k.q8_0,
+                GgmlType::Q4_0 => k.q4_0,
+                _ => k.q4_1,
             };
-            let per = n_in / 32;
-            // Four tokens at a time share each block's unpacking; the rest
-            // one by one. Both give the same bits for a token.
-            let mut groups = out.chunks_exact_mut(4);
-            let mut tokens = a.chunks_exact(per);
-            for vs in &mut groups {
-                let (Some(a0), Some(a1), Some(a2), Some(a3)) =
-                    (tokens.next(), tokens.next(), tokens.next(), tokens.next())
-                else {
-                    return;
-                };
-                for (v, d) in vs.iter_mut().zip(f4(row, &[a0, a1, a2, a3])) {
-                    *v = d + bias;
-                }
-            }
-            for (v, ar) in groups.into_remainder().iter_mut().zip(tokens) {
+            for (v, ar) in out.iter_mut().zip(a.chunks_exact(n_in / 32)) {
                 *v = f(row, ar) + bias;
             }
         }

@@ -190,11 +190,11 @@ impl Pool {
     /// Runs `f(i, chunk)` for every `chunk_len`-long chunk `i` of `dst`
     /// across the pool. Each task locks only its own chunk (uncontended),
     /// which lets tasks write disjoint parts of `dst` without `unsafe`.
-    pub(crate) fn for_each_chunk<F>(&self, dst: &mut [f32], chunk_len: usize, f: F)
+    pub(crate) fn for_each_chunk<T: Send, F>(&self, dst: &mut [T], chunk_len: usize, f: F)
     where
-        F: Fn(usize, &mut [f32]) + Sync,
+        F: Fn(usize, &mut [T]) + Sync,
     {
-        let chunks: Vec<Mutex<&mut [f32]>> =
+        let chunks: Vec<Mutex<&mut [T]>> =
             dst.chunks_mut(chunk_len.max(1)).map(Mutex::new).collect();
         self.run(chunks.len(), &|i| {
             let mut c = chunks[i].lock().unwrap_or_else(|e| e.into_inner());
