@@ -62,13 +62,16 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     }
 }
 
+/// A 2-row by 4-token tile kernel.
+type HalfTile = unsafe fn(&[&[u8]; 2], &[&[Q8Block]; 4]) -> [[f32; 4]; 2];
+
 /// A 4 x 4 tile as two 2-row tiles: AVX2 has 16 vector registers, too few
 /// for sixteen accumulators.
 #[inline(always)]
 unsafe fn tile_of_2x2(
     w: &[&[u8]; 4],
     a: &[&[Q8Block]; 4],
-    half: unsafe fn(&[&[u8]; 2], &[&[Q8Block]; 4]) -> [[f32; 4]; 2],
+    half: HalfTile,
 ) -> [[f32; 4]; 4] {
     let [t0, t1] = half(&[w[0], w[1]], a);
     let [t2, t3] = half(&[w[2], w[3]], a);
