@@ -25,9 +25,7 @@ mod x86;
 #[cfg(test)]
 mod tests;
 
-pub use acts::{
-    quantize_q8, quantize_q8_into, quantize_q8k, quantize_q8k_into, Q8Block, Q8KBlock,
-};
+pub use acts::{quantize_q8, quantize_q8_into, quantize_q8k, quantize_q8k_into, Q8Block, Q8KBlock};
 
 use tokenwire_gguf::GgmlType;
 
@@ -41,6 +39,10 @@ pub type DotQ8K = fn(&[u8], &[Q8KBlock]) -> f32;
 /// Dot product of a 2-byte-float weight row with f32 activations.
 pub type DotHalf = fn(&[u8], &[f32]) -> f32;
 
+/// Dot products of four 2-byte-float weight rows with four tokens' f32
+/// activations (`[row][token]`).
+pub type DotHalfTile = fn(&[&[u8]; 4], &[&[f32]; 4]) -> [[f32; 4]; 4];
+
 /// An instruction set the kernels are written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -48,7 +50,8 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86_64 AVX2 with AVX-512 VNNI's 256-bit integer dot product.
+    /// x86_64 AVX2 with AVX-512 VNNI's 256-bit integer dot product (and
+    /// AVX-512F's 512-bit registers).
     Avx512Vnni,
     /// aarch64 NEON (every aarch64 CPU).
     Neon,
@@ -112,8 +115,8 @@ pub struct Kernels {
     pub q6_k: DotQ8K,
     /// F16 weights, f32 activations.
     pub f16: DotHalf,
-    /// F16 weights, four tokens at once (the same bits as one at a time).
-    pub f16_x4: fn(&[u8], &[&[f32]; 4]) -> [f32; 4],
+    /// F16 weights, four rows by four tokens (the same bits as one at a time).
+    pub f16_tile: DotHalfTile,
     /// BF16 weights, f32 activations.
     pub bf16: DotHalf,
     /// F32 weights, f32 activations.
@@ -149,7 +152,7 @@ impl Kernels {
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
             f16: reference::dot_f16,
-            f16_x4: |w, x| x.map(|x| reference::dot_f16(w, x)),
+            f16_tile: |w, x| w.map(|r| x.map(|x| reference::dot_f16(r, x))),
             bf16: reference::dot_bf16,
             f32: reference::dot_f32,
         };

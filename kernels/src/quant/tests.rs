@@ -211,21 +211,28 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
 }
 
 #[test]
-fn the_four_token_f16_kernel_gives_the_one_token_kernels_bits() {
+fn the_f16_tile_gives_the_one_token_kernels_bits() {
     let mut rng = Rng(47);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
         for n in [8, 40, 576, 2048] {
-            let w = random_row(GgmlType::F16, n, &mut rng);
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|_| random_row(GgmlType::F16, n, &mut rng))
+                .collect();
             let xs: Vec<Vec<f32>> = (0..4).map(|_| random_acts(n, &mut rng)).collect();
-            let got = (k.f16_x4)(&w, &[&xs[0], &xs[1], &xs[2], &xs[3]]);
-            for (j, x) in xs.iter().enumerate() {
-                assert_eq!(
-                    got[j].to_bits(),
-                    (k.f16)(&w, x).to_bits(),
-                    "n={n} token {j} {}",
-                    isa.name()
-                );
+            let got = (k.f16_tile)(
+                &[&rows[0], &rows[1], &rows[2], &rows[3]],
+                &[&xs[0], &xs[1], &xs[2], &xs[3]],
+            );
+            for (r, w) in rows.iter().enumerate() {
+                for (j, x) in xs.iter().enumerate() {
+                    assert_eq!(
+                        got[r][j].to_bits(),
+                        (k.f16)(w, x).to_bits(),
+                        "n={n} row {r} token {j} {}",
+                        isa.name()
+                    );
+                }
             }
         }
     }

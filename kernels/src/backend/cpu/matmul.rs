@@ -77,7 +77,11 @@ pub(crate) fn matmul(
     let parallel = n_out * n_in * t >= PAR_MIN_WORK && pool.threads() > 1;
     // A long prompt's activations are quantized across the pool too: done
     // on one thread, they were a tenth of a two-thread prefill.
-    let token_chunk = if parallel { t.div_ceil(pool.threads()) } else { t };
+    let token_chunk = if parallel {
+        t.div_ceil(pool.threads())
+    } else {
+        t
+    };
     let acts = if widen {
         Acts::F32(x)
     } else {
@@ -115,9 +119,28 @@ pub(crate) fn matmul(
     let rows_per_task = n_out.div_ceil(tasks).next_multiple_of(4);
     let fill = |ci: usize, chunk: &mut [f32], row_buf: &mut Vec<f32>| {
         let o0 = ci * rows_per_task;
-        if let (false, true, Acts::Q8(a)) = (widen, t > 1, acts) {
-            q8_tiles(k, w, o0, a, n_in, t, chunk, b);
-            return;
+        if t > 1 && !widen {
+            match (acts, w.dtype()) {
+                (Acts::Q8(a), dtype) => {
+                    let tile = match dtype {
+                        GgmlType::Q8_0 => k.q8_0_tile,
+                        GgmlType::Q4_0 => k.q4_0_tile,
+                        _ => k.q4_1_tile,
+                    };
+                    let per = n_in / 32;
+                    let token = |j: usize| &a[j * per..(j + 1) * per];
+                    by_tiles(w, o0, t, chunk, b, |ws, js| tile(ws, &js.map(token)));
+                    return;
+                }
+                (Acts::F32(x), GgmlType::F16) => {
+                    let token = |j: usize| &x[j * n_in..(j + 1) * n_in];
+                    by_tiles(w, o0, t, chunk, b, |ws, js| {
+                        (k.f16_tile)(ws, &js.map(token))
+                    });
+                    return;
+                }
+                _ => {}
+            }
         }
         for (r, out) in chunk.chunks_exact_mut(t).enumerate() {
             let o = o0 + r;
@@ -168,34 +191,25 @@ pub(crate) fn matmul(
     }
 }
 
-/// Rows `o0..` of `w` (`out` holds `t` results for each) against every
-/// token's 32-block activations, four rows by four tokens per kernel call.
-/// A short last group repeats its last row or token, whose duplicate
-/// result is dropped; every result is the one-row kernel's bits.
-#[allow(clippy::too_many_arguments)]
-fn q8_tiles(
-    k: &Kernels,
-    w: &WeightMatrix,
+/// Rows `o0..` of `w` (`out` holds `t` results for each, `[row][token]`)
+/// against all `t` tokens, through `tile(rows, first token)`, which gives
+/// four rows by four tokens. A short last group repeats its last row or
+/// token, whose duplicate result is dropped; every result is the one-row,
+/// one-token kernel's bits, so a token's result does not depend on its batch.
+fn by_tiles<'w>(
+    w: &'w WeightMatrix,
     o0: usize,
-    a: &[Q8Block],
-    n_in: usize,
     t: usize,
     out: &mut [f32],
     b: Option<&[f32]>,
+    tile: impl Fn(&[&'w [u8]; 4], [usize; 4]) -> [[f32; 4]; 4],
 ) {
-    let tile = match w.dtype() {
-        GgmlType::Q8_0 => k.q8_0_tile,
-        GgmlType::Q4_0 => k.q4_0_tile,
-        _ => k.q4_1_tile,
-    };
-    let per = n_in / 32;
     let rows = out.len() / t;
     for r0 in (0..rows).step_by(4) {
         let row = |i: usize| w.row(o0 + (r0 + i).min(rows - 1));
         let ws = [row(0), row(1), row(2), row(3)];
         for t0 in (0..t).step_by(4) {
-            let token = |j: usize| &a[(t0 + j).min(t - 1) * per..][..per];
-            let d = tile(&ws, &[token(0), token(1), token(2), token(3)]);
+            let d = tile(&ws, [0, 1, 2, 3].map(|j| (t0 + j).min(t - 1)));
             for (i, d) in d.iter().enumerate().take(rows - r0) {
                 let bias = b.map_or(0.0, |b| b[o0 + r0 + i]);
                 let dst = &mut out[(r0 + i) * t + t0..];
@@ -223,20 +237,7 @@ fn row_dots(
             let xs = x.chunks_exact(n_in);
             match w.dtype() {
                 GgmlType::F16 => {
-                    // Four tokens at a time share each widened weight.
-                    let mut groups = out.chunks_exact_mut(4);
-                    let mut xs = xs;
-                    for vs in &mut groups {
-                        let (Some(a), Some(b), Some(c), Some(d)) =
-                            (xs.next(), xs.next(), xs.next(), xs.next())
-                        else {
-                            return;
-                        };
-                        for (v, r) in vs.iter_mut().zip((k.f16_x4)(row, &[a, b, c, d])) {
-                            *v = r + bias;
-                        }
-                    }
-                    for (v, xr) in groups.into_remainder().iter_mut().zip(xs) {
+                    for (v, xr) in out.iter_mut().zip(xs) {
                         *v = (k.f16)(row, xr) + bias;
                     }
                 }
