@@ -408,28 +408,25 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
 ///   and reading them once per row left the kernel waiting on L2.
 ///
 /// Per (row, token) both run the same operations in the same order:
-/// `acc = fma(d_w d_x, int_dot, acc)` and `extra += $extra` per block, then
-/// `$finish(hsum(acc), extra)`; so both shapes give the same bits and a
-/// token's result does not depend on its neighbours in the batch.
-/// `$unpack` reads a block's weights as 32 bytes, `$product` multiplies them
-/// with the activations' 32 bytes into eight i32 sums; `$extra` is a
-/// block's offset term in all eight lanes. Scales stay in vectors end to
-/// end, so no block waits on the previous block's accumulator.
+/// `acc = fma(d_w d_x, int_dot, acc)` per block, then for formats with a
+/// float offset (Q4_1's minimum) `acc = fma(m, [s_x, 0, ..], acc)`, and
+/// `hsum(acc)` at the end; so both shapes give the same bits and a token's
+/// result does not depend on its neighbours in the batch. `$unpack` reads a
+/// block's weights as 32 bytes, `$product` multiplies them with the
+/// activations' 32 bytes into eight i32 sums (integer offsets, such as
+/// Q4_0's 8, are taken out there, exactly), and `$offset` gives the float
+/// offset's two factors or `None`. Scales stay in vectors end to end, so no
+/// block waits on the previous block's accumulator, and every term lands in
+/// the one accumulator (a second one per pair spilled the 4 x 4 tile's
+/// registers).
 macro_rules! q8_family {
     ($features:literal, $bytes:expr,
      unpack: |$b:ident| $unpack:expr,
      product: |$wv:ident, $xq:ident, $px:ident| $product:expr,
-     extra: |$eb:ident, $ex:ident| $extra:expr,
-     finish: $finish:expr) => {
-        /// One block: the weights at `b` against `x`, into `acc` and `extra`.
+     offset: |$ob:ident, $ox:ident| $offset:expr) => {
+        /// One block: the weights at `b` against `x`, into `acc`.
         #[inline(always)]
-        unsafe fn step(
-            $b: *const u8,
-            x: &Q8Block,
-            $wv: __m256i,
-            acc: &mut __m256,
-            extra: &mut __m256,
-        ) {
+        unsafe fn step($b: *const u8, x: &Q8Block, $wv: __m256i, acc: &mut __m256) {
             let $xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
             let $px = x;
             let p = $product;
@@ -438,20 +435,22 @@ macro_rules! q8_family {
                 _mm256_cvtepi32_ps(p),
                 *acc,
             );
-            let ($eb, $ex) = ($b, x);
-            *extra = _mm256_add_ps(*extra, $extra);
+            let ($ob, $ox) = ($b, x);
+            let offset: Option<(__m256, __m256)> = $offset;
+            if let Some((m, s)) = offset {
+                *acc = _mm256_fmadd_ps(m, s, *acc);
+            }
         }
 
         #[target_feature(enable = $features)]
         pub(super) unsafe fn one(w: &[u8], a: &[Q8Block]) -> f32 {
             let n = a.len().min(w.len() / $bytes);
-            let (mut acc, mut extra) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut acc = _mm256_setzero_ps();
             for (i, x) in a[..n].iter().enumerate() {
                 let $b = w.as_ptr().add(i * $bytes);
-                step($b, x, $unpack, &mut acc, &mut extra);
+                step($b, x, $unpack, &mut acc);
             }
-            let finish: fn(f32, f32) -> f32 = $finish;
-            finish(hsum(acc), _mm256_cvtss_f32(extra))
+            hsum(acc)
         }
 
         /// `R` rows · four tokens: each block unpacked once for the four
@@ -470,26 +469,31 @@ macro_rules! q8_family {
             // Cut to `n` so the indexing below needs no bounds checks.
             let a: [&[Q8Block]; 4] = a.map(|t| &t[..n]);
             let mut acc = [[_mm256_setzero_ps(); 4]; R];
-            let mut extra = [[_mm256_setzero_ps(); 4]; R];
             for i in 0..n {
                 for r in 0..R {
                     let $b = w[r].as_ptr().add(i * $bytes);
                     let wv = $unpack;
                     for j in 0..4 {
-                        step($b, &a[j][i], wv, &mut acc[r][j], &mut extra[r][j]);
+                        step($b, &a[j][i], wv, &mut acc[r][j]);
                     }
                 }
             }
-            let finish: fn(f32, f32) -> f32 = $finish;
-            let mut out = [[0.0f32; 4]; R];
-            for r in 0..R {
-                for j in 0..4 {
-                    out[r][j] = finish(hsum(acc[r][j]), _mm256_cvtss_f32(extra[r][j]));
-                }
-            }
-            out
+            acc.map(|row| row.map(|v| hsum(v)))
         }
     };
+}
+
+/// `v` in lane 0 of an otherwise zero vector: a per-block term that the
+/// final sum of the lanes adds once.
+#[inline(always)]
+unsafe fn lane0_i32(v: i32) -> __m256i {
+    _mm256_zextsi128_si256(_mm_cvtsi32_si128(v))
+}
+
+/// The same for a float.
+#[inline(always)]
+unsafe fn lane0_f32(v: f32) -> __m256 {
+    _mm256_zextps128_ps256(_mm_set_ss(v))
 }
 
 /// Bytes 2.. of a Q8_0 block: its 32 signed weights.
@@ -504,17 +508,12 @@ unsafe fn signed_udot(wv: __m256i, xq: __m256i) -> __m256i {
     udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv))
 }
 
-/// `u8 · i8` with `vpdpbusd`.
-#[inline(always)]
-unsafe fn vnni(wv: __m256i, xq: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq)
-}
 
 mod q8_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q8_0_BYTES,
         unpack: |b| q8_weights(b), product: |wv, xq, _x| signed_udot(wv, xq),
-        extra: |_b, _x| _mm256_setzero_ps(), finish: |v, _| v);
+        offset: |_b, _x| None);
 }
 // Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
 // by the tile's tokens) and the offset's `128 sum(x)` taken back out in the
@@ -523,33 +522,36 @@ mod q8_0_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q8_0_BYTES,
         unpack: |b| _mm256_xor_si256(q8_weights(b), _mm256_set1_epi8(-128)),
-        product: |wv, xq, x| _mm256_dpbusd_epi32(
-            _mm256_zextsi128_si256(_mm_cvtsi32_si128(x.neg128_sum)), wv, xq),
-        extra: |_b, _x| _mm256_setzero_ps(), finish: |v, _| v);
+        product: |wv, xq, x| _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum), wv, xq),
+        offset: |_b, _x| None);
 }
-// Q4_0: d (q - 8) · x = d (q · x) - 8 d sum(x).
+// Q4_0: d (q - 8) · x = d (q · x - 8 sum(x)), the 8 sum(x) in the integers
+// (-128 sum / 16, exact).
 mod q4_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q4_0_BYTES,
-        unpack: |b| nibbles(b.add(2)), product: |wv, xq, _x| udot(wv, xq),
-        extra: |b, x| _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.s)), finish: |v, e| v - 8.0 * e);
+        unpack: |b| nibbles(b.add(2)),
+        product: |wv, xq, x| _mm256_add_epi32(udot(wv, xq), lane0_i32(x.neg128_sum >> 4)),
+        offset: |_b, _x| None);
 }
 mod q4_0_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_0_BYTES,
-        unpack: |b| nibbles(b.add(2)), product: |wv, xq, _x| vnni(wv, xq),
-        extra: |b, x| _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.s)), finish: |v, e| v - 8.0 * e);
+        unpack: |b| nibbles(b.add(2)),
+        product: |wv, xq, x| _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum >> 4), wv, xq),
+        offset: |_b, _x| None);
 }
-// Q4_1: (d q + m) · x = d (q · x) + m sum(x).
+// Q4_1: (d q + m) · x = d (q · x) + m sum(x), with s = d_x sum(q).
 mod q4_1_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q4_1_BYTES,
         unpack: |b| nibbles(b.add(4)), product: |wv, xq, _x| udot(wv, xq),
-        extra: |b, x| _mm256_mul_ps(f16x8_at(b.add(2)), _mm256_set1_ps(x.s)), finish: |v, e| v + e);
+        offset: |b, x| Some((f16x8_at(b.add(2)), lane0_f32(x.s))));
 }
 mod q4_1_vnni {
     use super::*;
     q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_1_BYTES,
-        unpack: |b| nibbles(b.add(4)), product: |wv, xq, _x| vnni(wv, xq),
-        extra: |b, x| _mm256_mul_ps(f16x8_at(b.add(2)), _mm256_set1_ps(x.s)), finish: |v, e| v + e);
+        unpack: |b| nibbles(b.add(4)),
+        product: |wv, xq, _x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
+        offset: |b, x| Some((f16x8_at(b.add(2)), lane0_f32(x.s))));
 }

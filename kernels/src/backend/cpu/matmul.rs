@@ -142,17 +142,24 @@ pub(crate) fn matmul(
                 _ => {}
             }
         }
-        for (r, out) in chunk.chunks_exact_mut(t).enumerate() {
+        // One row at a time, its `t` results scattered into the chunk's
+        // token-major layout.
+        let rows = chunk.len() / t;
+        let mut vals = vec![0.0f32; t];
+        for r in 0..rows {
             let o = o0 + r;
             let bias = b.map_or(0.0, |b| b[o]);
             if widen {
                 row_buf.resize(n_in, 0.0);
                 w.dequantize_row(o, row_buf);
-                for (tt, v) in out.iter_mut().enumerate() {
+                for (tt, v) in vals.iter_mut().enumerate() {
                     *v = (k.f32)(row_buf, &x[tt * n_in..(tt + 1) * n_in]) + bias;
                 }
             } else {
-                row_dots(k, w, o, acts, n_in, out, bias);
+                row_dots(k, w, o, acts, n_in, &mut vals, bias);
+            }
+            for (tt, &v) in vals.iter().enumerate() {
+                chunk[tt * rows + r] = v;
             }
         }
     };
@@ -171,28 +178,26 @@ pub(crate) fn matmul(
     } else {
         s.cols.resize(t * n_out, 0.0);
         run(&mut s.cols);
-        // `[n_out, t]` to `[t, n_out]`, each task its own tokens, in
-        // blocks of 16 tokens: the reads are whole cache lines and the
-        // writes 16 sequential streams (a store per row of `y` at stride
-        // `n_out`, one token at a time, was 6% of a prefill).
+        // Each task's chunk is `[t, its rows]`: every token's row of `y` is
+        // whole-slice copies from the chunks, split across the pool by
+        // token. (Chunks of `[rows, t]` took a strided transpose, 6% of a
+        // prefill and more of a batched decode.)
         let cols = &s.cols;
-        pool.for_each_chunk(y, token_chunk * n_out, |ci, rows| {
-            let t0 = ci * token_chunk;
-            let n = rows.len() / n_out;
-            for b0 in (0..n).step_by(16) {
-                let b1 = (b0 + 16).min(n);
-                for (o, col) in cols.chunks_exact(t).enumerate() {
-                    for (j, &v) in col[t0 + b0..t0 + b1].iter().enumerate() {
-                        rows[(b0 + j) * n_out + o] = v;
-                    }
+        pool.for_each_chunk(y, token_chunk * n_out, |ci, ys| {
+            for (tl, y_row) in ys.chunks_exact_mut(n_out).enumerate() {
+                let tt = ci * token_chunk + tl;
+                for o0 in (0..n_out).step_by(rows_per_task) {
+                    let rows = rows_per_task.min(n_out - o0);
+                    let chunk = &cols[o0 * t..(o0 + rows) * t];
+                    y_row[o0..o0 + rows].copy_from_slice(&chunk[tt * rows..(tt + 1) * rows]);
                 }
             }
         });
     }
 }
 
-/// Rows `o0..` of `w` (`out` holds `t` results for each, `[row][token]`)
-/// against all `t` tokens, through `tile(rows, first token)`, which gives
+/// Rows `o0..` of `w` (`out` holds `t` results for each, token-major:
+/// `[token][row]`) against all `t` tokens, through `tile(rows, first token)`, which gives
 /// four rows by four tokens. A short last group repeats its last row or
 /// token, whose duplicate result is dropped; every result is the one-row,
 /// one-token kernel's bits, so a token's result does not depend on its batch.
@@ -212,9 +217,8 @@ fn by_tiles<'w>(
             let d = tile(&ws, [0, 1, 2, 3].map(|j| (t0 + j).min(t - 1)));
             for (i, d) in d.iter().enumerate().take(rows - r0) {
                 let bias = b.map_or(0.0, |b| b[o0 + r0 + i]);
-                let dst = &mut out[(r0 + i) * t + t0..];
-                for (v, d) in dst.iter_mut().zip(d).take(t - t0) {
-                    *v = d + bias;
+                for (j, d) in d.iter().enumerate().take(t - t0) {
+                    out[(t0 + j) * rows + r0 + i] = d + bias;
                 }
             }
         }
