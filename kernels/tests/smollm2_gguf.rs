@@ -307,3 +307,27 @@ fn broken_copies_of_the_file_are_refused_with_the_file_and_the_problem_named() {
         let _ = std::fs::remove_dir_all(p.parent().expect("dir"));
     }
 }
+
+#[test]
+fn int8_results_do_not_depend_on_batch_chunking_or_neighbours_to_the_bit() {
+    // Batched prefill goes through the 4-row x 4-token tiles, decode through
+    // the one-row kernels; both must give a token exactly the logits it gets
+    // alone, whatever shares its step.
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let mut batched = engine(&path, ActivationPrecision::Int8);
+    let mut alone = engine(&path, ActivationPrecision::Int8);
+    let codec = batched.codec();
+    let toks: Vec<Vec<TokenId>> = [
+        "Once upon a time, there was a little girl named Lily. She loved to play.",
+        "The cat sat on the mat and looked at the big red ball in the garden all day long, \
+         while the dog slept under the old oak tree and the birds sang in the warm sun.",
+        "Tom had a dog.",
+        "One day, a bird flew over the tree and sang a happy song.",
+    ]
+    .iter()
+    .map(|t| codec.0.encode(t, true).expect("encodes"))
+    .collect();
+    common::batched_parity(&mut batched, &mut alone, &toks, 0.0);
+}

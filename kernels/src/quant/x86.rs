@@ -508,7 +508,6 @@ unsafe fn signed_udot(wv: __m256i, xq: __m256i) -> __m256i {
     udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv))
 }
 
-
 mod q8_0_avx2 {
     use super::*;
     q8_family!("avx2,fma,f16c", Q8_0_BYTES,

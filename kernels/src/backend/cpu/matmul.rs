@@ -4,9 +4,13 @@
 //! matrix's rows are split across the thread pool and each row is read once
 //! for all `t` tokens of the step.
 //!
-//! Every output element is one kernel call on one weight row and one token's
-//! activations, whatever `t` and the thread split, so a token's result does
-//! not depend on what else is in the batch.
+//! One token (decode) runs the one-row kernels row by row; several tokens
+//! (prefill, batches) run 4-row x 4-token tiles, which keep their
+//! accumulators in registers and read each weight and activation block once
+//! per tile. Every output element is computed with the one-row kernel's
+//! operations in its order, whatever `t`, the tiling and the thread split,
+//! so a token's result does not depend on what else is in the batch, to the
+//! bit (`tests/smollm2_gguf.rs` checks it end to end).
 
 use tokenwire_gguf::GgmlType;
 
