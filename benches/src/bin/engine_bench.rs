@@ -489,11 +489,13 @@ fn bench(a: &Args) -> Result<(), String> {
 }
 
 /// Bytes of every matrix one decode step reads on the CPU, in their own
-/// dtype (the embedding counted once, as the tied LM head).
+/// dtype: the embedding only where it is the tied LM head (an untied one
+/// gives each token a single row).
 fn cpu_weight_bytes(model: &Model) -> u64 {
-    model
-        .weights()
-        .matrices()
+    let w = model.weights();
+    let untied_embed = usize::from(w.lm_head.is_some());
+    w.matrices()
+        .skip(untied_embed)
         .map(|m| m.bytes().len() as u64)
         .sum()
 }
