@@ -1,12 +1,12 @@
 """Writes kernels/tests/fixtures/stories260k_tokenizer.gguf: the SentencePiece
-tokenizer of stories260K (shared/models/stories260K/raw/tok512.model) as
+tokenizer of stories260K (models/stories260K/raw/tok512.model) as
 llama.cpp's converter stores a `llama` vocabulary in GGUF metadata (pieces,
 scores, token types, BOS/EOS/UNK, add_bos_token), with no tensors. The test
 `gguf_sentencepiece` checks the tokenizer tokenwire builds from it against
 the model directory's own tokenizer.json.
 
     python -m venv /tmp/v && /tmp/v/bin/pip install gguf==0.19.0 sentencepiece
-    /tmp/v/bin/python scripts/make-spm-fixture.py ../shared/models/stories260K/raw/tok512.model \
+    /tmp/v/bin/python scripts/make-spm-fixture.py ../models/stories260K/raw/tok512.model \
         kernels/tests/fixtures/stories260k_tokenizer.gguf
 """
 import sys

@@ -95,10 +95,15 @@ pub enum LogFormat {
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// A GGUF file, or a Hugging Face model directory (safetensors weights,
-    /// config.json, tokenizer.json). Without it the built-in tiny model with
-    /// random weights is served.
+    /// config.json, tokenizer.json). Without it the model built into the
+    /// binary, stories260K (a 260K-parameter TinyStories llama), is served.
     #[arg(long, env = "TOKENWIRE_MODEL", value_name = "PATH")]
     pub model: Option<PathBuf>,
+
+    /// Serve the built-in tiny model with random weights (seeded by
+    /// `--seed`) instead of a real one: for load tests of the server itself.
+    #[arg(long, conflicts_with = "model")]
+    pub random_model: bool,
 
     /// Address to listen on.
     #[arg(
@@ -355,12 +360,17 @@ pub struct ServeArgs {
 pub enum ModelSource {
     /// The built-in tiny model with random weights (seeded).
     Tiny,
+    /// The real model built into the binary, stories260K.
+    Builtin,
     /// A GGUF file or a model directory, loaded with `Engine::load`.
     Dir(PathBuf),
 }
 
-/// Every setting of a server. `Default` gives the documented defaults, serving
-/// the tiny model on `127.0.0.1:8080`; tests typically set `listen` to port 0.
+/// Every setting of a server. `Default` gives the flags' defaults on
+/// `127.0.0.1:8080` except the model: the tiny random model (instant and
+/// deterministic, for tests and embedders), where `tokenwire serve` without
+/// `--model` serves the built-in stories260K. Tests typically set `listen`
+/// to port 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     /// Address to listen on (port 0: any free port, see `RunningServer::local_addr`).
@@ -480,7 +490,8 @@ impl ServerConfig {
             listen: args.listen,
             model: match &args.model {
                 Some(dir) => ModelSource::Dir(dir.clone()),
-                None => ModelSource::Tiny,
+                None if args.random_model => ModelSource::Tiny,
+                None => ModelSource::Builtin,
             },
             backend: args.backend,
             max_frame_bytes: to_usize(args.max_frame_bytes),
@@ -862,7 +873,9 @@ mod tests {
         let a = parse(&[], &EnvMap::new(), None).expect("parses");
         let c = ServerConfig::from_args(&a, 7);
         assert_eq!(c.listen, "127.0.0.1:8080".parse().expect("addr"));
-        assert_eq!(c.model, ModelSource::Tiny);
+        assert_eq!(c.model, ModelSource::Builtin);
+        let a = parse(&["--random-model"], &EnvMap::new(), None).expect("parses");
+        assert_eq!(ServerConfig::from_args(&a, 7).model, ModelSource::Tiny);
         assert_eq!(c.max_frame_bytes, 4 * 1024 * 1024);
         assert_eq!(c.max_queued_frames, 1024);
         assert_eq!(c.slow_client_timeout, Duration::from_secs(30));
@@ -874,8 +887,10 @@ mod tests {
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.feedback_log, None);
+        // `Default` differs from the flags in the model only.
         let d = ServerConfig {
             seed: 7,
+            model: ModelSource::Builtin,
             ..ServerConfig::default()
         };
         assert_eq!(c, d, "ServerConfig::default matches the flag defaults");

@@ -121,6 +121,10 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
             "the built-in tiny model".to_string(),
             catch_unwind(AssertUnwindSafe(|| Engine::tiny_with(spec.seed, &opts))),
         ),
+        ModelSource::Builtin => (
+            "the built-in stories260K model".to_string(),
+            catch_unwind(AssertUnwindSafe(|| Engine::builtin(&opts))),
+        ),
         ModelSource::Dir(dir) => {
             let _ = driver.blocking_send(DriverMsg::Input(Input::ModelLoading {
                 progress: 0.0,

@@ -164,8 +164,11 @@ pub async fn start_loading_with(
     match &config.model {
         ModelSource::Tiny => tracing::info!(
             seed = config.seed,
-            "no --model given: serving the built-in tiny model (random weights); \
-             pass --model DIR to serve a real model"
+            "--random-model: serving the built-in tiny model (random weights)"
+        ),
+        ModelSource::Builtin => tracing::info!(
+            "no --model given: serving the built-in stories260K model (a 260K-parameter \
+             TinyStories llama); pass --model PATH to serve another"
         ),
         ModelSource::Dir(dir) => tracing::info!(model = %dir.display(), "loading the model"),
     }

@@ -21,6 +21,42 @@ fn a_model_that_cannot_load_is_a_clear_error_not_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+#[cfg(unix)]
+#[test]
+fn random_model_serves_the_tiny_model_with_random_weights() {
+    let mut served = common::serve({
+        let mut cmd = tokenwire();
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--random-model",
+            "--seed",
+            "3",
+        ]);
+        cmd
+    });
+    assert!(
+        served.log[0].contains("--random-model: serving the built-in tiny model"),
+        "{:?}",
+        served.log
+    );
+    let loaded = served.log.last().expect("a log line");
+    assert!(loaded.contains("model=tokenwire-tiny"), "{loaded}");
+    let _ = served.child.kill();
+    let _ = served.child.wait();
+
+    let out = tokenwire()
+        .args(["serve", "--random-model", "--model", "/x"])
+        .output()
+        .expect("run tokenwire");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--random-model with --model is refused"
+    );
+}
+
 #[test]
 fn bad_settings_exit_with_a_message_naming_them() {
     let out = tokenwire()
@@ -52,7 +88,7 @@ fn bad_settings_exit_with_a_message_naming_them() {
 
 #[cfg(unix)]
 #[test]
-fn tiny_model_is_announced_first_and_sigterm_stops_cleanly() {
+fn without_model_the_built_in_stories260k_is_served_and_sigterm_stops_cleanly() {
     let mut child = tokenwire()
         .args(["serve", "--listen", "127.0.0.1:0", "--seed", "1"])
         .stdout(Stdio::null())
@@ -63,12 +99,15 @@ fn tiny_model_is_announced_first_and_sigterm_stops_cleanly() {
     let mut lines = BufReader::new(stderr).lines();
     let first = lines.next().expect("a first log line").expect("utf-8");
     assert!(
-        first.contains("no --model given: serving the built-in tiny model (random weights)"),
+        first.contains("no --model given: serving the built-in stories260K model"),
         "{first}"
     );
-    // Wait for the model, then ask it to stop.
+    // Wait for the model (the real one, named), then ask it to stop.
     for line in lines.by_ref() {
-        if line.expect("utf-8").contains("model loaded") {
+        let line = line.expect("utf-8");
+        if line.contains("model loaded") {
+            assert!(line.contains("model=stories260K"), "{line}");
+            assert!(line.contains("vocab_size=512"), "{line}");
             break;
         }
     }
@@ -94,7 +133,7 @@ fn tiny_model_is_announced_first_and_sigterm_stops_cleanly() {
 #[test]
 fn no_conversation_text_reaches_the_log_at_trace_level() {
     use futures_util::{SinkExt, StreamExt};
-    let Some(model) = stories260k() else { return };
+    let model = stories260k();
     // A cai key the log must not show either (nor its hash).
     let key = "Zephyr-secret-key";
     let digest = tokenwire_core::dialect::cai::auth::to_hex(

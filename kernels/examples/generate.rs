@@ -4,7 +4,7 @@
 //! cargo run --release -p tokenwire-kernels --example generate -- [MODEL_DIR|tiny] [PROMPT] [N]
 //! ```
 //!
-//! MODEL_DIR defaults to `shared/models/stories260K`; `tiny` uses the built-in
+//! MODEL_DIR defaults to `models/stories260K`; `tiny` uses the built-in
 //! random model. Prints the text, then prefill time and decode tokens/s for a
 //! single stream (one token per `Engine::step`).
 
@@ -23,13 +23,9 @@ fn main() {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let model = args.next().unwrap_or_else(|| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/models/stories260K"
-        )
-        .into()
-    });
+    let model = args
+        .next()
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K").into());
     let prompt = args.next().unwrap_or_else(|| "Once upon a time".into());
     let n: usize = args.next().map_or(Ok(200), |s| s.parse())?;
 

@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokenwire_core::ChatMessage;
 
-use crate::error::{read_file, read_json, LoadError};
+use crate::error::LoadError;
+use crate::model_dir::ModelDir;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -86,9 +87,14 @@ impl ChatTemplate {
     /// `chat_template` (a string, or a list of `{name, template}` from which
     /// "default" is taken), else a `chat_template.jinja` file; `None` if neither.
     pub fn load(dir: &Path) -> Result<Option<ChatTemplate>, LoadError> {
-        let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.exists() {
-            Some(read_json(&cfg_path)?)
+        ChatTemplate::load_from(&ModelDir::new(dir))
+    }
+
+    /// [`ChatTemplate::load`] from a directory or a built-in model.
+    pub fn load_from(dir: &ModelDir) -> Result<Option<ChatTemplate>, LoadError> {
+        let cfg_path = dir.path("tokenizer_config.json");
+        let cfg = if dir.exists("tokenizer_config.json") {
+            Some(dir.read_json("tokenizer_config.json")?)
         } else {
             None
         };
@@ -125,11 +131,11 @@ impl ChatTemplate {
         let (source, path) = match from_config {
             Some(s) => (s, cfg_path),
             None => {
-                let jinja = dir.join("chat_template.jinja");
-                if !jinja.exists() {
+                let jinja = dir.path("chat_template.jinja");
+                if !dir.exists("chat_template.jinja") {
                     return Ok(None);
                 }
-                let bytes = read_file(&jinja)?;
+                let bytes = dir.read("chat_template.jinja")?;
                 let s = String::from_utf8(bytes)
                     .map_err(|_| LoadError::json(&jinja, "not valid UTF-8"))?;
                 (s, jinja)

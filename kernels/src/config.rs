@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use tokenwire_core::TokenId;
 
 use crate::error::LoadError;
+use crate::model_dir::ModelDir;
 use crate::rope::RopeScaling;
 
 /// Upper bound on any single dimension. Far above real models, low enough that
@@ -382,11 +383,20 @@ pub struct GenerationConfig {
 impl GenerationConfig {
     /// Reads `path` if it exists; a missing file is an empty config, a broken one an error.
     pub fn load_optional(path: &Path) -> Result<GenerationConfig, LoadError> {
-        if !path.exists() {
+        match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+            (Some(dir), Some(name)) => GenerationConfig::load_from(&ModelDir::new(dir), name),
+            _ => Ok(GenerationConfig::default()),
+        }
+    }
+
+    /// File `name` of `dir` if it exists (as [`GenerationConfig::load_optional`]).
+    pub fn load_from(dir: &ModelDir, name: &str) -> Result<GenerationConfig, LoadError> {
+        if !dir.exists(name) {
             return Ok(GenerationConfig::default());
         }
-        let v = crate::error::read_json(path)?;
-        let f = Fields::new(path, &v)?;
+        let v = dir.read_json(name)?;
+        let path = dir.path(name);
+        let f = Fields::new(&path, &v)?;
         Ok(GenerationConfig {
             eos_token_ids: f.token_list("eos_token_id")?,
             bos_token_id: f.opt_token("bos_token_id")?,

@@ -18,10 +18,12 @@ use crate::backend::cpu::ActivationPrecision;
 use crate::backend::{
     Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, SeqBatch, WgpuBackend, WgpuOptions,
 };
+use crate::builtin::STORIES260K_NAME;
 use crate::config::GenerationConfig;
 use crate::error::LoadError;
 use crate::gguf_tokenizer::codec_from_gguf;
 use crate::model::Model;
+use crate::model_dir::ModelDir;
 use crate::quant::Kernels;
 use crate::sampler::Sampler;
 use crate::tiny::tiny_model;
@@ -95,9 +97,6 @@ impl Engine {
         if dir.is_file() {
             return Engine::load_gguf(dir, opts);
         }
-        let model = Model::load(dir)?;
-        let gen = GenerationConfig::load_optional(&dir.join("generation_config.json"))?;
-        let codec = HfCodec::load(dir)?;
         // `dir` may be "." or end in "..": the canonical path has the real name.
         let name = dir
             .canonicalize()
@@ -105,6 +104,29 @@ impl Engine {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "model".into());
+        Engine::load_from(&ModelDir::new(dir), name, opts)
+    }
+
+    /// The model built into the binary, stories260K ([`crate::builtin`]):
+    /// what `tokenwire serve` serves without `--model`.
+    pub fn builtin(opts: &EngineOptions) -> Result<Engine, LoadError> {
+        Engine::load_from(
+            &crate::builtin::stories260k(),
+            STORIES260K_NAME.into(),
+            opts,
+        )
+    }
+
+    /// A Hugging Face layout model from `dir` (a directory or a built-in
+    /// set), served as `name`.
+    pub fn load_from(
+        dir: &ModelDir,
+        name: String,
+        opts: &EngineOptions,
+    ) -> Result<Engine, LoadError> {
+        let model = Model::load_from(dir)?;
+        let gen = GenerationConfig::load_from(dir, "generation_config.json")?;
+        let codec = HfCodec::load_from(dir)?;
         let cfg = model.config();
         let identity = ModelIdentity {
             name,

@@ -3,7 +3,9 @@
 //! The model engine behind tokenwire's engine boundary: loading llama-family
 //! models from Hugging Face directories (Llama, Qwen2-style biases and tied
 //! embeddings, Llama 3 RoPE scaling; f32/f16/bf16, single or sharded
-//! safetensors) and from GGUF files ([`Model::load_gguf`]: configuration
+//! safetensors; every file read through [`model_dir::ModelDir`], which is
+//! also how the default model built into the binary, stories260K, loads:
+//! [`Engine::builtin`], [`builtin`]) and from GGUF files ([`Model::load_gguf`]: configuration
 //! ([`gguf_config`]), weights ([`gguf_weights`]), tokenizer and chat template
 //! ([`gguf_tokenizer`]) from the file), every matrix kept in its file's dtype
 //! and memory-mapped ([`tensor::WeightMatrix`]), ggml's quantized block
@@ -23,6 +25,7 @@
 //! ```
 
 pub mod backend;
+pub mod builtin;
 pub mod chat;
 pub mod config;
 pub mod engine;
@@ -32,6 +35,7 @@ pub mod gguf_tokenizer;
 pub mod gguf_weights;
 pub mod kv;
 pub mod model;
+pub mod model_dir;
 pub mod quant;
 pub mod rope;
 pub mod sampler;

@@ -5,6 +5,7 @@ use std::path::Path;
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::gguf::GgufFile;
+use crate::model_dir::ModelDir;
 use crate::tensor::{map_file, WeightMatrix};
 use crate::weights::{Linear, Weights};
 
@@ -19,9 +20,14 @@ pub struct Model {
 impl Model {
     /// Loads `dir/config.json` and the safetensors weights of `dir`.
     pub fn load(dir: &Path) -> Result<Model, LoadError> {
-        let cfg_path = dir.join("config.json");
-        let config = ModelConfig::load(&cfg_path)?;
-        let weights = Weights::load(dir, &config)?;
+        Model::load_from(&ModelDir::new(dir))
+    }
+
+    /// [`Model::load`] from a directory or a built-in model.
+    pub fn load_from(dir: &ModelDir) -> Result<Model, LoadError> {
+        let cfg_path = dir.path("config.json");
+        let config = ModelConfig::from_json(&cfg_path, &dir.read_json("config.json")?)?;
+        let weights = Weights::load_from(dir, &config)?;
         Model::new(config, weights).map_err(|msg| LoadError::json(cfg_path, msg))
     }
 

@@ -1,5 +1,6 @@
-//! Weight matrices kept in their file's dtype: owned (built in memory, or
-//! read from a safetensors file) or a range of a memory-mapped GGUF file.
+//! Weight matrices kept in their file's dtype: owned (built in memory) or a
+//! range of a memory-mapped file (safetensors or GGUF) or of a file built
+//! into the binary.
 //! The loaders fill [`WeightMatrix`]es; the backends dispatch on
 //! [`WeightMatrix::dtype`] and read rows of raw blocks. No f32 copy of a
 //! half-precision or quantized matrix is ever made.
@@ -10,8 +11,24 @@ use tokenwire_gguf::GgmlType;
 
 use crate::quant::blocks::dequantize_row;
 
-/// A read-only file mapping shared by every matrix that lives in it.
-pub type SharedMap = Arc<memmap2::Mmap>;
+/// Read-only bytes shared by every matrix that lives in them: a mapped
+/// file, or a file built into the binary.
+#[derive(Clone)]
+pub struct SharedMap(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl SharedMap {
+    /// Bytes built into the binary.
+    pub fn from_static(bytes: &'static [u8]) -> SharedMap {
+        SharedMap(Arc::new(bytes))
+    }
+}
+
+impl std::ops::Deref for SharedMap {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
 
 /// Where a matrix's bytes are.
 #[derive(Clone)]
@@ -245,7 +262,7 @@ pub fn map_file(path: &std::path::Path) -> std::io::Result<SharedMap> {
     let file = std::fs::File::open(path)?;
     // SAFETY: see above; the map is never written (read-only mapping).
     let map = unsafe { memmap2::Mmap::map(&file)? };
-    Ok(Arc::new(map))
+    Ok(SharedMap(Arc::new(map)))
 }
 
 /// Rounds f32 values to `dtype` (F32, F16 or BF16), as a file of that dtype

@@ -10,9 +10,10 @@ use safetensors::{Dtype, SafeTensors};
 use tokenwire_gguf::GgmlType;
 
 use crate::config::ModelConfig;
-use crate::error::{read_json, LoadError};
+use crate::error::LoadError;
+use crate::model_dir::ModelDir;
 use crate::rope::RopeLayout;
-use crate::tensor::{map_file, SharedMap, WeightMatrix};
+use crate::tensor::{SharedMap, WeightMatrix};
 
 /// A linear layer `y = W x (+ b)`, `W` row-major `[out_dim, in_dim]` as in HF files.
 #[derive(Debug, Clone, PartialEq)]
@@ -167,13 +168,18 @@ struct Loaded {
 impl Weights {
     /// Loads the weights `cfg` describes from `dir`.
     pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<Weights, LoadError> {
+        Weights::load_from(&ModelDir::new(dir), cfg)
+    }
+
+    /// [`Weights::load`] from a directory or a built-in model.
+    pub fn load_from(dir: &ModelDir, cfg: &ModelConfig) -> Result<Weights, LoadError> {
         let specs = specs(cfg);
-        let single = dir.join("model.safetensors");
-        let index = dir.join("model.safetensors.index.json");
-        let (mut loaded, missing_in) = if single.exists() {
-            (load_single(&single, &specs)?, single)
-        } else if index.exists() {
-            (load_sharded(dir, &index, &specs)?, index)
+        let single = dir.path("model.safetensors");
+        let index = dir.path("model.safetensors.index.json");
+        let (mut loaded, missing_in) = if dir.exists("model.safetensors") {
+            (load_single(dir, "model.safetensors", &specs)?, single)
+        } else if dir.exists("model.safetensors.index.json") {
+            (load_sharded(dir, &specs)?, index)
         } else {
             return Err(LoadError::Io {
                 path: single,
@@ -240,8 +246,9 @@ impl Weights {
     }
 }
 
-fn load_sharded(dir: &Path, index: &Path, specs: &[Spec]) -> Result<Loaded, LoadError> {
-    let v = read_json(index)?;
+fn load_sharded(dir: &ModelDir, specs: &[Spec]) -> Result<Loaded, LoadError> {
+    let index = &dir.path("model.safetensors.index.json");
+    let v = dir.read_json("model.safetensors.index.json")?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -283,30 +290,24 @@ fn load_sharded(dir: &Path, index: &Path, specs: &[Spec]) -> Result<Loaded, Load
                 format!("weight_map names `{file}`, which is not a file in the model directory"),
             ));
         }
-        let path = dir.join(&file);
-        let map = map_weights(&path)?;
+        let path = dir.path(&file);
+        let map = dir.map(&file)?;
         let st = parse_safetensors(&path, &map)?;
         extract(&path, &map, &st, wanted.into_iter(), true, &mut loaded)?;
     }
     Ok(loaded)
 }
 
-fn load_single(path: &Path, specs: &[Spec]) -> Result<Loaded, LoadError> {
+fn load_single(dir: &ModelDir, name: &str, specs: &[Spec]) -> Result<Loaded, LoadError> {
     let mut loaded = Loaded {
         tensors: HashMap::new(),
         dtype: None,
     };
-    let map = map_weights(path)?;
+    let path = &dir.path(name);
+    let map = dir.map(name)?;
     let st = parse_safetensors(path, &map)?;
     extract(path, &map, &st, specs.iter(), false, &mut loaded)?;
     Ok(loaded)
-}
-
-fn map_weights(path: &Path) -> Result<SharedMap, LoadError> {
-    map_file(path).map_err(|source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 /// Converts the `wanted` tensors of one file into `loaded`. With `all_present`

@@ -7,7 +7,7 @@ use tokenwire_core::{SeqId, StepPlan, TokenId};
 use tokenwire_kernels::{Engine, EngineOptions};
 
 fn engine() -> Option<(Engine, serde_json::Value)> {
-    let dir = stories_dir()?;
+    let dir = stories_dir();
     let engine = Engine::load(&dir, &EngineOptions::default()).expect("stories260K loads");
     Some((engine, reference(&dir)))
 }
@@ -173,7 +173,7 @@ fn batched_chunked_and_shuffled_parity() {
     let Some((mut engine, _)) = engine() else {
         return;
     };
-    let dir = stories_dir().expect("present");
+    let dir = stories_dir();
     let mut alone = Engine::load(&dir, &EngineOptions::default()).expect("load");
     let codec = engine.codec();
     let texts = [
@@ -187,4 +187,35 @@ fn batched_chunked_and_shuffled_parity() {
         .map(|t| codec.encode(t, true).expect("encode"))
         .collect();
     batched_parity(&mut engine, &mut alone, &toks, 1e-4);
+}
+
+#[test]
+fn the_built_in_model_is_the_repositorys_stories260k_bit_for_bit() {
+    // `tokenwire serve` without `--model` serves the copy built into the
+    // binary: it must be this directory's model, read in place.
+    let dir = stories_dir();
+    let mut from_dir = Engine::load(&dir, &EngineOptions::default()).expect("directory loads");
+    let mut built_in = Engine::builtin(&EngineOptions::default()).expect("built-in loads");
+    assert_eq!(built_in.model_info(), from_dir.model_info());
+    assert!(
+        built_in.model().weights().matrices().all(|m| m.is_mapped()),
+        "the built-in weights are read in place, not copied"
+    );
+    let r = reference(&dir);
+    let prompt = built_in
+        .codec()
+        .encode(r["prompt"].as_str().expect("prompt"), true)
+        .expect("encode");
+    assert_eq!(prompt, ids(&r["prompt_ids"]));
+    let a = logits_alone(&mut built_in, &prompt);
+    let b = logits_alone(&mut from_dir, &prompt);
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "same logits"
+    );
+    let eos = built_in.model_info().eos_ids;
+    assert_eq!(
+        greedy(&mut built_in, &prompt, 64, &eos),
+        ids(&r["greedy_ids"])
+    );
 }

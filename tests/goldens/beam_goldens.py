@@ -4,7 +4,7 @@ stories260K model (float32, CPU), written to stories260k_beams.json.
 
 Run from the repository root with torch and transformers installed:
 
-    python tests/goldens/beam_goldens.py ../shared/models/stories260K
+    python tests/goldens/beam_goldens.py models/stories260K
 
 The cases are chosen so that beam search differs from greedy decoding
 (longer outputs, several prompts and penalties); the script fails if too few

@@ -59,7 +59,7 @@ fn element(frames: &[Value], kind: &str, rid: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_streams_event_arrays_and_continuing_it_extends_each_sequence_exactly() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let reference = stories_reference(&dir);
     let golden = reference["full_text"]
         .as_str()
@@ -154,7 +154,7 @@ async fn a_batch_streams_event_arrays_and_continuing_it_extends_each_sequence_ex
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_blocks_give_way_to_new_work_and_a_continuation_recomputes_them_exactly() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let golden = stories_reference(&dir)["full_text"]
         .as_str()
         .expect("full_text")
@@ -206,7 +206,7 @@ async fn kept_blocks_give_way_to_new_work_and_a_continuation_recomputes_them_exa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_queued_payloads_and_the_servers_defaults() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| {
         c.batch_defaults.max_new_tokens = 5;
     })
@@ -273,7 +273,7 @@ async fn errors_queued_payloads_and_the_servers_defaults() {
 /// The beams share KV blocks copy-on-write through the scheduler's forks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beam_search_matches_transformers_over_the_socket() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/goldens/stories260k_beams.json"

@@ -29,7 +29,7 @@ fn keys_file(name: &str, extra: &str) -> PathBuf {
 }
 
 async fn serve(name: &str, extra: &str) -> Option<(RunningServer, PathBuf)> {
-    let dir = stories260k()?;
+    let dir = stories260k();
     let keys = keys_file(name, extra);
     let k = keys.clone();
     let server = start(ModelSource::Dir(dir), move |c| c.keys = Some(k)).await;
@@ -78,7 +78,7 @@ async fn tokens_generated(server: &RunningServer) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_closes_with_the_contracts_codes_and_a_plain_get_is_not_the_dialect() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let without = start(ModelSource::Dir(dir), |_| {}).await;
     let mut c = Client::connect(&without, PATH).await;
     assert!(
@@ -126,7 +126,7 @@ async fn a_completion_streams_the_golden_greedy_text_with_its_sentences() {
     let Some((server, keys)) = serve("golden", "").await else {
         return;
     };
-    let reference = stories_reference(&stories260k().expect("model"));
+    let reference = stories_reference(&stories260k());
     let mut c = Client::connect(&server, PATH).await;
     // No chat template in stories260K: a lone user message is the prompt as given.
     c.send(completion(

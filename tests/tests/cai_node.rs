@@ -52,7 +52,7 @@ async fn run_example(url: &str, model: &str) -> (bool, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sources_usage_example_runs_against_the_server() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     if !node_has_websocket().await {
         return;
     }

@@ -12,7 +12,7 @@ fn config(prompt: &str, params: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stories260k_greedy_streams_the_golden_text() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let reference = stories_reference(&dir);
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let mut c = Client::connect(&server, "/generate").await;
@@ -52,7 +52,7 @@ async fn stories260k_greedy_streams_the_golden_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stories260k_from_bos_stops_at_the_end_of_the_story() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let reference = stories_reference(&dir);
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let golden = reference["bos_only_greedy_text"]
@@ -87,7 +87,7 @@ async fn stories260k_from_bos_stops_at_the_end_of_the_story() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_clients_at_once_each_get_their_exact_greedy_text() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let prompts = [
         "Once upon a time",

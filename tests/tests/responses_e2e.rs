@@ -52,7 +52,7 @@ async fn error(c: &mut Client) -> (u64, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_streams_the_golden_text_and_continues() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let reference = stories_reference(&dir);
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let mut c = Client::connect(&server, "/v1/responses").await;
@@ -81,7 +81,7 @@ async fn a_response_streams_the_golden_text_and_continues() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_cancel_concurrency_and_warm_up_over_the_socket() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let mut c = Client::connect(&server, "/v1/responses").await;
     c.send_text("{nope").await;
@@ -159,7 +159,7 @@ async fn every_error_code_cancel_concurrency_and_warm_up_over_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_limit_is_1013_and_the_lifetime_ends_with_1000() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| {
         c.max_websocket_connections = 2;
         c.responses_expiring_after = Duration::from_secs(1);
@@ -186,7 +186,7 @@ async fn the_connection_limit_is_1013_and_the_lifetime_ends_with_1000() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_create_stream_store_retrieve_and_continue() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let body = json!({"model":"stories260K","input":"Once upon a time","max_output_tokens":8,"temperature":0});
     let r = http(&server, "POST", "/v1/responses", Some(&body.to_string())).await;

@@ -57,7 +57,7 @@ async fn run_sdk(python: &PathBuf, server: &RunningServer, args: &[&str]) -> Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(dir), |c| c.max_websocket_connections = 3).await;
     let out = run_sdk(&python, &server, &["--max-connections", "3"]).await;
@@ -82,7 +82,7 @@ async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_sees_the_lifetime_warning_then_close_1000() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(dir), |c| {
         c.responses_expiring_after = Duration::from_secs(1);

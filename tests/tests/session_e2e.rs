@@ -34,7 +34,7 @@ async fn error_code(c: &mut Client) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_streams_the_golden_greedy_text_then_continues_the_conversation() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let reference = stories_reference(&dir);
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let mut c = Client::connect(&server, "/ws/session").await;
@@ -84,7 +84,7 @@ async fn a_session_streams_the_golden_greedy_text_then_continues_the_conversatio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_over_the_socket_and_the_connection_stays() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| c.job_token_budget = Some(40)).await;
     let mut c = Client::connect(&server, "/ws/session").await;
     let mut other = Client::connect(&server, "/ws/session").await;
@@ -126,7 +126,7 @@ async fn every_error_code_over_the_socket_and_the_connection_stays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_mid_stream_fails_the_turn_recoverably_and_closes_1001() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| {
         c.shutdown_grace = std::time::Duration::ZERO;
     })
@@ -152,7 +152,7 @@ async fn shutdown_mid_stream_fails_the_turn_recoverably_and_closes_1001() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envelopes_arrays_end_and_disconnect_over_the_socket() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let mut c = Client::connect(&server, "/ws/session").await;
     c.send(json!([
@@ -196,7 +196,7 @@ async fn envelopes_arrays_end_and_disconnect_over_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_inference_answers_json_and_sse_like_the_socket() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let reference = stories_reference(&dir);
     let server = start(ModelSource::Dir(dir), |_| {}).await;
     let body =
@@ -256,7 +256,7 @@ async fn http_inference_answers_json_and_sse_like_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_full_of_sessions_answers_rate_limited_until_one_ends() {
-    let Some(dir) = stories260k() else { return };
+    let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| c.max_sessions = 1).await;
     let mut a = Client::connect(&server, "/ws/session").await;
     let mut b = Client::connect(&server, "/ws/session").await;

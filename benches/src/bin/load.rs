@@ -213,6 +213,8 @@ fn tokenwire_args(a: &Args, extra: &[&str]) -> Vec<String> {
     if let Some(m) = &a.model {
         v.push("--model".into());
         v.push(m.display().to_string());
+    } else {
+        v.push("--random-model".into());
     }
     v.extend(extra.iter().map(|s| s.to_string()));
     v.extend(a.server_args.iter().cloned());

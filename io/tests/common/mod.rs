@@ -17,24 +17,19 @@ pub fn tokenwire() -> Command {
     cmd
 }
 
-/// The stories260K model (a real tokenizer, whose library logs prompt
-/// characters at trace level), or `None` with a printed reason; under
-/// `CI=true` a missing model fails.
-pub fn stories260k() -> Option<std::path::PathBuf> {
+/// The stories260K directory kept in the repository (`models/stories260K`,
+/// the model `tokenwire serve` has built in).
+pub fn stories260k() -> std::path::PathBuf {
     let dir = std::path::PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/models/stories260K"
+        "/../models/stories260K"
     ));
-    if dir.join("model.safetensors").exists() {
-        return Some(dir);
-    }
     assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but the model is missing at {}",
+        dir.join("model.safetensors").exists(),
+        "stories260K is part of the repository but is missing at {}",
         dir.display()
     );
-    eprintln!("skipping: {} not found", dir.display());
-    None
+    dir
 }
 
 /// A `tokenwire serve` process, its log read up to "model loaded".

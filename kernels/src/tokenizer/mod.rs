@@ -10,7 +10,8 @@ use tokenizers::Tokenizer;
 use tokenwire_core::{ChatMessage, TextCodec, TokenId};
 
 use crate::chat::{join_contents, ChatTemplate};
-use crate::error::{read_file, LoadError};
+use crate::error::LoadError;
+use crate::model_dir::ModelDir;
 
 mod decode_table;
 
@@ -38,13 +39,17 @@ impl std::fmt::Debug for HfCodec {
 impl HfCodec {
     /// Loads `dir/tokenizer.json` and the chat template of `dir`.
     pub fn load(dir: &Path) -> Result<HfCodec, LoadError> {
-        let path = dir.join("tokenizer.json");
-        let bytes = read_file(&path)?;
+        HfCodec::load_from(&ModelDir::new(dir))
+    }
+
+    /// [`HfCodec::load`] from a directory or a built-in model.
+    pub fn load_from(dir: &ModelDir) -> Result<HfCodec, LoadError> {
+        let bytes = dir.read("tokenizer.json")?;
         let tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| LoadError::Tokenizer {
-            path: path.clone(),
+            path: dir.path("tokenizer.json"),
             msg: e.to_string(),
         })?;
-        let template = ChatTemplate::load(dir)?;
+        let template = ChatTemplate::load_from(dir)?;
         Ok(HfCodec::new(tokenizer, template))
     }
 

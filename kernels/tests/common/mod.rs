@@ -14,22 +14,19 @@ use tokenwire_core::rng::Rng;
 use tokenwire_core::{SamplingParams, SeqId, SeqStep, StepPlan, TokenId};
 use tokenwire_kernels::{Engine, Model};
 
-/// The stories260K directory, or `None` (with the reason printed) when it is
-/// absent outside CI. In CI (`CI=true`) a missing model fails the test.
-pub fn stories_dir() -> Option<PathBuf> {
+/// The stories260K directory kept in the repository (`models/stories260K`,
+/// the model `tokenwire serve` has built in).
+pub fn stories_dir() -> PathBuf {
     let dir = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/models/stories260K"
+        "/../models/stories260K"
     ));
-    if dir.join("config.json").exists() {
-        return Some(dir);
-    }
-    let msg = format!("stories260K not found at {}", dir.display());
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg} (required when CI=true)");
-    }
-    eprintln!("skipping: {msg}");
-    None
+    assert!(
+        dir.join("config.json").exists(),
+        "stories260K is part of the repository but is missing at {}",
+        dir.display()
+    );
+    dir
 }
 
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`
