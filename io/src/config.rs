@@ -94,9 +94,12 @@ pub enum LogFormat {
 /// Flags of `tokenwire serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// A GGUF file, or a Hugging Face model directory (safetensors weights,
-    /// config.json, tokenizer.json). Without it the model built into the
-    /// binary, stories260K (a 260K-parameter TinyStories llama), is served.
+    /// A GGUF file, a Hugging Face model directory (safetensors weights,
+    /// config.json, tokenizer.json), or a Hugging Face repository id
+    /// (`org/name`, or `org/name/FILE.gguf`) found in the local Hugging Face
+    /// cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub), offline.
+    /// Without it the model built into the binary, stories260K (a
+    /// 260K-parameter TinyStories llama), is served.
     #[arg(long, env = "TOKENWIRE_MODEL", value_name = "PATH")]
     pub model: Option<PathBuf>,
 

@@ -6,10 +6,12 @@ use std::sync::mpsc;
 use std::time::Instant as StdInstant;
 
 use tokenwire_core::{EngineFault, EngineFaultKind, Input, StepPlan};
+use tokenwire_kernels::model_dir::ModelDir;
 use tokenwire_kernels::{ActivationPrecision, BackendKind, Engine, EngineOptions};
 
 use crate::config::{Backend, CpuActivations, ModelSource};
 use crate::driver::{DriverHandle, DriverMsg};
+use crate::hf_cache::CacheEnv;
 
 /// Tokens per KV cache block (DESIGN.md: paged KV cache, block size 16).
 pub(crate) const KV_BLOCK_SIZE: u32 = 16;
@@ -125,7 +127,27 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
             "the built-in stories260K model".to_string(),
             catch_unwind(AssertUnwindSafe(|| Engine::builtin(&opts))),
         ),
-        ModelSource::Dir(dir) => {
+        ModelSource::Dir(arg) => {
+            // `org/name` that is not a path: the local Hugging Face cache.
+            let dir = match crate::hf_cache::resolve_model(arg, &CacheEnv::from_process()) {
+                Ok(dir) => dir,
+                Err(msg) => {
+                    let _ = driver.blocking_send(DriverMsg::LoadFailed(msg));
+                    return None;
+                }
+            };
+            // A cached snapshot directory is named after the repository,
+            // not its commit hash.
+            let cached_name = (&dir != arg && dir.is_dir())
+                .then(|| arg.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .flatten();
+            if &dir != arg {
+                tracing::info!(
+                    model = %arg.display(),
+                    path = %dir.display(),
+                    "found in the Hugging Face cache"
+                );
+            }
             let _ = driver.blocking_send(DriverMsg::Input(Input::ModelLoading {
                 progress: 0.0,
                 message: "loading model weights".into(),
@@ -133,7 +155,10 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
             }));
             (
                 format!("the model from {}", dir.display()),
-                catch_unwind(AssertUnwindSafe(|| Engine::load(dir, &opts))),
+                catch_unwind(AssertUnwindSafe(|| match cached_name {
+                    Some(name) => Engine::load_from(&ModelDir::new(&dir), name, &opts),
+                    None => Engine::load(&dir, &opts),
+                })),
             )
         }
     };

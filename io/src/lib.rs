@@ -44,6 +44,7 @@ mod conn;
 mod driver;
 mod engine_thread;
 mod feedback;
+pub mod hf_cache;
 mod http;
 mod http_dialect;
 pub mod jobs;

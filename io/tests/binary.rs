@@ -284,3 +284,89 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
         );
     }
 }
+
+/// `--model org/name` finds the repository in a Hugging Face cache laid out
+/// as `huggingface_hub` writes it (files in `blobs/`, the snapshot's entries
+/// symlinks to them, `refs/main` naming the snapshot), and serves it under
+/// the repository's name; an id that is not cached fails, naming where it
+/// looked.
+#[cfg(unix)]
+#[test]
+fn a_repository_id_is_served_from_the_hugging_face_cache() {
+    let hub = std::env::temp_dir().join(format!("tokenwire-hub-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&hub);
+    let repo = hub.join("models--karpathy--stories260K");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).expect("snapshot dir");
+    std::fs::create_dir_all(repo.join("blobs")).expect("blobs dir");
+    std::fs::create_dir_all(repo.join("refs")).expect("refs dir");
+    std::fs::write(repo.join("refs").join("main"), commit).expect("refs/main");
+    let source = stories260k();
+    for (i, name) in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let blob = repo.join("blobs").join(format!("blob{i}"));
+        std::fs::copy(source.join(name), &blob).expect("copy into blobs");
+        std::os::unix::fs::symlink(format!("../../blobs/blob{i}"), snapshot.join(name))
+            .expect("snapshot link");
+    }
+
+    let mut served = common::serve({
+        let mut cmd = tokenwire();
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "karpathy/stories260K",
+        ])
+        .env("HF_HUB_CACHE", &hub);
+        cmd
+    });
+    assert!(
+        served
+            .log
+            .iter()
+            .any(|l| l.contains("found in the Hugging Face cache")
+                && l.contains(&snapshot.display().to_string())),
+        "{:?}",
+        served.log
+    );
+    let loaded = served.log.last().expect("a log line");
+    assert!(loaded.contains("model=stories260K"), "{loaded}");
+    assert!(loaded.contains("vocab_size=512"), "{loaded}");
+    let _ = served.child.kill();
+    let _ = served.child.wait();
+
+    let out = tokenwire()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "karpathy/not-cached",
+        ])
+        .env("HF_HUB_CACHE", &hub)
+        .output()
+        .expect("run tokenwire");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("not in the Hugging Face cache"), "{stderr}");
+    assert!(
+        stderr.contains(
+            &hub.join("models--karpathy--not-cached")
+                .display()
+                .to_string()
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&hub);
+}
