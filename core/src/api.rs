@@ -326,6 +326,8 @@ pub enum Event {
         prompt_tokens: u32,
         /// Generated tokens.
         completion_tokens: u32,
+        /// From its arrival to its end (end-to-end latency).
+        elapsed: Duration,
     },
     /// First token of a request, measured from its arrival.
     FirstToken {

@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
 use tokenwire_core::{Dialect, Event, Outcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,6 +49,8 @@ pub struct Metrics {
     completion_tokens: Counter,
     ttft: Histogram,
     inter_token: Histogram,
+    e2e: Histogram,
+    kv_usage: Gauge<f64, AtomicU64>,
     feedback: Family<RatingLabels, Counter>,
     overflows: Counter,
     refused: Counter,
@@ -70,6 +73,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_completion_tokens",
     "tokenwire_time_to_first_token_seconds",
     "tokenwire_inter_token_latency_seconds",
+    "tokenwire_e2e_request_latency_seconds",
+    "tokenwire_kv_cache_usage_ratio",
     "tokenwire_feedback",
     "tokenwire_outbound_queue_overflows",
     "tokenwire_connections_refused",
@@ -109,6 +114,9 @@ impl Metrics {
         let refused = Counter::default();
         let ttft = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         let inter_token = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        // 10 ms to about 5.8 min: a request lasts as long as its stream.
+        let e2e = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        let kv_usage = Gauge::<f64, AtomicU64>::default();
 
         // Series that read 0 rather than being absent (an empty family is not
         // exposed at all).
@@ -197,6 +205,17 @@ impl Metrics {
             Unit::Seconds,
             inter_token.clone(),
         );
+        registry.register_with_unit(
+            "e2e_request_latency",
+            "Time from a request's arrival to its end, whatever the outcome",
+            Unit::Seconds,
+            e2e.clone(),
+        );
+        registry.register(
+            "kv_cache_usage_ratio",
+            "Fraction of the KV cache's blocks in use (0 to 1)",
+            kv_usage.clone(),
+        );
         registry.register(
             "feedback",
             "Client feedback messages by rating sign",
@@ -229,6 +248,8 @@ impl Metrics {
             completion_tokens,
             ttft,
             inter_token,
+            e2e,
+            kv_usage,
             feedback,
             overflows,
             refused,
@@ -257,7 +278,9 @@ impl Metrics {
                 outcome,
                 prompt_tokens,
                 completion_tokens,
+                elapsed,
             } => {
+                self.e2e.observe(elapsed.as_secs_f64());
                 self.requests
                     .get_or_create(&RequestLabels {
                         dialect: dialect.name(),
@@ -301,6 +324,11 @@ impl Metrics {
                 self.kv_used.set(i64::from(*kv_blocks_used));
                 self.kv_kept.set(i64::from(*kv_blocks_kept));
                 self.kv_capacity.set(i64::from(*kv_blocks_total));
+                self.kv_usage.set(if *kv_blocks_total == 0 {
+                    0.0
+                } else {
+                    f64::from(*kv_blocks_used) / f64::from(*kv_blocks_total)
+                });
             }
             Event::TokensGenerated { count } => {
                 self.tokens.inc_by(u64::from(*count));
@@ -349,6 +377,46 @@ mod tests {
         }
     }
 
+    /// The dashboard in `docs/` queries only series this server exposes.
+    #[test]
+    fn the_grafana_dashboard_uses_only_exposed_series() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/grafana-dashboard.json"
+        );
+        let dash: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).expect("dashboard")).expect("JSON");
+        let exprs: Vec<String> = dash["panels"]
+            .as_array()
+            .expect("panels")
+            .iter()
+            .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+            .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+            .collect();
+        assert!(exprs.len() >= 10, "{exprs:?}");
+        let exposed = |series: &str| {
+            let family = ["_bucket", "_total", "_sum", "_count"]
+                .iter()
+                .find_map(|s| series.strip_suffix(s))
+                .unwrap_or(series);
+            METRIC_NAMES.contains(&family)
+        };
+        for expr in &exprs {
+            let mut rest = expr.as_str();
+            let mut found = 0;
+            while let Some(at) = rest.find("tokenwire_") {
+                let series: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(exposed(&series), "{series} (in {expr}) is not exposed");
+                found += 1;
+                rest = &rest[at + series.len()..];
+            }
+            assert!(found > 0, "{expr} reads no tokenwire series");
+        }
+    }
+
     #[test]
     fn events_move_the_metrics() {
         let m = Metrics::new();
@@ -360,6 +428,7 @@ mod tests {
             outcome: Outcome::Completed,
             prompt_tokens: 3,
             completion_tokens: 5,
+            elapsed: Duration::from_millis(1500),
         });
         m.observe(&Event::Error {
             dialect: Dialect::Batch,
@@ -393,5 +462,13 @@ mod tests {
         assert!(text.contains("tokenwire_kv_blocks_kept 3"), "{text}");
         assert!(text.contains("tokenwire_prompt_tokens_reused_total 11"));
         assert!(text.contains("tokenwire_time_to_first_token_seconds_count 1"));
+        assert!(
+            text.contains("tokenwire_e2e_request_latency_seconds_sum 1.5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokenwire_kv_cache_usage_ratio 0.0625"),
+            "{text}"
+        );
     }
 }

@@ -47,6 +47,34 @@ async fn stories260k_greedy_streams_the_golden_text() {
     assert_eq!(done["finish_reason"], "length");
     assert_eq!(done["usage"]["prompt_tokens"], 5);
     assert_eq!(done["usage"]["completion_tokens"], 64);
+    // The request is in the operators' series: end-to-end latency (at
+    // least its time to first token), token totals, and the KV usage
+    // fraction back to zero once it is done.
+    let mut scraped = String::new();
+    for _ in 0..2000 {
+        scraped = http(&server, "GET", "/metrics", None).await.body;
+        if metric(&scraped, "tokenwire_e2e_request_latency_seconds_count") == Some(1.0) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        metric(&scraped, "tokenwire_e2e_request_latency_seconds_count"),
+        Some(1.0),
+        "{scraped}"
+    );
+    let e2e = metric(&scraped, "tokenwire_e2e_request_latency_seconds_sum").expect("sum");
+    let ttft = metric(&scraped, "tokenwire_time_to_first_token_seconds_sum").expect("ttft");
+    assert!(e2e >= ttft && e2e > 0.0, "e2e {e2e} s, ttft {ttft} s");
+    assert_eq!(metric(&scraped, "tokenwire_prompt_tokens_total"), Some(5.0));
+    assert_eq!(
+        metric(&scraped, "tokenwire_completion_tokens_total"),
+        Some(64.0)
+    );
+    assert!(
+        metric(&scraped, "tokenwire_kv_cache_usage_ratio").is_some(),
+        "{scraped}"
+    );
     server.shutdown().await;
 }
 

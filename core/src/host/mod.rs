@@ -658,7 +658,7 @@ impl Host {
         };
         self.with_conn(now, owner, |m, cx| m.on_token(cx, id, &piece));
         if let Some(reason) = piece.finish {
-            self.sh.retire(id, outcome_of(reason));
+            self.sh.retire(now, id, outcome_of(reason));
             self.touch(now, owner);
         }
     }
@@ -684,7 +684,7 @@ impl Host {
             gen.state = GenState::Finished;
         }
         self.with_conn(now, owner, |m, cx| m.on_failed(cx, id, &failure));
-        self.sh.retire(id, Outcome::Failed);
+        self.sh.retire(now, id, Outcome::Failed);
         self.touch(now, owner);
     }
 
@@ -764,7 +764,7 @@ impl Host {
             if let Some(gen) = self.sh.gens.get_mut(&id) {
                 gen.state = GenState::Finished;
             }
-            self.sh.retire(id, Outcome::Cancelled);
+            self.sh.retire(now, id, Outcome::Cancelled);
         }
         for key in [
             TimerKey::Idle(conn),

@@ -298,7 +298,7 @@ impl Shared {
     /// Removes a generation from the scheduler (parking its KV blocks when
     /// it completed and its dialect asked to keep them) and the registry,
     /// and counts it.
-    pub fn retire(&mut self, id: SeqId, outcome: Outcome) -> Option<Generation> {
+    pub fn retire(&mut self, now: Instant, id: SeqId, outcome: Outcome) -> Option<Generation> {
         let keep = outcome == Outcome::Completed && self.gens.get(&id).is_some_and(|g| g.keep_kv);
         if let Some(s) = self.sched.as_mut() {
             if keep {
@@ -320,6 +320,7 @@ impl Shared {
                 outcome,
                 prompt_tokens: gen.prompt_tokens(),
                 completion_tokens: gen.completion_tokens(),
+                elapsed: now - gen.created_at,
             }));
         Some(gen)
     }

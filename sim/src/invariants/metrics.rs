@@ -242,6 +242,7 @@ impl Checker for Metrics {
                     outcome,
                     prompt_tokens,
                     completion_tokens,
+                    elapsed: _,
                 } => {
                     let d = dialect.name();
                     if matches!(*dialect, Dialect::Cai | Dialect::Batch) {
@@ -466,6 +467,7 @@ mod tests {
             outcome: Outcome::Completed,
             prompt_tokens: 3,
             completion_tokens: 1,
+            elapsed: std::time::Duration::from_millis(5),
         }))
         .expect("event");
         let err = k.end().expect_err("counts differ");
