@@ -316,10 +316,27 @@ pub enum Event {
         /// Its dialect.
         dialect: Dialect,
     },
+    /// A request (generation) was admitted: its sequence is queued for the
+    /// engine. Every started request ends with one [`Event::RequestFinished`]
+    /// of the same `request`.
+    RequestStarted {
+        /// The connection that asked.
+        conn: ConnId,
+        /// Its dialect.
+        dialect: Dialect,
+        /// The request's sequence id (unique for the Host's life).
+        request: u64,
+        /// Prompt tokens.
+        prompt_tokens: u32,
+        /// The most tokens it may generate.
+        max_tokens: u32,
+    },
     /// A request (generation) ended.
     RequestFinished {
         /// Its dialect.
         dialect: Dialect,
+        /// The sequence id its [`Event::RequestStarted`] gave.
+        request: u64,
         /// How.
         outcome: Outcome,
         /// Prompt tokens.

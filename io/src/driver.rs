@@ -162,6 +162,9 @@ struct ConnEntry {
     gate: ReadGate,
     /// The Host was told `QueueFull` and not yet `QueueDrained`.
     host_full: bool,
+    /// The connection's tracing span (id and dialect), the parent of its
+    /// requests' spans.
+    span: tracing::Span,
 }
 
 /// Runs the Host's text jobs (tokenizing, chat templates) on tokio's blocking
@@ -219,6 +222,9 @@ pub(crate) struct Driver {
     snapshot: watch::Sender<Snapshot>,
     model: Option<Arc<ModelInfo>>,
     pending: VecDeque<Input>,
+    /// Tracing spans of the requests in flight, by sequence id: ids and
+    /// lengths only, closed with a "request finished" line.
+    requests: HashMap<u64, tracing::Span>,
     shutdown: CancelFlag,
     shutdown_cap: Duration,
     done: bool,
@@ -259,6 +265,7 @@ impl Driver {
             snapshot: parts.snapshot,
             model: None,
             pending: VecDeque::new(),
+            requests: HashMap::new(),
             shutdown: parts.shutdown,
             shutdown_cap: parts.shutdown_grace + SHUTDOWN_SLACK,
             done: false,
@@ -367,12 +374,14 @@ impl Driver {
                 queue,
                 gate,
             } => {
+                let span = tracing::info_span!("conn", id = conn.0, dialect = dialect.name());
                 self.conns.insert(
                     conn,
                     ConnEntry {
                         queue,
                         gate,
                         host_full: false,
+                        span,
                     },
                 );
                 self.input(Input::Open {
@@ -400,6 +409,50 @@ impl Driver {
                 self.failure = Some(message);
                 self.done = true;
             }
+        }
+    }
+
+    /// Opens a request's span when the Host admits it and closes it, with
+    /// its outcome and lengths, when it ends.
+    fn trace_request(&mut self, event: &Event) {
+        match *event {
+            Event::RequestStarted {
+                conn,
+                request,
+                prompt_tokens,
+                max_tokens,
+                ..
+            } => {
+                let parent = self.conns.get(&conn).map(|c| c.span.clone());
+                let span = tracing::info_span!(
+                    parent: parent.as_ref().and_then(|p| p.id()),
+                    "request",
+                    id = request,
+                    prompt_tokens,
+                    max_tokens
+                );
+                span.in_scope(|| tracing::debug!("request started"));
+                self.requests.insert(request, span);
+            }
+            Event::RequestFinished {
+                request,
+                outcome,
+                completion_tokens,
+                elapsed,
+                ..
+            } => {
+                if let Some(span) = self.requests.remove(&request) {
+                    span.in_scope(|| {
+                        tracing::info!(
+                            outcome = outcome.name(),
+                            completion_tokens,
+                            elapsed_ms = elapsed.as_millis() as u64,
+                            "request finished"
+                        )
+                    });
+                }
+            }
+            _ => {}
         }
     }
 
@@ -485,7 +538,10 @@ impl Driver {
             }) => {
                 tracing::info!(conn = conn.0, dialect = dialect.name(), %name, "connection named");
             }
-            Output::Event(event) => self.metrics.observe(&event),
+            Output::Event(event) => {
+                self.trace_request(&event);
+                self.metrics.observe(&event);
+            }
             Output::Feedback(record) => {
                 if let Some(log) = &self.feedback {
                     log.append(&record);

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -288,30 +289,34 @@ fn upgrade_or_refuse(
         peer,
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(state.ws_config),
-                )
-                .await;
-                conn::run(
-                    ws,
-                    meta,
-                    state.driver.clone(),
-                    state.max_queued_frames,
-                    permit,
-                )
-                .await;
+    let span = tracing::info_span!("conn", id = meta.conn.0, dialect = dialect.name());
+    tokio::spawn(
+        async move {
+            match on_upgrade.await {
+                Ok(upgraded) => {
+                    let ws = WebSocketStream::from_raw_socket(
+                        TokioIo::new(upgraded),
+                        Role::Server,
+                        Some(state.ws_config),
+                    )
+                    .await;
+                    conn::run(
+                        ws,
+                        meta,
+                        state.driver.clone(),
+                        state.max_queued_frames,
+                        permit,
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    tracing::debug!(conn = meta.conn.0, %peer, error = %e, "upgrade failed");
+                }
             }
-            Err(e) => {
-                tracing::debug!(conn = meta.conn.0, %peer, error = %e, "upgrade failed");
-            }
+            drop(state);
         }
-        drop(state);
-    });
+        .instrument(span),
+    );
 
     let mut resp = Response::new(empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

@@ -279,6 +279,7 @@ impl Metrics {
                 prompt_tokens,
                 completion_tokens,
                 elapsed,
+                ..
             } => {
                 self.e2e.observe(elapsed.as_secs_f64());
                 self.requests
@@ -301,7 +302,7 @@ impl Metrics {
                     .inc();
             }
             // Logged by the driver; nothing to count.
-            Event::ConnectionNamed { .. } => {}
+            Event::ConnectionNamed { .. } | Event::RequestStarted { .. } => {}
             Event::FeedbackReceived { rating } => {
                 let rating = if *rating > 0.0 {
                     "positive"
@@ -425,6 +426,7 @@ mod tests {
         });
         m.observe(&Event::RequestFinished {
             dialect: Dialect::Generate,
+            request: 1,
             outcome: Outcome::Completed,
             prompt_tokens: 3,
             completion_tokens: 5,

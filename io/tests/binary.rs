@@ -263,6 +263,22 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
         log.iter().any(|l| l.contains("TRACE")),
         "the log really is at trace level"
     );
+    // Each dialect's requests are traced in a request span inside their
+    // connection's span, with ids and lengths.
+    for dialect in ["generate", "session", "responses", "cai"] {
+        let conn = format!("dialect=\"{dialect}\"");
+        assert!(
+            log.iter().any(|l| l.contains("conn{id=")
+                && l.contains(&conn)
+                && l.contains("request{id=")
+                && l.contains("prompt_tokens=")
+                && l.contains("max_tokens=")
+                && l.contains("request finished")
+                && l.contains("completion_tokens=")
+                && l.contains("elapsed_ms=")),
+            "no traced {dialect} request in the log"
+        );
+    }
     let generated: Vec<&String> = generated.iter().filter(|t| t.len() >= 12).collect();
     assert!(
         !generated.is_empty(),

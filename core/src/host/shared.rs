@@ -244,6 +244,15 @@ impl Shared {
         if self.blocked_conns.contains(&owner) {
             gen.holds.insert(HoldReason::OutboundFull);
         }
+        if !gen.raw {
+            self.outputs.push_back(Output::Event(Event::RequestStarted {
+                conn: owner,
+                dialect,
+                request: id.0,
+                prompt_tokens,
+                max_tokens: gen.params.max_tokens,
+            }));
+        }
         self.gens.insert(id, gen);
         self.gen_dialect.insert(id, dialect);
         self.sync_runnable(id);
@@ -317,6 +326,7 @@ impl Shared {
         self.outputs
             .push_back(Output::Event(Event::RequestFinished {
                 dialect,
+                request: id.0,
                 outcome,
                 prompt_tokens: gen.prompt_tokens(),
                 completion_tokens: gen.completion_tokens(),

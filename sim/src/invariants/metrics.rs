@@ -61,6 +61,8 @@ pub struct Metrics {
     balance: i64,
     /// The last gauges event: (queued, running, kv used, kv kept, kv total).
     gauges: Option<(u32, u32, u32, u32, u32)>,
+    /// Requests started and not yet finished, with their dialects.
+    started: BTreeMap<u64, Dialect>,
 }
 
 fn outcome_name(o: Outcome) -> &'static str {
@@ -151,6 +153,40 @@ impl Checker for Metrics {
     }
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        match out {
+            Output::Event(Event::RequestStarted {
+                conn,
+                dialect,
+                request,
+                ..
+            }) => {
+                if cx.view.dialect_of(*conn) != Some(*dialect) {
+                    return Err(format!(
+                        "request {request} started for {dialect:?} on {conn:?}, which is not \
+                         an open {dialect:?} connection"
+                    ));
+                }
+                if self.started.insert(*request, *dialect).is_some() {
+                    return Err(format!("request {request} started twice"));
+                }
+            }
+            Output::Event(Event::RequestFinished {
+                dialect, request, ..
+            }) => match self.started.remove(request) {
+                Some(d) if d == *dialect => {}
+                Some(d) => {
+                    return Err(format!(
+                        "request {request} started as {d:?} and finished as {dialect:?}"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "request {request} finished without a RequestStarted (or twice)"
+                    ))
+                }
+            },
+            _ => {}
+        }
         let t = &mut self.t;
         if let (Output::Send { conn, .. }, Some(f)) = (out, frame) {
             let Some(c) = cx.view.conns.get(conn) else {
@@ -242,6 +278,7 @@ impl Checker for Metrics {
                     outcome,
                     prompt_tokens,
                     completion_tokens,
+                    request: _,
                     elapsed: _,
                 } => {
                     let d = dialect.name();
@@ -265,6 +302,8 @@ impl Checker for Metrics {
                     }
                 }
                 Event::FeedbackReceived { .. } => t.feedback_events += 1,
+                // Matched with its RequestFinished above.
+                Event::RequestStarted { .. } => {}
                 Event::ConnectionNamed { name, dialect, .. } => {
                     let uuid = name
                         .strip_prefix("ws-")
@@ -412,7 +451,7 @@ mod tests {
     use super::*;
     use crate::invariants::testkit::kit;
     use serde_json::json;
-    use tokenwire_core::Dialect;
+    use tokenwire_core::{ConnId, Dialect};
 
     /// A first event that leaves the gauges current.
     fn warm(k: &mut crate::invariants::testkit::Kit) {
@@ -462,8 +501,17 @@ mod tests {
                          "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
         )
         .expect("frame");
+        k.out(Output::Event(Event::RequestStarted {
+            conn: ConnId(1),
+            dialect: Dialect::Generate,
+            request: 9,
+            prompt_tokens: 3,
+            max_tokens: 2,
+        }))
+        .expect("event");
         k.out(Output::Event(Event::RequestFinished {
             dialect: Dialect::Generate,
+            request: 9,
             outcome: Outcome::Completed,
             prompt_tokens: 3,
             completion_tokens: 1,
@@ -472,6 +520,54 @@ mod tests {
         .expect("event");
         let err = k.end().expect_err("counts differ");
         assert!(err.detail.contains("terminal frames"), "{}", err.detail);
+    }
+
+    #[test]
+    fn a_request_finished_without_starting_or_twice_is_caught() {
+        let finished = Output::Event(Event::RequestFinished {
+            dialect: Dialect::Generate,
+            request: 4,
+            outcome: Outcome::Cancelled,
+            prompt_tokens: 3,
+            completion_tokens: 0,
+            elapsed: std::time::Duration::from_millis(5),
+        });
+        let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
+        k.open(1);
+        let err = k.out(finished.clone()).expect_err("never started");
+        assert!(
+            err.detail.contains("without a RequestStarted"),
+            "{}",
+            err.detail
+        );
+
+        let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
+        k.open(1);
+        let started = Output::Event(Event::RequestStarted {
+            conn: ConnId(1),
+            dialect: Dialect::Generate,
+            request: 4,
+            prompt_tokens: 3,
+            max_tokens: 8,
+        });
+        k.out(started.clone()).expect("started");
+        let err = k.out(started).expect_err("twice");
+        assert!(err.detail.contains("started twice"), "{}", err.detail);
+
+        let mut k = kit(Box::new(Metrics::default()));
+        warm(&mut k);
+        let err = k
+            .out(Output::Event(Event::RequestStarted {
+                conn: ConnId(5),
+                dialect: Dialect::Generate,
+                request: 1,
+                prompt_tokens: 3,
+                max_tokens: 8,
+            }))
+            .expect_err("no such connection");
+        assert!(err.detail.contains("not an open"), "{}", err.detail);
     }
 
     #[test]
