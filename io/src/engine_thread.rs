@@ -117,6 +117,10 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
             CpuActivations::Int8 => ActivationPrecision::Int8,
             CpuActivations::F32 => ActivationPrecision::F32,
         },
+        progress: Some(crate::load_progress::reporter(
+            driver.clone(),
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        )),
     };
     let (what, result) = match &spec.model {
         ModelSource::Tiny => (

@@ -49,6 +49,7 @@ mod http;
 mod http_dialect;
 pub mod jobs;
 pub mod keys;
+mod load_progress;
 pub mod metrics;
 mod server;
 pub mod shutdown;

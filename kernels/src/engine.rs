@@ -24,6 +24,7 @@ use crate::error::LoadError;
 use crate::gguf_tokenizer::codec_from_gguf;
 use crate::model::Model;
 use crate::model_dir::ModelDir;
+use crate::progress::{report, LoadProgress};
 use crate::quant::Kernels;
 use crate::sampler::Sampler;
 use crate::tiny::tiny_model;
@@ -41,6 +42,8 @@ pub struct EngineOptions {
     /// How the CPU backend multiplies quantized weights: with activations
     /// quantized to 8 bits (fast, the default) or in f32.
     pub cpu_activations: ActivationPrecision,
+    /// Told how far loading got (`/health`, a progress bar); `None`: silent.
+    pub progress: Option<LoadProgress>,
 }
 
 impl Default for EngineOptions {
@@ -50,6 +53,7 @@ impl Default for EngineOptions {
             block_size: 16,
             backend: BackendKind::Cpu,
             cpu_activations: ActivationPrecision::default(),
+            progress: None,
         }
     }
 }
@@ -124,8 +128,10 @@ impl Engine {
         name: String,
         opts: &EngineOptions,
     ) -> Result<Engine, LoadError> {
+        report(&opts.progress, 0.0, "reading the model's files");
         let model = Model::load_from(dir)?;
         let gen = GenerationConfig::load_from(dir, "generation_config.json")?;
+        report(&opts.progress, 0.2, "building the tokenizer");
         let codec = HfCodec::load_from(dir)?;
         let cfg = model.config();
         let identity = ModelIdentity {
@@ -142,7 +148,9 @@ impl Engine {
     /// chat template, BOS/EOS and context length from its metadata. The
     /// model's name is the file name without `.gguf`.
     pub fn load_gguf(path: &Path, opts: &EngineOptions) -> Result<Engine, LoadError> {
+        report(&opts.progress, 0.0, "reading the GGUF file");
         let (model, file) = Model::load_gguf(path)?;
+        report(&opts.progress, 0.2, "building the tokenizer");
         let codec = codec_from_gguf(path, &file)?;
         let name = path
             .file_name()
@@ -221,6 +229,11 @@ impl Engine {
             dtype: model.weights().dtype.clone(),
         };
         let model = Arc::new(model);
+        report(
+            &opts.progress,
+            0.3,
+            "setting up the backend and its KV cache",
+        );
         let backend: Box<dyn Backend> = match &opts.backend {
             BackendKind::Cpu => Box::new(
                 CpuBackend::with(
@@ -238,10 +251,12 @@ impl Engine {
                 num_blocks as usize,
                 &WgpuOptions {
                     adapter: adapter.clone(),
+                    progress: opts.progress.as_ref().map(|p| p.span(0.3, 1.0)),
                     ..WgpuOptions::default()
                 },
             )?),
         };
+        report(&opts.progress, 1.0, "loaded");
         Ok(Engine {
             model,
             info,

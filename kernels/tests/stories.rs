@@ -219,3 +219,23 @@ fn the_built_in_model_is_the_repositorys_stories260k_bit_for_bit() {
         ids(&r["greedy_ids"])
     );
 }
+
+#[test]
+fn loading_reports_its_progress_in_order_up_to_done() {
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<Vec<(f32, String)>>> = Arc::default();
+    let sink = seen.clone();
+    let opts = EngineOptions {
+        progress: Some(tokenwire_kernels::LoadProgress::new(move |f, what| {
+            sink.lock().expect("lock").push((f, what.to_owned()))
+        })),
+        ..EngineOptions::default()
+    };
+    Engine::load(&stories_dir(), &opts).expect("loads");
+    let seen = seen.lock().expect("lock");
+    assert!(seen.len() >= 4, "{seen:?}");
+    assert_eq!(seen[0], (0.0, "reading the model's files".to_owned()));
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {seen:?}");
+    assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
+    assert!(seen.iter().any(|(_, w)| w == "building the tokenizer"), "{seen:?}");
+}

@@ -511,3 +511,30 @@ fn wgpu_big_model_paths_on_small_models() {
         "prefill attention for every row",
     );
 }
+
+#[test]
+fn wgpu_loading_reports_each_layer_uploaded() {
+    use std::sync::Mutex;
+    let seen: Arc<Mutex<Vec<(f32, String)>>> = Arc::default();
+    let sink = seen.clone();
+    let opts = tokenwire_kernels::EngineOptions {
+        progress: Some(tokenwire_kernels::LoadProgress::new(move |f, what| {
+            sink.lock().expect("lock").push((f, what.to_owned()))
+        })),
+        ..wgpu_options()
+    };
+    if or_skip(Engine::load(&stories_dir(), &opts)).is_none() {
+        return;
+    }
+    let seen = seen.lock().expect("lock");
+    let layers: Vec<&(f32, String)> = seen
+        .iter()
+        .filter(|(_, w)| w.starts_with("uploading layer"))
+        .collect();
+    // stories260K has 5 layers, uploaded between 30% and 100% of the load.
+    assert_eq!(layers.len(), 5, "{seen:?}");
+    assert_eq!(layers[4].1, "uploading layer 5 of 5 to the GPU");
+    assert!(layers.iter().all(|(f, _)| (0.3..1.0).contains(f)), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {seen:?}");
+    assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
+}

@@ -92,6 +92,8 @@ pub struct WgpuOptions {
     /// `None` = the best (discrete, integrated, virtual, then software).
     /// `WGPU_BACKEND` picks the graphics APIs searched.
     pub adapter: Option<String>,
+    /// Told how far the upload got, layer by layer.
+    pub progress: Option<crate::LoadProgress>,
     /// Cap on the storage binding size, below the device's own limit (to
     /// exercise the splitting of big tensors on small models).
     pub max_binding: Option<u64>,
@@ -145,6 +147,7 @@ impl Default for WgpuOptions {
     fn default() -> Self {
         WgpuOptions {
             adapter: None,
+            progress: None,
             max_binding: None,
             shader_f16: true,
             max_rows_per_pass: 512,
@@ -384,7 +387,8 @@ impl WgpuBackend {
             block_size,
             num_blocks,
         };
-        let weights = ModelGpu::upload(&gpu, &model, geo).map_err(LoadError::Backend)?;
+        let weights =
+            ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let mut pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
         let sample_wg = opts.sample_wg(cpu_adapter, c.vocab_size as u32);

@@ -201,7 +201,12 @@ pub(crate) struct ModelGpu {
 
 impl ModelGpu {
     /// Uploads `model` and allocates a zeroed KV pool of shape `geo`.
-    pub(crate) fn upload(gpu: &Gpu, model: &Model, geo: KvGeometry) -> Result<ModelGpu, String> {
+    pub(crate) fn upload(
+        gpu: &Gpu,
+        model: &Model,
+        geo: KvGeometry,
+        progress: &Option<crate::LoadProgress>,
+    ) -> Result<ModelGpu, String> {
         let c = model.config();
         let w = model.weights();
         let unpermute = (w.rope == RopeLayout::Interleaved).then_some(c.head_dim);
@@ -226,6 +231,11 @@ impl ModelGpu {
         let f32_buf = |label: &str, v: &[f32]| gpu.buffer_init(label, bytemuck::cast_slice(v));
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, l) in w.layers.iter().enumerate() {
+            crate::progress::report(
+                progress,
+                i as f32 / w.layers.len() as f32,
+                &format!("uploading layer {} of {} to the GPU", i + 1, w.layers.len()),
+            );
             let bias = if l.q.b.is_some() || l.k.b.is_some() || l.v.b.is_some() {
                 let mut b = Vec::with_capacity(l.q.out_dim() + l.k.out_dim() + l.v.out_dim());
                 for (lin, permuted) in [(&l.q, true), (&l.k, true), (&l.v, false)] {
