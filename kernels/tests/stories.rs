@@ -235,7 +235,13 @@ fn loading_reports_its_progress_in_order_up_to_done() {
     let seen = seen.lock().expect("lock");
     assert!(seen.len() >= 4, "{seen:?}");
     assert_eq!(seen[0], (0.0, "reading the model's files".to_owned()));
-    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0].0 <= w[1].0),
+        "never backwards: {seen:?}"
+    );
     assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
-    assert!(seen.iter().any(|(_, w)| w == "building the tokenizer"), "{seen:?}");
+    assert!(
+        seen.iter().any(|(_, w)| w == "building the tokenizer"),
+        "{seen:?}"
+    );
 }

@@ -534,7 +534,13 @@ fn wgpu_loading_reports_each_layer_uploaded() {
     // stories260K has 5 layers, uploaded between 30% and 100% of the load.
     assert_eq!(layers.len(), 5, "{seen:?}");
     assert_eq!(layers[4].1, "uploading layer 5 of 5 to the GPU");
-    assert!(layers.iter().all(|(f, _)| (0.3..1.0).contains(f)), "{seen:?}");
-    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {seen:?}");
+    assert!(
+        layers.iter().all(|(f, _)| (0.3..1.0).contains(f)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].0 <= w[1].0),
+        "never backwards: {seen:?}"
+    );
     assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
 }
