@@ -152,11 +152,6 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
                     "found in the Hugging Face cache"
                 );
             }
-            let _ = driver.blocking_send(DriverMsg::Input(Input::ModelLoading {
-                progress: 0.0,
-                message: "loading model weights".into(),
-                eta: None,
-            }));
             (
                 format!("the model from {}", dir.display()),
                 catch_unwind(AssertUnwindSafe(|| match cached_name {

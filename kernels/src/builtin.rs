@@ -36,6 +36,12 @@ static STORIES260K_FILES: BuiltinFiles = &[
     model_file!("tokenizer_config.json"),
 ];
 
+/// The repository directory the built-in files were read from at build
+/// time (`models/stories260K`), for this workspace's tests and tools.
+pub fn stories260k_source_dir() -> std::path::PathBuf {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K").into()
+}
+
 /// The built-in stories260K model's files.
 pub fn stories260k() -> ModelDir {
     ModelDir::builtin(STORIES260K_NAME, STORIES260K_FILES)

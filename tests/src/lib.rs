@@ -23,16 +23,7 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// The stories260K directory kept in the repository (`models/stories260K`,
 /// the model `tokenwire serve` has built in).
 pub fn stories260k() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../models/stories260K"
-    ));
-    assert!(
-        dir.join("model.safetensors").exists(),
-        "stories260K is part of the repository but is missing at {}",
-        dir.display()
-    );
-    dir
+    tokenwire_kernels::builtin::stories260k_source_dir()
 }
 
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`

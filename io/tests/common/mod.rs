@@ -20,16 +20,7 @@ pub fn tokenwire() -> Command {
 /// The stories260K directory kept in the repository (`models/stories260K`,
 /// the model `tokenwire serve` has built in).
 pub fn stories260k() -> std::path::PathBuf {
-    let dir = std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../models/stories260K"
-    ));
-    assert!(
-        dir.join("model.safetensors").exists(),
-        "stories260K is part of the repository but is missing at {}",
-        dir.display()
-    );
-    dir
+    tokenwire_kernels::builtin::stories260k_source_dir()
 }
 
 /// A `tokenwire serve` process, its log read up to "model loaded".

@@ -291,48 +291,21 @@ unsafe fn dot_f16_tile_avx512(w: &[&[u8]; 4], xs: &[&[f32]; 4]) -> [[f32; 4]; 4]
         .min()
         .unwrap_or(0);
     let full = n / 16 * 16;
-    let [x0, x1, x2, x3] = xs.map(|x| x.as_ptr());
-    let [w0, w1, w2, w3] = w.map(|r| r.as_ptr());
     // Sixteen accumulators, four widened rows and a token's values: 21 of
     // the 32 registers. Without `avx512vl` LLVM used 18 and spilled.
-    let z = _mm512_setzero_ps();
-    let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
-    let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
-    let (mut a20, mut a21, mut a22, mut a23) = (z, z, z, z);
-    let (mut a30, mut a31, mut a32, mut a33) = (z, z, z, z);
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
     let mut j = 0;
     while j < full {
-        let wide =
-            |p: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * j) as *const __m256i));
-        let (v0, v1, v2, v3) = (wide(w0), wide(w1), wide(w2), wide(w3));
-        let x = _mm512_loadu_ps(x0.add(j));
-        a00 = _mm512_fmadd_ps(v0, x, a00);
-        a10 = _mm512_fmadd_ps(v1, x, a10);
-        a20 = _mm512_fmadd_ps(v2, x, a20);
-        a30 = _mm512_fmadd_ps(v3, x, a30);
-        let x = _mm512_loadu_ps(x1.add(j));
-        a01 = _mm512_fmadd_ps(v0, x, a01);
-        a11 = _mm512_fmadd_ps(v1, x, a11);
-        a21 = _mm512_fmadd_ps(v2, x, a21);
-        a31 = _mm512_fmadd_ps(v3, x, a31);
-        let x = _mm512_loadu_ps(x2.add(j));
-        a02 = _mm512_fmadd_ps(v0, x, a02);
-        a12 = _mm512_fmadd_ps(v1, x, a12);
-        a22 = _mm512_fmadd_ps(v2, x, a22);
-        a32 = _mm512_fmadd_ps(v3, x, a32);
-        let x = _mm512_loadu_ps(x3.add(j));
-        a03 = _mm512_fmadd_ps(v0, x, a03);
-        a13 = _mm512_fmadd_ps(v1, x, a13);
-        a23 = _mm512_fmadd_ps(v2, x, a23);
-        a33 = _mm512_fmadd_ps(v3, x, a33);
+        let wv =
+            w.map(|r| _mm512_cvtph_ps(_mm256_loadu_si256(r.as_ptr().add(2 * j) as *const __m256i)));
+        for t in 0..4 {
+            let xv = _mm512_loadu_ps(xs[t].as_ptr().add(j));
+            for r in 0..4 {
+                acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
+        }
         j += 16;
     }
-    let acc = [
-        [a00, a01, a02, a03],
-        [a10, a11, a12, a13],
-        [a20, a21, a22, a23],
-        [a30, a31, a32, a33],
-    ];
     let mut out = [[0.0f32; 4]; 4];
     for r in 0..4 {
         for t in 0..4 {

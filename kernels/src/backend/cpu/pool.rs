@@ -194,8 +194,15 @@ impl Pool {
     where
         F: Fn(usize, &mut [T]) + Sync,
     {
-        let chunks: Vec<Mutex<&mut [T]>> =
-            dst.chunks_mut(chunk_len.max(1)).map(Mutex::new).collect();
+        let chunk_len = chunk_len.max(1);
+        // One chunk, or no workers: no hand-off (and no allocation) needed.
+        if self.workers.is_empty() || dst.len() <= chunk_len {
+            for (i, c) in dst.chunks_mut(chunk_len).enumerate() {
+                f(i, c);
+            }
+            return;
+        }
+        let chunks: Vec<Mutex<&mut [T]>> = dst.chunks_mut(chunk_len).map(Mutex::new).collect();
         self.run(chunks.len(), &|i| {
             let mut c = chunks[i].lock().unwrap_or_else(|e| e.into_inner());
             f(i, &mut c)
