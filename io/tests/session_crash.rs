@@ -5,65 +5,9 @@
 
 mod common;
 
-use std::process::Child;
+use common::{connect, expect, recv, send, serve_model as serve, stories260k, Ws};
 
-use common::stories260k;
-
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
-
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Starts `tokenwire serve` with `model` on a free port; its log is drained
-/// on a thread.
-fn serve(model: &std::path::Path) -> (Child, String) {
-    let mut cmd = common::tokenwire();
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--model"])
-        .arg(model);
-    let served = common::serve(cmd);
-    let lines = served.lines;
-    std::thread::spawn(move || lines.for_each(drop));
-    (served.child, served.addr)
-}
-
-async fn connect(addr: &str) -> Ws {
-    let url = format!("ws://{addr}/ws/session");
-    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
-        .await
-        .expect("in time")
-        .expect("handshake");
-    ws
-}
-
-async fn send(ws: &mut Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.expect("send");
-}
-
-/// The next JSON frame, or None when the connection ended.
-async fn recv(ws: &mut Ws) -> Option<Value> {
-    loop {
-        match tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("in time")
-        {
-            Some(Ok(Message::Text(t))) => {
-                return Some(serde_json::from_str(t.as_str()).expect("json"))
-            }
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
-            Some(Ok(_)) => {}
-        }
-    }
-}
-
-async fn expect(ws: &mut Ws, kind: &str) -> Value {
-    let v = recv(ws).await.expect("a frame");
-    assert_eq!(v["type"], kind, "{v}");
-    v
-}
 
 fn prompt(content: &str, index: u64) -> Value {
     json!({"type":"prompt","session_id":"crash-test","content":content,"message_index":index,
@@ -94,7 +38,7 @@ fn a_session_killed_mid_stream_resumes_on_another_host_with_the_same_continuatio
     rt.block_on(async {
         // Host 1: one whole turn, stored by the client; the second streams
         // and the host dies in the middle of it.
-        let mut ws = connect(&addr1).await;
+        let mut ws = connect(&addr1, "/ws/session").await;
         send(
             &mut ws,
             json!({"type":"session_init","session_id":"crash-test","job_id":7,
@@ -116,7 +60,7 @@ fn a_session_killed_mid_stream_resumes_on_another_host_with_the_same_continuatio
         while recv(&mut ws).await.is_some() {}
 
         // Host 2: resume with what the client holds, ask again.
-        let mut ws = connect(&addr2).await;
+        let mut ws = connect(&addr2, "/ws/session").await;
         let history = json!([{"role":"user","content":"Once upon a time"},
                              {"role":"assistant","content":reply1}]);
         send(

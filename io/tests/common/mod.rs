@@ -3,6 +3,18 @@
 
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStderr, Command, Stdio};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+/// A WebSocket client connection.
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Upper bound on any single wait; only reached when something is broken.
+pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The `tokenwire` binary with no `TOKENWIRE_*` or `RUST_LOG` from the test's
 /// own environment (the child's environment only) and no stdin.
@@ -68,4 +80,55 @@ pub fn serve(mut cmd: Command) -> Served {
         log,
         lines,
     }
+}
+
+/// Starts `tokenwire serve --model MODEL` on a free loopback port; its log is
+/// drained on a thread. Returns the process and its address.
+pub fn serve_model(model: &std::path::Path) -> (Child, String) {
+    let mut cmd = tokenwire();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--model"])
+        .arg(model);
+    let served = serve(cmd);
+    let lines = served.lines;
+    std::thread::spawn(move || lines.for_each(drop));
+    (served.child, served.addr)
+}
+
+/// Opens a WebSocket to `ws://ADDR{path}`.
+pub async fn connect(addr: &str, path: &str) -> Ws {
+    let url = format!("ws://{addr}{path}");
+    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        .await
+        .expect("in time")
+        .expect("handshake");
+    ws
+}
+
+/// Sends one JSON text frame.
+pub async fn send(ws: &mut Ws, v: Value) {
+    ws.send(Message::text(v.to_string())).await.expect("send");
+}
+
+/// The next JSON frame, or None when the connection ended (closed, reset or
+/// cut by a proxy).
+pub async fn recv(ws: &mut Ws) -> Option<Value> {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("in time")
+        {
+            Some(Ok(Message::Text(t))) => {
+                return Some(serde_json::from_str(t.as_str()).expect("json"))
+            }
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+/// The next frame, which must be of type `kind`.
+pub async fn expect(ws: &mut Ws, kind: &str) -> Value {
+    let v = recv(ws).await.expect("a frame");
+    assert_eq!(v["type"], kind, "{v}");
+    v
 }

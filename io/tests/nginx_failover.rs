@@ -1,0 +1,470 @@
+//! Many hosts behind a real load balancer: two `tokenwire serve` processes
+//! behind nginx (Debian's package) running the repository's own
+//! configuration, `deploy/nginx/tokenwire.conf`. One host is killed with
+//! SIGKILL while `session` and `responses` clients stream through nginx.
+//!
+//! - Every `session` client on the dead host reconnects through nginx, lands
+//!   on the survivor, resumes with its full history and gets the same greedy
+//!   continuation as a conversation that was never interrupted.
+//! - Every `responses` client on the dead host gets
+//!   `previous_response_not_found` on the survivor (the cache it named died
+//!   with its connection) and recovers by resending the conversation as
+//!   input, which gives the same continuation.
+//!
+//! Without nginx the test is skipped with a reason; under CI (`CI=true`) that
+//! is a failure.
+
+#![cfg(unix)]
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use common::{connect, expect, recv, send, serve_model, stories260k, Ws, WAIT};
+use serde_json::{json, Value};
+use tokio::sync::Barrier;
+
+/// Clients of each dialect. nginx's round robin (one worker) alternates
+/// hosts connection by connection, so each host gets some of each.
+const CLIENTS: usize = 4;
+/// Tokens of the turn that is streaming when the host dies: long enough
+/// that every stream is still running at the kill.
+const LONG: u64 = 400;
+const SHORT: u64 = 24;
+
+/// nginx's binary: on `PATH` or where Debian puts it.
+fn nginx_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("nginx"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but nginx is not installed (apt-get install nginx)"
+        );
+        eprintln!("skipping: nginx is not installed");
+    }
+    found
+}
+
+/// An nginx master process in its own prefix directory, stopped on drop.
+struct Nginx {
+    child: Child,
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `deploy/nginx/tokenwire.conf` with its example hosts replaced by `hosts`
+/// and its port by `port`.
+fn site_config(hosts: &[String], port: u16) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nginx/tokenwire.conf");
+    let text = std::fs::read_to_string(&path).expect("deploy/nginx/tokenwire.conf");
+    let mut out = String::new();
+    let mut servers_written = false;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("server 127.0.0.1:") {
+            // The example's upstream lines: ours instead, with its options.
+            if !servers_written {
+                let options = trimmed.split_once(' ').map_or("", |(_, rest)| rest);
+                let options = options.split_once(' ').map_or(";", |(_, rest)| rest);
+                for h in hosts {
+                    out.push_str(&format!("    server {h} {options}\n"));
+                }
+                servers_written = true;
+            }
+        } else if trimmed == "listen 8080;" {
+            out.push_str(&format!("    listen 127.0.0.1:{port};\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(servers_written, "the upstream block lists example hosts");
+    assert!(out.contains(&format!("listen 127.0.0.1:{port};")));
+    out
+}
+
+/// Starts nginx in front of `hosts` and waits until it accepts connections.
+async fn start_nginx(binary: &Path, hosts: &[String]) -> Nginx {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("addr").port()
+    };
+    let dir = std::env::temp_dir().join(format!("tokenwire-nginx-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(dir.join("tmp")).expect("prefix directory");
+    std::fs::write(dir.join("tokenwire.conf"), site_config(hosts, port)).expect("site config");
+    let d = dir.display();
+    let main = format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+         events {{ worker_connections 512; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/tmp/body;\n  \
+         proxy_temp_path {d}/tmp/proxy;\n  fastcgi_temp_path {d}/tmp/fastcgi;\n  \
+         uwsgi_temp_path {d}/tmp/uwsgi;\n  scgi_temp_path {d}/tmp/scgi;\n  \
+         include {d}/tokenwire.conf;\n}}\n"
+    );
+    let mut f = std::fs::File::create(dir.join("nginx.conf")).expect("nginx.conf");
+    f.write_all(main.as_bytes()).expect("write nginx.conf");
+    // Workers run as an unprivileged user when the test runs as root.
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("a+rwX")
+        .arg(&dir)
+        .status();
+    let child = Command::new(binary)
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .arg("-e")
+        .arg(dir.join("early.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    let addr = format!("127.0.0.1:{port}");
+    let mut nginx = Nginx { child, addr, dir };
+    // Ready when it accepts a connection; a failed start is reported with
+    // its log instead of waiting.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if tokio::net::TcpStream::connect(&nginx.addr).await.is_ok() {
+            return nginx;
+        }
+        if let Ok(Some(status)) = nginx.child.try_wait() {
+            let log = std::fs::read_to_string(nginx.dir.join("error.log")).unwrap_or_default();
+            let early = std::fs::read_to_string(nginx.dir.join("early.log")).unwrap_or_default();
+            panic!("nginx exited ({status}):\n{early}\n{log}");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nginx never listened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `GET path` through `addr`: the status code.
+async fn http_status(addr: &str, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("request");
+    let mut resp = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut resp))
+        .await
+        .expect("in time")
+        .expect("response");
+    let head = String::from_utf8_lossy(&resp);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line")
+}
+
+fn first_prompt(i: usize) -> String {
+    format!("Story {i}. Once upon a time")
+}
+
+const SECOND_PROMPT: &str = "Then";
+
+/// What a client saw: its two replies, and whether it had to recover.
+#[derive(Debug)]
+struct Run {
+    reply1: String,
+    reply2: String,
+    recovered: bool,
+}
+
+// ---- session ----
+
+fn session_prompt(sid: &str, content: &str, index: u64, max: u64) -> Value {
+    json!({"type":"prompt","session_id":sid,"content":content,"message_index":index,
+           "max_tokens":max,"temperature":0})
+}
+
+/// Reads a turn's stream to its `response`; `partial` already holds what was
+/// streamed. None if the connection ended first.
+async fn finish_session_turn(ws: &mut Ws, partial: &mut String) -> Option<String> {
+    loop {
+        let v = recv(ws).await?;
+        match v["type"].as_str() {
+            Some("stream_chunk") => partial.push_str(v["content"].as_str().unwrap_or("")),
+            Some("response") => {
+                let content = v["content"].as_str().expect("content").to_owned();
+                assert_eq!(&content, partial, "the response is what was streamed");
+                return Some(content);
+            }
+            _ => panic!("unexpected {v}"),
+        }
+    }
+}
+
+async fn session_start(ws: &mut Ws, sid: &str) {
+    send(
+        ws,
+        json!({"type":"session_init","session_id":sid,"job_id":1,"conversation_context":[]}),
+    )
+    .await;
+    expect(ws, "session_ready").await;
+}
+
+async fn session_client(mut ws: Ws, nginx: String, i: usize, kill: Arc<Barrier>) -> Run {
+    let sid = format!("failover-{i}");
+    session_start(&mut ws, &sid).await;
+    send(&mut ws, session_prompt(&sid, &first_prompt(i), 0, SHORT)).await;
+    let reply1 = finish_session_turn(&mut ws, &mut String::new())
+        .await
+        .expect("the first turn completes");
+    send(&mut ws, session_prompt(&sid, SECOND_PROMPT, 2, LONG)).await;
+    // A few tokens of the second turn, then the host may die.
+    let mut partial = String::new();
+    while partial.len() < 8 {
+        let v = recv(&mut ws).await.expect("streaming");
+        assert_eq!(v["type"], "stream_chunk", "{v}");
+        partial.push_str(v["content"].as_str().unwrap_or(""));
+    }
+    kill.wait().await;
+    if let Some(reply2) = finish_session_turn(&mut ws, &mut partial).await {
+        return Run {
+            reply1,
+            reply2,
+            recovered: false,
+        };
+    }
+    // The host died mid-stream: reconnect through nginx with the history.
+    let mut ws = connect(&nginx, "/ws/session").await;
+    let history = json!([{"role":"user","content":first_prompt(i)},
+                         {"role":"assistant","content":reply1}]);
+    send(
+        &mut ws,
+        json!({"type":"session_resume","session_id":sid,"job_id":1,
+               "conversation_context":history,"last_message_index":1}),
+    )
+    .await;
+    let ready = expect(&mut ws, "session_ready").await;
+    assert_eq!(ready["message_count"], 2, "{ready}");
+    send(&mut ws, session_prompt(&sid, SECOND_PROMPT, 2, LONG)).await;
+    let reply2 = finish_session_turn(&mut ws, &mut String::new())
+        .await
+        .expect("the resumed turn completes");
+    assert!(
+        reply2.starts_with(&partial),
+        "the resumed reply continues what streamed before the crash: {partial:?} then {reply2:?}"
+    );
+    Run {
+        reply1,
+        reply2,
+        recovered: true,
+    }
+}
+
+/// The same conversation, never interrupted.
+async fn session_reference(nginx: &str, i: usize) -> (String, String) {
+    let sid = format!("reference-{i}");
+    let mut ws = connect(nginx, "/ws/session").await;
+    session_start(&mut ws, &sid).await;
+    send(&mut ws, session_prompt(&sid, &first_prompt(i), 0, SHORT)).await;
+    let r1 = finish_session_turn(&mut ws, &mut String::new()).await;
+    send(&mut ws, session_prompt(&sid, SECOND_PROMPT, 2, LONG)).await;
+    let r2 = finish_session_turn(&mut ws, &mut String::new()).await;
+    (r1.expect("reply 1"), r2.expect("reply 2"))
+}
+
+// ---- responses ----
+
+fn create(input: Value, previous: Option<&str>, max: u64) -> Value {
+    let mut v = json!({"type":"response.create","model":"stories260K","input":input,
+                       "max_output_tokens":max,"temperature":0});
+    if let Some(id) = previous {
+        v["previous_response_id"] = json!(id);
+    }
+    v
+}
+
+/// Reads a response's events to its terminal one; `partial` already holds
+/// the text streamed. Returns (response id, text), or None if the connection
+/// ended first.
+async fn finish_response(ws: &mut Ws, partial: &mut String) -> Option<(String, String)> {
+    loop {
+        let v = recv(ws).await?;
+        match v["type"].as_str() {
+            Some("response.output_text.delta") => {
+                partial.push_str(v["delta"].as_str().unwrap_or(""))
+            }
+            Some("response.completed") | Some("response.incomplete") => {
+                let r = &v["response"];
+                let text = r["output"][0]["content"][0]["text"]
+                    .as_str()
+                    .expect("output text")
+                    .to_owned();
+                assert_eq!(&text, partial, "the response is what was streamed");
+                return Some((r["id"].as_str().expect("id").to_owned(), text));
+            }
+            Some("error") | Some("response.failed") => panic!("unexpected {v}"),
+            _ => {}
+        }
+    }
+}
+
+async fn responses_client(mut ws: Ws, nginx: String, i: usize, kill: Arc<Barrier>) -> Run {
+    send(&mut ws, create(json!(first_prompt(i)), None, SHORT)).await;
+    let (id1, reply1) = finish_response(&mut ws, &mut String::new())
+        .await
+        .expect("the first response completes");
+    send(&mut ws, create(json!(SECOND_PROMPT), Some(&id1), LONG)).await;
+    let mut partial = String::new();
+    while partial.len() < 8 {
+        let v = recv(&mut ws).await.expect("streaming");
+        assert_ne!(v["type"], "error", "{v}");
+        if v["type"] == "response.output_text.delta" {
+            partial.push_str(v["delta"].as_str().unwrap_or(""));
+        }
+    }
+    kill.wait().await;
+    if let Some((_, reply2)) = finish_response(&mut ws, &mut partial).await {
+        return Run {
+            reply1,
+            reply2,
+            recovered: false,
+        };
+    }
+    // The host died, and with it the connection's cache: the survivor does
+    // not know the previous response, and says so.
+    let mut ws = connect(&nginx, "/v1/responses").await;
+    send(&mut ws, create(json!(SECOND_PROMPT), Some(&id1), LONG)).await;
+    let err = expect(&mut ws, "error").await;
+    assert_eq!(err["status"], 404, "{err}");
+    assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
+    // Recovery: the whole conversation as input.
+    let context = json!([
+        {"role":"user","content":first_prompt(i)},
+        {"role":"assistant","content":reply1},
+        {"role":"user","content":SECOND_PROMPT},
+    ]);
+    send(&mut ws, create(context, None, LONG)).await;
+    let (_, reply2) = finish_response(&mut ws, &mut String::new())
+        .await
+        .expect("the resent conversation completes");
+    assert!(
+        reply2.starts_with(&partial),
+        "the recovered reply continues what streamed before the crash: {partial:?} then {reply2:?}"
+    );
+    Run {
+        reply1,
+        reply2,
+        recovered: true,
+    }
+}
+
+async fn responses_reference(nginx: &str, i: usize) -> (String, String) {
+    let mut ws = connect(nginx, "/v1/responses").await;
+    send(&mut ws, create(json!(first_prompt(i)), None, SHORT)).await;
+    let (id1, r1) = finish_response(&mut ws, &mut String::new())
+        .await
+        .expect("reply 1");
+    send(&mut ws, create(json!(SECOND_PROMPT), Some(&id1), LONG)).await;
+    let (_, r2) = finish_response(&mut ws, &mut String::new())
+        .await
+        .expect("reply 2");
+    (r1, r2)
+}
+
+#[test]
+fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
+    let Some(nginx_bin) = nginx_binary() else {
+        return;
+    };
+    let model = stories260k();
+    let (mut doomed, addr1) = serve_model(&model);
+    let (mut survivor, addr2) = serve_model(&model);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let nginx = start_nginx(&nginx_bin, &[addr1.clone(), addr2.clone()]).await;
+        assert_eq!(http_status(&nginx.addr, "/health").await, 200);
+
+        // Connected one after another, so the round robin alternates hosts.
+        let kill = Arc::new(Barrier::new(2 * CLIENTS + 1));
+        let mut sessions = Vec::new();
+        for i in 0..CLIENTS {
+            let ws = connect(&nginx.addr, "/ws/session").await;
+            sessions.push(tokio::spawn(session_client(
+                ws,
+                nginx.addr.clone(),
+                i,
+                kill.clone(),
+            )));
+        }
+        let mut responses = Vec::new();
+        for i in 0..CLIENTS {
+            let ws = connect(&nginx.addr, "/v1/responses").await;
+            responses.push(tokio::spawn(responses_client(
+                ws,
+                nginx.addr.clone(),
+                i,
+                kill.clone(),
+            )));
+        }
+
+        // Every client is mid-stream: kill one host.
+        tokio::time::timeout(WAIT, kill.wait())
+            .await
+            .expect("every client streams");
+        doomed.kill().expect("SIGKILL");
+        doomed.wait().expect("reaped");
+
+        let mut session_runs = Vec::new();
+        for s in sessions {
+            session_runs.push(s.await.expect("session client"));
+        }
+        let mut responses_runs = Vec::new();
+        for r in responses {
+            responses_runs.push(r.await.expect("responses client"));
+        }
+        for (kind, runs) in [("session", &session_runs), ("responses", &responses_runs)] {
+            let recovered = runs.iter().filter(|r| r.recovered).count();
+            assert!(
+                recovered > 0 && recovered < runs.len(),
+                "{kind}: {recovered} of {} clients were on the killed host; the round robin \
+                 should have put some on each: {runs:?}",
+                runs.len()
+            );
+        }
+
+        // nginx sends everything to the survivor now, HTTP included.
+        assert_eq!(http_status(&nginx.addr, "/health").await, 200);
+        for (i, run) in session_runs.iter().enumerate() {
+            let (r1, r2) = session_reference(&nginx.addr, i).await;
+            assert_eq!(run.reply1, r1, "session {i}: first reply");
+            assert_eq!(run.reply2, r2, "session {i}: the same continuation");
+        }
+        for (i, run) in responses_runs.iter().enumerate() {
+            let (r1, r2) = responses_reference(&nginx.addr, i).await;
+            assert_eq!(run.reply1, r1, "responses {i}: first reply");
+            assert_eq!(run.reply2, r2, "responses {i}: the same continuation");
+        }
+        drop(nginx);
+    });
+    let _ = survivor.kill();
+    let _ = survivor.wait();
+}
