@@ -123,6 +123,7 @@ async fn route(
     }
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
     match req.uri().path() {
+        "/" if is_get => playground(),
         "/health" if is_get => health(&state),
         "/metrics" if is_get => metrics(&state),
         "/v1/models" if is_get => models(&state),
@@ -137,6 +138,27 @@ async fn route(
             ),
         },
     }
+}
+
+/// The playground: one self-contained page (no build step, nothing fetched
+/// from elsewhere: its policy only lets it talk to this server).
+fn playground() -> Response<Body> {
+    const PAGE: &str = include_str!("playground.html");
+    let mut resp = Response::new(full(PAGE));
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'",
+        ),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
 }
 
 fn health(state: &AppState) -> Response<Body> {

@@ -152,6 +152,12 @@ pub(crate) async fn handle(
             HeaderValue::from_static("text/event-stream"),
         );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        // nginx then passes the events on as they come even where
+        // proxy_buffering is on (docs/deploy.md).
+        h.insert(
+            header::HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
         resp
     } else {
         collect(&queue, &mut guard, call.exchange).await

@@ -202,6 +202,7 @@ async fn http_create_stream_store_retrieve_and_continue() {
     let r = http(&server, "POST", "/v1/responses", Some(&body.to_string())).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(r.header("x-accel-buffering"), Some("no"));
     assert!(
         r.body.starts_with("event: response.created\ndata: "),
         "{}",

@@ -550,7 +550,7 @@ impl DialectConn for ResponsesConn {
                 cx,
                 400,
                 "connection_expiring",
-                "this connection reaches its time limit soon; open a new one and continue with previous_response_id there",
+                "this connection reaches its time limit soon; open a new one and send the conversation as input there (previous_response_id does not cross connections)",
                 None,
             ),
             TIMER_LIFETIME => cx.close(CLOSE_NORMAL, "connection lifetime reached"),
