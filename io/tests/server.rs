@@ -118,7 +118,10 @@ async fn health_models_metrics_and_404() {
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"], "not_found");
     let r = http(addr, "GET", "/", None).await;
-    assert_eq!(r.status, 404, "a plain GET / is not the cai dialect");
+    assert_eq!(r.status, 200, "a plain GET / is the playground, not cai");
+    assert!(r.head.contains("content-type: text/html"));
+    assert!(r.head.contains("content-security-policy: default-src 'none'"));
+    assert!(r.body.contains("tokenwire playground"));
     let r = http(addr, "POST", "/health", Some("{}")).await;
     assert_eq!(r.status, 405);
     assert!(r.head.contains("allow: get"));
