@@ -120,7 +120,9 @@ async fn health_models_metrics_and_404() {
     let r = http(addr, "GET", "/", None).await;
     assert_eq!(r.status, 200, "a plain GET / is the playground, not cai");
     assert!(r.head.contains("content-type: text/html"));
-    assert!(r.head.contains("content-security-policy: default-src 'none'"));
+    assert!(r
+        .head
+        .contains("content-security-policy: default-src 'none'"));
     assert!(r.body.contains("tokenwire playground"));
     let r = http(addr, "POST", "/health", Some("{}")).await;
     assert_eq!(r.status, 405);
