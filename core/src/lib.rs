@@ -37,17 +37,18 @@ pub mod dialect;
 pub mod engine;
 pub mod gen;
 pub mod host;
-pub mod ids;
+pub(crate) mod ids;
 pub mod json;
-pub mod lru;
+pub(crate) mod lru;
 pub mod params;
-pub mod rate;
+pub(crate) mod rate;
 pub mod rng;
-pub mod sched;
+pub(crate) mod sched;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
 pub mod time;
-pub mod timer;
+pub(crate) mod timer;
 
 pub use api::{
     ConnId, Dialect, Event, FeedbackRecord, Input, JobCheck, JobCheckId, JobGrant, Outcome, Output,

@@ -75,12 +75,6 @@ impl<K: Ord + Clone, V> Lru<K, V> {
         Some(value)
     }
 
-    /// Forgets every entry.
-    pub fn clear(&mut self) {
-        self.entries.clear();
-        self.by_use.clear();
-    }
-
     /// Entries held.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -38,6 +38,7 @@ impl TokenBucket {
     }
 
     /// Whole units available at `now`.
+    #[cfg(test)]
     pub fn available(&mut self, now: Instant) -> u64 {
         self.refill(now);
         u64::try_from(self.scaled.max(0) / PERIOD_NS).unwrap_or(u64::MAX)
@@ -45,6 +46,7 @@ impl TokenBucket {
 
     /// Takes `n` units at `now`, or says how long until `n` are there (never,
     /// as `None`, when `n` exceeds the bucket's size). Nothing is taken on refusal.
+    #[cfg(test)]
     pub fn take(&mut self, now: Instant, n: u64) -> Result<(), Option<Duration>> {
         self.check(now, n)?;
         self.scaled -= i128::from(n) * PERIOD_NS;

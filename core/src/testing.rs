@@ -1,55 +1,12 @@
-//! Small deterministic parts for tests, examples and the simulator: a byte-level
-//! tokenizer and a scripted engine that needs no model.
+//! Small deterministic parts for tests, examples and the simulator: the tiny
+//! byte-level model's info, a scripted engine that needs no model, and a
+//! virtual-time harness. Behind the `testing` feature: an embedder's build
+//! does not carry them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::engine::{ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId, TokenLogprobs};
-use crate::text::{SharedCodec, TextCodec};
-
-/// Id of the beginning-of-sequence token in [`ByteCodec`].
-pub const BYTE_BOS: TokenId = 1;
-/// Id of the end-of-sequence token in [`ByteCodec`].
-pub const BYTE_EOS: TokenId = 2;
-/// Offset of byte `b`'s token id in [`ByteCodec`] (`id = b + BYTE_OFFSET`).
-pub const BYTE_OFFSET: TokenId = 3;
-/// Vocabulary size of [`ByteCodec`]: 0 unk, 1 BOS, 2 EOS, then 256 bytes.
-pub const BYTE_VOCAB: u32 = 259;
-
-/// A byte-level tokenizer: one token per UTF-8 byte, BOS = 1, EOS = 2.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ByteCodec;
-
-impl ByteCodec {
-    /// The codec as a [`SharedCodec`].
-    pub fn shared() -> SharedCodec {
-        SharedCodec(Arc::new(ByteCodec))
-    }
-}
-
-impl TextCodec for ByteCodec {
-    fn encode(&self, text: &str, add_special: bool) -> Result<Vec<TokenId>, String> {
-        let mut ids = Vec::with_capacity(text.len() + 1);
-        if add_special {
-            ids.push(BYTE_BOS);
-        }
-        ids.extend(text.bytes().map(|b| b as TokenId + BYTE_OFFSET));
-        Ok(ids)
-    }
-
-    fn max_token_bytes(&self) -> Option<usize> {
-        Some(1)
-    }
-
-    fn decode(&self, ids: &[TokenId]) -> String {
-        let bytes: Vec<u8> = ids
-            .iter()
-            .filter(|&&id| (BYTE_OFFSET..BYTE_OFFSET + 256).contains(&id))
-            .map(|&id| (id - BYTE_OFFSET) as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-}
+pub use crate::text::byte::{ByteCodec, BYTE_BOS, BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
 
 /// Model info for a tiny byte-level model: context 512, 64 blocks of 16.
 pub fn tiny_model_info() -> ModelInfo {

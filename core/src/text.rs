@@ -1,6 +1,8 @@
 //! Text <-> token ids, behind a small trait so the server can use the model's real
 //! tokenizer and the simulator a cheap deterministic one.
 
+pub mod byte;
+
 use crate::engine::TokenId;
 
 /// Who said a chat message.

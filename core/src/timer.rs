@@ -61,12 +61,8 @@ impl<K: Ord + Hash + Copy> TimerTable<K> {
         Some(key)
     }
 
-    /// Number of deadlines set.
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
     /// True when no deadline is set.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use tokenwire_core::testing::ByteCodec;
+use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{
     EngineFault, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep,
     SharedCodec, StepDone, StepPlan, TokenId,
@@ -191,7 +191,7 @@ impl Engine {
         let identity = ModelIdentity {
             name: "tokenwire-tiny".into(),
             version: "1".into(),
-            eos_ids: vec![tokenwire_core::testing::BYTE_EOS],
+            eos_ids: vec![tokenwire_core::text::byte::BYTE_EOS],
         };
         Engine::from_model(tiny_model(seed), ByteCodec::shared(), identity, opts)
     }

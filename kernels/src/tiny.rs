@@ -1,9 +1,9 @@
 //! The built-in tiny model: seeded random weights over the byte-level
-//! [`ByteCodec`](tokenwire_core::testing::ByteCodec) vocabulary. It writes
+//! [`ByteCodec`](tokenwire_core::text::byte::ByteCodec) vocabulary. It writes
 //! noise, but it runs the real forward pass, so tests and demos need no files.
 
 use tokenwire_core::rng::Rng;
-use tokenwire_core::testing::{BYTE_BOS, BYTE_EOS, BYTE_VOCAB};
+use tokenwire_core::text::byte::{BYTE_BOS, BYTE_EOS, BYTE_VOCAB};
 
 use crate::config::ModelConfig;
 use crate::model::Model;

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tokenwire_core::testing::ByteCodec;
+use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{Host, HostConfig, Input, Instant, ModelInfo, Output, StepPlan};
 
 use crate::digest::Digest;

@@ -3,7 +3,7 @@
 //! It keeps every sequence's token history exactly as the plans fed it (apply
 //! `free` first, then per sequence truncate to `start_pos` and append) and
 //! answers with a token that is a hash of (history, sampling seed) mapped onto
-//! the swarm's symbols as [`ByteCodec`](tokenwire_core::testing::ByteCodec)
+//! the swarm's symbols as [`ByteCodec`](tokenwire_core::text::byte::ByteCodec)
 //! byte tokens (`id = byte + 3`), sometimes end-of-sequence (id 2). A
 //! generation that is paused, evicted, preempted or recomputed after a lost
 //! device therefore continues with the same tokens, as long as the core feeds
@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tokenwire_core::rng::mix64;
-use tokenwire_core::testing::{BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
+use tokenwire_core::text::byte::{BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
 use tokenwire_core::{
     BlockId, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId,
     TokenLogprobs,

@@ -8,7 +8,7 @@
 
 use std::io::BufRead;
 
-use tokenwire_core::testing::ByteCodec;
+use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{Host, Input};
 
 use crate::driver::Driver;

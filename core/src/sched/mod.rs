@@ -24,5 +24,4 @@ mod park_tests;
 #[cfg(test)]
 mod tests;
 
-pub use blocks::BlockAllocator;
-pub use scheduler::{AdmitError, SchedConfig, SchedStats, Scheduler};
+pub use scheduler::{AdmitError, SchedConfig, Scheduler};

@@ -5,10 +5,9 @@ use std::fmt;
 
 use super::blocks::BlockAllocator;
 use super::seq::{Seq, SeqState};
-use crate::config::HostConfig;
 use crate::engine::{
-    BlockId, EngineFaultKind, Fork, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep, StepDone,
-    StepPlan, TokenId,
+    BlockId, EngineFaultKind, Fork, SamplingParams, SeqId, SeqResult, SeqStep, StepDone, StepPlan,
+    TokenId,
 };
 
 /// Successful steps in a row after which the adaptive seqs-per-step cap, lowered
@@ -30,17 +29,7 @@ pub struct SchedConfig {
     pub max_running_seqs: u32,
 }
 
-impl SchedConfig {
-    /// The configuration for serving `model` under the Host's limits.
-    pub fn for_model(model: &ModelInfo, host: &HostConfig) -> Self {
-        SchedConfig {
-            block_size: model.block_size,
-            num_blocks: model.num_blocks,
-            max_step_tokens: host.max_step_tokens,
-            max_running_seqs: host.max_running_seqs,
-        }
-    }
-}
+impl SchedConfig {}
 
 /// Why [`Scheduler::add`] refused a sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,6 +180,7 @@ impl Scheduler {
     }
 
     /// The configuration (after zero limits were raised to 1).
+    #[cfg(test)]
     pub fn config(&self) -> &SchedConfig {
         &self.cfg
     }
@@ -425,6 +415,7 @@ impl Scheduler {
     }
 
     /// True when `seq` is parked with its KV blocks.
+    #[cfg(test)]
     pub fn is_parked(&self, seq: SeqId) -> bool {
         self.live(seq).is_some_and(|s| s.parked)
     }
@@ -467,6 +458,7 @@ impl Scheduler {
     }
 
     /// Changes how many top logprobs a sequence reports, from the next planned step on.
+    #[cfg(test)]
     pub fn set_logprobs(&mut self, seq: SeqId, logprobs: Option<u8>) {
         if let Some(s) = self.live_mut(seq) {
             s.logprobs = logprobs;
@@ -727,11 +719,13 @@ impl Scheduler {
     }
 
     /// True when `seq` is in the waiting queue (new, or preempted for recompute).
+    #[cfg(test)]
     pub fn is_waiting(&self, seq: SeqId) -> bool {
         self.live(seq).is_some_and(|s| s.state == SeqState::Waiting)
     }
 
     /// True when `seq` has been admitted at least once.
+    #[cfg(test)]
     pub fn has_started(&self, seq: SeqId) -> bool {
         self.live(seq).is_some_and(|s| s.started)
     }
@@ -742,11 +736,13 @@ impl Scheduler {
     }
 
     /// The sequence's KV blocks (empty while waiting).
+    #[cfg(test)]
     pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
         self.live(seq).map(|s| s.blocks.as_slice())
     }
 
     /// True for a sequence added and not removed.
+    #[cfg(test)]
     pub fn contains(&self, seq: SeqId) -> bool {
         self.live(seq).is_some()
     }
@@ -758,6 +754,7 @@ impl Scheduler {
 
     /// Current adaptive limit on sequences per step (lowered by out-of-memory
     /// steps, at most `max_running_seqs`).
+    #[cfg(test)]
     pub fn seq_cap(&self) -> u32 {
         self.seq_cap
     }

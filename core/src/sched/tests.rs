@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
+use super::scheduler::SchedStats;
 use super::*;
 use crate::engine::{
     BlockId, EngineFaultKind, SamplingParams, SeqId, SeqResult, StepPlan, TokenId,
