@@ -29,7 +29,13 @@
 //! ```
 //!
 //! The rule: after every [`Host::handle`], drain [`Host::poll_output`] until it
-//! returns `None`. See the crate README for the full event-loop contract.
+//! returns `None`. See the crate README for the full event-loop contract, and
+//! the repository's `examples/` for the core embedded in a custom transport
+//! (newline-delimited JSON over a Unix socket). The wire protocol each
+//! dialect speaks is documented for users in the repository's `docs/`.
+//!
+//! The example above uses the test helpers of `testing`, behind the
+//! `testing` feature; an embedder supplies its own [`TextCodec`] and engine.
 
 pub mod api;
 pub mod config;

@@ -3,6 +3,11 @@
 //! The tokio shell around tokenwire's sans-IO core, and the library behind the
 //! `tokenwire` binary.
 //!
+//! What clients see (every route, each dialect's messages, errors and a
+//! sample session, running many hosts behind a load balancer, the metrics) is
+//! documented in the repository's `docs/` directory. `GET /` without an
+//! upgrade serves the playground page (`src/playground.html`).
+//!
 //! - hyper serves HTTP/1.1; every accepted connection holds a slot of the
 //!   connection limit for its life (past it: 503). Upgrade requests on a
 //!   dialect's path become tokio-tungstenite WebSocket connections
