@@ -18,13 +18,14 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use common::{connect, expect, recv, send, serve_model, stories260k, Ws, WAIT};
+use common::{
+    connect, expect, http, recv, send, serve_model, stories260k, system_binary, Ws, WAIT,
+};
 use serde_json::{json, Value};
 use tokio::sync::Barrier;
 
@@ -36,35 +37,33 @@ const CLIENTS: usize = 4;
 const LONG: u64 = 400;
 const SHORT: u64 = 24;
 
-/// nginx's binary: on `PATH` or where Debian puts it.
-fn nginx_binary() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("nginx"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but nginx is not installed (apt-get install nginx)"
-        );
-        eprintln!("skipping: nginx is not installed");
-    }
-    found
-}
-
-/// An nginx master process in its own prefix directory, stopped on drop.
+/// An nginx master process (daemonized) in its own prefix directory,
+/// stopped on drop.
 struct Nginx {
-    child: Child,
+    binary: PathBuf,
     addr: String,
     dir: PathBuf,
 }
 
+impl Nginx {
+    fn control(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("-p")
+            .arg(&self.dir)
+            .arg("-c")
+            .arg(self.dir.join("nginx.conf"))
+            .arg("-e")
+            .arg(self.dir.join("early.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    }
+}
+
 impl Drop for Nginx {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.control().args(["-s", "stop"]).status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -100,8 +99,10 @@ fn site_config(hosts: &[String], port: u16) -> String {
     out
 }
 
-/// Starts nginx in front of `hosts` and waits until it accepts connections.
-async fn start_nginx(binary: &Path, hosts: &[String]) -> Nginx {
+/// Starts nginx in front of `hosts`. It returns once nginx listens: nginx
+/// opens its listening sockets before it daemonizes, so the launching
+/// process exiting with success is the event to wait for.
+fn start_nginx(binary: &Path, hosts: &[String]) -> Nginx {
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").expect("a free port");
         l.local_addr().expect("addr").port()
@@ -111,71 +112,32 @@ async fn start_nginx(binary: &Path, hosts: &[String]) -> Nginx {
     std::fs::write(dir.join("tokenwire.conf"), site_config(hosts, port)).expect("site config");
     let d = dir.display();
     let main = format!(
-        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+        "worker_processes 1;\ndaemon on;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
          events {{ worker_connections 512; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/tmp/body;\n  \
          proxy_temp_path {d}/tmp/proxy;\n  fastcgi_temp_path {d}/tmp/fastcgi;\n  \
          uwsgi_temp_path {d}/tmp/uwsgi;\n  scgi_temp_path {d}/tmp/scgi;\n  \
          include {d}/tokenwire.conf;\n}}\n"
     );
-    let mut f = std::fs::File::create(dir.join("nginx.conf")).expect("nginx.conf");
-    f.write_all(main.as_bytes()).expect("write nginx.conf");
+    std::fs::write(dir.join("nginx.conf"), main).expect("nginx.conf");
     // Workers run as an unprivileged user when the test runs as root.
     let _ = Command::new("chmod")
         .arg("-R")
         .arg("a+rwX")
         .arg(&dir)
         .status();
-    let child = Command::new(binary)
-        .arg("-p")
-        .arg(&dir)
-        .arg("-c")
-        .arg(dir.join("nginx.conf"))
-        .arg("-e")
-        .arg(dir.join("early.log"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let addr = format!("127.0.0.1:{port}");
-    let mut nginx = Nginx { child, addr, dir };
-    // Ready when it accepts a connection; a failed start is reported with
-    // its log instead of waiting.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if tokio::net::TcpStream::connect(&nginx.addr).await.is_ok() {
-            return nginx;
-        }
-        if let Ok(Some(status)) = nginx.child.try_wait() {
-            let log = std::fs::read_to_string(nginx.dir.join("error.log")).unwrap_or_default();
-            let early = std::fs::read_to_string(nginx.dir.join("early.log")).unwrap_or_default();
-            panic!("nginx exited ({status}):\n{early}\n{log}");
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nginx never listened"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let nginx = Nginx {
+        binary: binary.to_owned(),
+        addr: format!("127.0.0.1:{port}"),
+        dir,
+    };
+    let status = nginx.control().status().expect("start nginx");
+    if !status.success() {
+        let early = std::fs::read_to_string(nginx.dir.join("early.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(nginx.dir.join("error.log")).unwrap_or_default();
+        panic!("nginx did not start ({status}):\n{early}\n{log}");
     }
-}
-
-/// `GET path` through `addr`: the status code.
-async fn http_status(addr: &str, path: &str) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("request");
-    let mut resp = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut resp))
-        .await
-        .expect("in time")
-        .expect("response");
-    let head = String::from_utf8_lossy(&resp);
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status line")
+    nginx
 }
 
 fn first_prompt(i: usize) -> String {
@@ -388,7 +350,7 @@ async fn responses_reference(nginx: &str, i: usize) -> (String, String) {
 
 #[test]
 fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
-    let Some(nginx_bin) = nginx_binary() else {
+    let Some(nginx_bin) = system_binary(&["nginx"], "nginx") else {
         return;
     };
     let model = stories260k();
@@ -400,8 +362,8 @@ fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let nginx = start_nginx(&nginx_bin, &[addr1.clone(), addr2.clone()]).await;
-        assert_eq!(http_status(&nginx.addr, "/health").await, 200);
+        let nginx = start_nginx(&nginx_bin, &[addr1.clone(), addr2.clone()]);
+        assert_eq!(http(&nginx.addr, "GET", "/health", None).await.0, 200);
 
         // Connected one after another, so the round robin alternates hosts.
         let kill = Arc::new(Barrier::new(2 * CLIENTS + 1));
@@ -452,7 +414,7 @@ fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
         }
 
         // nginx sends everything to the survivor now, HTTP included.
-        assert_eq!(http_status(&nginx.addr, "/health").await, 200);
+        assert_eq!(http(&nginx.addr, "GET", "/health", None).await.0, 200);
         for (i, run) in session_runs.iter().enumerate() {
             let (r1, r2) = session_reference(&nginx.addr, i).await;
             assert_eq!(run.reply1, r1, "session {i}: first reply");

@@ -18,30 +18,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use base64::Engine as _;
-use common::{connect, expect, recv, send, serve_model, stories260k, Ws, WAIT};
+use common::{
+    connect, expect, http, recv, send, serve_model, stories260k, system_binary, Ws, WAIT,
+};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 
 const PROMPT: &str = "Once upon a time";
 const MAX_TOKENS: u64 = 300;
-
-fn chromium_binary() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .flat_map(|dir| [dir.join("chromium"), dir.join("chromium-browser")])
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but chromium is not installed (apt-get install chromium)"
-        );
-        eprintln!("skipping: chromium is not installed");
-    }
-    found
-}
 
 /// A headless Chromium and a DevTools connection to its one page.
 struct Browser {
@@ -161,13 +146,18 @@ impl Browser {
     }
 
     /// Waits, in the page, until `cond` (a JS expression) is truthy, and
-    /// returns `value` then. Fails with `what` after the time bound.
+    /// returns `value` then. `cond` is checked at once and after every change
+    /// to the document (the page shows all its state there); the promise
+    /// fails with `what` if the time bound passes first.
     async fn wait_for(&mut self, cond: &str, value: &str, what: &str) -> Value {
         let js = format!(
-            "new Promise((resolve, reject) => {{ const t0 = Date.now(); (function poll() {{ \
-               if ({cond}) resolve({value}); \
-               else if (Date.now() - t0 > {ms}) reject(new Error({what:?} + ': ' + document.getElementById('status').textContent)); \
-               else setTimeout(poll, 5); }})(); }})",
+            "new Promise((resolve, reject) => {{ \
+               const o = new MutationObserver(() => check()); \
+               const bound = setTimeout(() => {{ o.disconnect(); \
+                 reject(new Error({what:?} + ': ' + document.getElementById('status')?.textContent)); }}, {ms}); \
+               function check() {{ if ({cond}) {{ o.disconnect(); clearTimeout(bound); resolve({value}); }} }} \
+               o.observe(document.documentElement, {{childList: true, subtree: true, attributes: true, characterData: true}}); \
+               check(); }})",
             ms = WAIT.as_millis()
         );
         self.eval(&js).await
@@ -244,51 +234,6 @@ async fn connect_url(url: &str) -> Ws {
     ws
 }
 
-/// A plain HTTP/1.1 request: (status, body).
-async fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let body = body.map(Value::to_string).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("request");
-    // Read to the end of the body its Content-Length gives (Chromium's
-    // DevTools server keeps the connection open), or to the close.
-    let mut resp = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let n = tokio::time::timeout(WAIT, s.read(&mut chunk))
-            .await
-            .expect("in time")
-            .expect("read");
-        resp.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&resp);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head.lines().find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse::<usize>().ok())?
-            });
-            if length.is_some_and(|len| body.len() >= len) {
-                break;
-            }
-        }
-        if n == 0 {
-            break;
-        }
-    }
-    let resp = String::from_utf8(resp).expect("utf-8");
-    let (head, body) = resp.split_once("\r\n\r\n").expect("head and body");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status");
-    (status, body.to_owned())
-}
-
 /// The same generation without the browser.
 async fn generate_reference(addr: &str) -> Value {
     let (status, body) = http(
@@ -353,7 +298,7 @@ fn artifact(name: &str) -> PathBuf {
 
 #[test]
 fn the_playground_streams_pauses_resumes_and_converses_in_a_real_browser() {
-    let Some(chromium) = chromium_binary() else {
+    let Some(chromium) = system_binary(&["chromium", "chromium-browser"], "chromium") else {
         return;
     };
     let (mut server, addr) = serve_model(&stories260k());

@@ -132,3 +132,72 @@ pub async fn expect(ws: &mut Ws, kind: &str) -> Value {
     assert_eq!(v["type"], kind, "{v}");
     v
 }
+
+/// A program from the system's packages (`names` tried on `PATH`, then in
+/// `/usr/sbin`), or None with a printed reason to skip. Under CI (`CI=true`)
+/// a missing one is a failure: `.ci/run` installs `package`.
+pub fn system_binary(names: &[&str], package: &str) -> Option<std::path::PathBuf> {
+    let dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let found = dirs
+        .iter()
+        .map(std::path::PathBuf::as_path)
+        .chain([std::path::Path::new("/usr/sbin")])
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but {package} is not installed (apt-get install {package})"
+        );
+        eprintln!("skipping: {package} is not installed");
+    }
+    found
+}
+
+/// A plain HTTP/1.1 request: (status, body).
+pub async fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("request");
+    // Read to the end of the body its Content-Length gives (Chromium's
+    // DevTools server keeps the connection open), or to the close.
+    let mut resp = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = tokio::time::timeout(WAIT, s.read(&mut chunk))
+            .await
+            .expect("in time")
+            .expect("read");
+        resp.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&resp);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())?
+            });
+            if length.is_some_and(|len| body.len() >= len) {
+                break;
+            }
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    let resp = String::from_utf8(resp).expect("utf-8");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("head and body");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    (status, body.to_owned())
+}
