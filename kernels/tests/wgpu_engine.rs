@@ -14,8 +14,8 @@ use tokenwire_core::rng::Rng;
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{SamplingParams, SeqId, StepPlan, TokenId};
 use tokenwire_kernels::{
-    Backend, CpuBackend, Engine, ForwardOutput, LoadError, ModelIdentity, RopeScaling, SampleSpec,
-    SeqBatch, WgpuBackend, WgpuOptions,
+    ActivationPrecision, Backend, CpuBackend, Engine, ForwardOutput, LoadError, ModelIdentity,
+    RopeScaling, SampleSpec, SeqBatch, WgpuBackend, WgpuOptions,
 };
 use wgpu_support::*;
 
@@ -362,7 +362,15 @@ fn case(shape: &Shape, opts: &WgpuOptions, bs: usize, nb: usize, seed: u64, what
     let Some(mut gpu) = or_skip(WgpuBackend::new(model.clone(), bs, nb, opts)) else {
         return;
     };
-    let mut cpu = CpuBackend::new(model, bs, nb).expect("cpu backend");
+    // Quantized weights: the CPU reference widens them to f32 too.
+    let mut cpu = CpuBackend::with(
+        model,
+        bs,
+        nb,
+        tokenwire_kernels::quant::Kernels::detect(),
+        ActivationPrecision::F32,
+    )
+    .expect("cpu backend");
     let mut rng = Rng::new(seed);
     // 1..=9 sequences over a shuffled pool.
     let n = 1 + rng.below(9) as usize;
@@ -424,6 +432,20 @@ const QWEN: Shape = Shape {
     scaling: RopeScaling::None,
 };
 
+const QUANT: Shape = Shape {
+    hidden: 256,
+    inter: 512,
+    layers: 2,
+    heads: 4,
+    kv_heads: 2,
+    head_dim: 64,
+    vocab: 301,
+    tied: false,
+    bias: false,
+    dtype: "quant",
+    scaling: RopeScaling::None,
+};
+
 const F16_MHA: Shape = Shape {
     hidden: 33,
     inter: 45,
@@ -449,6 +471,71 @@ fn wgpu_matches_cpu_backend_on_random_models() {
         ..d.clone()
     };
     case(&F16_MHA, &no_f16, 3, 150, 4, "f16 packed (no shader-f16)");
+}
+
+#[test]
+fn wgpu_runs_quantized_weights_as_blocks() {
+    // Every matrix in a GGUF block type, q|k|v and gate|up stacks mixing
+    // them: uploaded as blocks (no f32 copy) and unpacked by the kernels.
+    let model = Arc::new(random_model(&QUANT, 8));
+    let Some(gpu) = or_skip(WgpuBackend::new(
+        model.clone(),
+        16,
+        8,
+        &WgpuOptions::default(),
+    )) else {
+        return;
+    };
+    let mut dts = gpu.weight_dtypes();
+    dts.sort_by_key(|d| format!("{d:?}"));
+    use tokenwire_kernels::backend::wgpu::WeightDtype as W;
+    assert_eq!(dts, vec![W::Q4K, W::Q4_0, W::Q4_1, W::Q6K, W::Q8_0]);
+    let file_bytes: u64 = {
+        let w = model.weights();
+        let mut n = w.lm_head.as_ref().map_or(0, |l| l.w.bytes().len());
+        for l in &w.layers {
+            for lin in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                n += lin.w.bytes().len();
+            }
+        }
+        n as u64
+    };
+    // Only the padding of Q8_0, Q4_0 and Q6_K blocks is added.
+    let dev = gpu.weight_bytes();
+    assert!(
+        dev >= file_bytes && dev <= file_bytes + file_bytes / 16,
+        "device {dev} bytes for {file_bytes} file bytes"
+    );
+    drop(gpu);
+    let d = WgpuOptions::default();
+    case(&QUANT, &d, 16, 8, 8, "quantized, mixed stacks");
+    let mat_vec_rows = WgpuOptions {
+        split_k: Some(false),
+        tiled_matmul: Some(false),
+        ..d.clone()
+    };
+    case(
+        &QUANT,
+        &mat_vec_rows,
+        16,
+        8,
+        9,
+        "quantized, one invocation per row",
+    );
+    let tiled = WgpuOptions {
+        split_k: Some(true),
+        tiled_matmul: Some(true),
+        max_binding: Some(16384),
+        ..d
+    };
+    case(
+        &QUANT,
+        &tiled,
+        16,
+        8,
+        10,
+        "quantized, tiled matmul, 16 KiB chunks",
+    );
 }
 
 #[test]

@@ -1,13 +1,16 @@
-//! A GGUF llama on the wgpu backend: its quantized matrices widened to f32
-//! on upload, its q and k rows put back in Hugging Face's order for the
-//! kernels' half-split RoPE. Checked against the CPU engine in f32
+//! A GGUF llama on the wgpu backend: its quantized matrices uploaded as
+//! blocks and unpacked in the kernels, its q and k rows put back in Hugging
+//! Face's order for the kernels' half-split RoPE. Checked against the CPU engine in f32
 //! arithmetic (the interleaved RoPE on the file's own row order): the same
 //! logits up to f32 rounding, and the same greedy tokens.
 
 mod common;
 mod wgpu_support;
 
-use tokenwire_kernels::{ActivationPrecision, Engine, EngineOptions};
+use std::sync::Arc;
+
+use tokenwire_kernels::backend::wgpu::WeightDtype;
+use tokenwire_kernels::{ActivationPrecision, Engine, EngineOptions, WgpuBackend, WgpuOptions};
 use wgpu_support::*;
 
 #[test]
@@ -40,4 +43,31 @@ fn a_gguf_llama_on_wgpu_gives_the_cpu_engines_logits() {
     let a = cpu.generate_greedy(&prompt, 8, &[]).expect("cpu");
     let b = gpu.generate_greedy(&prompt, 8, &[]).expect("gpu");
     assert_eq!(a, b);
+}
+
+#[test]
+fn a_gguf_files_blocks_stay_blocks_on_the_device() {
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let (model, _) = tokenwire_kernels::Model::load_gguf(&path).expect("model");
+    let file_len = std::fs::metadata(&path).expect("file").len();
+    let Some(gpu) = or_skip(WgpuBackend::new(
+        Arc::new(model),
+        16,
+        8,
+        &WgpuOptions::default(),
+    )) else {
+        return;
+    };
+    let dts = gpu.weight_dtypes();
+    assert!(dts.contains(&WeightDtype::Q4_1), "{dts:?}");
+    assert!(!dts.contains(&WeightDtype::F32), "{dts:?}");
+    // Every matrix read in a step fits in the file (an f32 copy would take
+    // about 6x the file).
+    assert!(
+        gpu.weight_bytes() < file_len,
+        "{} device bytes for a file of {file_len}",
+        gpu.weight_bytes()
+    );
 }

@@ -10,7 +10,8 @@ use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
 use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabSeq};
 use tokenwire_kernels::backend::wgpu::WeightDtype;
-use tokenwire_kernels::{rope, sample, RopeScaling};
+use tokenwire_kernels::gguf::{GgmlType, GgufFile};
+use tokenwire_kernels::{rope, sample, RopeScaling, WeightMatrix};
 use wgpu_support::*;
 
 /// f32 accumulation in a different order than the f64 reference.
@@ -36,6 +37,7 @@ fn round(dtype: WeightDtype, v: &[f32]) -> Vec<f32> {
             WeightDtype::F32 => x,
             WeightDtype::F16 | WeightDtype::F16Native => half::f16::from_f32(x).to_f32(),
             WeightDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+            q => panic!("{q:?} is not a float type"),
         })
         .collect()
 }
@@ -66,7 +68,12 @@ fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize
     for case in 0..cases {
         let dts = dtypes(lab);
         let dtype = dts[case % dts.len()];
-        let k = range(rng, 1, 200);
+        // Half the cases a multiple of 8 (the kernels' 8-wide path).
+        let k = if case % 2 == 0 {
+            8 * range(rng, 1, 25)
+        } else {
+            range(rng, 1, 200)
+        };
         let n = range(rng, 1, 300);
         let cols = range(rng, 1, max_cols);
         let w = round(dtype, &uniform(rng, n * k, 1.0));
@@ -497,5 +504,100 @@ fn wgpu_tiny_binding_limit_splits_weights() {
             .flat_map(|&t| w[t * k..(t + 1) * k].iter().copied())
             .collect();
         assert_eq!(got, want);
+    }
+}
+
+/// The block bytes and llama.cpp's dequantized values of the fixture's
+/// tensor of type `t` (written by `scripts/make-quant-fixture.py` with the
+/// `gguf` package's quantizer), as a `[rows, row values]` matrix.
+fn fixture_matrix(t: GgmlType) -> (WeightMatrix, Vec<f32>) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/quant_blocks.gguf"
+    );
+    let bytes = std::fs::read(path).expect("fixture");
+    let file = GgufFile::parse(&bytes).expect("fixture parses");
+    let q = file.tensor(&format!("q.{t}")).expect("quantized tensor");
+    let f = file.tensor(&format!("f.{t}")).expect("reference tensor");
+    let cols = q.dims[0] as usize;
+    let rows = q.elements() as usize / cols;
+    let raw = bytes[q.offset as usize..(q.offset + q.len) as usize].to_vec();
+    let vals = bytes[f.offset as usize..(f.offset + f.len) as usize]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let m = WeightMatrix::from_bytes(t, rows, cols, raw).expect("whole blocks");
+    (m, vals)
+}
+
+#[test]
+fn wgpu_quantized_products_match_llama_cpps_values() {
+    // Blocks from llama.cpp's own quantizer, every block type, through
+    // mat-vec (both variants) and the tiled matmul, against the product
+    // with llama.cpp's dequantized values.
+    for split_k in [true, false] {
+        let opts = tokenwire_kernels::WgpuOptions {
+            split_k: Some(split_k),
+            ..Default::default()
+        };
+        let Some(mut lab) = lab_with(&opts) else {
+            return;
+        };
+        let mut rng = Rng::new(20 + split_k as u64);
+        for t in QUANT_TYPES {
+            let (m, vals) = fixture_matrix(t);
+            let k = m.cols();
+            for (cols, tiled) in [(1, false), (5, false), (11, false), (13, true)] {
+                let x = uniform(&mut rng, cols * k, 1.0);
+                let got = lab
+                    .linear_matrix(&x, cols, &m, None, tiled, None)
+                    .expect("linear");
+                let e = nmse(&got, &linear_ref(&x, cols, &vals, k, None));
+                assert!(
+                    e < NMSE_LINEAR,
+                    "{t} [{}x{k}] x {cols} cols, tiled={tiled}, split_k={split_k}: nmse {e:e}",
+                    m.rows()
+                );
+            }
+            let tokens: Vec<u32> = (0..m.rows() as u32).rev().collect();
+            let got = lab.embed_matrix(&m, &tokens, Some(1)).expect("embed");
+            let want: Vec<f32> = tokens
+                .iter()
+                .flat_map(|&r| vals[r as usize * k..(r as usize + 1) * k].iter().copied())
+                .collect();
+            let e = nmse(&got, &want);
+            assert!(e < 1e-13, "{t} embed: nmse {e:e}");
+        }
+    }
+}
+
+#[test]
+fn wgpu_quantized_products_on_random_shapes() {
+    // Random blocks (any bytes are valid blocks; scales kept finite) on
+    // drawn shapes and chunkings, against the CPU engine's dequantization.
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(21);
+    for case in 0..15 {
+        let t = QUANT_TYPES[case % QUANT_TYPES.len()];
+        let per = t.block_len();
+        let k = per * range(&mut rng, 1, if per == 256 { 3 } else { 9 });
+        let n = range(&mut rng, 1, 150);
+        let cols = range(&mut rng, 1, 20);
+        let tiled = rng.below(3) == 0;
+        let raw = random_blocks(&mut rng, t, n * k, 1.0);
+        let m = WeightMatrix::from_bytes(t, n, k, raw).expect("whole blocks");
+        let mut w = Vec::new();
+        m.dequantize_rows(0, n, &mut w);
+        let x = uniform(&mut rng, cols * k, 1.0);
+        let bias = (rng.below(2) == 0).then(|| uniform(&mut rng, n, 1.0));
+        let chunk = (rng.below(2) == 0).then(|| range(&mut rng, 1, n));
+        let got = lab
+            .linear_matrix(&x, cols, &m, bias.as_deref(), tiled, chunk)
+            .expect("linear");
+        let e = nmse(&got, &linear_ref(&x, cols, &w, k, bias.as_deref()));
+        assert!(
+            e < NMSE_LINEAR,
+            "case {case}: {t} [{n}x{k}] x {cols} cols, tiled={tiled}, chunk {chunk:?}: nmse {e:e}"
+        );
     }
 }

@@ -83,9 +83,61 @@ pub struct Shape {
     pub tied: bool,
     /// q/k/v biases (Qwen2) and an o bias.
     pub bias: bool,
-    /// "f32", "f16" or "bf16": weights rounded to it, reported as the file dtype.
+    /// "f32", "f16" or "bf16": weights rounded to it, reported as the file
+    /// dtype. "quant": every matrix in a GGUF block type, cycling through
+    /// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (so stacks like q|k|v mix them), of
+    /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
     pub scaling: tokenwire_kernels::RopeScaling,
+}
+
+/// The GGUF block types the wgpu kernels read.
+pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 5] = {
+    use tokenwire_kernels::gguf::GgmlType as G;
+    [G::Q8_0, G::Q4_0, G::Q4_1, G::Q4_K, G::Q6_K]
+};
+
+/// `n` values of type `t` as random blocks (any bytes are valid blocks)
+/// whose f16 scales are set so values stay within about `scale`.
+pub fn random_blocks(
+    rng: &mut tokenwire_core::rng::Rng,
+    t: tokenwire_kernels::gguf::GgmlType,
+    n: usize,
+    scale: f32,
+) -> Vec<u8> {
+    use tokenwire_kernels::gguf::GgmlType as G;
+    let (per, bytes) = match t {
+        G::Q8_0 => (32, 34),
+        G::Q4_0 => (32, 18),
+        G::Q4_1 => (32, 20),
+        G::Q4_K => (256, 144),
+        G::Q6_K => (256, 210),
+        other => panic!("{other} is not a block type"),
+    };
+    assert_eq!(n % per, 0, "{n} values are not whole {t} blocks");
+    let mut out = Vec::with_capacity(n / per * bytes);
+    for _ in 0..n / per {
+        let mut b: Vec<u8> = (0..bytes).map(|_| rng.below(256) as u8).collect();
+        let mut f16 = |at: usize, v: f32| {
+            let jitter = 0.5 + rng.next_f64() as f32;
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(v * jitter).to_le_bytes());
+        };
+        match t {
+            G::Q8_0 => f16(0, scale / 128.0),
+            G::Q4_0 => f16(0, scale / 8.0),
+            G::Q4_1 => {
+                f16(0, scale / 8.0);
+                f16(2, -scale);
+            }
+            G::Q4_K => {
+                f16(0, scale / 480.0);
+                f16(2, scale / 60.0);
+            }
+            _ => f16(208, scale / 2048.0),
+        }
+        out.extend_from_slice(&b);
+    }
+    out
 }
 
 /// A model of `shape` with seeded uniform weights (variance 1 / fan-in).
@@ -112,7 +164,16 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
         "bf16" => GgmlType::BF16,
         _ => GgmlType::F32,
     };
-    let matrix = move |rows: usize, cols: usize, v: Vec<f32>| {
+    let mut next_quant = 0usize;
+    let mut block_rng = tokenwire_core::rng::Rng::new(seed ^ 0xb10c);
+    let mut matrix = move |rows: usize, cols: usize, v: Vec<f32>| {
+        if dtype == "quant" {
+            let t = QUANT_TYPES[next_quant % QUANT_TYPES.len()];
+            next_quant += 1;
+            let scale = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let bytes = random_blocks(&mut block_rng, t, rows * cols, scale);
+            return WeightMatrix::from_bytes(t, rows, cols, bytes).expect("whole blocks");
+        }
         let bytes = encode_floats(ty, &v).expect("float dtype");
         WeightMatrix::from_bytes(ty, rows, cols, bytes).expect("rows * cols values")
     };

@@ -10,8 +10,10 @@ use super::pipelines::{
     MAT_VEC_COLS,
 };
 use super::plan::{self, PlanLimits};
+use super::tensors::{upload_matrix, Chunk, Part};
 use super::{WeightDtype, WgpuOptions};
 use crate::backend::{SampleSpec, SeqBatch};
+use crate::tensor::WeightMatrix;
 use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
 
 /// One sequence's share of an attention, RoPE or KV-write case.
@@ -234,12 +236,17 @@ impl KernelLab {
         in_dim: usize,
         dtype: WeightDtype,
         chunk_rows: Option<usize>,
-    ) -> Result<Vec<(::wgpu::Buffer, u32, u32)>, String> {
+    ) -> Result<Vec<Chunk>, String> {
+        if dtype.is_quantized() {
+            return Err(format!(
+                "{dtype:?} weights come as blocks: use the *_matrix methods"
+            ));
+        }
         let rows = w.len() / in_dim.max(1);
         let mut per = super::tensors::rows_per_chunk(self.gpu.max_binding, in_dim, dtype)?;
         if let Some(c) = chunk_rows {
             per = per.min(c.max(1));
-            if dtype.bytes() == 2 && in_dim % 2 == 1 && per % 2 == 1 && per > 1 {
+            if dtype.block().0 == 2 && in_dim % 2 == 1 && per % 2 == 1 && per > 1 {
                 per -= 1;
             }
         }
@@ -249,10 +256,36 @@ impl KernelLab {
             let r1 = (r0 + per).min(rows);
             let mut bytes = Vec::new();
             dtype.encode(&w[r0 * in_dim..r1 * in_dim], &mut bytes);
-            out.push((self.upload("lab.w", &bytes), r0 as u32, (r1 - r0) as u32));
+            out.push(Chunk {
+                buf: self.upload("lab.w", &bytes),
+                row0: r0 as u32,
+                rows: (r1 - r0) as u32,
+                dtype,
+            });
             r0 = r1;
         }
         Ok(out)
+    }
+
+    /// Uploads `m` as the backend does (its file dtype kept, quantized
+    /// blocks padded), in chunks of at most `chunk_rows` rows.
+    fn matrix_chunks(
+        &mut self,
+        m: &WeightMatrix,
+        chunk_rows: Option<usize>,
+    ) -> Result<Vec<Chunk>, String> {
+        let up = upload_matrix(
+            &self.gpu,
+            "lab.w",
+            &[Part::plain(m)],
+            m.cols(),
+            None,
+            chunk_rows,
+        )?;
+        for c in &up.chunks {
+            self.pipes.ensure_weights(&self.gpu, c.dtype);
+        }
+        Ok(up.chunks)
     }
 
     /// `y[c, o] = W[o, :] . x[c, :] (+ b[o])` for `cols` columns: x is
@@ -272,15 +305,44 @@ impl KernelLab {
         tiled: bool,
         chunk_rows: Option<usize>,
     ) -> Result<Vec<f32>, String> {
-        let out_dim = w.len() / in_dim;
         self.pipes.ensure_weights(&self.gpu, dtype);
         let chunks = self.chunks(w, in_dim, dtype, chunk_rows)?;
+        self.run_linear(x, cols, &chunks, in_dim, w.len() / in_dim, bias, tiled)
+    }
+
+    /// [`KernelLab::linear`] with the weights of `m` in its own dtype (any
+    /// GGUF type; quantized blocks go up as blocks and are unpacked by the
+    /// kernels), uploaded as the backend uploads a model's matrices.
+    pub fn linear_matrix(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        m: &WeightMatrix,
+        bias: Option<&[f32]>,
+        tiled: bool,
+        chunk_rows: Option<usize>,
+    ) -> Result<Vec<f32>, String> {
+        let chunks = self.matrix_chunks(m, chunk_rows)?;
+        self.run_linear(x, cols, &chunks, m.cols(), m.rows(), bias, tiled)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_linear(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        chunks: &[Chunk],
+        in_dim: usize,
+        out_dim: usize,
+        bias: Option<&[f32]>,
+        tiled: bool,
+    ) -> Result<Vec<f32>, String> {
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let yb = self.output("lab.y", cols * out_dim);
         let bgs: Vec<::wgpu::BindGroup> = chunks
             .iter()
-            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.0, &bb, &yb]))
+            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb]))
             .collect();
         let tpr = mat_vec_tpr(in_dim, self.pipes.split_k);
         let (k, ldx, ldy, has_bias) = (
@@ -291,11 +353,11 @@ impl KernelLab {
         );
         let mut dispatches = Vec::new();
         for (c, bg) in chunks.iter().zip(&bgs) {
-            let (rows, row0) = (c.2, c.1);
+            let (rows, row0) = (c.rows, c.row0);
             if tiled {
                 let pipe = self
                     .pipes
-                    .weight(WeightKernel::MatMul, dtype)
+                    .weight(WeightKernel::MatMul, c.dtype)
                     .ok_or("pipeline missing")?;
                 let words = vec![k, rows, row0, cols as u32, ldx, ldy, has_bias, 0, 0];
                 let groups = [
@@ -309,7 +371,7 @@ impl KernelLab {
             while (c0 as usize) < cols {
                 let n = (cols as u32 - c0).min(MAT_VEC_COLS as u32);
                 let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
-                let pipe = self.pipes.weight(kind, dtype).ok_or("pipeline missing")?;
+                let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
                 let words = vec![
                     k,
                     rows,
@@ -342,22 +404,42 @@ impl KernelLab {
     ) -> Result<Vec<f32>, String> {
         self.pipes.ensure_weights(&self.gpu, dtype);
         let chunks = self.chunks(table, hidden, dtype, chunk_rows)?;
+        self.run_embed(&chunks, hidden, tokens)
+    }
+
+    /// [`KernelLab::embed`] from a table in its own dtype (see
+    /// [`KernelLab::linear_matrix`]).
+    pub fn embed_matrix(
+        &mut self,
+        table: &WeightMatrix,
+        tokens: &[TokenId],
+        chunk_rows: Option<usize>,
+    ) -> Result<Vec<f32>, String> {
+        let chunks = self.matrix_chunks(table, chunk_rows)?;
+        self.run_embed(&chunks, table.cols(), tokens)
+    }
+
+    fn run_embed(
+        &mut self,
+        chunks: &[Chunk],
+        hidden: usize,
+        tokens: &[TokenId],
+    ) -> Result<Vec<f32>, String> {
         let plan = self.upload("lab.plan", bytemuck::cast_slice(tokens));
         let xb = self.output("lab.x", tokens.len() * hidden);
-        let pipe = self
-            .pipes
-            .weight(WeightKernel::Embed, dtype)
-            .ok_or("pipeline missing")?;
-        let bgs: Vec<::wgpu::BindGroup> = chunks
-            .iter()
-            .map(|c| self.bind(&self.pipes.layouts.embed, &[&plan, &c.0, &xb]))
-            .collect();
         let t = tokens.len() as u32;
-        let dispatches: Vec<_> = chunks
-            .iter()
-            .zip(&bgs)
-            .map(|(c, bg)| (pipe, bg, vec![hidden as u32, t, 0, c.1, c.2], grid(t)))
-            .collect();
+        let mut bgs = Vec::new();
+        for c in chunks {
+            bgs.push(self.bind(&self.pipes.layouts.embed, &[&plan, &c.buf, &xb]));
+        }
+        let mut dispatches = Vec::new();
+        for (c, bg) in chunks.iter().zip(&bgs) {
+            let pipe = self
+                .pipes
+                .weight(WeightKernel::Embed, c.dtype)
+                .ok_or("pipeline missing")?;
+            dispatches.push((pipe, bg, vec![hidden as u32, t, 0, c.row0, c.rows], grid(t)));
+        }
         let out = self.run(&dispatches, (&xb, 4 * (tokens.len() * hidden) as u64))?;
         Ok(f32s(&out))
     }

@@ -2,12 +2,16 @@
 //! compute kernels, one file per operation under `shaders/` (in the manner
 //! of llama.cpp's ggml-webgpu).
 //!
-//! * Weights are uploaded once, in the file's dtype (f32; f16 and bf16 kept
-//!   packed two to a u32 and widened in the shader, or read as `f16` where the
-//!   device has `shader-f16`), with f32 accumulation everywhere. q/k/v and
-//!   gate/up are stacked into one matrix each, so each is one product. A
-//!   matrix larger than the largest storage binding is split by rows into
-//!   chunks, one dispatch per chunk.
+//! * Weights are uploaded once, in the file's dtype: f32; f16 and bf16 kept
+//!   packed two to a u32 and widened in the shader, or read as `f16` where
+//!   the device has `shader-f16`; GGUF Q8_0, Q4_0, Q4_1, Q4_K and Q6_K
+//!   blocks padded to whole words and unpacked in the shader. One weight
+//!   prelude per dtype (`shaders/dtype_*.wgsl`) gives every weight kernel
+//!   `w_at(i)` and the 8-wide `w_load8(i)`; accumulation is f32 everywhere.
+//!   q/k/v and gate/up are stacked into one matrix each, so each is one
+//!   product (or one per dtype, when a file mixes them). A matrix larger
+//!   than the largest storage binding is split by rows into chunks, one
+//!   dispatch per chunk.
 //! * A step is recorded into one command encoder and submitted once:
 //!   embedding gather, then per layer RMSNorm (fused with the residual add),
 //!   q|k|v product, RoPE, K/V written into the paged cache through the step's
@@ -501,8 +505,8 @@ impl WgpuBackend {
         self.gpu.max_binding
     }
 
-    /// Storage types of the weights on the device (the file's dtype, or f32
-    /// for a tensor whose values that dtype cannot hold exactly).
+    /// Storage types of the weights on the device: each matrix's file
+    /// dtype, quantized blocks included.
     pub fn weight_dtypes(&self) -> Vec<WeightDtype> {
         self.weights.dtypes()
     }
@@ -682,7 +686,7 @@ impl WgpuBackend {
         for (i, c) in m.chunks.iter().enumerate() {
             if tiled && m_rows as usize > MAT_VEC_COLS {
                 ops.push(Op {
-                    pipe: Pipe::Weight(WeightKernel::MatMul, m.dtype),
+                    pipe: Pipe::Weight(WeightKernel::MatMul, c.dtype),
                     bind: bind(i),
                     param: params.push(&[k, c.rows, c.row0, m_rows, ldx, ldy, bias, 0, 0]),
                     groups: [c.rows.div_ceil(MAT_MUL_TILE), m_rows.div_ceil(MAT_MUL_TILE)],
@@ -694,7 +698,7 @@ impl WgpuBackend {
                 let n = (m_rows - c0).min(MAT_VEC_COLS as u32);
                 let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
                 ops.push(Op {
-                    pipe: Pipe::Weight(kind, m.dtype),
+                    pipe: Pipe::Weight(kind, c.dtype),
                     bind: bind(i),
                     param: params.push(&[
                         k,
@@ -734,7 +738,7 @@ impl WgpuBackend {
         needs.rows = needs.rows.max(t as u64);
         for (i, c) in w.embed.chunks.iter().enumerate() {
             ops.push(Op {
-                pipe: Pipe::Weight(WeightKernel::Embed, w.embed.dtype),
+                pipe: Pipe::Weight(WeightKernel::Embed, c.dtype),
                 bind: Bind::Embed(i),
                 param: prm.push(&[d.h, t, p.tok_off, c.row0, c.rows]),
                 groups: grid(t),

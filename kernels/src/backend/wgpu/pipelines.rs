@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use tokenwire_gguf::GgmlType;
+
 use super::context::Gpu;
 
 /// How one weight tensor is stored on the device.
@@ -16,29 +18,93 @@ pub enum WeightDtype {
     F16Native,
     /// bf16 pairs packed in u32, widened by a shift.
     Bf16,
+    /// GGUF Q8_0 blocks, each padded from 34 to 36 bytes.
+    Q8_0,
+    /// GGUF Q4_0 blocks, each padded from 18 to 20 bytes.
+    Q4_0,
+    /// GGUF Q4_1 blocks (20 bytes, as in the file).
+    Q4_1,
+    /// GGUF Q4_K super-blocks (144 bytes, as in the file).
+    Q4K,
+    /// GGUF Q6_K super-blocks, each padded from 210 to 212 bytes.
+    Q6K,
 }
 
 impl WeightDtype {
-    /// Bytes per value.
-    pub fn bytes(self) -> usize {
-        match self {
-            WeightDtype::F32 => 4,
-            _ => 2,
+    /// The device type that keeps a tensor of file type `t` as it is
+    /// (`f16_native`: the device reads f16 natively).
+    pub(crate) fn of_file(t: GgmlType, f16_native: bool) -> WeightDtype {
+        match t {
+            GgmlType::F32 => WeightDtype::F32,
+            GgmlType::F16 if f16_native => WeightDtype::F16Native,
+            GgmlType::F16 => WeightDtype::F16,
+            GgmlType::BF16 => WeightDtype::Bf16,
+            GgmlType::Q8_0 => WeightDtype::Q8_0,
+            GgmlType::Q4_0 => WeightDtype::Q4_0,
+            GgmlType::Q4_1 => WeightDtype::Q4_1,
+            GgmlType::Q4_K => WeightDtype::Q4K,
+            GgmlType::Q6_K => WeightDtype::Q6K,
         }
     }
 
-    fn prelude(self) -> &'static str {
+    /// The file block this type holds: (values per block, bytes in the
+    /// file, bytes on the device). For the plain floats a "block" is the
+    /// smallest run that fills whole u32 words.
+    pub(crate) fn block(self) -> (usize, usize, usize) {
         match self {
+            WeightDtype::F32 => (1, 4, 4),
+            WeightDtype::F16 | WeightDtype::F16Native | WeightDtype::Bf16 => (2, 4, 4),
+            WeightDtype::Q8_0 => (32, 34, 36),
+            WeightDtype::Q4_0 => (32, 18, 20),
+            WeightDtype::Q4_1 => (32, 20, 20),
+            WeightDtype::Q4K => (256, 144, 144),
+            WeightDtype::Q6K => (256, 210, 212),
+        }
+    }
+
+    /// Whether values come in GGUF blocks (uploaded as raw block bytes).
+    pub fn is_quantized(self) -> bool {
+        self.block().0 >= 32
+    }
+
+    /// Bytes a row of `k` values takes on the device (for the 2-byte types,
+    /// `k` may be odd: the row then shares a word with the next one).
+    pub fn row_bytes(self, k: usize) -> usize {
+        match self {
+            WeightDtype::F16 | WeightDtype::F16Native | WeightDtype::Bf16 => 2 * k,
+            _ => {
+                let (n, _, dev) = self.block();
+                k / n * dev
+            }
+        }
+    }
+
+    fn prelude(self) -> String {
+        let body = match self {
             WeightDtype::F32 => include_str!("shaders/dtype_f32.wgsl"),
             WeightDtype::F16 => include_str!("shaders/dtype_f16.wgsl"),
             WeightDtype::F16Native => include_str!("shaders/dtype_f16_native.wgsl"),
             WeightDtype::Bf16 => include_str!("shaders/dtype_bf16.wgsl"),
-        }
+            WeightDtype::Q8_0 => include_str!("shaders/dtype_q8_0.wgsl"),
+            WeightDtype::Q4_0 => include_str!("shaders/dtype_q4_0.wgsl"),
+            WeightDtype::Q4_1 => include_str!("shaders/dtype_q4_1.wgsl"),
+            WeightDtype::Q4K => include_str!("shaders/dtype_q4_k.wgsl"),
+            WeightDtype::Q6K => include_str!("shaders/dtype_q6_k.wgsl"),
+        };
+        let blocks = if self.is_quantized() {
+            include_str!("shaders/dtype_blocks.wgsl")
+        } else {
+            ""
+        };
+        // The f16-native prelude's `enable` must open the module.
+        format!("{body}\n{blocks}\n{}", include_str!("shaders/weights.wgsl"))
     }
 
-    /// Values (f32 in memory) as the device stores them, little-endian. For
-    /// the 2-byte types the values came from a matrix of that type, so they
-    /// round-trip exactly.
+    /// Values (f32 in memory) as the device stores them, little-endian, for
+    /// the float types. For the 2-byte types the values came from a matrix
+    /// of that type, so they round-trip exactly. Quantized types are not
+    /// encoded from values: their rows go up as block bytes
+    /// ([`WeightDtype::pad_blocks`]).
     pub(crate) fn encode(self, vals: &[f32], out: &mut Vec<u8>) {
         match self {
             WeightDtype::F32 => out.extend_from_slice(bytemuck::cast_slice(vals)),
@@ -53,6 +119,29 @@ impl WeightDtype {
                     vals.iter()
                         .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()),
                 );
+            }
+            q => unreachable!("{q:?} rows are uploaded as blocks, not values"),
+        }
+    }
+
+    /// Appends a row of file blocks (`row`, whole blocks of this quantized
+    /// type) as the device lays them out: Q8_0 and Q4_0 get 2 zero bytes
+    /// after their f16 scale so the values start on a word; Q6_K gets 2 at
+    /// the end so the next block does.
+    pub(crate) fn pad_blocks(self, row: &[u8], out: &mut Vec<u8>) {
+        let (_, file, _) = self.block();
+        for b in row.chunks_exact(file) {
+            match self {
+                WeightDtype::Q8_0 | WeightDtype::Q4_0 => {
+                    out.extend_from_slice(&b[..2]);
+                    out.extend_from_slice(&[0, 0]);
+                    out.extend_from_slice(&b[2..]);
+                }
+                WeightDtype::Q6K => {
+                    out.extend_from_slice(b);
+                    out.extend_from_slice(&[0, 0]);
+                }
+                _ => out.extend_from_slice(b),
             }
         }
     }

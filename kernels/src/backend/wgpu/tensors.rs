@@ -1,12 +1,12 @@
-//! Weights on the device: uploaded once, each matrix split by rows into
-//! chunks that fit one storage binding. f16 and bf16 matrices keep their
-//! dtype; quantized ones are widened to f32 a chunk at a time on the way up
-//! (these kernels have no quantized formats yet), so no host-side f32 copy
-//! of a whole model is ever made. A GGUF llama's q and k rows are put back
+//! Weights on the device: uploaded once, in the file's dtype (f16 and
+//! bf16 packed two to a word, GGUF blocks padded to whole words; see
+//! [`WeightDtype::pad_blocks`]), each matrix split by rows into chunks that
+//! fit one storage binding. No f32 copy of a matrix is made, on the host or
+//! the device: rows go up one at a time. A stack of matrices of different
+//! dtypes (a Q4_K_M file's q/k in Q4_K and v in Q6_K) becomes chunks of
+//! each dtype, one dispatch each. A GGUF llama's q and k rows are put back
 //! in Hugging Face's order on the way, for the half-split RoPE these
 //! kernels apply.
-
-use tokenwire_gguf::GgmlType;
 
 use super::context::Gpu;
 use super::pipelines::WeightDtype;
@@ -16,22 +16,31 @@ use crate::rope::{interleaved_source_row, RopeLayout};
 use crate::tensor::WeightMatrix;
 use crate::weights::Linear;
 
-/// Rows `row0 .. row0 + rows` of a matrix, in one buffer.
+/// Rows `row0 .. row0 + rows` of a matrix, in one buffer, stored as `dtype`.
 #[derive(Debug)]
 pub(crate) struct Chunk {
     pub(crate) buf: ::wgpu::Buffer,
     pub(crate) row0: u32,
     pub(crate) rows: u32,
+    pub(crate) dtype: WeightDtype,
 }
 
 /// A row-major `[out_dim, in_dim]` matrix (plus optional bias) on the device.
 #[derive(Debug)]
 pub(crate) struct Matrix {
     pub(crate) chunks: Vec<Chunk>,
-    pub(crate) dtype: WeightDtype,
     pub(crate) in_dim: usize,
-    pub(crate) out_dim: usize,
     pub(crate) bias: Option<::wgpu::Buffer>,
+}
+
+impl Matrix {
+    /// Bytes the matrix takes on the device (its bias aside).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| (c.rows as usize * c.dtype.row_bytes(self.in_dim)) as u64)
+            .sum()
+    }
 }
 
 /// The storage type for weights of a file with `file_dtype`.
@@ -40,16 +49,6 @@ pub(crate) fn device_dtype(gpu: &Gpu, file_dtype: &str) -> WeightDtype {
         "f16" if gpu.f16_native => WeightDtype::F16Native,
         "f16" => WeightDtype::F16,
         "bf16" => WeightDtype::Bf16,
-        _ => WeightDtype::F32,
-    }
-}
-
-/// The device type for a matrix of `dtype`: its own for the 2-byte floats,
-/// f32 for everything else.
-fn device_dtype_of(gpu: &Gpu, dtype: GgmlType) -> WeightDtype {
-    match dtype {
-        GgmlType::F16 => device_dtype(gpu, "f16"),
-        GgmlType::BF16 => device_dtype(gpu, "bf16"),
         _ => WeightDtype::F32,
     }
 }
@@ -64,7 +63,7 @@ pub(crate) struct Part<'a> {
 }
 
 impl<'a> Part<'a> {
-    fn plain(m: &'a WeightMatrix) -> Self {
+    pub(crate) fn plain(m: &'a WeightMatrix) -> Self {
         Part { m, unpermute: None }
     }
 }
@@ -76,9 +75,9 @@ pub(crate) fn rows_per_chunk(
     in_dim: usize,
     dtype: WeightDtype,
 ) -> Result<usize, String> {
-    let row_bytes = (in_dim * dtype.bytes()) as u64;
+    let row_bytes = dtype.row_bytes(in_dim) as u64;
     let mut rows = (max_binding / row_bytes.max(1)) as usize;
-    if dtype.bytes() == 2 && in_dim % 2 == 1 && rows % 2 == 1 {
+    if dtype.block().0 == 2 && in_dim % 2 == 1 && rows % 2 == 1 {
         rows -= 1;
     }
     if rows == 0 {
@@ -90,67 +89,88 @@ pub(crate) fn rows_per_chunk(
 }
 
 /// Uploads the matrix made of `parts` stacked by rows (each `[rows, in_dim]`),
-/// in the device type of their dtype when they all share one (else f32), in
-/// chunks of at most `max_binding` bytes.
+/// each part in the device type of its file dtype, in chunks of at most
+/// `max_binding` bytes (and `max_rows` rows, when given). Consecutive parts
+/// of one dtype share chunks.
 pub(crate) fn upload_matrix(
     gpu: &Gpu,
     label: &str,
     parts: &[Part<'_>],
     in_dim: usize,
     bias: Option<Vec<f32>>,
+    max_rows: Option<usize>,
 ) -> Result<Matrix, String> {
-    let out_dim: usize = parts.iter().map(|p| p.m.rows()).sum();
-    let first = parts.first().map(|p| p.m.dtype());
-    let dtype = match first {
-        Some(d) if parts.iter().all(|p| p.m.dtype() == d) => device_dtype_of(gpu, d),
-        _ => WeightDtype::F32,
-    };
     if let Some(p) = parts.iter().find(|p| p.m.cols() != in_dim) {
         return Err(format!(
             "{label}: a part has {} columns, not {in_dim}",
             p.m.cols()
         ));
     }
-    let per = rows_per_chunk(gpu.max_binding, in_dim, dtype)?;
-    // Row `r` of the stack: which part, and which of its rows.
-    let locate = |r: usize| -> (Part<'_>, usize) {
-        let mut r = r;
-        for p in parts {
-            if r < p.m.rows() {
-                let src = p
-                    .unpermute
-                    .map_or(r, |hd| interleaved_source_row_inverse(r, hd));
-                return (*p, src);
-            }
-            r -= p.m.rows();
-        }
-        unreachable!("row below the stack's height")
-    };
+    let dtype_of = |p: &Part<'_>| WeightDtype::of_file(p.m.dtype(), gpu.f16_native);
     let mut chunks = Vec::new();
     let mut bytes = Vec::new();
-    let mut row = vec![0.0f32; in_dim];
-    let mut r0 = 0;
-    while r0 < out_dim {
-        let r1 = (r0 + per).min(out_dim);
-        bytes.clear();
-        for r in r0..r1 {
-            let (p, src) = locate(r);
-            p.m.dequantize_row(src, &mut row);
-            dtype.encode(&row, &mut bytes);
+    let mut vals = vec![0.0f32; in_dim];
+    // Runs of consecutive parts with one device dtype.
+    let mut first = 0;
+    let mut run_row0 = 0;
+    while first < parts.len() {
+        let dtype = dtype_of(&parts[first]);
+        let mut end = first + 1;
+        while end < parts.len() && dtype_of(&parts[end]) == dtype {
+            end += 1;
         }
-        chunks.push(Chunk {
-            buf: gpu.buffer_init(&format!("{label}[{r0}..{r1}]"), &bytes),
-            row0: r0 as u32,
-            rows: (r1 - r0) as u32,
-        });
-        r0 = r1;
+        let run = &parts[first..end];
+        let run_rows: usize = run.iter().map(|p| p.m.rows()).sum();
+        let mut per = rows_per_chunk(gpu.max_binding, in_dim, dtype)?;
+        if let Some(cap) = max_rows {
+            per = per.min(cap.max(1));
+            if dtype.block().0 == 2 && in_dim % 2 == 1 && per % 2 == 1 && per > 1 {
+                per -= 1;
+            }
+        }
+        // Row `r` of the run: which part, and which of its rows.
+        let locate = |r: usize| -> (Part<'_>, usize) {
+            let mut r = r;
+            for p in run {
+                if r < p.m.rows() {
+                    let src = p
+                        .unpermute
+                        .map_or(r, |hd| interleaved_source_row_inverse(r, hd));
+                    return (*p, src);
+                }
+                r -= p.m.rows();
+            }
+            unreachable!("row below the run's height")
+        };
+        let mut r0 = 0;
+        while r0 < run_rows {
+            let r1 = (r0 + per).min(run_rows);
+            bytes.clear();
+            for r in r0..r1 {
+                let (p, src) = locate(r);
+                if dtype.is_quantized() {
+                    dtype.pad_blocks(p.m.row(src), &mut bytes);
+                } else {
+                    p.m.dequantize_row(src, &mut vals);
+                    dtype.encode(&vals, &mut bytes);
+                }
+            }
+            let (a, b) = (run_row0 + r0, run_row0 + r1);
+            chunks.push(Chunk {
+                buf: gpu.buffer_init(&format!("{label}[{a}..{b}]"), &bytes),
+                row0: a as u32,
+                rows: (r1 - r0) as u32,
+                dtype,
+            });
+            r0 = r1;
+        }
+        run_row0 += run_rows;
+        first = end;
     }
     let bias = bias.map(|b| gpu.buffer_init(&format!("{label}.bias"), bytemuck::cast_slice(&b)));
     Ok(Matrix {
         chunks,
-        dtype,
         in_dim,
-        out_dim,
         bias,
     })
 }
@@ -166,7 +186,14 @@ fn interleaved_source_row_inverse(r: usize, head_dim: usize) -> usize {
 }
 
 fn upload_linear(gpu: &Gpu, label: &str, l: &Linear) -> Result<Matrix, String> {
-    upload_matrix(gpu, label, &[Part::plain(&l.w)], l.in_dim(), l.b.clone())
+    upload_matrix(
+        gpu,
+        label,
+        &[Part::plain(&l.w)],
+        l.in_dim(),
+        l.b.clone(),
+        None,
+    )
 }
 
 /// One decoder layer on the device, with its share of the KV pool.
@@ -223,7 +250,14 @@ impl ModelGpu {
                 gpu.max_binding >> 20
             ));
         }
-        let embed = upload_matrix(gpu, "embed", &[Part::plain(&w.embed)], c.hidden_size, None)?;
+        let embed = upload_matrix(
+            gpu,
+            "embed",
+            &[Part::plain(&w.embed)],
+            c.hidden_size,
+            None,
+            None,
+        )?;
         let head = match &w.lm_head {
             Some(l) => Some(upload_linear(gpu, "lm_head", l)?),
             None => None,
@@ -267,12 +301,14 @@ impl ModelGpu {
                 ],
                 c.hidden_size,
                 bias,
+                None,
             )?;
             let gate_up = upload_matrix(
                 gpu,
                 &format!("layer{i}.gate_up"),
                 &[Part::plain(&l.gate.w), Part::plain(&l.up.w)],
                 c.hidden_size,
+                None,
                 None,
             )?;
             let kv = |name: &str| {
@@ -315,18 +351,17 @@ impl ModelGpu {
 
     /// Every storage dtype the model's matrices use.
     pub(crate) fn dtypes(&self) -> Vec<WeightDtype> {
-        let mut v = vec![self.embed.dtype];
-        let mut add = |d: WeightDtype| {
-            if !v.contains(&d) {
-                v.push(d);
-            }
-        };
-        if let Some(h) = &self.head {
-            add(h.dtype);
-        }
+        let mut v = Vec::new();
+        let mut mats = vec![&self.embed];
+        mats.extend(&self.head);
         for l in &self.layers {
-            for m in [&l.qkv, &l.o, &l.gate_up, &l.down] {
-                add(m.dtype);
+            mats.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
+        }
+        for m in mats {
+            for c in &m.chunks {
+                if !v.contains(&c.dtype) {
+                    v.push(c.dtype);
+                }
             }
         }
         v
@@ -335,12 +370,11 @@ impl ModelGpu {
     /// Bytes of weights a forward pass reads once (every matrix; the
     /// embedding counts only when it is also the head).
     pub(crate) fn weight_bytes(&self) -> u64 {
-        let m = |m: &Matrix| (m.in_dim * m.out_dim * m.dtype.bytes()) as u64;
         let layers: u64 = self
             .layers
             .iter()
-            .map(|l| m(&l.qkv) + m(&l.o) + m(&l.gate_up) + m(&l.down))
+            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
             .sum();
-        layers + m(self.lm_head())
+        layers + self.lm_head().bytes()
     }
 }

@@ -9,3 +9,15 @@ fn w_at(i: u32) -> f32 {
     let bits = select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u);
     return bitcast<f32>(bits);
 }
+
+fn bf16x2(word: u32) -> vec2<f32> {
+    return bitcast<vec2<f32>>(vec2<u32>(word << 16u, word & 0xffff0000u));
+}
+
+fn w_load8(i: u32) -> W8 {
+    let o = i >> 1u;
+    return W8(
+        vec4<f32>(bf16x2(w[o]), bf16x2(w[o + 1u])),
+        vec4<f32>(bf16x2(w[o + 2u]), bf16x2(w[o + 3u])),
+    );
+}

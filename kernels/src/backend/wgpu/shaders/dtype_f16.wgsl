@@ -7,3 +7,11 @@
 fn w_at(i: u32) -> f32 {
     return unpack2x16float(w[i >> 1u])[i & 1u];
 }
+
+fn w_load8(i: u32) -> W8 {
+    let o = i >> 1u;
+    return W8(
+        vec4<f32>(unpack2x16float(w[o]), unpack2x16float(w[o + 1u])),
+        vec4<f32>(unpack2x16float(w[o + 2u]), unpack2x16float(w[o + 3u])),
+    );
+}

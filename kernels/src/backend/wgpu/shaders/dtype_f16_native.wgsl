@@ -8,3 +8,10 @@ enable f16;
 fn w_at(i: u32) -> f32 {
     return f32(w[i]);
 }
+
+fn w_load8(i: u32) -> W8 {
+    return W8(
+        vec4<f32>(vec4<f16>(w[i], w[i + 1u], w[i + 2u], w[i + 3u])),
+        vec4<f32>(vec4<f16>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u])),
+    );
+}

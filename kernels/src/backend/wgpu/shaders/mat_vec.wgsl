@@ -4,7 +4,13 @@
 // and picks the smallest variant that holds the step's columns: the
 // accumulators then have a constant size and stay in registers (columns past
 // ncols repeat the last one and are not written). W is one row chunk [rows, k] of a (possibly
-// split) weight; the weight prelude (dtype_*.wgsl) supplies `w` and `w_at`.
+// split) weight; the weight prelude (dtype_*.wgsl) supplies `w`, `w_at` and
+// `w_load8`.
+//
+// When k is a multiple of 8 (every real model; quantized blocks always are)
+// each invocation reads 8 consecutive weights per step with `w_load8`: two
+// to four words of packed floats or one block's bytes and its scale, instead
+// of one value per load; other k take one value at a time.
 //
 // A workgroup of 256 invocations computes 256 / tpr rows, tpr invocations
 // per row striding over k (adjacent invocations read adjacent weights); the
@@ -38,6 +44,13 @@ struct Params {
 
 const WG: u32 = 256u;
 
+// The 8 weights `wv` times x[xi .. xi + 8].
+fn dot8(wv: W8, xi: u32) -> f32 {
+    let a = vec4<f32>(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]);
+    let b = vec4<f32>(x[xi + 4u], x[xi + 5u], x[xi + 6u], x[xi + 7u]);
+    return dot(wv.lo, a) + dot(wv.hi, b);
+}
+
 var<workgroup> red: array<f32, RED_LEN>; // WG * COLS
 
 @compute @workgroup_size(256)
@@ -55,10 +68,19 @@ fn main(
         let last = p.ncols - 1u;
         var acc: array<f32, COLS>;
         let base = row * p.k;
-        for (var kk = 0u; kk < p.k; kk++) {
-            let wv = w_at(base + kk);
-            for (var c = 0u; c < COLS; c++) {
-                acc[c] += wv * x[p.x_off + min(c, last) * p.ldx + kk];
+        if (p.k % 8u == 0u) {
+            for (var kk = 0u; kk < p.k; kk += 8u) {
+                let wv = w_load8(base + kk);
+                for (var c = 0u; c < COLS; c++) {
+                    acc[c] += dot8(wv, p.x_off + min(c, last) * p.ldx + kk);
+                }
+            }
+        } else {
+            for (var kk = 0u; kk < p.k; kk++) {
+                let wv = w_at(base + kk);
+                for (var c = 0u; c < COLS; c++) {
+                    acc[c] += wv * x[p.x_off + min(c, last) * p.ldx + kk];
+                }
             }
         }
         for (var c = 0u; c < COLS; c++) {
@@ -81,10 +103,19 @@ fn main(
     let last = p.ncols - 1u;
     if (row < p.rows) {
         let base = row * p.k;
-        for (var kk = t; kk < p.k; kk += tpr) {
-            let wv = w_at(base + kk);
-            for (var c = 0u; c < COLS; c++) {
-                acc[c] += wv * x[p.x_off + min(c, last) * p.ldx + kk];
+        if (p.k % 8u == 0u) {
+            for (var kk = 8u * t; kk < p.k; kk += 8u * tpr) {
+                let wv = w_load8(base + kk);
+                for (var c = 0u; c < COLS; c++) {
+                    acc[c] += dot8(wv, p.x_off + min(c, last) * p.ldx + kk);
+                }
+            }
+        } else {
+            for (var kk = t; kk < p.k; kk += tpr) {
+                let wv = w_at(base + kk);
+                for (var c = 0u; c < COLS; c++) {
+                    acc[c] += wv * x[p.x_off + min(c, last) * p.ldx + kk];
+                }
             }
         }
     }

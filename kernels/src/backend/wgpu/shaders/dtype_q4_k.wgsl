@@ -1,0 +1,44 @@
+// Weight prelude: Q4_K, super-blocks of 256 values as 36 words (the file's
+// 144 bytes): f16 d and dmin, 12 bytes of 6-bit sub-block scales and
+// minimums (8 sub-blocks of 32), then 128 bytes of nibbles. Group g (0..4)
+// of 64 values uses bytes 32g..32g+32: low nibbles for its first 32 values
+// (sub-block 2g), high nibbles for the next 32 (sub-block 2g + 1). Value
+// = (d * scale) * q - dmin * min.
+
+const BLOCK_WORDS: u32 = 36u;
+
+// Scale and minimum of sub-block j (0..8) of the super-block at word `base`.
+fn q4k_scale_min(base: u32, j: u32) -> vec2<f32> {
+    let s = 4u * base + 4u;
+    if (j < 4u) {
+        return vec2<f32>(f32(w_byte(s + j) & 63u), f32(w_byte(s + j + 4u) & 63u));
+    }
+    let hi = w_byte(s + j + 4u);
+    let sc = (hi & 15u) | ((w_byte(s + j - 4u) >> 6u) << 4u);
+    let mn = (hi >> 4u) | ((w_byte(s + j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(mn));
+}
+
+fn w_at(i: u32) -> f32 {
+    let base = (i >> 8u) * BLOCK_WORDS;
+    let t = i & 255u;
+    let g = t >> 6u;
+    let h = (t >> 5u) & 1u;
+    let dd = unpack2x16float(w[base]);
+    let sm = q4k_scale_min(base, 2u * g + h);
+    let q = (w_byte(4u * base + 16u + 32u * g + (t & 31u)) >> (4u * h)) & 15u;
+    return (dd.x * sm.x) * f32(q) - dd.y * sm.y;
+}
+
+fn w_load8(i: u32) -> W8 {
+    let base = (i >> 8u) * BLOCK_WORDS;
+    let t = i & 255u;
+    let g = t >> 6u;
+    let h = (t >> 5u) & 1u;
+    let dd = unpack2x16float(w[base]);
+    let sm = q4k_scale_min(base, 2u * g + h);
+    let scale = dd.x * sm.x;
+    let minv = dd.y * sm.y;
+    let o = base + 4u + 8u * g + ((t & 31u) >> 2u);
+    return W8(scale * nib4(w[o], 4u * h) - minv, scale * nib4(w[o + 1u], 4u * h) - minv);
+}
