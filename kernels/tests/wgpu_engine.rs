@@ -631,3 +631,69 @@ fn wgpu_loading_reports_each_layer_uploaded() {
     );
     assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
 }
+
+#[test]
+fn wgpu_profiles_name_every_dispatch_without_changing_results() {
+    use tokenwire_kernels::backend::wgpu::ProfileClock;
+    let model = Arc::new(random_model(&LLAMA, 11));
+    let opts = WgpuOptions::default();
+    let Some(mut plain) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts)) else {
+        return;
+    };
+    let mut timed = WgpuBackend::new(model, 16, 8, &opts).expect("a second backend");
+    assert!(timed.take_profile().is_none(), "never switched on");
+    let prompt: Vec<TokenId> = (0..12).map(|i| (i * 7 % 301) as TokenId).collect();
+    let table = [3u32, 5];
+    for clock in [ProfileClock::Device, ProfileClock::Host] {
+        timed.set_profiling(Some(clock));
+        for (tokens, pos) in [(&prompt[..], 0u32), (&[5][..], 12)] {
+            let batch = [SeqBatch {
+                tokens,
+                start_pos: pos,
+                block_table: &table,
+                want_logits: true,
+                sample: None,
+                keep_row: false,
+            }];
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            plain.forward(&batch, &mut a).expect("plain step");
+            timed.forward(&batch, &mut b).expect("profiled step");
+            assert_eq!(a, b, "{clock:?}: profiling changed the logits");
+        }
+        let p = timed.take_profile().expect("a profile");
+        assert_eq!(p.steps, 2, "{clock:?}");
+        if clock == ProfileClock::Host {
+            assert_eq!(p.clock, ProfileClock::Host);
+        }
+        let calls = |name: &str| p.kernels.iter().find(|k| k.name == name).map(|k| k.calls);
+        // The decode step's one-column products, once per layer; the
+        // prefill's go in groups of 8 or through the tiled matmul.
+        for product in ["qkv", "o", "gate_up", "down"] {
+            assert_eq!(
+                calls(&format!("{product} mat_vec x1 F32")),
+                Some(2),
+                "{p:?}"
+            );
+        }
+        assert_eq!(calls("lm_head mat_vec x1 F32"), Some(2), "{p:?}");
+        assert_eq!(calls("rms_norm"), Some(8), "{p:?}");
+        assert_eq!(calls("final rms_norm"), Some(2), "{p:?}");
+        assert_eq!(calls("embed F32"), Some(2), "{p:?}");
+        assert_eq!(calls("attn_prefill"), Some(2), "{p:?}");
+        assert_eq!(calls("attn_decode"), Some(2), "{p:?}");
+        assert_eq!(calls("sample"), None, "nothing was sampled: {p:?}");
+        assert!(p.total_nanos() > 0, "{p:?}");
+    }
+    // Off: steps are no longer profiled.
+    timed.set_profiling(None);
+    let batch = [SeqBatch {
+        tokens: &[6],
+        start_pos: 13,
+        block_table: &table,
+        want_logits: true,
+        sample: None,
+        keep_row: false,
+    }];
+    timed.forward(&batch, &mut Vec::new()).expect("step");
+    assert_eq!(timed.take_profile().map(|p| p.steps), Some(0));
+}

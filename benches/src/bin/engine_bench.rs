@@ -17,12 +17,20 @@
 //! are inside the timed steps. Prints the configuration, then one line per
 //! backend and batch: prefill tokens/s, decode tokens/s, decode step time,
 //! and the weight bytes a decode step reads divided by its time.
+//!
+//! `--profile` then runs each wgpu case again with every dispatch timed
+//! (device timestamp queries where the adapter has them, else the host's
+//! clock around one submission per dispatch) and prints, for the prefill
+//! step and for the decode steps, the time per step of each kernel. The
+//! profiled run is slower than the timed one (one compute pass, or one
+//! submission, per dispatch); its tables say where the time goes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
+use tokenwire_kernels::backend::wgpu::{Profile, ProfileClock};
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::tensor::encode_floats;
 use tokenwire_kernels::{
@@ -35,6 +43,7 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]
              [--sample greedy|T,P[,K]] (temperature T, top-p P, top-k K)
              [--gguf FILE] (a real model instead of --shape/--dtype; its weights as stored)
+             [--profile] (then time every wgpu kernel of the prefill and decode steps)
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -52,6 +61,7 @@ struct Args {
     seed: u64,
     sampling: SamplingParams,
     gguf: Option<std::path::PathBuf>,
+    profile: bool,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -112,11 +122,16 @@ fn parse_args() -> Result<Args, String> {
         seed: 1,
         sampling: SamplingParams::greedy(),
         gguf: None,
+        profile: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             return Err(USAGE.into());
+        }
+        if flag == "--profile" {
+            a.profile = true;
+            continue;
         }
         let val = it
             .next()
@@ -279,15 +294,52 @@ fn random_model(c: &ModelConfig, dtype: &str, seed: u64) -> Result<Model, String
     Model::new(c.clone(), weights)
 }
 
-/// Times of one backend at one batch size.
+/// Times of one backend at one batch size, and with profiling, the kernel
+/// profiles of the prefill step and of the decode steps.
 struct Run {
     prefill: Duration,
     decode: Duration,
+    profiles: Option<(Profile, Profile)>,
+}
+
+/// A backend under test.
+enum Bench {
+    Cpu(Box<CpuBackend>),
+    Wgpu(Box<WgpuBackend>),
+}
+
+impl Bench {
+    fn backend(&mut self) -> &mut dyn Backend {
+        match self {
+            Bench::Cpu(c) => c.as_mut(),
+            Bench::Wgpu(w) => w.as_mut(),
+        }
+    }
+
+    /// Switches kernel profiling on or off (wgpu only), returning what was
+    /// gathered when switched off.
+    fn profiling(&mut self, on: bool) -> Option<Profile> {
+        let Bench::Wgpu(w) = self else { return None };
+        w.set_profiling(on.then_some(ProfileClock::Device));
+        if on {
+            w.take_profile();
+            None
+        } else {
+            w.take_profile()
+        }
+    }
 }
 
 /// One backend at one batch size, with `a`'s prompt, steps, block size,
-/// seed and sampling.
-fn run(be: &mut dyn Backend, batch: usize, a: &Args, vocab: usize) -> Result<Run, String> {
+/// seed and sampling; with `profile`, the prefill and decode steps are
+/// profiled (and their times are not speed).
+fn run(
+    bench: &mut Bench,
+    batch: usize,
+    a: &Args,
+    vocab: usize,
+    profile: bool,
+) -> Result<Run, String> {
     let (prompt, steps, bs, seed, sampling) = (a.prompt, a.steps, a.block_size, a.seed, a.sampling);
     let per = (prompt + steps + 1).max(10).div_ceil(bs);
     let mut rng = Rng::new(seed);
@@ -358,23 +410,33 @@ fn run(be: &mut dyn Backend, batch: usize, a: &Args, vocab: usize) -> Result<Run
     // costs (shader compilation in the driver) are not counted as speed.
     let warm: Vec<Vec<u32>> = vec![prompts[0].iter().copied().cycle().take(9).collect()];
     let mut warm_hist = vec![Vec::new()];
-    step(be, &warm, 0, &mut warm_hist)?;
-    step(be, &[vec![warm[0][0]]], 9, &mut warm_hist)?;
+    step(bench.backend(), &warm, 0, &mut warm_hist)?;
+    step(bench.backend(), &[vec![warm[0][0]]], 9, &mut warm_hist)?;
     let mut hist: Vec<Vec<u32>> = vec![Vec::new(); batch];
+    if profile {
+        bench.profiling(true);
+    }
     let t = Instant::now();
-    let first = step(be, &prompts, 0, &mut hist)?;
+    let first = step(bench.backend(), &prompts, 0, &mut hist)?;
     let prefill = t.elapsed();
+    let prefill_profile = bench.profiling(false);
     let feed =
         |tokens: Vec<u32>| -> Vec<Vec<u32>> { tokens.into_iter().map(|t| vec![t]).collect() };
     // One untimed decode step: first-use costs (shader JIT) are not decode speed.
-    let mut next = step(be, &feed(first), prompt, &mut hist)?;
+    let mut next = step(bench.backend(), &feed(first), prompt, &mut hist)?;
+    if profile {
+        bench.profiling(true);
+    }
     let t = Instant::now();
     for s in 0..steps {
-        next = step(be, &feed(next), prompt + 1 + s, &mut hist)?;
+        next = step(bench.backend(), &feed(next), prompt + 1 + s, &mut hist)?;
     }
+    let decode = t.elapsed();
+    let decode_profile = bench.profiling(false);
     Ok(Run {
         prefill,
-        decode: t.elapsed(),
+        decode,
+        profiles: prefill_profile.zip(decode_profile),
     })
 }
 
@@ -448,9 +510,9 @@ fn bench(a: &Args) -> Result<(), String> {
     for &b in &a.batches {
         let nb = (b * per_seq).max(1);
         for name in &a.backends {
-            let (mut be, weight_bytes): (Box<dyn Backend>, u64) = match name.as_str() {
+            let (mut be, weight_bytes) = match name.as_str() {
                 "cpu" => (
-                    Box::new(CpuBackend::new(model.clone(), a.block_size, nb)?),
+                    Bench::Cpu(Box::new(CpuBackend::new(model.clone(), a.block_size, nb)?)),
                     cpu_weight_bytes(&model),
                 ),
                 "wgpu" => {
@@ -468,11 +530,11 @@ fn bench(a: &Args) -> Result<(), String> {
                         );
                     }
                     let bytes = w.weight_bytes();
-                    (Box::new(w), bytes)
+                    (Bench::Wgpu(Box::new(w)), bytes)
                 }
                 other => return Err(format!("unknown backend `{other}` (cpu, wgpu)")),
             };
-            let r = run(be.as_mut(), b, a, c.vocab_size)?;
+            let r = run(&mut be, b, a, c.vocab_size, false)?;
             let step = r.decode / a.steps as u32;
             println!(
                 "{:<6} {:>5} {:>14.1} {:>14.2} {:>12.1?} {:>16.2}",
@@ -483,9 +545,52 @@ fn bench(a: &Args) -> Result<(), String> {
                 step,
                 weight_bytes as f64 / step.as_secs_f64() / 1e9
             );
+            if a.profile && matches!(be, Bench::Wgpu(_)) {
+                let p = run(&mut be, b, a, c.vocab_size, true)?;
+                if let Some((prefill, decode)) = p.profiles {
+                    print_profile(
+                        &format!("{name} batch {b}, prefill of {} tokens", b * a.prompt),
+                        &prefill,
+                    );
+                    print_profile(&format!("{name} batch {b}, decode"), &decode);
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// One profile as a table: per kernel, dispatches and time per step, and
+/// its share of the kernels' total.
+fn print_profile(what: &str, p: &Profile) {
+    let steps = p.steps.max(1) as f64;
+    let total = p.total_nanos().max(1) as f64;
+    let clock = match p.clock {
+        ProfileClock::Device => "device timestamps",
+        ProfileClock::Host => "host clock, one submission per dispatch (no timestamp queries)",
+    };
+    println!("profile: {what}, {} steps, {clock}", p.steps);
+    println!(
+        "  {:<34} {:>10} {:>12} {:>7}",
+        "kernel", "calls/step", "us/step", "share"
+    );
+    let mut rows = p.kernels.clone();
+    rows.sort_by_key(|k| std::cmp::Reverse(k.nanos));
+    for k in &rows {
+        println!(
+            "  {:<34} {:>10.1} {:>12.1} {:>6.1}%",
+            k.name,
+            k.calls as f64 / steps,
+            k.nanos as f64 / steps / 1e3,
+            100.0 * k.nanos as f64 / total
+        );
+    }
+    println!(
+        "  {:<34} {:>10.1} {:>12.1}",
+        "total",
+        rows.iter().map(|k| k.calls).sum::<u64>() as f64 / steps,
+        total / steps / 1e3
+    );
 }
 
 /// Bytes of every matrix one decode step reads on the CPU, in their own

@@ -7,7 +7,7 @@
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
 //!   for Q8_0/Q4_0/Q4_1 weights) or 256 ([`Q8KBlock`], for Q4_K/Q6_K), so the
 //!   inner loop multiplies small integers.
-//! * [`reference`]: scalar dot products, for every format, on those blocks.
+//! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
 //! * `x86` (x86_64 only): the same dot products in AVX2 (and AVX-512 VNNI
 //!   where the CPU has it); `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
 //!   These are the only `unsafe` of the CPU engine's arithmetic.

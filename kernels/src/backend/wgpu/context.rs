@@ -46,6 +46,8 @@ pub(crate) struct Gpu {
     pub(crate) uniform_align: u64,
     /// `shader-f16` enabled: f16 weights are read as `array<f16>`.
     pub(crate) f16_native: bool,
+    /// Timestamp queries enabled (for profiling; asked for where offered).
+    pub(crate) timestamps: bool,
     errors: Arc<Mutex<Vec<GpuError>>>,
 }
 
@@ -56,6 +58,7 @@ impl std::fmt::Debug for Gpu {
             .field("backend", &self.info.backend)
             .field("max_binding", &self.max_binding)
             .field("f16_native", &self.f16_native)
+            .field("timestamps", &self.timestamps)
             .finish_non_exhaustive()
     }
 }
@@ -133,9 +136,15 @@ impl Gpu {
         let limits = adapter.limits();
         let f16_native =
             opts.shader_f16 && adapter.features().contains(::wgpu::Features::SHADER_F16);
+        let timestamps = adapter
+            .features()
+            .contains(::wgpu::Features::TIMESTAMP_QUERY);
         let mut features = ::wgpu::Features::empty();
         if f16_native {
             features |= ::wgpu::Features::SHADER_F16;
+        }
+        if timestamps {
+            features |= ::wgpu::Features::TIMESTAMP_QUERY;
         }
         let desc = ::wgpu::DeviceDescriptor {
             label: Some("tokenwire"),
@@ -177,6 +186,7 @@ impl Gpu {
             max_binding,
             uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment).max(16),
             f16_native,
+            timestamps,
             errors,
         })
     }
@@ -228,6 +238,14 @@ impl Gpu {
                 contents: &padded,
                 usage,
             })
+    }
+
+    /// Waits until everything submitted has run.
+    pub(crate) fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(::wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Lost(e.to_string()))?;
+        Ok(())
     }
 
     /// Waits for the queue, then copies `bytes` bytes of a `MAP_READ` buffer out.

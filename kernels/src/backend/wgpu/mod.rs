@@ -29,6 +29,10 @@
 //!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
 //! * No kernel uses subgroup operations: reductions go through workgroup
 //!   memory, so any subgroup size (lavapipe's 8, 32, 64) or none works.
+//! * [`WgpuBackend::set_profiling`] times every dispatch of the following
+//!   steps (timestamp queries, or the host's clock where the adapter has
+//!   none) and [`WgpuBackend::take_profile`] sums them per kernel: what
+//!   `engine-bench --profile` prints.
 //! * Pipelines and bind groups are built once; bind groups that name
 //!   per-step buffers are rebuilt only when one of those buffers grows.
 //!
@@ -66,6 +70,7 @@ mod context;
 pub mod lab;
 mod pipelines;
 mod plan;
+mod profile;
 mod sample;
 mod tensors;
 
@@ -86,6 +91,8 @@ use pipelines::{
     MAT_VEC_COLS,
 };
 use plan::{HostPlan, Pass, PlanLimits};
+use profile::Profiler;
+pub use profile::{KernelTime, Profile, ProfileClock};
 use tensors::{Matrix, ModelGpu};
 
 /// How to set up the wgpu backend. Only `adapter` matters in production; the
@@ -296,6 +303,35 @@ struct Op {
     groups: [u32; 2],
 }
 
+impl Op {
+    /// The kernel and what it computes, as profiles name it.
+    fn name(&self) -> String {
+        let role = match self.bind {
+            Bind::Qkv(..) => "qkv ",
+            Bind::O(..) => "o ",
+            Bind::GateUp(..) => "gate_up ",
+            Bind::Down(..) => "down ",
+            Bind::Head(_) => "lm_head ",
+            Bind::NormFinal => "final ",
+            _ => "",
+        };
+        let kernel = match self.pipe {
+            Pipe::Weight(WeightKernel::Embed, d) => format!("embed {d:?}"),
+            Pipe::Weight(WeightKernel::MatVec(c), d) => format!("mat_vec x{c} {d:?}"),
+            Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
+            Pipe::Norm => "rms_norm".into(),
+            Pipe::Rope => "rope".into(),
+            Pipe::KvWrite => "kv_write".into(),
+            Pipe::Decode => "attn_decode".into(),
+            Pipe::Prefill => "attn_prefill".into(),
+            Pipe::Merge => "attn_merge".into(),
+            Pipe::Silu => "silu_mul".into(),
+            Pipe::Sample => "sample".into(),
+        };
+        format!("{role}{kernel}")
+    }
+}
+
 /// One compute pass, then copies of logits rows into the staging buffer
 /// (source offset, destination offset, bytes), then (in a second compute
 /// pass, so the copies see the rows before the repetition penalty changes
@@ -354,6 +390,8 @@ pub struct WgpuBackend {
     staged: Vec<u8>,
     /// Scratch of the history deduplication (all false between steps).
     seen: Vec<bool>,
+    /// Per-kernel timing, while switched on.
+    profiler: Option<Profiler>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -485,6 +523,7 @@ impl WgpuBackend {
             dummy,
             staged: Vec::new(),
             seen: Vec::new(),
+            profiler: None,
         };
         be.binds = Some(be.build_binds());
         if let Some(e) = be.gpu.take_error() {
@@ -539,6 +578,39 @@ impl WgpuBackend {
     /// The model this backend runs.
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// Times every dispatch of the following steps (`Some`) or stops
+    /// (`None`), keeping what was gathered. `Some(ProfileClock::Device)`
+    /// uses timestamp queries where the adapter has them and the host's
+    /// clock elsewhere; `Some(ProfileClock::Host)` always the host's (the
+    /// clock in use shows in [`Profile::clock`]; switching clocks starts
+    /// afresh). Profiled steps run one compute pass per dispatch, and on the
+    /// host's clock one submission per dispatch, so they are slower than
+    /// unprofiled ones: the times say where a step's time goes, not how long
+    /// it takes. Results are the same either way.
+    pub fn set_profiling(&mut self, clock: Option<ProfileClock>) {
+        let Some(want) = clock else {
+            if let Some(p) = &mut self.profiler {
+                p.paused = true;
+            }
+            return;
+        };
+        let fresh = Profiler::new(&self.gpu, want);
+        match &mut self.profiler {
+            Some(p) if p.clock() == fresh.clock() => p.paused = false,
+            _ => self.profiler = Some(fresh),
+        }
+    }
+
+    /// What the profiled steps took per kernel, and starts afresh; `None`
+    /// when profiling was never switched on.
+    pub fn take_profile(&mut self) -> Option<Profile> {
+        let p = self.profiler.take()?;
+        if !p.paused {
+            self.profiler = Some(Profiler::new(&self.gpu, p.clock()));
+        }
+        Some(p.profile)
     }
 
     fn storage_bg(
@@ -1090,24 +1162,76 @@ impl WgpuBackend {
             .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
                 label: Some("step"),
             });
-        let record = |enc: &mut ::wgpu::CommandEncoder, label, ops: &[Op]| {
-            let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
-                label: Some(label),
-                timestamp_writes: None,
-            });
-            for op in ops {
-                let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
-                    EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
-                })?;
-                pass.set_pipeline(self.pipeline(op.pipe)?);
-                pass.set_bind_group(0, bg, &[]);
-                pass.set_bind_group(1, &binds.params, &[op.param]);
-                pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
+        let clock = self
+            .profiler
+            .as_ref()
+            .filter(|p| !p.paused)
+            .map(Profiler::clock);
+        if let (Some(ProfileClock::Device), Some(p)) = (clock, self.profiler.as_mut()) {
+            let ops = segments
+                .iter()
+                .map(|s| s.ops.len() + usize::from(s.sample.is_some()))
+                .sum();
+            p.ensure(g, ops);
+        }
+        let profiler = self.profiler.as_ref().filter(|p| !p.paused);
+        // Dispatch names in order (device clock), or names and host times.
+        let mut names: Vec<String> = Vec::new();
+        let mut host_times: Vec<(String, u64)> = Vec::new();
+        let record = |enc: &mut ::wgpu::CommandEncoder,
+                      label,
+                      ops: &[Op],
+                      names: &mut Vec<String>,
+                      host_times: &mut Vec<(String, u64)>| {
+            let one =
+                |enc: &mut ::wgpu::CommandEncoder,
+                 ops: &[Op],
+                 timestamp_writes: Option<::wgpu::ComputePassTimestampWrites<'_>>| {
+                    let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
+                        label: Some(label),
+                        timestamp_writes,
+                    });
+                    for op in ops {
+                        let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
+                            EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
+                        })?;
+                        pass.set_pipeline(self.pipeline(op.pipe)?);
+                        pass.set_bind_group(0, bg, &[]);
+                        pass.set_bind_group(1, &binds.params, &[op.param]);
+                        pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
+                    }
+                    Ok::<(), EngineFaultKind>(())
+                };
+            match (clock, profiler) {
+                (Some(ProfileClock::Device), Some(p)) => {
+                    for op in ops {
+                        one(enc, std::slice::from_ref(op), p.writes(names.len()))?;
+                        names.push(op.name());
+                    }
+                }
+                (Some(ProfileClock::Host), _) => {
+                    // Everything recorded so far runs first, untimed.
+                    let before = std::mem::replace(
+                        enc,
+                        g.device.create_command_encoder(&Default::default()),
+                    );
+                    g.queue.submit([before.finish()]);
+                    g.wait().map_err(GpuError::into_fault)?;
+                    for op in ops {
+                        let mut e = g.device.create_command_encoder(&Default::default());
+                        one(&mut e, std::slice::from_ref(op), None)?;
+                        let t = std::time::Instant::now();
+                        g.queue.submit([e.finish()]);
+                        g.wait().map_err(GpuError::into_fault)?;
+                        host_times.push((op.name(), t.elapsed().as_nanos() as u64));
+                    }
+                }
+                _ => one(enc, ops, None)?,
             }
             Ok::<(), EngineFaultKind>(())
         };
         for seg in &segments {
-            record(&mut enc, "forward", &seg.ops)?;
+            record(&mut enc, "forward", &seg.ops, &mut names, &mut host_times)?;
             for &(src, dst, bytes) in &seg.copies {
                 enc.copy_buffer_to_buffer(
                     &self.bufs.logits.buf,
@@ -1118,7 +1242,13 @@ impl WgpuBackend {
                 );
             }
             if let Some(op) = &seg.sample {
-                record(&mut enc, "sample", std::slice::from_ref(op))?;
+                record(
+                    &mut enc,
+                    "sample",
+                    std::slice::from_ref(op),
+                    &mut names,
+                    &mut host_times,
+                )?;
             }
         }
         if any_device {
@@ -1130,7 +1260,18 @@ impl WgpuBackend {
                 out_bytes,
             );
         }
+        if let Some(p) = profiler {
+            p.resolve(&mut enc, names.len());
+        }
         g.queue.submit([enc.finish()]);
+        if let Some(p) = self.profiler.as_mut().filter(|p| !p.paused) {
+            match p.clock() {
+                ProfileClock::Device => {
+                    p.collect_device(g, &names).map_err(GpuError::into_fault)?
+                }
+                ProfileClock::Host => p.collect_host(&host_times),
+            }
+        }
         if plan.full.is_empty() {
             return match g.take_error() {
                 Some(e) => Err(e.into_fault()),

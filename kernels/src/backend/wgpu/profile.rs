@@ -1,0 +1,179 @@
+//! Per-kernel timing of forward steps, for `engine-bench --profile`: every
+//! dispatch of a profiled step gets its own compute pass, timed by the
+//! device's timestamp queries where the adapter has them
+//! (`Features::TIMESTAMP_QUERY`), else by the host around a submission of
+//! that one dispatch (slower, and including each submission's overhead,
+//! but available everywhere, lavapipe included). Times add up per kernel
+//! name over the profiled steps.
+
+use super::context::{Gpu, GpuError};
+
+/// Where the times of a [`Profile`] come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProfileClock {
+    /// The device's timestamp queries, around each dispatch's pass.
+    Device,
+    /// The host's clock around a submit-and-wait of each dispatch.
+    Host,
+}
+
+/// One kernel's share of the profiled steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelTime {
+    /// The kernel and its role, e.g. `gate_up mat_vec x1 Bf16`.
+    pub name: String,
+    /// Dispatches over all profiled steps.
+    pub calls: u64,
+    /// Time over all profiled steps, nanoseconds.
+    pub nanos: u64,
+}
+
+/// Kernel times over the steps run since profiling was switched on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    /// How the times were taken.
+    pub clock: ProfileClock,
+    /// Steps profiled.
+    pub steps: u64,
+    /// Per kernel, in order of first dispatch.
+    pub kernels: Vec<KernelTime>,
+}
+
+impl Profile {
+    fn add(&mut self, name: &str, nanos: u64) {
+        match self.kernels.iter_mut().find(|k| k.name == name) {
+            Some(k) => {
+                k.calls += 1;
+                k.nanos += nanos;
+            }
+            None => self.kernels.push(KernelTime {
+                name: name.to_string(),
+                calls: 1,
+                nanos,
+            }),
+        }
+    }
+
+    /// Total time of every kernel, nanoseconds.
+    pub fn total_nanos(&self) -> u64 {
+        self.kernels.iter().map(|k| k.nanos).sum()
+    }
+}
+
+/// Queries per set (two per dispatch): wgpu's cap on one query set.
+const SET_QUERIES: u32 = ::wgpu::QUERY_SET_MAX_QUERIES;
+
+/// The query sets and buffers of device timing, and the running profile.
+#[derive(Debug)]
+pub(crate) struct Profiler {
+    pub(crate) profile: Profile,
+    /// Switched off for now (the gathered times are kept).
+    pub(crate) paused: bool,
+    sets: Vec<::wgpu::QuerySet>,
+    resolve: Option<::wgpu::Buffer>,
+    readback: Option<::wgpu::Buffer>,
+    period_ns: f64,
+}
+
+impl Profiler {
+    /// A profiler on `want`'s clock, or the host's where the device has no
+    /// timestamp queries.
+    pub(crate) fn new(gpu: &Gpu, want: ProfileClock) -> Profiler {
+        let clock = match want {
+            ProfileClock::Device if gpu.timestamps => ProfileClock::Device,
+            _ => ProfileClock::Host,
+        };
+        Profiler {
+            profile: Profile {
+                clock,
+                steps: 0,
+                kernels: Vec::new(),
+            },
+            paused: false,
+            sets: Vec::new(),
+            resolve: None,
+            readback: None,
+            period_ns: gpu.queue.get_timestamp_period() as f64,
+        }
+    }
+
+    pub(crate) fn clock(&self) -> ProfileClock {
+        self.profile.clock
+    }
+
+    /// Makes room for timestamps around `ops` dispatches.
+    pub(crate) fn ensure(&mut self, gpu: &Gpu, ops: usize) {
+        let sets = (2 * ops as u32).div_ceil(SET_QUERIES).max(1) as usize;
+        if self.sets.len() >= sets {
+            return;
+        }
+        while self.sets.len() < sets {
+            self.sets
+                .push(gpu.device.create_query_set(&::wgpu::QuerySetDescriptor {
+                    label: Some("profile"),
+                    ty: ::wgpu::QueryType::Timestamp,
+                    count: SET_QUERIES,
+                }));
+        }
+        let bytes = sets as u64 * SET_QUERIES as u64 * ::wgpu::QUERY_SIZE as u64;
+        use ::wgpu::BufferUsages as U;
+        self.resolve = Some(gpu.buffer("profile.resolve", bytes, U::QUERY_RESOLVE | U::COPY_SRC));
+        self.readback = Some(gpu.buffer("profile.readback", bytes, U::MAP_READ | U::COPY_DST));
+    }
+
+    /// The timestamp writes around dispatch `i` of a step (device clock).
+    pub(crate) fn writes(&self, i: usize) -> Option<::wgpu::ComputePassTimestampWrites<'_>> {
+        let q = 2 * i as u32;
+        let set = self.sets.get((q / SET_QUERIES) as usize)?;
+        let at = q % SET_QUERIES;
+        Some(::wgpu::ComputePassTimestampWrites {
+            query_set: set,
+            beginning_of_pass_write_index: Some(at),
+            end_of_pass_write_index: Some(at + 1),
+        })
+    }
+
+    /// Records the copy of `ops` dispatches' timestamps to the readback buffer.
+    pub(crate) fn resolve(&self, enc: &mut ::wgpu::CommandEncoder, ops: usize) {
+        let (Some(resolve), Some(readback)) = (&self.resolve, &self.readback) else {
+            return;
+        };
+        let mut left = 2 * ops as u32;
+        for (s, set) in self.sets.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(SET_QUERIES);
+            let off = s as u64 * SET_QUERIES as u64 * ::wgpu::QUERY_SIZE as u64;
+            enc.resolve_query_set(set, 0..n, resolve, off);
+            left -= n;
+        }
+        let bytes = 2 * ops as u64 * ::wgpu::QUERY_SIZE as u64;
+        enc.copy_buffer_to_buffer(resolve, 0, readback, 0, bytes);
+    }
+
+    /// After the step's submission: adds the device times of dispatches
+    /// named `names` (in dispatch order).
+    pub(crate) fn collect_device(&mut self, gpu: &Gpu, names: &[String]) -> Result<(), GpuError> {
+        let Some(readback) = &self.readback else {
+            return Ok(());
+        };
+        let bytes = gpu.read_mapped(readback, 16 * names.len() as u64)?;
+        for (name, pair) in names.iter().zip(bytes.chunks_exact(16)) {
+            let t0 = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
+            let t1 = u64::from_le_bytes(pair[8..].try_into().unwrap_or_default());
+            let ns = (t1.saturating_sub(t0) as f64 * self.period_ns) as u64;
+            self.profile.add(name, ns);
+        }
+        self.profile.steps += 1;
+        Ok(())
+    }
+
+    /// Adds host-timed dispatches.
+    pub(crate) fn collect_host(&mut self, times: &[(String, u64)]) {
+        for (name, ns) in times {
+            self.profile.add(name, *ns);
+        }
+        self.profile.steps += 1;
+    }
+}
