@@ -5,13 +5,20 @@
 #   .gl/        the Vulkan loader packages (unpacked there by run.sh)
 # Both folders are git-ignored through .git/info/exclude. Then run, on the
 # GPU machine, from the repository root, with .gpu and .gl carried:
-#   bash benches/gpu/run.sh
+#   bash benches/gpu/run.sh [tests] [bench:SHAPE ...] [anchor]
+# (all three parts when given none; see run.sh for fitting the device's
+# 10-minute limit on one command).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
 for d in /.gpu/ /.gl/; do
-    grep -qxF "$d" .git/info/exclude 2>/dev/null || echo "$d" >>.git/info/exclude
+    grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"
 done
 rm -rf .gpu && mkdir -p .gpu/bin
+# The test binaries find fixtures and models through paths fixed at compile
+# time under this checkout; run.sh links this path to its own copy.
+pwd >.gpu/root
 cargo build --release -p tokenwire-benches --bin engine-bench
 cp target/release/engine-bench .gpu/bin/
 # The wgpu test binaries, built as `cargo test` would build them.

@@ -263,10 +263,15 @@ impl Gpu {
         self.device
             .poll(::wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Lost(e.to_string()))?;
+        let mapped = rx.recv();
         if let Some(e) = self.take_error() {
+            // Leave the buffer unmapped, or the next copy into it fails too.
+            if matches!(mapped, Ok(Ok(()))) {
+                staging.unmap();
+            }
             return Err(e);
         }
-        match rx.recv() {
+        match mapped {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(GpuError::Other(format!("map_async: {e}"))),
             Err(_) => return Err(GpuError::Other("map_async callback dropped".into())),
