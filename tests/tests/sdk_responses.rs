@@ -84,9 +84,12 @@ async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
 async fn the_sdk_sees_the_lifetime_warning_then_close_1000() {
     let dir = stories260k();
     let Some(python) = sdk_python() else { return };
+    // Wall-clock limits (a real server and the real SDK), with seconds of
+    // room between the warning and the close: on a loaded 2-core CI machine
+    // a warning due at 1 s once arrived after a 2 s close was due.
     let server = start(ModelSource::Dir(dir), |c| {
         c.responses_expiring_after = Duration::from_secs(1);
-        c.responses_lifetime = Duration::from_secs(2);
+        c.responses_lifetime = Duration::from_secs(5);
     })
     .await;
     let out = run_sdk(
@@ -97,7 +100,7 @@ async fn the_sdk_sees_the_lifetime_warning_then_close_1000() {
             "--expiring-after",
             "1",
             "--close-after",
-            "2",
+            "5",
         ],
     )
     .await;
