@@ -92,18 +92,27 @@ fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize
     }
 }
 
-#[test]
-fn wgpu_mat_vec_matches_reference() {
-    // Both variants: rows split over invocations (GPUs) and one invocation
-    // per row (CPU adapters), whichever this adapter defaults to.
+/// A lab for each mat-vec variant: rows split over invocations (GPUs) and
+/// one invocation per row (CPU adapters), whichever this adapter defaults
+/// to. None without an adapter (outside CI).
+fn mat_vec_variants() -> Vec<(bool, KernelLab)> {
+    let mut labs = Vec::new();
     for split_k in [true, false] {
         let opts = tokenwire_kernels::WgpuOptions {
             split_k: Some(split_k),
             ..Default::default()
         };
-        let Some(mut lab) = lab_with(&opts) else {
-            return;
-        };
+        match lab_with(&opts) {
+            Some(lab) => labs.push((split_k, lab)),
+            None => return Vec::new(),
+        }
+    }
+    labs
+}
+
+#[test]
+fn wgpu_mat_vec_matches_reference() {
+    for (split_k, mut lab) in mat_vec_variants() {
         let mut rng = Rng::new(1 + split_k as u64);
         // 1..=20 columns: every column variant (1, 2, 4, 8) and groups of 8.
         check_linear(&mut lab, &mut rng, false, 20, 12);
@@ -535,14 +544,7 @@ fn wgpu_quantized_products_match_llama_cpps_values() {
     // Blocks from llama.cpp's own quantizer, every block type, through
     // mat-vec (both variants) and the tiled matmul, against the product
     // with llama.cpp's dequantized values.
-    for split_k in [true, false] {
-        let opts = tokenwire_kernels::WgpuOptions {
-            split_k: Some(split_k),
-            ..Default::default()
-        };
-        let Some(mut lab) = lab_with(&opts) else {
-            return;
-        };
+    for (split_k, mut lab) in mat_vec_variants() {
         let mut rng = Rng::new(20 + split_k as u64);
         for t in QUANT_TYPES {
             let (m, vals) = fixture_matrix(t);

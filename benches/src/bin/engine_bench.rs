@@ -321,8 +321,8 @@ impl Bench {
     fn profiling(&mut self, on: bool) -> Option<Profile> {
         let Bench::Wgpu(w) = self else { return None };
         w.set_profiling(on.then_some(ProfileClock::Device));
+        // Taken while off, the profile goes: the next switch-on starts afresh.
         if on {
-            w.take_profile();
             None
         } else {
             w.take_profile()

@@ -106,14 +106,8 @@ pub fn random_blocks(
     scale: f32,
 ) -> Vec<u8> {
     use tokenwire_kernels::gguf::GgmlType as G;
-    let (per, bytes) = match t {
-        G::Q8_0 => (32, 34),
-        G::Q4_0 => (32, 18),
-        G::Q4_1 => (32, 20),
-        G::Q4_K => (256, 144),
-        G::Q6_K => (256, 210),
-        other => panic!("{other} is not a block type"),
-    };
+    let (per, bytes) = (t.block_len(), t.block_bytes());
+    assert!(per > 1, "{t} is not a block type");
     assert_eq!(n % per, 0, "{n} values are not whole {t} blocks");
     let mut out = Vec::with_capacity(n / per * bytes);
     for _ in 0..n / per {

@@ -125,11 +125,6 @@ impl KernelLab {
         self.gpu.f16_native
     }
 
-    /// The storage type the backend would give weights of `file_dtype`.
-    pub fn dtype_for(&self, file_dtype: &str) -> WeightDtype {
-        super::tensors::device_dtype(&self.gpu, file_dtype)
-    }
-
     fn upload(&self, label: &str, bytes: &[u8]) -> ::wgpu::Buffer {
         self.gpu.buffer_init(label, bytes)
     }
@@ -243,13 +238,7 @@ impl KernelLab {
             ));
         }
         let rows = w.len() / in_dim.max(1);
-        let mut per = super::tensors::rows_per_chunk(self.gpu.max_binding, in_dim, dtype)?;
-        if let Some(c) = chunk_rows {
-            per = per.min(c.max(1));
-            if dtype.block().0 == 2 && in_dim % 2 == 1 && per % 2 == 1 && per > 1 {
-                per -= 1;
-            }
-        }
+        let per = super::tensors::rows_per_chunk(self.gpu.max_binding, in_dim, dtype, chunk_rows)?;
         let mut out = Vec::new();
         let mut r0 = 0;
         while r0 < rows {

@@ -47,36 +47,46 @@ impl WeightDtype {
         }
     }
 
-    /// The file block this type holds: (values per block, bytes in the
-    /// file, bytes on the device). For the plain floats a "block" is the
-    /// smallest run that fills whole u32 words.
-    pub(crate) fn block(self) -> (usize, usize, usize) {
+    /// The file type whose values this type holds as they are.
+    pub(crate) fn file_type(self) -> GgmlType {
         match self {
-            WeightDtype::F32 => (1, 4, 4),
-            WeightDtype::F16 | WeightDtype::F16Native | WeightDtype::Bf16 => (2, 4, 4),
-            WeightDtype::Q8_0 => (32, 34, 36),
-            WeightDtype::Q4_0 => (32, 18, 20),
-            WeightDtype::Q4_1 => (32, 20, 20),
-            WeightDtype::Q4K => (256, 144, 144),
-            WeightDtype::Q6K => (256, 210, 212),
+            WeightDtype::F32 => GgmlType::F32,
+            WeightDtype::F16 | WeightDtype::F16Native => GgmlType::F16,
+            WeightDtype::Bf16 => GgmlType::BF16,
+            WeightDtype::Q8_0 => GgmlType::Q8_0,
+            WeightDtype::Q4_0 => GgmlType::Q4_0,
+            WeightDtype::Q4_1 => GgmlType::Q4_1,
+            WeightDtype::Q4K => GgmlType::Q4_K,
+            WeightDtype::Q6K => GgmlType::Q6_K,
+        }
+    }
+
+    /// Zero bytes the device adds to each file block so fields start on a
+    /// word (see [`WeightDtype::pad_blocks`]).
+    fn block_padding(self) -> usize {
+        match self {
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q6K => 2,
+            _ => 0,
         }
     }
 
     /// Whether values come in GGUF blocks (uploaded as raw block bytes).
     pub fn is_quantized(self) -> bool {
-        self.block().0 >= 32
+        self.file_type().block_len() > 1
     }
 
-    /// Bytes a row of `k` values takes on the device (for the 2-byte types,
-    /// `k` may be odd: the row then shares a word with the next one).
+    /// Whether two values share a u32 word (f16 and bf16), so a chunk of an
+    /// odd-width matrix must hold an even number of rows.
+    pub(crate) fn packs_pairs(self) -> bool {
+        matches!(self.file_type(), GgmlType::F16 | GgmlType::BF16)
+    }
+
+    /// Bytes a row of `k` values (whole blocks) takes on the device (for the
+    /// 2-byte types, `k` may be odd: the row then shares a word with the
+    /// next one).
     pub fn row_bytes(self, k: usize) -> usize {
-        match self {
-            WeightDtype::F16 | WeightDtype::F16Native | WeightDtype::Bf16 => 2 * k,
-            _ => {
-                let (n, _, dev) = self.block();
-                k / n * dev
-            }
-        }
+        let t = self.file_type();
+        k / t.block_len() * (t.block_bytes() + self.block_padding())
     }
 
     fn prelude(self) -> String {
@@ -129,8 +139,7 @@ impl WeightDtype {
     /// after their f16 scale so the values start on a word; Q6_K gets 2 at
     /// the end so the next block does.
     pub(crate) fn pad_blocks(self, row: &[u8], out: &mut Vec<u8>) {
-        let (_, file, _) = self.block();
-        for b in row.chunks_exact(file) {
+        for b in row.chunks_exact(self.file_type().block_bytes()) {
             match self {
                 WeightDtype::Q8_0 | WeightDtype::Q4_0 => {
                     out.extend_from_slice(&b[..2]);

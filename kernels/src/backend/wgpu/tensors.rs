@@ -43,16 +43,6 @@ impl Matrix {
     }
 }
 
-/// The storage type for weights of a file with `file_dtype`.
-pub(crate) fn device_dtype(gpu: &Gpu, file_dtype: &str) -> WeightDtype {
-    match file_dtype {
-        "f16" if gpu.f16_native => WeightDtype::F16Native,
-        "f16" => WeightDtype::F16,
-        "bf16" => WeightDtype::Bf16,
-        _ => WeightDtype::F32,
-    }
-}
-
 /// One matrix of a stacked upload.
 #[derive(Clone, Copy)]
 pub(crate) struct Part<'a> {
@@ -68,16 +58,21 @@ impl<'a> Part<'a> {
     }
 }
 
-/// Rows per chunk so one chunk fits `max_binding` bytes (for the 2-byte
-/// types also an even number of values, so packed pairs never straddle).
+/// Rows per chunk so one chunk fits `max_binding` bytes, and at most
+/// `max_rows` when given (for the 2-byte types also an even number of rows
+/// of an odd-width matrix, so packed pairs never straddle chunks).
 pub(crate) fn rows_per_chunk(
     max_binding: u64,
     in_dim: usize,
     dtype: WeightDtype,
+    max_rows: Option<usize>,
 ) -> Result<usize, String> {
     let row_bytes = dtype.row_bytes(in_dim) as u64;
     let mut rows = (max_binding / row_bytes.max(1)) as usize;
-    if dtype.block().0 == 2 && in_dim % 2 == 1 && rows % 2 == 1 {
+    if let Some(cap) = max_rows {
+        rows = rows.min(cap.max(1));
+    }
+    if dtype.packs_pairs() && in_dim % 2 == 1 && rows % 2 == 1 && rows > 1 {
         rows -= 1;
     }
     if rows == 0 {
@@ -121,13 +116,7 @@ pub(crate) fn upload_matrix(
         }
         let run = &parts[first..end];
         let run_rows: usize = run.iter().map(|p| p.m.rows()).sum();
-        let mut per = rows_per_chunk(gpu.max_binding, in_dim, dtype)?;
-        if let Some(cap) = max_rows {
-            per = per.min(cap.max(1));
-            if dtype.block().0 == 2 && in_dim % 2 == 1 && per % 2 == 1 && per > 1 {
-                per -= 1;
-            }
-        }
+        let per = rows_per_chunk(gpu.max_binding, in_dim, dtype, max_rows)?;
         // Row `r` of the run: which part, and which of its rows.
         let locate = |r: usize| -> (Part<'_>, usize) {
             let mut r = r;

@@ -19,26 +19,35 @@ fn q4k_scale_min(base: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(mn));
 }
 
-fn w_at(i: u32) -> f32 {
+// Where value i lives: the word holding its byte (and the next 3), the
+// nibble's shift, and its sub-block's scale (d * sc) and offset (dmin * m).
+struct Q4kAt {
+    word: u32,
+    shift: u32,
+    scale: f32,
+    minv: f32,
+}
+
+fn q4k_at(i: u32) -> Q4kAt {
     let base = (i >> 8u) * BLOCK_WORDS;
     let t = i & 255u;
     let g = t >> 6u;
     let h = (t >> 5u) & 1u;
     let dd = unpack2x16float(w[base]);
     let sm = q4k_scale_min(base, 2u * g + h);
-    let q = (w_byte(4u * base + 16u + 32u * g + (t & 31u)) >> (4u * h)) & 15u;
-    return (dd.x * sm.x) * f32(q) - dd.y * sm.y;
+    return Q4kAt(base + 4u + 8u * g + ((t & 31u) >> 2u), 4u * h, dd.x * sm.x, dd.y * sm.y);
+}
+
+fn w_at(i: u32) -> f32 {
+    let a = q4k_at(i);
+    let q = (w[a.word] >> (8u * (i & 3u) + a.shift)) & 15u;
+    return a.scale * f32(q) - a.minv;
 }
 
 fn w_load8(i: u32) -> W8 {
-    let base = (i >> 8u) * BLOCK_WORDS;
-    let t = i & 255u;
-    let g = t >> 6u;
-    let h = (t >> 5u) & 1u;
-    let dd = unpack2x16float(w[base]);
-    let sm = q4k_scale_min(base, 2u * g + h);
-    let scale = dd.x * sm.x;
-    let minv = dd.y * sm.y;
-    let o = base + 4u + 8u * g + ((t & 31u) >> 2u);
-    return W8(scale * nib4(w[o], 4u * h) - minv, scale * nib4(w[o + 1u], 4u * h) - minv);
+    let a = q4k_at(i);
+    return W8(
+        a.scale * nib4(w[a.word], a.shift) - a.minv,
+        a.scale * nib4(w[a.word + 1u], a.shift) - a.minv,
+    );
 }
