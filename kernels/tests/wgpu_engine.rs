@@ -525,6 +525,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
     let tiled = WgpuOptions {
         split_k: Some(true),
         tiled_matmul: Some(true),
+        mat_vec_max_rows: 2,
         max_binding: Some(65536),
         ..d
     };
@@ -551,6 +552,7 @@ fn wgpu_big_model_paths_on_small_models() {
         max_rows_per_pass: 12,
         split_len: 8,
         tiled_matmul: Some(true),
+        mat_vec_max_rows: 8,
         split_k: Some(true),
         ..WgpuOptions::default()
     };
@@ -571,10 +573,13 @@ fn wgpu_big_model_paths_on_small_models() {
         "4 KiB bindings, 5-row passes, splits of 8",
     );
     // Only the decode kernel, then only the prefill kernel, for attention.
+    // Mat-vec split over invocations for every pass, in groups of up to 64
+    // columns (the first steps feed up to 9 x 40 rows).
     let decode_only = WgpuOptions {
         prefill_min_rows: usize::MAX,
         split_len: 16,
         split_k: Some(true),
+        tiled_matmul: Some(false),
         ..WgpuOptions::default()
     };
     case(
@@ -588,6 +593,7 @@ fn wgpu_big_model_paths_on_small_models() {
     let prefill_only = WgpuOptions {
         prefill_min_rows: 1,
         tiled_matmul: Some(true),
+        mat_vec_max_rows: 4,
         ..WgpuOptions::default()
     };
     case(

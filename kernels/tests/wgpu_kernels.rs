@@ -114,8 +114,10 @@ fn mat_vec_variants() -> Vec<(bool, KernelLab)> {
 fn wgpu_mat_vec_matches_reference() {
     for (split_k, mut lab) in mat_vec_variants() {
         let mut rng = Rng::new(1 + split_k as u64);
-        // 1..=20 columns: every column variant (1, 2, 4, 8) and groups of 8.
-        check_linear(&mut lab, &mut rng, false, 20, 12);
+        // 1..=140 columns: every column variant (powers of two up to 64
+        // split over invocations, up to 8 one invocation per row) and
+        // several groups of either.
+        check_linear(&mut lab, &mut rng, false, 140, 16);
     }
 }
 

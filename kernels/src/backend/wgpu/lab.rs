@@ -6,8 +6,8 @@
 
 use super::context::{grid, Gpu};
 use super::pipelines::{
-    mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel, MAT_MUL_TILE,
-    MAT_VEC_COLS,
+    mat_vec_max_cols, mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel,
+    MAT_MUL_TILE,
 };
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
@@ -281,7 +281,8 @@ impl KernelLab {
     /// `[cols, in_dim]`, W `[out_dim, in_dim]` stored as `dtype` (its values
     /// rounded to that type first), split into chunks of at most `chunk_rows`
     /// rows. The tiled matmul when `tiled`, else the mat-vec kernel (in
-    /// groups of 8 columns), as the backend dispatches them.
+    /// groups of up to 64 columns, or 8 with one invocation per row), as the
+    /// backend dispatches them.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &mut self,
@@ -358,7 +359,7 @@ impl KernelLab {
             }
             let mut c0 = 0u32;
             while (c0 as usize) < cols {
-                let n = (cols as u32 - c0).min(MAT_VEC_COLS as u32);
+                let n = (cols as u32 - c0).min(mat_vec_max_cols(self.pipes.split_k) as u32);
                 let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
                 let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
                 let words = vec![

@@ -21,11 +21,14 @@
 //!   down product; finally the norm and LM head on only the rows that need
 //!   logits, and the sampling kernel over them (in a second compute pass of
 //!   the same encoder, after any rows to read back are copied out).
-//! * Products for up to 8 tokens use the mat-vec kernel, which reads each
-//!   weight once for all of them; more tokens use the tiled matmul. On CPU
-//!   adapters (lavapipe), where each workgroup barrier is expensive, the
-//!   defaults switch to one mat-vec invocation per row and to mat-vec groups
-//!   of 8 columns instead of the tiled matmul ([`WgpuOptions::split_k`],
+//! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
+//!   short prompt) use the mat-vec kernel, which reads each weight once for
+//!   all of them, with one workgroup per few rows so that every memory
+//!   channel is busy; more tokens use the tiled matmul. On CPU adapters
+//!   (lavapipe), where each workgroup barrier is expensive, the defaults
+//!   switch to one mat-vec invocation per row, whose SIMD lanes hold the
+//!   accumulators of at most 8 columns, and to mat-vec groups of 8 columns
+//!   instead of the tiled matmul ([`WgpuOptions::split_k`],
 //!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
 //! * No kernel uses subgroup operations: reductions go through workgroup
 //!   memory, so any subgroup size (lavapipe's 8, 32, 64) or none works.
@@ -87,8 +90,8 @@ pub use context::adapters;
 use context::{grid, Gpu, GpuError};
 pub use pipelines::WeightDtype;
 use pipelines::{
-    mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel, MAT_MUL_TILE,
-    MAT_VEC_COLS,
+    mat_vec_max_cols, mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel,
+    MAT_MUL_TILE, MAT_VEC_COLS,
 };
 use plan::{HostPlan, Pass, PlanLimits};
 use profile::Profiler;
@@ -119,11 +122,17 @@ pub struct WgpuOptions {
     /// A sequence's run of at least this many rows in a pass uses the tiled
     /// prefill attention; shorter runs use the decode kernel.
     pub prefill_min_rows: usize,
-    /// Multiply more than 8 tokens with the tiled matmul (`Some(true)`) or
-    /// with the mat-vec kernel in groups of 8 (`Some(false)`). `None`: tiled,
+    /// Multiply more than [`WgpuOptions::mat_vec_max_rows`] tokens with the
+    /// tiled matmul (`Some(true)`) or with mat-vec groups (`Some(false)`).
+    /// `None`: tiled,
     /// except on CPU adapters (software Vulkan such as lavapipe), where
     /// workgroup barriers are so slow that mat-vec groups win.
     pub tiled_matmul: Option<bool>,
+    /// With the tiled matmul on, passes of up to this many token rows (at
+    /// most 64, the default) still use the mat-vec kernel, which reads each
+    /// weight once for all of them with many more workgroups in flight than
+    /// the matmul's 64-row tiles give.
+    pub mat_vec_max_rows: usize,
     /// Mat-vec with each row split over several invocations and reduced in
     /// workgroup memory (`Some(true)`), or one invocation per row
     /// (`Some(false)`). `None`: split, except on CPU adapters.
@@ -165,6 +174,7 @@ impl Default for WgpuOptions {
             split_len: 512,
             prefill_min_rows: 4,
             tiled_matmul: None,
+            mat_vec_max_rows: MAT_VEC_COLS,
             split_k: None,
             sample_workgroup: None,
         }
@@ -380,7 +390,9 @@ pub struct WgpuBackend {
     inv_freq: Vec<f64>,
     opts: WgpuOptions,
     limits: PlanLimits,
-    tiled: bool,
+    /// Passes of more token rows than this use the tiled matmul; `None`:
+    /// mat-vec groups for every pass.
+    tiled_above: Option<u32>,
     sample_wg: u32,
     bufs: Bufs,
     binds: Option<Binds>,
@@ -501,7 +513,10 @@ impl WgpuBackend {
         let scratch = gpu.buffer("kv_scratch", geo.block_len() as u64 * 4, st);
         let dummy = gpu.buffer("dummy", 16, st);
         let inv_freq = rope::inv_freq(c.head_dim, c.rope_theta, &c.rope_scaling);
-        let tiled = opts.tiled_matmul.unwrap_or(!cpu_adapter);
+        let tiled_above = opts
+            .tiled_matmul
+            .unwrap_or(!cpu_adapter)
+            .then_some(opts.mat_vec_max_rows.clamp(1, MAT_VEC_COLS) as u32);
         let params = ParamArena::new(gpu.uniform_align);
         let mut be = WgpuBackend {
             model,
@@ -514,7 +529,7 @@ impl WgpuBackend {
             inv_freq,
             opts: opts.clone(),
             limits,
-            tiled,
+            tiled_above,
             sample_wg,
             bufs,
             binds: None,
@@ -737,9 +752,8 @@ impl WgpuBackend {
     }
 
     /// A product through `m` for `m_rows` rows of x, one dispatch per weight
-    /// chunk: mat-vec for up to [`MAT_VEC_COLS`] rows; more rows use the
-    /// tiled matmul when `tiled`, else mat-vec in groups of
-    /// [`MAT_VEC_COLS`] columns.
+    /// chunk: the tiled matmul for more than `tiled_above` rows, else
+    /// mat-vec in groups of at most [`mat_vec_max_cols`] columns.
     #[allow(clippy::too_many_arguments)]
     fn mat_ops(
         params: &mut ParamArena,
@@ -749,14 +763,14 @@ impl WgpuBackend {
         m_rows: u32,
         ldx: u32,
         ldy: u32,
-        tiled: bool,
+        tiled_above: Option<u32>,
         split_k: bool,
     ) {
         let tpr = mat_vec_tpr(m.in_dim, split_k);
         let bias = u32::from(m.bias.is_some());
         let k = m.in_dim as u32;
         for (i, c) in m.chunks.iter().enumerate() {
-            if tiled && m_rows as usize > MAT_VEC_COLS {
+            if tiled_above.is_some_and(|n| m_rows > n) {
                 ops.push(Op {
                     pipe: Pipe::Weight(WeightKernel::MatMul, c.dtype),
                     bind: bind(i),
@@ -767,7 +781,7 @@ impl WgpuBackend {
             }
             let mut c0 = 0;
             while c0 < m_rows {
-                let n = (m_rows - c0).min(MAT_VEC_COLS as u32);
+                let n = (m_rows - c0).min(mat_vec_max_cols(split_k) as u32);
                 let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
                 ops.push(Op {
                     pipe: Pipe::Weight(kind, c.dtype),
@@ -805,7 +819,7 @@ impl WgpuBackend {
         let w = &self.weights;
         let mut ops = Vec::new();
         let t = p.rows;
-        let tiled = self.tiled;
+        let tiled = self.tiled_above;
         let split_k = self.pipes.split_k;
         needs.rows = needs.rows.max(t as u64);
         for (i, c) in w.embed.chunks.iter().enumerate() {

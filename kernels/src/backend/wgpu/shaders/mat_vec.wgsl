@@ -1,11 +1,11 @@
 // Matrix-vector products for decode: y[c, row0 + o] = W[o, :] . x[c, :] (+ b)
 // for up to COLS columns c (the tokens of a step), so every weight is read
-// once for all of them. The host prepends `const COLS: u32` (1, 2, 4 or 8)
-// and picks the smallest variant that holds the step's columns: the
-// accumulators then have a constant size and stay in registers (columns past
-// ncols repeat the last one and are not written). W is one row chunk [rows, k] of a (possibly
-// split) weight; the weight prelude (dtype_*.wgsl) supplies `w`, `w_at` and
-// `w_load8`.
+// once for all of them. The host prepends `const COLS: u32` (a power of two
+// up to 64) and picks the smallest variant that holds the step's columns:
+// the accumulators then have a constant size and stay in registers (columns
+// past ncols repeat the last one and are not written). W is one row chunk
+// [rows, k] of a (possibly split) weight; the weight prelude (dtype_*.wgsl)
+// supplies `w`, `w_at` and `w_load8`.
 //
 // When k is a multiple of 8 (every real model; quantized blocks always are)
 // each invocation reads 8 consecutive weights per step with `w_load8`: two
@@ -20,8 +20,10 @@
 // With `const SPLIT_K = false` (prepended for CPU adapters such as lavapipe,
 // which run invocations as SIMD lanes and pay dearly for each workgroup
 // barrier) each invocation computes whole rows instead, and the barrier
-// branch is compiled out. Partial sums are reduced in workgroup memory: no subgroup
-// operations, so any subgroup size (or none) works.
+// branch is compiled out. Partial sums are reduced in workgroup memory, RC
+// columns at a time (`const RC: u32`, min(COLS, 8), keeps that memory at
+// 8 KiB for any COLS): no subgroup operations, so any subgroup size (or
+// none) works.
 
 struct Params {
     k: u32,        // input features
@@ -33,8 +35,8 @@ struct Params {
     has_bias: u32, // 1 = add bias[row0 + o]
     x_off: u32,    // offset of column 0 in x
     y_off: u32,    // offset of column 0 in y
-    tpr: u32,      // invocations per row: 8, 16, 32 or 64 _p10: u32, _p11: u32,
-    _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+    tpr: u32,      // invocations per row: 8, 16, 32 or 64
+    _p10: u32, _p11: u32, _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -51,7 +53,7 @@ fn dot8(wv: W8, xi: u32) -> f32 {
     return dot(wv.lo, a) + dot(wv.hi, b);
 }
 
-var<workgroup> red: array<f32, RED_LEN>; // WG * COLS
+var<workgroup> red: array<f32, RED_LEN>; // WG * RC
 
 @compute @workgroup_size(256)
 fn main(
@@ -119,27 +121,33 @@ fn main(
             }
         }
     }
-    for (var c = 0u; c < COLS; c++) {
-        red[(lr * COLS + c) * tpr + t] = acc[c];
-    }
-    workgroupBarrier();
-    // One barrier, then one invocation per (row, column) sums its partials:
-    // far cheaper than a tree on devices where a barrier is expensive
-    // (software rasterisers), and a few dozen workgroup-memory reads on GPUs.
-    if (lid < rpw * COLS) {
-        let rr = lid / COLS;
-        let c = lid % COLS;
-        let out_row = wg * rpw + rr;
-        if (out_row < p.rows && c < p.ncols) {
-            let base = (rr * COLS + c) * tpr;
-            var v = 0.0;
-            for (var i = 0u; i < tpr; i++) {
-                v += red[base + i];
+    // One round per RC columns: partials to workgroup memory, one barrier,
+    // then one invocation per (row, column) sums its tpr partials: far
+    // cheaper than a tree on devices where a barrier is expensive (software
+    // rasterisers), and a few dozen workgroup-memory reads on GPUs.
+    for (var c0 = 0u; c0 < COLS; c0 += RC) {
+        if (c0 > 0u) {
+            workgroupBarrier(); // the previous round's sums are read
+        }
+        for (var c = 0u; c < RC; c++) {
+            red[(lr * RC + c) * tpr + t] = acc[c0 + c];
+        }
+        workgroupBarrier();
+        if (lid < rpw * RC) {
+            let rr = lid / RC;
+            let c = c0 + lid % RC;
+            let out_row = wg * rpw + rr;
+            if (out_row < p.rows && c < p.ncols) {
+                let base = (rr * RC + lid % RC) * tpr;
+                var v = 0.0;
+                for (var i = 0u; i < tpr; i++) {
+                    v += red[base + i];
+                }
+                if (p.has_bias != 0u) {
+                    v += bias[p.row0 + out_row];
+                }
+                y[p.y_off + c * p.ldy + p.row0 + out_row] = v;
             }
-            if (p.has_bias != 0u) {
-                v += bias[p.row0 + out_row];
-            }
-            y[p.y_off + c * p.ldy + p.row0 + out_row] = v;
         }
     }
 }
