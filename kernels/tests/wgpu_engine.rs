@@ -640,6 +640,59 @@ fn wgpu_loading_reports_each_layer_uploaded() {
 }
 
 #[test]
+fn wgpu_fused_swiglu_matches_the_unfused_pair() {
+    use tokenwire_kernels::backend::wgpu::ProfileClock;
+    let model = Arc::new(random_model(&LLAMA, 12));
+    let mut backends = Vec::new();
+    for fuse_glu in [true, false] {
+        let opts = WgpuOptions {
+            fuse_glu,
+            ..WgpuOptions::default()
+        };
+        let Some(mut b) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts)) else {
+            return;
+        };
+        b.set_profiling(Some(ProfileClock::Host));
+        backends.push(b);
+    }
+    let prompt: Vec<TokenId> = (0..20).map(|i| (i * 11 % 301) as TokenId).collect();
+    let table = [1u32, 6];
+    for (tokens, pos) in [(&prompt[..], 0u32), (&[7][..], 20)] {
+        let batch = [SeqBatch {
+            tokens,
+            start_pos: pos,
+            block_table: &table,
+            want_logits: true,
+            sample: None,
+            keep_row: false,
+        }];
+        let (mut fused, mut plain) = (Vec::new(), Vec::new());
+        backends[0].forward(&batch, &mut fused).expect("fused step");
+        backends[1]
+            .forward(&batch, &mut plain)
+            .expect("unfused step");
+        // The same sums in the same order: only a compiler's contraction
+        // choices could tell them apart.
+        let e = nmse(&fused, &plain);
+        assert!(e < 1e-12, "at {pos}: nmse {e:e}");
+    }
+    let calls = |b: &mut WgpuBackend, name: &str| {
+        let p = b.take_profile().expect("a profile");
+        p.kernels
+            .iter()
+            .filter(|k| k.name.contains(name))
+            .map(|k| k.calls)
+            .sum::<u64>()
+    };
+    assert_eq!(calls(&mut backends[0], "silu_mul"), 0, "fused");
+    assert_eq!(
+        calls(&mut backends[1], "silu_mul"),
+        4,
+        "two layers, two steps"
+    );
+}
+
+#[test]
 fn wgpu_profiles_name_every_dispatch_without_changing_results() {
     use tokenwire_kernels::backend::wgpu::ProfileClock;
     let model = Arc::new(random_model(&LLAMA, 11));
@@ -673,15 +726,12 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
             assert_eq!(p.clock, ProfileClock::Host);
         }
         let calls = |name: &str| p.kernels.iter().find(|k| k.name == name).map(|k| k.calls);
-        // The decode step's one-column products, once per layer; the
-        // prefill's go in groups of 8 or through the tiled matmul.
-        for product in ["qkv", "o", "gate_up", "down"] {
-            assert_eq!(
-                calls(&format!("{product} mat_vec x1 F32")),
-                Some(2),
-                "{p:?}"
-            );
+        // The decode step's one-column products, once per layer (gate|up
+        // fused with SiLU); the prefill's 12 rows go in mat-vec groups.
+        for product in ["qkv mat_vec", "o mat_vec", "gate_up glu", "down mat_vec"] {
+            assert_eq!(calls(&format!("{product} x1 F32")), Some(2), "{p:?}");
         }
+        assert_eq!(calls("silu_mul"), None, "fused: {p:?}");
         assert_eq!(calls("lm_head mat_vec x1 F32"), Some(2), "{p:?}");
         assert_eq!(calls("rms_norm"), Some(8), "{p:?}");
         assert_eq!(calls("final rms_norm"), Some(2), "{p:?}");

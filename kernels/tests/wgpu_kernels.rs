@@ -121,6 +121,66 @@ fn wgpu_mat_vec_matches_reference() {
     }
 }
 
+/// silu(gate) * up for each column of `gu` (`[cols, 2 inter]`, gate then up).
+fn swiglu_ref(gu: &[f32], cols: usize, inter: usize) -> Vec<f32> {
+    (0..cols * inter)
+        .map(|e| {
+            let (c, i) = (e / inter, e % inter);
+            let g = gu[c * 2 * inter + i] as f64;
+            let u = gu[c * 2 * inter + inter + i] as f64;
+            (g / (1.0 + (-g).exp()) * u) as f32
+        })
+        .collect()
+}
+
+#[test]
+fn wgpu_fused_swiglu_matches_reference() {
+    for (split_k, mut lab) in mat_vec_variants() {
+        let mut rng = Rng::new(40 + split_k as u64);
+        for case in 0..12 {
+            let dts = dtypes(&lab);
+            let dtype = dts[case % dts.len()];
+            let k = if case % 2 == 0 {
+                8 * range(&mut rng, 1, 25)
+            } else {
+                range(&mut rng, 1, 200)
+            };
+            let inter = range(&mut rng, 1, 300);
+            // Up to 80 columns: every variant (to 32 split over invocations,
+            // 8 one invocation per row) and several groups.
+            let cols = range(&mut rng, 1, 80);
+            let w = round(dtype, &uniform(&mut rng, 2 * inter * k, 1.0));
+            let x = uniform(&mut rng, cols * k, 1.0);
+            let got = lab.glu(&x, cols, &w, k, dtype).expect("glu");
+            let want = swiglu_ref(&linear_ref(&x, cols, &w, k, None), cols, inter);
+            let e = nmse(&got, &want);
+            assert!(
+                e < NMSE_LINEAR,
+                "case {case}: {dtype:?} split_k={split_k} [2x{inter}x{k}] x {cols} cols: nmse {e:e}"
+            );
+        }
+        // Every block type, unpacked for the gate and the up rows.
+        for (case, t) in QUANT_TYPES.into_iter().enumerate() {
+            let per = t.block_len();
+            let k = per * range(&mut rng, 1, if per == 256 { 3 } else { 9 });
+            let inter = range(&mut rng, 1, 100);
+            let cols = range(&mut rng, 1, 40);
+            let raw = random_blocks(&mut rng, t, 2 * inter * k, 1.0);
+            let m = WeightMatrix::from_bytes(t, 2 * inter, k, raw).expect("whole blocks");
+            let mut w = Vec::new();
+            m.dequantize_rows(0, 2 * inter, &mut w);
+            let x = uniform(&mut rng, cols * k, 1.0);
+            let got = lab.glu_matrix(&x, cols, &m).expect("glu");
+            let want = swiglu_ref(&linear_ref(&x, cols, &w, k, None), cols, inter);
+            let e = nmse(&got, &want);
+            assert!(
+                e < NMSE_LINEAR,
+                "case {case}: {t} split_k={split_k} [2x{inter}x{k}] x {cols} cols: nmse {e:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn wgpu_tiled_matmul_matches_reference() {
     let Some(mut lab) = lab() else { return };

@@ -300,6 +300,71 @@ impl KernelLab {
         self.run_linear(x, cols, &chunks, in_dim, w.len() / in_dim, bias, tiled)
     }
 
+    /// The fused SwiGLU: `act[c, i] = silu(G[i, :] . x[c, :]) * (U[i, :] .
+    /// x[c, :])` for `cols` columns, where `w` is the stacked `[G; U]`
+    /// (`[2 inter, in_dim]`, one chunk) stored as `dtype` (its values
+    /// rounded first), in mat-vec groups as the backend dispatches it.
+    pub fn glu(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        w: &[f32],
+        in_dim: usize,
+        dtype: WeightDtype,
+    ) -> Result<Vec<f32>, String> {
+        self.pipes.ensure_weights(&self.gpu, dtype);
+        let chunks = self.chunks(w, in_dim, dtype, None)?;
+        self.run_glu(x, cols, &chunks, in_dim, w.len() / in_dim)
+    }
+
+    /// [`KernelLab::glu`] with the stacked weights `m` in its own dtype (any
+    /// GGUF type).
+    pub fn glu_matrix(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        m: &WeightMatrix,
+    ) -> Result<Vec<f32>, String> {
+        let chunks = self.matrix_chunks(m, None)?;
+        self.run_glu(x, cols, &chunks, m.cols(), m.rows())
+    }
+
+    fn run_glu(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        chunks: &[Chunk],
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<Vec<f32>, String> {
+        let [c] = chunks else {
+            return Err(format!(
+                "{} chunks: the fused SwiGLU takes one",
+                chunks.len()
+            ));
+        };
+        let inter = (out_dim / 2) as u32;
+        let xb = self.upload("lab.x", bytemuck::cast_slice(x));
+        let bb = self.upload("lab.b", bytemuck::cast_slice(&[0.0f32]));
+        let yb = self.output("lab.act", cols * inter as usize);
+        let bg = self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb]);
+        let split_k = self.pipes.split_k;
+        let tpr = mat_vec_tpr(in_dim, split_k);
+        let k = in_dim as u32;
+        let mut dispatches = Vec::new();
+        let mut c0 = 0u32;
+        while (c0 as usize) < cols {
+            let n = (cols as u32 - c0).min(mat_vec_max_cols(split_k, true) as u32);
+            let kind = WeightKernel::Glu(mat_vec_variant(n as usize));
+            let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
+            let words = vec![k, inter, 0, n, k, inter, 0, c0 * k, c0 * inter, tpr, inter];
+            dispatches.push((pipe, &bg, words, grid(inter.div_ceil(256 / tpr))));
+            c0 += n;
+        }
+        let out = self.run(&dispatches, (&yb, 4 * (cols as u64) * inter as u64))?;
+        Ok(f32s(&out))
+    }
+
     /// [`KernelLab::linear`] with the weights of `m` in its own dtype (any
     /// GGUF type; quantized blocks go up as blocks and are unpacked by the
     /// kernels), uploaded as the backend uploads a model's matrices.
@@ -359,7 +424,7 @@ impl KernelLab {
             }
             let mut c0 = 0u32;
             while (c0 as usize) < cols {
-                let n = (cols as u32 - c0).min(mat_vec_max_cols(self.pipes.split_k) as u32);
+                let n = (cols as u32 - c0).min(mat_vec_max_cols(self.pipes.split_k, false) as u32);
                 let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
                 let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
                 let words = vec![

@@ -17,8 +17,10 @@
 //!   q|k|v product, RoPE, K/V written into the paged cache through the step's
 //!   slot mapping, paged attention (a decode kernel per row with an online
 //!   softmax and context splits, a tiled causal kernel for prefill runs),
-//!   output product, RMSNorm + residual, gate|up product, SiLU-times-up,
-//!   down product; finally the norm and LM head on only the rows that need
+//!   output product, RMSNorm + residual, gate|up product with SiLU-times-up
+//!   fused in (`WeightKernel::Glu`; passes on the tiled matmul, or stacks
+//!   split into several chunks, run SiLU-times-up as its own kernel), down
+//!   product; finally the norm and LM head on only the rows that need
 //!   logits, and the sampling kernel over them (in a second compute pass of
 //!   the same encoder, after any rows to read back are copied out).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
@@ -133,6 +135,11 @@ pub struct WgpuOptions {
     /// weight once for all of them with many more workgroups in flight than
     /// the matmul's 64-row tiles give.
     pub mat_vec_max_rows: usize,
+    /// Fuse SiLU-times-up into the gate|up mat-vec (one dispatch, no gate|up
+    /// activations written) where the stacked matrix is one chunk without
+    /// bias; passes that take the tiled matmul keep the separate kernel.
+    /// Off only to compare against the unfused pair.
+    pub fuse_glu: bool,
     /// Mat-vec with each row split over several invocations and reduced in
     /// workgroup memory (`Some(true)`), or one invocation per row
     /// (`Some(false)`). `None`: split, except on CPU adapters.
@@ -175,10 +182,18 @@ impl Default for WgpuOptions {
             prefill_min_rows: 4,
             tiled_matmul: None,
             mat_vec_max_rows: MAT_VEC_COLS,
+            fuse_glu: true,
             split_k: None,
             sample_workgroup: None,
         }
     }
+}
+
+/// Whether a layer's stacked gate|up matrix `m` takes the fused SwiGLU
+/// mat-vec: one chunk (so each gate row's up row is in the same binding)
+/// and no bias.
+fn glu_fusable(enabled: bool, m: &Matrix) -> bool {
+    enabled && m.chunks.len() == 1 && m.bias.is_none()
 }
 
 /// Flags of rms_norm.wgsl.
@@ -249,6 +264,9 @@ struct LayerBinds {
     qkv: Vec<::wgpu::BindGroup>,
     o: Vec<::wgpu::BindGroup>,
     gate_up: Vec<::wgpu::BindGroup>,
+    /// The fused SwiGLU product into `act`, where the layer's gate|up
+    /// matrix allows it.
+    glu: Option<::wgpu::BindGroup>,
     down: Vec<::wgpu::BindGroup>,
     kv_write: ::wgpu::BindGroup,
     decode: ::wgpu::BindGroup,
@@ -293,6 +311,7 @@ enum Bind {
     Qkv(usize, usize),
     O(usize, usize),
     GateUp(usize, usize),
+    Glu(usize),
     Down(usize, usize),
     Head(usize),
     Rope,
@@ -319,7 +338,7 @@ impl Op {
         let role = match self.bind {
             Bind::Qkv(..) => "qkv ",
             Bind::O(..) => "o ",
-            Bind::GateUp(..) => "gate_up ",
+            Bind::GateUp(..) | Bind::Glu(_) => "gate_up ",
             Bind::Down(..) => "down ",
             Bind::Head(_) => "lm_head ",
             Bind::NormFinal => "final ",
@@ -328,6 +347,7 @@ impl Op {
         let kernel = match self.pipe {
             Pipe::Weight(WeightKernel::Embed, d) => format!("embed {d:?}"),
             Pipe::Weight(WeightKernel::MatVec(c), d) => format!("mat_vec x{c} {d:?}"),
+            Pipe::Weight(WeightKernel::Glu(c), d) => format!("glu x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
             Pipe::Norm => "rms_norm".into(),
             Pipe::Rope => "rope".into(),
@@ -700,6 +720,10 @@ impl WgpuBackend {
                 qkv: self.mat_bgs("qkv", &lw.qkv, &b.xn.buf, &b.qkv.buf),
                 o: self.mat_bgs("o", &lw.o, &b.att.buf, &b.delta.buf),
                 gate_up: self.mat_bgs("gate_up", &lw.gate_up, &b.xn.buf, &b.gate_up.buf),
+                glu: glu_fusable(self.opts.fuse_glu, &lw.gate_up).then(|| {
+                    self.mat_bgs("glu", &lw.gate_up, &b.xn.buf, &b.act.buf)
+                        .remove(0)
+                }),
                 down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.delta.buf),
                 kv_write: self.storage_bg(
                     &l.kv_write,
@@ -781,7 +805,7 @@ impl WgpuBackend {
             }
             let mut c0 = 0;
             while c0 < m_rows {
-                let n = (m_rows - c0).min(mat_vec_max_cols(split_k) as u32);
+                let n = (m_rows - c0).min(mat_vec_max_cols(split_k, false) as u32);
                 let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
                 ops.push(Op {
                     pipe: Pipe::Weight(kind, c.dtype),
@@ -805,6 +829,47 @@ impl WgpuBackend {
         }
     }
 
+    /// The fused SwiGLU for `m_rows` rows of x through the one-chunk gate|up
+    /// matrix `m` into `act` (`[m_rows, inter]`), in mat-vec groups.
+    #[allow(clippy::too_many_arguments)]
+    fn glu_ops(
+        params: &mut ParamArena,
+        ops: &mut Vec<Op>,
+        m: &Matrix,
+        layer: usize,
+        m_rows: u32,
+        ldx: u32,
+        inter: u32,
+        split_k: bool,
+    ) {
+        let tpr = mat_vec_tpr(m.in_dim, split_k);
+        let dtype = m.chunks[0].dtype;
+        let k = m.in_dim as u32;
+        let mut c0 = 0;
+        while c0 < m_rows {
+            let n = (m_rows - c0).min(mat_vec_max_cols(split_k, true) as u32);
+            ops.push(Op {
+                pipe: Pipe::Weight(WeightKernel::Glu(mat_vec_variant(n as usize)), dtype),
+                bind: Bind::Glu(layer),
+                param: params.push(&[
+                    k,
+                    inter,
+                    0,
+                    n,
+                    ldx,
+                    inter,
+                    0,
+                    c0 * ldx,
+                    c0 * inter,
+                    tpr,
+                    inter,
+                ]),
+                groups: grid(inter.div_ceil(256 / tpr)),
+            });
+            c0 += n;
+        }
+    }
+
     /// The dispatches of one pass. `on_device`: per logits row of the step,
     /// whether it is sampled on the device.
     fn pass_ops(
@@ -820,6 +885,7 @@ impl WgpuBackend {
         let mut ops = Vec::new();
         let t = p.rows;
         let tiled = self.tiled_above;
+        let fuse_glu = self.opts.fuse_glu;
         let split_k = self.pipes.split_k;
         needs.rows = needs.rows.max(t as u64);
         for (i, c) in w.embed.chunks.iter().enumerate() {
@@ -956,23 +1022,28 @@ impl WgpuBackend {
                 param: prm.push(&[d.h, d.eps.to_bits(), NORM_ADD | NORM_WRITE_BACK, 0, t]),
                 groups: grid(t),
             });
-            Self::mat_ops(
-                prm,
-                &mut ops,
-                &lw.gate_up,
-                |c| Bind::GateUp(l, c),
-                t,
-                d.h,
-                2 * d.inter,
-                tiled,
-                split_k,
-            );
-            ops.push(Op {
-                pipe: Pipe::Silu,
-                bind: Bind::Silu,
-                param: prm.push(&[t, d.inter]),
-                groups: grid((t * d.inter).div_ceil(256)),
-            });
+            let mat_vec_pass = tiled.is_none_or(|n| t <= n);
+            if mat_vec_pass && glu_fusable(fuse_glu, &lw.gate_up) {
+                Self::glu_ops(prm, &mut ops, &lw.gate_up, l, t, d.h, d.inter, split_k);
+            } else {
+                Self::mat_ops(
+                    prm,
+                    &mut ops,
+                    &lw.gate_up,
+                    |c| Bind::GateUp(l, c),
+                    t,
+                    d.h,
+                    2 * d.inter,
+                    tiled,
+                    split_k,
+                );
+                ops.push(Op {
+                    pipe: Pipe::Silu,
+                    bind: Bind::Silu,
+                    param: prm.push(&[t, d.inter]),
+                    groups: grid((t * d.inter).div_ceil(256)),
+                });
+            }
             Self::mat_ops(
                 prm,
                 &mut ops,
@@ -1096,6 +1167,7 @@ impl WgpuBackend {
             Bind::Qkv(l, c) => b.layers.get(l)?.qkv.get(c)?,
             Bind::O(l, c) => b.layers.get(l)?.o.get(c)?,
             Bind::GateUp(l, c) => b.layers.get(l)?.gate_up.get(c)?,
+            Bind::Glu(l) => b.layers.get(l)?.glu.as_ref()?,
             Bind::Down(l, c) => b.layers.get(l)?.down.get(c)?,
             Bind::Head(c) => b.head.get(c)?,
             Bind::Rope => &b.rope,

@@ -168,12 +168,13 @@ pub(crate) const MAT_VEC_COLS: usize = 64;
 /// step in one dispatch of 32 columns against 3.5 s in four of 8).
 const MAT_VEC_COLS_PER_ROW: usize = 8;
 
-/// The most columns one mat-vec dispatch takes.
-pub(crate) fn mat_vec_max_cols(split_k: bool) -> usize {
-    if split_k {
-        MAT_VEC_COLS
-    } else {
-        MAT_VEC_COLS_PER_ROW
+/// The most columns one mat-vec dispatch takes; `glu`: the fused SwiGLU
+/// variant, which holds two accumulators per column and so stops at 32.
+pub(crate) fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
+    match (split_k, glu) {
+        (false, _) => MAT_VEC_COLS_PER_ROW,
+        (true, false) => MAT_VEC_COLS,
+        (true, true) => MAT_VEC_COLS / 2,
     }
 }
 /// Columns the split-K mat-vec reduces per round through workgroup memory.
@@ -378,8 +379,11 @@ impl AttnShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum WeightKernel {
     Embed,
-    /// The mat-vec variant for up to this many columns (1, 2, 4 or 8).
+    /// The mat-vec variant for up to this many columns (a power of two).
     MatVec(u32),
+    /// The fused SwiGLU mat-vec (gate and up rows of a stacked matrix, then
+    /// silu(gate) * up) for up to this many columns.
+    Glu(u32),
     MatMul,
 }
 
@@ -508,13 +512,16 @@ impl Pipelines {
                 include_str!("shaders/mat_mul.wgsl"),
             ),
         ];
-        let max_cols = mat_vec_max_cols(self.split_k) as u32;
-        for cols in (0..=max_cols.ilog2()).map(|b| 1u32 << b) {
-            kinds.push((
-                WeightKernel::MatVec(cols),
-                "mat_vec",
-                include_str!("shaders/mat_vec.wgsl"),
-            ));
+        for glu in [false, true] {
+            let max_cols = mat_vec_max_cols(self.split_k, glu) as u32;
+            for cols in (0..=max_cols.ilog2()).map(|b| 1u32 << b) {
+                let (kind, label) = if glu {
+                    (WeightKernel::Glu(cols), "glu")
+                } else {
+                    (WeightKernel::MatVec(cols), "mat_vec")
+                };
+                kinds.push((kind, label, include_str!("shaders/mat_vec.wgsl")));
+            }
         }
         for (kind, label, body) in kinds {
             if self.weight.contains_key(&(kind, dtype)) {
@@ -525,13 +532,15 @@ impl Pipelines {
                 _ => &self.layouts.mat,
             };
             let consts = match kind {
-                WeightKernel::MatVec(cols) => {
+                WeightKernel::MatVec(cols) | WeightKernel::Glu(cols) => {
                     let rc = cols.min(MAT_VEC_REDUCE_COLS);
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
-                         const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n",
+                         const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n\
+                         const GLU: bool = {};\n",
                         256 * rc,
-                        self.split_k
+                        self.split_k,
+                        matches!(kind, WeightKernel::Glu(_)),
                     )
                 }
                 _ => String::new(),

@@ -17,6 +17,12 @@
 // host picks tpr (8..64, a power of two) from k, so short rows do not leave
 // most invocations idle.
 //
+// With `const GLU = true` (the fused SwiGLU) output row o takes weight rows o
+// (gate) and o + up_row (up) of a stacked gate|up matrix and writes
+// silu(gate . x) * (up . x): the same sums, in the same order, as the
+// product followed by silu_mul.wgsl, with one dispatch and no gate|up
+// activations written (no bias: fused only for matrices without one).
+//
 // With `const SPLIT_K = false` (prepended for CPU adapters such as lavapipe,
 // which run invocations as SIMD lanes and pay dearly for each workgroup
 // barrier) each invocation computes whole rows instead, and the barrier
@@ -36,7 +42,8 @@ struct Params {
     x_off: u32,    // offset of column 0 in x
     y_off: u32,    // offset of column 0 in y
     tpr: u32,      // invocations per row: 8, 16, 32 or 64
-    _p10: u32, _p11: u32, _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+    up_row: u32,   // GLU: offset from a gate row to its up row
+    _p11: u32, _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -46,11 +53,20 @@ struct Params {
 
 const WG: u32 = 256u;
 
-// The 8 weights `wv` times x[xi .. xi + 8].
-fn dot8(wv: W8, xi: u32) -> f32 {
-    let a = vec4<f32>(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]);
-    let b = vec4<f32>(x[xi + 4u], x[xi + 5u], x[xi + 6u], x[xi + 7u]);
-    return dot(wv.lo, a) + dot(wv.hi, b);
+// x[xi .. xi + 8].
+fn x8(xi: u32) -> W8 {
+    return W8(
+        vec4<f32>(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]),
+        vec4<f32>(x[xi + 4u], x[xi + 5u], x[xi + 6u], x[xi + 7u]),
+    );
+}
+
+fn dot8(wv: W8, xv: W8) -> f32 {
+    return dot(wv.lo, xv.lo) + dot(wv.hi, xv.hi);
+}
+
+fn silu_mul(g: f32, u: f32) -> f32 {
+    return g / (1.0 + exp(-g)) * u;
 }
 
 var<workgroup> red: array<f32, RED_LEN>; // WG * RC
@@ -69,26 +85,46 @@ fn main(
         }
         let last = p.ncols - 1u;
         var acc: array<f32, COLS>;
+        var acc_u: array<f32, COLS>;
         let base = row * p.k;
+        let ubase = (row + p.up_row) * p.k;
         if (p.k % 8u == 0u) {
             for (var kk = 0u; kk < p.k; kk += 8u) {
                 let wv = w_load8(base + kk);
+                var wu: W8;
+                if (GLU) {
+                    wu = w_load8(ubase + kk);
+                }
                 for (var c = 0u; c < COLS; c++) {
-                    acc[c] += dot8(wv, p.x_off + min(c, last) * p.ldx + kk);
+                    let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
+                    acc[c] += dot8(wv, xv);
+                    if (GLU) {
+                        acc_u[c] += dot8(wu, xv);
+                    }
                 }
             }
         } else {
             for (var kk = 0u; kk < p.k; kk++) {
                 let wv = w_at(base + kk);
+                var wu = 0.0;
+                if (GLU) {
+                    wu = w_at(ubase + kk);
+                }
                 for (var c = 0u; c < COLS; c++) {
-                    acc[c] += wv * x[p.x_off + min(c, last) * p.ldx + kk];
+                    let xv = x[p.x_off + min(c, last) * p.ldx + kk];
+                    acc[c] += wv * xv;
+                    if (GLU) {
+                        acc_u[c] += wu * xv;
+                    }
                 }
             }
         }
         for (var c = 0u; c < COLS; c++) {
             if (c < p.ncols) {
                 var v = acc[c];
-                if (p.has_bias != 0u) {
+                if (GLU) {
+                    v = silu_mul(v, acc_u[c]);
+                } else if (p.has_bias != 0u) {
                     v += bias[p.row0 + row];
                 }
                 y[p.y_off + c * p.ldy + p.row0 + row] = v;
@@ -102,51 +138,78 @@ fn main(
     let t = lid % tpr;
     let row = wg * rpw + lr;
     var acc: array<f32, COLS>;
+    var acc_u: array<f32, COLS>;
     let last = p.ncols - 1u;
     if (row < p.rows) {
         let base = row * p.k;
+        let ubase = (row + p.up_row) * p.k;
         if (p.k % 8u == 0u) {
             for (var kk = 8u * t; kk < p.k; kk += 8u * tpr) {
                 let wv = w_load8(base + kk);
+                var wu: W8;
+                if (GLU) {
+                    wu = w_load8(ubase + kk);
+                }
                 for (var c = 0u; c < COLS; c++) {
-                    acc[c] += dot8(wv, p.x_off + min(c, last) * p.ldx + kk);
+                    let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
+                    acc[c] += dot8(wv, xv);
+                    if (GLU) {
+                        acc_u[c] += dot8(wu, xv);
+                    }
                 }
             }
         } else {
             for (var kk = t; kk < p.k; kk += tpr) {
                 let wv = w_at(base + kk);
+                var wu = 0.0;
+                if (GLU) {
+                    wu = w_at(ubase + kk);
+                }
                 for (var c = 0u; c < COLS; c++) {
-                    acc[c] += wv * x[p.x_off + min(c, last) * p.ldx + kk];
+                    let xv = x[p.x_off + min(c, last) * p.ldx + kk];
+                    acc[c] += wv * xv;
+                    if (GLU) {
+                        acc_u[c] += wu * xv;
+                    }
                 }
             }
         }
     }
-    // One round per RC columns: partials to workgroup memory, one barrier,
-    // then one invocation per (row, column) sums its tpr partials: far
-    // cheaper than a tree on devices where a barrier is expensive (software
-    // rasterisers), and a few dozen workgroup-memory reads on GPUs.
+    // One round per RC columns (two with GLU: gate, then up): partials to
+    // workgroup memory, one barrier, then one invocation per (row, column)
+    // sums its tpr partials: far cheaper than a tree on devices where a
+    // barrier is expensive (software rasterisers), and a few dozen
+    // workgroup-memory reads on GPUs.
+    let halves = select(1u, 2u, GLU);
     for (var c0 = 0u; c0 < COLS; c0 += RC) {
-        if (c0 > 0u) {
-            workgroupBarrier(); // the previous round's sums are read
-        }
-        for (var c = 0u; c < RC; c++) {
-            red[(lr * RC + c) * tpr + t] = acc[c0 + c];
-        }
-        workgroupBarrier();
-        if (lid < rpw * RC) {
-            let rr = lid / RC;
-            let c = c0 + lid % RC;
-            let out_row = wg * rpw + rr;
-            if (out_row < p.rows && c < p.ncols) {
+        var gate = 0.0;
+        for (var h = 0u; h < halves; h++) {
+            if (c0 > 0u || h > 0u) {
+                workgroupBarrier(); // the previous round's sums are read
+            }
+            for (var c = 0u; c < RC; c++) {
+                red[(lr * RC + c) * tpr + t] = select(acc[c0 + c], acc_u[c0 + c], h == 1u);
+            }
+            workgroupBarrier();
+            if (lid < rpw * RC) {
+                let rr = lid / RC;
+                let c = c0 + lid % RC;
+                let out_row = wg * rpw + rr;
                 let base = (rr * RC + lid % RC) * tpr;
                 var v = 0.0;
                 for (var i = 0u; i < tpr; i++) {
                     v += red[base + i];
                 }
-                if (p.has_bias != 0u) {
-                    v += bias[p.row0 + out_row];
+                if (GLU && h == 0u) {
+                    gate = v;
+                } else if (out_row < p.rows && c < p.ncols) {
+                    if (GLU) {
+                        v = silu_mul(gate, v);
+                    } else if (p.has_bias != 0u) {
+                        v += bias[p.row0 + out_row];
+                    }
+                    y[p.y_off + c * p.ldy + p.row0 + out_row] = v;
                 }
-                y[p.y_off + c * p.ldy + p.row0 + out_row] = v;
             }
         }
     }
