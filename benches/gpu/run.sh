@@ -4,6 +4,11 @@
 #   bench:SHAPE     engine-bench on SHAPE (tinyllama-1.1b, llama-3.2-1b) in
 #                   bf16, batch 1, 8 and 32, 128-token prompts, 32 decode
 #                   steps, with the kernel profile
+#   ab:SHAPE        the kernel choices made without a GPU, each against its
+#                   alternative on SHAPE (no profile): batch 32 on the wide
+#                   mat-vec (default) vs the tiled matmul past 8 rows
+#                   (--mat-vec-rows 8), and batch 1 and 8 with SiLU fused
+#                   into the gate|up mat-vec (default) vs --no-fused-glu
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 # With no arguments: all of them, which can take longer than the device
@@ -47,12 +52,25 @@ for part in "${parts[@]}"; do
         timeout 280 .gpu/bin/engine-bench --shape "$shape" --backend wgpu --dtype bf16 \
             --batch 1,8,32 --prompt 128 --steps 32 --profile 2>&1 | quiet
         ;;
+    ab:*)
+        shape=${part#ab:}
+        run() {
+            echo "-- $*"
+            timeout 120 .gpu/bin/engine-bench --shape "$shape" --backend wgpu --dtype bf16 \
+                --prompt 128 --steps 32 "$@" 2>&1 | quiet
+        }
+        echo "== kernel choices on $shape =="
+        run --batch 32
+        run --batch 32 --mat-vec-rows 8
+        run --batch 1,8
+        run --batch 1,8 --no-fused-glu
+        ;;
     anchor)
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, ab:SHAPE, anchor)"
         exit 2
         ;;
     esac

@@ -44,6 +44,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              [--sample greedy|T,P[,K]] (temperature T, top-p P, top-k K)
              [--gguf FILE] (a real model instead of --shape/--dtype; its weights as stored)
              [--profile] (then time every wgpu kernel of the prefill and decode steps)
+             [--mat-vec-rows N] (wgpu on a GPU: passes of up to N token rows, at most 64,
+             use mat-vec; more, the tiled matmul) [--no-fused-glu] (wgpu: SiLU-times-up
+             as its own kernel), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -62,6 +65,8 @@ struct Args {
     sampling: SamplingParams,
     gguf: Option<std::path::PathBuf>,
     profile: bool,
+    mat_vec_rows: Option<usize>,
+    fused_glu: bool,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -123,6 +128,8 @@ fn parse_args() -> Result<Args, String> {
         sampling: SamplingParams::greedy(),
         gguf: None,
         profile: false,
+        mat_vec_rows: None,
+        fused_glu: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -131,6 +138,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--profile" {
             a.profile = true;
+            continue;
+        }
+        if flag == "--no-fused-glu" {
+            a.fused_glu = false;
             continue;
         }
         let val = it
@@ -153,6 +164,7 @@ fn parse_args() -> Result<Args, String> {
             "--seed" => a.seed = num(&val)? as u64,
             "--sample" => a.sampling = parse_sampling(&val)?,
             "--gguf" => a.gguf = Some(val.into()),
+            "--mat-vec-rows" => a.mat_vec_rows = Some(num(&val)?.max(1)),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -516,9 +528,12 @@ fn bench(a: &Args) -> Result<(), String> {
                     cpu_weight_bytes(&model),
                 ),
                 "wgpu" => {
+                    let d = WgpuOptions::default();
                     let opts = WgpuOptions {
                         adapter: a.adapter.clone(),
-                        ..WgpuOptions::default()
+                        mat_vec_max_rows: a.mat_vec_rows.unwrap_or(d.mat_vec_max_rows),
+                        fuse_glu: a.fused_glu,
+                        ..d
                     };
                     let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)
                         .map_err(|e| e.to_string())?;
