@@ -7,8 +7,9 @@
 #   ab:SHAPE        the kernel choices made without a GPU, each against its
 #                   alternative on SHAPE (no profile): batch 32 on the wide
 #                   mat-vec (default) vs the tiled matmul past 8 rows
-#                   (--mat-vec-rows 8), and batch 1 and 8 with SiLU fused
-#                   into the gate|up mat-vec (default) vs --no-fused-glu
+#                   (--mat-vec-rows 8), and batch 1 and 8 with SiLU and the
+#                   norms fused into the mat-vecs (default) vs each separate
+#                   (--no-fused-glu, --no-fused-norm)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 # With no arguments: all of them, which can take longer than the device
@@ -64,6 +65,7 @@ for part in "${parts[@]}"; do
         run --batch 32 --mat-vec-rows 8
         run --batch 1,8
         run --batch 1,8 --no-fused-glu
+        run --batch 1,8 --no-fused-norm
         ;;
     anchor)
         echo "== transformers eager, same shapes and card =="

@@ -640,13 +640,19 @@ fn wgpu_loading_reports_each_layer_uploaded() {
 }
 
 #[test]
-fn wgpu_fused_swiglu_matches_the_unfused_pair() {
+fn wgpu_fused_kernels_match_the_separate_ones() {
+    // SiLU-times-up fused into the gate|up mat-vec, and the RMSNorms into
+    // the q|k|v and gate|up mat-vecs, each on and off.
     use tokenwire_kernels::backend::wgpu::ProfileClock;
     let model = Arc::new(random_model(&LLAMA, 12));
+    let combos = [(true, true), (true, false), (false, true), (false, false)];
     let mut backends = Vec::new();
-    for fuse_glu in [true, false] {
+    for (fuse_glu, fuse_norm) in combos {
+        // Split-row mat-vec (the GPU default), where the norm fuses.
         let opts = WgpuOptions {
             fuse_glu,
+            fuse_norm,
+            split_k: Some(true),
             ..WgpuOptions::default()
         };
         let Some(mut b) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts)) else {
@@ -666,37 +672,51 @@ fn wgpu_fused_swiglu_matches_the_unfused_pair() {
             sample: None,
             keep_row: false,
         }];
-        let (mut fused, mut plain) = (Vec::new(), Vec::new());
-        backends[0].forward(&batch, &mut fused).expect("fused step");
-        backends[1]
-            .forward(&batch, &mut plain)
-            .expect("unfused step");
-        // The same sums in the same order: only a compiler's contraction
-        // choices could tell them apart.
-        let e = nmse(&fused, &plain);
-        assert!(e < 1e-12, "at {pos}: nmse {e:e}");
+        let mut outs = Vec::new();
+        for b in &mut backends {
+            let mut o = Vec::new();
+            b.forward(&batch, &mut o).expect("step");
+            outs.push(o);
+        }
+        // The fused SwiGLU makes the same sums in the same order; the fused
+        // norm scales the weights instead of x, a rounding apart.
+        for (o, combo) in outs.iter().zip(combos).skip(1) {
+            let e = nmse(o, &outs[0]);
+            assert!(e < 1e-12, "at {pos}: {combo:?} vs all fused: nmse {e:e}");
+        }
     }
-    let calls = |b: &mut WgpuBackend, name: &str| {
+    for (b, (fuse_glu, fuse_norm)) in backends.iter_mut().zip(combos) {
         let p = b.take_profile().expect("a profile");
-        p.kernels
+        let calls = |name: &str| -> u64 {
+            p.kernels
+                .iter()
+                .filter(|k| k.name.ends_with(name))
+                .map(|k| k.calls)
+                .sum()
+        };
+        // Two layers, two steps.
+        let silu = if fuse_glu { 0 } else { 4 };
+        let norms = if fuse_norm { 0 } else { 8 };
+        assert_eq!(calls("silu_mul"), silu, "{fuse_glu} {fuse_norm}: {p:?}");
+        let plain_norms: u64 = p
+            .kernels
             .iter()
-            .filter(|k| k.name.contains(name))
+            .filter(|k| k.name == "rms_norm")
             .map(|k| k.calls)
-            .sum::<u64>()
-    };
-    assert_eq!(calls(&mut backends[0], "silu_mul"), 0, "fused");
-    assert_eq!(
-        calls(&mut backends[1], "silu_mul"),
-        4,
-        "two layers, two steps"
-    );
+            .sum();
+        assert_eq!(plain_norms, norms, "{fuse_glu} {fuse_norm}: {p:?}");
+    }
 }
 
 #[test]
 fn wgpu_profiles_name_every_dispatch_without_changing_results() {
     use tokenwire_kernels::backend::wgpu::ProfileClock;
     let model = Arc::new(random_model(&LLAMA, 11));
-    let opts = WgpuOptions::default();
+    // The GPU defaults, whatever this adapter is: split-row mat-vec.
+    let opts = WgpuOptions {
+        split_k: Some(true),
+        ..WgpuOptions::default()
+    };
     let Some(mut plain) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts)) else {
         return;
     };
@@ -726,14 +746,20 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
             assert_eq!(p.clock, ProfileClock::Host);
         }
         let calls = |name: &str| p.kernels.iter().find(|k| k.name == name).map(|k| k.calls);
-        // The decode step's one-column products, once per layer (gate|up
-        // fused with SiLU); the prefill's 12 rows go in mat-vec groups.
-        for product in ["qkv mat_vec", "o mat_vec", "gate_up glu", "down mat_vec"] {
-            assert_eq!(calls(&format!("{product} x1 F32")), Some(2), "{p:?}");
+        // The decode step's one-column products, once per layer: q|k|v
+        // and gate|up with the norm before them fused in, gate|up with SiLU
+        // too; the prefill's 12 rows go in mat-vec groups.
+        for product in [
+            "qkv mat_vec x1 F32 +norm",
+            "o mat_vec x1 F32",
+            "gate_up glu x1 F32 +norm",
+            "down mat_vec x1 F32",
+        ] {
+            assert_eq!(calls(product), Some(2), "{product}: {p:?}");
         }
         assert_eq!(calls("silu_mul"), None, "fused: {p:?}");
+        assert_eq!(calls("rms_norm"), None, "fused: {p:?}");
         assert_eq!(calls("lm_head mat_vec x1 F32"), Some(2), "{p:?}");
-        assert_eq!(calls("rms_norm"), Some(8), "{p:?}");
         assert_eq!(calls("final rms_norm"), Some(2), "{p:?}");
         assert_eq!(calls("embed F32"), Some(2), "{p:?}");
         assert_eq!(calls("attn_prefill"), Some(2), "{p:?}");

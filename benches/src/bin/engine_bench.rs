@@ -46,7 +46,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              [--profile] (then time every wgpu kernel of the prefill and decode steps)
              [--mat-vec-rows N] (wgpu on a GPU: passes of up to N token rows, at most 64,
              use mat-vec; more, the tiled matmul) [--no-fused-glu] (wgpu: SiLU-times-up
-             as its own kernel), to compare kernel choices on a card
+             as its own kernel) [--no-fused-norm] (wgpu: the layers' RMSNorms as their
+             own kernels), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -67,6 +68,7 @@ struct Args {
     profile: bool,
     mat_vec_rows: Option<usize>,
     fused_glu: bool,
+    fused_norm: bool,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -130,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
         profile: false,
         mat_vec_rows: None,
         fused_glu: true,
+        fused_norm: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -142,6 +145,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--no-fused-glu" {
             a.fused_glu = false;
+            continue;
+        }
+        if flag == "--no-fused-norm" {
+            a.fused_norm = false;
             continue;
         }
         let val = it
@@ -533,6 +540,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         adapter: a.adapter.clone(),
                         mat_vec_max_rows: a.mat_vec_rows.unwrap_or(d.mat_vec_max_rows),
                         fuse_glu: a.fused_glu,
+                        fuse_norm: a.fused_norm,
                         ..d
                     };
                     let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)

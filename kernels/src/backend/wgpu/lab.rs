@@ -355,7 +355,7 @@ impl KernelLab {
         let mut c0 = 0u32;
         while (c0 as usize) < cols {
             let n = (cols as u32 - c0).min(mat_vec_max_cols(split_k, true) as u32);
-            let kind = WeightKernel::Glu(mat_vec_variant(n as usize));
+            let kind = WeightKernel::Glu(mat_vec_variant(n as usize), false);
             let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
             let words = vec![k, inter, 0, n, k, inter, 0, c0 * k, c0 * inter, tpr, inter];
             dispatches.push((pipe, &bg, words, grid(inter.div_ceil(256 / tpr))));
@@ -425,7 +425,7 @@ impl KernelLab {
             let mut c0 = 0u32;
             while (c0 as usize) < cols {
                 let n = (cols as u32 - c0).min(mat_vec_max_cols(self.pipes.split_k, false) as u32);
-                let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
+                let kind = WeightKernel::MatVec(mat_vec_variant(n as usize), false);
                 let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
                 let words = vec![
                     k,
@@ -499,41 +499,32 @@ impl KernelLab {
         Ok(f32s(&out))
     }
 
-    /// RMSNorm with the residual add: returns (x after the optional
-    /// write-back of `x + delta`, the normalised rows). With `select`, only
-    /// those rows are normalised, compactly (and x is not written).
+    /// RMSNorm of the rows of `x`; with `select`, only those rows,
+    /// compactly.
     pub fn rms_norm(
         &mut self,
         x: &[f32],
-        delta: Option<&[f32]>,
         weight: &[f32],
         eps: f32,
         select: Option<&[u32]>,
-    ) -> Result<(Vec<f32>, Vec<f32>), String> {
+    ) -> Result<Vec<f32>, String> {
         let h = weight.len();
         let rows = x.len() / h;
         let out_rows = select.map_or(rows, |s| s.len());
         let plan = self.upload("lab.plan", bytemuck::cast_slice(select.unwrap_or(&[0])));
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
-        let db = self.upload("lab.d", bytemuck::cast_slice(delta.unwrap_or(&[0.0])));
         let wb = self.upload("lab.w", bytemuck::cast_slice(weight));
         let yb = self.output("lab.y", out_rows * h);
-        let bg = self.bind(&self.pipes.layouts.norm, &[&plan, &xb, &db, &wb, &yb]);
-        let mut flags = 0;
-        if delta.is_some() {
-            flags |= super::NORM_ADD;
-            if select.is_none() {
-                flags |= super::NORM_WRITE_BACK;
-            }
-        }
-        if select.is_some() {
-            flags |= super::NORM_SELECT;
-        }
+        let bg = self.bind(&self.pipes.layouts.norm, &[&plan, &xb, &wb, &yb]);
+        let flags = if select.is_some() {
+            super::NORM_SELECT
+        } else {
+            0
+        };
         let words = vec![h as u32, eps.to_bits(), flags, 0, out_rows as u32];
         let d = [(&self.pipes.rms_norm, &bg, words, grid(out_rows as u32))];
         let y = self.run(&d, (&yb, 4 * (out_rows * h) as u64))?;
-        let x_after = self.read(&xb, x.len())?;
-        Ok((x_after, f32s(&y)))
+        Ok(f32s(&y))
     }
 
     fn read(&self, buf: &::wgpu::Buffer, floats: usize) -> Result<Vec<f32>, String> {

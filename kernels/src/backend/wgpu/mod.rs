@@ -13,16 +13,26 @@
 //!   than the largest storage binding is split by rows into chunks, one
 //!   dispatch per chunk.
 //! * A step is recorded into one command encoder and submitted once:
-//!   embedding gather, then per layer RMSNorm (fused with the residual add),
+//!   embedding gather into the residual stream x, then per layer RMSNorm,
 //!   q|k|v product, RoPE, K/V written into the paged cache through the step's
 //!   slot mapping, paged attention (a decode kernel per row with an online
 //!   softmax and context splits, a tiled causal kernel for prefill runs),
-//!   output product, RMSNorm + residual, gate|up product with SiLU-times-up
-//!   fused in (`WeightKernel::Glu`; passes on the tiled matmul, or stacks
-//!   split into several chunks, run SiLU-times-up as its own kernel), down
-//!   product; finally the norm and LM head on only the rows that need
-//!   logits, and the sampling kernel over them (in a second compute pass of
-//!   the same encoder, after any rows to read back are copied out).
+//!   output product added into x, RMSNorm, gate|up product, SiLU-times-up,
+//!   down product added into x; finally the norm and LM head on only the
+//!   rows that need logits, and the sampling kernel over them (in a second
+//!   compute pass of the same encoder, after any rows to read back are
+//!   copied out).
+//! * Fusions, on passes that take the mat-vec kernel: each layer's two
+//!   RMSNorms go into the q|k|v and gate|up products, which read x and
+//!   normalise it on the fly (for matrices without a bias; split-row
+//!   mat-vec only, since it needs a workgroup barrier, and on CPU adapters
+//!   any barrier slows the whole kernel), and
+//!   SiLU-times-up into the gate|up product (`WeightKernel::Glu`, for a
+//!   stack in one chunk). A decode layer is then seven dispatches: q|k|v,
+//!   RoPE, K/V write, attention, o, gate|up, down, with the attention merge
+//!   for long contexts. Passes on the tiled matmul run the norms and SiLU as
+//!   their own kernels ([`WgpuOptions::fuse_norm`],
+//!   [`WgpuOptions::fuse_glu`]).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
 //!   short prompt) use the mat-vec kernel, which reads each weight once for
 //!   all of them, with one workgroup per few rows so that every memory
@@ -140,6 +150,11 @@ pub struct WgpuOptions {
     /// bias; passes that take the tiled matmul keep the separate kernel.
     /// Off only to compare against the unfused pair.
     pub fuse_glu: bool,
+    /// Fuse each layer's two RMSNorms into the products that read them (the
+    /// q|k|v and gate|up mat-vecs normalise x on the fly, for matrices
+    /// without bias); passes that take the tiled matmul keep the norm
+    /// kernel. Off only to compare against the separate kernels.
+    pub fuse_norm: bool,
     /// Mat-vec with each row split over several invocations and reduced in
     /// workgroup memory (`Some(true)`), or one invocation per row
     /// (`Some(false)`). `None`: split, except on CPU adapters.
@@ -183,6 +198,7 @@ impl Default for WgpuOptions {
             tiled_matmul: None,
             mat_vec_max_rows: MAT_VEC_COLS,
             fuse_glu: true,
+            fuse_norm: true,
             split_k: None,
             sample_workgroup: None,
         }
@@ -196,9 +212,47 @@ fn glu_fusable(enabled: bool, m: &Matrix) -> bool {
     enabled && m.chunks.len() == 1 && m.bias.is_none()
 }
 
+/// Whether the RMSNorm before `m` can be fused into its mat-vec: the norm
+/// weight takes the bias slot, so only for a matrix without one. `enabled`:
+/// the option, and mat-vec split over invocations (the fused norm's
+/// variants exist only there).
+fn norm_fusable(enabled: bool, m: &Matrix) -> bool {
+    enabled && m.bias.is_none()
+}
+
+/// How a product's neighbours are fused into it (mat_vec.wgsl's flags).
+#[derive(Debug, Clone, Copy, Default)]
+struct Fuse {
+    /// Normalise x on the fly with this epsilon (mat-vec only).
+    norm_eps: Option<f32>,
+    /// Add the product to y: a residual add.
+    accumulate: bool,
+}
+
+impl Fuse {
+    const RESIDUAL: Fuse = Fuse {
+        norm_eps: None,
+        accumulate: true,
+    };
+
+    fn normed(eps: f32) -> Fuse {
+        Fuse {
+            norm_eps: Some(eps),
+            accumulate: false,
+        }
+    }
+
+    /// mat_vec.wgsl's `flags` and `eps` words (the norm itself is a
+    /// pipeline variant).
+    fn words(self) -> [u32; 2] {
+        [
+            u32::from(self.accumulate),
+            self.norm_eps.unwrap_or(0.0).to_bits(),
+        ]
+    }
+}
+
 /// Flags of rms_norm.wgsl.
-const NORM_ADD: u32 = 1;
-const NORM_WRITE_BACK: u32 = 2;
 const NORM_SELECT: u32 = 4;
 /// Most context splits per decode row.
 const MAX_SPLITS: u32 = 32;
@@ -242,7 +296,6 @@ struct Bufs {
     params: Grow,
     x: Grow,
     xn: Grow,
-    delta: Grow,
     qkv: Grow,
     att: Grow,
     gate_up: Grow,
@@ -267,6 +320,11 @@ struct LayerBinds {
     /// The fused SwiGLU product into `act`, where the layer's gate|up
     /// matrix allows it.
     glu: Option<::wgpu::BindGroup>,
+    /// q|k|v, gate|up and the fused SwiGLU reading the residual stream and
+    /// normalising it on the fly (the norm weight in the bias slot).
+    qkv_normed: Vec<::wgpu::BindGroup>,
+    gate_up_normed: Vec<::wgpu::BindGroup>,
+    glu_normed: Option<::wgpu::BindGroup>,
     down: Vec<::wgpu::BindGroup>,
     kv_write: ::wgpu::BindGroup,
     decode: ::wgpu::BindGroup,
@@ -312,6 +370,9 @@ enum Bind {
     O(usize, usize),
     GateUp(usize, usize),
     Glu(usize),
+    QkvNormed(usize, usize),
+    GateUpNormed(usize, usize),
+    GluNormed(usize),
     Down(usize, usize),
     Head(usize),
     Rope,
@@ -336,9 +397,11 @@ impl Op {
     /// The kernel and what it computes, as profiles name it.
     fn name(&self) -> String {
         let role = match self.bind {
-            Bind::Qkv(..) => "qkv ",
+            Bind::Qkv(..) | Bind::QkvNormed(..) => "qkv ",
             Bind::O(..) => "o ",
-            Bind::GateUp(..) | Bind::Glu(_) => "gate_up ",
+            Bind::GateUp(..) | Bind::Glu(_) | Bind::GateUpNormed(..) | Bind::GluNormed(_) => {
+                "gate_up "
+            }
             Bind::Down(..) => "down ",
             Bind::Head(_) => "lm_head ",
             Bind::NormFinal => "final ",
@@ -346,8 +409,8 @@ impl Op {
         };
         let kernel = match self.pipe {
             Pipe::Weight(WeightKernel::Embed, d) => format!("embed {d:?}"),
-            Pipe::Weight(WeightKernel::MatVec(c), d) => format!("mat_vec x{c} {d:?}"),
-            Pipe::Weight(WeightKernel::Glu(c), d) => format!("glu x{c} {d:?}"),
+            Pipe::Weight(WeightKernel::MatVec(c, _), d) => format!("mat_vec x{c} {d:?}"),
+            Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
             Pipe::Norm => "rms_norm".into(),
             Pipe::Rope => "rope".into(),
@@ -358,7 +421,11 @@ impl Op {
             Pipe::Silu => "silu_mul".into(),
             Pipe::Sample => "sample".into(),
         };
-        format!("{role}{kernel}")
+        let normed = matches!(
+            self.bind,
+            Bind::QkvNormed(..) | Bind::GateUpNormed(..) | Bind::GluNormed(_)
+        );
+        format!("{role}{kernel}{}", if normed { " +norm" } else { "" })
     }
 }
 
@@ -519,7 +586,6 @@ impl WgpuBackend {
             params: Grow::new(&gpu, "params", 4096, U::UNIFORM | U::COPY_DST),
             x: Grow::new(&gpu, "x", row_bytes, st),
             xn: Grow::new(&gpu, "xn", row_bytes, st),
-            delta: Grow::new(&gpu, "delta", row_bytes, st),
             qkv: Grow::new(&gpu, "qkv", row_bytes, st),
             att: Grow::new(&gpu, "att", row_bytes, st),
             gate_up: Grow::new(&gpu, "gate_up", row_bytes, st),
@@ -685,16 +751,37 @@ impl WgpuBackend {
             .collect()
     }
 
+    /// Bind groups of `m` reading the residual stream `x` and normalising it
+    /// with `norm_w` on the fly (in the bias slot); none for a matrix with a
+    /// bias, or with the fusion off.
+    fn normed_bgs(
+        &self,
+        label: &str,
+        m: &Matrix,
+        norm_w: &::wgpu::Buffer,
+        y: &::wgpu::Buffer,
+    ) -> Vec<::wgpu::BindGroup> {
+        if !norm_fusable(self.opts.fuse_norm && self.pipes.split_k, m) {
+            return Vec::new();
+        }
+        m.chunks
+            .iter()
+            .map(|c| {
+                self.storage_bg(
+                    &self.pipes.layouts.mat,
+                    label,
+                    &[&self.bufs.x.buf, &c.buf, norm_w, y],
+                )
+            })
+            .collect()
+    }
+
     fn build_binds(&self) -> Binds {
         let l = &self.pipes.layouts;
         let b = &self.bufs;
         let w = &self.weights;
         let norm = |label: &str, nw: &::wgpu::Buffer| {
-            self.storage_bg(
-                &l.norm,
-                label,
-                &[&b.plan.buf, &b.x.buf, &b.delta.buf, nw, &b.xn.buf],
-            )
+            self.storage_bg(&l.norm, label, &[&b.plan.buf, &b.x.buf, nw, &b.xn.buf])
         };
         let params = self
             .gpu
@@ -718,13 +805,27 @@ impl WgpuBackend {
                 norm_in: norm("norm_in", &lw.input_norm),
                 norm_post: norm("norm_post", &lw.post_norm),
                 qkv: self.mat_bgs("qkv", &lw.qkv, &b.xn.buf, &b.qkv.buf),
-                o: self.mat_bgs("o", &lw.o, &b.att.buf, &b.delta.buf),
+                qkv_normed: self.normed_bgs("qkv+norm", &lw.qkv, &lw.input_norm, &b.qkv.buf),
+                gate_up_normed: self.normed_bgs(
+                    "gate_up+norm",
+                    &lw.gate_up,
+                    &lw.post_norm,
+                    &b.gate_up.buf,
+                ),
+                glu_normed: glu_fusable(self.opts.fuse_glu, &lw.gate_up)
+                    .then(|| {
+                        self.normed_bgs("glu+norm", &lw.gate_up, &lw.post_norm, &b.act.buf)
+                            .into_iter()
+                            .next()
+                    })
+                    .flatten(),
+                o: self.mat_bgs("o", &lw.o, &b.att.buf, &b.x.buf),
                 gate_up: self.mat_bgs("gate_up", &lw.gate_up, &b.xn.buf, &b.gate_up.buf),
                 glu: glu_fusable(self.opts.fuse_glu, &lw.gate_up).then(|| {
                     self.mat_bgs("glu", &lw.gate_up, &b.xn.buf, &b.act.buf)
                         .remove(0)
                 }),
-                down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.delta.buf),
+                down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.x.buf),
                 kv_write: self.storage_bg(
                     &l.kv_write,
                     "kv_write",
@@ -789,16 +890,29 @@ impl WgpuBackend {
         ldy: u32,
         tiled_above: Option<u32>,
         split_k: bool,
+        fuse: Fuse,
     ) {
         let tpr = mat_vec_tpr(m.in_dim, split_k);
-        let bias = u32::from(m.bias.is_some());
+        let bias = u32::from(m.bias.is_some() && fuse.norm_eps.is_none());
+        let [flags, eps] = fuse.words();
         let k = m.in_dim as u32;
         for (i, c) in m.chunks.iter().enumerate() {
             if tiled_above.is_some_and(|n| m_rows > n) {
                 ops.push(Op {
                     pipe: Pipe::Weight(WeightKernel::MatMul, c.dtype),
                     bind: bind(i),
-                    param: params.push(&[k, c.rows, c.row0, m_rows, ldx, ldy, bias, 0, 0]),
+                    param: params.push(&[
+                        k,
+                        c.rows,
+                        c.row0,
+                        m_rows,
+                        ldx,
+                        ldy,
+                        bias,
+                        0,
+                        0,
+                        u32::from(fuse.accumulate),
+                    ]),
                     groups: [c.rows.div_ceil(MAT_MUL_TILE), m_rows.div_ceil(MAT_MUL_TILE)],
                 });
                 continue;
@@ -806,7 +920,8 @@ impl WgpuBackend {
             let mut c0 = 0;
             while c0 < m_rows {
                 let n = (m_rows - c0).min(mat_vec_max_cols(split_k, false) as u32);
-                let kind = WeightKernel::MatVec(mat_vec_variant(n as usize));
+                let kind =
+                    WeightKernel::MatVec(mat_vec_variant(n as usize), fuse.norm_eps.is_some());
                 ops.push(Op {
                     pipe: Pipe::Weight(kind, c.dtype),
                     bind: bind(i),
@@ -821,6 +936,9 @@ impl WgpuBackend {
                         c0 * ldx,
                         c0 * ldy,
                         tpr,
+                        0,
+                        flags,
+                        eps,
                     ]),
                     groups: grid(c.rows.div_ceil(256 / tpr)),
                 });
@@ -836,12 +954,14 @@ impl WgpuBackend {
         params: &mut ParamArena,
         ops: &mut Vec<Op>,
         m: &Matrix,
-        layer: usize,
+        bind: Bind,
         m_rows: u32,
         ldx: u32,
         inter: u32,
         split_k: bool,
+        fuse: Fuse,
     ) {
+        let [flags, eps] = fuse.words();
         let tpr = mat_vec_tpr(m.in_dim, split_k);
         let dtype = m.chunks[0].dtype;
         let k = m.in_dim as u32;
@@ -849,8 +969,11 @@ impl WgpuBackend {
         while c0 < m_rows {
             let n = (m_rows - c0).min(mat_vec_max_cols(split_k, true) as u32);
             ops.push(Op {
-                pipe: Pipe::Weight(WeightKernel::Glu(mat_vec_variant(n as usize)), dtype),
-                bind: Bind::Glu(layer),
+                pipe: Pipe::Weight(
+                    WeightKernel::Glu(mat_vec_variant(n as usize), fuse.norm_eps.is_some()),
+                    dtype,
+                ),
+                bind,
                 param: params.push(&[
                     k,
                     inter,
@@ -863,6 +986,8 @@ impl WgpuBackend {
                     c0 * inter,
                     tpr,
                     inter,
+                    flags,
+                    eps,
                 ]),
                 groups: grid(inter.div_ceil(256 / tpr)),
             });
@@ -886,6 +1011,7 @@ impl WgpuBackend {
         let t = p.rows;
         let tiled = self.tiled_above;
         let fuse_glu = self.opts.fuse_glu;
+        let fuse_norm = self.opts.fuse_norm && self.pipes.split_k;
         let split_k = self.pipes.split_k;
         needs.rows = needs.rows.max(t as u64);
         for (i, c) in w.embed.chunks.iter().enumerate() {
@@ -920,29 +1046,46 @@ impl WgpuBackend {
         }
         let rope_n = t * (d.nq + d.nkv) * (d.hd / 2);
         let kvw_n = t * d.nkv * d.hd;
+        // The o and down products add into the residual stream x itself;
+        // the norms read it. On mat-vec passes the norms before q|k|v and
+        // gate|up are fused into those products where they allow it.
+        let mat_vec_pass = tiled.is_none_or(|n| t <= n);
+        let none = Fuse::default();
+        let normed = Fuse::normed(d.eps);
         for (l, lw) in w.layers.iter().enumerate() {
-            let flags = if l == 0 {
-                0
+            if mat_vec_pass && norm_fusable(fuse_norm, &lw.qkv) {
+                Self::mat_ops(
+                    prm,
+                    &mut ops,
+                    &lw.qkv,
+                    |c| Bind::QkvNormed(l, c),
+                    t,
+                    d.h,
+                    d.qkv_w,
+                    tiled,
+                    split_k,
+                    normed,
+                );
             } else {
-                NORM_ADD | NORM_WRITE_BACK
-            };
-            ops.push(Op {
-                pipe: Pipe::Norm,
-                bind: Bind::NormIn(l),
-                param: prm.push(&[d.h, d.eps.to_bits(), flags, 0, t]),
-                groups: grid(t),
-            });
-            Self::mat_ops(
-                prm,
-                &mut ops,
-                &lw.qkv,
-                |c| Bind::Qkv(l, c),
-                t,
-                d.h,
-                d.qkv_w,
-                tiled,
-                split_k,
-            );
+                ops.push(Op {
+                    pipe: Pipe::Norm,
+                    bind: Bind::NormIn(l),
+                    param: prm.push(&[d.h, d.eps.to_bits(), 0, 0, t]),
+                    groups: grid(t),
+                });
+                Self::mat_ops(
+                    prm,
+                    &mut ops,
+                    &lw.qkv,
+                    |c| Bind::Qkv(l, c),
+                    t,
+                    d.h,
+                    d.qkv_w,
+                    tiled,
+                    split_k,
+                    none,
+                );
+            }
             ops.push(Op {
                 pipe: Pipe::Rope,
                 bind: Bind::Rope,
@@ -1015,27 +1158,53 @@ impl WgpuBackend {
                 d.h,
                 tiled,
                 split_k,
+                Fuse::RESIDUAL,
             );
-            ops.push(Op {
-                pipe: Pipe::Norm,
-                bind: Bind::NormPost(l),
-                param: prm.push(&[d.h, d.eps.to_bits(), NORM_ADD | NORM_WRITE_BACK, 0, t]),
-                groups: grid(t),
-            });
-            let mat_vec_pass = tiled.is_none_or(|n| t <= n);
+            let norm_in_product = mat_vec_pass && norm_fusable(fuse_norm, &lw.gate_up);
+            if !norm_in_product {
+                ops.push(Op {
+                    pipe: Pipe::Norm,
+                    bind: Bind::NormPost(l),
+                    param: prm.push(&[d.h, d.eps.to_bits(), 0, 0, t]),
+                    groups: grid(t),
+                });
+            }
+            let fuse = if norm_in_product { normed } else { none };
             if mat_vec_pass && glu_fusable(fuse_glu, &lw.gate_up) {
-                Self::glu_ops(prm, &mut ops, &lw.gate_up, l, t, d.h, d.inter, split_k);
+                let bind = if norm_in_product {
+                    Bind::GluNormed(l)
+                } else {
+                    Bind::Glu(l)
+                };
+                Self::glu_ops(
+                    prm,
+                    &mut ops,
+                    &lw.gate_up,
+                    bind,
+                    t,
+                    d.h,
+                    d.inter,
+                    split_k,
+                    fuse,
+                );
             } else {
                 Self::mat_ops(
                     prm,
                     &mut ops,
                     &lw.gate_up,
-                    |c| Bind::GateUp(l, c),
+                    |c| {
+                        if norm_in_product {
+                            Bind::GateUpNormed(l, c)
+                        } else {
+                            Bind::GateUp(l, c)
+                        }
+                    },
                     t,
                     d.h,
                     2 * d.inter,
                     tiled,
                     split_k,
+                    fuse,
                 );
                 ops.push(Op {
                     pipe: Pipe::Silu,
@@ -1054,6 +1223,7 @@ impl WgpuBackend {
                 d.h,
                 tiled,
                 split_k,
+                Fuse::RESIDUAL,
             );
         }
         let mut copies = Vec::new();
@@ -1062,13 +1232,7 @@ impl WgpuBackend {
             ops.push(Op {
                 pipe: Pipe::Norm,
                 bind: Bind::NormFinal,
-                param: prm.push(&[
-                    d.h,
-                    d.eps.to_bits(),
-                    NORM_ADD | NORM_SELECT,
-                    p.sel_off,
-                    p.n_sel,
-                ]),
+                param: prm.push(&[d.h, d.eps.to_bits(), NORM_SELECT, p.sel_off, p.n_sel]),
                 groups: grid(p.n_sel),
             });
             Self::mat_ops(
@@ -1081,6 +1245,7 @@ impl WgpuBackend {
                 d.vocab,
                 tiled,
                 split_k,
+                none,
             );
             let rows = p.out_base as usize..(p.out_base + p.n_sel) as usize;
             if on_device.get(rows).is_some_and(|r| r.iter().any(|&x| x)) {
@@ -1121,7 +1286,6 @@ impl WgpuBackend {
             .ensure(g, self.params.bytes().len() as u64, u64::MAX);
         grown |= b.x.ensure(g, r * 4 * d.h as u64, mb);
         grown |= b.xn.ensure(g, r * 4 * d.h as u64, mb);
-        grown |= b.delta.ensure(g, r * 4 * d.h as u64, mb);
         grown |= b.qkv.ensure(g, r * 4 * d.qkv_w as u64, mb);
         grown |= b.att.ensure(g, r * 4 * (d.nq * d.hd) as u64, mb);
         grown |= b.gate_up.ensure(g, r * 8 * d.inter as u64, mb);
@@ -1168,6 +1332,9 @@ impl WgpuBackend {
             Bind::O(l, c) => b.layers.get(l)?.o.get(c)?,
             Bind::GateUp(l, c) => b.layers.get(l)?.gate_up.get(c)?,
             Bind::Glu(l) => b.layers.get(l)?.glu.as_ref()?,
+            Bind::QkvNormed(l, c) => b.layers.get(l)?.qkv_normed.get(c)?,
+            Bind::GateUpNormed(l, c) => b.layers.get(l)?.gate_up_normed.get(c)?,
+            Bind::GluNormed(l) => b.layers.get(l)?.glu_normed.as_ref()?,
             Bind::Down(l, c) => b.layers.get(l)?.down.get(c)?,
             Bind::Head(c) => b.head.get(c)?,
             Bind::Rope => &b.rope,

@@ -301,7 +301,7 @@ impl Layouts {
             params,
             mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W)]),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
-            norm: storage_layout(gpu, "norm", &[(0, R), (1, W), (2, R), (3, R), (4, W)]),
+            norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
             rope: storage_layout(gpu, "rope", &[(0, R), (1, W)]),
             kv_write: storage_layout(gpu, "kv_write", &[(0, R), (1, R), (2, W), (3, W)]),
             decode: storage_layout(
@@ -379,11 +379,13 @@ impl AttnShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum WeightKernel {
     Embed,
-    /// The mat-vec variant for up to this many columns (a power of two).
-    MatVec(u32),
+    /// The mat-vec variant for up to this many columns (a power of two);
+    /// with `true`, the RMSNorm of x fused in (split-row mat-vec only).
+    MatVec(u32, bool),
     /// The fused SwiGLU mat-vec (gate and up rows of a stacked matrix, then
-    /// silu(gate) * up) for up to this many columns.
-    Glu(u32),
+    /// silu(gate) * up) for up to this many columns, with or without the
+    /// norm fused in.
+    Glu(u32, bool),
     MatMul,
 }
 
@@ -512,15 +514,24 @@ impl Pipelines {
                 include_str!("shaders/mat_mul.wgsl"),
             ),
         ];
+        // The fused norm needs a workgroup barrier, which one invocation per
+        // row (CPU adapters) is built to avoid: only split-row variants.
+        let norms: &[bool] = if self.split_k {
+            &[false, true]
+        } else {
+            &[false]
+        };
         for glu in [false, true] {
             let max_cols = mat_vec_max_cols(self.split_k, glu) as u32;
-            for cols in (0..=max_cols.ilog2()).map(|b| 1u32 << b) {
-                let (kind, label) = if glu {
-                    (WeightKernel::Glu(cols), "glu")
-                } else {
-                    (WeightKernel::MatVec(cols), "mat_vec")
-                };
-                kinds.push((kind, label, include_str!("shaders/mat_vec.wgsl")));
+            for &norm in norms {
+                for cols in (0..=max_cols.ilog2()).map(|b| 1u32 << b) {
+                    let (kind, label) = if glu {
+                        (WeightKernel::Glu(cols, norm), "glu")
+                    } else {
+                        (WeightKernel::MatVec(cols, norm), "mat_vec")
+                    };
+                    kinds.push((kind, label, include_str!("shaders/mat_vec.wgsl")));
+                }
             }
         }
         for (kind, label, body) in kinds {
@@ -532,15 +543,15 @@ impl Pipelines {
                 _ => &self.layouts.mat,
             };
             let consts = match kind {
-                WeightKernel::MatVec(cols) | WeightKernel::Glu(cols) => {
+                WeightKernel::MatVec(cols, norm) | WeightKernel::Glu(cols, norm) => {
                     let rc = cols.min(MAT_VEC_REDUCE_COLS);
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
                          const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n\
-                         const GLU: bool = {};\n",
+                         const GLU: bool = {};\nconst NORM: bool = {norm};\n",
                         256 * rc,
                         self.split_k,
-                        matches!(kind, WeightKernel::Glu(_)),
+                        matches!(kind, WeightKernel::Glu(..)),
                     )
                 }
                 _ => String::new(),

@@ -26,7 +26,8 @@ struct Params {
     has_bias: u32, // 1 = add bias[row0 + n]
     x_off: u32,    // offset of X in x
     y_off: u32,    // offset of Y in y
-    _p9: u32, _p10: u32, _p11: u32,
+    accumulate: u32, // 1 = add the product to y (a residual add)
+    _p10: u32, _p11: u32,
     _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
@@ -125,7 +126,11 @@ fn main(
                 if (p.has_bias != 0u) {
                     v += bias[p.row0 + gn];
                 }
-                y[p.y_off + gm * p.ldy + p.row0 + gn] = v;
+                let at = p.y_off + gm * p.ldy + p.row0 + gn;
+                if (p.accumulate != 0u) {
+                    v += y[at];
+                }
+                y[at] = v;
             }
         }
     }

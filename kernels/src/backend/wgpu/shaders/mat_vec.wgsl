@@ -23,6 +23,17 @@
 // product followed by silu_mul.wgsl, with one dispatch and no gate|up
 // activations written (no bias: fused only for matrices without one).
 //
+// Two options fuse the neighbours of a product into it:
+// * `const NORM = true` (split-row variants only: it needs a barrier, which
+//   one invocation per row is built to avoid): x is the residual stream and each column is RMS-normalised on the
+//   fly, y = inv_rms(x[c]) * sum_k (W[o, k] g[k]) x[c, k], with the norm
+//   weight g in the bias binding (so only for matrices without a bias). The
+//   workgroup first sums each column's squares (256 / COLS invocations per
+//   column, one barrier, then one invocation per column), which replaces
+//   the separate RMSNorm dispatch and its output.
+// * flag ACCUMULATE: y += the product (the residual add of the output and down
+//   products, into the residual stream itself).
+//
 // With `const SPLIT_K = false` (prepended for CPU adapters such as lavapipe,
 // which run invocations as SIMD lanes and pay dearly for each workgroup
 // barrier) each invocation computes whole rows instead, and the barrier
@@ -43,7 +54,8 @@ struct Params {
     y_off: u32,    // offset of column 0 in y
     tpr: u32,      // invocations per row: 8, 16, 32 or 64
     up_row: u32,   // GLU: offset from a gate row to its up row
-    _p11: u32, _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+    flags: u32,    // 1 = ACCUMULATE
+    eps: f32,      // NORM: the norm's epsilon _p13: u32, _p14: u32, _p15: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -52,6 +64,7 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 256u;
+const ACCUMULATE: u32 = 1u;
 
 // x[xi .. xi + 8].
 fn x8(xi: u32) -> W8 {
@@ -70,6 +83,72 @@ fn silu_mul(g: f32, u: f32) -> f32 {
 }
 
 var<workgroup> red: array<f32, RED_LEN>; // WG * RC
+var<workgroup> inv_rms: array<f32, COLS>; // NORM: per column
+
+// NORM: 1 / rms of each column of x into `inv_rms`. Every invocation of the
+// workgroup calls it (it has barriers).
+fn column_norms(lid: u32) {
+    let per = WG / COLS;
+    let c = lid / per;
+    let j = lid % per;
+    let xc = p.x_off + min(c, p.ncols - 1u) * p.ldx;
+    var ss = 0.0;
+    for (var i = j; i < p.k; i += per) {
+        let v = x[xc + i];
+        ss += v * v;
+    }
+    red[lid] = ss;
+    workgroupBarrier();
+    if (j == 0u) {
+        var total = 0.0;
+        for (var i = 0u; i < per; i++) {
+            total += red[lid + i];
+        }
+        inv_rms[c] = 1.0 / sqrt(total / f32(p.k) + p.eps);
+    }
+    workgroupBarrier();
+}
+
+// The 8 weights from i scaled by the norm weights g[kk .. kk + 8] (NORM).
+fn w_load8_normed(i: u32, kk: u32, norm: bool) -> W8 {
+    let wv = w_load8(i);
+    if (!norm) {
+        return wv;
+    }
+    return W8(
+        wv.lo * vec4<f32>(bias[kk], bias[kk + 1u], bias[kk + 2u], bias[kk + 3u]),
+        wv.hi * vec4<f32>(bias[kk + 4u], bias[kk + 5u], bias[kk + 6u], bias[kk + 7u]),
+    );
+}
+
+fn w_at_normed(i: u32, kk: u32, norm: bool) -> f32 {
+    if (!norm) {
+        return w_at(i);
+    }
+    return w_at(i) * bias[kk];
+}
+
+// The finished sum v for output (row, column c) of this chunk: scaled by
+// the column's norm, its bias added (the two exclude each other), through
+// SiLU with the gate sum under GLU, added to y under ACCUMULATE; and stored.
+fn finish(v0: f32, gate0: f32, row: u32, c: u32) {
+    var v = v0;
+    var gate = gate0;
+    if (NORM) {
+        v *= inv_rms[c];
+        gate *= inv_rms[c];
+    } else if (p.has_bias != 0u) {
+        v += bias[p.row0 + row];
+    }
+    if (GLU) {
+        v = silu_mul(gate, v);
+    }
+    let at = p.y_off + c * p.ldy + p.row0 + row;
+    if ((p.flags & ACCUMULATE) != 0u) {
+        v += y[at];
+    }
+    y[at] = v;
+}
 
 @compute @workgroup_size(256)
 fn main(
@@ -78,6 +157,10 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let wg = wid.x + wid.y * nwg.x;
+    let norm = NORM;
+    if (NORM) {
+        column_norms(lid);
+    }
     if (!SPLIT_K) {
         let row = wg * WG + lid;
         if (row >= p.rows) {
@@ -90,10 +173,10 @@ fn main(
         let ubase = (row + p.up_row) * p.k;
         if (p.k % 8u == 0u) {
             for (var kk = 0u; kk < p.k; kk += 8u) {
-                let wv = w_load8(base + kk);
+                let wv = w_load8_normed(base + kk, kk, norm);
                 var wu: W8;
                 if (GLU) {
-                    wu = w_load8(ubase + kk);
+                    wu = w_load8_normed(ubase + kk, kk, norm);
                 }
                 for (var c = 0u; c < COLS; c++) {
                     let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
@@ -105,10 +188,10 @@ fn main(
             }
         } else {
             for (var kk = 0u; kk < p.k; kk++) {
-                let wv = w_at(base + kk);
+                let wv = w_at_normed(base + kk, kk, norm);
                 var wu = 0.0;
                 if (GLU) {
-                    wu = w_at(ubase + kk);
+                    wu = w_at_normed(ubase + kk, kk, norm);
                 }
                 for (var c = 0u; c < COLS; c++) {
                     let xv = x[p.x_off + min(c, last) * p.ldx + kk];
@@ -121,13 +204,11 @@ fn main(
         }
         for (var c = 0u; c < COLS; c++) {
             if (c < p.ncols) {
-                var v = acc[c];
                 if (GLU) {
-                    v = silu_mul(v, acc_u[c]);
-                } else if (p.has_bias != 0u) {
-                    v += bias[p.row0 + row];
+                    finish(acc_u[c], acc[c], row, c);
+                } else {
+                    finish(acc[c], 0.0, row, c);
                 }
-                y[p.y_off + c * p.ldy + p.row0 + row] = v;
             }
         }
         return;
@@ -145,10 +226,10 @@ fn main(
         let ubase = (row + p.up_row) * p.k;
         if (p.k % 8u == 0u) {
             for (var kk = 8u * t; kk < p.k; kk += 8u * tpr) {
-                let wv = w_load8(base + kk);
+                let wv = w_load8_normed(base + kk, kk, norm);
                 var wu: W8;
                 if (GLU) {
-                    wu = w_load8(ubase + kk);
+                    wu = w_load8_normed(ubase + kk, kk, norm);
                 }
                 for (var c = 0u; c < COLS; c++) {
                     let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
@@ -160,10 +241,10 @@ fn main(
             }
         } else {
             for (var kk = t; kk < p.k; kk += tpr) {
-                let wv = w_at(base + kk);
+                let wv = w_at_normed(base + kk, kk, norm);
                 var wu = 0.0;
                 if (GLU) {
-                    wu = w_at(ubase + kk);
+                    wu = w_at_normed(ubase + kk, kk, norm);
                 }
                 for (var c = 0u; c < COLS; c++) {
                     let xv = x[p.x_off + min(c, last) * p.ldx + kk];
@@ -203,12 +284,7 @@ fn main(
                 if (GLU && h == 0u) {
                     gate = v;
                 } else if (out_row < p.rows && c < p.ncols) {
-                    if (GLU) {
-                        v = silu_mul(gate, v);
-                    } else if (p.has_bias != 0u) {
-                        v += bias[p.row0 + out_row];
-                    }
-                    y[p.y_off + c * p.ldy + p.row0 + out_row] = v;
+                    finish(v, gate, out_row, c);
                 }
             }
         }

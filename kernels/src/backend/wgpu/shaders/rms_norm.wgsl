@@ -1,8 +1,9 @@
-// RMSNorm fused with the residual add:
-//   v = x[s] (+ delta[s] when ADD; written back to x[s] when WRITE_BACK)
-//   y[r] = weight * (v / sqrt(mean(v^2) + eps))        (Hugging Face order)
+// RMSNorm of the residual stream (the output and down products add into x
+// themselves):
+//   y[r] = weight * (x[s] / sqrt(mean(x[s]^2) + eps))   (Hugging Face order)
 // where s = r, or s = plan[sel_off + r] with SELECT (the final norm runs only
-// on the rows that need logits and writes them compactly).
+// on the rows that need logits and writes them compactly). On mat-vec passes
+// the layers' norms are fused into the products instead (mat_vec.wgsl).
 //
 // One workgroup per output row; the sum of squares is reduced in workgroup
 // memory (no subgroup operations, so any subgroup size works).
@@ -10,7 +11,7 @@
 struct Params {
     h: u32,       // hidden size
     eps: f32,     // epsilon
-    flags: u32,   // 1 = ADD, 2 = WRITE_BACK, 4 = SELECT
+    flags: u32,   // 4 = SELECT
     sel_off: u32, // word offset of the selected rows in `plan`
     n_rows: u32,  // output rows
     _p5: u32, _p6: u32, _p7: u32,
@@ -19,15 +20,12 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> plan: array<u32>;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read> delta: array<f32>;
-@group(0) @binding(3) var<storage, read> nw: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> nw: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 256u;
-const ADD: u32 = 1u;
-const WRITE_BACK: u32 = 2u;
 const SELECT: u32 = 4u;
 
 var<workgroup> red: array<f32, 256>;
@@ -47,17 +45,9 @@ fn main(
         s = plan[p.sel_off + r];
     }
     let base = s * p.h;
-    let add = (p.flags & ADD) != 0u;
-    let write_back = add && (p.flags & WRITE_BACK) != 0u;
     var ss = 0.0;
     for (var i = lid; i < p.h; i += WG) {
-        var v = x[base + i];
-        if (add) {
-            v = v + delta[base + i];
-            if (write_back) {
-                x[base + i] = v;
-            }
-        }
+        let v = x[base + i];
         ss += v * v;
     }
     red[lid] = ss;
@@ -82,11 +72,6 @@ fn main(
     workgroupBarrier();
     let inv = 1.0 / sqrt(red[0] / f32(p.h) + p.eps);
     for (var i = lid; i < p.h; i += WG) {
-        // Each invocation re-reads only the elements it wrote itself.
-        var v = x[base + i];
-        if (add && !write_back) {
-            v = v + delta[base + i];
-        }
-        y[r * p.h + i] = nw[i] * (v * inv);
+        y[r * p.h + i] = nw[i] * (x[base + i] * inv);
     }
 }
