@@ -8,8 +8,9 @@
 #                   alternative on SHAPE (no profile): batch 32 on the wide
 #                   mat-vec (default) vs the tiled matmul past 8 rows
 #                   (--mat-vec-rows 8), and batch 1 and 8 with SiLU and the
-#                   norms fused into the mat-vecs (default) vs each separate
-#                   (--no-fused-glu, --no-fused-norm)
+#                   norms fused into the mat-vecs and subgroup reductions
+#                   (default) vs each without (--no-fused-glu,
+#                   --no-fused-norm, --no-subgroups)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 # With no arguments: all of them, which can take longer than the device
@@ -66,6 +67,7 @@ for part in "${parts[@]}"; do
         run --batch 1,8
         run --batch 1,8 --no-fused-glu
         run --batch 1,8 --no-fused-norm
+        run --batch 1,8 --no-subgroups
         ;;
     anchor)
         echo "== transformers eager, same shapes and card =="

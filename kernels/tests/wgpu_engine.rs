@@ -546,13 +546,15 @@ fn wgpu_big_model_paths_on_small_models() {
     // at most 12 rows (and 3 logits rows per pass by the binding limit),
     // decode attention split every 8 positions, the tiled matmul for passes
     // of more than 8 rows, mat-vec rows split over invocations (the GPU
-    // defaults, whatever this adapter is).
+    // defaults, whatever this adapter is) and reduced through workgroup
+    // memory alone (no subgroup shuffles).
     let small = WgpuOptions {
         max_binding: Some(4096),
         max_rows_per_pass: 12,
         split_len: 8,
         tiled_matmul: Some(true),
         mat_vec_max_rows: 8,
+        subgroups: false,
         split_k: Some(true),
         ..WgpuOptions::default()
     };

@@ -92,14 +92,17 @@ fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize
     }
 }
 
-/// A lab for each mat-vec variant: rows split over invocations (GPUs) and
-/// one invocation per row (CPU adapters), whichever this adapter defaults
-/// to. None without an adapter (outside CI).
+/// A lab for each mat-vec variant: rows split over invocations (GPUs),
+/// reduced with subgroup shuffles where the adapter has them and through
+/// workgroup memory alone, and one invocation per row (CPU adapters),
+/// whichever this adapter defaults to. None without an adapter (outside
+/// CI).
 fn mat_vec_variants() -> Vec<(bool, KernelLab)> {
     let mut labs = Vec::new();
-    for split_k in [true, false] {
+    for (split_k, subgroups) in [(true, true), (true, false), (false, true)] {
         let opts = tokenwire_kernels::WgpuOptions {
             split_k: Some(split_k),
+            subgroups,
             ..Default::default()
         };
         match lab_with(&opts) {

@@ -47,7 +47,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              [--mat-vec-rows N] (wgpu on a GPU: passes of up to N token rows, at most 64,
              use mat-vec; more, the tiled matmul) [--no-fused-glu] (wgpu: SiLU-times-up
              as its own kernel) [--no-fused-norm] (wgpu: the layers' RMSNorms as their
-             own kernels), to compare kernel choices on a card
+             own kernels) [--no-subgroups] (wgpu: mat-vec reductions through workgroup
+             memory only), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -69,6 +70,7 @@ struct Args {
     mat_vec_rows: Option<usize>,
     fused_glu: bool,
     fused_norm: bool,
+    subgroups: bool,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -133,6 +135,7 @@ fn parse_args() -> Result<Args, String> {
         mat_vec_rows: None,
         fused_glu: true,
         fused_norm: true,
+        subgroups: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -149,6 +152,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--no-fused-norm" {
             a.fused_norm = false;
+            continue;
+        }
+        if flag == "--no-subgroups" {
+            a.subgroups = false;
             continue;
         }
         let val = it
@@ -541,6 +548,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         mat_vec_max_rows: a.mat_vec_rows.unwrap_or(d.mat_vec_max_rows),
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,
+                        subgroups: a.subgroups,
                         ..d
                     };
                     let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)

@@ -48,6 +48,9 @@ pub(crate) struct Gpu {
     pub(crate) f16_native: bool,
     /// Timestamp queries enabled (for profiling; asked for where offered).
     pub(crate) timestamps: bool,
+    /// Subgroup operations enabled (asked for where offered, unless the
+    /// options turn them off): mat-vec reductions use shuffles.
+    pub(crate) subgroups: bool,
     errors: Arc<Mutex<Vec<GpuError>>>,
 }
 
@@ -59,6 +62,7 @@ impl std::fmt::Debug for Gpu {
             .field("max_binding", &self.max_binding)
             .field("f16_native", &self.f16_native)
             .field("timestamps", &self.timestamps)
+            .field("subgroups", &self.subgroups)
             .finish_non_exhaustive()
     }
 }
@@ -139,7 +143,11 @@ impl Gpu {
         let timestamps = adapter
             .features()
             .contains(::wgpu::Features::TIMESTAMP_QUERY);
+        let subgroups = opts.subgroups && adapter.features().contains(::wgpu::Features::SUBGROUP);
         let mut features = ::wgpu::Features::empty();
+        if subgroups {
+            features |= ::wgpu::Features::SUBGROUP;
+        }
         if f16_native {
             features |= ::wgpu::Features::SHADER_F16;
         }
@@ -187,6 +195,7 @@ impl Gpu {
             uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment).max(16),
             f16_native,
             timestamps,
+            subgroups,
             errors,
         })
     }

@@ -42,8 +42,12 @@
 //!   accumulators of at most 8 columns, and to mat-vec groups of 8 columns
 //!   instead of the tiled matmul ([`WgpuOptions::split_k`],
 //!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
-//! * No kernel uses subgroup operations: reductions go through workgroup
-//!   memory, so any subgroup size (lavapipe's 8, 32, 64) or none works.
+//! * Subgroup operations are optional: where the adapter has them, the
+//!   split-row mat-vec sums each row's partials with shuffles (any
+//!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
+//!   than a subgroup needs no workgroup memory or barrier
+//!   ([`WgpuOptions::subgroups`]); every other reduction, and every
+//!   reduction without subgroups, goes through workgroup memory.
 //! * [`WgpuBackend::set_profiling`] times every dispatch of the following
 //!   steps (timestamp queries, or the host's clock where the adapter has
 //!   none) and [`WgpuBackend::take_profile`] sums them per kernel: what
@@ -159,6 +163,12 @@ pub struct WgpuOptions {
     /// workgroup memory (`Some(true)`), or one invocation per row
     /// (`Some(false)`). `None`: split, except on CPU adapters.
     pub split_k: Option<bool>,
+    /// Reduce split-row mat-vec partials with subgroup shuffles where the
+    /// adapter has subgroup operations (`true`, the default), else through
+    /// workgroup memory alone. The shuffles assume that a subgroup is a run
+    /// of consecutive local invocation indices, as on every Vulkan driver;
+    /// `false` only to compare or to rule that out.
+    pub subgroups: bool,
     /// Invocations per workgroup of the sampling kernel (a power of two from
     /// 8 to 256; one workgroup per row). `None`: 256, except on CPU adapters,
     /// where a row's dozens of barrier-separated reductions cost far more
@@ -200,6 +210,7 @@ impl Default for WgpuOptions {
             fuse_glu: true,
             fuse_norm: true,
             split_k: None,
+            subgroups: true,
             sample_workgroup: None,
         }
     }

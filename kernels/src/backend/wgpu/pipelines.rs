@@ -394,6 +394,18 @@ pub(crate) fn mat_vec_variant(cols: usize) -> u32 {
     (cols.clamp(1, MAT_VEC_COLS) as u32).next_power_of_two()
 }
 
+/// What mat_vec.wgsl's split-row reduction calls for subgroup shuffles:
+/// `sg_xor` and, without subgroups, a subgroup size of 1 (no shuffles).
+fn subgroup_helpers(on: bool) -> &'static str {
+    if on {
+        "const SUBGROUPS: bool = true;\n\
+         fn sg_xor(v: f32, mask: u32) -> f32 { return subgroupShuffleXor(v, mask); }\n"
+    } else {
+        "const SUBGROUPS: bool = false;\nconst sg_size: u32 = 1u;\n\
+         fn sg_xor(v: f32, mask: u32) -> f32 { return v; }\n"
+    }
+}
+
 /// Every pipeline a forward pass uses.
 #[derive(Debug)]
 pub(crate) struct Pipelines {
@@ -401,6 +413,8 @@ pub(crate) struct Pipelines {
     /// Mat-vec splits each row over several invocations (GPUs); false on CPU
     /// adapters, where one invocation per row avoids workgroup barriers.
     pub(crate) split_k: bool,
+    /// The device has subgroup operations enabled.
+    gpu_subgroups: bool,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope: ::wgpu::ComputePipeline,
@@ -488,6 +502,7 @@ impl Pipelines {
         Pipelines {
             layouts,
             split_k,
+            gpu_subgroups: gpu.subgroups,
             weight: HashMap::new(),
             rms_norm,
             rope,
@@ -548,15 +563,26 @@ impl Pipelines {
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
                          const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n\
-                         const GLU: bool = {};\nconst NORM: bool = {norm};\n",
+                         const GLU: bool = {};\nconst NORM: bool = {norm};\n{}",
                         256 * rc,
                         self.split_k,
                         matches!(kind, WeightKernel::Glu(..)),
+                        subgroup_helpers(self.subgroups()),
                     )
                 }
                 _ => String::new(),
             };
-            let source = format!("{}\n{consts}{body}", dtype.prelude());
+            let mut source = format!("{}\n{consts}{body}", dtype.prelude());
+            if matches!(kind, WeightKernel::MatVec(..) | WeightKernel::Glu(..)) {
+                // naga takes subgroup operations as a device feature, with
+                // no `enable subgroups` directive (it rejects that one).
+                let param = if self.subgroups() {
+                    "@builtin(subgroup_size) sg_size: u32,"
+                } else {
+                    ""
+                };
+                source = source.replace("SUBGROUP_SIZE_PARAM", param);
+            }
             let pipe = compile(
                 gpu,
                 &format!("{label}_{dtype:?}"),
@@ -566,6 +592,12 @@ impl Pipelines {
             );
             self.weight.insert((kind, dtype), pipe);
         }
+    }
+
+    /// Whether mat-vec reductions use subgroup shuffles: split-row mat-vec
+    /// on a device with subgroup operations.
+    pub(crate) fn subgroups(&self) -> bool {
+        self.split_k && self.gpu_subgroups
     }
 
     /// Compiles the sampling kernel for workgroups of `wg` invocations (a

@@ -39,8 +39,13 @@
 // barrier) each invocation computes whole rows instead, and the barrier
 // branch is compiled out. Partial sums are reduced in workgroup memory, RC
 // columns at a time (`const RC: u32`, min(COLS, 8), keeps that memory at
-// 8 KiB for any COLS): no subgroup operations, so any subgroup size (or
-// none) works.
+// 8 KiB for any COLS). With `const SUBGROUPS = true` (the host prepends it,
+// with `sg_xor`, and the subgroup size parameter, where the device has
+// subgroup operations) a butterfly of shuffles first sums each run of
+// min(tpr, subgroup size) invocations of a row: when that covers the row,
+// no workgroup memory or barrier is needed at all; otherwise only one
+// partial per subgroup goes through workgroup memory. Any power-of-two
+// subgroup size works; without subgroups the size is 1.
 
 struct Params {
     k: u32,        // input features
@@ -155,6 +160,7 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
+    SUBGROUP_SIZE_PARAM
 ) {
     let wg = wid.x + wid.y * nwg.x;
     let norm = NORM;
@@ -256,11 +262,44 @@ fn main(
             }
         }
     }
-    // One round per RC columns (two with GLU: gate, then up): partials to
-    // workgroup memory, one barrier, then one invocation per (row, column)
-    // sums its tpr partials: far cheaper than a tree on devices where a
-    // barrier is expensive (software rasterisers), and a few dozen
-    // workgroup-memory reads on GPUs.
+    // Shuffles: each run of `width` invocations of a row sums its partials
+    // (the invocations of a row are consecutive, and so are a subgroup's).
+    let width = min(tpr, sg_size);
+    if (SUBGROUPS) {
+        for (var c = 0u; c < COLS; c++) {
+            var g = acc[c];
+            var u = acc_u[c];
+            for (var m = 1u; m < width; m <<= 1u) {
+                g += sg_xor(g, m);
+                if (GLU) {
+                    u += sg_xor(u, m);
+                }
+            }
+            acc[c] = g;
+            acc_u[c] = u;
+        }
+        if (width == tpr) {
+            // Every invocation holds its row's sums; the first finishes.
+            if (t == 0u && row < p.rows) {
+                for (var c = 0u; c < COLS; c++) {
+                    if (c < p.ncols) {
+                        if (GLU) {
+                            finish(acc_u[c], acc[c], row, c);
+                        } else {
+                            finish(acc[c], 0.0, row, c);
+                        }
+                    }
+                }
+            }
+            return;
+        }
+    }
+    // One round per RC columns (two with GLU: gate, then up): the first
+    // invocation of each run writes its partial to workgroup memory, one
+    // barrier, then one invocation per (row, column) sums the row's parts:
+    // far cheaper than a tree on devices where a barrier is expensive
+    // (software rasterisers), and a few workgroup-memory reads on GPUs.
+    let parts = tpr / width;
     let halves = select(1u, 2u, GLU);
     for (var c0 = 0u; c0 < COLS; c0 += RC) {
         var gate = 0.0;
@@ -268,17 +307,20 @@ fn main(
             if (c0 > 0u || h > 0u) {
                 workgroupBarrier(); // the previous round's sums are read
             }
-            for (var c = 0u; c < RC; c++) {
-                red[(lr * RC + c) * tpr + t] = select(acc[c0 + c], acc_u[c0 + c], h == 1u);
+            if (t % width == 0u) {
+                for (var c = 0u; c < RC; c++) {
+                    let v = select(acc[c0 + c], acc_u[c0 + c], h == 1u);
+                    red[(lr * RC + c) * parts + t / width] = v;
+                }
             }
             workgroupBarrier();
             if (lid < rpw * RC) {
                 let rr = lid / RC;
                 let c = c0 + lid % RC;
                 let out_row = wg * rpw + rr;
-                let base = (rr * RC + lid % RC) * tpr;
+                let base = (rr * RC + lid % RC) * parts;
                 var v = 0.0;
-                for (var i = 0u; i < tpr; i++) {
+                for (var i = 0u; i < parts; i++) {
                     v += red[base + i];
                 }
                 if (GLU && h == 0u) {
