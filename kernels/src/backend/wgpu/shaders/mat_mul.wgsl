@@ -3,18 +3,20 @@
 // as in Hugging Face files; the weight prelude (dtype_*.wgsl) supplies `w`,
 // `w_at` and `w_load8`.
 //
-// Each workgroup computes a 64 x 64 output tile, over k in slabs of 32. Each
-// of its 256 invocations:
-// * loads 8 consecutive weights of one tile row with `w_load8` (when k is a
-//   multiple of 8, as in every real model: two to four words of packed
-//   floats, or one block's bytes and scale, instead of 8 separate values)
-//   and 8 consecutive x values of one token, and stores them transposed, so
-//   that both tiles are [k][64] in workgroup memory;
-// * multiplies a 4 x 4 block of the tile (tokens 4 ty .. 4 ty + 3, rows
-//   4 tx .. 4 tx + 3) as two vec4 reads and 16 multiply-adds per k.
-// The next slab's global loads are issued into registers before the current
-// slab is multiplied (register double buffering), so their latency hides
-// behind the arithmetic with one tile of workgroup memory (16 KiB).
+// Each workgroup computes a 64 x 64 output tile, over k in slabs of 16,
+// double-buffered in workgroup memory: while the invocations multiply one
+// slab they store the next into the other buffer, so one barrier per slab
+// suffices and the next slab's global loads (issued before the multiply)
+// hide behind it. Per slab:
+// * invocations 0..128 each load 8 consecutive weights of one tile row with
+//   `w_load8` (when k is a multiple of 8, as in every real model: two to
+//   four words of packed floats, or one block's bytes and scale, instead of
+//   8 separate values) and invocations 128..256 8 consecutive x values of
+//   one token; both tiles are stored transposed, [k][64];
+// * every invocation multiplies a 4 x 4 block of the tile (tokens
+//   4 ty .. 4 ty + 3, rows 4 tx .. 4 tx + 3): two vec4 reads and 16
+//   multiply-adds per k.
+// Two buffers of both tiles take 16 KiB, the smallest limit WebGPU allows.
 
 struct Params {
     k: u32,        // input features
@@ -37,11 +39,13 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const TILE: u32 = 64u;
-const BK: u32 = 32u;
+const BK: u32 = 16u;
 const Q: u32 = 16u; // vec4s per tile row (TILE / 4)
+const SLAB: u32 = 256u; // vec4s per buffer of one tile (BK * Q)
 
-// [k][token] and [k][weight row], four tokens or rows per vec4.
-var<workgroup> xs: array<vec4<f32>, 512>; // BK * Q
+// Two buffers of [k][token] and [k][weight row], four tokens or rows per
+// vec4.
+var<workgroup> xs: array<vec4<f32>, 512>; // 2 * SLAB
 var<workgroup> ws: array<vec4<f32>, 512>;
 
 // Weights k0 .. k0 + 8 of tile row n (zero past the chunk's rows or k).
@@ -83,39 +87,55 @@ fn main(
 ) {
     let n0 = wid.x * TILE;
     let m0 = wid.y * TILE;
-    // Loading: tile row (or token) lid / 4, k offset 8 (lid % 4) in the slab.
-    let lr = lid / 4u;
-    let lk = 8u * (lid % 4u);
+    // Loading: weights (lid < 128) or x (the rest), tile row or token
+    // `lr`, k offset `lk` in the slab.
+    let loads_w = lid < 128u;
+    let lr = (lid % 128u) / 2u;
+    let lk = 8u * (lid % 2u);
+    let slot = lr / 4u;
+    let lane = lr % 4u;
     // Multiplying: tokens 4 ty .., rows 4 tx ...
     let tx = lid % Q;
     let ty = lid / Q;
     var acc: array<vec4<f32>, 4>;
-    var wv = load_w(n0 + lr, lk);
-    var xv = load_x(m0 + lr, lk);
+    var v: W8;
+    if (loads_w) {
+        v = load_w(n0 + lr, lk);
+    } else {
+        v = load_x(m0 + lr, lk);
+    }
+    var cur = 0u;
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        let slot = lr / 4u;
-        let lane = lr % 4u;
+        // Store the slab just loaded into buffer `cur` (no one reads it:
+        // the last barrier ended every read of the slab two back).
+        let b = cur * SLAB;
         for (var j = 0u; j < 4u; j++) {
-            ws[(lk + j) * Q + slot][lane] = wv.lo[j];
-            ws[(lk + 4u + j) * Q + slot][lane] = wv.hi[j];
-            xs[(lk + j) * Q + slot][lane] = xv.lo[j];
-            xs[(lk + 4u + j) * Q + slot][lane] = xv.hi[j];
+            if (loads_w) {
+                ws[b + (lk + j) * Q + slot][lane] = v.lo[j];
+                ws[b + (lk + 4u + j) * Q + slot][lane] = v.hi[j];
+            } else {
+                xs[b + (lk + j) * Q + slot][lane] = v.lo[j];
+                xs[b + (lk + 4u + j) * Q + slot][lane] = v.hi[j];
+            }
         }
         workgroupBarrier();
         let next = k0 + BK;
         if (next < p.k) {
-            wv = load_w(n0 + lr, next + lk);
-            xv = load_x(m0 + lr, next + lk);
+            if (loads_w) {
+                v = load_w(n0 + lr, next + lk);
+            } else {
+                v = load_x(m0 + lr, next + lk);
+            }
         }
         for (var kk = 0u; kk < BK; kk++) {
-            let a = xs[kk * Q + ty];
-            let b = ws[kk * Q + tx];
-            acc[0] += a.x * b;
-            acc[1] += a.y * b;
-            acc[2] += a.z * b;
-            acc[3] += a.w * b;
+            let a = xs[b + kk * Q + ty];
+            let w4 = ws[b + kk * Q + tx];
+            acc[0] += a.x * w4;
+            acc[1] += a.y * w4;
+            acc[2] += a.z * w4;
+            acc[3] += a.w * w4;
         }
-        workgroupBarrier();
+        cur = 1u - cur;
     }
     for (var i = 0u; i < 4u; i++) {
         let gm = m0 + 4u * ty + i;
