@@ -903,6 +903,8 @@ impl WgpuBackend {
         split_k: bool,
         fuse: Fuse,
     ) {
+        // mat_vec.wgsl's 8-wide path reads x rows as aligned vec4s.
+        debug_assert_eq!(ldx as usize, m.in_dim, "x rows are k apart");
         let tpr = mat_vec_tpr(m.in_dim, split_k);
         let bias = u32::from(m.bias.is_some() && fuse.norm_eps.is_none());
         let [flags, eps] = fuse.words();

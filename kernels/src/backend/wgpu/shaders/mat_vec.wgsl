@@ -63,7 +63,9 @@ struct Params {
     eps: f32,      // NORM: the norm's epsilon _p13: u32, _p14: u32, _p15: u32,
 }
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+// x as vec4s: the 8-wide path reads two per step (every x buffer is a
+// whole number of 16-byte words), `x_at` one value.
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
@@ -71,12 +73,15 @@ struct Params {
 const WG: u32 = 256u;
 const ACCUMULATE: u32 = 1u;
 
-// x[xi .. xi + 8].
+fn x_at(i: u32) -> f32 {
+    return x[i >> 2u][i & 3u];
+}
+
+// x[xi .. xi + 8] as two vector loads. The 8-wide path calls it with xi a
+// multiple of 8: the host lays columns out k apart (ldx = k, x_off a
+// multiple of ldx), and that path runs only when 8 divides k.
 fn x8(xi: u32) -> W8 {
-    return W8(
-        vec4<f32>(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]),
-        vec4<f32>(x[xi + 4u], x[xi + 5u], x[xi + 6u], x[xi + 7u]),
-    );
+    return W8(x[xi >> 2u], x[(xi >> 2u) + 1u]);
 }
 
 fn dot8(wv: W8, xv: W8) -> f32 {
@@ -99,7 +104,7 @@ fn column_norms(lid: u32) {
     let xc = p.x_off + min(c, p.ncols - 1u) * p.ldx;
     var ss = 0.0;
     for (var i = j; i < p.k; i += per) {
-        let v = x[xc + i];
+        let v = x_at(xc + i);
         ss += v * v;
     }
     red[lid] = ss;
@@ -200,7 +205,7 @@ fn main(
                     wu = w_at_normed(ubase + kk, kk, norm);
                 }
                 for (var c = 0u; c < COLS; c++) {
-                    let xv = x[p.x_off + min(c, last) * p.ldx + kk];
+                    let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
                     acc[c] += wv * xv;
                     if (GLU) {
                         acc_u[c] += wu * xv;
@@ -253,7 +258,7 @@ fn main(
                     wu = w_at_normed(ubase + kk, kk, norm);
                 }
                 for (var c = 0u; c < COLS; c++) {
-                    let xv = x[p.x_off + min(c, last) * p.ldx + kk];
+                    let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
                     acc[c] += wv * xv;
                     if (GLU) {
                         acc_u[c] += wu * xv;
