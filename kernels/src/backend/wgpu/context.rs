@@ -224,13 +224,14 @@ impl Gpu {
         })
     }
 
-    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    /// A storage buffer holding `bytes`, padded with zeros to whole 16-byte
+    /// words (kernels read x and packed weights as vec4s).
     pub(crate) fn buffer_init(&self, label: &str, bytes: &[u8]) -> ::wgpu::Buffer {
         use ::wgpu::util::DeviceExt;
         let usage = ::wgpu::BufferUsages::STORAGE
             | ::wgpu::BufferUsages::COPY_SRC
             | ::wgpu::BufferUsages::COPY_DST;
-        if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
+        if bytes.len().is_multiple_of(16) && !bytes.is_empty() {
             return self
                 .device
                 .create_buffer_init(&::wgpu::util::BufferInitDescriptor {
@@ -240,7 +241,7 @@ impl Gpu {
                 });
         }
         let mut padded = bytes.to_vec();
-        padded.resize(bytes.len().max(4).div_ceil(4) * 4, 0);
+        padded.resize(bytes.len().max(16).div_ceil(16) * 16, 0);
         self.device
             .create_buffer_init(&::wgpu::util::BufferInitDescriptor {
                 label: Some(label),

@@ -125,12 +125,8 @@ impl KernelLab {
         self.gpu.f16_native
     }
 
-    /// A storage buffer holding `bytes`, padded to whole 16-byte words as
-    /// the backend's buffers are (mat_vec.wgsl reads x as vec4s).
     fn upload(&self, label: &str, bytes: &[u8]) -> ::wgpu::Buffer {
-        let mut padded = bytes.to_vec();
-        padded.resize(bytes.len().div_ceil(16) * 16, 0);
-        self.gpu.buffer_init(label, &padded)
+        self.gpu.buffer_init(label, bytes)
     }
 
     fn output(&self, label: &str, floats: usize) -> ::wgpu::Buffer {

@@ -3,15 +3,12 @@
 // so this prelude comes first).
 enable f16;
 
-@group(0) @binding(1) var<storage, read> w: array<f16>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<f16>>;
 
 fn w_at(i: u32) -> f32 {
-    return f32(w[i]);
+    return f32(w[i >> 2u][i & 3u]);
 }
 
 fn w_load8(i: u32) -> W8 {
-    return W8(
-        vec4<f32>(vec4<f16>(w[i], w[i + 1u], w[i + 2u], w[i + 3u])),
-        vec4<f32>(vec4<f16>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u])),
-    );
+    return W8(vec4<f32>(w[i >> 2u]), vec4<f32>(w[(i >> 2u) + 1u]));
 }
