@@ -33,7 +33,9 @@ struct Params {
     _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+// x as vec4s (every x buffer is a whole number of 16-byte words); rows of X
+// are k apart, so with 8 dividing k each 8-wide read is two aligned loads.
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
@@ -68,13 +70,17 @@ fn load_w(n: u32, k0: u32) -> W8 {
 
 // x values k0 .. k0 + 8 of token m (zero past the tokens or k).
 fn load_x(m: u32, k0: u32) -> W8 {
+    if (m >= p.m || k0 >= p.k) {
+        return W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    }
+    let base = p.x_off + m * p.ldx + k0;
+    if (p.k % 8u == 0u) {
+        return W8(x[base >> 2u], x[(base >> 2u) + 1u]);
+    }
     var v: array<f32, 8>;
-    if (m < p.m) {
-        let base = p.x_off + m * p.ldx + k0;
-        for (var j = 0u; j < 8u; j++) {
-            if (k0 + j < p.k) {
-                v[j] = x[base + j];
-            }
+    for (var j = 0u; j < 8u; j++) {
+        if (k0 + j < p.k) {
+            v[j] = x[(base + j) >> 2u][(base + j) & 3u];
         }
     }
     return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
