@@ -122,6 +122,27 @@ fn wgpu_mat_vec_matches_reference() {
         // several groups of either.
         check_linear(&mut lab, &mut rng, false, 140, 16);
     }
+    // Rows of up to 1,200 values: 32 and 64 invocations per row, so runs of
+    // shuffles cover only part of a row wherever a subgroup is narrower.
+    for (split_k, mut lab) in mat_vec_variants() {
+        let mut rng = Rng::new(30 + split_k as u64);
+        for case in 0..4 {
+            let dtype = dtypes(&lab)[case % 3];
+            let k = 8 * range(&mut rng, 33, 150);
+            let n = range(&mut rng, 1, 40);
+            let cols = range(&mut rng, 1, 70);
+            let w = round(dtype, &uniform(&mut rng, n * k, 1.0));
+            let x = uniform(&mut rng, cols * k, 1.0);
+            let got = lab
+                .linear(&x, cols, &w, k, None, dtype, false, None)
+                .expect("linear");
+            let e = nmse(&got, &linear_ref(&x, cols, &w, k, None));
+            assert!(
+                e < NMSE_LINEAR,
+                "{dtype:?} [{n}x{k}] x {cols} cols: nmse {e:e}"
+            );
+        }
+    }
 }
 
 /// silu(gate) * up for each column of `gu` (`[cols, 2 inter]`, gate then up).

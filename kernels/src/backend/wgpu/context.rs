@@ -186,7 +186,9 @@ impl Gpu {
         if let Some(cap) = opts.max_binding {
             max_binding = max_binding.min(cap);
         }
-        let max_binding = max_binding / 4 * 4;
+        // Whole 16-byte words: buffers are padded to them (vec4 reads), and a
+        // chunk cut to fit the binding must still fit once padded.
+        let max_binding = max_binding / 16 * 16;
         Ok(Gpu {
             device,
             queue,

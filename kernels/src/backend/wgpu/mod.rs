@@ -166,8 +166,10 @@ pub struct WgpuOptions {
     /// Reduce split-row mat-vec partials with subgroup shuffles where the
     /// adapter has subgroup operations (`true`, the default), else through
     /// workgroup memory alone. The shuffles assume that a subgroup is a run
-    /// of consecutive local invocation indices, as on every Vulkan driver;
-    /// `false` only to compare or to rule that out.
+    /// of consecutive local invocation indices of the reported subgroup
+    /// size: what Vulkan drivers do in practice for one-dimensional
+    /// workgroups (NVIDIA, AMD, Mesa), though no specification promises it;
+    /// `false` rules it out (and compares the two).
     pub subgroups: bool,
     /// Invocations per workgroup of the sampling kernel (a power of two from
     /// 8 to 256; one workgroup per row). `None`: 256, except on CPU adapters,

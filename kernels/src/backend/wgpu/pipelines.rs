@@ -14,7 +14,7 @@ pub enum WeightDtype {
     F32,
     /// f16 pairs packed in u32, widened with `unpack2x16float`.
     F16,
-    /// f16 read as `array<f16>` (devices with `shader-f16`).
+    /// f16 read as `array<vec4<f16>>` (devices with `shader-f16`).
     F16Native,
     /// bf16 pairs packed in u32, widened by a shift.
     Bf16,

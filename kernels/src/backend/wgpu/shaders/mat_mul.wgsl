@@ -9,9 +9,9 @@
 // suffices and the next slab's global loads (issued before the multiply)
 // hide behind it. Per slab:
 // * invocations 0..128 each load 8 consecutive weights of one tile row with
-//   `w_load8` (when k is a multiple of 8, as in every real model: two to
-//   four words of packed floats, or one block's bytes and scale, instead of
-//   8 separate values) and invocations 128..256 8 consecutive x values of
+//   `w_load8` (when k is a multiple of 8, as in every real model: one
+//   16-byte load of packed f16/bf16, two of f32, or one block's bytes and
+//   scale, instead of 8 separate values) and invocations 128..256 8 consecutive x values of
 //   one token; both tiles are stored transposed, [k][64];
 // * every invocation multiplies a 4 x 4 block of the tile (tokens
 //   4 ty .. 4 ty + 3, rows 4 tx .. 4 tx + 3): two vec4 reads and 16

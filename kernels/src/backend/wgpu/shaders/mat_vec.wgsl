@@ -8,9 +8,10 @@
 // supplies `w`, `w_at` and `w_load8`.
 //
 // When k is a multiple of 8 (every real model; quantized blocks always are)
-// each invocation reads 8 consecutive weights per step with `w_load8`: two
-// to four words of packed floats or one block's bytes and its scale, instead
-// of one value per load; other k take one value at a time.
+// each invocation reads 8 consecutive weights per step with `w_load8` (one
+// 16-byte load of packed f16/bf16, two of f32, or one block's bytes and its
+// scale) and each column's 8 x values as two vec4 loads; other k take one
+// value at a time.
 //
 // A workgroup of 256 invocations computes 256 / tpr rows, tpr invocations
 // per row striding over k (adjacent invocations read adjacent weights); the
@@ -24,22 +25,25 @@
 // activations written (no bias: fused only for matrices without one).
 //
 // Two options fuse the neighbours of a product into it:
-// * `const NORM = true` (split-row variants only: it needs a barrier, which
-//   one invocation per row is built to avoid): x is the residual stream and each column is RMS-normalised on the
-//   fly, y = inv_rms(x[c]) * sum_k (W[o, k] g[k]) x[c, k], with the norm
-//   weight g in the bias binding (so only for matrices without a bias). The
+// * `const NORM = true` (split-row variants only: it needs barriers, which
+//   one invocation per row is built to avoid): x is the residual stream
+//   and each column is RMS-normalised on the fly,
+//   y = inv_rms(x[c]) * sum_k (W[o, k] g[k]) x[c, k], with the norm weight g
+//   in the bias binding (so only for matrices without a bias). The
 //   workgroup first sums each column's squares (256 / COLS invocations per
-//   column, one barrier, then one invocation per column), which replaces
-//   the separate RMSNorm dispatch and its output.
-// * flag ACCUMULATE: y += the product (the residual add of the output and down
-//   products, into the residual stream itself).
+//   column, a barrier, one invocation per column, a barrier), which
+//   replaces the separate RMSNorm dispatch and its output.
+// * flag ACCUMULATE: y += the product (the residual add of the output and
+//   down products, into the residual stream itself).
 //
 // With `const SPLIT_K = false` (prepended for CPU adapters such as lavapipe,
 // which run invocations as SIMD lanes and pay dearly for each workgroup
 // barrier) each invocation computes whole rows instead, and the barrier
-// branch is compiled out. Partial sums are reduced in workgroup memory, RC
-// columns at a time (`const RC: u32`, min(COLS, 8), keeps that memory at
-// 8 KiB for any COLS). With `const SUBGROUPS = true` (the host prepends it,
+// branch is compiled out.
+//
+// Split rows reduce their partial sums in workgroup memory, RC columns at
+// a time (`const RC: u32`, min(COLS, 8), keeps that memory at 8 KiB for
+// any COLS). With `const SUBGROUPS = true` (the host prepends it,
 // with `sg_xor`, and the subgroup size parameter, where the device has
 // subgroup operations) a butterfly of shuffles first sums each run of
 // min(tpr, subgroup size) invocations of a row: when that covers the row,
@@ -60,7 +64,8 @@ struct Params {
     tpr: u32,      // invocations per row: 8, 16, 32 or 64
     up_row: u32,   // GLU: offset from a gate row to its up row
     flags: u32,    // 1 = ACCUMULATE
-    eps: f32,      // NORM: the norm's epsilon _p13: u32, _p14: u32, _p15: u32,
+    eps: f32,      // NORM: the norm's epsilon
+    _p13: u32, _p14: u32, _p15: u32,
 }
 
 // x as vec4s: the 8-wide path reads two per step (every x buffer is a
@@ -173,52 +178,53 @@ fn main(
         column_norms(lid);
     }
     if (!SPLIT_K) {
+        // No early return: what follows the branch must stay in uniform
+        // control flow for the split path's barriers and shuffles.
         let row = wg * WG + lid;
-        if (row >= p.rows) {
-            return;
-        }
-        let last = p.ncols - 1u;
-        var acc: array<f32, COLS>;
-        var acc_u: array<f32, COLS>;
-        let base = row * p.k;
-        let ubase = (row + p.up_row) * p.k;
-        if (p.k % 8u == 0u) {
-            for (var kk = 0u; kk < p.k; kk += 8u) {
-                let wv = w_load8_normed(base + kk, kk, norm);
-                var wu: W8;
-                if (GLU) {
-                    wu = w_load8_normed(ubase + kk, kk, norm);
-                }
-                for (var c = 0u; c < COLS; c++) {
-                    let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
-                    acc[c] += dot8(wv, xv);
+        if (row < p.rows) {
+            let last = p.ncols - 1u;
+            var acc: array<f32, COLS>;
+            var acc_u: array<f32, COLS>;
+            let base = row * p.k;
+            let ubase = (row + p.up_row) * p.k;
+            if (p.k % 8u == 0u) {
+                for (var kk = 0u; kk < p.k; kk += 8u) {
+                    let wv = w_load8_normed(base + kk, kk, norm);
+                    var wu: W8;
                     if (GLU) {
-                        acc_u[c] += dot8(wu, xv);
+                        wu = w_load8_normed(ubase + kk, kk, norm);
+                    }
+                    for (var c = 0u; c < COLS; c++) {
+                        let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
+                        acc[c] += dot8(wv, xv);
+                        if (GLU) {
+                            acc_u[c] += dot8(wu, xv);
+                        }
+                    }
+                }
+            } else {
+                for (var kk = 0u; kk < p.k; kk++) {
+                    let wv = w_at_normed(base + kk, kk, norm);
+                    var wu = 0.0;
+                    if (GLU) {
+                        wu = w_at_normed(ubase + kk, kk, norm);
+                    }
+                    for (var c = 0u; c < COLS; c++) {
+                        let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
+                        acc[c] += wv * xv;
+                        if (GLU) {
+                            acc_u[c] += wu * xv;
+                        }
                     }
                 }
             }
-        } else {
-            for (var kk = 0u; kk < p.k; kk++) {
-                let wv = w_at_normed(base + kk, kk, norm);
-                var wu = 0.0;
-                if (GLU) {
-                    wu = w_at_normed(ubase + kk, kk, norm);
-                }
-                for (var c = 0u; c < COLS; c++) {
-                    let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
-                    acc[c] += wv * xv;
+            for (var c = 0u; c < COLS; c++) {
+                if (c < p.ncols) {
                     if (GLU) {
-                        acc_u[c] += wu * xv;
+                        finish(acc_u[c], acc[c], row, c);
+                    } else {
+                        finish(acc[c], 0.0, row, c);
                     }
-                }
-            }
-        }
-        for (var c = 0u; c < COLS; c++) {
-            if (c < p.ncols) {
-                if (GLU) {
-                    finish(acc_u[c], acc[c], row, c);
-                } else {
-                    finish(acc[c], 0.0, row, c);
                 }
             }
         }

@@ -2,8 +2,9 @@
 // themselves):
 //   y[r] = weight * (x[s] / sqrt(mean(x[s]^2) + eps))   (Hugging Face order)
 // where s = r, or s = plan[sel_off + r] with SELECT (the final norm runs only
-// on the rows that need logits and writes them compactly). On mat-vec passes
-// the layers' norms are fused into the products instead (mat_vec.wgsl).
+// on the rows that need logits and writes them compactly). On passes of
+// split-row mat-vec the layers' norms before bias-free products are fused
+// into those products instead (mat_vec.wgsl).
 //
 // One workgroup per output row; the sum of squares is reduced in workgroup
 // memory (no subgroup operations, so any subgroup size works).
