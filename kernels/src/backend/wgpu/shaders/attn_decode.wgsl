@@ -14,6 +14,8 @@
 //   SC_LEN    HG * TILE
 //   OPT       ceil(QS_LEN / WG), accumulator elements per invocation
 // Reductions are serial loops or workgroup memory: no subgroup operations.
+// Each K row is loaded once (as vec4s where 4 divides HEAD_DIM) for all HG
+// heads' scores.
 
 struct Params {
     n_items: u32,   // decode rows in this pass
@@ -35,8 +37,10 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> plan: array<u32>;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> kc: array<f32>;
-@group(0) @binding(3) var<storage, read> vc: array<f32>;
+// The cache as vec4s (its buffers are whole 16-byte words): a K row is
+// HEAD_DIM / 4 vector loads where 4 divides the head width.
+@group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> vc: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> att: array<f32>;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
@@ -90,12 +94,25 @@ fn main(
             let j = t0 + lid;
             let block = plan[rt + j / p.bs];
             let kb = ((block * p.kv_heads + g) * p.bs + j % p.bs) * HEAD_DIM;
-            for (var h = 0u; h < HG; h++) {
-                var s = 0.0;
-                for (var d = 0u; d < HEAD_DIM; d++) {
-                    s += qs[h * HEAD_DIM + d] * kc[kb + d];
+            var s: array<f32, HG>;
+            if (HEAD_DIM % 4u == 0u) {
+                for (var d = 0u; d < HEAD_DIM; d += 4u) {
+                    let k4 = kc[(kb + d) >> 2u];
+                    for (var h = 0u; h < HG; h++) {
+                        let q = h * HEAD_DIM + d;
+                        s[h] += dot(vec4<f32>(qs[q], qs[q + 1u], qs[q + 2u], qs[q + 3u]), k4);
+                    }
                 }
-                sc[h * TILE + lid] = s;
+            } else {
+                for (var d = 0u; d < HEAD_DIM; d++) {
+                    let kv = kc[(kb + d) >> 2u][(kb + d) & 3u];
+                    for (var h = 0u; h < HG; h++) {
+                        s[h] += qs[h * HEAD_DIM + d] * kv;
+                    }
+                }
+            }
+            for (var h = 0u; h < HG; h++) {
+                sc[h * TILE + lid] = s[h];
             }
         }
         workgroupBarrier();
@@ -129,7 +146,7 @@ fn main(
                     let j = t0 + jj;
                     let block = plan[rt + j / p.bs];
                     let vb = ((block * p.kv_heads + g) * p.bs + j % p.bs) * HEAD_DIM;
-                    a += sc[h * TILE + jj] * vc[vb + d];
+                    a += sc[h * TILE + jj] * vc[(vb + d) >> 2u][(vb + d) & 3u];
                 }
                 acc[o] = a;
             }
