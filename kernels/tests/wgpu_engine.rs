@@ -641,6 +641,18 @@ fn wgpu_loading_reports_each_layer_uploaded() {
     assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
 }
 
+/// One sequence's step from `start_pos`, its logits row coming back.
+fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> SeqBatch<'a> {
+    SeqBatch {
+        tokens,
+        start_pos,
+        block_table: table,
+        want_logits: true,
+        sample: None,
+        keep_row: false,
+    }
+}
+
 #[test]
 fn wgpu_fused_kernels_match_the_separate_ones() {
     // SiLU-times-up fused into the gate|up mat-vec, and the RMSNorms into
@@ -666,14 +678,7 @@ fn wgpu_fused_kernels_match_the_separate_ones() {
     let prompt: Vec<TokenId> = (0..20).map(|i| (i * 11 % 301) as TokenId).collect();
     let table = [1u32, 6];
     for (tokens, pos) in [(&prompt[..], 0u32), (&[7][..], 20)] {
-        let batch = [SeqBatch {
-            tokens,
-            start_pos: pos,
-            block_table: &table,
-            want_logits: true,
-            sample: None,
-            keep_row: false,
-        }];
+        let batch = [logits_step(tokens, pos, &table)];
         let mut outs = Vec::new();
         for b in &mut backends {
             let mut o = Vec::new();
@@ -729,14 +734,7 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
     for clock in [ProfileClock::Device, ProfileClock::Host] {
         timed.set_profiling(Some(clock));
         for (tokens, pos) in [(&prompt[..], 0u32), (&[5][..], 12)] {
-            let batch = [SeqBatch {
-                tokens,
-                start_pos: pos,
-                block_table: &table,
-                want_logits: true,
-                sample: None,
-                keep_row: false,
-            }];
+            let batch = [logits_step(tokens, pos, &table)];
             let (mut a, mut b) = (Vec::new(), Vec::new());
             plain.forward(&batch, &mut a).expect("plain step");
             timed.forward(&batch, &mut b).expect("profiled step");
@@ -771,14 +769,7 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
     }
     // Off: steps are no longer profiled.
     timed.set_profiling(None);
-    let batch = [SeqBatch {
-        tokens: &[6],
-        start_pos: 13,
-        block_table: &table,
-        want_logits: true,
-        sample: None,
-        keep_row: false,
-    }];
+    let batch = [logits_step(&[6], 13, &table)];
     timed.forward(&batch, &mut Vec::new()).expect("step");
     assert_eq!(timed.take_profile().map(|p| p.steps), Some(0));
 }

@@ -142,20 +142,16 @@ fn parse_args() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(USAGE.into());
         }
-        if flag == "--profile" {
-            a.profile = true;
-            continue;
-        }
-        if flag == "--no-fused-glu" {
-            a.fused_glu = false;
-            continue;
-        }
-        if flag == "--no-fused-norm" {
-            a.fused_norm = false;
-            continue;
-        }
-        if flag == "--no-subgroups" {
-            a.subgroups = false;
+        // Switches, which take no value.
+        let switch = match flag.as_str() {
+            "--profile" => Some((&mut a.profile, true)),
+            "--no-fused-glu" => Some((&mut a.fused_glu, false)),
+            "--no-fused-norm" => Some((&mut a.fused_norm, false)),
+            "--no-subgroups" => Some((&mut a.subgroups, false)),
+            _ => None,
+        };
+        if let Some((field, value)) = switch {
+            *field = value;
             continue;
         }
         let val = it

@@ -5,10 +5,7 @@
 //! blocks and `plan` words as the backend.
 
 use super::context::{grid, Gpu};
-use super::pipelines::{
-    mat_vec_max_cols, mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel,
-    MAT_MUL_TILE,
-};
+use super::pipelines::{AttnShape, ParamArena, Pipelines, Product, WeightKernel};
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
 use super::{WeightDtype, WgpuOptions};
@@ -348,18 +345,27 @@ impl KernelLab {
         let bb = self.upload("lab.b", bytemuck::cast_slice(&[0.0f32]));
         let yb = self.output("lab.act", cols * inter as usize);
         let bg = self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb]);
-        let split_k = self.pipes.split_k;
-        let tpr = mat_vec_tpr(in_dim, split_k);
-        let k = in_dim as u32;
+        let product = Product {
+            k: in_dim as u32,
+            rows: inter,
+            row0: 0,
+            cols: cols as u32,
+            ldx: in_dim as u32,
+            ldy: inter,
+            bias: false,
+            tiled: false,
+            split_k: self.pipes.split_k,
+            glu: true,
+            norm_eps: None,
+            accumulate: false,
+        };
         let mut dispatches = Vec::new();
-        let mut c0 = 0u32;
-        while (c0 as usize) < cols {
-            let n = (cols as u32 - c0).min(mat_vec_max_cols(split_k, true) as u32);
-            let kind = WeightKernel::Glu(mat_vec_variant(n as usize), false);
-            let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
-            let words = vec![k, inter, 0, n, k, inter, 0, c0 * k, c0 * inter, tpr, inter];
-            dispatches.push((pipe, &bg, words, grid(inter.div_ceil(256 / tpr))));
-            c0 += n;
+        for call in product.calls() {
+            let pipe = self
+                .pipes
+                .weight(call.kind, c.dtype)
+                .ok_or("pipeline missing")?;
+            dispatches.push((pipe, &bg, call.words, call.groups));
         }
         let out = self.run(&dispatches, (&yb, 4 * (cols as u64) * inter as u64))?;
         Ok(f32s(&out))
@@ -399,48 +405,28 @@ impl KernelLab {
             .iter()
             .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb]))
             .collect();
-        let tpr = mat_vec_tpr(in_dim, self.pipes.split_k);
-        let (k, ldx, ldy, has_bias) = (
-            in_dim as u32,
-            in_dim as u32,
-            out_dim as u32,
-            u32::from(bias.is_some()),
-        );
         let mut dispatches = Vec::new();
         for (c, bg) in chunks.iter().zip(&bgs) {
-            let (rows, row0) = (c.rows, c.row0);
-            if tiled {
+            let product = Product {
+                k: in_dim as u32,
+                rows: c.rows,
+                row0: c.row0,
+                cols: cols as u32,
+                ldx: in_dim as u32,
+                ldy: out_dim as u32,
+                bias: bias.is_some(),
+                tiled,
+                split_k: self.pipes.split_k,
+                glu: false,
+                norm_eps: None,
+                accumulate: false,
+            };
+            for call in product.calls() {
                 let pipe = self
                     .pipes
-                    .weight(WeightKernel::MatMul, c.dtype)
+                    .weight(call.kind, c.dtype)
                     .ok_or("pipeline missing")?;
-                let words = vec![k, rows, row0, cols as u32, ldx, ldy, has_bias, 0, 0];
-                let groups = [
-                    rows.div_ceil(MAT_MUL_TILE),
-                    (cols as u32).div_ceil(MAT_MUL_TILE),
-                ];
-                dispatches.push((pipe, bg, words, groups));
-                continue;
-            }
-            let mut c0 = 0u32;
-            while (c0 as usize) < cols {
-                let n = (cols as u32 - c0).min(mat_vec_max_cols(self.pipes.split_k, false) as u32);
-                let kind = WeightKernel::MatVec(mat_vec_variant(n as usize), false);
-                let pipe = self.pipes.weight(kind, c.dtype).ok_or("pipeline missing")?;
-                let words = vec![
-                    k,
-                    rows,
-                    row0,
-                    n,
-                    ldx,
-                    ldy,
-                    has_bias,
-                    c0 * ldx,
-                    c0 * ldy,
-                    tpr,
-                ];
-                dispatches.push((pipe, bg, words, grid(rows.div_ceil(256 / tpr))));
-                c0 += n;
+                dispatches.push((pipe, bg, call.words, call.groups));
             }
         }
         let out = self.run(&dispatches, (&yb, 4 * (cols * out_dim) as u64))?;

@@ -105,10 +105,7 @@ use crate::rope;
 pub use context::adapters;
 use context::{grid, Gpu, GpuError};
 pub use pipelines::WeightDtype;
-use pipelines::{
-    mat_vec_max_cols, mat_vec_tpr, mat_vec_variant, AttnShape, ParamArena, Pipelines, WeightKernel,
-    MAT_MUL_TILE, MAT_VEC_COLS,
-};
+use pipelines::{AttnShape, ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
 use plan::{HostPlan, Pass, PlanLimits};
 use profile::Profiler;
 pub use profile::{KernelTime, Profile, ProfileClock};
@@ -253,15 +250,6 @@ impl Fuse {
             norm_eps: Some(eps),
             accumulate: false,
         }
-    }
-
-    /// mat_vec.wgsl's `flags` and `eps` words (the norm itself is a
-    /// pipeline variant).
-    fn words(self) -> [u32; 2] {
-        [
-            u32::from(self.accumulate),
-            self.norm_eps.unwrap_or(0.0).to_bits(),
-        ]
     }
 }
 
@@ -757,10 +745,22 @@ impl WgpuBackend {
         x: &::wgpu::Buffer,
         y: &::wgpu::Buffer,
     ) -> Vec<::wgpu::BindGroup> {
-        let bias = m.bias.as_ref().unwrap_or(&self.dummy);
+        self.chunk_bgs(label, m, x, m.bias.as_ref().unwrap_or(&self.dummy), y)
+    }
+
+    /// One bind group per chunk of `m`: x, the chunk, `third` (the bias, or
+    /// the norm weight of a fused norm), y.
+    fn chunk_bgs(
+        &self,
+        label: &str,
+        m: &Matrix,
+        x: &::wgpu::Buffer,
+        third: &::wgpu::Buffer,
+        y: &::wgpu::Buffer,
+    ) -> Vec<::wgpu::BindGroup> {
         m.chunks
             .iter()
-            .map(|c| self.storage_bg(&self.pipes.layouts.mat, label, &[x, &c.buf, bias, y]))
+            .map(|c| self.storage_bg(&self.pipes.layouts.mat, label, &[x, &c.buf, third, y]))
             .collect()
     }
 
@@ -777,16 +777,7 @@ impl WgpuBackend {
         if !norm_fusable(self.opts.fuse_norm && self.pipes.split_k, m) {
             return Vec::new();
         }
-        m.chunks
-            .iter()
-            .map(|c| {
-                self.storage_bg(
-                    &self.pipes.layouts.mat,
-                    label,
-                    &[&self.bufs.x.buf, &c.buf, norm_w, y],
-                )
-            })
-            .collect()
+        self.chunk_bgs(label, m, &self.bufs.x.buf, norm_w, y)
     }
 
     fn build_binds(&self) -> Binds {
@@ -891,7 +882,7 @@ impl WgpuBackend {
 
     /// A product through `m` for `m_rows` rows of x, one dispatch per weight
     /// chunk: the tiled matmul for more than `tiled_above` rows, else
-    /// mat-vec in groups of at most [`mat_vec_max_cols`] columns.
+    /// mat-vec groups ([`Product::calls`]).
     #[allow(clippy::too_many_arguments)]
     fn mat_ops(
         params: &mut ParamArena,
@@ -907,58 +898,22 @@ impl WgpuBackend {
     ) {
         // mat_vec.wgsl's 8-wide path reads x rows as aligned vec4s.
         debug_assert_eq!(ldx as usize, m.in_dim, "x rows are k apart");
-        let tpr = mat_vec_tpr(m.in_dim, split_k);
-        let bias = u32::from(m.bias.is_some() && fuse.norm_eps.is_none());
-        let [flags, eps] = fuse.words();
-        let k = m.in_dim as u32;
         for (i, c) in m.chunks.iter().enumerate() {
-            if tiled_above.is_some_and(|n| m_rows > n) {
-                ops.push(Op {
-                    pipe: Pipe::Weight(WeightKernel::MatMul, c.dtype),
-                    bind: bind(i),
-                    param: params.push(&[
-                        k,
-                        c.rows,
-                        c.row0,
-                        m_rows,
-                        ldx,
-                        ldy,
-                        bias,
-                        0,
-                        0,
-                        u32::from(fuse.accumulate),
-                    ]),
-                    groups: [c.rows.div_ceil(MAT_MUL_TILE), m_rows.div_ceil(MAT_MUL_TILE)],
-                });
-                continue;
-            }
-            let mut c0 = 0;
-            while c0 < m_rows {
-                let n = (m_rows - c0).min(mat_vec_max_cols(split_k, false) as u32);
-                let kind =
-                    WeightKernel::MatVec(mat_vec_variant(n as usize), fuse.norm_eps.is_some());
-                ops.push(Op {
-                    pipe: Pipe::Weight(kind, c.dtype),
-                    bind: bind(i),
-                    param: params.push(&[
-                        k,
-                        c.rows,
-                        c.row0,
-                        n,
-                        ldx,
-                        ldy,
-                        bias,
-                        c0 * ldx,
-                        c0 * ldy,
-                        tpr,
-                        0,
-                        flags,
-                        eps,
-                    ]),
-                    groups: grid(c.rows.div_ceil(256 / tpr)),
-                });
-                c0 += n;
-            }
+            let product = Product {
+                k: m.in_dim as u32,
+                rows: c.rows,
+                row0: c.row0,
+                cols: m_rows,
+                ldx,
+                ldy,
+                bias: m.bias.is_some(),
+                tiled: tiled_above.is_some_and(|n| m_rows > n),
+                split_k,
+                glu: false,
+                norm_eps: fuse.norm_eps,
+                accumulate: fuse.accumulate,
+            };
+            Self::push_product(params, ops, &product, c.dtype, bind(i));
         }
     }
 
@@ -971,42 +926,41 @@ impl WgpuBackend {
         m: &Matrix,
         bind: Bind,
         m_rows: u32,
-        ldx: u32,
         inter: u32,
         split_k: bool,
         fuse: Fuse,
     ) {
-        let [flags, eps] = fuse.words();
-        let tpr = mat_vec_tpr(m.in_dim, split_k);
-        let dtype = m.chunks[0].dtype;
-        let k = m.in_dim as u32;
-        let mut c0 = 0;
-        while c0 < m_rows {
-            let n = (m_rows - c0).min(mat_vec_max_cols(split_k, true) as u32);
+        let product = Product {
+            k: m.in_dim as u32,
+            rows: inter,
+            row0: 0,
+            cols: m_rows,
+            ldx: m.in_dim as u32,
+            ldy: inter,
+            bias: false,
+            tiled: false,
+            split_k,
+            glu: true,
+            norm_eps: fuse.norm_eps,
+            accumulate: false,
+        };
+        Self::push_product(params, ops, &product, m.chunks[0].dtype, bind);
+    }
+
+    fn push_product(
+        params: &mut ParamArena,
+        ops: &mut Vec<Op>,
+        product: &Product,
+        dtype: WeightDtype,
+        bind: Bind,
+    ) {
+        for call in product.calls() {
             ops.push(Op {
-                pipe: Pipe::Weight(
-                    WeightKernel::Glu(mat_vec_variant(n as usize), fuse.norm_eps.is_some()),
-                    dtype,
-                ),
+                pipe: Pipe::Weight(call.kind, dtype),
                 bind,
-                param: params.push(&[
-                    k,
-                    inter,
-                    0,
-                    n,
-                    ldx,
-                    inter,
-                    0,
-                    c0 * ldx,
-                    c0 * inter,
-                    tpr,
-                    inter,
-                    flags,
-                    eps,
-                ]),
-                groups: grid(inter.div_ceil(256 / tpr)),
+                param: params.push(&call.words),
+                groups: call.groups,
             });
-            c0 += n;
         }
     }
 
@@ -1068,39 +1022,33 @@ impl WgpuBackend {
         let none = Fuse::default();
         let normed = Fuse::normed(d.eps);
         for (l, lw) in w.layers.iter().enumerate() {
-            if mat_vec_pass && norm_fusable(fuse_norm, &lw.qkv) {
-                Self::mat_ops(
-                    prm,
-                    &mut ops,
-                    &lw.qkv,
-                    |c| Bind::QkvNormed(l, c),
-                    t,
-                    d.h,
-                    d.qkv_w,
-                    tiled,
-                    split_k,
-                    normed,
-                );
-            } else {
+            let norm_in_product = mat_vec_pass && norm_fusable(fuse_norm, &lw.qkv);
+            if !norm_in_product {
                 ops.push(Op {
                     pipe: Pipe::Norm,
                     bind: Bind::NormIn(l),
                     param: prm.push(&[d.h, d.eps.to_bits(), 0, 0, t]),
                     groups: grid(t),
                 });
-                Self::mat_ops(
-                    prm,
-                    &mut ops,
-                    &lw.qkv,
-                    |c| Bind::Qkv(l, c),
-                    t,
-                    d.h,
-                    d.qkv_w,
-                    tiled,
-                    split_k,
-                    none,
-                );
             }
+            Self::mat_ops(
+                prm,
+                &mut ops,
+                &lw.qkv,
+                |c| {
+                    if norm_in_product {
+                        Bind::QkvNormed(l, c)
+                    } else {
+                        Bind::Qkv(l, c)
+                    }
+                },
+                t,
+                d.h,
+                d.qkv_w,
+                tiled,
+                split_k,
+                if norm_in_product { normed } else { none },
+            );
             ops.push(Op {
                 pipe: Pipe::Rope,
                 bind: Bind::Rope,
@@ -1191,17 +1139,7 @@ impl WgpuBackend {
                 } else {
                     Bind::Glu(l)
                 };
-                Self::glu_ops(
-                    prm,
-                    &mut ops,
-                    &lw.gate_up,
-                    bind,
-                    t,
-                    d.h,
-                    d.inter,
-                    split_k,
-                    fuse,
-                );
+                Self::glu_ops(prm, &mut ops, &lw.gate_up, bind, t, d.inter, split_k, fuse);
             } else {
                 Self::mat_ops(
                     prm,

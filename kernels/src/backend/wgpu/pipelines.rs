@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tokenwire_gguf::GgmlType;
 
-use super::context::Gpu;
+use super::context::{grid, Gpu};
 
 /// How one weight tensor is stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -170,7 +170,7 @@ const MAT_VEC_COLS_PER_ROW: usize = 8;
 
 /// The most columns one mat-vec dispatch takes; `glu`: the fused SwiGLU
 /// variant, which holds two accumulators per column and so stops at 32.
-pub(crate) fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
+fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
     match (split_k, glu) {
         (false, _) => MAT_VEC_COLS_PER_ROW,
         (true, false) => MAT_VEC_COLS,
@@ -182,7 +182,7 @@ const MAT_VEC_REDUCE_COLS: u32 = 8;
 /// Invocations per output row of the mat-vec kernel for rows of `k` values
 /// (its workgroups have 256 invocations, so 256 / tpr rows each); 1 when
 /// the kernel computes whole rows per invocation (`split_k` off).
-pub(crate) fn mat_vec_tpr(k: usize, split_k: bool) -> u32 {
+fn mat_vec_tpr(k: usize, split_k: bool) -> u32 {
     if !split_k {
         return 1;
     }
@@ -236,7 +236,7 @@ pub(crate) fn cpu_sample_wg(vocab: u32) -> u32 {
 }
 
 /// Output tile of the tiled matmul.
-pub(crate) const MAT_MUL_TILE: u32 = 64;
+const MAT_MUL_TILE: u32 = 64;
 /// Positions per tile of the decode attention kernel.
 pub(crate) const DECODE_TILE: u32 = 64;
 
@@ -390,8 +390,112 @@ pub(crate) enum WeightKernel {
 }
 
 /// The mat-vec variant for `cols` columns (at most [`mat_vec_max_cols`]).
-pub(crate) fn mat_vec_variant(cols: usize) -> u32 {
+fn mat_vec_variant(cols: usize) -> u32 {
     (cols.clamp(1, MAT_VEC_COLS) as u32).next_power_of_two()
+}
+
+/// One product through one weight chunk, as the backend and the kernel lab
+/// both dispatch it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Product {
+    /// Input features.
+    pub(crate) k: u32,
+    /// Output rows of this chunk (with `glu`, the intermediate size: gate
+    /// rows, each with its up row that many rows further on).
+    pub(crate) rows: u32,
+    /// First output row of this chunk.
+    pub(crate) row0: u32,
+    /// Token columns.
+    pub(crate) cols: u32,
+    /// Strides between the columns of x and y.
+    pub(crate) ldx: u32,
+    pub(crate) ldy: u32,
+    /// Add the chunk's bias (not with `glu` or `norm_eps`).
+    pub(crate) bias: bool,
+    /// The tiled matmul instead of mat-vec groups.
+    pub(crate) tiled: bool,
+    /// Mat-vec rows split over invocations.
+    pub(crate) split_k: bool,
+    /// The fused SwiGLU variant.
+    pub(crate) glu: bool,
+    /// The fused RMSNorm with this epsilon (mat-vec only).
+    pub(crate) norm_eps: Option<f32>,
+    /// Add the product into y.
+    pub(crate) accumulate: bool,
+}
+
+/// One dispatch of a [`Product`]: its kernel, its parameter words (in the
+/// order of mat_vec.wgsl's or mat_mul.wgsl's `Params`) and its grid.
+#[derive(Debug, Clone)]
+pub(crate) struct ProductCall {
+    pub(crate) kind: WeightKernel,
+    pub(crate) words: Vec<u32>,
+    pub(crate) groups: [u32; 2],
+}
+
+impl Product {
+    /// The dispatches: one tiled matmul, or mat-vec groups of at most
+    /// [`mat_vec_max_cols`] columns.
+    pub(crate) fn calls(&self) -> Vec<ProductCall> {
+        let bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
+        if self.tiled {
+            debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
+            return vec![ProductCall {
+                kind: WeightKernel::MatMul,
+                words: vec![
+                    self.k,
+                    self.rows,
+                    self.row0,
+                    self.cols,
+                    self.ldx,
+                    self.ldy,
+                    bias,
+                    0,
+                    0,
+                    u32::from(self.accumulate),
+                ],
+                groups: [
+                    self.rows.div_ceil(MAT_MUL_TILE),
+                    self.cols.div_ceil(MAT_MUL_TILE),
+                ],
+            }];
+        }
+        let tpr = mat_vec_tpr(self.k as usize, self.split_k);
+        let norm = self.norm_eps.is_some();
+        let up_row = if self.glu { self.rows } else { 0 };
+        let max = mat_vec_max_cols(self.split_k, self.glu) as u32;
+        let mut calls = Vec::new();
+        let mut c0 = 0;
+        while c0 < self.cols {
+            let n = (self.cols - c0).min(max);
+            let variant = mat_vec_variant(n as usize);
+            calls.push(ProductCall {
+                kind: if self.glu {
+                    WeightKernel::Glu(variant, norm)
+                } else {
+                    WeightKernel::MatVec(variant, norm)
+                },
+                words: vec![
+                    self.k,
+                    self.rows,
+                    self.row0,
+                    n,
+                    self.ldx,
+                    self.ldy,
+                    bias,
+                    c0 * self.ldx,
+                    c0 * self.ldy,
+                    tpr,
+                    up_row,
+                    u32::from(self.accumulate),
+                    self.norm_eps.unwrap_or(0.0).to_bits(),
+                ],
+                groups: grid(self.rows.div_ceil(256 / tpr)),
+            });
+            c0 += n;
+        }
+        calls
+    }
 }
 
 /// What mat_vec.wgsl's split-row reduction calls for subgroup shuffles:

@@ -125,9 +125,9 @@ fn column_norms(lid: u32) {
 }
 
 // The 8 weights from i scaled by the norm weights g[kk .. kk + 8] (NORM).
-fn w_load8_normed(i: u32, kk: u32, norm: bool) -> W8 {
+fn w_load8_normed(i: u32, kk: u32) -> W8 {
     let wv = w_load8(i);
-    if (!norm) {
+    if (!NORM) {
         return wv;
     }
     return W8(
@@ -136,8 +136,8 @@ fn w_load8_normed(i: u32, kk: u32, norm: bool) -> W8 {
     );
 }
 
-fn w_at_normed(i: u32, kk: u32, norm: bool) -> f32 {
-    if (!norm) {
+fn w_at_normed(i: u32, kk: u32) -> f32 {
+    if (!NORM) {
         return w_at(i);
     }
     return w_at(i) * bias[kk];
@@ -165,6 +165,67 @@ fn finish(v0: f32, gate0: f32, row: u32, c: u32) {
     y[at] = v;
 }
 
+// Per column: a row's dot product and, under GLU, its up row's.
+struct Sums {
+    g: array<f32, COLS>,
+    u: array<f32, COLS>,
+}
+
+// Row `row`'s sums over k in 8-wide steps first, first + stride, ... (where
+// 8 divides k; else single values): the whole row for one invocation per
+// row, a stride of it for each of the tpr invocations of a split row.
+fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
+    var s: Sums;
+    let last = p.ncols - 1u;
+    let base = row * p.k;
+    let ubase = (row + p.up_row) * p.k;
+    if (p.k % 8u == 0u) {
+        for (var kk = 8u * first; kk < p.k; kk += 8u * stride) {
+            let wv = w_load8_normed(base + kk, kk);
+            var wu: W8;
+            if (GLU) {
+                wu = w_load8_normed(ubase + kk, kk);
+            }
+            for (var c = 0u; c < COLS; c++) {
+                let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
+                s.g[c] += dot8(wv, xv);
+                if (GLU) {
+                    s.u[c] += dot8(wu, xv);
+                }
+            }
+        }
+    } else {
+        for (var kk = first; kk < p.k; kk += stride) {
+            let wv = w_at_normed(base + kk, kk);
+            var wu = 0.0;
+            if (GLU) {
+                wu = w_at_normed(ubase + kk, kk);
+            }
+            for (var c = 0u; c < COLS; c++) {
+                let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
+                s.g[c] += wv * xv;
+                if (GLU) {
+                    s.u[c] += wu * xv;
+                }
+            }
+        }
+    }
+    return s;
+}
+
+// Finishes every column of `row` from its complete sums.
+fn finish_row(row: u32, s: Sums) {
+    for (var c = 0u; c < COLS; c++) {
+        if (c < p.ncols) {
+            if (GLU) {
+                finish(s.u[c], s.g[c], row, c);
+            } else {
+                finish(s.g[c], 0.0, row, c);
+            }
+        }
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -173,7 +234,6 @@ fn main(
     SUBGROUP_SIZE_PARAM
 ) {
     let wg = wid.x + wid.y * nwg.x;
-    let norm = NORM;
     if (NORM) {
         column_norms(lid);
     }
@@ -182,51 +242,7 @@ fn main(
         // control flow for the split path's barriers and shuffles.
         let row = wg * WG + lid;
         if (row < p.rows) {
-            let last = p.ncols - 1u;
-            var acc: array<f32, COLS>;
-            var acc_u: array<f32, COLS>;
-            let base = row * p.k;
-            let ubase = (row + p.up_row) * p.k;
-            if (p.k % 8u == 0u) {
-                for (var kk = 0u; kk < p.k; kk += 8u) {
-                    let wv = w_load8_normed(base + kk, kk, norm);
-                    var wu: W8;
-                    if (GLU) {
-                        wu = w_load8_normed(ubase + kk, kk, norm);
-                    }
-                    for (var c = 0u; c < COLS; c++) {
-                        let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
-                        acc[c] += dot8(wv, xv);
-                        if (GLU) {
-                            acc_u[c] += dot8(wu, xv);
-                        }
-                    }
-                }
-            } else {
-                for (var kk = 0u; kk < p.k; kk++) {
-                    let wv = w_at_normed(base + kk, kk, norm);
-                    var wu = 0.0;
-                    if (GLU) {
-                        wu = w_at_normed(ubase + kk, kk, norm);
-                    }
-                    for (var c = 0u; c < COLS; c++) {
-                        let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
-                        acc[c] += wv * xv;
-                        if (GLU) {
-                            acc_u[c] += wu * xv;
-                        }
-                    }
-                }
-            }
-            for (var c = 0u; c < COLS; c++) {
-                if (c < p.ncols) {
-                    if (GLU) {
-                        finish(acc_u[c], acc[c], row, c);
-                    } else {
-                        finish(acc[c], 0.0, row, c);
-                    }
-                }
-            }
+            finish_row(row, row_sums(row, 0u, 1u));
         }
         return;
     }
@@ -235,72 +251,30 @@ fn main(
     let lr = lid / tpr;
     let t = lid % tpr;
     let row = wg * rpw + lr;
-    var acc: array<f32, COLS>;
-    var acc_u: array<f32, COLS>;
-    let last = p.ncols - 1u;
+    var sums: Sums;
     if (row < p.rows) {
-        let base = row * p.k;
-        let ubase = (row + p.up_row) * p.k;
-        if (p.k % 8u == 0u) {
-            for (var kk = 8u * t; kk < p.k; kk += 8u * tpr) {
-                let wv = w_load8_normed(base + kk, kk, norm);
-                var wu: W8;
-                if (GLU) {
-                    wu = w_load8_normed(ubase + kk, kk, norm);
-                }
-                for (var c = 0u; c < COLS; c++) {
-                    let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
-                    acc[c] += dot8(wv, xv);
-                    if (GLU) {
-                        acc_u[c] += dot8(wu, xv);
-                    }
-                }
-            }
-        } else {
-            for (var kk = t; kk < p.k; kk += tpr) {
-                let wv = w_at_normed(base + kk, kk, norm);
-                var wu = 0.0;
-                if (GLU) {
-                    wu = w_at_normed(ubase + kk, kk, norm);
-                }
-                for (var c = 0u; c < COLS; c++) {
-                    let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
-                    acc[c] += wv * xv;
-                    if (GLU) {
-                        acc_u[c] += wu * xv;
-                    }
-                }
-            }
-        }
+        sums = row_sums(row, t, tpr);
     }
     // Shuffles: each run of `width` invocations of a row sums its partials
     // (the invocations of a row are consecutive, and so are a subgroup's).
     let width = min(tpr, sg_size);
     if (SUBGROUPS) {
         for (var c = 0u; c < COLS; c++) {
-            var g = acc[c];
-            var u = acc_u[c];
+            var g = sums.g[c];
+            var u = sums.u[c];
             for (var m = 1u; m < width; m <<= 1u) {
                 g += sg_xor(g, m);
                 if (GLU) {
                     u += sg_xor(u, m);
                 }
             }
-            acc[c] = g;
-            acc_u[c] = u;
+            sums.g[c] = g;
+            sums.u[c] = u;
         }
         if (width == tpr) {
             // Every invocation holds its row's sums; the first finishes.
             if (t == 0u && row < p.rows) {
-                for (var c = 0u; c < COLS; c++) {
-                    if (c < p.ncols) {
-                        if (GLU) {
-                            finish(acc_u[c], acc[c], row, c);
-                        } else {
-                            finish(acc[c], 0.0, row, c);
-                        }
-                    }
-                }
+                finish_row(row, sums);
             }
             return;
         }
@@ -320,7 +294,7 @@ fn main(
             }
             if (t % width == 0u) {
                 for (var c = 0u; c < RC; c++) {
-                    let v = select(acc[c0 + c], acc_u[c0 + c], h == 1u);
+                    let v = select(sums.g[c0 + c], sums.u[c0 + c], h == 1u);
                     red[(lr * RC + c) * parts + t / width] = v;
                 }
             }
