@@ -20,6 +20,49 @@ pub struct Q8Block {
     pub neg128_sum: i32,
 }
 
+/// Eight consecutive [`Q8Block`]s laid out for kernels whose vector lanes
+/// each hold one block: `q[k]` holds values `4k..4k + 4` of all eight
+/// blocks, block `b`'s at bytes `4b..4b + 4`, so one 32-byte integer dot
+/// product adds four values of each block into its own lane, and a block's
+/// scale and sums sit in the same lane of `d`, `s` and `neg128_sum`. Weights
+/// read into the same layout need one float multiply-add per eight blocks
+/// instead of one per block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(32))]
+pub struct Q8Group {
+    /// `q[k][4 b + i]` is value `4 k + i` of block `b`.
+    pub q: [[i8; 32]; 8],
+    /// Each block's scale.
+    pub d: [f32; 8],
+    /// Each block's `s`.
+    pub s: [f32; 8],
+    /// Each block's `neg128_sum`.
+    pub neg128_sum: [i32; 8],
+}
+
+impl Default for Q8Group {
+    fn default() -> Self {
+        Q8Group {
+            q: [[0; 32]; 8],
+            d: [0.0; 8],
+            s: [0.0; 8],
+            neg128_sum: [0; 8],
+        }
+    }
+}
+
+/// One token's activations for the 32-block formats: its blocks, and the
+/// first `groups.len() * 8` of them again as [`Q8Group`]s (what
+/// [`group_q8`] makes of them; kernels without vector lanes per block read
+/// only `blocks`).
+#[derive(Debug, Clone, Copy)]
+pub struct Q8Row<'a> {
+    /// The blocks, in order.
+    pub blocks: &'a [Q8Block],
+    /// `groups[g]` is `blocks[8 g..8 g + 8]` regrouped.
+    pub groups: &'a [Q8Group],
+}
+
 /// 256 activations as `d * q`, with the sums of each 16 values (the K-quant
 /// minimums and Q6_K's offset of 32 multiply them).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,6 +132,20 @@ pub fn quantize_q8_into(x: &[f32], out: &mut [Q8Block]) {
         b.d = d;
         b.s = d * sum as f32;
         b.neg128_sum = -128 * sum;
+    }
+}
+
+/// Regroups the whole eights of `blocks` into `out` (as many as both have).
+pub fn group_q8(blocks: &[Q8Block], out: &mut [Q8Group]) {
+    for (g, eight) in out.iter_mut().zip(blocks.chunks_exact(8)) {
+        for (b, x) in eight.iter().enumerate() {
+            for (k, q) in g.q.iter_mut().enumerate() {
+                q[4 * b..4 * b + 4].copy_from_slice(&x.q[4 * k..4 * k + 4]);
+            }
+            g.d[b] = x.d;
+            g.s[b] = x.s;
+            g.neg128_sum[b] = x.neg128_sum;
+        }
     }
 }
 

@@ -24,13 +24,13 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     match isa {
         Isa::Neon => Kernels {
             isa: Isa::Neon,
-            q8_0: |w, a| unsafe { dot_q8_0_neon(w, a) },
-            q4_0: |w, a| unsafe { dot_q4_0_neon(w, a) },
-            q4_1: |w, a| unsafe { dot_q4_1_neon(w, a) },
+            q8_0: |w, a| unsafe { dot_q8_0_neon(w, a.blocks) },
+            q4_0: |w, a| unsafe { dot_q4_0_neon(w, a.blocks) },
+            q4_1: |w, a| unsafe { dot_q4_1_neon(w, a.blocks) },
             // A tile as sixteen one-row calls: the same bits.
-            q8_0_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q8_0_neon(r, x) })),
-            q4_0_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q4_0_neon(r, x) })),
-            q4_1_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q4_1_neon(r, x) })),
+            q8_0_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q8_0_neon(r, x.blocks) })),
+            q4_0_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q4_0_neon(r, x.blocks) })),
+            q4_1_tile: |w, a| w.map(|r| a.map(|x| unsafe { dot_q4_1_neon(r, x.blocks) })),
             ..scalar
         },
         _ => scalar,

@@ -5,8 +5,9 @@
 //! * [`blocks`]: the byte layout of each format and its scalar dequantization,
 //!   the reference every other path is tested against.
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
-//!   for Q8_0/Q4_0/Q4_1 weights) or 256 ([`Q8KBlock`], for Q4_K/Q6_K), so the
-//!   inner loop multiplies small integers.
+//!   for Q8_0/Q4_0/Q4_1 weights, also regrouped eight blocks at a time as
+//!   [`Q8Group`]s for the VNNI kernels) or 256 ([`Q8KBlock`], for
+//!   Q4_K/Q6_K), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
 //! * `x86` (x86_64 only): the same dot products in AVX2 (and AVX-512 VNNI
 //!   where the CPU has it); `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
@@ -25,15 +26,18 @@ mod x86;
 #[cfg(test)]
 mod tests;
 
-pub use acts::{quantize_q8, quantize_q8_into, quantize_q8k, quantize_q8k_into, Q8Block, Q8KBlock};
+pub use acts::{
+    group_q8, quantize_q8, quantize_q8_into, quantize_q8k, quantize_q8k_into, Q8Block, Q8Group,
+    Q8KBlock, Q8Row,
+};
 
 use tokenwire_gguf::GgmlType;
 
 /// Dot product of a weight row (raw block bytes) with 32-blocks of activations.
-pub type DotQ8 = fn(&[u8], &[Q8Block]) -> f32;
+pub type DotQ8 = fn(&[u8], &Q8Row<'_>) -> f32;
 /// Dot products of four weight rows with four tokens' 32-blocks
 /// (`[row][token]`), each the same bits as the one-row, one-token kernel.
-pub type DotQ8Tile = fn(&[&[u8]; 4], &[&[Q8Block]; 4]) -> [[f32; 4]; 4];
+pub type DotQ8Tile = fn(&[&[u8]; 4], &[Q8Row<'_>; 4]) -> [[f32; 4]; 4];
 /// Dot product of a weight row with 256-blocks of activations.
 pub type DotQ8K = fn(&[u8], &[Q8KBlock]) -> f32;
 /// Dot product of a 2-byte-float weight row with f32 activations.
@@ -103,6 +107,9 @@ pub struct Kernels {
     pub q4_0: DotQ8,
     /// Q4_1 weights.
     pub q4_1: DotQ8,
+    /// Whether the 32-block kernels read [`Q8Row::groups`] (those with a
+    /// lane per block); the others need only the blocks.
+    pub q8_groups: bool,
     /// Q8_0 weights, four rows by four tokens.
     pub q8_0_tile: DotQ8Tile,
     /// Q4_0 weights, four rows by four tokens.
@@ -143,12 +150,13 @@ impl Kernels {
     pub fn for_isa(isa: Isa) -> Kernels {
         let scalar = Kernels {
             isa: Isa::Scalar,
-            q8_0: reference::dot_q8_0,
-            q4_0: reference::dot_q4_0,
-            q4_1: reference::dot_q4_1,
-            q8_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q8_0(r, x))),
-            q4_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_0(r, x))),
-            q4_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_1(r, x))),
+            q8_groups: false,
+            q8_0: |w, a| reference::dot_q8_0(w, a.blocks),
+            q4_0: |w, a| reference::dot_q4_0(w, a.blocks),
+            q4_1: |w, a| reference::dot_q4_1(w, a.blocks),
+            q8_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q8_0(r, x.blocks))),
+            q4_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_0(r, x.blocks))),
+            q4_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_1(r, x.blocks))),
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
             f16: reference::dot_f16,

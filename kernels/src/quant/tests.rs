@@ -103,6 +103,15 @@ fn exact(dtype: GgmlType, w: &[u8], x: &[f32]) -> (f64, f64) {
     (dot, mag)
 }
 
+/// `x` quantized for the 32-block kernels: its blocks and their groups.
+fn q8_acts(x: &[f32]) -> (Vec<Q8Block>, Vec<Q8Group>) {
+    let mut blocks = Vec::new();
+    quantize_q8(x, &mut blocks);
+    let mut groups = vec![Q8Group::default(); blocks.len() / 8];
+    group_q8(&blocks, &mut groups);
+    (blocks, groups)
+}
+
 fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
     match act_format(dtype) {
         ActFormat::F32 => match dtype {
@@ -117,14 +126,19 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
             }
         },
         ActFormat::Q8 => {
-            let mut q = Vec::new();
-            quantize_q8(x, &mut q);
+            let (blocks, groups) = q8_acts(x);
             let f = match dtype {
                 GgmlType::Q8_0 => k.q8_0,
                 GgmlType::Q4_0 => k.q4_0,
                 _ => k.q4_1,
             };
-            f(w, &q)
+            f(
+                w,
+                &Q8Row {
+                    blocks: &blocks,
+                    groups: &groups,
+                },
+            )
         }
         ActFormat::Q8K => {
             let mut q = Vec::new();
@@ -147,7 +161,8 @@ fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
         // Lengths with a tail for the float kernels' 32-wide loops.
         let lens: &[usize] = match dtype.block_len() {
             1 => &[8, 40, 576, 1000],
-            32 => &[32, 576, 1536],
+            // Whole groups of eight blocks, and groups with a tail.
+            32 => &[32, 256, 288, 576, 1536, 5632],
             _ => &[QK_K, 2048],
         };
         for &n in lens {
@@ -182,30 +197,87 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
             (GgmlType::Q4_1, k.q4_1, k.q4_1_tile),
         ];
         for (dtype, one, tile) in pairs {
-            for n in [32, 576, 1536] {
+            for n in [32, 256, 576, 1536] {
                 let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
-                let acts: Vec<Vec<Q8Block>> = (0..4)
-                    .map(|_| {
-                        let mut q = Vec::new();
-                        quantize_q8(&random_acts(n, &mut rng), &mut q);
-                        q
-                    })
-                    .collect();
+                let acts: Vec<(Vec<Q8Block>, Vec<Q8Group>)> =
+                    (0..4).map(|_| q8_acts(&random_acts(n, &mut rng))).collect();
+                let row = |j: usize| Q8Row {
+                    blocks: &acts[j].0,
+                    groups: &acts[j].1,
+                };
                 let got = tile(
                     &[&rows[0], &rows[1], &rows[2], &rows[3]],
-                    &[&acts[0], &acts[1], &acts[2], &acts[3]],
+                    &[row(0), row(1), row(2), row(3)],
                 );
                 for (r, w) in rows.iter().enumerate() {
-                    for (j, a) in acts.iter().enumerate() {
+                    for (j, got) in got[r].iter().enumerate() {
                         assert_eq!(
-                            got[r][j].to_bits(),
-                            one(w, a).to_bits(),
+                            got.to_bits(),
+                            one(w, &row(j)).to_bits(),
                             "{dtype} n={n} row {r} token {j} {}",
                             isa.name()
                         );
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn groups_hold_each_block_in_its_own_lane() {
+    let mut rng = Rng(53);
+    let mut blocks = Vec::new();
+    quantize_q8(&random_acts(32 * 20, &mut rng), &mut blocks);
+    // 20 blocks make two whole groups; the last four blocks have none.
+    let mut groups = vec![Q8Group::default(); 3];
+    group_q8(&blocks, &mut groups);
+    assert_eq!(groups[2], Q8Group::default());
+    for (g, group) in groups[..2].iter().enumerate() {
+        for (b, x) in blocks[8 * g..8 * g + 8].iter().enumerate() {
+            assert_eq!(
+                (group.d[b], group.s[b], group.neg128_sum[b]),
+                (x.d, x.s, x.neg128_sum)
+            );
+            for (v, &q) in x.q.iter().enumerate() {
+                assert_eq!(
+                    group.q[v / 4][4 * b + v % 4],
+                    q,
+                    "group {g} block {b} value {v}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_without_groups_read_the_blocks_alone() {
+    // A row given no groups (as for kernels that take none) is the same dot
+    // product, block by block.
+    let mut rng = Rng(59);
+    for isa in Isa::available() {
+        let k = Kernels::for_isa(isa);
+        for (dtype, f) in [
+            (GgmlType::Q8_0, k.q8_0),
+            (GgmlType::Q4_0, k.q4_0),
+            (GgmlType::Q4_1, k.q4_1),
+        ] {
+            let w = random_row(dtype, 576, &mut rng);
+            let x = random_acts(576, &mut rng);
+            let (want, mag) = exact(dtype, &w, &x);
+            let (blocks, _) = q8_acts(&x);
+            let got = f(
+                &w,
+                &Q8Row {
+                    blocks: &blocks,
+                    groups: &[],
+                },
+            ) as f64;
+            assert!(
+                (got - want).abs() <= mag * 1e-6 + 1e-6,
+                "{dtype} {}: got {got}, want {want}",
+                isa.name()
+            );
         }
     }
 }

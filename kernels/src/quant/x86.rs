@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::acts::{Q8Block, Q8KBlock};
+use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 use super::{Isa, Kernels};
 
@@ -37,12 +37,13 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     // `Isa::available`, which is the only precondition of these functions.
     let avx2 = Kernels {
         isa: Isa::Avx2,
-        q8_0: |w, a| unsafe { q8_0_avx2::one(w, a) },
-        q4_0: |w, a| unsafe { q4_0_avx2::one(w, a) },
-        q4_1: |w, a| unsafe { q4_1_avx2::one(w, a) },
-        q8_0_tile: |w, a| unsafe { tile_of_2x2(w, a, q8_0_avx2::tile::<2>) },
-        q4_0_tile: |w, a| unsafe { tile_of_2x2(w, a, q4_0_avx2::tile::<2>) },
-        q4_1_tile: |w, a| unsafe { tile_of_2x2(w, a, q4_1_avx2::tile::<2>) },
+        q8_groups: false,
+        q8_0: |w, a| unsafe { one_avx2::<Q8_0Avx2>(w, a) },
+        q4_0: |w, a| unsafe { one_avx2::<Q4_0Avx2>(w, a) },
+        q4_1: |w, a| unsafe { one_avx2::<Q4_1Avx2>(w, a) },
+        q8_0_tile: |w, a| unsafe { tile_of_2x2(w, a, tile_avx2::<Q8_0Avx2, 2>) },
+        q4_0_tile: |w, a| unsafe { tile_of_2x2(w, a, tile_avx2::<Q4_0Avx2, 2>) },
+        q4_1_tile: |w, a| unsafe { tile_of_2x2(w, a, tile_avx2::<Q4_1Avx2, 2>) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -55,12 +56,13 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         Isa::Avx2 => avx2,
         Isa::Avx512Vnni => Kernels {
             isa: Isa::Avx512Vnni,
-            q8_0: |w, a| unsafe { q8_0_vnni::one(w, a) },
-            q4_0: |w, a| unsafe { q4_0_vnni::one(w, a) },
-            q4_1: |w, a| unsafe { q4_1_vnni::one(w, a) },
-            q8_0_tile: |w, a| unsafe { q8_0_vnni::tile::<4>(w, a) },
-            q4_0_tile: |w, a| unsafe { q4_0_vnni::tile::<4>(w, a) },
-            q4_1_tile: |w, a| unsafe { q4_1_vnni::tile::<4>(w, a) },
+            q8_groups: true,
+            q8_0: |w, a| unsafe { one_vnni::<Q8_0Vnni>(w, a) },
+            q4_0: |w, a| unsafe { one_vnni::<Q4_0Vnni>(w, a) },
+            q4_1: |w, a| unsafe { one_vnni::<Q4_1Vnni>(w, a) },
+            q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Vnni>(w, a) },
+            q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0Vnni>(w, a) },
+            q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1Vnni>(w, a) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
             ..avx2
         },
@@ -68,12 +70,12 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
 }
 
 /// A 2-row by 4-token tile kernel.
-type HalfTile = unsafe fn(&[&[u8]; 2], &[&[Q8Block]; 4]) -> [[f32; 4]; 2];
+type HalfTile = unsafe fn(&[&[u8]; 2], &[Q8Row<'_>; 4]) -> [[f32; 4]; 2];
 
 /// A 4 x 4 tile as two 2-row tiles: AVX2 has 16 vector registers, too few
 /// for sixteen accumulators.
 #[inline(always)]
-unsafe fn tile_of_2x2(w: &[&[u8]; 4], a: &[&[Q8Block]; 4], half: HalfTile) -> [[f32; 4]; 4] {
+unsafe fn tile_of_2x2(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4], half: HalfTile) -> [[f32; 4]; 4] {
     let [t0, t1] = half(&[w[0], w[1]], a);
     let [t2, t3] = half(&[w[2], w[3]], a);
     [t0, t1, t2, t3]
@@ -368,92 +370,211 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// The two shapes of one 32-block format's dot product, generated from
-/// one description of the format so they cannot drift apart:
+/// One 32-block format's pieces, from which both shapes of its dot product
+/// are built (so they cannot drift apart):
 ///
-/// * `one`: one weight row · one token. One sequential stream per core
-///   reaches this machine's read bandwidth without software prefetch (which
-///   measured slower), and interleaving four rows' streams measured at less
-///   than half of it, so decode runs row by row;
-/// * `tile`: `R` rows · four tokens (prefill and batches), so each weight
-///   block is unpacked once for four tokens and each activation block is
-///   loaded once for `R` rows: the activations of a long prompt live in L2,
-///   and reading them once per row left the kernel waiting on L2.
+/// * one weight row · one token. One sequential stream per core reaches this
+///   machine's read bandwidth without software prefetch (which measured
+///   slower), and interleaving four rows' streams measured at less than half
+///   of it, so decode runs row by row;
+/// * `R` rows · four tokens (prefill and batches), so each weight block is
+///   unpacked once for four tokens and each activation block is loaded once
+///   for `R` rows: the activations of a long prompt live in L2, and reading
+///   them once per row left the kernel waiting on L2.
 ///
 /// Per (row, token) both run the same operations in the same order:
 /// `acc = fma(d_w d_x, int_dot, acc)` per block, then for formats with a
 /// float offset (Q4_1's minimum) `acc = fma(m, [s_x, 0, ..], acc)`, and
 /// `hsum(acc)` at the end; so both shapes give the same bits and a token's
-/// result does not depend on its neighbours in the batch. `$unpack` reads a
-/// block's weights as 32 bytes, `$product` multiplies them with the
-/// activations' 32 bytes into eight i32 sums (integer offsets, such as
-/// Q4_0's 8, are taken out there, exactly), and `$offset` gives the float
-/// offset's two factors or `None`. Scales stay in vectors end to end, so no
-/// block waits on the previous block's accumulator, and every term lands in
-/// the one accumulator (a second one per pair spilled the 4 x 4 tile's
-/// registers).
-macro_rules! q8_family {
-    ($features:literal, $bytes:expr,
-     unpack: |$b:ident| $unpack:expr,
-     product: |$wv:ident, $xq:ident, $px:ident| $product:expr,
-     offset: |$ob:ident, $ox:ident| $offset:expr) => {
-        /// One block: the weights at `b` against `x`, into `acc`.
-        #[inline(always)]
-        unsafe fn step($b: *const u8, x: &Q8Block, $wv: __m256i, acc: &mut __m256) {
-            let $xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
-            let $px = x;
-            let p = $product;
-            *acc = _mm256_fmadd_ps(
-                _mm256_mul_ps(f16x8_at($b), _mm256_set1_ps(x.d)),
-                _mm256_cvtepi32_ps(p),
-                *acc,
-            );
-            let ($ob, $ox) = ($b, x);
-            let offset: Option<(__m256, __m256)> = $offset;
-            if let Some((m, s)) = offset {
-                *acc = _mm256_fmadd_ps(m, s, *acc);
-            }
-        }
+/// result does not depend on its neighbours in the batch. Scales stay in
+/// vectors end to end, so no block waits on the previous block's
+/// accumulator, and every term lands in the one accumulator (a second one
+/// per pair spilled the 4 x 4 tile's registers).
+trait Format {
+    /// Bytes of one block.
+    const BYTES: usize;
+    /// The block at `b`'s 32 weights as bytes, in the activations' order.
+    unsafe fn unpack(b: *const u8) -> __m256i;
+    /// Those weights times the activations `xq` of `x` as eight i32 sums,
+    /// integer offsets (Q4_0's 8) taken out exactly.
+    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i;
+    /// The float offset's two factors (Q4_1's minimum and `[s_x, 0, ..]`).
+    unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)>;
+}
 
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn one(w: &[u8], a: &[Q8Block]) -> f32 {
-            let n = a.len().min(w.len() / $bytes);
-            let mut acc = _mm256_setzero_ps();
-            for (i, x) in a[..n].iter().enumerate() {
-                let $b = w.as_ptr().add(i * $bytes);
-                step($b, x, $unpack, &mut acc);
-            }
-            hsum(acc)
-        }
+/// A format whose VNNI kernels also take eight blocks at a time, one block
+/// per lane (against a [`Q8Group`]): eight `vpdpbusd`s leave each block's
+/// whole integer sum in its own lane, so one conversion, one scale multiply
+/// and one fma serve eight blocks, where the block-at-a-time step needs one
+/// of each per block. The per-block float work, not the integer products,
+/// was what bound the tiles (prefill and batched decode).
+trait Grouped: Format {
+    /// Eight blocks from `b`: their weights as u8 with lane `l` holding block
+    /// `l`'s values in the order of [`Q8Group::q`], their scales, and their
+    /// float offsets (Q4_1's minimums).
+    unsafe fn weights8(b: *const u8) -> Eight;
+    /// Each lane's integer sum before the products (the offset sums).
+    unsafe fn init8(x: &Q8Group) -> __m256i;
+}
 
-        /// `R` rows · four tokens: each block unpacked once for the four
-        /// tokens, each token's block loaded once for the `R` rows.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn tile<const R: usize>(
-            w: &[&[u8]; R],
-            a: &[&[Q8Block]; 4],
-        ) -> [[f32; 4]; R] {
-            let n = a
-                .iter()
-                .map(|r| r.len())
-                .chain(w.iter().map(|r| r.len() / $bytes))
-                .min()
-                .unwrap_or(0);
-            // Cut to `n` so the indexing below needs no bounds checks.
-            let a: [&[Q8Block]; 4] = a.map(|t| &t[..n]);
-            let mut acc = [[_mm256_setzero_ps(); 4]; R];
-            for i in 0..n {
-                for r in 0..R {
-                    let $b = w[r].as_ptr().add(i * $bytes);
-                    let wv = $unpack;
-                    for j in 0..4 {
-                        step($b, &a[j][i], wv, &mut acc[r][j]);
-                    }
-                }
+/// Eight weight blocks in lanes, as [`Grouped::weights8`] gives them.
+struct Eight {
+    w: [__m256i; 8],
+    d: __m256,
+    m: Option<__m256>,
+}
+
+/// One block: the weights `wv` of the block at `b` against `x`, into `acc`.
+#[inline(always)]
+unsafe fn step<F: Format>(b: *const u8, x: &Q8Block, wv: __m256i, acc: &mut __m256) {
+    let xq = _mm256_loadu_si256(x.q.as_ptr() as *const __m256i);
+    let p = F::product(wv, xq, x);
+    *acc = _mm256_fmadd_ps(
+        _mm256_mul_ps(f16x8_at(b), _mm256_set1_ps(x.d)),
+        _mm256_cvtepi32_ps(p),
+        *acc,
+    );
+    if let Some((m, s)) = F::offset(b, x) {
+        *acc = _mm256_fmadd_ps(m, s, *acc);
+    }
+}
+
+/// Eight blocks in lanes against `x`, into `acc`: the same form as [`step`]
+/// with a block per lane.
+#[inline(always)]
+unsafe fn group_step<F: Grouped>(e: &Eight, x: &Q8Group, acc: &mut __m256) {
+    let mut p = F::init8(x);
+    for (w, xq) in e.w.iter().zip(&x.q) {
+        p = _mm256_dpbusd_epi32(p, *w, _mm256_loadu_si256(xq.as_ptr() as *const __m256i));
+    }
+    *acc = _mm256_fmadd_ps(
+        _mm256_mul_ps(e.d, _mm256_loadu_ps(x.d.as_ptr())),
+        _mm256_cvtepi32_ps(p),
+        *acc,
+    );
+    if let Some(m) = e.m {
+        *acc = _mm256_fmadd_ps(m, _mm256_loadu_ps(x.s.as_ptr()), *acc);
+    }
+}
+
+/// Blocks `from..n` of one row against one token's blocks, into `acc`.
+#[inline(always)]
+unsafe fn blocks_from<F: Format>(w: &[u8], a: &[Q8Block], from: usize, acc: &mut __m256) {
+    let n = a.len().min(w.len() / F::BYTES);
+    for (i, x) in a.iter().enumerate().take(n).skip(from) {
+        let b = w.as_ptr().add(i * F::BYTES);
+        step::<F>(b, x, F::unpack(b), acc);
+    }
+}
+
+/// Blocks `from..n` of `R` rows against four tokens (`n` the fewest blocks
+/// of any of them), each weight block unpacked once for the four tokens.
+// One block index for the rows and the four tokens' slices.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_blocks_from<F: Format, const R: usize>(
+    w: &[&[u8]; R],
+    a: &[&[Q8Block]; 4],
+    from: usize,
+    acc: &mut [[__m256; 4]; R],
+) {
+    let n = blocks_in_tile::<R>(w, a, F::BYTES);
+    // Cut to `n` so the indexing below needs no bounds checks.
+    let a: [&[Q8Block]; 4] = a.map(|t| &t[..n]);
+    for i in from..n {
+        for r in 0..R {
+            let b = w[r].as_ptr().add(i * F::BYTES);
+            let wv = F::unpack(b);
+            for j in 0..4 {
+                step::<F>(b, &a[j][i], wv, &mut acc[r][j]);
             }
-            acc.map(|row| row.map(|v| hsum(v)))
         }
-    };
+    }
+}
+
+/// The fewest whole blocks of any row or token of a tile.
+#[inline(always)]
+fn blocks_in_tile<const R: usize>(w: &[&[u8]; R], a: &[&[Q8Block]; 4], bytes: usize) -> usize {
+    a.iter()
+        .map(|r| r.len())
+        .chain(w.iter().map(|r| r.len() / bytes))
+        .min()
+        .unwrap_or(0)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn one_avx2<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    blocks_from::<F>(w, a.blocks, 0, &mut acc);
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<F: Format, const R: usize>(
+    w: &[&[u8]; R],
+    a: &[Q8Row<'_>; 4],
+) -> [[f32; 4]; R] {
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    tile_blocks_from::<F, R>(w, &a.map(|t| t.blocks), 0, &mut acc);
+    acc.map(|row| row.map(|v| hsum(v)))
+}
+
+/// Whole groups of eight blocks a row of `n` blocks takes from `groups`.
+#[inline(always)]
+fn whole_groups(n: usize, groups: usize) -> usize {
+    (n / 8).min(groups)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn one_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    let n = a.blocks.len().min(w.len() / F::BYTES);
+    let groups = &a.groups[..whole_groups(n, a.groups.len())];
+    let mut acc = _mm256_setzero_ps();
+    for (g, x) in groups.iter().enumerate() {
+        let e = F::weights8(w.as_ptr().add(g * 8 * F::BYTES));
+        group_step::<F>(&e, x, &mut acc);
+    }
+    blocks_from::<F>(w, a.blocks, groups.len() * 8, &mut acc);
+    hsum(acc)
+}
+
+/// One row's group `g` against four tokens' groups, into its accumulators.
+#[inline(always)]
+unsafe fn row_group<F: Grouped>(w: &[u8], g: usize, x: [&Q8Group; 4], acc: &mut [__m256; 4]) {
+    let e = F::weights8(w.as_ptr().add(g * 8 * F::BYTES));
+    group_step::<F>(&e, x[0], &mut acc[0]);
+    group_step::<F>(&e, x[1], &mut acc[1]);
+    group_step::<F>(&e, x[2], &mut acc[2]);
+    group_step::<F>(&e, x[3], &mut acc[3]);
+}
+
+/// Four rows by four tokens. The rows are spelled out rather than looped
+/// over: as a loop LLVM kept the sixteen accumulators on the stack, a load
+/// and a store around every fma.
+// One group index for the four tokens' slices.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    let blocks = a.map(|t| t.blocks);
+    let n = blocks_in_tile::<4>(w, &blocks, F::BYTES);
+    let ng = a
+        .iter()
+        .map(|t| whole_groups(n, t.groups.len()))
+        .min()
+        .unwrap_or(0);
+    let groups: [&[Q8Group]; 4] = a.map(|t| &t.groups[..ng]);
+    let zero = [_mm256_setzero_ps(); 4];
+    let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+    for g in 0..ng {
+        let x = [&groups[0][g], &groups[1][g], &groups[2][g], &groups[3][g]];
+        row_group::<F>(w[0], g, x, &mut a0);
+        row_group::<F>(w[1], g, x, &mut a1);
+        row_group::<F>(w[2], g, x, &mut a2);
+        row_group::<F>(w[3], g, x, &mut a3);
+    }
+    let mut acc = [a0, a1, a2, a3];
+    tile_blocks_from::<F, 4>(w, &blocks, ng * 8, &mut acc);
+    acc.map(|row| row.map(|v| hsum(v)))
 }
 
 /// `v` in lane 0 of an otherwise zero vector: a per-block term that the
@@ -481,49 +602,230 @@ unsafe fn signed_udot(wv: __m256i, xq: __m256i) -> __m256i {
     udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv))
 }
 
-mod q8_0_avx2 {
-    use super::*;
-    q8_family!("avx2,fma,f16c", Q8_0_BYTES,
-        unpack: |b| q8_weights(b), product: |wv, xq, _x| signed_udot(wv, xq),
-        offset: |_b, _x| None);
+/// The 16 bytes at `p + l * stride` for `l` in `0..8` as four vectors: lane
+/// `l` of vector `k` is the 4-byte word `k` of the `l`-th (two 4 x 4
+/// transposes of words, one per 128-bit half, after pairing `l` with
+/// `l + 4`). No closures or array `map`s here or in the other helpers the
+/// kernels inline: a closure does not inherit the kernel's target features,
+/// so the intrinsics inside it became calls (decode ran 8x slower).
+#[inline(always)]
+unsafe fn words_by_lane(p: *const u8, stride: usize) -> [__m256i; 4] {
+    let mut r = [_mm256_setzero_si256(); 4];
+    for (l, r) in r.iter_mut().enumerate() {
+        let lo = _mm_loadu_si128(p.add(l * stride) as *const __m128i);
+        let hi = _mm_loadu_si128(p.add((l + 4) * stride) as *const __m128i);
+        *r = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+    }
+    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
 }
-// Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
-// by the tile's tokens) and the offset's `128 sum(x)` taken back out in the
-// integers, which is exact and saves the sign trick's per-token instruction.
-mod q8_0_vnni {
-    use super::*;
-    q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q8_0_BYTES,
-        unpack: |b| _mm256_xor_si256(q8_weights(b), _mm256_set1_epi8(-128)),
-        product: |wv, xq, x| _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum), wv, xq),
-        offset: |_b, _x| None);
+
+/// The first four bytes of each of eight blocks of `bytes` from `b`, one
+/// block per lane (every format here starts with its f16 scale, and Q4_1
+/// then its minimum). Eight scalar loads: a `vpgatherdd` here was 12% of a
+/// decode step, waiting on the gather.
+#[inline(always)]
+unsafe fn heads(b: *const u8, bytes: usize) -> __m256i {
+    let at = |l: usize| (b.add(l * bytes) as *const i32).read_unaligned();
+    _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
 }
+
+/// The f16 scales that start eight blocks of `bytes` from `b`, widened.
+#[inline(always)]
+unsafe fn scales(b: *const u8, bytes: usize) -> __m256 {
+    let at = |l: usize| (b.add(l * bytes) as *const i16).read_unaligned();
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        at(0),
+        at(1),
+        at(2),
+        at(3),
+        at(4),
+        at(5),
+        at(6),
+        at(7),
+    ))
+}
+
+/// The low f16 of each 32-bit lane, widened.
+#[inline(always)]
+unsafe fn low_f16s(v: __m256i) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
+}
+
+/// Four words by lane of packed nibbles as eight vectors of values: low
+/// nibbles are a block's values 0..16, high nibbles 16..32, so word `k`
+/// gives vectors `k` and `k + 4` of [`Q8Group::q`]'s order.
+#[inline(always)]
+unsafe fn nibbles8(p: [__m256i; 4]) -> [__m256i; 8] {
+    let m = _mm256_set1_epi8(0x0F);
+    let mut out = [_mm256_setzero_si256(); 8];
+    for (k, v) in p.iter().enumerate() {
+        out[k] = _mm256_and_si256(*v, m);
+        out[k + 4] = _mm256_and_si256(_mm256_srli_epi16(*v, 4), m);
+    }
+    out
+}
+
+/// Q8_0 without VNNI: the sign trick through `maddubs`.
+struct Q8_0Avx2;
+impl Format for Q8_0Avx2 {
+    const BYTES: usize = Q8_0_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        q8_weights(b)
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        signed_udot(wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
+        None
+    }
+}
+
+/// Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
+/// by the tile's tokens) and the offset's `128 sum(x)` taken back out in the
+/// integers, which is exact and saves the sign trick's per-token instruction.
+struct Q8_0Vnni;
+impl Format for Q8_0Vnni {
+    const BYTES: usize = Q8_0_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        _mm256_xor_si256(q8_weights(b), _mm256_set1_epi8(-128))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
+        _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
+        None
+    }
+}
+impl Grouped for Q8_0Vnni {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        let lo = words_by_lane(b.add(2), Q8_0_BYTES);
+        let hi = words_by_lane(b.add(18), Q8_0_BYTES);
+        let mut w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+        for v in &mut w {
+            *v = _mm256_xor_si256(*v, _mm256_set1_epi8(-128));
+        }
+        Eight {
+            w,
+            d: scales(b, Q8_0_BYTES),
+            m: None,
+        }
+    }
+    #[inline(always)]
+    unsafe fn init8(x: &Q8Group) -> __m256i {
+        _mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i)
+    }
+}
+
 // Q4_0: d (q - 8) · x = d (q · x - 8 sum(x)), the 8 sum(x) in the integers
 // (-128 sum / 16, exact).
-mod q4_0_avx2 {
-    use super::*;
-    q8_family!("avx2,fma,f16c", Q4_0_BYTES,
-        unpack: |b| nibbles(b.add(2)),
-        product: |wv, xq, x| _mm256_add_epi32(udot(wv, xq), lane0_i32(x.neg128_sum >> 4)),
-        offset: |_b, _x| None);
+struct Q4_0Avx2;
+impl Format for Q4_0Avx2 {
+    const BYTES: usize = Q4_0_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        nibbles(b.add(2))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
+        _mm256_add_epi32(udot(wv, xq), lane0_i32(x.neg128_sum >> 4))
+    }
+    #[inline(always)]
+    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
+        None
+    }
 }
-mod q4_0_vnni {
-    use super::*;
-    q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_0_BYTES,
-        unpack: |b| nibbles(b.add(2)),
-        product: |wv, xq, x| _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum >> 4), wv, xq),
-        offset: |_b, _x| None);
+struct Q4_0Vnni;
+impl Format for Q4_0Vnni {
+    const BYTES: usize = Q4_0_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        nibbles(b.add(2))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
+        _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum >> 4), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
+        None
+    }
 }
+impl Grouped for Q4_0Vnni {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        Eight {
+            w: nibbles8(words_by_lane(b.add(2), Q4_0_BYTES)),
+            d: scales(b, Q4_0_BYTES),
+            m: None,
+        }
+    }
+    #[inline(always)]
+    unsafe fn init8(x: &Q8Group) -> __m256i {
+        _mm256_srai_epi32::<4>(_mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i))
+    }
+}
+
 // Q4_1: (d q + m) · x = d (q · x) + m sum(x), with s = d_x sum(q).
-mod q4_1_avx2 {
-    use super::*;
-    q8_family!("avx2,fma,f16c", Q4_1_BYTES,
-        unpack: |b| nibbles(b.add(4)), product: |wv, xq, _x| udot(wv, xq),
-        offset: |b, x| Some((f16x8_at(b.add(2)), lane0_f32(x.s))));
+struct Q4_1Avx2;
+impl Format for Q4_1Avx2 {
+    const BYTES: usize = Q4_1_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        nibbles(b.add(4))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        udot(wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)> {
+        Some((f16x8_at(b.add(2)), lane0_f32(x.s)))
+    }
 }
-mod q4_1_vnni {
-    use super::*;
-    q8_family!("avx2,fma,f16c,avx512vnni,avx512vl", Q4_1_BYTES,
-        unpack: |b| nibbles(b.add(4)),
-        product: |wv, xq, _x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq),
-        offset: |b, x| Some((f16x8_at(b.add(2)), lane0_f32(x.s))));
+struct Q4_1Vnni;
+impl Format for Q4_1Vnni {
+    const BYTES: usize = Q4_1_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        nibbles(b.add(4))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)> {
+        Some((f16x8_at(b.add(2)), lane0_f32(x.s)))
+    }
+}
+impl Grouped for Q4_1Vnni {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        let h = heads(b, Q4_1_BYTES);
+        Eight {
+            w: nibbles8(words_by_lane(b.add(4), Q4_1_BYTES)),
+            d: low_f16s(h),
+            m: Some(low_f16s(_mm256_srli_epi32::<16>(h))),
+        }
+    }
+    #[inline(always)]
+    unsafe fn init8(_x: &Q8Group) -> __m256i {
+        _mm256_setzero_si256()
+    }
 }

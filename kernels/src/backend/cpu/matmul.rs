@@ -16,7 +16,8 @@ use tokenwire_gguf::GgmlType;
 
 use super::pool::Pool;
 use crate::quant::{
-    act_format, quantize_q8_into, quantize_q8k_into, ActFormat, Kernels, Q8Block, Q8KBlock,
+    act_format, group_q8, quantize_q8_into, quantize_q8k_into, ActFormat, Kernels, Q8Block,
+    Q8Group, Q8KBlock, Q8Row,
 };
 use crate::tensor::WeightMatrix;
 
@@ -45,6 +46,8 @@ pub enum ActivationPrecision {
 #[derive(Debug, Default)]
 pub(crate) struct MatScratch {
     q8: Vec<Q8Block>,
+    /// `q8` regrouped eight blocks at a time, for the VNNI kernels.
+    q8g: Vec<Q8Group>,
     q8k: Vec<Q8KBlock>,
     /// Result as `[n_out, t]` before the transpose.
     cols: Vec<f32>,
@@ -54,7 +57,14 @@ pub(crate) struct MatScratch {
 #[derive(Clone, Copy)]
 enum Acts<'a> {
     F32(&'a [f32]),
-    Q8(&'a [Q8Block]),
+    /// Every token's blocks and groups of them, `per` blocks and `per_g`
+    /// groups a token.
+    Q8 {
+        blocks: &'a [Q8Block],
+        groups: &'a [Q8Group],
+        per: usize,
+        per_g: usize,
+    },
     Q8K(&'a [Q8KBlock]),
 }
 
@@ -97,7 +107,26 @@ pub(crate) fn matmul(
                 pool.for_each_chunk(&mut s.q8, token_chunk * per, |ci, out| {
                     quantize_q8_into(&x[ci * token_chunk * n_in..], out)
                 });
-                Acts::Q8(&s.q8)
+                // Only kernels with a lane per block read groups; the rest
+                // skip the copy.
+                let per_g = if k.q8_groups { per / 8 } else { 0 };
+                s.q8g.resize(t * per_g, Q8Group::default());
+                if per_g > 0 {
+                    let blocks = &s.q8;
+                    pool.for_each_chunk(&mut s.q8g, token_chunk * per_g, |ci, out| {
+                        let first = ci * token_chunk;
+                        for (tl, groups) in out.chunks_exact_mut(per_g).enumerate() {
+                            let tt = first + tl;
+                            group_q8(&blocks[tt * per..(tt + 1) * per], groups);
+                        }
+                    });
+                }
+                Acts::Q8 {
+                    blocks: &s.q8,
+                    groups: &s.q8g,
+                    per,
+                    per_g,
+                }
             }
             ActFormat::Q8K => {
                 let per = n_in / 256;
@@ -125,14 +154,13 @@ pub(crate) fn matmul(
         let o0 = ci * rows_per_task;
         if t > 1 && !widen {
             match (acts, w.dtype()) {
-                (Acts::Q8(a), dtype) => {
+                (acts @ Acts::Q8 { .. }, dtype) => {
                     let tile = match dtype {
                         GgmlType::Q8_0 => k.q8_0_tile,
                         GgmlType::Q4_0 => k.q4_0_tile,
                         _ => k.q4_1_tile,
                     };
-                    let per = n_in / 32;
-                    let token = |j: usize| &a[j * per..(j + 1) * per];
+                    let token = |j: usize| acts.q8_row(j);
                     by_tiles(w, o0, t, chunk, b, |ws, js| tile(ws, &js.map(token)));
                     return;
                 }
@@ -229,6 +257,27 @@ fn by_tiles<'w>(
     }
 }
 
+impl<'a> Acts<'a> {
+    /// Token `j`'s blocks and groups (none for other activations).
+    fn q8_row(self, j: usize) -> Q8Row<'a> {
+        match self {
+            Acts::Q8 {
+                blocks,
+                groups,
+                per,
+                per_g,
+            } => Q8Row {
+                blocks: &blocks[j * per..(j + 1) * per],
+                groups: &groups[j * per_g..(j + 1) * per_g],
+            },
+            _ => Q8Row {
+                blocks: &[],
+                groups: &[],
+            },
+        }
+    }
+}
+
 /// Row `o` of `w` against every token's activations, into `out[tt]`.
 fn row_dots(
     k: &Kernels,
@@ -266,14 +315,14 @@ fn row_dots(
                 }
             }
         }
-        Acts::Q8(a) => {
+        Acts::Q8 { .. } => {
             let f = match w.dtype() {
                 GgmlType::Q8_0 => k.q8_0,
                 GgmlType::Q4_0 => k.q4_0,
                 _ => k.q4_1,
             };
-            for (v, ar) in out.iter_mut().zip(a.chunks_exact(n_in / 32)) {
-                *v = f(row, ar) + bias;
+            for (tt, v) in out.iter_mut().enumerate() {
+                *v = f(row, &acts.q8_row(tt)) + bias;
             }
         }
         Acts::Q8K(a) => {
