@@ -398,8 +398,12 @@ trait Format {
     /// Those weights times the activations `xq` of `x` as eight i32 sums,
     /// integer offsets (Q4_0's 8) taken out exactly.
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i;
-    /// The float offset's two factors (Q4_1's minimum and `[s_x, 0, ..]`).
-    unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)>;
+    /// The float offset's two factors (Q4_1's minimum and `[s_x, 0, ..]`);
+    /// none for formats whose offset, if any, is taken out in the integers.
+    #[inline(always)]
+    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
+        None
+    }
 }
 
 /// A format whose VNNI kernels also take eight blocks at a time, one block
@@ -630,28 +634,12 @@ unsafe fn words_by_lane(p: *const u8, stride: usize) -> [__m256i; 4] {
 
 /// The first four bytes of each of eight blocks of `bytes` from `b`, one
 /// block per lane (every format here starts with its f16 scale, and Q4_1
-/// then its minimum). Eight scalar loads: a `vpgatherdd` here was 12% of a
-/// decode step, waiting on the gather.
+/// then its minimum: [`low_f16s`] widens the scales). Eight scalar loads:
+/// a `vpgatherdd` here was 12% of a decode step, waiting on the gather.
 #[inline(always)]
 unsafe fn heads(b: *const u8, bytes: usize) -> __m256i {
     let at = |l: usize| (b.add(l * bytes) as *const i32).read_unaligned();
     _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
-}
-
-/// The f16 scales that start eight blocks of `bytes` from `b`, widened.
-#[inline(always)]
-unsafe fn scales(b: *const u8, bytes: usize) -> __m256 {
-    let at = |l: usize| (b.add(l * bytes) as *const i16).read_unaligned();
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        at(0),
-        at(1),
-        at(2),
-        at(3),
-        at(4),
-        at(5),
-        at(6),
-        at(7),
-    ))
 }
 
 /// The low f16 of each 32-bit lane, widened.
@@ -686,10 +674,6 @@ impl Format for Q8_0Avx2 {
     unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
         signed_udot(wv, xq)
     }
-    #[inline(always)]
-    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
-        None
-    }
 }
 
 /// Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
@@ -706,10 +690,6 @@ impl Format for Q8_0Vnni {
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
         _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum), wv, xq)
     }
-    #[inline(always)]
-    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
-        None
-    }
 }
 impl Grouped for Q8_0Vnni {
     #[inline(always)]
@@ -722,7 +702,7 @@ impl Grouped for Q8_0Vnni {
         }
         Eight {
             w,
-            d: scales(b, Q8_0_BYTES),
+            d: low_f16s(heads(b, Q8_0_BYTES)),
             m: None,
         }
     }
@@ -745,10 +725,6 @@ impl Format for Q4_0Avx2 {
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
         _mm256_add_epi32(udot(wv, xq), lane0_i32(x.neg128_sum >> 4))
     }
-    #[inline(always)]
-    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
-        None
-    }
 }
 struct Q4_0Vnni;
 impl Format for Q4_0Vnni {
@@ -761,17 +737,13 @@ impl Format for Q4_0Vnni {
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
         _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum >> 4), wv, xq)
     }
-    #[inline(always)]
-    unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
-        None
-    }
 }
 impl Grouped for Q4_0Vnni {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
         Eight {
             w: nibbles8(words_by_lane(b.add(2), Q4_0_BYTES)),
-            d: scales(b, Q4_0_BYTES),
+            d: low_f16s(heads(b, Q4_0_BYTES)),
             m: None,
         }
     }

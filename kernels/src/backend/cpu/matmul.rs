@@ -57,14 +57,7 @@ pub(crate) struct MatScratch {
 #[derive(Clone, Copy)]
 enum Acts<'a> {
     F32(&'a [f32]),
-    /// Every token's blocks and groups of them, `per` blocks and `per_g`
-    /// groups a token.
-    Q8 {
-        blocks: &'a [Q8Block],
-        groups: &'a [Q8Group],
-        per: usize,
-        per_g: usize,
-    },
+    Q8(Q8Acts<'a>),
     Q8K(&'a [Q8KBlock]),
 }
 
@@ -121,12 +114,12 @@ pub(crate) fn matmul(
                         }
                     });
                 }
-                Acts::Q8 {
+                Acts::Q8(Q8Acts {
                     blocks: &s.q8,
                     groups: &s.q8g,
                     per,
                     per_g,
-                }
+                })
             }
             ActFormat::Q8K => {
                 let per = n_in / 256;
@@ -154,13 +147,13 @@ pub(crate) fn matmul(
         let o0 = ci * rows_per_task;
         if t > 1 && !widen {
             match (acts, w.dtype()) {
-                (acts @ Acts::Q8 { .. }, dtype) => {
+                (Acts::Q8(a), dtype) => {
                     let tile = match dtype {
                         GgmlType::Q8_0 => k.q8_0_tile,
                         GgmlType::Q4_0 => k.q4_0_tile,
                         _ => k.q4_1_tile,
                     };
-                    let token = |j: usize| acts.q8_row(j);
+                    let token = |j: usize| a.row(j);
                     by_tiles(w, o0, t, chunk, b, |ws, js| tile(ws, &js.map(token)));
                     return;
                 }
@@ -257,23 +250,22 @@ fn by_tiles<'w>(
     }
 }
 
-impl<'a> Acts<'a> {
-    /// Token `j`'s blocks and groups (none for other activations).
-    fn q8_row(self, j: usize) -> Q8Row<'a> {
-        match self {
-            Acts::Q8 {
-                blocks,
-                groups,
-                per,
-                per_g,
-            } => Q8Row {
-                blocks: &blocks[j * per..(j + 1) * per],
-                groups: &groups[j * per_g..(j + 1) * per_g],
-            },
-            _ => Q8Row {
-                blocks: &[],
-                groups: &[],
-            },
+/// Every token's blocks and groups of them, `per` blocks and `per_g`
+/// groups a token.
+#[derive(Clone, Copy)]
+struct Q8Acts<'a> {
+    blocks: &'a [Q8Block],
+    groups: &'a [Q8Group],
+    per: usize,
+    per_g: usize,
+}
+
+impl<'a> Q8Acts<'a> {
+    /// Token `j`'s blocks and groups.
+    fn row(self, j: usize) -> Q8Row<'a> {
+        Q8Row {
+            blocks: &self.blocks[j * self.per..(j + 1) * self.per],
+            groups: &self.groups[j * self.per_g..(j + 1) * self.per_g],
         }
     }
 }
@@ -315,14 +307,14 @@ fn row_dots(
                 }
             }
         }
-        Acts::Q8 { .. } => {
+        Acts::Q8(a) => {
             let f = match w.dtype() {
                 GgmlType::Q8_0 => k.q8_0,
                 GgmlType::Q4_0 => k.q4_0,
                 _ => k.q4_1,
             };
             for (tt, v) in out.iter_mut().enumerate() {
-                *v = f(row, &acts.q8_row(tt)) + bias;
+                *v = f(row, &a.row(tt)) + bias;
             }
         }
         Acts::Q8K(a) => {
