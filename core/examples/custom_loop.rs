@@ -25,7 +25,7 @@ fn main() {
         epoch_unix_ms,
         ..HostConfig::default()
     };
-    let mut host = Host::with_model(config, tiny_model_info(), ByteCodec::shared(), 42);
+    let mut host = Host::with_model(config, tiny_model_info(), ByteCodec::shared(), 42u64);
     let mut engine = ScriptEngine::new("Hello from a custom transport! ");
 
     // Inputs our "transport" produced; a real one reads sockets here.
@@ -36,6 +36,7 @@ fn main() {
         dialect: Dialect::Generate,
         transport: Transport::WebSocket,
         query: String::new(),
+        authorization: None,
         peer: "in-process".into(),
     });
     inbox.push_back(Input::Text {

@@ -100,6 +100,10 @@ pub enum Input {
         transport: Transport,
         /// Raw query string (without `?`), for dialects that authenticate there.
         query: String,
+        /// The `Authorization` header's value, when the upgrade or request
+        /// carried one: the key that names the connection's principal
+        /// ([`crate::principal::Principal`]). Never logged.
+        authorization: Option<String>,
         /// Peer address, for logs and limits.
         peer: String,
     },

@@ -2,6 +2,7 @@
 
 use crate::dialect::batch::GenerationDefaults;
 use crate::dialect::cai::auth::KeyRing;
+use crate::principal::AuthScope;
 use crate::time::Duration;
 
 /// Settings of a [`crate::Host`]. `Default` gives the values PROTOCOLS.md names.
@@ -32,10 +33,18 @@ pub struct HostConfig {
     pub max_running_seqs: u32,
     /// Most requests waiting for admission; more get the dialect's queue-full error.
     pub max_queued_requests: u32,
+    /// Most of those waiting requests one connection may have: its share of
+    /// the queue, so one client cannot fill it for everyone.
+    pub max_queued_per_conn: u32,
     /// `session`: most non-system messages a prompt is built from (the newest).
     pub session_max_messages: usize,
     /// `session`: most live sessions on this host.
     pub max_sessions: usize,
+    /// `session`: most live sessions one connection may hold.
+    pub max_sessions_per_conn: usize,
+    /// `session`: most bytes of message text one session keeps (its whole
+    /// conversation); a turn that would grow past it is refused.
+    pub session_max_context_bytes: usize,
     /// Most jobs whose token use this host remembers.
     pub max_jobs: usize,
     /// `responses`: most WebSocket connections at once; the next gets
@@ -53,15 +62,34 @@ pub struct HostConfig {
     /// `batch`: most finished batches kept for continuing (least recently
     /// used go first; 0 keeps none).
     pub batch_cache_entries: usize,
-    /// `cai`: the accepted keys (the keys file); `None` refuses every
-    /// connection with 1008.
-    pub cai_keys: Option<KeyRing>,
+    /// `batch`: most prompts in one payload.
+    pub batch_max_prompts: usize,
+    /// `batch`: most payloads one connection may have queued or running.
+    pub batch_max_payloads: usize,
+    /// The accepted API keys (the keys file). `cai` needs one (without a
+    /// ring it refuses every connection with 1008); on other routes a key
+    /// names the client's principal, and [`HostConfig::auth`] says whether
+    /// one is required.
+    pub keys: Option<KeyRing>,
+    /// Which routes need a key (`--auth`): `cai` only, or all of them.
+    pub auth: AuthScope,
+    /// `batch`: whose finished batches a payload may continue. `Principal`
+    /// (the default): only its own principal's; `Host`: any client's, the
+    /// source's host-wide cache, for trusted networks only
+    /// (`--batch-cache-scope host`).
+    pub batch_cache_scope: CacheScope,
     /// `cai`: most requests in flight per connection; more get `RATE_LIMITED`.
     pub cai_max_inflight: u32,
     /// `cai`: how long a conversation is kept after its last request.
     pub conversation_ttl: Duration,
     /// `cai`: most conversations kept (least recently used go first).
     pub max_conversations: usize,
+    /// `cai`: most conversations one organisation may keep (its least
+    /// recently used go first), so one cannot push the others' out.
+    pub max_conversations_per_org: usize,
+    /// `cai`: most bytes of message text one conversation keeps (the oldest
+    /// messages go first).
+    pub conversation_max_bytes: usize,
 }
 
 impl Default for HostConfig {
@@ -79,8 +107,11 @@ impl Default for HostConfig {
             max_step_tokens: 512,
             max_running_seqs: 64,
             max_queued_requests: 1024,
+            max_queued_per_conn: 256,
             session_max_messages: 20,
             max_sessions: 10_000,
+            max_sessions_per_conn: 64,
+            session_max_context_bytes: 1024 * 1024,
             max_jobs: 10_000,
             max_websocket_connections: 100,
             responses_expiring_after: Duration::from_secs(55 * 60),
@@ -88,10 +119,26 @@ impl Default for HostConfig {
             response_store_size: 1000,
             batch_defaults: GenerationDefaults::default(),
             batch_cache_entries: 256,
-            cai_keys: None,
+            batch_max_prompts: 256,
+            batch_max_payloads: 16,
+            keys: None,
+            auth: AuthScope::Cai,
+            batch_cache_scope: CacheScope::Principal,
             cai_max_inflight: 4,
             conversation_ttl: Duration::from_secs(30 * 60),
             max_conversations: 10_000,
+            max_conversations_per_org: 1_000,
+            conversation_max_bytes: 1024 * 1024,
         }
     }
+}
+
+/// How far a kept `batch` entry is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheScope {
+    /// Found only by the principal that made it.
+    #[default]
+    Principal,
+    /// Found by anyone who names its ids (the source's behaviour).
+    Host,
 }

@@ -10,11 +10,11 @@
 //! ```
 //! use tokenwire_core::{Host, HostConfig, Input, Output, Instant, ConnId, Dialect, Transport};
 //! # use tokenwire_core::testing::{ByteCodec, tiny_model_info};
-//! let mut host = Host::with_model(HostConfig::default(), tiny_model_info(), ByteCodec::shared(), 42);
+//! let mut host = Host::with_model(HostConfig::default(), tiny_model_info(), ByteCodec::shared(), 42u64);
 //! let now = Instant::ZERO;
 //! host.handle(now, Input::Open {
 //!     conn: ConnId(1), dialect: Dialect::Generate, transport: Transport::WebSocket,
-//!     query: String::new(), peer: "127.0.0.1:1".into(),
+//!     query: String::new(), authorization: None, peer: "127.0.0.1:1".into(),
 //! });
 //! host.handle(now, Input::Text { conn: ConnId(1), text: r#"{"type":"config","prompt":"hi"}"#.into() });
 //! while let Some(out) = host.poll_output() {
@@ -47,6 +47,7 @@ pub(crate) mod ids;
 pub mod json;
 pub(crate) mod lru;
 pub mod params;
+pub mod principal;
 pub(crate) mod rate;
 pub mod rng;
 pub(crate) mod sched;

@@ -75,6 +75,14 @@ impl<K: Ord + Clone, V> Lru<K, V> {
         Some(value)
     }
 
+    /// Takes out every entry whose key satisfies `pred` (a linear scan).
+    pub fn drain_where(&mut self, mut pred: impl FnMut(&K) -> bool) -> Vec<(K, V)> {
+        let keys: Vec<K> = self.entries.keys().filter(|k| pred(k)).cloned().collect();
+        keys.into_iter()
+            .filter_map(|k| self.remove(&k).map(|v| (k, v)))
+            .collect()
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -102,6 +110,10 @@ mod tests {
         assert_eq!(l.put("d", 5), vec![("c", 3)], "a was just used");
         assert_eq!(l.remove(&"a"), Some(4));
         assert_eq!(l.len(), 1);
+        l.put("e", 6);
+        assert_eq!(l.drain_where(|k| *k == "d"), vec![("d", 5)]);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.put("f", 7), vec![], "room was made");
         let mut off = Lru::new(0);
         off.put("a", 1);
         assert!(off.is_empty(), "capacity 0 keeps nothing");

@@ -1,7 +1,73 @@
-//! A small seeded PRNG (xoshiro256**), the only source of randomness in the core.
+//! The core's random sources, both seeded by the caller (the core never asks
+//! the OS), so the same seed and the same inputs give the same outputs.
 //!
-//! Ids, default sampling seeds and anything else random in the core come from
-//! here, so the same seed and the same inputs give the same outputs.
+//! - [`HostRng`] (ChaCha20): the Host's own source of ids and default
+//!   sampling seeds. Ids that clients see are keys to what the server keeps
+//!   for them, so no id may be predictable from others: a cryptographic
+//!   generator, whose 256-bit [`Seed`] the server draws from the OS and the
+//!   simulator derives from its run seed.
+//! - [`Rng`] (xoshiro256**): fast and small, for whatever needs no secrecy
+//!   (the simulator's swarms, tests).
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+/// The 256-bit seed of a [`HostRng`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct Seed(pub [u8; 32]);
+
+impl std::fmt::Debug for Seed {
+    // A seed is a secret: it predicts every id.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seed(..)")
+    }
+}
+
+impl From<u64> for Seed {
+    /// A seed expanded from 64 bits (reproducible runs: tests, the
+    /// simulator, `--seed`). Only as unpredictable as those 64 bits.
+    fn from(seed: u64) -> Seed {
+        let mut sm = seed;
+        let mut out = [0u8; 32];
+        for chunk in out.chunks_mut(8) {
+            chunk.copy_from_slice(&splitmix64(&mut sm).to_le_bytes());
+        }
+        Seed(out)
+    }
+}
+
+impl From<[u8; 32]> for Seed {
+    fn from(bytes: [u8; 32]) -> Seed {
+        Seed(bytes)
+    }
+}
+
+/// The Host's random source: ChaCha20 keyed by a [`Seed`].
+#[derive(Clone)]
+pub struct HostRng(ChaCha20Rng);
+
+impl std::fmt::Debug for HostRng {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostRng(..)")
+    }
+}
+
+impl HostRng {
+    /// A generator whose whole stream is fixed by `seed`.
+    pub fn new(seed: impl Into<Seed>) -> HostRng {
+        HostRng(ChaCha20Rng::from_seed(seed.into().0))
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// Fills `buf` with random bytes.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        self.0.fill_bytes(buf);
+    }
+}
 
 /// Seeded pseudo-random generator. Not cryptographic: it makes ids unique and
 /// runs reproducible, nothing more.
@@ -88,6 +154,21 @@ mod tests {
         let vc: Vec<u64> = (0..16).map(|_| c.next_u64()).collect();
         assert_eq!(va, vb);
         assert_ne!(va, vc);
+    }
+
+    #[test]
+    fn the_host_source_is_chacha20_and_fixed_by_its_seed() {
+        // RFC 8439 (A.1, test vector 1): the all-zero key's keystream
+        // starts 76 b8 e0 ad a0 f1 3d 90, read here as a little-endian u64.
+        let mut r = HostRng::new(Seed([0; 32]));
+        assert_eq!(r.next_u64(), 0x903d_f1a0_ade0_b876);
+        let mut a = HostRng::new(5u64);
+        let mut b = HostRng::new(5u64);
+        let mut c = HostRng::new(6u64);
+        let (x, y, z) = (a.next_u64(), b.next_u64(), c.next_u64());
+        assert_eq!(x, y);
+        assert_ne!(x, z);
+        assert_eq!(format!("{:?}", Seed::from(5u64)), "Seed(..)");
     }
 
     #[test]

@@ -249,6 +249,7 @@ impl Harness {
             dialect,
             transport: crate::Transport::WebSocket,
             query: query.to_string(),
+            authorization: None,
             peer: "127.0.0.1:9".into(),
         });
         id

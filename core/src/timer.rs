@@ -1,30 +1,31 @@
 //! One table of deadlines for the whole Host, keyed by what they belong to.
 //!
 //! As quinn's `TimerTable`: setting a key replaces its deadline, `next` gives the
-//! earliest, `expired` pops everything due.
+//! earliest, `expired` pops everything due. Keys are ordered, so everything
+//! one owner has set can be cancelled as one key range.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::Hash;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::RangeBounds;
 
 use crate::time::Instant;
 
 /// Deadlines keyed by `K`; at most one per key.
 #[derive(Debug, Clone)]
-pub struct TimerTable<K: Ord + Hash + Copy> {
-    by_key: HashMap<K, Instant>,
+pub struct TimerTable<K: Ord + Copy> {
+    by_key: BTreeMap<K, Instant>,
     by_time: BTreeSet<(Instant, K)>,
 }
 
-impl<K: Ord + Hash + Copy> Default for TimerTable<K> {
+impl<K: Ord + Copy> Default for TimerTable<K> {
     fn default() -> Self {
         TimerTable {
-            by_key: HashMap::new(),
+            by_key: BTreeMap::new(),
             by_time: BTreeSet::new(),
         }
     }
 }
 
-impl<K: Ord + Hash + Copy> TimerTable<K> {
+impl<K: Ord + Copy> TimerTable<K> {
     /// Sets (or moves) `key`'s deadline to `at`.
     pub fn set(&mut self, key: K, at: Instant) {
         if let Some(old) = self.by_key.insert(key, at) {
@@ -37,6 +38,15 @@ impl<K: Ord + Hash + Copy> TimerTable<K> {
     pub fn cancel(&mut self, key: K) {
         if let Some(old) = self.by_key.remove(&key) {
             self.by_time.remove(&(old, key));
+        }
+    }
+
+    /// Removes every deadline whose key is in `range`.
+    pub fn cancel_range(&mut self, range: impl RangeBounds<K>) {
+        let keys: Vec<(K, Instant)> = self.by_key.range(range).map(|(k, t)| (*k, *t)).collect();
+        for (key, at) in keys {
+            self.by_key.remove(&key);
+            self.by_time.remove(&(at, key));
         }
     }
 
@@ -86,5 +96,19 @@ mod tests {
         t.set(3, Instant::from_millis(1));
         t.cancel(3);
         assert_eq!(t.next(), None);
+    }
+
+    #[test]
+    fn a_range_cancels_exactly_its_keys() {
+        let mut t = TimerTable::default();
+        for k in 0..10u32 {
+            t.set(k, Instant::from_millis(u64::from(100 - k)));
+        }
+        t.cancel_range(3..=6);
+        let mut left = Vec::new();
+        while let Some(k) = t.pop_expired(Instant::from_millis(1000)) {
+            left.push(k);
+        }
+        assert_eq!(left, vec![9, 8, 7, 2, 1, 0]);
     }
 }

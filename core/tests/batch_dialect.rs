@@ -210,19 +210,64 @@ fn a_payload_that_fails_as_a_whole_gets_one_error_per_prompt_and_nothing_runs() 
 }
 
 #[test]
-fn a_duplicate_id_gets_its_error_and_the_others_run() {
+fn a_duplicate_id_gets_one_error_none_of_its_prompts_run_and_the_others_run() {
     let (mut h, c) = harness();
     h.send(
         c,
-        payload(&[("a", "hi"), ("b", "x"), ("a", "again")], json!({})),
+        payload(
+            &[("a", "hi"), ("b", "x"), ("a", "again"), ("a", "thrice")],
+            json!({}),
+        ),
     );
     h.run(50);
     let f = frames(&h, c);
-    assert_eq!(f[0], ("ACCEPTED".to_string(), vec![json!("a"), json!("b")]));
+    assert_eq!(f[0], ("ACCEPTED".to_string(), vec![json!("b")]));
     assert_eq!(f[1].0, "ERROR");
-    assert_eq!(f[1].1, vec![json!("a")]);
+    assert_eq!(f[1].1, vec![json!("a")], "one ERROR for the id");
+    assert!(
+        complete_text(&h, c, "a").is_empty(),
+        "an ambiguous id never also completes"
+    );
+    assert_eq!(elements(&h, c, "ERROR", "a").len(), 1);
+    assert_eq!(complete_text(&h, c, "b").len(), 1);
+}
+
+#[test]
+fn payloads_past_the_bounds_are_refused_and_the_connection_stays() {
+    let (mut h, c) = harness_with(HostConfig {
+        batch_max_prompts: 3,
+        batch_max_payloads: 2,
+        ..HostConfig::default()
+    });
+    // Too many prompts: one ERROR with a null id, not one per prompt.
+    let many: Vec<(String, String)> = (0..4).map(|i| (i.to_string(), "p".to_string())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    h.send(c, payload(&many, json!({})));
+    let f = frames(&h, c);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0], ("ERROR".to_string(), vec![Value::Null]));
+    let e = h.received(c)[0][0]["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(e.contains("4 prompts") && e.contains("3"), "{e}");
+    // Two payloads queue; the third is refused whole while they run.
+    h.send(c, payload(&[("a", "x")], json!({})));
+    h.send(c, payload(&[("b", "x")], json!({})));
+    h.send(c, payload(&[("c", "x")], json!({})));
+    let refused = elements(&h, c, "ERROR", "c");
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0]["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("2 payloads")));
+    h.run(100);
     assert_eq!(complete_text(&h, c, "a").len(), 1);
     assert_eq!(complete_text(&h, c, "b").len(), 1);
+    // Room again: the connection was kept and takes the next one.
+    h.send(c, payload(&[("c", "x")], json!({})));
+    h.run(100);
+    assert_eq!(complete_text(&h, c, "c").len(), 1);
+    assert!(h.closes.is_empty());
 }
 
 #[test]
@@ -533,4 +578,58 @@ fn a_beam_waiting_for_the_rest_of_its_round_is_not_timed_out_like_a_client_pause
     assert!(elements(&h, c, "ERROR", "a").is_empty());
     let st = h.host.stats();
     assert_eq!((st.running, st.queued, st.generations), (0, 0, 0));
+}
+
+#[test]
+fn another_connection_naming_the_same_ids_never_sees_the_first_ones_text() {
+    let (mut h, alice) = harness();
+    h.send(alice, payload(&[("1", "alice's secret")], json!({})));
+    h.run(50);
+    let kept = h.host.stats().kv_blocks_kept;
+    assert_eq!(kept, 2, "15 prompt and 6 new tokens");
+    // The attack of the issue: the same id from another connection, asking
+    // for the whole text from the original prompt on.
+    let mallory = h.open(2, Dialect::Batch);
+    h.send(
+        mallory,
+        payload(&[("1", "x")], json!({"only_new_tokens": false})),
+    );
+    h.run(50);
+    let got = complete_text(&h, mallory, "1");
+    assert_eq!(
+        got,
+        vec![format!("x{}", script_text(SCRIPT, 2, 6))],
+        "mallory's own prompt, computed afresh"
+    );
+    assert!(reused(&h).is_empty(), "nothing of alice's was reused");
+    // Alice still continues her own batch: mallory did not overwrite it.
+    h.send(alice, payload(&[("1", "IGNORED")], json!({})));
+    h.run(50);
+    assert_eq!(
+        complete_text(&h, alice, "1")[1],
+        script_text(SCRIPT, 15 + 6, 6)
+    );
+    // A closed connection's entries go with it, blocks and all.
+    h.input(tokenwire_core::Input::Closed { conn: alice });
+    h.input(tokenwire_core::Input::Closed { conn: mallory });
+    assert_eq!(h.host.stats().kv_blocks_kept, 0);
+    assert_eq!(h.host.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn the_host_wide_scope_shares_entries_as_the_source_does() {
+    let (mut h, a) = harness_with(HostConfig {
+        batch_cache_scope: tokenwire_core::config::CacheScope::Host,
+        ..HostConfig::default()
+    });
+    h.send(a, payload(&[("1", "hi")], json!({})));
+    h.run(50);
+    let b = h.open(2, Dialect::Batch);
+    h.send(b, payload(&[("1", "x")], json!({"only_new_tokens": false})));
+    h.run(50);
+    assert_eq!(
+        complete_text(&h, b, "1"),
+        vec![format!("hi{}", script_text(SCRIPT, 3, 12))],
+        "trusted networks: any client continues any batch"
+    );
 }

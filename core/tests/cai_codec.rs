@@ -193,7 +193,7 @@ proptest! {
             requests_per_minute: None,
             tokens_per_minute: None,
         }]).expect("ring");
-        let mut h = Harness::new(HostConfig { cai_keys: Some(ring), ..HostConfig::default() }, "abc. ", 1);
+        let mut h = Harness::new(HostConfig { keys: Some(ring), ..HostConfig::default() }, "abc. ", 1);
         let c = h.open_with(1, Dialect::Cai, "authorization=k&orgId=o");
         for f in &frames {
             let before = h.received(c).len();

@@ -27,7 +27,7 @@ fn keys(rpm: Option<u64>, tpm: Option<u64>) -> KeyRing {
 
 fn config() -> HostConfig {
     HostConfig {
-        cai_keys: Some(keys(None, None)),
+        keys: Some(keys(None, None)),
         ..HostConfig::default()
     }
 }
@@ -499,7 +499,7 @@ fn conversations_are_kept_per_organisation_until_their_ttl_and_context_replaces_
 #[test]
 fn each_organisation_is_held_to_its_requests_and_tokens_per_minute() {
     let (mut h, c) = harness_with(HostConfig {
-        cai_keys: Some(keys(Some(2), None)),
+        keys: Some(keys(Some(2), None)),
         ..config()
     });
     for rid in ["a", "b", "c"] {
@@ -524,7 +524,7 @@ fn each_organisation_is_held_to_its_requests_and_tokens_per_minute() {
 
     // Tokens: the first request spends more than the minute's allowance.
     let (mut h, c) = harness_with(HostConfig {
-        cai_keys: Some(keys(None, Some(20))),
+        keys: Some(keys(None, Some(20))),
         ..config()
     });
     h.send(c, completion("big", "hi", json!({"maxTokens": 30})));
@@ -573,7 +573,7 @@ fn shutdown_ends_requests_with_a_recoverable_error() {
 #[test]
 fn tokens_of_a_request_cut_off_by_a_disconnect_still_count() {
     let (mut h, c) = harness_with(HostConfig {
-        cai_keys: Some(keys(None, Some(10))),
+        keys: Some(keys(None, Some(10))),
         ..config()
     });
     h.send(c, completion("r1", "hi", json!({"maxTokens": 100})));

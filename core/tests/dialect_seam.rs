@@ -6,7 +6,7 @@
 
 use tokenwire_core::dialect::{Cx, DialectConn, Failure, Refusal};
 use tokenwire_core::engine::SeqId;
-use tokenwire_core::gen::{FinishReason, GenRequest, TokenPiece};
+use tokenwire_core::gen::{FinishReason, GenRequest, KeptKv, TokenPiece};
 use tokenwire_core::params::GenParams;
 use tokenwire_core::testing::Harness;
 use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, Transport};
@@ -14,6 +14,7 @@ use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, Transport};
 #[derive(Default)]
 struct Probe {
     gen: Option<SeqId>,
+    kept: Option<KeptKv>,
 }
 
 impl Probe {
@@ -63,6 +64,21 @@ impl DialectConn for Probe {
                 cx.end(id, FinishReason::Cancelled);
                 // The last piece comes after this callback, not inside it.
                 Self::say(cx, "end asked".into());
+            }
+            "keep" => {
+                let id = self.gen.expect("running");
+                self.kept = cx.keep_kv(id);
+            }
+            "end_stop" => {
+                let id = self.gen.expect("running");
+                cx.end(id, FinishReason::Stop);
+            }
+            "timers" => {
+                // Tags far apart: each is its own timer.
+                for (tag, ms) in [(0u8, 10u64), (4, 20), (200, 30)] {
+                    let at = cx.now + Duration::from_millis(ms);
+                    cx.set_timer(tag, at);
+                }
             }
             _ => {}
         }
@@ -129,6 +145,7 @@ fn a_refusal_at_open_closes_with_its_code_after_what_was_sent() {
         dialect: Dialect::Cai,
         transport: Transport::WebSocket,
         query: "refuse".into(),
+        authorization: None,
         peer: "p".into(),
     });
     assert_eq!(said(&h, c), ["refused"]);
@@ -203,4 +220,71 @@ fn a_timer_fires_once_and_goes_with_its_connection() {
     h.advance(Duration::from_secs(5));
     assert_eq!(said(&h, a), ["timer:2"], "once");
     assert!(said(&h, b).is_empty());
+}
+
+#[test]
+fn every_timer_tag_is_its_own_timer_and_all_go_with_the_connection() {
+    let mut h = harness();
+    let a = h.open(1, Dialect::Cai);
+    h.send_raw(a, "timers");
+    h.advance(Duration::from_millis(40));
+    assert_eq!(said(&h, a), ["timer:0", "timer:4", "timer:200"]);
+    let b = h.open(2, Dialect::Cai);
+    h.send_raw(b, "timers");
+    h.input(Input::Closed { conn: a });
+    h.input(Input::Closed { conn: b });
+    assert_eq!(
+        h.host.poll_timeout(),
+        None,
+        "no deadline outlives its connection"
+    );
+}
+
+#[test]
+fn a_stale_step_result_or_fault_changes_nothing() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Cai);
+    h.send_raw(c, "start");
+    let real = h.pending_step.clone().expect("a step");
+    h.input(Input::StepDone(tokenwire_core::StepDone {
+        step_id: real.step_id + 7,
+        results: Vec::new(),
+    }));
+    h.input(Input::EngineFault(tokenwire_core::EngineFault {
+        step_id: real.step_id + 7,
+        kind: tokenwire_core::EngineFaultKind::Internal("stale".into()),
+    }));
+    assert_eq!(said(&h, c), ["started", "admitted"], "nothing happened");
+    assert_eq!(h.host.stats().generations, 1, "nothing failed");
+    h.step();
+    let s = said(&h, c);
+    assert_eq!(
+        s[2..],
+        ["token", "step_end"],
+        "the real step's owner still hears its end"
+    );
+    h.run(50);
+    assert_eq!(said(&h, c).last().map(String::as_str), Some("step_end"));
+    assert!(said(&h, c).contains(&"last:length".to_string()));
+}
+
+#[test]
+fn blocks_kept_for_a_generation_its_dialect_ends_as_complete_stay_kept() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Cai);
+    h.send_raw(c, "start");
+    h.run(2);
+    h.send_raw(c, "keep");
+    // Out of the next plans, so the end does not meet an outstanding step.
+    h.send_raw(c, "close_window");
+    h.run(5);
+    assert!(h.pending_step.is_none());
+    h.send_raw(c, "end_stop");
+    assert!(said(&h, c).contains(&"last:stop".to_string()));
+    let st = h.host.stats();
+    assert_eq!(st.generations, 0);
+    assert!(
+        st.kv_blocks_kept > 0,
+        "keep_kv's blocks survive a completed ending: {st:?}"
+    );
 }

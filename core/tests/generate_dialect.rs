@@ -589,7 +589,7 @@ fn graceful_shutdown_lets_work_finish_then_errors_and_closes_1001() {
 
 #[test]
 fn clients_connecting_while_the_model_loads_get_status_then_their_init() {
-    let mut host = tokenwire_core::Host::new(HostConfig::default(), 1);
+    let mut host = tokenwire_core::Host::new(HostConfig::default(), 1u64);
     let now = tokenwire_core::Instant::ZERO;
     let c = ConnId(1);
     host.handle(
@@ -599,6 +599,7 @@ fn clients_connecting_while_the_model_loads_get_status_then_their_init() {
             dialect: Dialect::Generate,
             transport: tokenwire_core::Transport::WebSocket,
             query: String::new(),
+            authorization: None,
             peer: String::new(),
         },
     );
@@ -950,4 +951,53 @@ fn a_prompt_being_tokenized_keeps_its_connection_busy_and_restarts_the_idle_cloc
     assert!(!h.closes.contains_key(&c), "idle only since the answer");
     h.advance(Duration::from_secs(2 * 60));
     assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1000));
+}
+
+#[test]
+fn a_request_held_while_the_model_loads_keeps_its_connection_from_idling_out() {
+    let cfg = HostConfig::default();
+    let idle = cfg.idle_timeout;
+    let mut host = tokenwire_core::Host::new(cfg, 1u64);
+    let mut now = tokenwire_core::Instant::ZERO;
+    let c = ConnId(1);
+    host.handle(
+        now,
+        Input::Open {
+            conn: c,
+            dialect: Dialect::Generate,
+            transport: tokenwire_core::Transport::WebSocket,
+            query: String::new(),
+            authorization: None,
+            peer: String::new(),
+        },
+    );
+    host.handle(
+        now,
+        Input::Text {
+            conn: c,
+            text: config("Hi", json!({"max_tokens": 2})).to_string(),
+        },
+    );
+    let end = now + idle + idle;
+    let mut closed = false;
+    while let Some(t) = host.poll_timeout() {
+        if t > end {
+            break;
+        }
+        now = t;
+        host.handle(now, Input::Timeout);
+        while let Some(o) = host.poll_output() {
+            match o {
+                Output::Close { .. } => closed = true,
+                // A live client answers its pings.
+                Output::Ping { conn } => host.handle(now, Input::Pong { conn }),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        !closed,
+        "a request waiting for the model is a request in flight, not idleness"
+    );
+    assert_eq!(host.stats().connections, 1);
 }

@@ -343,6 +343,7 @@ fn the_connection_limit_refuses_with_1013_and_the_lifetime_closes_with_1000() {
         dialect: Dialect::Responses,
         transport: Transport::Http,
         query: String::new(),
+        authorization: None,
         peer: "p".into(),
     });
     assert!(!h.closes.contains_key(&web));
@@ -387,6 +388,7 @@ fn http_responses_are_stored_retrieved_and_continued() {
             dialect: Dialect::Responses,
             transport: Transport::Http,
             query: String::new(),
+            authorization: None,
             peer: "p".into(),
         });
         c
@@ -425,4 +427,54 @@ fn http_responses_are_stored_retrieved_and_continued() {
         json!({"type":"response.retrieve","response_id":unstored}),
     );
     assert_eq!(last(&h, d)["status"], 404);
+}
+
+#[test]
+fn a_stored_response_is_found_only_by_the_key_that_made_it() {
+    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    let key = |name: &str| ApiKey {
+        name: name.into(),
+        sha256: hash_key(name),
+        orgs: vec![format!("org_{name}")],
+        requests_per_minute: None,
+        tokens_per_minute: None,
+    };
+    let cfg = HostConfig {
+        keys: Some(KeyRing::new(vec![key("alice"), key("bob")]).expect("ring")),
+        ..HostConfig::default()
+    };
+    let mut h = Harness::new(cfg, "0123456789", 1);
+    let open = |h: &mut Harness, n: u64, who: Option<&str>| {
+        let c = ConnId(n);
+        h.input(Input::Open {
+            conn: c,
+            dialect: Dialect::Responses,
+            transport: Transport::Http,
+            query: String::new(),
+            authorization: who.map(|k| format!("Bearer {k}")),
+            peer: "p".into(),
+        });
+        c
+    };
+    let a = open(&mut h, 10, Some("alice"));
+    h.send(a, create(json!("alice's secret"), 3));
+    h.run(10);
+    let r = last(&h, a)["response"].clone();
+    let id = r["id"].as_str().expect("id").to_string();
+    for (n, who) in [(11, Some("bob")), (12, None)] {
+        let c = open(&mut h, n, who);
+        h.send(c, json!({"type":"response.retrieve","response_id":id}));
+        let miss = last(&h, c);
+        assert_eq!(miss["status"], 404, "{who:?}");
+        assert_eq!(
+            miss["error"]["message"],
+            format!("no stored response with id '{id}'"),
+            "the answer of an id that never existed"
+        );
+        h.send(c, json!({"type":"response.create","input":"x","previous_response_id":id,"max_output_tokens":1}));
+        assert_eq!(last(&h, c)["error"]["code"], "previous_response_not_found");
+    }
+    let again = open(&mut h, 13, Some("alice"));
+    h.send(again, json!({"type":"response.retrieve","response_id":id}));
+    assert_eq!(last(&h, again)["response"], r, "alice finds her own");
 }

@@ -122,11 +122,30 @@ fn a_wrong_message_index_names_the_expected_one_and_changes_nothing() {
     );
 }
 
+/// A host whose keys file holds one key, `key-a`.
+fn keyed_harness() -> Harness {
+    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    let cfg = HostConfig {
+        keys: Some(
+            KeyRing::new(vec![ApiKey {
+                name: "a".into(),
+                sha256: hash_key("key-a"),
+                orgs: vec!["org".into()],
+                requests_per_minute: None,
+                tokens_per_minute: None,
+            }])
+            .expect("ring"),
+        ),
+        ..HostConfig::default()
+    };
+    Harness::new(cfg, SCRIPT, 1)
+}
+
 #[test]
-fn unknown_and_duplicate_sessions_are_errors_across_connections() {
-    let mut h = harness();
-    let a = h.open(1, Dialect::Session);
-    let b = h.open(2, Dialect::Session);
+fn unknown_and_duplicate_sessions_are_errors_across_one_principals_connections() {
+    let mut h = keyed_harness();
+    let a = h.open_with(1, Dialect::Session, "authorization=key-a");
+    let b = h.open_with(2, Dialect::Session, "authorization=key-a");
     h.send(a, prompt("nope", "x", 0, 2));
     assert_eq!(last(&h, a)["code"], "unknown_session");
     h.send(a, init("s", json!([])));
@@ -143,6 +162,36 @@ fn unknown_and_duplicate_sessions_are_errors_across_connections() {
     h.send(b, json!({"type":"session_end","session_id":"s"}));
     assert_eq!(last(&h, b)["code"], "unknown_session");
     assert_eq!(h.host.stats().sessions, 1);
+}
+
+#[test]
+fn another_principals_session_ids_are_invisible() {
+    let mut h = keyed_harness();
+    // Without a key each connection is its own principal.
+    let a = h.open(1, Dialect::Session);
+    let b = h.open(2, Dialect::Session);
+    let keyed = h.open_with(3, Dialect::Session, "authorization=key-a");
+    h.send(
+        a,
+        init("s", json!([{"role":"user","content":"a's secret"}])),
+    );
+    assert_eq!(last(&h, a)["type"], "session_ready");
+    for c in [b, keyed] {
+        h.send(c, prompt("s", "x", 1, 2));
+        assert_eq!(
+            last(&h, c)["code"],
+            "unknown_session",
+            "answered exactly as an id never used"
+        );
+        h.send(c, init("s", json!([])));
+        assert_eq!(
+            last(&h, c)["type"],
+            "session_ready",
+            "its own `s`, unrelated to a's"
+        );
+        assert_eq!(last(&h, c)["message_count"], 0);
+    }
+    assert_eq!(h.host.stats().sessions, 3);
 }
 
 #[test]
@@ -406,6 +455,7 @@ fn http_inference_runs_one_stateless_turn() {
         dialect: Dialect::Session,
         transport: Transport::Http,
         query: String::new(),
+        authorization: None,
         peer: "p".into(),
     });
     h.send(c, json!({"type":"inference","prompt":"q","conversation_context":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"max_tokens":3,"stream":true}));

@@ -219,7 +219,7 @@ fuzz_target!(|ops: Vec<Op>| {
     }])
     .ok();
     let config = HostConfig {
-        cai_keys: keys,
+        keys: keys,
         ..HostConfig::default()
     };
     let mut h = Harness::new(config, "the fox. e.g. 3.14 is it? ", 7);
@@ -243,6 +243,7 @@ fuzz_target!(|ops: Vec<Op>| {
                             } else {
                                 String::new()
                             },
+                            authorization: None,
                             peer: "fuzz".into(),
                         },
                     );

@@ -348,8 +348,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_CPU_ACTIVATIONS", value_enum, default_value_t = CpuActivations::Int8)]
     pub cpu_activations: CpuActivations,
 
-    /// Seed of the server's random source (ids, default sampling seeds) and of the
-    /// tiny model's weights (default: drawn at start and logged).
+    /// Seed of the tiny model's weights and, when given, of the server's id and
+    /// sampling-seed generator, making ids reproducible (and predictable by
+    /// whoever knows it: for tests). Default: the generator is keyed with 32
+    /// bytes from the OS and the tiny model's seed is drawn at start.
     #[arg(long, env = "TOKENWIRE_SEED", value_name = "N")]
     pub seed: Option<u64>,
 
@@ -439,8 +441,14 @@ pub struct ServerConfig {
     pub wgpu_adapter: Option<String>,
     /// CPU backend: how quantized weights meet activations.
     pub cpu_activations: CpuActivations,
-    /// Seed of the Host's random source and of the tiny model.
+    /// Seed of the tiny model's weights, and of the Host's id generator when
+    /// `reproducible_ids` is set.
     pub seed: u64,
+    /// `--seed` was given: the Host's ChaCha20 is keyed from `seed`, so ids
+    /// and default sampling seeds repeat from run to run (and can be
+    /// predicted by whoever knows the seed: for tests and debugging).
+    /// Otherwise it is keyed with 32 bytes from the OS.
+    pub reproducible_ids: bool,
     /// Log format (used by the binary when it sets up logging).
     pub log_format: LogFormat,
 }
@@ -481,6 +489,9 @@ impl Default for ServerConfig {
             wgpu_adapter: None,
             cpu_activations: CpuActivations::Int8,
             seed: 0,
+            // Embedders and tests get reproducible runs; the binary keys
+            // the generator from the OS unless `--seed` is given.
+            reproducible_ids: true,
             log_format: LogFormat::Text,
         }
     }
@@ -535,6 +546,7 @@ impl ServerConfig {
             wgpu_adapter: args.wgpu_adapter.clone(),
             cpu_activations: args.cpu_activations,
             seed: args.seed.unwrap_or(default_seed),
+            reproducible_ids: args.seed.is_some(),
             log_format: args.log_format,
         }
     }
@@ -875,6 +887,7 @@ mod tests {
     fn defaults() {
         let a = parse(&[], &EnvMap::new(), None).expect("parses");
         let c = ServerConfig::from_args(&a, 7);
+        assert!(!c.reproducible_ids, "ids keyed from the OS without --seed");
         assert_eq!(c.listen, "127.0.0.1:8080".parse().expect("addr"));
         assert_eq!(c.model, ModelSource::Builtin);
         let a = parse(&["--random-model"], &EnvMap::new(), None).expect("parses");
@@ -890,10 +903,12 @@ mod tests {
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.feedback_log, None);
-        // `Default` differs from the flags in the model only.
+        // `Default` differs from the flags in the model and in the id
+        // generator's key only (reproducible for embedders and tests).
         let d = ServerConfig {
             seed: 7,
             model: ModelSource::Builtin,
+            reproducible_ids: false,
             ..ServerConfig::default()
         };
         assert_eq!(c, d, "ServerConfig::default matches the flag defaults");

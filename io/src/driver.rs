@@ -389,6 +389,7 @@ impl Driver {
                     dialect,
                     transport,
                     query,
+                    authorization: None,
                     peer: peer.to_string(),
                 });
             }
@@ -617,7 +618,7 @@ mod tests {
             config.host_config(clock.epoch_unix_ms()),
             tiny_model_info(),
             ByteCodec::shared(),
-            1,
+            1u64,
         );
         let (handle, rx) = channel();
         let (plans_tx, plans_rx) = std::sync::mpsc::channel::<StepPlan>();

@@ -116,6 +116,18 @@ impl Drop for RunningServer {
     }
 }
 
+/// The key of the Host's ChaCha20: from `--seed` when it was given, else
+/// 32 bytes from the OS, so that ids cannot be guessed from other ids.
+fn host_seed(config: &ServerConfig) -> anyhow::Result<tokenwire_core::rng::Seed> {
+    if config.reproducible_ids {
+        return Ok(config.seed.into());
+    }
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key)
+        .map_err(|e| anyhow::anyhow!("cannot read random bytes from the OS: {e}"))?;
+    Ok(key.into())
+}
+
 /// Runs a server until `shutdown` resolves (then shuts down gracefully) or it
 /// stops by itself with an error (such as a model that fails to load).
 pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
@@ -173,7 +185,7 @@ pub async fn start_loading_with(
         ModelSource::Dir(dir) => tracing::info!(model = %dir.display(), "loading the model"),
     }
 
-    let cai_keys = match &config.keys {
+    let keys = match &config.keys {
         Some(path) => {
             let ring = crate::keys::load(path).map_err(anyhow::Error::msg)?;
             tracing::info!(keys = ring.len(), "cai: keys file loaded");
@@ -197,8 +209,8 @@ pub async fn start_loading_with(
 
     let clock = Clock::start();
     let mut host_config = config.host_config(clock.epoch_unix_ms());
-    host_config.cai_keys = cai_keys;
-    let host = Host::new(host_config, config.seed);
+    host_config.keys = keys;
+    let host = Host::new(host_config, host_seed(&config)?);
     let (snapshot_tx, snapshot_rx) = driver::snapshot_channel(&host);
     let ready_rx = snapshot_rx.clone();
     let (driver_handle, driver_rx) = driver::channel();
@@ -380,4 +392,29 @@ async fn serve_connection(
     }
     drop(slot);
     drop(state);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_seed_the_id_generator_is_keyed_from_the_os_and_with_one_it_repeats() {
+        let os = ServerConfig {
+            reproducible_ids: false,
+            ..ServerConfig::default()
+        };
+        let a = host_seed(&os).expect("os random");
+        let b = host_seed(&os).expect("os random");
+        assert_ne!(a, b, "two servers never share a key");
+        let fixed = ServerConfig {
+            seed: 7,
+            reproducible_ids: true,
+            ..ServerConfig::default()
+        };
+        assert_eq!(
+            host_seed(&fixed).expect("seeded"),
+            tokenwire_core::rng::Seed::from(7u64)
+        );
+    }
 }

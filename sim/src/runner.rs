@@ -457,6 +457,7 @@ impl<'w> Sim<'w> {
                         dialect,
                         transport,
                         query,
+                        authorization: None,
                         peer: format!(
                             "10.0.{}.{}:{}",
                             c.client / 250,

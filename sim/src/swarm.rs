@@ -6,6 +6,7 @@
 //! sub-system draws from its own stream (`mix64(seed, STREAM)`), so changing how
 //! one of them uses randomness does not reshuffle the others.
 
+use tokenwire_core::config::CacheScope;
 use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
@@ -354,6 +355,13 @@ impl Swarm {
         let b = &mut Rng::new(mix64(seed, STREAM_BATCH));
         let dialects = batch_mix(b, dialects);
         host.batch_cache_entries = pick(b, &[0, 1, 2, 4, 256]);
+        // Mostly each connection's own cache; sometimes the source's
+        // host-wide one (a trusted network's choice).
+        host.batch_cache_scope = if chance(b, 0.25) {
+            CacheScope::Host
+        } else {
+            CacheScope::Principal
+        };
         Swarm {
             seed,
             clients: dialects.len(),
@@ -469,7 +477,7 @@ fn cai_options(rng: &mut Rng, host: &mut HostConfig) -> CaiOptions {
     host.max_conversations = pick(rng, &[1, 4, 10_000]);
     let no_keys = chance(rng, 0.05);
     if no_keys {
-        host.cai_keys = None;
+        host.keys = None;
         return CaiOptions {
             keys: Vec::new(),
             orgs,
@@ -487,7 +495,7 @@ fn cai_options(rng: &mut Rng, host: &mut HostConfig) -> CaiOptions {
             tokens_per_minute: tpm,
         })
         .collect();
-    host.cai_keys = KeyRing::new(ring).ok();
+    host.keys = KeyRing::new(ring).ok();
     CaiOptions { keys, orgs }
 }
 
@@ -548,7 +556,7 @@ mod tests {
             .count();
         assert!(only_batch >= 1, "no seed of 200 is all batch");
         let keyless = (0..200)
-            .filter(|&s| Swarm::from_seed(s).host.cai_keys.is_none())
+            .filter(|&s| Swarm::from_seed(s).host.keys.is_none())
             .count();
         assert!(
             (1..40).contains(&keyless),

@@ -13,8 +13,10 @@
 //! client frames are synthetic text made by the simulator.
 
 use serde_json::{json, Value};
+use tokenwire_core::config::CacheScope;
 use tokenwire_core::dialect::batch::GenerationDefaults;
 use tokenwire_core::dialect::cai::auth::{parse_sha256, to_hex, ApiKey, KeyRing};
+use tokenwire_core::principal::AuthScope;
 use tokenwire_core::{
     ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
     JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId,
@@ -152,17 +154,25 @@ fn host_json(h: &HostConfig) -> Value {
         "keepalive_timeout_ns": ns(h.keepalive_timeout), "shutdown_grace_ns": ns(h.shutdown_grace),
         "default_max_tokens": h.default_max_tokens, "max_step_tokens": h.max_step_tokens,
         "max_running_seqs": h.max_running_seqs, "max_queued_requests": h.max_queued_requests,
+        "max_queued_per_conn": h.max_queued_per_conn,
         "session_max_messages": h.session_max_messages, "max_sessions": h.max_sessions,
+        "max_sessions_per_conn": h.max_sessions_per_conn,
+        "session_max_context_bytes": h.session_max_context_bytes,
         "max_jobs": h.max_jobs, "max_websocket_connections": h.max_websocket_connections,
         "responses_expiring_after_ns": ns(h.responses_expiring_after),
         "responses_lifetime_ns": ns(h.responses_lifetime),
         "response_store_size": h.response_store_size,
         "batch_defaults": batch_json(&h.batch_defaults),
         "batch_cache_entries": h.batch_cache_entries,
-        "cai_keys": h.cai_keys.as_ref().map(keys_json),
+        "batch_max_prompts": h.batch_max_prompts, "batch_max_payloads": h.batch_max_payloads,
+        "batch_cache_scope": match h.batch_cache_scope { CacheScope::Principal => "principal", CacheScope::Host => "host" },
+        "keys": h.keys.as_ref().map(keys_json),
+        "auth": match h.auth { AuthScope::Cai => "cai", AuthScope::All => "all" },
         "cai_max_inflight": h.cai_max_inflight,
         "conversation_ttl_ns": ns(h.conversation_ttl),
         "max_conversations": h.max_conversations,
+        "max_conversations_per_org": h.max_conversations_per_org,
+        "conversation_max_bytes": h.conversation_max_bytes,
     })
 }
 
@@ -237,8 +247,11 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         max_step_tokens: u32_of(v, "max_step_tokens")?,
         max_running_seqs: u32_of(v, "max_running_seqs")?,
         max_queued_requests: u32_of(v, "max_queued_requests")?,
+        max_queued_per_conn: u32_of(v, "max_queued_per_conn")?,
         session_max_messages: usize_of(v, "session_max_messages")?,
         max_sessions: usize_of(v, "max_sessions")?,
+        max_sessions_per_conn: usize_of(v, "max_sessions_per_conn")?,
+        session_max_context_bytes: usize_of(v, "session_max_context_bytes")?,
         max_jobs: usize_of(v, "max_jobs")?,
         max_websocket_connections: u32_of(v, "max_websocket_connections")?,
         responses_expiring_after: d("responses_expiring_after_ns")?,
@@ -246,10 +259,22 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         response_store_size: usize_of(v, "response_store_size")?,
         batch_defaults: batch_from(&v["batch_defaults"])?,
         batch_cache_entries: usize_of(v, "batch_cache_entries")?,
-        cai_keys: keys_from(&v["cai_keys"])?,
+        batch_max_prompts: usize_of(v, "batch_max_prompts")?,
+        batch_max_payloads: usize_of(v, "batch_max_payloads")?,
+        batch_cache_scope: match str_of(v, "batch_cache_scope")? {
+            "host" => CacheScope::Host,
+            _ => CacheScope::Principal,
+        },
+        keys: keys_from(&v["keys"])?,
+        auth: match str_of(v, "auth")? {
+            "all" => AuthScope::All,
+            _ => AuthScope::Cai,
+        },
         cai_max_inflight: u32_of(v, "cai_max_inflight")?,
         conversation_ttl: d("conversation_ttl_ns")?,
         max_conversations: usize_of(v, "max_conversations")?,
+        max_conversations_per_org: usize_of(v, "max_conversations_per_org")?,
+        conversation_max_bytes: usize_of(v, "conversation_max_bytes")?,
     })
 }
 
@@ -287,11 +312,12 @@ pub fn input_json(input: &Input) -> Value {
             dialect,
             transport,
             query,
+            authorization,
             peer,
         } => json!({"Open": {
             "conn": conn.0, "dialect": dialect.name(),
             "transport": match transport { Transport::WebSocket => "ws", Transport::Http => "http" },
-            "query": query, "peer": peer,
+            "query": query, "authorization": authorization, "peer": peer,
         }}),
         Input::Text { conn, text } => json!({"Text": {"conn": conn.0, "text": text}}),
         Input::Binary { conn, len } => json!({"Binary": {"conn": conn.0, "len": len}}),
@@ -368,6 +394,7 @@ pub fn input_from(v: &Value) -> Result<Input, String> {
                 _ => Transport::WebSocket,
             },
             query: str_of(b, "query")?.to_string(),
+            authorization: b["authorization"].as_str().map(str::to_string),
             peer: str_of(b, "peer")?.to_string(),
         },
         "Text" => Input::Text {
@@ -561,6 +588,7 @@ mod tests {
                 dialect: Dialect::Generate,
                 transport: Transport::Http,
                 query: "a=b".into(),
+                authorization: Some("Bearer k".into()),
                 peer: "p".into(),
             },
             Input::Text {

@@ -10,12 +10,10 @@ use crate::config::HostConfig;
 use crate::engine::{ModelInfo, SeqId, TokenId};
 use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, KeptKv, StartError};
 use crate::params::GenParams;
-use crate::rng::Rng;
+use crate::principal::Principal;
+use crate::rng::HostRng;
 use crate::text::{min_tokens_for_bytes, ChatMessage, TextCodec, TextJobId, TextWork};
 use crate::time::Instant;
-
-/// Most timers one connection may have set at once (tags `0..MAX_TIMERS`).
-pub const MAX_TIMERS: u8 = 4;
 
 /// What the Host offers its dialect machines. Implemented by the Host; a
 /// dialect only sees it through [`Cx`].
@@ -30,8 +28,8 @@ pub trait HostPort {
     fn model_info(&self) -> &ModelInfo;
     /// Its tokenizer and chat template.
     fn codec(&self) -> &dyn TextCodec;
-    /// The Host's random source (ids, seeds).
-    fn rng(&mut self) -> &mut Rng;
+    /// The Host's random source (ids, seeds): cryptographic.
+    fn rng(&mut self) -> &mut HostRng;
     /// Hands out a text job for `conn`; its frames wait for the answer.
     fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId;
     /// Asks the shell to verify `job_id`; `conn`'s frames wait for the answer.
@@ -82,6 +80,8 @@ pub struct Cx<'a> {
     pub dialect: Dialect,
     /// Its transport.
     pub transport: Transport,
+    /// Who owns what it keeps: every lookup of kept state goes through it.
+    pub principal: &'a Principal,
     port: &'a mut dyn HostPort,
 }
 
@@ -92,6 +92,7 @@ impl<'a> Cx<'a> {
         conn: ConnId,
         dialect: Dialect,
         transport: Transport,
+        principal: &'a Principal,
         port: &'a mut dyn HostPort,
     ) -> Cx<'a> {
         Cx {
@@ -99,6 +100,7 @@ impl<'a> Cx<'a> {
             conn,
             dialect,
             transport,
+            principal,
             port,
         }
     }
@@ -317,19 +319,18 @@ impl<'a> Cx<'a> {
         self.port.open_connections(dialect, transport)
     }
 
-    /// Sets (or moves) this connection's timer `tag` (below [`MAX_TIMERS`])
-    /// to fire at `at`, calling [`super::DialectConn::on_timer`]. Timers end
-    /// with the connection.
+    /// Sets (or moves) this connection's timer `tag` (each of the 256 tags
+    /// is its own timer) to fire at `at`, calling
+    /// [`super::DialectConn::on_timer`]. Timers end with the connection.
     pub fn set_timer(&mut self, tag: u8, at: Instant) {
-        debug_assert!(tag < MAX_TIMERS);
         let conn = self.conn;
-        self.port.set_timer(conn, tag % MAX_TIMERS, at);
+        self.port.set_timer(conn, tag, at);
     }
 
     /// Cancels this connection's timer `tag`.
     pub fn cancel_timer(&mut self, tag: u8) {
         let conn = self.conn;
-        self.port.cancel_timer(conn, tag % MAX_TIMERS);
+        self.port.cancel_timer(conn, tag);
     }
 
     /// Names this connection in the operator's log ([`Event::ConnectionNamed`]).

@@ -213,6 +213,29 @@ pub fn http_failure(dialect: Dialect, failure: &HttpFailure) -> HttpReply {
     }
 }
 
+/// Seconds a client is told to wait before retrying a 503 or 429.
+pub(crate) const RETRY_AFTER_S: u32 = 1;
+
+/// The one rule for an HTTP request whose virtual connection the Host closed
+/// before its reply, for every dialect: a shutdown (1001) is the dialect's
+/// 503 with `Retry-After` (retry on another server); any other close is a
+/// 500. Returns the status, the retry delay and the message.
+pub(crate) fn closed_early(code: u16) -> (u16, Option<u32>, &'static str) {
+    if code == 1001 {
+        (
+            503,
+            Some(RETRY_AFTER_S),
+            "the server is shutting down; retry on another server",
+        )
+    } else {
+        (
+            500,
+            None,
+            "the server ended the request before it completed",
+        )
+    }
+}
+
 /// Status, message and retry delay of a failure (shared by the dialects).
 pub(crate) fn describe(f: &HttpFailure) -> (u16, String, Option<u32>) {
     match f {

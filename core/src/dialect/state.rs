@@ -10,6 +10,7 @@ use super::responses::store::ResponseStore;
 use crate::api::ConnId;
 use crate::config::HostConfig;
 use crate::lru::Lru;
+use crate::principal::Principal;
 
 /// Everything the dialects keep across connections.
 #[derive(Debug)]
@@ -39,11 +40,12 @@ impl DialectState {
     }
 }
 
-/// Live `session` ids and the connection holding each (ids only: the
-/// conversation stays with its connection and goes with it).
+/// Live `session` ids, per principal, and the connection holding each (ids
+/// only: the conversation stays with its connection and goes with it). Two
+/// principals may use the same id without meeting: each sees only its own.
 #[derive(Debug)]
 pub struct SessionRegistry {
-    live: BTreeMap<String, ConnId>,
+    live: BTreeMap<(Principal, String), ConnId>,
     capacity: usize,
 }
 
@@ -65,28 +67,30 @@ impl SessionRegistry {
         }
     }
 
-    /// Takes `id` for `conn`.
-    pub fn claim(&mut self, id: &str, conn: ConnId) -> Result<(), ClaimError> {
-        if self.live.contains_key(id) {
+    /// Takes `owner`'s session `id` for `conn`.
+    pub fn claim(&mut self, owner: &Principal, id: &str, conn: ConnId) -> Result<(), ClaimError> {
+        let key = (owner.clone(), id.to_string());
+        if self.live.contains_key(&key) {
             return Err(ClaimError::Exists);
         }
         if self.live.len() >= self.capacity {
             return Err(ClaimError::Full);
         }
-        self.live.insert(id.to_string(), conn);
+        self.live.insert(key, conn);
         Ok(())
     }
 
-    /// Gives `id` back if `conn` holds it.
-    pub fn release(&mut self, id: &str, conn: ConnId) {
-        if self.live.get(id) == Some(&conn) {
-            self.live.remove(id);
+    /// Gives `owner`'s `id` back if `conn` holds it.
+    pub fn release(&mut self, owner: &Principal, id: &str, conn: ConnId) {
+        let key = (owner.clone(), id.to_string());
+        if self.live.get(&key) == Some(&conn) {
+            self.live.remove(&key);
         }
     }
 
-    /// The connection holding `id`.
-    pub fn holder(&self, id: &str) -> Option<ConnId> {
-        self.live.get(id).copied()
+    /// The connection holding `owner`'s session `id`.
+    pub fn holder(&self, owner: &Principal, id: &str) -> Option<ConnId> {
+        self.live.get(&(owner.clone(), id.to_string())).copied()
     }
 
     /// Live sessions.
@@ -165,20 +169,39 @@ mod tests {
 
     #[test]
     fn a_session_id_is_held_by_one_connection_until_it_lets_go() {
+        let me = &Principal::Anonymous;
         let mut r = SessionRegistry::new(2);
-        r.claim("a", ConnId(1)).expect("free");
-        assert_eq!(r.claim("a", ConnId(2)), Err(ClaimError::Exists));
-        r.release("a", ConnId(2));
+        r.claim(me, "a", ConnId(1)).expect("free");
+        assert_eq!(r.claim(me, "a", ConnId(2)), Err(ClaimError::Exists));
+        r.release(me, "a", ConnId(2));
         assert_eq!(
-            r.holder("a"),
+            r.holder(me, "a"),
             Some(ConnId(1)),
             "only its holder releases it"
         );
-        r.claim("b", ConnId(2)).expect("room");
-        assert_eq!(r.claim("c", ConnId(3)), Err(ClaimError::Full));
-        r.release("a", ConnId(1));
-        r.claim("c", ConnId(3)).expect("room again");
+        r.claim(me, "b", ConnId(2)).expect("room");
+        assert_eq!(r.claim(me, "c", ConnId(3)), Err(ClaimError::Full));
+        r.release(me, "a", ConnId(1));
+        r.claim(me, "c", ConnId(3)).expect("room again");
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn principals_do_not_see_each_others_session_ids() {
+        let alice = Principal::Conn(ConnId(1));
+        let bob = Principal::Conn(ConnId(2));
+        let mut r = SessionRegistry::new(4);
+        r.claim(&alice, "s", ConnId(1)).expect("free");
+        r.claim(&bob, "s", ConnId(2))
+            .expect("bob's own `s`: alice's says nothing to him");
+        assert_eq!(r.holder(&alice, "s"), Some(ConnId(1)));
+        assert_eq!(r.holder(&bob, "s"), Some(ConnId(2)));
+        r.release(&bob, "s", ConnId(1));
+        assert_eq!(
+            r.holder(&bob, "s"),
+            Some(ConnId(2)),
+            "not alice's to release"
+        );
     }
 
     #[test]

@@ -61,6 +61,12 @@ pub enum StartError {
     },
     /// Too many requests are waiting.
     QueueFull,
+    /// The connection already has its share of the waiting requests
+    /// (`max_queued_per_conn`).
+    ConnQueueFull {
+        /// The share.
+        limit: u32,
+    },
     /// The server is shutting down.
     ShuttingDown,
     /// The model is not loaded.
@@ -89,6 +95,9 @@ impl StartError {
                 total_blocks,
             } => format!("the request needs {needed_blocks} KV cache blocks but the cache holds {total_blocks}; lower {max_tokens_field}"),
             StartError::QueueFull => "the request queue is full; retry later".into(),
+            StartError::ConnQueueFull { limit } => format!(
+                "this connection already has {limit} requests waiting, the most one connection may; retry once one has started"
+            ),
             StartError::ShuttingDown => {
                 "the server is shutting down; retry on another server".into()
             }

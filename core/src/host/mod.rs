@@ -8,17 +8,18 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, Transport};
 use crate::config::HostConfig;
-use crate::dialect::cx::MAX_TIMERS;
 use crate::dialect::{machine_for, Cx, DialectConn};
 
 /// Makes the per-connection machine for a dialect (`None`: not served).
 pub type MachineFactory = fn(Dialect) -> Option<Box<dyn DialectConn>>;
 use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
 use crate::gen::{Failure, FailureKind, FinishReason, GenState, TokenPiece};
+use crate::principal::{Presented, Principal};
+use crate::rng::Seed;
 use crate::text::{SharedCodec, TextDone};
 use crate::time::{Duration, Instant};
 
-use shared::{outcome_of, Shared, TimerKey};
+use shared::{outcome_of, ConnTimer, Shared, TimerKey};
 
 /// Frames held for a waiting connection (the model loads, or a prompt of its
 /// own is being tokenized) at which the Host asks the shell to stop reading
@@ -56,6 +57,8 @@ impl Held {
 struct Conn {
     dialect: Dialect,
     transport: Transport,
+    /// Who owns what this connection keeps ([`Principal::of`] at open).
+    principal: Principal,
     machine: Box<dyn DialectConn>,
     /// Outbound queue full: its generations are held.
     blocked: bool,
@@ -118,11 +121,13 @@ pub struct HostStats {
 
 impl Host {
     /// A Host whose model is still loading: clients that connect get
-    /// `model_loading` status until [`Input::ModelLoaded`].
-    pub fn new(config: HostConfig, seed: u64) -> Host {
+    /// `model_loading` status until [`Input::ModelLoaded`]. `seed` keys the
+    /// Host's ChaCha20 ([`crate::rng::HostRng`]): a `u64` for reproducible
+    /// runs, 32 bytes from the OS for a server whose ids must not be guessed.
+    pub fn new(config: HostConfig, seed: impl Into<Seed>) -> Host {
         Host {
             conns: BTreeMap::new(),
-            sh: Shared::new(config, seed),
+            sh: Shared::new(config, seed.into()),
             load: LoadProgress {
                 progress: 0.0,
                 message: "loading model".into(),
@@ -144,7 +149,12 @@ impl Host {
     }
 
     /// A Host serving an already loaded model.
-    pub fn with_model(config: HostConfig, info: ModelInfo, codec: SharedCodec, seed: u64) -> Host {
+    pub fn with_model(
+        config: HostConfig,
+        info: ModelInfo,
+        codec: SharedCodec,
+        seed: impl Into<Seed>,
+    ) -> Host {
         let mut h = Host::new(config, seed);
         h.sh.set_model(info, codec);
         h.load.progress = 100.0;
@@ -203,8 +213,15 @@ impl Host {
                 dialect,
                 transport,
                 query,
+                authorization,
                 peer,
-            } => self.on_open(now, conn, dialect, transport, &query, &peer),
+            } => {
+                let presented = Presented {
+                    header: authorization.as_deref(),
+                    query: &query,
+                };
+                self.on_open(now, conn, dialect, transport, presented, &peer)
+            }
             Input::Text { conn, text } => self.on_text(now, conn, text),
             Input::Binary { conn, len } => self.on_binary(now, conn, len),
             Input::Tokenized(done) => self.on_tokenized(now, done),
@@ -214,7 +231,10 @@ impl Host {
                     self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
                 }
             }
-            Input::Pong { conn } => self.sh.timers.cancel(TimerKey::PongDeadline(conn)),
+            Input::Pong { conn } => self
+                .sh
+                .timers
+                .cancel(TimerKey::Conn(conn, ConnTimer::PongDeadline)),
             Input::Closed { conn } => self.teardown(now, conn),
             Input::QueueFull { conn } => self.set_blocked(now, conn, true),
             Input::QueueDrained { conn } => self.set_blocked(now, conn, false),
@@ -246,7 +266,14 @@ impl Host {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        let mut cx = Cx::new(now, conn, c.dialect, c.transport, &mut self.sh);
+        let mut cx = Cx::new(
+            now,
+            conn,
+            c.dialect,
+            c.transport,
+            &c.principal,
+            &mut self.sh,
+        );
         f(&mut *c.machine, &mut cx);
         self.deliver_ended(now);
     }
@@ -265,12 +292,13 @@ impl Host {
         conn: ConnId,
         dialect: Dialect,
         transport: Transport,
-        query: &str,
+        presented: Presented<'_>,
         peer: &str,
     ) {
         if self.conns.contains_key(&conn) {
             return;
         }
+        let query = presented.query;
         self.sh
             .outputs
             .push_back(Output::Event(Event::ConnectionOpened { dialect }));
@@ -296,9 +324,28 @@ impl Host {
                 .push_back(Output::Event(Event::ConnectionClosed { dialect }));
             return;
         }
+        let cfg = &self.sh.config;
+        let principal = match Principal::of(cfg.keys.as_ref(), cfg.auth, conn, transport, presented)
+        {
+            Ok(p) => p,
+            // `cai` answers a bad key itself, with its own close codes.
+            Err(_) if dialect == Dialect::Cai => Principal::Conn(conn),
+            Err(e) => {
+                self.sh.outputs.push_back(Output::Close {
+                    conn,
+                    code: CLOSE_POLICY,
+                    reason: format!("unauthorized: {}", e.message()),
+                });
+                self.sh
+                    .outputs
+                    .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+                return;
+            }
+        };
         let c = Conn {
             dialect,
             transport,
+            principal,
             machine,
             blocked: false,
             held: VecDeque::new(),
@@ -307,12 +354,14 @@ impl Host {
         };
         if transport == Transport::WebSocket {
             let cfg = &self.sh.config;
-            self.sh
-                .timers
-                .set(TimerKey::Idle(conn), now + cfg.idle_timeout);
-            self.sh
-                .timers
-                .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
+            self.sh.timers.set(
+                TimerKey::Conn(conn, ConnTimer::Idle),
+                now + cfg.idle_timeout,
+            );
+            self.sh.timers.set(
+                TimerKey::Conn(conn, ConnTimer::Ping),
+                now + cfg.keepalive_interval,
+            );
         }
         self.conns.insert(conn, c);
         *self
@@ -343,9 +392,10 @@ impl Host {
             .get(&conn)
             .is_some_and(|c| c.transport == Transport::WebSocket)
         {
-            self.sh
-                .timers
-                .set(TimerKey::Idle(conn), now + self.sh.config.idle_timeout);
+            self.sh.timers.set(
+                TimerKey::Conn(conn, ConnTimer::Idle),
+                now + self.sh.config.idle_timeout,
+            );
         }
     }
 
@@ -463,11 +513,13 @@ impl Host {
         self.sh.set_conn_blocked(conn, blocked);
         if blocked {
             self.sh.timers.set(
-                TimerKey::SlowClient(conn),
+                TimerKey::Conn(conn, ConnTimer::SlowClient),
                 now + self.sh.config.slow_client_timeout,
             );
         } else {
-            self.sh.timers.cancel(TimerKey::SlowClient(conn));
+            self.sh
+                .timers
+                .cancel(TimerKey::Conn(conn, ConnTimer::SlowClient));
         }
     }
 
@@ -541,40 +593,52 @@ impl Host {
         while let Some(key) = self.sh.timers.pop_expired(now) {
             match key {
                 TimerKey::PauseTimeout(id) => self.end_gen(now, id, FinishReason::Timeout),
-                TimerKey::SlowClient(conn) => {
+                TimerKey::Conn(conn, ConnTimer::SlowClient) => {
                     self.close_conn(now, conn, CLOSE_POLICY, close_reason::SLOW_CLIENT)
                 }
-                TimerKey::Idle(conn) => {
+                TimerKey::Conn(conn, ConnTimer::Idle) => {
+                    // Frames held while the model loads are requests too.
                     let busy = self.sh.awaits_answer(conn)
-                        || self.conns.get(&conn).is_some_and(|c| c.machine.busy());
+                        || self
+                            .conns
+                            .get(&conn)
+                            .is_some_and(|c| c.machine.busy() || !c.held.is_empty());
                     if busy {
-                        self.sh
-                            .timers
-                            .set(TimerKey::Idle(conn), now + self.sh.config.idle_timeout);
+                        self.sh.timers.set(
+                            TimerKey::Conn(conn, ConnTimer::Idle),
+                            now + self.sh.config.idle_timeout,
+                        );
                     } else if self.conns.contains_key(&conn) {
                         self.close_conn(now, conn, CLOSE_NORMAL, close_reason::IDLE);
                     }
                 }
-                TimerKey::Ping(conn) => {
+                TimerKey::Conn(conn, ConnTimer::Ping) => {
                     if self.conns.contains_key(&conn) {
                         self.sh.outputs.push_back(Output::Ping { conn });
                         let cfg = &self.sh.config;
-                        if self.sh.timers.get(TimerKey::PongDeadline(conn)).is_none() {
-                            self.sh
-                                .timers
-                                .set(TimerKey::PongDeadline(conn), now + cfg.keepalive_timeout);
-                        }
-                        self.sh
+                        if self
+                            .sh
                             .timers
-                            .set(TimerKey::Ping(conn), now + cfg.keepalive_interval);
+                            .get(TimerKey::Conn(conn, ConnTimer::PongDeadline))
+                            .is_none()
+                        {
+                            self.sh.timers.set(
+                                TimerKey::Conn(conn, ConnTimer::PongDeadline),
+                                now + cfg.keepalive_timeout,
+                            );
+                        }
+                        self.sh.timers.set(
+                            TimerKey::Conn(conn, ConnTimer::Ping),
+                            now + cfg.keepalive_interval,
+                        );
                     }
                 }
-                TimerKey::PongDeadline(conn) => {
+                TimerKey::Conn(conn, ConnTimer::PongDeadline) => {
                     // A connection we stopped reading cannot be seen answering.
                     let paused = self.conns.get(&conn).is_some_and(|c| c.reading_paused);
                     if paused {
                         self.sh.timers.set(
-                            TimerKey::PongDeadline(conn),
+                            TimerKey::Conn(conn, ConnTimer::PongDeadline),
                             now + self.sh.config.keepalive_timeout,
                         );
                     } else if self.conns.contains_key(&conn) {
@@ -586,7 +650,7 @@ impl Host {
                         self.finish_shutdown(now);
                     }
                 }
-                TimerKey::Dialect(conn, tag) => {
+                TimerKey::Conn(conn, ConnTimer::Dialect(tag)) => {
                     self.with_conn(now, conn, |m, cx| m.on_timer(cx, tag));
                 }
             }
@@ -598,6 +662,11 @@ impl Host {
         let Some(sched) = self.sh.sched.as_mut() else {
             return;
         };
+        // A stale or unknown step id changes nothing, here as in the
+        // scheduler: the outstanding step's owners still hear its end.
+        if !sched.is_outstanding(done.step_id) {
+            return;
+        }
         let results = sched.on_step_done(&done);
         let stepped = std::mem::take(&mut self.in_step);
         let count = results.len() as u32;
@@ -692,6 +761,10 @@ impl Host {
         let Some(sched) = self.sh.sched.as_mut() else {
             return;
         };
+        // A fault for a step that is not outstanding fails nothing.
+        if !sched.is_outstanding(fault.step_id) {
+            return;
+        }
         let doomed = sched.on_step_failed(fault.step_id, &fault.kind);
         let in_step = std::mem::take(&mut self.in_step);
         match &fault.kind {
@@ -752,7 +825,14 @@ impl Host {
         let Some(mut c) = self.conns.remove(&conn) else {
             return;
         };
-        let mut cx = Cx::new(now, conn, c.dialect, c.transport, &mut self.sh);
+        let mut cx = Cx::new(
+            now,
+            conn,
+            c.dialect,
+            c.transport,
+            &c.principal,
+            &mut self.sh,
+        );
         c.machine.on_closed(&mut cx);
         if let Some(n) = self.sh.open_by_dialect.get_mut(&(c.dialect, c.transport)) {
             *n = n.saturating_sub(1);
@@ -766,17 +846,7 @@ impl Host {
             }
             self.sh.retire(now, id, Outcome::Cancelled);
         }
-        for key in [
-            TimerKey::Idle(conn),
-            TimerKey::Ping(conn),
-            TimerKey::PongDeadline(conn),
-            TimerKey::SlowClient(conn),
-        ] {
-            self.sh.timers.cancel(key);
-        }
-        for tag in 0..MAX_TIMERS {
-            self.sh.timers.cancel(TimerKey::Dialect(conn, tag));
-        }
+        self.sh.timers.cancel_range(TimerKey::of_conn(conn));
         self.sh
             .outputs
             .push_back(Output::Event(Event::ConnectionClosed {

@@ -10,10 +10,11 @@ use crate::dialect::state::DialectState;
 use crate::dialect::HostPort;
 use crate::engine::{ModelInfo, SeqId, SeqResult, TokenId};
 use crate::gen::{
-    FinishReason, GenRequest, Generation, HoldReason, Holds, KeptKv, StartError, TokenPiece,
+    FinishReason, GenRequest, GenState, Generation, HoldReason, Holds, KeptKv, StartError,
+    TokenPiece,
 };
 use crate::params::GenParams;
-use crate::rng::Rng;
+use crate::rng::{HostRng, Seed};
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
 use crate::text::{SharedCodec, TextCodec, TextJob, TextJobId, TextWork};
 use crate::time::Instant;
@@ -24,18 +25,36 @@ use crate::timer::TimerTable;
 pub(crate) enum TimerKey {
     /// A paused generation ends with `timeout`.
     PauseTimeout(SeqId),
-    /// A connection whose queue stays full is closed.
-    SlowClient(ConnId),
-    /// An idle connection is closed.
-    Idle(ConnId),
-    /// Time to ping.
-    Ping(ConnId),
-    /// An unanswered ping closes the connection.
-    PongDeadline(ConnId),
     /// Graceful shutdown's grace period ends.
     ShutdownGrace,
-    /// A dialect's own timer on a connection ([`crate::dialect::Cx::set_timer`]).
-    Dialect(ConnId, u8),
+    /// One of a connection's deadlines. A connection's keys are one range
+    /// ([`TimerKey::of_conn`]), so all of them go when it does, whatever
+    /// kinds are added later.
+    Conn(ConnId, ConnTimer),
+}
+
+/// The deadlines a connection may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum ConnTimer {
+    /// A connection whose queue stays full is closed.
+    SlowClient,
+    /// An idle connection is closed.
+    Idle,
+    /// Time to ping.
+    Ping,
+    /// An unanswered ping closes the connection.
+    PongDeadline,
+    /// A dialect's own timer ([`crate::dialect::Cx::set_timer`]), by tag.
+    Dialect(u8),
+}
+
+impl TimerKey {
+    /// Every key `conn` can have, as one range (the first and last kinds in
+    /// [`ConnTimer`]'s order).
+    pub fn of_conn(conn: ConnId) -> std::ops::RangeInclusive<TimerKey> {
+        TimerKey::Conn(conn, ConnTimer::SlowClient)
+            ..=TimerKey::Conn(conn, ConnTimer::Dialect(u8::MAX))
+    }
 }
 
 /// The loaded model.
@@ -47,7 +66,7 @@ pub(crate) struct Model {
 /// Everything but the connections.
 pub(crate) struct Shared {
     pub config: HostConfig,
-    pub rng: Rng,
+    pub rng: HostRng,
     pub model: Option<Model>,
     pub sched: Option<Scheduler>,
     pub gens: BTreeMap<SeqId, Generation>,
@@ -80,11 +99,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: HostConfig, seed: u64) -> Self {
+    pub fn new(config: HostConfig, seed: Seed) -> Self {
         Shared {
             dialects: DialectState::new(&config),
             config,
-            rng: Rng::new(seed),
+            rng: HostRng::new(seed),
             model: None,
             sched: None,
             gens: BTreeMap::new(),
@@ -202,6 +221,17 @@ impl Shared {
         };
         if sched.stats().waiting >= self.config.max_queued_requests {
             return Err(StartError::QueueFull);
+        }
+        // Each connection's share of the queue, so that one client's burst
+        // (a batch payload, a flood of requests) cannot fill it for all.
+        let limit = self.config.max_queued_per_conn;
+        let waiting_here = self
+            .gens
+            .values()
+            .filter(|g| g.owner == owner && g.state == GenState::Queued && !g.raw)
+            .count();
+        if waiting_here >= limit as usize {
+            return Err(StartError::ConnQueueFull { limit });
         }
         let id = SeqId(self.next_seq);
         self.next_seq += 1;
@@ -348,9 +378,17 @@ impl Shared {
         let Some(gen) = self.gens.get_mut(&id) else {
             return false;
         };
+        // Blocks the dialect asked to keep stay for a completed ending (as
+        // `keep_kv` promises): the generation only stops running, and
+        // `retire` parks it. Any other ending frees them now.
+        let keeps = gen.keep_kv && outcome_of(reason) == Outcome::Completed;
         let piece = gen.end(&*model.codec, reason);
         if let Some(s) = self.sched.as_mut() {
-            s.remove(id);
+            if keeps {
+                s.set_runnable(id, false);
+            } else {
+                s.remove(id);
+            }
         }
         self.timers.cancel(TimerKey::PauseTimeout(id));
         self.ended.push_back((id, piece));
@@ -475,7 +513,7 @@ impl HostPort for Shared {
         Shared::codec(self)
     }
 
-    fn rng(&mut self) -> &mut Rng {
+    fn rng(&mut self) -> &mut HostRng {
         &mut self.rng
     }
 
@@ -545,11 +583,13 @@ impl HostPort for Shared {
     }
 
     fn set_timer(&mut self, conn: ConnId, tag: u8, at: Instant) {
-        self.timers.set(TimerKey::Dialect(conn, tag), at);
+        self.timers
+            .set(TimerKey::Conn(conn, ConnTimer::Dialect(tag)), at);
     }
 
     fn cancel_timer(&mut self, conn: ConnId, tag: u8) {
-        self.timers.cancel(TimerKey::Dialect(conn, tag));
+        self.timers
+            .cancel(TimerKey::Conn(conn, ConnTimer::Dialect(tag)));
     }
 }
 

@@ -283,3 +283,78 @@ fn a_child_removed_before_its_copy_leaves_no_copy_fork_or_hold_behind() {
         "only the parent was ever seen by the engine"
     );
 }
+
+#[test]
+fn the_last_token_cannot_change_while_the_engine_computes_it() {
+    let mut s = sched(16);
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 5);
+    let plan = s.schedule().expect("decode of the sampled token");
+    assert!(plan.seqs.iter().any(|p| p.seq == a));
+    assert!(
+        !s.set_last_token(a, 9),
+        "the token is in the outstanding step: changing it now would desync the cache"
+    );
+    assert_eq!(s.tokens(a).and_then(|t| t.last()), Some(&7));
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 8));
+    assert!(s.set_last_token(a, 9), "the new token is not computed yet");
+    ok(&s);
+}
+
+#[test]
+fn a_failed_step_drops_the_copies_into_a_fork_removed_during_it() {
+    for kind in [
+        EngineFaultKind::Internal("x".into()),
+        EngineFaultKind::OutOfMemory,
+    ] {
+        let mut s = sched(16);
+        let mut kv = Kv::default();
+        let a = prefilled(&mut s, &mut kv, 20);
+        let used_by_a = s.stats().blocks_used;
+        let b = SeqId(2);
+        assert!(s.fork(a, b));
+        let plan = s.schedule().expect("a step with the copy");
+        assert_eq!(plan.copy_blocks.len(), 1);
+        // The fork goes while its first step is outstanding, and the step fails.
+        s.remove(b);
+        s.on_step_failed(plan.step_id, &kind);
+        ok(&s);
+        s.remove(a);
+        ok(&s);
+        assert_eq!(
+            s.stats().blocks_used,
+            0,
+            "{kind:?}: no copy source stays held for a fork that is gone (a had {used_by_a})"
+        );
+        assert!(
+            s.schedule().is_none_or(|p| p.copy_blocks.is_empty()),
+            "{kind:?}: no copy into freed blocks is sent"
+        );
+    }
+}
+
+#[test]
+fn a_failed_step_drops_the_copies_into_a_fork_that_went_outside_it() {
+    let mut s = Scheduler::new(SchedConfig {
+        block_size: BS,
+        num_blocks: 16,
+        max_step_tokens: 512,
+        // One sequence per step: the fork is not in the step that carries
+        // its copy.
+        max_running_seqs: 1,
+    });
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 20);
+    let b = SeqId(2);
+    assert!(s.fork(a, b));
+    let plan = s.schedule().expect("a step with the copy");
+    assert_eq!(plan.copy_blocks.len(), 1);
+    assert!(plan.seqs.iter().all(|p| p.seq != b), "b waits its turn");
+    s.remove(b);
+    s.on_step_failed(plan.step_id, &EngineFaultKind::Internal("x".into()));
+    ok(&s);
+    s.remove(a);
+    ok(&s);
+    assert_eq!(s.stats().blocks_used, 0, "the copy's source is not held");
+}

@@ -307,8 +307,12 @@ impl Scheduler {
 
     /// Replaces the last token of live `seq` when it is not computed yet (a
     /// beam continuing with another token than the one sampled). False
-    /// otherwise.
+    /// otherwise, and while `seq` is in the outstanding step: the engine is
+    /// computing that token now.
     pub fn set_last_token(&mut self, seq: SeqId, token: TokenId) -> bool {
+        if self.in_outstanding(seq) {
+            return false;
+        }
         let Some(s) = self.live_mut(seq) else {
             return false;
         };
@@ -571,9 +575,10 @@ impl Scheduler {
     /// removed sequences are dropped and their blocks freed. A `step_id` that
     /// is not the outstanding step's changes nothing and returns nothing.
     pub fn on_step_done(&mut self, done: &StepDone) -> Vec<SeqResult> {
-        let Some((entries, _, _, _, holds)) = self.take_outstanding(done.step_id) else {
+        let Some(Outstanding { entries, holds, .. }) = self.take_outstanding(done.step_id) else {
             return Vec::new();
         };
+        self.forget_removed(&entries);
         // The copies are done: their sources may be handed out again.
         for b in holds {
             self.alloc.release(b);
@@ -620,7 +625,15 @@ impl Scheduler {
     ///
     /// A `step_id` that is not the outstanding step's changes nothing.
     pub fn on_step_failed(&mut self, step_id: u64, kind: &EngineFaultKind) -> Vec<SeqId> {
-        let Some((entries, free, copies, forks, holds)) = self.take_outstanding(step_id) else {
+        let Some(Outstanding {
+            entries,
+            free,
+            copies,
+            forks,
+            holds,
+            ..
+        }) = self.take_outstanding(step_id)
+        else {
             return Vec::new();
         };
         let later = std::mem::replace(&mut self.pending_forks, forks);
@@ -639,6 +652,14 @@ impl Scheduler {
                 self.pending_free.push(id);
             }
         }
+        // Only now: forgetting a sequence removed during the step drops the
+        // copies into its blocks and the forks into it that were just put
+        // back, with the holds on their sources.
+        self.forget_removed(&entries);
+        // A sequence outside the step may have gone while it was out, with
+        // the blocks and the engine state that its copies and fork were to
+        // fill: those are moot too.
+        self.drop_orphaned_work();
         let mut failed = Vec::new();
         match kind {
             EngineFaultKind::OutOfMemory => {
@@ -750,6 +771,14 @@ impl Scheduler {
     /// True while a planned step awaits its result.
     pub fn step_outstanding(&self) -> bool {
         self.outstanding.is_some()
+    }
+
+    /// True when `step_id` is the step awaiting its result: results and
+    /// faults for any other id change nothing.
+    pub fn is_outstanding(&self, step_id: u64) -> bool {
+        self.outstanding
+            .as_ref()
+            .is_some_and(|o| o.step_id == step_id)
     }
 
     /// Current adaptive limit on sequences per step (lowered by out-of-memory
@@ -987,25 +1016,23 @@ impl Scheduler {
             .is_some_and(|o| o.entries.iter().any(|p| p.seq == seq))
     }
 
-    /// Ends the outstanding step if `step_id` is its id, freeing sequences
-    /// removed during it, and returns its entries (those of removed sequences
-    /// included, so callers know the step's size) and its `free` list.
-    #[allow(clippy::type_complexity)]
-    fn take_outstanding(
-        &mut self,
-        step_id: u64,
-    ) -> Option<(
-        Vec<Planned>,
-        Vec<SeqId>,
-        Vec<(BlockId, BlockId)>,
-        Vec<Fork>,
-        Vec<BlockId>,
-    )> {
-        if self.outstanding.as_ref().map(|o| o.step_id) != Some(step_id) {
+    /// Ends the outstanding step if `step_id` is its id and returns it
+    /// (entries of sequences removed during it included, so callers know the
+    /// step's size). Sequences removed during it are still held: the caller
+    /// lets them go with [`Scheduler::forget_removed`] once whatever the step
+    /// planned for them (copies into their blocks, forks into them) is back
+    /// in the pending lists, so that forgetting them drops it too.
+    fn take_outstanding(&mut self, step_id: u64) -> Option<Outstanding> {
+        if !self.is_outstanding(step_id) {
             return None;
         }
-        let out = self.outstanding.take()?;
-        for p in &out.entries {
+        self.outstanding.take()
+    }
+
+    /// Forgets the sequences of `entries` that were removed while their
+    /// step was outstanding.
+    fn forget_removed(&mut self, entries: &[Planned]) {
+        for p in entries {
             if self
                 .seqs
                 .get(&p.seq)
@@ -1014,7 +1041,6 @@ impl Scheduler {
                 self.forget(p.seq);
             }
         }
-        Some((out.entries, out.free, out.copies, out.forks, out.holds))
     }
 
     /// Drops a sequence that is in no queue: its blocks go back to the pool
@@ -1048,6 +1074,26 @@ impl Scheduler {
                 self.alloc.release(src);
             }
         }
+    }
+
+    /// Drops pending copies into blocks no live sequence holds, releasing
+    /// the holds on their sources, and pending forks into sequences that are
+    /// gone.
+    fn drop_orphaned_work(&mut self) {
+        let held: BTreeSet<BlockId> = self
+            .seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        let orphans: Vec<BlockId> = self
+            .pending_copies
+            .iter()
+            .map(|&(_, dst)| dst)
+            .filter(|dst| !held.contains(dst))
+            .collect();
+        self.drop_copies_into(&orphans);
+        let seqs = &self.seqs;
+        self.pending_forks.retain(|f| seqs.contains_key(&f.dst));
     }
 
     /// Takes a running sequence's blocks and puts it at the front of the

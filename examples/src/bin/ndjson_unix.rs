@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = UnixListener::bind(&path)?;
     let mut engine = Engine::builtin(&EngineOptions::default())?;
     let (info, codec) = (engine.model_info(), engine.codec());
-    let mut host = Host::with_model(HostConfig::default(), info, codec, 7);
+    let mut host = Host::with_model(HostConfig::default(), info, codec, 7u64);
     let (tx, rx) = channel();
     let writers = Writers::default();
     let w = writers.clone();
@@ -87,6 +87,7 @@ fn accept(listener: UnixListener, tx: Sender<Input>, writers: Writers) {
             dialect,
             transport,
             query,
+            authorization: None,
             peer,
         });
         std::thread::spawn(move || {

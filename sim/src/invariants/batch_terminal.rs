@@ -46,7 +46,7 @@ impl Checker for BatchTerminal {
                 }
                 Ok(())
             }
-            Reading::Refused(_) | Reading::Dups => Ok(()),
+            Reading::Refused(_) | Reading::Dups | Reading::AllDups(_) => Ok(()),
             Reading::Bad(e) => Err(format!("on {conn:?}: {e}")),
             Reading::Prompts(idx) => {
                 for (e, i) in events.iter().zip(idx) {

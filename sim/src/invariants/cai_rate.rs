@@ -1,6 +1,7 @@
 //! `cai_rate`: per-organisation request limits hold, and refusals say why.
-//! Per (key, organisation), the requests admitted never exceed what a
-//! reference token bucket allows: it holds `requests_per_minute` units,
+//! Per organisation (whichever key acts for it), the requests admitted
+//! never exceed what a reference token bucket allows: it holds the
+//! strictest `requests_per_minute` among the keys naming the organisation,
 //! refills continuously at that many a minute and starts full (each Host
 //! starts afresh: a crash empties the meter with everything else). A
 //! request counts as admitted when the Host, handling its COMPLETION, asked
@@ -73,20 +74,20 @@ impl Bucket {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct CaiRate {
-    buckets: BTreeMap<Creds, Bucket>,
+    buckets: BTreeMap<String, Bucket>,
 }
 
 impl CaiRate {
     fn bucket(&mut self, cx: &Cx<'_>, who: &Creds) -> Option<&mut Bucket> {
         let rpm = cx
             .config
-            .cai_keys
+            .keys
             .as_ref()?
-            .key(who.key)?
+            .org_limits(&who.org)
             .requests_per_minute?;
         Some(
             self.buckets
-                .entry(who.clone())
+                .entry(who.org.clone())
                 .or_insert_with(|| Bucket::full(rpm, cx.now)),
         )
     }
@@ -157,14 +158,14 @@ impl Checker for CaiRate {
                 let Ok(who) = a.auth.clone() else {
                     return Ok(());
                 };
-                let key = cx.config.cai_keys.as_ref().and_then(|k| k.key(who.key));
-                let (rpm, tpm) = key.map_or((None, None), |k| {
-                    (k.requests_per_minute, k.tokens_per_minute)
+                let limits = cx.config.keys.as_ref().map(|k| k.org_limits(&who.org));
+                let (rpm, tpm) = limits.map_or((None, None), |l| {
+                    (l.requests_per_minute, l.tokens_per_minute)
                 });
                 if rpm.is_none() && tpm.is_none() {
                     return Err(format!(
-                        "RATE_LIMITED for {rid:?} on {conn:?}: key {} has no limits",
-                        who.key
+                        "RATE_LIMITED for {rid:?} on {conn:?}: organisation {:?} has no limits",
+                        who.org
                     ));
                 }
                 if tpm.is_none() {

@@ -667,7 +667,7 @@ pub(crate) mod testkit {
         }])
         .expect("ring");
         let config = HostConfig {
-            cai_keys: Some(ring),
+            keys: Some(ring),
             cai_max_inflight: 2,
             ..HostConfig::default()
         };
@@ -726,6 +726,7 @@ pub(crate) mod testkit {
                 dialect,
                 transport: Transport::WebSocket,
                 query: String::new(),
+                authorization: None,
                 peer: String::new(),
             })
             .expect("open");
@@ -738,6 +739,7 @@ pub(crate) mod testkit {
                 dialect: Dialect::Cai,
                 transport: Transport::WebSocket,
                 query: query.into(),
+                authorization: None,
                 peer: String::new(),
             })
         }

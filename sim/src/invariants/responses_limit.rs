@@ -119,6 +119,7 @@ mod tests {
             dialect: Dialect::Responses,
             transport: Transport::WebSocket,
             query: String::new(),
+            authorization: None,
             peer: String::new(),
         })
         .expect("open");
@@ -131,6 +132,7 @@ mod tests {
             dialect: Dialect::Responses,
             transport: Transport::WebSocket,
             query: String::new(),
+            authorization: None,
             peer: String::new(),
         })
         .expect("open");

@@ -10,7 +10,7 @@
 //! `unknown_session` otherwise; a message that does not decode is
 //! `invalid_request`. Errors name the message's session.
 
-use tokenwire_core::{Dialect, Output};
+use tokenwire_core::{ConnId, Dialect, Output};
 
 use super::after_close::clip;
 use super::view::session::{code, Msg, MsgKind, SessionConnView, Stage};
@@ -28,7 +28,7 @@ fn wrong_model(cx: &Cx<'_>, model: &Option<String>) -> bool {
 
 /// The error a start at `Sent` must get, if it must get one: the model,
 /// then `last_message_index`, then the id.
-fn start_refusal(cx: &Cx<'_>, view: &View, m: &MsgKind) -> Option<&'static str> {
+fn start_refusal(cx: &Cx<'_>, view: &View, conn: ConnId, m: &MsgKind) -> Option<&'static str> {
     let MsgKind::Start {
         sid,
         context,
@@ -47,13 +47,19 @@ fn start_refusal(cx: &Cx<'_>, view: &View, m: &MsgKind) -> Option<&'static str> 
             return Some("message_index_mismatch");
         }
     }
-    if view.sessions_held().iter().any(|(s, _)| s == sid) {
+    // Without keys each connection is its own principal: only its own
+    // sessions collide (another's id is invisible to it).
+    if view
+        .sessions_held()
+        .iter()
+        .any(|(s, c)| s == sid && *c == conn)
+    {
         return Some("session_exists");
     }
     None
 }
 
-fn judge(cx: &Cx<'_>, s: &SessionConnView, m: &Msg, f: &Frame) -> Result<(), String> {
+fn judge(cx: &Cx<'_>, conn: ConnId, s: &SessionConnView, m: &Msg, f: &Frame) -> Result<(), String> {
     let kind = f.kind();
     if matches!(m.stage, Stage::Verifying(_) | Stage::Tokenizing(_)) {
         return Err(format!(
@@ -88,7 +94,9 @@ fn judge(cx: &Cx<'_>, s: &SessionConnView, m: &Msg, f: &Frame) -> Result<(), Str
         }
         (MsgKind::Start { .. }, "error") => {
             let want: Vec<&str> = match m.stage {
-                Stage::Sent => vec![start_refusal(cx, cx.view, &m.kind).unwrap_or("rate_limited")],
+                Stage::Sent => {
+                    vec![start_refusal(cx, cx.view, conn, &m.kind).unwrap_or("rate_limited")]
+                }
                 Stage::Verified if m.accepted == Some(false) => vec!["invalid_request"],
                 Stage::Tokenized => vec!["context_length_exceeded", "invalid_request"],
                 _ => Vec::new(),
@@ -164,7 +172,7 @@ impl Checker for SessionReplies {
                         check.conn, m.kind
                     ));
                 }
-                if let Some(code) = start_refusal(cx, cx.view, &m.kind) {
+                if let Some(code) = start_refusal(cx, cx.view, check.conn, &m.kind) {
                     return Err(format!(
                         "the start of {:?} on {:?} went to the job verifier, but it calls for {code}",
                         m.kind.sid(),
@@ -222,7 +230,7 @@ impl Checker for SessionReplies {
                         clip(text)
                     ));
                 };
-                judge(cx, s, m, f).map_err(|e| format!("{e} on {conn:?}: {}", clip(text)))
+                judge(cx, *conn, s, m, f).map_err(|e| format!("{e} on {conn:?}: {}", clip(text)))
             }
             _ => Ok(()),
         }

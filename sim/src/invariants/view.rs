@@ -23,6 +23,7 @@ pub mod session;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::Value;
+use tokenwire_core::config::CacheScope;
 use tokenwire_core::dialect::cai::auth::KeyRing;
 use tokenwire_core::testing::{BYTE_BOS, BYTE_OFFSET};
 use tokenwire_core::{
@@ -383,11 +384,13 @@ pub struct View {
     /// Engine steps that completed (or failed) so far.
     pub steps_done: u64,
     /// The `cai` keys file.
-    cai_keys: Option<KeyRing>,
+    keys: Option<KeyRing>,
     /// The Host's `batch` continue-generation cache, as the frames tell it.
     pub batch_cache: batch::BatchCache,
+    /// Whose batches a connection continues (`batch_cache_scope`).
+    pub batch_scope: CacheScope,
     /// `batch`: the default `max_new_tokens` and the context length.
-    batch_limits: (u64, u64),
+    batch_limits: (u64, u64, usize),
     /// How often each kind of thing happened (`completion:length`,
     /// `error:memory_pressure`, `close:idle timeout`, ...): coverage, not checks.
     pub tally: BTreeMap<String, u64>,
@@ -438,11 +441,13 @@ impl View {
             handling: None,
             started_gone: 0,
             steps_done: 0,
-            cai_keys: config.cai_keys.clone(),
+            keys: config.keys.clone(),
             batch_cache: batch::BatchCache::new(config.batch_cache_entries),
+            batch_scope: config.batch_cache_scope,
             batch_limits: (
                 u64::from(config.batch_defaults.max_new_tokens),
                 u64::from(model.context_len),
+                config.batch_max_prompts,
             ),
             default_max_tokens: config.default_max_tokens.min(model.context_len),
             max_frame_bytes: config.max_frame_bytes,
@@ -552,7 +557,7 @@ impl View {
                             responses::ResponsesConnView::opened(*transport == Transport::WebSocket)
                         }),
                         cai: (*dialect == Dialect::Cai)
-                            .then(|| cai::CaiConnView::opened(self.cai_keys.as_ref(), query)),
+                            .then(|| cai::CaiConnView::opened(self.keys.as_ref(), query)),
                         batch: (*dialect == Dialect::Batch).then(batch::BatchConnView::default),
                     },
                 );
@@ -568,7 +573,7 @@ impl View {
                         r.on_text(text, max_frame);
                     }
                     if let Some(b) = c.batch.as_mut().filter(|_| text.len() <= max_frame) {
-                        b.on_text(text, self.batch_limits.0, self.batch_limits.1);
+                        b.on_text(text, self.batch_limits);
                     }
                     if let Some(a) = c.cai.as_mut().filter(|_| text.len() <= max_frame) {
                         a.on_message(cai::Msg::of_text(text), self.loaded);
@@ -637,6 +642,7 @@ impl View {
                     self.started_gone += c.started();
                     self.dead.insert(*conn);
                 }
+                self.batch_cache.remove_owner(*conn);
             }
             Input::QueueFull { conn } => {
                 if let Some(c) = self.conns.get_mut(conn) {
@@ -798,7 +804,11 @@ impl View {
                     if let Some(b) = c.batch.as_mut() {
                         let reading = b.read(&events);
                         let key = batch::tally_key(&events, &reading);
-                        b.on_events(&events, &mut self.batch_cache);
+                        let owner = match self.batch_scope {
+                            CacheScope::Principal => Some(*conn),
+                            CacheScope::Host => None,
+                        };
+                        b.on_events(&events, owner, &mut self.batch_cache);
                         let continued = matches!(reading, batch::Reading::Accepted(p)
                             if b.payloads[p].continued);
                         if let Some(key) = key {
@@ -885,6 +895,8 @@ impl View {
                 if let Some(c) = self.conns.get_mut(conn) {
                     c.closed = true;
                 }
+                // The Host forgets the connection at once, its own batches too.
+                self.batch_cache.remove_owner(*conn);
             }
             Output::PauseReading { conn } => {
                 if let Some(c) = self.conns.get_mut(conn) {

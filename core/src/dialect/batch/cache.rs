@@ -1,7 +1,13 @@
 //! `batch`'s continue-generation cache: each finished batch's sequences,
-//! keyed by the ordered list of its `request_id`s (the same ids in another
-//! order are another key, as the source notes), least recently used
-//! forgotten first past `--batch-cache-entries`.
+//! keyed by its owner and the ordered list of its `request_id`s (the same
+//! ids in another order are another key, as the source notes), least
+//! recently used forgotten first past `--batch-cache-entries`.
+//!
+//! The owner is the principal that ran the batch ([`Owner`]): another
+//! principal naming the same ids finds nothing, exactly as if they had never
+//! been used (PROTOCOLS.md, Tenancy). `--batch-cache-scope host` files
+//! every batch under one shared owner instead, the source's host-wide
+//! cache.
 //!
 //! An entry holds token ids, the text so far and, while memory allows, the
 //! sequence's KV blocks ([`KeptKv`], parked in the scheduler). A continued
@@ -13,6 +19,11 @@
 use crate::engine::TokenId;
 use crate::gen::KeptKv;
 use crate::lru::Lru;
+use crate::principal::Principal;
+
+/// Whose batches an entry belongs to: a principal, or (`None`) everyone,
+/// with `--batch-cache-scope host`.
+pub type Owner = Option<Principal>;
 
 /// One sequence of a finished batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,10 +36,10 @@ pub struct CachedSeq {
     pub kv: Option<KeptKv>,
 }
 
-/// Finished batches by their ordered request ids.
+/// Finished batches by owner and ordered request ids.
 #[derive(Debug)]
 pub struct ContinueCache {
-    batches: Lru<Vec<String>, Vec<CachedSeq>>,
+    batches: Lru<(Owner, Vec<String>), Vec<CachedSeq>>,
 }
 
 impl ContinueCache {
@@ -39,15 +50,18 @@ impl ContinueCache {
         }
     }
 
-    /// The batch kept under `key`, marked as just used.
-    pub fn get(&mut self, key: &[String]) -> Option<Vec<CachedSeq>> {
-        self.batches.get(&key.to_vec()).map(|s| s.clone())
+    /// The batch `owner` kept under `ids`, marked as just used.
+    pub fn get(&mut self, owner: &Owner, ids: &[String]) -> Option<Vec<CachedSeq>> {
+        self.batches
+            .get(&(owner.clone(), ids.to_vec()))
+            .map(|s| s.clone())
     }
 
-    /// Keeps `seqs` under `key`, forgetting the least recently used past the
-    /// capacity. Returns what it displaced (the entry it replaced, and those
-    /// it pushed out), whose KV blocks the caller frees.
-    pub fn put(&mut self, key: Vec<String>, seqs: Vec<CachedSeq>) -> Vec<CachedSeq> {
+    /// Keeps `seqs` for `owner` under `ids`, forgetting the least recently
+    /// used past the capacity. Returns what it displaced (the entry it
+    /// replaced, and those it pushed out), whose KV blocks the caller frees.
+    pub fn put(&mut self, owner: Owner, ids: Vec<String>, seqs: Vec<CachedSeq>) -> Vec<CachedSeq> {
+        let key = (owner, ids);
         let mut gone: Vec<CachedSeq> = self.batches.remove(&key).unwrap_or_default();
         for (_, old) in self.batches.put(key, seqs.clone()) {
             gone.extend(old);
@@ -57,6 +71,17 @@ impl ContinueCache {
             gone.extend(seqs);
         }
         gone
+    }
+
+    /// Takes out every batch `owner` kept (its principal is gone: a
+    /// connection that closed can never name them again). Returns them, for
+    /// the caller to free their KV blocks.
+    pub fn remove_owner(&mut self, owner: &Owner) -> Vec<CachedSeq> {
+        self.batches
+            .drain_where(|(o, _)| o == owner)
+            .into_iter()
+            .flat_map(|(_, seqs)| seqs)
+            .collect()
     }
 
     /// Batches kept.
@@ -86,26 +111,51 @@ mod tests {
         }]
     }
 
+    const ME: Owner = None;
+
     #[test]
     fn order_matters_and_the_least_recently_used_goes_first() {
         let mut c = ContinueCache::new(2);
-        assert!(c.put(key(&["a", "b"]), seq(1)).is_empty());
+        assert!(c.put(ME, key(&["a", "b"]), seq(1)).is_empty());
         assert_eq!(
-            c.get(&key(&["b", "a"])),
+            c.get(&ME, &key(&["b", "a"])),
             None,
             "another order is another key"
         );
-        c.put(key(&["b", "a"]), seq(2));
-        assert_eq!(c.get(&key(&["a", "b"])), Some(seq(1))); // now the most recent
-        assert_eq!(c.put(key(&["c"]), seq(3)), seq(2), "pushed out");
+        c.put(ME, key(&["b", "a"]), seq(2));
+        assert_eq!(c.get(&ME, &key(&["a", "b"])), Some(seq(1))); // now the most recent
+        assert_eq!(c.put(ME, key(&["c"]), seq(3)), seq(2), "pushed out");
         assert_eq!(c.len(), 2);
-        assert_eq!(c.get(&key(&["b", "a"])), None, "least recently used went");
-        assert_eq!(c.get(&key(&["a", "b"])), Some(seq(1)));
-        assert_eq!(c.put(key(&["a", "b"]), seq(4)), seq(1), "replaced");
-        assert_eq!(c.get(&key(&["a", "b"])), Some(seq(4)));
+        assert_eq!(
+            c.get(&ME, &key(&["b", "a"])),
+            None,
+            "least recently used went"
+        );
+        assert_eq!(c.get(&ME, &key(&["a", "b"])), Some(seq(1)));
+        assert_eq!(c.put(ME, key(&["a", "b"]), seq(4)), seq(1), "replaced");
+        assert_eq!(c.get(&ME, &key(&["a", "b"])), Some(seq(4)));
         assert_eq!(c.len(), 2);
         let mut off = ContinueCache::new(0);
-        assert_eq!(off.put(key(&["a"]), seq(1)), seq(1), "kept nowhere");
+        assert_eq!(off.put(ME, key(&["a"]), seq(1)), seq(1), "kept nowhere");
         assert!(off.is_empty());
+    }
+
+    #[test]
+    fn another_principal_naming_the_same_ids_finds_nothing() {
+        use crate::api::ConnId;
+        let alice: Owner = Some(Principal::Conn(ConnId(1)));
+        let mallory: Owner = Some(Principal::Conn(ConnId(2)));
+        let mut c = ContinueCache::new(4);
+        c.put(alice.clone(), key(&["1"]), seq(1));
+        assert_eq!(c.get(&mallory, &key(&["1"])), None);
+        assert_eq!(c.get(&ME, &key(&["1"])), None, "nor the shared scope");
+        assert!(
+            c.put(mallory.clone(), key(&["1"]), seq(9)).is_empty(),
+            "nor is alice's entry replaced"
+        );
+        assert_eq!(c.get(&alice, &key(&["1"])), Some(seq(1)));
+        assert_eq!(c.remove_owner(&alice), seq(1));
+        assert_eq!(c.get(&alice, &key(&["1"])), None);
+        assert_eq!(c.get(&mallory, &key(&["1"])), Some(seq(9)));
     }
 }

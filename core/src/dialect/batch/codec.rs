@@ -114,9 +114,13 @@ pub struct Event {
 }
 
 /// The request ids a payload's `prompts` names, as far as they can be read.
-fn named_ids(v: &Value) -> Vec<String> {
+/// The request ids a payload names, or none when it holds more than
+/// `max_prompts` prompts: an ERROR per id is then no longer an answer but
+/// an amplifier, and one ERROR with a null id says it all.
+fn named_ids(v: &Value, max_prompts: usize) -> Vec<String> {
     v.get("prompts")
         .and_then(Value::as_array)
+        .filter(|items| items.len() <= max_prompts)
         .map(|items| {
             items
                 .iter()
@@ -127,14 +131,14 @@ fn named_ids(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Decodes a client frame into a payload.
-pub fn decode_payload(text: &str) -> Result<Payload, PayloadError> {
+/// Decodes a client frame into a payload of at most `max_prompts` prompts.
+pub fn decode_payload(text: &str, max_prompts: usize) -> Result<Payload, PayloadError> {
     let v = json::parse(text).map_err(|message| PayloadError {
         request_ids: Vec::new(),
         message,
     })?;
     let fail = |message: String| PayloadError {
-        request_ids: named_ids(&v),
+        request_ids: named_ids(&v, max_prompts),
         message,
     };
     let Value::Object(obj) = &v else {
@@ -150,6 +154,12 @@ pub fn decode_payload(text: &str) -> Result<Payload, PayloadError> {
         .ok_or_else(|| fail("invalid `prompts`: is required".into()))?;
     if items.is_empty() {
         return Err(fail("invalid `prompts`: must not be empty".into()));
+    }
+    if items.len() > max_prompts {
+        return Err(fail(format!(
+            "invalid `prompts`: {} prompts, more than the {max_prompts} one payload may hold; split them over several payloads",
+            items.len()
+        )));
     }
     let mut prompts = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {

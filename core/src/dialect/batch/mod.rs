@@ -21,18 +21,20 @@
 pub mod cache;
 pub mod codec;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::{Map, Value};
 
-use self::cache::CachedSeq;
+use self::cache::{CachedSeq, Owner};
 use self::codec::{Event, EventKind, Payload};
 use super::{Cx, DialectConn};
+use crate::config::CacheScope;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::beam::{BeamConfig, BeamSearch, EarlyStopping};
 use crate::gen::{Failure, FinishReason, GenRequest, KeptKv, StartError, TokenPiece};
 use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
+use crate::principal::Principal;
 use crate::text::{Encoded, TextJobId};
 use crate::time::{Duration, Instant};
 
@@ -179,6 +181,14 @@ pub struct BatchConn {
     tokenizing: Option<(TextJobId, usize, usize)>,
 }
 
+/// Whose continue-cache entries this connection reads and writes.
+fn cache_owner(cx: &Cx<'_>) -> Owner {
+    match cx.config().batch_cache_scope {
+        CacheScope::Principal => Some(cx.principal.clone()),
+        CacheScope::Host => None,
+    }
+}
+
 fn event(rid: &str, kind: EventKind) -> Event {
     Event {
         request_id: Some(rid.to_string()),
@@ -295,6 +305,15 @@ impl BatchConn {
                 .collect();
             send(cx, &events);
         };
+        let most = cx.config().batch_max_payloads;
+        if self.jobs.len() >= most {
+            return fail_all(
+                cx,
+                format!(
+                    "this connection already has {most} payloads queued or running, the most one connection may; send more once one completes"
+                ),
+            );
+        }
         let context_len = cx.model().context_len;
         let defaults = cx.config().batch_defaults.clone();
         let (params, num_beams, length_penalty, early_stopping) =
@@ -320,11 +339,15 @@ impl BatchConn {
         } else {
             None
         };
-        let mut prompts = Vec::with_capacity(payload.prompts.len());
-        let mut seen: Vec<&str> = Vec::new();
+        // An id named twice is ambiguous (as a cache key, and for its
+        // events): every prompt under it is refused, the others run.
+        let mut uses: BTreeMap<&str, usize> = BTreeMap::new();
         for p in &payload.prompts {
-            let duplicate = seen.contains(&p.request_id.as_str());
-            seen.push(&p.request_id);
+            *uses.entry(p.request_id.as_str()).or_default() += 1;
+        }
+        let mut prompts = Vec::with_capacity(payload.prompts.len());
+        for p in &payload.prompts {
+            let duplicate = uses.get(p.request_id.as_str()).is_some_and(|&n| n > 1);
             prompts.push(Prompt {
                 request_id: p.request_id.clone(),
                 prompt: p.prompt.clone(),
@@ -344,7 +367,8 @@ impl BatchConn {
         let any_duplicate = prompts.iter().any(|p| p.duplicate);
         let key = (!any_duplicate).then(|| ids.clone());
         // A continuation: the same ordered ids as a finished batch.
-        if let Some(cached) = key.as_ref().and_then(|k| cx.state().batch.get(k)) {
+        let owner = cache_owner(cx);
+        if let Some(cached) = key.as_ref().and_then(|k| cx.state().batch.get(&owner, k)) {
             for (p, c) in prompts.iter_mut().zip(cached) {
                 p.ids = Some(c.ids);
                 p.kv = c.kv;
@@ -353,17 +377,21 @@ impl BatchConn {
         }
         let mut accepted = Vec::new();
         let mut errors = Vec::new();
+        let mut refused: BTreeSet<&str> = BTreeSet::new();
         for p in &prompts {
             if p.duplicate {
-                errors.push(event(
-                    &p.request_id,
-                    EventKind::Error {
-                        error: format!(
-                            "duplicate request_id `{}` in this payload; each prompt needs its own",
-                            p.request_id
-                        ),
-                    },
-                ));
+                // One ERROR per duplicated id, at its first use.
+                if refused.insert(&p.request_id) {
+                    errors.push(event(
+                        &p.request_id,
+                        EventKind::Error {
+                            error: format!(
+                                "duplicate request_id `{}` in this payload: none of its prompts run; each prompt needs its own id",
+                                p.request_id
+                            ),
+                        },
+                    ));
+                }
             } else {
                 accepted.push(event(&p.request_id, EventKind::Accepted));
             }
@@ -584,7 +612,8 @@ impl BatchConn {
             }
             let seqs: Option<Vec<CachedSeq>> = job.finished.into_iter().collect();
             if let (Some(key), Some(seqs)) = (job.key, seqs) {
-                let displaced = cx.state().batch.put(key, seqs);
+                let owner = cache_owner(cx);
+                let displaced = cx.state().batch.put(owner, key, seqs);
                 drop_kept(cx, displaced);
             }
         }
@@ -756,7 +785,7 @@ fn start_error(e: &StartError) -> String {
 
 impl DialectConn for BatchConn {
     fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
-        match codec::decode_payload(text) {
+        match codec::decode_payload(text, cx.config().batch_max_prompts) {
             Ok(p) => self.on_payload(cx, p),
             Err(e) => {
                 let events: Vec<Event> = if e.request_ids.is_empty() {
@@ -947,6 +976,12 @@ impl DialectConn for BatchConn {
 
     fn on_closed(&mut self, cx: &mut Cx<'_>) {
         self.drop_unfinished(cx);
+        // A connection's own entries can never be named again.
+        let owner = cache_owner(cx);
+        if matches!(owner, Some(Principal::Conn(_))) {
+            let gone = cx.state().batch.remove_owner(&owner);
+            drop_kept(cx, gone);
+        }
     }
 
     fn busy(&self) -> bool {

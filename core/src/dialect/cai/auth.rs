@@ -48,6 +48,23 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
+/// An organisation's rate limits ([`KeyRing::org_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OrgLimits {
+    /// Requests per minute (`None`: no limit).
+    pub requests_per_minute: Option<u64>,
+    /// Prompt and generated tokens per minute (`None`: no limit).
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// The smaller of two optional limits, where `None` is no limit.
+fn min_some(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) | (None, x) => x,
+    }
+}
+
 /// The keys a host accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRing {
@@ -90,6 +107,19 @@ impl KeyRing {
         Ok(KeyRing { keys })
     }
 
+    /// The limits of organisation `org`: per limit, the smallest that any
+    /// key acting for it sets (the keys file's limits are per organisation,
+    /// so an organisation reached through several keys gets the strictest).
+    pub fn org_limits(&self, org: &str) -> OrgLimits {
+        let mut limits = OrgLimits::default();
+        for k in self.keys.iter().filter(|k| k.orgs.iter().any(|o| o == org)) {
+            limits.requests_per_minute =
+                min_some(limits.requests_per_minute, k.requests_per_minute);
+            limits.tokens_per_minute = min_some(limits.tokens_per_minute, k.tokens_per_minute);
+        }
+        limits
+    }
+
     /// The key at `index`.
     pub fn key(&self, index: usize) -> Option<&ApiKey> {
         self.keys.get(index)
@@ -117,6 +147,12 @@ impl KeyRing {
         }
         found
     }
+}
+
+/// The index of the key `key` in `ring` (hashed, then compared with every
+/// entry in constant time).
+pub fn hash_key_lookup(ring: &KeyRing, key: &str) -> Option<usize> {
+    ring.find(&hash_key(key))
 }
 
 /// SHA-256 of `key` (what a keys file holds).
@@ -171,7 +207,10 @@ pub fn authenticate(ring: Option<&KeyRing>, query: &str) -> Result<Credentials, 
             _ => {}
         }
     }
-    let token = authorization.as_deref().map(bare_key).unwrap_or_default();
+    let token = authorization
+        .as_deref()
+        .map(crate::principal::bare_key)
+        .unwrap_or_default();
     if token.is_empty() {
         return Err(refuse(CLOSE_BAD_KEY, "missing authorization"));
     }
@@ -190,15 +229,6 @@ pub fn authenticate(ring: Option<&KeyRing>, query: &str) -> Result<Credentials, 
         ));
     }
     Ok(Credentials { key, org })
-}
-
-/// The key in an `authorization` value: after `Bearer ` (any case), or all of it.
-fn bare_key(value: &str) -> &str {
-    let v = value.trim();
-    match v.get(..7) {
-        Some(p) if p.eq_ignore_ascii_case("bearer ") => v[7..].trim(),
-        _ => v,
-    }
 }
 
 #[cfg(test)]

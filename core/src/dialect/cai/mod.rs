@@ -148,7 +148,7 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         StartError::ContextLength { .. }
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => ErrorCode::ContextTooLong,
-        StartError::QueueFull => ErrorCode::RateLimited,
+        StartError::QueueFull | StartError::ConnQueueFull { .. } => ErrorCode::RateLimited,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
     (code, e.message("maxTokens"))
@@ -186,10 +186,11 @@ impl CaiConn {
 
     /// The connection's key from the keys file (a copy: the Host is borrowed
     /// again to meter it).
-    fn key(&self, cx: &Cx<'_>) -> Option<(Credentials, auth::ApiKey)> {
-        let creds = self.creds.clone()?;
-        let key = cx.config().cai_keys.as_ref()?.key(creds.key)?.clone();
-        Some((creds, key))
+    /// The organisation this connection acts for, and its rate limits.
+    fn limits(&self, cx: &Cx<'_>) -> Option<(String, auth::OrgLimits)> {
+        let org = self.creds.as_ref()?.org.clone();
+        let limits = cx.config().keys.as_ref()?.org_limits(&org);
+        Some((org, limits))
     }
 
     fn on_completion(&mut self, cx: &mut Cx<'_>, c: Completion) {
@@ -239,9 +240,9 @@ impl CaiConn {
             Ok(p) => p,
             Err(e) => return error(cx, Some(&rid), ErrorCode::InvalidPayload, e.to_string()),
         };
-        if let Some((who, key)) = self.key(cx) {
+        if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
-            if let Err(wait) = cx.state().cai.limits.admit(now, &who, &key) {
+            if let Err(wait) = cx.state().cai.limits.admit(now, &org, limits) {
                 let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
                 return error_with(
                     cx,
@@ -320,12 +321,12 @@ impl CaiConn {
             }
         };
         let prompt_tokens = encoded.ids.len() as u32;
-        if let Some((who, key)) = self.key(cx) {
+        if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
             cx.state()
                 .cai
                 .limits
-                .charge_tokens(now, &who, &key, u64::from(prompt_tokens));
+                .charge_tokens(now, &org, limits, u64::from(prompt_tokens));
         }
         let req = GenRequest {
             prompt_ids: encoded.ids,
@@ -474,12 +475,12 @@ impl CaiConn {
     }
 
     fn charge_generated(&self, cx: &mut Cx<'_>, tokens: u32) {
-        if let Some((who, key)) = self.key(cx) {
+        if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
             cx.state()
                 .cai
                 .limits
-                .charge_tokens(now, &who, &key, u64::from(tokens));
+                .charge_tokens(now, &org, limits, u64::from(tokens));
         }
     }
 
@@ -551,7 +552,7 @@ impl CaiConn {
 
 impl DialectConn for CaiConn {
     fn on_open(&mut self, cx: &mut Cx<'_>, query: &str, _peer: &str) -> Result<(), Refusal> {
-        let creds = auth::authenticate(cx.config().cai_keys.as_ref(), query)?;
+        let creds = auth::authenticate(cx.config().keys.as_ref(), query)?;
         self.creds = Some(creds);
         Ok(())
     }

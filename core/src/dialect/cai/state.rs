@@ -1,11 +1,12 @@
 //! What `cai` keeps across connections: conversations per (organisation,
 //! `conversationId`) for a time-to-live, and each organisation's token
 //! buckets. Both bounded: conversations by count (least recently used go
-//! first) and by length, buckets by the keys file's (key, organisation) pairs.
+//! first) and by length, buckets by organisation (each with the strictest
+//! limits of the keys acting for it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::auth::{ApiKey, Credentials};
+use super::auth::OrgLimits;
 use crate::lru::Lru;
 use crate::rate::TokenBucket;
 use crate::text::{ChatMessage, Role};
@@ -102,33 +103,34 @@ fn trim(messages: &mut Vec<ChatMessage>) {
     });
 }
 
-/// One (key, organisation)'s buckets.
+/// One organisation's buckets.
 #[derive(Debug)]
 struct Buckets {
     requests: Option<TokenBucket>,
     tokens: Option<TokenBucket>,
 }
 
-/// Rate limits per (key, organisation), as the keys file gives them.
+/// Rate limits per organisation (PROTOCOLS.md: every key acting for an
+/// organisation draws from the same buckets).
 #[derive(Debug, Default)]
 pub struct RateLimits {
-    buckets: BTreeMap<(usize, String), Buckets>,
+    buckets: BTreeMap<String, Buckets>,
 }
 
 impl RateLimits {
-    fn buckets(&mut self, now: Instant, who: &Credentials, key: &ApiKey) -> &mut Buckets {
+    fn buckets(&mut self, now: Instant, org: &str, limits: OrgLimits) -> &mut Buckets {
         self.buckets
-            .entry((who.key, who.org.clone()))
+            .entry(org.to_string())
             .or_insert_with(|| Buckets {
-                requests: key.requests_per_minute.map(|n| TokenBucket::new(n, now)),
-                tokens: key.tokens_per_minute.map(|n| TokenBucket::new(n, now)),
+                requests: limits.requests_per_minute.map(|n| TokenBucket::new(n, now)),
+                tokens: limits.tokens_per_minute.map(|n| TokenBucket::new(n, now)),
             })
     }
 
-    /// Admits one request at `now` (taking one from the request bucket) when
-    /// both buckets allow it; otherwise how long until they would.
-    pub fn admit(&mut self, now: Instant, who: &Credentials, key: &ApiKey) -> Result<(), Duration> {
-        let b = self.buckets(now, who, key);
+    /// Admits one request of `org` at `now` (taking one from its request
+    /// bucket) when both buckets allow it; otherwise how long until they would.
+    pub fn admit(&mut self, now: Instant, org: &str, limits: OrgLimits) -> Result<(), Duration> {
+        let b = self.buckets(now, org, limits);
         // A token bucket in debt (tokens already generated past the limit)
         // refuses until it is back to one token.
         let tokens_wait = match b.tokens.as_mut().map(|t| t.check(now, 1)) {
@@ -150,9 +152,9 @@ impl RateLimits {
         }
     }
 
-    /// Charges `tokens` (prompt or generated) to the organisation's bucket.
-    pub fn charge_tokens(&mut self, now: Instant, who: &Credentials, key: &ApiKey, tokens: u64) {
-        if let Some(t) = self.buckets(now, who, key).tokens.as_mut() {
+    /// Charges `tokens` (prompt or generated) to `org`'s bucket.
+    pub fn charge_tokens(&mut self, now: Instant, org: &str, limits: OrgLimits, tokens: u64) {
+        if let Some(t) = self.buckets(now, org, limits).tokens.as_mut() {
             t.charge(now, tokens);
         }
     }
@@ -163,7 +165,7 @@ impl RateLimits {
 pub struct CaiState {
     /// Conversations per (organisation, conversation id).
     pub conversations: Conversations,
-    /// Token buckets per (key, organisation).
+    /// Token buckets per organisation.
     pub limits: RateLimits,
 }
 
@@ -180,7 +182,6 @@ impl CaiState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::cai::auth::hash_key;
 
     fn at(secs: u64) -> Instant {
         Instant::ZERO + Duration::from_secs(secs)
@@ -242,33 +243,52 @@ mod tests {
 
     #[test]
     fn limits_refuse_with_the_wait_and_tokens_may_go_into_debt() {
-        let key = ApiKey {
-            name: "k".into(),
-            sha256: hash_key("k"),
-            orgs: vec!["o".into(), "p".into()],
+        let limits = OrgLimits {
             requests_per_minute: Some(2),
             tokens_per_minute: Some(600),
         };
-        let who = Credentials {
-            key: 0,
-            org: "o".into(),
-        };
-        let other = Credentials {
-            key: 0,
-            org: "p".into(),
-        };
         let mut l = RateLimits::default();
-        l.admit(at(0), &who, &key).expect("1st");
-        l.admit(at(0), &who, &key).expect("2nd");
-        assert_eq!(l.admit(at(0), &who, &key), Err(Duration::from_secs(30)));
-        l.admit(at(0), &other, &key)
+        l.admit(at(0), "o", limits).expect("1st");
+        l.admit(at(0), "o", limits).expect("2nd");
+        assert_eq!(l.admit(at(0), "o", limits), Err(Duration::from_secs(30)));
+        l.admit(at(0), "p", limits)
             .expect("another org has its own buckets");
-        l.charge_tokens(at(30), &who, &key, 900);
+        l.charge_tokens(at(30), "o", limits, 900);
         // 300 tokens of debt at 10 a second, plus one to admit.
         assert_eq!(
-            l.admit(at(30), &who, &key),
+            l.admit(at(30), "o", limits),
             Err(Duration::from_millis(30_100))
         );
-        l.admit(at(61), &who, &key).expect("repaid");
+        l.admit(at(61), "o", limits).expect("repaid");
+    }
+
+    #[test]
+    fn an_organisation_has_one_set_of_buckets_and_its_keys_strictest_limits() {
+        use crate::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+        let key = |name: &str, orgs: &[&str], rpm| ApiKey {
+            name: name.into(),
+            sha256: hash_key(name),
+            orgs: orgs.iter().map(|o| o.to_string()).collect(),
+            requests_per_minute: rpm,
+            tokens_per_minute: None,
+        };
+        let ring = KeyRing::new(vec![
+            key("a", &["shared", "a_only"], Some(3)),
+            key("b", &["shared"], Some(2)),
+            key("c", &["free"], None),
+        ])
+        .expect("ring");
+        assert_eq!(ring.org_limits("shared").requests_per_minute, Some(2));
+        assert_eq!(ring.org_limits("a_only").requests_per_minute, Some(3));
+        assert_eq!(ring.org_limits("free").requests_per_minute, None);
+        // Two keys acting for one organisation draw from the same bucket.
+        let mut l = RateLimits::default();
+        let shared = ring.org_limits("shared");
+        l.admit(at(0), "shared", shared).expect("via a");
+        l.admit(at(0), "shared", shared).expect("via b");
+        assert!(
+            l.admit(at(0), "shared", shared).is_err(),
+            "the org's 2 are used"
+        );
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::codec::{self, ErrorCode, ErrorMessage, RecoveryAction, ServerMessage};
 use crate::dialect::http::{
-    describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
+    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
 };
 use crate::json::{self, Fields};
 
@@ -131,9 +131,6 @@ pub fn error_status(code: ErrorCode, recoverable: bool) -> u16 {
     }
 }
 
-/// Seconds a client is told to wait before retrying a 503.
-const RETRY_AFTER_S: u32 = 1;
-
 /// One `/v1/generate` request's response.
 struct Exchange {
     stream: bool,
@@ -175,7 +172,7 @@ impl HttpExchange for Exchange {
             ServerMessage::Error(e) if !self.stream => {
                 let status = error_status(e.error, e.recoverable);
                 return HttpStep::Reply(HttpReply {
-                    retry_after: (status == 503).then_some(RETRY_AFTER_S),
+                    retry_after: (status == 503).then_some(crate::dialect::http::RETRY_AFTER_S),
                     ..HttpReply::new(status, text.to_string())
                 });
             }
@@ -191,20 +188,18 @@ impl HttpExchange for Exchange {
         }
     }
 
-    fn on_close(&mut self, code: u16, reason: &str) -> HttpStep {
-        let r = if code == 1001 {
-            failure(&HttpFailure::ShuttingDown {
-                retry_after: RETRY_AFTER_S,
-            })
-        } else {
-            reply(
-                500,
+    fn on_close(&mut self, code: u16, _reason: &str) -> HttpStep {
+        let (status, retry_after, message) = closed_early(code);
+        let r = match retry_after {
+            Some(retry_after) => failure(&HttpFailure::ShuttingDown { retry_after }),
+            None => reply(
+                status,
                 error_message(
                     ErrorCode::InternalError,
-                    format!("the request was closed before it completed ({code}: {reason})"),
+                    message.into(),
                     RecoveryAction::Retry,
                 ),
-            )
+            ),
         };
         if self.stream {
             HttpStep::LastEvent(SseEvent {

@@ -483,6 +483,7 @@ fn start_error(cx: &mut Cx<'_>, e: StartError) {
             (ErrorCode::MemoryPressure, RecoveryAction::ReduceMaxTokens)
         }
         StartError::QueueFull => (ErrorCode::MemoryPressure, RecoveryAction::Retry),
+        StartError::ConnQueueFull { .. } => (ErrorCode::RateLimited, RecoveryAction::Retry),
         StartError::ShuttingDown => (ErrorCode::InternalError, RecoveryAction::Retry),
         StartError::NotLoaded => (ErrorCode::ModelLoadingError, RecoveryAction::Retry),
     };

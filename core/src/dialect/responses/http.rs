@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::codec;
 use crate::dialect::http::{
-    describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
+    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
 };
 use crate::json;
 
@@ -147,23 +147,16 @@ impl HttpExchange for Exchange {
         HttpStep::Wait
     }
 
-    fn on_close(&mut self, _code: u16, _reason: &str) -> HttpStep {
-        let r = error_reply(
-            503,
-            "server_error",
-            "the server ended the request; retry on another server",
-            None,
-        );
+    fn on_close(&mut self, code: u16, _reason: &str) -> HttpStep {
+        let (status, retry_after, message) = closed_early(code);
+        let r = HttpReply {
+            retry_after,
+            ..error_reply(status, "server_error", message, None)
+        };
         if self.streamed {
             HttpStep::LastEvent(SseEvent {
                 event: Some("error".into()),
-                data: codec::error_event(
-                    503,
-                    "server_error",
-                    "the server ended the request; retry on another server",
-                    None,
-                )
-                .to_string(),
+                data: codec::error_event(status, "server_error", message, None).to_string(),
             })
         } else {
             HttpStep::Reply(r)

@@ -161,7 +161,7 @@ fn start_error(e: &StartError) -> (u16, &'static str, String) {
         StartError::ContextLength { .. }
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => (400, "context_length_exceeded"),
-        StartError::QueueFull => (429, "rate_limit_exceeded"),
+        StartError::QueueFull | StartError::ConnQueueFull { .. } => (429, "rate_limit_exceeded"),
         StartError::ShuttingDown | StartError::NotLoaded => (503, "server_error"),
     };
     (status, code, e.message("max_output_tokens"))
@@ -199,7 +199,11 @@ impl ResponsesConn {
         let mut messages = Vec::new();
         if let Some(prev) = &req.previous_response_id {
             let found = if cx.transport == Transport::Http {
-                cx.state().responses.get(prev).map(|s| s.messages.clone())
+                let owner = cx.principal.clone();
+                cx.state()
+                    .responses
+                    .get(&owner, prev)
+                    .map(|s| s.messages.clone())
             } else {
                 self.cache
                     .as_ref()
@@ -380,7 +384,9 @@ impl ResponsesConn {
     fn remember(&mut self, cx: &mut Cx<'_>, draft: &Draft, object: Value) {
         if cx.transport == Transport::Http {
             if draft.store {
+                let owner = cx.principal.clone();
                 cx.state().responses.put(
+                    &owner,
                     draft.id.clone(),
                     Stored {
                         response: object,
@@ -426,7 +432,13 @@ impl ResponsesConn {
     }
 
     fn on_retrieve(&mut self, cx: &mut Cx<'_>, id: &str) {
-        match cx.state().responses.get(id).map(|s| s.response.clone()) {
+        let owner = cx.principal.clone();
+        match cx
+            .state()
+            .responses
+            .get(&owner, id)
+            .map(|s| s.response.clone())
+        {
             Some(response) => cx.send(json!({"type": "response.retrieved", "response": response})),
             None => send_error(
                 cx,

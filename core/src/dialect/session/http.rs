@@ -11,12 +11,11 @@ use serde_json::{Map, Value};
 
 use super::codec::{self, ErrorCode, ErrorMessage, ServerMessage};
 use crate::dialect::http::{
-    describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
+    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
 };
 use crate::json::{self, Fields};
 
-/// Seconds a client is told to wait before retrying a 503 or 429.
-const RETRY_AFTER_S: u32 = 1;
+use crate::dialect::http::RETRY_AFTER_S;
 
 fn error_reply(code: ErrorCode, message: String) -> HttpReply {
     let e = ErrorMessage {
@@ -129,11 +128,13 @@ impl HttpExchange for Exchange {
         }
     }
 
-    fn on_close(&mut self, _code: u16, _reason: &str) -> HttpStep {
-        let r = error_reply(
-            ErrorCode::InternalError,
-            "the server ended the request; retry on another server".into(),
-        );
+    fn on_close(&mut self, code: u16, _reason: &str) -> HttpStep {
+        let (status, retry_after, message) = closed_early(code);
+        let r = HttpReply {
+            status,
+            retry_after,
+            ..error_reply(ErrorCode::InternalError, message.into())
+        };
         if self.stream {
             HttpStep::LastEvent(SseEvent {
                 event: None,
@@ -205,5 +206,20 @@ mod tests {
             panic!("a reply")
         };
         assert_eq!((r.status, r.retry_after), (429, Some(1)));
+    }
+
+    #[test]
+    fn a_close_for_shutdown_is_a_503_with_retry_after_and_any_other_a_500() {
+        let mut j = call(br#"{"prompt":"x"}"#, "m").expect("ok").exchange;
+        let HttpStep::Reply(r) = j.on_close(1001, "server shutting down") else {
+            panic!("a reply")
+        };
+        assert_eq!((r.status, r.retry_after), (503, Some(1)));
+        let v: Value = serde_json::from_str(&r.body).expect("json");
+        assert_eq!(v["code"], "internal_error");
+        let HttpStep::Reply(r) = j.on_close(1008, "policy") else {
+            panic!("a reply")
+        };
+        assert_eq!((r.status, r.retry_after), (500, None));
     }
 }

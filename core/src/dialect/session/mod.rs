@@ -128,7 +128,7 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         StartError::ContextLength { .. }
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => ErrorCode::ContextLengthExceeded,
-        StartError::QueueFull => ErrorCode::RateLimited,
+        StartError::QueueFull | StartError::ConnQueueFull { .. } => ErrorCode::RateLimited,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
     (code, e.message("max_tokens"))
@@ -201,8 +201,7 @@ impl SessionConn {
                 );
             }
         }
-        let conn = cx.conn;
-        match cx.state().sessions.claim(&sid, conn) {
+        match claim_session(cx, &sid) {
             Ok(()) => {}
             Err(ClaimError::Exists) => return error(
                 cx,
@@ -230,11 +229,10 @@ impl SessionConn {
         verdict: Result<JobGrant, String>,
     ) {
         let sid = start.session_id;
-        let conn = cx.conn;
         let grant = match verdict {
             Ok(g) => g,
             Err(why) => {
-                cx.state().sessions.release(&sid, conn);
+                release_session(cx, &sid);
                 return error(
                     cx,
                     Some(&sid),
@@ -291,8 +289,7 @@ impl SessionConn {
         if let Some(turn) = session.turn {
             cx.end(turn.seq, crate::gen::FinishReason::Cancelled);
         }
-        let conn = cx.conn;
-        cx.state().sessions.release(sid, conn);
+        release_session(cx, sid);
         true
     }
 
@@ -640,13 +637,12 @@ impl DialectConn for SessionConn {
     fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
 
     fn on_closed(&mut self, cx: &mut Cx<'_>) {
-        let conn = cx.conn;
         // A session whose job is still being checked holds its id too.
         if let Some(Waiting::Verdict { start, .. }) = &self.waiting {
-            cx.state().sessions.release(&start.session_id, conn);
+            release_session(cx, &start.session_id);
         }
         for sid in std::mem::take(&mut self.sessions).into_keys() {
-            cx.state().sessions.release(&sid, conn);
+            release_session(cx, &sid);
         }
         self.backlog.clear();
         self.waiting = None;
@@ -655,4 +651,16 @@ impl DialectConn for SessionConn {
     fn busy(&self) -> bool {
         self.waiting.is_some() || self.sessions.values().any(|s| s.turn.is_some())
     }
+}
+
+/// Takes session `sid` for this connection, within its principal.
+fn claim_session(cx: &mut Cx<'_>, sid: &str) -> Result<(), ClaimError> {
+    let (owner, conn) = (cx.principal.clone(), cx.conn);
+    cx.state().sessions.claim(&owner, sid, conn)
+}
+
+/// Gives session `sid` back, if this connection holds it.
+fn release_session(cx: &mut Cx<'_>, sid: &str) {
+    let (owner, conn) = (cx.principal.clone(), cx.conn);
+    cx.state().sessions.release(&owner, sid, conn);
 }

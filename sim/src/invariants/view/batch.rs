@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::Value;
 use tokenwire_core::dialect::batch::codec::{Event, EventKind};
+use tokenwire_core::ConnId;
 
 /// One payload as the client sent it.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,8 +38,14 @@ pub struct BatchPayload {
     pub only_new: bool,
     /// Effective `max_new_tokens` (`u32::MAX` when not a number).
     pub max_new: u64,
-    /// The ids of its duplicate prompts (second and later), in order.
+    /// The ids named more than once, each once, in order of first use:
+    /// none of their prompts run, and each gets one ERROR.
     pub dups: Vec<String>,
+    /// Prompts in its `prompts` array.
+    pub items: usize,
+    /// `batch_max_prompts`: a payload holding more is refused with one
+    /// ERROR whose id is null.
+    pub max_prompts: usize,
     /// A binary frame (answered by one ERROR with a null id).
     pub binary: bool,
     /// Once accepted: the text before each prompt's run (the cached text
@@ -51,7 +58,10 @@ pub struct BatchPayload {
 impl BatchPayload {
     /// A text frame the client sent (`max_new` from the run's default when
     /// the payload gives none).
-    pub fn of_text(text: &str, default_max_new: u64, context_len: u64) -> BatchPayload {
+    pub fn of_text(
+        text: &str,
+        (default_max_new, context_len, max_prompts): (u64, u64, usize),
+    ) -> BatchPayload {
         let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
         let items = v["prompts"].as_array().cloned().unwrap_or_default();
         let named: Vec<String> = items
@@ -63,9 +73,9 @@ impl BatchPayload {
             .iter()
             .map(|p| p["prompt"].as_str().unwrap_or("").to_string())
             .collect();
-        let mut dups = Vec::new();
+        let mut dups: Vec<String> = Vec::new();
         for (i, id) in named.iter().enumerate() {
-            if named[..i].contains(id) {
+            if named[..i].contains(id) && !dups.contains(id) {
                 dups.push(id.clone());
             }
         }
@@ -80,27 +90,26 @@ impl BatchPayload {
             only_new: v["only_new_tokens"].as_bool().unwrap_or(true),
             max_new,
             dups,
+            items: items.len(),
+            max_prompts,
             binary: false,
             before: Vec::new(),
             continued: false,
         }
     }
 
-    /// The request ids of its ACCEPTED frame: the named ones, first
-    /// occurrences only.
+    /// The request ids of its ACCEPTED frame: those named exactly once.
     pub fn unique(&self) -> Vec<String> {
-        let mut v: Vec<String> = Vec::new();
-        for id in &self.named {
-            if !v.contains(id) {
-                v.push(id.clone());
-            }
-        }
-        v
+        self.named
+            .iter()
+            .filter(|id| !self.dups.contains(id))
+            .cloned()
+            .collect()
     }
 
     /// The ids of the ERROR frame refusing it as a whole.
     pub fn refusal(&self) -> Vec<Option<String>> {
-        if self.named.is_empty() {
+        if self.named.is_empty() || self.items > self.max_prompts {
             vec![None]
         } else {
             self.named.iter().cloned().map(Some).collect()
@@ -149,6 +158,9 @@ pub enum Reading {
     Refused(usize),
     /// The ERROR frame for the duplicate ids of the payload just accepted.
     Dups,
+    /// The ERROR frame of payload `0`, all of whose ids are duplicates: it
+    /// has no ACCEPTED frame, and nothing of it runs.
+    AllDups(usize),
     /// Events for prompts in flight (`None`: no prompt in flight has it).
     Prompts(Vec<Option<usize>>),
     /// Nothing it can be.
@@ -177,15 +189,14 @@ pub struct BatchConnView {
 
 impl BatchConnView {
     /// A text frame arrived.
-    pub fn on_text(&mut self, text: &str, default_max_new: u64, context_len: u64) {
-        self.payloads
-            .push(BatchPayload::of_text(text, default_max_new, context_len));
+    pub fn on_text(&mut self, text: &str, limits: (u64, u64, usize)) {
+        self.payloads.push(BatchPayload::of_text(text, limits));
         self.unanswered.push_back(self.payloads.len() - 1);
     }
 
     /// A binary frame arrived.
     pub fn on_binary(&mut self) {
-        let mut p = BatchPayload::of_text("", 0, 0);
+        let mut p = BatchPayload::of_text("", (0, 0, 0));
         p.binary = true;
         self.payloads.push(p);
         self.unanswered.push_back(self.payloads.len() - 1);
@@ -202,6 +213,13 @@ impl BatchConnView {
             };
         }
         if all(|k| matches!(k, EventKind::Error { .. })) {
+            if let Some(&p) = self.unanswered.front() {
+                let pay = &self.payloads[p];
+                let want: Vec<Option<String>> = pay.dups.iter().cloned().map(Some).collect();
+                if !pay.binary && pay.unique().is_empty() && !want.is_empty() && want == ids {
+                    return Reading::AllDups(p);
+                }
+            }
             if let Some(d) = &self.expect_dups {
                 let want: Vec<Option<String>> = d.iter().cloned().map(Some).collect();
                 if want == ids {
@@ -228,7 +246,7 @@ impl BatchConnView {
 
     /// Takes `events` in; returns the payloads retired by them, each with
     /// whether it goes into the cache.
-    pub fn on_events(&mut self, events: &[Event], cache: &mut BatchCache) {
+    pub fn on_events(&mut self, events: &[Event], owner: Owner, cache: &mut BatchCache) {
         let reading = self.read(events);
         self.expect_dups = None;
         match reading {
@@ -237,7 +255,7 @@ impl BatchConnView {
                 let pay = &mut self.payloads[p];
                 let unique = pay.unique();
                 let cached = if pay.dups.is_empty() {
-                    cache.get(&unique)
+                    cache.get(owner, &unique)
                 } else {
                     None
                 };
@@ -276,6 +294,10 @@ impl BatchConnView {
             Reading::Refused(_) => {
                 self.unanswered.pop_front();
             }
+            Reading::AllDups(p) => {
+                self.unanswered.pop_front();
+                self.jobs.push_back((p, Vec::new()));
+            }
             Reading::Dups | Reading::Bad(_) => {}
             Reading::Prompts(idx) => {
                 for (e, i) in events.iter().zip(idx) {
@@ -306,11 +328,11 @@ impl BatchConnView {
                 }
             }
         }
-        self.retire(cache);
+        self.retire(owner, cache);
     }
 
     /// Retires finished payloads from the front, caching the clean ones.
-    fn retire(&mut self, cache: &mut BatchCache) {
+    fn retire(&mut self, owner: Owner, cache: &mut BatchCache) {
         while let Some((p, idx)) = self.jobs.front() {
             if !idx.iter().all(|&i| self.prompts[i].ended()) {
                 return;
@@ -337,7 +359,7 @@ impl BatchConnView {
                         }
                     })
                     .collect();
-                cache.put(pay.unique(), texts);
+                cache.put(owner, pay.unique(), texts);
             }
             self.jobs.pop_front();
         }
@@ -364,14 +386,19 @@ impl BatchConnView {
     }
 }
 
+/// Whose entries a connection reads and writes: its own (the sim's
+/// clients present no key, so each connection is its own principal), or
+/// everyone's (`None`) with `--batch-cache-scope host`.
+pub type Owner = Option<ConnId>;
+
 /// The Host's continue-generation cache as the frames tell it: each
 /// finished batch's full texts (prompt and everything generated) under its
-/// ordered ids, least recently used first out.
+/// owner and ordered ids, least recently used first out.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct BatchCache {
     /// Most entries held (`batch_cache_entries`).
     pub capacity: usize,
-    map: BTreeMap<Vec<String>, (Vec<String>, u64)>,
+    map: BTreeMap<(Owner, Vec<String>), (Vec<String>, u64)>,
     clock: u64,
 }
 
@@ -385,25 +412,31 @@ impl BatchCache {
         }
     }
 
-    /// The texts under `key`, if held (it becomes the most recently used).
-    pub fn get(&mut self, key: &[String]) -> Option<Vec<String>> {
+    /// `owner`'s texts under `key`, if held (it becomes the most recently used).
+    pub fn get(&mut self, owner: Owner, key: &[String]) -> Option<Vec<String>> {
         self.clock += 1;
         let clock = self.clock;
-        let e = self.map.get_mut(key)?;
+        let e = self.map.get_mut(&(owner, key.to_vec()))?;
         e.1 = clock;
         Some(e.0.clone())
     }
 
-    /// Whether `key` is held (without touching it).
-    pub fn peek(&self, key: &[String]) -> Option<&Vec<String>> {
-        self.map.get(key).map(|e| &e.0)
+    /// Whether `owner` holds `key` (without touching it).
+    pub fn peek(&self, owner: Owner, key: &[String]) -> Option<&Vec<String>> {
+        self.map.get(&(owner, key.to_vec())).map(|e| &e.0)
     }
 
-    /// Keeps `texts` under `key`, evicting the least recently used.
-    pub fn put(&mut self, key: Vec<String>, texts: Vec<String>) {
+    /// Forgets a closed connection's entries (the Host frees them).
+    pub fn remove_owner(&mut self, conn: ConnId) {
+        self.map.retain(|(o, _), _| *o != Some(conn));
+    }
+
+    /// Keeps `owner`'s `texts` under `key`, evicting the least recently used.
+    pub fn put(&mut self, owner: Owner, key: Vec<String>, texts: Vec<String>) {
         if self.capacity == 0 {
             return;
         }
+        let key = (owner, key);
         self.map.remove(&key);
         while self.map.len() >= self.capacity {
             let Some(oldest) = self
