@@ -75,6 +75,12 @@ impl<K: Ord + Clone, V> Lru<K, V> {
         Some(value)
     }
 
+    /// The least recently used key that satisfies `pred` (a scan from the
+    /// oldest use on).
+    pub fn least_recent_where(&self, mut pred: impl FnMut(&K) -> bool) -> Option<K> {
+        self.by_use.values().find(|k| pred(k)).cloned()
+    }
+
     /// Takes out every entry whose key satisfies `pred` (a linear scan).
     pub fn drain_where(&mut self, mut pred: impl FnMut(&K) -> bool) -> Vec<(K, V)> {
         let keys: Vec<K> = self.entries.keys().filter(|k| pred(k)).cloned().collect();
@@ -111,6 +117,8 @@ mod tests {
         assert_eq!(l.remove(&"a"), Some(4));
         assert_eq!(l.len(), 1);
         l.put("e", 6);
+        assert_eq!(l.least_recent_where(|k| *k != "d"), Some("e"));
+        assert_eq!(l.least_recent_where(|_| true), Some("d"));
         assert_eq!(l.drain_where(|k| *k == "d"), vec![("d", 5)]);
         assert_eq!(l.len(), 1);
         assert_eq!(l.put("f", 7), vec![], "room was made");

@@ -542,3 +542,60 @@ fn a_context_starts_even_when_the_default_reply_fills_the_window() {
         rendered_len(&[("user", "hi")]) as u64
     );
 }
+
+#[test]
+fn sessions_per_connection_and_bytes_per_session_are_bounded_and_the_connection_stays() {
+    let mut h = Harness::new(
+        HostConfig {
+            max_sessions_per_conn: 2,
+            session_max_context_bytes: 20,
+            ..HostConfig::default()
+        },
+        SCRIPT,
+        1,
+    );
+    let c = h.open(1, Dialect::Session);
+    h.send(c, init("a", json!([])));
+    h.send(c, init("b", json!([])));
+    h.send(c, init("c", json!([])));
+    let e = last(&h, c);
+    assert_eq!(e["code"], "rate_limited", "{e}");
+    assert!(e["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("2 sessions")));
+    h.send(c, json!({"type":"session_end","session_id":"b"}));
+    h.send(
+        c,
+        init(
+            "c",
+            json!([{"role":"user","content":"twenty-one bytes long"}]),
+        ),
+    );
+    let e = last(&h, c);
+    assert_eq!(e["code"], "invalid_request");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("21 bytes")),
+        "{e}"
+    );
+    h.send(
+        c,
+        init("c", json!([{"role":"user","content":"ten bytes!"}])),
+    );
+    assert_eq!(last(&h, c)["type"], "session_ready");
+    // A prompt that would grow the kept conversation past the bound.
+    h.send(c, prompt("c", "eleven byte", 1, 2));
+    let e = last(&h, c);
+    assert_eq!(e["code"], "invalid_request");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("keeps 10 bytes")),
+        "{e}"
+    );
+    h.send(c, prompt("c", "short", 1, 2));
+    h.run(20);
+    assert_eq!(last(&h, c)["type"], "response", "nothing was lost");
+    assert!(h.closes.is_empty());
+}

@@ -22,6 +22,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use tokenwire_core::dialect::batch::GenerationDefaults;
 use tokenwire_core::HostConfig;
 
+use crate::tenancy::TenancyArgs;
+
 /// Environment variables, by name.
 pub type EnvMap = BTreeMap<String, String>;
 
@@ -279,9 +281,11 @@ pub struct ServeArgs {
           value_parser = finite)]
     pub gen_length_penalty: f32,
 
-    /// `cai`: the keys file (TOML: each key's SHA-256, the organisations it
-    /// may act for, its rate limits; see `tokenwire hash-key`). Without it
-    /// every `cai` connection is closed with 1008.
+    /// The keys file (TOML: each key's SHA-256, the organisations it may act
+    /// for, their rate limits; see `tokenwire hash-key`). `cai` needs one
+    /// (without it every `cai` connection is closed with 1008); with
+    /// `--auth all` every route does. On other routes a known key names the
+    /// client's principal (what it keeps is its own).
     #[arg(long, env = "TOKENWIRE_KEYS", value_name = "FILE")]
     pub keys: Option<PathBuf>,
 
@@ -358,6 +362,10 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TOKENWIRE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Keys, tenancy and per-client bounds.
+    #[command(flatten)]
+    pub tenancy: TenancyArgs,
 }
 
 /// Which model to serve.
@@ -451,6 +459,8 @@ pub struct ServerConfig {
     pub reproducible_ids: bool,
     /// Log format (used by the binary when it sets up logging).
     pub log_format: LogFormat,
+    /// Keys, tenancy and per-client bounds.
+    pub tenancy: TenancyArgs,
 }
 
 impl Default for ServerConfig {
@@ -493,6 +503,7 @@ impl Default for ServerConfig {
             // the generator from the OS unless `--seed` is given.
             reproducible_ids: true,
             log_format: LogFormat::Text,
+            tenancy: TenancyArgs::default(),
         }
     }
 }
@@ -548,6 +559,7 @@ impl ServerConfig {
             seed: args.seed.unwrap_or(default_seed),
             reproducible_ids: args.seed.is_some(),
             log_format: args.log_format,
+            tenancy: args.tenancy.clone(),
         }
     }
 
@@ -555,7 +567,7 @@ impl ServerConfig {
     /// `Instant::ZERO` (the server's start). The `cai` keys are not read
     /// here (see [`crate::keys::load`]).
     pub fn host_config(&self, epoch_unix_ms: u64) -> HostConfig {
-        HostConfig {
+        let mut host = HostConfig {
             epoch_unix_ms,
             max_frame_bytes: self.max_frame_bytes,
             slow_client_timeout: self.slow_client_timeout,
@@ -574,7 +586,9 @@ impl ServerConfig {
             conversation_ttl: self.conversation_ttl,
             max_conversations: self.max_conversations,
             ..HostConfig::default()
-        }
+        };
+        self.tenancy.apply(&mut host);
+        host
     }
 }
 

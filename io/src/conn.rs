@@ -23,7 +23,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use crate::driver::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
-use crate::sync::{ConnectionPermit, OutboundQueue, Pop};
+use crate::http::Permits;
+use crate::sync::{OutboundQueue, Pop};
 
 /// How long a closing connection may take to finish the write in flight and
 /// deliver its close frame before the socket is dropped.
@@ -67,6 +68,8 @@ pub(crate) struct ConnMeta {
     pub dialect: Dialect,
     /// Raw query string.
     pub query: String,
+    /// The upgrade's `Authorization` header (never logged).
+    pub authorization: Option<String>,
     /// Peer address.
     pub peer: SocketAddr,
 }
@@ -125,7 +128,7 @@ pub(crate) async fn run(
     meta: ConnMeta,
     driver: DriverHandle,
     max_queued_frames: usize,
-    permit: ConnectionPermit,
+    permit: Permits,
 ) {
     let started = StdInstant::now();
     let queue: ConnQueue = Arc::new(OutboundQueue::new(max_queued_frames));
@@ -136,6 +139,7 @@ pub(crate) async fn run(
             dialect: meta.dialect,
             transport: Transport::WebSocket,
             query: meta.query.clone(),
+            authorization: meta.authorization.clone(),
             peer: meta.peer,
             queue: queue.clone(),
             gate,

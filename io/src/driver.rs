@@ -64,6 +64,8 @@ pub(crate) enum DriverMsg {
         transport: Transport,
         /// Raw query string.
         query: String,
+        /// The `Authorization` header, if any.
+        authorization: Option<String>,
         /// Peer address.
         peer: SocketAddr,
         /// Its outbound queue.
@@ -370,6 +372,7 @@ impl Driver {
                 dialect,
                 transport,
                 query,
+                authorization,
                 peer,
                 queue,
                 gate,
@@ -389,7 +392,7 @@ impl Driver {
                     dialect,
                     transport,
                     query,
-                    authorization: None,
+                    authorization,
                     peer: peer.to_string(),
                 });
             }
@@ -670,6 +673,7 @@ mod tests {
                 dialect: Dialect::Generate,
                 transport: Transport::WebSocket,
                 query: String::new(),
+                authorization: None,
                 peer: SocketAddr::from(([127, 0, 0, 1], 1)),
                 queue: queue.clone(),
                 gate: read_gate().0,

@@ -24,7 +24,10 @@ use tokio_tungstenite::WebSocketStream;
 use crate::conn::{self, ConnMeta};
 use crate::driver::{DriverHandle, Snapshot};
 use crate::metrics::Metrics;
-use crate::sync::{ConnectionLimiter, ConnectionPermit};
+use crate::sync::{ConnectionLimiter, ConnectionPermit, KeyPermit, PerKeyLimiter};
+use tokenwire_core::dialect::cai::auth::KeyRing;
+use tokenwire_core::dialect::http::{http_failure, HttpFailure};
+use tokenwire_core::principal::{AuthScope, Presented, Principal};
 
 /// Response body type of every endpoint.
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -39,6 +42,16 @@ pub(crate) struct AppState {
     pub metrics: Arc<Metrics>,
     /// Cap on open connections (HTTP and WebSocket alike).
     pub limiter: Arc<ConnectionLimiter>,
+    /// Cap on open connections per peer address.
+    pub per_ip: Arc<PerKeyLimiter<std::net::IpAddr>>,
+    /// The keys file, to check keys before any work.
+    pub keys: Option<Arc<KeyRing>>,
+    /// Which routes need a key.
+    pub auth: AuthScope,
+    /// `/metrics` needs a key.
+    pub metrics_auth: bool,
+    /// Browser origins allowed besides the server's own.
+    pub allowed_origins: Vec<String>,
     /// Next connection id.
     pub next_conn: AtomicU64,
     /// Server start, unix seconds (the model's `created`).
@@ -69,24 +82,80 @@ impl AppState {
     }
 }
 
-/// A connection's slot in the connection limit, shared by its requests: an
-/// upgrade takes it over for the WebSocket's life.
+/// What a connection holds while it is open: its slot in the connection
+/// limit and in its address's. Held only to be dropped together.
+#[derive(Debug)]
+pub(crate) struct Permits {
+    /// The server-wide slot.
+    pub _conn: ConnectionPermit,
+    /// The peer address's slot.
+    pub _ip: KeyPermit<std::net::IpAddr>,
+}
+
+/// A connection's slots in the connection limits, shared by its requests: an
+/// upgrade takes them over for the WebSocket's life.
 #[derive(Clone)]
-pub(crate) struct PermitSlot(Arc<std::sync::Mutex<Option<ConnectionPermit>>>);
+pub(crate) struct PermitSlot(Arc<std::sync::Mutex<Option<Permits>>>);
 
 impl PermitSlot {
-    /// A slot holding `permit`.
-    pub(crate) fn new(permit: ConnectionPermit) -> PermitSlot {
-        PermitSlot(Arc::new(std::sync::Mutex::new(Some(permit))))
+    /// A slot holding `permits`.
+    pub(crate) fn new(permits: Permits) -> PermitSlot {
+        PermitSlot(Arc::new(std::sync::Mutex::new(Some(permits))))
     }
 
-    /// Takes the permit (once).
-    fn take(&self) -> Option<ConnectionPermit> {
+    /// Takes the permits (once).
+    fn take(&self) -> Option<Permits> {
         match self.0.lock() {
             Ok(mut p) => p.take(),
             Err(poisoned) => poisoned.into_inner().take(),
         }
     }
+}
+
+/// The `Authorization` header's value, if any (UTF-8 only: anything else is
+/// no key).
+pub(crate) fn authorization<B>(req: &Request<B>) -> Option<String> {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// The refusal of a request that needs a key and presented none this server
+/// accepts (`--auth all`), in `dialect`'s error shape; `None` when it may go
+/// on. `cai` answers for itself (its 4001-4003 closes).
+pub(crate) fn unauthorized<B>(
+    state: &AppState,
+    dialect: Dialect,
+    transport: tokenwire_core::Transport,
+    req: &Request<B>,
+) -> Option<Response<Body>> {
+    if dialect == Dialect::Cai || state.auth == AuthScope::Cai {
+        return None;
+    }
+    let header = authorization(req);
+    let presented = Presented {
+        header: header.as_deref(),
+        query: req.uri().query().unwrap_or_default(),
+    };
+    let refused = Principal::of(
+        state.keys.as_deref(),
+        state.auth,
+        ConnId(0),
+        transport,
+        presented,
+    )
+    .err()?;
+    let reply = http_failure(
+        dialect,
+        &HttpFailure::Unauthorized {
+            message: refused.message(),
+        },
+    );
+    let mut resp = json_text_response(StatusCode::UNAUTHORIZED, reply.body);
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(resp)
 }
 
 /// hyper's service function: routes one request.
@@ -125,7 +194,19 @@ async fn route(
     match req.uri().path() {
         "/" if is_get => playground(),
         "/health" if is_get => health(&state),
-        "/metrics" if is_get => metrics(&state),
+        "/metrics" if is_get => {
+            if state.metrics_auth && !has_valid_key(&state, &req) {
+                let mut resp = error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "/metrics needs an API key (--metrics-auth): send `Authorization: Bearer KEY`",
+                );
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return resp;
+            }
+            metrics(&state)
+        }
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
         path => match tokenwire_core::dialect::http::route(req.method().as_str(), path) {
@@ -159,6 +240,23 @@ fn playground() -> Response<Body> {
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+/// True when `req` presents a key of the keys file.
+fn has_valid_key<B>(state: &AppState, req: &Request<B>) -> bool {
+    let header = authorization(req);
+    let presented = Presented {
+        header: header.as_deref(),
+        query: req.uri().query().unwrap_or_default(),
+    };
+    Principal::of(
+        state.keys.as_deref(),
+        AuthScope::All,
+        ConnId(0),
+        tokenwire_core::Transport::Http,
+        presented,
+    )
+    .is_ok()
 }
 
 fn health(state: &AppState) -> Response<Body> {
@@ -250,6 +348,25 @@ fn upgrade_or_refuse(
     if req.method() != Method::GET {
         return method_not_allowed("GET");
     }
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .map(|v| v.to_str().unwrap_or("(not UTF-8)"));
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if !crate::tenancy::origin_allowed(origin, host, &state.allowed_origins) {
+        tracing::info!(%peer, dialect = dialect.name(), "upgrade from another origin refused");
+        return error_response(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "WebSocket upgrades from this page's origin are not allowed (--allowed-origins)",
+        );
+    }
+    if let Some(resp) = unauthorized(&state, dialect, tokenwire_core::Transport::WebSocket, &req) {
+        return resp;
+    }
     if req.version() < http::Version::HTTP_11 {
         return error_response(
             StatusCode::BAD_REQUEST,
@@ -308,6 +425,7 @@ fn upgrade_or_refuse(
         conn: state.next_conn_id(),
         dialect,
         query: req.uri().query().unwrap_or_default().to_owned(),
+        authorization: authorization(&req),
         peer,
     };
     let on_upgrade = hyper::upgrade::on(&mut req);

@@ -38,6 +38,11 @@ pub(crate) async fn handle(
     dialect: Dialect,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    if let Some(resp) = crate::http::unauthorized(&state, dialect, Transport::Http, &req) {
+        return resp;
+    }
+    let authorization = crate::http::authorization(&req);
+    let query = req.uri().query().unwrap_or_default().to_owned();
     let max = state.max_frame_bytes;
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
@@ -100,7 +105,8 @@ pub(crate) async fn handle(
             conn,
             dialect,
             transport: Transport::Http,
-            query: String::new(),
+            query,
+            authorization,
             peer,
             queue: queue.clone(),
             // All of a request's frames are sent at once: nothing to pause.

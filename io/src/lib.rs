@@ -58,6 +58,7 @@ mod load_progress;
 pub mod metrics;
 mod server;
 pub mod shutdown;
+pub mod tenancy;
 
 /// The shared sync primitives (connection limiter, cancel flag, outbound
 /// queue), from their own crate so loom can model-check them without

@@ -22,10 +22,10 @@ use crate::conn::{websocket_config, CLOSE_LINGER};
 use crate::driver::{self, Driver, DriverParts, Snapshot, TextWorkers};
 use crate::engine_thread::{self, EngineSpec};
 use crate::feedback::FeedbackLog;
-use crate::http::PermitSlot;
 use crate::http::{self, AppState};
+use crate::http::{PermitSlot, Permits};
 use crate::metrics::Metrics;
-use crate::sync::{CancelFlag, ConnectionLimiter, ConnectionPermit};
+use crate::sync::{CancelFlag, ConnectionLimiter, PerKeyLimiter};
 
 /// How long a connection over the limit may take to read its 503 before it
 /// is dropped.
@@ -188,7 +188,7 @@ pub async fn start_loading_with(
     let keys = match &config.keys {
         Some(path) => {
             let ring = crate::keys::load(path).map_err(anyhow::Error::msg)?;
-            tracing::info!(keys = ring.len(), "cai: keys file loaded");
+            tracing::info!(keys = ring.len(), auth = ?config.tenancy.auth, "keys file loaded");
             Some(ring)
         }
         None => {
@@ -196,6 +196,10 @@ pub async fn start_loading_with(
             None
         }
     };
+    config
+        .tenancy
+        .check(keys.is_some())
+        .map_err(anyhow::Error::msg)?;
     let feedback = match &config.feedback_log {
         Some(path) => Some(FeedbackLog::open(path)?),
         None => None,
@@ -209,7 +213,7 @@ pub async fn start_loading_with(
 
     let clock = Clock::start();
     let mut host_config = config.host_config(clock.epoch_unix_ms());
-    host_config.keys = keys;
+    host_config.keys = keys.clone();
     let host = Host::new(host_config, host_seed(&config)?);
     let (snapshot_tx, snapshot_rx) = driver::snapshot_channel(&host);
     let ready_rx = snapshot_rx.clone();
@@ -249,6 +253,13 @@ pub async fn start_loading_with(
         snapshot: snapshot_rx,
         metrics,
         limiter: ConnectionLimiter::new(config.max_connections),
+        per_ip: PerKeyLimiter::new(
+            usize::try_from(config.tenancy.max_connections_per_ip).unwrap_or(usize::MAX),
+        ),
+        keys: keys.map(Arc::new),
+        auth: config.tenancy.scope(),
+        metrics_auth: config.tenancy.metrics_auth,
+        allowed_origins: config.tenancy.allowed_origins.clone(),
         next_conn: AtomicU64::new(1),
         started_unix_s: clock.epoch_unix_ms() / 1000,
         max_frame_bytes: config.max_frame_bytes,
@@ -302,22 +313,30 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, shutdown: Canc
             a = listener.accept() => a,
         };
         match accepted {
-            Ok((stream, peer)) => match state.limiter.try_acquire() {
-                Some(permit) => {
-                    tokio::spawn(serve_connection(
-                        stream,
-                        peer,
-                        permit,
-                        state.clone(),
-                        shutdown.clone(),
-                    ));
-                }
-                None => {
+            Ok((stream, peer)) => {
+                let Some(conn) = state.limiter.try_acquire() else {
                     tracing::debug!(%peer, max = state.limiter.max(), "connection limit reached");
                     state.metrics.connection_refused();
-                    tokio::spawn(refuse(stream));
-                }
-            },
+                    tokio::spawn(refuse(stream, Refusal::Server));
+                    continue;
+                };
+                let Some(ip) = state.per_ip.try_acquire(peer.ip()) else {
+                    tracing::debug!(%peer, max = state.per_ip.max(), "per-address connection limit reached");
+                    state.metrics.connection_refused();
+                    tokio::spawn(refuse(stream, Refusal::Address));
+                    continue;
+                };
+                tokio::spawn(serve_connection(
+                    stream,
+                    peer,
+                    Permits {
+                        _conn: conn,
+                        _ip: ip,
+                    },
+                    state.clone(),
+                    shutdown.clone(),
+                ));
+            }
             Err(e) => {
                 // Out of file descriptors and the like: back off briefly.
                 tracing::warn!(error = %e, "accept failed");
@@ -331,11 +350,27 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, shutdown: Canc
     tracing::debug!("stopped accepting");
 }
 
-/// Answers a connection over the limit with a 503 (and when to retry), then
+/// Which connection limit a refused connection met.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// The server's (`--max-connections`).
+    Server,
+    /// Its address's (`--max-connections-per-ip`).
+    Address,
+}
+
+/// Answers a connection over a limit with a 503 (and when to retry), then
 /// drops it; the whole exchange is bounded by [`REFUSE_LINGER`].
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(mut stream: TcpStream, why: Refusal) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = r#"{"type":"error","error":"too_many_connections","message":"the server's connection limit is reached; retry later","recoverable":true}"#;
+    let body = match why {
+        Refusal::Server => {
+            r#"{"type":"error","error":"too_many_connections","message":"the server's connection limit is reached; retry later","recoverable":true}"#
+        }
+        Refusal::Address => {
+            r#"{"type":"error","error":"too_many_connections","message":"this address has as many connections open as one address may; close one first","recoverable":true}"#
+        }
+    };
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -354,12 +389,13 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 /// Serves one HTTP/1.1 connection (with upgrades), gracefully ending it on
-/// shutdown. `permit` is its slot in the connection limit: an upgrade takes
-/// it over for the WebSocket's life, otherwise it is freed with the connection.
+/// shutdown. `permits` are its slots in the connection limits: an upgrade
+/// takes them over for the WebSocket's life, otherwise they are freed with
+/// the connection.
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    permit: ConnectionPermit,
+    permit: Permits,
     state: Arc<AppState>,
     shutdown: CancelFlag,
 ) {

@@ -1,7 +1,8 @@
 //! # tokenwire-sync
 //!
 //! Small shared primitives between tokenwire's driver task, connection tasks
-//! and HTTP handlers: a connection limiter ([`ConnectionLimiter`]), a cancel
+//! and HTTP handlers: a connection limiter ([`ConnectionLimiter`]), a limit
+//! per key such as the peer's address ([`PerKeyLimiter`]), a cancel
 //! flag ([`CancelFlag`]) and the bounded outbound queue with its full/drained
 //! signals ([`OutboundQueue`]). `tokenwire-io` re-exports this crate as
 //! `tokenwire_io::sync`.
@@ -32,8 +33,10 @@
 mod cancel;
 mod facade;
 mod limiter;
+mod per_key;
 mod queue;
 
 pub use cancel::{CancelFlag, Cancelled};
 pub use limiter::{ConnectionLimiter, ConnectionPermit};
+pub use per_key::{KeyPermit, PerKeyLimiter};
 pub use queue::{ClosedFuture, OutboundQueue, Pop, PopFuture, Popped, PushResult};

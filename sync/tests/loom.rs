@@ -20,7 +20,7 @@ use std::task::{Context, Wake, Waker};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use tokenwire_sync::{CancelFlag, ConnectionLimiter, OutboundQueue, PushResult};
+use tokenwire_sync::{CancelFlag, ConnectionLimiter, OutboundQueue, PerKeyLimiter, PushResult};
 
 /// Runs `f` under loom with a default preemption bound of 3, which
 /// `LOOM_MAX_PREEMPTIONS` overrides.
@@ -120,6 +120,49 @@ fn limiter_never_exceeds_its_limit() {
         assert_eq!(limiter.current(), 1);
     });
     REFUSED.assert_hit("refused a thread (all slots taken at once)");
+}
+
+/// Two threads of one address race with one of another for a limit of one
+/// per address: never two permits of one address alive, the other address
+/// never refused, and no address is remembered once its permits are gone.
+#[test]
+fn per_key_limiter_caps_each_key_and_forgets_free_ones() {
+    static REFUSED: Coverage = Coverage::new();
+    model(|| {
+        let limiter = PerKeyLimiter::new(1);
+        let alive_a = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = ["a", "a", "b"]
+            .into_iter()
+            .map(|key| {
+                let limiter = limiter.clone();
+                let alive_a = alive_a.clone();
+                thread::spawn(move || match limiter.try_acquire(key) {
+                    Some(permit) => {
+                        if key == "a" {
+                            let now = alive_a.fetch_add(1, Ordering::SeqCst) + 1;
+                            assert!(now <= 1, "{now} permits of one address alive");
+                            alive_a.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        drop(permit);
+                        true
+                    }
+                    None => {
+                        assert_eq!(key, "a", "the other address is never refused");
+                        false
+                    }
+                })
+            })
+            .collect();
+        let admitted: Vec<bool> = handles
+            .into_iter()
+            .map(|h| h.join().expect("limiter thread"))
+            .collect();
+        if admitted.iter().filter(|&&a| !a).count() > 0 {
+            REFUSED.hit();
+        }
+        assert_eq!(limiter.keys(), 0, "no address kept without a permit");
+    });
+    REFUSED.assert_hit("refused an address that held its permit");
 }
 
 /// One thread waits on `cancelled()` (parking between polls) while another

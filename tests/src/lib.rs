@@ -20,6 +20,28 @@ pub use tokenwire_io::{ModelSource, RunningServer, ServerConfig};
 /// Upper bound on any single wait; only reached when something is broken.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// Writes a keys file holding `keys` (each an API key and the organisations
+/// it may act for) to a fresh temporary path named after `name`.
+pub fn keys_file(name: &str, keys: &[(&str, &[&str])]) -> PathBuf {
+    use tokenwire_core::dialect::cai::auth::{hash_key, to_hex};
+    let path =
+        std::env::temp_dir().join(format!("tokenwire-keys-{name}-{}.toml", std::process::id()));
+    let text: String = keys
+        .iter()
+        .enumerate()
+        .map(|(i, (key, orgs))| {
+            let orgs: Vec<String> = orgs.iter().map(|o| format!("\"{o}\"")).collect();
+            format!(
+                "[[key]]\nname = \"k{i}\"\nsha256 = \"{}\"\norgs = [{}]\n\n",
+                to_hex(&hash_key(key)),
+                orgs.join(", ")
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).expect("write the keys file");
+    path
+}
+
 /// The stories260K directory kept in the repository (`models/stories260K`,
 /// the model `tokenwire serve` has built in).
 pub fn stories260k() -> PathBuf {
@@ -88,12 +110,46 @@ pub enum Received {
 impl Client {
     /// Connects to `ws://addr/path`.
     pub async fn connect(server: &RunningServer, path: &str) -> Client {
+        Client::connect_with(server, path, &[]).await
+    }
+
+    /// Connects to `ws://addr/path` with extra upgrade `headers`.
+    pub async fn connect_with(
+        server: &RunningServer,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Client {
+        match Client::try_connect(server, path, headers).await {
+            Ok(c) => c,
+            Err(status) => panic!("websocket handshake refused with {status}"),
+        }
+    }
+
+    /// Connects to `ws://addr/path` with extra upgrade `headers`; the HTTP
+    /// status when the upgrade is refused.
+    pub async fn try_connect(
+        server: &RunningServer,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Client, u16> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
         let url = format!("ws://{}{}", server.local_addr, path);
-        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        let mut req = url.into_client_request().expect("a request");
+        for (k, v) in headers {
+            req.headers_mut().insert(
+                HeaderName::from_bytes(k.as_bytes()).expect("a header name"),
+                HeaderValue::from_str(v).expect("a header value"),
+            );
+        }
+        let connected = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
             .await
-            .expect("connect in time")
-            .expect("websocket handshake");
-        Client { ws }
+            .expect("connect in time");
+        match connected {
+            Ok((ws, _)) => Ok(Client { ws }),
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
+            Err(e) => panic!("websocket handshake failed: {e}"),
+        }
     }
 
     /// Sends a JSON value as a text frame.
@@ -219,13 +275,28 @@ pub async fn http(
     path: &str,
     body: Option<&str>,
 ) -> HttpResponse {
+    http_with(server, method, path, body, &[]).await
+}
+
+/// [`http`] with extra request `headers`.
+pub async fn http_with(
+    server: &RunningServer,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> HttpResponse {
     let fut = async {
         let mut s = TcpStream::connect(server.local_addr)
             .await
             .expect("connect");
         let body = body.unwrap_or("");
+        let extra: String = headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect();
         let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await.expect("write");

@@ -249,20 +249,31 @@ async fn errors_queued_payloads_and_the_servers_defaults() {
         .flat_map(|f| f.as_array().into_iter().flatten())
         .filter_map(|e| e["request_id"].as_str())
         .collect();
-    assert_eq!(started, ["p1", "p2", "p3"]);
+    assert_eq!(
+        started,
+        ["p1", "p3"],
+        "none of a duplicated id's prompts run"
+    );
     let dup: Vec<&Value> = frames.iter().filter(|f| kind(f) == "ERROR").collect();
     assert_eq!(dup.len(), 1);
     assert!(dup[0][0]["error"]
         .as_str()
         .unwrap_or("")
         .contains("duplicate"));
-    for id in ["p1", "p2", "p3"] {
+    for id in ["p1", "p3"] {
         assert_eq!(
             element(&frames, "COMPLETE", id)["new_tokens_count"],
             5,
             "{id}"
         );
     }
+    assert!(
+        frames
+            .iter()
+            .flat_map(|f| f.as_array().into_iter().flatten())
+            .all(|e| !(e["request_id"] == "p2" && e["type"] == "COMPLETE")),
+        "a duplicated id never completes"
+    );
     server.shutdown().await;
 }
 

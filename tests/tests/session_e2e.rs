@@ -85,9 +85,16 @@ async fn a_session_streams_the_golden_greedy_text_then_continues_the_conversatio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_over_the_socket_and_the_connection_stays() {
     let dir = stories260k();
-    let server = start(ModelSource::Dir(dir), |c| c.job_token_budget = Some(40)).await;
-    let mut c = Client::connect(&server, "/ws/session").await;
-    let mut other = Client::connect(&server, "/ws/session").await;
+    // Both connections present one key: one principal, one set of session ids.
+    let keys = tokenwire_tests::keys_file("session-errors", &[("sk-session", &["org"])]);
+    let server = start(ModelSource::Dir(dir), |c| {
+        c.job_token_budget = Some(40);
+        c.keys = Some(keys);
+    })
+    .await;
+    let auth = [("Authorization", "Bearer sk-session")];
+    let mut c = Client::connect_with(&server, "/ws/session", &auth).await;
+    let mut other = Client::connect_with(&server, "/ws/session", &auth).await;
 
     c.send_binary(vec![1, 2, 3]).await;
     assert_eq!(error_code(&mut c).await, "invalid_request");

@@ -124,6 +124,12 @@ pub enum HttpFailure {
         /// Seconds after which a retry (elsewhere) may succeed.
         retry_after: u32,
     },
+    /// The route needs an API key and the request carried none, or one
+    /// this server does not accept (`--auth all`).
+    Unauthorized {
+        /// What was wrong (never the key).
+        message: &'static str,
+    },
 }
 
 /// Where an HTTP request goes.
@@ -256,6 +262,7 @@ pub(crate) fn describe(f: &HttpFailure) -> (u16, String, Option<u32>) {
             "the server is shutting down; retry on another server".into(),
             Some(*retry_after),
         ),
+        HttpFailure::Unauthorized { message } => (401, (*message).to_string(), None),
     }
 }
 

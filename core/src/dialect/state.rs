@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::batch::cache::ContinueCache;
-use super::cai::state::CaiState;
+use super::cai::state::{CaiState, ConversationBounds};
 use super::responses::store::ResponseStore;
 use crate::api::ConnId;
 use crate::config::HostConfig;
@@ -34,7 +34,12 @@ impl DialectState {
             sessions: SessionRegistry::new(config.max_sessions),
             jobs: JobLedger::new(config.max_jobs),
             responses: ResponseStore::new(config.response_store_size),
-            cai: CaiState::new(config.max_conversations, config.conversation_ttl),
+            cai: CaiState::new(ConversationBounds {
+                total: config.max_conversations,
+                per_org: config.max_conversations_per_org,
+                bytes: config.conversation_max_bytes,
+                ttl: config.conversation_ttl,
+            }),
             batch: ContinueCache::new(config.batch_cache_entries),
         }
     }

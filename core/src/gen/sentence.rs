@@ -35,6 +35,69 @@ fn is_closer(c: char) -> bool {
     )
 }
 
+/// What a scan of pending text found.
+enum Scan {
+    /// A sentence ends just before this byte.
+    Boundary(usize),
+    /// None yet; the next scan may start at this byte.
+    Wait(usize),
+}
+
+/// Looks for the first sentence end in `text` from byte `from` on.
+fn scan(text: &str, from: usize) -> Scan {
+    let mut it = text[from..]
+        .char_indices()
+        .map(|(i, c)| (i + from, c))
+        .peekable();
+    while let Some((i, c)) = it.next() {
+        let self_terminal = is_self_terminal(c);
+        if !self_terminal && !is_terminal(c) {
+            continue;
+        }
+        // What may follow the mark before we know: closers, and after an
+        // ordinary terminal more terminals (`?!`, `...`).
+        while let Some(&(_, n)) = it.peek() {
+            if is_closer(n) || (!self_terminal && is_terminal(n)) {
+                it.next();
+            } else {
+                break;
+            }
+        }
+        let Some(&(after_at, after)) = it.peek() else {
+            // What follows decides; wait for it.
+            return Scan::Wait(i);
+        };
+        if self_terminal {
+            return Scan::Boundary(after_at);
+        }
+        if after.is_whitespace() && !(c == '.' && abbreviation_before(text, i)) {
+            return Scan::Boundary(after_at);
+        }
+    }
+    Scan::Wait(text.len())
+}
+
+/// True when the word ending at byte `dot` of `text` is an abbreviation or
+/// an initial.
+fn abbreviation_before(text: &str, dot: usize) -> bool {
+    let word: String = text[..dot]
+        .chars()
+        .rev()
+        .take_while(|c| c.is_alphabetic())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    if word.is_empty() {
+        return false;
+    }
+    if word.chars().count() == 1 {
+        return true;
+    }
+    let lower = word.to_lowercase();
+    ABBREVIATIONS.contains(&lower.as_str())
+}
+
 /// Splits streamed text into sentences.
 #[derive(Debug, Clone, Default)]
 pub struct SentenceSplitter {
@@ -73,70 +136,17 @@ impl SentenceSplitter {
     }
 
     /// The byte offset just after the first sentence that `pending` shows
-    /// complete, scanning from `scanned` on.
+    /// complete, scanning from `scanned` on. Each byte is scanned once
+    /// (plus the lookahead at a terminal, and the word before a `.`), so a
+    /// long reply costs linear time however it is pushed.
     fn next_boundary(&mut self) -> Option<usize> {
-        let text = &self.pending;
-        let chars: Vec<(usize, char)> = text.char_indices().collect();
-        let start = chars
-            .iter()
-            .position(|&(i, _)| i >= self.scanned)
-            .unwrap_or(chars.len());
-        let mut k = start;
-        while k < chars.len() {
-            let (i, c) = chars[k];
-            if is_self_terminal(c) {
-                let mut end = k + 1;
-                while end < chars.len() && is_closer(chars[end].1) {
-                    end += 1;
-                }
-                if end == chars.len() {
-                    // A closer may still come.
-                    self.scanned = i;
-                    return None;
-                }
-                return Some(chars[end].0);
+        match scan(&self.pending, self.scanned) {
+            Scan::Boundary(at) => Some(at),
+            Scan::Wait(from) => {
+                self.scanned = from;
+                None
             }
-            if is_terminal(c) {
-                let mut end = k + 1;
-                while end < chars.len() && (is_terminal(chars[end].1) || is_closer(chars[end].1)) {
-                    end += 1;
-                }
-                let Some(&(after_at, after)) = chars.get(end) else {
-                    // What follows decides; wait for it.
-                    self.scanned = i;
-                    return None;
-                };
-                if after.is_whitespace() && !(c == '.' && self.abbreviation_before(i)) {
-                    return Some(after_at);
-                }
-                k = end;
-                continue;
-            }
-            k += 1;
         }
-        self.scanned = text.len();
-        None
-    }
-
-    /// True when the word ending at byte `dot` is an abbreviation or an initial.
-    fn abbreviation_before(&self, dot: usize) -> bool {
-        let before = &self.pending[..dot];
-        let word: String = before
-            .chars()
-            .rev()
-            .take_while(|c| c.is_alphabetic())
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        if word.is_empty() {
-            return false;
-        }
-        if word.chars().count() == 1 {
-            return true;
-        }
-        let lower = word.to_lowercase();
-        ABBREVIATIONS.contains(&lower.as_str())
     }
 }
 

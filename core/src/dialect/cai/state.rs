@@ -25,27 +25,60 @@ struct Conversation {
 }
 
 /// Conversations kept in memory, per (organisation, conversation id).
+/// Bounded three ways: in all (`max_conversations`, least recently used
+/// first out), per organisation (`max_conversations_per_org`: a full
+/// organisation pushes out its own least recently used, never another's)
+/// and in bytes per conversation (`conversation_max_bytes`: the oldest
+/// non-system messages go first).
 #[derive(Debug)]
 pub struct Conversations {
     map: Lru<ConvKey, Conversation>,
     by_expiry: BTreeSet<(Instant, ConvKey)>,
+    per_org: BTreeMap<String, usize>,
     ttl: Duration,
+    max_per_org: usize,
+    max_bytes: usize,
+}
+
+/// How many conversations a [`Conversations`] keeps, and how much of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConversationBounds {
+    /// In all.
+    pub total: usize,
+    /// Per organisation.
+    pub per_org: usize,
+    /// Bytes of message text per conversation.
+    pub bytes: usize,
+    /// How long one is kept after it was last used.
+    pub ttl: Duration,
 }
 
 impl Conversations {
-    /// A store of at most `capacity` conversations, each forgotten `ttl`
-    /// after it was last used.
-    pub fn new(capacity: usize, ttl: Duration) -> Conversations {
+    /// An empty store within `bounds`.
+    pub fn new(bounds: ConversationBounds) -> Conversations {
         Conversations {
-            map: Lru::new(capacity.max(1)),
+            map: Lru::new(bounds.total.max(1)),
             by_expiry: BTreeSet::new(),
-            ttl,
+            per_org: BTreeMap::new(),
+            ttl: bounds.ttl,
+            max_per_org: bounds.per_org.max(1),
+            max_bytes: bounds.bytes,
+        }
+    }
+
+    fn forget(&mut self, key: &ConvKey, c: &Conversation) {
+        self.by_expiry.remove(&(c.expires, key.clone()));
+        if let Some(n) = self.per_org.get_mut(&key.0) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_org.remove(&key.0);
+            }
         }
     }
 
     fn remove(&mut self, key: &ConvKey) {
         if let Some(c) = self.map.remove(key) {
-            self.by_expiry.remove(&(c.expires, key.clone()));
+            self.forget(key, &c);
         }
     }
 
@@ -66,16 +99,27 @@ impl Conversations {
         self.map.peek(&key).map(|c| c.messages.clone())
     }
 
-    /// Stores `messages` as the conversation, alive for the TTL from `now`.
+    /// Stores `messages` as the conversation, alive for the TTL from `now`,
+    /// its oldest messages dropped past the bounds (and nothing kept when
+    /// its system messages alone are over the byte bound).
     pub fn put(&mut self, now: Instant, org: &str, id: &str, mut messages: Vec<ChatMessage>) {
         self.expire(now);
         let key = (org.to_string(), id.to_string());
         self.remove(&key);
-        trim(&mut messages);
+        if !trim(&mut messages, self.max_bytes) {
+            return;
+        }
+        if self.per_org.get(org).copied().unwrap_or(0) >= self.max_per_org {
+            let oldest = self.map.least_recent_where(|(o, _)| o == org);
+            if let Some(oldest) = oldest {
+                self.remove(&oldest);
+            }
+        }
         let expires = now + self.ttl;
         self.by_expiry.insert((expires, key.clone()));
+        *self.per_org.entry(org.to_string()).or_default() += 1;
         for (gone, c) in self.map.put(key, Conversation { messages, expires }) {
-            self.by_expiry.remove(&(c.expires, gone));
+            self.forget(&gone, &c);
         }
     }
 
@@ -84,23 +128,33 @@ impl Conversations {
         self.map.len()
     }
 
+    /// Conversations `org` keeps (as of the last call that expired them).
+    pub fn of_org(&self, org: &str) -> usize {
+        self.per_org.get(org).copied().unwrap_or(0)
+    }
+
     /// True when none is kept.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 }
 
-/// Drops the oldest non-system messages past [`MAX_CONVERSATION_MESSAGES`].
-fn trim(messages: &mut Vec<ChatMessage>) {
-    let mut excess = messages.len().saturating_sub(MAX_CONVERSATION_MESSAGES);
+/// Drops the oldest non-system messages past [`MAX_CONVERSATION_MESSAGES`]
+/// and past `max_bytes` of text; false when the system messages alone are
+/// over `max_bytes` (nothing may be kept).
+fn trim(messages: &mut Vec<ChatMessage>, max_bytes: usize) -> bool {
+    let mut count_excess = messages.len().saturating_sub(MAX_CONVERSATION_MESSAGES);
+    let mut bytes: usize = messages.iter().map(|m| m.content.len()).sum();
     messages.retain(|m| {
-        if excess > 0 && m.role != Role::System {
-            excess -= 1;
+        if m.role != Role::System && (count_excess > 0 || bytes > max_bytes) {
+            count_excess = count_excess.saturating_sub(1);
+            bytes -= m.content.len();
             false
         } else {
             true
         }
     });
+    bytes <= max_bytes
 }
 
 /// One organisation's buckets.
@@ -171,9 +225,9 @@ pub struct CaiState {
 
 impl CaiState {
     /// Empty state.
-    pub fn new(max_conversations: usize, ttl: Duration) -> CaiState {
+    pub fn new(bounds: ConversationBounds) -> CaiState {
         CaiState {
-            conversations: Conversations::new(max_conversations, ttl),
+            conversations: Conversations::new(bounds),
             limits: RateLimits::default(),
         }
     }
@@ -187,6 +241,48 @@ mod tests {
         Instant::ZERO + Duration::from_secs(secs)
     }
 
+    fn bounds(total: usize, per_org: usize, bytes: usize) -> ConversationBounds {
+        ConversationBounds {
+            total,
+            per_org,
+            bytes,
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn one_organisation_pushes_out_only_its_own_and_bytes_are_bounded() {
+        let mut c = Conversations::new(bounds(10, 2, 12));
+        c.put(at(0), "big", "1", vec![]);
+        c.put(at(0), "small", "x", vec![]);
+        c.put(at(1), "big", "2", vec![]);
+        c.put(at(2), "big", "3", vec![]);
+        assert_eq!(c.of_org("big"), 2);
+        assert!(c.get(at(2), "big", "1").is_none(), "its own oldest went");
+        assert!(c.get(at(2), "small", "x").is_some(), "never another's");
+        c.put(
+            at(3),
+            "small",
+            "x",
+            vec![
+                msg(Role::System, "sys"),
+                msg(Role::User, "1234567"),
+                msg(Role::Assistant, "abc"),
+            ],
+        );
+        let kept = c.get(at(3), "small", "x").expect("kept");
+        assert_eq!(kept.len(), 2, "the oldest non-system message went");
+        assert_eq!(kept[1].content, "abc");
+        c.put(
+            at(4),
+            "small",
+            "y",
+            vec![msg(Role::System, "thirteen byte")],
+        );
+        assert!(c.get(at(4), "small", "y").is_none(), "too big even trimmed");
+        assert_eq!(c.of_org("small"), 1);
+    }
+
     fn msg(role: Role, content: &str) -> ChatMessage {
         ChatMessage {
             role,
@@ -196,7 +292,7 @@ mod tests {
 
     #[test]
     fn conversations_live_for_their_ttl_per_organisation() {
-        let mut c = Conversations::new(10, Duration::from_secs(60));
+        let mut c = Conversations::new(bounds(10, 10, 1 << 20));
         c.put(at(0), "org", "c1", vec![msg(Role::User, "hi")]);
         assert_eq!(c.get(at(59), "org", "c1").map(|m| m.len()), Some(1));
         assert_eq!(
@@ -221,7 +317,7 @@ mod tests {
 
     #[test]
     fn conversations_are_bounded_by_count_and_length() {
-        let mut c = Conversations::new(2, Duration::from_secs(60));
+        let mut c = Conversations::new(bounds(2, 2, 1 << 20));
         c.put(at(0), "o", "a", vec![]);
         c.put(at(1), "o", "b", vec![]);
         c.put(at(2), "o", "a", vec![]); // a is now the most recent

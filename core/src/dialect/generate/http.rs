@@ -96,6 +96,7 @@ pub(crate) fn failure(f: &HttpFailure) -> HttpReply {
         HttpFailure::BodyTimeout => (ErrorCode::Timeout, RecoveryAction::Retry),
         HttpFailure::Busy { .. } => (ErrorCode::RateLimited, RecoveryAction::Retry),
         HttpFailure::ShuttingDown { .. } => (ErrorCode::InternalError, RecoveryAction::Retry),
+        HttpFailure::Unauthorized { .. } => (ErrorCode::InvalidRequest, RecoveryAction::None),
     };
     HttpReply {
         retry_after,

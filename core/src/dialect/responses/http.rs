@@ -77,10 +77,10 @@ pub(crate) fn retrieve(id: &str) -> HttpCall {
 /// The reply for a failure met before the Host saw the request.
 pub(crate) fn failure(f: &HttpFailure) -> HttpReply {
     let (status, message, retry_after) = describe(f);
-    let code = if status >= 500 {
-        "server_error"
-    } else {
-        "invalid_request"
+    let code = match f {
+        HttpFailure::Unauthorized { .. } => "invalid_api_key",
+        _ if status >= 500 => "server_error",
+        _ => "invalid_request",
     };
     HttpReply {
         retry_after,

@@ -201,6 +201,25 @@ impl SessionConn {
                 );
             }
         }
+        let most = cx.config().max_sessions_per_conn;
+        if self.sessions.len() >= most && !self.sessions.contains_key(&sid) {
+            return error(
+                cx,
+                Some(&sid),
+                ErrorCode::RateLimited,
+                format!("this connection holds {most} sessions, the most one connection may; end one first"),
+            );
+        }
+        let bytes = text_bytes(&start.conversation_context);
+        let max_bytes = cx.config().session_max_context_bytes;
+        if bytes > max_bytes {
+            return error(
+                cx,
+                Some(&sid),
+                ErrorCode::InvalidRequest,
+                format!("invalid `conversation_context`: {bytes} bytes of messages, more than the {max_bytes} a session may keep"),
+            );
+        }
         match claim_session(cx, &sid) {
             Ok(()) => {}
             Err(ClaimError::Exists) => return error(
@@ -371,6 +390,19 @@ impl SessionConn {
         let Some(session) = self.sessions.get_mut(&sid) else {
             return;
         };
+        let kept = text_bytes(&session.messages);
+        let max_bytes = cx.config().session_max_context_bytes;
+        if kept + content.len() > max_bytes {
+            return error(
+                cx,
+                Some(&sid),
+                ErrorCode::InvalidRequest,
+                format!(
+                    "the session keeps {kept} bytes of messages and this prompt adds {}, more than the {max_bytes} a session may keep; end it and resume it with a shorter `conversation_context`",
+                    content.len()
+                ),
+            );
+        }
         session.messages.push(ChatMessage {
             role: Role::User,
             content,
@@ -663,4 +695,9 @@ fn claim_session(cx: &mut Cx<'_>, sid: &str) -> Result<(), ClaimError> {
 fn release_session(cx: &mut Cx<'_>, sid: &str) {
     let (owner, conn) = (cx.principal.clone(), cx.conn);
     cx.state().sessions.release(&owner, sid, conn);
+}
+
+/// Bytes of message text in `messages` (what a session's bound counts).
+fn text_bytes(messages: &[ChatMessage]) -> usize {
+    messages.iter().map(|m| m.content.len()).sum()
 }
