@@ -6,11 +6,20 @@ use serde_json::{Map, Value};
 /// Deepest nesting of arrays and objects accepted in a frame.
 pub const MAX_DEPTH: usize = 64;
 
-/// Parses `text` as JSON, rejecting nesting deeper than [`MAX_DEPTH`] as invalid.
+/// Most JSON tokens (objects, arrays, strings and the commas between
+/// values) accepted in a frame. Building a parsed value costs time per
+/// value, on the one task that serves every connection: 4 MiB of tiny
+/// objects would hold it for a tenth of a second. No frame of any dialect
+/// needs more (a full `batch` payload of 256 prompts has about 2,000).
+pub const MAX_TOKENS: usize = 50_000;
+
+/// Parses `text` as JSON, rejecting nesting deeper than [`MAX_DEPTH`] and
+/// more than [`MAX_TOKENS`] tokens as invalid (both found by one cheap byte
+/// scan before anything is built).
 /// The error is a message for the client; a number too large for a double
 /// (`1e400`) is named by its field.
 pub fn parse(text: &str) -> Result<Value, String> {
-    check_depth(text)?;
+    check_shape(text)?;
     serde_json::from_str(text).map_err(|e| describe_error(text, &e))
 }
 
@@ -110,8 +119,9 @@ pub fn path_at(text: &str, offset: usize) -> String {
 
 /// Scans for nesting depth before parsing so a hostile frame cannot make the
 /// parser recurse deeply.
-fn check_depth(text: &str) -> Result<(), String> {
+fn check_shape(text: &str) -> Result<(), String> {
     let mut depth = 0usize;
+    let mut tokens = 0usize;
     let mut in_string = false;
     let mut escaped = false;
     for b in text.bytes() {
@@ -125,8 +135,12 @@ fn check_depth(text: &str) -> Result<(), String> {
             continue;
         }
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                in_string = true;
+                tokens += 1;
+            }
             b'[' | b'{' => {
+                tokens += 1;
                 depth += 1;
                 if depth > MAX_DEPTH {
                     return Err(format!(
@@ -134,8 +148,14 @@ fn check_depth(text: &str) -> Result<(), String> {
                     ));
                 }
             }
+            b',' => tokens += 1,
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
+        }
+        if tokens > MAX_TOKENS {
+            return Err(format!(
+                "invalid JSON: more than {MAX_TOKENS} values, the most a frame may hold"
+            ));
         }
     }
     Ok(())
@@ -312,6 +332,17 @@ mod tests {
         assert!(parse(&s).is_ok());
         let esc = r#"{"a":"\"[[[[","b":1}"#;
         assert!(parse(esc).is_ok());
+    }
+
+    #[test]
+    fn many_values_are_refused_before_anything_is_built_and_strings_do_not_count_inside() {
+        let many = format!("[{}{{}}]", "{},".repeat(MAX_TOKENS));
+        let e = parse(&many).unwrap_err();
+        assert!(e.contains("more than 50000 values"), "{e}");
+        let fits = format!("[{}0]", "0,".repeat(MAX_TOKENS - 2));
+        assert!(parse(&fits).is_ok());
+        let commas_in_a_string = format!("\"{}\"", ",".repeat(4 * MAX_TOKENS));
+        assert!(parse(&commas_in_a_string).is_ok());
     }
 
     #[test]

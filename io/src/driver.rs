@@ -492,10 +492,12 @@ impl Driver {
     fn input(&mut self, input: Input) {
         self.pending.push_back(input);
         while let Some(input) = self.pending.pop_front() {
+            let started = std::time::Instant::now();
             self.host.handle(self.clock.now(), input);
             while let Some(out) = self.host.poll_output() {
                 self.on_output(out);
             }
+            self.metrics.observe_handle(started.elapsed());
         }
     }
 

@@ -50,6 +50,7 @@ pub struct Metrics {
     ttft: Histogram,
     inter_token: Histogram,
     e2e: Histogram,
+    handle: Histogram,
     kv_usage: Gauge<f64, AtomicU64>,
     feedback: Family<RatingLabels, Counter>,
     overflows: Counter,
@@ -117,6 +118,8 @@ impl Metrics {
         // 10 ms to about 5.8 min: a request lasts as long as its stream.
         let e2e = Histogram::new(exponential_buckets(0.01, 2.0, 16));
         let kv_usage = Gauge::<f64, AtomicU64>::default();
+        // 10 µs to about 0.33 s: what one input holds the driver for.
+        let handle = Histogram::new(exponential_buckets(0.000_01, 2.0, 16));
 
         // Series that read 0 rather than being absent (an empty family is not
         // exposed at all).
@@ -211,6 +214,12 @@ impl Metrics {
             Unit::Seconds,
             e2e.clone(),
         );
+        registry.register_with_unit(
+            "host_handle_duration",
+            "Time the driver spent on one input: Host::handle and routing its outputs (no other connection is served meanwhile)",
+            Unit::Seconds,
+            handle.clone(),
+        );
         registry.register(
             "kv_cache_usage_ratio",
             "Fraction of the KV cache's blocks in use (0 to 1)",
@@ -249,11 +258,17 @@ impl Metrics {
             ttft,
             inter_token,
             e2e,
+            handle,
             kv_usage,
             feedback,
             overflows,
             refused,
         }
+    }
+
+    /// Records how long one input held the driver.
+    pub fn observe_handle(&self, d: std::time::Duration) {
+        self.handle.observe(d.as_secs_f64());
     }
 
     /// Records one Host event.

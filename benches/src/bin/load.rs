@@ -6,6 +6,7 @@
 //! tw-load idle     --connections 10000 [--sources 4]
 //! tw-load stream   --clients 50 --max-tokens 64 --model DIR
 //! tw-load overhead --clients 64 --max-tokens 400 --model DIR
+//! tw-load hostile  --max-tokens 400 [--model DIR]
 //! ```
 //!
 //! - `idle`: opens N WebSocket connections that only answer pings, and prints
@@ -21,6 +22,14 @@
 //!   (`tw-load bare-server`, a process of its own); prints each server's CPU
 //!   time per streamed frame. For tokenwire the engine's threads are left
 //!   out, so the figure is what the serving adds to what the engine costs.
+//!
+//! - `hostile`: one honest greedy `generate` stream alone, then the same
+//!   stream while another client sends the hostile corpus (a 4 MiB `batch`
+//!   payload of ~120,000 tiny prompts, thousands of tiny and binary frames,
+//!   JSON nested past the limit, a 4 MiB prompt, full-size valid payloads
+//!   to the per-connection bound); prints the honest stream's longest gap
+//!   between tokens in both runs and the server's `host_handle_duration`
+//!   histogram (how long single inputs held the driver).
 //!
 //! Common flags: `--tokenwire PATH` (default: the `tokenwire` binary next to
 //! this one), `--server-arg ARG` (repeatable, passed to `tokenwire serve`),
@@ -40,7 +49,8 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
-const USAGE: &str = "tw-load idle|stream|overhead [--connections N] [--clients N] [--max-tokens N]
+const USAGE: &str =
+    "tw-load idle|stream|overhead|hostile [--connections N] [--clients N] [--max-tokens N]
         [--model DIR] [--sources N] [--tokenwire PATH] [--server-arg ARG]... [--dialect generate]";
 
 /// Prompts the streams use, in turn.
@@ -141,6 +151,7 @@ fn main() {
             "idle" => idle(&args).await,
             "stream" => stream(&args).await,
             "overhead" => overhead(&args).await,
+            "hostile" => hostile(&args).await,
             "bare-server" => bare_server(&args).await,
             other => Err(format!("unknown mode {other}\n{USAGE}")),
         }
@@ -600,4 +611,186 @@ async fn bare_server(a: &Args) -> Result<(), String> {
             while let Some(Ok(_)) = ws.next().await {}
         });
     }
+}
+
+// ---------------------------------------------------------------- hostile
+
+/// The hostile corpus, as (what, frames); each frame text or binary.
+fn hostile_corpus() -> Vec<(&'static str, Vec<Message>)> {
+    // ~120,000 one-byte prompts: just under the 4 MiB frame limit.
+    let mut big = String::with_capacity(4 << 20);
+    big.push_str(r#"{"prompts":["#);
+    let mut i = 0u32;
+    while big.len() < (4 << 20) - 64 {
+        if i > 0 {
+            big.push(',');
+        }
+        big.push_str(&format!(r#"{{"request_id":"{i}","prompt":"x"}}"#));
+        i += 1;
+    }
+    big.push_str("]}");
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let long_prompt = json!({"type": "config", "prompt": "x".repeat((4 << 20) - 200),
+                             "parameters": {"max_tokens": 4}})
+    .to_string();
+    let full_payload = json!({
+        "prompts": (0..256).map(|i| json!({"request_id": format!("v{i}"), "prompt": "Once upon a time"}))
+            .collect::<Vec<_>>(),
+        "generation_config": {"max_new_tokens": 2},
+        "stream_response": false
+    })
+    .to_string();
+    vec![
+        (
+            "a 4 MiB batch payload of ~120,000 prompts",
+            vec![Message::text(big)],
+        ),
+        (
+            "5,000 tiny invalid frames",
+            (0..5000).map(|_| Message::text("{")).collect(),
+        ),
+        (
+            "5,000 binary frames",
+            (0..5000).map(|_| Message::binary(vec![0u8; 8])).collect(),
+        ),
+        ("JSON nested 100,000 deep", vec![Message::text(deep)]),
+        (
+            "20 payloads of 256 valid prompts",
+            (0..20)
+                .map(|_| Message::text(full_payload.clone()))
+                .collect(),
+        ),
+        ("a 4 MiB prompt", vec![Message::text(long_prompt)]),
+    ]
+}
+
+/// Sends every frame of the corpus (a fresh connection per part, reading
+/// and dropping whatever comes back, so the server never waits on this
+/// client). Returns, per part, the longest any one input held the driver
+/// meanwhile (an upper bound from the histogram's buckets, in seconds).
+async fn send_hostile(addr: SocketAddr) -> Result<Vec<(&'static str, String)>, String> {
+    let mut worst = Vec::new();
+    for (what, frames) in hostile_corpus() {
+        let before = handle_buckets(&get_metrics(addr).await?);
+        let path = if what == "a 4 MiB prompt" {
+            "/generate"
+        } else {
+            "/ws"
+        };
+        let ws = connect(addr, path, 2).await?;
+        let (mut tx, mut rx) = ws.split();
+        // Frames of one connection are handled in order: once the answer
+        // to a last, recognisable frame comes, every frame before it has
+        // been handled too.
+        let reader = tokio::spawn(async move {
+            while let Some(Ok(m)) = rx.next().await {
+                if m.to_text().is_ok_and(|t| t.contains("sentinel-7f3a")) {
+                    break;
+                }
+            }
+        });
+        for f in frames {
+            if tx.send(f).await.is_err() {
+                break;
+            }
+        }
+        let sentinel = if path == "/ws" {
+            json!({"prompts": [{"request_id": "sentinel-7f3a", "prompt": "x"}],
+                   "generation_config": {"num_beams": 0}})
+        } else {
+            json!({"type": "config", "prompt": "x", "model": "sentinel-7f3a"})
+        };
+        let _ = tx.send(Message::text(sentinel.to_string())).await;
+        let _ = tokio::time::timeout(Duration::from_secs(60), reader).await;
+        let _ = tx.close().await;
+        let after = handle_buckets(&get_metrics(addr).await?);
+        worst.push((what, slowest_bucket(&before, &after)));
+    }
+    Ok(worst)
+}
+
+/// The smallest upper bound that holds every input counted between two
+/// samples of the histogram.
+fn slowest_bucket(before: &[(String, u64)], after: &[(String, u64)]) -> String {
+    let total = |b: &[(String, u64)]| b.last().map_or(0, |x| x.1);
+    let all = total(after) - total(before);
+    for (i, (le, n)) in after.iter().enumerate() {
+        let m = before.get(i).map_or(0, |x| x.1);
+        if n - m == all {
+            return le.clone();
+        }
+    }
+    "+Inf".into()
+}
+
+/// The longest gap between two tokens of a stream, in milliseconds.
+fn longest_gap(s: &Streamed) -> f64 {
+    s.token_times
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .fold(0.0, f64::max)
+}
+
+/// `host_handle_duration` buckets from the metrics text: (upper bound in
+/// seconds, cumulative count).
+fn handle_buckets(metrics: &str) -> Vec<(String, u64)> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("tokenwire_host_handle_duration_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?.to_string();
+            let n = l.rsplit(' ').next()?.parse().ok()?;
+            Some((le, n))
+        })
+        .collect()
+}
+
+async fn get_metrics(addr: SocketAddr) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&raw).into_owned())
+}
+
+async fn hostile(a: &Args) -> Result<(), String> {
+    let server = spawn_server(&a.tokenwire, &tokenwire_args(a, &[]), true)?;
+    let prompt = PROMPTS[0];
+    let alone = run_stream(server.addr, prompt, a.max_tokens).await?;
+    let attack = tokio::spawn(send_hostile(server.addr));
+    // Honest streams one after another for as long as the attack lasts.
+    let mut streams = 0;
+    let mut gap: f64 = 0.0;
+    let mut changed = 0;
+    while streams == 0 || !attack.is_finished() {
+        let honest = run_stream(server.addr, prompt, a.max_tokens).await?;
+        streams += 1;
+        gap = gap.max(longest_gap(&honest));
+        changed += usize::from(honest.text != alone.text);
+    }
+    let worst = attack.await.map_err(|e| e.to_string())??;
+    println!(
+        "hostile: honest greedy streams of {} tokens: longest gap {:.1} ms alone; {streams} streams during the attack, \
+         longest gap {gap:.1} ms, {} of them with the text of the stream alone",
+        a.max_tokens,
+        longest_gap(&alone),
+        streams - changed
+    );
+    println!("| hostile input | longest single input on the driver (bucket bound) |");
+    println!("|---|---:|");
+    for (what, le) in worst {
+        let ms = le.parse::<f64>().map_or("over 0.33 s".to_string(), |s| {
+            format!("<= {:.2} ms", s * 1e3)
+        });
+        println!("| {what} | {ms} |");
+    }
+    if changed > 0 {
+        return Err(format!("{changed} honest streams changed under attack"));
+    }
+    Ok(())
 }

@@ -219,19 +219,27 @@ impl Shared {
         let Some(sched) = self.sched.as_mut() else {
             return Err(StartError::NotLoaded);
         };
-        if sched.stats().waiting >= self.config.max_queued_requests {
+        // Counted without walking every sequence: this runs for every
+        // prompt of a 256-prompt payload.
+        let queued = sched.queue_len();
+        if queued >= self.config.max_queued_requests
+            && sched.stats().waiting >= self.config.max_queued_requests
+        {
             return Err(StartError::QueueFull);
         }
         // Each connection's share of the queue, so that one client's burst
-        // (a batch payload, a flood of requests) cannot fill it for all.
+        // (a batch payload, a flood of requests) cannot fill it for all. Its
+        // own count is only taken once the whole queue could be over it.
         let limit = self.config.max_queued_per_conn;
-        let waiting_here = self
-            .gens
-            .values()
-            .filter(|g| g.owner == owner && g.state == GenState::Queued && !g.raw)
-            .count();
-        if waiting_here >= limit as usize {
-            return Err(StartError::ConnQueueFull { limit });
+        if queued >= limit {
+            let waiting_here = self
+                .gens
+                .values()
+                .filter(|g| g.owner == owner && g.state == GenState::Queued && !g.raw)
+                .count();
+            if waiting_here >= limit as usize {
+                return Err(StartError::ConnQueueFull { limit });
+            }
         }
         let id = SeqId(self.next_seq);
         self.next_seq += 1;

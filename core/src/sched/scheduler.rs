@@ -768,6 +768,12 @@ impl Scheduler {
         self.live(seq).is_some()
     }
 
+    /// Sequences in the admission queue (paused ones included): an O(1)
+    /// upper bound of [`SchedStats::waiting`] for checks on every request.
+    pub fn queue_len(&self) -> u32 {
+        u32::try_from(self.waiting.len()).unwrap_or(u32::MAX)
+    }
+
     /// True while a planned step awaits its result.
     pub fn step_outstanding(&self) -> bool {
         self.outstanding.is_some()

@@ -146,6 +146,9 @@ struct BeamRun {
 /// A payload accepted on this connection.
 #[derive(Debug)]
 struct Job {
+    /// Its number on this connection (jobs leave from the front, so an
+    /// index into `jobs` does not name a job for long).
+    serial: u64,
     prompts: Vec<Prompt>,
     only_new_tokens: bool,
     stream: bool,
@@ -179,6 +182,11 @@ pub struct BatchConn {
     pending: VecDeque<StepEvents>,
     /// The prompt being tokenized: (job index, prompt index).
     tokenizing: Option<(TextJobId, usize, usize)>,
+    /// The next job's serial.
+    next_serial: u64,
+    /// The job (by serial) and prompt each generation belongs to, so a
+    /// token finds its prompt in one lookup however many are in flight.
+    owners: BTreeMap<SeqId, (u64, usize)>,
 }
 
 /// Whose continue-cache entries this connection reads and writes.
@@ -399,7 +407,10 @@ impl BatchConn {
         send(cx, &accepted);
         send(cx, &errors);
         let n = prompts.len();
+        let serial = self.next_serial;
+        self.next_serial += 1;
         self.jobs.push_back(Job {
+            serial,
             prompts,
             only_new_tokens: payload.only_new_tokens,
             stream: payload.stream_response,
@@ -481,6 +492,7 @@ impl BatchConn {
             };
             match cx.start(req) {
                 Ok(seq) => {
+                    self.owners.insert(seq, (self.jobs[ji].serial, pi));
                     let p = &mut self.jobs[ji].prompts[pi];
                     p.stage = Stage::Running(seq);
                     p.beam = beams.clone().map(|cfg| BeamRun {
@@ -514,15 +526,14 @@ impl BatchConn {
 
     /// The job and prompt whose generation is `seq`.
     fn find(&self, seq: SeqId) -> Option<(usize, usize)> {
-        self.jobs.iter().enumerate().find_map(|(ji, j)| {
-            j.prompts
-                .iter()
-                .position(|p| match &p.beam {
-                    Some(run) => p.stage != Stage::Done && run.beams.contains(&seq),
-                    None => p.stage == Stage::Running(seq),
-                })
-                .map(|pi| (ji, pi))
-        })
+        let &(serial, pi) = self.owners.get(&seq)?;
+        let ji = self.jobs.iter().position(|j| j.serial == serial)?;
+        let p = self.jobs[ji].prompts.get(pi)?;
+        let live = match &p.beam {
+            Some(run) => p.stage != Stage::Done && run.beams.contains(&seq),
+            None => p.stage == Stage::Running(seq),
+        };
+        live.then_some((ji, pi))
     }
 
     /// Sends the gathered events, then retires finished payloads.
@@ -586,6 +597,7 @@ impl BatchConn {
             drop_kept(cx, job.finished.into_iter().flatten());
         }
         self.pending.clear();
+        self.owners.clear();
         self.tokenizing = None;
     }
 
@@ -600,6 +612,7 @@ impl BatchConn {
             let Some(job) = self.jobs.pop_front() else {
                 break;
             };
+            self.owners.retain(|_, (serial, _)| *serial != job.serial);
             self.pending.pop_front();
             // The prompt being tokenized belongs to a later payload, whose
             // index just moved down by one.
@@ -699,6 +712,7 @@ impl BatchConn {
             };
             cx.set_last_token(child, token);
             cx.release_for_siblings(child);
+            self.owners.insert(child, (self.jobs[ji].serial, pi));
             new.push(child);
         }
         for s in old {
