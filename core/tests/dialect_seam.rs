@@ -51,6 +51,20 @@ impl DialectConn for Probe {
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());
             }
+            "start_oov" => {
+                let vocab = cx.model().vocab_size;
+                let req = GenRequest {
+                    prompt_ids: vec![1, vocab],
+                    params: GenParams::defaults(2),
+                    logprobs: None,
+                    raw: false,
+                    reuse_kv: None,
+                };
+                match cx.start(req) {
+                    Ok(_) => Self::say(cx, "started".into()),
+                    Err(e) => Self::say(cx, format!("refused: {}", e.message("max_tokens"))),
+                }
+            }
             "close_window" => {
                 let id = self.gen.expect("running");
                 cx.close_window(id);
@@ -286,5 +300,22 @@ fn blocks_kept_for_a_generation_its_dialect_ends_as_complete_stay_kept() {
     assert!(
         st.kv_blocks_kept > 0,
         "keep_kv's blocks survive a completed ending: {st:?}"
+    );
+}
+
+#[test]
+fn a_prompt_token_past_the_vocabulary_is_refused_before_it_can_fail_a_step() {
+    let mut h = harness();
+    let other = h.open(1, Dialect::Cai);
+    h.send_raw(other, "start");
+    let c = h.open(2, Dialect::Cai);
+    h.send_raw(c, "start_oov");
+    let s = said(&h, c);
+    assert_eq!(s.len(), 1);
+    assert!(s[0].starts_with("refused: the prompt holds token"), "{s:?}");
+    h.run(50);
+    assert!(
+        said(&h, other).contains(&"last:length".to_string()),
+        "the other generation's steps never saw it"
     );
 }

@@ -1001,3 +1001,28 @@ fn a_request_held_while_the_model_loads_keeps_its_connection_from_idling_out() {
     );
     assert_eq!(host.stats().connections, 1);
 }
+
+#[test]
+fn feedback_is_rate_limited_per_connection_and_nothing_more_is_handed_out() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Generate);
+    h.send(c, config("Hi", json!({"max_tokens": 2})));
+    h.run(10);
+    let fb = json!({"type": "feedback", "rating": 1, "text": "good"});
+    for _ in 0..30 {
+        h.send(c, fb.clone());
+        assert_eq!(last(&h, c)["operation"], "feedback_received");
+    }
+    h.send(c, fb.clone());
+    let e = last(&h, c);
+    assert_eq!(e["error"], "rate_limited", "{e}");
+    let handed = h
+        .others
+        .iter()
+        .filter(|o| matches!(o, Output::Feedback(_)))
+        .count();
+    assert_eq!(handed, 30, "the 31st reaches no log");
+    h.advance(Duration::from_secs(2));
+    h.send(c, fb);
+    assert_eq!(last(&h, c)["operation"], "feedback_received", "refilled");
+}

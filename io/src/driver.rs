@@ -196,7 +196,8 @@ impl TextWorkers {
                 Ok(done) => done,
                 // The tokenizer panicked: the request gets an error, not silence.
                 Err(e) => {
-                    tracing::error!(job = id.0, error = %e, "a text job failed");
+                    // Never the error's text: a panic message may quote input.
+                    tracing::error!(job = id.0, panicked = e.is_panic(), "a text job failed");
                     TextDone {
                         id,
                         result: Err("the tokenizer failed on this input".into()),

@@ -12,9 +12,12 @@ use tokenwire_core::FeedbackRecord;
 /// Appends feedback records to a file without blocking the caller.
 #[derive(Debug)]
 pub(crate) struct FeedbackLog {
-    lines: Option<mpsc::Sender<String>>,
+    lines: Option<mpsc::SyncSender<String>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
+
+/// Records waiting for the writer at most.
+const QUEUED_RECORDS: usize = 1024;
 
 impl FeedbackLog {
     /// Opens (creating if needed) `path` for appending and starts the writer thread.
@@ -24,7 +27,9 @@ impl FeedbackLog {
             .append(true)
             .open(path)
             .map_err(|e| anyhow::anyhow!("cannot open --feedback-log {}: {e}", path.display()))?;
-        let (tx, rx) = mpsc::channel::<String>();
+        // Bounded: a disk slower than clients' feedback drops records
+        // (counted in the log) instead of growing memory.
+        let (tx, rx) = mpsc::sync_channel::<String>(QUEUED_RECORDS);
         let shown: PathBuf = path.to_path_buf();
         let writer = std::thread::Builder::new()
             .name("tokenwire-feedback".into())
@@ -42,10 +47,15 @@ impl FeedbackLog {
         })
     }
 
-    /// Queues one record for appending.
+    /// Queues one record for appending; drops it when the writer is
+    /// [`QUEUED_RECORDS`] behind.
     pub(crate) fn append(&self, rec: &FeedbackRecord) {
         if let Some(lines) = &self.lines {
-            let _ = lines.send(format_record(rec));
+            if let Err(mpsc::TrySendError::Full(_)) = lines.try_send(format_record(rec)) {
+                tracing::warn!(
+                    "the feedback log is {QUEUED_RECORDS} records behind; one was dropped"
+                );
+            }
         }
     }
 }

@@ -56,6 +56,7 @@ pub mod jobs;
 pub mod keys;
 mod load_progress;
 pub mod metrics;
+pub mod panic_hook;
 mod server;
 pub mod shutdown;
 pub mod tenancy;

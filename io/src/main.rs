@@ -45,6 +45,10 @@ fn hash_key() -> ExitCode {
 
 fn serve(config: ServerConfig, env: &EnvMap) -> ExitCode {
     init_logging(config.log_format, env);
+    tokenwire_io::panic_hook::install(|line| {
+        tracing::error!("{line}");
+        eprintln!("tokenwire: {line}");
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -13,6 +13,9 @@ use crate::model_dir::ModelDir;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Most minijinja instructions one rendering may take.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
 /// A compiled chat template plus the special-token strings it may reference.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -39,6 +42,11 @@ impl ChatTemplate {
     /// Compiles `source`; the error is the template engine's message.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, String> {
         let mut env = Environment::new();
+        // A template comes from a model file: one that loops without end
+        // (or for ever longer over many messages) must stop with an error
+        // instead of holding a text worker. Real templates use a few
+        // thousand instructions for a long conversation.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         // HF renders with trim_blocks and lstrip_blocks; templates are written for that.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);

@@ -67,6 +67,14 @@ pub enum StartError {
         /// The share.
         limit: u32,
     },
+    /// A prompt token the model has no embedding for (a tokenizer whose
+    /// added tokens go past the model's vocabulary).
+    TokenOutOfVocab {
+        /// The token.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab: u32,
+    },
     /// The server is shutting down.
     ShuttingDown,
     /// The model is not loaded.
@@ -97,6 +105,9 @@ impl StartError {
             StartError::QueueFull => "the request queue is full; retry later".into(),
             StartError::ConnQueueFull { limit } => format!(
                 "this connection already has {limit} requests waiting, the most one connection may; retry once one has started"
+            ),
+            StartError::TokenOutOfVocab { token, vocab } => format!(
+                "the prompt holds token {token}, which this model's vocabulary ({vocab} tokens) does not have; it comes from the tokenizer's added tokens, so remove the text that makes it"
             ),
             StartError::ShuttingDown => {
                 "the server is shutting down; retry on another server".into()

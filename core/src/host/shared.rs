@@ -209,6 +209,12 @@ impl Shared {
         let context_len = model.info.context_len;
         let eos_ids = model.info.eos_ids.clone();
         let prompt_tokens = req.prompt_ids.len() as u32;
+        // The engine could not compute it, and would fail the whole step
+        // (every other sequence in it) trying.
+        let vocab = model.info.vocab_size;
+        if let Some(&token) = req.prompt_ids.iter().find(|&&t| t >= vocab) {
+            return Err(StartError::TokenOutOfVocab { token, vocab });
+        }
         if prompt_tokens as u64 + req.params.max_tokens as u64 > context_len as u64 {
             return Err(StartError::ContextLength {
                 prompt_tokens,

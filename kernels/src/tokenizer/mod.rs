@@ -5,6 +5,7 @@
 //! crate's decoder chain for any other.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
 use tokenwire_core::{ChatMessage, TextCodec, TokenId};
@@ -25,6 +26,11 @@ pub struct HfCodec {
     max_token_bytes: Option<usize>,
     /// Set when the decoder is one `decode_table` reproduces exactly.
     table: Option<DecodeTable>,
+    /// The text of every special added token (`<|im_start|>`, `<s>`, ...).
+    specials: Vec<String>,
+    /// The tokenizer with special-token text encoded as plain text, for
+    /// message contents that contain some; made the first time one does.
+    plain: OnceLock<Tokenizer>,
 }
 
 impl std::fmt::Debug for HfCodec {
@@ -57,11 +63,20 @@ impl HfCodec {
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> HfCodec {
         let max_token_bytes = max_token_bytes(&tokenizer);
         let table = DecodeTable::build(&tokenizer);
+        let mut specials: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        specials.sort_unstable();
         HfCodec {
             tokenizer,
             template,
             max_token_bytes,
             table,
+            specials,
+            plain: OnceLock::new(),
         }
     }
 
@@ -130,7 +145,86 @@ impl TextCodec for HfCodec {
             .template
             .as_ref()
             .is_some_and(|t| !t.bos_token().is_empty() && text.starts_with(t.bos_token()));
-        self.encode(&text, !template_wrote_bos)
+        let typed_control_text = messages
+            .iter()
+            .any(|m| self.specials.iter().any(|s| m.content.contains(s.as_str())));
+        if !typed_control_text {
+            // The common case: the whole text at once, as it always was.
+            return self.encode(&text, !template_wrote_bos);
+        }
+        self.encode_chat_guarded(messages, &text, !template_wrote_bos)
+    }
+}
+
+impl HfCodec {
+    /// A conversation some of whose contents contain special-token text
+    /// (`<|im_end|>` typed by a client): the template's markup is tokenized
+    /// with special tokens, the contents as plain text, so nobody writes a
+    /// turn or a role they were not given (PROTOCOLS.md). The template is
+    /// rendered once more with a placeholder for each content, to see which
+    /// parts are markup; a template that changes contents (`| trim`) with
+    /// such text in them is refused rather than guessed at.
+    fn encode_chat_guarded(
+        &self,
+        messages: &[ChatMessage],
+        rendered: &str,
+        add_special: bool,
+    ) -> Result<Vec<TokenId>, String> {
+        let refused = || {
+            "a message contains the model's control text (such as a turn marker), and this \
+             model's chat template rewrites message contents, so it cannot be kept as plain \
+             text; remove it from the message"
+                .to_string()
+        };
+        let marker = |i: usize| format!("\u{E000}{i}\u{E001}");
+        if messages.iter().any(|m| m.content.contains('\u{E000}')) {
+            return Err(refused());
+        }
+        let placeheld: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage {
+                role: m.role,
+                content: marker(i),
+            })
+            .collect();
+        let skeleton = self.render_chat(&placeheld)?;
+        // Markup and contents in order, from the skeleton's markers.
+        let mut pieces: Vec<(bool, &str)> = Vec::new();
+        let mut rest = skeleton.as_str();
+        while let Some(start) = rest.find('\u{E000}') {
+            let after = &rest[start + '\u{E000}'.len_utf8()..];
+            let end = after.find('\u{E001}').ok_or_else(refused)?;
+            let index: usize = after[..end].parse().map_err(|_| refused())?;
+            let content = messages.get(index).ok_or_else(refused)?;
+            pieces.push((false, &rest[..start]));
+            pieces.push((true, content.content.as_str()));
+            rest = &after[end + '\u{E001}'.len_utf8()..];
+        }
+        pieces.push((false, rest));
+        let rebuilt: String = pieces.iter().map(|(_, p)| *p).collect();
+        if rebuilt != rendered {
+            return Err(refused());
+        }
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.tokenizer.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let mut ids = Vec::new();
+        let mut first = true;
+        for (is_content, piece) in pieces {
+            if piece.is_empty() {
+                continue;
+            }
+            let tokenizer = if is_content { plain } else { &self.tokenizer };
+            let enc = tokenizer
+                .encode(piece, add_special && first)
+                .map_err(|e| format!("tokenizer: {e}"))?;
+            ids.extend_from_slice(enc.get_ids());
+            first = false;
+        }
+        Ok(ids)
     }
 }
 

@@ -149,6 +149,7 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => ErrorCode::ContextTooLong,
         StartError::QueueFull | StartError::ConnQueueFull { .. } => ErrorCode::RateLimited,
+        StartError::TokenOutOfVocab { .. } => ErrorCode::InvalidPayload,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
     (code, e.message("maxTokens"))

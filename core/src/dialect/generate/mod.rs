@@ -19,6 +19,7 @@ use crate::api::FeedbackRecord;
 use crate::engine::{SeqId, TokenLogprobs};
 use crate::gen::{FinishReason, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
+use crate::rate::TokenBucket;
 use crate::text::{Encoded, TextJobId};
 use crate::time::{millis_f64, Duration, Instant};
 
@@ -61,7 +62,14 @@ pub struct GenerateConn {
     pending: Option<Pending>,
     running: Option<Running>,
     last_request_id: Option<String>,
+    /// Feedback this connection may still send ([`FEEDBACK_PER_MINUTE`]):
+    /// it is the one client text that may reach a file.
+    feedback_budget: Option<TokenBucket>,
 }
+
+/// Feedback messages one connection may send per minute; more get
+/// `rate_limited` and nothing is written.
+pub const FEEDBACK_PER_MINUTE: u64 = 30;
 
 fn send(cx: &mut Cx<'_>, msg: ServerMessage) {
     if let ServerMessage::Error(e) = &msg {
@@ -326,6 +334,20 @@ impl GenerateConn {
     }
 
     fn on_feedback(&mut self, cx: &mut Cx<'_>, msg: codec::Feedback) {
+        let now = cx.now;
+        let budget = self
+            .feedback_budget
+            .get_or_insert_with(|| TokenBucket::new(FEEDBACK_PER_MINUTE, now));
+        if budget.check(now, 1).is_err() {
+            let e = error(
+                ErrorCode::RateLimited,
+                format!("at most {FEEDBACK_PER_MINUTE} feedback messages a minute per connection"),
+                RecoveryAction::Retry,
+                None,
+            );
+            return send(cx, ServerMessage::Error(e));
+        }
+        budget.charge(now, 1);
         let rid = self
             .running
             .as_ref()
@@ -484,6 +506,7 @@ fn start_error(cx: &mut Cx<'_>, e: StartError) {
         }
         StartError::QueueFull => (ErrorCode::MemoryPressure, RecoveryAction::Retry),
         StartError::ConnQueueFull { .. } => (ErrorCode::RateLimited, RecoveryAction::Retry),
+        StartError::TokenOutOfVocab { .. } => (ErrorCode::InvalidRequest, RecoveryAction::None),
         StartError::ShuttingDown => (ErrorCode::InternalError, RecoveryAction::Retry),
         StartError::NotLoaded => (ErrorCode::ModelLoadingError, RecoveryAction::Retry),
     };

@@ -162,6 +162,7 @@ fn start_error(e: &StartError) -> (u16, &'static str, String) {
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => (400, "context_length_exceeded"),
         StartError::QueueFull | StartError::ConnQueueFull { .. } => (429, "rate_limit_exceeded"),
+        StartError::TokenOutOfVocab { .. } => (400, "invalid_request"),
         StartError::ShuttingDown | StartError::NotLoaded => (503, "server_error"),
     };
     (status, code, e.message("max_output_tokens"))

@@ -129,6 +129,7 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => ErrorCode::ContextLengthExceeded,
         StartError::QueueFull | StartError::ConnQueueFull { .. } => ErrorCode::RateLimited,
+        StartError::TokenOutOfVocab { .. } => ErrorCode::InvalidRequest,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
     (code, e.message("max_tokens"))
