@@ -551,7 +551,8 @@ fn wgpu_big_model_paths_on_small_models() {
     let small = WgpuOptions {
         max_binding: Some(4096),
         max_rows_per_pass: 12,
-        split_len: 8,
+        decode_workgroups: Some(u32::MAX),
+        decode_min_split: 8,
         tiled_matmul: Some(true),
         mat_vec_max_rows: 8,
         subgroups: false,
@@ -579,7 +580,8 @@ fn wgpu_big_model_paths_on_small_models() {
     // columns (the first steps feed up to 9 x 40 rows).
     let decode_only = WgpuOptions {
         prefill_min_rows: usize::MAX,
-        split_len: 16,
+        decode_workgroups: Some(u32::MAX),
+        decode_min_split: 16,
         split_k: Some(true),
         tiled_matmul: Some(false),
         ..WgpuOptions::default()

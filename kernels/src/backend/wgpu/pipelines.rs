@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use tokenwire_gguf::GgmlType;
 
+use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
 
 /// How one weight tensor is stored on the device.
@@ -237,8 +238,6 @@ pub(crate) fn cpu_sample_wg(vocab: u32) -> u32 {
 
 /// Output tile of the tiled matmul.
 const MAT_MUL_TILE: u32 = 64;
-/// Positions per tile of the decode attention kernel.
-pub(crate) const DECODE_TILE: u32 = 64;
 
 /// Bind group layouts: one per binding shape, shared by the kernels that
 /// have it (mat-vec and matmul of every dtype share `mat`).
@@ -318,60 +317,6 @@ impl Layouts {
             silu: storage_layout(gpu, "silu_mul", &[(0, R), (1, W)]),
             sample: storage_layout(gpu, "sample", &[(0, W), (1, R), (2, W)]),
         }
-    }
-}
-
-/// Shape constants the attention kernels are specialised for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct AttnShape {
-    /// Head width.
-    pub(crate) head_dim: u32,
-    /// Query heads per KV head.
-    pub(crate) group: u32,
-}
-
-impl AttnShape {
-    /// Query heads per decode workgroup: the largest divisor of the group
-    /// with at most 8 heads and 512 accumulator values.
-    pub(crate) fn heads_per_wg(&self) -> u32 {
-        (1..=self.group.min(8))
-            .rev()
-            .find(|&h| self.group.is_multiple_of(h) && h * self.head_dim <= 512)
-            .unwrap_or(1)
-    }
-
-    /// Rows per prefill query tile (= positions per key tile): the largest
-    /// power of two up to 32 with at most 1024 values per tile.
-    pub(crate) fn prefill_rows(&self) -> u32 {
-        let mut br = 32;
-        while br > 1 && br * self.head_dim > 1024 {
-            br /= 2;
-        }
-        br
-    }
-
-    fn decode_consts(&self) -> String {
-        let hg = self.heads_per_wg();
-        let qs = hg * self.head_dim;
-        format!(
-            "const HEAD_DIM: u32 = {}u;\nconst HG: u32 = {hg}u;\nconst QS_LEN: u32 = {qs}u;\n\
-             const SC_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
-            self.head_dim,
-            hg * DECODE_TILE,
-            qs.div_ceil(64)
-        )
-    }
-
-    fn prefill_consts(&self) -> String {
-        let br = self.prefill_rows();
-        let q = br * self.head_dim;
-        format!(
-            "const HEAD_DIM: u32 = {}u;\nconst BR: u32 = {br}u;\nconst Q_LEN: u32 = {q}u;\n\
-             const S_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
-            self.head_dim,
-            br * br,
-            q.div_ceil(64)
-        )
     }
 }
 
@@ -599,7 +544,11 @@ impl Pipelines {
         let attn_merge = compile(
             gpu,
             "attn_merge",
-            include_str!("shaders/attn_merge.wgsl").into(),
+            format!(
+                "{}{}",
+                merge_consts(),
+                include_str!("shaders/attn_merge.wgsl")
+            ),
             &layouts.merge,
             p,
         );
