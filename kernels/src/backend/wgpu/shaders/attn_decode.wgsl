@@ -16,7 +16,9 @@
 //    sum of every head privately and no invocation waits on a serial loop;
 // 3. P V: invocations in NSLOT slots of LPS lanes; a slot's lanes read one
 //    V row as consecutive vectors (CPL each) and each slot takes every
-//    NSLOT-th position of the tile, holding HG accumulators per vector.
+//    NSLOT-th position of the tile, holding HG accumulators per vector;
+//    the rows' places in the cache come from step 1 through workgroup
+//    memory, and UNROLL rows are loaded before any is used.
 // The slots' accumulators are added (in slot order) once, at the end.
 // Scores are double-buffered across tiles, so a tile needs three barriers.
 //
@@ -60,11 +62,14 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 64u;
+const UNROLL: u32 = 4u;
 const NEG: f32 = -1.0e30;
 
 var<workgroup> qs: array<VT, HG * NC>;
-// Scores, then their exponentials; two tiles' worth (double-buffered).
+// Scores, then their exponentials, and each position's cache row (the
+// same for K and V); two tiles' worth (double-buffered).
 var<workgroup> sc: array<f32, 2u * HG * TILE>;
+var<workgroup> rows: array<u32, 2u * TILE>;
 var<workgroup> red_max: array<f32, HG * R>;
 var<workgroup> red_sum: array<f32, HG * R>;
 // The accumulators of slots 1.. for slot 0 to add.
@@ -121,10 +126,12 @@ fn main(
     var buf = 0u;
     for (var t0 = j0; t0 < j1; t0 += TILE) {
         let n = min(TILE, j1 - t0);
-        let sb = buf * HG * TILE;
+        let rb = buf * TILE;
+        let sb = rb * HG;
         buf ^= 1u;
         if (lid < n) {
             let kb = cache_row(rt, t0 + lid, g);
+            rows[rb + lid] = kb;
             var s: array<f32, HG>;
             for (var c = 0u; c < NC; c++) {
                 let k = kc[kb + c];
@@ -180,14 +187,28 @@ fn main(
             }
         }
         if (slot < NSLOT) {
-            for (var jj = slot; jj < n; jj += NSLOT) {
-                let vb = cache_row(rt, t0 + jj, g);
-                for (var ci = 0u; ci < CPL; ci++) {
-                    let c = lane + ci * LPS;
-                    if (c < NC) {
-                        let v = vc[vb + c];
-                        for (var h = 0u; h < HG; h++) {
-                            acc[h * CPL + ci] += sc[sb + h * TILE + jj] * v;
+            // UNROLL positions at a time, their V loads issued together
+            // before any is used, so a lane has that many in flight.
+            for (var j = slot; j < n; j += UNROLL * NSLOT) {
+                var v: array<VT, UNROLL * CPL>;
+                for (var u = 0u; u < UNROLL; u++) {
+                    let jj = j + u * NSLOT;
+                    if (jj < n) {
+                        for (var ci = 0u; ci < CPL; ci++) {
+                            let c = lane + ci * LPS;
+                            if (c < NC) {
+                                v[u * CPL + ci] = vc[rows[rb + jj] + c];
+                            }
+                        }
+                    }
+                }
+                for (var u = 0u; u < UNROLL; u++) {
+                    let jj = j + u * NSLOT;
+                    if (jj < n) {
+                        for (var ci = 0u; ci < CPL; ci++) {
+                            for (var h = 0u; h < HG; h++) {
+                                acc[h * CPL + ci] += sc[sb + h * TILE + jj] * v[u * CPL + ci];
+                            }
                         }
                     }
                 }
