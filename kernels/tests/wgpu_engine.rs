@@ -658,16 +658,34 @@ fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> S
 #[test]
 fn wgpu_fused_kernels_match_the_separate_ones() {
     // SiLU-times-up fused into the gate|up mat-vec, and the RMSNorms into
-    // the q|k|v and gate|up mat-vecs, each on and off.
+    // the q|k|v and gate|up mat-vecs, each on and off; with a hidden size
+    // that 8 divides (the 8-wide loads) and one it does not (single values).
+    fused_against_separate(&LLAMA);
+    fused_against_separate(&Shape {
+        hidden: 36,
+        ..LLAMA
+    });
+}
+
+fn fused_against_separate(shape: &Shape) {
     use tokenwire_kernels::backend::wgpu::ProfileClock;
-    let model = Arc::new(random_model(&LLAMA, 12));
-    let combos = [(true, true), (true, false), (false, true), (false, false)];
+    let model = Arc::new(random_model(shape, 12));
+    // (fuse_glu, fuse_norm, subgroups): the last sums the fused norm's
+    // squares through workgroup memory alone.
+    let combos = [
+        (true, true, true),
+        (true, false, true),
+        (false, true, true),
+        (false, false, true),
+        (true, true, false),
+    ];
     let mut backends = Vec::new();
-    for (fuse_glu, fuse_norm) in combos {
+    for (fuse_glu, fuse_norm, subgroups) in combos {
         // Split-row mat-vec (the GPU default), where the norm fuses.
         let opts = WgpuOptions {
             fuse_glu,
             fuse_norm,
+            subgroups,
             split_k: Some(true),
             ..WgpuOptions::default()
         };
@@ -694,7 +712,7 @@ fn wgpu_fused_kernels_match_the_separate_ones() {
             assert!(e < 1e-12, "at {pos}: {combo:?} vs all fused: nmse {e:e}");
         }
     }
-    for (b, (fuse_glu, fuse_norm)) in backends.iter_mut().zip(combos) {
+    for (b, (fuse_glu, fuse_norm, _)) in backends.iter_mut().zip(combos) {
         let p = b.take_profile().expect("a profile");
         let calls = |name: &str| -> u64 {
             p.kernels
