@@ -95,14 +95,21 @@ fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize
 /// A lab for each mat-vec variant: rows split over invocations (GPUs),
 /// reduced with subgroup shuffles where the adapter has them and through
 /// workgroup memory alone, and one invocation per row (CPU adapters),
-/// whichever this adapter defaults to. None without an adapter (outside
-/// CI).
+/// whichever this adapter defaults to; each with its default weight loads
+/// in flight and with another. None without an adapter (outside CI).
 fn mat_vec_variants() -> Vec<(bool, KernelLab)> {
     let mut labs = Vec::new();
-    for (split_k, subgroups) in [(true, true), (true, false), (false, true)] {
+    let variants = [
+        (true, true, None),
+        (true, false, Some(1)),
+        (false, true, None),
+        (false, true, Some(4)),
+    ];
+    for (split_k, subgroups, unroll) in variants {
         let opts = tokenwire_kernels::WgpuOptions {
             split_k: Some(split_k),
             subgroups,
+            mat_vec_unroll: unroll,
             ..Default::default()
         };
         match lab_with(&opts) {
@@ -141,6 +148,39 @@ fn wgpu_mat_vec_matches_reference() {
                 e < NMSE_LINEAR,
                 "{dtype:?} [{n}x{k}] x {cols} cols: nmse {e:e}"
             );
+        }
+    }
+}
+
+#[test]
+fn wgpu_mat_vec_unroll_keeps_the_bits() {
+    // However many weight loads an invocation issues together, its sums run
+    // in the same order: the same bits, row split or not, SwiGLU or not, for
+    // rows with a partial last round of loads (k / 8 not a multiple of 4).
+    let mut rng = Rng::new(77);
+    let (n, k, cols) = (37, 8 * 45, 3);
+    let w = round(WeightDtype::Bf16, &uniform(&mut rng, 2 * n * k, 1.0));
+    let x = uniform(&mut rng, cols * k, 1.0);
+    for split_k in [true, false] {
+        let mut outs = Vec::new();
+        for unroll in [1, 2, 4] {
+            let opts = tokenwire_kernels::WgpuOptions {
+                split_k: Some(split_k),
+                mat_vec_unroll: Some(unroll),
+                ..Default::default()
+            };
+            let Some(mut lab) = lab_with(&opts) else {
+                return;
+            };
+            let y = lab
+                .linear(&x, cols, &w, k, None, WeightDtype::Bf16, false, None)
+                .expect("linear");
+            let a = lab.glu(&x, cols, &w, k, WeightDtype::Bf16).expect("glu");
+            outs.push((unroll, y, a));
+        }
+        for (unroll, y, a) in &outs[1..] {
+            assert_eq!(y, &outs[0].1, "split_k={split_k}, unroll {unroll}");
+            assert_eq!(a, &outs[0].2, "split_k={split_k}, unroll {unroll} (SwiGLU)");
         }
     }
 }

@@ -97,7 +97,8 @@ impl KernelLab {
     pub fn new(opts: &WgpuOptions) -> Result<KernelLab, String> {
         let gpu = Gpu::new(opts)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
-        let pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
+        let (split_k, unroll) = opts.mat_vec(cpu_adapter);
+        let pipes = Pipelines::new(&gpu, split_k, unroll);
         Ok(KernelLab {
             gpu,
             pipes,

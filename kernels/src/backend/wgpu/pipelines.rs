@@ -178,6 +178,10 @@ fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
         (true, true) => MAT_VEC_COLS / 2,
     }
 }
+/// Mat-vec variants of up to this many columns issue several weight loads
+/// together ([`Pipelines::new`]'s `unroll`); wider ones have a column's
+/// worth of arithmetic per load to hide its latency, and registers to save.
+const MAT_VEC_UNROLL_COLS: u32 = 8;
 /// Columns the split-K mat-vec reduces per round through workgroup memory.
 const MAT_VEC_REDUCE_COLS: u32 = 8;
 /// Invocations per output row of the mat-vec kernel for rows of `k` values
@@ -464,6 +468,9 @@ pub(crate) struct Pipelines {
     pub(crate) split_k: bool,
     /// The device has subgroup operations enabled.
     gpu_subgroups: bool,
+    /// Weight loads a mat-vec invocation issues together, in variants of up
+    /// to [`MAT_VEC_UNROLL_COLS`] columns.
+    unroll: u32,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope: ::wgpu::ComputePipeline,
@@ -509,8 +516,9 @@ impl Pipelines {
     /// Compiles the dtype-independent kernels; weight kernels, attention
     /// shapes and sampling workgroup sizes are added with
     /// [`Pipelines::ensure_weights`], [`Pipelines::ensure_attn`] and
-    /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`].
-    pub(crate) fn new(gpu: &Gpu, split_k: bool) -> Pipelines {
+    /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`];
+    /// `unroll`: mat-vec's weight loads in flight (1, 2 or 4).
+    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: u32) -> Pipelines {
         let layouts = Layouts::new(gpu);
         let p = &layouts.params;
         let rms_norm = compile(
@@ -556,6 +564,7 @@ impl Pipelines {
             layouts,
             split_k,
             gpu_subgroups: gpu.subgroups,
+            unroll: unroll.clamp(1, 4).next_power_of_two(),
             weight: HashMap::new(),
             rms_norm,
             rope,
@@ -613,8 +622,14 @@ impl Pipelines {
             let consts = match kind {
                 WeightKernel::MatVec(cols, norm) | WeightKernel::Glu(cols, norm) => {
                     let rc = cols.min(MAT_VEC_REDUCE_COLS);
+                    let unroll = if cols <= MAT_VEC_UNROLL_COLS {
+                        self.unroll
+                    } else {
+                        1
+                    };
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
+                         const UNROLL: u32 = {unroll}u;\n\
                          const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n\
                          const GLU: bool = {};\nconst NORM: bool = {norm};\n{}",
                         256 * rc,

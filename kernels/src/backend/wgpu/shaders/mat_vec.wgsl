@@ -11,7 +11,10 @@
 // each invocation reads 8 consecutive weights per step with `w_load8` (one
 // 16-byte load of packed f16/bf16, two of f32, or one block's bytes and its
 // scale) and each column's 8 x values as two vec4 loads; other k take one
-// value at a time.
+// value at a time. The host prepends `const UNROLL: u32`: the 8-wide steps
+// whose weight loads an invocation issues together (at batch 1 a GPU is
+// bound by the loads in flight, and a row's few steps each wait a memory
+// latency otherwise).
 //
 // A workgroup of 256 invocations computes 256 / tpr rows, tpr invocations
 // per row striding over k (adjacent invocations read adjacent weights); the
@@ -198,23 +201,41 @@ fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
     let base = row * p.k;
     let ubase = (row + p.up_row) * p.k;
     if (p.k % 8u == 0u) {
-        for (var kk = 8u * first; kk < p.k; kk += 8u * stride) {
-            var wv = w_load8(base + kk);
-            var wu: W8;
-            if (GLU) {
-                wu = w_load8(ubase + kk);
+        let step = 8u * stride;
+        for (var k0 = 8u * first; k0 < p.k; k0 += UNROLL * step) {
+            // UNROLL steps' weights loaded before any is used, so that many
+            // loads are in flight per invocation; the sums still run in
+            // step order (the same bits for any UNROLL).
+            var wvs: array<W8, UNROLL>;
+            var wus: array<W8, UNROLL>;
+            for (var u = 0u; u < UNROLL; u++) {
+                let kk = k0 + u * step;
+                if (kk < p.k) {
+                    wvs[u] = w_load8(base + kk);
+                    if (GLU) {
+                        wus[u] = w_load8(ubase + kk);
+                    }
+                }
             }
-            if (NORM) {
-                // One load of g for the gate and up rows and every column.
-                let g = norm8(kk);
-                wv = scaled8(wv, g);
-                wu = scaled8(wu, g);
-            }
-            for (var c = 0u; c < COLS; c++) {
-                let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
-                s.g[c] += dot8(wv, xv);
-                if (GLU) {
-                    s.u[c] += dot8(wu, xv);
+            for (var u = 0u; u < UNROLL; u++) {
+                let kk = k0 + u * step;
+                if (kk < p.k) {
+                    var wv = wvs[u];
+                    var wu = wus[u];
+                    if (NORM) {
+                        // One load of g for the gate and up rows and every
+                        // column.
+                        let g = norm8(kk);
+                        wv = scaled8(wv, g);
+                        wu = scaled8(wu, g);
+                    }
+                    for (var c = 0u; c < COLS; c++) {
+                        let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
+                        s.g[c] += dot8(wv, xv);
+                        if (GLU) {
+                            s.u[c] += dot8(wu, xv);
+                        }
+                    }
                 }
             }
         }
