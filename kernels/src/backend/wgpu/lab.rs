@@ -97,8 +97,8 @@ impl KernelLab {
     pub fn new(opts: &WgpuOptions) -> Result<KernelLab, String> {
         let gpu = Gpu::new(opts)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
-        let (split_k, unroll) = opts.mat_vec(cpu_adapter);
-        let pipes = Pipelines::new(&gpu, split_k, unroll);
+        let split_k = opts.split_k.unwrap_or(!cpu_adapter);
+        let pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll);
         Ok(KernelLab {
             gpu,
             pipes,

@@ -175,8 +175,9 @@ pub struct WgpuOptions {
     /// The 8-weight steps whose loads a mat-vec invocation issues together
     /// (1, 2 or 4), in variants of up to 8 columns; the sums are the same
     /// bits for any. `None`: 4 with rows split over invocations (GPUs, where
-    /// a batch-1 product is bound by the loads in flight), 1 with one
-    /// invocation per row.
+    /// a batch-1 product is bound by the loads in flight); with one
+    /// invocation per row, what measured best on lavapipe (2 for one
+    /// column, 1 for more).
     pub mat_vec_unroll: Option<u32>,
     /// Reduce split-row mat-vec partials with subgroup shuffles where the
     /// adapter has subgroup operations (`true`, the default), else through
@@ -197,14 +198,6 @@ pub struct WgpuOptions {
 }
 
 impl WgpuOptions {
-    /// Whether mat-vec rows are split over invocations on an adapter of
-    /// this kind, and the mat-vec unroll that goes with it.
-    pub(crate) fn mat_vec(&self, cpu_adapter: bool) -> (bool, u32) {
-        let split_k = self.split_k.unwrap_or(!cpu_adapter);
-        let unroll = self.mat_vec_unroll.unwrap_or(if split_k { 4 } else { 1 });
-        (split_k, unroll)
-    }
-
     /// The sampling kernel's workgroup size for `vocab` on an adapter of this kind.
     pub(crate) fn sample_wg(&self, cpu_adapter: bool, vocab: u32) -> u32 {
         let wg = self
@@ -566,8 +559,8 @@ impl WgpuBackend {
         let weights =
             ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
-        let (split_k, unroll) = opts.mat_vec(cpu_adapter);
-        let mut pipes = Pipelines::new(&gpu, split_k, unroll);
+        let split_k = opts.split_k.unwrap_or(!cpu_adapter);
+        let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll);
         let sample_wg = opts.sample_wg(cpu_adapter, c.vocab_size as u32);
         pipes.ensure_sample(&gpu, sample_wg);
         for d in weights.dtypes() {

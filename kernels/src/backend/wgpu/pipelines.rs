@@ -179,9 +179,30 @@ fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
     }
 }
 /// Mat-vec variants of up to this many columns issue several weight loads
-/// together ([`Pipelines::new`]'s `unroll`); wider ones have a column's
-/// worth of arithmetic per load to hide its latency, and registers to save.
+/// together ([`mat_vec_unroll`]); wider ones have a column's worth of
+/// arithmetic per load to hide its latency, and registers to save.
 const MAT_VEC_UNROLL_COLS: u32 = 8;
+
+/// The 8-wide steps whose weight loads a mat-vec variant of `cols` columns
+/// issues together: `chosen` (1, 2 or 4) up to [`MAT_VEC_UNROLL_COLS`]
+/// columns, else 1. Unchosen: 4 with rows split over invocations (GPUs);
+/// with one invocation per row (CPU adapters) 2 for one column and 1 for
+/// more, as measured on lavapipe: there wider unrolls slow the
+/// many-column variants (2-layer TinyLlama at batch 8: 570 ms a step at 1,
+/// 680 at 2, 790 at 4), while the one-column variant at 1 hits a slow
+/// llvmpipe case on stories260K's shape (35 ms a step against 0.9 at 2; the
+/// loop before unrolling had it in the SwiGLU variant, 7.7 ms).
+fn mat_vec_unroll(split_k: bool, cols: u32, chosen: Option<u32>) -> u32 {
+    if cols > MAT_VEC_UNROLL_COLS {
+        return 1;
+    }
+    match chosen {
+        Some(u) => u.clamp(1, 4).next_power_of_two(),
+        None if split_k => 4,
+        None if cols == 1 => 2,
+        None => 1,
+    }
+}
 /// Columns the split-K mat-vec reduces per round through workgroup memory.
 const MAT_VEC_REDUCE_COLS: u32 = 8;
 /// Invocations per output row of the mat-vec kernel for rows of `k` values
@@ -468,9 +489,9 @@ pub(crate) struct Pipelines {
     pub(crate) split_k: bool,
     /// The device has subgroup operations enabled.
     gpu_subgroups: bool,
-    /// Weight loads a mat-vec invocation issues together, in variants of up
-    /// to [`MAT_VEC_UNROLL_COLS`] columns.
-    unroll: u32,
+    /// Weight loads a mat-vec invocation issues together, where chosen
+    /// ([`mat_vec_unroll`]).
+    unroll: Option<u32>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope: ::wgpu::ComputePipeline,
@@ -517,8 +538,9 @@ impl Pipelines {
     /// shapes and sampling workgroup sizes are added with
     /// [`Pipelines::ensure_weights`], [`Pipelines::ensure_attn`] and
     /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`];
-    /// `unroll`: mat-vec's weight loads in flight (1, 2 or 4).
-    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: u32) -> Pipelines {
+    /// `unroll`: mat-vec's weight loads in flight, where chosen
+    /// ([`mat_vec_unroll`]).
+    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: Option<u32>) -> Pipelines {
         let layouts = Layouts::new(gpu);
         let p = &layouts.params;
         let rms_norm = compile(
@@ -564,7 +586,7 @@ impl Pipelines {
             layouts,
             split_k,
             gpu_subgroups: gpu.subgroups,
-            unroll: unroll.clamp(1, 4).next_power_of_two(),
+            unroll,
             weight: HashMap::new(),
             rms_norm,
             rope,
@@ -622,11 +644,7 @@ impl Pipelines {
             let consts = match kind {
                 WeightKernel::MatVec(cols, norm) | WeightKernel::Glu(cols, norm) => {
                     let rc = cols.min(MAT_VEC_REDUCE_COLS);
-                    let unroll = if cols <= MAT_VEC_UNROLL_COLS {
-                        self.unroll
-                    } else {
-                        1
-                    };
+                    let unroll = mat_vec_unroll(self.split_k, cols, self.unroll);
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
                          const UNROLL: u32 = {unroll}u;\n\
@@ -787,6 +805,18 @@ impl ParamArena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mat_vec_unroll_follows_the_kernel_and_the_columns() {
+        assert_eq!(mat_vec_unroll(true, 1, None), 4);
+        assert_eq!(mat_vec_unroll(true, 8, None), 4);
+        assert_eq!(mat_vec_unroll(true, 16, None), 1);
+        assert_eq!(mat_vec_unroll(false, 1, None), 2);
+        assert_eq!(mat_vec_unroll(false, 2, None), 1);
+        assert_eq!(mat_vec_unroll(false, 8, Some(3)), 4);
+        assert_eq!(mat_vec_unroll(true, 4, Some(0)), 1);
+        assert_eq!(mat_vec_unroll(true, 64, Some(4)), 1);
+    }
 
     #[test]
     fn sampling_workgroups_stay_under_the_llvmpipe_loop_limit() {
