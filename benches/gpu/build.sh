@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Builds, on this machine, everything benches/gpu/run.sh needs on a GPU
 # machine that has no Rust toolchain and no network:
-#   .gpu/bin/   engine-bench and the wgpu test binaries (release, stripped)
-#   .gl/        the Vulkan loader packages (unpacked there by run.sh)
+#   .gpu/bin/   engine-bench and the wgpu test binaries (release, stripped);
+#               with BASE=<revision>, also that revision's engine-bench as
+#               engine-bench-base, for run.sh's before/after parts
+#   .gl/        the Vulkan loader and the glvnd libraries the NVIDIA driver
+#               loads (with the loader alone it finds no adapter: "Could not
+#               get 'vkCreateInstance'"), as amd64 .debs that run.sh unpacks
 # Both folders are git-ignored through .git/info/exclude. Then run, on the
 # GPU machine, from the repository root, with .gpu and .gl carried:
-#   bash benches/gpu/run.sh [tests] [bench:SHAPE ...] [anchor]
-# (all three parts when given none; see run.sh for fitting the device's
-# 10-minute limit on one command).
+#   bash benches/gpu/run.sh [tests] [bench:SHAPE ...] [long:SHAPE] ...
+# (see run.sh for the parts and for fitting the device's limit on one
+# command).
+#   BASE=0386f3c bash benches/gpu/build.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exclude=$(git rev-parse --git-path info/exclude)
@@ -16,9 +21,11 @@ for d in /.gpu/ /.gl/; do
     grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"
 done
 rm -rf .gpu && mkdir -p .gpu/bin
+root=$PWD
 # The test binaries find fixtures and models through paths fixed at compile
 # time under this checkout; run.sh links this path to its own copy.
 pwd >.gpu/root
+git rev-parse --short HEAD >.gpu/commit
 cargo build --release -p tokenwire-benches --bin engine-bench
 cp target/release/engine-bench .gpu/bin/
 # The wgpu test binaries, built as `cargo test` would build them.
@@ -31,13 +38,31 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
     cp "$exe" ".gpu/bin/$t"
 done
+if [ -n "${BASE:-}" ]; then
+    # The base revision in a throwaway worktree, built into this target
+    # folder (the dependencies are shared; its own crates get their own
+    # hashes), so the GPU call can compare before and after on one card.
+    wt=$(mktemp -d)/base
+    git worktree add --detach "$wt" "$BASE" >/dev/null
+    (cd "$wt" && CARGO_TARGET_DIR="$root/target" cargo build --release -p tokenwire-benches --bin engine-bench)
+    cp target/release/engine-bench .gpu/bin/engine-bench-base
+    git -C "$wt" rev-parse --short HEAD >.gpu/base
+    git worktree remove --force "$wt"
+    # Put this tree's engine-bench back in target/ as well.
+    cargo build --release -p tokenwire-benches --bin engine-bench
+fi
 strip .gpu/bin/*
-if [ ! -d .gl ] || [ -z "$(ls .gl/*.deb 2>/dev/null)" ]; then
+debs=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+missing=()
+for p in "${debs[@]}"; do
+    ls .gl/"${p}"_*.deb >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
     mkdir -p .gl /tmp/amd64/partial
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
     # shellcheck disable=SC2086
     apt-get $o update -qq
     # shellcheck disable=SC2086
-    (cd .gl && apt-get $o download libvulkan1)
+    (cd .gl && apt-get $o download "${missing[@]}")
 fi
 du -sh .gpu .gl

@@ -4,19 +4,34 @@
 #   bench:SHAPE     engine-bench on SHAPE (tinyllama-1.1b, llama-3.2-1b) in
 #                   bf16, batch 1, 8 and 32, 128-token prompts, 32 decode
 #                   steps, with the kernel profile
-#   ab:SHAPE        the kernel choices made without a GPU, each against its
-#                   alternative on SHAPE (no profile): batch 32 on the wide
-#                   mat-vec (default) vs the tiled matmul past 8 rows
+#   long:SHAPE      batch 1 at a 1,024-token prompt, 32 decode steps, with
+#                   the profile: decode attention's share of a step at
+#                   1,024-1,056 cached tokens; by the base build as well
+#                   where build.sh made one (BASE=...)
+#   base:SHAPE      this build against the base build, alternating, two
+#                   rounds: batch 1, 8 and 32, 128-token prompts, 32 steps
+#   tune:SHAPE      the switches of the decode attention split and of the
+#                   mat-vec, each against the default: --mat-vec-unroll 1
+#                   and 2, --no-fused-norm (batch 1 and 8, 128-token
+#                   prompts); --decode-workgroups 128 and 2048,
+#                   --decode-min-split 16 and 64 (batch 1, 1,024-token
+#                   prompt)
+#   ab:SHAPE        the earlier kernel choices, each against its alternative
+#                   on SHAPE (no profile): batch 32 on the wide mat-vec
+#                   (default) vs the tiled matmul past 8 rows
 #                   (--mat-vec-rows 8), and batch 1 and 8 with SiLU and the
 #                   norms fused into the mat-vecs and subgroup reductions
 #                   (default) vs each without (--no-fused-glu,
 #                   --no-fused-norm, --no-subgroups)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
-# With no arguments: all of them, which can take longer than the device
-# tool's 10 minutes per command; then split them over two calls, e.g.
-# `run.sh tests bench:tinyllama-1.1b` and `run.sh bench:llama-3.2-1b anchor`.
-# Output goes to stdout and, when $OUT is set, to $OUT/gpu-bench.log.
+# With no arguments: tests, bench on both shapes, and anchor, which can take
+# longer than the device tool's 10 minutes per command; then split them
+# over calls, e.g. `run.sh tests bench:tinyllama-1.1b long:tinyllama-1.1b
+# base:tinyllama-1.1b tune:tinyllama-1.1b` (about 6 minutes on an H200, by
+# estimate) and `run.sh bench:llama-3.2-1b anchor`.
+# Output goes to stdout and, when $OUT is set, to $OUT/gpu-bench.log; a
+# summary table of every engine-bench run of the call comes last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 log=${OUT:-/tmp}/gpu-bench.log
@@ -34,48 +49,103 @@ if [ ! -e "$root" ]; then
     ln -s "$PWD" "$root"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "build $(cat .gpu/commit 2>/dev/null), base $(cat .gpu/base 2>/dev/null || echo none)"
 quiet() { grep -v XDG_RUNTIME_DIR; }
+# Every engine-bench run's output, one file each, for the summary.
+runs=$(mktemp -d)
+n=0
+# eb LABEL BINARY LIMIT ARGS...: one engine-bench run, kept for the summary.
+eb() {
+    local label=$1 bin=$2 limit=$3
+    shift 3
+    n=$((n + 1))
+    echo "-- $label: $*"
+    timeout "$limit" ".gpu/bin/$bin" "$@" 2>&1 | quiet | tee "$runs/$(printf %02d $n)-$label.txt"
+}
+has_base() {
+    [ -x .gpu/bin/engine-bench-base ] && return 0
+    echo "no .gpu/bin/engine-bench-base: run build.sh with BASE=<revision>"
+    return 1
+}
+bf16() { echo --shape "$1" --backend wgpu --dtype bf16 --steps 32; }
 for part in "${parts[@]}"; do
     case $part in
     tests)
         echo "== parity tests =="
         status=0
         for t in wgpu_kernels wgpu_engine wgpu_sample; do
-            CI=true timeout 150 ".gpu/bin/$t" -q 2>&1 | quiet || status=1
+            CI=true timeout 150 ".gpu/bin/$t" -q 2>&1 | quiet | tee -a "$runs/tests" || status=1
         done
         # The SmolLM2 file is too big to carry (98 MB): without CI=true its
         # tests skip with their reason instead of failing.
-        timeout 60 .gpu/bin/wgpu_gguf -q 2>&1 | quiet || status=1
-        echo "tests exit: $status"
+        timeout 60 .gpu/bin/wgpu_gguf -q 2>&1 | quiet | tee -a "$runs/tests" || status=1
+        echo "tests exit: $status" | tee -a "$runs/tests"
         ;;
     bench:*)
         shape=${part#bench:}
         echo "== engine-bench $shape =="
-        timeout 280 .gpu/bin/engine-bench --shape "$shape" --backend wgpu --dtype bf16 \
-            --batch 1,8,32 --prompt 128 --steps 32 --profile 2>&1 | quiet
+        # shellcheck disable=SC2046
+        eb "bench-$shape" engine-bench 280 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --profile
+        ;;
+    long:*)
+        shape=${part#long:}
+        echo "== $shape at 1,024 cached tokens =="
+        # shellcheck disable=SC2046
+        eb "long-$shape" engine-bench 120 $(bf16 "$shape") --batch 1 --prompt 1024 --profile
+        # shellcheck disable=SC2046
+        has_base && eb "long-$shape-base" engine-bench-base 120 $(bf16 "$shape") \
+            --batch 1 --prompt 1024 --profile
+        ;;
+    base:*)
+        shape=${part#base:}
+        echo "== $shape: this build against the base build =="
+        if has_base; then
+            for round in 1 2; do
+                for b in engine-bench-base engine-bench; do
+                    # shellcheck disable=SC2046
+                    eb "$b-r$round" "$b" 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128
+                done
+            done
+        fi
+        ;;
+    tune:*)
+        shape=${part#tune:}
+        echo "== $shape: the split and mat-vec switches =="
+        # shellcheck disable=SC2046
+        {
+            eb default engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128
+            eb unroll-1 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 1
+            eb unroll-2 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 2
+            eb no-fused-norm engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --no-fused-norm
+            eb p1024 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024
+            eb p1024-wg128 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-workgroups 128
+            eb p1024-wg2048 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-workgroups 2048
+            eb p1024-min16 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-min-split 16
+            eb p1024-min64 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-min-split 64
+        }
         ;;
     ab:*)
         shape=${part#ab:}
-        run() {
-            echo "-- $*"
-            timeout 120 .gpu/bin/engine-bench --shape "$shape" --backend wgpu --dtype bf16 \
-                --prompt 128 --steps 32 "$@" 2>&1 | quiet
-        }
         echo "== kernel choices on $shape =="
-        run --batch 32
-        run --batch 32 --mat-vec-rows 8
-        run --batch 1,8
-        run --batch 1,8 --no-fused-glu
-        run --batch 1,8 --no-fused-norm
-        run --batch 1,8 --no-subgroups
+        # shellcheck disable=SC2046
+        {
+            eb ab-b32 engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 32
+            eb ab-b32-tiled engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 32 --mat-vec-rows 8
+            eb ab-default engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 1,8
+            eb ab-no-fused-glu engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 1,8 --no-fused-glu
+            eb ab-no-fused-norm engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 1,8 --no-fused-norm
+            eb ab-no-subgroups engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 1,8 --no-subgroups
+        }
         ;;
     anchor)
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, ab:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, anchor)"
         exit 2
         ;;
     esac
 done
+echo "== summary =="
+python3 benches/gpu/summary.py "$runs"

@@ -551,7 +551,8 @@ fn wgpu_big_model_paths_on_small_models() {
     let small = WgpuOptions {
         max_binding: Some(4096),
         max_rows_per_pass: 12,
-        split_len: 8,
+        decode_workgroups: Some(u32::MAX),
+        decode_min_split: 8,
         tiled_matmul: Some(true),
         mat_vec_max_rows: 8,
         subgroups: false,
@@ -579,7 +580,8 @@ fn wgpu_big_model_paths_on_small_models() {
     // columns (the first steps feed up to 9 x 40 rows).
     let decode_only = WgpuOptions {
         prefill_min_rows: usize::MAX,
-        split_len: 16,
+        decode_workgroups: Some(u32::MAX),
+        decode_min_split: 16,
         split_k: Some(true),
         tiled_matmul: Some(false),
         ..WgpuOptions::default()
@@ -656,16 +658,34 @@ fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> S
 #[test]
 fn wgpu_fused_kernels_match_the_separate_ones() {
     // SiLU-times-up fused into the gate|up mat-vec, and the RMSNorms into
-    // the q|k|v and gate|up mat-vecs, each on and off.
+    // the q|k|v and gate|up mat-vecs, each on and off; with a hidden size
+    // that 8 divides (the 8-wide loads) and one it does not (single values).
+    fused_against_separate(&LLAMA);
+    fused_against_separate(&Shape {
+        hidden: 36,
+        ..LLAMA
+    });
+}
+
+fn fused_against_separate(shape: &Shape) {
     use tokenwire_kernels::backend::wgpu::ProfileClock;
-    let model = Arc::new(random_model(&LLAMA, 12));
-    let combos = [(true, true), (true, false), (false, true), (false, false)];
+    let model = Arc::new(random_model(shape, 12));
+    // (fuse_glu, fuse_norm, subgroups): the last sums the fused norm's
+    // squares through workgroup memory alone.
+    let combos = [
+        (true, true, true),
+        (true, false, true),
+        (false, true, true),
+        (false, false, true),
+        (true, true, false),
+    ];
     let mut backends = Vec::new();
-    for (fuse_glu, fuse_norm) in combos {
+    for (fuse_glu, fuse_norm, subgroups) in combos {
         // Split-row mat-vec (the GPU default), where the norm fuses.
         let opts = WgpuOptions {
             fuse_glu,
             fuse_norm,
+            subgroups,
             split_k: Some(true),
             ..WgpuOptions::default()
         };
@@ -692,7 +712,7 @@ fn wgpu_fused_kernels_match_the_separate_ones() {
             assert!(e < 1e-12, "at {pos}: {combo:?} vs all fused: nmse {e:e}");
         }
     }
-    for (b, (fuse_glu, fuse_norm)) in backends.iter_mut().zip(combos) {
+    for (b, (fuse_glu, fuse_norm, _)) in backends.iter_mut().zip(combos) {
         let p = b.take_profile().expect("a profile");
         let calls = |name: &str| -> u64 {
             p.kernels

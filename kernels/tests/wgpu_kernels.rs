@@ -9,7 +9,7 @@ mod wgpu_support;
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
 use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabSeq};
-use tokenwire_kernels::backend::wgpu::WeightDtype;
+use tokenwire_kernels::backend::wgpu::{SplitPolicy, WeightDtype};
 use tokenwire_kernels::gguf::{GgmlType, GgufFile};
 use tokenwire_kernels::{rope, sample, RopeScaling, WeightMatrix};
 use wgpu_support::*;
@@ -95,14 +95,21 @@ fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize
 /// A lab for each mat-vec variant: rows split over invocations (GPUs),
 /// reduced with subgroup shuffles where the adapter has them and through
 /// workgroup memory alone, and one invocation per row (CPU adapters),
-/// whichever this adapter defaults to. None without an adapter (outside
-/// CI).
+/// whichever this adapter defaults to; each with its default weight loads
+/// in flight and with another. None without an adapter (outside CI).
 fn mat_vec_variants() -> Vec<(bool, KernelLab)> {
     let mut labs = Vec::new();
-    for (split_k, subgroups) in [(true, true), (true, false), (false, true)] {
+    let variants = [
+        (true, true, None),
+        (true, false, Some(1)),
+        (false, true, None),
+        (false, true, Some(4)),
+    ];
+    for (split_k, subgroups, unroll) in variants {
         let opts = tokenwire_kernels::WgpuOptions {
             split_k: Some(split_k),
             subgroups,
+            mat_vec_unroll: unroll,
             ..Default::default()
         };
         match lab_with(&opts) {
@@ -141,6 +148,39 @@ fn wgpu_mat_vec_matches_reference() {
                 e < NMSE_LINEAR,
                 "{dtype:?} [{n}x{k}] x {cols} cols: nmse {e:e}"
             );
+        }
+    }
+}
+
+#[test]
+fn wgpu_mat_vec_unroll_keeps_the_bits() {
+    // However many weight loads an invocation issues together, its sums run
+    // in the same order: the same bits, row split or not, SwiGLU or not, for
+    // rows with a partial last round of loads (k / 8 not a multiple of 4).
+    let mut rng = Rng::new(77);
+    let (n, k, cols) = (37, 8 * 45, 3);
+    let w = round(WeightDtype::Bf16, &uniform(&mut rng, 2 * n * k, 1.0));
+    let x = uniform(&mut rng, cols * k, 1.0);
+    for split_k in [true, false] {
+        let mut outs = Vec::new();
+        for unroll in [1, 2, 4] {
+            let opts = tokenwire_kernels::WgpuOptions {
+                split_k: Some(split_k),
+                mat_vec_unroll: Some(unroll),
+                ..Default::default()
+            };
+            let Some(mut lab) = lab_with(&opts) else {
+                return;
+            };
+            let y = lab
+                .linear(&x, cols, &w, k, None, WeightDtype::Bf16, false, None)
+                .expect("linear");
+            let a = lab.glu(&x, cols, &w, k, WeightDtype::Bf16).expect("glu");
+            outs.push((unroll, y, a));
+        }
+        for (unroll, y, a) in &outs[1..] {
+            assert_eq!(y, &outs[0].1, "split_k={split_k}, unroll {unroll}");
+            assert_eq!(a, &outs[0].2, "split_k={split_k}, unroll {unroll} (SwiGLU)");
         }
     }
 }
@@ -379,6 +419,19 @@ fn attention_ref(
     k: &[f32],
     v: &[f32],
 ) -> Vec<f32> {
+    attention_ref_without(qkv, shape, seqs, k, v, None)
+}
+
+/// The reference attention, leaving out of row `skip.0`'s softmax the
+/// positions `skip.1` (what a merge that dropped a split would compute).
+fn attention_ref_without(
+    qkv: &[f32],
+    shape: &HeadShape,
+    seqs: &[LabSeq],
+    k: &[f32],
+    v: &[f32],
+    skip: Option<(usize, std::ops::Range<usize>)>,
+) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.q_heads / shape.kv_heads;
     let stride = shape.qkv_width();
@@ -387,11 +440,15 @@ fn attention_ref(
     for s in seqs {
         for i in 0..s.rows {
             let pos = s.start_pos as usize + i;
+            let seen: Vec<usize> = (0..=pos)
+                .filter(|j| !matches!(&skip, Some((row, gone)) if *row == r && gone.contains(j)))
+                .collect();
             for h in 0..shape.q_heads {
                 let g = h / group;
                 let q = &qkv[r * stride + h * hd..r * stride + (h + 1) * hd];
-                let scores: Vec<f64> = (0..=pos)
-                    .map(|j| {
+                let scores: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| {
                         let kb = pool_index(shape, &s.block_table, j, g);
                         q.iter()
                             .zip(&k[kb..kb + hd])
@@ -404,8 +461,12 @@ fn attention_ref(
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for d in 0..hd {
-                    let acc: f64 = (0..=pos)
-                        .map(|j| e[j] / z * v[pool_index(shape, &s.block_table, j, g) + d] as f64)
+                    let acc: f64 = seen
+                        .iter()
+                        .zip(&e)
+                        .map(|(&j, &ej)| {
+                            ej / z * v[pool_index(shape, &s.block_table, j, g) + d] as f64
+                        })
                         .sum();
                     out.push(acc as f32);
                 }
@@ -422,50 +483,150 @@ const SHAPES: &[(usize, usize, usize, usize)] = &[
     (4, 4, 16, 3),   // MHA, tiny blocks
     (6, 2, 64, 5),   // group of 3
     (4, 1, 128, 16), // MQA, widest heads
-    (2, 2, 6, 1),    // head_dim not a power of two, one slot per block
+    (2, 2, 6, 1),    // head_dim not a multiple of 4, one slot per block
+    (3, 1, 10, 7),   // head_dim 10 (read in pairs), group of 3
+    (16, 2, 64, 16), // TinyLlama's group of 8 and head width
 ];
+
+/// A random attention case on `shape`: sequences of up to `max_rows` rows
+/// within `max_ctx` positions, the pools, and the q|k|v rows.
+struct AttnCase {
+    shape: HeadShape,
+    seqs: Vec<LabSeq>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    qkv: Vec<f32>,
+}
+
+fn attn_case(
+    rng: &mut Rng,
+    shape: (usize, usize, usize, usize),
+    n: usize,
+    max_ctx: usize,
+    max_rows: usize,
+) -> AttnCase {
+    let (q_heads, kv_heads, head_dim, block_size) = shape;
+    let shape = HeadShape {
+        q_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+    };
+    let (seqs, pool_blocks) = random_seqs(rng, &shape, n, max_ctx, max_rows);
+    let rows: usize = seqs.iter().map(|s| s.rows).sum();
+    let pool = pool_blocks * kv_heads * block_size * head_dim;
+    AttnCase {
+        shape,
+        k: uniform(rng, pool, 1.0),
+        v: uniform(rng, pool, 1.0),
+        qkv: uniform(rng, rows * shape.qkv_width(), 2.0),
+        seqs,
+    }
+}
 
 fn check_attention(kernel_of: impl Fn(&mut Rng) -> AttnKernel, seed: u64, max_rows: usize) {
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(seed);
-    for (case, &(q_heads, kv_heads, head_dim, block_size)) in SHAPES.iter().enumerate() {
-        let shape = HeadShape {
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-        };
+    for (case, &shape) in SHAPES.iter().enumerate() {
         let n = range(&mut rng, 1, 9);
-        let max_ctx = if head_dim >= 64 { 90 } else { 150 };
-        let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, max_ctx, max_rows);
-        let rows: usize = seqs.iter().map(|s| s.rows).sum();
-        let pool = pool_blocks * kv_heads * block_size * head_dim;
-        let k = uniform(&mut rng, pool, 1.0);
-        let v = uniform(&mut rng, pool, 1.0);
-        let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
+        let max_ctx = if shape.2 >= 64 { 90 } else { 150 };
+        let c = attn_case(&mut rng, shape, n, max_ctx, max_rows);
         let kernel = kernel_of(&mut rng);
         let got = lab
-            .attention(&qkv, &shape, &seqs, &k, &v, kernel)
+            .attention(&c.qkv, &c.shape, &c.seqs, &c.k, &c.v, kernel)
             .expect("attention");
-        let want = attention_ref(&qkv, &shape, &seqs, &k, &v);
+        let want = attention_ref(&c.qkv, &c.shape, &c.seqs, &c.k, &c.v);
         let e = nmse(&got, &want);
         assert!(
             e < NMSE_ATTN,
-            "case {case}: {shape:?} {kernel:?}, {n} seqs, {rows} rows: nmse {e:e}"
+            "case {case}: {:?} {kernel:?}, {n} seqs: nmse {e:e}",
+            c.shape
         );
+    }
+}
+
+/// Split policies from one split per row to one position per split.
+fn split_policy(rng: &mut Rng) -> SplitPolicy {
+    let (workgroups, min_len) = [
+        (1, 32),
+        (16, 32),
+        (512, 32),
+        (u32::MAX, 7),
+        (u32::MAX, 3),
+        (u32::MAX, 1),
+    ][rng.below(6) as usize];
+    SplitPolicy {
+        workgroups,
+        min_len,
     }
 }
 
 #[test]
 fn wgpu_decode_attention_matches_reference() {
-    // Splits from a few positions (many splits, some empty) to none.
-    check_attention(
-        |rng| AttnKernel::Decode {
-            split_len: [7, 40, 64, 1000][rng.below(4) as usize],
-        },
-        7,
-        3,
-    );
+    check_attention(|rng| AttnKernel::Decode(split_policy(rng)), 7, 3);
+}
+
+#[test]
+fn wgpu_decode_attention_splits_long_contexts() {
+    // Up to 2,100 positions, past the longest split (1,024), in as many
+    // splits as each policy gives, with odd lengths; and each case's
+    // tolerance shown to catch a merge that dropped one split: the
+    // reference without one split of the longest row must fail it.
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(21);
+    let shapes = [
+        (32, 4, 64, 16),
+        (6, 2, 64, 5),
+        (2, 2, 6, 1),
+        (4, 1, 128, 16),
+    ];
+    for (case, &shape) in shapes.iter().enumerate() {
+        for _ in 0..2 {
+            let n = range(&mut rng, 1, 3);
+            let c = attn_case(&mut rng, shape, n, 2100, 1);
+            let policy = split_policy(&mut rng);
+            let got = lab
+                .attention(
+                    &c.qkv,
+                    &c.shape,
+                    &c.seqs,
+                    &c.k,
+                    &c.v,
+                    AttnKernel::Decode(policy),
+                )
+                .expect("attention");
+            let want = attention_ref(&c.qkv, &c.shape, &c.seqs, &c.k, &c.v);
+            let (n_splits, split_len) = lab
+                .decode_splits(&c.shape, &c.seqs, policy)
+                .expect("splits");
+            let e = nmse(&got, &want);
+            let what = format!(
+                "case {case}: {:?}, contexts {:?}, {policy:?}: {n_splits} splits of {split_len}",
+                c.shape,
+                c.seqs.iter().map(|s| s.start_pos + 1).collect::<Vec<_>>()
+            );
+            eprintln!("{what}: nmse {e:e}");
+            assert!(e < NMSE_ATTN, "{what}: nmse {e:e}");
+            if n_splits > 1 {
+                let (row, s) = c
+                    .seqs
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, s)| s.start_pos)
+                    .expect("a sequence");
+                let ctx = s.start_pos as usize + 1;
+                let len = split_len as usize;
+                let drop = range(&mut rng, 0, (ctx - 1) / len) * len;
+                let skip = Some((row, drop..(drop + len).min(ctx)));
+                let dropped = attention_ref_without(&c.qkv, &c.shape, &c.seqs, &c.k, &c.v, skip);
+                let e = nmse(&dropped, &want);
+                assert!(
+                    e > 1e3 * NMSE_ATTN,
+                    "{what}: a dropped split gives nmse {e:e}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

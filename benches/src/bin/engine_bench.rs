@@ -48,7 +48,10 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              use mat-vec; more, the tiled matmul) [--no-fused-glu] (wgpu: SiLU-times-up
              as its own kernel) [--no-fused-norm] (wgpu: the layers' RMSNorms as their
              own kernels) [--no-subgroups] (wgpu: mat-vec reductions through workgroup
-             memory only), to compare kernel choices on a card
+             memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
+             for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
+             per split) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
+             issues together), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -68,6 +71,9 @@ struct Args {
     gguf: Option<std::path::PathBuf>,
     profile: bool,
     mat_vec_rows: Option<usize>,
+    decode_workgroups: Option<u32>,
+    decode_min_split: Option<u32>,
+    mat_vec_unroll: Option<u32>,
     fused_glu: bool,
     fused_norm: bool,
     subgroups: bool,
@@ -133,6 +139,9 @@ fn parse_args() -> Result<Args, String> {
         gguf: None,
         profile: false,
         mat_vec_rows: None,
+        decode_workgroups: None,
+        decode_min_split: None,
+        mat_vec_unroll: None,
         fused_glu: true,
         fused_norm: true,
         subgroups: true,
@@ -175,6 +184,9 @@ fn parse_args() -> Result<Args, String> {
             "--sample" => a.sampling = parse_sampling(&val)?,
             "--gguf" => a.gguf = Some(val.into()),
             "--mat-vec-rows" => a.mat_vec_rows = Some(num(&val)?.max(1)),
+            "--decode-workgroups" => a.decode_workgroups = Some(num(&val)?.max(1) as u32),
+            "--decode-min-split" => a.decode_min_split = Some(num(&val)?.max(1) as u32),
+            "--mat-vec-unroll" => a.mat_vec_unroll = Some(num(&val)?.clamp(1, 4) as u32),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -542,6 +554,9 @@ fn bench(a: &Args) -> Result<(), String> {
                     let opts = WgpuOptions {
                         adapter: a.adapter.clone(),
                         mat_vec_max_rows: a.mat_vec_rows.unwrap_or(d.mat_vec_max_rows),
+                        decode_workgroups: a.decode_workgroups,
+                        decode_min_split: a.decode_min_split.unwrap_or(d.decode_min_split),
+                        mat_vec_unroll: a.mat_vec_unroll,
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,
                         subgroups: a.subgroups,

@@ -4,11 +4,12 @@
 //! benchmarks can time one kernel). It builds the same pipelines, parameter
 //! blocks and `plan` words as the backend.
 
+use super::attn::{self, AttnModel, AttnShape, DecodeRows};
 use super::context::{grid, Gpu};
-use super::pipelines::{AttnShape, ParamArena, Pipelines, Product, WeightKernel};
+use super::pipelines::{ParamArena, Pipelines, Product, WeightKernel};
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
-use super::{WeightDtype, WgpuOptions};
+use super::{SplitPolicy, WeightDtype, WgpuOptions};
 use crate::backend::{SampleSpec, SeqBatch};
 use crate::tensor::WeightMatrix;
 use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
@@ -27,12 +28,9 @@ pub struct LabSeq {
 /// Which attention kernel a case runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
-    /// attn_decode.wgsl per row, context split every `split_len` positions
-    /// (attn_merge.wgsl combines the splits).
-    Decode {
-        /// Positions per split.
-        split_len: u32,
-    },
+    /// attn_decode.wgsl per row, each context split as the backend splits
+    /// it under this policy (attn_merge.wgsl combines the splits).
+    Decode(SplitPolicy),
     /// attn_prefill.wgsl on tiles of consecutive rows.
     Prefill,
 }
@@ -99,7 +97,8 @@ impl KernelLab {
     pub fn new(opts: &WgpuOptions) -> Result<KernelLab, String> {
         let gpu = Gpu::new(opts)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
-        let pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
+        let split_k = opts.split_k.unwrap_or(!cpu_adapter);
+        let pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll);
         Ok(KernelLab {
             gpu,
             pipes,
@@ -628,6 +627,49 @@ impl KernelLab {
         Ok((f32s(&k), v))
     }
 
+    fn attn_model(shape: &HeadShape) -> AttnModel {
+        AttnModel {
+            shape: AttnShape {
+                head_dim: shape.head_dim as u32,
+                group: (shape.q_heads / shape.kv_heads.max(1)) as u32,
+            },
+            q_heads: shape.q_heads as u32,
+            kv_heads: shape.kv_heads as u32,
+            stride: shape.qkv_width() as u32,
+            bs: shape.block_size as u32,
+        }
+    }
+
+    /// The decode rows of a pass.
+    fn decode_rows(p: &plan::Pass) -> DecodeRows {
+        DecodeRows {
+            n_items: p.n_dec,
+            dec_off: p.dec_off,
+            pos_off: p.pos_off,
+            rt_off: p.rt_off,
+            max_ctx: p.max_dec_ctx,
+        }
+    }
+
+    /// How [`KernelLab::attention`] with [`AttnKernel::Decode`] under
+    /// `policy` splits the contexts of `seqs` (every row decoded): splits
+    /// per row and positions per split.
+    pub fn decode_splits(
+        &self,
+        shape: &HeadShape,
+        seqs: &[LabSeq],
+        policy: SplitPolicy,
+    ) -> Result<(u32, u32), String> {
+        let (_, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, usize::MAX))?;
+        let c = attn::decode_calls(
+            &Self::attn_model(shape),
+            &Self::decode_rows(&p),
+            policy,
+            self.gpu.max_binding,
+        );
+        Ok((c.n_splits, c.split_len))
+    }
+
     /// Causal attention of every row of `seqs` over its own sequence's cached
     /// positions `0..=pos`, reading the queries from fused q|k|v rows and K/V
     /// from the pools (`[block][kv_head][slot][head_dim]`). Returns
@@ -641,14 +683,11 @@ impl KernelLab {
         v_pool: &[f32],
         kernel: AttnKernel,
     ) -> Result<Vec<f32>, String> {
-        let ashape = AttnShape {
-            head_dim: shape.head_dim as u32,
-            group: (shape.q_heads / shape.kv_heads) as u32,
-        };
-        self.pipes.ensure_attn(&self.gpu, ashape);
+        let model = Self::attn_model(shape);
+        self.pipes.ensure_attn(&self.gpu, model.shape);
         let prefill_min = match kernel {
             AttnKernel::Prefill => 1,
-            AttnKernel::Decode { .. } => usize::MAX,
+            AttnKernel::Decode(_) => usize::MAX,
         };
         let (words, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, prefill_min))?;
         let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
@@ -657,66 +696,32 @@ impl KernelLab {
         let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
         let width = shape.q_heads * shape.head_dim;
         let ab = self.output("lab.att", p.rows as usize * width);
-        let (nq, nkv, hd) = (
-            shape.q_heads as u32,
-            shape.kv_heads as u32,
-            shape.head_dim as u32,
-        );
-        let scale = (1.0 / (hd as f32).sqrt()).to_bits();
-        let bs = shape.block_size as u32;
-        let stride = shape.qkv_width() as u32;
-        let (decode, prefill) = self.pipes.attn(ashape).ok_or("pipeline missing")?;
+        let (decode, prefill) = self.pipes.attn(model.shape).ok_or("pipeline missing")?;
         let bytes = 4 * (p.rows as usize * width) as u64;
         match kernel {
             AttnKernel::Prefill => {
                 let bg = self.bind(&self.pipes.layouts.prefill, &[&planb, &qb, &kb, &vb, &ab]);
-                let words = vec![
-                    p.tile_off,
-                    p.pos_off,
-                    p.rt_off,
-                    nkv,
-                    ashape.group,
-                    stride,
-                    nq,
-                    bs,
-                    scale,
-                    p.n_tiles,
-                ];
-                let d = [(prefill, &bg, words, [p.n_tiles, nq])];
+                let c = attn::prefill_call(&model, p.tile_off, p.pos_off, p.rt_off, p.n_tiles);
+                let d = [(prefill, &bg, c.words, c.groups)];
                 let out = self.run(&d, (&ab, bytes))?;
                 Ok(f32s(&out))
             }
-            AttnKernel::Decode { split_len } => {
-                let split_len = split_len.max(1);
-                let n_splits = p.max_dec_ctx.div_ceil(split_len).max(1);
-                let ml_off = p.n_dec * nq * n_splits * hd;
-                let part = self.output("lab.part", (ml_off + 2 * p.n_dec * nq * n_splits) as usize);
+            AttnKernel::Decode(policy) => {
+                let c = attn::decode_calls(
+                    &model,
+                    &Self::decode_rows(&p),
+                    policy,
+                    self.gpu.max_binding,
+                );
+                let part = self.output("lab.part", (c.part_bytes / 4) as usize);
                 let bg = self.bind(
                     &self.pipes.layouts.decode,
                     &[&planb, &qb, &kb, &vb, &ab, &part],
                 );
                 let mbg = self.bind(&self.pipes.layouts.merge, &[&planb, &part, &ab]);
-                let hgroups = ashape.group / ashape.heads_per_wg();
-                let words = vec![
-                    p.n_dec,
-                    p.dec_off,
-                    p.pos_off,
-                    p.rt_off,
-                    nkv,
-                    ashape.group,
-                    stride,
-                    nq,
-                    bs,
-                    split_len,
-                    n_splits,
-                    scale,
-                    ml_off,
-                    hgroups,
-                ];
-                let mut d = vec![(decode, &bg, words, [p.n_dec * nkv * hgroups, n_splits])];
-                if n_splits > 1 {
-                    let mw = vec![p.n_dec, p.dec_off, nq, n_splits, ml_off, hd];
-                    d.push((&self.pipes.attn_merge, &mbg, mw, grid(p.n_dec * nq)));
+                let mut d = vec![(decode, &bg, c.decode.words, c.decode.groups)];
+                if let Some(m) = c.merge {
+                    d.push((&self.pipes.attn_merge, &mbg, m.words, m.groups));
                 }
                 let out = self.run(&d, (&ab, bytes))?;
                 Ok(f32s(&out))

@@ -15,8 +15,10 @@
 //! * A step is recorded into one command encoder and submitted once:
 //!   embedding gather into the residual stream x, then per layer RMSNorm,
 //!   q|k|v product, RoPE, K/V written into the paged cache through the step's
-//!   slot mapping, paged attention (a decode kernel per row with an online
-//!   softmax and context splits, a tiled causal kernel for prefill runs),
+//!   slot mapping, paged attention (for decode rows, flash-decoding: each
+//!   row's context split over as many workgroups as fill the device
+//!   ([`WgpuOptions::decode_workgroups`]), the splits merged by their
+//!   log-sum-exp; a tiled causal kernel for prefill runs),
 //!   output product added into x, RMSNorm, gate|up product, SiLU-times-up,
 //!   down product added into x; finally the norm and LM head on only the
 //!   rows that need logits, and the sampling kernel over them (in a second
@@ -85,6 +87,7 @@
 //! ([`WgpuOptions::sample_workgroup`]), sized to stay under llvmpipe's cap
 //! on the loop iterations of an invocation.
 
+mod attn;
 mod context;
 pub mod lab;
 mod pipelines;
@@ -102,10 +105,12 @@ use crate::error::LoadError;
 use crate::kv::KvGeometry;
 use crate::model::Model;
 use crate::rope;
+pub use attn::SplitPolicy;
+use attn::{AttnModel, AttnShape, DecodeRows};
 pub use context::adapters;
 use context::{grid, Gpu, GpuError};
 pub use pipelines::WeightDtype;
-use pipelines::{AttnShape, ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
+use pipelines::{ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
 use plan::{HostPlan, Pass, PlanLimits};
 use profile::Profiler;
 pub use profile::{KernelTime, Profile, ProfileClock};
@@ -130,8 +135,15 @@ pub struct WgpuOptions {
     /// Token rows per pass; a bigger step is computed in several passes,
     /// recorded in the same submission.
     pub max_rows_per_pass: usize,
-    /// Context positions per decode-attention split.
-    pub split_len: u32,
+    /// Decode attention splits each row's context so that a dispatch has
+    /// about this many workgroups ([`SplitPolicy::workgroups`]). `None`:
+    /// 512 (enough for the largest GPUs), except on CPU adapters, where
+    /// a few workgroups per core keep every thread busy and more only add
+    /// partials to merge.
+    pub decode_workgroups: Option<u32>,
+    /// Fewest context positions per decode-attention split
+    /// ([`SplitPolicy::min_len`]).
+    pub decode_min_split: u32,
     /// A sequence's run of at least this many rows in a pass uses the tiled
     /// prefill attention; shorter runs use the decode kernel.
     pub prefill_min_rows: usize,
@@ -160,6 +172,13 @@ pub struct WgpuOptions {
     /// workgroup memory (`Some(true)`), or one invocation per row
     /// (`Some(false)`). `None`: split, except on CPU adapters.
     pub split_k: Option<bool>,
+    /// The 8-weight steps whose loads a mat-vec invocation issues together
+    /// (1, 2 or 4), in variants of up to 8 columns; the sums are the same
+    /// bits for any. `None`: 4 with rows split over invocations (GPUs, where
+    /// a batch-1 product is bound by the loads in flight); with one
+    /// invocation per row, what measured best on lavapipe (2 for one
+    /// column, 1 for more).
+    pub mat_vec_unroll: Option<u32>,
     /// Reduce split-row mat-vec partials with subgroup shuffles where the
     /// adapter has subgroup operations (`true`, the default), else through
     /// workgroup memory alone. The shuffles assume that a subgroup is a run
@@ -202,13 +221,15 @@ impl Default for WgpuOptions {
             max_binding: None,
             shader_f16: true,
             max_rows_per_pass: 512,
-            split_len: 512,
+            decode_workgroups: None,
+            decode_min_split: 32,
             prefill_min_rows: 4,
             tiled_matmul: None,
             mat_vec_max_rows: MAT_VEC_COLS,
             fuse_glu: true,
             fuse_norm: true,
             split_k: None,
+            mat_vec_unroll: None,
             subgroups: true,
             sample_workgroup: None,
         }
@@ -255,8 +276,12 @@ impl Fuse {
 
 /// Flags of rms_norm.wgsl.
 const NORM_SELECT: u32 = 4;
-/// Most context splits per decode row.
-const MAX_SPLITS: u32 = 32;
+/// Decode-attention workgroups aimed at on GPUs: a few per core of the
+/// largest (132 SMs on an H100 or H200).
+const GPU_DECODE_WORKGROUPS: u32 = 512;
+/// Decode-attention workgroups aimed at on CPU adapters (lavapipe runs a
+/// workgroup per thread at a time).
+const CPU_DECODE_WORKGROUPS: u32 = 16;
 
 /// A device buffer that grows (never shrinks) to what a step needs.
 #[derive(Debug)]
@@ -478,6 +503,8 @@ pub struct WgpuBackend {
     inv_freq: Vec<f64>,
     opts: WgpuOptions,
     limits: PlanLimits,
+    /// How decode attention splits contexts.
+    splits: SplitPolicy,
     /// Passes of more token rows than this use the tiled matmul; `None`:
     /// mat-vec groups for every pass.
     tiled_above: Option<u32>,
@@ -532,7 +559,8 @@ impl WgpuBackend {
         let weights =
             ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
-        let mut pipes = Pipelines::new(&gpu, opts.split_k.unwrap_or(!cpu_adapter));
+        let split_k = opts.split_k.unwrap_or(!cpu_adapter);
+        let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll);
         let sample_wg = opts.sample_wg(cpu_adapter, c.vocab_size as u32);
         pipes.ensure_sample(&gpu, sample_wg);
         for d in weights.dtypes() {
@@ -616,6 +644,14 @@ impl WgpuBackend {
             inv_freq,
             opts: opts.clone(),
             limits,
+            splits: SplitPolicy {
+                workgroups: opts.decode_workgroups.unwrap_or(if cpu_adapter {
+                    CPU_DECODE_WORKGROUPS
+                } else {
+                    GPU_DECODE_WORKGROUPS
+                }),
+                min_len: opts.decode_min_split.max(1),
+            },
             tiled_above,
             sample_wg,
             bufs,
@@ -991,28 +1027,28 @@ impl WgpuBackend {
                 groups: grid(t),
             });
         }
-        let hgroups = self.shape.group / self.shape.heads_per_wg();
-        let scale = (1.0 / (d.hd as f32).sqrt()).to_bits();
         let bs = self.geo.block_size as u32;
-        // Decode splits: enough to spread long contexts, bounded in number
-        // and by the partials buffer's binding.
-        let (n_splits, split_len) = if p.n_dec > 0 {
-            let per_split = p.n_dec as u64 * d.nq as u64 * (d.hd as u64 + 2) * 4;
-            let fit = (self.gpu.max_binding / per_split.max(1)).clamp(1, MAX_SPLITS as u64) as u32;
-            let n = p
-                .max_dec_ctx
-                .div_ceil(self.opts.split_len.max(1))
-                .clamp(1, fit);
-            (n, p.max_dec_ctx.div_ceil(n))
-        } else {
-            (1, 1)
+        let attn = AttnModel {
+            shape: self.shape,
+            q_heads: d.nq,
+            kv_heads: d.nkv,
+            stride: d.qkv_w,
+            bs,
         };
-        let ml_off = p.n_dec * d.nq * n_splits * d.hd;
-        if n_splits > 1 {
-            needs.part = needs
-                .part
-                .max(4 * (ml_off as u64 + 2 * (p.n_dec * d.nq * n_splits) as u64));
+        let decode = (p.n_dec > 0).then(|| {
+            let rows = DecodeRows {
+                n_items: p.n_dec,
+                dec_off: p.dec_off,
+                pos_off: p.pos_off,
+                rt_off: p.rt_off,
+                max_ctx: p.max_dec_ctx,
+            };
+            attn::decode_calls(&attn, &rows, self.splits, self.gpu.max_binding)
+        });
+        if let Some(c) = &decode {
+            needs.part = needs.part.max(c.part_bytes);
         }
+        let prefill = attn::prefill_call(&attn, p.tile_off, p.pos_off, p.rt_off, p.n_tiles);
         let rope_n = t * (d.nq + d.nkv) * (d.hd / 2);
         let kvw_n = t * d.nkv * d.hd;
         // The o and down products add into the residual stream x itself;
@@ -1061,34 +1097,19 @@ impl WgpuBackend {
                 param: prm.push(&[t, d.nkv, d.hd, bs, d.qkv_w, p.slot_off, d.nq * d.hd]),
                 groups: grid(kvw_n.div_ceil(256)),
             });
-            if p.n_dec > 0 {
+            if let Some(c) = &decode {
                 ops.push(Op {
                     pipe: Pipe::Decode,
                     bind: Bind::Decode(l),
-                    param: prm.push(&[
-                        p.n_dec,
-                        p.dec_off,
-                        p.pos_off,
-                        p.rt_off,
-                        d.nkv,
-                        self.shape.group,
-                        d.qkv_w,
-                        d.nq,
-                        bs,
-                        split_len,
-                        n_splits,
-                        scale,
-                        ml_off,
-                        hgroups,
-                    ]),
-                    groups: [p.n_dec * d.nkv * hgroups, n_splits],
+                    param: prm.push(&c.decode.words),
+                    groups: c.decode.groups,
                 });
-                if n_splits > 1 {
+                if let Some(m) = &c.merge {
                     ops.push(Op {
                         pipe: Pipe::Merge,
                         bind: Bind::Merge,
-                        param: prm.push(&[p.n_dec, p.dec_off, d.nq, n_splits, ml_off, d.hd]),
-                        groups: grid(p.n_dec * d.nq),
+                        param: prm.push(&m.words),
+                        groups: m.groups,
                     });
                 }
             }
@@ -1096,19 +1117,8 @@ impl WgpuBackend {
                 ops.push(Op {
                     pipe: Pipe::Prefill,
                     bind: Bind::Prefill(l),
-                    param: prm.push(&[
-                        p.tile_off,
-                        p.pos_off,
-                        p.rt_off,
-                        d.nkv,
-                        self.shape.group,
-                        d.qkv_w,
-                        d.nq,
-                        bs,
-                        scale,
-                        p.n_tiles,
-                    ]),
-                    groups: [p.n_tiles, d.nq],
+                    param: prm.push(&prefill.words),
+                    groups: prefill.groups,
                 });
             }
             Self::mat_ops(
@@ -1564,28 +1574,5 @@ impl Backend for WgpuBackend {
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         self.run(batch, true, out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pipelines::AttnShape;
-
-    #[test]
-    fn attention_specialisation_fits_workgroup_memory() {
-        for hd in [2u32, 4, 8, 16, 34, 64, 80, 96, 128, 256] {
-            for group in [1u32, 2, 3, 4, 7, 8, 16] {
-                let s = AttnShape {
-                    head_dim: hd,
-                    group,
-                };
-                let hg = s.heads_per_wg();
-                assert_eq!(group % hg, 0);
-                assert!(hg * hd <= 512 || hg == 1);
-                let br = s.prefill_rows();
-                assert!(br * hd <= 1024 || br == 1);
-                assert!(br >= 1);
-            }
-        }
     }
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use tokenwire_gguf::GgmlType;
 
+use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
 
 /// How one weight tensor is stored on the device.
@@ -177,6 +178,31 @@ fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
         (true, true) => MAT_VEC_COLS / 2,
     }
 }
+/// Mat-vec variants of up to this many columns issue several weight loads
+/// together ([`mat_vec_unroll`]); wider ones have a column's worth of
+/// arithmetic per load to hide its latency, and registers to save.
+const MAT_VEC_UNROLL_COLS: u32 = 8;
+
+/// The 8-wide steps whose weight loads a mat-vec variant of `cols` columns
+/// issues together: `chosen` (1, 2 or 4) up to [`MAT_VEC_UNROLL_COLS`]
+/// columns, else 1. Unchosen: 4 with rows split over invocations (GPUs);
+/// with one invocation per row (CPU adapters) 2 for one column and 1 for
+/// more, as measured on lavapipe: there wider unrolls slow the
+/// many-column variants (2-layer TinyLlama at batch 8: 570 ms a step at 1,
+/// 680 at 2, 790 at 4), while the one-column variant at 1 hits a slow
+/// llvmpipe case on stories260K's shape (35 ms a step against 0.9 at 2; the
+/// loop before unrolling had it in the SwiGLU variant, 7.7 ms).
+fn mat_vec_unroll(split_k: bool, cols: u32, chosen: Option<u32>) -> u32 {
+    if cols > MAT_VEC_UNROLL_COLS {
+        return 1;
+    }
+    match chosen {
+        Some(u) => u.clamp(1, 4).next_power_of_two(),
+        None if split_k => 4,
+        None if cols == 1 => 2,
+        None => 1,
+    }
+}
 /// Columns the split-K mat-vec reduces per round through workgroup memory.
 const MAT_VEC_REDUCE_COLS: u32 = 8;
 /// Invocations per output row of the mat-vec kernel for rows of `k` values
@@ -237,8 +263,6 @@ pub(crate) fn cpu_sample_wg(vocab: u32) -> u32 {
 
 /// Output tile of the tiled matmul.
 const MAT_MUL_TILE: u32 = 64;
-/// Positions per tile of the decode attention kernel.
-pub(crate) const DECODE_TILE: u32 = 64;
 
 /// Bind group layouts: one per binding shape, shared by the kernels that
 /// have it (mat-vec and matmul of every dtype share `mat`).
@@ -318,60 +342,6 @@ impl Layouts {
             silu: storage_layout(gpu, "silu_mul", &[(0, R), (1, W)]),
             sample: storage_layout(gpu, "sample", &[(0, W), (1, R), (2, W)]),
         }
-    }
-}
-
-/// Shape constants the attention kernels are specialised for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct AttnShape {
-    /// Head width.
-    pub(crate) head_dim: u32,
-    /// Query heads per KV head.
-    pub(crate) group: u32,
-}
-
-impl AttnShape {
-    /// Query heads per decode workgroup: the largest divisor of the group
-    /// with at most 8 heads and 512 accumulator values.
-    pub(crate) fn heads_per_wg(&self) -> u32 {
-        (1..=self.group.min(8))
-            .rev()
-            .find(|&h| self.group.is_multiple_of(h) && h * self.head_dim <= 512)
-            .unwrap_or(1)
-    }
-
-    /// Rows per prefill query tile (= positions per key tile): the largest
-    /// power of two up to 32 with at most 1024 values per tile.
-    pub(crate) fn prefill_rows(&self) -> u32 {
-        let mut br = 32;
-        while br > 1 && br * self.head_dim > 1024 {
-            br /= 2;
-        }
-        br
-    }
-
-    fn decode_consts(&self) -> String {
-        let hg = self.heads_per_wg();
-        let qs = hg * self.head_dim;
-        format!(
-            "const HEAD_DIM: u32 = {}u;\nconst HG: u32 = {hg}u;\nconst QS_LEN: u32 = {qs}u;\n\
-             const SC_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
-            self.head_dim,
-            hg * DECODE_TILE,
-            qs.div_ceil(64)
-        )
-    }
-
-    fn prefill_consts(&self) -> String {
-        let br = self.prefill_rows();
-        let q = br * self.head_dim;
-        format!(
-            "const HEAD_DIM: u32 = {}u;\nconst BR: u32 = {br}u;\nconst Q_LEN: u32 = {q}u;\n\
-             const S_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
-            self.head_dim,
-            br * br,
-            q.div_ceil(64)
-        )
     }
 }
 
@@ -519,6 +489,9 @@ pub(crate) struct Pipelines {
     pub(crate) split_k: bool,
     /// The device has subgroup operations enabled.
     gpu_subgroups: bool,
+    /// Weight loads a mat-vec invocation issues together, where chosen
+    /// ([`mat_vec_unroll`]).
+    unroll: Option<u32>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope: ::wgpu::ComputePipeline,
@@ -564,8 +537,10 @@ impl Pipelines {
     /// Compiles the dtype-independent kernels; weight kernels, attention
     /// shapes and sampling workgroup sizes are added with
     /// [`Pipelines::ensure_weights`], [`Pipelines::ensure_attn`] and
-    /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`].
-    pub(crate) fn new(gpu: &Gpu, split_k: bool) -> Pipelines {
+    /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`];
+    /// `unroll`: mat-vec's weight loads in flight, where chosen
+    /// ([`mat_vec_unroll`]).
+    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: Option<u32>) -> Pipelines {
         let layouts = Layouts::new(gpu);
         let p = &layouts.params;
         let rms_norm = compile(
@@ -599,7 +574,11 @@ impl Pipelines {
         let attn_merge = compile(
             gpu,
             "attn_merge",
-            include_str!("shaders/attn_merge.wgsl").into(),
+            format!(
+                "{}{}",
+                merge_consts(),
+                include_str!("shaders/attn_merge.wgsl")
+            ),
             &layouts.merge,
             p,
         );
@@ -607,6 +586,7 @@ impl Pipelines {
             layouts,
             split_k,
             gpu_subgroups: gpu.subgroups,
+            unroll,
             weight: HashMap::new(),
             rms_norm,
             rope,
@@ -664,8 +644,10 @@ impl Pipelines {
             let consts = match kind {
                 WeightKernel::MatVec(cols, norm) | WeightKernel::Glu(cols, norm) => {
                     let rc = cols.min(MAT_VEC_REDUCE_COLS);
+                    let unroll = mat_vec_unroll(self.split_k, cols, self.unroll);
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
+                         const UNROLL: u32 = {unroll}u;\n\
                          const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n\
                          const GLU: bool = {};\nconst NORM: bool = {norm};\n{}",
                         256 * rc,
@@ -823,6 +805,18 @@ impl ParamArena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mat_vec_unroll_follows_the_kernel_and_the_columns() {
+        assert_eq!(mat_vec_unroll(true, 1, None), 4);
+        assert_eq!(mat_vec_unroll(true, 8, None), 4);
+        assert_eq!(mat_vec_unroll(true, 16, None), 1);
+        assert_eq!(mat_vec_unroll(false, 1, None), 2);
+        assert_eq!(mat_vec_unroll(false, 2, None), 1);
+        assert_eq!(mat_vec_unroll(false, 8, Some(3)), 4);
+        assert_eq!(mat_vec_unroll(true, 4, Some(0)), 1);
+        assert_eq!(mat_vec_unroll(true, 64, Some(4)), 1);
+    }
 
     #[test]
     fn sampling_workgroups_stay_under_the_llvmpipe_loop_limit() {

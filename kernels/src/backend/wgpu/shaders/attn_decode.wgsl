@@ -1,21 +1,38 @@
-// Paged attention for decode rows (and short chunks): one workgroup per
-// (row, KV head, group of HG query heads of that KV head, context split).
-// Each K and V row of the paged cache is read once for the HG query heads
-// that share it (grouped-query attention). Positions are visited in tiles of
-// TILE with an online softmax (running max, running sum, rescaled
-// accumulator). Long contexts are split along the positions: with
-// n_splits > 1 each workgroup writes its partial (accumulator, max, sum) and
-// attn_merge.wgsl combines them.
+// Paged attention for decode rows (and short chunks), split along the
+// context (flash-decoding): one workgroup per (row, KV head, group of HG
+// query heads of that KV head, context split). The host picks the number of
+// splits from the work in the pass, so that one sequence's context spreads
+// over many workgroups; with n_splits > 1 each workgroup writes its partial
+// (unnormalised accumulator, max, sum) and attn_merge.wgsl combines them by
+// the log-sum-exp rule. Each K and V row of the paged cache is read once for
+// the HG query heads that share it (grouped-query attention).
+//
+// A split's positions are visited in tiles of TILE with an online softmax:
+// 1. scores: one position per invocation, all HG heads, the K row read in
+//    VT vectors (the query heads' rows wait in workgroup memory);
+// 2. the tile's max and sum per head in parallel: R invocations per head
+//    each fold a stride of the tile, then every invocation folds those R
+//    partials itself (broadcast reads), so each holds the running max and
+//    sum of every head privately and no invocation waits on a serial loop;
+// 3. P V: invocations in NSLOT slots of LPS lanes; a slot's lanes read one
+//    V row as consecutive vectors (CPL each) and each slot takes every
+//    NSLOT-th position of the tile, holding HG accumulators per vector;
+//    the rows' places in the cache come from step 1 through workgroup
+//    memory, and UNROLL rows are loaded before any is used.
+// The slots' accumulators are added (in slot order) once, at the end.
+// Scores are double-buffered across tiles, so a tile needs three barriers.
 //
 // Specialised by the host, which prepends:
 //   HEAD_DIM  head width
+//   TILE      positions per tile
 //   HG        query heads per workgroup (divides the group size)
-//   QS_LEN    HG * HEAD_DIM
-//   SC_LEN    HG * TILE
-//   OPT       ceil(QS_LEN / WG), accumulator elements per invocation
-// Reductions are serial loops or workgroup memory: no subgroup operations.
-// Each K row is loaded once (as vec4s where 4 divides HEAD_DIM) for all HG
-// heads' scores.
+//   VW, VT    vector width (4 where it divides HEAD_DIM, else 2) and type
+//   NC        HEAD_DIM / VW, vectors per row
+//   LPS       lanes per P V slot (min(NC, WG))
+//   CPL       vectors per lane (ceil(NC / LPS))
+//   NSLOT     P V slots (min(WG / LPS, 4))
+//   R         invocations per head in the tile reductions (HG * R <= WG)
+// No subgroup operations: any subgroup size works.
 
 struct Params {
     n_items: u32,   // decode rows in this pass
@@ -37,23 +54,33 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> plan: array<u32>;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
-// The cache as vec4s (its buffers are whole 16-byte words): a K row is
-// HEAD_DIM / 4 vector loads where 4 divides the head width.
-@group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> vc: array<vec4<f32>>;
+// The cache as VT vectors: a K or V row is NC vector loads.
+@group(0) @binding(2) var<storage, read> kc: array<VT>;
+@group(0) @binding(3) var<storage, read> vc: array<VT>;
 @group(0) @binding(4) var<storage, read_write> att: array<f32>;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 64u;
-const TILE: u32 = 64u;
+const UNROLL: u32 = 4u;
 const NEG: f32 = -1.0e30;
 
-var<workgroup> qs: array<f32, QS_LEN>;
-var<workgroup> sc: array<f32, SC_LEN>;
-var<workgroup> run_max: array<f32, HG>;
-var<workgroup> run_sum: array<f32, HG>;
-var<workgroup> rescale: array<f32, HG>;
+var<workgroup> qs: array<VT, HG * NC>;
+// Scores, then their exponentials, and each position's cache row (the
+// same for K and V); two tiles' worth (double-buffered).
+var<workgroup> sc: array<f32, 2u * HG * TILE>;
+var<workgroup> rows: array<u32, 2u * TILE>;
+var<workgroup> red_max: array<f32, HG * R>;
+var<workgroup> red_sum: array<f32, HG * R>;
+// The accumulators of slots 1.. for slot 0 to add.
+var<workgroup> slots: array<VT, OBUF_LEN>;
+
+// The row of the cache, in vectors, holding position j of KV head g of the
+// sequence whose block table starts at word rt of `plan`.
+fn cache_row(rt: u32, j: u32, g: u32) -> u32 {
+    let block = plan[rt + j / p.bs];
+    return ((block * p.kv_heads + g) * p.bs + j % p.bs) * NC;
+}
 
 @compute @workgroup_size(64)
 fn main(
@@ -65,6 +92,7 @@ fn main(
     let g = (wid.x % per_item) / p.hgroups;
     let hgp = wid.x % p.hgroups;
     let split = wid.y;
+    // Uniform per workgroup, so the barriers below stay in uniform control.
     if (item >= p.n_items) {
         return;
     }
@@ -75,101 +103,163 @@ fn main(
     let j1 = min(ctx, j0 + p.split_len);
     let h0 = g * p.group + hgp * HG;
 
-    for (var e = lid; e < QS_LEN; e += WG) {
-        let h = e / HEAD_DIM;
-        let d = e % HEAD_DIM;
-        qs[e] = qkv[r * p.stride + (h0 + h) * HEAD_DIM + d] * p.scale;
+    for (var e = lid; e < HG * NC; e += WG) {
+        let h = e / NC;
+        let at = r * p.stride + (h0 + h) * HEAD_DIM + (e % NC) * VW;
+        var q: VT;
+        for (var i = 0u; i < VW; i++) {
+            q[i] = qkv[at + i] * p.scale;
+        }
+        qs[e] = q;
     }
-    if (lid < HG) {
-        run_max[lid] = NEG;
-        run_sum[lid] = 0.0;
+    // Every invocation's private copy of each head's running max and sum.
+    var run_max: array<f32, HG>;
+    var run_sum: array<f32, HG>;
+    for (var h = 0u; h < HG; h++) {
+        run_max[h] = NEG;
     }
-    var acc: array<f32, OPT>;
+    let slot = lid / LPS;
+    let lane = lid % LPS;
+    var acc: array<VT, HG * CPL>;
     workgroupBarrier();
 
+    var buf = 0u;
     for (var t0 = j0; t0 < j1; t0 += TILE) {
         let n = min(TILE, j1 - t0);
-        // Scores: one position per invocation, HG heads each.
+        let rb = buf * TILE;
+        let sb = rb * HG;
+        buf ^= 1u;
         if (lid < n) {
-            let j = t0 + lid;
-            let block = plan[rt + j / p.bs];
-            let kb = ((block * p.kv_heads + g) * p.bs + j % p.bs) * HEAD_DIM;
+            let kb = cache_row(rt, t0 + lid, g);
+            rows[rb + lid] = kb;
             var s: array<f32, HG>;
-            if (HEAD_DIM % 4u == 0u) {
-                for (var d = 0u; d < HEAD_DIM; d += 4u) {
-                    let k4 = kc[(kb + d) >> 2u];
-                    for (var h = 0u; h < HG; h++) {
-                        let q = h * HEAD_DIM + d;
-                        s[h] += dot(vec4<f32>(qs[q], qs[q + 1u], qs[q + 2u], qs[q + 3u]), k4);
-                    }
-                }
-            } else {
-                for (var d = 0u; d < HEAD_DIM; d++) {
-                    let kv = kc[(kb + d) >> 2u][(kb + d) & 3u];
-                    for (var h = 0u; h < HG; h++) {
-                        s[h] += qs[h * HEAD_DIM + d] * kv;
-                    }
+            for (var c = 0u; c < NC; c++) {
+                let k = kc[kb + c];
+                for (var h = 0u; h < HG; h++) {
+                    s[h] += dot(qs[h * NC + c], k);
                 }
             }
             for (var h = 0u; h < HG; h++) {
-                sc[h * TILE + lid] = s[h];
+                sc[sb + h * TILE + lid] = s[h];
             }
         }
         workgroupBarrier();
-        // Online softmax update, one invocation per head.
-        if (lid < HG) {
-            let h = lid;
-            var m = run_max[h];
-            for (var jj = 0u; jj < n; jj++) {
-                m = max(m, sc[h * TILE + jj]);
+        // The tile's max per head: R invocations per head, then everyone.
+        let rh = lid / R;
+        let rr = lid % R;
+        if (lid < HG * R) {
+            var m = NEG;
+            for (var jj = rr; jj < n; jj += R) {
+                m = max(m, sc[sb + rh * TILE + jj]);
             }
-            let a = exp(run_max[h] - m);
-            var l = run_sum[h] * a;
-            for (var jj = 0u; jj < n; jj++) {
-                let e = exp(sc[h * TILE + jj] - m);
-                sc[h * TILE + jj] = e;
+            red_max[lid] = m;
+        }
+        workgroupBarrier();
+        var new_max: array<f32, HG>;
+        for (var h = 0u; h < HG; h++) {
+            var m = run_max[h];
+            for (var i = 0u; i < R; i++) {
+                m = max(m, red_max[h * R + i]);
+            }
+            new_max[h] = m;
+        }
+        // Exponentials in place, and their sums per head the same way.
+        if (lid < HG * R) {
+            var l = 0.0;
+            for (var jj = rr; jj < n; jj += R) {
+                let e = exp(sc[sb + rh * TILE + jj] - new_max[rh]);
+                sc[sb + rh * TILE + jj] = e;
                 l += e;
             }
-            run_max[h] = m;
-            run_sum[h] = l;
-            rescale[h] = a;
+            red_sum[lid] = l;
         }
         workgroupBarrier();
-        // Accumulate P V: adjacent invocations read adjacent elements of V.
-        for (var o = 0u; o < OPT; o++) {
-            let e = lid + o * WG;
-            if (e < QS_LEN) {
-                let h = e / HEAD_DIM;
-                let d = e % HEAD_DIM;
-                var a = acc[o] * rescale[h];
-                for (var jj = 0u; jj < n; jj++) {
-                    let j = t0 + jj;
-                    let block = plan[rt + j / p.bs];
-                    let vb = ((block * p.kv_heads + g) * p.bs + j % p.bs) * HEAD_DIM;
-                    a += sc[h * TILE + jj] * vc[(vb + d) >> 2u][(vb + d) & 3u];
-                }
-                acc[o] = a;
+        for (var h = 0u; h < HG; h++) {
+            let a = exp(run_max[h] - new_max[h]);
+            var l = run_sum[h] * a;
+            for (var i = 0u; i < R; i++) {
+                l += red_sum[h * R + i];
+            }
+            run_sum[h] = l;
+            run_max[h] = new_max[h];
+            for (var ci = 0u; ci < CPL; ci++) {
+                acc[h * CPL + ci] *= a;
             }
         }
-        workgroupBarrier();
+        if (slot < NSLOT) {
+            // UNROLL positions at a time, their V loads issued together
+            // before any is used, so a lane has that many in flight.
+            for (var j = slot; j < n; j += UNROLL * NSLOT) {
+                var v: array<VT, UNROLL * CPL>;
+                for (var u = 0u; u < UNROLL; u++) {
+                    let jj = j + u * NSLOT;
+                    if (jj < n) {
+                        for (var ci = 0u; ci < CPL; ci++) {
+                            let c = lane + ci * LPS;
+                            if (c < NC) {
+                                v[u * CPL + ci] = vc[rows[rb + jj] + c];
+                            }
+                        }
+                    }
+                }
+                for (var u = 0u; u < UNROLL; u++) {
+                    let jj = j + u * NSLOT;
+                    if (jj < n) {
+                        for (var ci = 0u; ci < CPL; ci++) {
+                            for (var h = 0u; h < HG; h++) {
+                                acc[h * CPL + ci] += sc[sb + h * TILE + jj] * v[u * CPL + ci];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // No barrier here: the next tile writes the other score buffer, and
+        // its first barrier comes before anyone rewrites this one.
     }
 
-    for (var o = 0u; o < OPT; o++) {
-        let e = lid + o * WG;
-        if (e < QS_LEN) {
-            let h = e / HEAD_DIM;
-            let d = e % HEAD_DIM;
-            let qh = h0 + h;
-            if (p.n_splits == 1u) {
-                att[r * p.q_heads * HEAD_DIM + qh * HEAD_DIM + d] = acc[o] / run_sum[h];
-            } else {
-                let pi = (item * p.q_heads + qh) * p.n_splits + split;
-                part[pi * HEAD_DIM + d] = acc[o];
-                if (d == 0u) {
-                    part[p.ml_off + pi * 2u] = run_max[h];
-                    part[p.ml_off + pi * 2u + 1u] = run_sum[h];
+    if (NSLOT > 1u) {
+        if (slot >= 1u && slot < NSLOT) {
+            for (var i = 0u; i < HG * CPL; i++) {
+                slots[((slot - 1u) * HG * CPL + i) * LPS + lane] = acc[i];
+            }
+        }
+        workgroupBarrier();
+        if (slot == 0u) {
+            for (var s = 1u; s < NSLOT; s++) {
+                for (var i = 0u; i < HG * CPL; i++) {
+                    acc[i] += slots[((s - 1u) * HG * CPL + i) * LPS + lane];
                 }
             }
+        }
+    }
+    if (slot != 0u) {
+        return;
+    }
+    for (var h = 0u; h < HG; h++) {
+        let qh = h0 + h;
+        let pi = (item * p.q_heads + qh) * p.n_splits + split;
+        for (var ci = 0u; ci < CPL; ci++) {
+            let c = lane + ci * LPS;
+            if (c < NC) {
+                var o = acc[h * CPL + ci];
+                var at = pi * HEAD_DIM + c * VW;
+                if (p.n_splits == 1u) {
+                    o /= run_sum[h];
+                    at = r * p.q_heads * HEAD_DIM + qh * HEAD_DIM + c * VW;
+                }
+                for (var i = 0u; i < VW; i++) {
+                    if (p.n_splits == 1u) {
+                        att[at + i] = o[i];
+                    } else {
+                        part[at + i] = o[i];
+                    }
+                }
+            }
+        }
+        if (p.n_splits > 1u && lane == 0u) {
+            part[p.ml_off + pi * 2u] = run_max[h];
+            part[p.ml_off + pi * 2u + 1u] = run_sum[h];
         }
     }
 }

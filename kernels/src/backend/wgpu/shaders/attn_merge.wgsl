@@ -2,13 +2,17 @@
 // (acc_s, m_s, l_s), out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
 // M = max_s m_s. An empty split has m_s = -1e30 and l_s = 0, so it weighs 0.
 //
-// One workgroup per (decode row, query head); invocations over head_dim.
+// One workgroup per (decode row, query head). The invocations first find M
+// and each split's weight e^(m_s - M) together (a stride of the splits
+// each, then every invocation folds the 64 partials), so a split's weight is
+// computed once, not once per element of the head; then each invocation
+// takes elements of the head and sums them over the splits.
 
 struct Params {
     n_items: u32,  // decode rows
     dec_off: u32,  // word offset of the decode rows in `plan`
     q_heads: u32,  // query heads
-    n_splits: u32, // splits
+    n_splits: u32, // splits (at most MAX_SPLITS)
     ml_off: u32,   // offset of the (max, sum) pairs in `part`
     hd: u32,       // head_dim
     _p6: u32, _p7: u32,
@@ -21,6 +25,11 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> att: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
+const WG: u32 = 64u;
+
+var<workgroup> weight: array<f32, MAX_SPLITS>;
+var<workgroup> red: array<f32, WG>;
+
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -28,6 +37,7 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let w = wid.x + wid.y * nwg.x;
+    // Uniform per workgroup, so the barriers below stay in uniform control.
     if (w >= p.n_items * p.q_heads) {
         return;
     }
@@ -35,18 +45,33 @@ fn main(
     let qh = w % p.q_heads;
     let r = plan[p.dec_off + item];
     let base = (item * p.q_heads + qh) * p.n_splits;
+    let ns = min(p.n_splits, MAX_SPLITS);
     var m = -1.0e30;
-    for (var s = 0u; s < p.n_splits; s++) {
+    for (var s = lid; s < ns; s += WG) {
         m = max(m, part[p.ml_off + (base + s) * 2u]);
     }
-    var l = 0.0;
-    for (var s = 0u; s < p.n_splits; s++) {
-        l += part[p.ml_off + (base + s) * 2u + 1u] * exp(part[p.ml_off + (base + s) * 2u] - m);
+    red[lid] = m;
+    workgroupBarrier();
+    for (var i = 0u; i < WG; i++) {
+        m = max(m, red[i]);
     }
-    for (var d = lid; d < p.hd; d += 64u) {
+    workgroupBarrier(); // everyone has read `red` before it is rewritten
+    var l = 0.0;
+    for (var s = lid; s < ns; s += WG) {
+        let e = exp(part[p.ml_off + (base + s) * 2u] - m);
+        weight[s] = e;
+        l += part[p.ml_off + (base + s) * 2u + 1u] * e;
+    }
+    red[lid] = l;
+    workgroupBarrier();
+    l = 0.0;
+    for (var i = 0u; i < WG; i++) {
+        l += red[i];
+    }
+    for (var d = lid; d < p.hd; d += WG) {
         var a = 0.0;
-        for (var s = 0u; s < p.n_splits; s++) {
-            a += part[(base + s) * p.hd + d] * exp(part[p.ml_off + (base + s) * 2u] - m);
+        for (var s = 0u; s < ns; s++) {
+            a += part[(base + s) * p.hd + d] * weight[s];
         }
         att[r * p.q_heads * p.hd + qh * p.hd + d] = a / l;
     }

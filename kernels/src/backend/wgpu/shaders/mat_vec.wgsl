@@ -11,7 +11,10 @@
 // each invocation reads 8 consecutive weights per step with `w_load8` (one
 // 16-byte load of packed f16/bf16, two of f32, or one block's bytes and its
 // scale) and each column's 8 x values as two vec4 loads; other k take one
-// value at a time.
+// value at a time. The host prepends `const UNROLL: u32`: the 8-wide steps
+// whose weight loads an invocation issues together (at batch 1 a GPU is
+// bound by the loads in flight, and a row's few steps each wait a memory
+// latency otherwise).
 //
 // A workgroup of 256 invocations computes 256 / tpr rows, tpr invocations
 // per row striding over k (adjacent invocations read adjacent weights); the
@@ -29,10 +32,12 @@
 //   one invocation per row is built to avoid): x is the residual stream
 //   and each column is RMS-normalised on the fly,
 //   y = inv_rms(x[c]) * sum_k (W[o, k] g[k]) x[c, k], with the norm weight g
-//   in the bias binding (so only for matrices without a bias). The
+//   in the bias binding (so only for matrices without a bias), read as two
+//   vec4s per 8 weights, once for every column and for gate and up. The
 //   workgroup first sums each column's squares (256 / COLS invocations per
-//   column, a barrier, one invocation per column, a barrier), which
-//   replaces the separate RMSNorm dispatch and its output.
+//   column, summed by subgroup shuffles where there are subgroups, a
+//   barrier, one invocation per column adds the per-subgroup parts, a
+//   barrier), which replaces the separate RMSNorm dispatch and its output.
 // * flag ACCUMULATE: y += the product (the residual add of the output and
 //   down products, into the residual stream itself).
 //
@@ -71,7 +76,9 @@ struct Params {
 // x as vec4s: the 8-wide path reads two per step (every x buffer is a
 // whole number of 16-byte words), `x_at` one value.
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> bias: array<f32>;
+// The bias, or the norm weight under NORM, as vec4s (its buffers are whole
+// 16-byte words).
+@group(0) @binding(2) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
@@ -80,6 +87,10 @@ const ACCUMULATE: u32 = 1u;
 
 fn x_at(i: u32) -> f32 {
     return x[i >> 2u][i & 3u];
+}
+
+fn bias_at(i: u32) -> f32 {
+    return bias[i >> 2u][i & 3u];
 }
 
 // x[xi .. xi + 8] as two vector loads. The 8-wide path calls it with xi a
@@ -101,8 +112,10 @@ var<workgroup> red: array<f32, RED_LEN>; // WG * RC
 var<workgroup> inv_rms: array<f32, COLS>; // NORM: per column
 
 // NORM: 1 / rms of each column of x into `inv_rms`. Every invocation of the
-// workgroup calls it (it has barriers).
-fn column_norms(lid: u32) {
+// workgroup calls it (it has shuffles and barriers). Shuffles first sum each
+// run of min(per, sg_size) invocations of a column, so the serial part adds
+// one value per subgroup (without subgroups, one per invocation).
+fn column_norms(lid: u32, sg_size: u32) {
     let per = WG / COLS;
     let c = lid / per;
     let j = lid % per;
@@ -112,35 +125,43 @@ fn column_norms(lid: u32) {
         let v = x_at(xc + i);
         ss += v * v;
     }
-    red[lid] = ss;
+    let width = min(per, sg_size);
+    if (SUBGROUPS) {
+        for (var m = 1u; m < width; m <<= 1u) {
+            ss += sg_xor(ss, m);
+        }
+    }
+    let parts = per / width;
+    if (j % width == 0u) {
+        red[c * parts + j / width] = ss;
+    }
     workgroupBarrier();
     if (j == 0u) {
         var total = 0.0;
-        for (var i = 0u; i < per; i++) {
-            total += red[lid + i];
+        for (var i = 0u; i < parts; i++) {
+            total += red[c * parts + i];
         }
         inv_rms[c] = 1.0 / sqrt(total / f32(p.k) + p.eps);
     }
     workgroupBarrier();
 }
 
-// The 8 weights from i scaled by the norm weights g[kk .. kk + 8] (NORM).
-fn w_load8_normed(i: u32, kk: u32) -> W8 {
-    let wv = w_load8(i);
-    if (!NORM) {
-        return wv;
-    }
-    return W8(
-        wv.lo * vec4<f32>(bias[kk], bias[kk + 1u], bias[kk + 2u], bias[kk + 3u]),
-        wv.hi * vec4<f32>(bias[kk + 4u], bias[kk + 5u], bias[kk + 6u], bias[kk + 7u]),
-    );
+// NORM: the norm weights g[kk .. kk + 8] (kk a multiple of 8: two aligned
+// vector loads).
+fn norm8(kk: u32) -> W8 {
+    let q = kk >> 2u;
+    return W8(bias[q], bias[q + 1u]);
+}
+
+fn scaled8(wv: W8, g: W8) -> W8 {
+    return W8(wv.lo * g.lo, wv.hi * g.hi);
 }
 
 fn w_at_normed(i: u32, kk: u32) -> f32 {
     if (!NORM) {
         return w_at(i);
     }
-    return w_at(i) * bias[kk];
+    return w_at(i) * bias_at(kk);
 }
 
 // The finished sum v for output (row, column c) of this chunk: scaled by
@@ -153,7 +174,7 @@ fn finish(v0: f32, gate0: f32, row: u32, c: u32) {
         v *= inv_rms[c];
         gate *= inv_rms[c];
     } else if (p.has_bias != 0u) {
-        v += bias[p.row0 + row];
+        v += bias_at(p.row0 + row);
     }
     if (GLU) {
         v = silu_mul(gate, v);
@@ -180,17 +201,41 @@ fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
     let base = row * p.k;
     let ubase = (row + p.up_row) * p.k;
     if (p.k % 8u == 0u) {
-        for (var kk = 8u * first; kk < p.k; kk += 8u * stride) {
-            let wv = w_load8_normed(base + kk, kk);
-            var wu: W8;
-            if (GLU) {
-                wu = w_load8_normed(ubase + kk, kk);
+        let step = 8u * stride;
+        for (var k0 = 8u * first; k0 < p.k; k0 += UNROLL * step) {
+            // UNROLL steps' weights loaded before any is used, so that many
+            // loads are in flight per invocation; the sums still run in
+            // step order (the same bits for any UNROLL).
+            var wvs: array<W8, UNROLL>;
+            var wus: array<W8, UNROLL>;
+            for (var u = 0u; u < UNROLL; u++) {
+                let kk = k0 + u * step;
+                if (kk < p.k) {
+                    wvs[u] = w_load8(base + kk);
+                    if (GLU) {
+                        wus[u] = w_load8(ubase + kk);
+                    }
+                }
             }
-            for (var c = 0u; c < COLS; c++) {
-                let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
-                s.g[c] += dot8(wv, xv);
-                if (GLU) {
-                    s.u[c] += dot8(wu, xv);
+            for (var u = 0u; u < UNROLL; u++) {
+                let kk = k0 + u * step;
+                if (kk < p.k) {
+                    var wv = wvs[u];
+                    var wu = wus[u];
+                    if (NORM) {
+                        // One load of g for the gate and up rows and every
+                        // column.
+                        let g = norm8(kk);
+                        wv = scaled8(wv, g);
+                        wu = scaled8(wu, g);
+                    }
+                    for (var c = 0u; c < COLS; c++) {
+                        let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
+                        s.g[c] += dot8(wv, xv);
+                        if (GLU) {
+                            s.u[c] += dot8(wu, xv);
+                        }
+                    }
                 }
             }
         }
@@ -235,7 +280,7 @@ fn main(
 ) {
     let wg = wid.x + wid.y * nwg.x;
     if (NORM) {
-        column_norms(lid);
+        column_norms(lid, sg_size);
     }
     if (!SPLIT_K) {
         // No early return: what follows the branch must stay in uniform

@@ -1,0 +1,435 @@
+//! Attention's kernels as the host plans them, for the backend and the
+//! kernel lab alike: the shape constants they are compiled with, one typed
+//! parameter block per kernel (mirroring its WGSL `Params`), and how decode
+//! attention splits a pass's contexts over workgroups (flash-decoding).
+
+use super::context::grid;
+
+/// Positions per tile of the decode attention kernel (its `TILE`).
+const DECODE_TILE: u32 = 64;
+/// Invocations per decode attention workgroup (its `WG`).
+const DECODE_WG: u32 = 64;
+/// Most P V slots of the decode kernel: each adds a round of slot
+/// accumulators to workgroup memory at the end.
+const MAX_SLOTS: u32 = 4;
+/// Most context splits per decode row; attn_merge.wgsl keeps one weight
+/// per split in workgroup memory.
+pub(crate) const MAX_SPLITS: u32 = 256;
+/// Most positions one decode workgroup visits (when the binding allows
+/// that many splits): 16 tiles, far below llvmpipe's cap on the loop
+/// iterations of an invocation, and a bound on any one workgroup's time.
+const MAX_SPLIT_LEN: u32 = 1024;
+
+/// Shape constants the attention kernels are specialised for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AttnShape {
+    /// Head width (even).
+    pub(crate) head_dim: u32,
+    /// Query heads per KV head.
+    pub(crate) group: u32,
+}
+
+impl AttnShape {
+    /// Query heads per decode workgroup: the largest divisor of the group
+    /// with at most 8 heads and 1024 query values (workgroup memory stays
+    /// under 16 KiB). The K and V rows are read once per such set of heads.
+    pub(crate) fn heads_per_wg(&self) -> u32 {
+        (1..=self.group.min(8))
+            .rev()
+            .find(|&h| self.group.is_multiple_of(h) && h * self.head_dim <= 1024)
+            .unwrap_or(1)
+    }
+
+    /// Rows per prefill query tile (= positions per key tile): the largest
+    /// power of two up to 32 with at most 1024 values per tile.
+    pub(crate) fn prefill_rows(&self) -> u32 {
+        let mut br = 32;
+        while br > 1 && br * self.head_dim > 1024 {
+            br /= 2;
+        }
+        br
+    }
+
+    /// The constants attn_decode.wgsl is compiled with (see its header).
+    pub(crate) fn decode_consts(&self) -> String {
+        let hg = self.heads_per_wg();
+        let hd = self.head_dim;
+        let vw = if hd.is_multiple_of(4) { 4 } else { 2 };
+        let nc = hd / vw;
+        let lps = nc.clamp(1, DECODE_WG);
+        let cpl = nc.div_ceil(lps);
+        let nslot = (DECODE_WG / lps).clamp(1, MAX_SLOTS);
+        // A power of two, so each head's reducers stride the tile evenly.
+        let r = 1u32 << (DECODE_WG / hg).min(8).ilog2();
+        let obuf = ((nslot - 1) * hg * cpl * lps).max(1);
+        format!(
+            "const HEAD_DIM: u32 = {hd}u;\nconst TILE: u32 = {DECODE_TILE}u;\n\
+             const HG: u32 = {hg}u;\nconst VW: u32 = {vw}u;\n\
+             alias VT = vec{vw}<f32>;\nconst NC: u32 = {nc}u;\nconst LPS: u32 = {lps}u;\n\
+             const CPL: u32 = {cpl}u;\nconst NSLOT: u32 = {nslot}u;\nconst R: u32 = {r}u;\n\
+             const OBUF_LEN: u32 = {obuf}u;\n"
+        )
+    }
+
+    /// The constants attn_prefill.wgsl is compiled with (see its header).
+    pub(crate) fn prefill_consts(&self) -> String {
+        let br = self.prefill_rows();
+        let q = br * self.head_dim;
+        format!(
+            "const HEAD_DIM: u32 = {}u;\nconst BR: u32 = {br}u;\nconst Q_LEN: u32 = {q}u;\n\
+             const S_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
+            self.head_dim,
+            br * br,
+            q.div_ceil(64)
+        )
+    }
+}
+
+/// The constants attn_merge.wgsl is compiled with.
+pub(crate) fn merge_consts() -> String {
+    format!("const MAX_SPLITS: u32 = {MAX_SPLITS}u;\n")
+}
+
+/// attn_decode.wgsl's `Params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct DecodeParams {
+    pub(crate) n_items: u32,
+    pub(crate) dec_off: u32,
+    pub(crate) pos_off: u32,
+    pub(crate) rt_off: u32,
+    pub(crate) kv_heads: u32,
+    pub(crate) group: u32,
+    pub(crate) stride: u32,
+    pub(crate) q_heads: u32,
+    pub(crate) bs: u32,
+    pub(crate) split_len: u32,
+    pub(crate) n_splits: u32,
+    pub(crate) scale: f32,
+    pub(crate) ml_off: u32,
+    pub(crate) hgroups: u32,
+}
+
+impl DecodeParams {
+    /// The uniform block's words, in the WGSL struct's order.
+    pub(crate) fn words(&self) -> Vec<u32> {
+        vec![
+            self.n_items,
+            self.dec_off,
+            self.pos_off,
+            self.rt_off,
+            self.kv_heads,
+            self.group,
+            self.stride,
+            self.q_heads,
+            self.bs,
+            self.split_len,
+            self.n_splits,
+            self.scale.to_bits(),
+            self.ml_off,
+            self.hgroups,
+        ]
+    }
+}
+
+/// attn_merge.wgsl's `Params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MergeParams {
+    pub(crate) n_items: u32,
+    pub(crate) dec_off: u32,
+    pub(crate) q_heads: u32,
+    pub(crate) n_splits: u32,
+    pub(crate) ml_off: u32,
+    pub(crate) hd: u32,
+}
+
+impl MergeParams {
+    /// The uniform block's words, in the WGSL struct's order.
+    pub(crate) fn words(&self) -> Vec<u32> {
+        vec![
+            self.n_items,
+            self.dec_off,
+            self.q_heads,
+            self.n_splits,
+            self.ml_off,
+            self.hd,
+        ]
+    }
+}
+
+/// attn_prefill.wgsl's `Params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct PrefillParams {
+    pub(crate) tile_off: u32,
+    pub(crate) pos_off: u32,
+    pub(crate) rt_off: u32,
+    pub(crate) kv_heads: u32,
+    pub(crate) group: u32,
+    pub(crate) stride: u32,
+    pub(crate) q_heads: u32,
+    pub(crate) bs: u32,
+    pub(crate) scale: f32,
+    pub(crate) n_tiles: u32,
+}
+
+impl PrefillParams {
+    /// The uniform block's words, in the WGSL struct's order.
+    pub(crate) fn words(&self) -> Vec<u32> {
+        vec![
+            self.tile_off,
+            self.pos_off,
+            self.rt_off,
+            self.kv_heads,
+            self.group,
+            self.stride,
+            self.q_heads,
+            self.bs,
+            self.scale.to_bits(),
+            self.n_tiles,
+        ]
+    }
+}
+
+/// How decode attention spreads a pass's contexts over workgroups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPolicy {
+    /// Aim for about this many workgroups in a decode dispatch: a pass's
+    /// rows times KV heads (times head groups) times context splits. A
+    /// large GPU needs several hundred to have every core busy.
+    pub workgroups: u32,
+    /// Fewest positions per split: shorter splits cost more in partials
+    /// and merging than their parallelism gains.
+    pub min_len: u32,
+}
+
+/// The model side of a pass's attention: what every kernel's parameters
+/// take from the model and the cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnModel {
+    pub(crate) shape: AttnShape,
+    pub(crate) q_heads: u32,
+    pub(crate) kv_heads: u32,
+    /// Width of a q|k|v row.
+    pub(crate) stride: u32,
+    /// KV block size.
+    pub(crate) bs: u32,
+}
+
+impl AttnModel {
+    fn scale(&self) -> f32 {
+        1.0 / (self.shape.head_dim as f32).sqrt()
+    }
+}
+
+/// One attention dispatch: its parameter words and grid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttnCall {
+    pub(crate) words: Vec<u32>,
+    pub(crate) groups: [u32; 2],
+}
+
+/// A pass's decode attention: the decode dispatch, the merge when the
+/// contexts are split, and the bytes of partials that needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DecodeCalls {
+    pub(crate) decode: AttnCall,
+    pub(crate) merge: Option<AttnCall>,
+    pub(crate) part_bytes: u64,
+    /// Splits per row, and positions per split.
+    pub(crate) n_splits: u32,
+    pub(crate) split_len: u32,
+}
+
+/// Where a pass's decode rows are in `plan`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecodeRows {
+    pub(crate) n_items: u32,
+    pub(crate) dec_off: u32,
+    pub(crate) pos_off: u32,
+    pub(crate) rt_off: u32,
+    /// Longest context among them.
+    pub(crate) max_ctx: u32,
+}
+
+/// Splits per row and positions per split for `units` workgroups per split
+/// (rows x KV heads x head groups), the longest context `max_ctx`, and
+/// `split_bytes` of partials per split (`max_binding` bounds them all):
+/// as many as the policy's workgroup target asks, no shorter than its
+/// minimum, no longer than [`MAX_SPLIT_LEN`] where the binding allows.
+pub(crate) fn splits(
+    units: u32,
+    max_ctx: u32,
+    policy: SplitPolicy,
+    split_bytes: u64,
+    max_binding: u64,
+) -> (u32, u32) {
+    let ctx = max_ctx.max(1);
+    let want = policy.workgroups.div_ceil(units.max(1));
+    let most = ctx.div_ceil(policy.min_len.max(1));
+    let least = ctx.div_ceil(MAX_SPLIT_LEN);
+    let fit = (max_binding / split_bytes.max(1)).clamp(1, MAX_SPLITS as u64) as u32;
+    let n = want.min(most).max(least).clamp(1, fit);
+    let len = ctx.div_ceil(n);
+    (ctx.div_ceil(len), len)
+}
+
+/// The decode attention of `rows` (`rows.n_items` > 0) under `policy`.
+pub(crate) fn decode_calls(
+    m: &AttnModel,
+    rows: &DecodeRows,
+    policy: SplitPolicy,
+    max_binding: u64,
+) -> DecodeCalls {
+    let hd = m.shape.head_dim;
+    let hgroups = m.shape.group / m.shape.heads_per_wg();
+    let units = rows.n_items * m.kv_heads * hgroups;
+    let split_bytes = 4 * rows.n_items as u64 * m.q_heads as u64 * (hd as u64 + 2);
+    let (n_splits, split_len) = splits(units, rows.max_ctx, policy, split_bytes, max_binding);
+    let ml_off = rows.n_items * m.q_heads * n_splits * hd;
+    let decode = DecodeParams {
+        n_items: rows.n_items,
+        dec_off: rows.dec_off,
+        pos_off: rows.pos_off,
+        rt_off: rows.rt_off,
+        kv_heads: m.kv_heads,
+        group: m.shape.group,
+        stride: m.stride,
+        q_heads: m.q_heads,
+        bs: m.bs,
+        split_len,
+        n_splits,
+        scale: m.scale(),
+        ml_off,
+        hgroups,
+    };
+    let merge = (n_splits > 1).then(|| AttnCall {
+        words: MergeParams {
+            n_items: rows.n_items,
+            dec_off: rows.dec_off,
+            q_heads: m.q_heads,
+            n_splits,
+            ml_off,
+            hd,
+        }
+        .words(),
+        groups: grid(rows.n_items * m.q_heads),
+    });
+    DecodeCalls {
+        decode: AttnCall {
+            words: decode.words(),
+            groups: [units, n_splits],
+        },
+        merge,
+        part_bytes: if n_splits > 1 {
+            split_bytes * n_splits as u64
+        } else {
+            0
+        },
+        n_splits,
+        split_len,
+    }
+}
+
+/// The prefill attention of `n_tiles` tiles listed at `tile_off` in `plan`.
+pub(crate) fn prefill_call(
+    m: &AttnModel,
+    tile_off: u32,
+    pos_off: u32,
+    rt_off: u32,
+    n_tiles: u32,
+) -> AttnCall {
+    AttnCall {
+        words: PrefillParams {
+            tile_off,
+            pos_off,
+            rt_off,
+            kv_heads: m.kv_heads,
+            group: m.shape.group,
+            stride: m.stride,
+            q_heads: m.q_heads,
+            bs: m.bs,
+            scale: m.scale(),
+            n_tiles,
+        }
+        .words(),
+        groups: [n_tiles, m.q_heads],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WIDE: SplitPolicy = SplitPolicy {
+        workgroups: 512,
+        min_len: 32,
+    };
+
+    #[test]
+    fn splits_fill_the_target_within_their_bounds() {
+        let mb = 1 << 27;
+        // One row, 4 KV heads, 150 positions: as many splits as 32-position
+        // minimums allow.
+        assert_eq!(splits(4, 150, WIDE, 1000, mb), (5, 30));
+        // 1,024 positions: 32 splits of 32 (128 workgroups).
+        assert_eq!(splits(4, 1024, WIDE, 1000, mb), (32, 32));
+        // 8,192: the target (512 / 4 = 128 splits of 64).
+        assert_eq!(splits(4, 8192, WIDE, 1000, mb), (128, 64));
+        // 64 rows x 4 heads at 8,192: the target wants 2, the length cap 8.
+        assert_eq!(splits(256, 8192, WIDE, 1000, mb), (8, 1024));
+        // Short contexts: one split.
+        assert_eq!(splits(256, 16, WIDE, 1000, mb), (1, 16));
+        assert_eq!(splits(4, 1, WIDE, 1000, mb), (1, 1));
+        // The binding bounds the partials: 3 splits fit.
+        assert_eq!(splits(4, 1024, WIDE, 1000, 3000), (3, 342));
+        // Never more than MAX_SPLITS, and every position covered.
+        for ctx in [1, 2, 31, 33, 100, 1000, 4097, 65_536, 300_000] {
+            for min_len in [1, 7, 32, 5000] {
+                let policy = SplitPolicy {
+                    workgroups: 1 << 20,
+                    min_len,
+                };
+                let (n, len) = splits(1, ctx, policy, 1, mb);
+                assert!((1..=MAX_SPLITS).contains(&n), "{ctx} {min_len}");
+                assert!(n * len >= ctx && (n - 1) * len < ctx, "{ctx} {min_len}");
+            }
+        }
+    }
+
+    #[test]
+    fn attention_specialisation_fits_workgroup_memory() {
+        for head_dim in [2, 4, 6, 8, 10, 16, 34, 64, 80, 96, 128, 130, 256, 512] {
+            for group in [1, 2, 3, 4, 7, 8, 16] {
+                let s = AttnShape { head_dim, group };
+                let br = s.prefill_rows();
+                assert!(br >= 1 && (br * head_dim <= 1024 || br == 1));
+                let consts = s.decode_consts();
+                let get = |name: &str| -> u32 {
+                    let at = consts.find(&format!("const {name}: u32 = ")).expect(name);
+                    let rest = &consts[at + name.len() + 14..];
+                    rest[..rest.find('u').expect("u")].parse().expect("number")
+                };
+                let (hg, vw, nc, lps, cpl, nslot, r) = (
+                    get("HG"),
+                    get("VW"),
+                    get("NC"),
+                    get("LPS"),
+                    get("CPL"),
+                    get("NSLOT"),
+                    get("R"),
+                );
+                assert_eq!(group % hg, 0);
+                assert!(hg * head_dim <= 1024 || hg == 1);
+                assert_eq!(nc * vw, head_dim);
+                assert!(lps * cpl >= nc && lps * nslot <= DECODE_WG);
+                assert!(r.is_power_of_two() && hg * r <= DECODE_WG);
+                // qs, two score tiles, the two reductions, the slot sums.
+                let bytes =
+                    4 * (hg * head_dim + 2 * hg * DECODE_TILE + 2 * hg * r + get("OBUF_LEN") * vw);
+                assert!(bytes <= 16 * 1024, "{s:?}: {bytes} bytes");
+            }
+        }
+    }
+}
