@@ -329,6 +329,7 @@ impl Swarm {
         let dialects = dialect_mix(d, generate_clients);
         host.session_max_messages = pick(d, &[2, 4, 20]);
         host.max_sessions = pick(d, &[2, 8, 10_000]);
+        host.max_sessions_per_conn = pick(d, &[1, 2, 64]);
         host.max_websocket_connections = pick(d, &[1, 2, 4, 100]);
         let (warn, life) = pick(
             d,
@@ -355,6 +356,9 @@ impl Swarm {
         let b = &mut Rng::new(mix64(seed, STREAM_BATCH));
         let dialects = batch_mix(b, dialects);
         host.batch_cache_entries = pick(b, &[0, 1, 2, 4, 256]);
+        // The bounds, small now and then so that clients meet them.
+        host.batch_max_payloads = pick(b, &[1, 2, 16, 16]);
+        host.batch_max_prompts = pick(b, &[2, 4, 256, 256]);
         // Mostly each connection's own cache; sometimes the source's
         // host-wide one (a trusted network's choice).
         host.batch_cache_scope = if chance(b, 0.25) {

@@ -63,6 +63,8 @@ pub struct BatchClient {
     /// Batches of its own that completed (continuable), newest last.
     finished: Vec<Vec<String>>,
     next_req: u64,
+    /// Batches sent under ids other clients use too.
+    shared_serial: u64,
     /// Payloads it keeps in flight.
     most: usize,
     next_step: Option<Instant>,
@@ -86,6 +88,7 @@ impl BatchClient {
             queued: Vec::new(),
             finished: Vec::new(),
             next_req: 0,
+            shared_serial: 0,
             most,
             next_step: None,
             wake_at: None,
@@ -180,8 +183,15 @@ impl BatchClient {
     /// duplicate id.
     fn payload(&mut self, cx: &ClientCx<'_>) -> ClientOp {
         let config = self.config(cx);
+        let in_flight: BTreeSet<String> = self.queued.iter().flat_map(|q| q.ids.clone()).collect();
         if !self.finished.is_empty() && chance(&mut self.rng, 0.35) {
             let i = self.rng.below(self.finished.len() as u64) as usize;
+            if self.finished[i].iter().any(|id| in_flight.contains(id)) {
+                // Its ids are live again in another payload (shared ids):
+                // frames of two live prompts with one id cannot be told apart.
+                let fresh = vec![self.new_rid()];
+                return self.send(cx, fresh, config);
+            }
             let mut ids = self.finished.swap_remove(i);
             if ids.len() > 1 && chance(&mut self.rng, 0.15) {
                 // The same ids in another order: another key.
@@ -190,7 +200,23 @@ impl BatchClient {
             return self.send(cx, ids, config);
         }
         let n = 1 + self.rng.below(4) as usize;
-        let mut ids: Vec<String> = (0..n).map(|_| self.new_rid()).collect();
+        // Now and then ids other clients use too (a common scheme that
+        // counts from 1 per connection): what one connection kept must stay
+        // its own. Counted per client, so two live prompts of one
+        // connection never share an id (their frames could not be told
+        // apart), while every client's k-th such batch does.
+        let shared = chance(&mut self.rng, 0.15);
+        let serial = self.shared_serial;
+        self.shared_serial += u64::from(shared);
+        let mut ids: Vec<String> = (0..n)
+            .map(|i| {
+                if shared {
+                    format!("shared-{serial}-{i}")
+                } else {
+                    self.new_rid()
+                }
+            })
+            .collect();
         if chance(&mut self.rng, 0.08) {
             let d = ids[self.rng.below(n as u64) as usize].clone();
             let at = self.rng.below(n as u64 + 1) as usize;

@@ -50,6 +50,44 @@ pub enum Expect {
     Stopped,
 }
 
+/// The Host's feedback bucket of one connection, as the acks tell it:
+/// [`tokenwire_core::dialect::generate::FEEDBACK_PER_MINUTE`] units, full at
+/// first, refilled continuously at that many a minute.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FeedbackMeter {
+    /// Units held, scaled by a minute in nanoseconds; `None` before the first.
+    scaled: Option<(i128, tokenwire_core::Instant)>,
+}
+
+const MINUTE_NS: i128 = 60_000_000_000;
+
+impl FeedbackMeter {
+    fn per_minute() -> i128 {
+        i128::from(tokenwire_core::dialect::generate::FEEDBACK_PER_MINUTE)
+    }
+
+    fn refilled(&self, now: tokenwire_core::Instant) -> i128 {
+        let cap = Self::per_minute() * MINUTE_NS;
+        match self.scaled {
+            None => cap,
+            Some((units, at)) => {
+                let elapsed = i128::from((now - at).as_nanos() as u64);
+                (units + elapsed * Self::per_minute()).min(cap)
+            }
+        }
+    }
+
+    /// True when a feedback at `now` finds a unit.
+    pub fn allows(&self, now: tokenwire_core::Instant) -> bool {
+        self.refilled(now) >= MINUTE_NS
+    }
+
+    /// A feedback was acknowledged at `now`.
+    pub fn take(&mut self, now: tokenwire_core::Instant) {
+        self.scaled = Some((self.refilled(now) - MINUTE_NS, now));
+    }
+}
+
 /// What the model needs to know about the connection and the server.
 pub struct State<'a> {
     /// The request in flight, and its id.
@@ -70,6 +108,8 @@ pub struct State<'a> {
     pub shutting_down: bool,
     /// The queue may be full (as many requests in flight as it holds).
     pub queue_may_be_full: bool,
+    /// The connection's feedback bucket holds a unit.
+    pub feedback_allowed: bool,
 }
 
 fn depth(v: &Value) -> usize {
@@ -399,6 +439,9 @@ fn feedback(m: &Map<String, Value>, st: &State<'_>) -> Option<Expect> {
     }
     if field(m, "position").is_some_and(|p| p.as_u64().is_none()) {
         return Some(invalid(&["position"]));
+    }
+    if !st.feedback_allowed {
+        return Some(err("rate_limited", true, &[]));
     }
     let request_id = st
         .current

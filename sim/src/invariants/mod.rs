@@ -17,7 +17,8 @@
 //! - [`common_checkers`] hold for every dialect: closes and what may follow
 //!   them, the idle, keepalive, slow-client and shutdown deadlines (each
 //!   dialect's notion of busy), KV blocks, the scheduler, step budgets, flow
-//!   control, metrics (each dialect's errors and terminal frames) and
+//!   control, metrics (each dialect's errors and terminal frames),
+//!   isolation (no text of one principal's prompt reaches another) and
 //!   liveness (every request of every dialect ends, every message is
 //!   answered).
 //! - [`generate_checkers`] judge `generate` connections only
@@ -45,10 +46,12 @@
 //!   STARTED / INITIALIZED at most once and before PROGRESS; frames in
 //!   payload order, PROGRESS only when streaming; continued batches starting
 //!   from the text the modelled continue-generation cache holds;
-//!   `new_tokens_count` within `max_new_tokens` and streamed texts adding up.
+//!   `new_tokens_count` within `max_new_tokens` and streamed texts adding up;
+//!   payloads refused exactly at the per-connection bound.
 
 pub mod after_close;
 pub mod after_terminal;
+pub mod batch_bounds;
 pub mod batch_continuation;
 pub mod batch_order;
 pub mod batch_terminal;
@@ -66,6 +69,7 @@ pub mod engine_faults;
 pub mod flow_control;
 pub mod generate_model;
 pub mod idle_timeout;
+pub mod isolation;
 pub mod keepalive;
 pub mod kv_blocks;
 pub mod liveness;
@@ -84,6 +88,7 @@ pub mod responses_terminal;
 pub mod responses_wire;
 pub mod sampling;
 pub mod scheduler;
+pub mod session_bounds;
 pub mod session_cleanup;
 pub mod session_history;
 pub mod session_index;
@@ -315,6 +320,7 @@ pub fn common_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(flow_control::FlowControl),
         Box::new(closes::Closes::default()),
         Box::new(metrics::Metrics::default()),
+        Box::new(isolation::Isolation::default()),
         Box::new(liveness::Liveness),
     ]
 }
@@ -352,6 +358,7 @@ pub fn session_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(session_history::SessionHistory),
         Box::new(session_stream::SessionStream),
         Box::new(session_cleanup::SessionCleanup),
+        Box::new(session_bounds::SessionBounds),
     ]
 }
 
@@ -389,6 +396,7 @@ pub fn batch_checkers() -> Vec<Box<dyn Checker>> {
         Box::new(batch_order::BatchOrder),
         Box::new(batch_continuation::BatchContinuation),
         Box::new(batch_text::BatchText),
+        Box::new(batch_bounds::BatchBounds),
     ]
 }
 

@@ -91,6 +91,7 @@ impl Checker for Replies {
             shutting_down: cx.view.shutdown_at.is_some(),
             queue_may_be_full: cx.view.outstanding().len() as u64
                 >= u64::from(cx.config.max_queued_requests),
+            feedback_allowed: c.feedback.allows(cx.now),
         };
         // A regenerate handled at once already replaced the request in the
         // view (it carries that request's config): it starts a new one.

@@ -255,6 +255,8 @@ pub struct ConnView {
     pub texts_in: u64,
     /// The last request started on it (for feedback acks).
     pub last_request: Option<String>,
+    /// Its feedback rate limit, as the acks tell it.
+    pub feedback: super::generate_model::FeedbackMeter,
     /// Its text jobs not yet answered: its frames are held meanwhile.
     pub text_jobs: BTreeSet<TextJobId>,
     /// Its job checks not yet answered: its frames are held meanwhile.
@@ -549,6 +551,7 @@ impl View {
                         pending: VecDeque::new(),
                         texts_in: 0,
                         last_request: None,
+                        feedback: Default::default(),
                         text_jobs: BTreeSet::new(),
                         job_checks: BTreeSet::new(),
                         session: (*dialect == Dialect::Session)
@@ -1034,6 +1037,9 @@ impl View {
                 }
             }
             "status" => {
+                if f.str("operation") == Some("feedback_received") {
+                    c.feedback.take(now);
+                }
                 let Some(rid) = f.request_id() else { return };
                 if c.current.as_deref() != Some(rid) {
                     return;
