@@ -46,8 +46,14 @@ impl Drop for Browser {
 
 impl Browser {
     async fn launch(binary: &PathBuf) -> Browser {
-        let profile =
-            std::env::temp_dir().join(format!("tokenwire-chromium-{}", std::process::id()));
+        // One profile per browser: tests of this binary run in parallel,
+        // and Chromium locks its profile.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let profile = std::env::temp_dir().join(format!(
+            "tokenwire-chromium-{}-{n}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&profile);
         let mut child = Command::new(binary)
             .args([
@@ -156,7 +162,7 @@ impl Browser {
                const bound = setTimeout(() => {{ o.disconnect(); \
                  reject(new Error({what:?} + ': ' + document.getElementById('status')?.textContent)); }}, {ms}); \
                function check() {{ if ({cond}) {{ o.disconnect(); clearTimeout(bound); resolve({value}); }} }} \
-               o.observe(document.documentElement, {{childList: true, subtree: true, attributes: true, characterData: true}}); \
+               o.observe(document, {{childList: true, subtree: true, attributes: true, characterData: true}}); \
                check(); }})",
             ms = WAIT.as_millis()
         );
@@ -442,4 +448,61 @@ fn the_playground_streams_pauses_resumes_and_converses_in_a_real_browser() {
     });
     let _ = server.kill();
     let _ = server.wait();
+}
+
+#[test]
+fn with_auth_all_the_playground_streams_once_its_api_key_is_typed() {
+    let Some(chromium) = system_binary(&["chromium", "chromium-browser"], "chromium") else {
+        return;
+    };
+    let key = "sk-playground-0123";
+    let keys = std::env::temp_dir().join(format!("tokenwire-playground-keys-{}.toml", std::process::id()));
+    let digest = tokenwire_core::dialect::cai::auth::hash_key(key);
+    std::fs::write(
+        &keys,
+        format!(
+            "[[key]]\nsha256 = \"{}\"\norgs = [\"org\"]\n",
+            tokenwire_core::dialect::cai::auth::to_hex(&digest)
+        ),
+    )
+    .expect("keys file");
+    let mut cmd = common::tokenwire();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--auth", "all", "--keys"])
+        .arg(&keys)
+        .arg("--model")
+        .arg(stories260k());
+    let served = common::serve(cmd);
+    let (mut server, addr) = (served.child, served.addr);
+    std::thread::spawn(move || served.lines.for_each(drop));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut b = Browser::launch(&chromium).await;
+        b.call("Page.navigate", json!({"url": format!("http://{addr}/")}))
+            .await;
+        b.wait_for(
+            "document.body && document.body.dataset.ready === 'true'",
+            "true",
+            "the page loads",
+        )
+        .await;
+        b.type_into("#temperature", "0").await;
+        b.type_into("#max-tokens", "8").await;
+        b.type_into("#prompt", PROMPT).await;
+        b.click("#send").await;
+        b.wait_for(
+            "document.getElementById('status').textContent.startsWith('error')",
+            "true",
+            "refused without a key",
+        )
+        .await;
+        b.type_into("#api-key", key).await;
+        b.type_into("#prompt", PROMPT).await;
+        b.click("#send").await;
+        let done = b.wait_done().await;
+        assert!(done.starts_with("done: "), "{done}");
+        assert!(!b.reply().await.is_empty(), "text streamed with the key");
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_file(&keys);
 }
