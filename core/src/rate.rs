@@ -1,7 +1,12 @@
-//! Token buckets driven by the core's clock, for per-organisation rate
-//! limits (`cai`: requests and tokens per minute). Exact integer arithmetic
-//! on nanoseconds, so the same inputs give the same answers on any host.
+//! Token buckets driven by the core's clock, and the per-organisation rate
+//! limits built from them (requests and tokens per minute, from the keys
+//! file): `cai` admits each request through them, and with a key every
+//! dialect's generations are charged to them. Exact integer arithmetic on
+//! nanoseconds, so the same inputs give the same answers on any host.
 
+use std::collections::BTreeMap;
+
+use crate::dialect::cai::auth::OrgLimits;
 use crate::time::{Duration, Instant};
 
 /// Nanoseconds in the refill period (a minute).
@@ -80,6 +85,63 @@ impl TokenBucket {
     }
 }
 
+/// One organisation's buckets.
+#[derive(Debug)]
+struct Buckets {
+    requests: Option<TokenBucket>,
+    tokens: Option<TokenBucket>,
+}
+
+/// Rate limits per organisation (PROTOCOLS.md: every key acting for an
+/// organisation draws from the same buckets).
+#[derive(Debug, Default)]
+pub struct RateLimits {
+    buckets: BTreeMap<String, Buckets>,
+}
+
+impl RateLimits {
+    fn buckets(&mut self, now: Instant, org: &str, limits: OrgLimits) -> &mut Buckets {
+        self.buckets
+            .entry(org.to_string())
+            .or_insert_with(|| Buckets {
+                requests: limits.requests_per_minute.map(|n| TokenBucket::new(n, now)),
+                tokens: limits.tokens_per_minute.map(|n| TokenBucket::new(n, now)),
+            })
+    }
+
+    /// Admits one request of `org` at `now` (taking one from its request
+    /// bucket) when both buckets allow it; otherwise how long until they would.
+    pub fn admit(&mut self, now: Instant, org: &str, limits: OrgLimits) -> Result<(), Duration> {
+        let b = self.buckets(now, org, limits);
+        // A token bucket in debt (tokens already generated past the limit)
+        // refuses until it is back to one token.
+        let tokens_wait = match b.tokens.as_mut().map(|t| t.check(now, 1)) {
+            Some(Err(wait)) => Some(wait.unwrap_or(Duration::MAX)),
+            _ => None,
+        };
+        let requests_wait = match b.requests.as_mut().map(|r| r.check(now, 1)) {
+            Some(Err(wait)) => Some(wait.unwrap_or(Duration::MAX)),
+            _ => None,
+        };
+        match tokens_wait.max(requests_wait) {
+            Some(wait) => Err(wait),
+            None => {
+                if let Some(r) = b.requests.as_mut() {
+                    r.charge(now, 1);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Charges `tokens` (prompt or generated) to `org`'s bucket.
+    pub fn charge_tokens(&mut self, now: Instant, org: &str, limits: OrgLimits, tokens: u64) {
+        if let Some(t) = self.buckets(now, org, limits).tokens.as_mut() {
+            t.charge(now, tokens);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +184,56 @@ mod tests {
         assert_eq!(b.check(at(36_000), 1), Ok(()));
         assert_eq!(b.check(at(36_000), 1), Ok(()), "checking takes nothing");
         b.take(at(36_000), 1).expect("repaid");
+    }
+
+    #[test]
+    fn limits_refuse_with_the_wait_and_tokens_may_go_into_debt() {
+        let limits = OrgLimits {
+            requests_per_minute: Some(2),
+            tokens_per_minute: Some(600),
+        };
+        let mut l = RateLimits::default();
+        l.admit(at(0), "o", limits).expect("1st");
+        l.admit(at(0), "o", limits).expect("2nd");
+        assert_eq!(l.admit(at(0), "o", limits), Err(Duration::from_secs(30)));
+        l.admit(at(0), "p", limits)
+            .expect("another org has its own buckets");
+        l.charge_tokens(at(30000), "o", limits, 900);
+        // 300 tokens of debt at 10 a second, plus one to admit.
+        assert_eq!(
+            l.admit(at(30000), "o", limits),
+            Err(Duration::from_millis(30_100))
+        );
+        l.admit(at(61000), "o", limits).expect("repaid");
+    }
+
+    #[test]
+    fn an_organisation_has_one_set_of_buckets_and_its_keys_strictest_limits() {
+        use crate::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+        let key = |name: &str, orgs: &[&str], rpm| ApiKey {
+            name: name.into(),
+            sha256: hash_key(name),
+            orgs: orgs.iter().map(|o| o.to_string()).collect(),
+            requests_per_minute: rpm,
+            tokens_per_minute: None,
+        };
+        let ring = KeyRing::new(vec![
+            key("a", &["shared", "a_only"], Some(3)),
+            key("b", &["shared"], Some(2)),
+            key("c", &["free"], None),
+        ])
+        .expect("ring");
+        assert_eq!(ring.org_limits("shared").requests_per_minute, Some(2));
+        assert_eq!(ring.org_limits("a_only").requests_per_minute, Some(3));
+        assert_eq!(ring.org_limits("free").requests_per_minute, None);
+        // Two keys acting for one organisation draw from the same bucket.
+        let mut l = RateLimits::default();
+        let shared = ring.org_limits("shared");
+        l.admit(at(0), "shared", shared).expect("via a");
+        l.admit(at(0), "shared", shared).expect("via b");
+        assert!(
+            l.admit(at(0), "shared", shared).is_err(),
+            "the org's 2 are used"
+        );
     }
 }

@@ -866,11 +866,14 @@ fn frames_piling_up_while_waiting_pause_reading_until_they_are_handled() {
     );
     let kinds: Vec<Value> = h.received(c).iter().map(|f| f["type"].clone()).collect();
     assert_eq!(kinds[0], "init");
+    // Every held frame was answered: 30 acknowledged, and past the
+    // feedback rate limit (30 a minute) the rest refused.
     assert_eq!(
-        h.of_type(c, "status").len(),
+        h.of_type(c, "status").len() + h.of_type(c, "error").len(),
         36,
-        "every held feedback was acknowledged"
+        "every held feedback was answered"
     );
+    assert_eq!(h.of_type(c, "status").len(), 30);
     assert!(!h.closes.contains_key(&c));
 }
 
@@ -1025,4 +1028,47 @@ fn feedback_is_rate_limited_per_connection_and_nothing_more_is_handed_out() {
     h.advance(Duration::from_secs(2));
     h.send(c, fb);
     assert_eq!(last(&h, c)["operation"], "feedback_received", "refilled");
+}
+
+#[test]
+fn a_keys_organisation_limits_apply_to_generate_too() {
+    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    let cfg = HostConfig {
+        keys: Some(
+            KeyRing::new(vec![ApiKey {
+                name: "k".into(),
+                sha256: hash_key("key-k"),
+                orgs: vec!["org".into()],
+                requests_per_minute: Some(2),
+                tokens_per_minute: None,
+            }])
+            .expect("ring"),
+        ),
+        ..HostConfig::default()
+    };
+    let mut h = Harness::new(cfg, SCRIPT, 7);
+    let keyed = h.open_with(1, Dialect::Generate, "authorization=key-k");
+    let anonymous = h.open(2, Dialect::Generate);
+    for _ in 0..2 {
+        h.send(keyed, config("Hi", json!({"max_tokens": 2})));
+        h.run(20);
+        assert_eq!(last(&h, keyed)["type"], "completion");
+    }
+    h.send(keyed, config("Hi", json!({"max_tokens": 2})));
+    let e = last(&h, keyed);
+    assert_eq!(e["error"], "rate_limited", "{e}");
+    assert!(e["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("rate limit")));
+    // Without a key nothing is metered.
+    for _ in 0..3 {
+        h.send(anonymous, config("Hi", json!({"max_tokens": 2})));
+        h.run(20);
+        assert_eq!(last(&h, anonymous)["type"], "completion");
+    }
+    // Half a minute refills one request.
+    h.advance(Duration::from_secs(30));
+    h.send(keyed, config("Hi", json!({"max_tokens": 2})));
+    h.run(20);
+    assert_eq!(last(&h, keyed)["type"], "completion");
 }

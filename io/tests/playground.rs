@@ -50,10 +50,8 @@ impl Browser {
         // and Chromium locks its profile.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let profile = std::env::temp_dir().join(format!(
-            "tokenwire-chromium-{}-{n}",
-            std::process::id()
-        ));
+        let profile =
+            std::env::temp_dir().join(format!("tokenwire-chromium-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
         let mut child = Command::new(binary)
             .args([
@@ -456,7 +454,10 @@ fn with_auth_all_the_playground_streams_once_its_api_key_is_typed() {
         return;
     };
     let key = "sk-playground-0123";
-    let keys = std::env::temp_dir().join(format!("tokenwire-playground-keys-{}.toml", std::process::id()));
+    let keys = std::env::temp_dir().join(format!(
+        "tokenwire-playground-keys-{}.toml",
+        std::process::id()
+    ));
     let digest = tokenwire_core::dialect::cai::auth::hash_key(key);
     std::fs::write(
         &keys,
@@ -467,10 +468,17 @@ fn with_auth_all_the_playground_streams_once_its_api_key_is_typed() {
     )
     .expect("keys file");
     let mut cmd = common::tokenwire();
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--auth", "all", "--keys"])
-        .arg(&keys)
-        .arg("--model")
-        .arg(stories260k());
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--auth",
+        "all",
+        "--keys",
+    ])
+    .arg(&keys)
+    .arg("--model")
+    .arg(stories260k());
     let served = common::serve(cmd);
     let (mut server, addr) = (served.child, served.addr);
     std::thread::spawn(move || served.lines.for_each(drop));

@@ -34,12 +34,13 @@ pub trait HostPort {
     fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId;
     /// Asks the shell to verify `job_id`; `conn`'s frames wait for the answer.
     fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId;
-    /// Starts a generation owned by `conn`.
+    /// Starts a generation owned by `conn`, which acts as `principal`.
     fn start(
         &mut self,
         now: Instant,
         conn: ConnId,
         dialect: Dialect,
+        principal: &Principal,
         req: GenRequest,
     ) -> Result<SeqId, StartError>;
     /// A live generation.
@@ -213,10 +214,13 @@ impl<'a> Cx<'a> {
         self.port.verify_job(conn, dialect, job_id)
     }
 
-    /// Starts a generation owned by this connection.
+    /// Starts a generation owned by this connection. With a key (outside
+    /// `cai`, which admits its requests itself) it is one request of the
+    /// key's organisation, refused when its rate limit is reached, and its
+    /// prompt and generated tokens are charged to it.
     pub fn start(&mut self, req: GenRequest) -> Result<SeqId, StartError> {
         let (now, conn, dialect) = (self.now, self.conn, self.dialect);
-        self.port.start(now, conn, dialect, req)
+        self.port.start(now, conn, dialect, self.principal, req)
     }
 
     /// A live generation.

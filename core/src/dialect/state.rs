@@ -11,6 +11,7 @@ use crate::api::ConnId;
 use crate::config::HostConfig;
 use crate::lru::Lru;
 use crate::principal::Principal;
+use crate::rate::RateLimits;
 
 /// Everything the dialects keep across connections.
 #[derive(Debug)]
@@ -25,6 +26,9 @@ pub struct DialectState {
     pub cai: CaiState,
     /// `batch`: the continue-generation cache.
     pub batch: ContinueCache,
+    /// Each organisation's request and token buckets (the keys file's
+    /// limits), shared by every dialect its keys are used on.
+    pub limits: RateLimits,
 }
 
 impl DialectState {
@@ -41,6 +45,7 @@ impl DialectState {
                 ttl: config.conversation_ttl,
             }),
             batch: ContinueCache::new(config.batch_cache_entries),
+            limits: RateLimits::default(),
         }
     }
 }

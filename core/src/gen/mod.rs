@@ -114,6 +114,9 @@ pub struct Generation {
     pub raw: bool,
     /// Keep its KV blocks when it completes ([`crate::dialect::Cx::keep_kv`]).
     pub keep_kv: bool,
+    /// The organisation its tokens are charged to (a key's, outside `cai`,
+    /// which charges its own), when its owner has rate limits.
+    pub charged_org: Option<String>,
     eos_ids: Vec<TokenId>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
@@ -152,6 +155,7 @@ impl Generation {
             reported_position: None,
             raw: false,
             keep_kv: false,
+            charged_org: None,
             eos_ids,
             detok,
             stop,

@@ -67,6 +67,12 @@ pub enum StartError {
         /// The share.
         limit: u32,
     },
+    /// The organisation of the key the request came with is over its
+    /// rate limit (requests or tokens per minute).
+    RateLimited {
+        /// Milliseconds until a request would be admitted.
+        retry_after_ms: u64,
+    },
     /// A prompt token the model has no embedding for (a tokenizer whose
     /// added tokens go past the model's vocabulary).
     TokenOutOfVocab {
@@ -105,6 +111,9 @@ impl StartError {
             StartError::QueueFull => "the request queue is full; retry later".into(),
             StartError::ConnQueueFull { limit } => format!(
                 "this connection already has {limit} requests waiting, the most one connection may; retry once one has started"
+            ),
+            StartError::RateLimited { retry_after_ms } => format!(
+                "the organisation's rate limit is reached; retry in {retry_after_ms} ms"
             ),
             StartError::TokenOutOfVocab { token, vocab } => format!(
                 "the prompt holds token {token}, which this model's vocabulary ({vocab} tokens) does not have; it comes from the tokenizer's added tokens, so remove the text that makes it"

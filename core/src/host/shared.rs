@@ -14,6 +14,7 @@ use crate::gen::{
     TokenPiece,
 };
 use crate::params::GenParams;
+use crate::principal::Principal;
 use crate::rng::{HostRng, Seed};
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
 use crate::text::{SharedCodec, TextCodec, TextJob, TextJobId, TextWork};
@@ -198,6 +199,7 @@ impl Shared {
         now: Instant,
         owner: ConnId,
         dialect: Dialect,
+        principal: &Principal,
         req: GenRequest,
     ) -> Result<SeqId, StartError> {
         if self.shutting_down {
@@ -247,6 +249,23 @@ impl Shared {
                 return Err(StartError::ConnQueueFull { limit });
             }
         }
+        // A key's organisation pays for what its requests compute, on every
+        // dialect (`cai` admits and charges its own requests). Beams are
+        // parts of one request.
+        let charged_org = match (principal, &self.config.keys) {
+            (Principal::Key { org, .. }, Some(ring)) if dialect != Dialect::Cai && !req.raw => {
+                let limits = ring.org_limits(org);
+                if let Err(wait) = self.dialects.limits.admit(now, org, limits) {
+                    let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+                    return Err(StartError::RateLimited { retry_after_ms });
+                }
+                self.dialects
+                    .limits
+                    .charge_tokens(now, org, limits, u64::from(prompt_tokens));
+                Some(org.clone())
+            }
+            _ => None,
+        };
         let id = SeqId(self.next_seq);
         self.next_seq += 1;
         let seed = match req.params.seed {
@@ -285,6 +304,7 @@ impl Shared {
             now,
         );
         gen.raw = req.raw;
+        gen.charged_org = charged_org;
         if self.blocked_conns.contains(&owner) {
             gen.holds.insert(HoldReason::OutboundFull);
         }
@@ -363,6 +383,11 @@ impl Shared {
         self.timers.cancel(TimerKey::PauseTimeout(id));
         let gen = self.gens.remove(&id)?;
         let dialect = self.gen_dialect.remove(&id).unwrap_or(Dialect::Generate);
+        if let (Some(org), Some(ring)) = (&gen.charged_org, &self.config.keys) {
+            let limits = ring.org_limits(org);
+            let tokens = u64::from(gen.completion_tokens());
+            self.dialects.limits.charge_tokens(now, org, limits, tokens);
+        }
         if gen.raw {
             // A beam, not a request: its dialect reports the request.
             return Some(gen);
@@ -544,9 +569,10 @@ impl HostPort for Shared {
         now: Instant,
         conn: ConnId,
         dialect: Dialect,
+        principal: &Principal,
         req: GenRequest,
     ) -> Result<SeqId, StartError> {
-        Shared::start(self, now, conn, dialect, req)
+        Shared::start(self, now, conn, dialect, principal, req)
     }
 
     fn generation(&self, id: SeqId) -> Option<&Generation> {

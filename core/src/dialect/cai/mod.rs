@@ -148,7 +148,9 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         StartError::ContextLength { .. }
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => ErrorCode::ContextTooLong,
-        StartError::QueueFull | StartError::ConnQueueFull { .. } => ErrorCode::RateLimited,
+        StartError::QueueFull
+        | StartError::ConnQueueFull { .. }
+        | StartError::RateLimited { .. } => ErrorCode::RateLimited,
         StartError::TokenOutOfVocab { .. } => ErrorCode::InvalidPayload,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
@@ -243,7 +245,7 @@ impl CaiConn {
         };
         if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
-            if let Err(wait) = cx.state().cai.limits.admit(now, &org, limits) {
+            if let Err(wait) = cx.state().limits.admit(now, &org, limits) {
                 let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
                 return error_with(
                     cx,
@@ -325,7 +327,6 @@ impl CaiConn {
         if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
             cx.state()
-                .cai
                 .limits
                 .charge_tokens(now, &org, limits, u64::from(prompt_tokens));
         }
@@ -479,7 +480,6 @@ impl CaiConn {
         if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
             cx.state()
-                .cai
                 .limits
                 .charge_tokens(now, &org, limits, u64::from(tokens));
         }

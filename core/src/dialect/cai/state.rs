@@ -1,14 +1,10 @@
 //! What `cai` keeps across connections: conversations per (organisation,
-//! `conversationId`) for a time-to-live, and each organisation's token
-//! buckets. Both bounded: conversations by count (least recently used go
-//! first) and by length, buckets by organisation (each with the strictest
-//! limits of the keys acting for it).
+//! `conversationId`) for a time-to-live, bounded by count (least recently
+//! used go first, per organisation too) and by length.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::auth::OrgLimits;
 use crate::lru::Lru;
-use crate::rate::TokenBucket;
 use crate::text::{ChatMessage, Role};
 use crate::time::{Duration, Instant};
 
@@ -157,70 +153,12 @@ fn trim(messages: &mut Vec<ChatMessage>, max_bytes: usize) -> bool {
     bytes <= max_bytes
 }
 
-/// One organisation's buckets.
-#[derive(Debug)]
-struct Buckets {
-    requests: Option<TokenBucket>,
-    tokens: Option<TokenBucket>,
-}
-
-/// Rate limits per organisation (PROTOCOLS.md: every key acting for an
-/// organisation draws from the same buckets).
-#[derive(Debug, Default)]
-pub struct RateLimits {
-    buckets: BTreeMap<String, Buckets>,
-}
-
-impl RateLimits {
-    fn buckets(&mut self, now: Instant, org: &str, limits: OrgLimits) -> &mut Buckets {
-        self.buckets
-            .entry(org.to_string())
-            .or_insert_with(|| Buckets {
-                requests: limits.requests_per_minute.map(|n| TokenBucket::new(n, now)),
-                tokens: limits.tokens_per_minute.map(|n| TokenBucket::new(n, now)),
-            })
-    }
-
-    /// Admits one request of `org` at `now` (taking one from its request
-    /// bucket) when both buckets allow it; otherwise how long until they would.
-    pub fn admit(&mut self, now: Instant, org: &str, limits: OrgLimits) -> Result<(), Duration> {
-        let b = self.buckets(now, org, limits);
-        // A token bucket in debt (tokens already generated past the limit)
-        // refuses until it is back to one token.
-        let tokens_wait = match b.tokens.as_mut().map(|t| t.check(now, 1)) {
-            Some(Err(wait)) => Some(wait.unwrap_or(Duration::MAX)),
-            _ => None,
-        };
-        let requests_wait = match b.requests.as_mut().map(|r| r.check(now, 1)) {
-            Some(Err(wait)) => Some(wait.unwrap_or(Duration::MAX)),
-            _ => None,
-        };
-        match tokens_wait.max(requests_wait) {
-            Some(wait) => Err(wait),
-            None => {
-                if let Some(r) = b.requests.as_mut() {
-                    r.charge(now, 1);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Charges `tokens` (prompt or generated) to `org`'s bucket.
-    pub fn charge_tokens(&mut self, now: Instant, org: &str, limits: OrgLimits, tokens: u64) {
-        if let Some(t) = self.buckets(now, org, limits).tokens.as_mut() {
-            t.charge(now, tokens);
-        }
-    }
-}
-
-/// Everything `cai` keeps host-wide.
+/// Everything `cai` keeps host-wide (its organisations' rate limits are
+/// every dialect's: [`crate::rate::RateLimits`] in the dialect state).
 #[derive(Debug)]
 pub struct CaiState {
     /// Conversations per (organisation, conversation id).
     pub conversations: Conversations,
-    /// Token buckets per organisation.
-    pub limits: RateLimits,
 }
 
 impl CaiState {
@@ -228,7 +166,6 @@ impl CaiState {
     pub fn new(bounds: ConversationBounds) -> CaiState {
         CaiState {
             conversations: Conversations::new(bounds),
-            limits: RateLimits::default(),
         }
     }
 }
@@ -335,56 +272,5 @@ mod tests {
         assert_eq!(kept.len(), MAX_CONVERSATION_MESSAGES);
         assert_eq!(kept[0].role, Role::System, "system messages stay");
         assert_eq!(kept[1].content, "6", "the oldest went");
-    }
-
-    #[test]
-    fn limits_refuse_with_the_wait_and_tokens_may_go_into_debt() {
-        let limits = OrgLimits {
-            requests_per_minute: Some(2),
-            tokens_per_minute: Some(600),
-        };
-        let mut l = RateLimits::default();
-        l.admit(at(0), "o", limits).expect("1st");
-        l.admit(at(0), "o", limits).expect("2nd");
-        assert_eq!(l.admit(at(0), "o", limits), Err(Duration::from_secs(30)));
-        l.admit(at(0), "p", limits)
-            .expect("another org has its own buckets");
-        l.charge_tokens(at(30), "o", limits, 900);
-        // 300 tokens of debt at 10 a second, plus one to admit.
-        assert_eq!(
-            l.admit(at(30), "o", limits),
-            Err(Duration::from_millis(30_100))
-        );
-        l.admit(at(61), "o", limits).expect("repaid");
-    }
-
-    #[test]
-    fn an_organisation_has_one_set_of_buckets_and_its_keys_strictest_limits() {
-        use crate::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
-        let key = |name: &str, orgs: &[&str], rpm| ApiKey {
-            name: name.into(),
-            sha256: hash_key(name),
-            orgs: orgs.iter().map(|o| o.to_string()).collect(),
-            requests_per_minute: rpm,
-            tokens_per_minute: None,
-        };
-        let ring = KeyRing::new(vec![
-            key("a", &["shared", "a_only"], Some(3)),
-            key("b", &["shared"], Some(2)),
-            key("c", &["free"], None),
-        ])
-        .expect("ring");
-        assert_eq!(ring.org_limits("shared").requests_per_minute, Some(2));
-        assert_eq!(ring.org_limits("a_only").requests_per_minute, Some(3));
-        assert_eq!(ring.org_limits("free").requests_per_minute, None);
-        // Two keys acting for one organisation draw from the same bucket.
-        let mut l = RateLimits::default();
-        let shared = ring.org_limits("shared");
-        l.admit(at(0), "shared", shared).expect("via a");
-        l.admit(at(0), "shared", shared).expect("via b");
-        assert!(
-            l.admit(at(0), "shared", shared).is_err(),
-            "the org's 2 are used"
-        );
     }
 }

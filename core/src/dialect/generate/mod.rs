@@ -505,7 +505,9 @@ fn start_error(cx: &mut Cx<'_>, e: StartError) {
             (ErrorCode::MemoryPressure, RecoveryAction::ReduceMaxTokens)
         }
         StartError::QueueFull => (ErrorCode::MemoryPressure, RecoveryAction::Retry),
-        StartError::ConnQueueFull { .. } => (ErrorCode::RateLimited, RecoveryAction::Retry),
+        StartError::ConnQueueFull { .. } | StartError::RateLimited { .. } => {
+            (ErrorCode::RateLimited, RecoveryAction::Retry)
+        }
         StartError::TokenOutOfVocab { .. } => (ErrorCode::InvalidRequest, RecoveryAction::None),
         StartError::ShuttingDown => (ErrorCode::InternalError, RecoveryAction::Retry),
         StartError::NotLoaded => (ErrorCode::ModelLoadingError, RecoveryAction::Retry),

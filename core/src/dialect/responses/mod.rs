@@ -161,7 +161,9 @@ fn start_error(e: &StartError) -> (u16, &'static str, String) {
         StartError::ContextLength { .. }
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => (400, "context_length_exceeded"),
-        StartError::QueueFull | StartError::ConnQueueFull { .. } => (429, "rate_limit_exceeded"),
+        StartError::QueueFull
+        | StartError::ConnQueueFull { .. }
+        | StartError::RateLimited { .. } => (429, "rate_limit_exceeded"),
         StartError::TokenOutOfVocab { .. } => (400, "invalid_request"),
         StartError::ShuttingDown | StartError::NotLoaded => (503, "server_error"),
     };

@@ -128,7 +128,9 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         StartError::ContextLength { .. }
         | StartError::PromptTooLong { .. }
         | StartError::NeverFits { .. } => ErrorCode::ContextLengthExceeded,
-        StartError::QueueFull | StartError::ConnQueueFull { .. } => ErrorCode::RateLimited,
+        StartError::QueueFull
+        | StartError::ConnQueueFull { .. }
+        | StartError::RateLimited { .. } => ErrorCode::RateLimited,
         StartError::TokenOutOfVocab { .. } => ErrorCode::InvalidRequest,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
