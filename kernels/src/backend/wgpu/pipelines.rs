@@ -185,20 +185,25 @@ const MAT_VEC_UNROLL_COLS: u32 = 8;
 
 /// The 8-wide steps whose weight loads a mat-vec variant of `cols` columns
 /// issues together: `chosen` (1, 2 or 4) up to [`MAT_VEC_UNROLL_COLS`]
-/// columns, else 1. Unchosen: 4 with rows split over invocations (GPUs);
-/// with one invocation per row (CPU adapters) 2 for one column and 1 for
-/// more, as measured on lavapipe: there wider unrolls slow the
-/// many-column variants (2-layer TinyLlama at batch 8: 570 ms a step at 1,
-/// 680 at 2, 790 at 4), while the one-column variant at 1 hits a slow
-/// llvmpipe case on stories260K's shape (35 ms a step against 0.9 at 2; the
-/// loop before unrolling had it in the SwiGLU variant, 7.7 ms).
+/// columns, else 1. Unchosen: 1 with rows split over invocations (GPUs):
+/// on an NVIDIA H200 (TinyLlama's shape in bf16, 128-token prompts) unroll
+/// 1 decoded 298-314 tok/s at batch 1 and 1,109 at batch 8, against 188 /
+/// 936 at 2 and 174-177 / 870 at 4, the earlier default; the split rows
+/// already keep enough loads in flight, and the unrolled loop's registers
+/// cost the occupancy that hides their latency. With one invocation per
+/// row (CPU adapters) 2 for one column and 1 for more, as measured on
+/// lavapipe: there wider unrolls slow the many-column variants (2-layer
+/// TinyLlama at batch 8: 570 ms a step at 1, 680 at 2, 790 at 4), while
+/// the one-column variant at 1 hits a slow llvmpipe case on stories260K's
+/// shape (35 ms a step against 0.9 at 2; the loop before unrolling had it
+/// in the SwiGLU variant, 7.7 ms).
 fn mat_vec_unroll(split_k: bool, cols: u32, chosen: Option<u32>) -> u32 {
     if cols > MAT_VEC_UNROLL_COLS {
         return 1;
     }
     match chosen {
         Some(u) => u.clamp(1, 4).next_power_of_two(),
-        None if split_k => 4,
+        None if split_k => 1,
         None if cols == 1 => 2,
         None => 1,
     }
@@ -808,8 +813,9 @@ mod tests {
 
     #[test]
     fn mat_vec_unroll_follows_the_kernel_and_the_columns() {
-        assert_eq!(mat_vec_unroll(true, 1, None), 4);
-        assert_eq!(mat_vec_unroll(true, 8, None), 4);
+        assert_eq!(mat_vec_unroll(true, 1, None), 1);
+        assert_eq!(mat_vec_unroll(true, 8, None), 1);
+        assert_eq!(mat_vec_unroll(true, 8, Some(4)), 4);
         assert_eq!(mat_vec_unroll(true, 16, None), 1);
         assert_eq!(mat_vec_unroll(false, 1, None), 2);
         assert_eq!(mat_vec_unroll(false, 2, None), 1);
