@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use tokenwire_core::EngineFaultKind;
 
+use super::coop::CoopConfig;
 use super::WgpuOptions;
 
 /// An error the device reported outside any error scope.
@@ -51,6 +52,9 @@ pub(crate) struct Gpu {
     /// Subgroup operations enabled (asked for where offered, unless the
     /// options turn them off): mat-vec reductions use shuffles.
     pub(crate) subgroups: bool,
+    /// Cooperative matrices enabled, in this configuration (asked for where
+    /// the adapter offers a usable one, unless the options turn them off).
+    pub(crate) coop: Option<CoopConfig>,
     errors: Arc<Mutex<Vec<GpuError>>>,
 }
 
@@ -63,6 +67,7 @@ impl std::fmt::Debug for Gpu {
             .field("f16_native", &self.f16_native)
             .field("timestamps", &self.timestamps)
             .field("subgroups", &self.subgroups)
+            .field("coop", &self.coop)
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +92,21 @@ fn describe(info: &::wgpu::AdapterInfo) -> String {
         "\"{}\" ({:?}, {:?})",
         info.name, info.backend, info.device_type
     )
+}
+
+/// The token that lets a device enable wgpu's experimental features, here
+/// only `EXPERIMENTAL_COOPERATIVE_MATRIX`. wgpu makes it `unsafe` because
+/// its experimental features may still have bugs with undefined behaviour
+/// behind a safe API; the one this crate uses is confined to
+/// coop_mat_mul.wgsl, whose cooperative loads and stores stay inside its
+/// workgroup arrays by construction (the tile shapes come from
+/// [`CoopConfig`]) and which the parity tests check on every shape they
+/// draw. The only unsafe code in the backend, kept to this call.
+#[allow(unsafe_code)]
+fn experimental_features() -> ::wgpu::ExperimentalFeatures {
+    // SAFETY: see above; only the cooperative-matrix feature is requested
+    // with this token, and only its own kernel uses it.
+    unsafe { ::wgpu::ExperimentalFeatures::enabled() }
 }
 
 /// Discrete before integrated before virtual before software.
@@ -154,10 +174,31 @@ impl Gpu {
         if timestamps {
             features |= ::wgpu::Features::TIMESTAMP_QUERY;
         }
+        let coop = if opts.cooperative_matrix
+            && adapter
+                .features()
+                .contains(::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            CoopConfig::pick(
+                &adapter.cooperative_matrix_properties(),
+                info.subgroup_min_size,
+                info.subgroup_max_size,
+                f16_native,
+            )
+            .filter(|c| c.workgroup_bytes() <= limits.max_compute_workgroup_storage_size)
+        } else {
+            None
+        };
+        let mut experimental = ::wgpu::ExperimentalFeatures::disabled();
+        if coop.is_some() {
+            features |= ::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            experimental = experimental_features();
+        }
         let desc = ::wgpu::DeviceDescriptor {
             label: Some("tokenwire"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: experimental,
             memory_hints: ::wgpu::MemoryHints::Performance,
             ..Default::default()
         };
@@ -198,6 +239,7 @@ impl Gpu {
             f16_native,
             timestamps,
             subgroups,
+            coop,
             errors,
         })
     }

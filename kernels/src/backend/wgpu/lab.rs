@@ -6,7 +6,8 @@
 
 use super::attn::{self, AttnModel, AttnShape, DecodeRows};
 use super::context::{grid, Gpu};
-use super::pipelines::{ParamArena, Pipelines, Product, WeightKernel};
+use super::coop::CoopConfig;
+use super::pipelines::{Kernel, ParamArena, Pipelines, Product, WeightKernel};
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
 use super::{SplitPolicy, WeightDtype, WgpuOptions};
@@ -33,6 +34,18 @@ pub enum AttnKernel {
     Decode(SplitPolicy),
     /// attn_prefill.wgsl on tiles of consecutive rows.
     Prefill,
+}
+
+/// Which kernel a [`KernelLab::linear`] case multiplies with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabProduct {
+    /// Mat-vec groups, as decode passes take them.
+    MatVec,
+    /// The tiled matmul on f32 arithmetic.
+    Tiled,
+    /// The tiled matmul on cooperative matrices (an error where the adapter
+    /// has no usable configuration: see [`KernelLab::coop`]).
+    Coop,
 }
 
 /// The shape of the model side of an attention, RoPE or KV-write case.
@@ -114,6 +127,11 @@ impl KernelLab {
             "{} ({:?}, {:?}, subgroup size {}..={})",
             i.name, i.backend, i.device_type, i.subgroup_min_size, i.subgroup_max_size
         )
+    }
+
+    /// The cooperative-matrix configuration enabled on this device, if any.
+    pub fn coop(&self) -> Option<CoopConfig> {
+        self.pipes.coop
     }
 
     /// Whether f16 weights are read natively (`shader-f16`).
@@ -276,9 +294,8 @@ impl KernelLab {
     /// `y[c, o] = W[o, :] . x[c, :] (+ b[o])` for `cols` columns: x is
     /// `[cols, in_dim]`, W `[out_dim, in_dim]` stored as `dtype` (its values
     /// rounded to that type first), split into chunks of at most `chunk_rows`
-    /// rows. The tiled matmul when `tiled`, else the mat-vec kernel (in
-    /// groups of up to 64 columns, or 8 with one invocation per row), as the
-    /// backend dispatches them.
+    /// rows, by `kernel` (mat-vec in groups of up to 64 columns, or 8 with
+    /// one invocation per row), as the backend dispatches it.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &mut self,
@@ -288,12 +305,12 @@ impl KernelLab {
         in_dim: usize,
         bias: Option<&[f32]>,
         dtype: WeightDtype,
-        tiled: bool,
+        kernel: LabProduct,
         chunk_rows: Option<usize>,
     ) -> Result<Vec<f32>, String> {
         self.pipes.ensure_weights(&self.gpu, dtype);
         let chunks = self.chunks(w, in_dim, dtype, chunk_rows)?;
-        self.run_linear(x, cols, &chunks, in_dim, w.len() / in_dim, bias, tiled)
+        self.run_linear(x, cols, &chunks, in_dim, w.len() / in_dim, bias, kernel)
     }
 
     /// The fused SwiGLU: `act[c, i] = silu(G[i, :] . x[c, :]) * (U[i, :] .
@@ -352,7 +369,7 @@ impl KernelLab {
             ldx: in_dim as u32,
             ldy: inter,
             bias: false,
-            tiled: false,
+            kernel: Kernel::MatVec,
             split_k: self.pipes.split_k,
             glu: true,
             norm_eps: None,
@@ -379,11 +396,11 @@ impl KernelLab {
         cols: usize,
         m: &WeightMatrix,
         bias: Option<&[f32]>,
-        tiled: bool,
+        kernel: LabProduct,
         chunk_rows: Option<usize>,
     ) -> Result<Vec<f32>, String> {
         let chunks = self.matrix_chunks(m, chunk_rows)?;
-        self.run_linear(x, cols, &chunks, m.cols(), m.rows(), bias, tiled)
+        self.run_linear(x, cols, &chunks, m.cols(), m.rows(), bias, kernel)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -395,8 +412,17 @@ impl KernelLab {
         in_dim: usize,
         out_dim: usize,
         bias: Option<&[f32]>,
-        tiled: bool,
+        kernel: LabProduct,
     ) -> Result<Vec<f32>, String> {
+        let kernel = match kernel {
+            LabProduct::MatVec => Kernel::MatVec,
+            LabProduct::Tiled => Kernel::Tiled,
+            LabProduct::Coop => Kernel::Coop(
+                self.pipes
+                    .coop
+                    .ok_or("no cooperative-matrix configuration on this adapter")?,
+            ),
+        };
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let yb = self.output("lab.y", cols * out_dim);
@@ -414,7 +440,7 @@ impl KernelLab {
                 ldx: in_dim as u32,
                 ldy: out_dim as u32,
                 bias: bias.is_some(),
-                tiled,
+                kernel,
                 split_k: self.pipes.split_k,
                 glu: false,
                 norm_eps: None,

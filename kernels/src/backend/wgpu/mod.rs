@@ -44,6 +44,12 @@
 //!   accumulators of at most 8 columns, and to mat-vec groups of 8 columns
 //!   instead of the tiled matmul ([`WgpuOptions::split_k`],
 //!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
+//! * Where the adapter offers cooperative matrices that the coop matmul can
+//!   use (f16 x f16 -> f32 fragments of side 8 or 16: an NVIDIA GPU, Mesa
+//!   26's lavapipe), passes of at least [`WgpuOptions::coop_min_rows`]
+//!   token rows multiply on them instead (`shaders/coop_mat_mul.wgsl`:
+//!   weights and x rounded to f16 into workgroup tiles, f32 sums; the
+//!   norms and SiLU as their own kernels, as on the tiled matmul).
 //! * Subgroup operations are optional: where the adapter has them, the
 //!   split-row mat-vec sums each row's partials with shuffles (any
 //!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
@@ -88,7 +94,9 @@
 //! on the loop iterations of an invocation.
 
 mod attn;
+mod choice;
 mod context;
+mod coop;
 pub mod lab;
 mod pipelines;
 mod plan;
@@ -107,10 +115,12 @@ use crate::model::Model;
 use crate::rope;
 pub use attn::SplitPolicy;
 use attn::{AttnModel, AttnShape, DecodeRows};
+use choice::KernelChoice;
 pub use context::adapters;
 use context::{grid, Gpu, GpuError};
+pub use coop::CoopConfig;
 pub use pipelines::WeightDtype;
-use pipelines::{ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
+use pipelines::{Kernel, ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
 use plan::{HostPlan, Pass, PlanLimits};
 use profile::Profiler;
 pub use profile::{KernelTime, Profile, ProfileClock};
@@ -195,7 +205,25 @@ pub struct WgpuOptions {
     /// for 32K, 64 for 128K). On CPU adapters a smaller `Some` is raised to
     /// that size.
     pub sample_workgroup: Option<u32>,
+    /// Enable cooperative matrices (wgpu's experimental feature) where the
+    /// adapter offers a configuration the coop matmul can use
+    /// ([`CoopConfig`]); `false`: never ask for them.
+    pub cooperative_matrix: bool,
+    /// Where cooperative matrices are enabled, passes of at least this many
+    /// token rows multiply on them instead of on mat-vec or the tiled
+    /// matmul (products of f16-rounded weights and x, f32 sums). `None`:
+    /// [`GPU_COOP_MIN_ROWS`] on GPUs; never on CPU adapters, whose
+    /// emulated matrices are no faster than their mat-vec.
+    pub coop_min_rows: Option<usize>,
 }
+
+/// Token rows from which a pass takes the cooperative-matrix product on
+/// GPUs by default: a decode batch past the one-column mat-vec's sweet
+/// spot, where mat-vec's cost grows with the columns (on an H200, 3.5 ms a
+/// step at batch 1, 7.0 at 8 and 29.6 at 32, most of it in the products)
+/// while the matrix units' does not. Chosen before any GPU measured it:
+/// `engine-bench --coop-rows` compares.
+pub const GPU_COOP_MIN_ROWS: usize = 16;
 
 impl WgpuOptions {
     /// The sampling kernel's workgroup size for `vocab` on an adapter of this kind.
@@ -232,6 +260,8 @@ impl Default for WgpuOptions {
             mat_vec_unroll: None,
             subgroups: true,
             sample_workgroup: None,
+            cooperative_matrix: true,
+            coop_min_rows: None,
         }
     }
 }
@@ -438,6 +468,7 @@ impl Op {
             Pipe::Weight(WeightKernel::MatVec(c, _), d) => format!("mat_vec x{c} {d:?}"),
             Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
+            Pipe::Weight(WeightKernel::Coop, d) => format!("coop_mat_mul {d:?}"),
             Pipe::Norm => "rms_norm".into(),
             Pipe::Rope => "rope".into(),
             Pipe::KvWrite => "kv_write".into(),
@@ -505,9 +536,8 @@ pub struct WgpuBackend {
     limits: PlanLimits,
     /// How decode attention splits contexts.
     splits: SplitPolicy,
-    /// Passes of more token rows than this use the tiled matmul; `None`:
-    /// mat-vec groups for every pass.
-    tiled_above: Option<u32>,
+    /// The product kernel for each pass size.
+    kernels: KernelChoice,
     sample_wg: u32,
     bufs: Bufs,
     binds: Option<Binds>,
@@ -632,6 +662,15 @@ impl WgpuBackend {
             .tiled_matmul
             .unwrap_or(!cpu_adapter)
             .then_some(opts.mat_vec_max_rows.clamp(1, MAT_VEC_COLS) as u32);
+        let coop_rows = opts
+            .coop_min_rows
+            .or((!cpu_adapter).then_some(GPU_COOP_MIN_ROWS));
+        let kernels = KernelChoice {
+            tiled_above,
+            coop_from: pipes
+                .coop
+                .zip(coop_rows.map(|n| n.clamp(1, u32::MAX as usize) as u32)),
+        };
         let params = ParamArena::new(gpu.uniform_align);
         let mut be = WgpuBackend {
             model,
@@ -652,7 +691,7 @@ impl WgpuBackend {
                 }),
                 min_len: opts.decode_min_split.max(1),
             },
-            tiled_above,
+            kernels,
             sample_wg,
             bufs,
             binds: None,
@@ -675,6 +714,13 @@ impl WgpuBackend {
     pub fn adapter(&self) -> String {
         let i = &self.gpu.info;
         format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+    }
+
+    /// The cooperative-matrix configuration products run on, where the
+    /// device has one enabled (whether a pass uses it depends on its rows:
+    /// [`WgpuOptions::coop_min_rows`]).
+    pub fn coop(&self) -> Option<CoopConfig> {
+        self.pipes.coop
     }
 
     /// The largest storage binding the backend uses, in bytes.
@@ -917,8 +963,8 @@ impl WgpuBackend {
     }
 
     /// A product through `m` for `m_rows` rows of x, one dispatch per weight
-    /// chunk: the tiled matmul for more than `tiled_above` rows, else
-    /// mat-vec groups ([`Product::calls`]).
+    /// chunk (or mat-vec groups), by the kernel `kernels` gives that many
+    /// rows ([`Product::calls`]).
     #[allow(clippy::too_many_arguments)]
     fn mat_ops(
         params: &mut ParamArena,
@@ -928,7 +974,7 @@ impl WgpuBackend {
         m_rows: u32,
         ldx: u32,
         ldy: u32,
-        tiled_above: Option<u32>,
+        kernels: KernelChoice,
         split_k: bool,
         fuse: Fuse,
     ) {
@@ -943,7 +989,7 @@ impl WgpuBackend {
                 ldx,
                 ldy,
                 bias: m.bias.is_some(),
-                tiled: tiled_above.is_some_and(|n| m_rows > n),
+                kernel: kernels.for_rows(m_rows),
                 split_k,
                 glu: false,
                 norm_eps: fuse.norm_eps,
@@ -974,7 +1020,7 @@ impl WgpuBackend {
             ldx: m.in_dim as u32,
             ldy: inter,
             bias: false,
-            tiled: false,
+            kernel: Kernel::MatVec,
             split_k,
             glu: true,
             norm_eps: fuse.norm_eps,
@@ -1014,7 +1060,7 @@ impl WgpuBackend {
         let w = &self.weights;
         let mut ops = Vec::new();
         let t = p.rows;
-        let tiled = self.tiled_above;
+        let kernels = self.kernels;
         let fuse_glu = self.opts.fuse_glu;
         let fuse_norm = self.opts.fuse_norm && self.pipes.split_k;
         let split_k = self.pipes.split_k;
@@ -1054,7 +1100,7 @@ impl WgpuBackend {
         // The o and down products add into the residual stream x itself;
         // the norms read it. On mat-vec passes the norms before q|k|v and
         // gate|up are fused into those products where they allow it.
-        let mat_vec_pass = tiled.is_none_or(|n| t <= n);
+        let mat_vec_pass = kernels.for_rows(t) == Kernel::MatVec;
         let none = Fuse::default();
         let normed = Fuse::normed(d.eps);
         for (l, lw) in w.layers.iter().enumerate() {
@@ -1081,7 +1127,7 @@ impl WgpuBackend {
                 t,
                 d.h,
                 d.qkv_w,
-                tiled,
+                kernels,
                 split_k,
                 if norm_in_product { normed } else { none },
             );
@@ -1129,7 +1175,7 @@ impl WgpuBackend {
                 t,
                 d.nq * d.hd,
                 d.h,
-                tiled,
+                kernels,
                 split_k,
                 Fuse::RESIDUAL,
             );
@@ -1165,7 +1211,7 @@ impl WgpuBackend {
                     t,
                     d.h,
                     2 * d.inter,
-                    tiled,
+                    kernels,
                     split_k,
                     fuse,
                 );
@@ -1184,7 +1230,7 @@ impl WgpuBackend {
                 t,
                 d.inter,
                 d.h,
-                tiled,
+                kernels,
                 split_k,
                 Fuse::RESIDUAL,
             );
@@ -1206,7 +1252,7 @@ impl WgpuBackend {
                 p.n_sel,
                 d.h,
                 d.vocab,
-                tiled,
+                kernels,
                 split_k,
                 none,
             );

@@ -7,6 +7,7 @@ use tokenwire_gguf::GgmlType;
 
 use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
+use super::coop::CoopConfig;
 
 /// How one weight tensor is stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,6 +91,8 @@ impl WeightDtype {
         k / t.block_len() * (t.block_bytes() + self.block_padding())
     }
 
+    /// The weight prelude of every weight kernel: `w_at` and `w_load8` for
+    /// this type (see the module docs of `shaders/dtype_*.wgsl`).
     fn prelude(self) -> String {
         let body = match self {
             WeightDtype::F32 => include_str!("shaders/dtype_f32.wgsl"),
@@ -362,6 +365,19 @@ pub(crate) enum WeightKernel {
     /// norm fused in.
     Glu(u32, bool),
     MatMul,
+    /// The tiled matmul on cooperative matrices (coop_mat_mul.wgsl).
+    Coop,
+}
+
+/// Which kernel multiplies a product's token columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// Mat-vec groups (each weight read once per group of columns).
+    MatVec,
+    /// The tiled matmul on f32 arithmetic.
+    Tiled,
+    /// The tiled matmul on cooperative matrices of this configuration.
+    Coop(CoopConfig),
 }
 
 /// The mat-vec variant for `cols` columns (at most [`mat_vec_max_cols`]).
@@ -387,8 +403,8 @@ pub(crate) struct Product {
     pub(crate) ldy: u32,
     /// Add the chunk's bias (not with `glu` or `norm_eps`).
     pub(crate) bias: bool,
-    /// The tiled matmul instead of mat-vec groups.
-    pub(crate) tiled: bool,
+    /// The kernel (the fused variants need [`Kernel::MatVec`]).
+    pub(crate) kernel: Kernel,
     /// Mat-vec rows split over invocations.
     pub(crate) split_k: bool,
     /// The fused SwiGLU variant.
@@ -409,32 +425,42 @@ pub(crate) struct ProductCall {
 }
 
 impl Product {
-    /// The dispatches: one tiled matmul, or mat-vec groups of at most
-    /// [`mat_vec_max_cols`] columns.
+    /// The dispatches: one tiled matmul (on f32 arithmetic or cooperative
+    /// matrices), or mat-vec groups of at most [`mat_vec_max_cols`] columns.
     pub(crate) fn calls(&self) -> Vec<ProductCall> {
         let bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
-        if self.tiled {
-            debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
-            return vec![ProductCall {
-                kind: WeightKernel::MatMul,
-                words: vec![
-                    self.k,
-                    self.rows,
-                    self.row0,
-                    self.cols,
-                    self.ldx,
-                    self.ldy,
-                    bias,
-                    0,
-                    0,
-                    u32::from(self.accumulate),
-                ],
-                groups: [
+        let (kind, groups) = match self.kernel {
+            Kernel::MatVec => return self.mat_vec_calls(bias),
+            Kernel::Tiled => (
+                WeightKernel::MatMul,
+                [
                     self.rows.div_ceil(MAT_MUL_TILE),
                     self.cols.div_ceil(MAT_MUL_TILE),
                 ],
-            }];
-        }
+            ),
+            Kernel::Coop(c) => (WeightKernel::Coop, c.groups(self.rows, self.cols)),
+        };
+        debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
+        vec![ProductCall {
+            kind,
+            words: vec![
+                self.k,
+                self.rows,
+                self.row0,
+                self.cols,
+                self.ldx,
+                self.ldy,
+                bias,
+                0,
+                0,
+                u32::from(self.accumulate),
+            ],
+            groups,
+        }]
+    }
+
+    /// Mat-vec groups of at most [`mat_vec_max_cols`] columns.
+    fn mat_vec_calls(&self, bias: u32) -> Vec<ProductCall> {
         let tpr = mat_vec_tpr(self.k as usize, self.split_k);
         let norm = self.norm_eps.is_some();
         let up_row = if self.glu { self.rows } else { 0 };
@@ -497,6 +523,9 @@ pub(crate) struct Pipelines {
     /// Weight loads a mat-vec invocation issues together, where chosen
     /// ([`mat_vec_unroll`]).
     unroll: Option<u32>,
+    /// The cooperative-matrix configuration, where the device has one: the
+    /// coop matmul is then compiled for every weight type.
+    pub(crate) coop: Option<CoopConfig>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope: ::wgpu::ComputePipeline,
@@ -592,6 +621,7 @@ impl Pipelines {
             split_k,
             gpu_subgroups: gpu.subgroups,
             unroll,
+            coop: gpu.coop,
             weight: HashMap::new(),
             rms_norm,
             rope,
@@ -638,6 +668,13 @@ impl Pipelines {
                 }
             }
         }
+        if self.coop.is_some() {
+            kinds.push((
+                WeightKernel::Coop,
+                "coop_mat_mul",
+                include_str!("shaders/coop_mat_mul.wgsl"),
+            ));
+        }
         for (kind, label, body) in kinds {
             if self.weight.contains_key(&(kind, dtype)) {
                 continue;
@@ -661,9 +698,18 @@ impl Pipelines {
                         subgroup_helpers(self.subgroups()),
                     )
                 }
+                WeightKernel::Coop => self.coop.map(|c| c.consts()).unwrap_or_default(),
                 _ => String::new(),
             };
             let mut source = format!("{}\n{consts}{body}", dtype.prelude());
+            if kind == WeightKernel::Coop {
+                // Both `enable`s open the module; the f16-native prelude's
+                // own goes.
+                source = format!(
+                    "enable f16;\nenable wgpu_cooperative_matrix;\n{}",
+                    source.replacen("enable f16;", "", 1)
+                );
+            }
             if matches!(kind, WeightKernel::MatVec(..) | WeightKernel::Glu(..)) {
                 // naga takes subgroup operations as a device feature, with
                 // no `enable subgroups` directive (it rejects that one).
