@@ -86,9 +86,10 @@ impl CoopConfig {
     }
 
     /// Workgroup memory the kernel declares, in bytes: the f16 weight and x
-    /// slabs, and one f32 fragment per subgroup for the results.
+    /// slabs (rows padded by 8 values), and one f32 fragment per subgroup
+    /// for the results.
     pub(crate) fn workgroup_bytes(&self) -> u32 {
-        2 * 2 * self.tile_rows() * K_SLAB + 4 * SUBGROUPS * self.side * self.side
+        2 * 2 * self.tile_rows() * (K_SLAB + 8) + 4 * SUBGROUPS * self.side * self.side
     }
 
     /// The constants coop_mat_mul.wgsl is compiled with (see its header).

@@ -13,7 +13,10 @@
 // and 8 x values (issued before the previous slab's multiply, so their
 // latency hides behind it), rounds them to f16 and stores them into
 // workgroup memory: weights as [row][k] (fragment A, row-major), x as
-// [token][k] (fragment B, column-major), both with stride BK. The four
+// [token][k] (fragment B, column-major), both with stride LDS = BK + 8:
+// the 16 bytes of padding put the fragment rows that a load reads
+// together in different memory banks, and keep every row 16-byte aligned
+// (as cooperative loads require). The four
 // subgroups form a 2 x 2 grid over the tile; each multiplies 2 x 2
 // fragments of side S, accumulating in f32. At the end each subgroup stores
 // its fragments one at a time into its own S x S corner of workgroup
@@ -47,9 +50,11 @@ struct Params {
 
 // Runs of 8 k values per tile row.
 const RUNS: u32 = BK / 8u;
+// Stride between the tiles' rows, in f16 values.
+const LDS: u32 = BK + 8u;
 
-var<workgroup> ws: array<f16, TILE * BK>;
-var<workgroup> xs: array<f16, TILE * BK>;
+var<workgroup> ws: array<f16, TILE * LDS>;
+var<workgroup> xs: array<f16, TILE * LDS>;
 // One S x S result fragment per subgroup, column-major (token-major).
 var<workgroup> cs: array<f32, 4u * S * S>;
 
@@ -161,7 +166,7 @@ fn main(
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         for (var u = 0u; u < LOADS; u++) {
             let i = lid + u * WG;
-            let at = (i / RUNS) * BK + 8u * (i % RUNS);
+            let at = (i / RUNS) * LDS + 8u * (i % RUNS);
             put_w(at, wv[u]);
             put_x(at, xv[u]);
         }
@@ -177,10 +182,10 @@ fn main(
             }
         }
         for (var kk = 0u; kk < BK; kk += S) {
-            let a0 = coopLoadT<FragA>(&ws[sn * BK + kk], BK);
-            let a1 = coopLoadT<FragA>(&ws[(sn + S) * BK + kk], BK);
-            let b0 = coopLoad<FragB>(&xs[sm * BK + kk], BK);
-            let b1 = coopLoad<FragB>(&xs[(sm + S) * BK + kk], BK);
+            let a0 = coopLoadT<FragA>(&ws[sn * LDS + kk], LDS);
+            let a1 = coopLoadT<FragA>(&ws[(sn + S) * LDS + kk], LDS);
+            let b0 = coopLoad<FragB>(&xs[sm * LDS + kk], LDS);
+            let b1 = coopLoad<FragB>(&xs[(sm + S) * LDS + kk], LDS);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c10 = coopMultiplyAdd(a1, b0, c10);
