@@ -23,6 +23,14 @@
 #                   norms fused into the mat-vecs and subgroup reductions
 #                   (default) vs each without (--no-fused-glu,
 #                   --no-fused-norm, --no-subgroups)
+#   coop:SHAPE      cooperative-matrix products: their parity tests
+#                   (TOKENWIRE_REQUIRE_COOP=1: failing where the card
+#                   offers no usable configuration), then the default
+#                   (passes of 16+ rows on coop) against --no-coop,
+#                   alternating, two rounds (batch 1, 8, 16, 32, 64;
+#                   128-token prompts: prefills of 128 to 8,192 tokens),
+#                   --coop-rows 4 and 64 (batch 4, 8, 16), and the default
+#                   profiled at batch 32 (coop in prefill and decode)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 # With no arguments: tests, bench on both shapes, and anchor, which can take
@@ -140,12 +148,30 @@ for part in "${parts[@]}"; do
             eb ab-no-subgroups engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 1,8 --no-subgroups
         }
         ;;
+    coop:*)
+        shape=${part#coop:}
+        echo "== $shape: cooperative-matrix products =="
+        for t in wgpu_kernels wgpu_engine; do
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 360 ".gpu/bin/$t" coop 2>&1 | quiet |
+                tee -a "$runs/tests" | grep -E "cooperative|nmse|test result|panicked"
+        done
+        # shellcheck disable=SC2046
+        {
+            for round in 1 2; do
+                eb "no-coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128 --no-coop
+                eb "coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128
+            done
+            eb coop-rows-4 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 4
+            eb coop-rows-64 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 64
+            eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile
+        }
+        ;;
     anchor)
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, anchor)"
         exit 2
         ;;
     esac

@@ -51,7 +51,10 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
              for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
              per split) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
-             issues together), to compare kernel choices on a card
+             issues together) [--no-coop] (wgpu: never ask for cooperative matrices)
+             [--coop-rows N] (wgpu, where the adapter has cooperative matrices: passes of
+             at least N token rows multiply on them; on a CPU adapter, the only way on),
+             to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -77,6 +80,8 @@ struct Args {
     fused_glu: bool,
     fused_norm: bool,
     subgroups: bool,
+    coop: bool,
+    coop_rows: Option<usize>,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -145,6 +150,8 @@ fn parse_args() -> Result<Args, String> {
         fused_glu: true,
         fused_norm: true,
         subgroups: true,
+        coop: true,
+        coop_rows: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -157,6 +164,7 @@ fn parse_args() -> Result<Args, String> {
             "--no-fused-glu" => Some((&mut a.fused_glu, false)),
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
             "--no-subgroups" => Some((&mut a.subgroups, false)),
+            "--no-coop" => Some((&mut a.coop, false)),
             _ => None,
         };
         if let Some((field, value)) = switch {
@@ -187,6 +195,7 @@ fn parse_args() -> Result<Args, String> {
             "--decode-workgroups" => a.decode_workgroups = Some(num(&val)?.max(1) as u32),
             "--decode-min-split" => a.decode_min_split = Some(num(&val)?.max(1) as u32),
             "--mat-vec-unroll" => a.mat_vec_unroll = Some(num(&val)?.clamp(1, 4) as u32),
+            "--coop-rows" => a.coop_rows = Some(num(&val)?.max(1)),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -560,13 +569,22 @@ fn bench(a: &Args) -> Result<(), String> {
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,
                         subgroups: a.subgroups,
+                        cooperative_matrix: a.coop,
+                        coop_min_rows: a.coop_rows,
                         ..d
                     };
                     let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)
                         .map_err(|e| e.to_string())?;
                     if b == a.batches[0] {
+                        let coop = match w.coop() {
+                            Some(c) => format!(
+                                "cooperative matrices {}x{} (subgroups of {})",
+                                c.side, c.side, c.subgroup
+                            ),
+                            None => "no cooperative matrices".into(),
+                        };
                         println!(
-                            "wgpu adapter: {}, weights as {:?}",
+                            "wgpu adapter: {}, weights as {:?}, {coop}",
                             w.adapter(),
                             w.weight_dtypes()
                         );
