@@ -31,6 +31,10 @@
 #                   128-token prompts: prefills of 128 to 8,192 tokens),
 #                   --coop-rows 4 and 64 (batch 4, 8, 16), and the default
 #                   profiled at batch 32 (coop in prefill and decode)
+#   loops:SHAPE     shaders without wgpu's loop counters (the default)
+#                   against --loop-bounding, alternating, two rounds (batch
+#                   1, 8 and 32, 128-token prompts), then --loop-bounding
+#                   profiled at batch 1 (bench:SHAPE profiles the default)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 # With no arguments: tests, bench on both shapes, and anchor, which can take
@@ -166,12 +170,24 @@ for part in "${parts[@]}"; do
             eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile
         }
         ;;
+    loops:*)
+        shape=${part#loops:}
+        echo "== $shape: shaders without and with wgpu's loop counters =="
+        # shellcheck disable=SC2046
+        {
+            for round in 1 2; do
+                eb "unbounded-r$round" engine-bench 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128
+                eb "bounded-r$round" engine-bench 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --loop-bounding
+            done
+            eb bounded-profile engine-bench 90 $(bf16 "$shape") --batch 1 --prompt 128 --profile --loop-bounding
+        }
+        ;;
     anchor)
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, loops:SHAPE, anchor)"
         exit 2
         ;;
     esac

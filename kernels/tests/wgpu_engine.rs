@@ -735,6 +735,74 @@ fn wgpu_coop_products_match_cpu_backend() {
 }
 
 #[test]
+fn wgpu_unbounded_loops_compute_the_same() {
+    // Shaders compiled without wgpu's loop counters (the default: every
+    // loop of them ends by construction) against shaders with them, on the
+    // CPU adapters' and the GPUs' kernel variants: a prefill and decode
+    // steps, logits rows and tokens sampled on the device.
+    let model = Arc::new(random_model(&LLAMA, 13));
+    for split_k in [false, true] {
+        let opts = WgpuOptions {
+            split_k: Some(split_k),
+            ..WgpuOptions::default()
+        };
+        let bounded_opts = WgpuOptions {
+            loop_bounding: true,
+            ..opts.clone()
+        };
+        let Some(mut bounded) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &bounded_opts))
+        else {
+            return;
+        };
+        let mut free = WgpuBackend::new(model.clone(), 16, 8, &opts).expect("unbounded");
+        let prompt: Vec<TokenId> = (0..20).map(|i| (i * 13 % 301) as TokenId).collect();
+        let (table, table2) = ([2u32, 5], [3u32, 6]);
+        let mut history = prompt.clone();
+        for (step, start) in [(0usize, 0u32), (1, 20), (2, 21)] {
+            let tokens = if step == 0 {
+                prompt.clone()
+            } else {
+                vec![history[history.len() - 1]]
+            };
+            let mut outs = Vec::new();
+            for b in [&mut bounded, &mut free] {
+                let batch = [
+                    logits_step(&tokens, start, &table),
+                    SeqBatch {
+                        sample: Some(SampleSpec {
+                            params: SamplingParams::greedy(),
+                            position: start + tokens.len() as u32,
+                            history: &history,
+                            logprobs: Some(3),
+                        }),
+                        ..logits_step(&tokens, start, &table2)
+                    },
+                ];
+                let mut out = ForwardOutput::default();
+                b.forward_select(&batch, &mut out).expect("step");
+                outs.push(out);
+            }
+            let e = nmse(&outs[1].logits, &outs[0].logits);
+            assert!(e < 1e-12, "split_k={split_k} step {step}: nmse {e:e}");
+            let tok = |o: &ForwardOutput| {
+                o.sampled
+                    .iter()
+                    .map(|s| s.as_ref().map(|d| d.token))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                tok(&outs[1]),
+                tok(&outs[0]),
+                "split_k={split_k} step {step}"
+            );
+            if let Some(Some(d)) = outs[0].sampled.last() {
+                history.push(d.token);
+            }
+        }
+    }
+}
+
+#[test]
 fn wgpu_loading_reports_each_layer_uploaded() {
     use std::sync::Mutex;
     let seen: Arc<Mutex<Vec<(f32, String)>>> = Arc::default();

@@ -53,8 +53,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              per split) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
              issues together) [--no-coop] (wgpu: never ask for cooperative matrices)
              [--coop-rows N] (wgpu, where the adapter has cooperative matrices: passes of
-             at least N token rows multiply on them; on a CPU adapter, the only way on),
-             to compare kernel choices on a card
+             at least N token rows multiply on them; on a CPU adapter, the only way on)
+             [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
+             default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -82,6 +83,7 @@ struct Args {
     subgroups: bool,
     coop: bool,
     coop_rows: Option<usize>,
+    loop_bounding: bool,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -152,6 +154,7 @@ fn parse_args() -> Result<Args, String> {
         subgroups: true,
         coop: true,
         coop_rows: None,
+        loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -165,6 +168,7 @@ fn parse_args() -> Result<Args, String> {
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
             "--no-subgroups" => Some((&mut a.subgroups, false)),
             "--no-coop" => Some((&mut a.coop, false)),
+            "--loop-bounding" => Some((&mut a.loop_bounding, true)),
             _ => None,
         };
         if let Some((field, value)) = switch {
@@ -571,6 +575,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         subgroups: a.subgroups,
                         cooperative_matrix: a.coop,
                         coop_min_rows: a.coop_rows,
+                        loop_bounding: a.loop_bounding,
                         ..d
                     };
                     let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)

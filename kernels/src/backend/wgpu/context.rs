@@ -55,6 +55,9 @@ pub(crate) struct Gpu {
     /// Cooperative matrices enabled, in this configuration (asked for where
     /// the adapter offers a usable one, unless the options turn them off).
     pub(crate) coop: Option<CoopConfig>,
+    /// Shaders keep the loop counters wgpu adds to every loop
+    /// ([`WgpuOptions::loop_bounding`]).
+    loop_bounding: bool,
     errors: Arc<Mutex<Vec<GpuError>>>,
 }
 
@@ -101,12 +104,37 @@ fn describe(info: &::wgpu::AdapterInfo) -> String {
 /// coop_mat_mul.wgsl, whose cooperative loads and stores stay inside its
 /// workgroup arrays by construction (the tile shapes come from
 /// [`CoopConfig`]) and which the parity tests check on every shape they
-/// draw. The only unsafe code in the backend, kept to this call.
+/// draw. One of the backend's two unsafe calls, each kept to its function.
 #[allow(unsafe_code)]
 fn experimental_features() -> ::wgpu::ExperimentalFeatures {
     // SAFETY: see above; only the cooperative-matrix feature is requested
     // with this token, and only its own kernel uses it.
     unsafe { ::wgpu::ExperimentalFeatures::enabled() }
+}
+
+/// A shader module without the 64-bit counter wgpu adds to every loop so
+/// that no loop can run forever; bounds checks and every other runtime
+/// check stay. The counter keeps drivers from unrolling constant-count
+/// loops, so per-invocation arrays indexed by their counters may land in
+/// slow local memory (`engine-bench --loop-bounding` puts it back).
+/// wgpu makes this `unsafe` because a loop that never ends would then be
+/// undefined behaviour: every loop in `shaders/` ends by construction (a
+/// counter moving by a positive constant, a power of two, or a parameter
+/// the host sets to at least 1, towards a bound; sample.wgsl's searches
+/// halve an interval or advance a bit index each turn). The second and
+/// last unsafe call of the backend.
+#[allow(unsafe_code)]
+fn unbounded_loops_module(
+    device: &::wgpu::Device,
+    desc: ::wgpu::ShaderModuleDescriptor<'_>,
+) -> ::wgpu::ShaderModule {
+    let checks = ::wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        ..::wgpu::ShaderRuntimeChecks::checked()
+    };
+    // SAFETY: no loop of these shaders runs forever (see above); bounds
+    // checks stay on.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
 }
 
 /// Discrete before integrated before virtual before software.
@@ -240,8 +268,22 @@ impl Gpu {
             timestamps,
             subgroups,
             coop,
+            loop_bounding: opts.loop_bounding,
             errors,
         })
+    }
+
+    /// Compiles a WGSL module: with wgpu's full runtime checks, or, without
+    /// [`WgpuOptions::loop_bounding`], with every check but the loop bound.
+    pub(crate) fn shader_module(&self, label: &str, source: String) -> ::wgpu::ShaderModule {
+        let desc = ::wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: ::wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        if self.loop_bounding {
+            return self.device.create_shader_module(desc);
+        }
+        unbounded_loops_module(&self.device, desc)
     }
 
     /// The first error the device reported since the last call, if any;

@@ -543,12 +543,7 @@ fn compile(
     layout: &::wgpu::BindGroupLayout,
     params: &::wgpu::BindGroupLayout,
 ) -> ::wgpu::ComputePipeline {
-    let module = gpu
-        .device
-        .create_shader_module(::wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: ::wgpu::ShaderSource::Wgsl(source.into()),
-        });
+    let module = gpu.shader_module(label, source);
     let pl = gpu
         .device
         .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
