@@ -776,10 +776,14 @@ fn wgpu_rope_matches_cpu_rotation() {
         let theta = [10000.0, 500000.0, 1e6][case % 3];
         let inv = rope::inv_freq(head_dim, theta, &scalings[case % 3]);
         let n = range(&mut rng, 1, 9);
-        let (seqs, _) = random_seqs(&mut rng, &shape, n, 5000, 9);
+        let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 5000, 9);
         let rows: usize = seqs.iter().map(|s| s.rows).sum();
         let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
-        let got = lab.rope(&qkv, &shape, &seqs, &inv).expect("rope");
+        let pool = vec![0.0; pool_blocks * kv_heads * block_size * head_dim];
+        let got = lab
+            .rope_kv(&qkv, &shape, &seqs, &inv, &pool, &pool)
+            .expect("rope_kv")
+            .qkv;
         let mut want = qkv.clone();
         let half = head_dim / 2;
         let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
@@ -800,7 +804,11 @@ fn wgpu_rope_matches_cpu_rotation() {
 }
 
 #[test]
-fn wgpu_kv_write_follows_the_slot_mapping() {
+fn wgpu_rope_kv_writes_the_cache_through_the_slot_mapping() {
+    // The same dispatch that rotates the heads writes each row's rotated K
+    // (the values it leaves in q|k|v, which the test above checks against
+    // the CPU's rotation) and its V into the pools at the row's slot; every
+    // other slot keeps its value.
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(10);
     for &(q_heads, kv_heads, head_dim, block_size) in SHAPES {
@@ -810,6 +818,7 @@ fn wgpu_kv_write_follows_the_slot_mapping() {
             head_dim,
             block_size,
         };
+        let inv = rope::inv_freq(head_dim, 10000.0, &RopeScaling::None);
         let n = range(&mut rng, 1, 9);
         let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 100, 20);
         let rows: usize = seqs.iter().map(|s| s.rows).sum();
@@ -817,9 +826,10 @@ fn wgpu_kv_write_follows_the_slot_mapping() {
         let k0 = uniform(&mut rng, pool, 1.0);
         let v0 = uniform(&mut rng, pool, 1.0);
         let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
-        let (k, v) = lab
-            .kv_write(&qkv, &shape, &seqs, &k0, &v0)
-            .expect("kv_write");
+        let out = lab
+            .rope_kv(&qkv, &shape, &seqs, &inv, &k0, &v0)
+            .expect("rope_kv");
+        let rotated = &out.qkv;
         let (mut wk, mut wv) = (k0.clone(), v0.clone());
         let kw = kv_heads * head_dim;
         let mut r = 0;
@@ -830,14 +840,19 @@ fn wgpu_kv_write_follows_the_slot_mapping() {
                 for g in 0..kv_heads {
                     let dst = pool_index(&shape, &s.block_table, pos, g);
                     let src = base + g * head_dim;
-                    wk[dst..dst + head_dim].copy_from_slice(&qkv[src..src + head_dim]);
+                    wk[dst..dst + head_dim].copy_from_slice(&rotated[src..src + head_dim]);
                     wv[dst..dst + head_dim].copy_from_slice(&qkv[src + kw..src + kw + head_dim]);
                 }
                 r += 1;
             }
         }
-        assert_eq!(k, wk, "{shape:?}");
-        assert_eq!(v, wv, "{shape:?}");
+        assert_eq!(out.k, wk, "{shape:?}");
+        assert_eq!(out.v, wv, "{shape:?}");
+        // The V heads stay as they were in q|k|v.
+        for r in 0..rows {
+            let vs = r * shape.qkv_width() + (q_heads + kv_heads) * head_dim;
+            assert_eq!(rotated[vs..vs + kw], qkv[vs..vs + kw], "{shape:?} row {r}");
+        }
     }
 }
 

@@ -81,6 +81,18 @@ pub struct LabSample {
     pub logprobs: Option<u8>,
 }
 
+/// What [`KernelLab::rope_kv`] leaves: the q|k|v rows, rotated, and the
+/// two pools with the rows' K and V written.
+#[derive(Debug, Clone)]
+pub struct RopeKvOut {
+    /// The rows, query and key heads rotated.
+    pub qkv: Vec<f32>,
+    /// The K pool.
+    pub k: Vec<f32>,
+    /// The V pool.
+    pub v: Vec<f32>,
+}
+
 /// Runs single kernels of the wgpu backend.
 pub struct KernelLab {
     gpu: Gpu,
@@ -593,64 +605,43 @@ impl KernelLab {
     }
 
     /// RoPE on the query and key heads of fused q|k|v rows (`[rows,
-    /// qkv_width]`), positions from `seqs`, frequencies `inv_freq`.
-    pub fn rope(
+    /// qkv_width]`), positions from `seqs`, frequencies `inv_freq`, and the
+    /// write of each row's rotated K and its V into copies of the pools
+    /// `k_pool` / `v_pool` through the slots of `seqs` (rope_kv.wgsl).
+    pub fn rope_kv(
         &mut self,
         qkv: &[f32],
         shape: &HeadShape,
         seqs: &[LabSeq],
         inv_freq: &[f64],
-    ) -> Result<Vec<f32>, String> {
-        let (words, p) = self.plan(seqs, shape.head_dim, inv_freq, Self::limits(shape, 1))?;
-        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
-        let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
-        let bg = self.bind(&self.pipes.layouts.rope, &[&planb, &qb]);
-        let heads = (shape.q_heads + shape.kv_heads) as u32;
-        let half = (shape.head_dim / 2) as u32;
-        let n = p.rows * heads * half;
-        let words = vec![
-            p.rows,
-            heads,
-            half,
-            shape.qkv_width() as u32,
-            p.cos_off,
-            p.sin_off,
-        ];
-        let d = [(&self.pipes.rope, &bg, words, grid(n.div_ceil(256)))];
-        let out = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
-        Ok(f32s(&out))
-    }
-
-    /// Writes the K and V of fused q|k|v rows into copies of the pools
-    /// `k_pool` / `v_pool` through the slots of `seqs`; returns the pools.
-    pub fn kv_write(
-        &mut self,
-        qkv: &[f32],
-        shape: &HeadShape,
-        seqs: &[LabSeq],
         k_pool: &[f32],
         v_pool: &[f32],
-    ) -> Result<(Vec<f32>, Vec<f32>), String> {
-        let (words, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, 1))?;
+    ) -> Result<RopeKvOut, String> {
+        let (words, p) = self.plan(seqs, shape.head_dim, inv_freq, Self::limits(shape, 1))?;
         let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
         let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
         let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
-        let bg = self.bind(&self.pipes.layouts.kv_write, &[&planb, &qb, &kb, &vb]);
-        let n = p.rows * (shape.kv_heads * shape.head_dim) as u32;
-        let words = vec![
-            p.rows,
-            shape.kv_heads as u32,
-            shape.head_dim as u32,
-            shape.block_size as u32,
-            shape.qkv_width() as u32,
-            p.slot_off,
-            (shape.q_heads * shape.head_dim) as u32,
-        ];
-        let d = [(&self.pipes.kv_write, &bg, words, grid(n.div_ceil(256)))];
-        let k = self.run(&d, (&kb, 4 * k_pool.len() as u64))?;
-        let v = self.read(&vb, v_pool.len())?;
-        Ok((f32s(&k), v))
+        let bg = self.bind(&self.pipes.layouts.rope_kv, &[&planb, &qb, &kb, &vb]);
+        let call = attn::RopeKvParams {
+            n_rows: p.rows,
+            q_heads: shape.q_heads as u32,
+            kv_heads: shape.kv_heads as u32,
+            head_dim: shape.head_dim as u32,
+            stride: shape.qkv_width() as u32,
+            cos_off: p.cos_off,
+            sin_off: p.sin_off,
+            slot_off: p.slot_off,
+            bs: shape.block_size as u32,
+        }
+        .call();
+        let d = [(&self.pipes.rope_kv, &bg, call.words, call.groups)];
+        let q = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
+        Ok(RopeKvOut {
+            qkv: f32s(&q),
+            k: self.read(&kb, k_pool.len())?,
+            v: self.read(&vb, v_pool.len())?,
+        })
     }
 
     fn attn_model(shape: &HeadShape) -> AttnModel {

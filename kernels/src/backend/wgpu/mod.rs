@@ -14,8 +14,8 @@
 //!   dispatch per chunk.
 //! * A step is recorded into one command encoder and submitted once:
 //!   embedding gather into the residual stream x, then per layer RMSNorm,
-//!   q|k|v product, RoPE, K/V written into the paged cache through the step's
-//!   slot mapping, paged attention (for decode rows, flash-decoding: each
+//!   q|k|v product, RoPE and (in the same dispatch) K/V written into the
+//!   paged cache through the step's slot mapping, paged attention (for decode rows, flash-decoding: each
 //!   row's context split over as many workgroups as fill the device
 //!   ([`WgpuOptions::decode_workgroups`]), the splits merged by their
 //!   log-sum-exp; a tiled causal kernel for prefill runs),
@@ -30,9 +30,9 @@
 //!   mat-vec only, since it needs a workgroup barrier, and on CPU adapters
 //!   any barrier slows the whole kernel), and
 //!   SiLU-times-up into the gate|up product (`WeightKernel::Glu`, for a
-//!   stack in one chunk). A decode layer is then seven dispatches: q|k|v,
-//!   RoPE, K/V write, attention, o, gate|up, down, with the attention merge
-//!   for long contexts. Passes on the tiled matmul run the norms and SiLU as
+//!   stack in one chunk). A decode layer is then six dispatches: q|k|v,
+//!   RoPE with the K/V write, attention, o, gate|up, down, with the
+//!   attention merge for split contexts. Passes on the tiled matmul run the norms and SiLU as
 //!   their own kernels ([`WgpuOptions::fuse_norm`],
 //!   [`WgpuOptions::fuse_glu`]).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
@@ -114,7 +114,7 @@ use crate::kv::KvGeometry;
 use crate::model::Model;
 use crate::rope;
 pub use attn::SplitPolicy;
-use attn::{AttnModel, AttnShape, DecodeRows};
+use attn::{AttnModel, AttnShape, DecodeRows, RopeKvParams};
 use choice::KernelChoice;
 pub use context::adapters;
 use context::{grid, Gpu, GpuError};
@@ -391,7 +391,7 @@ struct LayerBinds {
     gate_up_normed: Vec<::wgpu::BindGroup>,
     glu_normed: Option<::wgpu::BindGroup>,
     down: Vec<::wgpu::BindGroup>,
-    kv_write: ::wgpu::BindGroup,
+    rope_kv: ::wgpu::BindGroup,
     decode: ::wgpu::BindGroup,
     prefill: ::wgpu::BindGroup,
 }
@@ -402,7 +402,6 @@ struct Binds {
     params: ::wgpu::BindGroup,
     embed: Vec<::wgpu::BindGroup>,
     layers: Vec<LayerBinds>,
-    rope: ::wgpu::BindGroup,
     merge: ::wgpu::BindGroup,
     silu: ::wgpu::BindGroup,
     norm_final: ::wgpu::BindGroup,
@@ -415,8 +414,7 @@ struct Binds {
 enum Pipe {
     Weight(WeightKernel, WeightDtype),
     Norm,
-    Rope,
-    KvWrite,
+    RopeKv,
     Decode,
     Prefill,
     Merge,
@@ -440,8 +438,7 @@ enum Bind {
     GluNormed(usize),
     Down(usize, usize),
     Head(usize),
-    Rope,
-    KvWrite(usize),
+    RopeKv(usize),
     Decode(usize),
     Prefill(usize),
     Merge,
@@ -479,8 +476,7 @@ impl Op {
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
             Pipe::Weight(WeightKernel::Coop, d) => format!("coop_mat_mul {d:?}"),
             Pipe::Norm => "rms_norm".into(),
-            Pipe::Rope => "rope".into(),
-            Pipe::KvWrite => "kv_write".into(),
+            Pipe::RopeKv => "rope_kv".into(),
             Pipe::Decode => "attn_decode".into(),
             Pipe::Prefill => "attn_prefill".into(),
             Pipe::Merge => "attn_merge".into(),
@@ -921,9 +917,9 @@ impl WgpuBackend {
                         .remove(0)
                 }),
                 down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.x.buf),
-                kv_write: self.storage_bg(
-                    &l.kv_write,
-                    "kv_write",
+                rope_kv: self.storage_bg(
+                    &l.rope_kv,
+                    "rope_kv",
                     &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v],
                 ),
                 decode: self.storage_bg(
@@ -954,7 +950,6 @@ impl WgpuBackend {
                 .map(|c| self.storage_bg(&l.embed, "embed", &[&b.plan.buf, &c.buf, &b.x.buf]))
                 .collect(),
             layers,
-            rope: self.storage_bg(&l.rope, "rope", &[&b.plan.buf, &b.qkv.buf]),
             merge: self.storage_bg(
                 &l.merge,
                 "attn_merge",
@@ -1104,8 +1099,18 @@ impl WgpuBackend {
             needs.part = needs.part.max(c.part_bytes);
         }
         let prefill = attn::prefill_call(&attn, p.tile_off, p.pos_off, p.rt_off, p.n_tiles);
-        let rope_n = t * (d.nq + d.nkv) * (d.hd / 2);
-        let kvw_n = t * d.nkv * d.hd;
+        let rope_kv = RopeKvParams {
+            n_rows: t,
+            q_heads: d.nq,
+            kv_heads: d.nkv,
+            head_dim: d.hd,
+            stride: d.qkv_w,
+            cos_off: p.cos_off,
+            sin_off: p.sin_off,
+            slot_off: p.slot_off,
+            bs,
+        }
+        .call();
         // The o and down products add into the residual stream x itself;
         // the norms read it. On mat-vec passes the norms before q|k|v and
         // gate|up are fused into those products where they allow it.
@@ -1141,16 +1146,10 @@ impl WgpuBackend {
                 if norm_in_product { normed } else { none },
             );
             ops.push(Op {
-                pipe: Pipe::Rope,
-                bind: Bind::Rope,
-                param: prm.push(&[t, d.nq + d.nkv, d.hd / 2, d.qkv_w, p.cos_off, p.sin_off]),
-                groups: grid(rope_n.div_ceil(256)),
-            });
-            ops.push(Op {
-                pipe: Pipe::KvWrite,
-                bind: Bind::KvWrite(l),
-                param: prm.push(&[t, d.nkv, d.hd, bs, d.qkv_w, p.slot_off, d.nq * d.hd]),
-                groups: grid(kvw_n.div_ceil(256)),
+                pipe: Pipe::RopeKv,
+                bind: Bind::RopeKv(l),
+                param: prm.push(&rope_kv.words),
+                groups: rope_kv.groups,
             });
             if let Some(c) = &decode {
                 ops.push(Op {
@@ -1330,8 +1329,7 @@ impl WgpuBackend {
         Ok(match p {
             Pipe::Weight(k, d) => pp.weight(k, d).ok_or_else(missing)?,
             Pipe::Norm => &pp.rms_norm,
-            Pipe::Rope => &pp.rope,
-            Pipe::KvWrite => &pp.kv_write,
+            Pipe::RopeKv => &pp.rope_kv,
             Pipe::Decode => &pp.attn(self.shape).ok_or_else(missing)?.0,
             Pipe::Prefill => &pp.attn(self.shape).ok_or_else(missing)?.1,
             Pipe::Merge => &pp.attn_merge,
@@ -1355,8 +1353,7 @@ impl WgpuBackend {
             Bind::GluNormed(l) => b.layers.get(l)?.glu_normed.as_ref()?,
             Bind::Down(l, c) => b.layers.get(l)?.down.get(c)?,
             Bind::Head(c) => b.head.get(c)?,
-            Bind::Rope => &b.rope,
-            Bind::KvWrite(l) => &b.layers.get(l)?.kv_write,
+            Bind::RopeKv(l) => &b.layers.get(l)?.rope_kv,
             Bind::Decode(l) => &b.layers.get(l)?.decode,
             Bind::Prefill(l) => &b.layers.get(l)?.prefill,
             Bind::Merge => &b.merge,

@@ -280,8 +280,7 @@ pub(crate) struct Layouts {
     pub(crate) mat: ::wgpu::BindGroupLayout,
     pub(crate) embed: ::wgpu::BindGroupLayout,
     pub(crate) norm: ::wgpu::BindGroupLayout,
-    pub(crate) rope: ::wgpu::BindGroupLayout,
-    pub(crate) kv_write: ::wgpu::BindGroupLayout,
+    pub(crate) rope_kv: ::wgpu::BindGroupLayout,
     pub(crate) decode: ::wgpu::BindGroupLayout,
     pub(crate) merge: ::wgpu::BindGroupLayout,
     pub(crate) prefill: ::wgpu::BindGroupLayout,
@@ -334,8 +333,7 @@ impl Layouts {
             mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W)]),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
             norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
-            rope: storage_layout(gpu, "rope", &[(0, R), (1, W)]),
-            kv_write: storage_layout(gpu, "kv_write", &[(0, R), (1, R), (2, W), (3, W)]),
+            rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W)]),
             decode: storage_layout(
                 gpu,
                 "attn_decode",
@@ -528,8 +526,7 @@ pub(crate) struct Pipelines {
     pub(crate) coop: Option<CoopConfig>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
-    pub(crate) rope: ::wgpu::ComputePipeline,
-    pub(crate) kv_write: ::wgpu::ComputePipeline,
+    pub(crate) rope_kv: ::wgpu::ComputePipeline,
     pub(crate) silu_mul: ::wgpu::ComputePipeline,
     sample: HashMap<u32, ::wgpu::ComputePipeline>,
     pub(crate) attn_merge: ::wgpu::ComputePipeline,
@@ -579,18 +576,11 @@ impl Pipelines {
             &layouts.norm,
             p,
         );
-        let rope = compile(
+        let rope_kv = compile(
             gpu,
-            "rope",
-            include_str!("shaders/rope.wgsl").into(),
-            &layouts.rope,
-            p,
-        );
-        let kv_write = compile(
-            gpu,
-            "kv_write",
-            include_str!("shaders/kv_write.wgsl").into(),
-            &layouts.kv_write,
+            "rope_kv",
+            include_str!("shaders/rope_kv.wgsl").into(),
+            &layouts.rope_kv,
             p,
         );
         let silu_mul = compile(
@@ -619,8 +609,7 @@ impl Pipelines {
             coop: gpu.coop,
             weight: HashMap::new(),
             rms_norm,
-            rope,
-            kv_write,
+            rope_kv,
             silu_mul,
             sample: HashMap::new(),
             attn_merge,
