@@ -156,7 +156,7 @@ for part in "${parts[@]}"; do
         shape=${part#coop:}
         echo "== $shape: cooperative-matrix products =="
         for t in wgpu_kernels wgpu_engine; do
-            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 360 ".gpu/bin/$t" coop 2>&1 | quiet |
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 360 ".gpu/bin/$t" coop --nocapture 2>&1 | quiet |
                 tee -a "$runs/tests" | grep -E "cooperative|nmse|test result|panicked"
         done
         # shellcheck disable=SC2046
