@@ -29,8 +29,10 @@
 #                   (passes of 16+ rows on coop) against --no-coop,
 #                   alternating, two rounds (batch 1, 8, 16, 32, 64;
 #                   128-token prompts: prefills of 128 to 8,192 tokens),
-#                   --coop-rows 4 and 64 (batch 4, 8, 16), and the default
-#                   profiled at batch 32 (coop in prefill and decode)
+#                   --coop-rows 4 and 64 (batch 4, 8, 16), --coop-slab 32
+#                   (batch 1 and 32: the default is 64 where it fits), and
+#                   the default profiled at batch 32 (coop in prefill and
+#                   decode)
 #   loops:SHAPE     shaders without wgpu's loop counters (the default)
 #                   against --loop-bounding, alternating, two rounds (batch
 #                   1, 8 and 32, 128-token prompts), then --loop-bounding
@@ -167,6 +169,7 @@ for part in "${parts[@]}"; do
             done
             eb coop-rows-4 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 4
             eb coop-rows-64 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 64
+            eb coop-slab-32 engine-bench 90 $(bf16 "$shape") --batch 1,32 --prompt 128 --coop-slab 32
             eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile
         }
         ;;

@@ -317,12 +317,25 @@ fn wgpu_coop_matmul_matches_reference() {
     // f16 tiles, f32 sums: against the product of the f16-rounded inputs,
     // on every float weight type (bf16 and f32 rounded to f16 on the way
     // into workgroup memory), k a multiple of 8 and not, across several
-    // slabs of 32, tokens and rows over several tiles, chunked weights and
-    // biases.
-    let Some(mut lab) = coop_lab() else { return };
-    let mut rng = Rng::new(50);
+    // k slabs, tokens and rows over several tiles, chunked weights and
+    // biases; with the largest k slab the adapter allows, and with 32.
+    for slab in [None, Some(32)] {
+        let opts = tokenwire_kernels::WgpuOptions {
+            coop_k_slab: slab,
+            ..Default::default()
+        };
+        let Some(mut lab) = coop_lab(&opts) else {
+            return;
+        };
+        check_coop_shapes(&mut lab, 50 + slab.unwrap_or(0) as u64);
+    }
+}
+
+/// [`check_coop`] on drawn shapes: every float type, then every block type.
+fn check_coop_shapes(lab: &mut KernelLab, seed: u64) {
+    let mut rng = Rng::new(seed);
     for case in 0..14 {
-        let dts = dtypes(&lab);
+        let dts = dtypes(lab);
         let dtype = dts[case % dts.len()];
         let k = if case % 2 == 0 {
             8 * range(&mut rng, 1, 40)

@@ -54,6 +54,7 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              issues together) [--no-coop] (wgpu: never ask for cooperative matrices)
              [--coop-rows N] (wgpu, where the adapter has cooperative matrices: passes of
              at least N token rows multiply on them; on a CPU adapter, the only way on)
+             [--coop-slab 32|64] (wgpu: k values the coop matmul loads between barriers)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
@@ -83,6 +84,7 @@ struct Args {
     subgroups: bool,
     coop: bool,
     coop_rows: Option<usize>,
+    coop_slab: Option<u32>,
     loop_bounding: bool,
 }
 
@@ -154,6 +156,7 @@ fn parse_args() -> Result<Args, String> {
         subgroups: true,
         coop: true,
         coop_rows: None,
+        coop_slab: None,
         loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
@@ -200,6 +203,7 @@ fn parse_args() -> Result<Args, String> {
             "--decode-min-split" => a.decode_min_split = Some(num(&val)?.max(1) as u32),
             "--mat-vec-unroll" => a.mat_vec_unroll = Some(num(&val)?.clamp(1, 4) as u32),
             "--coop-rows" => a.coop_rows = Some(num(&val)?.max(1)),
+            "--coop-slab" => a.coop_slab = Some(num(&val)? as u32),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -575,6 +579,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         subgroups: a.subgroups,
                         cooperative_matrix: a.coop,
                         coop_min_rows: a.coop_rows,
+                        coop_k_slab: a.coop_slab,
                         loop_bounding: a.loop_bounding,
                         ..d
                     };
@@ -583,8 +588,8 @@ fn bench(a: &Args) -> Result<(), String> {
                     if b == a.batches[0] {
                         let coop = match w.coop() {
                             Some(c) => format!(
-                                "cooperative matrices {}x{} (subgroups of {})",
-                                c.side, c.side, c.subgroup
+                                "cooperative matrices {}x{} (subgroups of {}, k slab {})",
+                                c.side, c.side, c.subgroup, c.k_slab
                             ),
                             None => "no cooperative matrices".into(),
                         };

@@ -35,6 +35,7 @@ mod tests {
         let c = CoopConfig {
             side: 8,
             subgroup: 8,
+            k_slab: 32,
         };
         let gpu = KernelChoice {
             tiled_above: Some(64),

@@ -212,8 +212,9 @@ impl Gpu {
                 info.subgroup_min_size,
                 info.subgroup_max_size,
                 f16_native,
+                limits.max_compute_workgroup_storage_size,
+                opts.coop_k_slab,
             )
-            .filter(|c| c.workgroup_bytes() <= limits.max_compute_workgroup_storage_size)
         } else {
             None
         };

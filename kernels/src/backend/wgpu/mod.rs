@@ -215,6 +215,10 @@ pub struct WgpuOptions {
     /// [`GPU_COOP_MIN_ROWS`] on GPUs; never on CPU adapters, whose
     /// emulated matrices are no faster than their mat-vec.
     pub coop_min_rows: Option<usize>,
+    /// The coop matmul's k slab (64 or 32 values loaded between two
+    /// barriers). `None`: 64 where the adapter gives a workgroup the memory
+    /// (22 KiB), else 32 ([`CoopConfig`]).
+    pub coop_k_slab: Option<u32>,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
     /// kernels ends by construction, bounds checks stay, and without the
@@ -270,6 +274,7 @@ impl Default for WgpuOptions {
             sample_workgroup: None,
             cooperative_matrix: true,
             coop_min_rows: None,
+            coop_k_slab: None,
             loop_bounding: false,
         }
     }
