@@ -25,13 +25,13 @@
 #                   --no-fused-norm, --no-subgroups)
 #   coop:SHAPE      cooperative-matrix products: their parity tests
 #                   (TOKENWIRE_REQUIRE_COOP=1: failing where the card
-#                   offers no usable configuration), then the default
-#                   (passes of 16+ rows on coop) against --no-coop,
+#                   offers no usable configuration), then --coop (passes
+#                   of 16+ rows on coop) against the default (no coop),
 #                   alternating, two rounds (batch 1, 8, 16, 32, 64;
 #                   128-token prompts: prefills of 128 to 8,192 tokens),
 #                   --coop-rows 4 and 64 (batch 4, 8, 16), --coop-slab 32
-#                   (batch 1 and 32: the default is 64 where it fits), and
-#                   the default profiled at batch 32 (coop in prefill and
+#                   (batch 1 and 32: --coop takes 64 where it fits), and
+#                   --coop profiled at batch 32 (coop in prefill and
 #                   decode)
 #   loops:SHAPE     shaders without wgpu's loop counters (the default)
 #                   against --loop-bounding, alternating, two rounds (batch
@@ -164,13 +164,13 @@ for part in "${parts[@]}"; do
         # shellcheck disable=SC2046
         {
             for round in 1 2; do
-                eb "no-coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128 --no-coop
-                eb "coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128
+                eb "no-coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128
+                eb "coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128 --coop
             done
             eb coop-rows-4 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 4
             eb coop-rows-64 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 64
             eb coop-slab-32 engine-bench 90 $(bf16 "$shape") --batch 1,32 --prompt 128 --coop-slab 32
-            eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile
+            eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile --coop
         }
         ;;
     loops:*)

@@ -702,7 +702,8 @@ fn wgpu_coop_products_match_cpu_backend() {
     ];
     for (seed, (shape, rows, binding, bs, nb, what)) in (40..).zip(cases) {
         let opts = WgpuOptions {
-            coop_min_rows: Some(rows),
+            cooperative_matrix: true,
+            coop_min_rows: rows,
             max_binding: binding,
             ..WgpuOptions::default()
         };

@@ -44,11 +44,15 @@ pub fn coop_required() -> bool {
     std::env::var("TOKENWIRE_REQUIRE_COOP").as_deref() == Ok("1")
 }
 
-/// A kernel lab with cooperative matrices enabled (with `opts`), or `None`
+/// A kernel lab with cooperative matrices asked for (and `opts`), or `None`
 /// (printing why) on an adapter without a usable configuration, such as
 /// Mesa 22's lavapipe; panics under [`coop_required`].
 pub fn coop_lab(opts: &WgpuOptions) -> Option<KernelLab> {
-    let lab = match KernelLab::new(opts) {
+    let opts = WgpuOptions {
+        cooperative_matrix: true,
+        ..opts.clone()
+    };
+    let lab = match KernelLab::new(&opts) {
         Ok(l) => l,
         Err(e) if coop_required() => panic!("no wgpu adapter: {e} (TOKENWIRE_REQUIRE_COOP=1)"),
         Err(e) => return skip_or_fail("no wgpu adapter", e),

@@ -44,10 +44,11 @@
 //!   accumulators of at most 8 columns, and to mat-vec groups of 8 columns
 //!   instead of the tiled matmul ([`WgpuOptions::split_k`],
 //!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
-//! * Where the adapter offers cooperative matrices that the coop matmul can
-//!   use (f16 x f16 -> f32 fragments of side 8 or 16: an NVIDIA GPU, Mesa
-//!   26's lavapipe), passes of at least [`WgpuOptions::coop_min_rows`]
-//!   token rows multiply on them instead (`shaders/coop_mat_mul.wgsl`:
+//! * With [`WgpuOptions::cooperative_matrix`] (off by default), where the
+//!   adapter offers cooperative matrices that the coop matmul can use (f16 x
+//!   f16 -> f32 fragments of side 8 or 16: an NVIDIA GPU, Mesa 26's
+//!   lavapipe), passes of at least [`WgpuOptions::coop_min_rows`] token
+//!   rows multiply on them instead (`shaders/coop_mat_mul.wgsl`:
 //!   weights and x rounded to f16 into workgroup tiles, f32 sums; the
 //!   norms and SiLU as their own kernels, as on the tiled matmul).
 //! * Subgroup operations are optional: where the adapter has them, the
@@ -205,16 +206,24 @@ pub struct WgpuOptions {
     /// for 32K, 64 for 128K). On CPU adapters a smaller `Some` is raised to
     /// that size.
     pub sample_workgroup: Option<u32>,
-    /// Enable cooperative matrices (wgpu's experimental feature) where the
+    /// Ask for cooperative matrices (wgpu's experimental feature) where the
     /// adapter offers a configuration the coop matmul can use
-    /// ([`CoopConfig`]); `false`: never ask for them.
+    /// ([`CoopConfig`]); passes of at least [`WgpuOptions::coop_min_rows`]
+    /// token rows then multiply on them (f16-rounded weights and x, f32
+    /// sums). Off by default until a GPU measures where they beat the f32
+    /// kernels, and because the engine's tests through [`crate::Engine`]
+    /// (which takes the default) hold the wgpu backend to the CPU's logits
+    /// at f32 tolerances (1e-9 NMSE, 1e-3 on stories260K's first logits)
+    /// that f16 inputs do not meet: `engine-bench --coop` turns it on.
     pub cooperative_matrix: bool,
-    /// Where cooperative matrices are enabled, passes of at least this many
-    /// token rows multiply on them instead of on mat-vec or the tiled
-    /// matmul (products of f16-rounded weights and x, f32 sums). `None`:
-    /// [`GPU_COOP_MIN_ROWS`] on GPUs; never on CPU adapters, whose
-    /// emulated matrices are no faster than their mat-vec.
-    pub coop_min_rows: Option<usize>,
+    /// With [`WgpuOptions::cooperative_matrix`], passes of at least this
+    /// many token rows use cooperative matrices (before mat-vec or the tiled
+    /// matmul); 16 by default, a guess made before any GPU ran it: a decode
+    /// batch past the one-column mat-vec's sweet spot, where mat-vec's cost
+    /// grows with the columns (on an H200: 3.5 ms a step at batch 1, 7.0 at
+    /// 8, 29.6 at 32, most of it in the products) while the matrix units'
+    /// should not.
+    pub coop_min_rows: usize,
     /// The coop matmul's k slab (64 or 32 values loaded between two
     /// barriers). `None`: 64 where the adapter gives a workgroup the memory
     /// (22 KiB), else 32 ([`CoopConfig`]).
@@ -228,14 +237,6 @@ pub struct WgpuOptions {
     /// the same logits within 1e-12. Not yet measured on a GPU.
     pub loop_bounding: bool,
 }
-
-/// Token rows from which a pass takes the cooperative-matrix product on
-/// GPUs by default: a decode batch past the one-column mat-vec's sweet
-/// spot, where mat-vec's cost grows with the columns (on an H200, 3.5 ms a
-/// step at batch 1, 7.0 at 8 and 29.6 at 32, most of it in the products)
-/// while the matrix units' does not. Chosen before any GPU measured it:
-/// `engine-bench --coop-rows` compares.
-pub const GPU_COOP_MIN_ROWS: usize = 16;
 
 impl WgpuOptions {
     /// The sampling kernel's workgroup size for `vocab` on an adapter of this kind.
@@ -272,8 +273,8 @@ impl Default for WgpuOptions {
             mat_vec_unroll: None,
             subgroups: true,
             sample_workgroup: None,
-            cooperative_matrix: true,
-            coop_min_rows: None,
+            cooperative_matrix: false,
+            coop_min_rows: 16,
             coop_k_slab: None,
             loop_bounding: false,
         }
@@ -672,14 +673,11 @@ impl WgpuBackend {
             .tiled_matmul
             .unwrap_or(!cpu_adapter)
             .then_some(opts.mat_vec_max_rows.clamp(1, MAT_VEC_COLS) as u32);
-        let coop_rows = opts
-            .coop_min_rows
-            .or((!cpu_adapter).then_some(GPU_COOP_MIN_ROWS));
         let kernels = KernelChoice {
             tiled_above,
             coop_from: pipes
                 .coop
-                .zip(coop_rows.map(|n| n.clamp(1, u32::MAX as usize) as u32)),
+                .map(|c| (c, opts.coop_min_rows.clamp(1, u32::MAX as usize) as u32)),
         };
         let params = ParamArena::new(gpu.uniform_align);
         let mut be = WgpuBackend {
