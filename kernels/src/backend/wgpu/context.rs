@@ -52,8 +52,9 @@ pub(crate) struct Gpu {
     /// Subgroup operations enabled (asked for where offered, unless the
     /// options turn them off): mat-vec reductions use shuffles.
     pub(crate) subgroups: bool,
-    /// Cooperative matrices enabled, in this configuration (asked for where
-    /// the adapter offers a usable one, unless the options turn them off).
+    /// Cooperative matrices enabled, in this configuration (asked for with
+    /// [`WgpuOptions::cooperative_matrix`], where the adapter offers a usable
+    /// one).
     pub(crate) coop: Option<CoopConfig>,
     /// Shaders keep the loop counters wgpu adds to every loop
     /// ([`WgpuOptions::loop_bounding`]).
