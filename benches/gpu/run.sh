@@ -11,8 +11,8 @@
 #   base:SHAPE      this build against the base build, alternating, two
 #                   rounds: batch 1, 8 and 32, 128-token prompts, 32 steps
 #   tune:SHAPE      the switches of the decode attention split and of the
-#                   mat-vec, each against the default: --mat-vec-unroll 1
-#                   and 2, --no-fused-norm (batch 1 and 8, 128-token
+#                   mat-vec, each against the default: --mat-vec-unroll 2
+#                   and 4, --no-fused-norm (batch 1 and 8, 128-token
 #                   prompts); --decode-workgroups 128 and 2048,
 #                   --decode-min-split 16 and 64 (batch 1, 1,024-token
 #                   prompt)
@@ -23,6 +23,20 @@
 #                   norms fused into the mat-vecs and subgroup reductions
 #                   (default) vs each without (--no-fused-glu,
 #                   --no-fused-norm, --no-subgroups)
+#   coop:SHAPE      cooperative-matrix products: their parity tests
+#                   (TOKENWIRE_REQUIRE_COOP=1: failing where the card
+#                   offers no usable configuration), then --coop (passes
+#                   of 16+ rows on coop) against the default (no coop),
+#                   alternating, two rounds (batch 1, 8, 16, 32, 64;
+#                   128-token prompts: prefills of 128 to 8,192 tokens),
+#                   --coop-rows 4 and 64 (batch 4, 8, 16), --coop-slab 32
+#                   (batch 1 and 32: --coop takes 64 where it fits), and
+#                   --coop profiled at batch 32 (coop in prefill and
+#                   decode)
+#   loops:SHAPE     shaders without wgpu's loop counters (the default)
+#                   against --loop-bounding, alternating, two rounds (batch
+#                   1, 8 and 32, 128-token prompts), then --loop-bounding
+#                   profiled at batch 1 (bench:SHAPE profiles the default)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 # With no arguments: tests, bench on both shapes, and anchor, which can take
@@ -73,8 +87,11 @@ for part in "${parts[@]}"; do
     tests)
         echo "== parity tests =="
         status=0
+        # A cold machine compiles every pipeline on first use: on an H200
+        # wgpu_kernels took 32 s warm but ran past 150 s cold, so the limit
+        # is generous (a hang still ends inside a 10-minute call).
         for t in wgpu_kernels wgpu_engine wgpu_sample; do
-            CI=true timeout 150 ".gpu/bin/$t" -q 2>&1 | quiet | tee -a "$runs/tests" || status=1
+            CI=true timeout 360 ".gpu/bin/$t" -q 2>&1 | quiet | tee -a "$runs/tests" || status=1
         done
         # The SmolLM2 file is too big to carry (98 MB): without CI=true its
         # tests skip with their reason instead of failing.
@@ -114,8 +131,8 @@ for part in "${parts[@]}"; do
         # shellcheck disable=SC2046
         {
             eb default engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128
-            eb unroll-1 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 1
             eb unroll-2 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 2
+            eb unroll-4 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 4
             eb no-fused-norm engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --no-fused-norm
             eb p1024 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024
             eb p1024-wg128 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-workgroups 128
@@ -137,12 +154,43 @@ for part in "${parts[@]}"; do
             eb ab-no-subgroups engine-bench 120 $(bf16 "$shape") --prompt 128 --batch 1,8 --no-subgroups
         }
         ;;
+    coop:*)
+        shape=${part#coop:}
+        echo "== $shape: cooperative-matrix products =="
+        for t in wgpu_kernels wgpu_engine; do
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 360 ".gpu/bin/$t" coop --nocapture 2>&1 | quiet |
+                tee -a "$runs/tests" | grep -E "cooperative|nmse|test result|panicked"
+        done
+        # shellcheck disable=SC2046
+        {
+            for round in 1 2; do
+                eb "no-coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128
+                eb "coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128 --coop
+            done
+            eb coop-rows-4 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 4
+            eb coop-rows-64 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 64
+            eb coop-slab-32 engine-bench 90 $(bf16 "$shape") --batch 1,32 --prompt 128 --coop-slab 32
+            eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile --coop
+        }
+        ;;
+    loops:*)
+        shape=${part#loops:}
+        echo "== $shape: shaders without and with wgpu's loop counters =="
+        # shellcheck disable=SC2046
+        {
+            for round in 1 2; do
+                eb "unbounded-r$round" engine-bench 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128
+                eb "bounded-r$round" engine-bench 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --loop-bounding
+            done
+            eb bounded-profile engine-bench 90 $(bf16 "$shape") --batch 1 --prompt 128 --profile --loop-bounding
+        }
+        ;;
     anchor)
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, loops:SHAPE, anchor)"
         exit 2
         ;;
     esac

@@ -3,7 +3,9 @@ lines, then one table row per engine-bench run and batch (speeds as the
 timed run measured them) and, for profiled runs, where a decode step's time
 went (device timestamps, per step): decode attention (attn_decode plus
 attn_merge) as a share of the step, and the four layer products with the
-bytes they read per second (their weights only, for 2-byte weights).
+bytes they read per second (their weights only, for 2-byte weights); then,
+for profiled prefills, each layer product's time and arithmetic rate
+(2 x tokens x weights per product, in TFLOP/s) and its kernel.
 
     python3 benches/gpu/summary.py DIR   # DIR: run.sh's NN-label.txt files
 """
@@ -15,8 +17,49 @@ import sys
 SPEED = re.compile(r"^wgpu\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s*$", re.M)
 SHAPE = re.compile(r"hidden (\d+), layers (\d+), heads (\d+)/(\d+) kv, head_dim (\d+), ffn (\d+)")
 PROFILE = re.compile(r"^profile: wgpu batch (\d+), decode, (\d+) steps")
+PREFILL = re.compile(r"^profile: wgpu batch (\d+), prefill of (\d+) tokens")
 ROW = re.compile(r"^  (.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
 PRODUCTS = ("qkv", "gate_up", "down", "o")
+
+
+def product_weights(text):
+    """Weights each layer product holds (all layers), or None without a
+    shape line."""
+    m = SHAPE.search(text)
+    if not m:
+        return None
+    h, layers, nq, nkv, hd, ffn = map(int, m.groups())
+    per_layer = {
+        "qkv": (nq + 2 * nkv) * hd * h,
+        "gate_up": 2 * ffn * h,
+        "down": h * ffn,
+        "o": h * nq * hd,
+    }
+    return {k: layers * v for k, v in per_layer.items()}
+
+
+def prefill_profiles(text):
+    """Per (batch, tokens): {product: (us, kernel names)} of the prefill
+    profile."""
+    out = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = PREFILL.match(line)
+        if not m:
+            continue
+        groups = {}
+        for row in lines[i + 2:]:
+            r = ROW.match(row)
+            if not r:
+                break
+            name, us = r.group(1), float(r.group(3))
+            key = next((p for p in PRODUCTS if name.startswith(p + " ")), None)
+            if key:
+                total, kernels = groups.get(key, (0.0, set()))
+                kernels.add(name.split(" ", 1)[1])
+                groups[key] = (total + us, kernels)
+        out[(int(m.group(1)), int(m.group(2)))] = groups
+    return out
 
 
 def product_bytes(text):
@@ -90,6 +133,27 @@ def main():
                     cells.append(f"{us:.0f}{bw}")
             else:
                 cells += [""] * (2 + len(PRODUCTS))
+            print("| " + " | ".join(cells) + " |")
+    rows = []
+    for f in sorted(d.glob("*.txt")):
+        label = f.stem.split("-", 1)[1]
+        text = f.read_text()
+        weights = product_weights(text)
+        for (batch, tokens), g in prefill_profiles(text).items():
+            cells = [label, str(batch), str(tokens)]
+            for p in PRODUCTS:
+                us, kernels = g.get(p, (0.0, set()))
+                rate = ""
+                if weights and us > 0:
+                    rate = f" ({2 * tokens * weights[p] / us / 1e6:.1f})"
+                cells.append(f"{us / 1e3:.1f}{rate} {'/'.join(sorted(kernels))}")
+            rows.append(cells)
+    if rows:
+        print()
+        head = ["run", "batch", "prefill tokens"] + [f"{p} ms (TFLOP/s) kernel" for p in PRODUCTS]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for cells in rows:
             print("| " + " | ".join(cells) + " |")
 
 

@@ -268,10 +268,34 @@ struct Seq {
     fed: usize,
 }
 
+/// How far the wgpu backend's logits may be from the CPU backend's.
+#[derive(Debug, Clone, Copy)]
+struct Tol {
+    /// NMSE of a logits row.
+    nmse: f64,
+    /// How far below the CPU's best a token picked on the device may score
+    /// (a near-tie may flip).
+    gap: f32,
+}
+
+/// f32 products throughout: only the order of the sums differs.
+const F32_TOL: Tol = Tol {
+    nmse: 1e-9,
+    gap: 1e-4,
+};
+
+/// Cooperative-matrix products, whose weights and x are rounded to f16
+/// (each product about 3e-8 away from the f32 one in the kernel tests).
+const COOP_TOL: Tol = Tol {
+    nmse: 1e-5,
+    gap: 1e-2,
+};
+
 /// Runs the same steps through both backends: each step feeds every live
 /// sequence a random chunk (prefill pieces of 1..=max_chunk tokens, later
 /// single tokens), asks logits of random ones, and compares rows and argmax
 /// ids. Returns the worst NMSE seen.
+#[allow(clippy::too_many_arguments)]
 fn forward_both(
     cpu: &mut CpuBackend,
     gpu: &mut WgpuBackend,
@@ -280,6 +304,7 @@ fn forward_both(
     steps: usize,
     max_chunk: usize,
     what: &str,
+    tol: Tol,
 ) -> f64 {
     let mut worst = 0.0f64;
     for step in 0..steps {
@@ -337,7 +362,7 @@ fn forward_both(
                     // A near-tie may legitimately flip.
                     let gap = w[a as usize] - w[id as usize];
                     assert!(
-                        id == a || gap < 1e-4,
+                        id == a || gap < tol.gap,
                         "{what} step {step} row {j}: argmax {id} vs cpu {a} (gap {gap})"
                     );
                 }
@@ -345,7 +370,7 @@ fn forward_both(
                     let got = rows.next().expect("row");
                     let e = nmse(got, w);
                     worst = worst.max(e);
-                    assert!(e < 1e-9, "{what} step {step} row {j}: nmse {e:e}");
+                    assert!(e < tol.nmse, "{what} step {step} row {j}: nmse {e:e}");
                 }
             }
         }
@@ -362,6 +387,22 @@ fn case(shape: &Shape, opts: &WgpuOptions, bs: usize, nb: usize, seed: u64, what
     let Some(mut gpu) = or_skip(WgpuBackend::new(model.clone(), bs, nb, opts)) else {
         return;
     };
+    against_cpu(&mut gpu, model, bs, nb, seed, what, F32_TOL);
+}
+
+/// [`forward_both`] on 1..=9 random sequences of up to 70 tokens over a
+/// shuffled pool of `nb` blocks of `bs` slots, `gpu` against the CPU
+/// backend on the same model; prints the worst logits NMSE and returns it.
+fn against_cpu(
+    gpu: &mut WgpuBackend,
+    model: Arc<tokenwire_kernels::Model>,
+    bs: usize,
+    nb: usize,
+    seed: u64,
+    what: &str,
+    tol: Tol,
+) -> f64 {
+    let vocab = model.config().vocab_size;
     // Quantized weights: the CPU reference widens them to f32 too.
     let mut cpu = CpuBackend::with(
         model,
@@ -384,19 +425,20 @@ fn case(shape: &Shape, opts: &WgpuOptions, bs: usize, nb: usize, seed: u64, what
             let len = 1 + rng.below((per * bs).min(70) as u64) as usize;
             Seq {
                 tokens: (0..len)
-                    .map(|_| rng.below(shape.vocab as u64) as TokenId)
+                    .map(|_| rng.below(vocab as u64) as TokenId)
                     .collect(),
                 table: pool[i * per..(i + 1) * per].to_vec(),
                 fed: 0,
             }
         })
         .collect();
-    let worst = forward_both(&mut cpu, &mut gpu, &mut rng, &mut seqs, 6, 40, what);
+    let worst = forward_both(&mut cpu, gpu, &mut rng, &mut seqs, 6, 40, what, tol);
     eprintln!(
         "{what}: {n} seqs, {} weight chunks at most, dtypes {:?}, worst logits nmse {worst:e}",
         gpu.max_chunks(),
         gpu.weight_dtypes()
     );
+    worst
 }
 
 const LLAMA: Shape = Shape {
@@ -608,6 +650,157 @@ fn wgpu_big_model_paths_on_small_models() {
         7,
         "prefill attention for every row",
     );
+}
+
+#[test]
+fn wgpu_coop_products_match_cpu_backend() {
+    // Passes of at least `coop_min_rows` token rows multiply on cooperative
+    // matrices (f16 tiles, f32 sums), the rest on mat-vec: every pass (one
+    // decode row, LM head included), passes of 4 rows and more (mixing
+    // both in one model), prefill-sized passes; f32, bf16 with biases and a
+    // tied head, and every GGUF block type in mixed stacks; weights split
+    // into chunks. Each case checks that coop dispatches ran (its profile)
+    // and that their logits stay near the CPU's, f16 rounding and all.
+    use tokenwire_kernels::backend::wgpu::ProfileClock;
+    // Small enough for a 4 KiB binding to hold a layer's K pool.
+    const SMALL_QWEN: Shape = Shape {
+        hidden: 32,
+        inter: 40,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        ..QWEN
+    };
+    // (shape, coop from this many rows, binding cap, block size, blocks).
+    type Case = (
+        &'static Shape,
+        usize,
+        Option<u64>,
+        usize,
+        usize,
+        &'static str,
+    );
+    let cases: [Case; 4] = [
+        (&LLAMA, 1, None, 16, 64, "llama f32, every pass on coop"),
+        (
+            &QWEN,
+            4,
+            None,
+            5,
+            90,
+            "qwen bf16, biases, tied, 4+ rows on coop",
+        ),
+        (&QUANT, 2, None, 16, 8, "quantized, 2+ rows on coop"),
+        (
+            &SMALL_QWEN,
+            1,
+            Some(4096),
+            4,
+            16,
+            "qwen bf16, 4 KiB chunks, all on coop",
+        ),
+    ];
+    for (seed, (shape, rows, binding, bs, nb, what)) in (40..).zip(cases) {
+        let opts = WgpuOptions {
+            cooperative_matrix: true,
+            coop_min_rows: rows,
+            max_binding: binding,
+            ..WgpuOptions::default()
+        };
+        let model = Arc::new(random_model(shape, seed));
+        let Some(mut gpu) = or_skip(WgpuBackend::new(model.clone(), bs, nb, &opts)) else {
+            return;
+        };
+        match gpu.coop() {
+            Some(c) => eprintln!("{}: cooperative matrices {c:?}", gpu.adapter()),
+            None if coop_required() => panic!(
+                "{}: no usable cooperative-matrix configuration (TOKENWIRE_REQUIRE_COOP=1)",
+                gpu.adapter()
+            ),
+            None => {
+                eprintln!("skipping: {} has no cooperative matrices", gpu.adapter());
+                return;
+            }
+        }
+        gpu.set_profiling(Some(ProfileClock::Host));
+        against_cpu(&mut gpu, model, bs, nb, seed, what, COOP_TOL);
+        let p = gpu.take_profile().expect("a profile");
+        let coop: u64 = p
+            .kernels
+            .iter()
+            .filter(|k| k.name.contains("coop_mat_mul"))
+            .map(|k| k.calls)
+            .sum();
+        assert!(coop > 0, "{what}: no coop dispatch in {p:?}");
+    }
+}
+
+#[test]
+fn wgpu_unbounded_loops_compute_the_same() {
+    // Shaders compiled without wgpu's loop counters (the default: every
+    // loop of them ends by construction) against shaders with them, on the
+    // CPU adapters' and the GPUs' kernel variants: a prefill and decode
+    // steps, logits rows and tokens sampled on the device.
+    let model = Arc::new(random_model(&LLAMA, 13));
+    for split_k in [false, true] {
+        let opts = WgpuOptions {
+            split_k: Some(split_k),
+            ..WgpuOptions::default()
+        };
+        let bounded_opts = WgpuOptions {
+            loop_bounding: true,
+            ..opts.clone()
+        };
+        let Some(mut bounded) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &bounded_opts))
+        else {
+            return;
+        };
+        let mut free = WgpuBackend::new(model.clone(), 16, 8, &opts).expect("unbounded");
+        let prompt: Vec<TokenId> = (0..20).map(|i| (i * 13 % 301) as TokenId).collect();
+        let (table, table2) = ([2u32, 5], [3u32, 6]);
+        let mut history = prompt.clone();
+        for (step, start) in [(0usize, 0u32), (1, 20), (2, 21)] {
+            let tokens = if step == 0 {
+                prompt.clone()
+            } else {
+                vec![history[history.len() - 1]]
+            };
+            let mut outs = Vec::new();
+            for b in [&mut bounded, &mut free] {
+                let batch = [
+                    logits_step(&tokens, start, &table),
+                    SeqBatch {
+                        sample: Some(SampleSpec {
+                            params: SamplingParams::greedy(),
+                            position: start + tokens.len() as u32,
+                            history: &history,
+                            logprobs: Some(3),
+                        }),
+                        ..logits_step(&tokens, start, &table2)
+                    },
+                ];
+                let mut out = ForwardOutput::default();
+                b.forward_select(&batch, &mut out).expect("step");
+                outs.push(out);
+            }
+            let e = nmse(&outs[1].logits, &outs[0].logits);
+            assert!(e < 1e-12, "split_k={split_k} step {step}: nmse {e:e}");
+            let tok = |o: &ForwardOutput| {
+                o.sampled
+                    .iter()
+                    .map(|s| s.as_ref().map(|d| d.token))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                tok(&outs[1]),
+                tok(&outs[0]),
+                "split_k={split_k} step {step}"
+            );
+            if let Some(Some(d)) = outs[0].sampled.last() {
+                history.push(d.token);
+            }
+        }
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod wgpu_support;
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
-use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabSeq};
+use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabProduct, LabSeq};
 use tokenwire_kernels::backend::wgpu::{SplitPolicy, WeightDtype};
 use tokenwire_kernels::gguf::{GgmlType, GgufFile};
 use tokenwire_kernels::{rope, sample, RopeScaling, WeightMatrix};
@@ -20,6 +20,11 @@ const NMSE_NORM: f64 = 1e-11;
 const NMSE_ROPE: f64 = 1e-12;
 const NMSE_ATTN: f64 = 1e-10;
 const NMSE_SILU: f64 = 1e-11;
+/// The cooperative-matrix product against the product of its f16-rounded
+/// inputs: each f16 x f16 product is exact in f32, so only the f32 sums'
+/// order differs (about 1e-14 on lavapipe), while the f32 inputs' product
+/// is about 3e-8 away.
+const NMSE_COOP: f64 = 1e-12;
 
 fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
@@ -64,7 +69,13 @@ fn linear_ref(x: &[f32], cols: usize, w: &[f32], k: usize, b: Option<&[f32]>) ->
     y
 }
 
-fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize, cases: usize) {
+fn check_linear(
+    lab: &mut KernelLab,
+    rng: &mut Rng,
+    kernel: LabProduct,
+    max_cols: usize,
+    cases: usize,
+) {
     for case in 0..cases {
         let dts = dtypes(lab);
         let dtype = dts[case % dts.len()];
@@ -81,13 +92,13 @@ fn check_linear(lab: &mut KernelLab, rng: &mut Rng, tiled: bool, max_cols: usize
         let bias = (rng.below(2) == 0).then(|| uniform(rng, n, 1.0));
         let chunk = (rng.below(2) == 0).then(|| range(rng, 1, n));
         let got = lab
-            .linear(&x, cols, &w, k, bias.as_deref(), dtype, tiled, chunk)
+            .linear(&x, cols, &w, k, bias.as_deref(), dtype, kernel, chunk)
             .expect("linear");
         let want = linear_ref(&x, cols, &w, k, bias.as_deref());
         let e = nmse(&got, &want);
         assert!(
             e < NMSE_LINEAR,
-            "case {case}: {dtype:?} tiled={tiled} [{n}x{k}] x {cols} cols, chunk {chunk:?}: nmse {e:e}"
+            "case {case}: {dtype:?} {kernel:?} [{n}x{k}] x {cols} cols, chunk {chunk:?}: nmse {e:e}"
         );
     }
 }
@@ -127,7 +138,7 @@ fn wgpu_mat_vec_matches_reference() {
         // 1..=140 columns: every column variant (powers of two up to 64
         // split over invocations, up to 8 one invocation per row) and
         // several groups of either.
-        check_linear(&mut lab, &mut rng, false, 140, 16);
+        check_linear(&mut lab, &mut rng, LabProduct::MatVec, 140, 16);
     }
     // Rows of up to 1,200 values: 32 and 64 invocations per row, so runs of
     // shuffles cover only part of a row wherever a subgroup is narrower.
@@ -141,7 +152,7 @@ fn wgpu_mat_vec_matches_reference() {
             let w = round(dtype, &uniform(&mut rng, n * k, 1.0));
             let x = uniform(&mut rng, cols * k, 1.0);
             let got = lab
-                .linear(&x, cols, &w, k, None, dtype, false, None)
+                .linear(&x, cols, &w, k, None, dtype, LabProduct::MatVec, None)
                 .expect("linear");
             let e = nmse(&got, &linear_ref(&x, cols, &w, k, None));
             assert!(
@@ -173,7 +184,16 @@ fn wgpu_mat_vec_unroll_keeps_the_bits() {
                 return;
             };
             let y = lab
-                .linear(&x, cols, &w, k, None, WeightDtype::Bf16, false, None)
+                .linear(
+                    &x,
+                    cols,
+                    &w,
+                    k,
+                    None,
+                    WeightDtype::Bf16,
+                    LabProduct::MatVec,
+                    None,
+                )
                 .expect("linear");
             let a = lab.glu(&x, cols, &w, k, WeightDtype::Bf16).expect("glu");
             outs.push((unroll, y, a));
@@ -249,7 +269,118 @@ fn wgpu_fused_swiglu_matches_reference() {
 fn wgpu_tiled_matmul_matches_reference() {
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(2);
-    check_linear(&mut lab, &mut rng, true, 70, 10);
+    check_linear(&mut lab, &mut rng, LabProduct::Tiled, 70, 10);
+}
+
+/// Values rounded to f16, as the cooperative-matrix product stores its
+/// weight and x tiles.
+fn f16_rounded(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
+
+/// The cooperative-matrix product of `x` (`cols` columns) through `w` (`k`
+/// wide) against the reference on f16-rounded inputs, and two planted
+/// errors the bound must catch: the product of the unrounded inputs (what
+/// the f32 kernels compute: so this case did run on f16 tiles), and the
+/// rounded product without the last k value (a slab or run left out).
+fn check_coop(
+    got: &[f32],
+    x: &[f32],
+    cols: usize,
+    w: &[f32],
+    k: usize,
+    bias: Option<&[f32]>,
+    what: &str,
+) {
+    let (xr, wr) = (f16_rounded(x), f16_rounded(w));
+    let e = nmse(got, &linear_ref(&xr, cols, &wr, k, bias));
+    assert!(e < NMSE_COOP, "{what}: nmse {e:e}");
+    let exact = nmse(got, &linear_ref(x, cols, w, k, bias));
+    assert!(
+        exact > 100.0 * NMSE_COOP,
+        "{what}: as close to the f32 product ({exact:e}) as to the f16 one ({e:e})"
+    );
+    let mut short = wr.clone();
+    for row in short.chunks_exact_mut(k) {
+        row[k - 1] = 0.0;
+    }
+    let planted = nmse(got, &linear_ref(&xr, cols, &short, k, bias));
+    eprintln!("{what}: nmse {e:e}, against f32 inputs {exact:e}, last k left out {planted:e}");
+    assert!(
+        planted > 100.0 * NMSE_COOP,
+        "{what}: the last k value left out passes ({planted:e})"
+    );
+}
+
+#[test]
+fn wgpu_coop_matmul_matches_reference() {
+    // f16 tiles, f32 sums: against the product of the f16-rounded inputs,
+    // on every float weight type (bf16 and f32 rounded to f16 on the way
+    // into workgroup memory), k a multiple of 8 and not, across several
+    // k slabs, tokens and rows over several tiles, chunked weights and
+    // biases; with the largest k slab the adapter allows, and with 32.
+    for slab in [None, Some(32)] {
+        let opts = tokenwire_kernels::WgpuOptions {
+            coop_k_slab: slab,
+            ..Default::default()
+        };
+        let Some(mut lab) = coop_lab(&opts) else {
+            return;
+        };
+        check_coop_shapes(&mut lab, 50 + slab.unwrap_or(0) as u64);
+    }
+}
+
+/// [`check_coop`] on drawn shapes: every float type, then every block type.
+fn check_coop_shapes(lab: &mut KernelLab, seed: u64) {
+    let mut rng = Rng::new(seed);
+    for case in 0..14 {
+        let dts = dtypes(lab);
+        let dtype = dts[case % dts.len()];
+        let k = if case % 2 == 0 {
+            8 * range(&mut rng, 1, 40)
+        } else {
+            range(&mut rng, 1, 200)
+        };
+        let n = range(&mut rng, 1, 300);
+        let cols = range(&mut rng, 1, 140);
+        let w = round(dtype, &uniform(&mut rng, n * k, 1.0));
+        let x = uniform(&mut rng, cols * k, 1.0);
+        let bias = (rng.below(2) == 0).then(|| uniform(&mut rng, n, 1.0));
+        let chunk = (rng.below(2) == 0).then(|| range(&mut rng, 1, n));
+        let got = lab
+            .linear(
+                &x,
+                cols,
+                &w,
+                k,
+                bias.as_deref(),
+                dtype,
+                LabProduct::Coop,
+                chunk,
+            )
+            .expect("linear");
+        let what = format!("case {case}: {dtype:?} [{n}x{k}] x {cols} cols, chunk {chunk:?}");
+        check_coop(&got, &x, cols, &w, k, bias.as_deref(), &what);
+    }
+    // Every GGUF block type, unpacked into the f16 weight tile.
+    for (case, t) in QUANT_TYPES.into_iter().enumerate() {
+        let per = t.block_len();
+        let k = per * range(&mut rng, 1, if per == 256 { 3 } else { 9 });
+        let n = range(&mut rng, 1, 150);
+        let cols = range(&mut rng, 1, 80);
+        let raw = random_blocks(&mut rng, t, n * k, 1.0);
+        let m = WeightMatrix::from_bytes(t, n, k, raw).expect("whole blocks");
+        let mut w = Vec::new();
+        m.dequantize_rows(0, n, &mut w);
+        let x = uniform(&mut rng, cols * k, 1.0);
+        let chunk = (rng.below(2) == 0).then(|| range(&mut rng, 1, n));
+        let got = lab
+            .linear_matrix(&x, cols, &m, None, LabProduct::Coop, chunk)
+            .expect("linear");
+        let what = format!("case {case}: {t} [{n}x{k}] x {cols} cols, chunk {chunk:?}");
+        check_coop(&got, &x, cols, &w, k, None, &what);
+    }
 }
 
 #[test]
@@ -658,10 +789,14 @@ fn wgpu_rope_matches_cpu_rotation() {
         let theta = [10000.0, 500000.0, 1e6][case % 3];
         let inv = rope::inv_freq(head_dim, theta, &scalings[case % 3]);
         let n = range(&mut rng, 1, 9);
-        let (seqs, _) = random_seqs(&mut rng, &shape, n, 5000, 9);
+        let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 5000, 9);
         let rows: usize = seqs.iter().map(|s| s.rows).sum();
         let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
-        let got = lab.rope(&qkv, &shape, &seqs, &inv).expect("rope");
+        let pool = vec![0.0; pool_blocks * kv_heads * block_size * head_dim];
+        let got = lab
+            .rope_kv(&qkv, &shape, &seqs, &inv, &pool, &pool)
+            .expect("rope_kv")
+            .qkv;
         let mut want = qkv.clone();
         let half = head_dim / 2;
         let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
@@ -682,7 +817,11 @@ fn wgpu_rope_matches_cpu_rotation() {
 }
 
 #[test]
-fn wgpu_kv_write_follows_the_slot_mapping() {
+fn wgpu_rope_kv_writes_the_cache_through_the_slot_mapping() {
+    // The same dispatch that rotates the heads writes each row's rotated K
+    // (the values it leaves in q|k|v, which the test above checks against
+    // the CPU's rotation) and its V into the pools at the row's slot; every
+    // other slot keeps its value.
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(10);
     for &(q_heads, kv_heads, head_dim, block_size) in SHAPES {
@@ -692,6 +831,7 @@ fn wgpu_kv_write_follows_the_slot_mapping() {
             head_dim,
             block_size,
         };
+        let inv = rope::inv_freq(head_dim, 10000.0, &RopeScaling::None);
         let n = range(&mut rng, 1, 9);
         let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 100, 20);
         let rows: usize = seqs.iter().map(|s| s.rows).sum();
@@ -699,9 +839,10 @@ fn wgpu_kv_write_follows_the_slot_mapping() {
         let k0 = uniform(&mut rng, pool, 1.0);
         let v0 = uniform(&mut rng, pool, 1.0);
         let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
-        let (k, v) = lab
-            .kv_write(&qkv, &shape, &seqs, &k0, &v0)
-            .expect("kv_write");
+        let out = lab
+            .rope_kv(&qkv, &shape, &seqs, &inv, &k0, &v0)
+            .expect("rope_kv");
+        let rotated = &out.qkv;
         let (mut wk, mut wv) = (k0.clone(), v0.clone());
         let kw = kv_heads * head_dim;
         let mut r = 0;
@@ -712,14 +853,19 @@ fn wgpu_kv_write_follows_the_slot_mapping() {
                 for g in 0..kv_heads {
                     let dst = pool_index(&shape, &s.block_table, pos, g);
                     let src = base + g * head_dim;
-                    wk[dst..dst + head_dim].copy_from_slice(&qkv[src..src + head_dim]);
+                    wk[dst..dst + head_dim].copy_from_slice(&rotated[src..src + head_dim]);
                     wv[dst..dst + head_dim].copy_from_slice(&qkv[src + kw..src + kw + head_dim]);
                 }
                 r += 1;
             }
         }
-        assert_eq!(k, wk, "{shape:?}");
-        assert_eq!(v, wv, "{shape:?}");
+        assert_eq!(out.k, wk, "{shape:?}");
+        assert_eq!(out.v, wv, "{shape:?}");
+        // The V heads stay as they were in q|k|v.
+        for r in 0..rows {
+            let vs = r * shape.qkv_width() + (q_heads + kv_heads) * head_dim;
+            assert_eq!(rotated[vs..vs + kw], qkv[vs..vs + kw], "{shape:?} row {r}");
+        }
     }
 }
 
@@ -737,10 +883,10 @@ fn wgpu_tiny_binding_limit_splits_weights() {
     for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
         let (n, k) = (300, 51);
         let w = round(dtype, &uniform(&mut rng, n * k, 1.0));
-        for (cols, tiled) in [(3, false), (20, true)] {
+        for (cols, kernel) in [(3, LabProduct::MatVec), (20, LabProduct::Tiled)] {
             let x = uniform(&mut rng, cols * k, 1.0);
             let got = lab
-                .linear(&x, cols, &w, k, None, dtype, tiled, None)
+                .linear(&x, cols, &w, k, None, dtype, kernel, None)
                 .expect("linear");
             let e = nmse(&got, &linear_ref(&x, cols, &w, k, None));
             assert!(e < NMSE_LINEAR, "{dtype:?} {cols} cols: nmse {e:e}");
@@ -789,15 +935,20 @@ fn wgpu_quantized_products_match_llama_cpps_values() {
         for t in QUANT_TYPES {
             let (m, vals) = fixture_matrix(t);
             let k = m.cols();
-            for (cols, tiled) in [(1, false), (5, false), (11, false), (13, true)] {
+            for (cols, kernel) in [
+                (1, LabProduct::MatVec),
+                (5, LabProduct::MatVec),
+                (11, LabProduct::MatVec),
+                (13, LabProduct::Tiled),
+            ] {
                 let x = uniform(&mut rng, cols * k, 1.0);
                 let got = lab
-                    .linear_matrix(&x, cols, &m, None, tiled, None)
+                    .linear_matrix(&x, cols, &m, None, kernel, None)
                     .expect("linear");
                 let e = nmse(&got, &linear_ref(&x, cols, &vals, k, None));
                 assert!(
                     e < NMSE_LINEAR,
-                    "{t} [{}x{k}] x {cols} cols, tiled={tiled}, split_k={split_k}: nmse {e:e}",
+                    "{t} [{}x{k}] x {cols} cols, {kernel:?}, split_k={split_k}: nmse {e:e}",
                     m.rows()
                 );
             }
@@ -825,7 +976,11 @@ fn wgpu_quantized_products_on_random_shapes() {
         let k = per * range(&mut rng, 1, if per == 256 { 3 } else { 9 });
         let n = range(&mut rng, 1, 150);
         let cols = range(&mut rng, 1, 20);
-        let tiled = rng.below(3) == 0;
+        let kernel = if rng.below(3) == 0 {
+            LabProduct::Tiled
+        } else {
+            LabProduct::MatVec
+        };
         let raw = random_blocks(&mut rng, t, n * k, 1.0);
         let m = WeightMatrix::from_bytes(t, n, k, raw).expect("whole blocks");
         let mut w = Vec::new();
@@ -834,12 +989,12 @@ fn wgpu_quantized_products_on_random_shapes() {
         let bias = (rng.below(2) == 0).then(|| uniform(&mut rng, n, 1.0));
         let chunk = (rng.below(2) == 0).then(|| range(&mut rng, 1, n));
         let got = lab
-            .linear_matrix(&x, cols, &m, bias.as_deref(), tiled, chunk)
+            .linear_matrix(&x, cols, &m, bias.as_deref(), kernel, chunk)
             .expect("linear");
         let e = nmse(&got, &linear_ref(&x, cols, &w, k, bias.as_deref()));
         assert!(
             e < NMSE_LINEAR,
-            "case {case}: {t} [{n}x{k}] x {cols} cols, tiled={tiled}, chunk {chunk:?}: nmse {e:e}"
+            "case {case}: {t} [{n}x{k}] x {cols} cols, {kernel:?}, chunk {chunk:?}: nmse {e:e}"
         );
     }
 }

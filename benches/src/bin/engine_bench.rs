@@ -51,7 +51,12 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
              for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
              per split) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
-             issues together), to compare kernel choices on a card
+             issues together) [--coop] (wgpu, where the adapter has cooperative matrices:
+             passes of at least 16 token rows multiply on them) [--coop-rows N] (--coop from
+             N rows) [--coop-slab 32|64] (--coop, with k values the coop matmul loads
+             between barriers)
+             [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
+             default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -77,6 +82,10 @@ struct Args {
     fused_glu: bool,
     fused_norm: bool,
     subgroups: bool,
+    coop: bool,
+    coop_rows: Option<usize>,
+    coop_slab: Option<u32>,
+    loop_bounding: bool,
 }
 
 /// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
@@ -145,6 +154,10 @@ fn parse_args() -> Result<Args, String> {
         fused_glu: true,
         fused_norm: true,
         subgroups: true,
+        coop: false,
+        coop_rows: None,
+        coop_slab: None,
+        loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -157,6 +170,8 @@ fn parse_args() -> Result<Args, String> {
             "--no-fused-glu" => Some((&mut a.fused_glu, false)),
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
             "--no-subgroups" => Some((&mut a.subgroups, false)),
+            "--coop" => Some((&mut a.coop, true)),
+            "--loop-bounding" => Some((&mut a.loop_bounding, true)),
             _ => None,
         };
         if let Some((field, value)) = switch {
@@ -187,6 +202,14 @@ fn parse_args() -> Result<Args, String> {
             "--decode-workgroups" => a.decode_workgroups = Some(num(&val)?.max(1) as u32),
             "--decode-min-split" => a.decode_min_split = Some(num(&val)?.max(1) as u32),
             "--mat-vec-unroll" => a.mat_vec_unroll = Some(num(&val)?.clamp(1, 4) as u32),
+            "--coop-rows" => {
+                a.coop = true;
+                a.coop_rows = Some(num(&val)?.max(1));
+            }
+            "--coop-slab" => {
+                a.coop = true;
+                a.coop_slab = Some(num(&val)? as u32);
+            }
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -560,13 +583,24 @@ fn bench(a: &Args) -> Result<(), String> {
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,
                         subgroups: a.subgroups,
+                        cooperative_matrix: a.coop,
+                        coop_min_rows: a.coop_rows.unwrap_or(d.coop_min_rows),
+                        coop_k_slab: a.coop_slab,
+                        loop_bounding: a.loop_bounding,
                         ..d
                     };
                     let w = WgpuBackend::new(model.clone(), a.block_size, nb, &opts)
                         .map_err(|e| e.to_string())?;
                     if b == a.batches[0] {
+                        let coop = match w.coop() {
+                            Some(c) => format!(
+                                "cooperative matrices {}x{} (subgroups of {}, k slab {})",
+                                c.side, c.side, c.subgroup, c.k_slab
+                            ),
+                            None => "no cooperative matrices".into(),
+                        };
                         println!(
-                            "wgpu adapter: {}, weights as {:?}",
+                            "wgpu adapter: {}, weights as {:?}, {coop}",
                             w.adapter(),
                             w.weight_dtypes()
                         );

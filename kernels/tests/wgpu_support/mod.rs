@@ -37,6 +37,45 @@ pub fn lab_with(opts: &WgpuOptions) -> Option<KernelLab> {
     }
 }
 
+/// Whether a missing cooperative-matrix configuration must fail the test:
+/// `TOKENWIRE_REQUIRE_COOP=1`, as CI sets it where it runs the tests on a
+/// lavapipe that has them (Mesa 26), so that run cannot pass by skipping.
+pub fn coop_required() -> bool {
+    std::env::var("TOKENWIRE_REQUIRE_COOP").as_deref() == Ok("1")
+}
+
+/// A kernel lab with cooperative matrices asked for (and `opts`), or `None`
+/// (printing why) on an adapter without a usable configuration, such as
+/// Mesa 22's lavapipe; panics under [`coop_required`].
+pub fn coop_lab(opts: &WgpuOptions) -> Option<KernelLab> {
+    let opts = WgpuOptions {
+        cooperative_matrix: true,
+        ..opts.clone()
+    };
+    let lab = match KernelLab::new(&opts) {
+        Ok(l) => l,
+        Err(e) if coop_required() => panic!("no wgpu adapter: {e} (TOKENWIRE_REQUIRE_COOP=1)"),
+        Err(e) => return skip_or_fail("no wgpu adapter", e),
+    };
+    match lab.coop() {
+        Some(c) => {
+            eprintln!("adapter: {}, cooperative matrices {c:?}", lab.adapter());
+            Some(lab)
+        }
+        None if coop_required() => panic!(
+            "{}: no usable cooperative-matrix configuration (TOKENWIRE_REQUIRE_COOP=1)",
+            lab.adapter()
+        ),
+        None => {
+            eprintln!(
+                "skipping: {} has no usable cooperative-matrix configuration",
+                lab.adapter()
+            );
+            None
+        }
+    }
+}
+
 /// Engine options for the wgpu backend.
 pub fn wgpu_options() -> EngineOptions {
     EngineOptions {

@@ -192,6 +192,44 @@ impl PrefillParams {
     }
 }
 
+/// rope_kv.wgsl's `Params`: RoPE on a pass's query and key heads and the
+/// write of its keys and values into one layer's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RopeKvParams {
+    pub(crate) n_rows: u32,
+    pub(crate) q_heads: u32,
+    pub(crate) kv_heads: u32,
+    pub(crate) head_dim: u32,
+    /// Width of a q|k|v row.
+    pub(crate) stride: u32,
+    pub(crate) cos_off: u32,
+    pub(crate) sin_off: u32,
+    pub(crate) slot_off: u32,
+    pub(crate) bs: u32,
+}
+
+impl RopeKvParams {
+    /// The dispatch: one invocation per (row, rotated head, pair).
+    pub(crate) fn call(&self) -> AttnCall {
+        let half = self.head_dim / 2;
+        let n = self.n_rows * (self.q_heads + self.kv_heads) * half;
+        AttnCall {
+            words: vec![
+                self.n_rows,
+                self.q_heads,
+                self.kv_heads,
+                half,
+                self.stride,
+                self.cos_off,
+                self.sin_off,
+                self.slot_off,
+                self.bs,
+            ],
+            groups: grid(n.div_ceil(256)),
+        }
+    }
+}
+
 /// How decode attention spreads a pass's contexts over workgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPolicy {

@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use tokenwire_core::EngineFaultKind;
 
+use super::coop::CoopConfig;
 use super::WgpuOptions;
 
 /// An error the device reported outside any error scope.
@@ -51,6 +52,13 @@ pub(crate) struct Gpu {
     /// Subgroup operations enabled (asked for where offered, unless the
     /// options turn them off): mat-vec reductions use shuffles.
     pub(crate) subgroups: bool,
+    /// Cooperative matrices enabled, in this configuration (asked for with
+    /// [`WgpuOptions::cooperative_matrix`], where the adapter offers a usable
+    /// one).
+    pub(crate) coop: Option<CoopConfig>,
+    /// Shaders keep the loop counters wgpu adds to every loop
+    /// ([`WgpuOptions::loop_bounding`]).
+    loop_bounding: bool,
     errors: Arc<Mutex<Vec<GpuError>>>,
 }
 
@@ -63,6 +71,7 @@ impl std::fmt::Debug for Gpu {
             .field("f16_native", &self.f16_native)
             .field("timestamps", &self.timestamps)
             .field("subgroups", &self.subgroups)
+            .field("coop", &self.coop)
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +96,46 @@ fn describe(info: &::wgpu::AdapterInfo) -> String {
         "\"{}\" ({:?}, {:?})",
         info.name, info.backend, info.device_type
     )
+}
+
+/// The token that lets a device enable wgpu's experimental features, here
+/// only `EXPERIMENTAL_COOPERATIVE_MATRIX`. wgpu makes it `unsafe` because
+/// its experimental features may still have bugs with undefined behaviour
+/// behind a safe API; the one this crate uses is confined to
+/// coop_mat_mul.wgsl, whose cooperative loads and stores stay inside its
+/// workgroup arrays by construction (the tile shapes come from
+/// [`CoopConfig`]) and which the parity tests check on every shape they
+/// draw. One of the backend's two unsafe calls, each kept to its function.
+#[allow(unsafe_code)]
+fn experimental_features() -> ::wgpu::ExperimentalFeatures {
+    // SAFETY: see above; only the cooperative-matrix feature is requested
+    // with this token, and only its own kernel uses it.
+    unsafe { ::wgpu::ExperimentalFeatures::enabled() }
+}
+
+/// A shader module without the 64-bit counter wgpu adds to every loop so
+/// that no loop can run forever; bounds checks and every other runtime
+/// check stay. The counter keeps drivers from unrolling constant-count
+/// loops, so per-invocation arrays indexed by their counters may land in
+/// slow local memory (`engine-bench --loop-bounding` puts it back).
+/// wgpu makes this `unsafe` because a loop that never ends would then be
+/// undefined behaviour: every loop in `shaders/` ends by construction (a
+/// counter moving by a positive constant, a power of two, or a parameter
+/// the host sets to at least 1, towards a bound; sample.wgsl's searches
+/// halve an interval or advance a bit index each turn). The second and
+/// last unsafe call of the backend.
+#[allow(unsafe_code)]
+fn unbounded_loops_module(
+    device: &::wgpu::Device,
+    desc: ::wgpu::ShaderModuleDescriptor<'_>,
+) -> ::wgpu::ShaderModule {
+    let checks = ::wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        ..::wgpu::ShaderRuntimeChecks::checked()
+    };
+    // SAFETY: no loop of these shaders runs forever (see above); bounds
+    // checks stay on.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
 }
 
 /// Discrete before integrated before virtual before software.
@@ -154,10 +203,32 @@ impl Gpu {
         if timestamps {
             features |= ::wgpu::Features::TIMESTAMP_QUERY;
         }
+        let coop = if opts.cooperative_matrix
+            && adapter
+                .features()
+                .contains(::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            CoopConfig::pick(
+                &adapter.cooperative_matrix_properties(),
+                info.subgroup_min_size,
+                info.subgroup_max_size,
+                f16_native,
+                limits.max_compute_workgroup_storage_size,
+                opts.coop_k_slab,
+            )
+        } else {
+            None
+        };
+        let mut experimental = ::wgpu::ExperimentalFeatures::disabled();
+        if coop.is_some() {
+            features |= ::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            experimental = experimental_features();
+        }
         let desc = ::wgpu::DeviceDescriptor {
             label: Some("tokenwire"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: experimental,
             memory_hints: ::wgpu::MemoryHints::Performance,
             ..Default::default()
         };
@@ -198,8 +269,23 @@ impl Gpu {
             f16_native,
             timestamps,
             subgroups,
+            coop,
+            loop_bounding: opts.loop_bounding,
             errors,
         })
+    }
+
+    /// Compiles a WGSL module: with wgpu's full runtime checks, or, without
+    /// [`WgpuOptions::loop_bounding`], with every check but the loop bound.
+    pub(crate) fn shader_module(&self, label: &str, source: String) -> ::wgpu::ShaderModule {
+        let desc = ::wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: ::wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        if self.loop_bounding {
+            return self.device.create_shader_module(desc);
+        }
+        unbounded_loops_module(&self.device, desc)
     }
 
     /// The first error the device reported since the last call, if any;

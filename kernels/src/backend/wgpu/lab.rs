@@ -6,7 +6,8 @@
 
 use super::attn::{self, AttnModel, AttnShape, DecodeRows};
 use super::context::{grid, Gpu};
-use super::pipelines::{ParamArena, Pipelines, Product, WeightKernel};
+use super::coop::CoopConfig;
+use super::pipelines::{Kernel, ParamArena, Pipelines, Product, WeightKernel};
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
 use super::{SplitPolicy, WeightDtype, WgpuOptions};
@@ -33,6 +34,18 @@ pub enum AttnKernel {
     Decode(SplitPolicy),
     /// attn_prefill.wgsl on tiles of consecutive rows.
     Prefill,
+}
+
+/// Which kernel a [`KernelLab::linear`] case multiplies with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabProduct {
+    /// Mat-vec groups, as decode passes take them.
+    MatVec,
+    /// The tiled matmul on f32 arithmetic.
+    Tiled,
+    /// The tiled matmul on cooperative matrices (an error where the adapter
+    /// has no usable configuration: see [`KernelLab::coop`]).
+    Coop,
 }
 
 /// The shape of the model side of an attention, RoPE or KV-write case.
@@ -66,6 +79,18 @@ pub struct LabSample {
     pub history: Vec<TokenId>,
     /// Logprobs of the chosen token and of this many best ones.
     pub logprobs: Option<u8>,
+}
+
+/// What [`KernelLab::rope_kv`] leaves: the q|k|v rows, rotated, and the
+/// two pools with the rows' K and V written.
+#[derive(Debug, Clone)]
+pub struct RopeKvOut {
+    /// The rows, query and key heads rotated.
+    pub qkv: Vec<f32>,
+    /// The K pool.
+    pub k: Vec<f32>,
+    /// The V pool.
+    pub v: Vec<f32>,
 }
 
 /// Runs single kernels of the wgpu backend.
@@ -114,6 +139,11 @@ impl KernelLab {
             "{} ({:?}, {:?}, subgroup size {}..={})",
             i.name, i.backend, i.device_type, i.subgroup_min_size, i.subgroup_max_size
         )
+    }
+
+    /// The cooperative-matrix configuration enabled on this device, if any.
+    pub fn coop(&self) -> Option<CoopConfig> {
+        self.pipes.coop
     }
 
     /// Whether f16 weights are read natively (`shader-f16`).
@@ -276,9 +306,8 @@ impl KernelLab {
     /// `y[c, o] = W[o, :] . x[c, :] (+ b[o])` for `cols` columns: x is
     /// `[cols, in_dim]`, W `[out_dim, in_dim]` stored as `dtype` (its values
     /// rounded to that type first), split into chunks of at most `chunk_rows`
-    /// rows. The tiled matmul when `tiled`, else the mat-vec kernel (in
-    /// groups of up to 64 columns, or 8 with one invocation per row), as the
-    /// backend dispatches them.
+    /// rows, by `kernel` (mat-vec in groups of up to 64 columns, or 8 with
+    /// one invocation per row), as the backend dispatches it.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &mut self,
@@ -288,12 +317,12 @@ impl KernelLab {
         in_dim: usize,
         bias: Option<&[f32]>,
         dtype: WeightDtype,
-        tiled: bool,
+        kernel: LabProduct,
         chunk_rows: Option<usize>,
     ) -> Result<Vec<f32>, String> {
         self.pipes.ensure_weights(&self.gpu, dtype);
         let chunks = self.chunks(w, in_dim, dtype, chunk_rows)?;
-        self.run_linear(x, cols, &chunks, in_dim, w.len() / in_dim, bias, tiled)
+        self.run_linear(x, cols, &chunks, in_dim, w.len() / in_dim, bias, kernel)
     }
 
     /// The fused SwiGLU: `act[c, i] = silu(G[i, :] . x[c, :]) * (U[i, :] .
@@ -352,7 +381,7 @@ impl KernelLab {
             ldx: in_dim as u32,
             ldy: inter,
             bias: false,
-            tiled: false,
+            kernel: Kernel::MatVec,
             split_k: self.pipes.split_k,
             glu: true,
             norm_eps: None,
@@ -379,11 +408,11 @@ impl KernelLab {
         cols: usize,
         m: &WeightMatrix,
         bias: Option<&[f32]>,
-        tiled: bool,
+        kernel: LabProduct,
         chunk_rows: Option<usize>,
     ) -> Result<Vec<f32>, String> {
         let chunks = self.matrix_chunks(m, chunk_rows)?;
-        self.run_linear(x, cols, &chunks, m.cols(), m.rows(), bias, tiled)
+        self.run_linear(x, cols, &chunks, m.cols(), m.rows(), bias, kernel)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -395,8 +424,17 @@ impl KernelLab {
         in_dim: usize,
         out_dim: usize,
         bias: Option<&[f32]>,
-        tiled: bool,
+        kernel: LabProduct,
     ) -> Result<Vec<f32>, String> {
+        let kernel = match kernel {
+            LabProduct::MatVec => Kernel::MatVec,
+            LabProduct::Tiled => Kernel::Tiled,
+            LabProduct::Coop => Kernel::Coop(
+                self.pipes
+                    .coop
+                    .ok_or("no cooperative-matrix configuration on this adapter")?,
+            ),
+        };
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let yb = self.output("lab.y", cols * out_dim);
@@ -414,7 +452,7 @@ impl KernelLab {
                 ldx: in_dim as u32,
                 ldy: out_dim as u32,
                 bias: bias.is_some(),
-                tiled,
+                kernel,
                 split_k: self.pipes.split_k,
                 glu: false,
                 norm_eps: None,
@@ -567,64 +605,43 @@ impl KernelLab {
     }
 
     /// RoPE on the query and key heads of fused q|k|v rows (`[rows,
-    /// qkv_width]`), positions from `seqs`, frequencies `inv_freq`.
-    pub fn rope(
+    /// qkv_width]`), positions from `seqs`, frequencies `inv_freq`, and the
+    /// write of each row's rotated K and its V into copies of the pools
+    /// `k_pool` / `v_pool` through the slots of `seqs` (rope_kv.wgsl).
+    pub fn rope_kv(
         &mut self,
         qkv: &[f32],
         shape: &HeadShape,
         seqs: &[LabSeq],
         inv_freq: &[f64],
-    ) -> Result<Vec<f32>, String> {
-        let (words, p) = self.plan(seqs, shape.head_dim, inv_freq, Self::limits(shape, 1))?;
-        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
-        let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
-        let bg = self.bind(&self.pipes.layouts.rope, &[&planb, &qb]);
-        let heads = (shape.q_heads + shape.kv_heads) as u32;
-        let half = (shape.head_dim / 2) as u32;
-        let n = p.rows * heads * half;
-        let words = vec![
-            p.rows,
-            heads,
-            half,
-            shape.qkv_width() as u32,
-            p.cos_off,
-            p.sin_off,
-        ];
-        let d = [(&self.pipes.rope, &bg, words, grid(n.div_ceil(256)))];
-        let out = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
-        Ok(f32s(&out))
-    }
-
-    /// Writes the K and V of fused q|k|v rows into copies of the pools
-    /// `k_pool` / `v_pool` through the slots of `seqs`; returns the pools.
-    pub fn kv_write(
-        &mut self,
-        qkv: &[f32],
-        shape: &HeadShape,
-        seqs: &[LabSeq],
         k_pool: &[f32],
         v_pool: &[f32],
-    ) -> Result<(Vec<f32>, Vec<f32>), String> {
-        let (words, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, 1))?;
+    ) -> Result<RopeKvOut, String> {
+        let (words, p) = self.plan(seqs, shape.head_dim, inv_freq, Self::limits(shape, 1))?;
         let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
         let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
         let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
-        let bg = self.bind(&self.pipes.layouts.kv_write, &[&planb, &qb, &kb, &vb]);
-        let n = p.rows * (shape.kv_heads * shape.head_dim) as u32;
-        let words = vec![
-            p.rows,
-            shape.kv_heads as u32,
-            shape.head_dim as u32,
-            shape.block_size as u32,
-            shape.qkv_width() as u32,
-            p.slot_off,
-            (shape.q_heads * shape.head_dim) as u32,
-        ];
-        let d = [(&self.pipes.kv_write, &bg, words, grid(n.div_ceil(256)))];
-        let k = self.run(&d, (&kb, 4 * k_pool.len() as u64))?;
-        let v = self.read(&vb, v_pool.len())?;
-        Ok((f32s(&k), v))
+        let bg = self.bind(&self.pipes.layouts.rope_kv, &[&planb, &qb, &kb, &vb]);
+        let call = attn::RopeKvParams {
+            n_rows: p.rows,
+            q_heads: shape.q_heads as u32,
+            kv_heads: shape.kv_heads as u32,
+            head_dim: shape.head_dim as u32,
+            stride: shape.qkv_width() as u32,
+            cos_off: p.cos_off,
+            sin_off: p.sin_off,
+            slot_off: p.slot_off,
+            bs: shape.block_size as u32,
+        }
+        .call();
+        let d = [(&self.pipes.rope_kv, &bg, call.words, call.groups)];
+        let q = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
+        Ok(RopeKvOut {
+            qkv: f32s(&q),
+            k: self.read(&kb, k_pool.len())?,
+            v: self.read(&vb, v_pool.len())?,
+        })
     }
 
     fn attn_model(shape: &HeadShape) -> AttnModel {

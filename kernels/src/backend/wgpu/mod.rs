@@ -14,8 +14,8 @@
 //!   dispatch per chunk.
 //! * A step is recorded into one command encoder and submitted once:
 //!   embedding gather into the residual stream x, then per layer RMSNorm,
-//!   q|k|v product, RoPE, K/V written into the paged cache through the step's
-//!   slot mapping, paged attention (for decode rows, flash-decoding: each
+//!   q|k|v product, RoPE and (in the same dispatch) K/V written into the
+//!   paged cache through the step's slot mapping, paged attention (for decode rows, flash-decoding: each
 //!   row's context split over as many workgroups as fill the device
 //!   ([`WgpuOptions::decode_workgroups`]), the splits merged by their
 //!   log-sum-exp; a tiled causal kernel for prefill runs),
@@ -30,9 +30,9 @@
 //!   mat-vec only, since it needs a workgroup barrier, and on CPU adapters
 //!   any barrier slows the whole kernel), and
 //!   SiLU-times-up into the gate|up product (`WeightKernel::Glu`, for a
-//!   stack in one chunk). A decode layer is then seven dispatches: q|k|v,
-//!   RoPE, K/V write, attention, o, gate|up, down, with the attention merge
-//!   for long contexts. Passes on the tiled matmul run the norms and SiLU as
+//!   stack in one chunk). A decode layer is then six dispatches: q|k|v,
+//!   RoPE with the K/V write, attention, o, gate|up, down, with the
+//!   attention merge for split contexts. Passes on the tiled matmul run the norms and SiLU as
 //!   their own kernels ([`WgpuOptions::fuse_norm`],
 //!   [`WgpuOptions::fuse_glu`]).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
@@ -44,6 +44,13 @@
 //!   accumulators of at most 8 columns, and to mat-vec groups of 8 columns
 //!   instead of the tiled matmul ([`WgpuOptions::split_k`],
 //!   [`WgpuOptions::tiled_matmul`]); the tests run both variants.
+//! * With [`WgpuOptions::cooperative_matrix`] (off by default), where the
+//!   adapter offers cooperative matrices that the coop matmul can use (f16 x
+//!   f16 -> f32 fragments of side 8 or 16: an NVIDIA GPU, Mesa 26's
+//!   lavapipe), passes of at least [`WgpuOptions::coop_min_rows`] token
+//!   rows multiply on them instead (`shaders/coop_mat_mul.wgsl`:
+//!   weights and x rounded to f16 into workgroup tiles, f32 sums; the
+//!   norms and SiLU as their own kernels, as on the tiled matmul).
 //! * Subgroup operations are optional: where the adapter has them, the
 //!   split-row mat-vec sums each row's partials with shuffles (any
 //!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
@@ -88,7 +95,9 @@
 //! on the loop iterations of an invocation.
 
 mod attn;
+mod choice;
 mod context;
+mod coop;
 pub mod lab;
 mod pipelines;
 mod plan;
@@ -106,11 +115,13 @@ use crate::kv::KvGeometry;
 use crate::model::Model;
 use crate::rope;
 pub use attn::SplitPolicy;
-use attn::{AttnModel, AttnShape, DecodeRows};
+use attn::{AttnModel, AttnShape, DecodeRows, RopeKvParams};
+use choice::KernelChoice;
 pub use context::adapters;
 use context::{grid, Gpu, GpuError};
+pub use coop::CoopConfig;
 pub use pipelines::WeightDtype;
-use pipelines::{ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
+use pipelines::{Kernel, ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
 use plan::{HostPlan, Pass, PlanLimits};
 use profile::Profiler;
 pub use profile::{KernelTime, Profile, ProfileClock};
@@ -174,8 +185,8 @@ pub struct WgpuOptions {
     pub split_k: Option<bool>,
     /// The 8-weight steps whose loads a mat-vec invocation issues together
     /// (1, 2 or 4), in variants of up to 8 columns; the sums are the same
-    /// bits for any. `None`: 4 with rows split over invocations (GPUs, where
-    /// a batch-1 product is bound by the loads in flight); with one
+    /// bits for any. `None`: 1 with rows split over invocations (GPUs: on
+    /// an H200 it decoded 1.7x faster than 4 at batch 1); with one
     /// invocation per row, what measured best on lavapipe (2 for one
     /// column, 1 for more).
     pub mat_vec_unroll: Option<u32>,
@@ -195,6 +206,36 @@ pub struct WgpuOptions {
     /// for 32K, 64 for 128K). On CPU adapters a smaller `Some` is raised to
     /// that size.
     pub sample_workgroup: Option<u32>,
+    /// Ask for cooperative matrices (wgpu's experimental feature) where the
+    /// adapter offers a configuration the coop matmul can use
+    /// ([`CoopConfig`]); passes of at least [`WgpuOptions::coop_min_rows`]
+    /// token rows then multiply on them (f16-rounded weights and x, f32
+    /// sums). Off by default until a GPU measures where they beat the f32
+    /// kernels, and because the engine's tests through [`crate::Engine`]
+    /// (which takes the default) hold the wgpu backend to the CPU's logits
+    /// at f32 tolerances (1e-9 NMSE, 1e-3 on stories260K's first logits)
+    /// that f16 inputs do not meet: `engine-bench --coop` turns it on.
+    pub cooperative_matrix: bool,
+    /// With [`WgpuOptions::cooperative_matrix`], passes of at least this
+    /// many token rows use cooperative matrices (before mat-vec or the tiled
+    /// matmul); 16 by default, a guess made before any GPU ran it: a decode
+    /// batch past the one-column mat-vec's sweet spot, where mat-vec's cost
+    /// grows with the columns (on an H200: 3.5 ms a step at batch 1, 7.0 at
+    /// 8, 29.6 at 32, most of it in the products) while the matrix units'
+    /// should not.
+    pub coop_min_rows: usize,
+    /// The coop matmul's k slab (64 or 32 values loaded between two
+    /// barriers). `None`: 64 where the adapter gives a workgroup the memory
+    /// (22 KiB), else 32 ([`CoopConfig`]).
+    pub coop_k_slab: Option<u32>,
+    /// Keep the counter wgpu adds to every shader loop so that none can run
+    /// forever (wgpu's own default). Off by default: every loop of these
+    /// kernels ends by construction, bounds checks stay, and without the
+    /// counters drivers can unroll the loops over per-invocation arrays; on
+    /// lavapipe (2-layer TinyLlama bf16) a decode step took 117-119 ms
+    /// instead of 134-143 at batch 1 and 486 instead of 560-562 at batch 8,
+    /// the same logits within 1e-12. Not yet measured on a GPU.
+    pub loop_bounding: bool,
 }
 
 impl WgpuOptions {
@@ -232,6 +273,10 @@ impl Default for WgpuOptions {
             mat_vec_unroll: None,
             subgroups: true,
             sample_workgroup: None,
+            cooperative_matrix: false,
+            coop_min_rows: 16,
+            coop_k_slab: None,
+            loop_bounding: false,
         }
     }
 }
@@ -352,7 +397,7 @@ struct LayerBinds {
     gate_up_normed: Vec<::wgpu::BindGroup>,
     glu_normed: Option<::wgpu::BindGroup>,
     down: Vec<::wgpu::BindGroup>,
-    kv_write: ::wgpu::BindGroup,
+    rope_kv: ::wgpu::BindGroup,
     decode: ::wgpu::BindGroup,
     prefill: ::wgpu::BindGroup,
 }
@@ -363,7 +408,6 @@ struct Binds {
     params: ::wgpu::BindGroup,
     embed: Vec<::wgpu::BindGroup>,
     layers: Vec<LayerBinds>,
-    rope: ::wgpu::BindGroup,
     merge: ::wgpu::BindGroup,
     silu: ::wgpu::BindGroup,
     norm_final: ::wgpu::BindGroup,
@@ -376,8 +420,7 @@ struct Binds {
 enum Pipe {
     Weight(WeightKernel, WeightDtype),
     Norm,
-    Rope,
-    KvWrite,
+    RopeKv,
     Decode,
     Prefill,
     Merge,
@@ -401,8 +444,7 @@ enum Bind {
     GluNormed(usize),
     Down(usize, usize),
     Head(usize),
-    Rope,
-    KvWrite(usize),
+    RopeKv(usize),
     Decode(usize),
     Prefill(usize),
     Merge,
@@ -438,9 +480,9 @@ impl Op {
             Pipe::Weight(WeightKernel::MatVec(c, _), d) => format!("mat_vec x{c} {d:?}"),
             Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
+            Pipe::Weight(WeightKernel::Coop, d) => format!("coop_mat_mul {d:?}"),
             Pipe::Norm => "rms_norm".into(),
-            Pipe::Rope => "rope".into(),
-            Pipe::KvWrite => "kv_write".into(),
+            Pipe::RopeKv => "rope_kv".into(),
             Pipe::Decode => "attn_decode".into(),
             Pipe::Prefill => "attn_prefill".into(),
             Pipe::Merge => "attn_merge".into(),
@@ -505,9 +547,8 @@ pub struct WgpuBackend {
     limits: PlanLimits,
     /// How decode attention splits contexts.
     splits: SplitPolicy,
-    /// Passes of more token rows than this use the tiled matmul; `None`:
-    /// mat-vec groups for every pass.
-    tiled_above: Option<u32>,
+    /// The product kernel for each pass size.
+    kernels: KernelChoice,
     sample_wg: u32,
     bufs: Bufs,
     binds: Option<Binds>,
@@ -632,6 +673,12 @@ impl WgpuBackend {
             .tiled_matmul
             .unwrap_or(!cpu_adapter)
             .then_some(opts.mat_vec_max_rows.clamp(1, MAT_VEC_COLS) as u32);
+        let kernels = KernelChoice {
+            tiled_above,
+            coop_from: pipes
+                .coop
+                .map(|c| (c, opts.coop_min_rows.clamp(1, u32::MAX as usize) as u32)),
+        };
         let params = ParamArena::new(gpu.uniform_align);
         let mut be = WgpuBackend {
             model,
@@ -652,7 +699,7 @@ impl WgpuBackend {
                 }),
                 min_len: opts.decode_min_split.max(1),
             },
-            tiled_above,
+            kernels,
             sample_wg,
             bufs,
             binds: None,
@@ -675,6 +722,13 @@ impl WgpuBackend {
     pub fn adapter(&self) -> String {
         let i = &self.gpu.info;
         format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+    }
+
+    /// The cooperative-matrix configuration products run on, where the
+    /// device has one enabled (whether a pass uses it depends on its rows:
+    /// [`WgpuOptions::coop_min_rows`]).
+    pub fn coop(&self) -> Option<CoopConfig> {
+        self.pipes.coop
     }
 
     /// The largest storage binding the backend uses, in bytes.
@@ -866,9 +920,9 @@ impl WgpuBackend {
                         .remove(0)
                 }),
                 down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.x.buf),
-                kv_write: self.storage_bg(
-                    &l.kv_write,
-                    "kv_write",
+                rope_kv: self.storage_bg(
+                    &l.rope_kv,
+                    "rope_kv",
                     &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v],
                 ),
                 decode: self.storage_bg(
@@ -899,7 +953,6 @@ impl WgpuBackend {
                 .map(|c| self.storage_bg(&l.embed, "embed", &[&b.plan.buf, &c.buf, &b.x.buf]))
                 .collect(),
             layers,
-            rope: self.storage_bg(&l.rope, "rope", &[&b.plan.buf, &b.qkv.buf]),
             merge: self.storage_bg(
                 &l.merge,
                 "attn_merge",
@@ -917,8 +970,8 @@ impl WgpuBackend {
     }
 
     /// A product through `m` for `m_rows` rows of x, one dispatch per weight
-    /// chunk: the tiled matmul for more than `tiled_above` rows, else
-    /// mat-vec groups ([`Product::calls`]).
+    /// chunk (or mat-vec groups), by the kernel `kernels` gives that many
+    /// rows ([`Product::calls`]).
     #[allow(clippy::too_many_arguments)]
     fn mat_ops(
         params: &mut ParamArena,
@@ -928,7 +981,7 @@ impl WgpuBackend {
         m_rows: u32,
         ldx: u32,
         ldy: u32,
-        tiled_above: Option<u32>,
+        kernels: KernelChoice,
         split_k: bool,
         fuse: Fuse,
     ) {
@@ -943,7 +996,7 @@ impl WgpuBackend {
                 ldx,
                 ldy,
                 bias: m.bias.is_some(),
-                tiled: tiled_above.is_some_and(|n| m_rows > n),
+                kernel: kernels.for_rows(m_rows),
                 split_k,
                 glu: false,
                 norm_eps: fuse.norm_eps,
@@ -974,7 +1027,7 @@ impl WgpuBackend {
             ldx: m.in_dim as u32,
             ldy: inter,
             bias: false,
-            tiled: false,
+            kernel: Kernel::MatVec,
             split_k,
             glu: true,
             norm_eps: fuse.norm_eps,
@@ -1014,7 +1067,7 @@ impl WgpuBackend {
         let w = &self.weights;
         let mut ops = Vec::new();
         let t = p.rows;
-        let tiled = self.tiled_above;
+        let kernels = self.kernels;
         let fuse_glu = self.opts.fuse_glu;
         let fuse_norm = self.opts.fuse_norm && self.pipes.split_k;
         let split_k = self.pipes.split_k;
@@ -1049,12 +1102,22 @@ impl WgpuBackend {
             needs.part = needs.part.max(c.part_bytes);
         }
         let prefill = attn::prefill_call(&attn, p.tile_off, p.pos_off, p.rt_off, p.n_tiles);
-        let rope_n = t * (d.nq + d.nkv) * (d.hd / 2);
-        let kvw_n = t * d.nkv * d.hd;
+        let rope_kv = RopeKvParams {
+            n_rows: t,
+            q_heads: d.nq,
+            kv_heads: d.nkv,
+            head_dim: d.hd,
+            stride: d.qkv_w,
+            cos_off: p.cos_off,
+            sin_off: p.sin_off,
+            slot_off: p.slot_off,
+            bs,
+        }
+        .call();
         // The o and down products add into the residual stream x itself;
         // the norms read it. On mat-vec passes the norms before q|k|v and
         // gate|up are fused into those products where they allow it.
-        let mat_vec_pass = tiled.is_none_or(|n| t <= n);
+        let mat_vec_pass = kernels.for_rows(t) == Kernel::MatVec;
         let none = Fuse::default();
         let normed = Fuse::normed(d.eps);
         for (l, lw) in w.layers.iter().enumerate() {
@@ -1081,21 +1144,15 @@ impl WgpuBackend {
                 t,
                 d.h,
                 d.qkv_w,
-                tiled,
+                kernels,
                 split_k,
                 if norm_in_product { normed } else { none },
             );
             ops.push(Op {
-                pipe: Pipe::Rope,
-                bind: Bind::Rope,
-                param: prm.push(&[t, d.nq + d.nkv, d.hd / 2, d.qkv_w, p.cos_off, p.sin_off]),
-                groups: grid(rope_n.div_ceil(256)),
-            });
-            ops.push(Op {
-                pipe: Pipe::KvWrite,
-                bind: Bind::KvWrite(l),
-                param: prm.push(&[t, d.nkv, d.hd, bs, d.qkv_w, p.slot_off, d.nq * d.hd]),
-                groups: grid(kvw_n.div_ceil(256)),
+                pipe: Pipe::RopeKv,
+                bind: Bind::RopeKv(l),
+                param: prm.push(&rope_kv.words),
+                groups: rope_kv.groups,
             });
             if let Some(c) = &decode {
                 ops.push(Op {
@@ -1129,7 +1186,7 @@ impl WgpuBackend {
                 t,
                 d.nq * d.hd,
                 d.h,
-                tiled,
+                kernels,
                 split_k,
                 Fuse::RESIDUAL,
             );
@@ -1165,7 +1222,7 @@ impl WgpuBackend {
                     t,
                     d.h,
                     2 * d.inter,
-                    tiled,
+                    kernels,
                     split_k,
                     fuse,
                 );
@@ -1184,7 +1241,7 @@ impl WgpuBackend {
                 t,
                 d.inter,
                 d.h,
-                tiled,
+                kernels,
                 split_k,
                 Fuse::RESIDUAL,
             );
@@ -1206,7 +1263,7 @@ impl WgpuBackend {
                 p.n_sel,
                 d.h,
                 d.vocab,
-                tiled,
+                kernels,
                 split_k,
                 none,
             );
@@ -1275,8 +1332,7 @@ impl WgpuBackend {
         Ok(match p {
             Pipe::Weight(k, d) => pp.weight(k, d).ok_or_else(missing)?,
             Pipe::Norm => &pp.rms_norm,
-            Pipe::Rope => &pp.rope,
-            Pipe::KvWrite => &pp.kv_write,
+            Pipe::RopeKv => &pp.rope_kv,
             Pipe::Decode => &pp.attn(self.shape).ok_or_else(missing)?.0,
             Pipe::Prefill => &pp.attn(self.shape).ok_or_else(missing)?.1,
             Pipe::Merge => &pp.attn_merge,
@@ -1300,8 +1356,7 @@ impl WgpuBackend {
             Bind::GluNormed(l) => b.layers.get(l)?.glu_normed.as_ref()?,
             Bind::Down(l, c) => b.layers.get(l)?.down.get(c)?,
             Bind::Head(c) => b.head.get(c)?,
-            Bind::Rope => &b.rope,
-            Bind::KvWrite(l) => &b.layers.get(l)?.kv_write,
+            Bind::RopeKv(l) => &b.layers.get(l)?.rope_kv,
             Bind::Decode(l) => &b.layers.get(l)?.decode,
             Bind::Prefill(l) => &b.layers.get(l)?.prefill,
             Bind::Merge => &b.merge,

@@ -7,6 +7,7 @@ use tokenwire_gguf::GgmlType;
 
 use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
+use super::coop::CoopConfig;
 
 /// How one weight tensor is stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,6 +91,8 @@ impl WeightDtype {
         k / t.block_len() * (t.block_bytes() + self.block_padding())
     }
 
+    /// The weight prelude of every weight kernel: `w_at` and `w_load8` for
+    /// this type (see the module docs of `shaders/dtype_*.wgsl`).
     fn prelude(self) -> String {
         let body = match self {
             WeightDtype::F32 => include_str!("shaders/dtype_f32.wgsl"),
@@ -185,20 +188,25 @@ const MAT_VEC_UNROLL_COLS: u32 = 8;
 
 /// The 8-wide steps whose weight loads a mat-vec variant of `cols` columns
 /// issues together: `chosen` (1, 2 or 4) up to [`MAT_VEC_UNROLL_COLS`]
-/// columns, else 1. Unchosen: 4 with rows split over invocations (GPUs);
-/// with one invocation per row (CPU adapters) 2 for one column and 1 for
-/// more, as measured on lavapipe: there wider unrolls slow the
-/// many-column variants (2-layer TinyLlama at batch 8: 570 ms a step at 1,
-/// 680 at 2, 790 at 4), while the one-column variant at 1 hits a slow
-/// llvmpipe case on stories260K's shape (35 ms a step against 0.9 at 2; the
-/// loop before unrolling had it in the SwiGLU variant, 7.7 ms).
+/// columns, else 1. Unchosen: 1 with rows split over invocations (GPUs):
+/// on an NVIDIA H200 (TinyLlama's shape in bf16, 128-token prompts) unroll
+/// 1 decoded 298-314 tok/s at batch 1 and 1,109 at batch 8, against 188 /
+/// 936 at 2 and 174-177 / 870 at 4, the earlier default; the split rows
+/// already keep enough loads in flight, and the unrolled loop's registers
+/// cost the occupancy that hides their latency. With one invocation per
+/// row (CPU adapters) 2 for one column and 1 for more, as measured on
+/// lavapipe: there wider unrolls slow the many-column variants (2-layer
+/// TinyLlama at batch 8: 570 ms a step at 1, 680 at 2, 790 at 4), while
+/// the one-column variant at 1 hits a slow llvmpipe case on stories260K's
+/// shape (35 ms a step against 0.9 at 2; the loop before unrolling had it
+/// in the SwiGLU variant, 7.7 ms).
 fn mat_vec_unroll(split_k: bool, cols: u32, chosen: Option<u32>) -> u32 {
     if cols > MAT_VEC_UNROLL_COLS {
         return 1;
     }
     match chosen {
         Some(u) => u.clamp(1, 4).next_power_of_two(),
-        None if split_k => 4,
+        None if split_k => 1,
         None if cols == 1 => 2,
         None => 1,
     }
@@ -272,8 +280,7 @@ pub(crate) struct Layouts {
     pub(crate) mat: ::wgpu::BindGroupLayout,
     pub(crate) embed: ::wgpu::BindGroupLayout,
     pub(crate) norm: ::wgpu::BindGroupLayout,
-    pub(crate) rope: ::wgpu::BindGroupLayout,
-    pub(crate) kv_write: ::wgpu::BindGroupLayout,
+    pub(crate) rope_kv: ::wgpu::BindGroupLayout,
     pub(crate) decode: ::wgpu::BindGroupLayout,
     pub(crate) merge: ::wgpu::BindGroupLayout,
     pub(crate) prefill: ::wgpu::BindGroupLayout,
@@ -326,8 +333,7 @@ impl Layouts {
             mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W)]),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
             norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
-            rope: storage_layout(gpu, "rope", &[(0, R), (1, W)]),
-            kv_write: storage_layout(gpu, "kv_write", &[(0, R), (1, R), (2, W), (3, W)]),
+            rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W)]),
             decode: storage_layout(
                 gpu,
                 "attn_decode",
@@ -357,6 +363,19 @@ pub(crate) enum WeightKernel {
     /// norm fused in.
     Glu(u32, bool),
     MatMul,
+    /// The tiled matmul on cooperative matrices (coop_mat_mul.wgsl).
+    Coop,
+}
+
+/// Which kernel multiplies a product's token columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// Mat-vec groups (each weight read once per group of columns).
+    MatVec,
+    /// The tiled matmul on f32 arithmetic.
+    Tiled,
+    /// The tiled matmul on cooperative matrices of this configuration.
+    Coop(CoopConfig),
 }
 
 /// The mat-vec variant for `cols` columns (at most [`mat_vec_max_cols`]).
@@ -382,8 +401,8 @@ pub(crate) struct Product {
     pub(crate) ldy: u32,
     /// Add the chunk's bias (not with `glu` or `norm_eps`).
     pub(crate) bias: bool,
-    /// The tiled matmul instead of mat-vec groups.
-    pub(crate) tiled: bool,
+    /// The kernel (the fused variants need [`Kernel::MatVec`]).
+    pub(crate) kernel: Kernel,
     /// Mat-vec rows split over invocations.
     pub(crate) split_k: bool,
     /// The fused SwiGLU variant.
@@ -404,32 +423,42 @@ pub(crate) struct ProductCall {
 }
 
 impl Product {
-    /// The dispatches: one tiled matmul, or mat-vec groups of at most
-    /// [`mat_vec_max_cols`] columns.
+    /// The dispatches: one tiled matmul (on f32 arithmetic or cooperative
+    /// matrices), or mat-vec groups of at most [`mat_vec_max_cols`] columns.
     pub(crate) fn calls(&self) -> Vec<ProductCall> {
         let bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
-        if self.tiled {
-            debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
-            return vec![ProductCall {
-                kind: WeightKernel::MatMul,
-                words: vec![
-                    self.k,
-                    self.rows,
-                    self.row0,
-                    self.cols,
-                    self.ldx,
-                    self.ldy,
-                    bias,
-                    0,
-                    0,
-                    u32::from(self.accumulate),
-                ],
-                groups: [
+        let (kind, groups) = match self.kernel {
+            Kernel::MatVec => return self.mat_vec_calls(bias),
+            Kernel::Tiled => (
+                WeightKernel::MatMul,
+                [
                     self.rows.div_ceil(MAT_MUL_TILE),
                     self.cols.div_ceil(MAT_MUL_TILE),
                 ],
-            }];
-        }
+            ),
+            Kernel::Coop(c) => (WeightKernel::Coop, c.groups(self.rows, self.cols)),
+        };
+        debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
+        vec![ProductCall {
+            kind,
+            words: vec![
+                self.k,
+                self.rows,
+                self.row0,
+                self.cols,
+                self.ldx,
+                self.ldy,
+                bias,
+                0,
+                0,
+                u32::from(self.accumulate),
+            ],
+            groups,
+        }]
+    }
+
+    /// Mat-vec groups of at most [`mat_vec_max_cols`] columns.
+    fn mat_vec_calls(&self, bias: u32) -> Vec<ProductCall> {
         let tpr = mat_vec_tpr(self.k as usize, self.split_k);
         let norm = self.norm_eps.is_some();
         let up_row = if self.glu { self.rows } else { 0 };
@@ -492,10 +521,12 @@ pub(crate) struct Pipelines {
     /// Weight loads a mat-vec invocation issues together, where chosen
     /// ([`mat_vec_unroll`]).
     unroll: Option<u32>,
+    /// The cooperative-matrix configuration, where the device has one: the
+    /// coop matmul is then compiled for every weight type.
+    pub(crate) coop: Option<CoopConfig>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
-    pub(crate) rope: ::wgpu::ComputePipeline,
-    pub(crate) kv_write: ::wgpu::ComputePipeline,
+    pub(crate) rope_kv: ::wgpu::ComputePipeline,
     pub(crate) silu_mul: ::wgpu::ComputePipeline,
     sample: HashMap<u32, ::wgpu::ComputePipeline>,
     pub(crate) attn_merge: ::wgpu::ComputePipeline,
@@ -509,12 +540,7 @@ fn compile(
     layout: &::wgpu::BindGroupLayout,
     params: &::wgpu::BindGroupLayout,
 ) -> ::wgpu::ComputePipeline {
-    let module = gpu
-        .device
-        .create_shader_module(::wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: ::wgpu::ShaderSource::Wgsl(source.into()),
-        });
+    let module = gpu.shader_module(label, source);
     let pl = gpu
         .device
         .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
@@ -550,18 +576,11 @@ impl Pipelines {
             &layouts.norm,
             p,
         );
-        let rope = compile(
+        let rope_kv = compile(
             gpu,
-            "rope",
-            include_str!("shaders/rope.wgsl").into(),
-            &layouts.rope,
-            p,
-        );
-        let kv_write = compile(
-            gpu,
-            "kv_write",
-            include_str!("shaders/kv_write.wgsl").into(),
-            &layouts.kv_write,
+            "rope_kv",
+            include_str!("shaders/rope_kv.wgsl").into(),
+            &layouts.rope_kv,
             p,
         );
         let silu_mul = compile(
@@ -587,10 +606,10 @@ impl Pipelines {
             split_k,
             gpu_subgroups: gpu.subgroups,
             unroll,
+            coop: gpu.coop,
             weight: HashMap::new(),
             rms_norm,
-            rope,
-            kv_write,
+            rope_kv,
             silu_mul,
             sample: HashMap::new(),
             attn_merge,
@@ -633,6 +652,13 @@ impl Pipelines {
                 }
             }
         }
+        if self.coop.is_some() {
+            kinds.push((
+                WeightKernel::Coop,
+                "coop_mat_mul",
+                include_str!("shaders/coop_mat_mul.wgsl"),
+            ));
+        }
         for (kind, label, body) in kinds {
             if self.weight.contains_key(&(kind, dtype)) {
                 continue;
@@ -656,9 +682,18 @@ impl Pipelines {
                         subgroup_helpers(self.subgroups()),
                     )
                 }
+                WeightKernel::Coop => self.coop.map(|c| c.consts()).unwrap_or_default(),
                 _ => String::new(),
             };
             let mut source = format!("{}\n{consts}{body}", dtype.prelude());
+            if kind == WeightKernel::Coop {
+                // Both `enable`s open the module; the f16-native prelude's
+                // own goes.
+                source = format!(
+                    "enable f16;\nenable wgpu_cooperative_matrix;\n{}",
+                    source.replacen("enable f16;", "", 1)
+                );
+            }
             if matches!(kind, WeightKernel::MatVec(..) | WeightKernel::Glu(..)) {
                 // naga takes subgroup operations as a device feature, with
                 // no `enable subgroups` directive (it rejects that one).
@@ -808,8 +843,9 @@ mod tests {
 
     #[test]
     fn mat_vec_unroll_follows_the_kernel_and_the_columns() {
-        assert_eq!(mat_vec_unroll(true, 1, None), 4);
-        assert_eq!(mat_vec_unroll(true, 8, None), 4);
+        assert_eq!(mat_vec_unroll(true, 1, None), 1);
+        assert_eq!(mat_vec_unroll(true, 8, None), 1);
+        assert_eq!(mat_vec_unroll(true, 8, Some(4)), 4);
         assert_eq!(mat_vec_unroll(true, 16, None), 1);
         assert_eq!(mat_vec_unroll(false, 1, None), 2);
         assert_eq!(mat_vec_unroll(false, 2, None), 1);

@@ -4,9 +4,11 @@
 //
 // One workgroup per (decode row, query head). The invocations first find M
 // and each split's weight e^(m_s - M) together (a stride of the splits
-// each, then every invocation folds the 64 partials), so a split's weight is
-// computed once, not once per element of the head; then each invocation
-// takes elements of the head and sums them over the splits.
+// each, then every invocation folds the partials of the first
+// min(splits, 64) invocations, the only ones that saw a split), so a
+// split's weight is computed once, not once per element of the head; then
+// each invocation takes elements of the head and sums them over the
+// splits.
 
 struct Params {
     n_items: u32,  // decode rows
@@ -52,7 +54,11 @@ fn main(
     }
     red[lid] = m;
     workgroupBarrier();
-    for (var i = 0u; i < WG; i++) {
+    // Invocations past the splits hold the identities (-1e30, then 0): at
+    // batch 1 and a few hundred positions there are a handful of splits,
+    // not 64 partials to fold.
+    let folds = min(ns, WG);
+    for (var i = 0u; i < folds; i++) {
         m = max(m, red[i]);
     }
     workgroupBarrier(); // everyone has read `red` before it is rewritten
@@ -65,7 +71,7 @@ fn main(
     red[lid] = l;
     workgroupBarrier();
     l = 0.0;
-    for (var i = 0u; i < WG; i++) {
+    for (var i = 0u; i < folds; i++) {
         l += red[i];
     }
     for (var d = lid; d < p.hd; d += WG) {

@@ -1,0 +1,67 @@
+//! Which kernel multiplies a pass's token rows through the weights: mat-vec
+//! groups, the tiled matmul, or the tiled matmul on cooperative matrices.
+
+use super::coop::CoopConfig;
+use super::pipelines::Kernel;
+
+/// The product kernel for each pass size, fixed when the backend opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KernelChoice {
+    /// Passes of more token rows than this use the tiled matmul; `None`:
+    /// mat-vec groups (on CPU adapters, where barriers are slow).
+    pub(crate) tiled_above: Option<u32>,
+    /// Passes of at least this many token rows use cooperative matrices of
+    /// this configuration, before either of the others; `None`: never.
+    pub(crate) coop_from: Option<(CoopConfig, u32)>,
+}
+
+impl KernelChoice {
+    /// The kernel for a pass of `rows` token rows.
+    pub(crate) fn for_rows(&self, rows: u32) -> Kernel {
+        match self.coop_from {
+            Some((c, from)) if rows >= from => Kernel::Coop(c),
+            _ if self.tiled_above.is_some_and(|n| rows > n) => Kernel::Tiled,
+            _ => Kernel::MatVec,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_take_coop_then_tiled_then_mat_vec() {
+        let c = CoopConfig {
+            side: 8,
+            subgroup: 8,
+            k_slab: 32,
+        };
+        let gpu = KernelChoice {
+            tiled_above: Some(64),
+            coop_from: Some((c, 16)),
+        };
+        assert_eq!(gpu.for_rows(1), Kernel::MatVec);
+        assert_eq!(gpu.for_rows(15), Kernel::MatVec);
+        assert_eq!(gpu.for_rows(16), Kernel::Coop(c));
+        assert_eq!(gpu.for_rows(500), Kernel::Coop(c));
+        let no_coop = KernelChoice {
+            coop_from: None,
+            ..gpu
+        };
+        assert_eq!(no_coop.for_rows(64), Kernel::MatVec);
+        assert_eq!(no_coop.for_rows(65), Kernel::Tiled);
+        let cpu = KernelChoice {
+            tiled_above: None,
+            coop_from: None,
+        };
+        assert_eq!(cpu.for_rows(500), Kernel::MatVec);
+        // Coop past the tiled threshold only.
+        let late = KernelChoice {
+            tiled_above: Some(8),
+            coop_from: Some((c, 128)),
+        };
+        assert_eq!(late.for_rows(100), Kernel::Tiled);
+        assert_eq!(late.for_rows(128), Kernel::Coop(c));
+    }
+}

@@ -1,0 +1,223 @@
+//! Products on the GPU's matrix units (Vulkan's cooperative matrices, wgpu's
+//! `EXPERIMENTAL_COOPERATIVE_MATRIX`): which of the adapter's configurations
+//! `shaders/coop_mat_mul.wgsl` can use, the constants it is compiled with and
+//! its grid.
+//!
+//! The kernel multiplies f16 tiles into f32 accumulators: the weights (f32,
+//! f16, bf16 or GGUF blocks, unpacked by the same weight preludes as every
+//! other product) and x are rounded to f16 as they are stored into
+//! workgroup memory. WGSL has square fragments only (`coop_mat8x8`,
+//! `coop_mat16x16`), so a configuration is usable when the adapter offers
+//! f16 x f16 -> f32 at M = N = K = 8 or 16 with subgroup scope.
+
+use ::wgpu::{CooperativeMatrixProperties, CooperativeScalarType};
+
+/// k values per slab, largest first: each slab of the weight and x tiles is
+/// loaded into workgroup memory once (between two barriers), then multiplied
+/// in steps of one fragment side. 64 halves the barriers and doubles the
+/// loads in flight of 32, which matters where a product has few workgroups
+/// (a decode batch through a 2,048-row matrix: 32 of them at 64 rows each),
+/// for 22 KiB of workgroup memory at side 16, past WebGPU's 16 KiB
+/// minimum: 32 where the adapter allows no more.
+const K_SLABS: [u32; 2] = [64, 32];
+/// Subgroups per workgroup, as a 2 x 2 grid over the output tile; each
+/// computes 2 x 2 fragments. So a workgroup's tile is 4 fragment sides of
+/// weight rows by 4 of tokens, and every fragment loaded from workgroup
+/// memory feeds two multiply-adds.
+const SUBGROUPS: u32 = 4;
+
+/// A cooperative-matrix configuration the product kernel runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopConfig {
+    /// Fragment side (M = N = K): 8 or 16.
+    pub side: u32,
+    /// The adapter's subgroup size (one fixed size: fragments belong to a
+    /// subgroup, and the kernel's workgroup is a whole number of them).
+    pub subgroup: u32,
+    /// k values per slab (64 or 32).
+    pub k_slab: u32,
+}
+
+impl CoopConfig {
+    /// The best usable configuration among `props` (the adapter's), on an
+    /// adapter whose subgroups are `sg_min..=sg_max` wide, which reads f16
+    /// (`shader-f16`) and gives a workgroup `max_bytes` of memory:
+    /// f16 x f16 -> f32 fragments of side 16 before 8, the largest slab
+    /// that fits (only `slab`, where given); none when the subgroup size is
+    /// not fixed, or when a tile's loads or results do not divide evenly
+    /// among the workgroup's invocations.
+    pub(crate) fn pick(
+        props: &[CooperativeMatrixProperties],
+        sg_min: u32,
+        sg_max: u32,
+        f16: bool,
+        max_bytes: u32,
+        slab: Option<u32>,
+    ) -> Option<CoopConfig> {
+        if !f16 || sg_min != sg_max || sg_min == 0 {
+            return None;
+        }
+        let offered = |side: u32| {
+            props.iter().any(|p| {
+                p.m_size == side
+                    && p.n_size == side
+                    && p.k_size == side
+                    && p.ab_type == CooperativeScalarType::F16
+                    && p.cr_type == CooperativeScalarType::F32
+            })
+        };
+        [16, 8]
+            .into_iter()
+            .filter(|&side| offered(side))
+            .flat_map(|side| {
+                K_SLABS
+                    .into_iter()
+                    .filter(|&k| slab.is_none_or(|s| s == k))
+                    .map(move |k_slab| CoopConfig {
+                        side,
+                        subgroup: sg_min,
+                        k_slab,
+                    })
+            })
+            .find(|c| {
+                c.loads_per_invocation() > 0
+                    && (c.side * c.side).is_multiple_of(c.subgroup)
+                    && c.workgroup_bytes() <= max_bytes
+            })
+    }
+
+    /// Weight rows (and tokens) per workgroup tile.
+    pub(crate) fn tile_rows(&self) -> u32 {
+        4 * self.side
+    }
+
+    /// Invocations per workgroup.
+    pub(crate) fn workgroup(&self) -> u32 {
+        SUBGROUPS * self.subgroup
+    }
+
+    /// 8-value loads of each tile per invocation and slab (0: the
+    /// workgroup has more invocations than a slab has 8-value runs).
+    fn loads_per_invocation(&self) -> u32 {
+        let runs = self.tile_rows() * self.k_slab / 8;
+        if runs.is_multiple_of(self.workgroup()) {
+            runs / self.workgroup()
+        } else {
+            0
+        }
+    }
+
+    /// Workgroup memory the kernel declares, in bytes: the f16 weight and x
+    /// slabs (rows padded by 8 values), and one f32 fragment per subgroup
+    /// for the results.
+    pub(crate) fn workgroup_bytes(&self) -> u32 {
+        2 * 2 * self.tile_rows() * (self.k_slab + 8) + 4 * SUBGROUPS * self.side * self.side
+    }
+
+    /// The constants coop_mat_mul.wgsl is compiled with (see its header).
+    pub(crate) fn consts(&self) -> String {
+        let s = self.side;
+        format!(
+            "const S: u32 = {s}u;\nconst SG: u32 = {sg}u;\nconst WG: u32 = {wg}u;\n\
+             const TILE: u32 = {tile}u;\nconst BK: u32 = {bk}u;\n\
+             const LOADS: u32 = {loads}u;\n\
+             alias FragA = coop_mat{s}x{s}<f16, A>;\n\
+             alias FragB = coop_mat{s}x{s}<f16, B>;\n\
+             alias FragC = coop_mat{s}x{s}<f32, C>;\n",
+            sg = self.subgroup,
+            wg = self.workgroup(),
+            tile = self.tile_rows(),
+            bk = self.k_slab,
+            loads = self.loads_per_invocation(),
+        )
+    }
+
+    /// Workgroups for `rows` weight rows by `tokens` tokens.
+    pub(crate) fn groups(&self, rows: u32, tokens: u32) -> [u32; 2] {
+        let t = self.tile_rows();
+        [rows.div_ceil(t).max(1), tokens.div_ceil(t).max(1)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prop(
+        side: u32,
+        ab: CooperativeScalarType,
+        cr: CooperativeScalarType,
+    ) -> CooperativeMatrixProperties {
+        CooperativeMatrixProperties {
+            m_size: side,
+            n_size: side,
+            k_size: side,
+            ab_type: ab,
+            cr_type: cr,
+            saturating_accumulation: false,
+        }
+    }
+
+    #[test]
+    fn configurations_are_picked_by_type_side_subgroup_and_memory() {
+        use CooperativeScalarType::{F16, F32};
+        const KIB: u32 = 1024;
+        let cfg = |side, subgroup, k_slab| CoopConfig {
+            side,
+            subgroup,
+            k_slab,
+        };
+        // lavapipe (Mesa 26): 8x8x8, f16 -> f16 and f16 -> f32, subgroups of 8.
+        let lvp = [prop(8, F16, F16), prop(8, F16, F32)];
+        assert_eq!(
+            CoopConfig::pick(&lvp, 8, 8, true, 64 * KIB, None),
+            Some(cfg(8, 8, 64))
+        );
+        // Without shader-f16, or a subgroup size the driver may vary, none.
+        assert_eq!(CoopConfig::pick(&lvp, 8, 8, false, 64 * KIB, None), None);
+        assert_eq!(CoopConfig::pick(&lvp, 8, 16, true, 64 * KIB, None), None);
+        // f16 accumulators only: none.
+        assert_eq!(
+            CoopConfig::pick(&lvp[..1], 8, 8, true, 64 * KIB, None),
+            None
+        );
+        // An NVIDIA-like list: side 16, the 64 slab where memory allows.
+        let nv = [prop(16, F16, F16), prop(16, F16, F32), prop(8, F16, F32)];
+        let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, None).expect("usable");
+        assert_eq!(c, cfg(16, 32, 64));
+        assert_eq!(
+            (c.tile_rows(), c.workgroup(), c.loads_per_invocation()),
+            (64, 128, 4)
+        );
+        assert_eq!(c.workgroup_bytes(), 22 * KIB);
+        // WebGPU's minimum of 16 KiB: the 32 slab (14 KiB).
+        let c = CoopConfig::pick(&nv, 32, 32, true, 16 * KIB, None).expect("usable");
+        assert_eq!(c, cfg(16, 32, 32));
+        assert_eq!(
+            (c.loads_per_invocation(), c.workgroup_bytes()),
+            (2, 14 * KIB)
+        );
+        // A slab asked for, where it fits.
+        let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, Some(32));
+        assert_eq!(c, Some(cfg(16, 32, 32)));
+        // Too little memory even for side 8's 32 slab (5 KiB): none.
+        assert_eq!(CoopConfig::pick(&lvp, 8, 8, true, 4 * KIB, None), None);
+        // Subgroups of 64 with 16-wide fragments and the 32 slab: one load each.
+        let c = CoopConfig::pick(&nv, 64, 64, true, 48 * KIB, Some(32)).expect("usable");
+        assert_eq!(c.loads_per_invocation(), 1);
+        // 8-wide fragments and subgroups of 64: an 8 x 8 result fragment is
+        // 64 values for 64 invocations, but a 32-row slab of 32 has 128 runs
+        // of 8 for 256 invocations: only the 64 slab works.
+        assert_eq!(
+            CoopConfig::pick(&lvp, 64, 64, true, 64 * KIB, Some(32)),
+            None
+        );
+        assert_eq!(
+            CoopConfig::pick(&lvp, 64, 64, true, 64 * KIB, None),
+            Some(cfg(8, 64, 64))
+        );
+        let c = cfg(8, 8, 32);
+        assert_eq!(c.groups(65, 1), [3, 1]);
+        assert_eq!(c.groups(0, 64), [1, 2]);
+    }
+}

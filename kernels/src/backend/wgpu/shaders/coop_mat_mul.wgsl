@@ -1,0 +1,201 @@
+// Matrix multiply on cooperative matrices (the GPU's matrix units), for
+// prefill and wide decode batches: Y[m, row0 + n] = X[m, :] . W[n, :] (+ b)
+// for m < M tokens and n < rows of this weight chunk, with the parameters of
+// mat_mul.wgsl. W is row-major [rows, k]; the weight prelude (dtype_*.wgsl)
+// supplies `w_at` and `w_load8`.
+//
+// coop.rs prepends: S (fragment side, 8 or 16), SG (the subgroup size), WG
+// (4 subgroups), TILE (4 S: weight rows and tokens per workgroup), BK (k
+// values per slab), LOADS (8-value loads of each tile per invocation and
+// slab), and the fragment types FragA / FragB (f16) and FragC (f32).
+//
+// Per slab of BK k values, every invocation loads LOADS runs of 8 weights
+// and 8 x values (issued before the previous slab's multiply, so their
+// latency hides behind it), rounds them to f16 and stores them into
+// workgroup memory: weights as [row][k] (fragment A, row-major), x as
+// [token][k] (fragment B, column-major), both with stride LDS = BK + 8:
+// the 16 bytes of padding put the fragment rows that a load reads
+// together in different memory banks, and keep every row 16-byte aligned
+// (as cooperative loads require). The four
+// subgroups form a 2 x 2 grid over the tile; each multiplies 2 x 2
+// fragments of side S, accumulating in f32. At the end each subgroup stores
+// its fragments one at a time into its own S x S corner of workgroup
+// memory, and its invocations add the bias and the residual and write the
+// rows of y (consecutive invocations, consecutive rows).
+//
+// Fragments are per subgroup: subgroup j is taken to be the invocations
+// j * SG .. (j + 1) * SG - 1, as Vulkan drivers lay out one-dimensional
+// workgroups (the split-row mat-vec assumes the same), and coop.rs uses
+// this kernel only where the subgroup size is fixed.
+
+struct Params {
+    k: u32,        // input features
+    rows: u32,     // output rows (N) in this chunk
+    row0: u32,     // first output row of this chunk
+    m: u32,        // tokens (M)
+    ldx: u32,      // stride between rows of X
+    ldy: u32,      // stride between rows of Y
+    has_bias: u32, // 1 = add bias[row0 + n]
+    x_off: u32,    // offset of X in x
+    y_off: u32,    // offset of Y in y
+    accumulate: u32, // 1 = add the product to y (a residual add)
+    _p10: u32, _p11: u32,
+    _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+}
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(1) @binding(0) var<uniform> p: Params;
+
+// Runs of 8 k values per tile row.
+const RUNS: u32 = BK / 8u;
+// Stride between the tiles' rows, in f16 values.
+const LDS: u32 = BK + 8u;
+
+var<workgroup> ws: array<f16, TILE * LDS>;
+var<workgroup> xs: array<f16, TILE * LDS>;
+// One S x S result fragment per subgroup, column-major (token-major).
+var<workgroup> cs: array<f32, 4u * S * S>;
+
+// Weights k0 .. k0 + 8 of chunk row n (zero past the chunk's rows or k).
+fn load_w(n: u32, k0: u32) -> W8 {
+    if (n >= p.rows || k0 >= p.k) {
+        return W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    }
+    let base = n * p.k + k0;
+    if (p.k % 8u == 0u) {
+        return w_load8(base);
+    }
+    var v: array<f32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        if (k0 + j < p.k) {
+            v[j] = w_at(base + j);
+        }
+    }
+    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// x values k0 .. k0 + 8 of token m (zero past the tokens or k).
+fn load_x(m: u32, k0: u32) -> W8 {
+    if (m >= p.m || k0 >= p.k) {
+        return W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    }
+    let base = p.x_off + m * p.ldx + k0;
+    if (p.k % 8u == 0u && p.ldx % 4u == 0u && p.x_off % 4u == 0u) {
+        return W8(x[base >> 2u], x[(base >> 2u) + 1u]);
+    }
+    var v: array<f32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        if (k0 + j < p.k) {
+            v[j] = x[(base + j) >> 2u][(base + j) & 3u];
+        }
+    }
+    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// Stores 8 values, rounded to f16, at `at` of a tile.
+fn put_w(at: u32, v: W8) {
+    let lo = vec4<f16>(v.lo);
+    let hi = vec4<f16>(v.hi);
+    for (var j = 0u; j < 4u; j++) {
+        ws[at + j] = lo[j];
+        ws[at + 4u + j] = hi[j];
+    }
+}
+
+fn put_x(at: u32, v: W8) {
+    let lo = vec4<f16>(v.lo);
+    let hi = vec4<f16>(v.hi);
+    for (var j = 0u; j < 4u; j++) {
+        xs[at + j] = lo[j];
+        xs[at + 4u + j] = hi[j];
+    }
+}
+
+// Writes fragment `c` of subgroup `sub` (weight rows n0.., tokens m0..)
+// into y through the subgroup's corner of `cs`.
+fn emit(c: FragC, sub: u32, lane: u32, n0: u32, m0: u32) {
+    let corner = sub * S * S;
+    coopStore(c, &cs[corner], S);
+    workgroupBarrier();
+    for (var e = lane; e < S * S; e += SG) {
+        let n = n0 + e % S;
+        let m = m0 + e / S;
+        if (n < p.rows && m < p.m) {
+            var v = cs[corner + e];
+            if (p.has_bias != 0u) {
+                v += bias[p.row0 + n];
+            }
+            let at = p.y_off + m * p.ldy + p.row0 + n;
+            if (p.accumulate != 0u) {
+                v += y[at];
+            }
+            y[at] = v;
+        }
+    }
+    // The next fragment reuses the corner.
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let n_tile = wid.x * TILE;
+    let m_tile = wid.y * TILE;
+    let sub = lid / SG;
+    let lane = lid % SG;
+    // This subgroup's 2 S x 2 S corner of the tile.
+    let sn = (sub % 2u) * 2u * S;
+    let sm = (sub / 2u) * 2u * S;
+    var c00 = FragC();
+    var c01 = FragC();
+    var c10 = FragC();
+    var c11 = FragC();
+    var wv: array<W8, LOADS>;
+    var xv: array<W8, LOADS>;
+    for (var u = 0u; u < LOADS; u++) {
+        let i = lid + u * WG;
+        let r = i / RUNS;
+        let kq = 8u * (i % RUNS);
+        wv[u] = load_w(n_tile + r, kq);
+        xv[u] = load_x(m_tile + r, kq);
+    }
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        for (var u = 0u; u < LOADS; u++) {
+            let i = lid + u * WG;
+            let at = (i / RUNS) * LDS + 8u * (i % RUNS);
+            put_w(at, wv[u]);
+            put_x(at, xv[u]);
+        }
+        workgroupBarrier();
+        let next = k0 + BK;
+        if (next < p.k) {
+            for (var u = 0u; u < LOADS; u++) {
+                let i = lid + u * WG;
+                let r = i / RUNS;
+                let kq = next + 8u * (i % RUNS);
+                wv[u] = load_w(n_tile + r, kq);
+                xv[u] = load_x(m_tile + r, kq);
+            }
+        }
+        for (var kk = 0u; kk < BK; kk += S) {
+            let a0 = coopLoadT<FragA>(&ws[sn * LDS + kk], LDS);
+            let a1 = coopLoadT<FragA>(&ws[(sn + S) * LDS + kk], LDS);
+            let b0 = coopLoad<FragB>(&xs[sm * LDS + kk], LDS);
+            let b1 = coopLoad<FragB>(&xs[(sm + S) * LDS + kk], LDS);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+        }
+        // Every fragment is read before the next slab overwrites the tiles.
+        workgroupBarrier();
+    }
+    emit(c00, sub, lane, n_tile + sn, m_tile + sm);
+    emit(c01, sub, lane, n_tile + sn, m_tile + sm + S);
+    emit(c10, sub, lane, n_tile + sn + S, m_tile + sm);
+    emit(c11, sub, lane, n_tile + sn + S, m_tile + sm + S);
+}
