@@ -1096,11 +1096,22 @@ fn a_repeated_prompt_reuses_its_cached_blocks_and_gives_the_same_text() {
     let second = last(&h, c);
     let cached = second["timing"]["cached_tokens"].as_u64().unwrap_or(0);
     let prompt_tokens = ptoks(&prompt) as u64;
-    assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "every full block but the last token's");
-    assert_eq!(second["generated_text"], first["generated_text"], "the same tokens");
+    assert_eq!(
+        cached,
+        (prompt_tokens - 1) / 16 * 16,
+        "every full block but the last token's"
+    );
+    assert_eq!(
+        second["generated_text"], first["generated_text"],
+        "the same tokens"
+    );
     assert_eq!(second["usage"], first["usage"]);
     assert!(h.host.stats().kv_blocks_cached > 0);
-    assert_eq!(h.host.stats().kv_blocks_used, 0, "cached blocks are not used ones");
+    assert_eq!(
+        h.host.stats().kv_blocks_used,
+        0,
+        "cached blocks are not used ones"
+    );
 }
 
 #[test]

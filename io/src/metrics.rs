@@ -71,6 +71,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_kv_blocks_used",
     "tokenwire_kv_blocks_kept",
     "tokenwire_kv_blocks_capacity",
+    "tokenwire_kv_blocks_cached",
+    "tokenwire_prefix_cache_queries",
+    "tokenwire_prefix_cache_hits",
     "tokenwire_prompt_tokens_reused",
     "tokenwire_tokens_generated",
     "tokenwire_prompt_tokens",
@@ -82,6 +85,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_feedback",
     "tokenwire_outbound_queue_overflows",
     "tokenwire_connections_refused",
+    "tokenwire_host_handle_duration_seconds",
 ];
 
 const OUTCOMES: [Outcome; 4] = [
@@ -194,7 +198,7 @@ impl Metrics {
         );
         registry.register(
             "prompt_tokens_reused",
-            "Prompt tokens whose KV blocks were kept from an earlier generation instead of computed",
+            "Prompt tokens of batch continuations whose KV blocks were kept from the earlier generation instead of computed",
             prompt_reused.clone(),
         );
         registry.register(
@@ -514,8 +518,14 @@ mod tests {
         assert!(text.contains("tokenwire_kv_blocks_kept 3"), "{text}");
         assert!(text.contains("tokenwire_prompt_tokens_reused_total 11"));
         assert!(text.contains("tokenwire_kv_blocks_cached 5"), "{text}");
-        assert!(text.contains("tokenwire_prefix_cache_queries_total 40"), "{text}");
-        assert!(text.contains("tokenwire_prefix_cache_hits_total 32"), "{text}");
+        assert!(
+            text.contains("tokenwire_prefix_cache_queries_total 40"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokenwire_prefix_cache_hits_total 32"),
+            "{text}"
+        );
         assert!(text.contains("tokenwire_time_to_first_token_seconds_count 1"));
         assert!(
             text.contains("tokenwire_e2e_request_latency_seconds_sum 1.5"),

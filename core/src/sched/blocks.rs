@@ -185,8 +185,7 @@ impl BlockAllocator {
     /// nothing, when `b` is not held, is registered already, or another block
     /// holds `key` (the same content computed twice: the first one stays).
     pub fn register(&mut self, b: BlockId, key: BlockKey) -> bool {
-        if self.refcount(b) == 0 || self.key_of.contains_key(&b) || self.by_key.contains_key(&key)
-        {
+        if self.refcount(b) == 0 || self.key_of.contains_key(&b) || self.by_key.contains_key(&key) {
             return false;
         }
         self.by_key.insert(key, b);
@@ -304,7 +303,9 @@ impl BlockAllocator {
                 return Err(format!("allocator: block {b}'s key points elsewhere"));
             }
             if self.refcount(*b) == 0 && !self.cached_at.contains_key(b) {
-                return Err(format!("allocator: registered block {b} is neither held nor cached"));
+                return Err(format!(
+                    "allocator: registered block {b} is neither held nor cached"
+                ));
             }
         }
         if self.by_key.len() != self.key_of.len() {
@@ -506,8 +507,8 @@ mod tests {
             if self.available() == 0 {
                 return None;
             }
-            let free = (0..self.capacity)
-                .find(|b| !self.held.contains_key(b) && !self.registered(*b));
+            let free =
+                (0..self.capacity).find(|b| !self.held.contains_key(b) && !self.registered(*b));
             match free {
                 Some(b) => Some(b),
                 None if !self.lru.is_empty() => {
@@ -565,7 +566,8 @@ mod tests {
                 ));
             }
             if !m.registry.is_empty() {
-                let reg = proptest::sample::select(m.registry.values().copied().collect::<Vec<_>>());
+                let reg =
+                    proptest::sample::select(m.registry.values().copied().collect::<Vec<_>>());
                 ops.push((3, reg.prop_map(AllocOp::Acquire).boxed()));
             }
             proptest::strategy::Union::new_weighted(ops).boxed()
@@ -606,9 +608,8 @@ mod tests {
                     None => false,
                 }),
                 AllocOp::Register(b, k) => {
-                    let ok = m.held.contains_key(&b)
-                        && !m.registered(b)
-                        && !m.registry.contains_key(&k);
+                    let ok =
+                        m.held.contains_key(&b) && !m.registered(b) && !m.registry.contains_key(&k);
                     if ok {
                         m.registry.insert(k, b);
                     }
@@ -627,7 +628,8 @@ mod tests {
                 }),
                 AllocOp::SetCapacity(n) => {
                     if n < m.capacity {
-                        let gone: Vec<BlockId> = m.lru.iter().copied().filter(|&b| b >= n).collect();
+                        let gone: Vec<BlockId> =
+                            m.lru.iter().copied().filter(|&b| b >= n).collect();
                         m.lru.retain(|&b| b < n);
                         for b in gone {
                             m.unregister(b);

@@ -26,8 +26,14 @@ fn prompt(n: u32, salt: TokenId) -> Vec<TokenId> {
 /// tokens; returns the plans' first start position.
 fn run(s: &mut Scheduler, kv: &mut Kv, seq: SeqId, tokens: Vec<TokenId>, gen: usize) -> u32 {
     let len = tokens.len() as u32;
-    s.add(seq, tokens, len + gen as u32 + 1, SamplingParams::greedy(), None)
-        .expect("admitted");
+    s.add(
+        seq,
+        tokens,
+        len + gen as u32 + 1,
+        SamplingParams::greedy(),
+        None,
+    )
+    .expect("admitted");
     let mut first = None;
     let mut sampled = 0;
     while sampled < gen {
@@ -122,7 +128,11 @@ fn live_sequences_share_cached_blocks_and_memory_pressure_evicts_the_oldest_firs
     // the two full blocks are shared (held twice, used once).
     let used_by_one = s.stats().blocks_used;
     assert_eq!(run(&mut s, &mut kv, SeqId(2), p.clone(), 1), 2 * BS);
-    assert_eq!(s.stats().blocks_used, used_by_one + 1, "one block of its own");
+    assert_eq!(
+        s.stats().blocks_used,
+        used_by_one + 1,
+        "one block of its own"
+    );
     s.remove(SeqId(1));
     s.remove(SeqId(2));
     ok(&s);
@@ -150,7 +160,10 @@ fn a_failed_step_carries_the_cached_prefix_again() {
         .expect("admitted");
     let plan = s.schedule().expect("a step");
     assert_eq!(plan.seqs[0].cached_prefix.len(), BS as usize);
-    s.on_step_failed(plan.step_id, &crate::engine::EngineFaultKind::Internal("x".into()));
+    s.on_step_failed(
+        plan.step_id,
+        &crate::engine::EngineFaultKind::Internal("x".into()),
+    );
     let again = s.schedule().expect("the retry");
     assert_eq!(again.seqs[0].cached_prefix, p[..BS as usize].to_vec());
     ok(&s);

@@ -105,10 +105,8 @@ impl Checker for StepBudget {
         for s in &plan.seqs {
             // A sequence just admitted onto cached blocks may have one
             // prompt token left: its first slice, not a stream's decode.
-            let decode = s.tokens.len() == 1
-                && s.sample
-                && s.start_pos > 0
-                && s.cached_prefix.is_empty();
+            let decode =
+                s.tokens.len() == 1 && s.sample && s.start_pos > 0 && s.cached_prefix.is_empty();
             match chunk {
                 Some(c) if decode => {
                     return Err(format!(

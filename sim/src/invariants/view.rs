@@ -764,7 +764,11 @@ impl View {
             _ => None,
         };
         if let Output::Event(tokenwire_core::Event::PrefixCacheLookup { hit, .. }) = out {
-            let key = if *hit > 0 { "prefix:hit" } else { "prefix:miss" };
+            let key = if *hit > 0 {
+                "prefix:hit"
+            } else {
+                "prefix:miss"
+            };
             self.count(key.into());
         }
         match (out, frame) {
