@@ -31,6 +31,9 @@ pub struct HostConfig {
     pub max_step_tokens: u32,
     /// Most sequences in one engine step.
     pub max_running_seqs: u32,
+    /// Reuse the KV blocks of prompt prefixes already computed, keeping
+    /// unheld full blocks cached until the pool needs them (`--prefix-cache`).
+    pub prefix_cache: bool,
     /// Most requests waiting for admission; more get the dialect's queue-full error.
     pub max_queued_requests: u32,
     /// Most of those waiting requests one connection may have: its share of
@@ -106,6 +109,7 @@ impl Default for HostConfig {
             default_max_tokens: 256,
             max_step_tokens: 512,
             max_running_seqs: 64,
+            prefix_cache: true,
             max_queued_requests: 1024,
             max_queued_per_conn: 256,
             session_max_messages: 20,

@@ -75,6 +75,13 @@ pub struct SeqStep {
     pub sample: bool,
     /// Number of top alternatives to report with logprobs; `None` = no logprobs.
     pub logprobs: Option<u8>,
+    /// The tokens before `start_pos` when the engine may not hold them for
+    /// this sequence: set on its first plan after it was admitted onto KV
+    /// blocks computed for earlier sequences (prefix caching). Their K/V is
+    /// in `block_table`'s blocks already; the engine takes them as the
+    /// sequence's token history (the sampler's penalties read it). Empty
+    /// otherwise.
+    pub cached_prefix: Vec<TokenId>,
 }
 
 /// A sequence started as a copy of another (a beam continuing another): the

@@ -64,6 +64,16 @@ impl ScriptEngine {
         let mut results = Vec::new();
         for s in &plan.seqs {
             let h = self.history.entry(s.seq).or_default();
+            if !s.cached_prefix.is_empty() {
+                // Admitted onto cached blocks: this is its history.
+                assert_eq!(
+                    s.cached_prefix.len(),
+                    s.start_pos as usize,
+                    "seq {:?}: a cached prefix must end where its chunk starts",
+                    s.seq
+                );
+                *h = s.cached_prefix.clone();
+            }
             assert!(
                 h.len() >= s.start_pos as usize,
                 "seq {:?} fed at {} but engine holds {} tokens",

@@ -169,6 +169,7 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                     timing: timing.map(|(first_token_ms, total_ms)| CompletionTiming {
                         first_token_ms,
                         total_ms,
+                        cached_tokens: p / 2,
                     }),
                 })
             },

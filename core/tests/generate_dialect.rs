@@ -1072,3 +1072,66 @@ fn a_keys_organisation_limits_apply_to_generate_too() {
     h.run(20);
     assert_eq!(last(&h, keyed)["type"], "completion");
 }
+
+#[test]
+fn a_repeated_prompt_reuses_its_cached_blocks_and_gives_the_same_text() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Generate);
+    let prompt = "a system prompt long enough for a few KV blocks: ".repeat(2);
+    let opts = json!({"max_tokens": 6, "temperature": 0});
+    let mut cfg = config(&prompt, opts.clone());
+    cfg["options"] = json!({"include_timing": true});
+    h.send(c, cfg.clone());
+    h.run(50);
+    let first = last(&h, c);
+    assert_eq!(first["timing"]["cached_tokens"], 0, "nothing cached yet");
+    let reused_before = h
+        .others
+        .iter()
+        .filter(|o| matches!(o, Output::Event(tokenwire_core::Event::PrefixCacheLookup { hit, .. }) if *hit > 0))
+        .count();
+    assert_eq!(reused_before, 0);
+    h.send(c, cfg);
+    h.run(50);
+    let second = last(&h, c);
+    let cached = second["timing"]["cached_tokens"].as_u64().unwrap_or(0);
+    let prompt_tokens = ptoks(&prompt) as u64;
+    assert_eq!(
+        cached,
+        (prompt_tokens - 1) / 16 * 16,
+        "every full block but the last token's"
+    );
+    assert_eq!(
+        second["generated_text"], first["generated_text"],
+        "the same tokens"
+    );
+    assert_eq!(second["usage"], first["usage"]);
+    assert!(h.host.stats().kv_blocks_cached > 0);
+    assert_eq!(
+        h.host.stats().kv_blocks_used,
+        0,
+        "cached blocks are not used ones"
+    );
+}
+
+#[test]
+fn with_the_prefix_cache_off_nothing_is_reused() {
+    let mut h = Harness::new(
+        HostConfig {
+            prefix_cache: false,
+            ..HostConfig::default()
+        },
+        SCRIPT,
+        7,
+    );
+    let c = h.open(1, Dialect::Generate);
+    let prompt = "a system prompt long enough for a few KV blocks: ".repeat(2);
+    let mut cfg = config(&prompt, json!({"max_tokens": 6, "temperature": 0}));
+    cfg["options"] = json!({"include_timing": true});
+    for _ in 0..2 {
+        h.send(c, cfg.clone());
+        h.run(50);
+        assert_eq!(last(&h, c)["timing"]["cached_tokens"], 0);
+    }
+    assert_eq!(h.host.stats().kv_blocks_cached, 0);
+}

@@ -83,6 +83,15 @@ pub enum CpuActivations {
     F32,
 }
 
+/// A feature turned on or off (`--prefix-cache on|off`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
 /// Log line format.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -343,6 +352,13 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_blocks: Option<u32>,
 
+    /// Prefix caching: `on` keeps the KV blocks of finished prompts and
+    /// reuses them for any later prompt that starts with the same tokens
+    /// (conversation turns, shared system prompts); `off` recomputes every
+    /// prompt from scratch.
+    #[arg(long, env = "TOKENWIRE_PREFIX_CACHE", value_enum, default_value_t = Switch::On)]
+    pub prefix_cache: Switch,
+
     /// With `--backend wgpu`: use the first GPU adapter whose name contains
     /// NAME (default: the best adapter found; `WGPU_BACKEND` limits the APIs).
     #[arg(long, env = "TOKENWIRE_WGPU_ADAPTER", value_name = "NAME")]
@@ -445,6 +461,8 @@ pub struct ServerConfig {
     pub send_buffer_bytes: usize,
     /// KV cache blocks (`None`: the engine decides).
     pub kv_blocks: Option<u32>,
+    /// Reuse the KV blocks of earlier prompts' shared prefixes.
+    pub prefix_cache: bool,
     /// Name substring of the wgpu adapter to use (`None`: the best one).
     pub wgpu_adapter: Option<String>,
     /// CPU backend: how quantized weights meet activations.
@@ -496,6 +514,7 @@ impl Default for ServerConfig {
             body_min_rate: 8192,
             send_buffer_bytes: 256 * 1024,
             kv_blocks: None,
+            prefix_cache: h.prefix_cache,
             wgpu_adapter: None,
             cpu_activations: CpuActivations::Int8,
             seed: 0,
@@ -554,6 +573,7 @@ impl ServerConfig {
             body_min_rate: args.body_min_rate,
             send_buffer_bytes: to_usize(args.send_buffer_bytes),
             kv_blocks: args.kv_blocks,
+            prefix_cache: args.prefix_cache == Switch::On,
             wgpu_adapter: args.wgpu_adapter.clone(),
             cpu_activations: args.cpu_activations,
             seed: args.seed.unwrap_or(default_seed),
@@ -585,6 +605,7 @@ impl ServerConfig {
             cai_max_inflight: self.cai_max_inflight,
             conversation_ttl: self.conversation_ttl,
             max_conversations: self.max_conversations,
+            prefix_cache: self.prefix_cache,
             ..HostConfig::default()
         };
         self.tenancy.apply(&mut host);
@@ -914,6 +935,9 @@ mod tests {
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
         assert_eq!(c.max_connections, 10_000);
         assert_eq!(c.kv_blocks, None);
+        assert!(c.prefix_cache && c.host_config(0).prefix_cache);
+        let off = parse(&["--prefix-cache", "off"], &EnvMap::new(), None).expect("parses");
+        assert!(!ServerConfig::from_args(&off, 7).host_config(0).prefix_cache);
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.feedback_log, None);

@@ -42,6 +42,9 @@ pub struct Metrics {
     running: Gauge,
     kv_used: Gauge,
     kv_kept: Gauge,
+    kv_cached: Gauge,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
     kv_capacity: Gauge,
     tokens: Counter,
     prompt_reused: Counter,
@@ -68,6 +71,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_kv_blocks_used",
     "tokenwire_kv_blocks_kept",
     "tokenwire_kv_blocks_capacity",
+    "tokenwire_kv_blocks_cached",
+    "tokenwire_prefix_cache_queries",
+    "tokenwire_prefix_cache_hits",
     "tokenwire_prompt_tokens_reused",
     "tokenwire_tokens_generated",
     "tokenwire_prompt_tokens",
@@ -79,6 +85,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_feedback",
     "tokenwire_outbound_queue_overflows",
     "tokenwire_connections_refused",
+    "tokenwire_host_handle_duration_seconds",
 ];
 
 const OUTCOMES: [Outcome; 4] = [
@@ -106,6 +113,9 @@ impl Metrics {
         let running = Gauge::default();
         let kv_used = Gauge::default();
         let kv_kept = Gauge::default();
+        let kv_cached = Gauge::default();
+        let prefix_queries = Counter::default();
+        let prefix_hits = Counter::default();
         let prompt_reused = Counter::default();
         let kv_capacity = Gauge::default();
         let tokens = Counter::default();
@@ -172,8 +182,23 @@ impl Metrics {
             kv_kept.clone(),
         );
         registry.register(
+            "kv_blocks_cached",
+            "KV cache blocks no request holds, kept for their content (prefix caching); reused by prompts that start the same way, evicted least recently used first when memory is needed",
+            kv_cached.clone(),
+        );
+        registry.register(
+            "prefix_cache_queries",
+            "Prompt tokens of admitted requests looked up in the prefix cache",
+            prefix_queries.clone(),
+        );
+        registry.register(
+            "prefix_cache_hits",
+            "Prompt tokens whose KV blocks came from the prefix cache instead of being computed",
+            prefix_hits.clone(),
+        );
+        registry.register(
             "prompt_tokens_reused",
-            "Prompt tokens whose KV blocks were kept from an earlier generation instead of computed",
+            "Prompt tokens of batch continuations whose KV blocks were kept from the earlier generation instead of computed",
             prompt_reused.clone(),
         );
         registry.register(
@@ -250,6 +275,9 @@ impl Metrics {
             running,
             kv_used,
             kv_kept,
+            kv_cached,
+            prefix_queries,
+            prefix_hits,
             kv_capacity,
             tokens,
             prompt_reused,
@@ -334,7 +362,9 @@ impl Metrics {
                 kv_blocks_used,
                 kv_blocks_kept,
                 kv_blocks_total,
+                kv_blocks_cached,
             } => {
+                self.kv_cached.set(i64::from(*kv_blocks_cached));
                 self.queue_depth.set(i64::from(*queued));
                 self.running.set(i64::from(*running));
                 self.kv_used.set(i64::from(*kv_blocks_used));
@@ -351,6 +381,10 @@ impl Metrics {
             }
             Event::PromptTokensReused { count } => {
                 self.prompt_reused.inc_by(u64::from(*count));
+            }
+            Event::PrefixCacheLookup { queried, hit } => {
+                self.prefix_queries.inc_by(u64::from(*queried));
+                self.prefix_hits.inc_by(u64::from(*hit));
             }
         }
     }
@@ -457,6 +491,11 @@ mod tests {
             kv_blocks_used: 4,
             kv_blocks_kept: 3,
             kv_blocks_total: 64,
+            kv_blocks_cached: 5,
+        });
+        m.observe(&Event::PrefixCacheLookup {
+            queried: 40,
+            hit: 32,
         });
         m.observe(&Event::TokensGenerated { count: 7 });
         m.observe(&Event::PromptTokensReused { count: 11 });
@@ -478,6 +517,15 @@ mod tests {
         assert!(text.contains("tokenwire_tokens_generated_total 7"));
         assert!(text.contains("tokenwire_kv_blocks_kept 3"), "{text}");
         assert!(text.contains("tokenwire_prompt_tokens_reused_total 11"));
+        assert!(text.contains("tokenwire_kv_blocks_cached 5"), "{text}");
+        assert!(
+            text.contains("tokenwire_prefix_cache_queries_total 40"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokenwire_prefix_cache_hits_total 32"),
+            "{text}"
+        );
         assert!(text.contains("tokenwire_time_to_first_token_seconds_count 1"));
         assert!(
             text.contains("tokenwire_e2e_request_latency_seconds_sum 1.5"),

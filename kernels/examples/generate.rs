@@ -63,6 +63,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 sampling: SamplingParams::greedy(),
                 sample: true,
                 logprobs: None,
+                cached_prefix: Vec::new(),
             }],
             ..Default::default()
         };

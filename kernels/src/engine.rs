@@ -325,6 +325,10 @@ impl Engine {
         self.backend.copy_blocks(&plan.copy_blocks).map_err(fault)?;
         for s in &plan.seqs {
             let h = self.history.entry(s.seq).or_default();
+            if !s.cached_prefix.is_empty() {
+                // Admitted onto cached blocks: this is its history so far.
+                h.clone_from(&s.cached_prefix);
+            }
             h.truncate(s.start_pos as usize);
             h.extend_from_slice(&s.tokens);
         }
@@ -473,6 +477,13 @@ impl Engine {
         if let Some(b) = s.block_table.iter().find(|&&b| b >= nb) {
             return Err(format!("seq {id:?} uses block {b}, pool has {nb} blocks"));
         }
+        if !s.cached_prefix.is_empty() && s.cached_prefix.len() != s.start_pos as usize {
+            return Err(format!(
+                "seq {id:?} carries a cached prefix of {} tokens but starts at {}",
+                s.cached_prefix.len(),
+                s.start_pos
+            ));
+        }
         let held = if freed.contains(&id) {
             0
         } else {
@@ -481,7 +492,8 @@ impl Engine {
                 .map(Vec::len)
                 .or_else(|| forked.get(&id).copied())
                 .unwrap_or(0)
-        };
+        }
+        .max(s.cached_prefix.len());
         if s.start_pos as usize > held {
             return Err(format!(
                 "seq {id:?} fed at position {} but the engine holds {held} tokens",
@@ -522,6 +534,7 @@ impl Engine {
                     sampling: SamplingParams::greedy(),
                     sample: true,
                     logprobs: None,
+                    cached_prefix: Vec::new(),
                 }],
                 ..Default::default()
             };

@@ -12,6 +12,13 @@
 //! another, does not feed back the token it was given, or hands out block
 //! tables that do not cover the positions or overlap, is rejected as the
 //! `engine_plan` invariant.
+//!
+//! It also keeps what each KV block slot holds (the position and token
+//! written there, copies applied), as a real cache would. A sequence
+//! admitted onto cached blocks (a plan's `cached_prefix`) must find exactly
+//! its prefix's tokens at their positions in its table's blocks, and every
+//! sequence the token just before its start: a prefix cache that hands out
+//! another prompt's blocks, or a table that lost a block, is rejected.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,6 +74,8 @@ pub struct SimEngine {
     opts: EngineOptions,
     info: ModelInfo,
     seqs: BTreeMap<SeqId, SeqState>,
+    /// What each KV block slot holds: the position and token written there.
+    kv: BTreeMap<(BlockId, u32), (u32, TokenId)>,
     /// Symbols as byte strings.
     symbols: Vec<Vec<u8>>,
     last_step_id: Option<u64>,
@@ -90,6 +99,7 @@ impl SimEngine {
             opts,
             info,
             seqs: BTreeMap::new(),
+            kv: BTreeMap::new(),
             symbols,
             last_step_id: None,
             steps: 0,
@@ -162,8 +172,28 @@ impl SimEngine {
             } else {
                 self.seqs.get(&s.seq).or_else(|| forked.get(&s.seq))
             };
-            let held_len = held.map_or(0, |h| h.tokens.len());
             let start = s.start_pos as usize;
+            if !s.cached_prefix.is_empty() {
+                if s.cached_prefix.len() != start {
+                    return Err(format!(
+                        "{:?} carries a cached prefix of {} tokens but starts at {start}",
+                        s.seq,
+                        s.cached_prefix.len()
+                    ));
+                }
+                for (p, &t) in s.cached_prefix.iter().enumerate() {
+                    self.check_slot(plan, s.seq, &s.block_table, p, t)?;
+                }
+            }
+            let held_len = held
+                .map_or(0, |h| h.tokens.len())
+                .max(s.cached_prefix.len());
+            if let Some(h) = held.filter(|_| s.cached_prefix.is_empty()) {
+                // The token before its start must be where its table says.
+                if start > 0 && start <= h.tokens.len() {
+                    self.check_slot(plan, s.seq, &s.block_table, start - 1, h.tokens[start - 1])?;
+                }
+            }
             if start > held_len {
                 return Err(format!(
                     "{:?} fed at position {start} but the engine holds {held_len} tokens",
@@ -229,6 +259,36 @@ impl SimEngine {
         Ok(())
     }
 
+    /// Position `p` of `seq` (token `t`) must be in `table`'s block for it,
+    /// this plan's block copies applied first.
+    fn check_slot(
+        &self,
+        plan: &StepPlan,
+        seq: SeqId,
+        table: &[BlockId],
+        p: usize,
+        t: TokenId,
+    ) -> Result<(), String> {
+        let bs = self.info.block_size as usize;
+        let Some(&b) = table.get(p / bs) else {
+            return Err(format!("{seq:?}'s table has no block for position {p}"));
+        };
+        let slot = (p % bs) as u32;
+        let src = plan
+            .copy_blocks
+            .iter()
+            .rev()
+            .find(|&&(_, dst)| dst == b)
+            .map_or(b, |&(src, _)| src);
+        let got = self.kv.get(&(src, slot)).copied();
+        if got != Some((p as u32, t)) {
+            return Err(format!(
+                "{seq:?} reads position {p} (token {t}) from block {b} slot {slot}, which holds {got:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// Runs a validated plan: applies `free`, feeds every sequence and samples.
     pub fn run(&mut self, plan: &StepPlan) -> StepDone {
         self.last_step_id = Some(plan.step_id);
@@ -245,9 +305,33 @@ impl SimEngine {
         for seq in &plan.free {
             self.seqs.remove(seq);
         }
+        let bs = self.info.block_size;
+        for &(src, dst) in &plan.copy_blocks {
+            for slot in 0..bs {
+                match self.kv.get(&(src, slot)).copied() {
+                    Some(v) => self.kv.insert((dst, slot), v),
+                    None => self.kv.remove(&(dst, slot)),
+                };
+            }
+        }
+        for s in &plan.seqs {
+            for (i, &t) in s.tokens.iter().enumerate() {
+                let p = s.start_pos + i as u32;
+                if let Some(&b) = s.block_table.get((p / bs) as usize) {
+                    self.kv.insert((b, p % bs), (p, t));
+                }
+            }
+        }
         let mut results = Vec::new();
         for s in &plan.seqs {
             let st = self.seqs.entry(s.seq).or_default();
+            if !s.cached_prefix.is_empty() {
+                // Admitted onto cached blocks: this is its history.
+                *st = SeqState::default();
+                for &t in &s.cached_prefix {
+                    st.push(t);
+                }
+            }
             st.truncate(s.start_pos as usize);
             for &t in &s.tokens {
                 st.push(t);
@@ -281,6 +365,7 @@ impl SimEngine {
         self.last_step_id = Some(plan.step_id);
         if *kind == EngineFaultKind::DeviceLost {
             self.seqs.clear();
+            self.kv.clear();
         }
     }
 }
@@ -360,6 +445,7 @@ mod tests {
                 },
                 sample: true,
                 logprobs: Some(2),
+                cached_prefix: Vec::new(),
             }],
             free: vec![],
             copy_blocks: vec![],

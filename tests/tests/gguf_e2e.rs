@@ -148,3 +148,47 @@ async fn a_gguf_chat_model_answers_through_every_dialect() {
     server.shutdown().await;
     let _ = std::fs::remove_file(keys);
 }
+
+/// The replies of a three-turn `session` conversation, and the prompt tokens
+/// `/metrics` says came from the prefix cache.
+async fn conversation(path: &std::path::Path, cache: bool) -> (Vec<String>, f64) {
+    let server = start(ModelSource::Dir(path.to_path_buf()), |c| {
+        c.prefix_cache = cache
+    })
+    .await;
+    let mut c = Client::connect(&server, "/ws/session").await;
+    c.send(json!({"type":"session_init","session_id":"s","job_id":"j",
+                  "conversation_context":[]}))
+        .await;
+    assert_eq!(c.recv().await["type"], "session_ready");
+    let mut replies = Vec::new();
+    for (turn, said) in [QUESTION, "And of Italy?", "Which of the two is larger?"]
+        .iter()
+        .enumerate()
+    {
+        c.send(json!({"type":"prompt","session_id":"s","content":said,
+                      "message_index": 2 * turn,"max_tokens":16,"temperature":0}))
+            .await;
+        let frames = c.recv_until(&["response", "error"]).await;
+        let last = frames.last().expect("response");
+        assert_eq!(last["type"], "response", "{last}");
+        replies.push(last["content"].as_str().unwrap_or("").to_string());
+    }
+    let m = http(&server, "GET", "/metrics", None).await.body;
+    let hits = tokenwire_tests::metric(&m, "tokenwire_prefix_cache_hits_total").unwrap_or(-1.0);
+    server.shutdown().await;
+    (replies, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_conversation_from_cached_blocks_says_what_a_cold_one_says() {
+    let Some(path) = smollm2_gguf() else { return };
+    let (cached, hits) = conversation(&path, true).await;
+    let (cold, cold_hits) = conversation(&path, false).await;
+    assert_eq!(cached, cold, "8-bit activations, cached or not");
+    assert!(cached[0].contains("Paris"), "{cached:?}");
+    // Turns 2 and 3 start with the whole of the turn before: at least the
+    // system prompt and the first question (over 40 tokens) each.
+    assert!(hits >= 64.0, "{hits} prompt tokens hit");
+    assert_eq!(cold_hits, 0.0);
+}

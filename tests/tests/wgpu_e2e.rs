@@ -51,3 +51,73 @@ async fn wgpu_backend_streams_the_stories260k_golden_text() {
     );
     server.shutdown().await;
 }
+
+/// A wgpu server on stories260K with prefix caching `on` or off, or `None`
+/// without an adapter (outside CI).
+async fn wgpu_server(cache: bool) -> Option<tokenwire_tests::RunningServer> {
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        model: ModelSource::Dir(stories260k()),
+        backend: Backend::Wgpu,
+        prefix_cache: cache,
+        ..ServerConfig::default()
+    };
+    match tokenwire_io::start(cfg).await {
+        Ok(s) => Some(s),
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipping: no wgpu adapter here ({e:#})");
+            None
+        }
+        Err(e) => panic!("CI=true but the wgpu backend did not start: {e:#}"),
+    }
+}
+
+/// Texts and cached prompt tokens of: a prompt, the same prompt again
+/// (greedy, then seeded sampling), and a longer prompt starting with it.
+async fn repeated_prompts(server: &tokenwire_tests::RunningServer) -> (Vec<String>, Vec<u64>) {
+    let story = "Once upon a time, there was a little girl named Lily. She loved to play \
+                 outside in the sunshine with her dog, Max. Every morning they ran to the \
+                 big tree by the river and looked at the birds and the fish. One day, ";
+    let longer = format!("{story}Lily saw a big red ball.");
+    let greedy = json!({"max_tokens": 12, "temperature": 0});
+    let seeded = json!({"max_tokens": 12, "temperature": 0.8, "seed": 42});
+    let mut c = Client::connect(server, "/generate").await;
+    let (mut texts, mut cached) = (Vec::new(), Vec::new());
+    for (prompt, params) in [
+        (story, &greedy),
+        (story, &greedy),
+        (story, &seeded),
+        (longer.as_str(), &greedy),
+    ] {
+        c.send(
+            json!({"type": "config", "prompt": prompt, "parameters": params,
+                      "options": {"include_timing": true}}),
+        )
+        .await;
+        let frames = c.recv_until(&["completion", "error"]).await;
+        let done = frames.last().expect("completion");
+        assert_eq!(done["type"], "completion", "{done}");
+        texts.push(token_text(&frames));
+        cached.push(done["timing"]["cached_tokens"].as_u64().unwrap_or(0));
+    }
+    (texts, cached)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wgpu_prompts_served_from_cached_blocks_stream_the_cold_tokens() {
+    let Some(on) = wgpu_server(true).await else {
+        return;
+    };
+    let (texts, cached) = repeated_prompts(&on).await;
+    on.shutdown().await;
+    let off = wgpu_server(false).await.expect("started once already");
+    let (cold_texts, cold_cached) = repeated_prompts(&off).await;
+    off.shutdown().await;
+    assert_eq!(texts, cold_texts, "the cache changes no token");
+    assert_eq!(cold_cached, vec![0; 4]);
+    assert_eq!(cached[0], 0);
+    assert!(
+        cached[1..].iter().all(|&n| n >= 48 && n % 16 == 0),
+        "{cached:?}"
+    );
+}

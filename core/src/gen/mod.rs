@@ -117,6 +117,9 @@ pub struct Generation {
     /// The organisation its tokens are charged to (a key's, outside `cai`,
     /// which charges its own), when its owner has rate limits.
     pub charged_org: Option<String>,
+    /// Prompt tokens whose K/V came from the prefix cache when it was
+    /// admitted (0 before, and without a hit).
+    pub cached_tokens: u32,
     eos_ids: Vec<TokenId>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
@@ -156,6 +159,7 @@ impl Generation {
             raw: false,
             keep_kv: false,
             charged_org: None,
+            cached_tokens: 0,
             eos_ids,
             detok,
             stop,

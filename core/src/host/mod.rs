@@ -113,6 +113,8 @@ pub struct HostStats {
     pub kv_blocks_kept: u32,
     /// KV blocks in the pool.
     pub kv_blocks_total: u32,
+    /// KV blocks kept only for their content (prefix caching), not used.
+    pub kv_blocks_cached: u32,
     /// Live generations.
     pub generations: u32,
     /// Live `session` sessions on this host.
@@ -192,6 +194,7 @@ impl Host {
             kv_blocks_used: s.as_ref().map_or(0, |s| s.blocks_used),
             kv_blocks_kept: s.as_ref().map_or(0, |s| s.blocks_parked),
             kv_blocks_total: s.as_ref().map_or(0, |s| s.blocks_total),
+            kv_blocks_cached: s.as_ref().map_or(0, |s| s.blocks_cached),
             generations: self.sh.gens.len() as u32,
             sessions: self.sh.dialects.sessions.len() as u32,
         }
@@ -896,13 +899,24 @@ impl Host {
             if let Some(plan) = sched.schedule() {
                 self.in_step = plan.seqs.iter().map(|s| s.seq).collect();
                 let mut admitted = Vec::new();
+                let mut lookups = Vec::new();
                 for s in &plan.seqs {
                     if let Some(g) = self.sh.gens.get_mut(&s.seq) {
                         if g.state == GenState::Queued {
                             g.state = GenState::Prefilling;
                             admitted.push((g.owner, g.id));
+                            if self.sh.config.prefix_cache && !g.raw {
+                                g.cached_tokens = sched.cached_tokens(s.seq).unwrap_or(0);
+                                lookups.push(Event::PrefixCacheLookup {
+                                    queried: g.prompt_tokens(),
+                                    hit: g.cached_tokens,
+                                });
+                            }
                         }
                     }
+                }
+                for e in lookups {
+                    self.sh.outputs.push_back(Output::Event(e));
                 }
                 self.sh.outputs.push_back(Output::RunStep(plan));
                 for (owner, id) in admitted {
@@ -937,6 +951,7 @@ impl Host {
             kv_blocks_used: stats.blocks_used,
             kv_blocks_kept: stats.blocks_parked,
             kv_blocks_total: stats.blocks_total,
+            kv_blocks_cached: stats.blocks_cached,
         };
         if self.last_gauges.as_ref() != Some(&gauges) {
             self.last_gauges = Some(gauges.clone());

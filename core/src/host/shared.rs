@@ -131,6 +131,7 @@ impl Shared {
             num_blocks: info.num_blocks,
             max_step_tokens: self.config.max_step_tokens,
             max_running_seqs: self.config.max_running_seqs,
+            prefix_cache: self.config.prefix_cache,
         });
         self.sched = Some(sched);
         self.model = Some(Model { info, codec });

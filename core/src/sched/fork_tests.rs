@@ -19,18 +19,19 @@ pub(super) fn sched(num_blocks: u32) -> Scheduler {
         num_blocks,
         max_step_tokens: 512,
         max_running_seqs: 8,
+        prefix_cache: false,
     })
 }
 
 /// The KV cache as the engine would hold it: (block, slot) -> (position, token).
 #[derive(Default)]
-struct Kv(BTreeMap<(BlockId, u32), (u32, TokenId)>);
+pub(super) struct Kv(BTreeMap<(BlockId, u32), (u32, TokenId)>);
 
 impl Kv {
     /// Applies `plan` as the engine does (copies, then writes), after
     /// checking that every planned sequence finds its earlier tokens' K/V
     /// (`tokens` gives each one's full token list).
-    fn run(&mut self, s: &Scheduler, plan: &StepPlan) {
+    pub(super) fn run(&mut self, s: &Scheduler, plan: &StepPlan) {
         for &(src, dst) in &plan.copy_blocks {
             for slot in 0..BS {
                 match self.0.get(&(src, slot)).copied() {
@@ -41,6 +42,14 @@ impl Kv {
         }
         for step in &plan.seqs {
             let tokens = s.tokens(step.seq).expect("live");
+            if !step.cached_prefix.is_empty() {
+                assert_eq!(
+                    step.cached_prefix.as_slice(),
+                    &tokens[..step.start_pos as usize],
+                    "{:?}: a cached prefix is exactly the tokens before its start",
+                    step.seq
+                );
+            }
             for p in 0..step.start_pos {
                 let slot = (step.block_table[(p / BS) as usize], p % BS);
                 assert_eq!(
@@ -343,6 +352,7 @@ fn a_failed_step_drops_the_copies_into_a_fork_that_went_outside_it() {
         // One sequence per step: the fork is not in the step that carries
         // its copy.
         max_running_seqs: 1,
+        prefix_cache: false,
     });
     let mut kv = Kv::default();
     let a = prefilled(&mut s, &mut kv, 20);

@@ -12,6 +12,14 @@
 //! forked sequences share full blocks by reference count and copy their
 //! partial one (beams), and finished sequences can be parked with their
 //! blocks for a continuation, the first to go when memory runs short.
+//!
+//! Prefix caching, as nano-vllm's block manager does it: every full,
+//! computed block is registered under a chained SHA-256 of its tokens
+//! ([`blocks::block_key`]); a block no sequence holds stays cached until an
+//! allocation needs it (least recently released first); a sequence being
+//! admitted takes the longest run of its prompt's full blocks that is
+//! registered, computes only the rest, and its first plan carries the
+//! cached tokens so the engine knows its history.
 
 mod blocks;
 mod scheduler;
@@ -21,6 +29,8 @@ mod seq;
 mod fork_tests;
 #[cfg(test)]
 mod park_tests;
+#[cfg(test)]
+mod prefix_tests;
 #[cfg(test)]
 mod tests;
 

@@ -27,9 +27,10 @@ pub struct SchedConfig {
     pub max_step_tokens: u32,
     /// Most sequences in one step.
     pub max_running_seqs: u32,
+    /// Reuse the KV blocks of prompt prefixes already computed (and keep
+    /// full blocks no sequence holds, cached, until the pool needs them).
+    pub prefix_cache: bool,
 }
-
-impl SchedConfig {}
 
 /// Why [`Scheduler::add`] refused a sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +89,9 @@ pub struct SchedStats {
     pub blocks_used: u32,
     /// KV blocks in the pool now.
     pub blocks_total: u32,
+    /// KV blocks no sequence holds, kept for their content (prefix
+    /// caching); available to any allocation, not counted in `blocks_used`.
+    pub blocks_cached: u32,
 }
 
 /// One sequence's share of the outstanding step, kept to apply its result.
@@ -96,6 +100,8 @@ struct Planned {
     seq: SeqId,
     fed: u32,
     sample: bool,
+    /// The plan carried its cached prefix (sent again if the step fails).
+    sent_prefix: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -161,6 +167,7 @@ impl Scheduler {
             num_blocks: cfg.num_blocks,
             max_step_tokens: cfg.max_step_tokens.max(1),
             max_running_seqs: cfg.max_running_seqs.max(1),
+            prefix_cache: cfg.prefix_cache,
         };
         Scheduler {
             alloc: BlockAllocator::new(cfg.num_blocks),
@@ -512,6 +519,7 @@ impl Scheduler {
                     seq: id,
                     fed,
                     sample: fed == remaining,
+                    sent_prefix: false,
                 });
                 in_plan.insert(id);
                 budget -= fed;
@@ -526,12 +534,19 @@ impl Scheduler {
         let step_id = self.next_step_id;
         self.next_step_id += 1;
         let mut seqs = Vec::with_capacity(planned.len());
-        for p in &planned {
+        for p in planned.iter_mut() {
             let Some(s) = self.seqs.get_mut(&p.seq) else {
                 continue;
             };
             s.seen_by_engine = true;
             let start = s.num_computed as usize;
+            let cached_prefix = if s.send_prefix {
+                s.send_prefix = false;
+                p.sent_prefix = true;
+                s.tokens[..start].to_vec()
+            } else {
+                Vec::new()
+            };
             seqs.push(SeqStep {
                 seq: p.seq,
                 tokens: s.tokens[start..start + p.fed as usize].to_vec(),
@@ -540,6 +555,7 @@ impl Scheduler {
                 sampling: s.sampling,
                 sample: p.sample,
                 logprobs: s.logprobs,
+                cached_prefix,
             });
         }
         let free = std::mem::take(&mut self.pending_free);
@@ -589,6 +605,9 @@ impl Scheduler {
                 continue;
             };
             s.num_computed += p.fed;
+            if self.cfg.prefix_cache {
+                register_full_blocks(s, &mut self.alloc, self.cfg.block_size);
+            }
             if !p.sample {
                 continue;
             }
@@ -652,6 +671,12 @@ impl Scheduler {
                 self.pending_free.push(id);
             }
         }
+        // The engine may not have taken the prefixes this plan carried.
+        for p in entries.iter().filter(|p| p.sent_prefix) {
+            if let Some(s) = self.seqs.get_mut(&p.seq) {
+                s.send_prefix = s.num_computed > 0;
+            }
+        }
         // Only now: forgetting a sequence removed during the step drops the
         // copies into its blocks and the forks into it that were just put
         // back, with the holds on their sources.
@@ -696,6 +721,8 @@ impl Scheduler {
                     if let Some(s) = self.seqs.get_mut(&id) {
                         s.blocks.clear();
                         s.num_computed = 0;
+                        s.registered = 0;
+                        s.send_prefix = false;
                         s.state = SeqState::Waiting;
                         self.waiting.push_front(id);
                     }
@@ -751,6 +778,12 @@ impl Scheduler {
         self.live(seq).is_some_and(|s| s.started)
     }
 
+    /// Prompt tokens whose K/V `seq` took from the prefix cache when it was
+    /// first admitted (`None` while it has not been).
+    pub fn cached_tokens(&self, seq: SeqId) -> Option<u32> {
+        self.seqs.get(&seq).and_then(|s| s.first_cached)
+    }
+
     /// The sequence's tokens: prompt, then every token generated so far.
     pub fn tokens(&self, seq: SeqId) -> Option<&[TokenId]> {
         self.live(seq).map(|s| s.tokens.as_slice())
@@ -799,16 +832,18 @@ impl Scheduler {
         let mut st = SchedStats {
             blocks_used: self.alloc.used(),
             blocks_total: self.alloc.capacity(),
+            blocks_cached: self.alloc.cached(),
             ..SchedStats::default()
         };
+        // Blocks whose every holder is a parked sequence (shared prefixes
+        // included): what memory pressure frees first.
+        let mut parked_holds: BTreeMap<BlockId, u32> = BTreeMap::new();
         for s in self.seqs.values() {
             if s.parked && s.state != SeqState::Removed {
                 st.parked += 1;
-                st.blocks_parked += s
-                    .blocks
-                    .iter()
-                    .filter(|&&b| self.alloc.refcount(b) == 1)
-                    .count() as u32;
+                for &b in &s.blocks {
+                    *parked_holds.entry(b).or_default() += 1;
+                }
                 continue;
             }
             match (s.state, s.runnable) {
@@ -818,6 +853,10 @@ impl Scheduler {
                 (SeqState::Running, true) => st.running += 1,
             }
         }
+        st.blocks_parked = parked_holds
+            .iter()
+            .filter(|&(&b, &n)| self.alloc.refcount(b) == n)
+            .count() as u32;
         st
     }
 
@@ -1119,6 +1158,8 @@ impl Scheduler {
         }
         let blocks = std::mem::take(&mut s.blocks);
         s.num_computed = 0;
+        s.registered = 0;
+        s.send_prefix = false;
         s.state = SeqState::Waiting;
         // It is recomputed from its tokens: a copy into its blocks is moot.
         self.drop_copies_into(&blocks);
@@ -1249,6 +1290,29 @@ impl Scheduler {
         true
     }
 
+    /// The cached blocks its prompt can start from: the longest run of its
+    /// leading full blocks whose content is registered, leaving at least
+    /// its last token to compute (a step must feed something to sample).
+    fn prefix_hits(&mut self, id: SeqId) -> Vec<BlockId> {
+        if !self.cfg.prefix_cache {
+            return Vec::new();
+        }
+        let bs = self.cfg.block_size as usize;
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return Vec::new();
+        };
+        let most = (s.tokens.len().saturating_sub(1)) / bs;
+        let mut hits = Vec::new();
+        for i in 0..most {
+            let Some(key) = s.key(i, bs) else { break };
+            match self.alloc.lookup(&key) {
+                Some(b) => hits.push(b),
+                None => break,
+            }
+        }
+        hits
+    }
+
     /// Admits waiting sequences in FIFO order while the step has room.
     fn admit(
         &mut self,
@@ -1279,7 +1343,12 @@ impl Scheduler {
                 idx += 1;
                 continue;
             }
-            if !self.evict_paused_for(reserve) {
+            // Cached blocks it starts from: taking one back uses an
+            // available block as a fresh one does; sharing a held one does not.
+            let hits = self.prefix_hits(id);
+            let revived = hits.iter().filter(|&&b| self.alloc.is_cached(b)).count() as u32;
+            let need = reserve - hits.len() as u32 + revived;
+            if !self.evict_paused_for(need) {
                 // FIFO: nobody overtakes the head for lack of blocks.
                 break;
             }
@@ -1289,8 +1358,13 @@ impl Scheduler {
             };
             self.waiting.remove(pos);
             idx = pos;
-            let mut blocks = Vec::with_capacity(reserve as usize);
-            for _ in 0..reserve {
+            // Taken before anything is allocated, so no allocation evicts them.
+            let hits = self.prefix_hits(id);
+            for &b in &hits {
+                self.alloc.acquire(b);
+            }
+            let mut blocks = hits.clone();
+            for _ in hits.len() as u32..reserve {
                 match self.alloc.allocate() {
                     Some(b) => blocks.push(b),
                     None => break,
@@ -1307,7 +1381,12 @@ impl Scheduler {
                 self.waiting.insert(pos, id);
                 break;
             }
+            let cached = hits.len() as u32 * self.cfg.block_size;
             s.blocks = blocks;
+            s.num_computed = cached;
+            s.registered = hits.len();
+            s.send_prefix = cached > 0;
+            s.first_cached.get_or_insert(cached);
             s.state = SeqState::Running;
             s.started = true;
             self.running.push(id);
@@ -1317,9 +1396,23 @@ impl Scheduler {
                 seq: id,
                 fed,
                 sample: fed == remaining,
+                sent_prefix: false,
             });
             in_plan.insert(id);
             *budget -= fed;
         }
+    }
+}
+
+/// Offers `s`'s newly computed full blocks to the prefix cache (a block
+/// whose content another block holds already stays unregistered).
+fn register_full_blocks(s: &mut Seq, alloc: &mut BlockAllocator, block_size: u32) {
+    let bs = block_size as usize;
+    let full = (s.num_computed / block_size) as usize;
+    while s.registered < full.min(s.blocks.len()) {
+        let i = s.registered;
+        let Some(key) = s.key(i, bs) else { break };
+        alloc.register(s.blocks[i], key);
+        s.registered += 1;
     }
 }

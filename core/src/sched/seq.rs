@@ -1,5 +1,6 @@
 //! One sequence as the scheduler sees it.
 
+use super::blocks::{block_key, BlockKey};
 use crate::engine::{BlockId, SamplingParams, TokenId};
 
 /// Where a sequence is in its life.
@@ -36,6 +37,18 @@ pub(crate) struct Seq {
     /// Finished, its KV blocks kept for a continuation (never runnable; the
     /// first to go under memory pressure, and then forgotten, not queued).
     pub parked: bool,
+    /// Content keys of its leading full blocks of tokens, as far as computed
+    /// ([`Seq::key`]): they depend on tokens only, so they stay valid when it
+    /// loses its blocks.
+    pub keys: Vec<BlockKey>,
+    /// Leading blocks of its table offered to the prefix cache.
+    pub registered: usize,
+    /// Its next plan must carry the tokens before its start (it was admitted
+    /// onto cached blocks the engine never saw it feed).
+    pub send_prefix: bool,
+    /// Prompt tokens whose K/V came from the prefix cache at its first
+    /// admission (`None` before it).
+    pub first_cached: Option<u32>,
 }
 
 impl Seq {
@@ -57,7 +70,23 @@ impl Seq {
             sampling,
             logprobs,
             parked: false,
+            keys: Vec::new(),
+            registered: 0,
+            send_prefix: false,
+            first_cached: None,
         }
+    }
+
+    /// The content key of its full block `i` (tokens `i*bs..(i+1)*bs`), or
+    /// `None` when its tokens do not fill that block.
+    pub fn key(&mut self, i: usize, bs: usize) -> Option<BlockKey> {
+        while self.keys.len() <= i {
+            let j = self.keys.len();
+            let tokens = self.tokens.get(j * bs..(j + 1) * bs)?;
+            let k = block_key(self.keys.last(), tokens);
+            self.keys.push(k);
+        }
+        self.keys.get(i).copied()
     }
 
     pub fn len(&self) -> u32 {

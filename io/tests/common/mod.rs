@@ -13,6 +13,9 @@ use tokio_tungstenite::tungstenite::Message;
 pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+#[cfg(unix)]
+pub mod nginx;
+
 /// Upper bound on any single wait; only reached when something is broken.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -98,6 +101,26 @@ pub fn serve_model(model: &std::path::Path) -> (Child, String) {
 pub async fn connect(addr: &str, path: &str) -> Ws {
     let url = format!("ws://{addr}{path}");
     let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        .await
+        .expect("in time")
+        .expect("handshake");
+    ws
+}
+
+/// Opens a WebSocket to `ws://ADDR{path}` with extra request `headers`.
+pub async fn connect_with(addr: &str, path: &str, headers: &[(&str, &str)]) -> Ws {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{addr}{path}")
+        .into_client_request()
+        .expect("a request");
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())
+                .expect("a header name"),
+            value.parse().expect("a header value"),
+        );
+    }
+    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
         .await
         .expect("in time")
         .expect("handshake");

@@ -309,6 +309,7 @@ pub fn seq_step(
         sampling: SamplingParams::greedy(),
         sample,
         logprobs: None,
+        cached_prefix: Vec::new(),
     }
 }
 

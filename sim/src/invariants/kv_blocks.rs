@@ -1,7 +1,11 @@
 //! `kv_blocks`: KV blocks in use never exceed the pool's capacity when no step
 //! is outstanding (while one is, only its own sequences may hold blocks beyond
 //! it), and when the Host is idle (no generation, no step) are only those
-//! kept for continuations (`batch`'s cache).
+//! kept for continuations (`batch`'s cache). Blocks cached for their content
+//! (prefix caching) are free blocks, counted apart: they never make used
+//! blocks a leak and never exceed the pool. (Used plus cached may: after the
+//! pool shrinks, held blocks beyond it drain while cached ones below it stay,
+//! and the allocator's own `check` sees each id held, free or cached.)
 
 use super::{Check, Checker, Cx, EndState};
 
@@ -25,6 +29,12 @@ impl Checker for KvBlocks {
                     return Err(format!(
                         "{} KV blocks used with capacity {} and no step outstanding",
                         s.kv_blocks_used, s.kv_blocks_total
+                    ));
+                }
+                if s.kv_blocks_cached > s.kv_blocks_total {
+                    return Err(format!(
+                        "{} KV blocks cached in a pool of {}",
+                        s.kv_blocks_cached, s.kv_blocks_total
                     ));
                 }
                 if s.generations == 0 && s.kv_blocks_used != s.kv_blocks_kept {
@@ -67,6 +77,14 @@ mod tests {
         kept.stats.kv_blocks_kept = 3;
         k.m.end(&kept)
             .expect("blocks kept for continuations are no leak");
+        k.input(Input::Timeout).expect("input");
+        let mut cached = idle_end();
+        cached.stats.kv_blocks_cached = cached.stats.kv_blocks_total;
+        k.m.end(&cached).expect("cached blocks are free, no leak");
+        k.input(Input::Timeout).expect("input");
+        let mut beyond = idle_end();
+        beyond.stats.kv_blocks_cached = beyond.stats.kv_blocks_total + 1;
+        assert!(k.m.end(&beyond).is_err(), "more cached than the pool");
         k.input(Input::Timeout).expect("input");
         let mut over = idle_end();
         over.stats.generations = 2;

@@ -60,7 +60,7 @@ pub struct Metrics {
     /// Connections opened minus closed, by the events, since the Host started.
     balance: i64,
     /// The last gauges event: (queued, running, kv used, kv kept, kv total).
-    gauges: Option<(u32, u32, u32, u32, u32)>,
+    gauges: Option<(u32, u32, u32, u32, u32, u32)>,
     /// Requests started and not yet finished, with their dialects.
     started: BTreeMap<u64, Dialect>,
 }
@@ -331,6 +331,16 @@ impl Checker for Metrics {
                 }
                 // A continuation's prompt: checked by `batch_continuation`'s text.
                 Event::PromptTokensReused { .. } => {}
+                // Cached tokens never exceed the prompt and always leave its
+                // last token to compute; they are whole blocks.
+                Event::PrefixCacheLookup { queried, hit } => {
+                    let bs = cx.model.block_size.max(1);
+                    if *hit >= (*queried).max(1) || hit % bs != 0 {
+                        return Err(format!(
+                            "prefix cache hit of {hit} tokens for a prompt of {queried} (blocks of {bs})"
+                        ));
+                    }
+                }
                 Event::ConnectionOpened { .. } => self.balance += 1,
                 Event::ConnectionClosed { .. } => self.balance -= 1,
                 Event::Gauges {
@@ -339,6 +349,7 @@ impl Checker for Metrics {
                     kv_blocks_used,
                     kv_blocks_kept,
                     kv_blocks_total,
+                    kv_blocks_cached,
                 } => {
                     self.gauges = Some((
                         *queued,
@@ -346,6 +357,7 @@ impl Checker for Metrics {
                         *kv_blocks_used,
                         *kv_blocks_kept,
                         *kv_blocks_total,
+                        *kv_blocks_cached,
                     ))
                 }
             },
@@ -407,6 +419,7 @@ impl Checker for Metrics {
                 s.kv_blocks_used,
                 s.kv_blocks_kept,
                 s.kv_blocks_total,
+                s.kv_blocks_cached,
             );
             match self.gauges {
                 None => return Err(format!("no gauges event, the Host reports {now:?}")),
@@ -468,6 +481,7 @@ mod tests {
             kv_blocks_used: 0,
             kv_blocks_kept: 0,
             kv_blocks_total: 64,
+            kv_blocks_cached: 0,
         })
     }
 
@@ -592,6 +606,7 @@ mod tests {
             kv_blocks_used: 0,
             kv_blocks_kept: 0,
             kv_blocks_total: 64,
+            kv_blocks_cached: 0,
         };
         k.out(Output::Event(running)).expect("gauges");
         let mut end = crate::invariants::testkit::idle_end();
@@ -613,6 +628,7 @@ mod tests {
             kv_blocks_used: 0,
             kv_blocks_kept: 0,
             kv_blocks_total: 64,
+            kv_blocks_cached: 0,
         }))
         .expect("event");
         let err = k.end().expect_err("stale");

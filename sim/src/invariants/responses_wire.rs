@@ -123,7 +123,9 @@ fn check_response(kind: &str, r: &Value) -> Result<(), String> {
     match (i, o, t) {
         (Some(i), Some(o), Some(t))
             if t == i + o
-                && u["input_tokens_details"]["cached_tokens"].is_u64()
+                && u["input_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .is_some_and(|c| c < i.max(1))
                 && u["output_tokens_details"]["reasoning_tokens"] == 0 =>
         {
             Ok(())
@@ -212,5 +214,19 @@ mod tests {
             let e = k.send(1, bad.clone()).expect_err("malformed");
             assert_eq!(e.invariant, "responses_wire", "{bad}");
         }
+        let done = |cached: u64| {
+            json!({"type": "response.completed", "sequence_number": 9, "response": {
+                "id": "resp_1", "object": "response", "created_at": 1, "model": "m",
+                "status": "completed", "output": [], "parallel_tool_calls": false,
+                "tool_choice": "auto", "tools": [], "previous_response_id": null,
+                "temperature": 1.0, "top_p": 1.0, "max_output_tokens": null,
+                "metadata": {}, "error": null, "incomplete_details": null,
+                "usage": {"input_tokens": 32, "input_tokens_details": {"cached_tokens": cached},
+                          "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": 34}}})
+        };
+        k.send(1, done(16)).expect("16 of 32 input tokens cached");
+        let e = k.send(1, done(32)).expect_err("the whole input cached");
+        assert_eq!(e.invariant, "responses_wire");
     }
 }

@@ -2,15 +2,17 @@
 //! well formed: at least one sequence, at most `max_running_seqs` of them,
 //! at most `max_step_tokens` tokens fed in all, none empty or twice; every
 //! block table long enough for the positions it is fed, its blocks inside
-//! the pool and held by no other sequence of the step; nothing both freed
+//! the pool, and the blocks it writes in no other sequence's table of the
+//! step (full blocks of a shared prefix are only read, so several tables
+//! may hold them); nothing both freed
 //! and computed; step ids going up by one; decodes before prompt chunks (a
 //! sequence's one sampled next token never waits behind another's slice of
 //! prompt in the same step, so a long prompt cannot eat the budget of
 //! streams already running).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use tokenwire_core::Output;
+use tokenwire_core::{Output, SeqId};
 
 use super::{Check, Checker, Cx, Frame};
 
@@ -59,7 +61,8 @@ impl Checker for StepBudget {
         }
         let bs = cx.model.block_size as usize;
         let mut seqs = BTreeSet::new();
-        let mut blocks = BTreeSet::new();
+        let mut written: BTreeMap<u32, SeqId> = BTreeMap::new();
+        let mut read: BTreeMap<u32, SeqId> = BTreeMap::new();
         for s in &plan.seqs {
             if !seqs.insert(s.seq) {
                 return Err(format!("step {id} computes {:?} twice", s.seq));
@@ -75,12 +78,23 @@ impl Checker for StepBudget {
                     s.block_table.len()
                 ));
             }
-            for &b in &s.block_table {
+            let start = s.start_pos as usize;
+            for (i, &b) in s.block_table.iter().enumerate() {
                 if b >= cx.model.num_blocks {
                     return Err(format!("step {id}: block {b} is outside the pool"));
                 }
-                if !blocks.insert(b) {
-                    return Err(format!("step {id}: block {b} is in two tables"));
+                let writes = (i + 1) * bs > start && i * bs < end;
+                let clash = if writes {
+                    written.insert(b, s.seq).or_else(|| read.get(&b).copied())
+                } else {
+                    read.insert(b, s.seq);
+                    written.get(&b).copied()
+                };
+                if let Some(other) = clash.filter(|o| *o != s.seq) {
+                    return Err(format!(
+                        "step {id}: block {b} is in the tables of {other:?} and {:?}, and one of them writes it",
+                        s.seq
+                    ));
                 }
             }
             if plan.free.contains(&s.seq) {
@@ -89,7 +103,10 @@ impl Checker for StepBudget {
         }
         let mut chunk = None;
         for s in &plan.seqs {
-            let decode = s.tokens.len() == 1 && s.sample && s.start_pos > 0;
+            // A sequence just admitted onto cached blocks may have one
+            // prompt token left: its first slice, not a stream's decode.
+            let decode =
+                s.tokens.len() == 1 && s.sample && s.start_pos > 0 && s.cached_prefix.is_empty();
             match chunk {
                 Some(c) if decode => {
                     return Err(format!(
@@ -120,6 +137,7 @@ mod tests {
             sampling: SamplingParams::greedy(),
             sample: true,
             logprobs: None,
+            cached_prefix: Vec::new(),
         }
     }
 

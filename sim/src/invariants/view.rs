@@ -763,6 +763,14 @@ impl View {
             Output::Send { conn, .. } => self.dialect_of(*conn),
             _ => None,
         };
+        if let Output::Event(tokenwire_core::Event::PrefixCacheLookup { hit, .. }) = out {
+            let key = if *hit > 0 {
+                "prefix:hit"
+            } else {
+                "prefix:miss"
+            };
+            self.count(key.into());
+        }
         match (out, frame) {
             (Output::Send { conn, .. }, Some(f)) if dialect == Some(Dialect::Session) => {
                 let resumed = f.kind() == "session_ready"
@@ -1087,6 +1095,10 @@ impl View {
                 continue;
             }
             let prefix = self.seq_prefix.entry(s.seq).or_default();
+            if !s.cached_prefix.is_empty() {
+                // Admitted onto cached blocks: the plan says what is before.
+                prefix.clone_from(&s.cached_prefix);
+            }
             if s.start_pos as usize != prefix.len() {
                 // Not contiguous from position 0 (recompute restarts at 0).
                 prefix.clear();

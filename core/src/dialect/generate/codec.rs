@@ -455,6 +455,9 @@ pub struct CompletionTiming {
     pub first_token_ms: Option<f64>,
     /// Milliseconds in total.
     pub total_ms: f64,
+    /// Prompt tokens whose K/V came from the prefix cache (not computed).
+    #[serde(default)]
+    pub cached_tokens: u32,
 }
 
 /// The `error` types of the source. This server sends all but

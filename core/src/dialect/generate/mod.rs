@@ -409,16 +409,21 @@ impl GenerateConn {
             self.running = Some(running);
             return;
         };
-        let usage = cx
-            .gen(running.id)
-            .map(|g| (g.text.clone(), g.prompt_tokens(), g.completion_tokens()));
-        if let Some((text, prompt_tokens, completion_tokens)) = usage {
+        let usage = cx.gen(running.id).map(|g| {
+            (
+                g.text.clone(),
+                g.prompt_tokens(),
+                g.completion_tokens(),
+                g.cached_tokens,
+            )
+        });
+        if let Some((text, prompt_tokens, completion_tokens, cached)) = usage {
             let usage = Usage {
                 prompt_tokens,
                 completion_tokens,
                 total_tokens: prompt_tokens + completion_tokens,
             };
-            self.complete(cx, &running, reason, text, usage);
+            self.complete(cx, &running, reason, text, usage, cached);
         }
     }
 
@@ -429,6 +434,7 @@ impl GenerateConn {
         reason: FinishReason,
         text: String,
         usage: Usage,
+        cached_tokens: u32,
     ) {
         let generated_text = if running.config.options.echo_prompt {
             format!("{}{}", running.config.prompt, text)
@@ -444,6 +450,7 @@ impl GenerateConn {
                     .first_token_at
                     .map(|t| millis_f64(t - running.started_at)),
                 total_ms: millis_f64(cx.now - running.started_at),
+                cached_tokens,
             });
         let completion = codec::Completion {
             request_id: running.request_id.clone(),

@@ -346,6 +346,8 @@ pub fn error_object(status: u16, code: &str, message: &str, param: Option<&str>)
 pub struct Usage {
     /// Prompt tokens.
     pub input_tokens: u32,
+    /// Of those, tokens whose K/V came from the prefix cache.
+    pub cached_tokens: u32,
     /// Generated tokens.
     pub output_tokens: u32,
 }
@@ -356,7 +358,7 @@ impl Usage {
     pub fn to_json(self) -> Value {
         json!({
             "input_tokens": self.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": self.input_tokens + self.output_tokens,

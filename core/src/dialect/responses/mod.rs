@@ -526,6 +526,7 @@ impl DialectConn for ResponsesConn {
         let Some(reason) = piece.finish else { return };
         if let Some(g) = cx.gen(id) {
             draft.usage.output_tokens = g.completion_tokens();
+            draft.usage.cached_tokens = g.cached_tokens;
         }
         self.finish(cx, reason);
     }
@@ -539,6 +540,7 @@ impl DialectConn for ResponsesConn {
         };
         if let Some(g) = cx.gen(id) {
             draft.usage.output_tokens = g.completion_tokens();
+            draft.usage.cached_tokens = g.cached_tokens;
         }
         let output = Self::close_item(cx, &mut draft, "incomplete");
         let mut object = draft.object("failed", output, true);
