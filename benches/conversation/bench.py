@@ -29,18 +29,30 @@ import urllib.parse
 from websockets.sync.client import connect
 
 USER_TURNS = [
-    "I want to plan a small vegetable garden behind my house. Where should I start?",
-    "The spot gets about six hours of sun. Which vegetables grow well with that much light?",
-    "Tomatoes and lettuce sound good. How far apart should I plant them?",
-    "What kind of soil do they need, and should I add compost before planting?",
-    "How often should I water them during a hot summer week?",
-    "Some leaves on my tomatoes are turning yellow. What could cause that?",
-    "How can I keep snails away from the lettuce without using poison?",
-    "When is the right time to harvest the first tomatoes?",
-    "Can I grow herbs like basil next to the tomatoes?",
-    "What should I do with the garden when autumn comes?",
-    "Which vegetables could I plant for a winter harvest?",
-    "Thank you. Can you summarise the whole plan in a few short steps?",
+    "I want to plan a small vegetable garden behind my house. The space is about four by six "
+    "metres and the soil looks quite heavy. Where should I start, and what should I do first?",
+    "The spot gets about six hours of direct sun in summer, less in spring. Which vegetables "
+    "grow well with that much light, and which ones should I avoid?",
+    "Tomatoes and lettuce sound good, and maybe some beans. How far apart should I plant them, "
+    "and should the rows run north to south?",
+    "What kind of soil do they need? Should I add compost or manure before planting, and how "
+    "much for a bed of that size?",
+    "How often should I water them during a hot summer week, and is it better to water in the "
+    "morning or in the evening?",
+    "Some leaves on my tomatoes are turning yellow from the bottom up, and a few have brown "
+    "spots. What could cause that, and what can I do?",
+    "Snails are eating the lettuce every night. How can I keep them away without using poison, "
+    "since my dog plays in the garden?",
+    "When is the right time to harvest the first tomatoes, and should I pick them fully red or "
+    "a little earlier?",
+    "Can I grow herbs like basil and parsley next to the tomatoes, or do they compete for water "
+    "and nutrients?",
+    "What should I do with the garden when autumn comes? Should I pull everything out or leave "
+    "the roots in the soil?",
+    "Which vegetables could I plant for a winter harvest in a mild climate, and do they need any "
+    "protection from frost?",
+    "Thank you, this helps a lot. Can you summarise the whole plan in a few short steps that I can "
+    "print and keep in the shed?",
 ]
 SYSTEM = "You are a helpful gardening assistant. Answer clearly and briefly."
 
@@ -92,7 +104,8 @@ def chatml(messages, generation_prompt=True):
 
 def sse(base, path, body, first_event, collect):
     """POSTs `body` to `base+path` and reads server-sent events. Returns
-    (ms to the first event `first_event` accepts, text `collect` gathers)."""
+    (ms to the first event `first_event` accepts, text `collect` gathers,
+    the last event)."""
     u = urllib.parse.urlparse(base)
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     t0 = time.perf_counter()
@@ -100,7 +113,7 @@ def sse(base, path, body, first_event, collect):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"{base}{path}: {r.status} {r.read()[:300]!r}")
-    first, text = None, []
+    first, text, ev = None, [], None
     for raw in r:
         line = raw.decode("utf-8").strip()
         if not line.startswith("data:"):
@@ -113,38 +126,30 @@ def sse(base, path, body, first_event, collect):
             first = (time.perf_counter() - t0) * 1000
         text.append(collect(ev))
     c.close()
-    return first, "".join(text)
+    return first, "".join(text), ev
 
 
 def tokenwire_generate(base, prompt, max_tokens):
-    return sse(
+    """(time to first token, text, prompt tokens as the server counted them)."""
+    ttft, text, last = sse(
         base,
         "/v1/generate",
         {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True},
         lambda e: e.get("type") == "token",
         lambda e: e.get("token", "") if e.get("type") == "token" else "",
     )
+    return ttft, text, last["usage"]["prompt_tokens"]
 
 
 def llama_completion(base, prompt, max_tokens):
-    return sse(
+    ttft, text, _ = sse(
         base,
         "/v1/completions",
         {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True},
         lambda e: bool(e.get("choices")),
         lambda e: e["choices"][0].get("text", "") if e.get("choices") else "",
     )
-
-
-def prompt_tokens(base, prompt):
-    """The prompt's token count, from a one-token tokenwire request."""
-    u = urllib.parse.urlparse(base)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-    c.request("POST", "/v1/generate", json.dumps({"prompt": prompt, "max_tokens": 1}),
-              {"Content-Type": "application/json"})
-    n = json.loads(c.getresponse().read())["usage"]["prompt_tokens"]
-    c.close()
-    return n
+    return ttft, text, None
 
 
 def system(nonce):
@@ -160,14 +165,14 @@ def conversation_raw(servers, max_tokens, nonce):
     for said in USER_TURNS:
         history.append({"role": "user", "content": said})
         prompt = chatml(history)
-        row = {"tokens": prompt_tokens(servers["tokenwire"], prompt)}
+        row = {}
         reply = None
         for name, base in servers.items():
             send = llama_completion if name == "llama.cpp" else tokenwire_generate
-            ttft, text = send(base, prompt, max_tokens)
+            ttft, text, tokens = send(base, prompt, max_tokens)
             row[name] = ttft
             if name == "tokenwire":
-                reply = text
+                reply, row["tokens"] = text, tokens
         history.append({"role": "assistant", "content": reply})
         rows.append(row)
     return rows
@@ -204,8 +209,9 @@ def conversation_responses(base, max_tokens, nonce):
     for i, said in enumerate(USER_TURNS):
         body = {"input": said, "max_output_tokens": max_tokens, "temperature": 0,
                 "stream": True}
-        if i == 0:
-            body["instructions"] = system(nonce)
+        # `instructions` do not carry over to a continuation (OpenAI's
+        # rule, and this server's): sent every turn, as clients do.
+        body["instructions"] = system(nonce)
         if previous:
             body["previous_response_id"] = previous
         ids = []
@@ -215,7 +221,7 @@ def conversation_responses(base, max_tokens, nonce):
                 ids.append(e["response"]["id"])
             return ""
 
-        ttft, _ = sse(base, "/v1/responses", body,
+        ttft, _, _ = sse(base, "/v1/responses", body,
                       lambda e: e.get("type") == "response.output_text.delta", collect)
         previous = ids[-1]
         out.append(ttft)
@@ -223,15 +229,18 @@ def conversation_responses(base, max_tokens, nonce):
 
 
 def shared_prompt(servers, clients, nonce):
-    shared = f"Deployment {nonce}. " + " ".join(SHARED_SYSTEM_PARAGRAPHS * 3)
+    paragraphs = SHARED_SYSTEM_PARAGRAPHS * 2 + SHARED_SYSTEM_PARAGRAPHS[:2]
+    shared = f"Deployment {nonce}. " + " ".join(paragraphs)
     rows = []
     for i in range(clients):
         q = SHARED_QUESTIONS[i % len(SHARED_QUESTIONS)]
         prompt = chatml([{"role": "system", "content": shared}, {"role": "user", "content": q}])
-        row = {"client": i + 1, "tokens": prompt_tokens(servers["tokenwire"], prompt) if i == 0 else None}
+        row = {"client": i + 1}
         for name, base in servers.items():
             send = llama_completion if name == "llama.cpp" else tokenwire_generate
-            row[name], _ = send(base, prompt, 8)
+            row[name], _, tokens = send(base, prompt, 8)
+            if name == "tokenwire":
+                row["tokens"] = tokens
         rows.append(row)
     return rows
 

@@ -17,8 +17,10 @@ const STORY: &str = "Once upon a time, there was a little girl named Lily. She l
 
 const KEY: &str = "sk-prefix-0123456789";
 
-async fn server(cache: bool) -> RunningServer {
-    let keys = keys_file(&format!("prefix-{cache}"), &[(KEY, &["org_a"])]);
+/// A server with the prefix cache on or off; `test` names its keys file
+/// (each test its own: they run at once).
+async fn server(test: &str, cache: bool) -> RunningServer {
+    let keys = keys_file(&format!("prefix-{test}-{cache}"), &[(KEY, &["org_a"])]);
     start(ModelSource::Dir(stories260k()), move |c| {
         c.prefix_cache = cache;
         c.keys = Some(keys);
@@ -109,8 +111,8 @@ async fn generate(server: &RunningServer) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generate_reuses_shared_prefixes_and_streams_the_cold_text() {
-    let on = server(true).await;
-    let off = server(false).await;
+    let on = server("generate", true).await;
+    let off = server("generate", false).await;
     let cached = generate(&on).await;
     let cold = generate(&off).await;
     assert_eq!(cached.texts, cold.texts, "the cache changes no token");
@@ -166,8 +168,8 @@ async fn session(server: &RunningServer) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_turns_start_from_the_previous_turns_blocks() {
-    let on = server(true).await;
-    let off = server(false).await;
+    let on = server("session", true).await;
+    let off = server("session", false).await;
     let cached = session(&on).await;
     let cold = session(&off).await;
     assert_eq!(cached.texts, cold.texts);
@@ -240,8 +242,8 @@ async fn responses(server: &RunningServer) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_report_the_real_cached_tokens_over_websocket_and_http() {
-    let on = server(true).await;
-    let off = server(false).await;
+    let on = server("responses", true).await;
+    let off = server("responses", false).await;
     let cached = responses(&on).await;
     let cold = responses(&off).await;
     assert_eq!(cached.texts, cold.texts);
@@ -284,8 +286,8 @@ async fn batch(server: &RunningServer) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_prompts_sharing_a_prefix_share_its_blocks() {
-    let on = server(true).await;
-    let off = server(false).await;
+    let on = server("batch", true).await;
+    let off = server("batch", false).await;
     let cached = batch(&on).await;
     let cold = batch(&off).await;
     assert_eq!(cached.texts, cold.texts);
@@ -325,8 +327,8 @@ async fn cai(server: &RunningServer) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cai_conversation_turns_reuse_the_earlier_turns() {
-    let on = server(true).await;
-    let off = server(false).await;
+    let on = server("cai", true).await;
+    let off = server("cai", false).await;
     let cached = cai(&on).await;
     let cold = cai(&off).await;
     assert_eq!(cached.texts, cold.texts);
