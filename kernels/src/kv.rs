@@ -24,9 +24,11 @@ impl KvGeometry {
         self.kv_heads * self.block_size * self.head_dim
     }
 
-    /// Where slot `off` of `block` starts for KV head `head`. Within a block the
-    /// layout is `[kv_head][slot][head_dim]`, so one head's keys for a block are
-    /// contiguous for the attention loop.
+    /// Where slot `off` of `block` starts for KV head `head`, for V. Within a
+    /// block V is `[kv_head][slot][head_dim]`; K is `[kv_head][head_dim][slot]`
+    /// (transposed per head, for the attention kernel,
+    /// [`crate::quant::attn`]), so `offset(block, head, 0)` is where either
+    /// starts.
     #[inline]
     pub fn offset(&self, block: usize, head: usize, off: usize) -> usize {
         ((block * self.kv_heads + head) * self.block_size + off) * self.head_dim

@@ -18,7 +18,9 @@
 pub mod acts;
 #[cfg(target_arch = "aarch64")]
 mod arm;
+pub mod attn;
 pub mod blocks;
+pub mod exp;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -128,6 +130,8 @@ pub struct Kernels {
     pub bf16: DotHalf,
     /// F32 weights, f32 activations.
     pub f32: fn(&[f32], &[f32]) -> f32,
+    /// Attention over the CPU pool's cached K and V ([`attn`]).
+    pub attend: attn::AttendFn,
 }
 
 impl Kernels {
@@ -163,6 +167,7 @@ impl Kernels {
             f16_tile: |w, x| w.map(|r| x.map(|x| reference::dot_f16(r, x))),
             bf16: reference::dot_bf16,
             f32: reference::dot_f32,
+            attend: attn::attend_baseline,
         };
         if !Isa::available().contains(&isa) {
             return scalar;

@@ -50,6 +50,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         f16_tile: |w, x| w.map(|r| unsafe { dot_f16_x4_avx2(r, x) }),
         bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
+        attend: |t, s, o| unsafe { attend_avx2(t, s, o) },
     };
     match isa {
         Isa::Scalar | Isa::Neon => scalar,
@@ -64,6 +65,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0Vnni>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1Vnni>(w, a) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
+            attend: |t, s, o| unsafe { attend_avx512(t, s, o) },
             ..avx2
         },
     }
@@ -345,6 +347,19 @@ unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
         s += super::blocks::bf16_at(w, 2 * (full + k)) * xv;
     }
     s
+}
+
+/// [`super::attn::attend`] with AVX2 vectors (the same bits as every other
+/// instruction set: no fused multiply-adds are formed from its sums).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(t: &super::attn::AttnTask<'_>, s: &mut Vec<f32>, o: &mut [f32]) {
+    super::attn::attend(t, s, o)
+}
+
+/// [`super::attn::attend`] with AVX-512 vectors.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn attend_avx512(t: &super::attn::AttnTask<'_>, s: &mut Vec<f32>, o: &mut [f32]) {
+    super::attn::attend(t, s, o)
 }
 
 #[target_feature(enable = "avx2,fma")]

@@ -13,6 +13,7 @@ use tokenwire_core::{BlockId, EngineFaultKind};
 use super::{Backend, SeqBatch};
 use crate::kv::{KvCache, KvGeometry};
 use crate::model::Model;
+use crate::quant::attn::{AttendFn, AttnTask};
 use crate::quant::reference::dot_f32;
 use crate::quant::Kernels;
 use crate::rope;
@@ -226,9 +227,14 @@ impl Backend for CpuBackend {
                 let block = table[row.pos / geo.block_size] as usize;
                 let off = row.pos % geo.block_size;
                 for g in 0..cfg.num_kv_heads {
-                    let dst = geo.offset(block, g, off);
                     let src = r * kv_out + g * hd;
-                    kc[dst..dst + hd].copy_from_slice(&s.k[src..src + hd]);
+                    // K transposed within the block ([head_dim][slot]), V as
+                    // rows ([slot][head_dim]): the attention kernel's layout.
+                    let kt = geo.offset(block, g, 0);
+                    for (d, &x) in s.k[src..src + hd].iter().enumerate() {
+                        kc[kt + d * geo.block_size + off] = x;
+                    }
+                    let dst = geo.offset(block, g, off);
                     vc[dst..dst + hd].copy_from_slice(&s.v[src..src + hd]);
                 }
             }
@@ -245,7 +251,7 @@ impl Backend for CpuBackend {
                     geo,
                     heads: nh,
                     group: cfg.group_size(),
-                    dot: k.f32,
+                    attend: k.attend,
                 },
                 &mut s.att,
                 &mut s.scores,
@@ -359,14 +365,14 @@ struct AttnCtx<'a> {
     geo: KvGeometry,
     heads: usize,
     group: usize,
-    /// The f32 dot product of the kernels in use.
-    dot: fn(&[f32], &[f32]) -> f32,
+    /// The attention kernel of the instruction set in use.
+    attend: AttendFn,
 }
 
 /// Causal attention of every token over its own sequence's cached positions;
 /// `att` is `[t, heads * head_dim]`. One task per (token, KV head) handles
 /// that KV head's whole group of query heads, so each cached K/V row is read
-/// once per group rather than once per query head.
+/// once per group rather than once per query head ([`crate::quant::attn`]).
 fn attention(ctx: &AttnCtx<'_>, att: &mut [f32], scores: &mut Vec<f32>, pool: &Pool) {
     let width = ctx.group * ctx.geo.head_dim;
     let work: usize =
@@ -384,121 +390,23 @@ fn attention(ctx: &AttnCtx<'_>, att: &mut [f32], scores: &mut Vec<f32>, pool: &P
 }
 
 /// Attention output of task `i` (token `i / kv_heads`, KV head `i % kv_heads`)
-/// for the query heads of that group; `scores` is `[group, positions]`.
+/// for the query heads of that group.
 fn attend_group(ctx: &AttnCtx<'_>, i: usize, out: &mut [f32], scores: &mut Vec<f32>) {
     let geo = ctx.geo;
-    let (hd, bs) = (geo.head_dim, geo.block_size);
     let kv_heads = ctx.heads / ctx.group;
     let row = ctx.rows[i / kv_heads];
-    let g = i % kv_heads;
-    let width = ctx.group * hd;
-    // Query heads of group g are contiguous: heads g * group .. (g + 1) * group.
-    let q = &ctx.q[i * width..(i + 1) * width];
-    let table = ctx.batch[row.seq].block_table;
-    let n = row.pos + 1;
-    let scale = 1.0 / (hd as f32).sqrt();
-
-    // Walk the block table once per pass; `cnt` slots of each block are live.
-    let blocks = table
-        .iter()
-        .enumerate()
-        .take(n.div_ceil(bs))
-        .map(|(bi, &b)| (geo.offset(b as usize, g, 0), bs.min(n - bi * bs)));
-
-    scores.clear();
-    scores.resize(ctx.group * n, 0.0);
-    let mut j = 0;
-    for (base, cnt) in blocks.clone() {
-        for k in ctx.kc[base..base + cnt * hd].chunks_exact(hd) {
-            for (h, qh) in q.chunks_exact(hd).enumerate() {
-                scores[h * n + j] = (ctx.dot)(qh, k) * scale;
-            }
-            j += 1;
-        }
-    }
-    for sh in scores.chunks_exact_mut(n) {
-        let max = sh.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        for s in sh.iter_mut() {
-            *s -= max;
-        }
-        exp_in_place(sh);
-        let sum: f32 = sh.iter().sum();
-        let inv = 1.0 / sum;
-        for s in sh.iter_mut() {
-            *s *= inv;
-        }
-    }
-    out.fill(0.0);
-    let mut j0 = 0;
-    for (base, cnt) in blocks {
-        let values = &ctx.vc[base..base + cnt * hd];
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let ps = &scores[h * n + j0..h * n + j0 + cnt];
-            for (&p, v) in ps.iter().zip(values.chunks_exact(hd)) {
-                for (o, &vv) in oh.iter_mut().zip(v) {
-                    *o += p * vv;
-                }
-            }
-        }
-        j0 += cnt;
-    }
-}
-
-/// `e^x` for every element, Cephes' single-precision polynomial (about 1 ulp).
-/// Unlike libm's `expf` it is branch-free, so the loop vectorises: softmax
-/// spends most of its time here otherwise.
-fn exp_in_place(xs: &mut [f32]) {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that n * LN2_HI is exact.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    for x in xs.iter_mut() {
-        let v = x.clamp(-87.0, 88.0);
-        let fx = v * LOG2E + 0.5;
-        // floor() without SSE4.1: truncate, then step down for negatives.
-        let mut n = fx as i32;
-        if (n as f32) > fx {
-            n -= 1;
-        }
-        let nf = n as f32;
-        let r = v - nf * LN2_HI - nf * LN2_LO;
-        let z = r * r;
-        let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-            * r
-            + 1.666_666_5e-1)
-            * r
-            + 0.5;
-        let y = p * z + r + 1.0;
-        let scale = f32::from_bits(((n + 127) as u32) << 23);
-        // NaN in, NaN out; -inf (a masked score) gives exactly 0.
-        *x = if x.is_nan() {
-            f32::NAN
-        } else if *x == f32::NEG_INFINITY {
-            0.0
-        } else {
-            y * scale
-        };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fast_exp_is_within_two_ulp_of_libm() {
-        let mut xs: Vec<f32> = (0..200_000).map(|i| -87.0 + i as f32 * 0.000_87).collect();
-        xs.extend([0.0, -0.0, 1.0, 10.0, -1e-8]);
-        let want: Vec<f32> = xs.iter().map(|x| x.exp()).collect();
-        exp_in_place(&mut xs);
-        for (got, want) in xs.iter().zip(&want) {
-            let rel = ((got - want) / want).abs();
-            assert!(rel < 2.5e-7, "exp: got {got}, want {want}");
-        }
-        let mut edge = [f32::NEG_INFINITY, f32::NAN, -1000.0];
-        exp_in_place(&mut edge);
-        assert_eq!(edge[0], 0.0);
-        assert!(edge[1].is_nan());
-        assert!(edge[2] >= 0.0 && edge[2] < 1e-37);
-    }
+    let width = ctx.group * geo.head_dim;
+    let task = AttnTask {
+        q: &ctx.q[i * width..(i + 1) * width],
+        k: ctx.kc,
+        v: ctx.vc,
+        table: ctx.batch[row.seq].block_table,
+        positions: row.pos + 1,
+        kv_head: i % kv_heads,
+        kv_heads,
+        head_dim: geo.head_dim,
+        block_size: geo.block_size,
+        group: ctx.group,
+    };
+    (ctx.attend)(&task, scores, out);
 }
