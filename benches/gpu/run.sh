@@ -33,6 +33,9 @@
 #                   (batch 1 and 32: --coop takes 64 where it fits), and
 #                   --coop profiled at batch 32 (coop in prefill and
 #                   decode)
+#   quick:SHAPE     coop:SHAPE cut short: the kernels' coop parity tests,
+#                   then one round without and with --coop (batch 1 and
+#                   32, 512-token prompt)
 #   loops:SHAPE     shaders without wgpu's loop counters (the default)
 #                   against --loop-bounding, alternating, two rounds (batch
 #                   1, 8 and 32, 128-token prompts), then --loop-bounding
@@ -173,6 +176,20 @@ for part in "${parts[@]}"; do
             eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile --coop
         }
         ;;
+    quick:*)
+        # The coop part cut to what fits a short call: the kernels' coop
+        # parity, then one round without and with --coop at batch 1 and 32
+        # on a 512-token prompt (prefill on the matrix units is the question).
+        shape=${part#quick:}
+        echo "== $shape: cooperative-matrix products, quick =="
+        CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 120 .gpu/bin/wgpu_kernels coop --nocapture 2>&1 | quiet |
+            tee -a "$runs/tests" | grep -E "cooperative|nmse|test result|panicked"
+        # shellcheck disable=SC2046
+        {
+            eb no-coop engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 512
+            eb coop engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 512 --coop
+        }
+        ;;
     loops:*)
         shape=${part#loops:}
         echo "== $shape: shaders without and with wgpu's loop counters =="
@@ -190,7 +207,7 @@ for part in "${parts[@]}"; do
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, loops:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, anchor)"
         exit 2
         ;;
     esac
