@@ -1,61 +1,9 @@
 //! The Host's inputs and outputs: everything that crosses the sans-IO boundary.
 
+pub use crate::conn::{ConnId, Dialect, Transport};
 use crate::engine::{EngineFault, ModelInfo, StepDone, StepPlan};
 use crate::text::{SharedCodec, TextDone, TextJob};
 use crate::time::Duration;
-
-/// Identifies one client connection; chosen by the caller, unique while open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ConnId(pub u64);
-
-/// The five wire dialects, each at its own path (PROTOCOLS.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Dialect {
-    /// `/generate`: config / control / feedback; init / token / completion.
-    Generate,
-    /// `/ws/session`: client-held conversations.
-    Session,
-    /// `/v1/responses`: OpenAI Responses API WebSocket mode.
-    Responses,
-    /// `/ws`: batch queue with event arrays.
-    Batch,
-    /// `/`: cai-service with query-string auth.
-    Cai,
-}
-
-impl Dialect {
-    /// Every dialect, in a fixed order (for metrics and tests).
-    pub const ALL: [Dialect; 5] = [
-        Dialect::Generate,
-        Dialect::Session,
-        Dialect::Responses,
-        Dialect::Batch,
-        Dialect::Cai,
-    ];
-
-    /// The dialect served at a WebSocket `path`, if any.
-    pub fn from_path(path: &str) -> Option<Dialect> {
-        Some(match path {
-            "/generate" => Dialect::Generate,
-            "/ws/session" => Dialect::Session,
-            "/v1/responses" => Dialect::Responses,
-            "/ws" => Dialect::Batch,
-            "/" => Dialect::Cai,
-            _ => return None,
-        })
-    }
-
-    /// Short lowercase name (`generate`, `session`, ...), used as a metrics label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dialect::Generate => "generate",
-            Dialect::Session => "session",
-            Dialect::Responses => "responses",
-            Dialect::Batch => "batch",
-            Dialect::Cai => "cai",
-        }
-    }
-}
 
 /// The reasons the Host gives in [`Output::Close`], so shells and checkers can
 /// tell closes apart without repeating the strings.
@@ -74,16 +22,6 @@ pub mod close_reason {
     pub const FIRST_FRAME: &str = "first message must be config";
     /// Frames piled up past every bound while the connection waited (code 1008).
     pub const HELD_TOO_MANY: &str = "too many frames while the connection waits";
-}
-
-/// How a connection reached the Host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Transport {
-    /// A WebSocket: the Host may ping it and close it with a code.
-    WebSocket,
-    /// One HTTP request translated by the shell into the dialect's frames; it ends
-    /// when the request's response ends. No pings, no idle timeout.
-    Http,
 }
 
 /// Everything that can happen to the Host. Pass each with the current time to

@@ -1,7 +1,8 @@
 //! The Host's settings. Every limit and deadline from PROTOCOLS.md lives here.
 
+pub use crate::dialect::batch::cache::CacheScope;
 use crate::dialect::batch::GenerationDefaults;
-use crate::dialect::cai::auth::KeyRing;
+use crate::keys::KeyRing;
 use crate::principal::AuthScope;
 use crate::time::Duration;
 
@@ -135,14 +136,4 @@ impl Default for HostConfig {
             conversation_max_bytes: 1024 * 1024,
         }
     }
-}
-
-/// How far a kept `batch` entry is shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CacheScope {
-    /// Found only by the principal that made it.
-    #[default]
-    Principal,
-    /// Found by anyone who names its ids (the source's behaviour).
-    Host,
 }

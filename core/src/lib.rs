@@ -39,12 +39,15 @@
 
 pub mod api;
 pub mod config;
+pub mod conn;
 pub mod dialect;
 pub mod engine;
 pub mod gen;
 pub mod host;
+pub mod http;
 pub(crate) mod ids;
 pub mod json;
+pub mod keys;
 pub(crate) mod lru;
 pub mod params;
 pub mod principal;

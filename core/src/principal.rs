@@ -11,7 +11,7 @@
 //! HTTP request without a key.
 
 use crate::api::{ConnId, Transport};
-use crate::dialect::cai::auth::{hash_key_lookup, KeyRing};
+use crate::keys::{hash_key_lookup, KeyRing};
 
 /// The owner of kept state.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::dialect::cai::auth::OrgLimits;
+use crate::keys::OrgLimits;
 use crate::time::{Duration, Instant};
 
 /// Nanoseconds in the refill period (a minute).

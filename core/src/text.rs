@@ -202,7 +202,7 @@ pub struct TextJob {
     /// The job's id, echoed in its [`TextDone`].
     pub id: TextJobId,
     /// The connection whose request it is.
-    pub conn: crate::api::ConnId,
+    pub conn: crate::conn::ConnId,
     /// The model's tokenizer and chat template.
     pub codec: SharedCodec,
     /// What to compute.

@@ -14,7 +14,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokenwire_core::dialect::http::Route;
+use tokenwire_core::http::Route;
 use tokenwire_core::{ConnId, Dialect};
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -26,7 +26,8 @@ use crate::driver::{DriverHandle, Snapshot};
 use crate::metrics::Metrics;
 use crate::sync::{ConnectionLimiter, ConnectionPermit, KeyPermit, PerKeyLimiter};
 use tokenwire_core::dialect::cai::auth::KeyRing;
-use tokenwire_core::dialect::http::{http_failure, HttpFailure};
+use tokenwire_core::dialect::registry::http_failure;
+use tokenwire_core::http::HttpFailure;
 use tokenwire_core::principal::{AuthScope, Presented, Principal};
 
 /// Response body type of every endpoint.
@@ -209,7 +210,7 @@ async fn route(
         }
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
-        path => match tokenwire_core::dialect::http::route(req.method().as_str(), path) {
+        path => match tokenwire_core::dialect::registry::route(req.method().as_str(), path) {
             Route::Dialect(dialect) => crate::http_dialect::handle(state, peer, dialect, req).await,
             Route::WrongMethod(allow) => method_not_allowed(allow),
             Route::NotFound => error_response(

@@ -2,7 +2,7 @@
 //! connection on the Host (`Transport::Http`).
 //!
 //! The body is read within its deadline and size limit, then the dialect's own
-//! mapping in the core ([`tokenwire_core::dialect::http`]) turns it into
+//! mapping in the core ([`tokenwire_core::dialect::registry`]) turns it into
 //! frames and turns the frames the Host sends back into one JSON response or
 //! a `text/event-stream`. If the client goes away, the virtual connection is
 //! reported `Closed`, which cancels its generation. Nothing here looks inside
@@ -19,9 +19,8 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
-use tokenwire_core::dialect::http::{
-    http_call, http_failure, HttpExchange, HttpFailure, HttpReply, HttpRequest, HttpStep, SseEvent,
-};
+use tokenwire_core::dialect::registry::{http_call, http_failure};
+use tokenwire_core::http::{HttpExchange, HttpFailure, HttpReply, HttpRequest, HttpStep, SseEvent};
 use tokenwire_core::{ConnId, Dialect, Input, Transport};
 
 use crate::driver::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};

@@ -4,13 +4,14 @@
 
 use serde_json::Value;
 
-use super::state::DialectState;
+use super::state::{DialectState, HostWide};
 use crate::api::{ConnId, Dialect, Event, FeedbackRecord, JobCheckId, Output, Transport};
 use crate::config::HostConfig;
 use crate::engine::{ModelInfo, SeqId, TokenId};
 use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, KeptKv, StartError};
 use crate::params::GenParams;
 use crate::principal::Principal;
+use crate::rate::RateLimits;
 use crate::rng::HostRng;
 use crate::text::{min_tokens_for_bytes, ChatMessage, TextCodec, TextJobId, TextWork};
 use crate::time::Instant;
@@ -312,9 +313,28 @@ impl<'a> Cx<'a> {
         self.port.modify(id, params)
     }
 
-    /// The dialects' host-wide state (session registry, job ledger, ...).
-    pub fn state(&mut self) -> &mut DialectState {
-        self.port.dialect_state()
+    /// This dialect's host-wide state: the part of type `T` its row in
+    /// [`super::registry::DIALECTS`] makes.
+    ///
+    /// # Panics
+    /// When the row makes no `T`: a dialect asking for another's state, a
+    /// bug that every test of the dialect meets on its first request.
+    pub fn state<T: HostWide>(&mut self) -> &mut T {
+        let dialect = self.dialect;
+        match self.port.dialect_state().part::<T>(dialect) {
+            Some(part) => part,
+            None => panic!(
+                "the {} dialect's row keeps no {}",
+                dialect.name(),
+                std::any::type_name::<T>()
+            ),
+        }
+    }
+
+    /// Each organisation's request and token buckets, shared by every
+    /// dialect its keys are used on.
+    pub fn rate_limits(&mut self) -> &mut RateLimits {
+        &mut self.port.dialect_state().limits
     }
 
     /// Connections open on `dialect`'s path over `transport`, this one

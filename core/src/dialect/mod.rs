@@ -2,29 +2,32 @@
 //! state machine that drives the shared generation machine through [`Cx`].
 //!
 //! Adding a dialect is adding one module here that implements [`DialectConn`]
-//! (only the hooks it needs: most have no-op defaults), one arm in
-//! [`machine_for`], its HTTP mapping in [`http::http_call`], and, if it keeps
-//! anything beyond one connection (a session registry, a response store), a
-//! bounded field in [`state::DialectState`].
+//! (only the hooks it needs: the others have no-op defaults) and its row in
+//! [`registry::DIALECTS`]: its machine, its HTTP routes if it has any (an
+//! [`crate::http::HttpSpec`] in its module), and the host-wide state it keeps
+//! if any (its own type, implementing [`state::HostWide`], reached through
+//! [`Cx::state`]). Its variant in [`crate::Dialect`] names its path.
 //!
 //! Imports run one way: the Host uses this layer (it implements
 //! [`cx::HostPort`] for [`Cx`]), and this layer uses the generation machine
-//! ([`crate::gen`]); nothing here names the Host.
+//! ([`crate::gen`]); nothing here names the Host. [`registry`] is the one
+//! module that names every dialect, and no dialect imports it.
 
 pub mod batch;
 pub mod cai;
 pub mod cx;
 pub mod generate;
-pub mod http;
 pub mod messages;
+pub mod registry;
 pub mod responses;
 pub mod session;
 pub mod state;
 
 pub use crate::gen::{Failure, FailureKind, GenRequest, StartError};
 pub use cx::{Cx, HostPort};
+pub use registry::machine_for;
 
-use crate::api::{Dialect, JobCheckId, JobGrant};
+use crate::api::{JobCheckId, JobGrant};
 use crate::engine::SeqId;
 use crate::gen::TokenPiece;
 use crate::text::{Encoded, TextJobId};
@@ -85,7 +88,7 @@ pub trait DialectConn: Send {
     ) {
     }
     /// A generation is waiting for admission at 1-based `position`.
-    fn on_queued(&mut self, cx: &mut Cx<'_>, id: SeqId, position: u32);
+    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
     /// The scheduler admitted a generation of this connection: its prompt is
     /// being computed from the step just planned.
     fn on_admitted(&mut self, _cx: &mut Cx<'_>, _id: SeqId) {}
@@ -97,11 +100,12 @@ pub trait DialectConn: Send {
     /// The model is loading (sent to connections that are waiting for it).
     fn on_model_loading(
         &mut self,
-        cx: &mut Cx<'_>,
-        progress: f32,
-        message: &str,
-        eta: Option<Duration>,
-    );
+        _cx: &mut Cx<'_>,
+        _progress: f32,
+        _message: &str,
+        _eta: Option<Duration>,
+    ) {
+    }
     /// The shutdown grace is over and no generation is left: answer what the
     /// connection still holds (with the dialect's error, retry elsewhere);
     /// it is closed with 1001 right after.
@@ -117,16 +121,5 @@ pub trait DialectConn: Send {
     /// them within its grace, then [`DialectConn::on_shutdown`] answers them.
     fn holds_output(&self) -> bool {
         false
-    }
-}
-
-/// The machine for a dialect, if this build serves it.
-pub fn machine_for(dialect: Dialect) -> Option<Box<dyn DialectConn>> {
-    match dialect {
-        Dialect::Generate => Some(Box::new(generate::GenerateConn::default())),
-        Dialect::Session => Some(Box::new(session::SessionConn::default())),
-        Dialect::Responses => Some(Box::new(responses::ResponsesConn::default())),
-        Dialect::Batch => Some(Box::new(batch::BatchConn::default())),
-        Dialect::Cai => Some(Box::new(cai::CaiConn::default())),
     }
 }

@@ -1,239 +1,79 @@
 //! The dialects' host-wide state: what outlives one connection's callback
-//! but belongs to no single generation. Each part is bounded, and none holds
-//! conversation text beyond the connection that brought it.
+//! but belongs to no single generation. Each dialect's part is its own type,
+//! in its own module, made by its row of [`super::registry::DIALECTS`]; this
+//! module only holds them. Each part is bounded, and none holds conversation
+//! text beyond the connection that brought it.
 
+use std::any::Any;
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 
-use super::batch::cache::ContinueCache;
-use super::cai::state::{CaiState, ConversationBounds};
-use super::responses::store::ResponseStore;
-use crate::api::ConnId;
-use crate::config::HostConfig;
-use crate::lru::Lru;
-use crate::principal::Principal;
+use crate::conn::Dialect;
 use crate::rate::RateLimits;
+
+/// One dialect's host-wide state. Any bounded type will do; the Host hands
+/// it back to the dialect's connections through
+/// [`super::Cx::state`], by its type.
+pub trait HostWide: Any + Send + Debug {
+    /// Live sessions it holds (the health report's `sessions`).
+    fn live_sessions(&self) -> usize {
+        0
+    }
+}
 
 /// Everything the dialects keep across connections.
 #[derive(Debug)]
 pub struct DialectState {
-    /// `session`: which connection holds each live session id on this host.
-    pub sessions: SessionRegistry,
-    /// Tokens each verified job has used on this host, against its budget.
-    pub jobs: JobLedger,
-    /// `responses`: the `store: true` responses made over HTTP.
-    pub responses: ResponseStore,
-    /// `cai`: conversations and rate limits.
-    pub cai: CaiState,
-    /// `batch`: the continue-generation cache.
-    pub batch: ContinueCache,
+    /// Each dialect's own part, for the dialects that keep one.
+    parts: BTreeMap<Dialect, Box<dyn HostWide>>,
     /// Each organisation's request and token buckets (the keys file's
     /// limits), shared by every dialect its keys are used on.
     pub limits: RateLimits,
 }
 
 impl DialectState {
-    /// Empty state sized by `config`.
-    pub fn new(config: &HostConfig) -> DialectState {
+    /// State made of these parts ([`super::registry::dialect_state`] makes
+    /// each dialect's as its row says).
+    pub fn new(parts: impl IntoIterator<Item = (Dialect, Box<dyn HostWide>)>) -> DialectState {
         DialectState {
-            sessions: SessionRegistry::new(config.max_sessions),
-            jobs: JobLedger::new(config.max_jobs),
-            responses: ResponseStore::new(config.response_store_size),
-            cai: CaiState::new(ConversationBounds {
-                total: config.max_conversations,
-                per_org: config.max_conversations_per_org,
-                bytes: config.conversation_max_bytes,
-                ttl: config.conversation_ttl,
-            }),
-            batch: ContinueCache::new(config.batch_cache_entries),
+            parts: parts.into_iter().collect(),
             limits: RateLimits::default(),
         }
     }
-}
 
-/// Live `session` ids, per principal, and the connection holding each (ids
-/// only: the conversation stays with its connection and goes with it). Two
-/// principals may use the same id without meeting: each sees only its own.
-#[derive(Debug)]
-pub struct SessionRegistry {
-    live: BTreeMap<(Principal, String), ConnId>,
-    capacity: usize,
-}
-
-/// Why a session id could not be taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimError {
-    /// It is live on this host already.
-    Exists,
-    /// The host holds as many sessions as it may.
-    Full,
-}
-
-impl SessionRegistry {
-    /// A registry of at most `capacity` sessions.
-    pub fn new(capacity: usize) -> SessionRegistry {
-        SessionRegistry {
-            live: BTreeMap::new(),
-            capacity,
-        }
+    /// `dialect`'s part, if it keeps one of type `T`.
+    pub fn part<T: HostWide>(&mut self, dialect: Dialect) -> Option<&mut T> {
+        let part: &mut dyn Any = self.parts.get_mut(&dialect)?.as_mut();
+        part.downcast_mut()
     }
 
-    /// Takes `owner`'s session `id` for `conn`.
-    pub fn claim(&mut self, owner: &Principal, id: &str, conn: ConnId) -> Result<(), ClaimError> {
-        let key = (owner.clone(), id.to_string());
-        if self.live.contains_key(&key) {
-            return Err(ClaimError::Exists);
-        }
-        if self.live.len() >= self.capacity {
-            return Err(ClaimError::Full);
-        }
-        self.live.insert(key, conn);
-        Ok(())
-    }
-
-    /// Gives `owner`'s `id` back if `conn` holds it.
-    pub fn release(&mut self, owner: &Principal, id: &str, conn: ConnId) {
-        let key = (owner.clone(), id.to_string());
-        if self.live.get(&key) == Some(&conn) {
-            self.live.remove(&key);
-        }
-    }
-
-    /// The connection holding `owner`'s session `id`.
-    pub fn holder(&self, owner: &Principal, id: &str) -> Option<ConnId> {
-        self.live.get(&(owner.clone(), id.to_string())).copied()
-    }
-
-    /// Live sessions.
-    pub fn len(&self) -> usize {
-        self.live.len()
-    }
-
-    /// True when no session is live.
-    pub fn is_empty(&self) -> bool {
-        self.live.is_empty()
-    }
-}
-
-/// One job's account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Account {
-    budget: Option<u64>,
-    used: u64,
-}
-
-/// Tokens used per verified job on this host, least recently used forgotten
-/// first past its capacity (a forgotten job starts again from zero when it
-/// is verified again: the verifier, not this host, is the budget's authority).
-#[derive(Debug)]
-pub struct JobLedger {
-    accounts: Lru<String, Account>,
-}
-
-impl JobLedger {
-    /// A ledger of at most `capacity` jobs.
-    pub fn new(capacity: usize) -> JobLedger {
-        JobLedger {
-            accounts: Lru::new(capacity.max(1)),
-        }
-    }
-
-    /// Records a verifier's grant for `job` (the budget it gave; tokens used
-    /// so far are kept).
-    pub fn grant(&mut self, job: &str, budget: Option<u64>) {
-        let key = job.to_string();
-        match self.accounts.get(&key) {
-            Some(a) => a.budget = budget,
-            None => {
-                self.accounts.put(key, Account { budget, used: 0 });
-            }
-        }
-    }
-
-    /// Tokens `job` may still use (`None`: no cap, or an unknown job).
-    pub fn remaining(&self, job: &str) -> Option<u64> {
-        let a = self.accounts.peek(&job.to_string())?;
-        a.budget.map(|b| b.saturating_sub(a.used))
-    }
-
-    /// Charges `tokens` to `job`.
-    pub fn charge(&mut self, job: &str, tokens: u64) {
-        if let Some(a) = self.accounts.get(&job.to_string()) {
-            a.used = a.used.saturating_add(tokens);
-        }
-    }
-
-    /// Jobs with an account.
-    pub fn len(&self) -> usize {
-        self.accounts.len()
-    }
-
-    /// True when no job has an account.
-    pub fn is_empty(&self) -> bool {
-        self.accounts.is_empty()
+    /// Live sessions across the dialects (the health report's `sessions`).
+    pub fn live_sessions(&self) -> usize {
+        self.parts.values().map(|p| p.live_sessions()).sum()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HostConfig;
+    use crate::dialect::registry::dialect_state;
+    use crate::dialect::responses::store::ResponseStore;
+    use crate::dialect::session::state::SessionState;
 
     #[test]
-    fn a_session_id_is_held_by_one_connection_until_it_lets_go() {
-        let me = &Principal::Anonymous;
-        let mut r = SessionRegistry::new(2);
-        r.claim(me, "a", ConnId(1)).expect("free");
-        assert_eq!(r.claim(me, "a", ConnId(2)), Err(ClaimError::Exists));
-        r.release(me, "a", ConnId(2));
-        assert_eq!(
-            r.holder(me, "a"),
-            Some(ConnId(1)),
-            "only its holder releases it"
+    fn each_dialect_finds_its_own_part_by_its_type() {
+        let mut state = dialect_state(&HostConfig::default());
+        assert!(state.part::<SessionState>(Dialect::Session).is_some());
+        assert!(state.part::<ResponseStore>(Dialect::Responses).is_some());
+        assert!(
+            state.part::<ResponseStore>(Dialect::Session).is_none(),
+            "another dialect's type is not there"
         );
-        r.claim(me, "b", ConnId(2)).expect("room");
-        assert_eq!(r.claim(me, "c", ConnId(3)), Err(ClaimError::Full));
-        r.release(me, "a", ConnId(1));
-        r.claim(me, "c", ConnId(3)).expect("room again");
-        assert_eq!(r.len(), 2);
-    }
-
-    #[test]
-    fn principals_do_not_see_each_others_session_ids() {
-        let alice = Principal::Conn(ConnId(1));
-        let bob = Principal::Conn(ConnId(2));
-        let mut r = SessionRegistry::new(4);
-        r.claim(&alice, "s", ConnId(1)).expect("free");
-        r.claim(&bob, "s", ConnId(2))
-            .expect("bob's own `s`: alice's says nothing to him");
-        assert_eq!(r.holder(&alice, "s"), Some(ConnId(1)));
-        assert_eq!(r.holder(&bob, "s"), Some(ConnId(2)));
-        r.release(&bob, "s", ConnId(1));
-        assert_eq!(
-            r.holder(&bob, "s"),
-            Some(ConnId(2)),
-            "not alice's to release"
+        assert!(
+            state.part::<SessionState>(Dialect::Generate).is_none(),
+            "generate keeps nothing"
         );
-    }
-
-    #[test]
-    fn budgets_are_charged_and_the_least_recent_job_is_forgotten() {
-        let mut l = JobLedger::new(2);
-        l.grant("j1", Some(100));
-        l.grant("j2", None);
-        l.charge("j1", 60);
-        assert_eq!(l.remaining("j1"), Some(40));
-        l.charge("j1", 60);
-        assert_eq!(l.remaining("j1"), Some(0), "never below zero");
-        assert_eq!(l.remaining("j2"), None, "no cap");
-        l.charge("j2", 1); // j2 is now the most recent
-        l.grant("j3", Some(5));
-        assert_eq!(l.len(), 2);
-        assert_eq!(l.remaining("j1"), None, "j1 was least recent and forgotten");
-        assert_eq!(l.remaining("j3"), Some(5));
-        l.grant("j3", Some(10));
-        assert_eq!(
-            l.remaining("j3"),
-            Some(10),
-            "a new grant keeps what was used"
-        );
+        assert_eq!(state.live_sessions(), 0);
     }
 }

@@ -196,7 +196,7 @@ impl Host {
             kv_blocks_total: s.as_ref().map_or(0, |s| s.blocks_total),
             kv_blocks_cached: s.as_ref().map_or(0, |s| s.blocks_cached),
             generations: self.sh.gens.len() as u32,
-            sessions: self.sh.dialects.sessions.len() as u32,
+            sessions: self.sh.dialects.live_sessions() as u32,
         }
     }
 

@@ -102,7 +102,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn new(config: HostConfig, seed: Seed) -> Self {
         Shared {
-            dialects: DialectState::new(&config),
+            dialects: crate::dialect::registry::dialect_state(&config),
             config,
             rng: HostRng::new(seed),
             model: None,

@@ -95,6 +95,18 @@ impl ContinueCache {
     }
 }
 
+/// How far a kept `batch` entry is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheScope {
+    /// Found only by the principal that made it.
+    #[default]
+    Principal,
+    /// Found by anyone who names its ids (the source's behaviour).
+    Host,
+}
+
+impl crate::dialect::state::HostWide for ContinueCache {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,10 +25,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::{Map, Value};
 
-use self::cache::{CachedSeq, Owner};
+use self::cache::{CacheScope, CachedSeq, ContinueCache, Owner};
 use self::codec::{Event, EventKind, Payload};
 use super::{Cx, DialectConn};
-use crate::config::CacheScope;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::beam::{BeamConfig, BeamSearch, EarlyStopping};
 use crate::gen::{Failure, FinishReason, GenRequest, KeptKv, StartError, TokenPiece};
@@ -36,7 +35,7 @@ use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
 use crate::principal::Principal;
 use crate::text::{Encoded, TextJobId};
-use crate::time::{Duration, Instant};
+use crate::time::Instant;
 
 /// Most log-probability alternatives a beam can ask the engine for per
 /// step: beam search needs `max(2, 1 + EOS ids) * num_beams` of them.
@@ -376,7 +375,10 @@ impl BatchConn {
         let key = (!any_duplicate).then(|| ids.clone());
         // A continuation: the same ordered ids as a finished batch.
         let owner = cache_owner(cx);
-        if let Some(cached) = key.as_ref().and_then(|k| cx.state().batch.get(&owner, k)) {
+        if let Some(cached) = key
+            .as_ref()
+            .and_then(|k| cx.state::<ContinueCache>().get(&owner, k))
+        {
             for (p, c) in prompts.iter_mut().zip(cached) {
                 p.ids = Some(c.ids);
                 p.kv = c.kv;
@@ -626,7 +628,7 @@ impl BatchConn {
             let seqs: Option<Vec<CachedSeq>> = job.finished.into_iter().collect();
             if let (Some(key), Some(seqs)) = (job.key, seqs) {
                 let owner = cache_owner(cx);
-                let displaced = cx.state().batch.put(owner, key, seqs);
+                let displaced = cx.state::<ContinueCache>().put(owner, key, seqs);
                 drop_kept(cx, displaced);
             }
         }
@@ -959,10 +961,6 @@ impl DialectConn for BatchConn {
         self.advance(cx);
     }
 
-    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
-
-    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
-
     fn on_shutdown(&mut self, cx: &mut Cx<'_>) {
         // What gathered in the last step goes first; then every prompt that
         // never finished (waiting behind an earlier payload, or being
@@ -993,7 +991,7 @@ impl DialectConn for BatchConn {
         // A connection's own entries can never be named again.
         let owner = cache_owner(cx);
         if matches!(owner, Some(Principal::Conn(_))) {
-            let gone = cx.state().batch.remove_owner(&owner);
+            let gone = cx.state::<ContinueCache>().remove_owner(&owner);
             drop_kept(cx, gone);
         }
     }

@@ -24,6 +24,7 @@ use serde_json::{json, Map, Value};
 use self::auth::Credentials;
 use self::codec::{ClientMessage, Completion, ErrorCode, ServerMessage, Usage};
 use self::flow::{Outbox, Release};
+use self::state::CaiState;
 use super::{Cx, DialectConn, Refusal};
 use crate::engine::SeqId;
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, StartError, TokenPiece};
@@ -245,7 +246,7 @@ impl CaiConn {
         };
         if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
-            if let Err(wait) = cx.state().limits.admit(now, &org, limits) {
+            if let Err(wait) = cx.rate_limits().admit(now, &org, limits) {
                 let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
                 return error_with(
                     cx,
@@ -260,8 +261,7 @@ impl CaiConn {
             (Some(ctx), _) => ctx.clone(),
             (None, Some(id)) => {
                 let (now, org) = (cx.now, self.org().to_string());
-                cx.state()
-                    .cai
+                cx.state::<CaiState>()
                     .conversations
                     .get(now, &org, id)
                     .unwrap_or_default()
@@ -326,8 +326,7 @@ impl CaiConn {
         let prompt_tokens = encoded.ids.len() as u32;
         if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
-            cx.state()
-                .limits
+            cx.rate_limits()
                 .charge_tokens(now, &org, limits, u64::from(prompt_tokens));
         }
         let req = GenRequest {
@@ -466,7 +465,9 @@ impl CaiConn {
             content: reply.to_string(),
         });
         let (now, org) = (cx.now, self.org().to_string());
-        cx.state().cai.conversations.put(now, &org, id, messages);
+        cx.state::<CaiState>()
+            .conversations
+            .put(now, &org, id, messages);
     }
 
     fn remember(&mut self, rid: &str) {
@@ -479,8 +480,7 @@ impl CaiConn {
     fn charge_generated(&self, cx: &mut Cx<'_>, tokens: u32) {
         if let Some((org, limits)) = self.limits(cx) {
             let now = cx.now;
-            cx.state()
-                .limits
+            cx.rate_limits()
                 .charge_tokens(now, &org, limits, u64::from(tokens));
         }
     }
@@ -645,10 +645,6 @@ impl DialectConn for CaiConn {
             other => self.pending = other,
         }
     }
-
-    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
-
-    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
 
     fn on_closed(&mut self, cx: &mut Cx<'_>) {
         // Tokens generated for requests cut off by the disconnect still count

@@ -162,6 +162,16 @@ pub struct CaiState {
 }
 
 impl CaiState {
+    /// Empty state with the bounds `config` sets.
+    pub fn for_host(config: &crate::config::HostConfig) -> CaiState {
+        CaiState::new(ConversationBounds {
+            total: config.max_conversations,
+            per_org: config.max_conversations_per_org,
+            bytes: config.conversation_max_bytes,
+            ttl: config.conversation_ttl,
+        })
+    }
+
     /// Empty state.
     pub fn new(bounds: ConversationBounds) -> CaiState {
         CaiState {
@@ -169,6 +179,8 @@ impl CaiState {
         }
     }
 }
+
+impl crate::dialect::state::HostWide for CaiState {}
 
 #[cfg(test)]
 mod tests {

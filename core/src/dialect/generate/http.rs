@@ -7,8 +7,9 @@
 use serde_json::{Map, Value};
 
 use super::codec::{self, ErrorCode, ErrorMessage, RecoveryAction, ServerMessage};
-use crate::dialect::http::{
-    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
+use crate::http::{
+    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpRoute, HttpSpec,
+    HttpStep, PathMatch, SseEvent,
 };
 use crate::json::{self, Fields};
 
@@ -31,6 +32,16 @@ const OPTION_KEYS: [&str; 4] = [
     "include_logprobs",
     "include_timing",
 ];
+
+/// `generate`'s HTTP side: `POST /v1/generate`.
+pub(crate) static SPEC: HttpSpec = HttpSpec {
+    routes: &[HttpRoute {
+        method: "POST",
+        path: PathMatch::Exact("/v1/generate"),
+    }],
+    call: |req| call(req.body),
+    failure,
+};
 
 /// Maps a request body to its `config` frame.
 pub(crate) fn call(body: &[u8]) -> Result<HttpCall, HttpReply> {
@@ -173,7 +184,7 @@ impl HttpExchange for Exchange {
             ServerMessage::Error(e) if !self.stream => {
                 let status = error_status(e.error, e.recoverable);
                 return HttpStep::Reply(HttpReply {
-                    retry_after: (status == 503).then_some(crate::dialect::http::RETRY_AFTER_S),
+                    retry_after: (status == 503).then_some(crate::http::RETRY_AFTER_S),
                     ..HttpReply::new(status, text.to_string())
                 });
             }

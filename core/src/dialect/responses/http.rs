@@ -9,8 +9,9 @@
 use serde_json::{json, Value};
 
 use super::codec;
-use crate::dialect::http::{
-    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
+use crate::http::{
+    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpRoute, HttpSpec,
+    HttpStep, PathMatch, SseEvent,
 };
 use crate::json;
 
@@ -22,6 +23,29 @@ fn error_reply(status: u16, code: &str, message: &str, param: Option<&str>) -> H
         ..HttpReply::new(status, body)
     }
 }
+
+/// `responses`' HTTP side: `POST /v1/responses` creates,
+/// `GET /v1/responses/{id}` retrieves a stored response.
+pub(crate) static SPEC: HttpSpec = HttpSpec {
+    routes: &[
+        HttpRoute {
+            method: "POST",
+            path: PathMatch::Exact("/v1/responses"),
+        },
+        HttpRoute {
+            method: "GET",
+            path: PathMatch::Id(RETRIEVE_PREFIX),
+        },
+    ],
+    call: |req| match req.path.strip_prefix(RETRIEVE_PREFIX) {
+        Some(id) => Ok(retrieve(id)),
+        None => create(req.body),
+    },
+    failure,
+};
+
+/// The path of a stored response, before its id.
+const RETRIEVE_PREFIX: &str = "/v1/responses/";
 
 /// Maps `POST /v1/responses` with `body` to its frame.
 pub(crate) fn create(body: &[u8]) -> Result<HttpCall, HttpReply> {

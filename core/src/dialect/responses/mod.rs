@@ -19,7 +19,7 @@ pub mod store;
 use serde_json::{json, Map, Value};
 
 use self::codec::{ClientEvent, CreateRequest, Echo, Usage};
-use self::store::Stored;
+use self::store::{ResponseStore, Stored};
 use super::{Cx, DialectConn, Refusal};
 use crate::api::{Dialect, Transport};
 use crate::engine::SeqId;
@@ -27,7 +27,6 @@ use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId};
-use crate::time::Duration;
 
 /// Close code past the connection limit (try again later).
 const CLOSE_TRY_AGAIN: u16 = 1013;
@@ -203,8 +202,7 @@ impl ResponsesConn {
         if let Some(prev) = &req.previous_response_id {
             let found = if cx.transport == Transport::Http {
                 let owner = cx.principal.clone();
-                cx.state()
-                    .responses
+                cx.state::<ResponseStore>()
                     .get(&owner, prev)
                     .map(|s| s.messages.clone())
             } else {
@@ -388,7 +386,7 @@ impl ResponsesConn {
         if cx.transport == Transport::Http {
             if draft.store {
                 let owner = cx.principal.clone();
-                cx.state().responses.put(
+                cx.state::<ResponseStore>().put(
                     &owner,
                     draft.id.clone(),
                     Stored {
@@ -437,8 +435,7 @@ impl ResponsesConn {
     fn on_retrieve(&mut self, cx: &mut Cx<'_>, id: &str) {
         let owner = cx.principal.clone();
         match cx
-            .state()
-            .responses
+            .state::<ResponseStore>()
             .get(&owner, id)
             .map(|s| s.response.clone())
         {
@@ -574,10 +571,6 @@ impl DialectConn for ResponsesConn {
             _ => {}
         }
     }
-
-    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
-
-    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
 
     fn busy(&self) -> bool {
         self.inflight.is_some()

@@ -60,6 +60,8 @@ impl ResponseStore {
     }
 }
 
+impl crate::dialect::state::HostWide for ResponseStore {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,12 +10,13 @@
 use serde_json::{Map, Value};
 
 use super::codec::{self, ErrorCode, ErrorMessage, ServerMessage};
-use crate::dialect::http::{
-    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpStep, SseEvent,
+use crate::http::{
+    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpRoute, HttpSpec,
+    HttpStep, PathMatch, SseEvent,
 };
 use crate::json::{self, Fields};
 
-use crate::dialect::http::RETRY_AFTER_S;
+use crate::http::RETRY_AFTER_S;
 
 fn error_reply(code: ErrorCode, message: String) -> HttpReply {
     let e = ErrorMessage {
@@ -36,6 +37,16 @@ fn reply_for(code: ErrorCode, body: String) -> HttpReply {
         ..HttpReply::new(status, body)
     }
 }
+
+/// `session`'s HTTP side: `POST /v1/inference`, stateless.
+pub(crate) static SPEC: HttpSpec = HttpSpec {
+    routes: &[HttpRoute {
+        method: "POST",
+        path: PathMatch::Exact("/v1/inference"),
+    }],
+    call: |req| call(req.body, req.model),
+    failure,
+};
 
 /// Maps a request body to its `inference` frame; `model` is the served model.
 pub(crate) fn call(body: &[u8], model: &str) -> Result<HttpCall, HttpReply> {

@@ -14,6 +14,7 @@
 
 pub mod codec;
 pub mod http;
+pub mod state;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -21,14 +22,14 @@ use self::codec::{
     ClientMessage, DecodeError, ErrorCode, ErrorMessage, Inference, Prompt, ServerMessage,
     SessionEnded, SessionReady, SessionStart,
 };
-use super::state::ClaimError;
+use self::state::ClaimError;
+use self::state::SessionState;
 use super::{Cx, DialectConn};
 use crate::api::{JobCheckId, JobGrant, Transport};
 use crate::engine::SeqId;
 use crate::gen::{Failure, FailureKind, GenRequest, StartError, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId, CONTEXT_TOO_LONG};
-use crate::time::Duration;
 
 /// One conversation held by this connection.
 #[derive(Debug)]
@@ -263,7 +264,9 @@ impl SessionConn {
                 );
             }
         };
-        cx.state().jobs.grant(&start.job_id, grant.token_budget);
+        cx.state::<SessionState>()
+            .jobs
+            .grant(&start.job_id, grant.token_budget);
         let messages = start.conversation_context;
         let session = Session {
             job_id: Some(start.job_id),
@@ -381,7 +384,7 @@ impl SessionConn {
             };
         let job_id = self.sessions.get(&sid).and_then(|s| s.job_id.clone());
         if let Some(job) = &job_id {
-            if cx.state().jobs.remaining(job) == Some(0) {
+            if cx.state::<SessionState>().jobs.remaining(job) == Some(0) {
                 return error(
                     cx,
                     Some(&sid),
@@ -464,7 +467,7 @@ impl SessionConn {
         if let Some(remaining) = session
             .job_id
             .as_ref()
-            .and_then(|j| cx.state().jobs.remaining(j))
+            .and_then(|j| cx.state::<SessionState>().jobs.remaining(j))
         {
             if prompt_tokens >= remaining {
                 self.unprompt(&sid);
@@ -588,7 +591,9 @@ impl DialectConn for SessionConn {
             content: content.clone(),
         });
         if let Some(job) = session.job_id.clone() {
-            cx.state().jobs.charge(&job, u64::from(used));
+            cx.state::<SessionState>()
+                .jobs
+                .charge(&job, u64::from(used));
         }
         let response = codec::Response {
             session_id: sid,
@@ -611,7 +616,9 @@ impl DialectConn for SessionConn {
         if let Some(s) = self.sessions.get_mut(&sid) {
             s.turn = None;
             if let Some(job) = s.job_id.clone() {
-                cx.state().jobs.charge(&job, u64::from(used));
+                cx.state::<SessionState>()
+                    .jobs
+                    .charge(&job, u64::from(used));
             }
         }
         self.unprompt(&sid);
@@ -667,10 +674,6 @@ impl DialectConn for SessionConn {
         self.pump(cx);
     }
 
-    fn on_queued(&mut self, _cx: &mut Cx<'_>, _id: SeqId, _position: u32) {}
-
-    fn on_model_loading(&mut self, _cx: &mut Cx<'_>, _p: f32, _m: &str, _eta: Option<Duration>) {}
-
     fn on_closed(&mut self, cx: &mut Cx<'_>) {
         // A session whose job is still being checked holds its id too.
         if let Some(Waiting::Verdict { start, .. }) = &self.waiting {
@@ -691,13 +694,15 @@ impl DialectConn for SessionConn {
 /// Takes session `sid` for this connection, within its principal.
 fn claim_session(cx: &mut Cx<'_>, sid: &str) -> Result<(), ClaimError> {
     let (owner, conn) = (cx.principal.clone(), cx.conn);
-    cx.state().sessions.claim(&owner, sid, conn)
+    cx.state::<SessionState>().sessions.claim(&owner, sid, conn)
 }
 
 /// Gives session `sid` back, if this connection holds it.
 fn release_session(cx: &mut Cx<'_>, sid: &str) {
     let (owner, conn) = (cx.principal.clone(), cx.conn);
-    cx.state().sessions.release(&owner, sid, conn);
+    cx.state::<SessionState>()
+        .sessions
+        .release(&owner, sid, conn);
 }
 
 /// Bytes of message text in `messages` (what a session's bound counts).

@@ -1,12 +1,17 @@
-//! The HTTP side of the dialects. A request body becomes a dialect's frames
+//! The types of an HTTP exchange. A request body becomes a dialect's frames
 //! on a virtual connection ([`crate::Transport::Http`]), and the frames the
 //! Host sends back to it become one JSON response or a stream of server-sent
 //! events. Each dialect owns its mapping (how a body reads, what its terminal
-//! frame is, its error shape), so the shell's routes stay thin: read the body,
-//! call [`http_call`], send the frames, hand every frame the Host sends back
-//! to the [`HttpExchange`], write what it says.
+//! frame is, its error shape) and names it in its row of
+//! [`crate::dialect::registry::DIALECTS`], so the shell's routes stay thin:
+//! [`crate::dialect::registry::route`], read the body,
+//! [`crate::dialect::registry::http_call`], send the frames, hand every frame
+//! the Host sends back to the [`HttpExchange`], write what it says.
+//!
+//! A leaf module: the dialects' mappings and the registry import it, it
+//! imports nothing of theirs.
 
-use crate::api::Dialect;
+use crate::conn::Dialect;
 
 /// A complete HTTP response, written as is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,40 +140,13 @@ pub enum HttpFailure {
 /// Where an HTTP request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
-    /// A dialect's route: read the body and call [`http_call`].
+    /// A dialect's route: read the body and call
+    /// [`crate::dialect::registry::http_call`].
     Dialect(Dialect),
     /// A dialect's path with another method; `Allow` lists this one.
     WrongMethod(&'static str),
     /// No dialect serves this path.
     NotFound,
-}
-
-/// The dialect route for `method` and `path`: `POST /v1/generate`,
-/// `POST /v1/inference`, `POST /v1/responses`, `GET /v1/responses/{id}`.
-pub fn route(method: &str, path: &str) -> Route {
-    let post = |d| {
-        if method == "POST" {
-            Route::Dialect(d)
-        } else {
-            Route::WrongMethod("POST")
-        }
-    };
-    match path {
-        "/v1/generate" => post(Dialect::Generate),
-        "/v1/inference" => post(Dialect::Session),
-        "/v1/responses" => post(Dialect::Responses),
-        _ => match retrieve_id(path) {
-            Some(_) if method == "GET" || method == "HEAD" => Route::Dialect(Dialect::Responses),
-            Some(_) => Route::WrongMethod("GET"),
-            None => Route::NotFound,
-        },
-    }
-}
-
-/// The id of `GET /v1/responses/{id}`.
-fn retrieve_id(path: &str) -> Option<&str> {
-    path.strip_prefix("/v1/responses/")
-        .filter(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// One HTTP request on a dialect's route, as the shell read it.
@@ -184,37 +162,43 @@ pub struct HttpRequest<'a> {
     pub model: &'a str,
 }
 
-/// Maps a request for `dialect`'s HTTP route to its frames, or the error
-/// reply (in the dialect's error shape) when the request is not valid.
-pub fn http_call(dialect: Dialect, req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
-    let body = req.body;
-    match dialect {
-        Dialect::Generate => super::generate::http::call(body),
-        Dialect::Session => super::session::http::call(body, req.model),
-        Dialect::Responses => match retrieve_id(req.path) {
-            Some(id) => Ok(super::responses::http::retrieve(id)),
-            None => super::responses::http::create(body),
-        },
-        other => Err(failure_json(
-            404,
-            &format!("the {} dialect has no HTTP route", other.name()),
-        )),
-    }
+/// A dialect's HTTP side: the paths it answers and how it maps them.
+pub struct HttpSpec {
+    /// The paths and methods it answers.
+    pub routes: &'static [HttpRoute],
+    /// Maps a request on one of [`HttpSpec::routes`] to its frames, or the
+    /// error reply (in the dialect's error shape) when it is not valid.
+    pub call: fn(&HttpRequest<'_>) -> Result<HttpCall, HttpReply>,
+    /// The reply for a failure the shell met on its routes, in the
+    /// dialect's error shape.
+    pub failure: fn(&HttpFailure) -> HttpReply,
 }
 
-/// The reply for a failure the shell met on `dialect`'s HTTP route, in that
-/// dialect's error shape.
-pub fn http_failure(dialect: Dialect, failure: &HttpFailure) -> HttpReply {
-    match dialect {
-        Dialect::Generate => super::generate::http::failure(failure),
-        Dialect::Session => super::session::http::failure(failure),
-        Dialect::Responses => super::responses::http::failure(failure),
-        _ => {
-            let (status, message, retry_after) = describe(failure);
-            HttpReply {
-                retry_after,
-                ..failure_json(status, &message)
-            }
+/// One HTTP path of a dialect, with the method it takes (`HEAD` goes with
+/// `GET`).
+pub struct HttpRoute {
+    /// `POST` or `GET`.
+    pub method: &'static str,
+    /// The paths it answers.
+    pub path: PathMatch,
+}
+
+/// Which paths an [`HttpRoute`] answers.
+pub enum PathMatch {
+    /// This path exactly.
+    Exact(&'static str),
+    /// This prefix followed by one non-empty segment (an id).
+    Id(&'static str),
+}
+
+impl PathMatch {
+    /// True when `path` is one of these paths.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Exact(p) => path == *p,
+            PathMatch::Id(prefix) => path
+                .strip_prefix(prefix)
+                .is_some_and(|id| !id.is_empty() && !id.contains('/')),
         }
     }
 }
@@ -264,18 +248,6 @@ pub(crate) fn describe(f: &HttpFailure) -> (u16, String, Option<u32>) {
         ),
         HttpFailure::Unauthorized { message } => (401, (*message).to_string(), None),
     }
-}
-
-/// A plain error object for routes outside any dialect.
-fn failure_json(status: u16, message: &str) -> HttpReply {
-    let body = serde_json::json!({
-        "type": "error",
-        "error": if status >= 500 { "unavailable" } else { "invalid_request" },
-        "message": message,
-        "recoverable": true,
-    })
-    .to_string();
-    HttpReply::new(status, body)
 }
 
 #[cfg(test)]
