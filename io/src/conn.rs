@@ -22,8 +22,8 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
-use crate::driver::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
-use crate::http::Permits;
+use crate::channel::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
+use crate::http::state::Permits;
 use crate::sync::{OutboundQueue, Pop};
 
 /// How long a closing connection may take to finish the write in flight and

@@ -9,8 +9,8 @@ use tokenwire_core::{EngineFault, EngineFaultKind, Input, StepPlan};
 use tokenwire_kernels::model_dir::ModelDir;
 use tokenwire_kernels::{ActivationPrecision, BackendKind, Engine, EngineOptions};
 
+use crate::channel::{DriverHandle, DriverMsg};
 use crate::config::{Backend, CpuActivations, ModelSource};
-use crate::driver::{DriverHandle, DriverMsg};
 use crate::hf_cache::CacheEnv;
 
 /// Tokens per KV cache block (DESIGN.md: paged KV cache, block size 16).

@@ -6,7 +6,7 @@
 
 use tokenwire_core::{Input, JobCheck, JobCheckId, JobGrant};
 
-use crate::driver::{DriverHandle, DriverMsg};
+use crate::channel::{DriverHandle, DriverMsg};
 
 /// Decides whether a job may use this host, and how many tokens it may use.
 pub trait JobVerifier: Send + Sync + 'static {

@@ -15,9 +15,13 @@
 //!   `/metrics`, `/v1/models`, and each dialect's route, such as
 //!   `POST /v1/generate` and `POST /v1/inference`, whose body and replies the
 //!   dialect's own mapping in the core translates; the shell only reads the
-//!   body within its deadline).
+//!   body within its deadline). The `http` module routes (its `state` is what
+//!   handlers share, `reply` builds responses, `dialect` carries out a
+//!   dialect's HTTP routes as the core's registry names them).
 //! - One driver task owns the [`tokenwire_core::Host`]: connection tasks and the
-//!   engine thread send it inputs over a channel; it drains the Host's outputs
+//!   engine thread send it inputs over a channel (the `channel` module: the
+//!   messages, the handle, the per-connection queues; the `driver` module is
+//!   the event loop alone); it drains the Host's outputs
 //!   into per-connection bounded queues ([`sync::OutboundQueue`]), the engine
 //!   thread, a small pool of text workers (tokenizing prompts off the driver),
 //!   the metrics and the feedback log, the job verifier ([`jobs`]), pauses
@@ -43,6 +47,7 @@
 //! state); [`RunningServer::wait_ready`] then waits for it. [`serve`] is what
 //! the binary runs: it stops on a shutdown future such as [`shutdown::signal`].
 
+mod channel;
 mod clock;
 pub mod config;
 mod conn;
@@ -51,7 +56,6 @@ mod engine_thread;
 mod feedback;
 pub mod hf_cache;
 mod http;
-mod http_dialect;
 pub mod jobs;
 pub mod keys;
 mod load_progress;

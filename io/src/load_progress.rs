@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use tokenwire_core::Input;
 use tokenwire_kernels::LoadProgress;
 
-use crate::driver::{DriverHandle, DriverMsg};
+use crate::channel::{DriverHandle, DriverMsg};
 
 /// What was last shown.
 #[derive(Debug, Default)]

@@ -16,14 +16,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::channel::Snapshot;
 use crate::clock::Clock;
 use crate::config::{ModelSource, ServerConfig};
 use crate::conn::{websocket_config, CLOSE_LINGER};
-use crate::driver::{self, Driver, DriverParts, Snapshot, TextWorkers};
+use crate::driver::{Driver, DriverParts, TextWorkers};
 use crate::engine_thread::{self, EngineSpec};
 use crate::feedback::FeedbackLog;
-use crate::http::{self, AppState};
-use crate::http::{PermitSlot, Permits};
+use crate::http::state::{PermitSlot, Permits};
+use crate::http::{self, state::AppState};
 use crate::metrics::Metrics;
 use crate::sync::{CancelFlag, ConnectionLimiter, PerKeyLimiter};
 
@@ -215,9 +216,9 @@ pub async fn start_loading_with(
     let mut host_config = config.host_config(clock.epoch_unix_ms());
     host_config.keys = keys.clone();
     let host = Host::new(host_config, host_seed(&config)?);
-    let (snapshot_tx, snapshot_rx) = driver::snapshot_channel(&host);
+    let (snapshot_tx, snapshot_rx) = crate::channel::snapshot_channel(&host);
     let ready_rx = snapshot_rx.clone();
-    let (driver_handle, driver_rx) = driver::channel();
+    let (driver_handle, driver_rx) = crate::channel::channel();
     let metrics = Arc::new(Metrics::new());
     let shutdown = CancelFlag::new();
 

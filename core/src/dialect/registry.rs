@@ -26,6 +26,10 @@ pub struct DialectSpec {
     /// Its host-wide state, made once per Host from the Host's settings,
     /// if it keeps anything beyond one connection.
     pub state: Option<MakeState>,
+    /// It checks keys and charges rate limits itself, with its own
+    /// refusals (`cai`'s query-string keys and 4001-4003 closes), so the
+    /// Host and the shell leave both to it.
+    pub own_auth: bool,
 }
 
 /// Every dialect this build serves, in [`Dialect::ALL`]'s order.
@@ -35,30 +39,35 @@ pub static DIALECTS: [DialectSpec; 5] = [
         machine: || Box::new(generate::GenerateConn::default()),
         http: Some(&generate::http::SPEC),
         state: None,
+        own_auth: false,
     },
     DialectSpec {
         dialect: Dialect::Session,
         machine: || Box::new(session::SessionConn::default()),
         http: Some(&session::http::SPEC),
         state: Some(|c| Box::new(session::state::SessionState::new(c))),
+        own_auth: false,
     },
     DialectSpec {
         dialect: Dialect::Responses,
         machine: || Box::new(responses::ResponsesConn::default()),
         http: Some(&responses::http::SPEC),
         state: Some(|c| Box::new(responses::store::ResponseStore::new(c.response_store_size))),
+        own_auth: false,
     },
     DialectSpec {
         dialect: Dialect::Batch,
         machine: || Box::new(batch::BatchConn::default()),
         http: None,
         state: Some(|c| Box::new(batch::cache::ContinueCache::new(c.batch_cache_entries))),
+        own_auth: false,
     },
     DialectSpec {
         dialect: Dialect::Cai,
         machine: || Box::new(cai::CaiConn::default()),
         http: None,
         state: Some(|c| Box::new(cai::state::CaiState::for_host(c))),
+        own_auth: true,
     },
 ];
 

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, Transport};
 use crate::config::HostConfig;
-use crate::dialect::{machine_for, Cx, DialectConn};
+use crate::dialect::{machine_for, registry, Cx, DialectConn};
 
 /// Makes the per-connection machine for a dialect (`None`: not served).
 pub type MachineFactory = fn(Dialect) -> Option<Box<dyn DialectConn>>;
@@ -331,8 +331,9 @@ impl Host {
         let principal = match Principal::of(cfg.keys.as_ref(), cfg.auth, conn, transport, presented)
         {
             Ok(p) => p,
-            // `cai` answers a bad key itself, with its own close codes.
-            Err(_) if dialect == Dialect::Cai => Principal::Conn(conn),
+            // A dialect that checks keys itself (`cai`) answers a bad key with its
+            // own close codes.
+            Err(_) if registry::spec(dialect).own_auth => Principal::Conn(conn),
             Err(e) => {
                 self.sh.outputs.push_back(Output::Close {
                     conn,

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use crate::api::{ConnId, Dialect, Event, JobCheck, JobCheckId, Outcome, Output, Transport};
 use crate::config::HostConfig;
 use crate::dialect::state::DialectState;
-use crate::dialect::HostPort;
+use crate::dialect::{registry, HostPort};
 use crate::engine::{ModelInfo, SeqId, SeqResult, TokenId};
 use crate::gen::{
     FinishReason, GenRequest, GenState, Generation, HoldReason, Holds, KeptKv, StartError,
@@ -251,10 +251,12 @@ impl Shared {
             }
         }
         // A key's organisation pays for what its requests compute, on every
-        // dialect (`cai` admits and charges its own requests). Beams are
+        // dialect (one with `own_auth`, `cai`, admits and charges its own requests). Beams are
         // parts of one request.
         let charged_org = match (principal, &self.config.keys) {
-            (Principal::Key { org, .. }, Some(ring)) if dialect != Dialect::Cai && !req.raw => {
+            (Principal::Key { org, .. }, Some(ring))
+                if !registry::spec(dialect).own_auth && !req.raw =>
+            {
                 let limits = ring.org_limits(org);
                 if let Err(wait) = self.dialects.limits.admit(now, org, limits) {
                     let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);

@@ -1,163 +1,33 @@
-//! HTTP routing: WebSocket upgrades on the dialects' paths, and the HTTP
-//! endpoints (`/health`, `/metrics`, `/v1/models`, `POST /v1/generate`).
+//! HTTP routing: WebSocket upgrades on the dialects' paths, the server's own
+//! endpoints (`/health`, `/metrics`, `/v1/models`, the playground), and each
+//! dialect's HTTP routes as its row in the core's registry names them
+//! ([`dialect`] carries them out). [`state`] is what the handlers share,
+//! [`reply`] how responses are built.
+
+mod dialect;
+pub(crate) mod reply;
+pub(crate) mod state;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::Instrument;
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokenwire_core::http::Route;
-use tokenwire_core::{ConnId, Dialect};
-use tokio::sync::{mpsc, watch};
+use tokenwire_core::Dialect;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 
+use self::reply::{empty, error_response, full, json_response, with_retry_after, Body};
+use self::state::{authorization, unauthorized, AppState, PermitSlot};
 use crate::conn::{self, ConnMeta};
-use crate::driver::{DriverHandle, Snapshot};
-use crate::metrics::Metrics;
-use crate::sync::{ConnectionLimiter, ConnectionPermit, KeyPermit, PerKeyLimiter};
-use tokenwire_core::dialect::cai::auth::KeyRing;
-use tokenwire_core::dialect::registry::http_failure;
-use tokenwire_core::http::HttpFailure;
 use tokenwire_core::principal::{AuthScope, Presented, Principal};
-
-/// Response body type of every endpoint.
-pub(crate) type Body = BoxBody<Bytes, Infallible>;
-
-/// What the request handlers share.
-pub(crate) struct AppState {
-    /// The driver's channel.
-    pub driver: DriverHandle,
-    /// The driver's latest snapshot.
-    pub snapshot: watch::Receiver<Snapshot>,
-    /// Metrics, for `/metrics`.
-    pub metrics: Arc<Metrics>,
-    /// Cap on open connections (HTTP and WebSocket alike).
-    pub limiter: Arc<ConnectionLimiter>,
-    /// Cap on open connections per peer address.
-    pub per_ip: Arc<PerKeyLimiter<std::net::IpAddr>>,
-    /// The keys file, to check keys before any work.
-    pub keys: Option<Arc<KeyRing>>,
-    /// Which routes need a key.
-    pub auth: AuthScope,
-    /// `/metrics` needs a key.
-    pub metrics_auth: bool,
-    /// Browser origins allowed besides the server's own.
-    pub allowed_origins: Vec<String>,
-    /// Next connection id.
-    pub next_conn: AtomicU64,
-    /// Server start, unix seconds (the model's `created`).
-    pub started_unix_s: u64,
-    /// Largest frame / request body.
-    pub max_frame_bytes: usize,
-    /// How long a request body may take before the rate extension.
-    pub body_timeout: std::time::Duration,
-    /// Bytes per second a body must keep up beyond `body_timeout`.
-    pub body_min_rate: u64,
-    /// How long a client may take to send a request's headers.
-    pub header_timeout: std::time::Duration,
-    /// Kernel send buffer per connection (0: the OS's sizing).
-    pub send_buffer_bytes: usize,
-    /// Outbound queue capacity per connection.
-    pub max_queued_frames: usize,
-    /// WebSocket settings.
-    pub ws_config: WebSocketConfig,
-    /// Never sent on: it is dropped with the last task holding the state, which
-    /// is how the server knows every connection task has ended.
-    pub _tasks: mpsc::Sender<()>,
-}
-
-impl AppState {
-    /// A fresh connection id.
-    pub(crate) fn next_conn_id(&self) -> ConnId {
-        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// What a connection holds while it is open: its slot in the connection
-/// limit and in its address's. Held only to be dropped together.
-#[derive(Debug)]
-pub(crate) struct Permits {
-    /// The server-wide slot.
-    pub _conn: ConnectionPermit,
-    /// The peer address's slot.
-    pub _ip: KeyPermit<std::net::IpAddr>,
-}
-
-/// A connection's slots in the connection limits, shared by its requests: an
-/// upgrade takes them over for the WebSocket's life.
-#[derive(Clone)]
-pub(crate) struct PermitSlot(Arc<std::sync::Mutex<Option<Permits>>>);
-
-impl PermitSlot {
-    /// A slot holding `permits`.
-    pub(crate) fn new(permits: Permits) -> PermitSlot {
-        PermitSlot(Arc::new(std::sync::Mutex::new(Some(permits))))
-    }
-
-    /// Takes the permits (once).
-    fn take(&self) -> Option<Permits> {
-        match self.0.lock() {
-            Ok(mut p) => p.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
-        }
-    }
-}
-
-/// The `Authorization` header's value, if any (UTF-8 only: anything else is
-/// no key).
-pub(crate) fn authorization<B>(req: &Request<B>) -> Option<String> {
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-}
-
-/// The refusal of a request that needs a key and presented none this server
-/// accepts (`--auth all`), in `dialect`'s error shape; `None` when it may go
-/// on. `cai` answers for itself (its 4001-4003 closes).
-pub(crate) fn unauthorized<B>(
-    state: &AppState,
-    dialect: Dialect,
-    transport: tokenwire_core::Transport,
-    req: &Request<B>,
-) -> Option<Response<Body>> {
-    if dialect == Dialect::Cai || state.auth == AuthScope::Cai {
-        return None;
-    }
-    let header = authorization(req);
-    let presented = Presented {
-        header: header.as_deref(),
-        query: req.uri().query().unwrap_or_default(),
-    };
-    let refused = Principal::of(
-        state.keys.as_deref(),
-        state.auth,
-        ConnId(0),
-        transport,
-        presented,
-    )
-    .err()?;
-    let reply = http_failure(
-        dialect,
-        &HttpFailure::Unauthorized {
-            message: refused.message(),
-        },
-    );
-    let mut resp = json_text_response(StatusCode::UNAUTHORIZED, reply.body);
-    resp.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Some(resp)
-}
+use tokenwire_core::ConnId;
 
 /// hyper's service function: routes one request.
 pub(crate) async fn handle(
@@ -211,7 +81,7 @@ async fn route(
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
         path => match tokenwire_core::dialect::registry::route(req.method().as_str(), path) {
-            Route::Dialect(dialect) => crate::http_dialect::handle(state, peer, dialect, req).await,
+            Route::Dialect(dialect) => dialect::handle(state, peer, dialect, req).await,
             Route::WrongMethod(allow) => method_not_allowed(allow),
             Route::NotFound => error_response(
                 StatusCode::NOT_FOUND,
@@ -225,7 +95,7 @@ async fn route(
 /// The playground: one self-contained page (no build step, nothing fetched
 /// from elsewhere: its policy only lets it talk to this server).
 fn playground() -> Response<Body> {
-    const PAGE: &str = include_str!("playground.html");
+    const PAGE: &str = include_str!("../playground.html");
     let mut resp = Response::new(full(PAGE));
     let headers = resp.headers_mut();
     headers.insert(
@@ -465,53 +335,6 @@ fn upgrade_or_refuse(
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
-    resp
-}
-
-/// A body holding `data`.
-pub(crate) fn full(data: impl Into<Bytes>) -> Body {
-    Full::new(data.into()).boxed()
-}
-
-/// An empty body.
-pub(crate) fn empty() -> Body {
-    full(Bytes::new())
-}
-
-/// A JSON response.
-pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    json_text_response(status, value.to_string())
-}
-
-/// A response whose body is already JSON text.
-pub(crate) fn json_text_response(status: StatusCode, json: String) -> Response<Body> {
-    let mut resp = Response::new(full(json));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-/// `{"type": "error", "error": code, "message": message, "recoverable": true}`
-/// with `status` (and `Retry-After` on a 503).
-pub(crate) fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Body> {
-    let resp = json_response(
-        status,
-        &serde_json::json!({"type": "error", "error": code, "message": message, "recoverable": true}),
-    );
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        with_retry_after(resp, 1)
-    } else {
-        resp
-    }
-}
-
-/// Adds `Retry-After: seconds`.
-pub(crate) fn with_retry_after(mut resp: Response<Body>, seconds: u32) -> Response<Body> {
-    resp.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     resp
 }
 

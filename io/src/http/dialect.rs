@@ -23,8 +23,9 @@ use tokenwire_core::dialect::registry::{http_call, http_failure};
 use tokenwire_core::http::{HttpExchange, HttpFailure, HttpReply, HttpRequest, HttpStep, SseEvent};
 use tokenwire_core::{ConnId, Dialect, Input, Transport};
 
-use crate::driver::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
-use crate::http::{full, AppState, Body};
+use super::reply::{full, Body};
+use super::state::{authorization, unauthorized, AppState};
+use crate::channel::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
 use crate::sync::OutboundQueue;
 
 /// Seconds a client is told to wait when the server cannot take the request.
@@ -37,10 +38,10 @@ pub(crate) async fn handle(
     dialect: Dialect,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    if let Some(resp) = crate::http::unauthorized(&state, dialect, Transport::Http, &req) {
+    if let Some(resp) = unauthorized(&state, dialect, Transport::Http, &req) {
         return resp;
     }
-    let authorization = crate::http::authorization(&req);
+    let authorization = authorization(&req);
     let query = req.uri().query().unwrap_or_default().to_owned();
     let max = state.max_frame_bytes;
     let method = req.method().as_str().to_owned();
