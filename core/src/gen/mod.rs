@@ -11,7 +11,7 @@ pub mod request;
 pub mod sentence;
 pub mod stop;
 
-use crate::api::ConnId;
+use crate::conn::{ConnId, Dialect};
 use crate::engine::{SeqId, SeqResult, TokenId, TokenLogprobs};
 use crate::params::GenParams;
 use crate::text::TextCodec;
@@ -83,6 +83,8 @@ pub struct Generation {
     pub id: SeqId,
     /// The connection that owns it.
     pub owner: ConnId,
+    /// Its owner's dialect (metrics and events name it).
+    pub dialect: Dialect,
     /// Prompt token ids (as fed to the model, BOS included).
     pub prompt_ids: Vec<TokenId>,
     /// Generated token ids (end-of-sequence token included when one came).
@@ -131,6 +133,7 @@ impl Generation {
     pub fn new(
         id: SeqId,
         owner: ConnId,
+        dialect: Dialect,
         prompt_ids: Vec<TokenId>,
         params: GenParams,
         seed: u64,
@@ -143,6 +146,7 @@ impl Generation {
         Generation {
             id,
             owner,
+            dialect,
             prompt_ids,
             out_ids: Vec::new(),
             params,
@@ -302,6 +306,7 @@ mod tests {
         Generation::new(
             SeqId(1),
             ConnId(1),
+            Dialect::Generate,
             prompt,
             p,
             0,

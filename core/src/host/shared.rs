@@ -71,8 +71,6 @@ pub(crate) struct Shared {
     pub model: Option<Model>,
     pub sched: Option<Scheduler>,
     pub gens: BTreeMap<SeqId, Generation>,
-    /// The dialect of each generation's owner, for metrics.
-    pub gen_dialect: BTreeMap<SeqId, Dialect>,
     pub timers: TimerTable<TimerKey>,
     pub outputs: VecDeque<Output>,
     /// Results held during a pause, to apply now that it resumed.
@@ -108,7 +106,6 @@ impl Shared {
             model: None,
             sched: None,
             gens: BTreeMap::new(),
-            gen_dialect: BTreeMap::new(),
             timers: TimerTable::default(),
             outputs: VecDeque::new(),
             replay: VecDeque::new(),
@@ -137,24 +134,128 @@ impl Shared {
         self.model = Some(Model { info, codec });
     }
 
+    /// True while a text job or a job check of `conn` is outstanding: its
+    /// frames wait.
+    pub fn awaits_answer(&self, conn: ConnId) -> bool {
+        self.text_jobs.values().any(|&c| c == conn) || self.job_checks.values().any(|&c| c == conn)
+    }
+
+    /// Removes a generation from the scheduler (parking its KV blocks when
+    /// it completed and its dialect asked to keep them) and the registry,
+    /// and counts it.
+    pub fn retire(&mut self, now: Instant, id: SeqId, outcome: Outcome) -> Option<Generation> {
+        let keep = outcome == Outcome::Completed && self.gens.get(&id).is_some_and(|g| g.keep_kv);
+        if let Some(s) = self.sched.as_mut() {
+            if keep {
+                s.park(id);
+            } else {
+                s.remove(id);
+            }
+        }
+        self.timers.cancel(TimerKey::PauseTimeout(id));
+        let gen = self.gens.remove(&id)?;
+        let dialect = gen.dialect;
+        if let (Some(org), Some(ring)) = (&gen.charged_org, &self.config.keys) {
+            let limits = ring.org_limits(org);
+            let tokens = u64::from(gen.completion_tokens());
+            self.dialects.limits.charge_tokens(now, org, limits, tokens);
+        }
+        if gen.raw {
+            // A beam, not a request: its dialect reports the request.
+            return Some(gen);
+        }
+        self.outputs
+            .push_back(Output::Event(Event::RequestFinished {
+                dialect,
+                request: id.0,
+                outcome,
+                prompt_tokens: gen.prompt_tokens(),
+                completion_tokens: gen.completion_tokens(),
+                elapsed: now - gen.created_at,
+            }));
+        Some(gen)
+    }
+
+    /// Marks every generation of `conn` blocked or not by flow control.
+    pub fn set_conn_blocked(&mut self, conn: ConnId, blocked: bool) {
+        if blocked {
+            self.blocked_conns.insert(conn);
+        } else {
+            self.blocked_conns.remove(&conn);
+        }
+        let ids: Vec<SeqId> = self
+            .gens
+            .values()
+            .filter(|g| g.owner == conn)
+            .map(|g| g.id)
+            .collect();
+        for id in ids {
+            if let Some(g) = self.gens.get_mut(&id) {
+                if blocked {
+                    g.holds.insert(HoldReason::OutboundFull);
+                } else {
+                    g.holds.remove(HoldReason::OutboundFull);
+                }
+            }
+            self.sync_runnable(id);
+        }
+    }
+
+    /// Tells the scheduler whether `id` may run.
+    pub fn sync_runnable(&mut self, id: SeqId) {
+        let runnable = self.gens.get(&id).is_some_and(|g| g.runnable());
+        if let Some(s) = self.sched.as_mut() {
+            s.set_runnable(id, runnable);
+        }
+    }
+
+    /// Generations owned by `conn`, in id order.
+    pub fn gens_of(&self, conn: ConnId) -> Vec<SeqId> {
+        self.gens
+            .values()
+            .filter(|g| g.owner == conn)
+            .map(|g| g.id)
+            .collect()
+    }
+}
+
+impl HostPort for Shared {
+    fn push_output(&mut self, out: Output) {
+        self.outputs.push_back(out);
+    }
+
+    fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {
+        if !self.closing.iter().any(|(c, _, _)| *c == conn) {
+            self.closing.push((conn, code, reason.to_string()));
+        }
+    }
+
+    fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
     /// # Panics
     /// Never in practice: dialect machines only run once the model is loaded.
-    pub fn model_info(&self) -> &ModelInfo {
+    fn model_info(&self) -> &ModelInfo {
         match &self.model {
             Some(m) => &m.info,
             None => unreachable!("dialects run only after the model is loaded"),
         }
     }
 
-    pub fn codec(&self) -> &dyn TextCodec {
+    fn codec(&self) -> &dyn TextCodec {
         match &self.model {
             Some(m) => &*m.codec,
             None => unreachable!("dialects run only after the model is loaded"),
         }
     }
 
+    fn rng(&mut self) -> &mut HostRng {
+        &mut self.rng
+    }
+
     /// Hands out a text job for `conn`; its frames wait until the answer.
-    pub fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId {
+    fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId {
         let id = TextJobId(self.next_job);
         self.next_job += 1;
         self.text_jobs.insert(id, conn);
@@ -169,14 +270,8 @@ impl Shared {
         id
     }
 
-    /// True while a text job or a job check of `conn` is outstanding: its
-    /// frames wait.
-    pub fn awaits_answer(&self, conn: ConnId) -> bool {
-        self.text_jobs.values().any(|&c| c == conn) || self.job_checks.values().any(|&c| c == conn)
-    }
-
     /// Hands out a job check for `conn`; its frames wait until the verdict.
-    pub fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId {
+    fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId {
         let id = JobCheckId(self.next_check);
         self.next_check += 1;
         self.job_checks.insert(id, conn);
@@ -189,13 +284,7 @@ impl Shared {
         id
     }
 
-    pub fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {
-        if !self.closing.iter().any(|(c, _, _)| *c == conn) {
-            self.closing.push((conn, code, reason.to_string()));
-        }
-    }
-
-    pub fn start(
+    fn start(
         &mut self,
         now: Instant,
         owner: ConnId,
@@ -299,6 +388,7 @@ impl Shared {
         let mut gen = Generation::new(
             id,
             owner,
+            dialect,
             req.prompt_ids,
             req.params,
             seed,
@@ -321,96 +411,18 @@ impl Shared {
             }));
         }
         self.gens.insert(id, gen);
-        self.gen_dialect.insert(id, dialect);
         self.sync_runnable(id);
         Ok(id)
     }
 
-    /// Starts a copy of live generation `src` (a beam continuing another):
-    /// same owner, tokens and state, sharing `src`'s KV blocks copy-on-write.
-    pub fn fork(&mut self, src: SeqId) -> Option<SeqId> {
-        let gen = self.gens.get(&src)?.clone();
-        let dialect = self.gen_dialect.get(&src).copied()?;
-        let id = SeqId(self.next_seq);
-        if !self.sched.as_mut()?.fork(src, id) {
-            return None;
-        }
-        self.next_seq += 1;
-        let mut child = gen;
-        child.id = id;
-        self.gens.insert(id, child);
-        self.gen_dialect.insert(id, dialect);
-        self.sync_runnable(id);
-        Some(id)
-    }
-
-    /// Asks that live generation `id` keep its KV blocks when it completes.
-    pub fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv> {
-        let gen = self.gens.get_mut(&id).filter(|g| !g.raw)?;
-        gen.keep_kv = true;
-        Some(KeptKv(id))
-    }
-
-    /// Frees KV blocks kept by [`Shared::keep_kv`] (no-op when already gone).
-    pub fn drop_kv(&mut self, kv: KeptKv) {
-        if let Some(s) = self.sched.as_mut() {
-            s.drop_parked(kv.0);
-        }
-    }
-
-    /// Replaces the last token of raw generation `id` before it is computed.
-    pub fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
-        let Some(gen) = self.gens.get_mut(&id) else {
-            return false;
-        };
-        if !gen.set_last_token(token) {
-            return false;
-        }
-        self.sched
-            .as_mut()
-            .is_some_and(|s| s.set_last_token(id, token))
-    }
-
-    /// Removes a generation from the scheduler (parking its KV blocks when
-    /// it completed and its dialect asked to keep them) and the registry,
-    /// and counts it.
-    pub fn retire(&mut self, now: Instant, id: SeqId, outcome: Outcome) -> Option<Generation> {
-        let keep = outcome == Outcome::Completed && self.gens.get(&id).is_some_and(|g| g.keep_kv);
-        if let Some(s) = self.sched.as_mut() {
-            if keep {
-                s.park(id);
-            } else {
-                s.remove(id);
-            }
-        }
-        self.timers.cancel(TimerKey::PauseTimeout(id));
-        let gen = self.gens.remove(&id)?;
-        let dialect = self.gen_dialect.remove(&id).unwrap_or(Dialect::Generate);
-        if let (Some(org), Some(ring)) = (&gen.charged_org, &self.config.keys) {
-            let limits = ring.org_limits(org);
-            let tokens = u64::from(gen.completion_tokens());
-            self.dialects.limits.charge_tokens(now, org, limits, tokens);
-        }
-        if gen.raw {
-            // A beam, not a request: its dialect reports the request.
-            return Some(gen);
-        }
-        self.outputs
-            .push_back(Output::Event(Event::RequestFinished {
-                dialect,
-                request: id.0,
-                outcome,
-                prompt_tokens: gen.prompt_tokens(),
-                completion_tokens: gen.completion_tokens(),
-                elapsed: now - gen.created_at,
-            }));
-        Some(gen)
+    fn generation(&self, id: SeqId) -> Option<&Generation> {
+        self.gens.get(&id)
     }
 
     /// Ends a generation for its dialect: the last piece (held text
     /// released) is queued for delivery through the same route as a natural
     /// ending, and the scheduler forgets it at once.
-    pub fn end(&mut self, id: SeqId, reason: FinishReason) -> bool {
+    fn end(&mut self, id: SeqId, reason: FinishReason) -> bool {
         let Some(model) = self.model.as_ref() else {
             return false;
         };
@@ -440,7 +452,7 @@ impl Shared {
     /// Adds `reason` to what holds `id`. A hold the client controls (its
     /// pause, its flow window) starts the pause timeout: a client that never
     /// resumes or acknowledges cannot keep a generation's memory forever.
-    pub fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
+    fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
         let Some(gen) = self.gens.get_mut(&id) else {
             return false;
         };
@@ -454,9 +466,52 @@ impl Shared {
         true
     }
 
+    /// Starts a copy of live generation `src` (a beam continuing another):
+    /// same owner, tokens and state, sharing `src`'s KV blocks copy-on-write.
+    fn fork(&mut self, src: SeqId) -> Option<SeqId> {
+        let gen = self.gens.get(&src)?.clone();
+        let id = SeqId(self.next_seq);
+        if !self.sched.as_mut()?.fork(src, id) {
+            return None;
+        }
+        self.next_seq += 1;
+        let mut child = gen;
+        child.id = id;
+        self.gens.insert(id, child);
+        self.sync_runnable(id);
+        Some(id)
+    }
+
+    /// Replaces the last token of raw generation `id` before it is computed.
+    fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
+        let Some(gen) = self.gens.get_mut(&id) else {
+            return false;
+        };
+        if !gen.set_last_token(token) {
+            return false;
+        }
+        self.sched
+            .as_mut()
+            .is_some_and(|s| s.set_last_token(id, token))
+    }
+
+    /// Asks that live generation `id` keep its KV blocks when it completes.
+    fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv> {
+        let gen = self.gens.get_mut(&id).filter(|g| !g.raw)?;
+        gen.keep_kv = true;
+        Some(KeptKv(id))
+    }
+
+    /// Frees KV blocks kept by [`HostPort::keep_kv`] (no-op when already gone).
+    fn drop_kv(&mut self, kv: KeptKv) {
+        if let Some(s) = self.sched.as_mut() {
+            s.drop_parked(kv.0);
+        }
+    }
+
     /// Removes `reason` from what holds `id`; the end of a client pause
     /// replays the results it kept back.
-    pub fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {
+    fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {
         let Some(gen) = self.gens.get_mut(&id) else {
             return false;
         };
@@ -471,7 +526,7 @@ impl Shared {
         true
     }
 
-    pub fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
+    fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
         let Some(gen) = self.gens.get_mut(&id) else {
             return Ok(());
         };
@@ -489,129 +544,6 @@ impl Shared {
             s.set_sampling(id, sampling);
         }
         Ok(())
-    }
-
-    /// Marks every generation of `conn` blocked or not by flow control.
-    pub fn set_conn_blocked(&mut self, conn: ConnId, blocked: bool) {
-        if blocked {
-            self.blocked_conns.insert(conn);
-        } else {
-            self.blocked_conns.remove(&conn);
-        }
-        let ids: Vec<SeqId> = self
-            .gens
-            .values()
-            .filter(|g| g.owner == conn)
-            .map(|g| g.id)
-            .collect();
-        for id in ids {
-            if let Some(g) = self.gens.get_mut(&id) {
-                if blocked {
-                    g.holds.insert(HoldReason::OutboundFull);
-                } else {
-                    g.holds.remove(HoldReason::OutboundFull);
-                }
-            }
-            self.sync_runnable(id);
-        }
-    }
-
-    /// Tells the scheduler whether `id` may run.
-    pub fn sync_runnable(&mut self, id: SeqId) {
-        let runnable = self.gens.get(&id).is_some_and(|g| g.runnable());
-        if let Some(s) = self.sched.as_mut() {
-            s.set_runnable(id, runnable);
-        }
-    }
-
-    /// Generations owned by `conn`, in id order.
-    pub fn gens_of(&self, conn: ConnId) -> Vec<SeqId> {
-        self.gens
-            .values()
-            .filter(|g| g.owner == conn)
-            .map(|g| g.id)
-            .collect()
-    }
-}
-
-impl HostPort for Shared {
-    fn push_output(&mut self, out: Output) {
-        self.outputs.push_back(out);
-    }
-
-    fn request_close(&mut self, conn: ConnId, code: u16, reason: &str) {
-        Shared::request_close(self, conn, code, reason);
-    }
-
-    fn config(&self) -> &HostConfig {
-        &self.config
-    }
-
-    fn model_info(&self) -> &ModelInfo {
-        Shared::model_info(self)
-    }
-
-    fn codec(&self) -> &dyn TextCodec {
-        Shared::codec(self)
-    }
-
-    fn rng(&mut self) -> &mut HostRng {
-        &mut self.rng
-    }
-
-    fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId {
-        Shared::tokenize(self, conn, work)
-    }
-
-    fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId {
-        Shared::verify_job(self, conn, dialect, job_id)
-    }
-
-    fn start(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        dialect: Dialect,
-        principal: &Principal,
-        req: GenRequest,
-    ) -> Result<SeqId, StartError> {
-        Shared::start(self, now, conn, dialect, principal, req)
-    }
-
-    fn generation(&self, id: SeqId) -> Option<&Generation> {
-        self.gens.get(&id)
-    }
-
-    fn end(&mut self, id: SeqId, reason: FinishReason) -> bool {
-        Shared::end(self, id, reason)
-    }
-
-    fn hold(&mut self, now: Instant, id: SeqId, reason: HoldReason) -> bool {
-        Shared::hold(self, now, id, reason)
-    }
-
-    fn fork(&mut self, src: SeqId) -> Option<SeqId> {
-        Shared::fork(self, src)
-    }
-
-    fn set_last_token(&mut self, id: SeqId, token: TokenId) -> bool {
-        Shared::set_last_token(self, id, token)
-    }
-
-    fn keep_kv(&mut self, id: SeqId) -> Option<KeptKv> {
-        Shared::keep_kv(self, id)
-    }
-
-    fn drop_kv(&mut self, kv: KeptKv) {
-        Shared::drop_kv(self, kv)
-    }
-
-    fn release(&mut self, id: SeqId, reason: HoldReason) -> bool {
-        Shared::release(self, id, reason)
-    }
-
-    fn modify(&mut self, id: SeqId, params: GenParams) -> Result<(), StartError> {
-        Shared::modify(self, id, params)
     }
 
     fn dialect_state(&mut self) -> &mut DialectState {
