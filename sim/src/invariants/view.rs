@@ -15,11 +15,6 @@
 //! `<c{conn}>` tag every simulated prompt starts with, read from the tokens a
 //! step feeds at position 0.
 
-pub mod batch;
-pub mod cai;
-pub mod responses;
-pub mod session;
-
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::Value;
@@ -31,6 +26,10 @@ use tokenwire_core::{
     TextJobId, TokenId, Transport,
 };
 
+use super::batch::view as batch;
+use super::cai::view as cai;
+use super::responses::view as responses;
+use super::session::view as session;
 use super::Frame;
 
 /// What a request asked for (as far as the checkers need it).
@@ -256,7 +255,7 @@ pub struct ConnView {
     /// The last request started on it (for feedback acks).
     pub last_request: Option<String>,
     /// Its feedback rate limit, as the acks tell it.
-    pub feedback: super::generate_model::FeedbackMeter,
+    pub feedback: super::generate::model::FeedbackMeter,
     /// Its text jobs not yet answered: its frames are held meanwhile.
     pub text_jobs: BTreeSet<TextJobId>,
     /// Its job checks not yet answered: its frames are held meanwhile.
