@@ -21,6 +21,7 @@ pub mod stop_strings;
 pub mod stream_text;
 pub mod terminal_once;
 pub mod token_delivery;
+pub mod view;
 pub mod wire;
 pub mod work_conserving;
 

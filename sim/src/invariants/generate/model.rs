@@ -5,7 +5,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::invariants::view::{ReqView, Sampling, SentFrame};
+use super::view::{ReqView, Sampling};
+use crate::invariants::view::SentFrame;
 
 /// Deepest JSON nesting accepted.
 const MAX_DEPTH: usize = 64;
@@ -395,7 +396,7 @@ fn modify(
     }
     let s: Sampling = r.config.sampling.with(&Value::Object(p.clone()));
     let stops: Vec<String> = match p.get("stop") {
-        Some(v) if !v.is_null() => crate::invariants::view::stops_of(v),
+        Some(v) if !v.is_null() => super::view::stops_of(v),
         _ => r.config.stops.clone(),
     };
     let mut want = Map::new();

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 use tokenwire_core::{ConnId, Input, Output};
 
 use super::model::{expect, judge, Expect, State};
+use super::view::Pending;
 use crate::invariants::clip;
-use crate::invariants::view::Pending;
 use crate::invariants::{Check, Checker, Cur, Cx, Frame};
 
 /// See the module docs.

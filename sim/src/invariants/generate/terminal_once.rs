@@ -7,7 +7,7 @@
 
 use tokenwire_core::Output;
 
-use crate::invariants::view::Pending;
+use super::view::Pending;
 use crate::invariants::{Check, Checker, Cx, Frame};
 
 /// See the module docs.
