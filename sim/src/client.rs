@@ -14,7 +14,8 @@
 //!   payloads).
 //!
 //! Each only reacts to what it reads and speaks through the same
-//! [`ClientOp`]s; whether the server was right is the invariant checkers'
+//! [`ClientOp`]s, and keeps what every client keeps (its connection, whether
+//! it stopped, its [`Habits`]) in a [`ClientBase`] ([`base`]); whether the server was right is the invariant checkers'
 //! business, never the clients'. Every prompt starts with the tag
 //! `<c{conn}>` (the connection id) after the tokenizer's BOS, so that
 //! checkers can tell which connection a sequence in an engine step belongs
@@ -27,6 +28,7 @@
 //! `batch` prompt as given (a continued batch's sequences keep the tag of
 //! the connection the batch started on).
 
+pub mod base;
 pub mod batch;
 pub mod cai;
 pub mod generate;
@@ -36,6 +38,7 @@ pub mod session;
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Instant, Transport};
 
+pub use base::{ClientBase, Habits};
 pub use batch::BatchClient;
 pub use cai::CaiClient;
 pub use generate::GenerateClient;
@@ -82,10 +85,19 @@ pub trait SimClient: std::fmt::Debug + Send {
     fn query(&self) -> String {
         String::new()
     }
+    /// What it shares with every client: its connection, whether it
+    /// stopped, its habits.
+    fn base(&self) -> &ClientBase;
+    /// The same, to change.
+    fn base_mut(&mut self) -> &mut ClientBase;
     /// Its connection, if it has one.
-    fn conn(&self) -> Option<ConnId>;
+    fn conn(&self) -> Option<ConnId> {
+        self.base().conn
+    }
     /// Binds the connection the runner opened for it.
-    fn bind(&mut self, conn: ConnId);
+    fn bind(&mut self, conn: ConnId) {
+        self.base_mut().conn = Some(conn);
+    }
     /// Its wake-up came.
     fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp>;
     /// The connection it asked for is open: its first frames.
@@ -95,10 +107,16 @@ pub trait SimClient: std::fmt::Debug + Send {
     /// `conn` is gone: closed by the server with `code`, or broken (`None`:
     /// the host crashed).
     fn on_closed(&mut self, cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp>;
-    /// The liveness phase begins: no new work.
-    fn start_liveness(&mut self) -> Vec<ClientOp>;
+    /// The liveness phase begins: no new work (a client with work to wind
+    /// down, such as acknowledgements owed, does more).
+    fn start_liveness(&mut self) -> Vec<ClientOp> {
+        self.base_mut().liveness = true;
+        Vec::new()
+    }
     /// How its connection behaves, and what it counted.
-    fn habits(&self) -> &Habits;
+    fn habits(&self) -> &Habits {
+        &self.base().habits
+    }
     /// Its reader: (slow, stalls now and then).
     fn reader(&self) -> (bool, bool) {
         (self.habits().slow_reader, self.habits().stalls)
@@ -110,39 +128,6 @@ pub trait SimClient: std::fmt::Debug + Send {
     /// (malformed or hostile frames sent, early disconnects).
     fn counts(&self) -> (u64, u64) {
         (self.habits().hostile_sent, self.habits().disconnects)
-    }
-}
-
-/// What every simulated user has whatever its dialect: how its connection
-/// behaves (drawn once) and the faults it caused (counted for the report).
-#[derive(Debug, Clone, Default)]
-pub struct Habits {
-    /// Never answers pings.
-    pub silent: bool,
-    /// Reads slowly.
-    pub slow_reader: bool,
-    /// Stops reading now and then.
-    pub stalls: bool,
-    /// Malformed or hostile frames sent.
-    pub hostile_sent: u64,
-    /// Early disconnects.
-    pub disconnects: u64,
-}
-
-impl Habits {
-    /// Draws them from `rng` (silence only when `may_be_silent`: no draw
-    /// is made otherwise, so the stream stays as it was).
-    pub(crate) fn draw(rng: &mut Rng, swarm: &Swarm, may_be_silent: bool) -> Habits {
-        let silent = may_be_silent && chance(rng, swarm.mix.silent_p);
-        let slow_reader = chance(rng, swarm.net.slow_reader_p);
-        let stalls = chance(rng, swarm.net.stall_p * 5.0);
-        Habits {
-            silent,
-            slow_reader,
-            stalls,
-            hostile_sent: 0,
-            disconnects: 0,
-        }
     }
 }
 

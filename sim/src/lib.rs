@@ -24,14 +24,17 @@
 //! ```
 //!
 //! - [`swarm`]: every option of a run, from its seed.
-//! - [`client`]: the simulated clients, one module per dialect.
+//! - [`client`]: the simulated clients, one module per dialect, on a shared
+//!   [`ClientBase`](client::ClientBase).
 //! - [`engine`]: the deterministic model-free engine.
 //! - [`net`]: delays, outbound queues, slow readers.
 //! - [`faults`]: the fault plan and the counts.
-//! - [`invariants`]: the checkers, one file each.
+//! - [`invariants`]: the checkers, one file each, laid out like the core's
+//!   dialects: `common` for every dialect, then `generate`, `session`,
+//!   `responses`, `cai` and `batch`, each beside its part of the view.
 //! - [`driver`]: feeds a Host and runs the checkers.
 //! - [`runner`]: one whole simulation.
-//! - [`trace`], [`replay`]: recording inputs and feeding them back.
+//! - [`trace`], [`replay`](mod@replay): recording inputs and feeding them back.
 //! - [`digest`]: hashes of inputs and outputs.
 //! - [`sweep`]: many seeds, the determinism check, the summary.
 //!

@@ -32,7 +32,7 @@ use crate::client::{new_client, ClientCx, ClientOp, SimClient};
 use crate::driver::Driver;
 use crate::engine::SimEngine;
 use crate::faults::{roll_step, Fault, FaultCounts, FaultPlan};
-use crate::invariants::liveness::describe_outstanding;
+use crate::invariants::common::liveness::describe_outstanding;
 use crate::invariants::{checkers_except, Monitor, Violation};
 use crate::net::{Net, Reader};
 use crate::report::{Failure, RunReport};

@@ -33,8 +33,11 @@ use tokenwire_core::dialect::batch::codec::{
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Instant, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
-use crate::swarm::{between, Swarm};
+use super::base::{come_back_after, reconnect_after};
+use super::{
+    chance, conn_tag, garbage, text, think, ClientBase, ClientCx, ClientOp, Habits, SimClient,
+};
+use crate::swarm::Swarm;
 
 /// A payload without an answer for this long is given up.
 const GIVE_UP: Duration = Duration::from_secs(600);
@@ -58,7 +61,6 @@ pub struct BatchClient {
     /// Its index in the run.
     pub id: usize,
     rng: Rng,
-    conn: Option<ConnId>,
     queued: Vec<Queued>,
     /// Batches of its own that completed (continuable), newest last.
     finished: Vec<Vec<String>>,
@@ -69,11 +71,8 @@ pub struct BatchClient {
     most: usize,
     next_step: Option<Instant>,
     wake_at: Option<Instant>,
-    /// The server said it is going away (1001): never come back.
-    gone: bool,
-    liveness: bool,
-    /// How its connection behaves, and what it counted.
-    pub habits: Habits,
+    /// Its connection, whether it stopped, its habits.
+    base: ClientBase,
 }
 
 impl BatchClient {
@@ -84,7 +83,6 @@ impl BatchClient {
         BatchClient {
             id,
             rng,
-            conn: None,
             queued: Vec::new(),
             finished: Vec::new(),
             next_req: 0,
@@ -92,9 +90,7 @@ impl BatchClient {
             most,
             next_step: None,
             wake_at: None,
-            gone: false,
-            liveness: false,
-            habits,
+            base: ClientBase::new(habits),
         }
     }
 
@@ -152,7 +148,7 @@ impl BatchClient {
         ids: Vec<String>,
         config: Map<String, Value>,
     ) -> ClientOp {
-        let tag = conn_tag(self.conn);
+        let tag = conn_tag(self.base.conn);
         let prompts = ids
             .iter()
             .map(|id| PromptEntry {
@@ -226,8 +222,8 @@ impl BatchClient {
     }
 
     fn hostile(&mut self) -> ClientOp {
-        self.habits.hostile_sent += 1;
-        let tag = conn_tag(self.conn);
+        self.base.habits.hostile_sent += 1;
+        let tag = conn_tag(self.base.conn);
         let rid = format!("h{}-{}", self.id, self.rng.below(1_000_000));
         let prompt = json!([{"request_id": rid, "prompt": format!("{tag}x")}]);
         let v = match self.rng.below(10) {
@@ -252,20 +248,12 @@ impl BatchClient {
     }
 
     fn hang_up(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        self.habits.disconnects += 1;
-        let Some(conn) = self.conn.take() else {
+        self.base.habits.disconnects += 1;
+        let Some(conn) = self.base.conn.take() else {
             return Vec::new();
         };
         self.queued.clear();
-        let back = if chance(&mut self.rng, 0.8) {
-            between(
-                &mut self.rng,
-                Duration::from_millis(1),
-                Duration::from_secs(2),
-            )
-        } else {
-            Duration::from_secs(700)
-        };
+        let back = come_back_after(&mut self.rng, 0.8);
         self.next_step = Some(cx.now + back);
         let mut ops = vec![ClientOp::Close(conn)];
         ops.extend(self.schedule(cx.now));
@@ -326,22 +314,22 @@ impl SimClient for BatchClient {
         Transport::WebSocket
     }
 
-    fn conn(&self) -> Option<ConnId> {
-        self.conn
+    fn base(&self) -> &ClientBase {
+        &self.base
     }
 
-    fn bind(&mut self, conn: ConnId) {
-        self.conn = Some(conn);
+    fn base_mut(&mut self) -> &mut ClientBase {
+        &mut self.base
     }
 
     fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
         self.wake_at = None;
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         let mut ops = Vec::new();
         if self.next_step.is_none_or(|t| cx.now >= t) {
-            if self.conn.is_none() {
+            if self.base.conn.is_none() {
                 self.next_step = None;
                 ops.push(ClientOp::Open(Transport::WebSocket));
                 return ops;
@@ -353,7 +341,7 @@ impl SimClient for BatchClient {
     }
 
     fn on_open(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         let mut ops = self.step(cx);
@@ -362,7 +350,7 @@ impl SimClient for BatchClient {
     }
 
     fn on_frame(&mut self, cx: &ClientCx<'_>, conn: ConnId, text: &str) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.owns(conn) {
             return Vec::new();
         }
         let Ok(events) = decode_events(text) else {
@@ -387,7 +375,7 @@ impl SimClient for BatchClient {
                 self.queued.remove(i);
             }
         }
-        if self.liveness {
+        if self.base.liveness {
             return Vec::new();
         }
         if self.queued.len() < before {
@@ -399,32 +387,15 @@ impl SimClient for BatchClient {
     }
 
     fn on_closed(&mut self, cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.closed(conn, code) {
             return Vec::new();
         }
-        self.conn = None;
         self.queued.clear();
-        if code == Some(1001) {
-            self.gone = true;
-        }
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
-        let back = between(
-            &mut self.rng,
-            Duration::from_micros(10),
-            Duration::from_secs(1),
-        );
+        let back = reconnect_after(&mut self.rng, Duration::from_secs(1));
         self.next_step = Some(cx.now + back);
         self.schedule(cx.now)
-    }
-
-    fn start_liveness(&mut self) -> Vec<ClientOp> {
-        self.liveness = true;
-        Vec::new()
-    }
-
-    fn habits(&self) -> &Habits {
-        &self.habits
     }
 }

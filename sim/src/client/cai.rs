@@ -32,7 +32,10 @@ use tokenwire_core::dialect::cai::codec::{self, ClientMessage, Completion};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ChatMessage, ConnId, Dialect, Duration, Instant, Role, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
+use super::base::{come_back_after, reconnect_after};
+use super::{
+    chance, conn_tag, garbage, text, think, ClientBase, ClientCx, ClientOp, Habits, SimClient,
+};
 use crate::swarm::{between, Swarm};
 
 /// A request without a frame for this long is given up (its end was taken
@@ -85,7 +88,6 @@ pub struct CaiClient {
     /// Its index in the run.
     pub id: usize,
     rng: Rng,
-    conn: Option<ConnId>,
     /// The query string of the next (or current) connection.
     query: String,
     /// The current connection opened with credentials the server must refuse.
@@ -116,11 +118,8 @@ pub struct CaiClient {
     speaker: Option<Duration>,
     /// When its voice is free again.
     speaking_until: Instant,
-    /// The server said it is going away (1001): never come back.
-    gone: bool,
-    liveness: bool,
-    /// How its connection behaves, and what it counted.
-    pub habits: Habits,
+    /// Its connection, whether it stopped, its habits.
+    base: ClientBase,
 }
 
 /// `%`-escapes a query value.
@@ -150,7 +149,6 @@ impl CaiClient {
         let mut c = CaiClient {
             id,
             rng,
-            conn: None,
             query: String::new(),
             bad: false,
             reqs: BTreeMap::new(),
@@ -168,9 +166,7 @@ impl CaiClient {
             acks,
             speaker,
             speaking_until: Instant::ZERO,
-            gone: false,
-            liveness: false,
-            habits,
+            base: ClientBase::new(habits),
         };
         c.choose_credentials(swarm);
         c
@@ -280,11 +276,11 @@ impl CaiClient {
     fn due(&mut self, now: Instant) -> Vec<ClientOp> {
         let mut ops = Vec::new();
         while let Some(entry) = self.agenda.first_entry() {
-            if entry.key().0 > now && !self.liveness {
+            if entry.key().0 > now && !self.base.liveness {
                 break;
             }
             let item = entry.remove();
-            if self.conn.is_none() {
+            if self.base.conn.is_none() {
                 continue;
             }
             match item {
@@ -312,7 +308,7 @@ impl CaiClient {
     fn context(&mut self) -> Vec<ChatMessage> {
         let mut ctx = vec![ChatMessage {
             role: Role::System,
-            content: conn_tag(self.conn),
+            content: conn_tag(self.base.conn),
         }];
         let turns = match self.rng.below(4) {
             0..=1 => 0,
@@ -382,7 +378,7 @@ impl CaiClient {
 
     /// A `COMPLETION` (`rid` given: a duplicate of one in flight).
     fn completion(&mut self, cx: &ClientCx<'_>, dup: Option<String>) -> ClientOp {
-        let tag = conn_tag(self.conn);
+        let tag = conn_tag(self.base.conn);
         let rid = match &dup {
             Some(r) => r.clone(),
             None => self.new_rid(),
@@ -455,9 +451,9 @@ impl CaiClient {
 
     /// A malformed or hostile message.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.habits.hostile_sent += 1;
+        self.base.habits.hostile_sent += 1;
         let fresh = format!("h{}-{}", self.id, self.rng.below(1_000_000));
-        let tag = conn_tag(self.conn);
+        let tag = conn_tag(self.base.conn);
         let v = match self.rng.below(15) {
             0 => return ClientOp::Text(garbage(&mut self.rng)),
             1 => return ClientOp::Binary(1 + self.rng.below(512) as usize),
@@ -512,20 +508,12 @@ impl CaiClient {
     }
 
     fn hang_up(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        self.habits.disconnects += 1;
-        let Some(conn) = self.conn.take() else {
+        self.base.habits.disconnects += 1;
+        let Some(conn) = self.base.conn.take() else {
             return Vec::new();
         };
         self.lost(cx);
-        let back = if chance(&mut self.rng, 0.8) {
-            between(
-                &mut self.rng,
-                Duration::from_millis(1),
-                Duration::from_secs(2),
-            )
-        } else {
-            Duration::from_secs(700)
-        };
+        let back = come_back_after(&mut self.rng, 0.8);
         self.next_step = Some(cx.now + back);
         let mut ops = vec![ClientOp::Close(conn)];
         ops.extend(self.schedule(cx.now));
@@ -592,7 +580,7 @@ impl CaiClient {
             "CONTENT_CHUNK" => {
                 let index = v["payload"]["index"].as_u64().unwrap_or(0);
                 self.streams.entry(rid.clone()).or_insert((0, 0)).0 = index + 1;
-                if self.liveness {
+                if self.base.liveness {
                     ops.push(ClientOp::Text(codec::encode_client(
                         &ClientMessage::AwaitMore {
                             request_id: rid.clone(),
@@ -605,7 +593,7 @@ impl CaiClient {
                 };
                 r.since = now;
                 r.chunks = r.chunks.max(index + 1);
-                if self.liveness || !r.acks || r.ack_due {
+                if self.base.liveness || !r.acks || r.ack_due {
                     return ops;
                 }
                 let unacked = r.chunks - r.acked;
@@ -633,7 +621,7 @@ impl CaiClient {
                     .as_str()
                     .map_or(0, |s| s.chars().count());
                 self.streams.entry(rid.clone()).or_insert((0, 0)).1 = index + 1;
-                if self.liveness {
+                if self.base.liveness {
                     ops.push(Self::sentence_done(&rid, index));
                     return ops;
                 }
@@ -679,7 +667,7 @@ impl CaiClient {
             self.ended.push(rid.to_string());
         }
         let wait = v["error"]["details"]["retryAfterMs"].as_u64();
-        if let (Some(ms), false) = (wait, self.liveness) {
+        if let (Some(ms), false) = (wait, self.base.liveness) {
             // A polite client waits as told, now and then.
             if chance(&mut self.rng, 0.5) {
                 let until = cx.now + Duration::from_millis(ms.min(120_000));
@@ -702,25 +690,25 @@ impl SimClient for CaiClient {
         self.query.clone()
     }
 
-    fn conn(&self) -> Option<ConnId> {
-        self.conn
+    fn base(&self) -> &ClientBase {
+        &self.base
     }
 
-    fn bind(&mut self, conn: ConnId) {
-        self.conn = Some(conn);
+    fn base_mut(&mut self) -> &mut ClientBase {
+        &mut self.base
     }
 
     fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
         self.wake_at = None;
-        if self.gone {
+        if self.base.gone {
             return Vec::new();
         }
         let mut ops = self.due(cx.now);
-        if self.liveness {
+        if self.base.liveness {
             return ops;
         }
         if self.next_step.is_none_or(|t| cx.now >= t) {
-            if self.conn.is_none() {
+            if self.base.conn.is_none() {
                 self.next_step = None;
                 ops.push(ClientOp::Open(Transport::WebSocket));
                 return ops;
@@ -732,14 +720,14 @@ impl SimClient for CaiClient {
     }
 
     fn on_open(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         let mut ops = Vec::new();
         if self.bad {
             // Refused at the opening: wait for the close (a frame sent
             // meanwhile reaches nobody).
-            self.habits.hostile_sent += 1;
+            self.base.habits.hostile_sent += 1;
             if chance(&mut self.rng, 0.3) {
                 ops.push(self.completion(cx, None));
             }
@@ -752,7 +740,7 @@ impl SimClient for CaiClient {
     }
 
     fn on_frame(&mut self, cx: &ClientCx<'_>, conn: ConnId, text: &str) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.owns(conn) {
             return Vec::new();
         }
         let Ok(v) = serde_json::from_str::<Value>(text) else {
@@ -766,7 +754,7 @@ impl SimClient for CaiClient {
             kind => {
                 let ended = matches!(kind, "STREAM_COMPLETE" | "INTERRUPTED_ACK");
                 let ops = self.on_stream_frame(cx.now, &v);
-                if ended && !self.liveness {
+                if ended && !self.base.liveness {
                     // Room for the next request soon.
                     let soon = cx.now + think(&mut self.rng, cx) / 8;
                     self.next_step = Some(self.next_step.map_or(soon, |t| t.min(soon)));
@@ -774,22 +762,18 @@ impl SimClient for CaiClient {
                 ops
             }
         };
-        if !self.liveness {
+        if !self.base.liveness {
             ops.extend(self.schedule(cx.now));
         }
         ops
     }
 
     fn on_closed(&mut self, cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.closed(conn, code) {
             return Vec::new();
         }
-        self.conn = None;
         self.lost(cx);
-        if code == Some(1001) {
-            self.gone = true;
-        }
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         let back = match code {
@@ -804,20 +788,16 @@ impl SimClient for CaiClient {
                 Duration::from_millis(1),
                 Duration::from_secs(3),
             ),
-            _ => between(
-                &mut self.rng,
-                Duration::from_micros(10),
-                Duration::from_secs(1),
-            ),
+            _ => reconnect_after(&mut self.rng, Duration::from_secs(1)),
         };
         self.next_step = Some(cx.now + back);
         self.schedule(cx.now)
     }
 
     fn start_liveness(&mut self) -> Vec<ClientOp> {
-        self.liveness = true;
+        self.base.liveness = true;
         let mut ops = Vec::new();
-        if self.conn.is_none() {
+        if self.base.conn.is_none() {
             return ops;
         }
         // Everything seen so far is acknowledged (what the agenda holds is
@@ -842,9 +822,5 @@ impl SimClient for CaiClient {
             }
         }
         ops
-    }
-
-    fn habits(&self) -> &Habits {
-        &self.habits
     }
 }

@@ -16,8 +16,11 @@ use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Transport};
 
-use super::{chance, conn_tag, think, ClientCx, ClientOp, Habits, SimClient, PROMPT_CHARS};
-use crate::swarm::{between, Swarm};
+use super::base::{come_back_after, reconnect_after};
+use super::{
+    chance, conn_tag, think, ClientBase, ClientCx, ClientOp, Habits, SimClient, PROMPT_CHARS,
+};
+use crate::swarm::Swarm;
 
 /// Where the client is with its connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,20 +47,16 @@ pub struct GenerateClient {
     pub id: usize,
     rng: Rng,
     phase: Phase,
-    conn: Option<ConnId>,
     saved: Option<Saved>,
     /// Send the saved config again when next connected or idle.
     resend: bool,
-    /// The server said it is going away (1001): never come back.
-    gone: bool,
-    liveness: bool,
     /// Speaks HTTP (one request per connection) rather than WebSocket.
     pub http: bool,
     /// Resumes a paused generation when the liveness phase starts (otherwise
     /// lets it time out).
     resume_at_liveness: bool,
-    /// How its connection behaves, and what it counted.
-    pub habits: Habits,
+    /// Its connection, whether it stopped, its habits.
+    base: ClientBase,
 }
 
 impl GenerateClient {
@@ -71,20 +70,12 @@ impl GenerateClient {
             id,
             rng,
             phase: Phase::Offline,
-            conn: None,
             saved: None,
             resend: false,
-            gone: false,
-            liveness: false,
             http,
             resume_at_liveness,
-            habits,
+            base: ClientBase::new(habits),
         }
-    }
-
-    /// Its connection, if it has one.
-    pub fn conn(&self) -> Option<ConnId> {
-        self.conn
     }
 
     /// True while it has a request in flight (sent, or generating).
@@ -100,268 +91,16 @@ impl GenerateClient {
         }
     }
 
-    /// The client acts (its wake-up came).
-    pub fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
-            return Vec::new();
-        }
-        let m = &cx.swarm.mix;
-        let mut ops = Vec::new();
-        match self.phase {
-            Phase::Offline => ops.push(ClientOp::Open(self.transport())),
-            Phase::Fresh => return self.on_open(cx),
-            Phase::Closing => {}
-            Phase::Awaiting => {
-                if !self.http && chance(&mut self.rng, m.hostile_p * 0.3) {
-                    ops.push(self.hostile(cx));
-                }
-                ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
-            }
-            Phase::Idle => {
-                if self.http {
-                    // Its one request is over.
-                    if let Some(conn) = self.conn.take() {
-                        ops.push(ClientOp::Close(conn));
-                    }
-                    self.phase = Phase::Offline;
-                    ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
-                    return ops;
-                }
-                let x = self.rng.next_f64();
-                if self.resend {
-                    ops.push(self.resend_config());
-                } else if x < m.hostile_p * 0.2 {
-                    // A config with a burst of frames behind it, sent without
-                    // waiting: they pile up while its prompt is tokenized.
-                    ops.push(self.new_config(cx));
-                    let n = 8 + self.rng.below(40);
-                    for _ in 0..n {
-                        ops.push(self.feedback());
-                    }
-                } else if x < m.hostile_p {
-                    ops.push(self.hostile(cx));
-                } else if x < m.hostile_p + m.disconnect_p {
-                    return self.hang_up(cx);
-                } else if x < m.hostile_p + m.disconnect_p + 0.08 {
-                    ops.push(self.feedback());
-                } else if x < m.hostile_p + m.disconnect_p + 0.16 {
-                    ops.push(ClientOp::Text(self.invalid_config(cx)));
-                } else {
-                    ops.push(self.new_config(cx));
-                }
-                ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
-            }
-            Phase::Generating { paused, tokens } => {
-                let x = self.rng.next_f64();
-                if self.http {
-                    ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
-                    return ops;
-                }
-                if x < m.hostile_p * 0.5 {
-                    ops.push(self.hostile(cx));
-                } else if x < m.hostile_p * 0.5 + m.disconnect_p {
-                    return self.hang_up(cx);
-                } else if x < m.hostile_p * 0.5 + m.disconnect_p + m.control_p {
-                    ops.push(self.control(cx, paused, tokens));
-                } else if x < m.hostile_p * 0.5 + m.disconnect_p + m.control_p + 0.03 {
-                    ops.push(self.feedback());
-                } else if x < m.hostile_p * 0.5 + m.disconnect_p + m.control_p + 0.05 {
-                    // A config while generating: the server must refuse it.
-                    ops.push(ClientOp::Text(self.config_text(cx).0));
-                }
-                let wait = if paused {
-                    think(&mut self.rng, cx)
-                } else {
-                    think(&mut self.rng, cx) / 4
-                };
-                ops.push(ClientOp::Wake(wait));
-            }
-        }
-        ops
-    }
-
-    /// The connection it asked for is open (bound to `conn`): the first frame.
-    pub fn on_open(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        let mut ops = Vec::new();
-        if self.gone || self.liveness {
-            return ops;
-        }
-        self.phase = Phase::Fresh;
-        let m = &cx.swarm.mix;
-        if self.resend && self.saved.is_some() {
-            ops.push(self.resend_config());
-        } else if !self.http && chance(&mut self.rng, m.hostile_p * 0.5) {
-            // A first message that is not a config: error, then close 1008.
-            ops.push(self.hostile(cx));
-            self.phase = Phase::Idle;
-        } else if !self.http && chance(&mut self.rng, 0.05) {
-            ops.push(ClientOp::Text(self.invalid_config(cx)));
-            self.phase = Phase::Idle;
-        } else {
-            ops.push(self.new_config(cx));
-        }
-        ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
-        ops
-    }
-
-    /// Binds the connection the runner opened for it.
-    pub fn bind(&mut self, conn: ConnId) {
-        self.conn = Some(conn);
-    }
-
     fn hang_up(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        self.habits.disconnects += 1;
+        self.base.habits.disconnects += 1;
         self.resend = self.busy() && chance(&mut self.rng, 0.5);
         self.phase = Phase::Offline;
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.base.conn.take() else {
             return Vec::new();
         };
-        let back = if chance(&mut self.rng, 0.7) {
-            between(
-                &mut self.rng,
-                Duration::from_millis(1),
-                Duration::from_secs(2),
-            )
-        } else {
-            Duration::from_secs(700)
-        };
+        let back = come_back_after(&mut self.rng, 0.7);
         let _ = cx;
         vec![ClientOp::Close(conn), ClientOp::Wake(back)]
-    }
-
-    /// A frame from the server arrived.
-    pub fn on_frame(&mut self, cx: &ClientCx<'_>, conn: ConnId, text: &str) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
-            return Vec::new();
-        }
-        // Most frames are tokens, all a client counts of them: skip parsing.
-        if text.starts_with("{\"type\":\"token\"") {
-            if let Phase::Generating { paused, tokens } = self.phase {
-                self.phase = Phase::Generating {
-                    paused,
-                    tokens: tokens + 1,
-                };
-            }
-            return Vec::new();
-        }
-        let Ok(v) = serde_json::from_str::<Value>(text) else {
-            return Vec::new();
-        };
-        let mut ops = Vec::new();
-        match v["type"].as_str().unwrap_or("") {
-            "init" => {
-                self.phase = Phase::Generating {
-                    paused: false,
-                    tokens: 0,
-                };
-                self.resend = false;
-            }
-            "token" => {
-                if let Phase::Generating { paused, tokens } = self.phase {
-                    self.phase = Phase::Generating {
-                        paused,
-                        tokens: tokens + 1,
-                    };
-                }
-            }
-            "completion" => {
-                self.phase = Phase::Idle;
-                if !self.liveness {
-                    let soon = think(&mut self.rng, cx) / 8;
-                    ops.push(ClientOp::Wake(soon));
-                } else if self.http {
-                    if let Some(conn) = self.conn.take() {
-                        ops.push(ClientOp::Close(conn));
-                    }
-                    self.phase = Phase::Offline;
-                }
-            }
-            "error" => {
-                if v.get("recoverable") == Some(&Value::Bool(false)) {
-                    self.phase = Phase::Closing;
-                } else if v.get("generated_text").is_some() || matches!(self.phase, Phase::Awaiting)
-                {
-                    // Our generation failed, or our config was refused.
-                    let retry = v["recovery_action"] == "retry";
-                    self.phase = Phase::Idle;
-                    self.resend = retry && self.saved.is_some() && chance(&mut self.rng, 0.5);
-                    if !self.liveness {
-                        ops.push(ClientOp::Wake(think(&mut self.rng, cx) / 8));
-                    } else if self.http {
-                        if let Some(conn) = self.conn.take() {
-                            ops.push(ClientOp::Close(conn));
-                        }
-                        self.phase = Phase::Offline;
-                    }
-                }
-            }
-            "status" => {
-                if let Phase::Generating { tokens, .. } = self.phase {
-                    match v["operation"].as_str() {
-                        Some("paused") => {
-                            self.phase = Phase::Generating {
-                                paused: true,
-                                tokens,
-                            }
-                        }
-                        Some("resumed") => {
-                            self.phase = Phase::Generating {
-                                paused: false,
-                                tokens,
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-        ops
-    }
-
-    /// Its connection is gone: closed by the server with `code`, or broken
-    /// (`None`: the host crashed).
-    pub fn on_closed(
-        &mut self,
-        cx: &ClientCx<'_>,
-        conn: ConnId,
-        code: Option<u16>,
-    ) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
-            return Vec::new();
-        }
-        let unfinished = self.busy();
-        self.conn = None;
-        self.phase = Phase::Offline;
-        if code == Some(1001) {
-            self.gone = true;
-        }
-        if self.gone || self.liveness {
-            return Vec::new();
-        }
-        // Recovery: come back and ask again for what was not finished.
-        self.resend = unfinished && self.saved.is_some();
-        let back = between(
-            &mut self.rng,
-            Duration::from_micros(10),
-            Duration::from_secs(1),
-        );
-        let _ = cx;
-        vec![ClientOp::Wake(back)]
-    }
-
-    /// The liveness phase begins: no new work; a paused generation is resumed
-    /// or left to time out.
-    pub fn start_liveness(&mut self) -> Vec<ClientOp> {
-        self.liveness = true;
-        match self.phase {
-            Phase::Generating { paused: true, .. } if self.resume_at_liveness => {
-                vec![ClientOp::Text(
-                    json!({"type": "control", "action": "resume"}).to_string(),
-                )]
-            }
-            _ => Vec::new(),
-        }
     }
 
     fn prompt_body(&mut self, cx: &ClientCx<'_>) -> String {
@@ -391,7 +130,7 @@ impl GenerateClient {
         if chance(&mut self.rng, 0.8) {
             let ctx = u64::from(sw.model.context_len);
             // The prompt's tokens: BOS, the tag, the body (one per byte).
-            let prompt_tokens = 1 + conn_tag(self.conn).len() as u64 + body.len() as u64;
+            let prompt_tokens = 1 + conn_tag(self.base.conn).len() as u64 + body.len() as u64;
             let max = if chance(&mut self.rng, 0.08) {
                 // The boundaries: the whole context, the most that fits, one more.
                 let fits = ctx.saturating_sub(prompt_tokens).max(1);
@@ -486,7 +225,7 @@ impl GenerateClient {
         let mut v = saved.rest.clone();
         v.insert(
             "prompt".into(),
-            json!(format!("{}{}", conn_tag(self.conn), saved.body)),
+            json!(format!("{}{}", conn_tag(self.base.conn), saved.body)),
         );
         Value::Object(v).to_string()
     }
@@ -511,7 +250,7 @@ impl GenerateClient {
     }
 
     fn invalid_config(&mut self, cx: &ClientCx<'_>) -> String {
-        let tag = conn_tag(self.conn);
+        let tag = conn_tag(self.base.conn);
         let ctx = cx.swarm.model.context_len;
         let p = |params: Value| json!({"type": "config", "prompt": format!("{tag}x"), "parameters": params});
         let v = match self.rng.below(14) {
@@ -586,7 +325,7 @@ impl GenerateClient {
 
     /// A malformed or hostile frame.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.habits.hostile_sent += 1;
+        self.base.habits.hostile_sent += 1;
         let limit = cx.swarm.host.max_frame_bytes;
         let text = match self.rng.below(18) {
             0 => "{not json".to_string(),
@@ -615,7 +354,7 @@ impl GenerateClient {
             13 => return ClientOp::TooLarge,
             14 if limit <= 65536 => "x".repeat(limit + 1),
             15 => "\u{0}\u{FFFF}\u{1F980}\"".into(),
-            16 => json!({"type": "config", "prompt": conn_tag(self.conn), "parameters": {"stop": {"a": 1}}})
+            16 => json!({"type": "config", "prompt": conn_tag(self.base.conn), "parameters": {"stop": {"a": 1}}})
                 .to_string(),
             _ => {
                 // A config cut off in the middle.
@@ -632,31 +371,242 @@ impl SimClient for GenerateClient {
     fn dialect(&self) -> Dialect {
         Dialect::Generate
     }
+
     fn transport(&self) -> Transport {
         GenerateClient::transport(self)
     }
-    fn conn(&self) -> Option<ConnId> {
-        self.conn
+
+    fn base(&self) -> &ClientBase {
+        &self.base
     }
-    fn bind(&mut self, conn: ConnId) {
-        GenerateClient::bind(self, conn)
+
+    fn base_mut(&mut self) -> &mut ClientBase {
+        &mut self.base
     }
+
+    /// The client acts (its wake-up came).
     fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        GenerateClient::act(self, cx)
+        if self.base.stopped() {
+            return Vec::new();
+        }
+        let m = &cx.swarm.mix;
+        let mut ops = Vec::new();
+        match self.phase {
+            Phase::Offline => ops.push(ClientOp::Open(self.transport())),
+            Phase::Fresh => return self.on_open(cx),
+            Phase::Closing => {}
+            Phase::Awaiting => {
+                if !self.http && chance(&mut self.rng, m.hostile_p * 0.3) {
+                    ops.push(self.hostile(cx));
+                }
+                ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
+            }
+            Phase::Idle => {
+                if self.http {
+                    // Its one request is over.
+                    if let Some(conn) = self.base.conn.take() {
+                        ops.push(ClientOp::Close(conn));
+                    }
+                    self.phase = Phase::Offline;
+                    ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
+                    return ops;
+                }
+                let x = self.rng.next_f64();
+                if self.resend {
+                    ops.push(self.resend_config());
+                } else if x < m.hostile_p * 0.2 {
+                    // A config with a burst of frames behind it, sent without
+                    // waiting: they pile up while its prompt is tokenized.
+                    ops.push(self.new_config(cx));
+                    let n = 8 + self.rng.below(40);
+                    for _ in 0..n {
+                        ops.push(self.feedback());
+                    }
+                } else if x < m.hostile_p {
+                    ops.push(self.hostile(cx));
+                } else if x < m.hostile_p + m.disconnect_p {
+                    return self.hang_up(cx);
+                } else if x < m.hostile_p + m.disconnect_p + 0.08 {
+                    ops.push(self.feedback());
+                } else if x < m.hostile_p + m.disconnect_p + 0.16 {
+                    ops.push(ClientOp::Text(self.invalid_config(cx)));
+                } else {
+                    ops.push(self.new_config(cx));
+                }
+                ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
+            }
+            Phase::Generating { paused, tokens } => {
+                let x = self.rng.next_f64();
+                if self.http {
+                    ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
+                    return ops;
+                }
+                if x < m.hostile_p * 0.5 {
+                    ops.push(self.hostile(cx));
+                } else if x < m.hostile_p * 0.5 + m.disconnect_p {
+                    return self.hang_up(cx);
+                } else if x < m.hostile_p * 0.5 + m.disconnect_p + m.control_p {
+                    ops.push(self.control(cx, paused, tokens));
+                } else if x < m.hostile_p * 0.5 + m.disconnect_p + m.control_p + 0.03 {
+                    ops.push(self.feedback());
+                } else if x < m.hostile_p * 0.5 + m.disconnect_p + m.control_p + 0.05 {
+                    // A config while generating: the server must refuse it.
+                    ops.push(ClientOp::Text(self.config_text(cx).0));
+                }
+                let wait = if paused {
+                    think(&mut self.rng, cx)
+                } else {
+                    think(&mut self.rng, cx) / 4
+                };
+                ops.push(ClientOp::Wake(wait));
+            }
+        }
+        ops
     }
+
+    /// The connection it asked for is open (bound to `conn`): the first frame.
     fn on_open(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        GenerateClient::on_open(self, cx)
+        let mut ops = Vec::new();
+        if self.base.stopped() {
+            return ops;
+        }
+        self.phase = Phase::Fresh;
+        let m = &cx.swarm.mix;
+        if self.resend && self.saved.is_some() {
+            ops.push(self.resend_config());
+        } else if !self.http && chance(&mut self.rng, m.hostile_p * 0.5) {
+            // A first message that is not a config: error, then close 1008.
+            ops.push(self.hostile(cx));
+            self.phase = Phase::Idle;
+        } else if !self.http && chance(&mut self.rng, 0.05) {
+            ops.push(ClientOp::Text(self.invalid_config(cx)));
+            self.phase = Phase::Idle;
+        } else {
+            ops.push(self.new_config(cx));
+        }
+        ops.push(ClientOp::Wake(think(&mut self.rng, cx)));
+        ops
     }
+
+    /// A frame from the server arrived.
     fn on_frame(&mut self, cx: &ClientCx<'_>, conn: ConnId, text: &str) -> Vec<ClientOp> {
-        GenerateClient::on_frame(self, cx, conn, text)
+        if !self.base.owns(conn) {
+            return Vec::new();
+        }
+        // Most frames are tokens, all a client counts of them: skip parsing.
+        if text.starts_with("{\"type\":\"token\"") {
+            if let Phase::Generating { paused, tokens } = self.phase {
+                self.phase = Phase::Generating {
+                    paused,
+                    tokens: tokens + 1,
+                };
+            }
+            return Vec::new();
+        }
+        let Ok(v) = serde_json::from_str::<Value>(text) else {
+            return Vec::new();
+        };
+        let mut ops = Vec::new();
+        match v["type"].as_str().unwrap_or("") {
+            "init" => {
+                self.phase = Phase::Generating {
+                    paused: false,
+                    tokens: 0,
+                };
+                self.resend = false;
+            }
+            "token" => {
+                if let Phase::Generating { paused, tokens } = self.phase {
+                    self.phase = Phase::Generating {
+                        paused,
+                        tokens: tokens + 1,
+                    };
+                }
+            }
+            "completion" => {
+                self.phase = Phase::Idle;
+                if !self.base.liveness {
+                    let soon = think(&mut self.rng, cx) / 8;
+                    ops.push(ClientOp::Wake(soon));
+                } else if self.http {
+                    if let Some(conn) = self.base.conn.take() {
+                        ops.push(ClientOp::Close(conn));
+                    }
+                    self.phase = Phase::Offline;
+                }
+            }
+            "error" => {
+                if v.get("recoverable") == Some(&Value::Bool(false)) {
+                    self.phase = Phase::Closing;
+                } else if v.get("generated_text").is_some() || matches!(self.phase, Phase::Awaiting)
+                {
+                    // Our generation failed, or our config was refused.
+                    let retry = v["recovery_action"] == "retry";
+                    self.phase = Phase::Idle;
+                    self.resend = retry && self.saved.is_some() && chance(&mut self.rng, 0.5);
+                    if !self.base.liveness {
+                        ops.push(ClientOp::Wake(think(&mut self.rng, cx) / 8));
+                    } else if self.http {
+                        if let Some(conn) = self.base.conn.take() {
+                            ops.push(ClientOp::Close(conn));
+                        }
+                        self.phase = Phase::Offline;
+                    }
+                }
+            }
+            "status" => {
+                if let Phase::Generating { tokens, .. } = self.phase {
+                    match v["operation"].as_str() {
+                        Some("paused") => {
+                            self.phase = Phase::Generating {
+                                paused: true,
+                                tokens,
+                            }
+                        }
+                        Some("resumed") => {
+                            self.phase = Phase::Generating {
+                                paused: false,
+                                tokens,
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        ops
     }
+
+    /// Its connection is gone: closed by the server with `code`, or broken
+    /// (`None`: the host crashed).
     fn on_closed(&mut self, cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp> {
-        GenerateClient::on_closed(self, cx, conn, code)
+        let unfinished = self.busy();
+        if !self.base.closed(conn, code) {
+            return Vec::new();
+        }
+        self.phase = Phase::Offline;
+        if self.base.stopped() {
+            return Vec::new();
+        }
+        // Recovery: come back and ask again for what was not finished.
+        self.resend = unfinished && self.saved.is_some();
+        let back = reconnect_after(&mut self.rng, Duration::from_secs(1));
+        let _ = cx;
+        vec![ClientOp::Wake(back)]
     }
+
+    /// The liveness phase begins: no new work; a paused generation is resumed
+    /// or left to time out.
     fn start_liveness(&mut self) -> Vec<ClientOp> {
-        GenerateClient::start_liveness(self)
-    }
-    fn habits(&self) -> &Habits {
-        &self.habits
+        self.base.liveness = true;
+        match self.phase {
+            Phase::Generating { paused: true, .. } if self.resume_at_liveness => {
+                vec![ClientOp::Text(
+                    json!({"type": "control", "action": "resume"}).to_string(),
+                )]
+            }
+            _ => Vec::new(),
+        }
     }
 }

@@ -22,7 +22,10 @@ use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ConnId, Dialect, Duration, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
+use super::base::{come_back_after, reconnect_after};
+use super::{
+    chance, conn_tag, garbage, text, think, ClientBase, ClientCx, ClientOp, Habits, SimClient,
+};
 use crate::swarm::{between, Swarm};
 
 /// A frame sent and not yet answered.
@@ -42,7 +45,6 @@ pub struct ResponsesClient {
     /// Its index in the run.
     pub id: usize,
     rng: Rng,
-    conn: Option<ConnId>,
     sent: VecDeque<Sent>,
     /// The response in flight, once created.
     streaming: Option<String>,
@@ -59,11 +61,8 @@ pub struct ResponsesClient {
     expiring: bool,
     /// Refused at the connection limit: wait longer before trying again.
     refused: bool,
-    /// The server said it is going away (1001): never come back.
-    gone: bool,
-    liveness: bool,
-    /// How its connection behaves, and what it counted.
-    pub habits: Habits,
+    /// Its connection, whether it stopped, its habits.
+    base: ClientBase,
 }
 
 impl ResponsesClient {
@@ -73,7 +72,6 @@ impl ResponsesClient {
         ResponsesClient {
             id,
             rng,
-            conn: None,
             sent: VecDeque::new(),
             streaming: None,
             latest: None,
@@ -81,9 +79,7 @@ impl ResponsesClient {
             retry_prev: None,
             expiring: false,
             refused: false,
-            gone: false,
-            liveness: false,
-            habits,
+            base: ClientBase::new(habits),
         }
     }
 
@@ -101,7 +97,7 @@ impl ResponsesClient {
     /// and then); it starts with the tag when it starts a conversation.
     fn input(&mut self, first: bool) -> Value {
         let tag = if first {
-            conn_tag(self.conn)
+            conn_tag(self.base.conn)
         } else {
             String::new()
         };
@@ -132,7 +128,7 @@ impl ResponsesClient {
         v.insert("type".into(), json!("response.create"));
         let instructions = chance(&mut self.rng, 0.2);
         if instructions {
-            let said = format!("{}{}", conn_tag(self.conn), text(&mut self.rng, 12));
+            let said = format!("{}{}", conn_tag(self.base.conn), text(&mut self.rng, 12));
             v.insert("instructions".into(), json!(said));
         }
         // A conversation's first input carries the tag too: a continuation
@@ -183,7 +179,7 @@ impl ResponsesClient {
 
     /// A malformed or hostile frame.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.habits.hostile_sent += 1;
+        self.base.habits.hostile_sent += 1;
         match self.rng.below(12) {
             0 => {
                 self.sent.push_back(Sent::Other);
@@ -232,19 +228,19 @@ impl ResponsesClient {
     }
 
     fn hang_up(&mut self, soon: bool) -> Vec<ClientOp> {
-        self.habits.disconnects += u64::from(!soon);
+        self.base.habits.disconnects += u64::from(!soon);
         self.lost();
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.base.conn.take() else {
             return Vec::new();
         };
-        let back = if soon || chance(&mut self.rng, 0.8) {
+        let back = if soon {
             between(
                 &mut self.rng,
                 Duration::from_millis(1),
                 Duration::from_secs(2),
             )
         } else {
-            Duration::from_secs(700)
+            come_back_after(&mut self.rng, 0.8)
         };
         vec![ClientOp::Close(conn), ClientOp::Wake(back)]
     }
@@ -310,26 +306,26 @@ impl SimClient for ResponsesClient {
         Transport::WebSocket
     }
 
-    fn conn(&self) -> Option<ConnId> {
-        self.conn
+    fn base(&self) -> &ClientBase {
+        &self.base
     }
 
-    fn bind(&mut self, conn: ConnId) {
-        self.conn = Some(conn);
+    fn base_mut(&mut self) -> &mut ClientBase {
+        &mut self.base
     }
 
     fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
-        if self.conn.is_none() {
+        if self.base.conn.is_none() {
             return vec![ClientOp::Open(Transport::WebSocket)];
         }
         self.step(cx)
     }
 
     fn on_open(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         self.refused = false;
@@ -337,7 +333,7 @@ impl SimClient for ResponsesClient {
     }
 
     fn on_frame(&mut self, cx: &ClientCx<'_>, conn: ConnId, text: &str) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.owns(conn) {
             return Vec::new();
         }
         // Deltas are most frames, and tell the client nothing it needs.
@@ -386,7 +382,7 @@ impl SimClient for ResponsesClient {
                     (_, Some(id)) if status != "cancelled" => self.latest = Some(id),
                     _ => {}
                 }
-                if !self.liveness {
+                if !self.base.liveness {
                     let soon = think(&mut self.rng, cx) / 8;
                     return vec![ClientOp::Wake(soon)];
                 }
@@ -397,15 +393,11 @@ impl SimClient for ResponsesClient {
     }
 
     fn on_closed(&mut self, _cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.closed(conn, code) {
             return Vec::new();
         }
-        self.conn = None;
         self.lost();
-        if code == Some(1001) {
-            self.gone = true;
-        }
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         let most = if self.refused || code == Some(1013) {
@@ -413,16 +405,7 @@ impl SimClient for ResponsesClient {
         } else {
             Duration::from_secs(1)
         };
-        let back = between(&mut self.rng, Duration::from_micros(10), most);
+        let back = reconnect_after(&mut self.rng, most);
         vec![ClientOp::Wake(back)]
-    }
-
-    fn start_liveness(&mut self) -> Vec<ClientOp> {
-        self.liveness = true;
-        Vec::new()
-    }
-
-    fn habits(&self) -> &Habits {
-        &self.habits
     }
 }

@@ -19,8 +19,11 @@ use tokenwire_core::dialect::session::codec::{self, ClientMessage, Prompt, Sessi
 use tokenwire_core::rng::Rng;
 use tokenwire_core::{ChatMessage, ConnId, Dialect, Duration, Instant, Role, Transport};
 
-use super::{chance, conn_tag, garbage, text, think, ClientCx, ClientOp, Habits, SimClient};
-use crate::swarm::{between, Swarm};
+use super::base::{come_back_after, reconnect_after};
+use super::{
+    chance, conn_tag, garbage, text, think, ClientBase, ClientCx, ClientOp, Habits, SimClient,
+};
+use crate::swarm::Swarm;
 
 /// A reply in flight longer than this is given up (its error was taken for
 /// a hostile frame's, or the frames were lost with a connection).
@@ -77,16 +80,12 @@ pub struct SessionClient {
     /// Its index in the run.
     pub id: usize,
     rng: Rng,
-    conn: Option<ConnId>,
     convs: Vec<Conversation>,
     most: usize,
     next_sid: u64,
     next_job: u64,
-    /// The server said it is going away (1001): never come back.
-    gone: bool,
-    liveness: bool,
-    /// How its connection behaves, and what it counted.
-    pub habits: Habits,
+    /// Its connection, whether it stopped, its habits.
+    base: ClientBase,
 }
 
 impl SessionClient {
@@ -97,14 +96,11 @@ impl SessionClient {
         SessionClient {
             id,
             rng,
-            conn: None,
             convs: Vec::new(),
             most,
             next_sid: 0,
             next_job: 0,
-            gone: false,
-            liveness: false,
-            habits,
+            base: ClientBase::new(habits),
         }
     }
 
@@ -123,7 +119,7 @@ impl SessionClient {
         let job = self.new_job();
         let mut history = vec![ChatMessage {
             role: Role::System,
-            content: conn_tag(self.conn),
+            content: conn_tag(self.base.conn),
         }];
         // A conversation handed over from elsewhere: a few turns already.
         let turns = match self.rng.below(4) {
@@ -160,7 +156,7 @@ impl SessionClient {
     }
 
     fn start_message(&mut self, i: usize) -> ClientMessage {
-        let tag = conn_tag(self.conn);
+        let tag = conn_tag(self.base.conn);
         let c = &mut self.convs[i];
         if let Some(first) = c.history.first_mut().filter(|_| c.tag_message) {
             first.content = tag;
@@ -203,7 +199,7 @@ impl SessionClient {
     fn prompt_message(&mut self, cx: &ClientCx<'_>, i: usize) -> ClientMessage {
         let mut content = text(&mut self.rng, 24);
         if !self.convs[i].tag_message {
-            content = format!("{}{content}", conn_tag(self.conn));
+            content = format!("{}{content}", conn_tag(self.base.conn));
         }
         let mut sampling = Map::new();
         let sw = cx.swarm;
@@ -315,20 +311,12 @@ impl SessionClient {
     }
 
     fn hang_up(&mut self) -> Vec<ClientOp> {
-        self.habits.disconnects += 1;
+        self.base.habits.disconnects += 1;
         self.lost();
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.base.conn.take() else {
             return Vec::new();
         };
-        let back = if chance(&mut self.rng, 0.8) {
-            between(
-                &mut self.rng,
-                Duration::from_millis(1),
-                Duration::from_secs(2),
-            )
-        } else {
-            Duration::from_secs(700)
-        };
+        let back = come_back_after(&mut self.rng, 0.8);
         vec![ClientOp::Close(conn), ClientOp::Wake(back)]
     }
 
@@ -353,7 +341,7 @@ impl SessionClient {
 
     /// A malformed or hostile message.
     fn hostile(&mut self, cx: &ClientCx<'_>) -> ClientOp {
-        self.habits.hostile_sent += 1;
+        self.base.habits.hostile_sent += 1;
         let live: Vec<usize> = (0..self.convs.len())
             .filter(|&i| matches!(self.convs[i].state, State::Ready | State::Prompting { .. }))
             .collect();
@@ -506,26 +494,26 @@ impl SimClient for SessionClient {
         Transport::WebSocket
     }
 
-    fn conn(&self) -> Option<ConnId> {
-        self.conn
+    fn base(&self) -> &ClientBase {
+        &self.base
     }
 
-    fn bind(&mut self, conn: ConnId) {
-        self.conn = Some(conn);
+    fn base_mut(&mut self) -> &mut ClientBase {
+        &mut self.base
     }
 
     fn act(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
-        if self.conn.is_none() {
+        if self.base.conn.is_none() {
             return vec![ClientOp::Open(Transport::WebSocket)];
         }
         self.step(cx)
     }
 
     fn on_open(&mut self, cx: &ClientCx<'_>) -> Vec<ClientOp> {
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
         if self.convs.is_empty() {
@@ -535,7 +523,7 @@ impl SimClient for SessionClient {
     }
 
     fn on_frame(&mut self, cx: &ClientCx<'_>, conn: ConnId, text: &str) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.owns(conn) {
             return Vec::new();
         }
         let Ok(v) = serde_json::from_str::<Value>(text) else {
@@ -573,7 +561,7 @@ impl SimClient for SessionClient {
                         c.since = now;
                     }
                 }
-                if !self.liveness {
+                if !self.base.liveness {
                     let soon = think(&mut self.rng, cx) / 8;
                     return vec![ClientOp::Wake(soon)];
                 }
@@ -588,31 +576,14 @@ impl SimClient for SessionClient {
     }
 
     fn on_closed(&mut self, _cx: &ClientCx<'_>, conn: ConnId, code: Option<u16>) -> Vec<ClientOp> {
-        if self.conn != Some(conn) {
+        if !self.base.closed(conn, code) {
             return Vec::new();
         }
-        self.conn = None;
         self.lost();
-        if code == Some(1001) {
-            self.gone = true;
-        }
-        if self.gone || self.liveness {
+        if self.base.stopped() {
             return Vec::new();
         }
-        let back = between(
-            &mut self.rng,
-            Duration::from_micros(10),
-            Duration::from_secs(1),
-        );
+        let back = reconnect_after(&mut self.rng, Duration::from_secs(1));
         vec![ClientOp::Wake(back)]
-    }
-
-    fn start_liveness(&mut self) -> Vec<ClientOp> {
-        self.liveness = true;
-        Vec::new()
-    }
-
-    fn habits(&self) -> &Habits {
-        &self.habits
     }
 }

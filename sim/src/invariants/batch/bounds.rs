@@ -1,0 +1,89 @@
+//! `batch_bounds`: a connection's payloads are refused exactly at the
+//! bound (`batch_max_payloads`): one that arrives with fewer payloads of
+//! the connection queued or running is never refused for it, and one that
+//! arrives with that many always is. Payloads are counted as the Host
+//! counts them: accepted and not yet retired (the view's `jobs`), at the
+//! moment the answer goes out.
+
+use tokenwire_core::dialect::batch::codec::EventKind;
+use tokenwire_core::Output;
+
+use super::view::{batch_send, Reading};
+use crate::invariants::{Check, Checker, Cx, Frame};
+
+/// What the Host's refusal for the bound says.
+const PAYLOADS_REFUSAL: &str = "payloads queued or running";
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct BatchBounds;
+
+impl Checker for BatchBounds {
+    fn name(&self) -> &'static str {
+        "batch_bounds"
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
+        let Some((conn, b, Ok(events))) = batch_send(cx.view, out) else {
+            return Ok(());
+        };
+        if b.ambiguous {
+            return Ok(());
+        }
+        let most = cx.config.batch_max_payloads;
+        let held = b.jobs.len();
+        let for_bound = events.iter().any(
+            |e| matches!(&e.kind, EventKind::Error { error } if error.contains(PAYLOADS_REFUSAL)),
+        );
+        match b.read(&events) {
+            Reading::Accepted(p) if held >= most => Err(format!(
+                "payload #{p} on {conn:?} accepted with {held} payloads already queued or running (the bound is {most})"
+            )),
+            Reading::Refused(p) if for_bound && held < most => Err(format!(
+                "payload #{p} on {conn:?} refused for the bound with {held} payloads queued or running (the bound is {most})"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit_with;
+    use serde_json::json;
+    use tokenwire_core::{Dialect, HostConfig};
+
+    fn payload(id: &str) -> serde_json::Value {
+        json!({"prompts": [{"request_id": id, "prompt": "<c1>x"}]})
+    }
+
+    #[test]
+    fn acceptance_past_the_bound_and_refusal_under_it_are_caught() {
+        let cfg = HostConfig {
+            batch_max_payloads: 1,
+            ..HostConfig::default()
+        };
+        let mut k = kit_with(Box::new(BatchBounds), cfg.clone());
+        k.open_as(1, Dialect::Batch);
+        k.text(1, payload("a")).expect("frame");
+        k.send(1, json!([{"type": "ACCEPTED", "request_id": "a"}]))
+            .expect("under the bound");
+        k.text(1, payload("b")).expect("frame");
+        let e = k
+            .send(1, json!([{"type": "ACCEPTED", "request_id": "b"}]))
+            .expect_err("past the bound");
+        assert_eq!(e.invariant, "batch_bounds");
+        let mut k = kit_with(Box::new(BatchBounds), cfg);
+        k.open_as(1, Dialect::Batch);
+        k.text(1, payload("a")).expect("frame");
+        let e = k
+            .send(
+                1,
+                json!([{"type": "ERROR", "request_id": "a",
+                        "error": "this connection already has 1 payloads queued or running, the most one connection may"}]),
+            )
+            .expect_err("nothing was queued");
+        assert!(e.detail.contains("refused for the bound"), "{}", e.detail);
+    }
+}

@@ -1,0 +1,34 @@
+//! The `batch` dialect (`/ws`): its checkers and its part of the view
+//! ([`view`]: each connection's payloads and prompts, and the Host's
+//! continue-generation cache as the frames tell it).
+//!
+//! The checkers: every frame an array of events of one type; each payload
+//! answered in order (ACCEPTED, or one ERROR per prompt it names), exactly
+//! one COMPLETE or ERROR per accepted prompt and nothing after, STARTED /
+//! INITIALIZED at most once and before PROGRESS; frames in payload order,
+//! PROGRESS only when streaming; continued batches starting from the text
+//! the modelled continue-generation cache holds; `new_tokens_count` within
+//! `max_new_tokens` and streamed texts adding up; payloads refused exactly
+//! at the per-connection bound.
+
+pub mod bounds;
+pub mod continuation;
+pub mod order;
+pub mod terminal;
+pub mod text;
+pub mod view;
+pub mod wire;
+
+use super::Checker;
+
+/// The `batch` dialect's checkers, in the order they run.
+pub fn checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(wire::BatchWire),
+        Box::new(terminal::BatchTerminal),
+        Box::new(order::BatchOrder),
+        Box::new(continuation::BatchContinuation),
+        Box::new(text::BatchText),
+        Box::new(bounds::BatchBounds),
+    ]
+}

@@ -1,0 +1,114 @@
+//! `batch_text`: a `batch` COMPLETE's `new_tokens_count` is at most its
+//! payload's `max_new_tokens` (or the run's default, capped at the context
+//! length), and for a payload with `stream_response` true the PROGRESS
+//! texts of a prompt add up to its COMPLETE text: exactly, with
+//! `only_new_tokens` true; after the text its run started from (its
+//! INITIALIZED text), with `only_new_tokens` false.
+
+use tokenwire_core::dialect::batch::codec::EventKind;
+use tokenwire_core::Output;
+
+use super::view::{batch_send, Reading};
+use crate::invariants::{Check, Checker, Cx, Frame};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct BatchText;
+
+impl Checker for BatchText {
+    fn name(&self) -> &'static str {
+        "batch_text"
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
+        let Some((conn, b, Ok(events))) = batch_send(cx.view, out) else {
+            return Ok(());
+        };
+        if b.ambiguous {
+            return Ok(());
+        }
+        let Reading::Prompts(idx) = b.read(&events) else {
+            return Ok(());
+        };
+        for (e, i) in events.iter().zip(idx) {
+            let (
+                Some(i),
+                EventKind::Complete {
+                    text,
+                    new_tokens_count,
+                    ..
+                },
+            ) = (i, &e.kind)
+            else {
+                continue;
+            };
+            let pr = &b.prompts[i];
+            let pay = &b.payloads[pr.payload];
+            if u64::from(*new_tokens_count) > pay.max_new {
+                return Err(format!(
+                    "COMPLETE for {:?} on {conn:?} counts {new_tokens_count} new tokens, \
+                     max_new_tokens is {}",
+                    pr.rid, pay.max_new
+                ));
+            }
+            if !pay.stream {
+                continue;
+            }
+            let want = if pay.only_new {
+                pr.streamed.clone()
+            } else {
+                let before = pay.before.get(pr.pos).map_or("", String::as_str);
+                format!("{before}{}", pr.streamed)
+            };
+            if *text != want {
+                return Err(format!(
+                    "COMPLETE text {text:?} for {:?} on {conn:?} is not what was streamed \
+                     ({want:?}; only_new_tokens {})",
+                    pr.rid, pay.only_new
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use serde_json::json;
+    use tokenwire_core::Dialect;
+
+    #[test]
+    fn a_complete_text_unlike_its_stream_or_too_long_is_caught() {
+        let mut k = kit(Box::new(BatchText));
+        k.open_as(1, Dialect::Batch);
+        k.text(
+            1,
+            json!({"prompts": [{"request_id": "a", "prompt": "<c1>x"},
+                               {"request_id": "b", "prompt": "<c1>y"}],
+                   "generation_config": {"max_new_tokens": 2}}),
+        )
+        .expect("payload");
+        k.send(
+            1,
+            json!([{"request_id": "a", "type": "ACCEPTED"},
+                         {"request_id": "b", "type": "ACCEPTED"}]),
+        )
+        .expect("accepted");
+        k.end().expect("end");
+        k.send(
+            1,
+            json!([{"request_id": "a", "type": "PROGRESS", "text": "h"},
+                         {"request_id": "b", "type": "PROGRESS", "text": "h"}]),
+        )
+        .expect("progress");
+        let done = |id: &str, text: &str, n: u32| {
+            json!([{"request_id": id, "type": "COMPLETE", "text": text, "is_eos": false,
+                    "new_tokens_count": n, "execution_time": 0.1}])
+        };
+        let err = k.send(1, done("a", "hi", 1)).expect_err("not streamed");
+        assert_eq!(err.invariant, "batch_text");
+        assert!(k.send(1, done("b", "h", 3)).is_err());
+    }
+}

@@ -1,0 +1,34 @@
+//! The `cai` dialect (`/`): its checkers and its part of the view ([`view`]:
+//! each connection's credentials, messages and requests, and the reference
+//! authentication).
+//!
+//! The checkers: authentication at the opening against the keys file, the
+//! answer each message gets, exactly one terminal frame per accepted request
+//! and nothing of it after, chunk and sentence indices and texts that add
+//! up, chunk and sentence windows (and no compute for a connection whose
+//! generations are all window-paused), per-organisation request buckets and
+//! the reasons of `RATE_LIMITED`, and the decoder's shape of every frame.
+
+pub mod auth;
+pub mod rate;
+pub mod replies;
+pub mod sentences;
+pub mod terminal;
+pub mod view;
+pub mod window;
+pub mod wire;
+
+use super::Checker;
+
+/// The `cai` dialect's checkers, in the order they run.
+pub fn checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(wire::CaiWire),
+        Box::new(auth::CaiAuth),
+        Box::new(replies::CaiReplies),
+        Box::new(terminal::CaiTerminal),
+        Box::new(sentences::CaiSentences),
+        Box::new(window::CaiWindow),
+        Box::new(rate::CaiRate::default()),
+    ]
+}

@@ -1,0 +1,30 @@
+//! The `responses` dialect (`/v1/responses`): its checkers and its part of
+//! the view ([`view`]: each connection's frames and responses).
+//!
+//! The checkers: event shapes, one response in flight, exactly one terminal
+//! event, sequence numbers, `previous_response_id` resolution, the
+//! connection limit and the connection lifetime.
+
+pub mod inflight;
+pub mod lifetime;
+pub mod limit;
+pub mod previous;
+pub mod sequence;
+pub mod terminal;
+pub mod view;
+pub mod wire;
+
+use super::Checker;
+
+/// The `responses` dialect's checkers, in the order they run.
+pub fn checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(wire::ResponsesWire),
+        Box::new(inflight::ResponsesInflight),
+        Box::new(terminal::ResponsesTerminal),
+        Box::new(sequence::ResponsesSequence),
+        Box::new(previous::ResponsesPrevious),
+        Box::new(limit::ResponsesLimit::default()),
+        Box::new(lifetime::ResponsesLifetime),
+    ]
+}

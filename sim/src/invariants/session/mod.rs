@@ -1,0 +1,31 @@
+//! The `session` dialect (`/ws/session`): its checkers and its part of the
+//! view ([`view`]: each connection's messages, sessions and turns).
+//!
+//! The checkers: wire format, replies in order, message indexes, the
+//! history a session continues from (after a resume on a rebuilt Host too),
+//! chunks against responses, and that nothing of a session outlives its end
+//! or its connection, and the per-connection session bound.
+
+pub mod bounds;
+pub mod cleanup;
+pub mod history;
+pub mod index;
+pub mod replies;
+pub mod stream;
+pub mod view;
+pub mod wire;
+
+use super::Checker;
+
+/// The `session` dialect's checkers, in the order they run.
+pub fn checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(wire::SessionWire),
+        Box::new(replies::SessionReplies),
+        Box::new(index::SessionIndex),
+        Box::new(history::SessionHistory),
+        Box::new(stream::SessionStream),
+        Box::new(cleanup::SessionCleanup),
+        Box::new(bounds::SessionBounds),
+    ]
+}
