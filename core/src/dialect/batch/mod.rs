@@ -18,6 +18,7 @@
 //! later payload with the same ids continues every sequence instead of
 //! reading its prompts.
 
+mod beams;
 pub mod cache;
 pub mod codec;
 
@@ -25,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::{Map, Value};
 
+use self::beams::beam_limits;
 use self::cache::{CacheScope, CachedSeq, ContinueCache, Owner};
 use self::codec::{Event, EventKind, Payload};
 use super::{Cx, DialectConn};
@@ -186,6 +188,23 @@ pub struct BatchConn {
     /// The job (by serial) and prompt each generation belongs to, so a
     /// token finds its prompt in one lookup however many are in flight.
     owners: BTreeMap<SeqId, (u64, usize)>,
+}
+
+/// A prompt's end, as its COMPLETE reports it and a continuation starts
+/// from.
+struct Finished {
+    /// Prompt and generated ids.
+    ids: Vec<TokenId>,
+    /// The generated text.
+    generated: String,
+    /// Tokens generated.
+    new_tokens: u32,
+    /// It ended with an end-of-sequence token.
+    is_eos: bool,
+    /// When it started, if the prompt never recorded a start.
+    started: Instant,
+    /// Its KV blocks, kept for a continuation.
+    kv: Option<KeptKv>,
 }
 
 /// Whose continue-cache entries this connection reads and writes.
@@ -526,6 +545,36 @@ impl BatchConn {
         send(cx, &[event(&rid, EventKind::Error { error: message })]);
     }
 
+    /// Prompt `pi` of job `ji` is done: its COMPLETE is queued and what a
+    /// continuation starts from is kept. The one place a COMPLETE is built,
+    /// for sampled prompts and beam searches alike.
+    fn complete(&mut self, now: Instant, ji: usize, pi: usize, f: Finished) {
+        let job = &mut self.jobs[ji];
+        let p = &mut job.prompts[pi];
+        let started = p.started_at.unwrap_or(f.started);
+        let execution_time = ((now - started).as_secs_f64() * 1000.0).round() / 1000.0;
+        let text = if job.only_new_tokens {
+            f.generated.clone()
+        } else {
+            format!("{}{}", p.before, f.generated)
+        };
+        job.finished[pi] = Some(CachedSeq {
+            ids: f.ids,
+            text: format!("{}{}", p.before, f.generated),
+            kv: f.kv,
+        });
+        p.stage = Stage::Done;
+        self.pending[ji].complete.push((
+            pi,
+            EventKind::Complete {
+                text,
+                is_eos: f.is_eos,
+                new_tokens_count: f.new_tokens,
+                execution_time,
+            },
+        ));
+    }
+
     /// The job and prompt whose generation is `seq`.
     fn find(&self, seq: SeqId) -> Option<(usize, usize)> {
         let &(serial, pi) = self.owners.get(&seq)?;
@@ -635,158 +684,6 @@ impl BatchConn {
     }
 }
 
-impl BatchConn {
-    /// A beam reported its candidates: once every running beam of the
-    /// prompt has, the search takes a step, forks the beams it keeps from
-    /// their parents (sharing KV blocks) and ends the old ones, or finishes.
-    fn on_beam_token(
-        &mut self,
-        cx: &mut Cx<'_>,
-        ji: usize,
-        pi: usize,
-        seq: SeqId,
-        piece: &TokenPiece,
-    ) {
-        if let Some(reason) = piece.finish {
-            // A running beam ended from outside (a deadline, the end of a
-            // shutdown's grace): the search cannot go on without it. Beams
-            // the search replaced are no longer found here.
-            if let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() {
-                run.beams.retain(|&b| b != seq);
-            }
-            let why = match reason {
-                FinishReason::Timeout => "the beam search ran out of time",
-                _ => "the beam search was stopped before it finished",
-            };
-            // What this step gathered goes first, so events stay in order.
-            self.flush_events(cx);
-            return self.fail_prompt(cx, ji, pi, why.to_string());
-        }
-        let Some(top) = piece.logprobs.as_ref().map(|l| l.top.clone()) else {
-            let why = "the engine gave no log-probabilities for a beam".to_string();
-            return self.fail_prompt(cx, ji, pi, why);
-        };
-        // No more compute for this beam until the round is decided.
-        cx.hold_for_siblings(seq);
-        let first_round = {
-            let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() else {
-                return;
-            };
-            run.reported.insert(seq, top);
-            if run.reported.len() < run.beams.len() {
-                return;
-            }
-            run.beams.len() == 1 && run.search.running().len() > 1
-        };
-        if first_round {
-            self.pending[ji].initialized.push(pi);
-        }
-        let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() else {
-            return;
-        };
-        // Before the first step every beam is the prompt: the same candidates.
-        let candidates: Vec<Vec<(TokenId, f32)>> = if first_round {
-            let c = run.reported.get(&run.beams[0]).cloned().unwrap_or_default();
-            vec![c; run.search.running().len()]
-        } else {
-            run.beams
-                .iter()
-                .map(|b| run.reported.get(b).cloned().unwrap_or_default())
-                .collect()
-        };
-        run.reported.clear();
-        let old = std::mem::take(&mut run.beams);
-        let Some(advance) = run.search.step(&candidates) else {
-            for s in old {
-                cx.end(s, FinishReason::Cancelled);
-            }
-            return self.finish_beams(cx, ji, pi);
-        };
-        let mut new = Vec::with_capacity(advance.parents.len());
-        for (&parent, &token) in advance.parents.iter().zip(&advance.tokens) {
-            let src = if first_round { old[0] } else { old[parent] };
-            let Some(child) = cx.fork(src) else {
-                for s in new.into_iter().chain(old) {
-                    cx.end(s, FinishReason::Cancelled);
-                }
-                let why = "beam search could not continue a beam".to_string();
-                return self.fail_prompt(cx, ji, pi, why);
-            };
-            cx.set_last_token(child, token);
-            cx.release_for_siblings(child);
-            self.owners.insert(child, (self.jobs[ji].serial, pi));
-            new.push(child);
-        }
-        for s in old {
-            cx.end(s, FinishReason::Cancelled);
-        }
-        if let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() {
-            run.beams = new;
-        }
-    }
-
-    /// The search is over: the best hypothesis is the prompt's COMPLETE.
-    fn finish_beams(&mut self, cx: &mut Cx<'_>, ji: usize, pi: usize) {
-        let eos = cx.model().eos_ids.clone();
-        let now = cx.now;
-        let Some(run) = self.jobs[ji].prompts[pi].beam.take() else {
-            return;
-        };
-        let best = run.search.best().to_vec();
-        // The text as `generate` users decode it: special tokens left out.
-        let shown: Vec<TokenId> = best.iter().copied().filter(|t| !eos.contains(t)).collect();
-        let generated = cx.codec().decode(&shown);
-        let job = &mut self.jobs[ji];
-        let p = &mut job.prompts[pi];
-        let is_eos = best.last().is_some_and(|t| eos.contains(t));
-        let started = p.started_at.unwrap_or(now);
-        let execution_time = ((now - started).as_secs_f64() * 1000.0).round() / 1000.0;
-        let text = if job.only_new_tokens {
-            generated.clone()
-        } else {
-            format!("{}{generated}", p.before)
-        };
-        let mut ids = run.prompt_ids;
-        ids.extend_from_slice(&best);
-        // The best hypothesis's sequence may be gone (beams that hit their
-        // end are ended at once): a continuation recomputes it.
-        job.finished[pi] = Some(CachedSeq {
-            ids,
-            text: format!("{}{generated}", p.before),
-            kv: None,
-        });
-        p.stage = Stage::Done;
-        self.pending[ji].complete.push((
-            pi,
-            EventKind::Complete {
-                text,
-                is_eos,
-                new_tokens_count: best.len() as u32,
-                execution_time,
-            },
-        ));
-    }
-}
-
-/// What beam search here cannot do, said before anything runs.
-fn beam_limits(cfg: &BeamConfig, params: &GenParams) -> Result<(), String> {
-    if cfg.beams_to_keep() > MAX_BEAM_CANDIDATES {
-        let per = cfg.beams_to_keep() / cfg.num_beams;
-        return Err(format!(
-            "invalid `generation_config.num_beams`: at most {} with this model ({per} candidates per beam, {MAX_BEAM_CANDIDATES} at most), got {}",
-            MAX_BEAM_CANDIDATES / per,
-            cfg.num_beams
-        ));
-    }
-    if params.temperature != 0.0 {
-        return Err("beam sampling (`do_sample` true with `num_beams` > 1) is not available; set do_sample to false".into());
-    }
-    if params.repetition_penalty != 1.0 {
-        return Err("`repetition_penalty` with beam search is not available (Hugging Face applies it to log-probabilities, this engine to logits); leave it at 1".into());
-    }
-    Ok(())
-}
-
 /// Frees the KV blocks kept for `seqs`, which no cache entry will hold.
 fn drop_kept(cx: &mut Cx<'_>, seqs: impl IntoIterator<Item = CachedSeq>) {
     for kv in seqs.into_iter().filter_map(|s| s.kv) {
@@ -872,38 +769,26 @@ impl DialectConn for BatchConn {
         ids.extend_from_slice(&g.out_ids);
         let generated = g.text.clone();
         let new_tokens = g.completion_tokens();
-        let job = &mut self.jobs[ji];
-        let p = &mut job.prompts[pi];
-        let started = p.started_at.unwrap_or(g.created_at);
-        let seconds = (cx.now - started).as_secs_f64();
-        let execution_time = (seconds * 1000.0).round() / 1000.0;
-        let text = if job.only_new_tokens {
-            generated.clone()
-        } else {
-            format!("{}{generated}", p.before)
-        };
-        p.stage = Stage::Done;
+        let created_at = g.created_at;
         let clean = matches!(reason, FinishReason::Length | FinishReason::Stop);
+        let job = &self.jobs[ji];
         // Its blocks stay for a continuation while memory allows.
         let kv = (clean && job.key.is_some() && !job.failed)
             .then(|| cx.keep_kv(id))
             .flatten();
-        let job = &mut self.jobs[ji];
-        let p = &mut job.prompts[pi];
-        job.finished[pi] = Some(CachedSeq {
-            ids,
-            text: format!("{}{generated}", p.before),
-            kv,
-        });
-        self.pending[ji].complete.push((
+        self.complete(
+            cx.now,
+            ji,
             pi,
-            EventKind::Complete {
-                text,
+            Finished {
+                ids,
+                generated,
+                new_tokens,
                 is_eos,
-                new_tokens_count: new_tokens,
-                execution_time,
+                started: created_at,
+                kv,
             },
-        ));
+        );
         if !matches!(reason, FinishReason::Length | FinishReason::Stop) {
             // Ended from outside (shutdown grace, a deadline): not a clean
             // state to continue from.
