@@ -1374,7 +1374,7 @@ impl WgpuBackend {
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         let c = self.model.config();
-        super::cpu::check_batch(batch, self.geo, c.vocab_size, c.max_position_embeddings)?;
+        super::check_batch(batch, self.geo, c.vocab_size, c.max_position_embeddings)?;
         out.sampled.clear();
         out.has_row.clear();
         out.logits.clear();
