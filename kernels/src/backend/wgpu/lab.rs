@@ -3,6 +3,7 @@
 //! can check every kernel against a CPU reference on arbitrary shapes (and
 //! benchmarks can time one kernel). It builds the same pipelines, parameter
 //! blocks and `plan` words as the backend.
+//! Behind the `lab` feature: only tests and benchmarks run it.
 
 use super::attn::{self, AttnModel, AttnShape, DecodeRows};
 use super::context::{grid, Gpu};

@@ -98,6 +98,7 @@ mod attn;
 mod choice;
 mod context;
 mod coop;
+#[cfg(feature = "lab")]
 pub mod lab;
 mod pipelines;
 mod plan;
