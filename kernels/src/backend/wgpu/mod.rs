@@ -128,8 +128,9 @@ use params::ParamArena;
 pub use pipelines::WeightDtype;
 use pipelines::{Pipelines, WeightKernel, MAT_VEC_COLS};
 use plan::{HostPlan, Pass, PlanLimits};
-use profile::Profiler;
 pub use profile::{KernelTime, Profile, ProfileClock};
+use profile::{Profiler, Recorder};
+use sample::SampleRows;
 use tensors::{Matrix, ModelGpu};
 
 /// How to set up the wgpu backend. Only `adapter` matters in production; the
@@ -404,6 +405,18 @@ struct Needs {
     sample: u64,
     sampled: u64,
     staging: u64,
+}
+
+/// One step as the host plans it, before anything is recorded.
+#[derive(Debug)]
+struct Step {
+    plan: HostPlan,
+    /// sample.wgsl's rows.
+    sample: SampleRows,
+    segments: Vec<Segment>,
+    /// What the buffers must hold; the staging buffer's first
+    /// `needs.sampled` bytes are the sampled words, the full rows follow.
+    needs: Needs,
 }
 
 /// Model shape numbers the kernels take.
@@ -979,6 +992,25 @@ impl WgpuBackend {
         })
     }
 
+    /// Sets each of `ops`' pipeline, bind groups and grid in `pass`.
+    fn encode(
+        &self,
+        pass: &mut ::wgpu::ComputePass<'_>,
+        binds: &Binds,
+        ops: &[Op],
+    ) -> Result<(), EngineFaultKind> {
+        for op in ops {
+            let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
+                EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
+            })?;
+            pass.set_pipeline(self.pipeline(op.pipe)?);
+            pass.set_bind_group(0, bg, &[]);
+            pass.set_bind_group(1, &binds.params, &[op.param]);
+            pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
+        }
+        Ok(())
+    }
+
     /// The forward pass. `sample_ok`: sequences with a sample spec are
     /// sampled on the device (their rows come back only with `keep_row`).
     fn run(
@@ -995,16 +1027,31 @@ impl WgpuBackend {
         if batch.is_empty() {
             return Ok(());
         }
+        let step = self.plan_step(batch, sample_ok);
+        self.ensure(&step.needs, step.plan.words.len())?;
+        self.upload(&step);
+        // Out of `self` while recording, which reads the rest of it.
+        let mut profiler = self.profiler.take();
+        let submitted = self.submit(&step, profiler.as_mut().filter(|p| !p.paused));
+        self.profiler = profiler;
+        submitted?;
+        self.read_back(&step, out)
+    }
+
+    /// Plans a (validated, non-empty) step on the host: the sampling rows,
+    /// the `plan` words, each pass's dispatches and parameter blocks, and
+    /// what the buffers must hold.
+    fn plan_step(&mut self, batch: &[SeqBatch<'_>], sample_ok: bool) -> Step {
         let specs: Vec<Option<SampleSpec<'_>>> = batch
             .iter()
             .filter(|b| b.want_logits)
             .map(|b| b.sample.filter(|_| sample_ok))
             .collect();
-        let rows = sample::encode(&specs, self.dims.vocab, &mut self.seen);
-        let on_device: Vec<bool> = rows.rows.iter().map(|r| r.0).collect();
-        let plan: HostPlan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
+        let sample = sample::encode(&specs, self.dims.vocab, &mut self.seen);
+        let on_device: Vec<bool> = sample.rows.iter().map(|r| r.0).collect();
+        let plan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
         let row_bytes = 4 * self.dims.vocab as u64;
-        let out_bytes = 4 * rows.out_words as u64;
+        let out_bytes = 4 * sample.out_words as u64;
         // Staging: the sampled words, then the full rows in order.
         let mut staging_rows = Vec::new();
         let mut at = out_bytes;
@@ -1015,163 +1062,100 @@ impl WgpuBackend {
             }
         }
         let mut needs = Needs {
-            sample: 4 * rows.words.len() as u64,
+            sample: 4 * sample.words.len() as u64,
             sampled: out_bytes,
             staging: at,
             ..Needs::default()
         };
         self.params.clear();
-        let segments: Vec<Segment> = plan
+        let segments = plan
             .passes
             .iter()
             .map(|p| self.pass_ops(p, &staging_rows, &on_device, &mut needs))
             .collect();
-        self.ensure(&needs, plan.words.len())?;
-
-        let g = &self.gpu;
-        g.queue
-            .write_buffer(&self.bufs.plan.buf, 0, bytemuck::cast_slice(&plan.words));
-        g.queue
-            .write_buffer(&self.bufs.params.buf, 0, self.params.bytes());
-        let any_device = rows.any();
-        if any_device {
-            g.queue
-                .write_buffer(&self.bufs.sample.buf, 0, bytemuck::cast_slice(&rows.words));
+        Step {
+            plan,
+            sample,
+            segments,
+            needs,
         }
+    }
+
+    /// Writes the step's `plan` words, parameter blocks and sampling rows.
+    fn upload(&self, step: &Step) {
+        let q = &self.gpu.queue;
+        q.write_buffer(
+            &self.bufs.plan.buf,
+            0,
+            bytemuck::cast_slice(&step.plan.words),
+        );
+        q.write_buffer(&self.bufs.params.buf, 0, self.params.bytes());
+        if step.sample.any() {
+            q.write_buffer(
+                &self.bufs.sample.buf,
+                0,
+                bytemuck::cast_slice(&step.sample.words),
+            );
+        }
+    }
+
+    /// Records the step into one encoder and submits it: per pass its
+    /// dispatches, the copies of its rows that come back whole and its
+    /// sampling; then the copy of the sampled words. `profiler`, when on,
+    /// times every dispatch.
+    fn submit(&self, step: &Step, profiler: Option<&mut Profiler>) -> Result<(), EngineFaultKind> {
         let binds = self
             .binds
             .as_ref()
             .ok_or_else(|| EngineFaultKind::Internal("wgpu: bind groups missing".into()))?;
-        let mut enc = g
-            .device
-            .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
-                label: Some("step"),
-            });
-        let clock = self
-            .profiler
-            .as_ref()
-            .filter(|p| !p.paused)
-            .map(Profiler::clock);
-        if let (Some(ProfileClock::Device), Some(p)) = (clock, self.profiler.as_mut()) {
-            let ops = segments.iter().map(Segment::dispatches).sum();
-            p.ensure(g, ops);
-        }
-        let profiler = self.profiler.as_ref().filter(|p| !p.paused);
-        // Dispatch names in order (device clock), or names and host times.
-        let mut names: Vec<String> = Vec::new();
-        let mut host_times: Vec<(String, u64)> = Vec::new();
-        let record = |enc: &mut ::wgpu::CommandEncoder,
-                      label,
-                      ops: &[Op],
-                      names: &mut Vec<String>,
-                      host_times: &mut Vec<(String, u64)>| {
-            let one =
-                |enc: &mut ::wgpu::CommandEncoder,
-                 ops: &[Op],
-                 timestamp_writes: Option<::wgpu::ComputePassTimestampWrites<'_>>| {
-                    let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
-                        label: Some(label),
-                        timestamp_writes,
-                    });
-                    for op in ops {
-                        let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
-                            EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
-                        })?;
-                        pass.set_pipeline(self.pipeline(op.pipe)?);
-                        pass.set_bind_group(0, bg, &[]);
-                        pass.set_bind_group(1, &binds.params, &[op.param]);
-                        pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
-                    }
-                    Ok::<(), EngineFaultKind>(())
-                };
-            match (clock, profiler) {
-                (Some(ProfileClock::Device), Some(p)) => {
-                    for op in ops {
-                        one(enc, std::slice::from_ref(op), p.writes(names.len()))?;
-                        names.push(op.name());
-                    }
-                }
-                (Some(ProfileClock::Host), _) => {
-                    // Everything recorded so far runs first, untimed.
-                    let before = std::mem::replace(
-                        enc,
-                        g.device.create_command_encoder(&Default::default()),
-                    );
-                    g.queue.submit([before.finish()]);
-                    g.wait().map_err(GpuError::into_fault)?;
-                    for op in ops {
-                        let mut e = g.device.create_command_encoder(&Default::default());
-                        one(&mut e, std::slice::from_ref(op), None)?;
-                        let t = std::time::Instant::now();
-                        g.queue.submit([e.finish()]);
-                        g.wait().map_err(GpuError::into_fault)?;
-                        host_times.push((op.name(), t.elapsed().as_nanos() as u64));
-                    }
-                }
-                _ => one(enc, ops, None)?,
-            }
-            Ok::<(), EngineFaultKind>(())
-        };
-        for seg in &segments {
-            record(&mut enc, "forward", &seg.ops, &mut names, &mut host_times)?;
+        let dispatches = step.segments.iter().map(Segment::dispatches).sum();
+        let mut rec = Recorder::new(&self.gpu, "step", profiler, dispatches);
+        let encode = |pass: &mut ::wgpu::ComputePass<'_>, ops: &[Op]| self.encode(pass, binds, ops);
+        let staging = &self.bufs.staging.buf;
+        for seg in &step.segments {
+            rec.pass("forward", &seg.ops, Op::name, encode)?;
             for &(src, dst, bytes) in &seg.copies {
-                enc.copy_buffer_to_buffer(
+                rec.encoder().copy_buffer_to_buffer(
                     &self.bufs.logits.buf,
                     src,
-                    &self.bufs.staging.buf,
+                    staging,
                     dst,
                     bytes,
                 );
             }
             if let Some(op) = &seg.sample {
-                record(
-                    &mut enc,
-                    "sample",
-                    std::slice::from_ref(op),
-                    &mut names,
-                    &mut host_times,
-                )?;
+                rec.pass("sample", std::slice::from_ref(op), Op::name, encode)?;
             }
         }
-        if any_device {
-            enc.copy_buffer_to_buffer(
-                &self.bufs.sampled.buf,
-                0,
-                &self.bufs.staging.buf,
-                0,
-                out_bytes,
-            );
+        if step.sample.any() {
+            let bytes = step.needs.sampled;
+            rec.encoder()
+                .copy_buffer_to_buffer(&self.bufs.sampled.buf, 0, staging, 0, bytes);
         }
-        if let Some(p) = profiler {
-            p.resolve(&mut enc, names.len());
-        }
-        g.queue.submit([enc.finish()]);
-        if let Some(p) = self.profiler.as_mut().filter(|p| !p.paused) {
-            match p.clock() {
-                ProfileClock::Device => {
-                    p.collect_device(g, &names).map_err(GpuError::into_fault)?
-                }
-                ProfileClock::Host => p.collect_host(&host_times),
-            }
-        }
-        if plan.full.is_empty() {
+        rec.finish()
+    }
+
+    /// Reads back what the step sampled and the rows that come back whole.
+    fn read_back(&mut self, step: &Step, out: &mut ForwardOutput) -> Result<(), EngineFaultKind> {
+        let g = &self.gpu;
+        if step.plan.full.is_empty() {
             return match g.take_error() {
                 Some(e) => Err(e.into_fault()),
                 None => Ok(()),
             };
         }
+        let (sampled, staged) = (step.needs.sampled as usize, step.needs.staging);
         self.staged = g
-            .read_mapped(&self.bufs.staging.buf, at)
+            .read_mapped(&self.bufs.staging.buf, staged)
             .map_err(GpuError::into_fault)?;
-        let words: Vec<u32> = self.staged[..out_bytes as usize]
+        let words: Vec<u32> = self.staged[..sampled]
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        out.sampled = sample::decode(&words, &rows);
-        out.has_row.extend_from_slice(&plan.full);
-        let full_rows = &self.staged[out_bytes as usize..at as usize];
+        out.sampled = sample::decode(&words, &step.sample);
+        out.has_row.extend_from_slice(&step.plan.full);
         out.logits.extend(
-            full_rows
+            self.staged[sampled..staged as usize]
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
