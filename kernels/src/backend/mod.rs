@@ -7,6 +7,8 @@ pub mod wgpu;
 
 use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs};
 
+use crate::kv::KvGeometry;
+
 pub use self::wgpu::{WgpuBackend, WgpuOptions};
 pub use cpu::{ActivationPrecision, CpuBackend};
 
@@ -126,4 +128,45 @@ pub trait Backend: Send {
         out.has_row.resize(n, true);
         Ok(())
     }
+}
+
+/// Re-checks what the engine promises of a batch (see [`SeqBatch`]), so a
+/// direct caller gets a fault, not a panic; every backend calls it first.
+pub(crate) fn check_batch(
+    batch: &[SeqBatch<'_>],
+    geo: KvGeometry,
+    vocab: usize,
+    context: usize,
+) -> Result<(), EngineFaultKind> {
+    let bad = |msg: String| Err(EngineFaultKind::Internal(msg));
+    for (i, b) in batch.iter().enumerate() {
+        if b.tokens.is_empty() {
+            return bad(format!("batch entry {i} has no tokens"));
+        }
+        if let Some(&tok) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
+            return bad(format!(
+                "batch entry {i}: token {tok} outside vocabulary {vocab}"
+            ));
+        }
+        let end = b.start_pos as usize + b.tokens.len();
+        if end > context {
+            return bad(format!(
+                "batch entry {i}: positions up to {end} exceed context {context}"
+            ));
+        }
+        let blocks = end.div_ceil(geo.block_size);
+        if b.block_table.len() < blocks {
+            return bad(format!(
+                "batch entry {i}: block table has {} blocks, {blocks} needed",
+                b.block_table.len()
+            ));
+        }
+        if let Some(&blk) = b.block_table[..blocks]
+            .iter()
+            .find(|&&blk| blk as usize >= geo.num_blocks)
+        {
+            return bad(format!("batch entry {i}: block {blk} outside the pool"));
+        }
+    }
+    Ok(())
 }

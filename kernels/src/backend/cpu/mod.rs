@@ -159,7 +159,7 @@ impl Backend for CpuBackend {
         let cfg = model.config();
         let w = model.weights();
         let geo = kv.geometry();
-        check_batch(batch, geo, cfg.vocab_size, cfg.max_position_embeddings)?;
+        super::check_batch(batch, geo, cfg.vocab_size, cfg.max_position_embeddings)?;
 
         let h = cfg.hidden_size;
         let (nh, hd) = (cfg.num_heads, cfg.head_dim);
@@ -294,46 +294,6 @@ impl Backend for CpuBackend {
         );
         Ok(())
     }
-}
-
-/// Re-checks what the engine promises, so a direct caller gets a fault, not a panic.
-pub(crate) fn check_batch(
-    batch: &[SeqBatch<'_>],
-    geo: KvGeometry,
-    vocab: usize,
-    context: usize,
-) -> Result<(), EngineFaultKind> {
-    let bad = |msg: String| Err(EngineFaultKind::Internal(msg));
-    for (i, b) in batch.iter().enumerate() {
-        if b.tokens.is_empty() {
-            return bad(format!("batch entry {i} has no tokens"));
-        }
-        if let Some(&tok) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
-            return bad(format!(
-                "batch entry {i}: token {tok} outside vocabulary {vocab}"
-            ));
-        }
-        let end = b.start_pos as usize + b.tokens.len();
-        if end > context {
-            return bad(format!(
-                "batch entry {i}: positions up to {end} exceed context {context}"
-            ));
-        }
-        let blocks = end.div_ceil(geo.block_size);
-        if b.block_table.len() < blocks {
-            return bad(format!(
-                "batch entry {i}: block table has {} blocks, {blocks} needed",
-                b.block_table.len()
-            ));
-        }
-        if let Some(&blk) = b.block_table[..blocks]
-            .iter()
-            .find(|&&blk| blk as usize >= geo.num_blocks)
-        {
-            return bad(format!("batch entry {i}: block {blk} outside the pool"));
-        }
-    }
-    Ok(())
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {

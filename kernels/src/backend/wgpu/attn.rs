@@ -1,9 +1,11 @@
 //! Attention's kernels as the host plans them, for the backend and the
-//! kernel lab alike: the shape constants they are compiled with, one typed
-//! parameter block per kernel (mirroring its WGSL `Params`), and how decode
+//! kernel lab alike: the shape constants they are compiled with, the
+//! planners of their parameter blocks ([`super::params`]), and how decode
 //! attention splits a pass's contexts over workgroups (flash-decoding).
 
 use super::context::grid;
+use super::params::{Call, DecodeParams, MergeParams, PrefillParams, RopeKvParams};
+use super::plan::Pass;
 
 /// Positions per tile of the decode attention kernel (its `TILE`).
 const DECODE_TILE: u32 = 64;
@@ -90,146 +92,6 @@ pub(crate) fn merge_consts() -> String {
     format!("const MAX_SPLITS: u32 = {MAX_SPLITS}u;\n")
 }
 
-/// attn_decode.wgsl's `Params`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct DecodeParams {
-    pub(crate) n_items: u32,
-    pub(crate) dec_off: u32,
-    pub(crate) pos_off: u32,
-    pub(crate) rt_off: u32,
-    pub(crate) kv_heads: u32,
-    pub(crate) group: u32,
-    pub(crate) stride: u32,
-    pub(crate) q_heads: u32,
-    pub(crate) bs: u32,
-    pub(crate) split_len: u32,
-    pub(crate) n_splits: u32,
-    pub(crate) scale: f32,
-    pub(crate) ml_off: u32,
-    pub(crate) hgroups: u32,
-}
-
-impl DecodeParams {
-    /// The uniform block's words, in the WGSL struct's order.
-    pub(crate) fn words(&self) -> Vec<u32> {
-        vec![
-            self.n_items,
-            self.dec_off,
-            self.pos_off,
-            self.rt_off,
-            self.kv_heads,
-            self.group,
-            self.stride,
-            self.q_heads,
-            self.bs,
-            self.split_len,
-            self.n_splits,
-            self.scale.to_bits(),
-            self.ml_off,
-            self.hgroups,
-        ]
-    }
-}
-
-/// attn_merge.wgsl's `Params`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MergeParams {
-    pub(crate) n_items: u32,
-    pub(crate) dec_off: u32,
-    pub(crate) q_heads: u32,
-    pub(crate) n_splits: u32,
-    pub(crate) ml_off: u32,
-    pub(crate) hd: u32,
-}
-
-impl MergeParams {
-    /// The uniform block's words, in the WGSL struct's order.
-    pub(crate) fn words(&self) -> Vec<u32> {
-        vec![
-            self.n_items,
-            self.dec_off,
-            self.q_heads,
-            self.n_splits,
-            self.ml_off,
-            self.hd,
-        ]
-    }
-}
-
-/// attn_prefill.wgsl's `Params`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct PrefillParams {
-    pub(crate) tile_off: u32,
-    pub(crate) pos_off: u32,
-    pub(crate) rt_off: u32,
-    pub(crate) kv_heads: u32,
-    pub(crate) group: u32,
-    pub(crate) stride: u32,
-    pub(crate) q_heads: u32,
-    pub(crate) bs: u32,
-    pub(crate) scale: f32,
-    pub(crate) n_tiles: u32,
-}
-
-impl PrefillParams {
-    /// The uniform block's words, in the WGSL struct's order.
-    pub(crate) fn words(&self) -> Vec<u32> {
-        vec![
-            self.tile_off,
-            self.pos_off,
-            self.rt_off,
-            self.kv_heads,
-            self.group,
-            self.stride,
-            self.q_heads,
-            self.bs,
-            self.scale.to_bits(),
-            self.n_tiles,
-        ]
-    }
-}
-
-/// rope_kv.wgsl's `Params`: RoPE on a pass's query and key heads and the
-/// write of its keys and values into one layer's cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RopeKvParams {
-    pub(crate) n_rows: u32,
-    pub(crate) q_heads: u32,
-    pub(crate) kv_heads: u32,
-    pub(crate) head_dim: u32,
-    /// Width of a q|k|v row.
-    pub(crate) stride: u32,
-    pub(crate) cos_off: u32,
-    pub(crate) sin_off: u32,
-    pub(crate) slot_off: u32,
-    pub(crate) bs: u32,
-}
-
-impl RopeKvParams {
-    /// The dispatch: one invocation per (row, rotated head, pair).
-    pub(crate) fn call(&self) -> AttnCall {
-        let half = self.head_dim / 2;
-        let n = self.n_rows * (self.q_heads + self.kv_heads) * half;
-        AttnCall {
-            words: vec![
-                self.n_rows,
-                self.q_heads,
-                self.kv_heads,
-                half,
-                self.stride,
-                self.cos_off,
-                self.sin_off,
-                self.slot_off,
-                self.bs,
-            ],
-            groups: grid(n.div_ceil(256)),
-        }
-    }
-}
-
 /// How decode attention spreads a pass's contexts over workgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPolicy {
@@ -261,34 +123,16 @@ impl AttnModel {
     }
 }
 
-/// One attention dispatch: its parameter words and grid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AttnCall {
-    pub(crate) words: Vec<u32>,
-    pub(crate) groups: [u32; 2],
-}
-
 /// A pass's decode attention: the decode dispatch, the merge when the
 /// contexts are split, and the bytes of partials that needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DecodeCalls {
-    pub(crate) decode: AttnCall,
-    pub(crate) merge: Option<AttnCall>,
+    pub(crate) decode: Call,
+    pub(crate) merge: Option<Call>,
     pub(crate) part_bytes: u64,
     /// Splits per row, and positions per split.
     pub(crate) n_splits: u32,
     pub(crate) split_len: u32,
-}
-
-/// Where a pass's decode rows are in `plan`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DecodeRows {
-    pub(crate) n_items: u32,
-    pub(crate) dec_off: u32,
-    pub(crate) pos_off: u32,
-    pub(crate) rt_off: u32,
-    /// Longest context among them.
-    pub(crate) max_ctx: u32,
 }
 
 /// Splits per row and positions per split for `units` workgroups per split
@@ -313,24 +157,44 @@ pub(crate) fn splits(
     (ctx.div_ceil(len), len)
 }
 
-/// The decode attention of `rows` (`rows.n_items` > 0) under `policy`.
+/// RoPE on the rows of `p` and the write of their keys and values into
+/// the cache: one invocation per (row, rotated head, pair).
+pub(crate) fn rope_kv_call(m: &AttnModel, p: &Pass) -> Call {
+    let half = m.shape.head_dim / 2;
+    let n = p.rows * (m.q_heads + m.kv_heads) * half;
+    RopeKvParams {
+        n_rows: p.rows,
+        q_heads: m.q_heads,
+        kv_heads: m.kv_heads,
+        half,
+        stride: m.stride,
+        cs_off: p.cos_off,
+        sn_off: p.sin_off,
+        slot_off: p.slot_off,
+        bs: m.bs,
+    }
+    .call(grid(n.div_ceil(256)))
+}
+
+/// The decode attention of the decode rows of `p` (`p.n_dec` > 0) under
+/// `policy`.
 pub(crate) fn decode_calls(
     m: &AttnModel,
-    rows: &DecodeRows,
+    p: &Pass,
     policy: SplitPolicy,
     max_binding: u64,
 ) -> DecodeCalls {
     let hd = m.shape.head_dim;
     let hgroups = m.shape.group / m.shape.heads_per_wg();
-    let units = rows.n_items * m.kv_heads * hgroups;
-    let split_bytes = 4 * rows.n_items as u64 * m.q_heads as u64 * (hd as u64 + 2);
-    let (n_splits, split_len) = splits(units, rows.max_ctx, policy, split_bytes, max_binding);
-    let ml_off = rows.n_items * m.q_heads * n_splits * hd;
+    let units = p.n_dec * m.kv_heads * hgroups;
+    let split_bytes = 4 * p.n_dec as u64 * m.q_heads as u64 * (hd as u64 + 2);
+    let (n_splits, split_len) = splits(units, p.max_dec_ctx, policy, split_bytes, max_binding);
+    let ml_off = p.n_dec * m.q_heads * n_splits * hd;
     let decode = DecodeParams {
-        n_items: rows.n_items,
-        dec_off: rows.dec_off,
-        pos_off: rows.pos_off,
-        rt_off: rows.rt_off,
+        n_items: p.n_dec,
+        dec_off: p.dec_off,
+        pos_off: p.pos_off,
+        rt_off: p.rt_off,
         kv_heads: m.kv_heads,
         group: m.shape.group,
         stride: m.stride,
@@ -342,23 +206,19 @@ pub(crate) fn decode_calls(
         ml_off,
         hgroups,
     };
-    let merge = (n_splits > 1).then(|| AttnCall {
-        words: MergeParams {
-            n_items: rows.n_items,
-            dec_off: rows.dec_off,
+    let merge = (n_splits > 1).then(|| {
+        MergeParams {
+            n_items: p.n_dec,
+            dec_off: p.dec_off,
             q_heads: m.q_heads,
             n_splits,
             ml_off,
             hd,
         }
-        .words(),
-        groups: grid(rows.n_items * m.q_heads),
+        .call(grid(p.n_dec * m.q_heads))
     });
     DecodeCalls {
-        decode: AttnCall {
-            words: decode.words(),
-            groups: [units, n_splits],
-        },
+        decode: decode.call([units, n_splits]),
         merge,
         part_bytes: if n_splits > 1 {
             split_bytes * n_splits as u64
@@ -370,30 +230,21 @@ pub(crate) fn decode_calls(
     }
 }
 
-/// The prefill attention of `n_tiles` tiles listed at `tile_off` in `plan`.
-pub(crate) fn prefill_call(
-    m: &AttnModel,
-    tile_off: u32,
-    pos_off: u32,
-    rt_off: u32,
-    n_tiles: u32,
-) -> AttnCall {
-    AttnCall {
-        words: PrefillParams {
-            tile_off,
-            pos_off,
-            rt_off,
-            kv_heads: m.kv_heads,
-            group: m.shape.group,
-            stride: m.stride,
-            q_heads: m.q_heads,
-            bs: m.bs,
-            scale: m.scale(),
-            n_tiles,
-        }
-        .words(),
-        groups: [n_tiles, m.q_heads],
+/// The prefill attention of the tiles of `p`.
+pub(crate) fn prefill_call(m: &AttnModel, p: &Pass) -> Call {
+    PrefillParams {
+        tile_off: p.tile_off,
+        pos_off: p.pos_off,
+        rt_off: p.rt_off,
+        kv_heads: m.kv_heads,
+        group: m.shape.group,
+        stride: m.stride,
+        q_heads: m.q_heads,
+        bs: m.bs,
+        scale: m.scale(),
+        n_tiles: p.n_tiles,
     }
+    .call([p.n_tiles, m.q_heads])
 }
 
 #[cfg(test)]

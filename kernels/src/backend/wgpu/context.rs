@@ -312,6 +312,29 @@ impl Gpu {
         })
     }
 
+    /// A bind group of `bufs`, whole, at bindings 0, 1, ... of `layout`
+    /// (every storage binding shape of the kernels).
+    pub(crate) fn storage_bind_group(
+        &self,
+        layout: &::wgpu::BindGroupLayout,
+        label: &str,
+        bufs: &[&::wgpu::Buffer],
+    ) -> ::wgpu::BindGroup {
+        let entries: Vec<::wgpu::BindGroupEntry<'_>> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ::wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout,
+            entries: &entries,
+        })
+    }
+
     /// A storage buffer holding `bytes`, padded with zeros to whole 16-byte
     /// words (kernels read x and packed weights as vec4s).
     pub(crate) fn buffer_init(&self, label: &str, bytes: &[u8]) -> ::wgpu::Buffer {

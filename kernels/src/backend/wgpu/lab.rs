@@ -2,12 +2,14 @@
 //! backend on inputs given as host slices and returns its output, so tests
 //! can check every kernel against a CPU reference on arbitrary shapes (and
 //! benchmarks can time one kernel). It builds the same pipelines, parameter
-//! blocks and `plan` words as the backend.
+//! blocks and `plan` words as the backend, through the same planners.
+//! Behind the `lab` feature: only tests and benchmarks run it.
 
-use super::attn::{self, AttnModel, AttnShape, DecodeRows};
-use super::context::{grid, Gpu};
+use super::attn::{self, AttnModel, AttnShape};
+use super::context::Gpu;
 use super::coop::CoopConfig;
-use super::pipelines::{Kernel, ParamArena, Pipelines, Product, WeightKernel};
+use super::params::{self, Call, ParamArena};
+use super::pipelines::{Kernel, Pipelines, Product, WeightKernel};
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
 use super::{SplitPolicy, WeightDtype, WgpuOptions};
@@ -168,58 +170,28 @@ impl KernelLab {
         layout: &::wgpu::BindGroupLayout,
         bufs: &[&::wgpu::Buffer],
     ) -> ::wgpu::BindGroup {
-        let entries: Vec<::wgpu::BindGroupEntry<'_>> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| ::wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        self.gpu
-            .device
-            .create_bind_group(&::wgpu::BindGroupDescriptor {
-                label: Some("lab"),
-                layout,
-                entries: &entries,
-            })
+        self.gpu.storage_bind_group(layout, "lab", bufs)
     }
 
-    /// Runs `dispatches` (pipeline, bind group, parameter words, workgroups)
-    /// in one compute pass, then reads back `read` (buffer, bytes).
+    /// Runs `dispatches` (pipeline, bind group, parameters and grid) in one
+    /// compute pass, then reads back `read` (buffer, bytes).
     fn run(
         &self,
-        dispatches: &[(
-            &::wgpu::ComputePipeline,
-            &::wgpu::BindGroup,
-            Vec<u32>,
-            [u32; 2],
-        )],
+        dispatches: &[(&::wgpu::ComputePipeline, &::wgpu::BindGroup, Call)],
         read: (&::wgpu::Buffer, u64),
     ) -> Result<Vec<u8>, String> {
         let mut params = ParamArena::new(self.gpu.uniform_align);
-        let offs: Vec<u32> = dispatches.iter().map(|d| params.push(&d.2)).collect();
+        let offs: Vec<u32> = dispatches
+            .iter()
+            .map(|d| params.push(&d.2.params))
+            .collect();
         let pbuf = self.gpu.buffer(
             "lab.params",
             (params.bytes().len() as u64).max(256),
             ::wgpu::BufferUsages::UNIFORM | ::wgpu::BufferUsages::COPY_DST,
         );
         self.gpu.queue.write_buffer(&pbuf, 0, params.bytes());
-        let pbg = self
-            .gpu
-            .device
-            .create_bind_group(&::wgpu::BindGroupDescriptor {
-                label: Some("lab.params"),
-                layout: &self.pipes.layouts.params,
-                entries: &[::wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
-                        buffer: &pbuf,
-                        offset: 0,
-                        size: ::wgpu::BufferSize::new(super::pipelines::PARAM_BYTES),
-                    }),
-                }],
-            });
+        let pbg = self.pipes.params_bind_group(&self.gpu, &pbuf);
         let bytes = read.1.max(4).div_ceil(4) * 4;
         let staging = self.gpu.buffer(
             "lab.staging",
@@ -239,7 +211,7 @@ impl KernelLab {
                 pass.set_pipeline(d.0);
                 pass.set_bind_group(0, d.1, &[]);
                 pass.set_bind_group(1, &pbg, &[*off]);
-                pass.dispatch_workgroups(d.3[0], d.3[1], 1);
+                pass.dispatch_workgroups(d.2.groups[0], d.2.groups[1], 1);
             }
         }
         enc.copy_buffer_to_buffer(read.0, 0, &staging, 0, bytes);
@@ -393,7 +365,7 @@ impl KernelLab {
                 .pipes
                 .weight(call.kind, c.dtype)
                 .ok_or("pipeline missing")?;
-            dispatches.push((pipe, &bg, call.words, call.groups));
+            dispatches.push((pipe, &bg, call.call));
         }
         let out = self.run(&dispatches, (&yb, 4 * (cols as u64) * inter as u64))?;
         Ok(f32s(&out))
@@ -463,7 +435,7 @@ impl KernelLab {
                     .pipes
                     .weight(call.kind, c.dtype)
                     .ok_or("pipeline missing")?;
-                dispatches.push((pipe, bg, call.words, call.groups));
+                dispatches.push((pipe, bg, call.call));
             }
         }
         let out = self.run(&dispatches, (&yb, 4 * (cols * out_dim) as u64))?;
@@ -516,7 +488,8 @@ impl KernelLab {
                 .pipes
                 .weight(WeightKernel::Embed, c.dtype)
                 .ok_or("pipeline missing")?;
-            dispatches.push((pipe, bg, vec![hidden as u32, t, 0, c.row0, c.rows], grid(t)));
+            // The tokens are the whole plan here.
+            dispatches.push((pipe, bg, params::embed_call(hidden as u32, t, 0, c)));
         }
         let out = self.run(&dispatches, (&xb, 4 * (tokens.len() * hidden) as u64))?;
         Ok(f32s(&out))
@@ -539,13 +512,9 @@ impl KernelLab {
         let wb = self.upload("lab.w", bytemuck::cast_slice(weight));
         let yb = self.output("lab.y", out_rows * h);
         let bg = self.bind(&self.pipes.layouts.norm, &[&plan, &xb, &wb, &yb]);
-        let flags = if select.is_some() {
-            super::NORM_SELECT
-        } else {
-            0
-        };
-        let words = vec![h as u32, eps.to_bits(), flags, 0, out_rows as u32];
-        let d = [(&self.pipes.rms_norm, &bg, words, grid(out_rows as u32))];
+        // The selected rows are the whole plan here.
+        let call = params::norm_call(h as u32, eps, select.map(|_| 0), out_rows as u32);
+        let d = [(&self.pipes.rms_norm, &bg, call)];
         let y = self.run(&d, (&yb, 4 * (out_rows * h) as u64))?;
         Ok(f32s(&y))
     }
@@ -559,7 +528,6 @@ impl KernelLab {
     fn plan(
         &self,
         seqs: &[LabSeq],
-        head_dim: usize,
         theta_inv_freq: &[f64],
         limits: PlanLimits,
     ) -> Result<(Vec<u32>, plan::Pass), String> {
@@ -582,7 +550,6 @@ impl KernelLab {
                 return Err(format!("sequence {i}: empty or block table too short"));
             }
         }
-        let _ = head_dim;
         let hp = plan::build(&batch, theta_inv_freq, &limits, &[]);
         match hp.passes.as_slice() {
             [p] => Ok((hp.words, p.clone())),
@@ -617,25 +584,14 @@ impl KernelLab {
         k_pool: &[f32],
         v_pool: &[f32],
     ) -> Result<RopeKvOut, String> {
-        let (words, p) = self.plan(seqs, shape.head_dim, inv_freq, Self::limits(shape, 1))?;
+        let (words, p) = self.plan(seqs, inv_freq, Self::limits(shape, 1))?;
         let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
         let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
         let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
         let bg = self.bind(&self.pipes.layouts.rope_kv, &[&planb, &qb, &kb, &vb]);
-        let call = attn::RopeKvParams {
-            n_rows: p.rows,
-            q_heads: shape.q_heads as u32,
-            kv_heads: shape.kv_heads as u32,
-            head_dim: shape.head_dim as u32,
-            stride: shape.qkv_width() as u32,
-            cos_off: p.cos_off,
-            sin_off: p.sin_off,
-            slot_off: p.slot_off,
-            bs: shape.block_size as u32,
-        }
-        .call();
-        let d = [(&self.pipes.rope_kv, &bg, call.words, call.groups)];
+        let call = attn::rope_kv_call(&Self::attn_model(shape), &p);
+        let d = [(&self.pipes.rope_kv, &bg, call)];
         let q = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
         Ok(RopeKvOut {
             qkv: f32s(&q),
@@ -657,17 +613,6 @@ impl KernelLab {
         }
     }
 
-    /// The decode rows of a pass.
-    fn decode_rows(p: &plan::Pass) -> DecodeRows {
-        DecodeRows {
-            n_items: p.n_dec,
-            dec_off: p.dec_off,
-            pos_off: p.pos_off,
-            rt_off: p.rt_off,
-            max_ctx: p.max_dec_ctx,
-        }
-    }
-
     /// How [`KernelLab::attention`] with [`AttnKernel::Decode`] under
     /// `policy` splits the contexts of `seqs` (every row decoded): splits
     /// per row and positions per split.
@@ -677,13 +622,8 @@ impl KernelLab {
         seqs: &[LabSeq],
         policy: SplitPolicy,
     ) -> Result<(u32, u32), String> {
-        let (_, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, usize::MAX))?;
-        let c = attn::decode_calls(
-            &Self::attn_model(shape),
-            &Self::decode_rows(&p),
-            policy,
-            self.gpu.max_binding,
-        );
+        let (_, p) = self.plan(seqs, &[], Self::limits(shape, usize::MAX))?;
+        let c = attn::decode_calls(&Self::attn_model(shape), &p, policy, self.gpu.max_binding);
         Ok((c.n_splits, c.split_len))
     }
 
@@ -706,7 +646,7 @@ impl KernelLab {
             AttnKernel::Prefill => 1,
             AttnKernel::Decode(_) => usize::MAX,
         };
-        let (words, p) = self.plan(seqs, shape.head_dim, &[], Self::limits(shape, prefill_min))?;
+        let (words, p) = self.plan(seqs, &[], Self::limits(shape, prefill_min))?;
         let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
         let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
@@ -718,27 +658,21 @@ impl KernelLab {
         match kernel {
             AttnKernel::Prefill => {
                 let bg = self.bind(&self.pipes.layouts.prefill, &[&planb, &qb, &kb, &vb, &ab]);
-                let c = attn::prefill_call(&model, p.tile_off, p.pos_off, p.rt_off, p.n_tiles);
-                let d = [(prefill, &bg, c.words, c.groups)];
+                let d = [(prefill, &bg, attn::prefill_call(&model, &p))];
                 let out = self.run(&d, (&ab, bytes))?;
                 Ok(f32s(&out))
             }
             AttnKernel::Decode(policy) => {
-                let c = attn::decode_calls(
-                    &model,
-                    &Self::decode_rows(&p),
-                    policy,
-                    self.gpu.max_binding,
-                );
+                let c = attn::decode_calls(&model, &p, policy, self.gpu.max_binding);
                 let part = self.output("lab.part", (c.part_bytes / 4) as usize);
                 let bg = self.bind(
                     &self.pipes.layouts.decode,
                     &[&planb, &qb, &kb, &vb, &ab, &part],
                 );
                 let mbg = self.bind(&self.pipes.layouts.merge, &[&planb, &part, &ab]);
-                let mut d = vec![(decode, &bg, c.decode.words, c.decode.groups)];
+                let mut d = vec![(decode, &bg, c.decode)];
                 if let Some(m) = c.merge {
-                    d.push((&self.pipes.attn_merge, &mbg, m.words, m.groups));
+                    d.push((&self.pipes.attn_merge, &mbg, m));
                 }
                 let out = self.run(&d, (&ab, bytes))?;
                 Ok(f32s(&out))
@@ -753,12 +687,10 @@ impl KernelLab {
         let gb = self.upload("lab.gu", bytemuck::cast_slice(gu));
         let ab = self.output("lab.act", rows * inter);
         let bg = self.bind(&self.pipes.layouts.silu, &[&gb, &ab]);
-        let n = (rows * inter) as u32;
         let d = [(
             &self.pipes.silu_mul,
             &bg,
-            vec![rows as u32, inter as u32],
-            grid(n.div_ceil(256)),
+            params::silu_call(rows as u32, inter as u32),
         )];
         let out = self.run(&d, (&ab, 4 * (rows * inter) as u64))?;
         Ok(f32s(&out))
@@ -841,7 +773,11 @@ impl KernelLab {
             .iter()
             .map(|(first, bg)| {
                 let n = per.min(specs.len() - first) as u32;
-                (pipe, bg, vec![n, vocab as u32, *first as u32], grid(n))
+                (
+                    pipe,
+                    bg,
+                    params::sample_call(n, vocab as u32, *first as u32),
+                )
             })
             .collect();
         let out = self.run(&dispatches, (&ob, 4 * rows.out_words as u64))?;

@@ -98,7 +98,10 @@ mod attn;
 mod choice;
 mod context;
 mod coop;
+#[cfg(feature = "lab")]
 pub mod lab;
+mod ops;
+mod params;
 mod pipelines;
 mod plan;
 mod profile;
@@ -115,16 +118,19 @@ use crate::kv::KvGeometry;
 use crate::model::Model;
 use crate::rope;
 pub use attn::SplitPolicy;
-use attn::{AttnModel, AttnShape, DecodeRows, RopeKvParams};
+use attn::{AttnModel, AttnShape};
 use choice::KernelChoice;
 pub use context::adapters;
-use context::{grid, Gpu, GpuError};
+use context::{Gpu, GpuError};
 pub use coop::CoopConfig;
+use ops::{Bind, LayerCalls, Op, PassOps, Pipe, Segment};
+use params::ParamArena;
 pub use pipelines::WeightDtype;
-use pipelines::{Kernel, ParamArena, Pipelines, Product, WeightKernel, MAT_VEC_COLS};
+use pipelines::{Pipelines, WeightKernel, MAT_VEC_COLS};
 use plan::{HostPlan, Pass, PlanLimits};
-use profile::Profiler;
 pub use profile::{KernelTime, Profile, ProfileClock};
+use profile::{Profiler, Recorder};
+use sample::SampleRows;
 use tensors::{Matrix, ModelGpu};
 
 /// How to set up the wgpu backend. Only `adapter` matters in production; the
@@ -296,31 +302,6 @@ fn norm_fusable(enabled: bool, m: &Matrix) -> bool {
     enabled && m.bias.is_none()
 }
 
-/// How a product's neighbours are fused into it (mat_vec.wgsl's flags).
-#[derive(Debug, Clone, Copy, Default)]
-struct Fuse {
-    /// Normalise x on the fly with this epsilon (mat-vec only).
-    norm_eps: Option<f32>,
-    /// Add the product to y: a residual add.
-    accumulate: bool,
-}
-
-impl Fuse {
-    const RESIDUAL: Fuse = Fuse {
-        norm_eps: None,
-        accumulate: true,
-    };
-
-    fn normed(eps: f32) -> Fuse {
-        Fuse {
-            norm_eps: Some(eps),
-            accumulate: false,
-        }
-    }
-}
-
-/// Flags of rms_norm.wgsl.
-const NORM_SELECT: u32 = 4;
 /// Decode-attention workgroups aimed at on GPUs: a few per core of the
 /// largest (132 SMs on an H100 or H200).
 const GPU_DECODE_WORKGROUPS: u32 = 512;
@@ -415,99 +396,6 @@ struct Binds {
     sample: ::wgpu::BindGroup,
 }
 
-/// Which pipeline a recorded dispatch uses.
-#[derive(Debug, Clone, Copy)]
-enum Pipe {
-    Weight(WeightKernel, WeightDtype),
-    Norm,
-    RopeKv,
-    Decode,
-    Prefill,
-    Merge,
-    Silu,
-    Sample,
-}
-
-/// Which bind group a recorded dispatch uses.
-#[derive(Debug, Clone, Copy)]
-enum Bind {
-    Embed(usize),
-    NormIn(usize),
-    NormPost(usize),
-    NormFinal,
-    Qkv(usize, usize),
-    O(usize, usize),
-    GateUp(usize, usize),
-    Glu(usize),
-    QkvNormed(usize, usize),
-    GateUpNormed(usize, usize),
-    GluNormed(usize),
-    Down(usize, usize),
-    Head(usize),
-    RopeKv(usize),
-    Decode(usize),
-    Prefill(usize),
-    Merge,
-    Silu,
-    Sample,
-}
-
-/// One dispatch.
-#[derive(Debug, Clone, Copy)]
-struct Op {
-    pipe: Pipe,
-    bind: Bind,
-    param: u32,
-    groups: [u32; 2],
-}
-
-impl Op {
-    /// The kernel and what it computes, as profiles name it.
-    fn name(&self) -> String {
-        let role = match self.bind {
-            Bind::Qkv(..) | Bind::QkvNormed(..) => "qkv ",
-            Bind::O(..) => "o ",
-            Bind::GateUp(..) | Bind::Glu(_) | Bind::GateUpNormed(..) | Bind::GluNormed(_) => {
-                "gate_up "
-            }
-            Bind::Down(..) => "down ",
-            Bind::Head(_) => "lm_head ",
-            Bind::NormFinal => "final ",
-            _ => "",
-        };
-        let kernel = match self.pipe {
-            Pipe::Weight(WeightKernel::Embed, d) => format!("embed {d:?}"),
-            Pipe::Weight(WeightKernel::MatVec(c, _), d) => format!("mat_vec x{c} {d:?}"),
-            Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
-            Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
-            Pipe::Weight(WeightKernel::Coop, d) => format!("coop_mat_mul {d:?}"),
-            Pipe::Norm => "rms_norm".into(),
-            Pipe::RopeKv => "rope_kv".into(),
-            Pipe::Decode => "attn_decode".into(),
-            Pipe::Prefill => "attn_prefill".into(),
-            Pipe::Merge => "attn_merge".into(),
-            Pipe::Silu => "silu_mul".into(),
-            Pipe::Sample => "sample".into(),
-        };
-        let normed = matches!(
-            self.bind,
-            Bind::QkvNormed(..) | Bind::GateUpNormed(..) | Bind::GluNormed(_)
-        );
-        format!("{role}{kernel}{}", if normed { " +norm" } else { "" })
-    }
-}
-
-/// One compute pass, then copies of logits rows into the staging buffer
-/// (source offset, destination offset, bytes), then (in a second compute
-/// pass, so the copies see the rows before the repetition penalty changes
-/// them) the sampling of the pass's logits rows.
-#[derive(Debug, Default)]
-struct Segment {
-    ops: Vec<Op>,
-    copies: Vec<(u64, u64, u64)>,
-    sample: Option<Op>,
-}
-
 /// What a step needs of the growable buffers, in bytes.
 #[derive(Debug, Default, Clone, Copy)]
 struct Needs {
@@ -517,6 +405,18 @@ struct Needs {
     sample: u64,
     sampled: u64,
     staging: u64,
+}
+
+/// One step as the host plans it, before anything is recorded.
+#[derive(Debug)]
+struct Step {
+    plan: HostPlan,
+    /// sample.wgsl's rows.
+    sample: SampleRows,
+    segments: Vec<Segment>,
+    /// What the buffers must hold; the staging buffer's first
+    /// `needs.sampled` bytes are the sampled words, the full rows follow.
+    needs: Needs,
 }
 
 /// Model shape numbers the kernels take.
@@ -805,29 +705,6 @@ impl WgpuBackend {
         Some(p.profile)
     }
 
-    fn storage_bg(
-        &self,
-        layout: &::wgpu::BindGroupLayout,
-        label: &str,
-        bufs: &[&::wgpu::Buffer],
-    ) -> ::wgpu::BindGroup {
-        let entries: Vec<::wgpu::BindGroupEntry<'_>> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| ::wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        self.gpu
-            .device
-            .create_bind_group(&::wgpu::BindGroupDescriptor {
-                label: Some(label),
-                layout,
-                entries: &entries,
-            })
-    }
-
     fn mat_bgs(
         &self,
         label: &str,
@@ -850,7 +727,10 @@ impl WgpuBackend {
     ) -> Vec<::wgpu::BindGroup> {
         m.chunks
             .iter()
-            .map(|c| self.storage_bg(&self.pipes.layouts.mat, label, &[x, &c.buf, third, y]))
+            .map(|c| {
+                self.gpu
+                    .storage_bind_group(&self.pipes.layouts.mat, label, &[x, &c.buf, third, y])
+            })
             .collect()
     }
 
@@ -875,23 +755,10 @@ impl WgpuBackend {
         let b = &self.bufs;
         let w = &self.weights;
         let norm = |label: &str, nw: &::wgpu::Buffer| {
-            self.storage_bg(&l.norm, label, &[&b.plan.buf, &b.x.buf, nw, &b.xn.buf])
+            self.gpu
+                .storage_bind_group(&l.norm, label, &[&b.plan.buf, &b.x.buf, nw, &b.xn.buf])
         };
-        let params = self
-            .gpu
-            .device
-            .create_bind_group(&::wgpu::BindGroupDescriptor {
-                label: Some("params"),
-                layout: &l.params,
-                entries: &[::wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
-                        buffer: &b.params.buf,
-                        offset: 0,
-                        size: ::wgpu::BufferSize::new(pipelines::PARAM_BYTES),
-                    }),
-                }],
-            });
+        let params = self.pipes.params_bind_group(&self.gpu, &b.params.buf);
         let layers = w
             .layers
             .iter()
@@ -920,12 +787,12 @@ impl WgpuBackend {
                         .remove(0)
                 }),
                 down: self.mat_bgs("down", &lw.down, &b.act.buf, &b.x.buf),
-                rope_kv: self.storage_bg(
+                rope_kv: self.gpu.storage_bind_group(
                     &l.rope_kv,
                     "rope_kv",
                     &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v],
                 ),
-                decode: self.storage_bg(
+                decode: self.gpu.storage_bind_group(
                     &l.decode,
                     "attn_decode",
                     &[
@@ -937,7 +804,7 @@ impl WgpuBackend {
                         &b.part.buf,
                     ],
                 ),
-                prefill: self.storage_bg(
+                prefill: self.gpu.storage_bind_group(
                     &l.prefill,
                     "attn_prefill",
                     &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v, &b.att.buf],
@@ -950,18 +817,23 @@ impl WgpuBackend {
                 .embed
                 .chunks
                 .iter()
-                .map(|c| self.storage_bg(&l.embed, "embed", &[&b.plan.buf, &c.buf, &b.x.buf]))
+                .map(|c| {
+                    self.gpu
+                        .storage_bind_group(&l.embed, "embed", &[&b.plan.buf, &c.buf, &b.x.buf])
+                })
                 .collect(),
             layers,
-            merge: self.storage_bg(
+            merge: self.gpu.storage_bind_group(
                 &l.merge,
                 "attn_merge",
                 &[&b.plan.buf, &b.part.buf, &b.att.buf],
             ),
-            silu: self.storage_bg(&l.silu, "silu_mul", &[&b.gate_up.buf, &b.act.buf]),
+            silu: self
+                .gpu
+                .storage_bind_group(&l.silu, "silu_mul", &[&b.gate_up.buf, &b.act.buf]),
             norm_final: norm("norm_final", &w.final_norm),
             head: self.mat_bgs("lm_head", w.lm_head(), &b.xn.buf, &b.logits.buf),
-            sample: self.storage_bg(
+            sample: self.gpu.storage_bind_group(
                 &l.sample,
                 "sample",
                 &[&b.logits.buf, &b.sample.buf, &b.sampled.buf],
@@ -969,87 +841,28 @@ impl WgpuBackend {
         }
     }
 
-    /// A product through `m` for `m_rows` rows of x, one dispatch per weight
-    /// chunk (or mat-vec groups), by the kernel `kernels` gives that many
-    /// rows ([`Product::calls`]).
-    #[allow(clippy::too_many_arguments)]
-    fn mat_ops(
-        params: &mut ParamArena,
-        ops: &mut Vec<Op>,
-        m: &Matrix,
-        bind: impl Fn(usize) -> Bind,
-        m_rows: u32,
-        ldx: u32,
-        ldy: u32,
-        kernels: KernelChoice,
-        split_k: bool,
-        fuse: Fuse,
-    ) {
-        // mat_vec.wgsl's 8-wide path reads x rows as aligned vec4s.
-        debug_assert_eq!(ldx as usize, m.in_dim, "x rows are k apart");
-        for (i, c) in m.chunks.iter().enumerate() {
-            let product = Product {
-                k: m.in_dim as u32,
-                rows: c.rows,
-                row0: c.row0,
-                cols: m_rows,
-                ldx,
-                ldy,
-                bias: m.bias.is_some(),
-                kernel: kernels.for_rows(m_rows),
-                split_k,
-                glu: false,
-                norm_eps: fuse.norm_eps,
-                accumulate: fuse.accumulate,
-            };
-            Self::push_product(params, ops, &product, c.dtype, bind(i));
+    /// The attention side of the model, as attention's planners take it.
+    fn attn_model(&self) -> AttnModel {
+        AttnModel {
+            shape: self.shape,
+            q_heads: self.dims.nq,
+            kv_heads: self.dims.nkv,
+            stride: self.dims.qkv_w,
+            bs: self.geo.block_size as u32,
         }
     }
 
-    /// The fused SwiGLU for `m_rows` rows of x through the one-chunk gate|up
-    /// matrix `m` into `act` (`[m_rows, inter]`), in mat-vec groups.
-    #[allow(clippy::too_many_arguments)]
-    fn glu_ops(
-        params: &mut ParamArena,
-        ops: &mut Vec<Op>,
-        m: &Matrix,
-        bind: Bind,
-        m_rows: u32,
-        inter: u32,
-        split_k: bool,
-        fuse: Fuse,
-    ) {
-        let product = Product {
-            k: m.in_dim as u32,
-            rows: inter,
-            row0: 0,
-            cols: m_rows,
-            ldx: m.in_dim as u32,
-            ldy: inter,
-            bias: false,
-            kernel: Kernel::MatVec,
-            split_k,
-            glu: true,
-            norm_eps: fuse.norm_eps,
-            accumulate: false,
-        };
-        Self::push_product(params, ops, &product, m.chunks[0].dtype, bind);
-    }
-
-    fn push_product(
-        params: &mut ParamArena,
-        ops: &mut Vec<Op>,
-        product: &Product,
-        dtype: WeightDtype,
-        bind: Bind,
-    ) {
-        for call in product.calls() {
-            ops.push(Op {
-                pipe: Pipe::Weight(call.kind, dtype),
-                bind,
-                param: params.push(&call.words),
-                groups: call.groups,
-            });
+    /// The dispatches each layer of pass `p` repeats.
+    fn layer_calls(&self, p: &Pass) -> LayerCalls {
+        let d = self.dims;
+        let m = self.attn_model();
+        LayerCalls {
+            norm: params::norm_call(d.h, d.eps, None, p.rows),
+            rope_kv: attn::rope_kv_call(&m, p),
+            decode: (p.n_dec > 0)
+                .then(|| attn::decode_calls(&m, p, self.splits, self.gpu.max_binding)),
+            prefill: (p.n_tiles > 0).then(|| attn::prefill_call(&m, p)),
+            silu: params::silu_call(p.rows, d.inter),
         }
     }
 
@@ -1062,233 +875,47 @@ impl WgpuBackend {
         on_device: &[bool],
         needs: &mut Needs,
     ) -> Segment {
-        let d = self.dims;
-        let prm = &mut self.params;
-        let w = &self.weights;
-        let mut ops = Vec::new();
-        let t = p.rows;
-        let kernels = self.kernels;
-        let fuse_glu = self.opts.fuse_glu;
-        let fuse_norm = self.opts.fuse_norm && self.pipes.split_k;
-        let split_k = self.pipes.split_k;
-        needs.rows = needs.rows.max(t as u64);
-        for (i, c) in w.embed.chunks.iter().enumerate() {
-            ops.push(Op {
-                pipe: Pipe::Weight(WeightKernel::Embed, c.dtype),
-                bind: Bind::Embed(i),
-                param: prm.push(&[d.h, t, p.tok_off, c.row0, c.rows]),
-                groups: grid(t),
-            });
-        }
-        let bs = self.geo.block_size as u32;
-        let attn = AttnModel {
-            shape: self.shape,
-            q_heads: d.nq,
-            kv_heads: d.nkv,
-            stride: d.qkv_w,
-            bs,
-        };
-        let decode = (p.n_dec > 0).then(|| {
-            let rows = DecodeRows {
-                n_items: p.n_dec,
-                dec_off: p.dec_off,
-                pos_off: p.pos_off,
-                rt_off: p.rt_off,
-                max_ctx: p.max_dec_ctx,
-            };
-            attn::decode_calls(&attn, &rows, self.splits, self.gpu.max_binding)
-        });
-        if let Some(c) = &decode {
+        let calls = self.layer_calls(p);
+        needs.rows = needs.rows.max(p.rows as u64);
+        if let Some(c) = &calls.decode {
             needs.part = needs.part.max(c.part_bytes);
         }
-        let prefill = attn::prefill_call(&attn, p.tile_off, p.pos_off, p.rt_off, p.n_tiles);
-        let rope_kv = RopeKvParams {
-            n_rows: t,
-            q_heads: d.nq,
-            kv_heads: d.nkv,
-            head_dim: d.hd,
-            stride: d.qkv_w,
-            cos_off: p.cos_off,
-            sin_off: p.sin_off,
-            slot_off: p.slot_off,
-            bs,
+        let d = self.dims;
+        let w = &self.weights;
+        let mut ops = PassOps {
+            params: &mut self.params,
+            ops: Vec::new(),
+            rows: p.rows,
+            dims: d,
+            kernels: self.kernels,
+            split_k: self.pipes.split_k,
+            fuse_norm: self.opts.fuse_norm && self.pipes.split_k,
+            fuse_glu: self.opts.fuse_glu,
+        };
+        for (i, c) in w.embed.chunks.iter().enumerate() {
+            let call = params::embed_call(d.h, p.rows, p.tok_off, c);
+            ops.push(
+                Pipe::Weight(WeightKernel::Embed, c.dtype),
+                Bind::Embed(i),
+                &call,
+            );
         }
-        .call();
-        // The o and down products add into the residual stream x itself;
-        // the norms read it. On mat-vec passes the norms before q|k|v and
-        // gate|up are fused into those products where they allow it.
-        let mat_vec_pass = kernels.for_rows(t) == Kernel::MatVec;
-        let none = Fuse::default();
-        let normed = Fuse::normed(d.eps);
         for (l, lw) in w.layers.iter().enumerate() {
-            let norm_in_product = mat_vec_pass && norm_fusable(fuse_norm, &lw.qkv);
-            if !norm_in_product {
-                ops.push(Op {
-                    pipe: Pipe::Norm,
-                    bind: Bind::NormIn(l),
-                    param: prm.push(&[d.h, d.eps.to_bits(), 0, 0, t]),
-                    groups: grid(t),
-                });
-            }
-            Self::mat_ops(
-                prm,
-                &mut ops,
-                &lw.qkv,
-                |c| {
-                    if norm_in_product {
-                        Bind::QkvNormed(l, c)
-                    } else {
-                        Bind::Qkv(l, c)
-                    }
-                },
-                t,
-                d.h,
-                d.qkv_w,
-                kernels,
-                split_k,
-                if norm_in_product { normed } else { none },
-            );
-            ops.push(Op {
-                pipe: Pipe::RopeKv,
-                bind: Bind::RopeKv(l),
-                param: prm.push(&rope_kv.words),
-                groups: rope_kv.groups,
-            });
-            if let Some(c) = &decode {
-                ops.push(Op {
-                    pipe: Pipe::Decode,
-                    bind: Bind::Decode(l),
-                    param: prm.push(&c.decode.words),
-                    groups: c.decode.groups,
-                });
-                if let Some(m) = &c.merge {
-                    ops.push(Op {
-                        pipe: Pipe::Merge,
-                        bind: Bind::Merge,
-                        param: prm.push(&m.words),
-                        groups: m.groups,
-                    });
-                }
-            }
-            if p.n_tiles > 0 {
-                ops.push(Op {
-                    pipe: Pipe::Prefill,
-                    bind: Bind::Prefill(l),
-                    param: prm.push(&prefill.words),
-                    groups: prefill.groups,
-                });
-            }
-            Self::mat_ops(
-                prm,
-                &mut ops,
-                &lw.o,
-                |c| Bind::O(l, c),
-                t,
-                d.nq * d.hd,
-                d.h,
-                kernels,
-                split_k,
-                Fuse::RESIDUAL,
-            );
-            let norm_in_product = mat_vec_pass && norm_fusable(fuse_norm, &lw.gate_up);
-            if !norm_in_product {
-                ops.push(Op {
-                    pipe: Pipe::Norm,
-                    bind: Bind::NormPost(l),
-                    param: prm.push(&[d.h, d.eps.to_bits(), 0, 0, t]),
-                    groups: grid(t),
-                });
-            }
-            let fuse = if norm_in_product { normed } else { none };
-            if mat_vec_pass && glu_fusable(fuse_glu, &lw.gate_up) {
-                let bind = if norm_in_product {
-                    Bind::GluNormed(l)
-                } else {
-                    Bind::Glu(l)
-                };
-                Self::glu_ops(prm, &mut ops, &lw.gate_up, bind, t, d.inter, split_k, fuse);
-            } else {
-                Self::mat_ops(
-                    prm,
-                    &mut ops,
-                    &lw.gate_up,
-                    |c| {
-                        if norm_in_product {
-                            Bind::GateUpNormed(l, c)
-                        } else {
-                            Bind::GateUp(l, c)
-                        }
-                    },
-                    t,
-                    d.h,
-                    2 * d.inter,
-                    kernels,
-                    split_k,
-                    fuse,
-                );
-                ops.push(Op {
-                    pipe: Pipe::Silu,
-                    bind: Bind::Silu,
-                    param: prm.push(&[t, d.inter]),
-                    groups: grid((t * d.inter).div_ceil(256)),
-                });
-            }
-            Self::mat_ops(
-                prm,
-                &mut ops,
-                &lw.down,
-                |c| Bind::Down(l, c),
-                t,
-                d.inter,
-                d.h,
-                kernels,
-                split_k,
-                Fuse::RESIDUAL,
-            );
+            ops.layer(l, lw, &calls);
         }
-        let mut copies = Vec::new();
-        let mut sample = None;
+        let mut seg = Segment::default();
         if p.n_sel > 0 {
-            ops.push(Op {
-                pipe: Pipe::Norm,
-                bind: Bind::NormFinal,
-                param: prm.push(&[d.h, d.eps.to_bits(), NORM_SELECT, p.sel_off, p.n_sel]),
-                groups: grid(p.n_sel),
-            });
-            Self::mat_ops(
-                prm,
-                &mut ops,
-                w.lm_head(),
-                Bind::Head,
-                p.n_sel,
-                d.h,
-                d.vocab,
-                kernels,
-                split_k,
-                none,
-            );
-            let rows = p.out_base as usize..(p.out_base + p.n_sel) as usize;
-            if on_device.get(rows).is_some_and(|r| r.iter().any(|&x| x)) {
-                sample = Some(Op {
-                    pipe: Pipe::Sample,
-                    bind: Bind::Sample,
-                    param: prm.push(&[p.n_sel, d.vocab, p.out_base]),
-                    groups: grid(p.n_sel),
-                });
-            }
+            seg.sample = ops.head(w.lm_head(), p, on_device);
             needs.logit_rows = needs.logit_rows.max(p.n_sel as u64);
             let row = 4 * d.vocab as u64;
             for &(out, dst) in staging_rows {
                 if out >= p.out_base && out < p.out_base + p.n_sel {
-                    copies.push(((out - p.out_base) as u64 * row, dst, row));
+                    seg.copies.push(((out - p.out_base) as u64 * row, dst, row));
                 }
             }
         }
-        Segment {
-            ops,
-            copies,
-            sample,
-        }
+        seg.ops = ops.ops;
+        seg
     }
 
     /// Grows the per-step buffers to `needs` and rebuilds the bind groups if
@@ -1365,6 +992,25 @@ impl WgpuBackend {
         })
     }
 
+    /// Sets each of `ops`' pipeline, bind groups and grid in `pass`.
+    fn encode(
+        &self,
+        pass: &mut ::wgpu::ComputePass<'_>,
+        binds: &Binds,
+        ops: &[Op],
+    ) -> Result<(), EngineFaultKind> {
+        for op in ops {
+            let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
+                EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
+            })?;
+            pass.set_pipeline(self.pipeline(op.pipe)?);
+            pass.set_bind_group(0, bg, &[]);
+            pass.set_bind_group(1, &binds.params, &[op.param]);
+            pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
+        }
+        Ok(())
+    }
+
     /// The forward pass. `sample_ok`: sequences with a sample spec are
     /// sampled on the device (their rows come back only with `keep_row`).
     fn run(
@@ -1374,23 +1020,38 @@ impl WgpuBackend {
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         let c = self.model.config();
-        super::cpu::check_batch(batch, self.geo, c.vocab_size, c.max_position_embeddings)?;
+        super::check_batch(batch, self.geo, c.vocab_size, c.max_position_embeddings)?;
         out.sampled.clear();
         out.has_row.clear();
         out.logits.clear();
         if batch.is_empty() {
             return Ok(());
         }
+        let step = self.plan_step(batch, sample_ok);
+        self.ensure(&step.needs, step.plan.words.len())?;
+        self.upload(&step);
+        // Out of `self` while recording, which reads the rest of it.
+        let mut profiler = self.profiler.take();
+        let submitted = self.submit(&step, profiler.as_mut().filter(|p| !p.paused));
+        self.profiler = profiler;
+        submitted?;
+        self.read_back(&step, out)
+    }
+
+    /// Plans a (validated, non-empty) step on the host: the sampling rows,
+    /// the `plan` words, each pass's dispatches and parameter blocks, and
+    /// what the buffers must hold.
+    fn plan_step(&mut self, batch: &[SeqBatch<'_>], sample_ok: bool) -> Step {
         let specs: Vec<Option<SampleSpec<'_>>> = batch
             .iter()
             .filter(|b| b.want_logits)
             .map(|b| b.sample.filter(|_| sample_ok))
             .collect();
-        let rows = sample::encode(&specs, self.dims.vocab, &mut self.seen);
-        let on_device: Vec<bool> = rows.rows.iter().map(|r| r.0).collect();
-        let plan: HostPlan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
+        let sample = sample::encode(&specs, self.dims.vocab, &mut self.seen);
+        let on_device: Vec<bool> = sample.rows.iter().map(|r| r.0).collect();
+        let plan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
         let row_bytes = 4 * self.dims.vocab as u64;
-        let out_bytes = 4 * rows.out_words as u64;
+        let out_bytes = 4 * sample.out_words as u64;
         // Staging: the sampled words, then the full rows in order.
         let mut staging_rows = Vec::new();
         let mut at = out_bytes;
@@ -1401,166 +1062,100 @@ impl WgpuBackend {
             }
         }
         let mut needs = Needs {
-            sample: 4 * rows.words.len() as u64,
+            sample: 4 * sample.words.len() as u64,
             sampled: out_bytes,
             staging: at,
             ..Needs::default()
         };
         self.params.clear();
-        let segments: Vec<Segment> = plan
+        let segments = plan
             .passes
             .iter()
             .map(|p| self.pass_ops(p, &staging_rows, &on_device, &mut needs))
             .collect();
-        self.ensure(&needs, plan.words.len())?;
-
-        let g = &self.gpu;
-        g.queue
-            .write_buffer(&self.bufs.plan.buf, 0, bytemuck::cast_slice(&plan.words));
-        g.queue
-            .write_buffer(&self.bufs.params.buf, 0, self.params.bytes());
-        let any_device = rows.any();
-        if any_device {
-            g.queue
-                .write_buffer(&self.bufs.sample.buf, 0, bytemuck::cast_slice(&rows.words));
+        Step {
+            plan,
+            sample,
+            segments,
+            needs,
         }
+    }
+
+    /// Writes the step's `plan` words, parameter blocks and sampling rows.
+    fn upload(&self, step: &Step) {
+        let q = &self.gpu.queue;
+        q.write_buffer(
+            &self.bufs.plan.buf,
+            0,
+            bytemuck::cast_slice(&step.plan.words),
+        );
+        q.write_buffer(&self.bufs.params.buf, 0, self.params.bytes());
+        if step.sample.any() {
+            q.write_buffer(
+                &self.bufs.sample.buf,
+                0,
+                bytemuck::cast_slice(&step.sample.words),
+            );
+        }
+    }
+
+    /// Records the step into one encoder and submits it: per pass its
+    /// dispatches, the copies of its rows that come back whole and its
+    /// sampling; then the copy of the sampled words. `profiler`, when on,
+    /// times every dispatch.
+    fn submit(&self, step: &Step, profiler: Option<&mut Profiler>) -> Result<(), EngineFaultKind> {
         let binds = self
             .binds
             .as_ref()
             .ok_or_else(|| EngineFaultKind::Internal("wgpu: bind groups missing".into()))?;
-        let mut enc = g
-            .device
-            .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
-                label: Some("step"),
-            });
-        let clock = self
-            .profiler
-            .as_ref()
-            .filter(|p| !p.paused)
-            .map(Profiler::clock);
-        if let (Some(ProfileClock::Device), Some(p)) = (clock, self.profiler.as_mut()) {
-            let ops = segments
-                .iter()
-                .map(|s| s.ops.len() + usize::from(s.sample.is_some()))
-                .sum();
-            p.ensure(g, ops);
-        }
-        let profiler = self.profiler.as_ref().filter(|p| !p.paused);
-        // Dispatch names in order (device clock), or names and host times.
-        let mut names: Vec<String> = Vec::new();
-        let mut host_times: Vec<(String, u64)> = Vec::new();
-        let record = |enc: &mut ::wgpu::CommandEncoder,
-                      label,
-                      ops: &[Op],
-                      names: &mut Vec<String>,
-                      host_times: &mut Vec<(String, u64)>| {
-            let one =
-                |enc: &mut ::wgpu::CommandEncoder,
-                 ops: &[Op],
-                 timestamp_writes: Option<::wgpu::ComputePassTimestampWrites<'_>>| {
-                    let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
-                        label: Some(label),
-                        timestamp_writes,
-                    });
-                    for op in ops {
-                        let bg = Self::bind_group(binds, op.bind).ok_or_else(|| {
-                            EngineFaultKind::Internal(format!("wgpu: no bind group {:?}", op.bind))
-                        })?;
-                        pass.set_pipeline(self.pipeline(op.pipe)?);
-                        pass.set_bind_group(0, bg, &[]);
-                        pass.set_bind_group(1, &binds.params, &[op.param]);
-                        pass.dispatch_workgroups(op.groups[0], op.groups[1], 1);
-                    }
-                    Ok::<(), EngineFaultKind>(())
-                };
-            match (clock, profiler) {
-                (Some(ProfileClock::Device), Some(p)) => {
-                    for op in ops {
-                        one(enc, std::slice::from_ref(op), p.writes(names.len()))?;
-                        names.push(op.name());
-                    }
-                }
-                (Some(ProfileClock::Host), _) => {
-                    // Everything recorded so far runs first, untimed.
-                    let before = std::mem::replace(
-                        enc,
-                        g.device.create_command_encoder(&Default::default()),
-                    );
-                    g.queue.submit([before.finish()]);
-                    g.wait().map_err(GpuError::into_fault)?;
-                    for op in ops {
-                        let mut e = g.device.create_command_encoder(&Default::default());
-                        one(&mut e, std::slice::from_ref(op), None)?;
-                        let t = std::time::Instant::now();
-                        g.queue.submit([e.finish()]);
-                        g.wait().map_err(GpuError::into_fault)?;
-                        host_times.push((op.name(), t.elapsed().as_nanos() as u64));
-                    }
-                }
-                _ => one(enc, ops, None)?,
-            }
-            Ok::<(), EngineFaultKind>(())
-        };
-        for seg in &segments {
-            record(&mut enc, "forward", &seg.ops, &mut names, &mut host_times)?;
+        let dispatches = step.segments.iter().map(Segment::dispatches).sum();
+        let mut rec = Recorder::new(&self.gpu, "step", profiler, dispatches);
+        let encode = |pass: &mut ::wgpu::ComputePass<'_>, ops: &[Op]| self.encode(pass, binds, ops);
+        let staging = &self.bufs.staging.buf;
+        for seg in &step.segments {
+            rec.pass("forward", &seg.ops, Op::name, encode)?;
             for &(src, dst, bytes) in &seg.copies {
-                enc.copy_buffer_to_buffer(
+                rec.encoder().copy_buffer_to_buffer(
                     &self.bufs.logits.buf,
                     src,
-                    &self.bufs.staging.buf,
+                    staging,
                     dst,
                     bytes,
                 );
             }
             if let Some(op) = &seg.sample {
-                record(
-                    &mut enc,
-                    "sample",
-                    std::slice::from_ref(op),
-                    &mut names,
-                    &mut host_times,
-                )?;
+                rec.pass("sample", std::slice::from_ref(op), Op::name, encode)?;
             }
         }
-        if any_device {
-            enc.copy_buffer_to_buffer(
-                &self.bufs.sampled.buf,
-                0,
-                &self.bufs.staging.buf,
-                0,
-                out_bytes,
-            );
+        if step.sample.any() {
+            let bytes = step.needs.sampled;
+            rec.encoder()
+                .copy_buffer_to_buffer(&self.bufs.sampled.buf, 0, staging, 0, bytes);
         }
-        if let Some(p) = profiler {
-            p.resolve(&mut enc, names.len());
-        }
-        g.queue.submit([enc.finish()]);
-        if let Some(p) = self.profiler.as_mut().filter(|p| !p.paused) {
-            match p.clock() {
-                ProfileClock::Device => {
-                    p.collect_device(g, &names).map_err(GpuError::into_fault)?
-                }
-                ProfileClock::Host => p.collect_host(&host_times),
-            }
-        }
-        if plan.full.is_empty() {
+        rec.finish()
+    }
+
+    /// Reads back what the step sampled and the rows that come back whole.
+    fn read_back(&mut self, step: &Step, out: &mut ForwardOutput) -> Result<(), EngineFaultKind> {
+        let g = &self.gpu;
+        if step.plan.full.is_empty() {
             return match g.take_error() {
                 Some(e) => Err(e.into_fault()),
                 None => Ok(()),
             };
         }
+        let (sampled, staged) = (step.needs.sampled as usize, step.needs.staging);
         self.staged = g
-            .read_mapped(&self.bufs.staging.buf, at)
+            .read_mapped(&self.bufs.staging.buf, staged)
             .map_err(GpuError::into_fault)?;
-        let words: Vec<u32> = self.staged[..out_bytes as usize]
+        let words: Vec<u32> = self.staged[..sampled]
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        out.sampled = sample::decode(&words, &rows);
-        out.has_row.extend_from_slice(&plan.full);
-        let full_rows = &self.staged[out_bytes as usize..at as usize];
+        out.sampled = sample::decode(&words, &step.sample);
+        out.has_row.extend_from_slice(&step.plan.full);
         out.logits.extend(
-            full_rows
+            self.staged[sampled..staged as usize]
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );

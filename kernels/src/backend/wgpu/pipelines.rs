@@ -1,5 +1,6 @@
 //! The WGSL kernels (one file per operation under `shaders/`), their bind
-//! group layouts and compute pipelines, and the per-dispatch parameter arena.
+//! group layouts and compute pipelines, and how a weight product is cut
+//! into dispatches.
 
 use std::collections::HashMap;
 
@@ -8,6 +9,7 @@ use tokenwire_gguf::GgmlType;
 use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
 use super::coop::CoopConfig;
+use super::params::{Call, MatMulParams, MatVecParams, MAT_VEC_ACCUMULATE, PARAM_BYTES};
 
 /// How one weight tensor is stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -159,9 +161,6 @@ impl WeightDtype {
         }
     }
 }
-
-/// Bytes of one parameter block (16 u32 words) as every kernel declares it.
-pub(crate) const PARAM_BYTES: u64 = 64;
 
 /// Mat-vec handles at most this many columns (tokens) per dispatch: a
 /// decode step of up to 64 sequences reads each weight once.
@@ -413,22 +412,20 @@ pub(crate) struct Product {
     pub(crate) accumulate: bool,
 }
 
-/// One dispatch of a [`Product`]: its kernel, its parameter words (in the
-/// order of mat_vec.wgsl's or mat_mul.wgsl's `Params`) and its grid.
+/// One dispatch of a [`Product`]: its kernel, parameter block and grid.
 #[derive(Debug, Clone)]
 pub(crate) struct ProductCall {
     pub(crate) kind: WeightKernel,
-    pub(crate) words: Vec<u32>,
-    pub(crate) groups: [u32; 2],
+    pub(crate) call: Call,
 }
 
 impl Product {
     /// The dispatches: one tiled matmul (on f32 arithmetic or cooperative
     /// matrices), or mat-vec groups of at most [`mat_vec_max_cols`] columns.
     pub(crate) fn calls(&self) -> Vec<ProductCall> {
-        let bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
+        let has_bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
         let (kind, groups) = match self.kernel {
-            Kernel::MatVec => return self.mat_vec_calls(bias),
+            Kernel::MatVec => return self.mat_vec_calls(has_bias),
             Kernel::Tiled => (
                 WeightKernel::MatMul,
                 [
@@ -439,59 +436,62 @@ impl Product {
             Kernel::Coop(c) => (WeightKernel::Coop, c.groups(self.rows, self.cols)),
         };
         debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
+        let params = MatMulParams {
+            k: self.k,
+            rows: self.rows,
+            row0: self.row0,
+            m: self.cols,
+            ldx: self.ldx,
+            ldy: self.ldy,
+            has_bias,
+            x_off: 0,
+            y_off: 0,
+            accumulate: u32::from(self.accumulate),
+        };
         vec![ProductCall {
             kind,
-            words: vec![
-                self.k,
-                self.rows,
-                self.row0,
-                self.cols,
-                self.ldx,
-                self.ldy,
-                bias,
-                0,
-                0,
-                u32::from(self.accumulate),
-            ],
-            groups,
+            call: params.call(groups),
         }]
     }
 
     /// Mat-vec groups of at most [`mat_vec_max_cols`] columns.
-    fn mat_vec_calls(&self, bias: u32) -> Vec<ProductCall> {
+    fn mat_vec_calls(&self, has_bias: u32) -> Vec<ProductCall> {
         let tpr = mat_vec_tpr(self.k as usize, self.split_k);
         let norm = self.norm_eps.is_some();
-        let up_row = if self.glu { self.rows } else { 0 };
         let max = mat_vec_max_cols(self.split_k, self.glu) as u32;
         let mut calls = Vec::new();
         let mut c0 = 0;
         while c0 < self.cols {
-            let n = (self.cols - c0).min(max);
-            let variant = mat_vec_variant(n as usize);
+            let ncols = (self.cols - c0).min(max);
+            let variant = mat_vec_variant(ncols as usize);
+            let params = MatVecParams {
+                k: self.k,
+                rows: self.rows,
+                row0: self.row0,
+                ncols,
+                ldx: self.ldx,
+                ldy: self.ldy,
+                has_bias,
+                x_off: c0 * self.ldx,
+                y_off: c0 * self.ldy,
+                tpr,
+                up_row: if self.glu { self.rows } else { 0 },
+                flags: if self.accumulate {
+                    MAT_VEC_ACCUMULATE
+                } else {
+                    0
+                },
+                eps: self.norm_eps.unwrap_or(0.0),
+            };
             calls.push(ProductCall {
                 kind: if self.glu {
                     WeightKernel::Glu(variant, norm)
                 } else {
                     WeightKernel::MatVec(variant, norm)
                 },
-                words: vec![
-                    self.k,
-                    self.rows,
-                    self.row0,
-                    n,
-                    self.ldx,
-                    self.ldy,
-                    bias,
-                    c0 * self.ldx,
-                    c0 * self.ldy,
-                    tpr,
-                    up_row,
-                    u32::from(self.accumulate),
-                    self.norm_eps.unwrap_or(0.0).to_bits(),
-                ],
-                groups: grid(self.rows.div_ceil(256 / tpr)),
+                call: params.call(grid(self.rows.div_ceil(256 / tpr))),
             });
-            c0 += n;
+            c0 += ncols;
         }
         calls
     }
@@ -776,6 +776,23 @@ impl Pipelines {
         self.attn.insert(shape, (decode, prefill));
     }
 
+    /// The bind group of the parameter blocks in `buf`, one block seen at
+    /// a time (each dispatch gives its block's offset).
+    pub(crate) fn params_bind_group(&self, gpu: &Gpu, buf: &::wgpu::Buffer) -> ::wgpu::BindGroup {
+        gpu.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+            label: Some("params"),
+            layout: &self.layouts.params,
+            entries: &[::wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
+                    buffer: buf,
+                    offset: 0,
+                    size: ::wgpu::BufferSize::new(PARAM_BYTES),
+                }),
+            }],
+        })
+    }
+
     /// A weight kernel compiled by [`Pipelines::ensure_weights`].
     pub(crate) fn weight(
         &self,
@@ -791,49 +808,6 @@ impl Pipelines {
         shape: AttnShape,
     ) -> Option<&(::wgpu::ComputePipeline, ::wgpu::ComputePipeline)> {
         self.attn.get(&shape)
-    }
-}
-
-/// The parameter blocks of one submission, deduplicated, each at a multiple
-/// of the device's uniform offset alignment (used as a dynamic offset).
-#[derive(Debug, Default)]
-pub(crate) struct ParamArena {
-    bytes: Vec<u8>,
-    align: usize,
-    seen: HashMap<[u32; 16], u32>,
-}
-
-impl ParamArena {
-    pub(crate) fn new(align: u64) -> ParamArena {
-        ParamArena {
-            bytes: Vec::new(),
-            align: align as usize,
-            seen: HashMap::new(),
-        }
-    }
-
-    /// The offset of a block holding `words` (zero-padded to 16).
-    pub(crate) fn push(&mut self, words: &[u32]) -> u32 {
-        let mut block = [0u32; 16];
-        block[..words.len()].copy_from_slice(words);
-        if let Some(&off) = self.seen.get(&block) {
-            return off;
-        }
-        let off = self.bytes.len();
-        self.bytes.extend_from_slice(bytemuck::cast_slice(&block));
-        self.bytes
-            .resize(off + self.align.max(PARAM_BYTES as usize), 0);
-        self.seen.insert(block, off as u32);
-        off as u32
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.bytes.clear();
-        self.seen.clear();
     }
 }
 

@@ -4,7 +4,11 @@
 //! (`Features::TIMESTAMP_QUERY`), else by the host around a submission of
 //! that one dispatch (slower, and including each submission's overhead,
 //! but available everywhere, lavapipe included). Times add up per kernel
-//! name over the profiled steps.
+//! name over the profiled steps. [`Recorder`] is where a step's recording
+//! meets the profiler, so the backend records its dispatches one way
+//! whether or not they are timed.
+
+use tokenwire_core::EngineFaultKind;
 
 use super::context::{Gpu, GpuError};
 
@@ -175,5 +179,123 @@ impl Profiler {
             self.profile.add(name, *ns);
         }
         self.profile.steps += 1;
+    }
+}
+
+/// Records a step's compute passes into one encoder and submits it; with a
+/// profiler, each dispatch goes into its own timestamped pass (device
+/// clock) or its own timed submission (host clock) instead.
+pub(crate) struct Recorder<'a> {
+    gpu: &'a Gpu,
+    enc: ::wgpu::CommandEncoder,
+    profiler: Option<&'a mut Profiler>,
+    /// Names of the dispatches timed so far, in order (device clock).
+    names: Vec<String>,
+    /// Names and times of the dispatches timed so far (host clock).
+    host_times: Vec<(String, u64)>,
+}
+
+impl<'a> Recorder<'a> {
+    /// A recorder for a step of `dispatches` dispatches, timed by `profiler`
+    /// (an active one) where given.
+    pub(crate) fn new(
+        gpu: &'a Gpu,
+        label: &str,
+        mut profiler: Option<&'a mut Profiler>,
+        dispatches: usize,
+    ) -> Recorder<'a> {
+        if let Some(p) = profiler.as_deref_mut() {
+            if p.clock() == ProfileClock::Device {
+                p.ensure(gpu, dispatches);
+            }
+        }
+        let enc = gpu
+            .device
+            .create_command_encoder(&::wgpu::CommandEncoderDescriptor { label: Some(label) });
+        Recorder {
+            gpu,
+            enc,
+            profiler,
+            names: Vec::new(),
+            host_times: Vec::new(),
+        }
+    }
+
+    /// The step's encoder, for what goes between passes (copies).
+    pub(crate) fn encoder(&mut self) -> &mut ::wgpu::CommandEncoder {
+        &mut self.enc
+    }
+
+    /// Records `items` in a compute pass labelled `label`, each set in the
+    /// pass by `encode`, and named in the profile by `name`.
+    pub(crate) fn pass<T>(
+        &mut self,
+        label: &str,
+        items: &[T],
+        name: impl Fn(&T) -> String,
+        encode: impl Fn(&mut ::wgpu::ComputePass<'_>, &[T]) -> Result<(), EngineFaultKind>,
+    ) -> Result<(), EngineFaultKind> {
+        let one =
+            |enc: &mut ::wgpu::CommandEncoder,
+             items: &[T],
+             timestamp_writes: Option<::wgpu::ComputePassTimestampWrites<'_>>| {
+                let mut pass = enc.begin_compute_pass(&::wgpu::ComputePassDescriptor {
+                    label: Some(label),
+                    timestamp_writes,
+                });
+                encode(&mut pass, items)
+            };
+        match self.profiler.as_deref().map(Profiler::clock) {
+            None => one(&mut self.enc, items, None),
+            Some(ProfileClock::Device) => {
+                let p = self.profiler.as_deref();
+                for item in items {
+                    let writes = p.and_then(|p| p.writes(self.names.len()));
+                    one(&mut self.enc, std::slice::from_ref(item), writes)?;
+                    self.names.push(name(item));
+                }
+                Ok(())
+            }
+            Some(ProfileClock::Host) => {
+                let g = self.gpu;
+                // Everything recorded so far runs first, untimed.
+                let before = std::mem::replace(
+                    &mut self.enc,
+                    g.device.create_command_encoder(&Default::default()),
+                );
+                g.queue.submit([before.finish()]);
+                g.wait().map_err(GpuError::into_fault)?;
+                for item in items {
+                    let mut e = g.device.create_command_encoder(&Default::default());
+                    one(&mut e, std::slice::from_ref(item), None)?;
+                    let t = std::time::Instant::now();
+                    g.queue.submit([e.finish()]);
+                    g.wait().map_err(GpuError::into_fault)?;
+                    self.host_times
+                        .push((name(item), t.elapsed().as_nanos() as u64));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Submits the step and, with a profiler, adds its dispatches' times.
+    pub(crate) fn finish(mut self) -> Result<(), EngineFaultKind> {
+        if let Some(p) = self.profiler.as_deref() {
+            p.resolve(&mut self.enc, self.names.len());
+        }
+        self.gpu.queue.submit([self.enc.finish()]);
+        let Some(p) = self.profiler else {
+            return Ok(());
+        };
+        match p.clock() {
+            ProfileClock::Device => p
+                .collect_device(self.gpu, &self.names)
+                .map_err(GpuError::into_fault),
+            ProfileClock::Host => {
+                p.collect_host(&self.host_times);
+                Ok(())
+            }
+        }
     }
 }
