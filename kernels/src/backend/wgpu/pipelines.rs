@@ -685,7 +685,14 @@ impl Pipelines {
                 WeightKernel::Coop => self.coop.map(|c| c.consts()).unwrap_or_default(),
                 _ => String::new(),
             };
-            let mut source = format!("{}\n{consts}{body}", dtype.prelude());
+            // The tiled products share their tile loads.
+            let loads = match kind {
+                WeightKernel::MatMul | WeightKernel::Coop => {
+                    include_str!("shaders/tile_loads.wgsl")
+                }
+                _ => "",
+            };
+            let mut source = format!("{}\n{consts}{body}\n{loads}", dtype.prelude());
             if kind == WeightKernel::Coop {
                 // Both `enable`s open the module; the f16-native prelude's
                 // own goes.

@@ -58,41 +58,7 @@ var<workgroup> xs: array<f16, TILE * LDS>;
 // One S x S result fragment per subgroup, column-major (token-major).
 var<workgroup> cs: array<f32, 4u * S * S>;
 
-// Weights k0 .. k0 + 8 of chunk row n (zero past the chunk's rows or k).
-fn load_w(n: u32, k0: u32) -> W8 {
-    if (n >= p.rows || k0 >= p.k) {
-        return W8(vec4<f32>(0.0), vec4<f32>(0.0));
-    }
-    let base = n * p.k + k0;
-    if (p.k % 8u == 0u) {
-        return w_load8(base);
-    }
-    var v: array<f32, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        if (k0 + j < p.k) {
-            v[j] = w_at(base + j);
-        }
-    }
-    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
-}
-
-// x values k0 .. k0 + 8 of token m (zero past the tokens or k).
-fn load_x(m: u32, k0: u32) -> W8 {
-    if (m >= p.m || k0 >= p.k) {
-        return W8(vec4<f32>(0.0), vec4<f32>(0.0));
-    }
-    let base = p.x_off + m * p.ldx + k0;
-    if (p.k % 8u == 0u && p.ldx % 4u == 0u && p.x_off % 4u == 0u) {
-        return W8(x[base >> 2u], x[(base >> 2u) + 1u]);
-    }
-    var v: array<f32, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        if (k0 + j < p.k) {
-            v[j] = x[(base + j) >> 2u][(base + j) & 3u];
-        }
-    }
-    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
-}
+// load_w and load_x: tile_loads.wgsl, appended to this file.
 
 // Stores 8 values, rounded to f16, at `at` of a tile.
 fn put_w(at: u32, v: W8) {
