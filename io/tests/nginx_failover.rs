@@ -41,6 +41,18 @@ fn first_prompt(i: usize) -> String {
 
 const SECOND_PROMPT: &str = "Then";
 
+/// Where every client waits for the others. All start their long second
+/// turn together (`start`), so that none is near its end while the last
+/// still connects, and the host dies once every one has streamed a few
+/// bytes of it (`kill`, which the test waits on too). Without `start`, a
+/// loaded machine could let the first clients' turns finish on the doomed
+/// host before the kill: they would never see it die.
+#[derive(Clone)]
+struct Sync {
+    start: Arc<Barrier>,
+    kill: Arc<Barrier>,
+}
+
 /// What a client saw: its two replies, and whether it had to recover.
 #[derive(Debug)]
 struct Run {
@@ -82,13 +94,14 @@ async fn session_start(ws: &mut Ws, sid: &str) {
     expect(ws, "session_ready").await;
 }
 
-async fn session_client(mut ws: Ws, nginx: String, i: usize, kill: Arc<Barrier>) -> Run {
+async fn session_client(mut ws: Ws, nginx: String, i: usize, sync: Sync) -> Run {
     let sid = format!("failover-{i}");
     session_start(&mut ws, &sid).await;
     send(&mut ws, session_prompt(&sid, &first_prompt(i), 0, SHORT)).await;
     let reply1 = finish_session_turn(&mut ws, &mut String::new())
         .await
         .expect("the first turn completes");
+    sync.start.wait().await;
     send(&mut ws, session_prompt(&sid, SECOND_PROMPT, 2, LONG)).await;
     // A few tokens of the second turn, then the host may die.
     let mut partial = String::new();
@@ -97,7 +110,7 @@ async fn session_client(mut ws: Ws, nginx: String, i: usize, kill: Arc<Barrier>)
         assert_eq!(v["type"], "stream_chunk", "{v}");
         partial.push_str(v["content"].as_str().unwrap_or(""));
     }
-    kill.wait().await;
+    sync.kill.wait().await;
     if let Some(reply2) = finish_session_turn(&mut ws, &mut partial).await {
         return Run {
             reply1,
@@ -180,11 +193,12 @@ async fn finish_response(ws: &mut Ws, partial: &mut String) -> Option<(String, S
     }
 }
 
-async fn responses_client(mut ws: Ws, nginx: String, i: usize, kill: Arc<Barrier>) -> Run {
+async fn responses_client(mut ws: Ws, nginx: String, i: usize, sync: Sync) -> Run {
     send(&mut ws, create(json!(first_prompt(i)), None, SHORT)).await;
     let (id1, reply1) = finish_response(&mut ws, &mut String::new())
         .await
         .expect("the first response completes");
+    sync.start.wait().await;
     send(&mut ws, create(json!(SECOND_PROMPT), Some(&id1), LONG)).await;
     let mut partial = String::new();
     while partial.len() < 8 {
@@ -194,7 +208,7 @@ async fn responses_client(mut ws: Ws, nginx: String, i: usize, kill: Arc<Barrier
             partial.push_str(v["delta"].as_str().unwrap_or(""));
         }
     }
-    kill.wait().await;
+    sync.kill.wait().await;
     if let Some((_, reply2)) = finish_response(&mut ws, &mut partial).await {
         return Run {
             reply1,
@@ -261,7 +275,10 @@ fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
         assert_eq!(http(&nginx.addr, "GET", "/health", None).await.0, 200);
 
         // Connected one after another, so the round robin alternates hosts.
-        let kill = Arc::new(Barrier::new(2 * CLIENTS + 1));
+        let sync = Sync {
+            start: Arc::new(Barrier::new(2 * CLIENTS)),
+            kill: Arc::new(Barrier::new(2 * CLIENTS + 1)),
+        };
         let mut sessions = Vec::new();
         for i in 0..CLIENTS {
             let ws = connect(&nginx.addr, "/ws/session").await;
@@ -269,7 +286,7 @@ fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
                 ws,
                 nginx.addr.clone(),
                 i,
-                kill.clone(),
+                sync.clone(),
             )));
         }
         let mut responses = Vec::new();
@@ -279,12 +296,12 @@ fn a_host_killed_behind_nginx_loses_no_session_and_responses_clients_recover() {
                 ws,
                 nginx.addr.clone(),
                 i,
-                kill.clone(),
+                sync.clone(),
             )));
         }
 
         // Every client is mid-stream: kill one host.
-        tokio::time::timeout(WAIT, kill.wait())
+        tokio::time::timeout(WAIT, sync.kill.wait())
             .await
             .expect("every client streams");
         doomed.kill().expect("SIGKILL");
