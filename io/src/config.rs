@@ -10,6 +10,13 @@
 //! names are declared once, with clap's `env` attribute (they show in `--help`);
 //! parsing resets them and applies the map itself, feeding each value through the
 //! flag's own clap parser so that a bad value names where it came from.
+//!
+//! Each setting is declared once, as a flag of [`ServeArgs`] (or of
+//! [`TenancyArgs`]); the flags that set the Host take their defaults from
+//! the core's [`HostConfig::default`], and [`ServerConfig::default`] is the
+//! flags' defaults, so no default is written twice. [`ServerConfig`] keeps
+//! the Host's settings as a [`HostConfig`] (`host`), the rest as its own
+//! fields.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -139,7 +146,8 @@ pub struct ServeArgs {
     /// Largest accepted frame or HTTP body in bytes; larger frames close the
     /// connection with 1009.
     #[arg(long, env = "TOKENWIRE_MAX_FRAME_BYTES", value_name = "N",
-          default_value_t = 4 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+          default_value_t = host_default().max_frame_bytes as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub max_frame_bytes: u64,
 
     /// Outbound frames queued per connection before its generations pause.
@@ -152,7 +160,7 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_SLOW_CLIENT_TIMEOUT",
         value_name = "SECS",
-        default_value_t = 30
+        default_value_t = host_default().slow_client_timeout.as_secs()
     )]
     pub slow_client_timeout: u64,
 
@@ -161,7 +169,7 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_PAUSE_TIMEOUT",
         value_name = "SECS",
-        default_value_t = 300
+        default_value_t = host_default().pause_timeout.as_secs()
     )]
     pub pause_timeout: u64,
 
@@ -170,7 +178,7 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_IDLE_TIMEOUT",
         value_name = "SECS",
-        default_value_t = 600
+        default_value_t = host_default().idle_timeout.as_secs()
     )]
     pub idle_timeout: u64,
 
@@ -179,7 +187,7 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_SHUTDOWN_GRACE",
         value_name = "SECS",
-        default_value_t = 10
+        default_value_t = host_default().shutdown_grace.as_secs()
     )]
     pub shutdown_grace: u64,
 
@@ -191,13 +199,15 @@ pub struct ServeArgs {
     /// `session`: most user and assistant messages a prompt is built from
     /// (the newest; system messages are always kept).
     #[arg(long, env = "TOKENWIRE_SESSION_MAX_MESSAGES", value_name = "N",
-          default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+          default_value_t = host_default().session_max_messages as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub session_max_messages: u64,
 
     /// `session`: most live sessions on this host; past it `session_init` and
     /// `session_resume` get `rate_limited`.
     #[arg(long, env = "TOKENWIRE_MAX_SESSIONS", value_name = "N",
-          default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+          default_value_t = host_default().max_sessions as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions: u64,
 
     /// Tokens (prompt and generated) each job may use on this host, as the
@@ -210,18 +220,19 @@ pub struct ServeArgs {
     /// `responses`: most WebSocket connections on `/v1/responses` at once; the
     /// next gets `websocket_connection_limit_reached` and close 1013.
     #[arg(long, env = "TOKENWIRE_MAX_WEBSOCKET_CONNECTIONS", value_name = "N",
-          default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+          default_value_t = host_default().max_websocket_connections,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_websocket_connections: u32,
 
     /// `responses`: seconds after which a WebSocket connection is warned
     /// `connection_expiring`.
     #[arg(long, env = "TOKENWIRE_RESPONSES_EXPIRING_AFTER", value_name = "SECS",
-          default_value_t = 55 * 60)]
+          default_value_t = host_default().responses_expiring_after.as_secs())]
     pub responses_expiring_after: u64,
 
     /// `responses`: seconds after which a WebSocket connection is closed (1000).
     #[arg(long, env = "TOKENWIRE_RESPONSES_LIFETIME", value_name = "SECS",
-          default_value_t = 60 * 60)]
+          default_value_t = host_default().responses_lifetime.as_secs())]
     pub responses_lifetime: u64,
 
     /// `responses`: most `store: true` HTTP responses kept in memory for
@@ -230,7 +241,7 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_RESPONSE_STORE_SIZE",
         value_name = "N",
-        default_value_t = 1000
+        default_value_t = host_default().response_store_size as u64
     )]
     pub response_store_size: u64,
 
@@ -240,28 +251,32 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_BATCH_CACHE_ENTRIES",
         value_name = "N",
-        default_value_t = 256
+        default_value_t = host_default().batch_cache_entries as u64
     )]
     pub batch_cache_entries: u64,
 
     /// `batch`: `generation_config.num_beams` when a payload leaves it out.
-    #[arg(long, env = "TOKENWIRE_GEN_NUM_BEAMS", value_name = "N", default_value_t = 1,
+    #[arg(long, env = "TOKENWIRE_GEN_NUM_BEAMS", value_name = "N",
+          default_value_t = host_default().batch_defaults.num_beams,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub gen_num_beams: u32,
 
     /// `batch`: `generation_config.do_sample` when a payload leaves it out
     /// (false: greedy).
-    #[arg(long, env = "TOKENWIRE_GEN_DO_SAMPLE", value_name = "BOOL", default_value_t = false,
+    #[arg(long, env = "TOKENWIRE_GEN_DO_SAMPLE", value_name = "BOOL",
+          default_value_t = host_default().batch_defaults.do_sample,
           action = clap::ArgAction::Set)]
     pub gen_do_sample: bool,
 
     /// `batch`: `generation_config.temperature` when a payload leaves it out (0 to 2).
-    #[arg(long, env = "TOKENWIRE_GEN_TEMPERATURE", value_name = "T", default_value_t = 1.0,
+    #[arg(long, env = "TOKENWIRE_GEN_TEMPERATURE", value_name = "T",
+          default_value_t = host_default().batch_defaults.temperature,
           value_parser = temperature)]
     pub gen_temperature: f32,
 
     /// `batch`: `generation_config.top_p` when a payload leaves it out (above 0, at most 1).
-    #[arg(long, env = "TOKENWIRE_GEN_TOP_P", value_name = "P", default_value_t = 1.0,
+    #[arg(long, env = "TOKENWIRE_GEN_TOP_P", value_name = "P",
+          default_value_t = host_default().batch_defaults.top_p,
           value_parser = top_p)]
     pub gen_top_p: f32,
 
@@ -270,23 +285,26 @@ pub struct ServeArgs {
         long,
         env = "TOKENWIRE_GEN_TOP_K",
         value_name = "K",
-        default_value_t = 50
+        default_value_t = host_default().batch_defaults.top_k
     )]
     pub gen_top_k: u32,
 
     /// `batch`: `generation_config.max_new_tokens` when a payload leaves it out.
-    #[arg(long, env = "TOKENWIRE_GEN_MAX_NEW_TOKENS", value_name = "N", default_value_t = 256,
+    #[arg(long, env = "TOKENWIRE_GEN_MAX_NEW_TOKENS", value_name = "N",
+          default_value_t = host_default().batch_defaults.max_new_tokens,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub gen_max_new_tokens: u32,
 
     /// `batch`: `generation_config.repetition_penalty` when a payload leaves
     /// it out (above 0; 1: off).
-    #[arg(long, env = "TOKENWIRE_GEN_REPETITION_PENALTY", value_name = "X", default_value_t = 1.0,
+    #[arg(long, env = "TOKENWIRE_GEN_REPETITION_PENALTY", value_name = "X",
+          default_value_t = host_default().batch_defaults.repetition_penalty,
           value_parser = positive)]
     pub gen_repetition_penalty: f32,
 
     /// `batch`: `generation_config.length_penalty` when a payload leaves it out.
-    #[arg(long, env = "TOKENWIRE_GEN_LENGTH_PENALTY", value_name = "X", default_value_t = 1.0,
+    #[arg(long, env = "TOKENWIRE_GEN_LENGTH_PENALTY", value_name = "X",
+          default_value_t = host_default().batch_defaults.length_penalty,
           value_parser = finite)]
     pub gen_length_penalty: f32,
 
@@ -300,18 +318,20 @@ pub struct ServeArgs {
 
     /// `cai`: most requests in flight per connection; more get `RATE_LIMITED`.
     #[arg(long, env = "TOKENWIRE_CAI_MAX_INFLIGHT", value_name = "N",
-          default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+          default_value_t = host_default().cai_max_inflight,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub cai_max_inflight: u32,
 
     /// `cai`: seconds a conversation (per organisation and `conversationId`)
     /// is kept in memory after its last request.
     #[arg(long, env = "TOKENWIRE_CONVERSATION_TTL", value_name = "SECS",
-          default_value_t = 30 * 60)]
+          default_value_t = host_default().conversation_ttl.as_secs())]
     pub conversation_ttl: u64,
 
     /// `cai`: most conversations kept in memory (least recently used go first).
     #[arg(long, env = "TOKENWIRE_MAX_CONVERSATIONS", value_name = "N",
-          default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+          default_value_t = host_default().max_conversations as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub max_conversations: u64,
 
     /// Most WebSocket and HTTP generation connections open at once; more get 503.
@@ -356,7 +376,8 @@ pub struct ServeArgs {
     /// reuses them for any later prompt that starts with the same tokens
     /// (conversation turns, shared system prompts); `off` recomputes every
     /// prompt from scratch.
-    #[arg(long, env = "TOKENWIRE_PREFIX_CACHE", value_enum, default_value_t = Switch::On)]
+    #[arg(long, env = "TOKENWIRE_PREFIX_CACHE", value_enum,
+          default_value_t = Switch::from(host_default().prefix_cache))]
     pub prefix_cache: Switch,
 
     /// With `--backend wgpu`: use the first GPU adapter whose name contains
@@ -395,11 +416,14 @@ pub enum ModelSource {
     Dir(PathBuf),
 }
 
-/// Every setting of a server. `Default` gives the flags' defaults on
-/// `127.0.0.1:8080` except the model: the tiny random model (instant and
-/// deterministic, for tests and embedders), where `tokenwire serve` without
-/// `--model` serves the built-in stories260K. Tests typically set `listen`
-/// to port 0.
+/// Every setting of a server: what the shell reads itself, and the Host's
+/// settings ([`HostConfig`], the core's, whose defaults are PROTOCOLS.md's)
+/// as the flags set them. `Default` gives the flags' defaults (the flags
+/// take theirs from the core where the core has one, so each default is
+/// written once) on `127.0.0.1:8080`, except the model: the tiny random
+/// model (instant and deterministic, for tests and embedders), where
+/// `tokenwire serve` without `--model` serves the built-in stories260K.
+/// Tests typically set `listen` to port 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     /// Address to listen on (port 0: any free port, see `RunningServer::local_addr`).
@@ -408,47 +432,19 @@ pub struct ServerConfig {
     pub model: ModelSource,
     /// Compute backend.
     pub backend: Backend,
-    /// Largest accepted frame or HTTP request body in bytes.
-    pub max_frame_bytes: usize,
+    /// The Host's settings: frames, deadlines, queues, each dialect's limits,
+    /// prefix caching. Its `epoch_unix_ms` is set when the server starts;
+    /// its keys, auth scope and per-client bounds come from `tenancy` and
+    /// `keys` ([`ServerConfig::host_config`]).
+    pub host: HostConfig,
     /// Outbound queue capacity per connection (hard limit: twice this).
     pub max_queued_frames: usize,
-    /// How long an outbound queue may stay full before its connection is closed.
-    pub slow_client_timeout: Duration,
-    /// How long a generation may stay paused.
-    pub pause_timeout: Duration,
-    /// Idle connections are closed after this long.
-    pub idle_timeout: Duration,
-    /// How long in-flight generations may run after shutdown begins; the server
-    /// stops at the latest this plus 5 s after shutdown begins.
-    pub shutdown_grace: Duration,
     /// Where feedback is appended as JSON lines, if anywhere.
     pub feedback_log: Option<PathBuf>,
-    /// `session`: most non-system messages a prompt is built from.
-    pub session_max_messages: usize,
-    /// `session`: most live sessions on this host.
-    pub max_sessions: usize,
     /// Tokens each job may use on this host, as the default verifier grants.
     pub job_token_budget: Option<u64>,
-    /// `responses`: most WebSocket connections at once.
-    pub max_websocket_connections: u32,
-    /// `responses`: when a WebSocket connection is warned it expires.
-    pub responses_expiring_after: Duration,
-    /// `responses`: when a WebSocket connection is closed.
-    pub responses_lifetime: Duration,
-    /// `responses`: most stored HTTP responses.
-    pub response_store_size: usize,
-    /// `batch`: most finished batches kept to be continued.
-    pub batch_cache_entries: usize,
-    /// `batch`: `generation_config` defaults.
-    pub batch_defaults: GenerationDefaults,
     /// `cai`: the keys file, read when the server starts.
     pub keys: Option<PathBuf>,
-    /// `cai`: most requests in flight per connection.
-    pub cai_max_inflight: u32,
-    /// `cai`: how long a conversation is kept after its last request.
-    pub conversation_ttl: Duration,
-    /// `cai`: most conversations kept.
-    pub max_conversations: usize,
     /// Most connections (WebSocket and HTTP generations) at once.
     pub max_connections: usize,
     /// How long an HTTP client may take to send a request's headers.
@@ -461,8 +457,6 @@ pub struct ServerConfig {
     pub send_buffer_bytes: usize,
     /// KV cache blocks (`None`: the engine decides).
     pub kv_blocks: Option<u32>,
-    /// Reuse the KV blocks of earlier prompts' shared prefixes.
-    pub prefix_cache: bool,
     /// Name substring of the wgpu adapter to use (`None`: the best one).
     pub wgpu_adapter: Option<String>,
     /// CPU backend: how quantized weights meet activations.
@@ -483,46 +477,40 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        let h = HostConfig::default();
         ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             model: ModelSource::Tiny,
-            backend: Backend::Cpu,
-            max_frame_bytes: h.max_frame_bytes,
-            max_queued_frames: 1024,
-            slow_client_timeout: h.slow_client_timeout,
-            pause_timeout: h.pause_timeout,
-            idle_timeout: h.idle_timeout,
-            shutdown_grace: h.shutdown_grace,
-            feedback_log: None,
-            session_max_messages: h.session_max_messages,
-            max_sessions: h.max_sessions,
-            job_token_budget: None,
-            max_websocket_connections: h.max_websocket_connections,
-            responses_expiring_after: h.responses_expiring_after,
-            responses_lifetime: h.responses_lifetime,
-            response_store_size: h.response_store_size,
-            batch_cache_entries: h.batch_cache_entries,
-            batch_defaults: h.batch_defaults.clone(),
-            keys: None,
-            cai_max_inflight: h.cai_max_inflight,
-            conversation_ttl: h.conversation_ttl,
-            max_conversations: h.max_conversations,
-            max_connections: 10_000,
-            header_timeout: Duration::from_secs(30),
-            body_timeout: Duration::from_secs(10),
-            body_min_rate: 8192,
-            send_buffer_bytes: 256 * 1024,
-            kv_blocks: None,
-            prefix_cache: h.prefix_cache,
-            wgpu_adapter: None,
-            cpu_activations: CpuActivations::Int8,
-            seed: 0,
             // Embedders and tests get reproducible runs; the binary keys
             // the generator from the OS unless `--seed` is given.
             reproducible_ids: true,
-            log_format: LogFormat::Text,
-            tenancy: TenancyArgs::default(),
+            ..ServerConfig::from_args(&ServeArgs::defaults(), 0)
+        }
+    }
+}
+
+impl ServeArgs {
+    /// Every flag at its default (no command line, no environment, no file).
+    pub fn defaults() -> ServeArgs {
+        let matches = parsing_command()
+            .try_get_matches_from(["tokenwire", "serve"])
+            .expect("every flag of `serve` has a default or is optional");
+        match Cli::from_arg_matches(&matches).map(|cli| cli.command) {
+            Ok(Command::Serve(args)) => args,
+            other => unreachable!("`serve` parses as itself: {other:?}"),
+        }
+    }
+}
+
+/// The core's defaults, which the flags that set the Host's settings take.
+fn host_default() -> HostConfig {
+    HostConfig::default()
+}
+
+impl From<bool> for Switch {
+    fn from(on: bool) -> Switch {
+        if on {
+            Switch::On
+        } else {
+            Switch::Off
         }
     }
 }
@@ -530,24 +518,14 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// The configuration `args` describe; `seed` is used when `args.seed` is unset.
     pub fn from_args(args: &ServeArgs, default_seed: u64) -> ServerConfig {
-        ServerConfig {
-            listen: args.listen,
-            model: match &args.model {
-                Some(dir) => ModelSource::Dir(dir.clone()),
-                None if args.random_model => ModelSource::Tiny,
-                None => ModelSource::Builtin,
-            },
-            backend: args.backend,
+        let host = HostConfig {
             max_frame_bytes: to_usize(args.max_frame_bytes),
-            max_queued_frames: to_usize(args.max_queued_frames),
             slow_client_timeout: Duration::from_secs(args.slow_client_timeout),
             pause_timeout: Duration::from_secs(args.pause_timeout),
             idle_timeout: Duration::from_secs(args.idle_timeout),
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
-            feedback_log: args.feedback_log.clone(),
             session_max_messages: to_usize(args.session_max_messages),
             max_sessions: to_usize(args.max_sessions),
-            job_token_budget: args.job_token_budget,
             max_websocket_connections: args.max_websocket_connections,
             responses_expiring_after: Duration::from_secs(args.responses_expiring_after),
             responses_lifetime: Duration::from_secs(args.responses_lifetime),
@@ -563,17 +541,31 @@ impl ServerConfig {
                 repetition_penalty: args.gen_repetition_penalty,
                 length_penalty: args.gen_length_penalty,
             },
-            keys: args.keys.clone(),
             cai_max_inflight: args.cai_max_inflight,
             conversation_ttl: Duration::from_secs(args.conversation_ttl),
             max_conversations: to_usize(args.max_conversations),
+            prefix_cache: args.prefix_cache == Switch::On,
+            ..HostConfig::default()
+        };
+        ServerConfig {
+            listen: args.listen,
+            model: match &args.model {
+                Some(dir) => ModelSource::Dir(dir.clone()),
+                None if args.random_model => ModelSource::Tiny,
+                None => ModelSource::Builtin,
+            },
+            backend: args.backend,
+            host,
+            max_queued_frames: to_usize(args.max_queued_frames),
+            feedback_log: args.feedback_log.clone(),
+            job_token_budget: args.job_token_budget,
+            keys: args.keys.clone(),
             max_connections: to_usize(args.max_connections),
             header_timeout: Duration::from_secs(args.header_timeout),
             body_timeout: Duration::from_secs(args.body_timeout),
             body_min_rate: args.body_min_rate,
             send_buffer_bytes: to_usize(args.send_buffer_bytes),
             kv_blocks: args.kv_blocks,
-            prefix_cache: args.prefix_cache == Switch::On,
             wgpu_adapter: args.wgpu_adapter.clone(),
             cpu_activations: args.cpu_activations,
             seed: args.seed.unwrap_or(default_seed),
@@ -584,29 +576,12 @@ impl ServerConfig {
     }
 
     /// The Host's settings; `epoch_unix_ms` is the wall-clock time of the Host's
-    /// `Instant::ZERO` (the server's start). The `cai` keys are not read
-    /// here (see [`crate::keys::load`]).
+    /// `Instant::ZERO` (the server's start). The tenancy flags are applied
+    /// here; the `cai` keys are not read here (see [`crate::keys::load`]).
     pub fn host_config(&self, epoch_unix_ms: u64) -> HostConfig {
         let mut host = HostConfig {
             epoch_unix_ms,
-            max_frame_bytes: self.max_frame_bytes,
-            slow_client_timeout: self.slow_client_timeout,
-            pause_timeout: self.pause_timeout,
-            idle_timeout: self.idle_timeout,
-            shutdown_grace: self.shutdown_grace,
-            session_max_messages: self.session_max_messages,
-            max_sessions: self.max_sessions,
-            max_websocket_connections: self.max_websocket_connections,
-            responses_expiring_after: self.responses_expiring_after,
-            responses_lifetime: self.responses_lifetime,
-            response_store_size: self.response_store_size,
-            batch_cache_entries: self.batch_cache_entries,
-            batch_defaults: self.batch_defaults.clone(),
-            cai_max_inflight: self.cai_max_inflight,
-            conversation_ttl: self.conversation_ttl,
-            max_conversations: self.max_conversations,
-            prefix_cache: self.prefix_cache,
-            ..HostConfig::default()
+            ..self.host.clone()
         };
         self.tenancy.apply(&mut host);
         host
@@ -927,15 +902,15 @@ mod tests {
         assert_eq!(c.model, ModelSource::Builtin);
         let a = parse(&["--random-model"], &EnvMap::new(), None).expect("parses");
         assert_eq!(ServerConfig::from_args(&a, 7).model, ModelSource::Tiny);
-        assert_eq!(c.max_frame_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.host.max_frame_bytes, 4 * 1024 * 1024);
         assert_eq!(c.max_queued_frames, 1024);
-        assert_eq!(c.slow_client_timeout, Duration::from_secs(30));
-        assert_eq!(c.pause_timeout, Duration::from_secs(300));
-        assert_eq!(c.idle_timeout, Duration::from_secs(600));
-        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.host.slow_client_timeout, Duration::from_secs(30));
+        assert_eq!(c.host.pause_timeout, Duration::from_secs(300));
+        assert_eq!(c.host.idle_timeout, Duration::from_secs(600));
+        assert_eq!(c.host.shutdown_grace, Duration::from_secs(10));
         assert_eq!(c.max_connections, 10_000);
         assert_eq!(c.kv_blocks, None);
-        assert!(c.prefix_cache && c.host_config(0).prefix_cache);
+        assert!(c.host.prefix_cache && c.host_config(0).prefix_cache);
         let off = parse(&["--prefix-cache", "off"], &EnvMap::new(), None).expect("parses");
         assert!(!ServerConfig::from_args(&off, 7).host_config(0).prefix_cache);
         assert_eq!(c.seed, 7);
@@ -1007,12 +982,12 @@ mod tests {
         let c = ServerConfig::from_args(&a, 0);
         assert_eq!(c.model, ModelSource::Dir("/models/m".into()));
         assert_eq!(c.listen, "0.0.0.0:9000".parse().expect("addr"));
-        assert_eq!(c.max_frame_bytes, 1000);
+        assert_eq!(c.host.max_frame_bytes, 1000);
         assert_eq!(c.max_queued_frames, 8);
-        assert_eq!(c.slow_client_timeout, Duration::from_secs(1));
-        assert_eq!(c.pause_timeout, Duration::from_secs(2));
-        assert_eq!(c.idle_timeout, Duration::from_secs(3));
-        assert_eq!(c.shutdown_grace, Duration::from_secs(4));
+        assert_eq!(c.host.slow_client_timeout, Duration::from_secs(1));
+        assert_eq!(c.host.pause_timeout, Duration::from_secs(2));
+        assert_eq!(c.host.idle_timeout, Duration::from_secs(3));
+        assert_eq!(c.host.shutdown_grace, Duration::from_secs(4));
         assert_eq!(c.feedback_log, Some(PathBuf::from("/tmp/fb.jsonl")));
         assert_eq!(c.max_connections, 5);
         assert_eq!(c.kv_blocks, Some(6));
@@ -1022,12 +997,15 @@ mod tests {
         assert_eq!(c.send_buffer_bytes, 11);
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Json);
-        assert_eq!(c.batch_defaults.temperature, 0.25);
-        assert!(c.batch_defaults.do_sample);
-        assert_eq!(c.batch_defaults.max_new_tokens, 12);
-        assert_eq!(c.batch_cache_entries, 3);
+        assert_eq!(c.host.batch_defaults.temperature, 0.25);
+        assert!(c.host.batch_defaults.do_sample);
+        assert_eq!(c.host.batch_defaults.max_new_tokens, 12);
+        assert_eq!(c.host.batch_cache_entries, 3);
         let h = c.host_config(0);
-        assert_eq!(h.batch_defaults, c.batch_defaults, "they reach the Host");
+        assert_eq!(
+            h.batch_defaults, c.host.batch_defaults,
+            "they reach the Host"
+        );
         let bad = parse(&[], &env(&[("TOKENWIRE_GEN_TEMPERATURE", "3")]), None);
         assert!(invalid(bad).contains("TOKENWIRE_GEN_TEMPERATURE"));
     }
@@ -1062,7 +1040,7 @@ mod tests {
         assert_eq!(c.body_min_rate, 10);
         assert_eq!(c.send_buffer_bytes, 11);
         assert_eq!(c.log_format, LogFormat::Json);
-        assert_eq!(c.shutdown_grace, Duration::from_secs(4));
+        assert_eq!(c.host.shutdown_grace, Duration::from_secs(4));
     }
 
     #[test]
@@ -1166,15 +1144,13 @@ mod tests {
 
     #[test]
     fn host_config_carries_the_limits() {
-        let c = ServerConfig {
-            max_frame_bytes: 10,
-            idle_timeout: Duration::from_secs(1),
-            ..ServerConfig::default()
-        };
+        let mut c = ServerConfig::default();
+        c.host.max_frame_bytes = 10;
+        c.host.idle_timeout = Duration::from_secs(1);
         let h = c.host_config(123);
         assert_eq!(h.epoch_unix_ms, 123);
         assert_eq!(h.max_frame_bytes, 10);
         assert_eq!(h.idle_timeout, Duration::from_secs(1));
-        assert_eq!(h.shutdown_grace, c.shutdown_grace);
+        assert_eq!(h.shutdown_grace, c.host.shutdown_grace);
     }
 }

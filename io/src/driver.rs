@@ -528,7 +528,7 @@ mod tests {
             verifier: Arc::new(crate::jobs::AcceptAll::default()),
             snapshot: snapshot_tx,
             shutdown: shutdown.clone(),
-            shutdown_grace: config.shutdown_grace,
+            shutdown_grace: config.host.shutdown_grace,
         });
         let task = tokio::spawn(async move {
             let _ = d.run().await;
@@ -630,11 +630,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queue_that_stays_full_gets_closed_with_1008() {
-        let (handle, shutdown, task) = driver(ServerConfig {
+        let mut config = ServerConfig {
             max_queued_frames: 4,
-            slow_client_timeout: Duration::from_millis(50),
             ..ServerConfig::default()
-        });
+        };
+        config.host.slow_client_timeout = Duration::from_millis(50);
+        let (handle, shutdown, task) = driver(config);
         let conn = ConnId(7);
         let queue = open(&handle, conn, 4, 100).await;
         tokio::time::timeout(BOUND, queue.closed())

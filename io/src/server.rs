@@ -245,7 +245,7 @@ pub async fn start_loading_with(
         verifier,
         snapshot: snapshot_tx,
         shutdown: shutdown.clone(),
-        shutdown_grace: config.shutdown_grace,
+        shutdown_grace: config.host.shutdown_grace,
     });
 
     let (tasks_tx, mut tasks_rx) = mpsc::channel::<()>(1);
@@ -263,13 +263,13 @@ pub async fn start_loading_with(
         allowed_origins: config.tenancy.allowed_origins.clone(),
         next_conn: AtomicU64::new(1),
         started_unix_s: clock.epoch_unix_ms() / 1000,
-        max_frame_bytes: config.max_frame_bytes,
+        max_frame_bytes: config.host.max_frame_bytes,
         body_timeout: config.body_timeout,
         body_min_rate: config.body_min_rate,
         header_timeout: config.header_timeout,
         send_buffer_bytes: config.send_buffer_bytes,
         max_queued_frames: config.max_queued_frames,
-        ws_config: websocket_config(config.max_frame_bytes),
+        ws_config: websocket_config(config.host.max_frame_bytes),
         _tasks: tasks_tx,
     });
     tracing::info!(addr = %local_addr, "listening");

@@ -5,7 +5,7 @@
 //! Declared once, as flags with their environment variables; the defaults
 //! are the core's ([`HostConfig::default`]), so the two cannot drift.
 
-use clap::{Args, ValueEnum};
+use clap::{Args, FromArgMatches, ValueEnum};
 use tokenwire_core::config::CacheScope;
 use tokenwire_core::principal::AuthScope;
 use tokenwire_core::HostConfig;
@@ -117,22 +117,14 @@ pub struct TenancyArgs {
 }
 
 impl Default for TenancyArgs {
+    /// Every flag at its default, as the flags declare it (no environment).
     fn default() -> Self {
-        let h = HostConfig::default();
-        TenancyArgs {
-            auth: Auth::Cai,
-            metrics_auth: false,
-            allowed_origins: Vec::new(),
-            batch_cache_scope: BatchCacheScope::Principal,
-            max_connections_per_ip: 256,
-            max_queued_per_conn: h.max_queued_per_conn,
-            batch_max_prompts: h.batch_max_prompts as u64,
-            batch_max_payloads: h.batch_max_payloads as u64,
-            max_sessions_per_conn: h.max_sessions_per_conn as u64,
-            session_max_context_bytes: h.session_max_context_bytes as u64,
-            max_conversations_per_org: h.max_conversations_per_org as u64,
-            conversation_max_bytes: h.conversation_max_bytes as u64,
-        }
+        let cmd = TenancyArgs::augment_args(clap::Command::new("tenancy"))
+            .mut_args(|a| a.env(None::<&'static str>));
+        let matches = cmd
+            .try_get_matches_from(["tenancy"])
+            .expect("every tenancy flag has a default or is optional");
+        TenancyArgs::from_arg_matches(&matches).expect("the defaults parse as the flags")
     }
 }
 

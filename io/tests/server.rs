@@ -15,8 +15,20 @@ fn config() -> ServerConfig {
     ServerConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         seed: 7,
-        shutdown_grace: Duration::from_secs(1),
         ..ServerConfig::default()
+    }
+    .with_host(|h| h.shutdown_grace = Duration::from_secs(1))
+}
+
+/// A change to a configuration's Host settings, for the struct updates below.
+trait WithHost {
+    fn with_host(self, change: impl FnOnce(&mut tokenwire_core::HostConfig)) -> Self;
+}
+
+impl WithHost for ServerConfig {
+    fn with_host(mut self, change: impl FnOnce(&mut tokenwire_core::HostConfig)) -> Self {
+        change(&mut self.host);
+        self
     }
 }
 
@@ -171,11 +183,7 @@ async fn start_fails_with_the_load_error() {
 
 #[tokio::test]
 async fn generate_over_http_rejects_bad_bodies() {
-    let server = ready(ServerConfig {
-        max_frame_bytes: 64,
-        ..config()
-    })
-    .await;
+    let server = ready(config().with_host(|h| h.max_frame_bytes = 64)).await;
     let addr = server.local_addr;
 
     let r = http(addr, "POST", "/v1/generate", Some("[1, 2]")).await;
@@ -232,11 +240,7 @@ async fn websocket_upgrades_on_dialect_paths_only() {
 
 #[tokio::test]
 async fn an_oversized_frame_closes_the_connection_with_1009() {
-    let server = ready(ServerConfig {
-        max_frame_bytes: 1000,
-        ..config()
-    })
-    .await;
+    let server = ready(config().with_host(|h| h.max_frame_bytes = 1000)).await;
     let addr = server.local_addr;
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/generate"))
         .await
@@ -283,11 +287,7 @@ async fn connection_limit_answers_503() {
 
 #[tokio::test]
 async fn shutdown_closes_open_websockets_within_the_hard_cap() {
-    let server = ready(ServerConfig {
-        shutdown_grace: Duration::ZERO,
-        ..config()
-    })
-    .await;
+    let server = ready(config().with_host(|h| h.shutdown_grace = Duration::ZERO)).await;
     let addr = server.local_addr;
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/generate"))
         .await

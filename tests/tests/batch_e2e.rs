@@ -208,7 +208,7 @@ async fn kept_blocks_give_way_to_new_work_and_a_continuation_recomputes_them_exa
 async fn errors_queued_payloads_and_the_servers_defaults() {
     let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| {
-        c.batch_defaults.max_new_tokens = 5;
+        c.host.batch_defaults.max_new_tokens = 5;
     })
     .await;
     let mut c = Client::connect(&server, "/ws").await;

@@ -394,7 +394,7 @@ async fn a_first_message_that_is_not_config_closes_with_1008() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_frame_closes_with_1009() {
-    let server = start(ModelSource::Tiny, |c| c.max_frame_bytes = 64 * 1024).await;
+    let server = start(ModelSource::Tiny, |c| c.host.max_frame_bytes = 64 * 1024).await;
     let mut c = Client::connect(&server, "/generate").await;
     let big = format!(
         r#"{{"type":"config","prompt":"{}"}}"#,

@@ -153,7 +153,7 @@ async fn a_gguf_chat_model_answers_through_every_dialect() {
 /// `/metrics` says came from the prefix cache.
 async fn conversation(path: &std::path::Path, cache: bool) -> (Vec<String>, f64) {
     let server = start(ModelSource::Dir(path.to_path_buf()), |c| {
-        c.prefix_cache = cache
+        c.host.prefix_cache = cache
     })
     .await;
     let mut c = Client::connect(&server, "/ws/session").await;

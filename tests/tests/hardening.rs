@@ -230,7 +230,7 @@ async fn websocket_protocol_errors_end_with_1007_or_1002() {
 async fn a_slow_clients_1008_close_jumps_the_queue_and_arrives() {
     let server = start(ModelSource::Tiny, |c| {
         c.max_queued_frames = 4;
-        c.slow_client_timeout = Duration::from_millis(500);
+        c.host.slow_client_timeout = Duration::from_millis(500);
         c.send_buffer_bytes = 4096;
     })
     .await;
@@ -415,7 +415,10 @@ async fn malformed_websocket_keys_and_http_1_0_upgrades_get_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_does_not_wait_on_a_client_that_never_answers_the_close() {
-    let server = start(ModelSource::Tiny, |c| c.shutdown_grace = Duration::ZERO).await;
+    let server = start(ModelSource::Tiny, |c| {
+        c.host.shutdown_grace = Duration::ZERO
+    })
+    .await;
     // Upgraded, then silent: it never reads, never answers a close.
     let _mute = raw_websocket(&server, "/generate").await;
     let started = Instant::now();

@@ -22,7 +22,7 @@ const KEY: &str = "sk-prefix-0123456789";
 async fn server(test: &str, cache: bool) -> RunningServer {
     let keys = keys_file(&format!("prefix-{test}-{cache}"), &[(KEY, &["org_a"])]);
     start(ModelSource::Dir(stories260k()), move |c| {
-        c.prefix_cache = cache;
+        c.host.prefix_cache = cache;
         c.keys = Some(keys);
     })
     .await

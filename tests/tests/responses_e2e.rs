@@ -161,9 +161,9 @@ async fn every_error_code_cancel_concurrency_and_warm_up_over_the_socket() {
 async fn the_connection_limit_is_1013_and_the_lifetime_ends_with_1000() {
     let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| {
-        c.max_websocket_connections = 2;
-        c.responses_expiring_after = Duration::from_secs(1);
-        c.responses_lifetime = Duration::from_secs(2);
+        c.host.max_websocket_connections = 2;
+        c.host.responses_expiring_after = Duration::from_secs(1);
+        c.host.responses_lifetime = Duration::from_secs(2);
     })
     .await;
     let mut a = Client::connect(&server, "/v1/responses").await;

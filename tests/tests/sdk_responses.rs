@@ -59,7 +59,10 @@ async fn run_sdk(python: &PathBuf, server: &RunningServer, args: &[&str]) -> Str
 async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
     let dir = stories260k();
     let Some(python) = sdk_python() else { return };
-    let server = start(ModelSource::Dir(dir), |c| c.max_websocket_connections = 3).await;
+    let server = start(ModelSource::Dir(dir), |c| {
+        c.host.max_websocket_connections = 3
+    })
+    .await;
     let out = run_sdk(&python, &server, &["--max-connections", "3"]).await;
     for check in [
         "ok: ws create streams deltas to response.completed",
@@ -88,8 +91,8 @@ async fn the_sdk_sees_the_lifetime_warning_then_close_1000() {
     // room between the warning and the close: on a loaded 2-core CI machine
     // a warning due at 1 s once arrived after a 2 s close was due.
     let server = start(ModelSource::Dir(dir), |c| {
-        c.responses_expiring_after = Duration::from_secs(1);
-        c.responses_lifetime = Duration::from_secs(5);
+        c.host.responses_expiring_after = Duration::from_secs(1);
+        c.host.responses_lifetime = Duration::from_secs(5);
     })
     .await;
     let out = run_sdk(

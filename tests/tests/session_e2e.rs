@@ -135,7 +135,7 @@ async fn every_error_code_over_the_socket_and_the_connection_stays() {
 async fn shutdown_mid_stream_fails_the_turn_recoverably_and_closes_1001() {
     let dir = stories260k();
     let server = start(ModelSource::Dir(dir), |c| {
-        c.shutdown_grace = std::time::Duration::ZERO;
+        c.host.shutdown_grace = std::time::Duration::ZERO;
     })
     .await;
     let mut c = Client::connect(&server, "/ws/session").await;
@@ -264,7 +264,7 @@ async fn http_inference_answers_json_and_sse_like_the_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_full_of_sessions_answers_rate_limited_until_one_ends() {
     let dir = stories260k();
-    let server = start(ModelSource::Dir(dir), |c| c.max_sessions = 1).await;
+    let server = start(ModelSource::Dir(dir), |c| c.host.max_sessions = 1).await;
     let mut a = Client::connect(&server, "/ws/session").await;
     let mut b = Client::connect(&server, "/ws/session").await;
     a.send(init("first", json!([]))).await;

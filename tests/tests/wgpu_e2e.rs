@@ -55,13 +55,13 @@ async fn wgpu_backend_streams_the_stories260k_golden_text() {
 /// A wgpu server on stories260K with prefix caching `on` or off, or `None`
 /// without an adapter (outside CI).
 async fn wgpu_server(cache: bool) -> Option<tokenwire_tests::RunningServer> {
-    let cfg = ServerConfig {
+    let mut cfg = ServerConfig {
         listen: "127.0.0.1:0".parse().expect("addr"),
         model: ModelSource::Dir(stories260k()),
         backend: Backend::Wgpu,
-        prefix_cache: cache,
         ..ServerConfig::default()
     };
+    cfg.host.prefix_cache = cache;
     match tokenwire_io::start(cfg).await {
         Ok(s) => Some(s),
         Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
