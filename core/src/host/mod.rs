@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::api::{close_reason, ConnId, Dialect, Event, Input, Outcome, Output, Transport};
 use crate::config::HostConfig;
-use crate::dialect::{machine_for, registry, Cx, DialectConn};
+use crate::dialect::{machine_for, registry, Cx, DialectConn, HostPort};
 
 /// Makes the per-connection machine for a dialect (`None`: not served).
 pub type MachineFactory = fn(Dialect) -> Option<Box<dyn DialectConn>>;
 use crate::engine::{EngineFault, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone};
-use crate::gen::{Failure, FailureKind, FinishReason, GenState, TokenPiece};
+use crate::gen::{Failure, FailureKind, FinishReason, TokenPiece};
 use crate::principal::{Presented, Principal};
 use crate::rng::Seed;
 use crate::text::{SharedCodec, TextDone};
@@ -165,25 +165,25 @@ impl Host {
 
     /// The next thing the caller must do, or `None` when there is nothing.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.sh.outputs.pop_front()
+        self.sh.pop_output()
     }
 
     /// The earliest time at which [`Input::Timeout`] must be handled.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.sh.timers.next()
+        self.sh.next_deadline()
     }
 
     /// The served model, once loaded.
     pub fn model_info(&self) -> Option<&ModelInfo> {
-        self.sh.model.as_ref().map(|m| &m.info)
+        self.sh.loaded_model()
     }
 
     /// Current gauges.
     pub fn stats(&self) -> HostStats {
-        let s = self.sh.sched.as_ref().map(|s| s.stats());
+        let s = self.sh.sched().map(|s| s.stats());
         HostStats {
-            loaded: self.sh.model.is_some(),
-            load_progress: if self.sh.model.is_some() {
+            loaded: self.sh.is_loaded(),
+            load_progress: if self.sh.is_loaded() {
                 100.0
             } else {
                 self.load.progress
@@ -195,14 +195,14 @@ impl Host {
             kv_blocks_kept: s.as_ref().map_or(0, |s| s.blocks_parked),
             kv_blocks_total: s.as_ref().map_or(0, |s| s.blocks_total),
             kv_blocks_cached: s.as_ref().map_or(0, |s| s.blocks_cached),
-            generations: self.sh.gens.len() as u32,
-            sessions: self.sh.dialects.live_sessions() as u32,
+            generations: self.sh.gen_count() as u32,
+            sessions: self.sh.live_sessions() as u32,
         }
     }
 
     /// Checks the scheduler's internal invariants (tests and the simulator).
     pub fn check_invariants(&self) -> Result<(), String> {
-        match &self.sh.sched {
+        match self.sh.sched() {
             Some(s) => s.check_invariants(),
             None => Ok(()),
         }
@@ -236,7 +236,7 @@ impl Host {
             }
             Input::Pong { conn } => self
                 .sh
-                .timers
+                .timers()
                 .cancel(TimerKey::Conn(conn, ConnTimer::PongDeadline)),
             Input::Closed { conn } => self.teardown(now, conn),
             Input::QueueFull { conn } => self.set_blocked(now, conn, true),
@@ -251,11 +251,7 @@ impl Host {
             } => self.on_loading(now, progress, message, eta),
             Input::ModelLoaded { info, codec } => self.on_loaded(now, info, codec),
             Input::Shutdown => self.on_shutdown(now),
-            Input::KvCapacity { num_blocks } => {
-                if let Some(s) = self.sh.sched.as_mut() {
-                    s.set_capacity(num_blocks);
-                }
-            }
+            Input::KvCapacity { num_blocks } => self.sh.set_kv_capacity(num_blocks),
         }
         self.settle(now);
     }
@@ -284,7 +280,7 @@ impl Host {
     /// Delivers the last pieces of generations their dialects ended, by the
     /// same route as any other ending.
     fn deliver_ended(&mut self, now: Instant) {
-        while let Some((id, piece)) = self.sh.ended.pop_front() {
+        while let Some((id, piece)) = self.sh.pop_ended() {
             self.deliver(now, id, piece);
         }
     }
@@ -303,31 +299,28 @@ impl Host {
         }
         let query = presented.query;
         self.sh
-            .outputs
-            .push_back(Output::Event(Event::ConnectionOpened { dialect }));
+            .push_output(Output::Event(Event::ConnectionOpened { dialect }));
         let Some(machine) = (self.machines)(dialect) else {
-            self.sh.outputs.push_back(Output::Close {
+            self.sh.push_output(Output::Close {
                 conn,
                 code: CLOSE_POLICY,
                 reason: format!("the {} dialect is not served by this build", dialect.name()),
             });
             self.sh
-                .outputs
-                .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+                .push_output(Output::Event(Event::ConnectionClosed { dialect }));
             return;
         };
-        if self.sh.shutting_down {
-            self.sh.outputs.push_back(Output::Close {
+        if self.sh.shutting_down() {
+            self.sh.push_output(Output::Close {
                 conn,
                 code: CLOSE_GOING_AWAY,
                 reason: close_reason::SHUTTING_DOWN.into(),
             });
             self.sh
-                .outputs
-                .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+                .push_output(Output::Event(Event::ConnectionClosed { dialect }));
             return;
         }
-        let cfg = &self.sh.config;
+        let cfg = &self.sh.config();
         let principal = match Principal::of(cfg.keys.as_ref(), cfg.auth, conn, transport, presented)
         {
             Ok(p) => p,
@@ -335,14 +328,13 @@ impl Host {
             // own close codes.
             Err(_) if registry::spec(dialect).own_auth => Principal::Conn(conn),
             Err(e) => {
-                self.sh.outputs.push_back(Output::Close {
+                self.sh.push_output(Output::Close {
                     conn,
                     code: CLOSE_POLICY,
                     reason: format!("unauthorized: {}", e.message()),
                 });
                 self.sh
-                    .outputs
-                    .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+                    .push_output(Output::Event(Event::ConnectionClosed { dialect }));
                 return;
             }
         };
@@ -357,22 +349,17 @@ impl Host {
             reading_paused: false,
         };
         if transport == Transport::WebSocket {
-            let cfg = &self.sh.config;
-            self.sh.timers.set(
-                TimerKey::Conn(conn, ConnTimer::Idle),
-                now + cfg.idle_timeout,
-            );
-            self.sh.timers.set(
-                TimerKey::Conn(conn, ConnTimer::Ping),
-                now + cfg.keepalive_interval,
-            );
+            let idle = now + self.sh.config().idle_timeout;
+            let ping = now + self.sh.config().keepalive_interval;
+            self.sh
+                .timers()
+                .set(TimerKey::Conn(conn, ConnTimer::Idle), idle);
+            self.sh
+                .timers()
+                .set(TimerKey::Conn(conn, ConnTimer::Ping), ping);
         }
         self.conns.insert(conn, c);
-        *self
-            .sh
-            .open_by_dialect
-            .entry((dialect, transport))
-            .or_default() += 1;
+        self.sh.count_open(dialect, transport);
         let mut refused = None;
         self.with_conn(now, conn, |m, cx| {
             refused = m.on_open(cx, query, peer).err()
@@ -381,7 +368,7 @@ impl Host {
             self.close_conn(now, conn, r.code, &r.reason);
             return;
         }
-        if self.sh.model.is_none() {
+        if !self.sh.is_loaded() {
             let l = self.load.clone();
             self.with_conn(now, conn, |m, cx| {
                 m.on_model_loading(cx, l.progress, &l.message, l.eta)
@@ -396,10 +383,10 @@ impl Host {
             .get(&conn)
             .is_some_and(|c| c.transport == Transport::WebSocket)
         {
-            self.sh.timers.set(
-                TimerKey::Conn(conn, ConnTimer::Idle),
-                now + self.sh.config.idle_timeout,
-            );
+            let idle = now + self.sh.config().idle_timeout;
+            self.sh
+                .timers()
+                .set(TimerKey::Conn(conn, ConnTimer::Idle), idle);
         }
     }
 
@@ -408,7 +395,7 @@ impl Host {
         if !self.conns.contains_key(&conn) {
             return;
         }
-        if text.len() > self.sh.config.max_frame_bytes {
+        if text.len() > self.sh.config().max_frame_bytes {
             self.close_conn(now, conn, CLOSE_TOO_BIG, close_reason::FRAME_TOO_LARGE);
             return;
         }
@@ -429,7 +416,7 @@ impl Host {
     /// True when `conn`'s frames must wait: the model is loading, a text job
     /// of the connection is outstanding, or earlier frames are still waiting.
     fn must_hold(&self, conn: ConnId) -> bool {
-        self.sh.model.is_none()
+        !self.sh.is_loaded()
             || self.sh.awaits_answer(conn)
             || self.conns.get(&conn).is_some_and(|c| !c.held.is_empty())
     }
@@ -439,7 +426,7 @@ impl Host {
     /// connection; one that piles up more than [`MAX_HELD_FRAMES`] frames or
     /// four frame limits' worth of bytes anyway is closed (1008).
     fn hold(&mut self, now: Instant, conn: ConnId, frame: Held) {
-        let max_bytes = self.sh.config.max_frame_bytes;
+        let max_bytes = self.sh.config().max_frame_bytes;
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -453,20 +440,20 @@ impl Host {
         c.held.push_back(frame);
         if !c.reading_paused && (c.held.len() >= PAUSE_READING_AT || c.held_bytes >= max_bytes) {
             c.reading_paused = true;
-            self.sh.outputs.push_back(Output::PauseReading { conn });
+            self.sh.push_output(Output::PauseReading { conn });
         }
     }
 
     /// Hands `conn` the frames it was holding, in order, until it has to wait again.
     fn release_held(&mut self, now: Instant, conn: ConnId) {
-        while self.sh.model.is_some() && !self.sh.awaits_answer(conn) {
+        while self.sh.is_loaded() && !self.sh.awaits_answer(conn) {
             let Some(c) = self.conns.get_mut(&conn) else {
                 return;
             };
             let Some(frame) = c.held.pop_front() else {
                 if c.reading_paused {
                     c.reading_paused = false;
-                    self.sh.outputs.push_back(Output::ResumeReading { conn });
+                    self.sh.push_output(Output::ResumeReading { conn });
                 }
                 return;
             };
@@ -480,7 +467,7 @@ impl Host {
     }
 
     fn on_tokenized(&mut self, now: Instant, done: TextDone) {
-        let Some(conn) = self.sh.text_jobs.remove(&done.id) else {
+        let Some(conn) = self.sh.take_text_job(done.id) else {
             // Its connection is gone, or the job is unknown.
             return;
         };
@@ -497,7 +484,7 @@ impl Host {
         check: crate::api::JobCheckId,
         verdict: Result<crate::api::JobGrant, String>,
     ) {
-        let Some(conn) = self.sh.job_checks.remove(&check) else {
+        let Some(conn) = self.sh.take_job_check(check) else {
             return;
         };
         self.touch(now, conn);
@@ -516,19 +503,19 @@ impl Host {
         c.blocked = blocked;
         self.sh.set_conn_blocked(conn, blocked);
         if blocked {
-            self.sh.timers.set(
-                TimerKey::Conn(conn, ConnTimer::SlowClient),
-                now + self.sh.config.slow_client_timeout,
-            );
+            let due = now + self.sh.config().slow_client_timeout;
+            self.sh
+                .timers()
+                .set(TimerKey::Conn(conn, ConnTimer::SlowClient), due);
         } else {
             self.sh
-                .timers
+                .timers()
                 .cancel(TimerKey::Conn(conn, ConnTimer::SlowClient));
         }
     }
 
     fn on_loading(&mut self, now: Instant, progress: f32, message: String, eta: Option<Duration>) {
-        if self.sh.model.is_some() {
+        if self.sh.is_loaded() {
             return;
         }
         self.load = LoadProgress {
@@ -546,7 +533,7 @@ impl Host {
     }
 
     fn on_loaded(&mut self, now: Instant, info: ModelInfo, codec: SharedCodec) {
-        if self.sh.model.is_some() {
+        if self.sh.is_loaded() {
             return;
         }
         self.sh.set_model(info, codec);
@@ -558,17 +545,16 @@ impl Host {
     }
 
     fn on_shutdown(&mut self, now: Instant) {
-        if self.sh.shutting_down {
+        if self.sh.shutting_down() {
             return;
         }
-        self.sh.shutting_down = true;
-        self.sh
-            .timers
-            .set(TimerKey::ShutdownGrace, now + self.sh.config.shutdown_grace);
+        self.sh.begin_shutdown();
+        let grace = now + self.sh.config().shutdown_grace;
+        self.sh.timers().set(TimerKey::ShutdownGrace, grace);
     }
 
     fn finish_shutdown(&mut self, now: Instant) {
-        let ids: Vec<SeqId> = self.sh.gens.keys().copied().collect();
+        let ids: Vec<SeqId> = self.sh.gen_ids();
         for id in ids {
             self.fail(
                 now,
@@ -586,15 +572,14 @@ impl Host {
         for conn in conns {
             self.close_conn(now, conn, CLOSE_GOING_AWAY, close_reason::SHUTTING_DOWN);
         }
-        self.sh.text_jobs.clear();
-        self.sh.job_checks.clear();
-        self.sh.timers.cancel(TimerKey::ShutdownGrace);
+        self.sh.forget_all_answers();
+        self.sh.timers().cancel(TimerKey::ShutdownGrace);
         self.shutdown_done = true;
-        self.sh.outputs.push_back(Output::ShutdownComplete);
+        self.sh.push_output(Output::ShutdownComplete);
     }
 
     fn on_timeout(&mut self, now: Instant) {
-        while let Some(key) = self.sh.timers.pop_expired(now) {
+        while let Some(key) = self.sh.timers().pop_expired(now) {
             match key {
                 TimerKey::PauseTimeout(id) => self.end_gen(now, id, FinishReason::Timeout),
                 TimerKey::Conn(conn, ConnTimer::SlowClient) => {
@@ -608,43 +593,36 @@ impl Host {
                             .get(&conn)
                             .is_some_and(|c| c.machine.busy() || !c.held.is_empty());
                     if busy {
-                        self.sh.timers.set(
-                            TimerKey::Conn(conn, ConnTimer::Idle),
-                            now + self.sh.config.idle_timeout,
-                        );
+                        let idle = now + self.sh.config().idle_timeout;
+                        self.sh
+                            .timers()
+                            .set(TimerKey::Conn(conn, ConnTimer::Idle), idle);
                     } else if self.conns.contains_key(&conn) {
                         self.close_conn(now, conn, CLOSE_NORMAL, close_reason::IDLE);
                     }
                 }
                 TimerKey::Conn(conn, ConnTimer::Ping) => {
                     if self.conns.contains_key(&conn) {
-                        self.sh.outputs.push_back(Output::Ping { conn });
-                        let cfg = &self.sh.config;
-                        if self
-                            .sh
-                            .timers
-                            .get(TimerKey::Conn(conn, ConnTimer::PongDeadline))
-                            .is_none()
-                        {
-                            self.sh.timers.set(
-                                TimerKey::Conn(conn, ConnTimer::PongDeadline),
-                                now + cfg.keepalive_timeout,
-                            );
+                        self.sh.push_output(Output::Ping { conn });
+                        let pong = now + self.sh.config().keepalive_timeout;
+                        let ping = now + self.sh.config().keepalive_interval;
+                        let key = TimerKey::Conn(conn, ConnTimer::PongDeadline);
+                        if self.sh.timers().get(key).is_none() {
+                            self.sh.timers().set(key, pong);
                         }
-                        self.sh.timers.set(
-                            TimerKey::Conn(conn, ConnTimer::Ping),
-                            now + cfg.keepalive_interval,
-                        );
+                        self.sh
+                            .timers()
+                            .set(TimerKey::Conn(conn, ConnTimer::Ping), ping);
                     }
                 }
                 TimerKey::Conn(conn, ConnTimer::PongDeadline) => {
                     // A connection we stopped reading cannot be seen answering.
                     let paused = self.conns.get(&conn).is_some_and(|c| c.reading_paused);
                     if paused {
-                        self.sh.timers.set(
-                            TimerKey::Conn(conn, ConnTimer::PongDeadline),
-                            now + self.sh.config.keepalive_timeout,
-                        );
+                        let pong = now + self.sh.config().keepalive_timeout;
+                        self.sh
+                            .timers()
+                            .set(TimerKey::Conn(conn, ConnTimer::PongDeadline), pong);
                     } else if self.conns.contains_key(&conn) {
                         self.close_conn(now, conn, CLOSE_NORMAL, close_reason::KEEPALIVE);
                     }
@@ -663,7 +641,7 @@ impl Host {
     }
 
     fn on_step_done(&mut self, now: Instant, done: StepDone) {
-        let Some(sched) = self.sh.sched.as_mut() else {
+        let Some(sched) = self.sh.sched_mut() else {
             return;
         };
         // A stale or unknown step id changes nothing, here as in the
@@ -676,15 +654,14 @@ impl Host {
         let count = results.len() as u32;
         if count > 0 {
             self.sh
-                .outputs
-                .push_back(Output::Event(Event::TokensGenerated { count }));
+                .push_output(Output::Event(Event::TokensGenerated { count }));
         }
         // Owners are found before the results are applied: a generation that
         // ends in this step is gone afterwards, and its connection still
         // hears that the step ended.
         let mut owners: Vec<ConnId> = Vec::new();
         for id in stepped {
-            if let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) {
+            if let Some(owner) = self.sh.owner_of(id) {
                 if !owners.contains(&owner) {
                     owners.push(owner);
                 }
@@ -699,34 +676,15 @@ impl Host {
     }
 
     fn apply_result(&mut self, now: Instant, r: SeqResult) {
-        let Some(model) = &self.sh.model else {
-            return;
-        };
-        let codec = model.codec.clone();
         let id = r.seq;
-        let Some(gen) = self.sh.gens.get_mut(&id) else {
-            return;
-        };
-        if gen.client_paused() {
-            gen.pending.push(r);
-            return;
+        if let Some(piece) = self.sh.apply_token(now, r) {
+            self.deliver(now, id, piece);
         }
-        let previous = gen.last_token_at;
-        let created = gen.created_at;
-        let piece = gen.on_token(&*codec, r, now);
-        let timing = match previous {
-            None => Event::FirstToken {
-                ttft: now - created,
-            },
-            Some(prev) => Event::InterToken { gap: now - prev },
-        };
-        self.sh.outputs.push_back(Output::Event(timing));
-        self.deliver(now, id, piece);
     }
 
     /// Hands a piece to the owning dialect; retires the generation if it ended.
     fn deliver(&mut self, now: Instant, id: SeqId, piece: TokenPiece) {
-        let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) else {
+        let Some(owner) = self.sh.owner_of(id) else {
             return;
         };
         self.with_conn(now, owner, |m, cx| m.on_token(cx, id, &piece));
@@ -738,31 +696,23 @@ impl Host {
 
     /// Ends a generation from the Host's side (deadline) and tells its dialect.
     fn end_gen(&mut self, now: Instant, id: SeqId, reason: FinishReason) {
-        let Some(model) = &self.sh.model else {
-            return;
-        };
-        let codec = model.codec.clone();
-        let Some(gen) = self.sh.gens.get_mut(&id) else {
-            return;
-        };
-        let piece = gen.end(&*codec, reason);
-        self.deliver(now, id, piece);
+        if let Some(piece) = self.sh.end_piece(id, reason) {
+            self.deliver(now, id, piece);
+        }
     }
 
     fn fail(&mut self, now: Instant, id: SeqId, failure: Failure) {
-        let Some(owner) = self.sh.gens.get(&id).map(|g| g.owner) else {
+        let Some(owner) = self.sh.owner_of(id) else {
             return;
         };
-        if let Some(gen) = self.sh.gens.get_mut(&id) {
-            gen.state = GenState::Finished;
-        }
+        self.sh.mark_finished(id);
         self.with_conn(now, owner, |m, cx| m.on_failed(cx, id, &failure));
         self.sh.retire(now, id, Outcome::Failed);
         self.touch(now, owner);
     }
 
     fn on_fault(&mut self, now: Instant, fault: EngineFault) {
-        let Some(sched) = self.sh.sched.as_mut() else {
+        let Some(sched) = self.sh.sched_mut() else {
             return;
         };
         // A fault for a step that is not outstanding fails nothing.
@@ -816,7 +766,7 @@ impl Host {
         if !self.conns.contains_key(&conn) {
             return;
         }
-        self.sh.outputs.push_back(Output::Close {
+        self.sh.push_output(Output::Close {
             conn,
             code,
             reason: reason.to_string(),
@@ -838,29 +788,15 @@ impl Host {
             &mut self.sh,
         );
         c.machine.on_closed(&mut cx);
-        if let Some(n) = self.sh.open_by_dialect.get_mut(&(c.dialect, c.transport)) {
-            *n = n.saturating_sub(1);
-        }
-        self.sh.set_conn_blocked(conn, false);
-        self.sh.text_jobs.retain(|_, owner| *owner != conn);
-        self.sh.job_checks.retain(|_, owner| *owner != conn);
-        for id in self.sh.gens_of(conn) {
-            if let Some(gen) = self.sh.gens.get_mut(&id) {
-                gen.state = GenState::Finished;
-            }
-            self.sh.retire(now, id, Outcome::Cancelled);
-        }
-        self.sh.timers.cancel_range(TimerKey::of_conn(conn));
-        self.sh
-            .outputs
-            .push_back(Output::Event(Event::ConnectionClosed {
-                dialect: c.dialect,
-            }));
+        self.sh.forget_conn(now, conn, c.dialect, c.transport);
     }
 
     fn settle_closings(&mut self, now: Instant) {
-        while !self.sh.closing.is_empty() {
-            let closing = std::mem::take(&mut self.sh.closing);
+        loop {
+            let closing = self.sh.take_closing();
+            if closing.is_empty() {
+                break;
+            }
             for (conn, code, reason) in closing {
                 self.close_conn(now, conn, code, &reason);
             }
@@ -871,7 +807,7 @@ impl Host {
     fn settle(&mut self, now: Instant) {
         loop {
             self.settle_closings(now);
-            let Some(r) = self.sh.replay.pop_front() else {
+            let Some(r) = self.sh.pop_replay() else {
                 break;
             };
             self.apply_result(now, r);
@@ -880,11 +816,10 @@ impl Host {
         // answer (an error, since no new work starts) within the grace. So
         // does what a dialect still holds for its client after a generation
         // ended (text waiting for a flow-control window).
-        if self.sh.shutting_down
+        if self.sh.shutting_down()
             && !self.shutdown_done
-            && self.sh.gens.is_empty()
-            && self.sh.text_jobs.is_empty()
-            && self.sh.job_checks.is_empty()
+            && self.sh.gen_count() == 0
+            && !self.sh.answers_outstanding()
             && !self.conns.values().any(|c| c.machine.holds_output())
         {
             self.finish_shutdown(now);
@@ -893,57 +828,22 @@ impl Host {
     }
 
     fn schedule(&mut self, now: Instant) {
-        let Some(sched) = self.sh.sched.as_mut() else {
-            return;
-        };
-        if !sched.step_outstanding() {
-            if let Some(plan) = sched.schedule() {
-                self.in_step = plan.seqs.iter().map(|s| s.seq).collect();
-                let mut admitted = Vec::new();
-                let mut lookups = Vec::new();
-                for s in &plan.seqs {
-                    if let Some(g) = self.sh.gens.get_mut(&s.seq) {
-                        if g.state == GenState::Queued {
-                            g.state = GenState::Prefilling;
-                            admitted.push((g.owner, g.id));
-                            if self.sh.config.prefix_cache && !g.raw {
-                                g.cached_tokens = sched.cached_tokens(s.seq).unwrap_or(0);
-                                lookups.push(Event::PrefixCacheLookup {
-                                    queried: g.prompt_tokens(),
-                                    hit: g.cached_tokens,
-                                });
-                            }
-                        }
-                    }
-                }
-                for e in lookups {
-                    self.sh.outputs.push_back(Output::Event(e));
-                }
-                self.sh.outputs.push_back(Output::RunStep(plan));
-                for (owner, id) in admitted {
-                    self.with_conn(now, owner, |m, cx| m.on_admitted(cx, id));
-                }
+        if let Some(step) = self.sh.plan_step() {
+            self.in_step = step.in_step;
+            for (owner, id) in step.admitted {
+                self.with_conn(now, owner, |m, cx| m.on_admitted(cx, id));
             }
         }
-        let Some(sched) = self.sh.sched.as_ref() else {
-            return;
-        };
-        let positions = sched.waiting_positions();
-        for (id, position) in positions {
-            let Some(g) = self.sh.gens.get_mut(&id) else {
-                continue;
-            };
-            if g.state != GenState::Queued || g.reported_position == Some(position) {
-                continue;
+        for (owner, id, position) in self.sh.new_queue_positions() {
+            // An earlier callback may have ended it.
+            if self.sh.owner_of(id).is_some() {
+                self.with_conn(now, owner, |m, cx| m.on_queued(cx, id, position));
             }
-            g.reported_position = Some(position);
-            let owner = g.owner;
-            self.with_conn(now, owner, |m, cx| m.on_queued(cx, id, position));
         }
         // Read after the dialects heard their queue positions: delivering to
         // them may end generations and free blocks, and the gauges must show
         // the state this input leaves, as `stats()` does.
-        let Some(stats) = self.sh.sched.as_ref().map(|s| s.stats()) else {
+        let Some(stats) = self.sh.sched().map(|s| s.stats()) else {
             return;
         };
         let gauges = Event::Gauges {
@@ -956,7 +856,7 @@ impl Host {
         };
         if self.last_gauges.as_ref() != Some(&gauges) {
             self.last_gauges = Some(gauges.clone());
-            self.sh.outputs.push_back(Output::Event(gauges));
+            self.sh.push_output(Output::Event(gauges));
         }
     }
 }

@@ -64,33 +64,38 @@ pub(crate) struct Model {
     pub codec: SharedCodec,
 }
 
-/// Everything but the connections.
+/// Everything but the connections: the model, the generations and their
+/// scheduler, the timers, the dialects' host-wide state and the output
+/// queue. Its fields are its own: the Host reads and steers them through
+/// the methods below, which keep what belongs together together (a
+/// generation and its scheduler entry, a connection and its outstanding
+/// answers, the open-connection counts).
 pub(crate) struct Shared {
-    pub config: HostConfig,
-    pub rng: HostRng,
-    pub model: Option<Model>,
-    pub sched: Option<Scheduler>,
-    pub gens: BTreeMap<SeqId, Generation>,
-    pub timers: TimerTable<TimerKey>,
-    pub outputs: VecDeque<Output>,
+    config: HostConfig,
+    rng: HostRng,
+    model: Option<Model>,
+    sched: Option<Scheduler>,
+    gens: BTreeMap<SeqId, Generation>,
+    timers: TimerTable<TimerKey>,
+    outputs: VecDeque<Output>,
     /// Results held during a pause, to apply now that it resumed.
-    pub replay: VecDeque<SeqResult>,
+    replay: VecDeque<SeqResult>,
     /// Connections a dialect asked to close: (conn, code, reason).
-    pub closing: Vec<(ConnId, u16, String)>,
-    pub shutting_down: bool,
+    closing: Vec<(ConnId, u16, String)>,
+    shutting_down: bool,
     /// Outstanding text jobs and the connection each belongs to.
-    pub text_jobs: BTreeMap<TextJobId, ConnId>,
+    text_jobs: BTreeMap<TextJobId, ConnId>,
     next_job: u64,
     /// Outstanding job checks and the connection each belongs to.
-    pub job_checks: BTreeMap<JobCheckId, ConnId>,
+    job_checks: BTreeMap<JobCheckId, ConnId>,
     next_check: u64,
     /// Generations ended by their dialect ([`HostPort::end`]) whose last
     /// piece is still to be delivered, in order.
-    pub ended: VecDeque<(SeqId, TokenPiece)>,
+    ended: VecDeque<(SeqId, TokenPiece)>,
     /// The dialects' host-wide state.
-    pub dialects: DialectState,
+    dialects: DialectState,
     /// Open connections per dialect and transport.
-    pub open_by_dialect: BTreeMap<(Dialect, Transport), u32>,
+    open_by_dialect: BTreeMap<(Dialect, Transport), u32>,
     /// Connections whose outbound queue is full: their generations, including
     /// ones started later, are held.
     blocked_conns: BTreeSet<ConnId>,
@@ -202,7 +207,7 @@ impl Shared {
     }
 
     /// Tells the scheduler whether `id` may run.
-    pub fn sync_runnable(&mut self, id: SeqId) {
+    fn sync_runnable(&mut self, id: SeqId) {
         let runnable = self.gens.get(&id).is_some_and(|g| g.runnable());
         if let Some(s) = self.sched.as_mut() {
             s.set_runnable(id, runnable);
@@ -210,12 +215,258 @@ impl Shared {
     }
 
     /// Generations owned by `conn`, in id order.
-    pub fn gens_of(&self, conn: ConnId) -> Vec<SeqId> {
+    fn gens_of(&self, conn: ConnId) -> Vec<SeqId> {
         self.gens
             .values()
             .filter(|g| g.owner == conn)
             .map(|g| g.id)
             .collect()
+    }
+}
+
+/// A step just planned: the generations in it, and those it admits with
+/// their owners.
+pub(crate) struct PlannedStep {
+    pub in_step: Vec<SeqId>,
+    pub admitted: Vec<(ConnId, SeqId)>,
+}
+
+/// What the Host reads and steers. Each method says its effect.
+impl Shared {
+    /// The next output, oldest first.
+    pub fn pop_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The timer table (connection deadlines, pause timeouts, the grace).
+    pub fn timers(&mut self) -> &mut TimerTable<TimerKey> {
+        &mut self.timers
+    }
+
+    /// The earliest deadline.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// The loaded model's description, if loaded.
+    pub fn loaded_model(&self) -> Option<&ModelInfo> {
+        self.model.as_ref().map(|m| &m.info)
+    }
+
+    /// True once the model is loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.model.is_some()
+    }
+
+    /// The scheduler, once the model is loaded.
+    pub fn sched(&self) -> Option<&Scheduler> {
+        self.sched.as_ref()
+    }
+
+    /// Resizes the KV pool (the engine's measured capacity).
+    pub fn set_kv_capacity(&mut self, num_blocks: u32) {
+        if let Some(s) = self.sched.as_mut() {
+            s.set_capacity(num_blocks);
+        }
+    }
+
+    /// Live generations.
+    pub fn gen_count(&self) -> usize {
+        self.gens.len()
+    }
+
+    /// Every live generation's id, in order.
+    pub fn gen_ids(&self) -> Vec<SeqId> {
+        self.gens.keys().copied().collect()
+    }
+
+    /// The connection owning generation `id`.
+    pub fn owner_of(&self, id: SeqId) -> Option<ConnId> {
+        self.gens.get(&id).map(|g| g.owner)
+    }
+
+    /// Applies one engine result to its generation: the piece to deliver,
+    /// with its first-token or inter-token timing counted; `None` when the
+    /// generation is gone, or paused by its client (the result is kept and
+    /// replayed on resume).
+    pub fn apply_token(&mut self, now: Instant, r: SeqResult) -> Option<TokenPiece> {
+        let codec = self.model.as_ref()?.codec.clone();
+        let gen = self.gens.get_mut(&r.seq)?;
+        if gen.client_paused() {
+            gen.pending.push(r);
+            return None;
+        }
+        let previous = gen.last_token_at;
+        let created = gen.created_at;
+        let piece = gen.on_token(&*codec, r, now);
+        let timing = match previous {
+            None => Event::FirstToken {
+                ttft: now - created,
+            },
+            Some(prev) => Event::InterToken { gap: now - prev },
+        };
+        self.outputs.push_back(Output::Event(timing));
+        Some(piece)
+    }
+
+    /// Ends generation `id` from the Host's side (a deadline): its last
+    /// piece, to deliver.
+    pub fn end_piece(&mut self, id: SeqId, reason: FinishReason) -> Option<TokenPiece> {
+        let codec = self.model.as_ref()?.codec.clone();
+        Some(self.gens.get_mut(&id)?.end(&*codec, reason))
+    }
+
+    /// Marks generation `id` finished (it failed, or its connection went)
+    /// before it is retired.
+    pub fn mark_finished(&mut self, id: SeqId) {
+        if let Some(gen) = self.gens.get_mut(&id) {
+            gen.state = GenState::Finished;
+        }
+    }
+
+    /// The next piece a dialect's [`HostPort::end`] left to deliver.
+    pub fn pop_ended(&mut self) -> Option<(SeqId, TokenPiece)> {
+        self.ended.pop_front()
+    }
+
+    /// The next result held during a pause, to apply now that it resumed.
+    pub fn pop_replay(&mut self) -> Option<SeqResult> {
+        self.replay.pop_front()
+    }
+
+    /// The connections dialects asked to close since the last call.
+    pub fn take_closing(&mut self) -> Vec<(ConnId, u16, String)> {
+        std::mem::take(&mut self.closing)
+    }
+
+    /// True once a shutdown began.
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    /// Begins a shutdown: no new work starts.
+    pub fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+    }
+
+    /// The connection that asked for text job `id`, which is answered now.
+    pub fn take_text_job(&mut self, id: TextJobId) -> Option<ConnId> {
+        self.text_jobs.remove(&id)
+    }
+
+    /// The connection that asked for job check `id`, which is answered now.
+    pub fn take_job_check(&mut self, id: JobCheckId) -> Option<ConnId> {
+        self.job_checks.remove(&id)
+    }
+
+    /// Forgets every outstanding text job and job check (a shutdown's end:
+    /// their answers would find no one).
+    pub fn forget_all_answers(&mut self) {
+        self.text_jobs.clear();
+        self.job_checks.clear();
+    }
+
+    /// True while any text job or job check is outstanding.
+    pub fn answers_outstanding(&self) -> bool {
+        !self.text_jobs.is_empty() || !self.job_checks.is_empty()
+    }
+
+    /// Counts a connection opened on `dialect` over `transport`.
+    pub fn count_open(&mut self, dialect: Dialect, transport: Transport) {
+        *self
+            .open_by_dialect
+            .entry((dialect, transport))
+            .or_insert(0) += 1;
+    }
+
+    /// Everything the Host keeps for `conn`, which is gone: its count, its
+    /// flow-control block, its outstanding answers, its generations
+    /// (cancelled), its timers; then `ConnectionClosed` is counted.
+    pub fn forget_conn(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        dialect: Dialect,
+        transport: Transport,
+    ) {
+        if let Some(n) = self.open_by_dialect.get_mut(&(dialect, transport)) {
+            *n = n.saturating_sub(1);
+        }
+        self.set_conn_blocked(conn, false);
+        self.text_jobs.retain(|_, owner| *owner != conn);
+        self.job_checks.retain(|_, owner| *owner != conn);
+        for id in self.gens_of(conn) {
+            self.mark_finished(id);
+            self.retire(now, id, Outcome::Cancelled);
+        }
+        self.timers.cancel_range(TimerKey::of_conn(conn));
+        self.outputs
+            .push_back(Output::Event(Event::ConnectionClosed { dialect }));
+    }
+
+    /// Live sessions across the dialects (the health report's).
+    pub fn live_sessions(&self) -> usize {
+        self.dialects.live_sessions()
+    }
+
+    /// Plans the next engine step if none is outstanding: the plan (queued
+    /// as [`Output::RunStep`], with a prefix-cache lookup counted for each
+    /// generation it admits) and the generations it admits, with their
+    /// owners. Admitted generations are marked prefilling.
+    pub fn plan_step(&mut self) -> Option<PlannedStep> {
+        let sched = self.sched.as_mut()?;
+        if sched.step_outstanding() {
+            return None;
+        }
+        let plan = sched.schedule()?;
+        let in_step = plan.seqs.iter().map(|s| s.seq).collect();
+        let mut admitted = Vec::new();
+        for s in &plan.seqs {
+            let Some(g) = self.gens.get_mut(&s.seq) else {
+                continue;
+            };
+            if g.state != GenState::Queued {
+                continue;
+            }
+            g.state = GenState::Prefilling;
+            admitted.push((g.owner, g.id));
+            if self.config.prefix_cache && !g.raw {
+                g.cached_tokens = sched.cached_tokens(s.seq).unwrap_or(0);
+                self.outputs
+                    .push_back(Output::Event(Event::PrefixCacheLookup {
+                        queried: g.prompt_tokens(),
+                        hit: g.cached_tokens,
+                    }));
+            }
+        }
+        self.outputs.push_back(Output::RunStep(plan));
+        Some(PlannedStep { in_step, admitted })
+    }
+
+    /// Queue positions that changed since they were last reported, for
+    /// generations still queued: (owner, generation, 1-based position).
+    pub fn new_queue_positions(&mut self) -> Vec<(ConnId, SeqId, u32)> {
+        let Some(sched) = self.sched.as_ref() else {
+            return Vec::new();
+        };
+        let mut moved = Vec::new();
+        for (id, position) in sched.waiting_positions() {
+            let Some(g) = self.gens.get_mut(&id) else {
+                continue;
+            };
+            if g.state != GenState::Queued || g.reported_position == Some(position) {
+                continue;
+            }
+            g.reported_position = Some(position);
+            moved.push((g.owner, id, position));
+        }
+        moved
+    }
+
+    /// The scheduler: the Host's step bookkeeping (results, faults) goes
+    /// through it directly, since it keeps its own invariants.
+    pub fn sched_mut(&mut self) -> Option<&mut Scheduler> {
+        self.sched.as_mut()
     }
 }
 
