@@ -54,7 +54,7 @@ impl BatchConn {
             run.beams.len() == 1 && run.search.running().len() > 1
         };
         if first_round {
-            self.pending[ji].initialized.push(pi);
+            self.jobs[ji].events.initialized.push(pi);
         }
         let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() else {
             return;

@@ -163,6 +163,8 @@ struct Job {
     failed: bool,
     /// Beam search settings, when `num_beams` > 1.
     beams: Option<BeamConfig>,
+    /// Its events of the current step, sent at the step's end.
+    events: StepEvents,
 }
 
 /// Events gathered during one engine step, per kind, for one job.
@@ -179,10 +181,9 @@ struct StepEvents {
 pub struct BatchConn {
     /// Accepted payloads, oldest first; finished ones leave from the front.
     jobs: VecDeque<Job>,
-    /// Events of the current step, per job (parallel to `jobs`).
-    pending: VecDeque<StepEvents>,
-    /// The prompt being tokenized: (job index, prompt index).
-    tokenizing: Option<(TextJobId, usize, usize)>,
+    /// The prompt being tokenized: (its text job, its job's serial, the
+    /// prompt's index).
+    tokenizing: Option<(TextJobId, u64, usize)>,
     /// The next job's serial.
     next_serial: u64,
     /// The job (by serial) and prompt each generation belongs to, so a
@@ -441,8 +442,8 @@ impl BatchConn {
             finished: vec![None; n],
             failed: any_duplicate,
             beams,
+            events: StepEvents::default(),
         });
-        self.pending.push_back(StepEvents::default());
         self.advance(cx);
     }
 
@@ -475,7 +476,7 @@ impl BatchConn {
                 let max_tokens = job.params.max_tokens;
                 match cx.encode_prompt(text, max_tokens) {
                     Ok(tj) => {
-                        self.tokenizing = Some((tj, ji, pi));
+                        self.tokenizing = Some((tj, job.serial, pi));
                         return;
                     }
                     Err(e) => {
@@ -564,7 +565,7 @@ impl BatchConn {
             kv: f.kv,
         });
         p.stage = Stage::Done;
-        self.pending[ji].complete.push((
+        self.jobs[ji].events.complete.push((
             pi,
             EventKind::Complete {
                 text,
@@ -596,10 +597,9 @@ impl BatchConn {
     /// Sends the gathered events of every job, each kind as one frame in
     /// payload order.
     fn flush_events(&mut self, cx: &mut Cx<'_>) {
-        for (ji, ev) in self.pending.iter_mut().enumerate() {
-            let Some(job) = self.jobs.get(ji) else {
-                continue;
-            };
+        for job in self.jobs.iter_mut() {
+            let mut ev = std::mem::take(&mut job.events);
+            let job = &*job;
             let rid = |i: usize| job.prompts[i].request_id.as_str();
             let mut started: Vec<usize> = std::mem::take(&mut ev.started);
             started.sort_unstable();
@@ -647,7 +647,6 @@ impl BatchConn {
         for job in self.jobs.drain(..) {
             drop_kept(cx, job.finished.into_iter().flatten());
         }
-        self.pending.clear();
         self.owners.clear();
         self.tokenizing = None;
     }
@@ -664,12 +663,6 @@ impl BatchConn {
                 break;
             };
             self.owners.retain(|_, (serial, _)| *serial != job.serial);
-            self.pending.pop_front();
-            // The prompt being tokenized belongs to a later payload, whose
-            // index just moved down by one.
-            if let Some((_, ji, _)) = self.tokenizing.as_mut() {
-                *ji = ji.saturating_sub(1);
-            }
             if job.failed {
                 drop_kept(cx, job.finished.into_iter().flatten());
                 continue;
@@ -741,7 +734,7 @@ impl DialectConn for BatchConn {
             return;
         };
         self.jobs[ji].prompts[pi].started_at = Some(cx.now);
-        self.pending[ji].started.push(pi);
+        self.jobs[ji].events.started.push(pi);
     }
 
     fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece) {
@@ -753,10 +746,10 @@ impl DialectConn for BatchConn {
         }
         let Some(g) = cx.gen(id) else { return };
         if piece.token_id.is_some() && g.out_ids.len() == 1 {
-            self.pending[ji].initialized.push(pi);
+            self.jobs[ji].events.initialized.push(pi);
         }
         if piece.token_id.is_some() || !piece.text.is_empty() {
-            self.pending[ji].progress.push((pi, piece.text.clone()));
+            self.jobs[ji].events.progress.push((pi, piece.text.clone()));
         }
         let Some(reason) = piece.finish else {
             return;
@@ -813,13 +806,17 @@ impl DialectConn for BatchConn {
     }
 
     fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
-        let Some((tj, ji, pi)) = self.tokenizing else {
+        let Some((tj, serial, pi)) = self.tokenizing else {
             return;
         };
         if tj != job {
             return;
         }
         self.tokenizing = None;
+        // Earlier payloads may have left the front meanwhile.
+        let Some(ji) = self.jobs.iter().position(|j| j.serial == serial) else {
+            return;
+        };
         match result {
             Ok(enc) => {
                 let max_tokens = self.jobs[ji].params.max_tokens;
