@@ -150,7 +150,7 @@ pub(crate) fn bare_key(value: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::cai::auth::{hash_key, ApiKey};
+    use crate::keys::{hash_key, ApiKey};
 
     fn ring() -> KeyRing {
         KeyRing::new(vec![

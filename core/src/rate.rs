@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn an_organisation_has_one_set_of_buckets_and_its_keys_strictest_limits() {
-        use crate::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+        use crate::keys::{hash_key, ApiKey, KeyRing};
         let key = |name: &str, orgs: &[&str], rpm| ApiKey {
             name: name.into(),
             sha256: hash_key(name),

@@ -4,10 +4,10 @@
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
-use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::dialect::cai::codec::{
     self, ClientMessage, Completion, ErrorCode, ServerMessage, Usage,
 };
+use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::testing::Harness;
 use tokenwire_core::{ChatMessage, Dialect, HostConfig, Role};
 

@@ -5,7 +5,7 @@
 //! conversations and per-organisation rate limits.
 
 use serde_json::{json, Value};
-use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::testing::Harness;
 use tokenwire_core::{ConnId, Dialect, Duration, HostConfig, Input, Output};
 

@@ -1032,7 +1032,7 @@ fn feedback_is_rate_limited_per_connection_and_nothing_more_is_handed_out() {
 
 #[test]
 fn a_keys_organisation_limits_apply_to_generate_too() {
-    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
     let cfg = HostConfig {
         keys: Some(
             KeyRing::new(vec![ApiKey {

@@ -431,7 +431,7 @@ fn http_responses_are_stored_retrieved_and_continued() {
 
 #[test]
 fn a_stored_response_is_found_only_by_the_key_that_made_it() {
-    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
     let key = |name: &str| ApiKey {
         name: name.into(),
         sha256: hash_key(name),

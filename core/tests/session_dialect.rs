@@ -124,7 +124,7 @@ fn a_wrong_message_index_names_the_expected_one_and_changes_nothing() {
 
 /// A host whose keys file holds one key, `key-a`.
 fn keyed_harness() -> Harness {
-    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
     let cfg = HostConfig {
         keys: Some(
             KeyRing::new(vec![ApiKey {

@@ -11,7 +11,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
-use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::testing::Harness;
 use tokenwire_core::{
     ConnId, Dialect, Duration, EngineFault, EngineFaultKind, HostConfig, Input, Transport,

@@ -16,7 +16,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use tokenwire_core::dialect::cai::auth::{parse_sha256, ApiKey, KeyRing};
+use tokenwire_core::keys::{parse_sha256, ApiKey, KeyRing};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,7 +71,7 @@ pub fn parse(text: &str) -> Result<KeyRing, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokenwire_core::dialect::cai::auth::{hash_key, to_hex};
+    use tokenwire_core::keys::{hash_key, to_hex};
 
     #[test]
     fn a_keys_file_becomes_a_ring() {

@@ -35,11 +35,8 @@ fn hash_key() -> ExitCode {
         eprintln!("tokenwire: no key on standard input (give it as one line)");
         return ExitCode::from(2);
     }
-    let digest = tokenwire_core::dialect::cai::auth::hash_key(key);
-    println!(
-        "sha256 = \"{}\"",
-        tokenwire_core::dialect::cai::auth::to_hex(&digest)
-    );
+    let digest = tokenwire_core::keys::hash_key(key);
+    println!("sha256 = \"{}\"", tokenwire_core::keys::to_hex(&digest));
     ExitCode::SUCCESS
 }
 

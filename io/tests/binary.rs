@@ -136,9 +136,7 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
     let model = stories260k();
     // A cai key the log must not show either (nor its hash).
     let key = "Zephyr-secret-key";
-    let digest = tokenwire_core::dialect::cai::auth::to_hex(
-        &tokenwire_core::dialect::cai::auth::hash_key(key),
-    );
+    let digest = tokenwire_core::keys::to_hex(&tokenwire_core::keys::hash_key(key));
     let keys = std::env::temp_dir().join(format!("tokenwire-log-keys-{}.toml", std::process::id()));
     std::fs::write(
         &keys,

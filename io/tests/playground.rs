@@ -458,12 +458,12 @@ fn with_auth_all_the_playground_streams_once_its_api_key_is_typed() {
         "tokenwire-playground-keys-{}.toml",
         std::process::id()
     ));
-    let digest = tokenwire_core::dialect::cai::auth::hash_key(key);
+    let digest = tokenwire_core::keys::hash_key(key);
     std::fs::write(
         &keys,
         format!(
             "[[key]]\nsha256 = \"{}\"\norgs = [\"org\"]\n",
-            tokenwire_core::dialect::cai::auth::to_hex(&digest)
+            tokenwire_core::keys::to_hex(&digest)
         ),
     )
     .expect("keys file");

@@ -7,7 +7,7 @@
 //! one of them uses randomness does not reshuffle the others.
 
 use tokenwire_core::config::CacheScope;
-use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
 use tokenwire_core::{Dialect, Duration, HostConfig, ModelInfo};

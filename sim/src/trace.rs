@@ -15,7 +15,7 @@
 use serde_json::{json, Value};
 use tokenwire_core::config::CacheScope;
 use tokenwire_core::dialect::batch::GenerationDefaults;
-use tokenwire_core::dialect::cai::auth::{parse_sha256, to_hex, ApiKey, KeyRing};
+use tokenwire_core::keys::{parse_sha256, to_hex, ApiKey, KeyRing};
 use tokenwire_core::principal::AuthScope;
 use tokenwire_core::{
     ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,

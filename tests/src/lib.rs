@@ -23,7 +23,7 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// Writes a keys file holding `keys` (each an API key and the organisations
 /// it may act for) to a fresh temporary path named after `name`.
 pub fn keys_file(name: &str, keys: &[(&str, &[&str])]) -> PathBuf {
-    use tokenwire_core::dialect::cai::auth::{hash_key, to_hex};
+    use tokenwire_core::keys::{hash_key, to_hex};
     let path =
         std::env::temp_dir().join(format!("tokenwire-keys-{name}-{}.toml", std::process::id()));
     let text: String = keys

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
-use tokenwire_core::dialect::cai::auth::{hash_key, to_hex};
+use tokenwire_core::keys::{hash_key, to_hex};
 use tokenwire_tests::{
     http, metric, start, stories260k, stories_reference, Client, ModelSource, Received,
     RunningServer,

@@ -4,7 +4,7 @@
 //! when no Node with a global WebSocket is installed, except under `CI=true`.
 
 use serde_json::Value;
-use tokenwire_core::dialect::cai::auth::{hash_key, to_hex};
+use tokenwire_core::keys::{hash_key, to_hex};
 use tokenwire_tests::{start, stories260k, ModelSource};
 
 const NODE_FLAGS: [&str; 1] = ["--experimental-websocket"];

@@ -5,7 +5,7 @@
 //! are given ChatML markup by hand, as their users would.
 
 use serde_json::{json, Value};
-use tokenwire_core::dialect::cai::auth::{hash_key, to_hex};
+use tokenwire_core::keys::{hash_key, to_hex};
 use tokenwire_tests::{http, smollm2_gguf, start, token_text, Client, ModelSource};
 
 const QUESTION: &str = "What is the capital of France? Answer in one sentence.";

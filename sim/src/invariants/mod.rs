@@ -483,7 +483,7 @@ impl Monitor {
 pub(crate) mod testkit {
     use super::*;
     use serde_json::json;
-    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey, KeyRing};
+    use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
     use tokenwire_core::testing::{tiny_model_info, ByteCodec, BYTE_OFFSET};
     use tokenwire_core::{
         Dialect, Encoded, SamplingParams, SeqId, SeqStep, StepDone, StepPlan, TextCodec, TextDone,

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::Value;
 use tokenwire_core::config::CacheScope;
-use tokenwire_core::dialect::cai::auth::KeyRing;
+use tokenwire_core::keys::KeyRing;
 use tokenwire_core::testing::{BYTE_BOS, BYTE_OFFSET};
 use tokenwire_core::{
     ConnId, Dialect, HostConfig, Input, Instant, JobCheckId, ModelInfo, Output, SeqId, StepPlan,

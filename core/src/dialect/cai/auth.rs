@@ -3,7 +3,7 @@
 //! (the operator's keys file, parsed by the shell; the ring and its
 //! constant-time lookup are [`crate::keys`], every route's).
 
-pub use crate::keys::{hash_key, parse_sha256, to_hex, ApiKey, KeyRing, OrgLimits};
+use crate::keys::KeyRing;
 
 use super::super::Refusal;
 
@@ -77,6 +77,7 @@ pub fn authenticate(ring: Option<&KeyRing>, query: &str) -> Result<Credentials, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::{hash_key, parse_sha256, to_hex, ApiKey};
 
     fn ring() -> KeyRing {
         KeyRing::new(vec![

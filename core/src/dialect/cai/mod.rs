@@ -191,7 +191,7 @@ impl CaiConn {
     /// The connection's key from the keys file (a copy: the Host is borrowed
     /// again to meter it).
     /// The organisation this connection acts for, and its rate limits.
-    fn limits(&self, cx: &Cx<'_>) -> Option<(String, auth::OrgLimits)> {
+    fn limits(&self, cx: &Cx<'_>) -> Option<(String, crate::keys::OrgLimits)> {
         let org = self.creds.as_ref()?.org.clone();
         let limits = cx.config().keys.as_ref()?.org_limits(&org);
         Some((org, limits))

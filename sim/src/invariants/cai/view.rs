@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokenwire_core::dialect::cai::auth::KeyRing;
 use tokenwire_core::dialect::cai::codec::{self, ClientMessage};
+use tokenwire_core::keys::KeyRing;
 use tokenwire_core::{Instant, TextJobId};
 
 use crate::invariants::Frame;
@@ -896,7 +896,7 @@ pub fn tally_key(f: &Frame) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokenwire_core::dialect::cai::auth::{hash_key, ApiKey};
+    use tokenwire_core::keys::{hash_key, ApiKey};
 
     #[test]
     fn the_reference_follows_the_contract() {
