@@ -4,7 +4,7 @@
 //!
 //! It is two parts so that a dialect's hook can hold its connection's
 //! machine and the shared state at once: [`Host`] keeps the connections,
-//! and [`shared::Shared`] everything else (the model, the generations and
+//! and `shared::Shared` everything else (the model, the generations and
 //! their scheduler, the timers, the dialects' state, the outputs). `Shared`
 //! implements the dialects' [`HostPort`] and keeps its fields to itself; the
 //! Host steers it through methods that each say their effect.

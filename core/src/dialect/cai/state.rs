@@ -154,7 +154,7 @@ fn trim(messages: &mut Vec<ChatMessage>, max_bytes: usize) -> bool {
 }
 
 /// Everything `cai` keeps host-wide (its organisations' rate limits are
-/// every dialect's: [`crate::rate::RateLimits`] in the dialect state).
+/// every dialect's: the rate buckets in the dialect state).
 #[derive(Debug)]
 pub struct CaiState {
     /// Conversations per (organisation, conversation id).
