@@ -421,6 +421,15 @@ async fn shutdown_does_not_wait_on_a_client_that_never_answers_the_close() {
     .await;
     // Upgraded, then silent: it never reads, never answers a close.
     let _mute = raw_websocket(&server, "/generate").await;
+    // Shut down only once the Host holds the connection: a shutdown that
+    // begins while the upgrade is still being handed over measures that
+    // hand-over, not the close this test is about.
+    let opened = tokio::time::timeout(WAIT, async {
+        let gauge = "tokenwire_connections{dialect=\"generate\"}";
+        while metric(&http(&server, "GET", "/metrics", None).await.body, gauge) != Some(1.0) {}
+    })
+    .await;
+    assert!(opened.is_ok(), "the connection was never counted open");
     let started = Instant::now();
     server.finish().await.expect("clean shutdown");
     // The old code waited 5 s for the close reply; now 1 s at most.
