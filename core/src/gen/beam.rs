@@ -74,7 +74,7 @@ pub struct Beam {
 pub struct Hypothesis {
     /// Generated tokens (the EOS token included when one ended it).
     pub tokens: Vec<TokenId>,
-    /// Its score with the length penalty (or [`RULED_OUT`] plus something
+    /// Its score with the length penalty (or `RULED_OUT`, -1e9, plus something
     /// for an empty slot).
     pub score: f32,
     /// False for a slot that holds no real hypothesis yet.
