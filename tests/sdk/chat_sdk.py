@@ -161,6 +161,23 @@ def main() -> int:
         text = "".join(completion_chunk(d).choices[0].text for d in data[:-1])
         if text != c.choices[0].text:
             fail(f"streamed {text!r}, JSON said {c.choices[0].text!r}")
+        prompt = "Once upon a time"
+        echoed = client.completions.create(model=model, prompt=prompt, max_tokens=8,
+                                           temperature=0, echo=True, logprobs=1)
+        data = sse_data(client.completions.with_streaming_response.create, model=model,
+                        prompt=prompt, max_tokens=8, temperature=0, echo=True, logprobs=1)
+        chunks = [completion_chunk(d) for d in data[:-1]]
+        text = "".join(ch.choices[0].text for ch in chunks)
+        if text != echoed.choices[0].text or not text.startswith(prompt):
+            fail(f"streamed echo {text!r}, JSON said {echoed.choices[0].text!r}")
+        offset = len(prompt)
+        for ch in chunks:
+            lp = ch.choices[0].logprobs
+            if lp is None:
+                continue
+            if lp.text_offset != [offset]:
+                fail(f"text_offset {lp.text_offset}, expected [{offset}]", ch.model_dump_json())
+            offset += len(lp.tokens[0])
 
     @check
     def errors_are_the_sdks_exceptions() -> None:

@@ -37,6 +37,9 @@ struct Choice {
     /// The token before the next one (the prompt's last at first): a
     /// token's text is what it adds after it, leading space included.
     last: Option<TokenId>,
+    /// Completions: where the next logprob token starts in the answer's
+    /// text (after the echoed prompt, if any).
+    offset: usize,
 }
 
 /// The request in flight (one per virtual connection).
@@ -215,7 +218,7 @@ impl ChatConn {
         r: &Request,
         index: usize,
         text: &str,
-        logprobs: Option<Value>,
+        logprobs: Option<(Value, usize)>,
         finish: Option<&str>,
         role: bool,
     ) -> Value {
@@ -231,14 +234,14 @@ impl ChatConn {
                 json!({
                     "index": index,
                     "delta": delta,
-                    "logprobs": logprobs.map(|l| json!({"content": [l], "refusal": null})),
+                    "logprobs": logprobs.map(|(l, _)| json!({"content": [l], "refusal": null})),
                     "finish_reason": finish,
                 })
             }
             Route::Completions => json!({
                 "index": index,
                 "text": text,
-                "logprobs": logprobs.map(|l| completion_logprobs(&[l], 0)),
+                "logprobs": logprobs.map(|(l, offset)| completion_logprobs(&[l], offset)),
                 "finish_reason": finish,
             }),
         };
@@ -433,7 +436,16 @@ impl DialectConn for ChatConn {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
+        let echo = r.req.echo && r.req.stream && !r.choices[index].announced;
         let c = &mut r.choices[index];
+        if echo {
+            // A streamed echo: the prompt opens the choice's first chunk.
+            c.offset = r.prompt_text.len();
+        }
+        let offset = c.offset;
+        if let Some(e) = &entry {
+            c.offset += e["token"].as_str().map_or(0, str::len);
+        }
         c.text.push_str(&piece.text);
         if let Some(t) = piece.token_id {
             c.tokens += 1;
@@ -446,7 +458,12 @@ impl DialectConn for ChatConn {
         if r.req.stream && (!piece.text.is_empty() || entry.is_some() || !c.announced) {
             let role = !c.announced;
             c.announced = true;
-            let chunk = Self::chunk(r, index, &piece.text, entry, None, role);
+            let text = if echo {
+                format!("{}{}", r.prompt_text, piece.text)
+            } else {
+                piece.text.clone()
+            };
+            let chunk = Self::chunk(r, index, &text, entry.map(|e| (e, offset)), None, role);
             cx.send(json!({"kind": "chunk", "data": chunk}));
         }
         if let Some(f) = finish {
