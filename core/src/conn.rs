@@ -30,33 +30,38 @@ pub enum Dialect {
     Batch,
     /// `/`: cai-service with query-string auth.
     Cai,
+    /// `POST /v1/chat/completions` and `POST /v1/completions` (HTTP only):
+    /// the OpenAI Chat Completions and Completions routes.
+    Chat,
 }
 
 impl Dialect {
     /// Every dialect, in a fixed order (for metrics and tests).
-    pub const ALL: [Dialect; 5] = [
+    pub const ALL: [Dialect; 6] = [
         Dialect::Generate,
         Dialect::Session,
         Dialect::Responses,
         Dialect::Batch,
         Dialect::Cai,
+        Dialect::Chat,
     ];
 
-    /// The name and WebSocket path of each dialect, in one place so that
-    /// neither can be added without the other.
-    const fn names(self) -> (&'static str, &'static str) {
+    /// The name and WebSocket path (if it has one) of each dialect, in one
+    /// place so that neither can be added without the other.
+    const fn names(self) -> (&'static str, Option<&'static str>) {
         match self {
-            Dialect::Generate => ("generate", "/generate"),
-            Dialect::Session => ("session", "/ws/session"),
-            Dialect::Responses => ("responses", "/v1/responses"),
-            Dialect::Batch => ("batch", "/ws"),
-            Dialect::Cai => ("cai", "/"),
+            Dialect::Generate => ("generate", Some("/generate")),
+            Dialect::Session => ("session", Some("/ws/session")),
+            Dialect::Responses => ("responses", Some("/v1/responses")),
+            Dialect::Batch => ("batch", Some("/ws")),
+            Dialect::Cai => ("cai", Some("/")),
+            Dialect::Chat => ("chat", None),
         }
     }
 
     /// The dialect served at a WebSocket `path`, if any.
     pub fn from_path(path: &str) -> Option<Dialect> {
-        Dialect::ALL.into_iter().find(|d| d.ws_path() == path)
+        Dialect::ALL.into_iter().find(|d| d.ws_path() == Some(path))
     }
 
     /// Short lowercase name (`generate`, `session`, ...), used as a metrics label.
@@ -64,8 +69,8 @@ impl Dialect {
         self.names().0
     }
 
-    /// The WebSocket path the dialect is served at.
-    pub const fn ws_path(self) -> &'static str {
+    /// The WebSocket path the dialect is served at (none: HTTP only).
+    pub const fn ws_path(self) -> Option<&'static str> {
         self.names().1
     }
 }
@@ -77,14 +82,17 @@ mod tests {
     #[test]
     fn every_dialect_has_its_own_name_and_path() {
         for (i, a) in Dialect::ALL.iter().enumerate() {
-            assert_eq!(Dialect::from_path(a.ws_path()), Some(*a));
+            if let Some(path) = a.ws_path() {
+                assert_eq!(Dialect::from_path(path), Some(*a));
+            }
             for b in &Dialect::ALL[i + 1..] {
                 assert_ne!(a.name(), b.name());
                 assert_ne!(a.ws_path(), b.ws_path());
             }
         }
         assert_eq!(Dialect::from_path("/nope"), None);
-        assert_eq!(Dialect::Session.ws_path(), "/ws/session");
+        assert_eq!(Dialect::Session.ws_path(), Some("/ws/session"));
+        assert_eq!(Dialect::Chat.ws_path(), None, "chat is HTTP only");
         assert_eq!(Dialect::Cai.name(), "cai");
     }
 }

@@ -537,7 +537,15 @@ mod tests {
 
     #[test]
     fn most_seeds_mix_all_five_dialects() {
-        let served = Dialect::ALL;
+        // The five the swarm simulates: `chat` is HTTP only and has no
+        // client here yet.
+        let served = [
+            Dialect::Generate,
+            Dialect::Session,
+            Dialect::Responses,
+            Dialect::Batch,
+            Dialect::Cai,
+        ];
         let mixed = (0..200)
             .filter(|&s| {
                 let d = Swarm::from_seed(s).dialects;

@@ -54,18 +54,11 @@ from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from websockets.exceptions import ConnectionClosed
 
+from sdk_strict import CheckFailed, fail, find_extras, validate_strict
+
 # ---------------------------------------------------------------------------
 # Strict validation with the SDK's own types
 # ---------------------------------------------------------------------------
-
-
-class CheckFailed(Exception):
-    """A check's expectation was not met; the message says which and shows the frame."""
-
-
-def fail(reason: str, raw: Optional[str] = None) -> None:
-    """Raises CheckFailed with the reason and, when given, the offending frame's text."""
-    raise CheckFailed(reason if raw is None else f"{reason}\n    frame: {raw}")
 
 
 def _members_by_type(union: Any) -> Dict[str, Type[pydantic.BaseModel]]:
@@ -86,35 +79,6 @@ def _members_by_type(union: Any) -> Dict[str, Type[pydantic.BaseModel]]:
 
 WS_EVENT_TYPES = _members_by_type(ResponsesServerEvent)
 SSE_EVENT_TYPES = _members_by_type(ResponseStreamEvent)
-
-
-def find_extras(value: Any, path: str = "$") -> List[str]:
-    """Lists, recursively, every field that landed in a model's `model_extra`."""
-    found: List[str] = []
-    if isinstance(value, pydantic.BaseModel):
-        for key in value.model_extra or {}:
-            found.append(f"{path}.{key}")
-        for name in type(value).model_fields:
-            found += find_extras(getattr(value, name), f"{path}.{name}")
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found += find_extras(item, f"{path}[{index}]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            found += find_extras(item, f"{path}.{key}")
-    return found
-
-
-def validate_strict(model: Type[pydantic.BaseModel], raw: str, what: str) -> Any:
-    """Validates JSON text against an SDK model in strict mode, with no unknown fields."""
-    try:
-        parsed = model.model_validate_json(raw, strict=True)
-    except pydantic.ValidationError as err:
-        fail(f"{what} is not strictly valid as the SDK's {model.__name__}:\n{err}", raw)
-    extras = find_extras(parsed)
-    if extras:
-        fail(f"{what} has fields the SDK's {model.__name__} does not know: {', '.join(extras)}", raw)
-    return parsed
 
 
 def validate_event(members: Dict[str, Type[pydantic.BaseModel]], raw: str, what: str) -> Any:

@@ -5,6 +5,7 @@
 //! bound so a broken server fails the test instead of hanging it; nothing sleeps.
 
 use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -496,4 +497,53 @@ pub async fn read_raw_frames(s: &mut TcpStream, limit: Duration) -> RawReceived 
         i = at + len;
     }
     out
+}
+
+/// The Python of a venv holding the official OpenAI SDK
+/// (`tests/sdk/requirements.txt`), named by `TOKENWIRE_SDK_PYTHON`; `None`
+/// (the test skips) without it, except under `CI=true`, where that fails.
+pub fn sdk_python() -> Option<PathBuf> {
+    match std::env::var_os("TOKENWIRE_SDK_PYTHON") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but TOKENWIRE_SDK_PYTHON (a venv with tests/sdk/requirements.txt) is not set"
+            );
+            eprintln!("skipping: set TOKENWIRE_SDK_PYTHON to a venv's python with tests/sdk/requirements.txt");
+            None
+        }
+    }
+}
+
+/// Runs `tests/sdk/SCRIPT` with `python` against `server` (its
+/// `--base-url` and `--model stories260K` first, then `args`); fails with
+/// the script's output unless every check passed, else returns it.
+pub async fn run_sdk_script(
+    python: &std::path::Path,
+    script: &str,
+    server: &RunningServer,
+    args: &[&str],
+) -> String {
+    let script = format!("{}/sdk/{script}", env!("CARGO_MANIFEST_DIR"));
+    let base = format!("http://{}/v1", server.local_addr);
+    let out = tokio::process::Command::new(python)
+        .arg(&script)
+        .args(["--base-url", &base, "--model", "stories260K"])
+        .args(args)
+        .env("OPENAI_API_KEY", "unused")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the SDK checks finish in time")
+        .expect("the venv's python runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "SDK checks failed:\n{text}");
+    text
 }

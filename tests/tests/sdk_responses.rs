@@ -9,50 +9,14 @@
 //! makes one from `tests/sdk/requirements.txt`). Without it the test skips
 //! with a printed reason, except under `CI=true`, where that is a failure.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
-use tokenwire_tests::{start, stories260k, ModelSource, RunningServer};
+use tokenwire_tests::{run_sdk_script, sdk_python, start, stories260k, ModelSource, RunningServer};
 
-fn sdk_python() -> Option<PathBuf> {
-    match std::env::var_os("TOKENWIRE_SDK_PYTHON") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but TOKENWIRE_SDK_PYTHON (a venv with tests/sdk/requirements.txt) is not set"
-            );
-            eprintln!("skipping: set TOKENWIRE_SDK_PYTHON to a venv's python with tests/sdk/requirements.txt");
-            None
-        }
-    }
-}
-
-/// Runs the SDK script against `server` with `args`; fails with its output
-/// unless every check passed.
-async fn run_sdk(python: &PathBuf, server: &RunningServer, args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/responses_sdk.py");
-    let base = format!("http://{}/v1", server.local_addr);
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .args(["--base-url", &base, "--model", "stories260K"])
-        .args(args)
-        .env("OPENAI_API_KEY", "unused")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(300), out)
-        .await
-        .expect("the SDK checks finish in time")
-        .expect("the venv's python runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "SDK checks failed:\n{text}");
-    text
+/// Runs `responses_sdk.py` against `server` with `args`.
+async fn run_sdk(python: &Path, server: &RunningServer, args: &[&str]) -> String {
+    run_sdk_script(python, "responses_sdk.py", server, args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

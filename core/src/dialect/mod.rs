@@ -15,9 +15,11 @@
 
 pub mod batch;
 pub mod cai;
+pub mod chat;
 pub mod cx;
 pub mod generate;
 pub mod messages;
+pub mod openai;
 pub mod registry;
 pub mod responses;
 pub mod session;

@@ -7,7 +7,7 @@
 //! This is the one module that imports every dialect; no dialect imports it.
 
 use super::state::{DialectState, HostWide};
-use super::{batch, cai, generate, responses, session, DialectConn};
+use super::{batch, cai, chat, generate, responses, session, DialectConn};
 use crate::config::HostConfig;
 use crate::conn::Dialect;
 use crate::http::{describe, HttpCall, HttpFailure, HttpReply, HttpRequest, HttpSpec, Route};
@@ -33,7 +33,7 @@ pub struct DialectSpec {
 }
 
 /// Every dialect this build serves, in [`Dialect::ALL`]'s order.
-pub static DIALECTS: [DialectSpec; 5] = [
+pub static DIALECTS: [DialectSpec; 6] = [
     DialectSpec {
         dialect: Dialect::Generate,
         machine: || Box::new(generate::GenerateConn::default()),
@@ -68,6 +68,13 @@ pub static DIALECTS: [DialectSpec; 5] = [
         http: None,
         state: Some(|c| Box::new(cai::state::CaiState::for_host(c))),
         own_auth: true,
+    },
+    DialectSpec {
+        dialect: Dialect::Chat,
+        machine: || Box::new(chat::ChatConn::default()),
+        http: Some(&chat::http::SPEC),
+        state: None,
+        own_auth: false,
     },
 ];
 

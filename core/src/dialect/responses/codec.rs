@@ -331,15 +331,9 @@ pub fn error_event(status: u16, code: &str, message: &str, param: Option<&str>) 
     })
 }
 
-/// The `error` object of an error event and of an HTTP error body.
-pub fn error_object(status: u16, code: &str, message: &str, param: Option<&str>) -> Value {
-    json!({
-        "type": if status >= 500 { "server_error" } else { "invalid_request_error" },
-        "code": code,
-        "message": message,
-        "param": param,
-    })
-}
+/// The `error` object of an error event and of an HTTP error body (the
+/// OpenAI dialects' one shape).
+pub use crate::dialect::openai::error_object;
 
 /// Token counts of a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,19 +10,12 @@ use serde_json::{json, Value};
 
 use super::codec;
 use crate::http::{
-    closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpRoute, HttpSpec,
-    HttpStep, PathMatch, SseEvent,
+    closed_early, HttpCall, HttpExchange, HttpReply, HttpRoute, HttpSpec, HttpStep, PathMatch,
+    SseEvent,
 };
 use crate::json;
 
-/// An error reply in the API's HTTP shape.
-fn error_reply(status: u16, code: &str, message: &str, param: Option<&str>) -> HttpReply {
-    let body = json!({"error": codec::error_object(status, code, message, param)}).to_string();
-    HttpReply {
-        retry_after: matches!(status, 429 | 503).then_some(1),
-        ..HttpReply::new(status, body)
-    }
-}
+use crate::dialect::openai::{error_reply, failure};
 
 /// `responses`' HTTP side: `POST /v1/responses` creates,
 /// `GET /v1/responses/{id}` retrieves a stored response.
@@ -95,20 +88,6 @@ pub(crate) fn retrieve(id: &str) -> HttpCall {
             request_id: Some(id.to_string()),
             next_seq: 0,
         }),
-    }
-}
-
-/// The reply for a failure met before the Host saw the request.
-pub(crate) fn failure(f: &HttpFailure) -> HttpReply {
-    let (status, message, retry_after) = describe(f);
-    let code = match f {
-        HttpFailure::Unauthorized { .. } => "invalid_api_key",
-        _ if status >= 500 => "server_error",
-        _ => "invalid_request",
-    };
-    HttpReply {
-        retry_after,
-        ..error_reply(status, code, &message, None)
     }
 }
 

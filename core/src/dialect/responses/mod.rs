@@ -20,10 +20,10 @@ use serde_json::{json, Map, Value};
 
 use self::codec::{ClientEvent, CreateRequest, Echo, Usage};
 use self::store::{ResponseStore, Stored};
-use super::{Cx, DialectConn, Refusal};
+use super::{openai, Cx, DialectConn, Refusal};
 use crate::api::{Dialect, Transport};
 use crate::engine::SeqId;
-use crate::gen::{Failure, FinishReason, GenRequest, StartError, TokenPiece};
+use crate::gen::{Failure, FinishReason, GenRequest, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId};
@@ -152,21 +152,6 @@ fn send_error(
 ) {
     cx.count_error(code);
     cx.send(codec::error_event(status, code, message, param));
-}
-
-/// Status, code and message for a generation that could not start.
-fn start_error(e: &StartError) -> (u16, &'static str, String) {
-    let (status, code) = match e {
-        StartError::ContextLength { .. }
-        | StartError::PromptTooLong { .. }
-        | StartError::NeverFits { .. } => (400, "context_length_exceeded"),
-        StartError::QueueFull
-        | StartError::ConnQueueFull { .. }
-        | StartError::RateLimited { .. } => (429, "rate_limit_exceeded"),
-        StartError::TokenOutOfVocab { .. } => (400, "invalid_request"),
-        StartError::ShuttingDown | StartError::NotLoaded => (503, "server_error"),
-    };
-    (status, code, e.message("max_output_tokens"))
 }
 
 impl ResponsesConn {
@@ -310,7 +295,7 @@ impl ResponsesConn {
         let seq = match cx.start(req) {
             Ok(seq) => seq,
             Err(e) => {
-                let (status, code, message) = start_error(&e);
+                let (status, code, message) = openai::start_error(&e, "max_output_tokens");
                 return send_error(cx, status, code, &message, None);
             }
         };

@@ -1,0 +1,526 @@
+//! The OpenAI Chat Completions and Completions bodies: what a request may
+//! say (decoded into a [`ChatRequest`], every bad value a [`BadRequest`]
+//! naming its field) and the objects the answer is made of.
+
+use serde_json::{json, Map, Value};
+
+use crate::json::{self, FieldError, Fields};
+use crate::params::{self, GenParams, ParamNames};
+use crate::text::{ChatMessage, Role};
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: u64 = 8;
+
+/// Which route a request came by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/chat/completions`: messages, rendered with the chat template.
+    Chat,
+    /// `POST /v1/completions`: a raw prompt.
+    Completions,
+}
+
+impl Route {
+    /// The route's name in the frame the HTTP mapping sends.
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Chat => "chat",
+            Route::Completions => "completions",
+        }
+    }
+
+    /// The `object` of a whole answer.
+    pub fn object(self) -> &'static str {
+        match self {
+            Route::Chat => "chat.completion",
+            Route::Completions => "text_completion",
+        }
+    }
+
+    /// The `object` of a streamed chunk.
+    pub fn chunk_object(self) -> &'static str {
+        match self {
+            Route::Chat => "chat.completion.chunk",
+            Route::Completions => "text_completion",
+        }
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A conversation, for the chat template.
+    Messages(Vec<ChatMessage>),
+    /// A raw prompt.
+    Prompt(String),
+}
+
+/// A decoded request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// Which route.
+    pub route: Route,
+    /// The model it names.
+    pub model: String,
+    /// What to generate from.
+    pub input: Input,
+    /// Sampling and length, validated against the context.
+    pub params: GenParams,
+    /// Choices to generate (`n`).
+    pub n: u32,
+    /// Log-probabilities per token, with this many alternatives.
+    pub logprobs: Option<u8>,
+    /// Stream chunks as server-sent events.
+    pub stream: bool,
+    /// With `stream`: a last chunk with the usage.
+    pub include_usage: bool,
+    /// Completions' `echo`: the prompt before the text.
+    pub echo: bool,
+}
+
+/// A request refused before anything runs: the status, the OpenAI error
+/// code, the message and the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest {
+    /// HTTP status.
+    pub status: u16,
+    /// OpenAI error code.
+    pub code: &'static str,
+    /// What was wrong.
+    pub message: String,
+    /// The field, when one is to blame.
+    pub param: Option<String>,
+}
+
+impl BadRequest {
+    fn invalid(e: FieldError) -> BadRequest {
+        BadRequest {
+            status: 400,
+            code: "invalid_request",
+            message: e.to_string(),
+            param: Some(e.field),
+        }
+    }
+
+    fn field(field: &str, message: impl Into<String>) -> BadRequest {
+        BadRequest::invalid(FieldError::new(field, message))
+    }
+
+    fn unsupported(field: &str, message: impl Into<String>) -> BadRequest {
+        BadRequest {
+            status: 400,
+            code: "unsupported_parameter",
+            message: message.into(),
+            param: Some(field.to_string()),
+        }
+    }
+
+    /// The error body: `{"error": {message, type, param, code}}`.
+    pub fn body(&self) -> Value {
+        error_body(self.status, self.code, &self.message, self.param.as_deref())
+    }
+}
+
+/// An OpenAI error body: `{"error": {message, type, param, code}}`.
+pub fn error_body(status: u16, code: &str, message: &str, param: Option<&str>) -> Value {
+    json!({"error": crate::dialect::openai::error_object(status, code, message, param)})
+}
+
+/// Decodes a request body (a JSON object) for `route`. `default_max_tokens`
+/// and `context_len` bound the length; fields this server does not know are
+/// ignored, as the API's clients expect.
+pub fn decode(
+    route: Route,
+    obj: &Map<String, Value>,
+    default_max_tokens: u32,
+    context_len: u32,
+) -> Result<ChatRequest, BadRequest> {
+    let f = Fields::new(obj, "");
+    let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
+    let input = match route {
+        Route::Chat => Input::Messages(messages(&f)?),
+        Route::Completions => Input::Prompt(prompt(&f)?),
+    };
+    // `max_completion_tokens` is the newer name; it wins when both are set.
+    let names = if f.has("max_completion_tokens") {
+        ParamNames {
+            max_tokens: "max_completion_tokens",
+            top_logprobs: "",
+            ..ParamNames::STANDARD
+        }
+    } else {
+        ParamNames {
+            top_logprobs: "",
+            ..ParamNames::STANDARD
+        }
+    };
+    let defaults = GenParams::defaults(default_max_tokens.min(context_len));
+    let mut params =
+        params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?;
+    for penalty in ["presence_penalty", "frequency_penalty"] {
+        if let Some(v) = f.f64(penalty).map_err(BadRequest::invalid)? {
+            if v != 0.0 {
+                return Err(BadRequest::unsupported(
+                    penalty,
+                    format!("`{penalty}` other than 0 is not supported by this server yet (use `repetition_penalty`)"),
+                ));
+            }
+        }
+    }
+    let n = match f.u64("n").map_err(BadRequest::invalid)? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(BadRequest::field(
+                "n",
+                format!("must be between 1 and {MAX_CHOICES}, got {n}"),
+            ))
+        }
+    };
+    let logprobs = logprobs(route, &f)?;
+    params.top_logprobs = logprobs.unwrap_or(0);
+    let stream = f
+        .bool("stream")
+        .map_err(BadRequest::invalid)?
+        .unwrap_or(false);
+    let include_usage = match f.obj("stream_options").map_err(BadRequest::invalid)? {
+        Some(o) => {
+            let so = Fields::new(o, "stream_options.");
+            so.bool("include_usage")
+                .map_err(BadRequest::invalid)?
+                .unwrap_or(false)
+        }
+        None => false,
+    };
+    if include_usage && !stream {
+        return Err(BadRequest::field(
+            "stream_options",
+            "`stream_options` is only allowed with `stream: true`",
+        ));
+    }
+    let echo = route == Route::Completions
+        && f.bool("echo")
+            .map_err(BadRequest::invalid)?
+            .unwrap_or(false);
+    not_yet(&f)?;
+    Ok(ChatRequest {
+        route,
+        model,
+        input,
+        params,
+        n,
+        logprobs,
+        stream,
+        include_usage,
+        echo,
+    })
+}
+
+/// `logprobs`: chat's boolean with `top_logprobs` (0 to 20), completions'
+/// number of alternatives (0 to 5).
+fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
+    match route {
+        Route::Chat => {
+            let on = f
+                .bool("logprobs")
+                .map_err(BadRequest::invalid)?
+                .unwrap_or(false);
+            let top = f.u64("top_logprobs").map_err(BadRequest::invalid)?;
+            match top {
+                Some(k) if k > params::MAX_TOP_LOGPROBS => Err(BadRequest::field(
+                    "top_logprobs",
+                    format!(
+                        "must be between 0 and {}, got {k}",
+                        params::MAX_TOP_LOGPROBS
+                    ),
+                )),
+                Some(_) if !on => Err(BadRequest::field(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                )),
+                _ => Ok(on.then_some(top.unwrap_or(0) as u8)),
+            }
+        }
+        Route::Completions => match f.u64("logprobs").map_err(BadRequest::invalid)? {
+            Some(k) if k > 5 => Err(BadRequest::field(
+                "logprobs",
+                format!("must be between 0 and 5, got {k}"),
+            )),
+            k => Ok(k.map(|k| k as u8)),
+        },
+    }
+}
+
+/// Fields this server refuses rather than ignores: what they ask would
+/// change the answer's meaning (structured output, tools), and they are
+/// not built yet.
+fn not_yet(f: &Fields<'_>) -> Result<(), BadRequest> {
+    if let Some(rf) = f.obj("response_format").map_err(BadRequest::invalid)? {
+        let kind = Fields::new(rf, "response_format.")
+            .str("type")
+            .map_err(BadRequest::invalid)?
+            .unwrap_or("text");
+        if kind != "text" {
+            return Err(BadRequest::unsupported(
+                "response_format",
+                format!(
+                    "`response_format` `{kind}` is not supported by this server yet; only `text`"
+                ),
+            ));
+        }
+    }
+    if f.array("tools")
+        .map_err(BadRequest::invalid)?
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Err(BadRequest::unsupported(
+            "tools",
+            "tool calls are not supported by this server yet; send no `tools`",
+        ));
+    }
+    Ok(())
+}
+
+/// Chat `messages`: roles `system`, `developer` (a system message),
+/// `user` and `assistant`; content a string or an array of `text` parts.
+fn messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
+    let items = f
+        .array("messages")
+        .map_err(BadRequest::invalid)?
+        .ok_or_else(|| BadRequest::field("messages", "`messages` is required"))?;
+    if items.is_empty() {
+        return Err(BadRequest::field(
+            "messages",
+            "must hold at least one message",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let name = format!("messages[{i}]");
+            let Value::Object(m) = item else {
+                return Err(BadRequest::field(
+                    &name,
+                    format!("must be an object, got {}", json::type_name(item)),
+                ));
+            };
+            let prefix = format!("{name}.");
+            let mf = Fields::new(m, &prefix);
+            let role = mf.req_str("role").map_err(BadRequest::invalid)?;
+            let role = match role {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "tool" | "function" => {
+                    return Err(BadRequest::unsupported(
+                        &format!("{name}.role"),
+                        "tool messages are not supported by this server yet",
+                    ))
+                }
+                other => {
+                    return Err(BadRequest::field(
+                        &format!("{name}.role"),
+                        format!("must be system, developer, user or assistant, got `{other}`"),
+                    ))
+                }
+            };
+            if mf.has("tool_calls") && !matches!(m.get("tool_calls"), Some(Value::Null)) {
+                return Err(BadRequest::unsupported(
+                    &format!("{name}.tool_calls"),
+                    "tool calls are not supported by this server yet",
+                ));
+            }
+            let content = content(&format!("{name}.content"), m.get("content"))?;
+            Ok(ChatMessage { role, content })
+        })
+        .collect()
+}
+
+/// A message's content: a string, or `text` parts joined.
+fn content(field: &str, v: Option<&Value>) -> Result<String, BadRequest> {
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut out = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let part = format!("{field}[{j}]");
+                let kind = p.get("type").and_then(Value::as_str);
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    (Some("text"), None) => {
+                        return Err(BadRequest::field(&format!("{part}.text"), "a `text` part needs a string `text`"))
+                    }
+                    (Some(other), _) => {
+                        return Err(BadRequest::unsupported(
+                            &part,
+                            format!("`{other}` parts are not supported by this text model; send `text` parts"),
+                        ))
+                    }
+                    (None, _) => return Err(BadRequest::field(&format!("{part}.type"), "each part needs a `type`")),
+                }
+            }
+            Ok(out)
+        }
+        Some(Value::Null) | None => Err(BadRequest::field(field, "a message needs `content`")),
+        Some(other) => Err(BadRequest::field(
+            field,
+            format!(
+                "must be a string or an array of parts, got {}",
+                json::type_name(other)
+            ),
+        )),
+    }
+}
+
+/// Completions' `prompt`: one string (or an array holding one).
+fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
+    match f.raw("prompt") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            Ok(a[0].as_str().unwrap_or_default().to_string())
+        }
+        Some(Value::Array(_)) => Err(BadRequest::unsupported(
+            "prompt",
+            "only one prompt per request is supported (a string, or an array of one string)",
+        )),
+        None => Err(BadRequest::field("prompt", "`prompt` is required")),
+        Some(other) => Err(BadRequest::field(
+            "prompt",
+            format!("must be a string, got {}", json::type_name(other)),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    fn chat(v: Value) -> Result<ChatRequest, BadRequest> {
+        decode(Route::Chat, &body(v), 64, 512)
+    }
+
+    #[test]
+    fn a_chat_body_with_every_common_field_decodes() {
+        let r = chat(json!({
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
+                {"role": "assistant", "content": "Hello", "tool_calls": null},
+                {"role": "user", "content": "More"}
+            ],
+            "max_completion_tokens": 20, "max_tokens": 99,
+            "temperature": 0, "top_p": 0.5, "stop": ["\n"], "seed": 3, "n": 2,
+            "logprobs": true, "top_logprobs": 2, "presence_penalty": 0,
+            "stream": true, "stream_options": {"include_usage": true},
+            "user": "u", "response_format": {"type": "text"}, "tools": [],
+            "some_future_field": {"x": 1}
+        }))
+        .expect("decodes");
+        let Input::Messages(m) = &r.input else {
+            panic!("messages")
+        };
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0].role, Role::System, "developer is a system message");
+        assert_eq!(m[1].content, "Hi!");
+        assert_eq!(r.params.max_tokens, 20, "max_completion_tokens wins");
+        assert_eq!(r.params.stop, vec!["\n".to_string()]);
+        assert_eq!(r.params.seed, Some(3));
+        assert_eq!((r.n, r.logprobs), (2, Some(2)));
+        assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases = [
+            (
+                json!({"messages": [{"role": "user", "content": "x"}]}),
+                "model",
+            ),
+            (json!({"model": "m"}), "messages"),
+            (json!({"model": "m", "messages": []}), "messages"),
+            (
+                json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user"}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}),
+                "n",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+                "top_logprobs",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}),
+                "presence_penalty",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+                "tools",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10000}),
+                "max_tokens",
+            ),
+        ];
+        for (v, field) in cases {
+            let e = chat(v.clone()).expect_err("refused");
+            assert_eq!(e.param.as_deref(), Some(field), "{v}: {e:?}");
+            assert_eq!(e.status, 400);
+            let b = e.body();
+            assert_eq!(b["error"]["param"], field);
+            assert_eq!(b["error"]["type"], "invalid_request_error");
+        }
+    }
+
+    #[test]
+    fn completions_take_one_prompt_echo_and_numeric_logprobs() {
+        let r = decode(
+            Route::Completions,
+            &body(json!({"model": "m", "prompt": ["Once"], "logprobs": 3, "echo": true})),
+            64,
+            512,
+        )
+        .expect("decodes");
+        assert_eq!(r.input, Input::Prompt("Once".into()));
+        assert_eq!(r.logprobs, Some(3));
+        assert!(r.echo);
+        let e = decode(
+            Route::Completions,
+            &body(json!({"model": "m", "prompt": ["a", "b"]})),
+            64,
+            512,
+        )
+        .expect_err("two prompts");
+        assert_eq!(e.code, "unsupported_parameter");
+    }
+}

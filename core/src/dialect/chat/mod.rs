@@ -1,0 +1,497 @@
+//! The `chat` dialect: the OpenAI Chat Completions (`POST
+//! /v1/chat/completions`) and Completions (`POST /v1/completions`) routes,
+//! over HTTP only. A request body becomes one frame on a virtual connection;
+//! this machine decodes it ([`codec::decode`]), renders the messages with
+//! the model's chat template (or takes the raw prompt), starts `n`
+//! generations of the same prompt (the prefix cache shares its blocks) and
+//! answers with one completion object, or with `stream: true` one chunk per
+//! piece, a usage chunk when asked, and `[DONE]` ([`http`] writes them).
+//!
+//! Refused for now, with `unsupported_parameter`: `response_format` other
+//! than `text`, `tools`, tool messages, and non-zero presence or frequency
+//! penalties (docs/openai.md).
+
+pub mod codec;
+pub mod http;
+
+use serde_json::{json, Map, Value};
+
+use self::codec::{error_body, BadRequest, ChatRequest, Input, Route};
+use super::{openai, Cx, DialectConn};
+use crate::engine::{SeqId, TokenId};
+use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
+use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
+
+/// One choice being generated.
+#[derive(Debug, Default)]
+struct Choice {
+    seq: Option<SeqId>,
+    text: String,
+    /// `stop` or `length` once it ended.
+    finish: Option<&'static str>,
+    tokens: u32,
+    /// Per-token log-probabilities, in the route's shape.
+    logprobs: Vec<Value>,
+    /// Its first chunk went out (chat: the one that names the role).
+    announced: bool,
+    /// The token before the next one (the prompt's last at first): a
+    /// token's text is what it adds after it, leading space included.
+    last: Option<TokenId>,
+    /// Completions: where the next logprob token starts in the answer's
+    /// text (after the echoed prompt, if any).
+    offset: usize,
+}
+
+/// The request in flight (one per virtual connection).
+#[derive(Debug)]
+struct Request {
+    req: ChatRequest,
+    id: String,
+    created: u64,
+    /// The prompt's text, for completions' `echo`.
+    prompt_text: String,
+    /// Waiting for the prompt's tokens.
+    tokenizing: Option<TextJobId>,
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    choices: Vec<Choice>,
+}
+
+/// One `chat` request's machine.
+#[derive(Debug, Default)]
+pub struct ChatConn {
+    inflight: Option<Request>,
+}
+
+/// Sends a refusal: the frame the HTTP mapping turns into an error reply
+/// (or, once streaming, a last error event).
+fn send_error(
+    cx: &mut Cx<'_>,
+    status: u16,
+    code: &'static str,
+    message: &str,
+    param: Option<&str>,
+) {
+    cx.count_error(code);
+    cx.send(json!({"kind": "error", "status": status, "data": error_body(status, code, message, param)}));
+}
+
+fn refuse(cx: &mut Cx<'_>, e: &BadRequest) {
+    send_error(cx, e.status, e.code, &e.message, e.param.as_deref());
+}
+
+impl ChatConn {
+    fn on_request(&mut self, cx: &mut Cx<'_>, route: Route, body: &Map<String, Value>) {
+        let context_len = cx.model().context_len;
+        let default_max = cx.config().default_max_tokens;
+        let req = match codec::decode(route, body, default_max, context_len) {
+            Ok(r) => r,
+            Err(e) => return refuse(cx, &e),
+        };
+        let served = cx.model().name.clone();
+        if req.model != served {
+            let message = format!(
+                "the model `{}` does not exist on this server; it serves `{served}`",
+                req.model
+            );
+            return send_error(cx, 404, "model_not_found", &message, Some("model"));
+        }
+        let max_tokens = req.params.max_tokens;
+        let (job, prompt_text) = match &req.input {
+            Input::Messages(m) => {
+                let budget = context_len.saturating_sub(max_tokens);
+                (cx.encode_chat(m.clone(), usize::MAX, budget), String::new())
+            }
+            Input::Prompt(p) => match cx.encode_prompt(p.clone(), max_tokens) {
+                Ok(job) => (job, p.clone()),
+                Err(e) => {
+                    let (status, code, message) = openai::start_error(&e, "max_tokens");
+                    return send_error(cx, status, code, &message, Some("prompt"));
+                }
+            },
+        };
+        let prefix = match route {
+            Route::Chat => "chatcmpl-",
+            Route::Completions => "cmpl-",
+        };
+        let choices = (0..req.n).map(|_| Choice::default()).collect();
+        self.inflight = Some(Request {
+            id: cx.new_id(prefix),
+            created: cx.unix_ms() / 1000,
+            prompt_text,
+            tokenizing: Some(job),
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            choices,
+            req,
+        });
+    }
+
+    fn on_tokens(&mut self, cx: &mut Cx<'_>, result: Result<Encoded, String>) {
+        let Some(r) = self.inflight.as_mut() else {
+            return;
+        };
+        r.tokenizing = None;
+        let field = match r.req.route {
+            Route::Chat => "messages",
+            Route::Completions => "prompt",
+        };
+        let too_long = format!(
+            "the input does not fit the context beside max_tokens ({})",
+            r.req.params.max_tokens
+        );
+        let encoded = match result {
+            Ok(e) if e.dropped == 0 => e,
+            Ok(_) => {
+                self.inflight = None;
+                return send_error(cx, 400, "context_length_exceeded", &too_long, Some(field));
+            }
+            Err(e) if e.starts_with(CONTEXT_TOO_LONG) => {
+                self.inflight = None;
+                return send_error(cx, 400, "context_length_exceeded", &too_long, Some(field));
+            }
+            Err(e) => {
+                self.inflight = None;
+                let message = format!("the input could not be tokenized: {e}");
+                return send_error(cx, 400, "invalid_request", &message, Some(field));
+            }
+        };
+        r.prompt_tokens = encoded.ids.len() as u32;
+        for i in 0..r.choices.len() {
+            let mut params = r.req.params.clone();
+            // Seeded choices differ from each other and repeat run to run.
+            params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+            let start = cx.start(GenRequest {
+                prompt_ids: encoded.ids.clone(),
+                params,
+                logprobs: r.req.logprobs,
+                raw: false,
+                reuse_kv: None,
+            });
+            match start {
+                Ok(seq) => {
+                    r.choices[i].seq = Some(seq);
+                    r.choices[i].last = encoded.ids.last().copied();
+                }
+                Err(e) => {
+                    for s in r.choices.iter().filter_map(|c| c.seq) {
+                        cx.end(s, FinishReason::Cancelled);
+                    }
+                    self.inflight = None;
+                    let (status, code, message) = openai::start_error(&e, "max_tokens");
+                    return send_error(cx, status, code, &message, None);
+                }
+            }
+        }
+    }
+
+    /// The log-probability entry of one token, in the route's shape.
+    fn logprob_entry(
+        cx: &Cx<'_>,
+        route: Route,
+        last: Option<TokenId>,
+        token: TokenId,
+        piece: &TokenPiece,
+    ) -> Option<Value> {
+        let lp = piece.logprobs.as_ref()?;
+        let text = |t: TokenId| surface(cx, last, t);
+        Some(match route {
+            Route::Chat => {
+                let entry = |t: TokenId, logprob: f32| {
+                    let s = text(t);
+                    json!({"token": s, "logprob": logprob, "bytes": s.as_bytes()})
+                };
+                let mut e = entry(token, lp.logprob);
+                e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+                e
+            }
+            Route::Completions => {
+                let top: Map<String, Value> =
+                    lp.top.iter().map(|&(t, l)| (text(t), json!(l))).collect();
+                json!({"token": text(token), "logprob": lp.logprob, "top": top})
+            }
+        })
+    }
+
+    /// A streamed chunk for choice `index`.
+    fn chunk(
+        r: &Request,
+        index: usize,
+        text: &str,
+        logprobs: Option<(Value, usize)>,
+        finish: Option<&str>,
+        role: bool,
+    ) -> Value {
+        let mut choice = match r.req.route {
+            Route::Chat => {
+                let mut delta = Map::new();
+                if role {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if !text.is_empty() || role {
+                    delta.insert("content".into(), json!(text));
+                }
+                json!({
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs.map(|(l, _)| json!({"content": [l], "refusal": null})),
+                    "finish_reason": finish,
+                })
+            }
+            Route::Completions => json!({
+                "index": index,
+                "text": text,
+                "logprobs": logprobs.map(|(l, offset)| completion_logprobs(&[l], offset)),
+                "finish_reason": finish,
+            }),
+        };
+        if choice["logprobs"].is_null() && r.req.route == Route::Chat && r.req.logprobs.is_none() {
+            choice.as_object_mut().map(|c| c.remove("logprobs"));
+        }
+        json!({
+            "id": r.id,
+            "object": r.req.route.chunk_object(),
+            "created": r.created,
+            "model": r.req.model,
+            "choices": [choice],
+        })
+    }
+
+    fn usage(r: &Request) -> Value {
+        let completion: u32 = r.choices.iter().map(|c| c.tokens).sum();
+        let mut u = json!({
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": r.prompt_tokens + completion,
+        });
+        if r.req.route == Route::Chat {
+            u["prompt_tokens_details"] = json!({"cached_tokens": r.cached_tokens});
+        }
+        u
+    }
+
+    /// Every choice ended: the whole answer, or the stream's last frames.
+    fn complete(&mut self, cx: &mut Cx<'_>) {
+        let Some(r) = self.inflight.take() else {
+            return;
+        };
+        if r.req.stream {
+            if r.req.include_usage {
+                cx.send(json!({"kind": "chunk", "data": {
+                    "id": r.id,
+                    "object": r.req.route.chunk_object(),
+                    "created": r.created,
+                    "model": r.req.model,
+                    "choices": [],
+                    "usage": Self::usage(&r),
+                }}));
+            }
+            cx.send(json!({"kind": "done"}));
+            return;
+        }
+        let choices: Vec<Value> = r
+            .choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match r.req.route {
+                Route::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "logprobs": r.req.logprobs.map(|_| json!({"content": c.logprobs, "refusal": null})),
+                    "finish_reason": c.finish,
+                }),
+                Route::Completions => {
+                    let echo = if r.req.echo { r.prompt_text.as_str() } else { "" };
+                    json!({
+                        "index": i,
+                        "text": format!("{echo}{}", c.text),
+                        "logprobs": r.req.logprobs.map(|_| completion_logprobs(&c.logprobs, echo.len())),
+                        "finish_reason": c.finish,
+                    })
+                }
+            })
+            .collect();
+        cx.send(json!({"kind": "reply", "data": {
+            "id": r.id,
+            "object": r.req.route.object(),
+            "created": r.created,
+            "model": r.req.model,
+            "choices": choices,
+            "usage": Self::usage(&r),
+        }}));
+    }
+}
+
+/// The text token `t` adds after `last` (leading space included, as the
+/// text reads), which decoding `t` alone loses with SentencePiece.
+fn surface(cx: &Cx<'_>, last: Option<TokenId>, t: TokenId) -> String {
+    let codec = cx.codec();
+    if let Some(p) = last {
+        let before = codec.decode(&[p]);
+        if let Some(added) = codec.decode(&[p, t]).strip_prefix(before.as_str()) {
+            return added.to_string();
+        }
+    }
+    codec.decode(&[t])
+}
+
+/// Completions' `logprobs` object from per-token entries, offsets counted
+/// from `start` bytes into the text.
+fn completion_logprobs(entries: &[Value], start: usize) -> Value {
+    let mut offset = start;
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top = Vec::new();
+    let mut offsets = Vec::new();
+    for e in entries {
+        let t = e["token"].as_str().unwrap_or_default();
+        offsets.push(offset);
+        offset += t.len();
+        tokens.push(json!(t));
+        token_logprobs.push(e["logprob"].clone());
+        top.push(e["top"].clone());
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+impl DialectConn for ChatConn {
+    fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
+        // Only the HTTP mapping writes here, one frame per request.
+        let frame = crate::json::parse(text).ok();
+        let route = match frame.as_ref().and_then(|f| f["route"].as_str()) {
+            Some("chat") => Route::Chat,
+            Some("completions") => Route::Completions,
+            _ => {
+                return send_error(cx, 400, "invalid_request", "not a request frame", None);
+            }
+        };
+        if self.inflight.is_some() {
+            let message = "a request is already in progress on this connection";
+            return send_error(cx, 409, "concurrent_request", message, None);
+        }
+        match frame.as_ref().and_then(|f| f["body"].as_object()) {
+            Some(body) => self.on_request(cx, route, body),
+            None => send_error(
+                cx,
+                400,
+                "invalid_request",
+                "the body must be a JSON object",
+                None,
+            ),
+        }
+    }
+
+    fn on_binary(&mut self, cx: &mut Cx<'_>, _len: usize) {
+        send_error(
+            cx,
+            400,
+            "invalid_request",
+            "binary frames are not spoken here",
+            None,
+        );
+    }
+
+    fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
+        if self.inflight.as_ref().and_then(|r| r.tokenizing) == Some(job) {
+            self.on_tokens(cx, result);
+        }
+    }
+
+    fn on_admitted(&mut self, cx: &mut Cx<'_>, id: SeqId) {
+        let cached = cx.gen(id).map_or(0, |g| g.cached_tokens);
+        if let Some(r) = self.inflight.as_mut() {
+            // Every choice has the same prompt; the first admitted says how
+            // much of it came from the cache.
+            if r.choices.first().and_then(|c| c.seq) == Some(id) {
+                r.cached_tokens = cached;
+            }
+        }
+    }
+
+    fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece) {
+        let Some(r) = self.inflight.as_ref() else {
+            return;
+        };
+        let Some(index) = r.choices.iter().position(|c| c.seq == Some(id)) else {
+            return;
+        };
+        let route = r.req.route;
+        let entry = match (piece.token_id, r.req.logprobs) {
+            (Some(t), Some(_)) => Self::logprob_entry(cx, route, r.choices[index].last, t, piece),
+            _ => None,
+        };
+        let finish = match piece.finish {
+            None => None,
+            Some(FinishReason::Stop) => Some("stop"),
+            Some(FinishReason::Length) => Some("length"),
+            Some(FinishReason::Cancelled | FinishReason::Timeout) => {
+                for s in r.choices.iter().filter_map(|c| c.seq).filter(|&s| s != id) {
+                    cx.end(s, FinishReason::Cancelled);
+                }
+                self.inflight = None;
+                let message = "the request ended before it completed";
+                return send_error(cx, 500, "server_error", message, None);
+            }
+        };
+        let Some(r) = self.inflight.as_mut() else {
+            return;
+        };
+        let echo = r.req.echo && r.req.stream && !r.choices[index].announced;
+        let c = &mut r.choices[index];
+        if echo {
+            // A streamed echo: the prompt opens the choice's first chunk.
+            c.offset = r.prompt_text.len();
+        }
+        let offset = c.offset;
+        if let Some(e) = &entry {
+            c.offset += e["token"].as_str().map_or(0, str::len);
+        }
+        c.text.push_str(&piece.text);
+        if let Some(t) = piece.token_id {
+            c.tokens += 1;
+            c.last = Some(t);
+        }
+        if let Some(e) = &entry {
+            c.logprobs.push(e.clone());
+        }
+        c.finish = finish;
+        if r.req.stream && (!piece.text.is_empty() || entry.is_some() || !c.announced) {
+            let role = !c.announced;
+            c.announced = true;
+            let text = if echo {
+                format!("{}{}", r.prompt_text, piece.text)
+            } else {
+                piece.text.clone()
+            };
+            let chunk = Self::chunk(r, index, &text, entry.map(|e| (e, offset)), None, role);
+            cx.send(json!({"kind": "chunk", "data": chunk}));
+        }
+        if let Some(f) = finish {
+            if r.req.stream {
+                let chunk = Self::chunk(r, index, "", None, Some(f), false);
+                cx.send(json!({"kind": "chunk", "data": chunk}));
+            }
+            if r.choices.iter().all(|c| c.finish.is_some()) {
+                self.complete(cx);
+            }
+        }
+    }
+
+    fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure) {
+        let Some(r) = self.inflight.take() else {
+            return;
+        };
+        for s in r.choices.iter().filter_map(|c| c.seq).filter(|&s| s != id) {
+            cx.end(s, FinishReason::Cancelled);
+        }
+        let (status, code) = match failure.kind {
+            FailureKind::MemoryPressure | FailureKind::ShuttingDown => (503, "server_error"),
+            FailureKind::Internal => (500, "server_error"),
+        };
+        send_error(cx, status, code, &failure.message, None);
+    }
+
+    fn busy(&self) -> bool {
+        self.inflight.is_some()
+    }
+}

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""End-to-end check of tokenwire's Chat Completions and Completions routes
+with the official OpenAI Python SDK (pinned in requirements.txt):
+
+    python chat_sdk.py --base-url http://127.0.0.1:8080/v1 --model stories260K
+
+Every body and streamed chunk the server sends is validated with the SDK's
+own pydantic types in strict mode, with no field unknown to them (no
+`model_extra`, at any depth); the SDK's own calls (`create`, streaming,
+errors) must work unchanged too. Each check prints `ok: <name>` or
+`FAIL: <name>: <reason>`; the exit status is 0 only when every check passed.
+The model is assumed greedy-deterministic at temperature 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import Any, Callable, List, Optional, Type
+
+import openai
+from openai import OpenAI
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from sdk_strict import CheckFailed, fail, validate_strict as strict
+
+
+def completion_chunk(raw: str) -> Completion:
+    """A streamed Completions chunk, validated strictly. The SDK's
+    `CompletionChoice.finish_reason` admits no null, but the API streams
+    null until a choice ends (OpenAI's own stream does, and the SDK's
+    stream parser accepts it), so that one field is checked here and
+    everything else against the SDK's type."""
+    body = json.loads(raw)
+    for choice in body.get("choices", []):
+        if choice.get("finish_reason", "missing") is None:
+            choice["finish_reason"] = "length"
+    return strict(Completion, json.dumps(body), "a chunk")
+
+
+def sse_data(create: Any, **body: Any) -> List[str]:
+    """The `data:` payloads of a streamed request made with the SDK's
+    `with_streaming_response.create`, as the server wrote them."""
+    with create(stream=True, **body) as r:
+        if r.status_code != 200:
+            fail(f"status {r.status_code}", r.read().decode())
+        if not r.headers.get("content-type", "").startswith("text/event-stream"):
+            fail(f"content-type {r.headers.get('content-type')!r}")
+        return [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    args = ap.parse_args()
+    client = OpenAI(base_url=args.base_url, api_key="unused", max_retries=0)
+    model = args.model
+    msgs = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Once upon a time"}]
+    checks: List[tuple[str, Callable[[], None]]] = []
+
+    def check(fn: Callable[[], None]) -> Callable[[], None]:
+        checks.append((fn.__name__, fn))
+        return fn
+
+    @check
+    def chat_json() -> None:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=msgs, max_tokens=12, temperature=0
+        )
+        c = strict(ChatCompletion, raw.http_response.text, "the completion")
+        sdk = raw.parse()
+        if sdk.choices[0].message.content != c.choices[0].message.content:
+            fail("the SDK's parse differs from the strict one")
+        if c.object != "chat.completion" or not c.id.startswith("chatcmpl-"):
+            fail("object or id", raw.http_response.text)
+        if not c.choices[0].message.content or c.choices[0].finish_reason not in ("stop", "length"):
+            fail("no text or no finish reason", raw.http_response.text)
+        u = c.usage
+        if u is None or u.completion_tokens < 1 or u.total_tokens != u.prompt_tokens + u.completion_tokens:
+            fail("usage does not add up", raw.http_response.text)
+
+    @check
+    def chat_stream_with_usage_matches_json() -> None:
+        whole = client.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
+        data = sse_data(client.chat.completions.with_streaming_response.create, model=model,
+                        messages=msgs, max_tokens=12, temperature=0,
+                        stream_options={"include_usage": True})
+        if data[-1] != "[DONE]":
+            fail(f"the stream ends with {data[-1]!r}, not [DONE]")
+        chunks = [strict(ChatCompletionChunk, d, "a chunk") for d in data[:-1]]
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        if text != whole.choices[0].message.content:
+            fail(f"streamed {text!r}, JSON said {whole.choices[0].message.content!r}")
+        if chunks[0].choices[0].delta.role != "assistant":
+            fail("the first chunk does not name the role", data[0])
+        finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        if finish != [whole.choices[0].finish_reason]:
+            fail(f"finish reasons {finish}")
+        last = chunks[-1]
+        if last.choices or last.usage is None or last.usage.completion_tokens != whole.usage.completion_tokens:
+            fail("the last chunk is not the usage", data[-2])
+        # The SDK's own stream iterator reads the same stream.
+        sdk_text = "".join(
+            ch.choices[0].delta.content or ""
+            for ch in client.chat.completions.create(model=model, messages=msgs, max_tokens=12,
+                                                     temperature=0, stream=True)
+            if ch.choices
+        )
+        if sdk_text != text:
+            fail(f"the SDK's iterator read {sdk_text!r}")
+
+    @check
+    def two_choices_with_logprobs() -> None:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=msgs, max_tokens=6, temperature=1, seed=7, n=2,
+            logprobs=True, top_logprobs=2,
+        )
+        c = strict(ChatCompletion, raw.http_response.text, "the completion")
+        if [ch.index for ch in c.choices] != [0, 1]:
+            fail("choice indices", raw.http_response.text)
+        for ch in c.choices:
+            lp = ch.logprobs
+            if lp is None or not lp.content:
+                fail("no logprobs", raw.http_response.text)
+            if "".join(t.token for t in lp.content) != ch.message.content:
+                fail("the logprob tokens do not spell the text", raw.http_response.text)
+            if any(len(t.top_logprobs) != 2 or t.logprob > 0 for t in lp.content):
+                fail("top_logprobs", raw.http_response.text)
+        again = client.chat.completions.create(
+            model=model, messages=msgs, max_tokens=6, temperature=1, seed=7, n=2,
+        )
+        if [ch.message.content for ch in again.choices] != [ch.message.content for ch in c.choices]:
+            fail("the same seed gave other choices")
+
+    @check
+    def stop_strings_end_the_text() -> None:
+        c = client.chat.completions.create(model=model, messages=msgs, max_tokens=24,
+                                           temperature=0, stop=["."])
+        if "." in (c.choices[0].message.content or "") or c.choices[0].finish_reason != "stop":
+            fail(f"got {c.choices[0].message.content!r}, {c.choices[0].finish_reason}")
+
+    @check
+    def completions_json_and_stream() -> None:
+        raw = client.completions.with_raw_response.create(
+            model=model, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2,
+        )
+        c = strict(Completion, raw.http_response.text, "the completion")
+        if c.object != "text_completion" or not c.choices[0].text:
+            fail("object or text", raw.http_response.text)
+        lp = c.choices[0].logprobs
+        if lp is None or "".join(lp.tokens or []) != c.choices[0].text:
+            fail("logprob tokens", raw.http_response.text)
+        data = sse_data(client.completions.with_streaming_response.create, model=model,
+                        prompt="Once upon a time", max_tokens=8, temperature=0)
+        if data[-1] != "[DONE]":
+            fail("no [DONE]")
+        text = "".join(completion_chunk(d).choices[0].text for d in data[:-1])
+        if text != c.choices[0].text:
+            fail(f"streamed {text!r}, JSON said {c.choices[0].text!r}")
+        prompt = "Once upon a time"
+        echoed = client.completions.create(model=model, prompt=prompt, max_tokens=8,
+                                           temperature=0, echo=True, logprobs=1)
+        data = sse_data(client.completions.with_streaming_response.create, model=model,
+                        prompt=prompt, max_tokens=8, temperature=0, echo=True, logprobs=1)
+        chunks = [completion_chunk(d) for d in data[:-1]]
+        text = "".join(ch.choices[0].text for ch in chunks)
+        if text != echoed.choices[0].text or not text.startswith(prompt):
+            fail(f"streamed echo {text!r}, JSON said {echoed.choices[0].text!r}")
+        offset = len(prompt)
+        for ch in chunks:
+            lp = ch.choices[0].logprobs
+            if lp is None:
+                continue
+            if lp.text_offset != [offset]:
+                fail(f"text_offset {lp.text_offset}, expected [{offset}]", ch.model_dump_json())
+            offset += len(lp.tokens[0])
+
+    @check
+    def errors_are_the_sdks_exceptions() -> None:
+        try:
+            client.chat.completions.create(model=model, messages=msgs, temperature=5)
+            fail("temperature 5 was accepted")
+        except openai.BadRequestError as e:
+            if e.body.get("param") != "temperature":
+                fail(f"param {e.body!r}")
+        try:
+            client.chat.completions.create(model="no-such-model", messages=msgs)
+            fail("an unknown model was accepted")
+        except openai.NotFoundError as e:
+            if e.body.get("code") != "model_not_found":
+                fail(f"code {e.body!r}")
+        try:
+            client.chat.completions.create(model=model, messages=msgs,
+                                           response_format={"type": "json_object"})
+            fail("json_object was accepted")
+        except openai.BadRequestError as e:
+            if e.body.get("code") != "unsupported_parameter":
+                fail(f"code {e.body!r}")
+
+    failed = 0
+    for name, fn in checks:
+        try:
+            fn()
+            print(f"ok: {name}")
+        except CheckFailed as e:
+            failed += 1
+            print(f"FAIL: {name}: {e}")
+        except Exception:  # noqa: BLE001 - any other error is a failed check, with its trace
+            failed += 1
+            print(f"FAIL: {name}: {traceback.format_exc()}")
+    print(f"{len(checks) - failed} of {len(checks)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+//! The Chat Completions and Completions routes over real sockets, for what
+//! the SDK suite (`sdk_chat.rs`) does not reach: the wrong method, keys on
+//! the route, fields the server does not know, `max_completion_tokens`, and
+//! a client that hangs up mid-stream (its generations are cancelled, not
+//! left to run).
+
+use serde_json::{json, Value};
+use tokenwire_tests::{
+    http, http_with, keys_file, metric, start, stories260k, ModelSource, RunningServer, WAIT,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn body(extra: Value) -> String {
+    let mut b = json!({"model": "stories260K",
+                       "messages": [{"role": "user", "content": "Once upon a time"}],
+                       "temperature": 0});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        b[k] = v.clone();
+    }
+    b.to_string()
+}
+
+async fn server() -> RunningServer {
+    start(ModelSource::Dir(stories260k()), |_| {}).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_ignored_and_max_completion_tokens_bounds_the_answer() {
+    let server = server().await;
+    let b = body(
+        json!({"max_completion_tokens": 3, "max_tokens": 50, "user": "u-1",
+                        "metadata": {"a": "b"}, "a_field_from_the_future": [1, 2]}),
+    );
+    let r = http(&server, "POST", CHAT, Some(&b)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let r = http(&server, "GET", CHAT, None).await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("allow"), Some("POST"));
+    let r = http(&server, "POST", CHAT, Some("{\"model\": ")).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error"]["type"],
+        "invalid_request_error",
+        "{}",
+        r.body
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_keys_on_every_route_chat_needs_one() {
+    let key = "sk-chat-e2e";
+    let keys = keys_file("chat-e2e", &[(key, &["org_a"])]);
+    let server = start(ModelSource::Dir(stories260k()), move |c| {
+        c.keys = Some(keys);
+        c.tenancy.auth = tokenwire_io::tenancy::Auth::All;
+    })
+    .await;
+    let b = body(json!({"max_tokens": 2}));
+    let r = http(&server, "POST", CHAT, Some(&b)).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key", "{}", r.body);
+    let auth = format!("Bearer {key}");
+    let r = http_with(&server, "POST", CHAT, Some(&b), &[("Authorization", &auth)]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_stream_gets_its_generations_cancelled() {
+    let server = server().await;
+    let b = body(json!({"max_tokens": 400, "n": 2, "stream": true}));
+    let mut s = TcpStream::connect(server.local_addr)
+        .await
+        .expect("connect");
+    let req = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+        b.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    // Read until the first chunk has arrived, then hang up.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(WAIT, async {
+        while !String::from_utf8_lossy(&seen).contains("chat.completion.chunk") {
+            let n = s.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed before a chunk");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("a chunk in time");
+    drop(s);
+    let cancelled = "tokenwire_requests_total{dialect=\"chat\",outcome=\"cancelled\"}";
+    let gone = tokio::time::timeout(WAIT, async {
+        loop {
+            let m = http(&server, "GET", "/metrics", None).await.body;
+            if metric(&m, cancelled) == Some(2.0) {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("both choices are cancelled");
+    let completed = "tokenwire_requests_total{dialect=\"chat\",outcome=\"completed\"}";
+    assert_eq!(
+        metric(&gone, completed).unwrap_or(0.0),
+        0.0,
+        "none ran to its end"
+    );
+    server.shutdown().await;
+}

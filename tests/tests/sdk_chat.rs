@@ -1,0 +1,18 @@
+//! The official OpenAI Python SDK against tokenwire's Chat Completions and
+//! Completions routes (`tests/sdk/chat_sdk.py`): `chat.completions.create`
+//! as JSON and streamed with `include_usage`, `n` = 2 with logprobs and a
+//! seed, stop strings, `completions.create` as JSON and streamed, and the
+//! SDK's exceptions for bad requests; every body and chunk validated with
+//! the SDK's own pydantic types in strict mode. Skips without
+//! `TOKENWIRE_SDK_PYTHON`, except under `CI=true`.
+
+use tokenwire_tests::{run_sdk_script, sdk_python, start, stories260k, ModelSource};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictly() {
+    let Some(python) = sdk_python() else { return };
+    let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
+    assert!(out.contains("6 of 6 checks passed"), "{out}");
+    server.shutdown().await;
+}
