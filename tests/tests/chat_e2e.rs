@@ -116,3 +116,25 @@ async fn a_client_that_hangs_up_mid_stream_gets_its_generations_cancelled() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_choices_after_the_first_find_the_prompt_in_the_prefix_cache() {
+    let server = server().await;
+    let long = "Once upon a time there was a little girl named Lily. ".repeat(6);
+    let b = json!({"model": "stories260K", "prompt": long, "max_tokens": 4, "n": 4,
+                   "temperature": 1, "seed": 5})
+    .to_string();
+    let r = http(&server, "POST", "/v1/completions", Some(&b)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(4), "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+    let m = http(&server, "GET", "/metrics", None).await.body;
+    let hits = metric(&m, "tokenwire_prefix_cache_hits_total").expect("hits");
+    // The first choice computes the prompt; each of the other three finds
+    // every full 16-token block of it but the one holding its last token.
+    let blocks = (prompt - 1) / 16;
+    assert!(blocks >= 2, "a prompt of {prompt} tokens");
+    assert_eq!(hits, (3 * 16 * blocks) as f64, "{m}");
+    server.shutdown().await;
+}

@@ -54,6 +54,8 @@ struct Request {
     tokenizing: Option<TextJobId>,
     prompt_tokens: u32,
     cached_tokens: u32,
+    /// The prompt's token ids, for the choices after the first.
+    prompt_ids: Vec<TokenId>,
     choices: Vec<Choice>,
 }
 
@@ -122,6 +124,7 @@ impl ChatConn {
             tokenizing: Some(job),
             prompt_tokens: 0,
             cached_tokens: 0,
+            prompt_ids: Vec::new(),
             choices,
             req,
         });
@@ -157,12 +160,25 @@ impl ChatConn {
             }
         };
         r.prompt_tokens = encoded.ids.len() as u32;
-        for i in 0..r.choices.len() {
+        r.prompt_ids = encoded.ids;
+        // The first choice alone computes the prompt; the others start once
+        // it has (its first token), and find the prompt's full blocks in
+        // the prefix cache instead of computing them again.
+        self.start_choices(cx, 0..1);
+    }
+
+    /// Starts choices `range`; on a refusal, ends every choice started and
+    /// answers with the error.
+    fn start_choices(&mut self, cx: &mut Cx<'_>, range: std::ops::Range<usize>) {
+        let Some(r) = self.inflight.as_mut() else {
+            return;
+        };
+        for i in range {
             let mut params = r.req.params.clone();
             // Seeded choices differ from each other and repeat run to run.
             params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
             let start = cx.start(GenRequest {
-                prompt_ids: encoded.ids.clone(),
+                prompt_ids: r.prompt_ids.clone(),
                 params,
                 logprobs: r.req.logprobs,
                 raw: false,
@@ -171,10 +187,11 @@ impl ChatConn {
             match start {
                 Ok(seq) => {
                     r.choices[i].seq = Some(seq);
-                    r.choices[i].last = encoded.ids.last().copied();
+                    r.choices[i].last = r.prompt_ids.last().copied();
                 }
                 Err(e) => {
-                    for s in r.choices.iter().filter_map(|c| c.seq) {
+                    let live = r.choices.iter().filter(|c| c.finish.is_none());
+                    for s in live.filter_map(|c| c.seq) {
                         cx.end(s, FinishReason::Cancelled);
                     }
                     self.inflight = None;
@@ -451,6 +468,7 @@ impl DialectConn for ChatConn {
             c.tokens += 1;
             c.last = Some(t);
         }
+        let first_token = index == 0 && piece.token_id.is_some() && c.tokens == 1;
         if let Some(e) = &entry {
             c.logprobs.push(e.clone());
         }
@@ -471,9 +489,17 @@ impl DialectConn for ChatConn {
                 let chunk = Self::chunk(r, index, "", None, Some(f), false);
                 cx.send(json!({"kind": "chunk", "data": chunk}));
             }
-            if r.choices.iter().all(|c| c.finish.is_some()) {
-                self.complete(cx);
-            }
+        }
+        let n = r.choices.len();
+        if first_token && n > 1 {
+            self.start_choices(cx, 1..n);
+        }
+        let done = self
+            .inflight
+            .as_ref()
+            .is_some_and(|r| r.choices.iter().all(|c| c.finish.is_some()));
+        if finish.is_some() && done {
+            self.complete(cx);
         }
     }
 
