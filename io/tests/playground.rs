@@ -294,6 +294,19 @@ async fn responses_reference(addr: &str) -> String {
     }
 }
 
+/// The same turn over `POST /v1/chat/completions`, as the server answers it.
+async fn chat_reference(addr: &str) -> String {
+    let body = json!({"model": "stories260K", "messages": [{"role": "user", "content": PROMPT}],
+                      "max_tokens": MAX_TOKENS, "temperature": 0});
+    let (status, text) = http(addr, "POST", "/v1/chat/completions", Some(&body)).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned()
+}
+
 fn artifact(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/artifacts");
     std::fs::create_dir_all(&dir).expect("artifacts directory");
@@ -415,6 +428,7 @@ fn the_playground_streams_pauses_resumes_and_converses_in_a_real_browser() {
         for (dialect, want) in [
             ("session", session_reference(&addr).await),
             ("responses", responses_reference(&addr).await),
+            ("chat", chat_reference(&addr).await),
         ] {
             b.eval(&format!(
                 "(() => {{ const s = document.getElementById('dialect'); s.value = {dialect:?}; \
