@@ -16,3 +16,15 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     assert!(out.contains("6 of 6 checks passed"), "{out}");
     server.shutdown().await;
 }
+
+/// LangChain's `ChatOpenAI` (`tests/sdk/langchain_chat.py`): invoke, stream
+/// with usage, batch and `n`, the same text the route gives the SDK, and
+/// tool binding refused with the field named until tools are built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn langchain_chat_openai_invokes_streams_and_batches() {
+    let Some(python) = sdk_python() else { return };
+    let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let out = run_sdk_script(&python, "langchain_chat.py", &server, &[]).await;
+    assert!(out.contains("5 of 5 checks passed"), "{out}");
+    server.shutdown().await;
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""LangChain's `ChatOpenAI` (langchain-openai, pinned in requirements.txt)
+against tokenwire's Chat Completions route, a second widely used client of
+it beside the official SDK:
+
+    python langchain_chat.py --base-url http://127.0.0.1:8080/v1 --model stories260K
+
+Checks: `invoke` gives the text the route gives the official SDK,
+`stream` spells the same text with usage metadata at the end, `batch`
+answers each conversation, `n=2` through `generate` gives two
+generations, and a request this server does not support yet (tool
+binding) fails with the API's error naming the field. Each check prints
+`ok: <name>` or `FAIL: <name>: <reason>`; exit status 0 only when all passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Callable, List
+
+import openai
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from openai import OpenAI
+
+from sdk_strict import CheckFailed, fail
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    args = ap.parse_args()
+    common = dict(base_url=args.base_url, api_key="unused", model=args.model, max_retries=0)
+    llm = ChatOpenAI(temperature=0, max_tokens=12, **common)
+    sdk = OpenAI(base_url=args.base_url, api_key="unused", max_retries=0)
+    convo = [SystemMessage("Tell a story."), HumanMessage("Once upon a time")]
+    wire = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Once upon a time"}]
+    checks: List[tuple[str, Callable[[], None]]] = []
+
+    def check(fn: Callable[[], None]) -> Callable[[], None]:
+        checks.append((fn.__name__, fn))
+        return fn
+
+    @check
+    def invoke_matches_the_sdk() -> None:
+        reply = llm.invoke(convo)
+        want = sdk.chat.completions.create(model=args.model, messages=wire, max_tokens=12,
+                                           temperature=0).choices[0].message.content
+        if reply.content != want:
+            fail(f"LangChain read {reply.content!r}, the SDK {want!r}")
+        usage = reply.usage_metadata
+        if not usage or usage["output_tokens"] < 1:
+            fail(f"usage metadata {usage!r}")
+        if reply.response_metadata.get("finish_reason") not in ("stop", "length"):
+            fail(f"finish reason {reply.response_metadata!r}")
+
+    @check
+    def stream_spells_the_same_text_and_ends_with_usage() -> None:
+        whole = llm.invoke(convo).content
+        chunks = list(ChatOpenAI(temperature=0, max_tokens=12, stream_usage=True, **common).stream(convo))
+        text = "".join(c.content for c in chunks)
+        if text != whole:
+            fail(f"streamed {text!r}, invoked {whole!r}")
+        total = None
+        for c in chunks:
+            total = c if total is None else total + c
+        if total is None or not total.usage_metadata or total.usage_metadata["output_tokens"] < 1:
+            fail(f"no usage at the end of the stream: {getattr(total, 'usage_metadata', None)!r}")
+
+    @check
+    def batch_answers_each_conversation() -> None:
+        replies = llm.batch([[HumanMessage("Once upon a time")], [HumanMessage("Lily and Ben")]])
+        if len(replies) != 2 or not all(r.content for r in replies) or replies[0].content == replies[1].content:
+            fail(f"batch gave {[r.content for r in replies]!r}")
+
+    @check
+    def n_two_gives_two_generations() -> None:
+        result = ChatOpenAI(temperature=1, max_tokens=6, n=2, seed=3, **common).generate([convo])
+        gens = result.generations[0]
+        if len(gens) != 2 or not all(g.text for g in gens):
+            fail(f"generations {[g.text for g in gens]!r}")
+
+    @check
+    def tools_are_refused_with_the_field_named() -> None:
+        @tool
+        def add(a: int, b: int) -> int:
+            """Adds two numbers."""
+            return a + b
+
+        try:
+            llm.bind_tools([add]).invoke(convo)
+            fail("a request with tools was accepted")
+        except openai.BadRequestError as e:
+            if e.body.get("param") != "tools" or e.body.get("code") != "unsupported_parameter":
+                fail(f"error body {e.body!r}")
+
+    failed = 0
+    for name, fn in checks:
+        try:
+            fn()
+            print(f"ok: {name}")
+        except CheckFailed as e:
+            failed += 1
+            print(f"FAIL: {name}: {e}")
+        except Exception:  # noqa: BLE001 - any other error is a failed check, with its trace
+            failed += 1
+            print(f"FAIL: {name}: {traceback.format_exc()}")
+    print(f"{len(checks) - failed} of {len(checks)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
