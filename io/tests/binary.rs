@@ -226,10 +226,21 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
             ("/v1/inference", true),
             ("/v1/responses", false),
             ("/v1/responses", true),
+            ("/v1/chat/completions", false),
+            ("/v1/chat/completions", true),
+            ("/v1/completions", true),
         ] {
             let body = if route == "/v1/responses" {
                 serde_json::json!({"input": format!("{marker} and then"), "max_output_tokens": 8,
                                    "temperature": 0, "stream": stream})
+            } else if route == "/v1/chat/completions" {
+                serde_json::json!({"model": "stories260K", "max_tokens": 8, "temperature": 0,
+                                   "stream": stream, "logprobs": true, "top_logprobs": 2,
+                                   "messages": [{"role": "system", "content": format!("{marker} system")},
+                                                {"role": "user", "content": format!("{marker} and then")}]})
+            } else if route == "/v1/completions" {
+                serde_json::json!({"model": "stories260K", "prompt": format!("{marker} and then"),
+                                   "max_tokens": 8, "temperature": 0, "stream": stream, "echo": true})
             } else {
                 serde_json::json!({"prompt": format!("{marker} and then"), "max_tokens": 8,
                                    "temperature": 0, "stream": stream})
@@ -263,7 +274,7 @@ fn no_conversation_text_reaches_the_log_at_trace_level() {
     );
     // Each dialect's requests are traced in a request span inside their
     // connection's span, with ids and lengths.
-    for dialect in ["generate", "session", "responses", "cai"] {
+    for dialect in ["generate", "session", "responses", "cai", "chat"] {
         let conn = format!("dialect=\"{dialect}\"");
         assert!(
             log.iter().any(|l| l.contains("conn{id=")
