@@ -27,6 +27,16 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// Hugging Face (CTRL) repetition penalty; 1 = off.
     pub repetition_penalty: f32,
+    /// OpenAI presence penalty: subtracted once from the logit of every
+    /// token generated so far; 0 = off.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted from a token's logit once for
+    /// every time it was generated so far; 0 = off.
+    pub frequency_penalty: f32,
+    /// Where the generated tokens start in the sequence's history (its
+    /// prompt's length): the presence and frequency penalties count only
+    /// what comes after.
+    pub generated_from: u32,
     /// Seed of this sequence's sampler; the draw at each position is a pure
     /// function of (seed, position, logits).
     pub seed: u64,
@@ -39,6 +49,9 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            generated_from: 0,
             seed: 0,
         }
     }

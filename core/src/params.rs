@@ -25,6 +25,10 @@ pub struct GenParams {
     pub top_k: u32,
     /// > 0; 1 = off.
     pub repetition_penalty: f32,
+    /// OpenAI presence penalty, -2..=2; 0 = off.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty, -2..=2; 0 = off.
+    pub frequency_penalty: f32,
     /// Strings that end the generation; never streamed.
     pub stop: Vec<String>,
     /// Explicit seed, if the client gave one.
@@ -42,19 +46,25 @@ impl GenParams {
             top_p: 1.0,
             top_k: 0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             stop: Vec::new(),
             seed: None,
             top_logprobs: 5,
         }
     }
 
-    /// The engine's view, with the seed actually used.
-    pub fn sampling(&self, seed: u64) -> SamplingParams {
+    /// The engine's view, with the seed actually used; `prompt_tokens` is
+    /// where the generated tokens start.
+    pub fn sampling(&self, seed: u64, prompt_tokens: u32) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
             repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            generated_from: prompt_tokens,
             seed,
         }
     }

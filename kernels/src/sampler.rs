@@ -41,12 +41,23 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     logits.iter().map(|&x| clean(x) - lse).collect()
 }
 
+/// True when `params` asks for a presence or frequency penalty (finite and
+/// not zero); a backend that samples on the device leaves such rows to
+/// [`Sampler`].
+pub fn has_openai_penalties(params: &SamplingParams) -> bool {
+    let on = |x: f32| x != 0.0 && x.is_finite();
+    on(params.presence_penalty) || on(params.frequency_penalty)
+}
+
 /// The sampler with its scratch buffers, so steps do not allocate per token.
 #[derive(Debug, Default, Clone)]
 pub struct Sampler {
     work: Vec<f32>,
     scaled: Vec<f32>,
     seen: Vec<bool>,
+    /// Times each token was generated (the OpenAI penalties); all zero
+    /// between calls.
+    counts: Vec<u32>,
     order: Vec<u32>,
     weights: Vec<f64>,
 }
@@ -100,7 +111,8 @@ impl Sampler {
     /// Picks the next token from `logits` (one per vocabulary entry).
     ///
     /// Hugging Face order: repetition penalty over the distinct tokens of
-    /// `history`, then (unless `temperature == 0`, which is greedy with ties
+    /// `history`, the OpenAI presence and frequency penalties over its
+    /// generated part (from `params.generated_from`), then (unless `temperature == 0`, which is greedy with ties
     /// to the lowest id) temperature, top-k, top-p, and a draw from a PRNG
     /// seeded with `mix64(seed, position)`. With `logprobs = Some(n)` also
     /// returns the log-softmax of the penalised logits (before temperature) of
@@ -119,6 +131,7 @@ impl Sampler {
         self.work.clear();
         self.work.extend(logits.iter().copied().map(clean));
         self.apply_repetition_penalty(params.repetition_penalty, history);
+        self.apply_openai_penalties(params, history);
 
         let greedy = is_greedy(params.temperature);
         let token = if greedy {
@@ -143,6 +156,31 @@ impl Sampler {
                 self.seen[t] = true;
                 let x = &mut self.work[t];
                 *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
+            }
+        }
+    }
+
+    /// Subtracts `presence + frequency * count` from the logit of every
+    /// token generated `count > 0` times so far (OpenAI's definition).
+    fn apply_openai_penalties(&mut self, params: &SamplingParams, history: &[TokenId]) {
+        if !has_openai_penalties(params) {
+            return;
+        }
+        let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
+        let n = self.work.len();
+        let from = (params.generated_from as usize).min(history.len());
+        self.counts.resize(n, 0);
+        for &t in &history[from..] {
+            if let Some(c) = self.counts.get_mut(t as usize) {
+                *c += 1;
+            }
+        }
+        for &t in &history[from..] {
+            let t = t as usize;
+            if t < n && self.counts[t] > 0 {
+                self.work[t] -= presence + frequency * self.counts[t] as f32;
+                // Each token once: later copies find a zero count.
+                self.counts[t] = 0;
             }
         }
     }

@@ -29,6 +29,7 @@ fn params(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> SamplingParams
         top_k,
         repetition_penalty: 1.0,
         seed,
+        ..SamplingParams::default()
     }
 }
 
@@ -190,7 +191,7 @@ proptest! {
         lseed in 0u64..1000,
     ) {
         let l = random_logits(lseed, 50, 5.0);
-        let p = SamplingParams { temperature: temp, top_p, top_k: k, repetition_penalty: 1.0, seed };
+        let p = SamplingParams { temperature: temp, top_p, top_k: k, repetition_penalty: 1.0, seed, ..SamplingParams::default() };
         let (t, lp) = sample(&l, &p, pos, &[1, 2, 3], Some(3));
         prop_assert!((t as usize) < l.len());
         if k > 0 {
@@ -202,5 +203,60 @@ proptest! {
         prop_assert!(lp.logprob <= 0.0);
         prop_assert_eq!(lp.top.len(), 3);
         prop_assert_eq!(sample(&l, &p, pos, &[1, 2, 3], None).0, t);
+    }
+}
+
+#[test]
+fn presence_and_frequency_penalties_count_only_generated_tokens() {
+    let logits = [1.0f32, 0.9, 0.8, 0.1];
+    // History: a prompt of three 0s, then generated 1, 1, 2.
+    let history = [0u32, 0, 0, 1, 1, 2];
+    let p = SamplingParams {
+        temperature: 0.0,
+        presence_penalty: 0.25,
+        frequency_penalty: 0.3,
+        generated_from: 3,
+        ..SamplingParams::default()
+    };
+    let (t, lp) = sample(&logits, &p, 6, &history, Some(4));
+    // 0 is the prompt's: untouched. 1: 0.9 - 0.25 - 2 * 0.3; 2: 0.8 - 0.25 - 0.3.
+    let penalised = [1.0f32, 0.9 - 0.25 - 0.6, 0.8 - 0.25 - 0.3, 0.1];
+    assert_eq!(t, 0);
+    let want = log_softmax(&penalised);
+    let lp = lp.expect("logprobs");
+    for (tok, got) in lp.top {
+        assert!(
+            (got - want[tok as usize]).abs() < 1e-5,
+            "token {tok}: {got} vs {}",
+            want[tok as usize]
+        );
+    }
+    // Counted from the start, 0 is penalised too (three times): 1.0 - 0.25
+    // - 0.9 = -0.15, below 2's 0.25, which now wins.
+    let all = SamplingParams {
+        generated_from: 0,
+        ..p
+    };
+    let (t, _) = sample(&logits, &all, 6, &history, None);
+    assert_eq!(t, 2);
+}
+
+#[test]
+fn zero_or_non_finite_openai_penalties_change_nothing() {
+    let logits = random_logits(4, 40, 3.0);
+    let history = [1u32, 2, 3, 3, 7];
+    let base = SamplingParams {
+        temperature: 0.8,
+        seed: 11,
+        ..SamplingParams::default()
+    };
+    let (t0, lp0) = sample(&logits, &base, 9, &history, Some(3));
+    for (presence, frequency) in [(0.0, 0.0), (f32::NAN, 0.0), (0.0, f32::INFINITY)] {
+        let p = SamplingParams {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            ..base
+        };
+        assert_eq!(sample(&logits, &p, 9, &history, Some(3)), (t0, lp0.clone()));
     }
 }

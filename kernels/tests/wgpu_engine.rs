@@ -146,6 +146,7 @@ fn wgpu_engine_samples_like_the_cpu_engine() {
                 top_p: 0.95,
                 repetition_penalty: 1.2,
                 seed: 9,
+                ..SamplingParams::default()
             },
             Some(5),
         ),

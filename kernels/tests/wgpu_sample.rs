@@ -272,6 +272,7 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
             top_k,
             repetition_penalty,
             seed: rng.next_u64(),
+            ..SamplingParams::default()
         },
         position: rng.below(5000) as u32,
         history,
@@ -598,6 +599,7 @@ fn wgpu_sample_nan_and_neg_inf_logits() {
                     top_p: [1.0, 0.8, 0.9, 1.0][(r / 2) % 4],
                     repetition_penalty: 1.1,
                     seed: 100 + r as u64,
+                    ..SamplingParams::default()
                 },
                 position: r as u32,
                 history: vec![0, 1, 2, 3],

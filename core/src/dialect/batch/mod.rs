@@ -280,6 +280,8 @@ fn config_params(
         top_p: defaults.top_p,
         top_k: defaults.top_k,
         repetition_penalty: defaults.repetition_penalty,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         stop: Vec::new(),
         seed: None,
         top_logprobs: 0,

@@ -75,7 +75,12 @@ pub(crate) fn encode(
     seen.resize(vocab as usize, false);
     for (i, spec) in specs.iter().enumerate() {
         let at = i * ROW_WORDS;
-        let device = spec.filter(|sp| sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS));
+        // Rows the kernel does not do go to the shared sampler: many
+        // logprobs, and the OpenAI penalties (which need token counts).
+        let device = spec.filter(|sp| {
+            sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS)
+                && !crate::sampler::has_openai_penalties(&sp.params)
+        });
         let Some(sp) = device else {
             words[at + R_FLAGS] = F_SKIP;
             rows.push((false, None));
@@ -163,6 +168,28 @@ pub(crate) fn decode(out: &[u32], rows: &SampleRows) -> Vec<Option<Sampled>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_with_openai_penalties_are_left_to_the_shared_sampler() {
+        let hist = [1u32, 2];
+        let spec = |presence: f32| {
+            Some(SampleSpec {
+                params: SamplingParams {
+                    presence_penalty: presence,
+                    ..SamplingParams::default()
+                },
+                position: 2,
+                history: &hist,
+                logprobs: None,
+            })
+        };
+        let mut seen = Vec::new();
+        let r = encode(&[spec(0.0), spec(0.5)], 10, &mut seen);
+        assert_eq!(
+            r.rows.iter().map(|x| x.0).collect::<Vec<_>>(),
+            [true, false]
+        );
+    }
     use tokenwire_core::SamplingParams;
 
     #[test]
@@ -176,6 +203,7 @@ mod tests {
                     top_k: 40,
                     repetition_penalty: 1.2,
                     seed: 3,
+                    ..SamplingParams::default()
                 },
                 position: 11,
                 history: &hist,
