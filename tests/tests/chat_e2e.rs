@@ -138,3 +138,59 @@ async fn the_choices_after_the_first_find_the_prompt_in_the_prefix_cache() {
     assert_eq!(hits, (3 * 16 * blocks) as f64, "{m}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_and_frequency_penalties_steer_away_from_generated_tokens() {
+    let server = server().await;
+    let distinct = |v: &Value| {
+        let toks: Vec<&str> = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .expect("logprobs")
+            .iter()
+            .filter_map(|t| t["token"].as_str())
+            .collect();
+        let set: std::collections::BTreeSet<&str> = toks.iter().copied().collect();
+        (toks.len(), set.len())
+    };
+    let ask = |penalties: Value| {
+        let mut extra = json!({"max_tokens": 48, "logprobs": true});
+        for (k, v) in penalties.as_object().into_iter().flatten() {
+            extra[k] = v.clone();
+        }
+        body(extra)
+    };
+    let plain = http(&server, "POST", CHAT, Some(&ask(json!({}))))
+        .await
+        .json();
+    let penalised = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&ask(
+            json!({"presence_penalty": 1.5, "frequency_penalty": 1.5}),
+        )),
+    )
+    .await
+    .json();
+    let (n_plain, d_plain) = distinct(&plain);
+    let (n_pen, d_pen) = distinct(&penalised);
+    assert_eq!((n_plain, n_pen), (48, 48), "{plain} {penalised}");
+    assert_ne!(
+        plain["choices"][0]["message"]["content"],
+        penalised["choices"][0]["message"]["content"]
+    );
+    assert!(
+        d_pen > d_plain,
+        "{d_pen} distinct tokens penalised, {d_plain} plain"
+    );
+    let bad = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&ask(json!({"frequency_penalty": 3}))),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "frequency_penalty");
+    server.shutdown().await;
+}

@@ -121,3 +121,29 @@ async fn wgpu_prompts_served_from_cached_blocks_stream_the_cold_tokens() {
         "{cached:?}"
     );
 }
+
+/// Chat Completions with the OpenAI presence and frequency penalties: the
+/// wgpu engine leaves those rows to the shared sampler, so its greedy text
+/// is the CPU engine's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
+    let Some(gpu) = wgpu_server(true).await else {
+        return;
+    };
+    let cpu = tokenwire_tests::start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let body = json!({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32,
+                      "temperature": 0, "presence_penalty": 0.6, "frequency_penalty": 0.8})
+    .to_string();
+    let text = |r: tokenwire_tests::HttpResponse| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_owned()
+    };
+    let on_gpu = text(tokenwire_tests::http(&gpu, "POST", "/v1/completions", Some(&body)).await);
+    let on_cpu = text(tokenwire_tests::http(&cpu, "POST", "/v1/completions", Some(&body)).await);
+    assert_eq!(on_gpu, on_cpu);
+    gpu.shutdown().await;
+    cpu.shutdown().await;
+}

@@ -157,16 +157,8 @@ pub fn decode(
     let defaults = GenParams::defaults(default_max_tokens.min(context_len));
     let mut params =
         params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?;
-    for penalty in ["presence_penalty", "frequency_penalty"] {
-        if let Some(v) = f.f64(penalty).map_err(BadRequest::invalid)? {
-            if v != 0.0 {
-                return Err(BadRequest::unsupported(
-                    penalty,
-                    format!("`{penalty}` other than 0 is not supported by this server yet (use `repetition_penalty`)"),
-                ));
-            }
-        }
-    }
+    params.presence_penalty = penalty(&f, "presence_penalty")?;
+    params.frequency_penalty = penalty(&f, "frequency_penalty")?;
     let n = match f.u64("n").map_err(BadRequest::invalid)? {
         None => 1,
         Some(n) if (1..=MAX_CHOICES).contains(&n) => n as u32,
@@ -214,6 +206,18 @@ pub fn decode(
         include_usage,
         echo,
     })
+}
+
+/// An OpenAI presence or frequency penalty: -2 to 2, 0 when absent.
+fn penalty(f: &Fields<'_>, field: &str) -> Result<f32, BadRequest> {
+    match f.f64(field).map_err(BadRequest::invalid)? {
+        None => Ok(0.0),
+        Some(v) if (-2.0..=2.0).contains(&v) => Ok(v as f32),
+        Some(v) => Err(BadRequest::field(
+            field,
+            format!("must be between -2 and 2, got {v}"),
+        )),
+    }
 }
 
 /// `logprobs`: chat's boolean with `top_logprobs` (0 to 20), completions'
@@ -419,7 +423,7 @@ mod tests {
             ],
             "max_completion_tokens": 20, "max_tokens": 99,
             "temperature": 0, "top_p": 0.5, "stop": ["\n"], "seed": 3, "n": 2,
-            "logprobs": true, "top_logprobs": 2, "presence_penalty": 0,
+            "logprobs": true, "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -1,
             "stream": true, "stream_options": {"include_usage": true},
             "user": "u", "response_format": {"type": "text"}, "tools": [],
             "some_future_field": {"x": 1}
@@ -435,6 +439,10 @@ mod tests {
         assert_eq!(r.params.stop, vec!["\n".to_string()]);
         assert_eq!(r.params.seed, Some(3));
         assert_eq!((r.n, r.logprobs), (2, Some(2)));
+        assert_eq!(
+            (r.params.presence_penalty, r.params.frequency_penalty),
+            (0.5, -1.0)
+        );
         assert!(r.stream && r.include_usage);
     }
 
@@ -476,7 +484,7 @@ mod tests {
                 "stream_options",
             ),
             (
-                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}),
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}),
                 "presence_penalty",
             ),
             (

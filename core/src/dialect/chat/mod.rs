@@ -8,8 +8,7 @@
 //! piece, a usage chunk when asked, and `[DONE]` ([`http`] writes them).
 //!
 //! Refused for now, with `unsupported_parameter`: `response_format` other
-//! than `text`, `tools`, tool messages, and non-zero presence or frequency
-//! penalties (docs/openai.md).
+//! than `text`, `tools` and tool messages (docs/openai.md).
 
 pub mod codec;
 pub mod http;
