@@ -57,3 +57,78 @@ pub fn start_error(e: &StartError, max_tokens: &str) -> (u16, &'static str, Stri
     };
     (status, code, e.message(max_tokens))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_start_error_has_its_status_and_code() {
+        let cases = [
+            (
+                StartError::ContextLength {
+                    prompt_tokens: 9,
+                    max_tokens: 9,
+                    context_len: 10,
+                },
+                400,
+                "context_length_exceeded",
+            ),
+            (
+                StartError::NeverFits {
+                    needed_blocks: 9,
+                    total_blocks: 8,
+                },
+                400,
+                "context_length_exceeded",
+            ),
+            (StartError::QueueFull, 429, "rate_limit_exceeded"),
+            (
+                StartError::RateLimited { retry_after_ms: 5 },
+                429,
+                "rate_limit_exceeded",
+            ),
+            (
+                StartError::TokenOutOfVocab {
+                    token: 99,
+                    vocab: 10,
+                },
+                400,
+                "invalid_request",
+            ),
+            (StartError::ShuttingDown, 503, "server_error"),
+            (StartError::NotLoaded, 503, "server_error"),
+        ];
+        for (e, status, code) in cases {
+            let (s, c, message) = start_error(&e, "max_tokens");
+            assert_eq!((s, c), (status, code), "{e:?}");
+            assert!(!message.is_empty());
+        }
+        let (_, _, m) = start_error(
+            &StartError::ContextLength {
+                prompt_tokens: 9,
+                max_tokens: 9,
+                context_len: 10,
+            },
+            "max_output_tokens",
+        );
+        assert!(m.contains("max_output_tokens"), "the dialect's field: {m}");
+    }
+
+    #[test]
+    fn shell_failures_get_the_apis_error_with_status_and_retry() {
+        let reply = failure(&HttpFailure::Unauthorized { message: "no key" });
+        assert_eq!((reply.status, reply.retry_after), (401, None));
+        let v: Value = serde_json::from_str(&reply.body).expect("json");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let reply = failure(&HttpFailure::Busy { retry_after: 3 });
+        assert_eq!((reply.status, reply.retry_after), (503, Some(3)));
+        let v: Value = serde_json::from_str(&reply.body).expect("json");
+        assert_eq!(v["error"]["type"], "server_error");
+        let reply = failure(&HttpFailure::BodyTooLarge { max: 10 });
+        assert_eq!(reply.status, 413);
+        let reply = error_reply(429, "rate_limit_exceeded", "slow down", None);
+        assert_eq!(reply.retry_after, Some(RETRY_AFTER_S));
+    }
+}

@@ -220,6 +220,24 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_server_is_rate_limited_with_retry_after_and_shutdown_an_internal_error() {
+        let r = failure(&HttpFailure::Busy { retry_after: 2 });
+        assert_eq!((r.status, r.retry_after), (503, Some(2)));
+        let v: Value = serde_json::from_str(&r.body).expect("json");
+        assert_eq!(v["code"], "rate_limited");
+        let r = failure(&HttpFailure::ShuttingDown { retry_after: 4 });
+        assert_eq!((r.status, r.retry_after), (503, Some(4)));
+        let v: Value = serde_json::from_str(&r.body).expect("json");
+        assert_eq!(v["code"], "internal_error");
+        let r = failure(&HttpFailure::BodyTimeout);
+        let v: Value = serde_json::from_str(&r.body).expect("json");
+        assert_eq!(
+            (r.status, v["code"].as_str()),
+            (408, Some("invalid_request"))
+        );
+    }
+
+    #[test]
     fn a_close_for_shutdown_is_a_503_with_retry_after_and_any_other_a_500() {
         let mut j = call(br#"{"prompt":"x"}"#, "m").expect("ok").exchange;
         let HttpStep::Reply(r) = j.on_close(1001, "server shutting down") else {
