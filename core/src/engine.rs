@@ -95,6 +95,11 @@ pub struct SeqStep {
     /// sequence's token history (the sampler's penalties read it). Empty
     /// otherwise.
     pub cached_prefix: Vec<TokenId>,
+    /// With `sample` set on a constrained sequence (structured output): the
+    /// only tokens the sampler may pick. The engine applies it before
+    /// anything else (penalties, temperature, top-k/top-p, logprobs), as if
+    /// every other token's logit were -inf. `None`: any token.
+    pub allowed: Option<std::sync::Arc<crate::constraint::TokenMask>>,
 }
 
 /// A sequence started as a copy of another (a beam continuing another): the

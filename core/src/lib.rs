@@ -40,6 +40,7 @@
 pub mod api;
 pub mod config;
 pub mod conn;
+pub mod constraint;
 pub mod dialect;
 pub mod engine;
 pub mod gen;
@@ -65,6 +66,7 @@ pub use api::{
     Transport,
 };
 pub use config::HostConfig;
+pub use constraint::{Constraint, Grammar, TokenConstraint, TokenMask};
 pub use engine::{
     BlockId, EngineFault, EngineFaultKind, Fork, ModelInfo, SamplingParams, SeqId, SeqResult,
     SeqStep, StepDone, StepPlan, TokenId, TokenLogprobs,

@@ -4,6 +4,10 @@
 //! does not carry them.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::constraint::{Grammar, TokenConstraint, TokenMask};
+use crate::text::{SharedCodec, TextCodec};
 
 use crate::engine::{ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId, TokenLogprobs};
 pub use crate::text::byte::{ByteCodec, BYTE_BOS, BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
@@ -33,6 +37,9 @@ pub struct ScriptEngine {
     pub history: HashMap<SeqId, Vec<TokenId>>,
     /// Steps run so far.
     pub steps: u64,
+    /// Sample the script's token even where a plan's mask forbids it (an
+    /// engine that breaks the boundary's rule, for tests of the check).
+    pub ignore_masks: bool,
 }
 
 impl ScriptEngine {
@@ -42,6 +49,7 @@ impl ScriptEngine {
             script: script.as_bytes().to_vec(),
             history: HashMap::new(),
             steps: 0,
+            ignore_masks: false,
         }
     }
 
@@ -86,11 +94,20 @@ impl ScriptEngine {
             if s.sample {
                 let p = s.start_pos as usize + s.tokens.len() - 1;
                 let byte = self.script[(p + 1) % self.script.len()];
-                let token = if byte == 0 {
+                let mut token = if byte == 0 {
                     BYTE_EOS
                 } else {
                     byte as TokenId + BYTE_OFFSET
                 };
+                // A constrained row: the script's token if allowed, else
+                // the next allowed id after it (wrapping), as a sampler
+                // that honours the mask would pick some allowed token.
+                if let Some(mask) = s.allowed.as_deref().filter(|_| !self.ignore_masks) {
+                    let n = mask.len().max(1);
+                    if let Some(t) = (0..n).map(|i| (token + i) % n).find(|&t| mask.allows(t)) {
+                        token = t;
+                    }
+                }
                 let logprobs = s.logprobs.map(|n| TokenLogprobs {
                     logprob: -0.5,
                     top: (0..n as TokenId)
@@ -159,8 +176,19 @@ impl Harness {
 
     /// Like [`Harness::new`] with explicit model info (e.g. fewer KV blocks).
     pub fn with_info(config: crate::HostConfig, info: ModelInfo, script: &str, seed: u64) -> Self {
+        Self::with_codec(config, info, ByteCodec::shared(), script, seed)
+    }
+
+    /// Like [`Harness::with_info`] with another codec (e.g. [`DigitsCodec`]).
+    pub fn with_codec(
+        config: crate::HostConfig,
+        info: ModelInfo,
+        codec: SharedCodec,
+        script: &str,
+        seed: u64,
+    ) -> Self {
         Harness {
-            host: crate::Host::with_model(config, info, ByteCodec::shared(), seed),
+            host: crate::Host::with_model(config, info, codec, seed),
             engine: ScriptEngine::new(script),
             now: crate::Instant::ZERO,
             frames: Default::default(),
@@ -343,4 +371,85 @@ pub fn script_text(script: &str, prompt_tokens: usize, n: usize) -> String {
     (0..n)
         .map(|i| b[(prompt_tokens + i) % b.len()] as char)
         .collect()
+}
+
+/// [`ByteCodec`] with a stand-in grammar engine, for tests of how
+/// constrained generations flow through the core: every [`Grammar`]
+/// compiles to [`DigitsConstraint`] (`digits` ASCII digits, then the end),
+/// except a JSON Schema `{"not": {}}`, which (matching nothing) is refused.
+#[derive(Debug, Clone, Copy)]
+pub struct DigitsCodec {
+    /// Digits each constrained output has.
+    pub digits: usize,
+}
+
+impl DigitsCodec {
+    /// The codec behind the Host's shared handle.
+    pub fn shared(digits: usize) -> SharedCodec {
+        SharedCodec(Arc::new(DigitsCodec { digits }))
+    }
+}
+
+impl TextCodec for DigitsCodec {
+    fn encode(&self, text: &str, add_special: bool) -> Result<Vec<TokenId>, String> {
+        ByteCodec.encode(text, add_special)
+    }
+
+    fn decode(&self, ids: &[TokenId]) -> String {
+        ByteCodec.decode(ids)
+    }
+
+    fn constrain(&self, grammar: &Grammar) -> Result<Box<dyn TokenConstraint>, String> {
+        if let Grammar::JsonSchema { schema, .. } = grammar {
+            if schema.get("not").is_some() {
+                return Err("the schema matches nothing".into());
+            }
+        }
+        Ok(Box::new(DigitsConstraint {
+            left: self.digits,
+            ended: false,
+        }))
+    }
+}
+
+/// A byte-token grammar: a fixed number of ASCII digits, then the end.
+#[derive(Debug, Clone)]
+pub struct DigitsConstraint {
+    left: usize,
+    ended: bool,
+}
+
+impl TokenConstraint for DigitsConstraint {
+    fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<(), String> {
+        mask.clear();
+        if self.left == 0 {
+            mask.allow(BYTE_EOS);
+        } else {
+            for d in b'0'..=b'9' {
+                mask.allow(d as TokenId + BYTE_OFFSET);
+            }
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, token: TokenId) -> Result<(), String> {
+        let digit =
+            (b'0' as TokenId + BYTE_OFFSET..=b'9' as TokenId + BYTE_OFFSET).contains(&token);
+        match (self.left, self.ended) {
+            (_, true) => Err("ended".into()),
+            (0, false) if token == BYTE_EOS => {
+                self.ended = true;
+                Ok(())
+            }
+            (n, false) if n > 0 && digit => {
+                self.left -= 1;
+                Ok(())
+            }
+            _ => Err(format!("token {token} is not allowed here")),
+        }
+    }
+
+    fn boxed_clone(&self) -> Box<dyn TokenConstraint> {
+        Box::new(self.clone())
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod byte;
 
+use crate::constraint::{Grammar, TokenConstraint};
 use crate::engine::TokenId;
 
 /// Who said a chat message.
@@ -93,6 +94,18 @@ pub trait TextCodec: Send + Sync {
     /// `None` (the default) means no such bound is known.
     fn max_token_bytes(&self) -> Option<usize> {
         None
+    }
+
+    /// Compiles `grammar` into a fresh constraint over this vocabulary
+    /// (structured output; see [`crate::constraint`]). Errors are messages
+    /// for the client naming what in the grammar cannot be enforced. The
+    /// default has no grammar engine and refuses every grammar.
+    fn constrain(&self, grammar: &Grammar) -> Result<Box<dyn TokenConstraint>, String> {
+        let _ = grammar;
+        Err(
+            "this server's tokenizer has no grammar engine, so structured output is not available"
+                .into(),
+        )
     }
 }
 

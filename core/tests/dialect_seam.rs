@@ -47,6 +47,7 @@ impl DialectConn for Probe {
                     logprobs: None,
                     raw: false,
                     reuse_kv: None,
+                    constraint: None,
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());
@@ -59,6 +60,7 @@ impl DialectConn for Probe {
                     logprobs: None,
                     raw: false,
                     reuse_kv: None,
+                    constraint: None,
                 };
                 match cx.start(req) {
                     Ok(_) => Self::say(cx, "started".into()),

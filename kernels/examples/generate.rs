@@ -64,6 +64,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 sample: true,
                 logprobs: None,
                 cached_prefix: Vec::new(),
+                allowed: None,
             }],
             ..Default::default()
         };

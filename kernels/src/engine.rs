@@ -132,7 +132,7 @@ impl Engine {
         let model = Model::load_from(dir)?;
         let gen = GenerationConfig::load_from(dir, "generation_config.json")?;
         report(&opts.progress, 0.2, "building the tokenizer");
-        let codec = HfCodec::load_from(dir)?;
+        let mut codec = HfCodec::load_from(dir)?;
         let cfg = model.config();
         let identity = ModelIdentity {
             name,
@@ -141,6 +141,7 @@ impl Engine {
                 .eos_token_ids
                 .unwrap_or_else(|| cfg.eos_token_ids.clone()),
         };
+        codec.enable_grammar(cfg.vocab_size as u32, &identity.eos_ids);
         Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
     }
 
@@ -151,7 +152,7 @@ impl Engine {
         report(&opts.progress, 0.0, "reading the GGUF file");
         let (model, file) = Model::load_gguf(path)?;
         report(&opts.progress, 0.2, "building the tokenizer");
-        let codec = codec_from_gguf(path, &file)?;
+        let mut codec = codec_from_gguf(path, &file)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy())
@@ -172,6 +173,7 @@ impl Engine {
             version: cfg.name_or_path.clone().unwrap_or_else(|| "1".into()),
             eos_ids,
         };
+        codec.enable_grammar(cfg.vocab_size as u32, &identity.eos_ids);
         Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
     }
 
@@ -349,6 +351,7 @@ impl Engine {
                     position: s.start_pos + s.tokens.len() as u32,
                     history: history.get(&s.seq).map_or(&[], Vec::as_slice),
                     logprobs: s.logprobs,
+                    allowed: s.allowed.as_deref(),
                 }),
                 keep_row: full,
             })
@@ -376,10 +379,14 @@ impl Engine {
             let (token, logprobs) = match (done, row, spec.sample) {
                 (Some(d), _, _) => (d.token, d.logprobs.clone()),
                 // The backend left this one to the shared sampler.
-                (None, Some(logits), Some(sp)) => {
-                    self.sampler
-                        .sample(logits, &sp.params, sp.position, sp.history, sp.logprobs)
-                }
+                (None, Some(logits), Some(sp)) => self.sampler.sample_masked(
+                    logits,
+                    &sp.params,
+                    sp.position,
+                    sp.history,
+                    sp.logprobs,
+                    sp.allowed,
+                ),
                 _ => return Err(short()),
             };
             results.push(SeqResult {
@@ -535,6 +542,7 @@ impl Engine {
                     sample: true,
                     logprobs: None,
                     cached_prefix: Vec::new(),
+                    allowed: None,
                 }],
                 ..Default::default()
             };

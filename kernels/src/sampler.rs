@@ -8,7 +8,7 @@
 use std::cmp::Ordering;
 
 use tokenwire_core::rng::{mix64, Rng};
-use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
+use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs, TokenMask};
 
 /// Picks the next token. See [`Sampler::sample`]; this one allocates its scratch.
 pub fn sample(
@@ -125,20 +125,52 @@ impl Sampler {
         history: &[TokenId],
         logprobs: Option<u8>,
     ) -> (TokenId, Option<TokenLogprobs>) {
+        self.sample_masked(logits, params, position, history, logprobs, None)
+    }
+
+    /// [`Sampler::sample`] restricted to the tokens `allowed` allows
+    /// (structured output): every other logit counts as -inf before
+    /// anything else, so penalties, filters, the draw and the logprobs all
+    /// see only allowed tokens (the logprobs are those of the masked
+    /// distribution). An allowed set with no finite logit gives the lowest
+    /// allowed id.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        position: u32,
+        history: &[TokenId],
+        logprobs: Option<u8>,
+        allowed: Option<&TokenMask>,
+    ) -> (TokenId, Option<TokenLogprobs>) {
         if logits.is_empty() {
             return (0, logprobs.map(|_| TokenLogprobs::default()));
         }
         self.work.clear();
         self.work.extend(logits.iter().copied().map(clean));
+        if let Some(mask) = allowed {
+            for (i, x) in self.work.iter_mut().enumerate() {
+                if !mask.allows(i as TokenId) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
         self.apply_repetition_penalty(params.repetition_penalty, history);
         self.apply_openai_penalties(params, history);
 
         let greedy = is_greedy(params.temperature);
-        let token = if greedy {
+        let mut token = if greedy {
             argmax(&self.work)
         } else {
             self.draw(params, position)
         };
+        if let Some(mask) = allowed {
+            // Only when no allowed token has a finite logit (argmax then
+            // falls back to id 0).
+            if !mask.allows(token) {
+                token = (0..mask.len()).find(|&t| mask.allows(t)).unwrap_or(token);
+            }
+        }
         let lp = logprobs.map(|n| self.logprobs(token, n));
         (token, lp)
     }
@@ -243,8 +275,13 @@ impl Sampler {
                 return self.order[i];
             }
         }
-        // Rounding can leave u just above the last cumulative sum.
-        self.order[kept - 1]
+        // Rounding can leave u just above the last cumulative sum: the last
+        // kept token with any weight (a masked one has none).
+        let last = self.weights[..kept]
+            .iter()
+            .rposition(|&w| w > 0.0)
+            .unwrap_or(kept - 1);
+        self.order[last]
     }
 
     fn logprobs(&mut self, token: TokenId, n: u8) -> TokenLogprobs {
@@ -262,7 +299,14 @@ impl Sampler {
         self.order.sort_unstable_by(|&a, &b| better(work, a, b));
         TokenLogprobs {
             logprob: lp(token),
-            top: self.order.iter().map(|&t| (t, lp(t))).collect(),
+            // Impossible tokens (masked out, or -inf logits) are not
+            // alternatives, and -inf has no JSON spelling.
+            top: self
+                .order
+                .iter()
+                .map(|&t| (t, lp(t)))
+                .filter(|(_, l)| l.is_finite())
+                .collect(),
         }
     }
 }

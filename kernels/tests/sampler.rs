@@ -260,3 +260,46 @@ fn zero_or_non_finite_openai_penalties_change_nothing() {
         assert_eq!(sample(&logits, &p, 9, &history, Some(3)), (t0, lp0.clone()));
     }
 }
+
+proptest! {
+    /// A mask is absolute: greedy takes the best allowed token, a draw
+    /// (any temperature, top-k, top-p) never leaves the allowed set, and
+    /// logprobs are those of the allowed tokens alone, summing to one.
+    #[test]
+    fn a_mask_bounds_every_pick_and_the_logprobs(
+        seed in 0u64..10_000,
+        n in 2usize..300,
+        temp in prop_oneof![Just(0.0f32), 0.1f32..2.0],
+        top_k in 0u32..20,
+        top_p in 0.05f32..1.0,
+        density in 1u32..8,
+    ) {
+        let logits = random_logits(seed, n, 6.0);
+        let mut mask = tokenwire_core::TokenMask::none(n as u32);
+        let mut r = Rng::new(seed ^ 0x5eed);
+        for t in 0..n as u32 {
+            if r.next_u64().is_multiple_of(density as u64) {
+                mask.allow(t);
+            }
+        }
+        if mask.count() == 0 {
+            mask.allow((seed % n as u64) as u32);
+        }
+        let p = params(temp, top_k, top_p, seed);
+        let (t, lp) = tokenwire_kernels::Sampler::new().sample_masked(&logits, &p, 3, &[], Some(5), Some(&mask));
+        prop_assert!(mask.allows(t), "picked {} outside the mask", t);
+        if temp == 0.0 {
+            let best = (0..n as u32).filter(|&i| mask.allows(i)).max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]).then(b.cmp(&a)));
+            prop_assert_eq!(Some(t), best);
+        }
+        let lp = lp.expect("asked for logprobs");
+        prop_assert!(lp.top.iter().all(|&(i, l)| mask.allows(i) && l.is_finite()));
+        prop_assert_eq!(lp.top.len(), (mask.count() as usize).min(5));
+        // The chosen token's logprob is its share of the allowed mass.
+        let allowed: Vec<f32> = (0..n)
+            .map(|j| if mask.allows(j as u32) { logits[j] } else { f32::NEG_INFINITY })
+            .collect();
+        let want = log_softmax(&allowed)[t as usize];
+        prop_assert!((lp.logprob - want).abs() < 1e-4, "{} vs {}", lp.logprob, want);
+    }
+}

@@ -339,6 +339,7 @@ fn forward_both(
                     position: (fed + n) as u32,
                     history: &seqs[i].tokens[..fed + n],
                     logprobs: None,
+                    allowed: None,
                 }),
                 keep_row: false,
             })
@@ -776,6 +777,7 @@ fn wgpu_unbounded_loops_compute_the_same() {
                             position: start + tokens.len() as u32,
                             history: &history,
                             logprobs: Some(3),
+                            allowed: None,
                         }),
                         ..logits_step(&tokens, start, &table2)
                     },

@@ -446,6 +446,7 @@ mod tests {
                 sample: true,
                 logprobs: Some(2),
                 cached_prefix: Vec::new(),
+                allowed: None,
             }],
             free: vec![],
             copy_blocks: vec![],

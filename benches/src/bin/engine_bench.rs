@@ -440,6 +440,7 @@ fn run(
                     position: position(t),
                     history: h,
                     logprobs: None,
+                    allowed: None,
                 }),
                 keep_row: false,
             })

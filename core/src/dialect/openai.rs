@@ -1,12 +1,15 @@
 //! What the two OpenAI dialects (`responses`, `chat`) share: the API's
 //! error object, the error reply of an HTTP request, the reply for a
 //! failure the shell met, and the status and code of a generation that
-//! could not start.
+//! could not start, and the structured-output format both take.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+use crate::constraint::{Constraint, Grammar};
 use crate::gen::StartError;
 use crate::http::{describe, HttpFailure, HttpReply, RETRY_AFTER_S};
+use crate::json::{FieldError, Fields};
+use crate::text::TextCodec;
 
 /// The `error` object: `{type, code, message, param}`.
 pub fn error_object(status: u16, code: &str, message: &str, param: Option<&str>) -> Value {
@@ -131,4 +134,105 @@ mod tests {
         let reply = error_reply(429, "rate_limit_exceeded", "slow down", None);
         assert_eq!(reply.retry_after, Some(RETRY_AFTER_S));
     }
+}
+
+/// Where a format's JSON Schema sits: Chat Completions nests it
+/// (`response_format: {type, json_schema: {name, schema, strict}}`),
+/// Responses flattens it (`text.format: {type, name, schema, strict}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatShape {
+    /// `response_format.json_schema.schema`.
+    Nested,
+    /// `text.format.schema`.
+    Flat,
+}
+
+/// The grammar an output format asks for: `None` for `text`, a
+/// [`Grammar`] for `json_object` and `json_schema`. `prefix` names the
+/// object in errors (`response_format.`, `text.format.`).
+pub fn output_format(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    shape: FormatShape,
+) -> Result<Option<Grammar>, FieldError> {
+    let f = Fields::new(obj, prefix);
+    let kind = f
+        .str("type")?
+        .ok_or_else(|| FieldError::new(format!("{prefix}type"), "is required"))?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Grammar::JsonObject)),
+        "json_schema" => {
+            let (holder, holder_prefix);
+            let g = match shape {
+                FormatShape::Flat => &f,
+                FormatShape::Nested => {
+                    let inner = f.obj("json_schema")?.ok_or_else(|| {
+                        FieldError::new(
+                            format!("{prefix}json_schema"),
+                            "is required for `json_schema`",
+                        )
+                    })?;
+                    holder_prefix = format!("{prefix}json_schema.");
+                    holder = Fields::new(inner, &holder_prefix);
+                    &holder
+                }
+            };
+            let name = g
+                .str("name")?
+                .ok_or_else(|| FieldError::new(format!("{}name", g.prefix()), "is required"))?;
+            let valid_name = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !valid_name {
+                return Err(FieldError::new(
+                    format!("{}name", g.prefix()),
+                    "must be 1 to 64 letters, digits, underscores or dashes",
+                ));
+            }
+            let schema = match g.raw("schema") {
+                None => json!({}),
+                Some(s @ Value::Object(_)) => s.clone(),
+                Some(other) => {
+                    return Err(FieldError::new(
+                        format!("{}schema", g.prefix()),
+                        format!("must be an object, got {}", crate::json::type_name(other)),
+                    ))
+                }
+            };
+            let strict = g.bool("strict")?.unwrap_or(false);
+            Ok(Some(Grammar::JsonSchema { schema, strict }))
+        }
+        other => Err(FieldError::new(
+            format!("{prefix}type"),
+            format!("must be text, json_object or json_schema, got `{other}`"),
+        )),
+    }
+}
+
+/// `response_format` in `obj` (Chat Completions' shape, also taken as an
+/// extension by `generate`'s `parameters` and `batch`'s
+/// `generation_config`), compiled by the model's grammar engine: `None`
+/// when absent or `text`. Errors are messages naming the field under
+/// `prefix`.
+pub fn compile_response_format(
+    codec: &dyn TextCodec,
+    obj: &Map<String, Value>,
+    prefix: &str,
+) -> Result<Option<Constraint>, String> {
+    let field = format!("{prefix}response_format");
+    let Some(rf) = Fields::new(obj, prefix)
+        .obj("response_format")
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    let grammar =
+        output_format(rf, &format!("{field}."), FormatShape::Nested).map_err(|e| e.to_string())?;
+    grammar
+        .map(|g| codec.constrain(&g).map(Constraint::new))
+        .transpose()
+        .map_err(|e| format!("invalid `{field}`: {e}"))
 }

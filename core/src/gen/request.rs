@@ -145,6 +145,9 @@ pub struct GenRequest {
     /// or their tokens differ, the prompt is computed as usual, so this
     /// changes time, never tokens.
     pub reuse_kv: Option<KeptKv>,
+    /// The grammar its output must follow (structured output), compiled
+    /// with [`crate::TextCodec::constrain`]; `None` = free text.
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 /// A finished generation's KV blocks kept by the Host for a continuation

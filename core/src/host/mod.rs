@@ -657,6 +657,7 @@ impl Host {
             return;
         }
         let results = sched.on_step_done(&done);
+        let refused = sched.take_constraint_failures();
         let stepped = std::mem::take(&mut self.in_step);
         let count = results.len() as u32;
         if count > 0 {
@@ -676,6 +677,18 @@ impl Host {
         }
         for r in results {
             self.apply_result(now, r);
+        }
+        // Their token was not delivered: text that breaks the format the
+        // client asked for never reaches it.
+        for (id, message) in refused {
+            self.fail(
+                now,
+                id,
+                Failure {
+                    kind: FailureKind::Internal,
+                    message,
+                },
+            );
         }
         for owner in owners {
             self.with_conn(now, owner, |m, cx| m.on_step_end(cx));

@@ -636,6 +636,9 @@ impl HostPort for Shared {
                 .add(id, req.prompt_ids.clone(), max_len, sampling, req.logprobs)
                 .map_err(StartError::from)?;
         }
+        if let Some(c) = req.constraint {
+            sched.set_constraint(id, c, vocab);
+        }
         let mut gen = Generation::new(
             id,
             owner,

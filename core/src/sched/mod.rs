@@ -20,11 +20,19 @@
 //! admitted takes the longest run of its prompt's full blocks that is
 //! registered, computes only the rest, and its first plan carries the
 //! cached tokens so the engine knows its history.
+//!
+//! A constrained sequence (structured output) keeps its grammar state
+//! ([`constrained`]): every plan that samples it carries the mask of tokens
+//! its grammar allows next, and each sampled token is fed back; a token
+//! outside the mask fails the sequence ([`Scheduler::take_constraint_failures`]).
 
 mod blocks;
+mod constrained;
 mod scheduler;
 mod seq;
 
+#[cfg(test)]
+mod constrained_tests;
 #[cfg(test)]
 mod fork_tests;
 #[cfg(test)]

@@ -6,7 +6,9 @@ use std::fmt;
 mod checks;
 
 use super::blocks::BlockAllocator;
+use super::constrained::SeqConstraint;
 use super::seq::{Seq, SeqState};
+use crate::constraint::Constraint;
 use crate::engine::{
     BlockId, EngineFaultKind, Fork, SamplingParams, SeqId, SeqResult, SeqStep, StepDone, StepPlan,
     TokenId,
@@ -158,6 +160,9 @@ pub struct Scheduler {
     /// Adaptive seqs-per-step cap, lowered by out-of-memory steps.
     seq_cap: u32,
     ok_streak: u32,
+    /// Constrained sequences whose sampled token their grammar refused, with
+    /// why; drained by [`Scheduler::take_constraint_failures`].
+    constraint_failures: Vec<(SeqId, String)>,
 }
 
 impl Scheduler {
@@ -184,6 +189,7 @@ impl Scheduler {
             outstanding: None,
             seq_cap: cfg.max_running_seqs,
             ok_streak: 0,
+            constraint_failures: Vec::new(),
             cfg,
         }
     }
@@ -271,6 +277,7 @@ impl Scheduler {
             return false;
         };
         let mut child = Seq::new(s.tokens.clone(), s.max_len, s.sampling, s.logprobs);
+        child.constraint = s.constraint.clone();
         child.runnable = s.runnable;
         child.started = true;
         let bs = self.cfg.block_size;
@@ -405,6 +412,8 @@ impl Scheduler {
         child.max_len = max_len.max(child.len());
         child.sampling = sampling;
         child.logprobs = logprobs;
+        // A continuation is a new generation: its grammar, if any, is set anew.
+        child.constraint = None;
         child.runnable = true;
         if child.state == SeqState::Waiting {
             // No block for the copy: it waits its turn like any new request
@@ -461,6 +470,28 @@ impl Scheduler {
             s.max_len = max_len.max(len);
         }
         Ok(())
+    }
+
+    /// Constrains `seq`'s output from its next sample on: every plan that
+    /// samples it carries `machine`'s mask over a vocabulary of `vocab` ids.
+    /// The tokens it already generated (after `generated_from`) are fed to
+    /// `machine` first. False (nothing changes) when `seq` is unknown.
+    pub fn set_constraint(&mut self, seq: SeqId, machine: Constraint, vocab: u32) -> bool {
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return false;
+        };
+        let mut c = SeqConstraint::new(machine, vocab);
+        c.catch_up(s.generated());
+        s.constraint = Some(c);
+        true
+    }
+
+    /// Constrained sequences whose grammar refused a sampled token (or whose
+    /// grammar engine failed) since the last call, with a message naming the
+    /// token; their tokens were not returned by [`Scheduler::on_step_done`].
+    /// The caller fails and removes them.
+    pub fn take_constraint_failures(&mut self) -> Vec<(SeqId, String)> {
+        std::mem::take(&mut self.constraint_failures)
     }
 
     /// Changes a sequence's sampling parameters from the next planned step on.
@@ -549,6 +580,13 @@ impl Scheduler {
             } else {
                 Vec::new()
             };
+            let allowed = match (&mut s.constraint, p.sample) {
+                (Some(c), true) => {
+                    let from = (s.sampling.generated_from as usize).min(s.tokens.len());
+                    Some(c.mask(&s.tokens[from..]))
+                }
+                _ => None,
+            };
             seqs.push(SeqStep {
                 seq: p.seq,
                 tokens: s.tokens[start..start + p.fed as usize].to_vec(),
@@ -558,6 +596,7 @@ impl Scheduler {
                 sample: p.sample,
                 logprobs: s.logprobs,
                 cached_prefix,
+                allowed,
             });
         }
         let free = std::mem::take(&mut self.pending_free);
@@ -616,6 +655,14 @@ impl Scheduler {
             match done.results.iter().find(|r| r.seq == p.seq) {
                 Some(r) => {
                     s.tokens.push(r.token);
+                    if let Some(c) = &mut s.constraint {
+                        let from = (s.sampling.generated_from as usize).min(s.tokens.len());
+                        c.catch_up(&s.tokens[from..]);
+                        if let Some(why) = c.failure() {
+                            self.constraint_failures.push((p.seq, why.to_string()));
+                            continue;
+                        }
+                    }
                     out.push(r.clone());
                 }
                 // No token came back: feed the last token again next step so

@@ -1,6 +1,7 @@
 //! One sequence as the scheduler sees it.
 
 use super::blocks::{block_key, BlockKey};
+use super::constrained::SeqConstraint;
 use crate::engine::{BlockId, SamplingParams, TokenId};
 
 /// Where a sequence is in its life.
@@ -49,6 +50,8 @@ pub(crate) struct Seq {
     /// Prompt tokens whose K/V came from the prefix cache at its first
     /// admission (`None` before it).
     pub first_cached: Option<u32>,
+    /// Its grammar, when its output is constrained (structured output).
+    pub constraint: Option<SeqConstraint>,
 }
 
 impl Seq {
@@ -74,6 +77,7 @@ impl Seq {
             registered: 0,
             send_prefix: false,
             first_cached: None,
+            constraint: None,
         }
     }
 
@@ -91,6 +95,12 @@ impl Seq {
 
     pub fn len(&self) -> u32 {
         self.tokens.len() as u32
+    }
+
+    /// The tokens it generated (after `sampling.generated_from`).
+    pub fn generated(&self) -> &[TokenId] {
+        let from = (self.sampling.generated_from as usize).min(self.tokens.len());
+        &self.tokens[from..]
     }
 
     /// Tokens still to feed before the next sample.

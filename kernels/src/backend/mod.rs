@@ -5,7 +5,7 @@
 pub mod cpu;
 pub mod wgpu;
 
-use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs};
+use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs, TokenMask};
 
 use crate::kv::KvGeometry;
 
@@ -41,6 +41,8 @@ pub struct SampleSpec<'a> {
     pub history: &'a [TokenId],
     /// Logprobs of the chosen token and of this many best ones.
     pub logprobs: Option<u8>,
+    /// The only tokens that may be picked (structured output); `None`: any.
+    pub allowed: Option<&'a TokenMask>,
 }
 
 /// One sequence's share of a forward pass. The engine has validated it: tokens

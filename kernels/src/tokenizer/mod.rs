@@ -8,10 +8,11 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
-use tokenwire_core::{ChatMessage, TextCodec, TokenId};
+use tokenwire_core::{ChatMessage, Grammar, TextCodec, TokenConstraint, TokenId};
 
 use crate::chat::{join_contents, ChatTemplate};
 use crate::error::LoadError;
+use crate::grammar::GrammarEngine;
 use crate::model_dir::ModelDir;
 
 mod decode_table;
@@ -31,6 +32,10 @@ pub struct HfCodec {
     /// The tokenizer with special-token text encoded as plain text, for
     /// message contents that contain some; made the first time one does.
     plain: OnceLock<Tokenizer>,
+    /// Structured output's grammar compiler, once the model's vocabulary
+    /// size and end tokens are known ([`HfCodec::enable_grammar`]), or why
+    /// there is none.
+    grammar: Result<GrammarEngine, String>,
 }
 
 impl std::fmt::Debug for HfCodec {
@@ -77,7 +82,18 @@ impl HfCodec {
             table,
             specials,
             plain: OnceLock::new(),
+            grammar: Err("structured output is not enabled for this model".into()),
         }
+    }
+
+    /// Enables structured output ([`TextCodec::constrain`]) for a model
+    /// with `vocab_size` logits that ends generations with `eos_ids`:
+    /// builds llguidance's token trie (tens of milliseconds for a large
+    /// vocabulary, so done once, at load). When that fails, structured
+    /// output is refused with the reason.
+    pub fn enable_grammar(&mut self, vocab_size: u32, eos_ids: &[TokenId]) {
+        self.grammar = GrammarEngine::new(&self.tokenizer, vocab_size, eos_ids)
+            .map_err(|e| format!("structured output is not available for this model: {e}"));
     }
 
     /// The underlying tokenizer.
@@ -128,6 +144,13 @@ impl TextCodec for HfCodec {
 
     fn max_token_bytes(&self) -> Option<usize> {
         self.max_token_bytes
+    }
+
+    fn constrain(&self, grammar: &Grammar) -> Result<Box<dyn TokenConstraint>, String> {
+        match &self.grammar {
+            Ok(engine) => engine.compile(grammar),
+            Err(why) => Err(why.clone()),
+        }
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {

@@ -310,6 +310,7 @@ pub fn seq_step(
         sample,
         logprobs: None,
         cached_prefix: Vec::new(),
+        allowed: None,
     }
 }
 

@@ -685,6 +685,7 @@ pub(crate) mod testkit {
                     sample: true,
                     logprobs: None,
                     cached_prefix: Vec::new(),
+                    allowed: None,
                 }],
                 free: vec![],
                 copy_blocks: vec![],

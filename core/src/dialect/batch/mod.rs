@@ -29,7 +29,8 @@ use serde_json::{Map, Value};
 use self::beams::beam_limits;
 use self::cache::{CacheScope, CachedSeq, ContinueCache, Owner};
 use self::codec::{Event, EventKind, Payload};
-use super::{Cx, DialectConn};
+use super::{openai, Cx, DialectConn};
+use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::beam::{BeamConfig, BeamSearch, EarlyStopping};
 use crate::gen::{Failure, FinishReason, GenRequest, KeptKv, StartError, TokenPiece};
@@ -165,6 +166,9 @@ struct Job {
     beams: Option<BeamConfig>,
     /// Its events of the current step, sent at the step's end.
     events: StepEvents,
+    /// `generation_config.response_format`'s compiled grammar (an
+    /// extension), copied into each prompt's generation.
+    constraint: Option<Constraint>,
 }
 
 /// Events gathered during one engine step, per kind, for one job.
@@ -353,6 +357,20 @@ impl BatchConn {
         if num_beams > 1 && payload.stream_response {
             return fail_all(cx, BEAMS_WITH_STREAMER.to_string());
         }
+        let constraint = match openai::compile_response_format(
+            cx.codec(),
+            &payload.generation_config,
+            "generation_config.",
+        ) {
+            Ok(c) => c,
+            Err(e) => return fail_all(cx, e),
+        };
+        if constraint.is_some() && num_beams > 1 {
+            return fail_all(
+                cx,
+                "`generation_config.response_format` cannot be combined with beam search (`num_beams` > 1); use one or the other".to_string(),
+            );
+        }
         let beams = if num_beams > 1 {
             let cfg = BeamConfig {
                 num_beams: num_beams as usize,
@@ -445,6 +463,7 @@ impl BatchConn {
             failed: any_duplicate,
             beams,
             events: StepEvents::default(),
+            constraint,
         });
         self.advance(cx);
     }
@@ -513,6 +532,7 @@ impl BatchConn {
                     .map(|b| b.beams_to_keep().min(MAX_BEAM_CANDIDATES) as u8),
                 raw: beams.is_some(),
                 reuse_kv,
+                constraint: self.jobs[ji].constraint.clone(),
             };
             match cx.start(req) {
                 Ok(seq) => {

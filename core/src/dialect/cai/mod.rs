@@ -335,6 +335,7 @@ impl CaiConn {
             logprobs: None,
             raw: false,
             reuse_kv: None,
+            constraint: None,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -4,6 +4,8 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::constraint::Grammar;
+use crate::dialect::openai::{self, FormatShape};
 use crate::json::{self, FieldError, Fields};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Role};
@@ -76,6 +78,9 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// Completions' `echo`: the prompt before the text.
     pub echo: bool,
+    /// `response_format`: the grammar every choice's text must follow
+    /// (`None` for free text).
+    pub format: Option<Grammar>,
 }
 
 /// A request refused before anything runs: the status, the OpenAI error
@@ -194,6 +199,11 @@ pub fn decode(
         && f.bool("echo")
             .map_err(BadRequest::invalid)?
             .unwrap_or(false);
+    let format = match f.obj("response_format").map_err(BadRequest::invalid)? {
+        Some(rf) => openai::output_format(rf, "response_format.", FormatShape::Nested)
+            .map_err(BadRequest::invalid)?,
+        None => None,
+    };
     not_yet(&f)?;
     Ok(ChatRequest {
         route,
@@ -205,6 +215,7 @@ pub fn decode(
         stream,
         include_usage,
         echo,
+        format,
     })
 }
 
@@ -256,23 +267,8 @@ fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
 }
 
 /// Fields this server refuses rather than ignores: what they ask would
-/// change the answer's meaning (structured output, tools), and they are
-/// not built yet.
+/// change the answer's meaning (tools), and they are not built yet.
 fn not_yet(f: &Fields<'_>) -> Result<(), BadRequest> {
-    if let Some(rf) = f.obj("response_format").map_err(BadRequest::invalid)? {
-        let kind = Fields::new(rf, "response_format.")
-            .str("type")
-            .map_err(BadRequest::invalid)?
-            .unwrap_or("text");
-        if kind != "text" {
-            return Err(BadRequest::unsupported(
-                "response_format",
-                format!(
-                    "`response_format` `{kind}` is not supported by this server yet; only `text`"
-                ),
-            ));
-        }
-    }
     if f.array("tools")
         .map_err(BadRequest::invalid)?
         .is_some_and(|t| !t.is_empty())
@@ -488,8 +484,24 @@ mod tests {
                 "presence_penalty",
             ),
             (
-                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
-                "response_format",
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),
+                "response_format.type",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": [1]}}}),
+                "response_format.json_schema.schema",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
@@ -508,6 +520,37 @@ mod tests {
             assert_eq!(b["error"]["param"], field);
             assert_eq!(b["error"]["type"], "invalid_request_error");
         }
+    }
+
+    #[test]
+    fn response_formats_decode_to_their_grammars() {
+        let with = |rf: Value| {
+            chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": rf}))
+                .expect("decodes")
+                .format
+        };
+        assert_eq!(with(json!({"type": "text"})), None);
+        assert_eq!(
+            with(json!({"type": "json_object"})),
+            Some(Grammar::JsonObject)
+        );
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert_eq!(
+            with(
+                json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": true}})
+            ),
+            Some(Grammar::JsonSchema {
+                schema,
+                strict: true
+            })
+        );
+        assert_eq!(
+            with(json!({"type": "json_schema", "json_schema": {"name": "p"}})),
+            Some(Grammar::JsonSchema {
+                schema: json!({}),
+                strict: false
+            })
+        );
     }
 
     #[test]

@@ -7,8 +7,13 @@
 //! answers with one completion object, or with `stream: true` one chunk per
 //! piece, a usage chunk when asked, and `[DONE]` ([`http`] writes them).
 //!
-//! Refused for now, with `unsupported_parameter`: `response_format` other
-//! than `text`, `tools` and tool messages (docs/openai.md).
+//! `response_format` (`json_object`, `json_schema`) is compiled by the
+//! model's grammar engine before the prompt is tokenized (a schema it cannot
+//! enforce is a 400 naming `response_format`), and every choice decodes
+//! under its own copy ([`crate::constraint`]).
+//!
+//! Refused for now, with `unsupported_parameter`: `tools` and tool messages
+//! (docs/openai.md).
 
 pub mod codec;
 pub mod http;
@@ -17,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use self::codec::{error_body, BadRequest, ChatRequest, Input, Route};
 use super::{openai, Cx, DialectConn};
+use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
@@ -56,6 +62,8 @@ struct Request {
     /// The prompt's token ids, for the choices after the first.
     prompt_ids: Vec<TokenId>,
     choices: Vec<Choice>,
+    /// `response_format`'s compiled grammar, copied into each choice.
+    constraint: Option<Constraint>,
 }
 
 /// One `chat` request's machine.
@@ -97,6 +105,22 @@ impl ChatConn {
             );
             return send_error(cx, 404, "model_not_found", &message, Some("model"));
         }
+        let constraint = match &req.format {
+            Some(g) => match cx.codec().constrain(g) {
+                Ok(c) => Some(Constraint::new(c)),
+                Err(e) => {
+                    let message = format!("`response_format` cannot be used: {e}");
+                    return send_error(
+                        cx,
+                        400,
+                        "invalid_request",
+                        &message,
+                        Some("response_format"),
+                    );
+                }
+            },
+            None => None,
+        };
         let max_tokens = req.params.max_tokens;
         let (job, prompt_text) = match &req.input {
             Input::Messages(m) => {
@@ -125,6 +149,7 @@ impl ChatConn {
             cached_tokens: 0,
             prompt_ids: Vec::new(),
             choices,
+            constraint,
             req,
         });
     }
@@ -182,6 +207,7 @@ impl ChatConn {
                 logprobs: r.req.logprobs,
                 raw: false,
                 reuse_kv: None,
+                constraint: r.constraint.clone(),
             });
             match start {
                 Ok(seq) => {

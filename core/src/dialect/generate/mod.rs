@@ -14,8 +14,9 @@ use self::codec::{
     ClientMessage, CompletionTiming, ControlAction, ErrorCode, ErrorMessage, Logprob, Options,
     RecoveryAction, ServerMessage, Status, TokenTiming, Usage,
 };
-use super::{Cx, DialectConn, Failure, FailureKind, GenRequest, StartError};
+use super::{openai, Cx, DialectConn, Failure, FailureKind, GenRequest, StartError};
 use crate::api::FeedbackRecord;
+use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenLogprobs};
 use crate::gen::{FinishReason, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
@@ -32,6 +33,8 @@ struct Config {
     prompt: String,
     params: GenParams,
     options: Options,
+    /// `parameters.response_format`'s compiled grammar (an extension).
+    constraint: Option<Constraint>,
 }
 
 /// The generation in progress.
@@ -120,6 +123,10 @@ impl GenerateConn {
         }
         let defaults =
             GenParams::defaults(cx.config().default_max_tokens.min(cx.model().context_len));
+        let constraint = match &msg.parameters {
+            Some(p) => openai::compile_response_format(cx.codec(), p, "parameters.")?,
+            None => None,
+        };
         let params = match &msg.parameters {
             Some(p) => params::apply(
                 p,
@@ -135,6 +142,7 @@ impl GenerateConn {
             prompt: msg.prompt,
             params,
             options: msg.options,
+            constraint,
         })
     }
 
@@ -165,6 +173,7 @@ impl GenerateConn {
             logprobs,
             raw: false,
             reuse_kv: None,
+            constraint: config.constraint.clone(),
         };
         let id = match cx.start(req) {
             Ok(id) => id,

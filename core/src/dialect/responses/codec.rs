@@ -10,6 +10,8 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::constraint::Grammar;
+use crate::dialect::openai::{self, FormatShape};
 use crate::json::{self, FieldError, Fields};
 use crate::text::{ChatMessage, Role};
 
@@ -57,6 +59,8 @@ pub struct CreateRequest {
     pub stream: bool,
     /// Echoed on every event of this response.
     pub stream_id: Option<Value>,
+    /// `text.format`'s grammar (structured output); `None` for free text.
+    pub format: Option<Grammar>,
 }
 
 /// What the client sent, echoed as sent.
@@ -70,6 +74,8 @@ pub struct Echo {
     pub max_output_tokens: Option<Value>,
     /// `metadata` as sent.
     pub metadata: Option<Value>,
+    /// `text` as sent (its `format`).
+    pub text: Option<Value>,
 }
 
 /// Why a client event is not valid: the error event's code, status and
@@ -195,6 +201,16 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
         check_metadata(m).map_err(e)?;
     }
     let stream_id = f.raw("stream_id").cloned();
+    let text = f.obj("text").map_err(e)?;
+    let format = match text.map(|t| Fields::new(t, "text.")) {
+        Some(t) => match t.obj("format").map_err(e)? {
+            Some(fmt) => {
+                openai::output_format(fmt, "text.format.", FormatShape::Flat).map_err(e)?
+            }
+            None => None,
+        },
+        None => None,
+    };
     Ok(CreateRequest {
         model: f.str("model").map_err(e)?.map(str::to_string),
         input,
@@ -208,6 +224,7 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
             top_p: f.raw("top_p").cloned(),
             max_output_tokens: f.raw("max_output_tokens").cloned(),
             metadata,
+            text: text.map(|t| Value::Object(t.clone())),
         },
         previous_response_id: f
             .str("previous_response_id")
@@ -217,6 +234,7 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
         store: f.bool("store").map_err(e)?.unwrap_or(true),
         stream: f.bool("stream").map_err(e)?.unwrap_or(false),
         stream_id,
+        format,
     })
 }
 

@@ -22,6 +22,7 @@ use self::codec::{ClientEvent, CreateRequest, Echo, Usage};
 use self::store::{ResponseStore, Stored};
 use super::{openai, Cx, DialectConn, Refusal};
 use crate::api::{Dialect, Transport};
+use crate::constraint::Constraint;
 use crate::engine::SeqId;
 use crate::gen::{Failure, FinishReason, GenRequest, TokenPiece};
 use crate::json::f32_number;
@@ -72,6 +73,8 @@ struct Draft {
     seq_no: u64,
     /// The output item was announced (its `done` events are owed).
     item_open: bool,
+    /// `text.format`'s compiled grammar.
+    constraint: Option<Constraint>,
 }
 
 impl Draft {
@@ -98,6 +101,7 @@ impl Draft {
             "top_p": self.echo.top_p.clone().unwrap_or_else(|| f32_number(p.top_p)),
             "max_output_tokens": self.echo.max_output_tokens.clone().unwrap_or(Value::Null),
             "metadata": self.echo.metadata.clone().unwrap_or_else(|| json!({})),
+            "text": self.echo.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}})),
             "error": error,
             "incomplete_details": incomplete,
             "usage": if usage { self.usage.to_json() } else { Value::Null },
@@ -217,6 +221,21 @@ impl ResponsesConn {
                 Some("input"),
             );
         }
+        let constraint = match &req.format {
+            Some(g) => match cx.codec().constrain(g) {
+                Ok(c) => Some(Constraint::new(c)),
+                Err(e) => {
+                    return send_error(
+                        cx,
+                        400,
+                        "invalid_request",
+                        &format!("`text.format` cannot be used: {e}"),
+                        Some("text.format"),
+                    )
+                }
+            },
+            None => None,
+        };
         let draft = Draft {
             id: cx.new_id("resp_"),
             msg_id: String::new(),
@@ -234,6 +253,7 @@ impl ResponsesConn {
             text: String::new(),
             seq_no: 0,
             item_open: false,
+            constraint,
         };
         let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
         if let Some(i) = &draft.instructions {
@@ -291,6 +311,7 @@ impl ResponsesConn {
             logprobs: None,
             raw: false,
             reuse_kv: None,
+            constraint: draft.constraint.clone(),
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

@@ -488,6 +488,7 @@ impl SessionConn {
             logprobs: None,
             raw: false,
             reuse_kv: None,
+            constraint: None,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -744,6 +744,7 @@ impl KernelLab {
                     position: l.position,
                     history: &l.history,
                     logprobs: l.logprobs,
+                    allowed: None,
                 })
             })
             .collect();

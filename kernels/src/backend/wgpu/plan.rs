@@ -203,6 +203,7 @@ mod tests {
             position: 8,
             history: &[],
             logprobs: None,
+            allowed: None,
         };
         let tb = [5u32];
         let batch = [

@@ -76,10 +76,14 @@ pub(crate) fn encode(
     for (i, spec) in specs.iter().enumerate() {
         let at = i * ROW_WORDS;
         // Rows the kernel does not do go to the shared sampler: many
-        // logprobs, and the OpenAI penalties (which need token counts).
+        // logprobs, the OpenAI penalties (which need token counts), and
+        // constrained rows (the grammar's mask is made on the host, so the
+        // host applies it; a row read back costs less than a mask upload
+        // per step on a batch that is mostly unconstrained).
         let device = spec.filter(|sp| {
             sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS)
                 && !crate::sampler::has_openai_penalties(&sp.params)
+                && sp.allowed.is_none()
         });
         let Some(sp) = device else {
             words[at + R_FLAGS] = F_SKIP;
@@ -181,6 +185,7 @@ mod tests {
                 position: 2,
                 history: &hist,
                 logprobs: None,
+                allowed: None,
             })
         };
         let mut seen = Vec::new();
@@ -208,6 +213,7 @@ mod tests {
                 position: 11,
                 history: &hist,
                 logprobs: Some(3),
+                allowed: None,
             }),
             None,
             Some(SampleSpec {
@@ -220,6 +226,7 @@ mod tests {
                 position: 0,
                 history: &hist,
                 logprobs: Some(0),
+                allowed: None,
             }),
             // More logprobs than the device computes: the row comes back.
             Some(SampleSpec {
@@ -227,6 +234,7 @@ mod tests {
                 position: 0,
                 history: &hist,
                 logprobs: Some(MAX_DEVICE_LOGPROBS as u8 + 1),
+                allowed: None,
             }),
         ];
         let mut seen = Vec::new();

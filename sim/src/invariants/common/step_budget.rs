@@ -138,6 +138,7 @@ mod tests {
             sample: true,
             logprobs: None,
             cached_prefix: Vec::new(),
+            allowed: None,
         }
     }
 
