@@ -8,8 +8,9 @@ it beside the official SDK:
 Checks: `invoke` gives the text the route gives the official SDK,
 `stream` spells the same text with usage metadata at the end, `batch`
 answers each conversation, `n=2` through `generate` gives two
-generations, and a request this server does not support yet (tool
-binding) fails with the API's error naming the field. Each check prints
+generations, `with_structured_output` with a pydantic model gives that
+model, and a request this server does not support yet (tool binding)
+fails with the API's error naming the field. Each check prints
 `ok: <name>` or `FAIL: <name>: <reason>`; exit status 0 only when all passed.
 """
 
@@ -18,15 +19,25 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Callable, List
+from typing import Annotated, Callable, List, Literal
 
 import openai
+import pydantic
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from openai import OpenAI
 
 from sdk_strict import CheckFailed, fail
+
+
+class Hero(pydantic.BaseModel):
+    """A structured output small models can always finish: bounded fields, no others."""
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
+    age: Annotated[int, pydantic.Field(ge=1, le=99)]
+    place: Literal["forest", "castle", "sea"]
+    brave: bool
 
 
 def main() -> int:
@@ -83,6 +94,18 @@ def main() -> int:
         gens = result.generations[0]
         if len(gens) != 2 or not all(g.text for g in gens):
             fail(f"generations {[g.text for g in gens]!r}")
+
+    @check
+    def with_structured_output_gives_the_pydantic_model() -> None:
+        # LangChain's own path for OpenAI-compatible servers: `response_format`
+        # with the model's JSON Schema, parsed back into the model.
+        structured = ChatOpenAI(temperature=1, max_tokens=120, seed=5, **common) \
+            .with_structured_output(Hero, method="json_schema", strict=True, include_raw=True)
+        out = structured.invoke(convo)
+        if out.get("parsing_error") is not None or not isinstance(out.get("parsed"), Hero):
+            fail(f"parsed {out.get('parsed')!r}, error {out.get('parsing_error')!r}")
+        if out["raw"].response_metadata.get("finish_reason") != "stop":
+            fail(f"the output did not end: {out['raw']!r}")
 
     @check
     def tools_are_refused_with_the_field_named() -> None:

@@ -44,7 +44,7 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Dict, List, Optional, Tuple, Type, get_args, get_origin
+from typing import Annotated, Any, Callable, Dict, List, Literal, Optional, Tuple, Type, get_args, get_origin
 
 import httpx2
 import openai
@@ -438,6 +438,15 @@ def ws_respond(conn: Any, where: str, stream_id: Optional[str] = None, **create:
     return tracker
 
 
+class Hero(pydantic.BaseModel):
+    """A structured output small models can always finish: bounded fields, no others."""
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
+    age: Annotated[int, pydantic.Field(ge=1, le=99)]
+    place: Literal["forest", "castle", "sea"]
+    brave: bool
+
+
 class Checks:
     """The checks, one method each; `run` prints one line per check."""
 
@@ -654,6 +663,22 @@ class Checks:
         if sdk_types != [ev.type for ev in tracker.events]:
             fail(f"stream() yielded {sdk_types}, the wire carried {[ev.type for ev in tracker.events]}")
 
+    def http_parse_with_pydantic(self) -> None:
+        """responses.parse(text_format=Model): the output follows the model's schema, and
+        the Response echoes the format."""
+        parsed = self.client.responses.parse(model=self.model, input=self.FIRST_INPUT,
+                                             temperature=1, max_output_tokens=120,
+                                             text_format=Hero)
+        raw = self.recorder.last("POST").text()
+        wire = validate_strict(Response, raw, "HTTP parse body")
+        if wire.status != "completed":
+            fail(f"status {wire.status!r}", raw)
+        if not isinstance(parsed.output_parsed, Hero):
+            fail(f"output_parsed is {parsed.output_parsed!r}", raw)
+        fmt = wire.text.format if wire.text else None
+        if fmt is None or fmt.type != "json_schema" or fmt.name != "Hero":
+            fail(f"text.format echoed as {fmt!r}", raw)
+
     def http_continuation_and_retrieve(self) -> None:
         """A stored response continues by previous_response_id and is returned by retrieve(id)."""
         first = self.client.responses.create(**self.create_args(input=self.FIRST_INPUT))
@@ -751,6 +776,7 @@ class Checks:
             ("http create (JSON) completed", self.http_create_json),
             ("http create(stream=True) SSE events", self.http_create_stream),
             ("http responses.stream() and get_final_response()", self.http_stream_helper),
+            ("http responses.parse(text_format=pydantic model)", self.http_parse_with_pydantic),
             ("http continuation and retrieve(id)", self.http_continuation_and_retrieve),
             ("http unknown previous_response_id -> NotFoundError", self.http_unknown_previous),
         ]

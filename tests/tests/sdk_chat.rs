@@ -1,7 +1,9 @@
 //! The official OpenAI Python SDK against tokenwire's Chat Completions and
 //! Completions routes (`tests/sdk/chat_sdk.py`): `chat.completions.create`
 //! as JSON and streamed with `include_usage`, `n` = 2 with logprobs and a
-//! seed, stop strings, `completions.create` as JSON and streamed, and the
+//! seed, stop strings, `completions.create` as JSON and streamed,
+//! `json_schema` output validated with a pydantic model,
+//! `chat.completions.parse()` and `.stream()` with a pydantic model, and the
 //! SDK's exceptions for bad requests; every body and chunk validated with
 //! the SDK's own pydantic types in strict mode. Skips without
 //! `TOKENWIRE_SDK_PYTHON`, except under `CI=true`.
@@ -13,18 +15,18 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
-    assert!(out.contains("6 of 6 checks passed"), "{out}");
+    assert!(out.contains("8 of 8 checks passed"), "{out}");
     server.shutdown().await;
 }
 
 /// LangChain's `ChatOpenAI` (`tests/sdk/langchain_chat.py`): invoke, stream
-/// with usage, batch and `n`, the same text the route gives the SDK, and
-/// tool binding refused with the field named until tools are built.
+/// with usage, batch and `n`, the same text the route gives the SDK,
+/// `with_structured_output` with a pydantic model, and tool binding refused with the field named until tools are built.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn langchain_chat_openai_invokes_streams_and_batches() {
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "langchain_chat.py", &server, &[]).await;
-    assert!(out.contains("5 of 5 checks passed"), "{out}");
+    assert!(out.contains("6 of 6 checks passed"), "{out}");
     server.shutdown().await;
 }

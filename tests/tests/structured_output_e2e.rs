@@ -45,7 +45,8 @@ fn check(text: &str) -> Result<(), String> {
         && friends
             .iter()
             .all(|f| f.as_str().is_some_and(|s| s.chars().count() <= 10));
-    ok.then_some(()).ok_or_else(|| format!("out of the schema: {v}"))
+    ok.then_some(())
+        .ok_or_else(|| format!("out of the schema: {v}"))
 }
 
 /// 25 requests of 4 choices each (100 samples), seeds 0..25, temperature 1;
@@ -109,9 +110,11 @@ async fn the_websocket_dialects_and_the_refusals() {
     // responses over its socket: `text.format`, flat.
     let mut r = Client::connect(&server, "/v1/responses").await;
     let flat = json!({"type": "json_schema", "name": "hero", "schema": schema(), "strict": true});
-    r.send(json!({"type": "response.create", "model": "stories260K", "input": "Once",
-                  "max_output_tokens": 120, "temperature": 1, "text": {"format": flat}}))
-        .await;
+    r.send(
+        json!({"type": "response.create", "model": "stories260K", "input": "Once",
+                  "max_output_tokens": 120, "temperature": 1, "text": {"format": flat}}),
+    )
+    .await;
     let frames = r.recv_until(&["response.completed", "error"]).await;
     let done = frames.last().expect("frame");
     assert_eq!(done["type"], "response.completed", "{done}");

@@ -147,3 +147,43 @@ async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
     gpu.shutdown().await;
     cpu.shutdown().await;
 }
+
+/// Structured output on the wgpu engine: constrained rows are sampled on
+/// the host under the grammar's mask, so the JSON (seeded, temperature 1)
+/// is the CPU engine's, and it matches its schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wgpu_json_schema_output_is_the_cpu_engines() {
+    let Some(gpu) = wgpu_server(true).await else {
+        return;
+    };
+    let cpu = tokenwire_tests::start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let schema = json!({"type": "object",
+                        "properties": {"name": {"type": "string", "maxLength": 12},
+                                       "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+                        "required": ["name", "age"], "additionalProperties": false});
+    let body = json!({"model": "stories260K",
+                      "messages": [{"role": "user", "content": "Once upon a time"}],
+                      "max_tokens": 64, "temperature": 1, "seed": 4, "n": 2,
+                      "response_format": {"type": "json_schema",
+                                          "json_schema": {"name": "p", "schema": schema}}})
+    .to_string();
+    let texts = |r: tokenwire_tests::HttpResponse| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"]
+            .as_array()
+            .expect("choices")
+            .iter()
+            .map(|c| c["message"]["content"].as_str().expect("text").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let chat = "/v1/chat/completions";
+    let on_gpu = texts(tokenwire_tests::http(&gpu, "POST", chat, Some(&body)).await);
+    let on_cpu = texts(tokenwire_tests::http(&cpu, "POST", chat, Some(&body)).await);
+    assert_eq!(on_gpu, on_cpu);
+    for t in &on_gpu {
+        let v: Value = serde_json::from_str(t).expect("parses");
+        assert!(v["name"].is_string() && v["age"].is_u64(), "{t}");
+    }
+    gpu.shutdown().await;
+    cpu.shutdown().await;
+}
