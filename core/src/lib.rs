@@ -60,6 +60,7 @@ pub mod testing;
 pub mod text;
 pub mod time;
 pub(crate) mod timer;
+pub mod tools;
 
 pub use api::{
     ConnId, Dialect, Event, FeedbackRecord, Input, JobCheck, JobCheckId, JobGrant, Outcome, Output,

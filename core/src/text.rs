@@ -5,6 +5,7 @@ pub mod byte;
 
 use crate::constraint::{Grammar, TokenConstraint};
 use crate::engine::TokenId;
+use crate::tools::{self, ToolDef, ToolFormat};
 
 /// Who said a chat message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +97,26 @@ pub trait TextCodec: Send + Sync {
         None
     }
 
+    /// How this model writes tool calls (its chat template's format;
+    /// [`ToolFormat::Hermes`] by default, which [`crate::tools`] also
+    /// describes to a model whose template has none).
+    fn tool_format(&self) -> ToolFormat {
+        ToolFormat::Hermes
+    }
+
+    /// The prompt ids for `messages` with `tools` offered, when the chat
+    /// template renders tools itself; `None` (the default) when it does
+    /// not, and the caller describes them in a system message
+    /// ([`crate::tools::with_tools_prompt`]).
+    fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+    ) -> Option<Result<Vec<TokenId>, String>> {
+        let _ = (messages, tools);
+        None
+    }
+
     /// Compiles `grammar` into a fresh constraint over this vocabulary
     /// (structured output; see [`crate::constraint`]). Errors are messages
     /// for the client naming what in the grammar cannot be enforced. The
@@ -143,6 +164,9 @@ pub enum TextWork {
         max_messages: usize,
         /// Most prompt tokens.
         max_tokens: u32,
+        /// Functions offered to the model (rendered by the template when it
+        /// takes tools, else described in a system message).
+        tools: Vec<ToolDef>,
     },
 }
 
@@ -166,6 +190,7 @@ fn encode_fitting(
     messages: &[ChatMessage],
     max_messages: usize,
     max_tokens: u32,
+    tools: &[ToolDef],
 ) -> Result<Encoded, String> {
     let others: Vec<usize> = (0..messages.len())
         .filter(|&i| messages[i].role != Role::System)
@@ -180,7 +205,14 @@ fn encode_fitting(
             .filter(|(i, m)| m.role == Role::System || *i >= first_kept)
             .map(|(_, m)| m.clone())
             .collect();
-        codec.encode_chat(&kept)
+        if tools.is_empty() {
+            return codec.encode_chat(&kept);
+        }
+        codec
+            .encode_chat_with_tools(&kept, tools)
+            .unwrap_or_else(|| {
+                codec.encode_chat(&tools::with_tools_prompt(&kept, tools, codec.tool_format()))
+            })
     };
     let fits = |ids: &[TokenId]| ids.len() as u64 <= u64::from(max_tokens);
     let least = others.len().saturating_sub(max_messages);
@@ -259,7 +291,8 @@ impl TextJob {
                 messages,
                 max_messages,
                 max_tokens,
-            } => encode_fitting(&*self.codec, messages, *max_messages, *max_tokens),
+                tools,
+            } => encode_fitting(&*self.codec, messages, *max_messages, *max_tokens, tools),
         };
         TextDone {
             id: self.id,

@@ -241,6 +241,7 @@ fn fit(
             messages: messages.to_vec(),
             max_messages,
             max_tokens,
+            tools: Vec::new(),
         },
     }
     .run()

@@ -6,6 +6,7 @@ use std::path::Path;
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use serde_json::Value;
+use tokenwire_core::tools::{ToolDef, ToolFormat};
 use tokenwire_core::ChatMessage;
 
 use crate::error::LoadError;
@@ -21,6 +22,10 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template reads `tools` (renders function definitions itself).
+    takes_tools: bool,
+    /// How the template's model writes calls.
+    tool_format: ToolFormat,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -57,11 +62,32 @@ impl ChatTemplate {
         });
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| e.to_string())?;
+        // Llama 3.1's templates announce calls with `<|python_tag|>` and
+        // name the tool role `ipython`; Hermes-style ones (Qwen 2.5,
+        // Hermes) write `<tool_call>` blocks, as does the default.
+        let tool_format = if source.contains("<|python_tag|>") || source.contains("ipython") {
+            ToolFormat::Llama3Json
+        } else {
+            ToolFormat::Hermes
+        };
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            takes_tools: source.contains("tools"),
+            tool_format,
         })
+    }
+
+    /// Whether the template renders function definitions itself (it reads
+    /// `tools`).
+    pub fn takes_tools(&self) -> bool {
+        self.takes_tools
+    }
+
+    /// How the template's model writes tool calls.
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tool_format
     }
 
     /// The BOS token's text as the template sees it (`bos_token`).
@@ -71,6 +97,17 @@ impl ChatTemplate {
 
     /// Renders `messages` with `add_generation_prompt = true`.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        self.render_with_tools(messages, &[])
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (Chat Completions' tool
+    /// objects) given to the template; none gives it `tools = none`, as
+    /// Hugging Face does.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+    ) -> Result<String, String> {
         let msgs: Vec<Message<'_>> = messages
             .iter()
             .map(|m| Message {
@@ -82,8 +119,11 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| e.to_string())?;
+        let tools: Option<Vec<serde_json::Value>> =
+            (!tools.is_empty()).then(|| tools.iter().map(ToolDef::to_json).collect());
         tmpl.render(minijinja::context! {
             messages => msgs,
+            tools => tools,
             add_generation_prompt => true,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,

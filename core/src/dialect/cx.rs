@@ -197,12 +197,26 @@ impl<'a> Cx<'a> {
         max_messages: usize,
         max_tokens: u32,
     ) -> TextJobId {
+        self.encode_chat_with_tools(messages, max_messages, max_tokens, Vec::new())
+    }
+
+    /// [`Cx::encode_chat`] with functions offered to the model: the chat
+    /// template renders them if it takes tools, else a system message
+    /// describes them ([`crate::tools`]).
+    pub fn encode_chat_with_tools(
+        &mut self,
+        messages: Vec<ChatMessage>,
+        max_messages: usize,
+        max_tokens: u32,
+        tools: Vec<crate::tools::ToolDef>,
+    ) -> TextJobId {
         self.port.tokenize(
             self.conn,
             TextWork::Chat {
                 messages,
                 max_messages,
                 max_tokens,
+                tools,
             },
         )
     }

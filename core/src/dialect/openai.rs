@@ -10,6 +10,7 @@ use crate::gen::StartError;
 use crate::http::{describe, HttpFailure, HttpReply, RETRY_AFTER_S};
 use crate::json::{FieldError, Fields};
 use crate::text::TextCodec;
+use crate::tools::{ToolChoice, ToolDef, Tools};
 
 /// The `error` object: `{type, code, message, param}`.
 pub fn error_object(status: u16, code: &str, message: &str, param: Option<&str>) -> Value {
@@ -235,4 +236,158 @@ pub fn compile_response_format(
         .map(|g| codec.constrain(&g).map(Constraint::new))
         .transpose()
         .map_err(|e| format!("invalid `{field}`: {e}"))
+}
+
+/// Most functions one request may offer.
+pub const MAX_TOOLS: usize = 128;
+
+/// Whether `name` is a valid function name: 1 to 64 letters, digits,
+/// underscores or dashes (the API's rule).
+fn valid_function_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a request body:
+/// Chat Completions nests each function (`{"type": "function", "function":
+/// {name, description, parameters}}`, [`FormatShape::Nested`]), Responses
+/// flattens it (`{"type": "function", name, ...}`, [`FormatShape::Flat`]).
+/// Other tool types (built-in tools) are refused with the field named.
+pub fn tools(f: &Fields<'_>, shape: FormatShape) -> Result<Tools, FieldError> {
+    let mut defs: Vec<ToolDef> = Vec::new();
+    let items = f.array("tools")?.map(Vec::as_slice).unwrap_or(&[]);
+    if items.len() > MAX_TOOLS {
+        return Err(FieldError::new(
+            "tools",
+            format!("at most {MAX_TOOLS} tools, got {}", items.len()),
+        ));
+    }
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Value::Object(obj) = item else {
+            return Err(FieldError::new(at, "must be an object"));
+        };
+        let prefix = format!("{at}.");
+        let t = Fields::new(obj, &prefix);
+        let kind = t.str("type")?.unwrap_or("function");
+        if kind != "function" {
+            return Err(FieldError::new(
+                format!("{at}.type"),
+                format!("only `function` tools are supported, got `{kind}`"),
+            ));
+        }
+        let (fn_obj, fn_prefix) = match shape {
+            FormatShape::Flat => (obj, prefix.clone()),
+            FormatShape::Nested => match t.obj("function")? {
+                Some(o) => (o, format!("{at}.function.")),
+                None => return Err(FieldError::new(format!("{at}.function"), "is required")),
+            },
+        };
+        let func = Fields::new(fn_obj, &fn_prefix);
+        let name = func
+            .str("name")?
+            .ok_or_else(|| FieldError::new(format!("{fn_prefix}name"), "is required"))?;
+        if !valid_function_name(name) {
+            return Err(FieldError::new(
+                format!("{fn_prefix}name"),
+                "must be 1 to 64 letters, digits, underscores or dashes",
+            ));
+        }
+        if defs.iter().any(|d| d.name == name) {
+            return Err(FieldError::new(
+                format!("{fn_prefix}name"),
+                format!("`{name}` is offered twice"),
+            ));
+        }
+        let parameters = match func.raw("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(other) => {
+                return Err(FieldError::new(
+                    format!("{fn_prefix}parameters"),
+                    format!(
+                        "must be a JSON Schema object, got {}",
+                        crate::json::type_name(other)
+                    ),
+                ))
+            }
+        };
+        defs.push(ToolDef {
+            name: name.to_string(),
+            description: func.str("description")?.map(str::to_string),
+            parameters,
+        });
+    }
+    let choice = match f.raw("tool_choice") {
+        None | Some(Value::Null) => {
+            if defs.is_empty() {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            }
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(FieldError::new(
+                    "tool_choice",
+                    format!("must be none, auto, required or a function, got `{other}`"),
+                ))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let c = Fields::new(o, "tool_choice.");
+            let kind = c.str("type")?.unwrap_or("function");
+            if kind != "function" {
+                return Err(FieldError::new(
+                    "tool_choice.type",
+                    format!("only `function` is supported, got `{kind}`"),
+                ));
+            }
+            let name = match shape {
+                FormatShape::Flat => c.str("name")?,
+                FormatShape::Nested => match c.obj("function")? {
+                    Some(inner) => Fields::new(inner, "tool_choice.function.").str("name")?,
+                    None => None,
+                },
+            };
+            let field = match shape {
+                FormatShape::Flat => "tool_choice.name",
+                FormatShape::Nested => "tool_choice.function.name",
+            };
+            let name = name.ok_or_else(|| FieldError::new(field, "is required"))?;
+            if !defs.iter().any(|d| d.name == name) {
+                return Err(FieldError::new(
+                    field,
+                    format!("`{name}` is not one of the `tools`"),
+                ));
+            }
+            ToolChoice::Named(name.to_string())
+        }
+        Some(other) => {
+            return Err(FieldError::new(
+                "tool_choice",
+                format!(
+                    "must be a string or an object, got {}",
+                    crate::json::type_name(other)
+                ),
+            ))
+        }
+    };
+    if matches!(choice, ToolChoice::Required) && defs.is_empty() {
+        return Err(FieldError::new(
+            "tool_choice",
+            "`required` needs at least one of `tools`",
+        ));
+    }
+    Ok(Tools {
+        defs,
+        choice,
+        parallel: f.bool("parallel_tool_calls")?.unwrap_or(true),
+    })
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
+use tokenwire_core::tools::{ToolDef, ToolFormat};
 use tokenwire_core::{ChatMessage, Grammar, TextCodec, TokenConstraint, TokenId};
 
 use crate::chat::{join_contents, ChatTemplate};
@@ -144,6 +145,37 @@ impl TextCodec for HfCodec {
 
     fn max_token_bytes(&self) -> Option<usize> {
         self.max_token_bytes
+    }
+
+    fn tool_format(&self) -> ToolFormat {
+        self.template
+            .as_ref()
+            .map_or(ToolFormat::Hermes, ChatTemplate::tool_format)
+    }
+
+    fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+    ) -> Option<Result<Vec<TokenId>, String>> {
+        let template = self.template.as_ref().filter(|t| t.takes_tools())?;
+        // Contents with typed control text take the guarded path, through
+        // the tools described in a system message instead.
+        if messages
+            .iter()
+            .any(|m| self.specials.iter().any(|s| m.content.contains(s.as_str())))
+        {
+            return None;
+        }
+        Some(
+            template
+                .render_with_tools(messages, tools)
+                .and_then(|text| {
+                    let wrote_bos =
+                        !template.bos_token().is_empty() && text.starts_with(template.bos_token());
+                    self.encode(&text, !wrote_bos)
+                }),
+        )
     }
 
     fn constrain(&self, grammar: &Grammar) -> Result<Box<dyn TokenConstraint>, String> {

@@ -9,6 +9,7 @@ use crate::dialect::openai::{self, FormatShape};
 use crate::json::{self, FieldError, Fields};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Role};
+use crate::tools::{self, ToolChoice, ToolFormat, Tools};
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u64 = 8;
@@ -81,6 +82,8 @@ pub struct ChatRequest {
     /// `response_format`: the grammar every choice's text must follow
     /// (`None` for free text).
     pub format: Option<Grammar>,
+    /// `tools`, `tool_choice`, `parallel_tool_calls` (chat only).
+    pub tools: Tools,
 }
 
 /// A request refused before anything runs: the status, the OpenAI error
@@ -134,16 +137,20 @@ pub fn error_body(status: u16, code: &str, message: &str, param: Option<&str>) -
 /// Decodes a request body (a JSON object) for `route`. `default_max_tokens`
 /// and `context_len` bound the length; fields this server does not know are
 /// ignored, as the API's clients expect.
+///
+/// Earlier tool calls in assistant messages are written as the model
+/// writes calls (`format`), so the conversation reads as the model's own.
 pub fn decode(
     route: Route,
     obj: &Map<String, Value>,
     default_max_tokens: u32,
     context_len: u32,
+    format: ToolFormat,
 ) -> Result<ChatRequest, BadRequest> {
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let input = match route {
-        Route::Chat => Input::Messages(messages(&f)?),
+        Route::Chat => Input::Messages(messages(&f, format)?),
         Route::Completions => Input::Prompt(prompt(&f)?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set.
@@ -204,7 +211,20 @@ pub fn decode(
             .map_err(BadRequest::invalid)?,
         None => None,
     };
-    not_yet(&f)?;
+    let tools = match route {
+        Route::Chat => openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?,
+        Route::Completions => Tools {
+            defs: Vec::new(),
+            choice: ToolChoice::None,
+            parallel: false,
+        },
+    };
+    if tools.forced() && format.is_some() {
+        return Err(BadRequest::field(
+            "tool_choice",
+            "a forced tool call cannot be combined with a `response_format`; use one or the other",
+        ));
+    }
     Ok(ChatRequest {
         route,
         model,
@@ -216,6 +236,7 @@ pub fn decode(
         include_usage,
         echo,
         format,
+        tools,
     })
 }
 
@@ -266,24 +287,10 @@ fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
     }
 }
 
-/// Fields this server refuses rather than ignores: what they ask would
-/// change the answer's meaning (tools), and they are not built yet.
-fn not_yet(f: &Fields<'_>) -> Result<(), BadRequest> {
-    if f.array("tools")
-        .map_err(BadRequest::invalid)?
-        .is_some_and(|t| !t.is_empty())
-    {
-        return Err(BadRequest::unsupported(
-            "tools",
-            "tool calls are not supported by this server yet; send no `tools`",
-        ));
-    }
-    Ok(())
-}
-
 /// Chat `messages`: roles `system`, `developer` (a system message),
-/// `user` and `assistant`; content a string or an array of `text` parts.
-fn messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
+/// `user`, `assistant` (with `tool_calls`, written in `format`) and `tool`;
+/// content a string or an array of `text` parts.
+fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
     let items = f
         .array("messages")
         .map_err(BadRequest::invalid)?
@@ -312,29 +319,73 @@ fn messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
                 "system" | "developer" => Role::System,
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
-                "tool" | "function" => {
-                    return Err(BadRequest::unsupported(
-                        &format!("{name}.role"),
-                        "tool messages are not supported by this server yet",
-                    ))
-                }
+                "tool" | "function" => Role::Tool,
                 other => {
                     return Err(BadRequest::field(
                         &format!("{name}.role"),
-                        format!("must be system, developer, user or assistant, got `{other}`"),
+                        format!(
+                            "must be system, developer, user, assistant or tool, got `{other}`"
+                        ),
                     ))
                 }
             };
-            if mf.has("tool_calls") && !matches!(m.get("tool_calls"), Some(Value::Null)) {
-                return Err(BadRequest::unsupported(
-                    &format!("{name}.tool_calls"),
-                    "tool calls are not supported by this server yet",
-                ));
-            }
-            let content = content(&format!("{name}.content"), m.get("content"))?;
+            let calls = match m.get("tool_calls") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(_) if role != Role::Assistant => {
+                    return Err(BadRequest::field(
+                        &format!("{name}.tool_calls"),
+                        "only assistant messages carry `tool_calls`",
+                    ))
+                }
+                Some(Value::Array(calls)) => calls
+                    .iter()
+                    .enumerate()
+                    .map(|(j, c)| history_call(&format!("{name}.tool_calls[{j}]"), c, format))
+                    .collect::<Result<Vec<_>, _>>()?,
+                Some(other) => {
+                    return Err(BadRequest::field(
+                        &format!("{name}.tool_calls"),
+                        format!("must be an array, got {}", json::type_name(other)),
+                    ))
+                }
+            };
+            let text = match (m.get("content"), calls.is_empty()) {
+                // An assistant turn that only called tools has no content.
+                (None | Some(Value::Null), false) => String::new(),
+                (c, _) => content(&format!("{name}.content"), c)?,
+            };
+            let content = if calls.is_empty() {
+                text
+            } else {
+                [text, calls.concat()]
+                    .into_iter()
+                    .filter(|t| !t.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
             Ok(ChatMessage { role, content })
         })
         .collect()
+}
+
+/// One earlier call of an assistant message, written as the model writes
+/// calls.
+fn history_call(field: &str, v: &Value, format: ToolFormat) -> Result<String, BadRequest> {
+    let Value::Object(o) = v else {
+        return Err(BadRequest::field(field, "must be an object"));
+    };
+    let prefix = format!("{field}.function.");
+    let func = o
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| BadRequest::field(&format!("{field}.function"), "is required"))?;
+    let ff = Fields::new(func, &prefix);
+    let name = ff.req_str("name").map_err(BadRequest::invalid)?;
+    let arguments = ff
+        .str("arguments")
+        .map_err(BadRequest::invalid)?
+        .unwrap_or("{}");
+    Ok(tools::render_call(format, name, arguments))
 }
 
 /// A message's content: a string, or `text` parts joined.
@@ -404,7 +455,7 @@ mod tests {
     }
 
     fn chat(v: Value) -> Result<ChatRequest, BadRequest> {
-        decode(Route::Chat, &body(v), 64, 512)
+        decode(Route::Chat, &body(v), 64, 512, ToolFormat::Hermes)
     }
 
     #[test]
@@ -505,7 +556,33 @@ mod tests {
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
-                "tools",
+                "tools[0].function",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                       "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice.function.name",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                       "tool_choice": "required", "response_format": {"type": "json_object"}}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+                "messages[0].tool_calls",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10000}),
@@ -520,6 +597,37 @@ mod tests {
             assert_eq!(b["error"]["param"], field);
             assert_eq!(b["error"]["type"], "invalid_request_error");
         }
+    }
+
+    #[test]
+    fn tools_and_a_tool_conversation_decode() {
+        let r = chat(json!({
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false
+        }))
+        .expect("decodes");
+        let Input::Messages(m) = &r.input else {
+            panic!("messages")
+        };
+        assert_eq!(m[1].role, Role::Assistant);
+        assert_eq!(
+            m[1].content,
+            r#"<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>"#
+        );
+        assert_eq!((m[2].role, m[2].content.as_str()), (Role::Tool, "sunny"));
+        assert_eq!(r.tools.defs.len(), 1);
+        assert_eq!(r.tools.choice, ToolChoice::Named("get_weather".into()));
+        assert!(!r.tools.parallel && r.tools.forced());
     }
 
     #[test]
@@ -560,6 +668,7 @@ mod tests {
             &body(json!({"model": "m", "prompt": ["Once"], "logprobs": 3, "echo": true})),
             64,
             512,
+            ToolFormat::Hermes,
         )
         .expect("decodes");
         assert_eq!(r.input, Input::Prompt("Once".into()));
@@ -570,6 +679,7 @@ mod tests {
             &body(json!({"model": "m", "prompt": ["a", "b"]})),
             64,
             512,
+            ToolFormat::Hermes,
         )
         .expect_err("two prompts");
         assert_eq!(e.code, "unsupported_parameter");

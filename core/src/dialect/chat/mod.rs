@@ -12,8 +12,11 @@
 //! enforce is a 400 naming `response_format`), and every choice decodes
 //! under its own copy ([`crate::constraint`]).
 //!
-//! Refused for now, with `unsupported_parameter`: `tools` and tool messages
-//! (docs/openai.md).
+//! `tools` are rendered into the prompt ([`crate::tools`]); with
+//! `tool_choice` `required` or a named function a grammar forces the
+//! calls; each choice's answer runs through a [`CallSplitter`], so calls
+//! come out as `tool_calls` (whole, in one chunk each when streamed) and
+//! never as text.
 
 pub mod codec;
 pub mod http;
@@ -26,6 +29,7 @@ use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
+use crate::tools::{self, CallSplitter, ParsedCall, Released};
 
 /// One choice being generated.
 #[derive(Debug, Default)]
@@ -45,6 +49,11 @@ struct Choice {
     /// Completions: where the next logprob token starts in the answer's
     /// text (after the echoed prompt, if any).
     offset: usize,
+    /// With tools offered: holds back text that may be a call's markup and
+    /// finds the calls.
+    splitter: Option<CallSplitter>,
+    /// The calls it made, with their ids.
+    calls: Vec<(String, ParsedCall)>,
 }
 
 /// The request in flight (one per virtual connection).
@@ -93,7 +102,8 @@ impl ChatConn {
     fn on_request(&mut self, cx: &mut Cx<'_>, route: Route, body: &Map<String, Value>) {
         let context_len = cx.model().context_len;
         let default_max = cx.config().default_max_tokens;
-        let req = match codec::decode(route, body, default_max, context_len) {
+        let format = cx.codec().tool_format();
+        let req = match codec::decode(route, body, default_max, context_len, format) {
             Ok(r) => r,
             Err(e) => return refuse(cx, &e),
         };
@@ -105,18 +115,19 @@ impl ChatConn {
             );
             return send_error(cx, 404, "model_not_found", &message, Some("model"));
         }
-        let constraint = match &req.format {
-            Some(g) => match cx.codec().constrain(g) {
+        // A forced tool call and a response format are never both set
+        // (the codec refuses that).
+        let (grammar, field) = match (&req.format, tools::forcing_grammar(&req.tools, format)) {
+            (Some(g), _) => (Some(g.clone()), "response_format"),
+            (None, Some(g)) => (Some(g), "tools"),
+            (None, None) => (None, ""),
+        };
+        let constraint = match grammar {
+            Some(g) => match cx.codec().constrain(&g) {
                 Ok(c) => Some(Constraint::new(c)),
                 Err(e) => {
-                    let message = format!("`response_format` cannot be used: {e}");
-                    return send_error(
-                        cx,
-                        400,
-                        "invalid_request",
-                        &message,
-                        Some("response_format"),
-                    );
+                    let message = format!("`{field}` cannot be used: {e}");
+                    return send_error(cx, 400, "invalid_request", &message, Some(field));
                 }
             },
             None => None,
@@ -125,7 +136,11 @@ impl ChatConn {
         let (job, prompt_text) = match &req.input {
             Input::Messages(m) => {
                 let budget = context_len.saturating_sub(max_tokens);
-                (cx.encode_chat(m.clone(), usize::MAX, budget), String::new())
+                let tools = req.tools.prompt_defs().to_vec();
+                (
+                    cx.encode_chat_with_tools(m.clone(), usize::MAX, budget, tools),
+                    String::new(),
+                )
             }
             Input::Prompt(p) => match cx.encode_prompt(p.clone(), max_tokens) {
                 Ok(job) => (job, p.clone()),
@@ -139,7 +154,15 @@ impl ChatConn {
             Route::Chat => "chatcmpl-",
             Route::Completions => "cmpl-",
         };
-        let choices = (0..req.n).map(|_| Choice::default()).collect();
+        let choices = (0..req.n)
+            .map(|_| Choice {
+                splitter: req
+                    .tools
+                    .active()
+                    .then(|| CallSplitter::new(format, &req.tools.defs)),
+                ..Choice::default()
+            })
+            .collect();
         self.inflight = Some(Request {
             id: cx.new_id(prefix),
             created: cx.unix_ms() / 1000,
@@ -299,6 +322,29 @@ impl ChatConn {
         })
     }
 
+    /// A streamed chunk carrying choice `index`'s call `k` whole (its
+    /// id, name and arguments in one `delta.tool_calls` entry, which the
+    /// SDKs' stream accumulators take as they take a split one).
+    fn call_chunk(r: &Request, index: usize, k: usize) -> Value {
+        let (id, call) = &r.choices[index].calls[k];
+        json!({
+            "id": r.id,
+            "object": r.req.route.chunk_object(),
+            "created": r.created,
+            "model": r.req.model,
+            "choices": [{
+                "index": index,
+                "delta": {"tool_calls": [{
+                    "index": k,
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }]},
+                "finish_reason": null,
+            }],
+        })
+    }
+
     fn usage(r: &Request) -> Value {
         let completion: u32 = r.choices.iter().map(|c| c.tokens).sum();
         let mut u = json!({
@@ -338,7 +384,7 @@ impl ChatConn {
             .map(|(i, c)| match r.req.route {
                 Route::Chat => json!({
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "message": message(c),
                     "logprobs": r.req.logprobs.map(|_| json!({"content": c.logprobs, "refusal": null})),
                     "finish_reason": c.finish,
                 }),
@@ -362,6 +408,24 @@ impl ChatConn {
             "usage": Self::usage(&r),
         }}));
     }
+}
+
+/// A chat choice's `message`: its text, and its calls when it made any
+/// (then `content` is null unless it also wrote text).
+fn message(c: &Choice) -> Value {
+    if c.calls.is_empty() {
+        return json!({"role": "assistant", "content": c.text, "refusal": null});
+    }
+    let calls: Vec<Value> = c
+        .calls
+        .iter()
+        .map(|(id, call)| {
+            json!({"id": id, "type": "function",
+                   "function": {"name": call.name, "arguments": call.arguments}})
+        })
+        .collect();
+    let content = (!c.text.is_empty()).then(|| c.text.clone());
+    json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls})
 }
 
 /// The text token `t` adds after `last` (leading space included, as the
@@ -478,6 +542,30 @@ impl DialectConn for ChatConn {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
+        // With tools, only what cannot be a call's markup is text; calls
+        // come out whole.
+        let (visible, new_calls) = match r.choices[index].splitter.as_mut() {
+            None => (piece.text.clone(), Vec::new()),
+            Some(sp) => {
+                let mut released = sp.push(&piece.text);
+                if finish.is_some() {
+                    released.extend(sp.finish());
+                }
+                let mut text = String::new();
+                let mut calls = Vec::new();
+                for item in released {
+                    match item {
+                        Released::Text(t) => text.push_str(&t),
+                        Released::Call(c) => calls.push(c),
+                    }
+                }
+                (text, calls)
+            }
+        };
+        let new_calls: Vec<(String, ParsedCall)> = new_calls
+            .into_iter()
+            .map(|c| (cx.new_id("call_"), c))
+            .collect();
         let echo = r.req.echo && r.req.stream && !r.choices[index].announced;
         let c = &mut r.choices[index];
         if echo {
@@ -488,7 +576,7 @@ impl DialectConn for ChatConn {
         if let Some(e) = &entry {
             c.offset += e["token"].as_str().map_or(0, str::len);
         }
-        c.text.push_str(&piece.text);
+        c.text.push_str(&visible);
         if let Some(t) = piece.token_id {
             c.tokens += 1;
             c.last = Some(t);
@@ -497,17 +585,30 @@ impl DialectConn for ChatConn {
         if let Some(e) = &entry {
             c.logprobs.push(e.clone());
         }
+        let first_call = c.calls.len();
+        c.calls.extend(new_calls);
+        // A choice that called tools and ended by itself ends for them.
+        let finish = match finish {
+            Some("stop") if !c.calls.is_empty() => Some("tool_calls"),
+            f => f,
+        };
         c.finish = finish;
-        if r.req.stream && (!piece.text.is_empty() || entry.is_some() || !c.announced) {
+        if r.req.stream && (!visible.is_empty() || entry.is_some() || !c.announced) {
             let role = !c.announced;
             c.announced = true;
             let text = if echo {
-                format!("{}{}", r.prompt_text, piece.text)
+                format!("{}{}", r.prompt_text, visible)
             } else {
-                piece.text.clone()
+                visible
             };
             let chunk = Self::chunk(r, index, &text, entry.map(|e| (e, offset)), None, role);
             cx.send(json!({"kind": "chunk", "data": chunk}));
+        }
+        if r.req.stream {
+            for k in first_call..r.choices[index].calls.len() {
+                let chunk = Self::call_chunk(r, index, k);
+                cx.send(json!({"kind": "chunk", "data": chunk}));
+            }
         }
         if let Some(f) = finish {
             if r.req.stream {

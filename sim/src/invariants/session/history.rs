@@ -39,6 +39,7 @@ fn check_job(
         messages,
         max_messages,
         max_tokens,
+        ..
     } = work
     else {
         return Err(format!("{what} is tokenized as a raw prompt"));
@@ -222,6 +223,7 @@ mod tests {
                 messages,
                 max_messages: 20,
                 max_tokens,
+                tools: Vec::new(),
             },
         })
     }

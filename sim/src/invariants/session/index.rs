@@ -186,6 +186,7 @@ mod tests {
                 messages: vec![],
                 max_messages: 20,
                 max_tokens: 100,
+                tools: Vec::new(),
             },
         }))
     }
