@@ -87,6 +87,17 @@ pub struct Tools {
     pub parallel: bool,
 }
 
+impl Default for Tools {
+    /// No tools (parallel calls allowed, as the API's default).
+    fn default() -> Self {
+        Tools {
+            defs: Vec::new(),
+            choice: ToolChoice::None,
+            parallel: true,
+        }
+    }
+}
+
 impl Tools {
     /// Whether the model sees the tools and its calls are parsed.
     pub fn active(&self) -> bool {

@@ -9,7 +9,7 @@ use crate::dialect::openai::{self, FormatShape};
 use crate::json::{self, FieldError, Fields};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Role};
-use crate::tools::{self, ToolChoice, ToolFormat, Tools};
+use crate::tools::{self, ToolFormat, Tools};
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u64 = 8;
@@ -213,11 +213,7 @@ pub fn decode(
     };
     let tools = match route {
         Route::Chat => openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?,
-        Route::Completions => Tools {
-            defs: Vec::new(),
-            choice: ToolChoice::None,
-            parallel: false,
-        },
+        Route::Completions => Tools::default(),
     };
     if tools.forced() && format.is_some() {
         return Err(BadRequest::field(
@@ -446,6 +442,7 @@ fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::ToolChoice;
 
     fn body(v: Value) -> Map<String, Value> {
         match v {

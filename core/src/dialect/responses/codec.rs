@@ -14,6 +14,7 @@ use crate::constraint::Grammar;
 use crate::dialect::openai::{self, FormatShape};
 use crate::json::{self, FieldError, Fields};
 use crate::text::{ChatMessage, Role};
+use crate::tools::{self, ToolFormat, Tools};
 
 /// Longest `metadata` map the API allows.
 pub const MAX_METADATA_KEYS: usize = 16;
@@ -61,6 +62,8 @@ pub struct CreateRequest {
     pub stream_id: Option<Value>,
     /// `text.format`'s grammar (structured output); `None` for free text.
     pub format: Option<Grammar>,
+    /// `tools`, `tool_choice`, `parallel_tool_calls`.
+    pub tools: Tools,
 }
 
 /// What the client sent, echoed as sent.
@@ -111,18 +114,30 @@ const SAMPLING_KEYS: [&str; 7] = [
     "seed",
 ];
 
-/// Decodes one client frame.
+/// Decodes one client frame (earlier `function_call` input items written
+/// in the Hermes format; see [`decode_client_with`]).
 pub fn decode_client(text: &str) -> Result<ClientEvent, DecodeError> {
+    decode_client_with(text, ToolFormat::Hermes)
+}
+
+/// Decodes one client frame, writing earlier `function_call` input items
+/// as a model whose calls look like `format` writes them.
+pub fn decode_client_with(text: &str, format: ToolFormat) -> Result<ClientEvent, DecodeError> {
     let v = json::parse(text).map_err(|m| DecodeError {
         code: "invalid_json",
         message: m,
         param: None,
     })?;
-    decode_value(&v)
+    decode_value_with(&v, format)
 }
 
-/// Decodes one client event from JSON.
+/// Decodes one client event from JSON ([`decode_client`]'s format).
 pub fn decode_value(v: &Value) -> Result<ClientEvent, DecodeError> {
+    decode_value_with(v, ToolFormat::Hermes)
+}
+
+/// Decodes one client event from JSON, earlier calls written in `format`.
+pub fn decode_value_with(v: &Value, format: ToolFormat) -> Result<ClientEvent, DecodeError> {
     let Value::Object(obj) = v else {
         return Err(DecodeError {
             code: "invalid_request",
@@ -133,7 +148,7 @@ pub fn decode_value(v: &Value) -> Result<ClientEvent, DecodeError> {
     let f = Fields::new(obj, "");
     let kind = f.req_str("type").map_err(DecodeError::invalid)?;
     match kind {
-        "response.create" => decode_create(obj).map(|r| ClientEvent::Create(Box::new(r))),
+        "response.create" => decode_create(obj, format).map(|r| ClientEvent::Create(Box::new(r))),
         "response.cancel" => Ok(ClientEvent::Cancel {
             response_id: f
                 .str("response_id")
@@ -156,7 +171,10 @@ pub fn decode_value(v: &Value) -> Result<ClientEvent, DecodeError> {
     }
 }
 
-fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError> {
+fn decode_create(
+    obj: &Map<String, Value>,
+    tool_format: ToolFormat,
+) -> Result<CreateRequest, DecodeError> {
     // The SDKs may nest the body under `response`; flat fields win.
     let merged;
     let obj = match obj.get("response") {
@@ -180,12 +198,30 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
             role: Role::User,
             content: s.clone(),
         }],
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| input_item(i, item))
-            .collect::<Result<_, _>>()
-            .map_err(e)?,
+        Some(Value::Array(items)) => {
+            let mut messages: Vec<ChatMessage> = Vec::with_capacity(items.len());
+            let mut after_call = false;
+            for (i, item) in items.iter().enumerate() {
+                let (m, is_call) = input_item(i, item, tool_format).map_err(e)?;
+                // Calls of one turn (and the text before them) make one
+                // assistant message, as the model wrote them.
+                match messages.last_mut() {
+                    Some(prev) if is_call && prev.role == Role::Assistant => {
+                        prev.content.push_str(&m.content);
+                    }
+                    Some(prev)
+                        if after_call
+                            && m.role == Role::Assistant
+                            && prev.role == Role::Assistant =>
+                    {
+                        prev.content.push_str(&m.content);
+                    }
+                    _ => messages.push(m),
+                }
+                after_call = is_call;
+            }
+            messages
+        }
         Some(other) => {
             return Err(e(FieldError::new(
                 "input",
@@ -211,6 +247,13 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
         },
         None => None,
     };
+    let tools = openai::tools(&f, FormatShape::Flat).map_err(e)?;
+    if tools.forced() && format.is_some() {
+        return Err(e(FieldError::new(
+            "tool_choice",
+            "a forced tool call cannot be combined with `text.format`; use one or the other",
+        )));
+    }
     Ok(CreateRequest {
         model: f.str("model").map_err(e)?.map(str::to_string),
         input,
@@ -235,6 +278,7 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
         stream: f.bool("stream").map_err(e)?.unwrap_or(false),
         stream_id,
         format,
+        tools,
     })
 }
 
@@ -265,8 +309,13 @@ fn check_metadata(m: &Value) -> Result<(), FieldError> {
     Ok(())
 }
 
-/// One `input` item as a chat message.
-fn input_item(i: usize, item: &Value) -> Result<ChatMessage, FieldError> {
+/// One `input` item as a chat message, and whether it is a call the model
+/// made (a `function_call` item, written as `format` writes calls).
+fn input_item(
+    i: usize,
+    item: &Value,
+    format: ToolFormat,
+) -> Result<(ChatMessage, bool), FieldError> {
     let name = format!("input[{i}]");
     let Value::Object(m) = item else {
         return Err(FieldError::new(
@@ -308,15 +357,41 @@ fn input_item(i: usize, item: &Value) -> Result<ChatMessage, FieldError> {
                 }
                 None => return Err(FieldError::new(format!("{name}.content"), "is required")),
             };
-            Ok(ChatMessage { role, content })
+            Ok((ChatMessage { role, content }, false))
         }
-        "function_call_output" => Ok(ChatMessage {
-            role: Role::Tool,
-            content: f.req_str("output")?.to_string(),
-        }),
+        "function_call" => {
+            let call = tools::render_call(format, f.req_str("name")?, f.req_str("arguments")?);
+            Ok((
+                ChatMessage {
+                    role: Role::Assistant,
+                    content: call,
+                },
+                true,
+            ))
+        }
+        "function_call_output" => {
+            let output = match f.raw("output") {
+                Some(Value::String(s)) => s.clone(),
+                // Output given as content parts: their text.
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .enumerate()
+                    .map(|(j, p)| content_part(&name, j, p))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+                _ => return Err(FieldError::new(format!("{name}.output"), "must be a string")),
+            };
+            Ok((
+                ChatMessage {
+                    role: Role::Tool,
+                    content: output,
+                },
+                false,
+            ))
+        }
         other => Err(FieldError::new(
             format!("{name}.type"),
-            format!("`{other}` items are not supported; send messages or function_call_output"),
+            format!("`{other}` items are not supported; send messages, function_call or function_call_output"),
         )),
     }
 }

@@ -28,6 +28,7 @@ use crate::gen::{Failure, FinishReason, GenRequest, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId};
+use crate::tools::{self, CallSplitter, ParsedCall, Released, ToolChoice, ToolFormat, Tools};
 
 /// Close code past the connection limit (try again later).
 const CLOSE_TRY_AGAIN: u16 = 1013;
@@ -71,8 +72,21 @@ struct Draft {
     text: String,
     /// Next `sequence_number`.
     seq_no: u64,
-    /// The output item was announced (its `done` events are owed).
+    /// The open message item was announced (its `done` events are owed).
     item_open: bool,
+    /// The open message item's place in `output`.
+    msg_index: usize,
+    /// Output items closed so far, in order.
+    output: Vec<Value>,
+    /// What the model wrote, calls included as it wrote them: the
+    /// assistant turn a continuation sees.
+    transcript: String,
+    /// The tools offered and their choice.
+    tools: Tools,
+    /// How the model writes calls.
+    tool_format: ToolFormat,
+    /// With tools offered: holds back text that may be a call's markup.
+    splitter: Option<CallSplitter>,
     /// `text.format`'s compiled grammar.
     constraint: Option<Constraint>,
 }
@@ -92,9 +106,12 @@ impl Draft {
             "status": status,
             "model": self.model,
             "output": output,
-            "parallel_tool_calls": false,
-            "tool_choice": "auto",
-            "tools": [],
+            "parallel_tool_calls": self.tools.parallel,
+            "tool_choice": if self.tools.defs.is_empty() { json!("auto") } else { tool_choice_json(&self.tools.choice) },
+            "tools": self.tools.defs.iter().map(|d| json!({
+                "type": "function", "name": d.name, "description": d.description,
+                "parameters": d.parameters, "strict": null,
+            })).collect::<Vec<_>>(),
             "previous_response_id": self.previous_response_id,
             "instructions": self.instructions,
             "temperature": self.echo.temperature.clone().unwrap_or_else(|| f32_number(p.temperature)),
@@ -221,21 +238,34 @@ impl ResponsesConn {
                 Some("input"),
             );
         }
-        let constraint = match &req.format {
-            Some(g) => match cx.codec().constrain(g) {
+        let tool_format = cx.codec().tool_format();
+        // A forced call and a format are never both set (the codec
+        // refuses that).
+        let (grammar, field) = match (&req.format, tools::forcing_grammar(&req.tools, tool_format))
+        {
+            (Some(g), _) => (Some(g.clone()), "text.format"),
+            (None, Some(g)) => (Some(g), "tools"),
+            (None, None) => (None, ""),
+        };
+        let constraint = match grammar {
+            Some(g) => match cx.codec().constrain(&g) {
                 Ok(c) => Some(Constraint::new(c)),
                 Err(e) => {
                     return send_error(
                         cx,
                         400,
                         "invalid_request",
-                        &format!("`text.format` cannot be used: {e}"),
-                        Some("text.format"),
+                        &format!("`{field}` cannot be used: {e}"),
+                        Some(field),
                     )
                 }
             },
             None => None,
         };
+        let splitter = req
+            .tools
+            .active()
+            .then(|| CallSplitter::new(tool_format, &req.tools.defs));
         let draft = Draft {
             id: cx.new_id("resp_"),
             msg_id: String::new(),
@@ -253,6 +283,12 @@ impl ResponsesConn {
             text: String::new(),
             seq_no: 0,
             item_open: false,
+            msg_index: 0,
+            output: Vec::new(),
+            transcript: String::new(),
+            tools: req.tools,
+            tool_format,
+            splitter,
             constraint,
         };
         let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
@@ -269,7 +305,8 @@ impl ResponsesConn {
         } else {
             0
         });
-        let job = cx.encode_chat(prompt, usize::MAX, budget);
+        let tools = draft.tools.prompt_defs().to_vec();
+        let job = cx.encode_chat_with_tools(prompt, usize::MAX, budget, tools);
         self.inflight = Some(Inflight {
             stage: Stage::Tokenizing(job),
             draft,
@@ -320,7 +357,6 @@ impl ResponsesConn {
                 return send_error(cx, status, code, &message, None);
             }
         };
-        draft.msg_id = cx.new_id("msg_");
         let created = draft.object("in_progress", Vec::new(), false);
         draft.emit_json(
             cx,
@@ -330,37 +366,92 @@ impl ResponsesConn {
             cx,
             json!({"type": "response.in_progress", "response": created}),
         );
-        let item = codec::message_item(&draft.msg_id, "in_progress", None);
-        draft.emit_json(
-            cx,
-            json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
-        );
-        let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
-        let msg_id = draft.msg_id.clone();
-        draft.emit_json(cx, json!({"type": "response.content_part.added", "item_id": msg_id, "output_index": 0, "content_index": 0, "part": part}));
-        draft.item_open = true;
+        // Without tools the answer is one message, announced at once; with
+        // them, items open as the answer shows what it is.
+        if draft.splitter.is_none() {
+            Self::open_message(cx, &mut draft);
+        }
         self.inflight = Some(Inflight {
             stage: Stage::Running(seq),
             draft,
         });
     }
 
-    /// Closes the output item (its `done` events) with `item_status`.
-    fn close_item(cx: &mut Cx<'_>, draft: &mut Draft, item_status: &str) -> Vec<Value> {
+    /// Opens a message output item (its `added` events).
+    fn open_message(cx: &mut Cx<'_>, draft: &mut Draft) {
+        draft.msg_id = cx.new_id("msg_");
+        draft.msg_index = draft.output.len();
+        draft.text.clear();
+        let at = draft.msg_index;
+        let item = codec::message_item(&draft.msg_id, "in_progress", None);
+        draft.emit_json(
+            cx,
+            json!({"type": "response.output_item.added", "output_index": at, "item": item}),
+        );
+        let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+        let msg_id = draft.msg_id.clone();
+        draft.emit_json(cx, json!({"type": "response.content_part.added", "item_id": msg_id, "output_index": at, "content_index": 0, "part": part}));
+        draft.item_open = true;
+    }
+
+    /// Streams text into the open message item (opening one if needed).
+    fn push_text(cx: &mut Cx<'_>, draft: &mut Draft, text: &str) {
+        if text.is_empty() {
+            return;
+        }
         if !draft.item_open {
-            return Vec::new();
+            Self::open_message(cx, draft);
+        }
+        draft.text.push_str(text);
+        draft.transcript.push_str(text);
+        let (msg_id, at) = (draft.msg_id.clone(), draft.msg_index);
+        draft.emit_json(cx, json!({"type": "response.output_text.delta", "item_id": msg_id, "output_index": at, "content_index": 0, "delta": text, "logprobs": []}));
+    }
+
+    /// A call the model made: the open message closes, and a
+    /// `function_call` item is announced, its arguments streamed and done.
+    fn push_call(cx: &mut Cx<'_>, draft: &mut Draft, call: ParsedCall) {
+        Self::close_item(cx, draft, "completed");
+        let id = cx.new_id("fc_");
+        let call_id = cx.new_id("call_");
+        let at = draft.output.len();
+        let item = |status: &str, arguments: &str| {
+            json!({"type": "function_call", "id": id, "call_id": call_id, "name": call.name,
+                   "arguments": arguments, "status": status})
+        };
+        draft.emit_json(cx, json!({"type": "response.output_item.added", "output_index": at, "item": item("in_progress", "")}));
+        draft.emit_json(cx, json!({"type": "response.function_call_arguments.delta", "item_id": id, "output_index": at, "delta": call.arguments}));
+        draft.emit_json(cx, json!({"type": "response.function_call_arguments.done", "item_id": id, "output_index": at, "arguments": call.arguments}));
+        let done = item("completed", &call.arguments);
+        draft.emit_json(
+            cx,
+            json!({"type": "response.output_item.done", "output_index": at, "item": done.clone()}),
+        );
+        draft.output.push(done);
+        draft.transcript.push_str(&tools::render_call(
+            draft.tool_format,
+            &call.name,
+            &call.arguments,
+        ));
+    }
+
+    /// Closes the open message item (its `done` events) with `item_status`.
+    fn close_item(cx: &mut Cx<'_>, draft: &mut Draft, item_status: &str) {
+        if !draft.item_open {
+            return;
         }
         draft.item_open = false;
         let id = draft.msg_id.clone();
         let text = draft.text.clone();
-        draft.emit_json(cx, json!({"type": "response.output_text.done", "item_id": id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}));
-        draft.emit_json(cx, json!({"type": "response.content_part.done", "item_id": id, "output_index": 0, "content_index": 0, "part": codec::text_part(&text)}));
+        let at = draft.msg_index;
+        draft.emit_json(cx, json!({"type": "response.output_text.done", "item_id": id, "output_index": at, "content_index": 0, "text": text, "logprobs": []}));
+        draft.emit_json(cx, json!({"type": "response.content_part.done", "item_id": id, "output_index": at, "content_index": 0, "part": codec::text_part(&text)}));
         let item = codec::message_item(&id, item_status, Some(&text));
         draft.emit_json(
             cx,
-            json!({"type": "response.output_item.done", "output_index": 0, "item": item.clone()}),
+            json!({"type": "response.output_item.done", "output_index": at, "item": item.clone()}),
         );
-        vec![item]
+        draft.output.push(item);
     }
 
     /// Ends the in-flight response with its terminal event.
@@ -373,14 +464,14 @@ impl ResponsesConn {
             FinishReason::Length => ("incomplete", "incomplete"),
             FinishReason::Cancelled | FinishReason::Timeout => ("cancelled", "incomplete"),
         };
-        let output = Self::close_item(cx, &mut draft, item_status);
-        let object = draft.object(status, output, true);
+        Self::close_item(cx, &mut draft, item_status);
+        let object = draft.object(status, draft.output.clone(), true);
         let kind = codec::terminal_event_type(status);
         draft.emit_json(cx, json!({"type": kind, "response": object.clone()}));
         if status != "cancelled" {
             draft.messages.push(ChatMessage {
                 role: Role::Assistant,
-                content: draft.text.clone(),
+                content: draft.transcript.clone(),
             });
             self.remember(cx, &draft, object);
         }
@@ -490,7 +581,7 @@ impl DialectConn for ResponsesConn {
     }
 
     fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
-        match codec::decode_client(text) {
+        match codec::decode_client_with(text, cx.codec().tool_format()) {
             Ok(ClientEvent::Create(req)) => self.on_create(cx, *req),
             Ok(ClientEvent::Cancel { response_id }) => self.on_cancel(cx, response_id),
             Ok(ClientEvent::Retrieve { response_id }) if cx.transport == Transport::Http => {
@@ -521,10 +612,21 @@ impl DialectConn for ResponsesConn {
             return;
         }
         let draft = &mut inflight.draft;
-        if !piece.text.is_empty() {
-            draft.text.push_str(&piece.text);
-            let msg_id = draft.msg_id.clone();
-            draft.emit_json(cx, json!({"type": "response.output_text.delta", "item_id": msg_id, "output_index": 0, "content_index": 0, "delta": piece.text, "logprobs": []}));
+        let released = match draft.splitter.as_mut() {
+            None => vec![Released::Text(piece.text.clone())],
+            Some(sp) => {
+                let mut r = sp.push(&piece.text);
+                if piece.finish.is_some() {
+                    r.extend(sp.finish());
+                }
+                r
+            }
+        };
+        for item in released {
+            match item {
+                Released::Text(t) => Self::push_text(cx, draft, &t),
+                Released::Call(c) => Self::push_call(cx, draft, c),
+            }
         }
         let Some(reason) = piece.finish else { return };
         if let Some(g) = cx.gen(id) {
@@ -545,8 +647,8 @@ impl DialectConn for ResponsesConn {
             draft.usage.output_tokens = g.completion_tokens();
             draft.usage.cached_tokens = g.cached_tokens;
         }
-        let output = Self::close_item(cx, &mut draft, "incomplete");
-        let mut object = draft.object("failed", output, true);
+        Self::close_item(cx, &mut draft, "incomplete");
+        let mut object = draft.object("failed", draft.output.clone(), true);
         object["error"] = json!({"code": "server_error", "message": failure.message});
         draft.emit_json(cx, json!({"type": "response.failed", "response": object}));
         // A failed response leaves nothing to continue from.
@@ -580,5 +682,15 @@ impl DialectConn for ResponsesConn {
 
     fn busy(&self) -> bool {
         self.inflight.is_some()
+    }
+}
+
+/// `tool_choice` as the Response object echoes it.
+fn tool_choice_json(c: &ToolChoice) -> Value {
+    match c {
+        ToolChoice::None => json!("none"),
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Named(name) => json!({"type": "function", "name": name}),
     }
 }
