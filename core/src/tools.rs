@@ -140,19 +140,18 @@ pub fn with_tools_prompt(
         return messages.to_vec();
     }
     let listed: Vec<String> = defs.iter().map(|d| d.to_json().to_string()).collect();
+    // Short: every token of it is paid on every turn, and small models
+    // have small contexts.
     let how = match format {
         ToolFormat::Hermes => {
-            "To call a function, answer with one <tool_call></tool_call> block per call, each \
-             holding a JSON object with the function's name and arguments:\n\
-             <tool_call>{\"name\": <function-name>, \"arguments\": <arguments-object>}</tool_call>"
+            "To call one, answer with <tool_call>{\"name\": <name>, \"arguments\": <object>}</tool_call> per call."
         }
         ToolFormat::Llama3Json => {
-            "To call a function, answer with only a JSON object with the function's name and \
-             parameters:\n{\"name\": <function-name>, \"parameters\": <parameters-object>}"
+            "To call one, answer with only {\"name\": <name>, \"parameters\": <object>}."
         }
     };
     let text = format!(
-        "You may call functions to help with the user's request. The functions:\n<tools>\n{}\n</tools>\n{how}",
+        "You can call these functions:\n<tools>\n{}\n</tools>\n{how}",
         listed.join("\n")
     );
     let mut out = messages.to_vec();

@@ -234,6 +234,58 @@ def main() -> int:
         if final.choices[0].message.parsed != parsed:
             fail(f"stream() parsed {final.choices[0].message.parsed!r}, parse() {parsed!r}")
 
+    weather_tool = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                       "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20}}}}}
+
+    @check
+    def a_forced_tool_call_parses_json_and_stream() -> None:
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=ask, tools=[weather_tool], tool_choice="required",
+            max_tokens=80, temperature=1, seed=3)
+        c = strict(ChatCompletion, raw.http_response.text, "the completion")
+        calls = c.choices[0].message.tool_calls or []
+        if c.choices[0].finish_reason != "tool_calls" or not calls:
+            fail("no tool call", raw.http_response.text)
+        for call in calls:
+            if call.function.name != "get_weather" or not call.id.startswith("call_"):
+                fail("the call", raw.http_response.text)
+            if not isinstance(json.loads(call.function.arguments).get("city"), str):
+                fail("the arguments", raw.http_response.text)
+        # Streamed: strict chunks, and the SDK's accumulator rebuilds the call.
+        data = sse_data(client.chat.completions.with_streaming_response.create, model=model,
+                        messages=ask, tools=[weather_tool], parallel_tool_calls=False,
+                        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                        max_tokens=80, temperature=1, seed=3)
+        chunks = [strict(ChatCompletionChunk, d, "a chunk") for d in data[:-1]]
+        if any(ch.choices and ch.choices[0].delta.content for ch in chunks):
+            fail("a forced call streamed text", "\n".join(data))
+        with client.chat.completions.stream(
+                model=model, messages=ask, tools=[weather_tool], parallel_tool_calls=False,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                max_tokens=80, temperature=1, seed=3) as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_completion()
+        streamed = final.choices[0].message.tool_calls or []
+        if len(streamed) != 1 or streamed[0].function.arguments != calls[0].function.arguments:
+            fail(f"the stream's call {streamed!r} differs from the JSON's {calls[0]!r}")
+        # The call and its result go back: the next turn sees them.
+        follow = ask + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": calls[0].id, "type": "function",
+                 "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].id, "content": "Sunny, 21 C."},
+        ]
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=follow, tools=[weather_tool], tool_choice="none",
+            max_tokens=12, temperature=0)
+        nxt = strict(ChatCompletion, raw.http_response.text, "the completion")
+        if nxt.choices[0].message.tool_calls or not nxt.choices[0].message.content:
+            fail("tool_choice none gave no text", raw.http_response.text)
+
     @check
     def errors_are_the_sdks_exceptions() -> None:
         try:

@@ -132,6 +132,10 @@ class ItemState:
     item_id: str
     parts: Dict[int, PartState] = field(default_factory=dict)
     done: bool = False
+    # A function_call item: its argument deltas and final arguments.
+    call: bool = False
+    arg_deltas: List[str] = field(default_factory=list)
+    arguments: Optional[str] = None
 
 
 class ResponseTracker:
@@ -249,6 +253,13 @@ class ResponseTracker:
         if m.output_index in self.items:
             self._fail(f"output_index {m.output_index} added twice", ev)
         item = m.item
+        if item.type == "function_call":
+            if not item.id.startswith("fc_") or not item.call_id.startswith("call_"):
+                self._fail(f"function_call ids {item.id!r}, {item.call_id!r}", ev)
+            if item.status != "in_progress" or item.arguments != "":
+                self._fail("an added function_call must be in_progress with empty arguments", ev)
+            self.items[m.output_index] = ItemState(item_id=item.id, call=True)
+            return
         if item.type != "message" or item.role != "assistant":
             self._fail(f"expected an assistant message item, got {item.type!r}", ev)
         if not item.id.startswith("msg_"):
@@ -292,9 +303,27 @@ class ResponseTracker:
             self._fail("content_part.done text differs from output_text.done", ev)
         part.part_done = True
 
+    def _on_function_call_arguments_delta(self, ev: Received) -> None:
+        item = self._item(ev, ev.model.output_index, ev.model.item_id)
+        if not item.call or item.arguments is not None:
+            self._fail("arguments delta for a message, or after arguments.done", ev)
+        item.arg_deltas.append(ev.model.delta)
+
+    def _on_function_call_arguments_done(self, ev: Received) -> None:
+        item = self._item(ev, ev.model.output_index, ev.model.item_id)
+        if not item.call or ev.model.arguments != "".join(item.arg_deltas):
+            self._fail("function_call_arguments.done differs from its deltas", ev)
+        item.arguments = ev.model.arguments
+
     def _on_output_item_done(self, ev: Received) -> None:
         m = ev.model
         item = self._item(ev, m.output_index, m.item.id)
+        if item.call:
+            if m.item.type != "function_call" or m.item.arguments != item.arguments \
+                    or m.item.status != "completed":
+                self._fail("output_item.done differs from the streamed call", ev)
+            item.done = True
+            return
         if not all(part.part_done for part in item.parts.values()):
             self._fail("output_item.done before all its content parts are done", ev)
         texts = [c.text for c in m.item.content if c.type == "output_text"]
@@ -315,10 +344,12 @@ class ResponseTracker:
         open_items = [i for i, item in self.items.items() if not item.done]
         if open_items:
             self._fail(f"output items {open_items} were added but not done before {ev.type}", ev)
-        streamed = [(item.item_id, [p.done_text for _, p in sorted(item.parts.items())])
+        streamed = [(item.item_id, item.arguments if item.call
+                     else [p.done_text for _, p in sorted(item.parts.items())])
                     for _, item in sorted(self.items.items())]
-        final = [(o.id, [c.text for c in o.content if c.type == "output_text"])
-                 for o in response.output if o.type == "message"]
+        final = [(o.id, o.arguments if o.type == "function_call"
+                  else [c.text for c in o.content if c.type == "output_text"])
+                 for o in response.output]
         if final != streamed or len(response.output) != len(self.items):
             self._fail(f"the final output {final!r} differs from the streamed items {streamed!r}", ev)
         if ev.type == "response.failed":
@@ -679,6 +710,37 @@ class Checks:
         if fmt is None or fmt.type != "json_schema" or fmt.name != "Hero":
             fail(f"text.format echoed as {fmt!r}", raw)
 
+    def http_tool_call_and_its_output(self) -> None:
+        """A forced function call streams as a function_call item; its output, sent back as a
+        function_call_output item with the call echoed, continues the conversation."""
+        tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+                "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                               "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 10}}}}
+        ask = [{"role": "user", "content": "Weather in Paris?"}]
+        stream = self.client.responses.create(model=self.model, input=ask, tools=[tool],
+                                              tool_choice="required", parallel_tool_calls=False,
+                                              temperature=1, max_output_tokens=90, stream=True)
+        for _ in stream:
+            pass
+        tracker = sse_track(self.recorder.last("POST"), "HTTP tool call")
+        final = tracker.final
+        calls = [o for o in final.output if o.type == "function_call"]
+        if final.status != "completed" or len(calls) != 1 or calls[0].name != "get_weather":
+            fail(f"expected one completed get_weather call, got {final.output!r}")
+        if not isinstance(json.loads(calls[0].arguments).get("city"), str):
+            fail(f"arguments {calls[0].arguments!r}")
+        if final.tool_choice != "required" or [t.name for t in final.tools] != ["get_weather"]:
+            fail(f"tools echoed as {final.tools!r}, tool_choice {final.tool_choice!r}")
+        nxt = self.client.responses.create(
+            model=self.model, tools=[tool], temperature=0, max_output_tokens=8,
+            input=ask + [{"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+                          "arguments": calls[0].arguments},
+                         {"type": "function_call_output", "call_id": calls[0].call_id,
+                          "output": "Sunny."}])
+        wire = validate_strict(Response, self.recorder.last("POST").text(), "HTTP create body")
+        if nxt.id != wire.id or wire.usage.input_tokens <= final.usage.input_tokens:
+            fail("the call and its output did not reach the next prompt", self.recorder.last("POST").text())
+
     def http_continuation_and_retrieve(self) -> None:
         """A stored response continues by previous_response_id and is returned by retrieve(id)."""
         first = self.client.responses.create(**self.create_args(input=self.FIRST_INPUT))
@@ -777,6 +839,7 @@ class Checks:
             ("http create(stream=True) SSE events", self.http_create_stream),
             ("http responses.stream() and get_final_response()", self.http_stream_helper),
             ("http responses.parse(text_format=pydantic model)", self.http_parse_with_pydantic),
+            ("http forced function call and function_call_output", self.http_tool_call_and_its_output),
             ("http continuation and retrieve(id)", self.http_continuation_and_retrieve),
             ("http unknown previous_response_id -> NotFoundError", self.http_unknown_previous),
         ]

@@ -3,7 +3,8 @@
 //! as JSON and streamed with `include_usage`, `n` = 2 with logprobs and a
 //! seed, stop strings, `completions.create` as JSON and streamed,
 //! `json_schema` output validated with a pydantic model,
-//! `chat.completions.parse()` and `.stream()` with a pydantic model, and the
+//! `chat.completions.parse()` and `.stream()` with a pydantic model, a
+//! forced tool call (JSON, streamed, and its result sent back), and the
 //! SDK's exceptions for bad requests; every body and chunk validated with
 //! the SDK's own pydantic types in strict mode. Skips without
 //! `TOKENWIRE_SDK_PYTHON`, except under `CI=true`.
@@ -15,15 +16,16 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
-    assert!(out.contains("8 of 8 checks passed"), "{out}");
+    assert!(out.contains("9 of 9 checks passed"), "{out}");
     server.shutdown().await;
 }
 
 /// LangChain's `ChatOpenAI` (`tests/sdk/langchain_chat.py`): invoke, stream
 /// with usage, batch and `n`, the same text the route gives the SDK,
-/// `with_structured_output` with a pydantic model, and tool binding refused with the field named until tools are built.
+/// `with_structured_output` with a pydantic model, and `bind_tools` with a
+/// forced choice giving calls whose arguments parse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn langchain_chat_openai_invokes_streams_and_batches() {
+async fn langchain_chat_openai_invokes_streams_batches_and_calls_tools() {
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "langchain_chat.py", &server, &[]).await;

@@ -39,6 +39,7 @@ async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
         "ok: http create(stream=True) SSE events",
         "ok: http responses.stream() and get_final_response()",
         "ok: http responses.parse(text_format=pydantic model)",
+        "ok: http forced function call and function_call_output",
         "ok: http continuation and retrieve(id)",
         "ok: http unknown previous_response_id -> NotFoundError",
         "ok: ws connection limit 3 -> 1013",

@@ -106,7 +106,8 @@ impl Draft {
             "status": status,
             "model": self.model,
             "output": output,
-            "parallel_tool_calls": self.tools.parallel,
+            // With no tools there is nothing to call in parallel.
+            "parallel_tool_calls": !self.tools.defs.is_empty() && self.tools.parallel,
             "tool_choice": if self.tools.defs.is_empty() { json!("auto") } else { tool_choice_json(&self.tools.choice) },
             "tools": self.tools.defs.iter().map(|d| json!({
                 "type": "function", "name": d.name, "description": d.description,
