@@ -262,3 +262,42 @@ fn a_template_that_never_ends_runs_out_of_fuel() {
     let e = t.render(&msgs()).expect_err("out of fuel");
     assert!(e.contains("fuel"), "{e}");
 }
+
+/// A Qwen 2.5-style template that renders `tools` itself (abridged: the
+/// tool list in the system turn, calls as `<tool_call>` blocks).
+const TOOLS_CHATML: &str = "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\nCall with <tool_call></tool_call>.<|im_end|>\n{% endif %}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+#[test]
+fn a_template_that_takes_tools_renders_them_and_its_format_is_known() {
+    use tokenwire_core::tools::{ToolDef, ToolFormat};
+    let t = ChatTemplate::new(TOOLS_CHATML, "", "<|im_end|>").expect("compiles");
+    assert!(t.takes_tools());
+    assert_eq!(t.tool_format(), ToolFormat::Hermes);
+    let def = ToolDef {
+        name: "get_weather".into(),
+        description: Some("Weather".into()),
+        parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+    };
+    let text = t
+        .render_with_tools(&msgs()[1..], std::slice::from_ref(&def))
+        .expect("renders");
+    assert!(
+        text.starts_with("<|im_start|>system\n# Tools\n<tools>{\"function\":{\"description\":\"Weather\",\"name\":\"get_weather\""),
+        "{text}"
+    );
+    // Without tools the template's tool block is left out.
+    assert!(t
+        .render(&msgs()[1..])
+        .expect("renders")
+        .starts_with("<|im_start|>user"));
+    // Templates that do not read `tools`, and Llama 3.1's call format.
+    let plain = ChatTemplate::new(CHATML, "", "").expect("compiles");
+    assert!(!plain.takes_tools());
+    let llama31 = ChatTemplate::new(
+        &format!("{LLAMA3}{{% if tools %}}{{{{ '<|python_tag|>' }}}}{{% endif %}}"),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+    )
+    .expect("compiles");
+    assert_eq!(llama31.tool_format(), ToolFormat::Llama3Json);
+}
