@@ -15,6 +15,12 @@ struct DialectLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     dialect: &'static str,
     outcome: &'static str,
@@ -38,6 +44,7 @@ pub struct Metrics {
     connections: Family<DialectLabels, Gauge>,
     requests: Family<RequestLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
+    http: Family<HttpLabels, Counter>,
     queue_depth: Gauge,
     running: Gauge,
     kv_used: Gauge,
@@ -66,6 +73,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_connections",
     "tokenwire_requests",
     "tokenwire_errors",
+    "tokenwire_http_requests",
     "tokenwire_queue_depth",
     "tokenwire_running_sequences",
     "tokenwire_kv_blocks_used",
@@ -108,6 +116,7 @@ impl Metrics {
         let connections = Family::<DialectLabels, Gauge>::default();
         let requests = Family::<RequestLabels, Counter>::default();
         let errors = Family::<ErrorLabels, Counter>::default();
+        let http = Family::<HttpLabels, Counter>::default();
         let feedback = Family::<RatingLabels, Counter>::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
@@ -133,6 +142,10 @@ impl Metrics {
 
         // Series that read 0 rather than being absent (an empty family is not
         // exposed at all).
+        let _ = http.get_or_create(&HttpLabels {
+            route: "/health".into(),
+            status: 200,
+        });
         for rating in ["positive", "neutral", "negative"] {
             let _ = feedback.get_or_create(&RatingLabels { rating });
         }
@@ -164,6 +177,11 @@ impl Metrics {
             "errors",
             "Error frames sent, by dialect and error code",
             errors.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP requests by route (the route's pattern; WebSocket upgrades by their path; `other` for no route) and status",
+            http.clone(),
         );
         registry.register(
             "queue_depth",
@@ -271,6 +289,7 @@ impl Metrics {
             connections,
             requests,
             errors,
+            http,
             queue_depth,
             running,
             kv_used,
@@ -387,6 +406,12 @@ impl Metrics {
                 self.prefix_hits.inc_by(u64::from(*hit));
             }
         }
+    }
+
+    /// Counts one HTTP request answered with `status` on `route` (a
+    /// pattern from a bounded set, never a client's raw path).
+    pub fn http_request(&self, route: String, status: u16) {
+        self.http.get_or_create(&HttpLabels { route, status }).inc();
     }
 
     /// Counts a connection closed by the shell because its queue overflowed.

@@ -50,6 +50,21 @@ async fn unknown_fields_are_ignored_and_max_completion_tokens_bounds_the_answer(
         "{}",
         r.body
     );
+    // Metrics count each route apart (the dialect's counters join them).
+    let c = json!({"model": "stories260K", "prompt": "Once", "max_tokens": 2}).to_string();
+    let r = http(&server, "POST", "/v1/completions", Some(&c)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = http(&server, "GET", "/metrics", None).await.body;
+    let count = |route: &str, status: u16| {
+        metric(
+            &m,
+            &format!("tokenwire_http_requests_total{{route=\"{route}\",status=\"{status}\"}}"),
+        )
+    };
+    assert_eq!(count(CHAT, 200), Some(1.0), "{m}");
+    assert_eq!(count(CHAT, 405), Some(1.0), "{m}");
+    assert_eq!(count(CHAT, 400), Some(1.0), "{m}");
+    assert_eq!(count("/v1/completions", 200), Some(1.0), "{m}");
     server.shutdown().await;
 }
 

@@ -10,7 +10,9 @@ use super::state::{DialectState, HostWide};
 use super::{batch, cai, chat, generate, responses, session, DialectConn};
 use crate::config::HostConfig;
 use crate::conn::Dialect;
-use crate::http::{describe, HttpCall, HttpFailure, HttpReply, HttpRequest, HttpSpec, Route};
+use crate::http::{
+    describe, HttpCall, HttpFailure, HttpReply, HttpRequest, HttpSpec, PathMatch, Route,
+};
 
 /// Makes a dialect's host-wide state from the Host's settings.
 pub type MakeState = fn(&HostConfig) -> Box<dyn HostWide>;
@@ -115,6 +117,20 @@ pub fn route(method: &str, path: &str) -> Route {
         }
     }
     allowed.map_or(Route::NotFound, Route::WrongMethod)
+}
+
+/// The route pattern `path` belongs to, for metrics: the path of an exact
+/// route, `prefix{id}` for an id route (`/v1/responses/{id}`), `None` when
+/// no dialect serves it. A bounded set, whatever clients send.
+pub fn route_pattern(path: &str) -> Option<String> {
+    DIALECTS
+        .iter()
+        .flat_map(|row| row.http.map_or(&[][..], |h| h.routes))
+        .find(|r| r.path.matches(path))
+        .map(|r| match r.path {
+            PathMatch::Exact(p) => p.to_string(),
+            PathMatch::Id(prefix) => format!("{prefix}{{id}}"),
+        })
 }
 
 /// Maps a request for `dialect`'s HTTP route to its frames, or the error

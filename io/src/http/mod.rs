@@ -39,7 +39,10 @@ pub(crate) async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let started = std::time::Instant::now();
+    let label = route_label(&path, is_websocket_upgrade(&req));
+    let metrics = Arc::clone(&state.metrics);
     let resp = route(state, peer, slot, req).await;
+    metrics.http_request(label, resp.status().as_u16());
     // Path only: query strings may carry credentials.
     tracing::debug!(
         %peer,
@@ -50,6 +53,22 @@ pub(crate) async fn handle(
         "http request"
     );
     Ok(resp)
+}
+
+/// The metrics label of a request's route: its pattern, never the raw path
+/// (a bounded set, and ids stay out of the metrics).
+fn route_label(path: &str, upgrade: bool) -> String {
+    match path {
+        "/" | "/health" | "/metrics" | "/v1/models" => path.to_string(),
+        _ if upgrade => tokenwire_core::Dialect::ALL
+            .iter()
+            .filter_map(|d| d.ws_path())
+            .find(|p| *p == path)
+            .unwrap_or("other")
+            .to_string(),
+        _ => tokenwire_core::dialect::registry::route_pattern(path)
+            .unwrap_or_else(|| "other".to_string()),
+    }
 }
 
 async fn route(
