@@ -171,7 +171,12 @@ impl Sampler {
                 token = (0..mask.len()).find(|&t| mask.allows(t)).unwrap_or(token);
             }
         }
-        let lp = logprobs.map(|n| self.logprobs(token, n));
+        let mut lp = logprobs.map(|n| self.logprobs(token, n));
+        if let (Some(lp), Some(mask)) = (lp.as_mut(), allowed) {
+            // Tokens the grammar forbids are not alternatives (and their
+            // -inf has no JSON spelling).
+            lp.top.retain(|&(t, l)| mask.allows(t) && l.is_finite());
+        }
         (token, lp)
     }
 
@@ -299,14 +304,7 @@ impl Sampler {
         self.order.sort_unstable_by(|&a, &b| better(work, a, b));
         TokenLogprobs {
             logprob: lp(token),
-            // Impossible tokens (masked out, or -inf logits) are not
-            // alternatives, and -inf has no JSON spelling.
-            top: self
-                .order
-                .iter()
-                .map(|&t| (t, lp(t)))
-                .filter(|(_, l)| l.is_finite())
-                .collect(),
+            top: self.order.iter().map(|&t| (t, lp(t))).collect(),
         }
     }
 }
