@@ -298,6 +298,16 @@ pub enum Event {
         /// The gap.
         gap: Duration,
     },
+    /// A content-filter rule matched: a request refused, or a generation
+    /// ended before text it would have sent (the rule's name, never text).
+    ContentFiltered {
+        /// The dialect.
+        dialect: Dialect,
+        /// The rule's name.
+        rule: String,
+        /// What it did.
+        action: crate::filter::FilterAction,
+    },
     /// An error frame was sent.
     Error {
         /// Its dialect.

@@ -9,6 +9,10 @@ use crate::time::Duration;
 /// Settings of a [`crate::Host`]. `Default` gives the values PROTOCOLS.md names.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostConfig {
+    /// Content-filter rules (`--content-filter`): `refuse` rules refuse
+    /// prompts before any compute, `stop` rules end generations before
+    /// matching text; `None`: no filtering.
+    pub content_filter: Option<std::sync::Arc<crate::filter::ContentFilter>>,
     /// Wall-clock time (unix ms) at the Host's `Instant::ZERO`; ids and timestamps
     /// are `epoch_unix_ms + now`.
     pub epoch_unix_ms: u64,
@@ -99,6 +103,7 @@ pub struct HostConfig {
 impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
+            content_filter: None,
             epoch_unix_ms: 0,
             max_frame_bytes: 4 * 1024 * 1024,
             slow_client_timeout: Duration::from_secs(30),

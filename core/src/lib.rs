@@ -43,6 +43,7 @@ pub mod conn;
 pub mod constraint;
 pub mod dialect;
 pub mod engine;
+pub mod filter;
 pub mod gen;
 pub mod host;
 pub mod http;

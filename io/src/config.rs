@@ -316,6 +316,15 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_KEYS", value_name = "FILE")]
     pub keys: Option<PathBuf>,
 
+    /// Content-filter rules (TOML: `[[rule]]` tables with `name`, `pattern`,
+    /// a regular expression matched case-insensitively, and `action`,
+    /// `refuse` or `stop`): a prompt or message matching a `refuse` rule
+    /// gets the dialect's content-filter error before any compute;
+    /// generated text that would match a `stop` rule is never sent and the
+    /// generation ends with finish reason `content_filter`.
+    #[arg(long, env = "TOKENWIRE_CONTENT_FILTER", value_name = "FILE")]
+    pub content_filter: Option<PathBuf>,
+
     /// `cai`: most requests in flight per connection; more get `RATE_LIMITED`.
     #[arg(long, env = "TOKENWIRE_CAI_MAX_INFLIGHT", value_name = "N",
           default_value_t = host_default().cai_max_inflight,
@@ -445,6 +454,8 @@ pub struct ServerConfig {
     pub job_token_budget: Option<u64>,
     /// `cai`: the keys file, read when the server starts.
     pub keys: Option<PathBuf>,
+    /// The content-filter rules file, read when the server starts.
+    pub content_filter: Option<PathBuf>,
     /// Most connections (WebSocket and HTTP generations) at once.
     pub max_connections: usize,
     /// How long an HTTP client may take to send a request's headers.
@@ -560,6 +571,7 @@ impl ServerConfig {
             feedback_log: args.feedback_log.clone(),
             job_token_budget: args.job_token_budget,
             keys: args.keys.clone(),
+            content_filter: args.content_filter.clone(),
             max_connections: to_usize(args.max_connections),
             header_timeout: Duration::from_secs(args.header_timeout),
             body_timeout: Duration::from_secs(args.body_timeout),

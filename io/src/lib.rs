@@ -51,6 +51,7 @@ mod channel;
 mod clock;
 pub mod config;
 mod conn;
+pub mod content_filter;
 mod driver;
 mod engine_thread;
 mod feedback;

@@ -15,6 +15,13 @@ struct DialectLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilterLabels {
+    dialect: &'static str,
+    rule: String,
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
     route: String,
     status: u16,
@@ -45,6 +52,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     http: Family<HttpLabels, Counter>,
+    filtered: Family<FilterLabels, Counter>,
     queue_depth: Gauge,
     running: Gauge,
     kv_used: Gauge,
@@ -117,6 +125,7 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         let errors = Family::<ErrorLabels, Counter>::default();
         let http = Family::<HttpLabels, Counter>::default();
+        let filtered = Family::<FilterLabels, Counter>::default();
         let feedback = Family::<RatingLabels, Counter>::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
@@ -182,6 +191,11 @@ impl Metrics {
             "http_requests",
             "HTTP requests by route (the route's pattern; WebSocket upgrades by their path; `other` for no route) and status",
             http.clone(),
+        );
+        registry.register(
+            "content_filtered",
+            "Requests refused and generations stopped by a content-filter rule, by dialect, rule name and action",
+            filtered.clone(),
         );
         registry.register(
             "queue_depth",
@@ -290,6 +304,7 @@ impl Metrics {
             requests,
             errors,
             http,
+            filtered,
             queue_depth,
             running,
             kv_used,
@@ -360,6 +375,19 @@ impl Metrics {
                     .get_or_create(&ErrorLabels {
                         dialect: dialect.name(),
                         code,
+                    })
+                    .inc();
+            }
+            Event::ContentFiltered {
+                dialect,
+                rule,
+                action,
+            } => {
+                self.filtered
+                    .get_or_create(&FilterLabels {
+                        dialect: dialect.name(),
+                        rule: rule.clone(),
+                        action: action.as_str(),
                     })
                     .inc();
             }

@@ -215,6 +215,13 @@ pub async fn start_loading_with(
     let clock = Clock::start();
     let mut host_config = config.host_config(clock.epoch_unix_ms());
     host_config.keys = keys.clone();
+    if let Some(path) = &config.content_filter {
+        let filter = crate::content_filter::load(path).map_err(anyhow::Error::msg)?;
+        // Rule names only: patterns may spell what the operator keeps out.
+        let names: Vec<&str> = filter.rules().iter().map(|r| r.name.as_str()).collect();
+        tracing::info!(rules = ?names, "content filter loaded");
+        host_config.content_filter = Some(Arc::new(filter));
+    }
     let host = Host::new(host_config, host_seed(&config)?);
     let (snapshot_tx, snapshot_rx) = crate::channel::snapshot_channel(&host);
     let ready_rx = snapshot_rx.clone();

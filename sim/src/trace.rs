@@ -235,6 +235,8 @@ fn keys_from(v: &Value) -> Result<Option<KeyRing>, String> {
 fn host_from(v: &Value) -> Result<HostConfig, String> {
     let d = |f: &str| u64_of(v, f).map(Duration::from_nanos);
     Ok(HostConfig {
+        // The simulator's runs use no content filter.
+        content_filter: None,
         epoch_unix_ms: u64_of(v, "epoch_unix_ms")?,
         max_frame_bytes: usize::try_from(u64_of(v, "max_frame_bytes")?)
             .map_err(|e| e.to_string())?,

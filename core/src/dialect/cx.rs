@@ -8,6 +8,7 @@ use super::state::{DialectState, HostWide};
 use crate::api::{ConnId, Dialect, Event, FeedbackRecord, JobCheckId, Output, Transport};
 use crate::config::HostConfig;
 use crate::engine::{ModelInfo, SeqId, TokenId};
+use crate::filter::FilterAction;
 use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, KeptKv, StartError};
 use crate::params::GenParams;
 use crate::principal::Principal;
@@ -173,6 +174,7 @@ impl<'a> Cx<'a> {
         text: String,
         max_tokens: u32,
     ) -> Result<TextJobId, StartError> {
+        self.check_filter([text.as_str()])?;
         let context_len = self.model().context_len;
         let min_tokens =
             u32::try_from(min_tokens_for_bytes(self.codec(), text.len())).unwrap_or(u32::MAX);
@@ -196,7 +198,7 @@ impl<'a> Cx<'a> {
         messages: Vec<ChatMessage>,
         max_messages: usize,
         max_tokens: u32,
-    ) -> TextJobId {
+    ) -> Result<TextJobId, StartError> {
         self.encode_chat_with_tools(messages, max_messages, max_tokens, Vec::new())
     }
 
@@ -209,8 +211,9 @@ impl<'a> Cx<'a> {
         max_messages: usize,
         max_tokens: u32,
         tools: Vec<crate::tools::ToolDef>,
-    ) -> TextJobId {
-        self.port.tokenize(
+    ) -> Result<TextJobId, StartError> {
+        self.check_filter(messages.iter().map(|m| m.content.as_str()))?;
+        Ok(self.port.tokenize(
             self.conn,
             TextWork::Chat {
                 messages,
@@ -218,7 +221,30 @@ impl<'a> Cx<'a> {
                 max_tokens,
                 tools,
             },
-        )
+        ))
+    }
+
+    /// Refuses texts a content-filter `refuse` rule matches
+    /// ([`StartError::ContentFiltered`]), counting the rule by name.
+    fn check_filter<'t>(
+        &mut self,
+        texts: impl IntoIterator<Item = &'t str>,
+    ) -> Result<(), StartError> {
+        let Some(filter) = self.port.config().content_filter.clone() else {
+            return Ok(());
+        };
+        for t in texts {
+            if let Some(rule) = filter.refused(t) {
+                let (dialect, rule) = (self.dialect, rule.name.clone());
+                self.port.push_output(Output::Event(Event::ContentFiltered {
+                    dialect,
+                    rule: rule.clone(),
+                    action: FilterAction::Refuse,
+                }));
+                return Err(StartError::ContentFiltered { rule });
+            }
+        }
+        Ok(())
     }
 
     /// Asks the shell's job verifier about `job_id`; the verdict comes back

@@ -57,6 +57,7 @@ pub fn start_error(e: &StartError, max_tokens: &str) -> (u16, &'static str, Stri
         | StartError::ConnQueueFull { .. }
         | StartError::RateLimited { .. } => (429, "rate_limit_exceeded"),
         StartError::TokenOutOfVocab { .. } => (400, "invalid_request"),
+        StartError::ContentFiltered { .. } => (400, "content_filter"),
         StartError::ShuttingDown | StartError::NotLoaded => (503, "server_error"),
     };
     (status, code, e.message(max_tokens))

@@ -13,6 +13,7 @@ pub mod stop;
 
 use crate::conn::{ConnId, Dialect};
 use crate::engine::{SeqId, SeqResult, TokenId, TokenLogprobs};
+use crate::filter::FilterGuard;
 use crate::params::GenParams;
 use crate::text::TextCodec;
 use crate::time::Instant;
@@ -33,6 +34,9 @@ pub enum FinishReason {
     Cancelled,
     /// A deadline (pause timeout) ended it.
     Timeout,
+    /// A content-filter `stop` rule matched what it was about to say
+    /// ([`crate::filter`]); the matched text was never released.
+    ContentFilter,
 }
 
 impl FinishReason {
@@ -43,6 +47,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Timeout => "timeout",
+            FinishReason::ContentFilter => "content_filter",
         }
     }
 }
@@ -122,9 +127,13 @@ pub struct Generation {
     /// Prompt tokens whose K/V came from the prefix cache when it was
     /// admitted (0 before, and without a hit).
     pub cached_tokens: u32,
+    /// The content-filter rule that ended it, if one did (its name only).
+    pub filtered_by: Option<String>,
     eos_ids: Vec<TokenId>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
+    /// Holds back text a content-filter `stop` rule could still match.
+    filter: Option<FilterGuard>,
 }
 
 impl Generation {
@@ -164,10 +173,18 @@ impl Generation {
             keep_kv: false,
             charged_org: None,
             cached_tokens: 0,
+            filtered_by: None,
             eos_ids,
             detok,
             stop,
+            filter: None,
         }
+    }
+
+    /// Guards its text with a content filter's `stop` rules (before its
+    /// first token).
+    pub fn set_filter(&mut self, guard: FilterGuard) {
+        self.filter = Some(guard);
     }
 
     /// Where it is, with a client pause shown as [`GenState::Paused`].
@@ -226,13 +243,20 @@ impl Generation {
         } else {
             let piece = self.detok.push(codec, token);
             let outcome = self.stop.push(&piece);
-            text.push_str(&outcome.emit);
-            if outcome.stopped {
+            text.push_str(&self.guard(&outcome.emit, false));
+            if self.filtered_by.is_some() {
+                finish = Some(FinishReason::ContentFilter);
+            } else if outcome.stopped {
+                text.push_str(&self.guard("", true));
                 finish = Some(FinishReason::Stop);
             } else if self.out_ids.len() >= self.params.max_tokens as usize {
                 text.push_str(&self.flush(codec));
                 finish = Some(FinishReason::Length);
             }
+        }
+        // A rule matched in the last text released: that is why it ends.
+        if finish.is_some() && self.filtered_by.is_some() {
+            finish = Some(FinishReason::ContentFilter);
         }
         self.text.push_str(&text);
         if finish.is_some() {
@@ -246,7 +270,8 @@ impl Generation {
         }
     }
 
-    /// Ends the generation from outside (cancel, timeout): releases held text.
+    /// Ends the generation from outside (cancel, timeout): releases held
+    /// text (but never what a content-filter rule matches).
     pub fn end(&mut self, codec: &dyn TextCodec, reason: FinishReason) -> TokenPiece {
         let text = if self.state == GenState::Finished {
             String::new()
@@ -263,12 +288,31 @@ impl Generation {
         }
     }
 
-    /// Held text of a generation that did not end on a stop string.
+    /// Held text of a generation that did not end on a stop string, less
+    /// anything a content-filter rule matches.
     fn flush(&mut self, codec: &dyn TextCodec) -> String {
         let tail = self.detok.finish(codec);
         let mut out = self.stop.push(&tail).emit;
         out.push_str(&self.stop.finish());
-        out
+        self.guard(&out, true)
+    }
+
+    /// Passes text through the content filter's guard (`at_end`: the text
+    /// ends here); a match sets [`Generation::filtered_by`].
+    fn guard(&mut self, text: &str, at_end: bool) -> String {
+        let Some(g) = self.filter.as_mut() else {
+            return text.to_string();
+        };
+        let mut r = g.push(text);
+        if at_end && r.matched.is_none() {
+            let rest = g.finish();
+            r.emit.push_str(&rest.emit);
+            r.matched = rest.matched;
+        }
+        if let Some(rule) = r.matched {
+            self.filtered_by.get_or_insert(rule);
+        }
+        r.emit
     }
 
     /// Replaces the last generated token (a beam continuing with another

@@ -81,6 +81,12 @@ pub enum StartError {
         /// The model's vocabulary size.
         vocab: u32,
     },
+    /// A prompt or message matches a content-filter `refuse` rule
+    /// ([`crate::filter`]); nothing was computed.
+    ContentFiltered {
+        /// The rule's name (never the text it matched).
+        rule: String,
+    },
     /// The server is shutting down.
     ShuttingDown,
     /// The model is not loaded.
@@ -122,6 +128,9 @@ impl StartError {
                 "the server is shutting down; retry on another server".into()
             }
             StartError::NotLoaded => "the model is not loaded".into(),
+            StartError::ContentFiltered { ref rule } => format!(
+                "the request matches the server's content filter (rule `{rule}`); nothing was generated"
+            ),
         }
     }
 }

@@ -3,12 +3,14 @@
 //! reach it through [`crate::dialect::Cx`], over the [`HostPort`] it implements.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use crate::api::{ConnId, Dialect, Event, JobCheck, JobCheckId, Outcome, Output, Transport};
 use crate::config::HostConfig;
 use crate::dialect::state::DialectState;
 use crate::dialect::{registry, HostPort};
 use crate::engine::{ModelInfo, SeqId, SeqResult, TokenId};
+use crate::filter::{FilterAction, FilterGuard};
 use crate::gen::{
     FinishReason, GenRequest, GenState, Generation, HoldReason, Holds, KeptKv, StartError,
     TokenPiece,
@@ -168,6 +170,14 @@ impl Shared {
         if gen.raw {
             // A beam, not a request: its dialect reports the request.
             return Some(gen);
+        }
+        if let Some(rule) = &gen.filtered_by {
+            self.outputs
+                .push_back(Output::Event(Event::ContentFiltered {
+                    dialect,
+                    rule: rule.clone(),
+                    action: FilterAction::Stop,
+                }));
         }
         self.outputs
             .push_back(Output::Event(Event::RequestFinished {
@@ -652,6 +662,18 @@ impl HostPort for Shared {
         );
         gen.raw = req.raw;
         gen.charged_org = charged_org;
+        // A beam's text is decided by its dialect, which starts no text of
+        // its own: only text-producing generations are guarded.
+        if let Some(f) = self
+            .config
+            .content_filter
+            .as_ref()
+            .filter(|f| f.has_stop_rules())
+        {
+            if !gen.raw {
+                gen.set_filter(FilterGuard::new(Arc::clone(f)));
+            }
+        }
         if self.blocked_conns.contains(&owner) {
             gen.holds.insert(HoldReason::OutboundFull);
         }
@@ -825,7 +847,9 @@ impl HostPort for Shared {
 /// Outcome label of a finish reason.
 pub(crate) fn outcome_of(reason: FinishReason) -> Outcome {
     match reason {
-        FinishReason::Length | FinishReason::Stop => Outcome::Completed,
+        FinishReason::Length | FinishReason::Stop | FinishReason::ContentFilter => {
+            Outcome::Completed
+        }
         FinishReason::Cancelled => Outcome::Cancelled,
         FinishReason::Timeout => Outcome::TimedOut,
     }

@@ -95,11 +95,14 @@ pub enum ErrorCode {
     GenerationFailed,
     /// Anything else (shutting down, ...).
     InternalError,
+    /// The message matches the server's content filter (not in the
+    /// source: the server's own, as PROTOCOLS.md's content filtering asks).
+    ContentFiltered,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 8] = [
         ErrorCode::InvalidRequest,
         ErrorCode::InvalidPayload,
         ErrorCode::ModelNotFound,
@@ -107,6 +110,7 @@ impl ErrorCode {
         ErrorCode::ContextTooLong,
         ErrorCode::GenerationFailed,
         ErrorCode::InternalError,
+        ErrorCode::ContentFiltered,
     ];
 
     /// The code on the wire.
@@ -119,6 +123,7 @@ impl ErrorCode {
             ErrorCode::ContextTooLong => "CONTEXT_TOO_LONG",
             ErrorCode::GenerationFailed => "GENERATION_FAILED",
             ErrorCode::InternalError => "INTERNAL_ERROR",
+            ErrorCode::ContentFiltered => "CONTENT_FILTERED",
         }
     }
 

@@ -153,6 +153,7 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         | StartError::ConnQueueFull { .. }
         | StartError::RateLimited { .. } => ErrorCode::RateLimited,
         StartError::TokenOutOfVocab { .. } => ErrorCode::InvalidPayload,
+        StartError::ContentFiltered { .. } => ErrorCode::ContentFiltered,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
     (code, e.message("maxTokens"))
@@ -273,7 +274,13 @@ impl CaiConn {
             content: c.prompt,
         });
         let budget = context_len.saturating_sub(params.max_tokens);
-        let job = cx.encode_chat(messages.clone(), usize::MAX, budget);
+        let job = match cx.encode_chat(messages.clone(), usize::MAX, budget) {
+            Ok(job) => job,
+            Err(e) => {
+                let (code, message) = start_error(&e);
+                return error(cx, Some(&rid), code, message);
+            }
+        };
         self.pending = Some(Pending {
             job,
             request_id: rid.clone(),
@@ -599,6 +606,7 @@ impl DialectConn for CaiConn {
                 FinishReason::Length => "length",
                 FinishReason::Stop => "stop",
                 FinishReason::Cancelled => "interrupted",
+                FinishReason::ContentFilter => "content_filter",
                 FinishReason::Timeout => {
                     self.charge_generated(cx, completion_tokens);
                     return self.end_stalled(cx, &rid);

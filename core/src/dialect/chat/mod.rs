@@ -137,10 +137,13 @@ impl ChatConn {
             Input::Messages(m) => {
                 let budget = context_len.saturating_sub(max_tokens);
                 let tools = req.tools.prompt_defs().to_vec();
-                (
-                    cx.encode_chat_with_tools(m.clone(), usize::MAX, budget, tools),
-                    String::new(),
-                )
+                match cx.encode_chat_with_tools(m.clone(), usize::MAX, budget, tools) {
+                    Ok(job) => (job, String::new()),
+                    Err(e) => {
+                        let (status, code, message) = openai::start_error(&e, "max_tokens");
+                        return send_error(cx, status, code, &message, Some("messages"));
+                    }
+                }
             }
             Input::Prompt(p) => match cx.encode_prompt(p.clone(), max_tokens) {
                 Ok(job) => (job, p.clone()),
@@ -530,6 +533,7 @@ impl DialectConn for ChatConn {
             None => None,
             Some(FinishReason::Stop) => Some("stop"),
             Some(FinishReason::Length) => Some("length"),
+            Some(FinishReason::ContentFilter) => Some("content_filter"),
             Some(FinishReason::Cancelled | FinishReason::Timeout) => {
                 for s in r.choices.iter().filter_map(|c| c.seq).filter(|&s| s != id) {
                     cx.end(s, FinishReason::Cancelled);

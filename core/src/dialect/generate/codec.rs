@@ -363,6 +363,8 @@ pub enum FinishReason {
     Cancelled,
     /// The pause timeout.
     Timeout,
+    /// A content-filter rule matched the text it was about to send.
+    ContentFilter,
 }
 
 impl From<crate::gen::FinishReason> for FinishReason {
@@ -372,6 +374,7 @@ impl From<crate::gen::FinishReason> for FinishReason {
             crate::gen::FinishReason::Stop => FinishReason::Stop,
             crate::gen::FinishReason::Cancelled => FinishReason::Cancelled,
             crate::gen::FinishReason::Timeout => FinishReason::Timeout,
+            crate::gen::FinishReason::ContentFilter => FinishReason::ContentFilter,
         }
     }
 }

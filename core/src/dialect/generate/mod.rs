@@ -525,6 +525,7 @@ fn start_error(cx: &mut Cx<'_>, e: StartError) {
             (ErrorCode::RateLimited, RecoveryAction::Retry)
         }
         StartError::TokenOutOfVocab { .. } => (ErrorCode::InvalidRequest, RecoveryAction::None),
+        StartError::ContentFiltered { .. } => (ErrorCode::ContentFilter, RecoveryAction::None),
         StartError::ShuttingDown => (ErrorCode::InternalError, RecoveryAction::Retry),
         StartError::NotLoaded => (ErrorCode::ModelLoadingError, RecoveryAction::Retry),
     };

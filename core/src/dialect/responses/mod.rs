@@ -87,6 +87,9 @@ struct Draft {
     tool_format: ToolFormat,
     /// With tools offered: holds back text that may be a call's markup.
     splitter: Option<CallSplitter>,
+    /// Why an incomplete response stopped (`max_output_tokens`,
+    /// `content_filter`).
+    incomplete_reason: &'static str,
     /// `text.format`'s compiled grammar.
     constraint: Option<Constraint>,
 }
@@ -94,7 +97,8 @@ struct Draft {
 impl Draft {
     /// The Response object with `status` and `output`.
     fn object(&self, status: &str, output: Vec<Value>, usage: bool) -> Value {
-        let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
+        let incomplete =
+            (status == "incomplete").then(|| json!({"reason": self.incomplete_reason}));
         let error = (status == "failed").then(
             || json!({"code": "server_error", "message": "the response could not be generated"}),
         );
@@ -290,6 +294,7 @@ impl ResponsesConn {
             tools: req.tools,
             tool_format,
             splitter,
+            incomplete_reason: "max_output_tokens",
             constraint,
         };
         let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
@@ -307,7 +312,13 @@ impl ResponsesConn {
             0
         });
         let tools = draft.tools.prompt_defs().to_vec();
-        let job = cx.encode_chat_with_tools(prompt, usize::MAX, budget, tools);
+        let job = match cx.encode_chat_with_tools(prompt, usize::MAX, budget, tools) {
+            Ok(job) => job,
+            Err(e) => {
+                let (status, code, message) = openai::start_error(&e, "max_output_tokens");
+                return send_error(cx, status, code, &message, Some("input"));
+            }
+        };
         self.inflight = Some(Inflight {
             stage: Stage::Tokenizing(job),
             draft,
@@ -463,6 +474,10 @@ impl ResponsesConn {
         let (status, item_status) = match reason {
             FinishReason::Stop => ("completed", "completed"),
             FinishReason::Length => ("incomplete", "incomplete"),
+            FinishReason::ContentFilter => {
+                draft.incomplete_reason = "content_filter";
+                ("incomplete", "incomplete")
+            }
             FinishReason::Cancelled | FinishReason::Timeout => ("cancelled", "incomplete"),
         };
         Self::close_item(cx, &mut draft, item_status);

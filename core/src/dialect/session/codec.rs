@@ -363,6 +363,8 @@ pub enum ErrorCode {
     RateLimited,
     /// The host failed (or is shutting down); retry elsewhere.
     InternalError,
+    /// A prompt or message matches the server's content filter.
+    ContentFilter,
 }
 
 impl ErrorCode {
@@ -377,13 +379,16 @@ impl ErrorCode {
             ErrorCode::TokenBudgetExhausted => "token_budget_exhausted",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::InternalError => "internal_error",
+            ErrorCode::ContentFilter => "content_filter",
         }
     }
 
     /// The HTTP status of this error on `POST /v1/inference`.
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::InvalidRequest | ErrorCode::ContextLengthExceeded => 400,
+            ErrorCode::InvalidRequest
+            | ErrorCode::ContextLengthExceeded
+            | ErrorCode::ContentFilter => 400,
             ErrorCode::UnknownSession => 404,
             ErrorCode::SessionExists | ErrorCode::MessageIndexMismatch => 409,
             ErrorCode::TokenBudgetExhausted => 402,

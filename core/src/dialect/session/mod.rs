@@ -133,6 +133,7 @@ fn start_error(e: &StartError) -> (ErrorCode, String) {
         | StartError::ConnQueueFull { .. }
         | StartError::RateLimited { .. } => ErrorCode::RateLimited,
         StartError::TokenOutOfVocab { .. } => ErrorCode::InvalidRequest,
+        StartError::ContentFiltered { .. } => ErrorCode::ContentFilter,
         StartError::ShuttingDown | StartError::NotLoaded => ErrorCode::InternalError,
     };
     (code, e.message("max_tokens"))
@@ -279,7 +280,14 @@ impl SessionConn {
         }
         let budget = self.default_prompt_budget(cx);
         let max_messages = cx.config().session_max_messages;
-        let job = cx.encode_chat(messages, max_messages, budget);
+        let job = match cx.encode_chat(messages, max_messages, budget) {
+            Ok(job) => job,
+            Err(e) => {
+                self.forget(cx, &sid);
+                let (code, message) = start_error(&e);
+                return error(cx, Some(&sid), code, message);
+            }
+        };
         self.waiting = Some(Waiting::Context {
             job,
             session_id: sid,
@@ -416,7 +424,14 @@ impl SessionConn {
         let messages = session.messages.clone();
         let max_messages = cx.config().session_max_messages;
         let budget = context_len.saturating_sub(params.max_tokens);
-        let job = cx.encode_chat(messages, max_messages, budget);
+        let job = match cx.encode_chat(messages, max_messages, budget) {
+            Ok(job) => job,
+            Err(e) => {
+                self.unprompt(&sid);
+                let (code, message) = start_error(&e);
+                return error(cx, Some(&sid), code, message);
+            }
+        };
         self.waiting = Some(Waiting::Prompt {
             job,
             session_id: sid,

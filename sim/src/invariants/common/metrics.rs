@@ -268,6 +268,9 @@ impl Checker for Metrics {
                 _ => {}
             },
             (Output::Event(e), _) => match e {
+                // Counted by the shell; what it refuses or stops is the
+                // dialects' frames, checked there.
+                Event::ContentFiltered { .. } => {}
                 Event::Error { code, dialect } => {
                     *t.error_events
                         .entry((dialect.name(), code.to_string()))
