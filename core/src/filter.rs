@@ -64,6 +64,9 @@ pub struct ContentFilter {
     rules: Vec<FilterRule>,
     refuse: Option<(meta::Regex, Vec<usize>)>,
     stop: Option<(dense::DFA<Vec<u32>>, Vec<usize>)>,
+    /// The `stop` rules as an unanchored search (an oracle's question:
+    /// does this text contain a match?).
+    stop_search: Option<(meta::Regex, Vec<usize>)>,
 }
 
 impl fmt::Debug for ContentFilter {
@@ -106,16 +109,19 @@ impl ContentFilter {
                 .map(|(i, r)| (r.pattern.as_str(), i))
                 .unzip()
         };
-        let (patterns, ids) = pick(FilterAction::Refuse);
-        let refuse = if patterns.is_empty() {
-            None
-        } else {
+        let search = |a: FilterAction| -> Result<Option<(meta::Regex, Vec<usize>)>, String> {
+            let (patterns, ids) = pick(a);
+            if patterns.is_empty() {
+                return Ok(None);
+            }
             let re = meta::Regex::builder()
                 .syntax(syntax::Config::new().case_insensitive(true))
                 .build_many(&patterns)
-                .map_err(|e| format!("the refuse rules: {e}"))?;
-            Some((re, ids))
+                .map_err(|e| format!("the {} rules: {e}", a.as_str()))?;
+            Ok(Some((re, ids)))
         };
+        let refuse = search(FilterAction::Refuse)?;
+        let stop_search = search(FilterAction::Stop)?;
         let (patterns, ids) = pick(FilterAction::Stop);
         let stop = if patterns.is_empty() {
             None
@@ -140,6 +146,7 @@ impl ContentFilter {
             rules,
             refuse,
             stop,
+            stop_search,
         })
     }
 
@@ -151,6 +158,15 @@ impl ContentFilter {
     /// The first `refuse` rule `text` matches, if any.
     pub fn refused(&self, text: &str) -> Option<&FilterRule> {
         let (re, ids) = self.refuse.as_ref()?;
+        let m = re.find(text)?;
+        ids.get(m.pattern().as_usize())
+            .and_then(|&i| self.rules.get(i))
+    }
+
+    /// The first `stop` rule `text` contains a match of, if any (what a
+    /// client must never have received).
+    pub fn stopped(&self, text: &str) -> Option<&FilterRule> {
+        let (re, ids) = self.stop_search.as_ref()?;
         let m = re.find(text)?;
         ids.get(m.pattern().as_usize())
             .and_then(|&i| self.rules.get(i))

@@ -6,7 +6,10 @@
 //! sub-system draws from its own stream (`mix64(seed, STREAM)`), so changing how
 //! one of them uses randomness does not reshuffle the others.
 
+use std::sync::Arc;
+
 use tokenwire_core::config::CacheScope;
+use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
@@ -33,6 +36,8 @@ pub const STREAM_JOBS: u64 = 0x4a4f_4253_0000_0008;
 pub const STREAM_CAI: u64 = 0x4341_4900_0000_0009;
 /// Random stream for the `batch` clients of a run and its cache size.
 pub const STREAM_BATCH: u64 = 0x4241_5443_0000_000a;
+/// Random stream for the content filter of a run.
+pub const STREAM_FILTER: u64 = 0x4649_4c54_0000_000b;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -366,6 +371,19 @@ impl Swarm {
         } else {
             CacheScope::Principal
         };
+        // The content filter from its own stream too: a `stop` rule on two
+        // of the symbols the engine writes, so generations run into it.
+        let f = &mut Rng::new(mix64(seed, STREAM_FILTER));
+        if chance(f, 0.3) {
+            let a = &engine.symbols[rng_index(f, engine.symbols.len())];
+            let b = &engine.symbols[rng_index(f, engine.symbols.len())];
+            let rule = FilterRule {
+                name: "sim-stop".into(),
+                pattern: format!("{}{}", regex_literal(a), regex_literal(b)),
+                action: FilterAction::Stop,
+            };
+            host.content_filter = ContentFilter::new(vec![rule]).ok().map(Arc::new);
+        }
         Swarm {
             seed,
             clients: dialects.len(),
@@ -520,6 +538,28 @@ pub fn parse_seed(text: &str) -> Result<u64, String> {
     Err(format!(
         "seed `{t}` is neither a decimal u64 nor a 40-hex-digit commit hash"
     ))
+}
+
+/// A uniform index below `n` (0 when `n` is 0).
+fn rng_index(rng: &mut Rng, n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        rng.below(n as u64) as usize
+    }
+}
+
+/// `s` as a regular expression that matches exactly it.
+fn regex_literal(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_punctuation() || c == ' ' {
+                format!("\\x{:02x}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

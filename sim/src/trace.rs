@@ -12,9 +12,12 @@
 //! `"Shutdown"` as bare strings). A trace holds only what the Host saw:
 //! client frames are synthetic text made by the simulator.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 use tokenwire_core::config::CacheScope;
 use tokenwire_core::dialect::batch::GenerationDefaults;
+use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{parse_sha256, to_hex, ApiKey, KeyRing};
 use tokenwire_core::principal::AuthScope;
 use tokenwire_core::{
@@ -168,6 +171,9 @@ fn host_json(h: &HostConfig) -> Value {
         "batch_max_prompts": h.batch_max_prompts, "batch_max_payloads": h.batch_max_payloads,
         "batch_cache_scope": match h.batch_cache_scope { CacheScope::Principal => "principal", CacheScope::Host => "host" },
         "keys": h.keys.as_ref().map(keys_json),
+        "content_filter": h.content_filter.as_ref().map(|f| f.rules().iter().map(|r| json!({
+            "name": r.name, "pattern": r.pattern, "action": r.action.as_str(),
+        })).collect::<Vec<_>>()),
         "auth": match h.auth { AuthScope::Cai => "cai", AuthScope::All => "all" },
         "cai_max_inflight": h.cai_max_inflight,
         "conversation_ttl_ns": ns(h.conversation_ttl),
@@ -195,6 +201,29 @@ fn batch_from(v: &Value) -> Result<GenerationDefaults, String> {
         repetition_penalty: f("repetition_penalty")?,
         length_penalty: f("length_penalty")?,
     })
+}
+
+/// The content filter's rules from a trace (`null`: none).
+fn filter_from(v: &Value) -> Result<Option<Arc<ContentFilter>>, String> {
+    let Some(rules) = v.as_array() else {
+        return Ok(None);
+    };
+    let rules = rules
+        .iter()
+        .map(|r| {
+            let action = match str_of(r, "action")? {
+                "refuse" => FilterAction::Refuse,
+                "stop" => FilterAction::Stop,
+                other => return Err(format!("bad filter action {other}")),
+            };
+            Ok(FilterRule {
+                name: str_of(r, "name")?.to_string(),
+                pattern: str_of(r, "pattern")?.to_string(),
+                action,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    ContentFilter::new(rules).map(|f| Some(Arc::new(f)))
 }
 
 fn keys_json(ring: &KeyRing) -> Value {
@@ -235,8 +264,7 @@ fn keys_from(v: &Value) -> Result<Option<KeyRing>, String> {
 fn host_from(v: &Value) -> Result<HostConfig, String> {
     let d = |f: &str| u64_of(v, f).map(Duration::from_nanos);
     Ok(HostConfig {
-        // The simulator's runs use no content filter.
-        content_filter: None,
+        content_filter: filter_from(&v["content_filter"])?,
         epoch_unix_ms: u64_of(v, "epoch_unix_ms")?,
         max_frame_bytes: usize::try_from(u64_of(v, "max_frame_bytes")?)
             .map_err(|e| e.to_string())?,

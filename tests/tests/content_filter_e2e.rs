@@ -23,8 +23,7 @@ action = "refuse"
 "#;
 
 async fn server() -> RunningServer {
-    let rules =
-        std::env::temp_dir().join(format!("tokenwire-filter-{}.toml", std::process::id()));
+    let rules = std::env::temp_dir().join(format!("tokenwire-filter-{}.toml", std::process::id()));
     std::fs::write(&rules, RULES).expect("rules file");
     let keys = keys_file("filter-e2e", &[("sk-filter", &["org_a"])]);
     start(ModelSource::Dir(stories260k()), move |c| {
@@ -40,7 +39,9 @@ fn before_outside() -> String {
         .as_str()
         .expect("golden text")
         .to_string();
-    let at = golden.find("outside").expect("the golden text has the word");
+    let at = golden
+        .find("outside")
+        .expect("the golden text has the word");
     golden[..at].to_string()
 }
 
@@ -73,7 +74,11 @@ async fn a_stop_rule_ends_the_golden_text_before_its_word_on_every_route() {
         .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
         .collect();
     assert_eq!(streamed, want);
-    assert!(r.body.contains("\"finish_reason\":\"content_filter\""), "{}", r.body);
+    assert!(
+        r.body.contains("\"finish_reason\":\"content_filter\""),
+        "{}",
+        r.body
+    );
 
     let body = json!({"model": "stories260K", "input": "Once upon a time",
                       "max_output_tokens": 64, "temperature": 0});
@@ -89,7 +94,10 @@ async fn a_stop_rule_ends_the_golden_text_before_its_word_on_every_route() {
         "tokenwire_content_filtered_total{dialect=\"generate\",rule=\"no-outside\",action=\"stop\"}",
     );
     assert_eq!(stopped, Some(1.0), "{m}");
-    assert!(!m.contains("outside\\b"), "metrics carry rule names, not patterns");
+    assert!(
+        !m.contains("outside\\b"),
+        "metrics carry rule names, not patterns"
+    );
     server.shutdown().await;
 }
 
@@ -105,8 +113,10 @@ async fn a_refuse_rule_refuses_on_every_dialect_before_any_compute() {
     assert_eq!(e.last().expect("frame")["error"], "content_filter", "{e:?}");
 
     let mut s = Client::connect(&server, "/ws/session").await;
-    s.send(json!({"type": "session_init", "session_id": "s", "job_id": 1, "conversation_context": []}))
-        .await;
+    s.send(
+        json!({"type": "session_init", "session_id": "s", "job_id": 1, "conversation_context": []}),
+    )
+    .await;
     s.recv_until(&["session_ready"]).await;
     s.send(json!({"type": "prompt", "session_id": "s", "content": prompt, "message_index": 0}))
         .await;

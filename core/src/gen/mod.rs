@@ -237,26 +237,34 @@ impl Generation {
         }
         let mut text = String::new();
         let mut finish = None;
+        // Text goes through the content filter first, then the stop
+        // strings: what the filter holds back is checked against the stop
+        // strings of the moment it is released.
+        let filtered = |g: &Self, otherwise| {
+            if g.filtered_by.is_some() {
+                FinishReason::ContentFilter
+            } else {
+                otherwise
+            }
+        };
         if self.eos_ids.contains(&token) {
             text.push_str(&self.flush(codec));
-            finish = Some(FinishReason::Stop);
+            finish = Some(filtered(self, FinishReason::Stop));
         } else {
             let piece = self.detok.push(codec, token);
-            let outcome = self.stop.push(&piece);
-            text.push_str(&self.guard(&outcome.emit, false));
-            if self.filtered_by.is_some() {
-                finish = Some(FinishReason::ContentFilter);
-            } else if outcome.stopped {
-                text.push_str(&self.guard("", true));
+            let guarded = self.guard(&piece, false);
+            let outcome = self.stop.push(&guarded);
+            text.push_str(&outcome.emit);
+            if outcome.stopped {
                 finish = Some(FinishReason::Stop);
+            } else if self.filtered_by.is_some() {
+                // What the stop strings held is text before the match.
+                text.push_str(&self.stop.finish());
+                finish = Some(FinishReason::ContentFilter);
             } else if self.out_ids.len() >= self.params.max_tokens as usize {
                 text.push_str(&self.flush(codec));
-                finish = Some(FinishReason::Length);
+                finish = Some(filtered(self, FinishReason::Length));
             }
-        }
-        // A rule matched in the last text released: that is why it ends.
-        if finish.is_some() && self.filtered_by.is_some() {
-            finish = Some(FinishReason::ContentFilter);
         }
         self.text.push_str(&text);
         if finish.is_some() {
@@ -292,9 +300,10 @@ impl Generation {
     /// anything a content-filter rule matches.
     fn flush(&mut self, codec: &dyn TextCodec) -> String {
         let tail = self.detok.finish(codec);
-        let mut out = self.stop.push(&tail).emit;
+        let guarded = self.guard(&tail, true);
+        let mut out = self.stop.push(&guarded).emit;
         out.push_str(&self.stop.finish());
-        self.guard(&out, true)
+        out
     }
 
     /// Passes text through the content filter's guard (`at_end`: the text

@@ -278,7 +278,12 @@ impl View {
             started_gone: 0,
             steps_done: 0,
             keys: config.keys.clone(),
-            batch_cache: batch::BatchCache::new(config.batch_cache_entries),
+            batch_cache: batch::BatchCache::new(config.batch_cache_entries).with_filter_stops(
+                config
+                    .content_filter
+                    .as_ref()
+                    .is_some_and(|f| f.has_stop_rules()),
+            ),
             batch_scope: config.batch_cache_scope,
             batch_limits: (
                 u64::from(config.batch_defaults.max_new_tokens),

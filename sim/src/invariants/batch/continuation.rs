@@ -48,6 +48,9 @@ impl Checker for BatchContinuation {
             let Some(i) = i else { continue };
             let pr = &b.prompts[i];
             let pay = &b.payloads[pr.payload];
+            if pay.uncertain {
+                continue;
+            }
             let before = pay.before.get(pr.pos).map_or("", String::as_str);
             let what = if pay.continued {
                 "the continued batch's text"

@@ -51,7 +51,10 @@ impl Checker for BatchText {
                     pr.rid, pay.max_new
                 ));
             }
-            if !pay.stream {
+            // Without a stream, or when the text it started from is not
+            // known here (a continuation under a content filter's stop
+            // rules, see `BatchCache`), only the count is checked.
+            if !pay.stream || (pay.uncertain && !pay.only_new) {
                 continue;
             }
             let want = if pay.only_new {

@@ -53,6 +53,9 @@ pub struct BatchPayload {
     pub before: Vec<String>,
     /// Accepted as a continuation (a cache hit).
     pub continued: bool,
+    /// Whether the Host's cache for its owner is unknown here (see
+    /// [`BatchCache`]): its continuation is not checked.
+    pub uncertain: bool,
 }
 
 impl BatchPayload {
@@ -95,6 +98,7 @@ impl BatchPayload {
             binary: false,
             before: Vec::new(),
             continued: false,
+            uncertain: false,
         }
     }
 
@@ -260,6 +264,7 @@ impl BatchConnView {
                     None
                 };
                 pay.continued = cached.is_some();
+                pay.uncertain = cache.uncertain(owner);
                 pay.before = match cached {
                     Some(texts) => texts,
                     None => unique
@@ -338,6 +343,18 @@ impl BatchConnView {
                 return;
             }
             let pay = &self.payloads[*p];
+            // A content filter's stop ends a run early, uncached, or at
+            // `max_new_tokens`, cached or not: the frames do not say which,
+            // so the owner's cache is not known from here on.
+            if cache.filter_stops
+                && idx
+                    .iter()
+                    .any(|&i| !self.prompts[i].complete.as_ref().is_some_and(|c| c.1))
+            {
+                cache.forget_owner_contents(owner);
+                self.jobs.pop_front();
+                continue;
+            }
             let clean = pay.dups.is_empty()
                 && idx.iter().all(|&i| {
                     self.prompts[i]
@@ -394,12 +411,19 @@ pub type Owner = Option<ConnId>;
 /// The Host's continue-generation cache as the frames tell it: each
 /// finished batch's full texts (prompt and everything generated) under its
 /// owner and ordered ids, least recently used first out.
+///
+/// With a content filter's stop rules, a run's end does not show whether
+/// the Host cached it; from the first such end an owner's cache is
+/// *uncertain* and its continuations are not checked.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct BatchCache {
     /// Most entries held (`batch_cache_entries`).
     pub capacity: usize,
+    /// The Host has content-filter stop rules.
+    pub filter_stops: bool,
     map: BTreeMap<(Owner, Vec<String>), (Vec<String>, u64)>,
     clock: u64,
+    unknown: std::collections::BTreeSet<Owner>,
 }
 
 impl BatchCache {
@@ -407,9 +431,29 @@ impl BatchCache {
     pub fn new(capacity: usize) -> BatchCache {
         BatchCache {
             capacity,
+            filter_stops: false,
             map: BTreeMap::new(),
             clock: 0,
+            unknown: Default::default(),
         }
+    }
+
+    /// The same cache, for a Host with (`true`) or without content-filter
+    /// stop rules.
+    pub fn with_filter_stops(mut self, on: bool) -> BatchCache {
+        self.filter_stops = on;
+        self
+    }
+
+    /// Whether `owner`'s cache is no longer known here.
+    pub fn uncertain(&self, owner: Owner) -> bool {
+        self.unknown.contains(&owner)
+    }
+
+    /// `owner`'s cache is no longer known here (its entries dropped).
+    pub fn forget_owner_contents(&mut self, owner: Owner) {
+        self.map.retain(|(o, _), _| *o != owner);
+        self.unknown.insert(owner);
     }
 
     /// `owner`'s texts under `key`, if held (it becomes the most recently used).
@@ -429,6 +473,7 @@ impl BatchCache {
     /// Forgets a closed connection's entries (the Host frees them).
     pub fn remove_owner(&mut self, conn: ConnId) {
         self.map.retain(|(o, _), _| *o != Some(conn));
+        self.unknown.remove(&Some(conn));
     }
 
     /// Keeps `owner`'s `texts` under `key`, evicting the least recently used.
@@ -456,6 +501,7 @@ impl BatchCache {
     /// The Host crashed.
     pub fn clear(&mut self) {
         self.map.clear();
+        self.unknown.clear();
     }
 }
 

@@ -83,7 +83,10 @@ impl Checker for CaiWire {
                         cx.model.name
                     ));
                 }
-                if !matches!(finish_reason.as_str(), "stop" | "length" | "interrupted") {
+                let filtered = finish_reason == "content_filter"
+                    && crate::invariants::generate::wire::filters(cx);
+                if !matches!(finish_reason.as_str(), "stop" | "length" | "interrupted") && !filtered
+                {
                     return Err(format!(
                         "STREAM_COMPLETE to {conn:?} ends with {finish_reason:?}"
                     ));

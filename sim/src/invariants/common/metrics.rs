@@ -84,7 +84,8 @@ fn session_frame(t: &mut Tally, s: &SessionConnView, f: &Frame) {
         }
         "response" => {
             let outcome = match f.str("finish_reason") {
-                Some("length" | "stop") => "completed",
+                // A content filter's stop completes a request too.
+                Some("length" | "stop" | "content_filter") => "completed",
                 Some("timeout") => "timeout",
                 _ => "cancelled",
             };
@@ -244,7 +245,7 @@ impl Checker for Metrics {
                         usage["completion_tokens"].as_u64().unwrap_or(u64::MAX),
                     );
                     match f.str("finish_reason") {
-                        Some("length" | "stop") => {
+                        Some("length" | "stop" | "content_filter") => {
                             *t.finished_frames
                                 .entry(("generate", "completed", p, c))
                                 .or_default() += 1

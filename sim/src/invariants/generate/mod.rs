@@ -4,11 +4,13 @@
 //!
 //! The checkers judge `generate` connections only (each is wrapped in a
 //! [`ForDialect`]): wire format, replies, queue positions, sampling, engine
-//! faults, terminal events, streamed text, stop strings, `max_tokens`, token
+//! faults, terminal events, streamed text, stop strings, the content
+//! filter's stop rules, `max_tokens`, token
 //! delivery, pause and its timeout; and that the engine never idles while a
 //! request waits.
 
 pub mod after_terminal;
+pub mod content_filter;
 pub mod engine_faults;
 pub mod max_tokens;
 pub mod model;
@@ -43,6 +45,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(after_terminal::AfterTerminal),
         Box::new(stream_text::StreamText),
         Box::new(stop_strings::StopStrings),
+        Box::new(content_filter::ContentFilter),
         Box::new(max_tokens::MaxTokens),
         Box::new(token_delivery::TokenDelivery),
         Box::new(pause::Pause),

@@ -6,7 +6,9 @@
 //! that many sampled tokens (a stop cuts it short, never changes it; any
 //! other end leaves nothing held back). Text is not held longer than it must
 //! be: once the sampled tokens decode to whole characters, the frame of the
-//! last of them has carried all of it (unless stop strings may hold a tail).
+//! last of them has carried all of it (unless stop strings, or the content
+//! filter's stop rules, may hold a tail; a content-filter stop cuts the text
+//! short as a stop string does).
 
 use tokenwire_core::testing::ByteCodec;
 use tokenwire_core::{Output, TextCodec};
@@ -47,7 +49,10 @@ impl Checker for TokenDelivery {
                 }
                 let text = ByteCodec.decode(&r.sampled[..=i]);
                 let now = format!("{}{}", r.streamed, f.str("token").unwrap_or(""));
-                if !r.had_stops && !text.ends_with('\u{FFFD}') && now != text {
+                // A content filter's stop rules hold text back as stop
+                // strings do.
+                let may_hold = r.had_stops || filter_holds(cx);
+                if !may_hold && !text.ends_with('\u{FFFD}') && now != text {
                     return Err(format!(
                         "after token {} on {conn:?} the client has {:?}, but the tokens sampled so far are the whole text {:?}",
                         i + 1,
@@ -81,7 +86,11 @@ impl Checker for TokenDelivery {
                 // half-written character included. (Held text is matched
                 // against the stop strings of the moment, so a request that
                 // had some may lose its tail to one at any end.)
-                let cut_by_stop = f.str("finish_reason") == Some("stop") || r.had_stops;
+                // A content filter's stop rule may cut the held tail at any
+                // end, as a stop string may.
+                let cut_by_stop = matches!(f.str("finish_reason"), Some("stop" | "content_filter"))
+                    || r.had_stops
+                    || filter_holds(cx);
                 if !cut_by_stop && r.streamed != text {
                     return Err(format!(
                         "request on {conn:?} ended ({}) having streamed {:?} of {:?}",
@@ -95,6 +104,14 @@ impl Checker for TokenDelivery {
             _ => Ok(()),
         }
     }
+}
+
+/// Whether the Host's content filter has rules that hold text back.
+fn filter_holds(cx: &Cx<'_>) -> bool {
+    cx.config
+        .content_filter
+        .as_ref()
+        .is_some_and(|f| f.has_stop_rules())
 }
 
 #[cfg(test)]

@@ -27,13 +27,27 @@ const ERRORS: [&str; 8] = [
 const ACTIONS: [&str; 4] = ["retry", "reduce_max_tokens", "shorten_prompt", "none"];
 const FINISH: [&str; 4] = ["length", "stop", "cancelled", "timeout"];
 
+/// A known finish reason; `content_filter` only where the Host has a
+/// content filter with stop rules.
+fn finish_ok(cx: &Cx<'_>, r: &str) -> bool {
+    FINISH.contains(&r) || (r == "content_filter" && filters(cx))
+}
+
+/// Whether the Host's content filter can stop a generation.
+pub(crate) fn filters(cx: &Cx<'_>) -> bool {
+    cx.config
+        .content_filter
+        .as_ref()
+        .is_some_and(|f| f.has_stop_rules())
+}
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct WireFormat {
     ids: BTreeSet<String>,
 }
 
-fn check(f: &Frame, text: &str, ids: &mut BTreeSet<String>) -> Result<(), String> {
+fn check(cx: &Cx<'_>, f: &Frame, text: &str, ids: &mut BTreeSet<String>) -> Result<(), String> {
     let v = &f.v;
     if !v.is_object() {
         return Err("not a JSON object".into());
@@ -62,7 +76,7 @@ fn check(f: &Frame, text: &str, ids: &mut BTreeSet<String>) -> Result<(), String
             let finished = v["finished"].as_bool().ok_or("token without finished")?;
             match (finished, v["finish_reason"].as_str()) {
                 (false, None) if v["finish_reason"].is_null() => {}
-                (true, Some(r)) if FINISH.contains(&r) => {}
+                (true, Some(r)) if finish_ok(cx, r) => {}
                 _ => {
                     return Err(format!(
                         "finished {finished} with finish_reason {}",
@@ -76,7 +90,7 @@ fn check(f: &Frame, text: &str, ids: &mut BTreeSet<String>) -> Result<(), String
             f.str("generated_text")
                 .ok_or("completion without generated_text")?;
             let r = f.str("finish_reason").unwrap_or("");
-            if !FINISH.contains(&r) {
+            if !finish_ok(cx, r) {
                 return Err(format!("finish_reason {r:?}"));
             }
             if !v["usage"]["completion_tokens"].is_u64() {
@@ -111,11 +125,11 @@ impl Checker for WireFormat {
         "wire_format"
     }
 
-    fn on_output(&mut self, _cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
         let (Output::Send { conn, text }, Some(f)) = (out, frame) else {
             return Ok(());
         };
-        check(f, text, &mut self.ids)
+        check(cx, f, text, &mut self.ids)
             .map_err(|e| format!("{e} in frame to {conn:?}: {}", clip(text)))
     }
 }

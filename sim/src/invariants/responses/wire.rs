@@ -70,7 +70,7 @@ fn check_error(v: &Value) -> Result<(), String> {
     }
 }
 
-fn check_response(kind: &str, r: &Value) -> Result<(), String> {
+fn check_response(kind: &str, r: &Value, filters: bool) -> Result<(), String> {
     if !r["id"].as_str().is_some_and(|i| i.starts_with("resp_")) || r["object"] != "response" {
         return Err("a Response without a resp_ id or object: response".into());
     }
@@ -104,6 +104,9 @@ fn check_response(kind: &str, r: &Value) -> Result<(), String> {
         "response.completed" => status == "completed",
         "response.incomplete" => {
             (status == "incomplete" && r["incomplete_details"]["reason"] == "max_output_tokens")
+                || (status == "incomplete"
+                    && r["incomplete_details"]["reason"] == "content_filter"
+                    && filters)
                 || (status == "cancelled" && r["incomplete_details"].is_null())
         }
         _ => status == "failed" && r["error"]["code"] == "server_error",
@@ -134,7 +137,7 @@ fn check_response(kind: &str, r: &Value) -> Result<(), String> {
     }
 }
 
-fn check(f: &Frame) -> Result<(), String> {
+fn check(f: &Frame, filters: bool) -> Result<(), String> {
     let v = &f.v;
     let kind = f.kind();
     if kind == "error" {
@@ -147,7 +150,7 @@ fn check(f: &Frame) -> Result<(), String> {
         return Err(format!("{kind} without a sequence_number"));
     }
     if let Some(r) = v.get("response") {
-        return check_response(kind, r);
+        return check_response(kind, r, filters);
     }
     if kind.contains("output_item") {
         let item = &v["item"];
@@ -180,7 +183,8 @@ impl Checker for ResponsesWire {
         if cx.view.dialect_of(*conn) != Some(Dialect::Responses) {
             return Ok(());
         }
-        check(f).map_err(|e| format!("{e} in event to {conn:?}: {}", clip(text)))
+        let filters = crate::invariants::generate::wire::filters(cx);
+        check(f, filters).map_err(|e| format!("{e} in event to {conn:?}: {}", clip(text)))
     }
 }
 

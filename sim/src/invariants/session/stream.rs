@@ -57,7 +57,9 @@ impl Checker for SessionStream {
                         clip(&t.chunks)
                     ));
                 }
-                if !matches!(f.str("finish_reason"), Some("stop" | "length")) {
+                let filtered = f.str("finish_reason") == Some("content_filter")
+                    && crate::invariants::generate::wire::filters(cx);
+                if !matches!(f.str("finish_reason"), Some("stop" | "length")) && !filtered {
                     return Err(format!(
                         "response for {sid:?} on {conn:?} ends with {:?}",
                         f.str("finish_reason")
