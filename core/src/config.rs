@@ -13,6 +13,9 @@ pub struct HostConfig {
     /// prompts before any compute, `stop` rules end generations before
     /// matching text; `None`: no filtering.
     pub content_filter: Option<std::sync::Arc<crate::filter::ContentFilter>>,
+    /// Rate limits for clients without a key, per address (requests and
+    /// tokens per minute; both `None`: no limit).
+    pub anon_limits: crate::keys::OrgLimits,
     /// Wall-clock time (unix ms) at the Host's `Instant::ZERO`; ids and timestamps
     /// are `epoch_unix_ms + now`.
     pub epoch_unix_ms: u64,
@@ -104,6 +107,7 @@ impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
             content_filter: None,
+            anon_limits: crate::keys::OrgLimits::default(),
             epoch_unix_ms: 0,
             max_frame_bytes: 4 * 1024 * 1024,
             slow_client_timeout: Duration::from_secs(30),

@@ -70,6 +70,19 @@ pub struct TenancyArgs {
           default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections_per_ip: u64,
 
+    /// Requests per minute one address may start without a key (on every
+    /// dialect but `cai`, which always needs one); past it the dialect's
+    /// rate-limit error with a retry hint. No limit when left out.
+    #[arg(long, env = "TOKENWIRE_ANON_REQUESTS_PER_MINUTE", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub anon_requests_per_minute: Option<u64>,
+
+    /// Prompt and generated tokens per minute one address may use without a
+    /// key. No limit when left out.
+    #[arg(long, env = "TOKENWIRE_ANON_TOKENS_PER_MINUTE", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub anon_tokens_per_minute: Option<u64>,
+
     /// Most requests one connection may have waiting for the engine (its
     /// share of the queue); past it the dialect's rate-limit error.
     #[arg(long, env = "TOKENWIRE_MAX_QUEUED_PER_CONN", value_name = "N",
@@ -144,6 +157,10 @@ impl TenancyArgs {
         host.session_max_context_bytes = size(self.session_max_context_bytes);
         host.max_conversations_per_org = size(self.max_conversations_per_org);
         host.conversation_max_bytes = size(self.conversation_max_bytes);
+        host.anon_limits = tokenwire_core::keys::OrgLimits {
+            requests_per_minute: self.anon_requests_per_minute,
+            tokens_per_minute: self.anon_tokens_per_minute,
+        };
     }
 
     /// The core's name for `--auth`.

@@ -265,6 +265,8 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
     let d = |f: &str| u64_of(v, f).map(Duration::from_nanos);
     Ok(HostConfig {
         content_filter: filter_from(&v["content_filter"])?,
+        // The simulator sets no anonymous limits.
+        anon_limits: Default::default(),
         epoch_unix_ms: u64_of(v, "epoch_unix_ms")?,
         max_frame_bytes: usize::try_from(u64_of(v, "max_frame_bytes")?)
             .map_err(|e| e.to_string())?,

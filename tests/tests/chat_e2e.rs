@@ -209,3 +209,31 @@ async fn presence_and_frequency_penalties_steer_away_from_generated_tokens() {
     assert_eq!(bad.json()["error"]["param"], "frequency_penalty");
     server.shutdown().await;
 }
+
+/// `--anon-requests-per-minute`: a client without a key is limited by its
+/// address, answered 429 with `Retry-After` and the API's code; a key's
+/// requests are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_clients_over_their_rate_get_429_with_retry_after() {
+    let key = "sk-anon-e2e";
+    let keys = keys_file("anon-e2e", &[(key, &["org_a"])]);
+    let server = start(ModelSource::Dir(stories260k()), move |c| {
+        c.keys = Some(keys);
+        c.tenancy.anon_requests_per_minute = Some(2);
+    })
+    .await;
+    let b = body(json!({"max_tokens": 2}));
+    for _ in 0..2 {
+        let r = http(&server, "POST", CHAT, Some(&b)).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let r = http(&server, "POST", CHAT, Some(&b)).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded", "{}", r.body);
+    assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
+    // A key's requests pay by its organisation, not by the address.
+    let auth = format!("Bearer {key}");
+    let r = http_with(&server, "POST", CHAT, Some(&b), &[("authorization", &auth)]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    server.shutdown().await;
+}

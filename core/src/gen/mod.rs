@@ -123,7 +123,7 @@ pub struct Generation {
     pub keep_kv: bool,
     /// The organisation its tokens are charged to (a key's, outside `cai`,
     /// which charges its own), when its owner has rate limits.
-    pub charged_org: Option<String>,
+    pub charged_org: Option<(String, crate::keys::OrgLimits)>,
     /// Prompt tokens whose K/V came from the prefix cache when it was
     /// admitted (0 before, and without a hit).
     pub cached_tokens: u32,

@@ -119,7 +119,7 @@ impl StartError {
                 "this connection already has {limit} requests waiting, the most one connection may; retry once one has started"
             ),
             StartError::RateLimited { retry_after_ms } => format!(
-                "the organisation's rate limit is reached; retry in {retry_after_ms} ms"
+                "the rate limit is reached (the key's organisation's, or without a key this address's); retry in {retry_after_ms} ms"
             ),
             StartError::TokenOutOfVocab { token, vocab } => format!(
                 "the prompt holds token {token}, which this model's vocabulary ({vocab} tokens) does not have; it comes from the tokenizer's added tokens, so remove the text that makes it"

@@ -367,6 +367,7 @@ impl Host {
         }
         self.conns.insert(conn, c);
         self.sh.count_open(dialect, transport);
+        self.sh.note_address(conn, peer);
         let mut refused = None;
         self.with_conn(now, conn, |m, cx| {
             refused = m.on_open(cx, query, peer).err()

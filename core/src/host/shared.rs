@@ -16,6 +16,7 @@ use crate::gen::{
     TokenPiece,
 };
 use crate::params::GenParams;
+use crate::keys::OrgLimits;
 use crate::principal::Principal;
 use crate::rng::{HostRng, Seed};
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
@@ -101,6 +102,9 @@ pub(crate) struct Shared {
     /// Connections whose outbound queue is full: their generations, including
     /// ones started later, are held.
     blocked_conns: BTreeSet<ConnId>,
+    /// Each open connection's client address (its IP, without the port):
+    /// what a client without a key is rate-limited by.
+    addresses: BTreeMap<ConnId, String>,
     next_seq: u64,
 }
 
@@ -125,6 +129,7 @@ impl Shared {
             ended: VecDeque::new(),
             open_by_dialect: BTreeMap::new(),
             blocked_conns: BTreeSet::new(),
+            addresses: BTreeMap::new(),
             next_seq: 1,
         }
     }
@@ -162,10 +167,9 @@ impl Shared {
         self.timers.cancel(TimerKey::PauseTimeout(id));
         let gen = self.gens.remove(&id)?;
         let dialect = gen.dialect;
-        if let (Some(org), Some(ring)) = (&gen.charged_org, &self.config.keys) {
-            let limits = ring.org_limits(org);
+        if let Some((payer, limits)) = &gen.charged_org {
             let tokens = u64::from(gen.completion_tokens());
-            self.dialects.limits.charge_tokens(now, org, limits, tokens);
+            self.dialects.limits.charge_tokens(now, payer, *limits, tokens);
         }
         if gen.raw {
             // A beam, not a request: its dialect reports the request.
@@ -381,6 +385,11 @@ impl Shared {
         !self.text_jobs.is_empty() || !self.job_checks.is_empty()
     }
 
+    /// Notes the client address (`ip:port`, the port dropped) of `conn`.
+    pub fn note_address(&mut self, conn: ConnId, peer: &str) {
+        self.addresses.insert(conn, address_of(peer).to_string());
+    }
+
     /// Counts a connection opened on `dialect` over `transport`.
     pub fn count_open(&mut self, dialect: Dialect, transport: Transport) {
         *self
@@ -403,6 +412,7 @@ impl Shared {
             *n = n.saturating_sub(1);
         }
         self.set_conn_blocked(conn, false);
+        self.addresses.remove(&conn);
         self.text_jobs.retain(|_, owner| *owner != conn);
         self.job_checks.retain(|_, owner| *owner != conn);
         for id in self.gens_of(conn) {
@@ -603,22 +613,28 @@ impl HostPort for Shared {
         // A key's organisation pays for what its requests compute, on every
         // dialect (one with `own_auth`, `cai`, admits and charges its own requests). Beams are
         // parts of one request.
-        let charged_org = match (principal, &self.config.keys) {
-            (Principal::Key { org, .. }, Some(ring))
-                if !registry::spec(dialect).own_auth && !req.raw =>
-            {
-                let limits = ring.org_limits(org);
-                if let Err(wait) = self.dialects.limits.admit(now, org, limits) {
-                    let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
-                    return Err(StartError::RateLimited { retry_after_ms });
-                }
-                self.dialects
-                    .limits
-                    .charge_tokens(now, org, limits, u64::from(prompt_tokens));
-                Some(org.clone())
-            }
-            _ => None,
+        // A client without a key pays by its address, when anonymous
+        // limits are set (`--anon-requests-per-minute`, ...).
+        let payer = match (principal, &self.config.keys) {
+            _ if registry::spec(dialect).own_auth || req.raw => None,
+            (Principal::Key { org, .. }, Some(ring)) => Some((org.clone(), ring.org_limits(org))),
+            (Principal::Key { .. }, None) => None,
+            (Principal::Conn(_) | Principal::Anonymous, _) => self
+                .addresses
+                .get(&owner)
+                .filter(|_| self.config.anon_limits != OrgLimits::default())
+                .map(|addr| (format!("address {addr}"), self.config.anon_limits)),
         };
+        if let Some((payer, limits)) = &payer {
+            if let Err(wait) = self.dialects.limits.admit(now, payer, *limits) {
+                let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+                return Err(StartError::RateLimited { retry_after_ms });
+            }
+            self.dialects
+                .limits
+                .charge_tokens(now, payer, *limits, u64::from(prompt_tokens));
+        }
+        let charged_org = payer;
         let id = SeqId(self.next_seq);
         self.next_seq += 1;
         let seed = match req.params.seed {
@@ -841,6 +857,19 @@ impl HostPort for Shared {
     fn cancel_timer(&mut self, conn: ConnId, tag: u8) {
         self.timers
             .cancel(TimerKey::Conn(conn, ConnTimer::Dialect(tag)));
+    }
+}
+
+/// The IP of a peer written `ip:port` or `[ipv6]:port` (the whole string
+/// when it has no port).
+fn address_of(peer: &str) -> &str {
+    if let Some(rest) = peer.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match peer.rsplit_once(':') {
+        // One colon: `ip:port`; more: a bare IPv6 address.
+        Some((ip, _)) if !ip.contains(':') => ip,
+        _ => peer,
     }
 }
 
