@@ -16,6 +16,9 @@ pub struct HostConfig {
     /// Rate limits for clients without a key, per address (requests and
     /// tokens per minute; both `None`: no limit).
     pub anon_limits: crate::keys::OrgLimits,
+    /// `session`: refuse sessions that bring no `public_key` (every prompt
+    /// then signed).
+    pub require_signatures: bool,
     /// Wall-clock time (unix ms) at the Host's `Instant::ZERO`; ids and timestamps
     /// are `epoch_unix_ms + now`.
     pub epoch_unix_ms: u64,
@@ -108,6 +111,7 @@ impl Default for HostConfig {
         HostConfig {
             content_filter: None,
             anon_limits: crate::keys::OrgLimits::default(),
+            require_signatures: false,
             epoch_unix_ms: 0,
             max_frame_bytes: 4 * 1024 * 1024,
             slow_client_timeout: Duration::from_secs(30),

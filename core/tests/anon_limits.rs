@@ -48,8 +48,20 @@ fn an_address_over_its_requests_per_minute_is_refused_with_a_retry_hint() {
         tokens_per_minute: None,
     });
     // Two connections from one address share its budget.
-    let a = open(&mut h, 1, Dialect::Generate, Transport::WebSocket, "10.0.0.1:4000");
-    let b = open(&mut h, 2, Dialect::Generate, Transport::WebSocket, "10.0.0.1:4001");
+    let a = open(
+        &mut h,
+        1,
+        Dialect::Generate,
+        Transport::WebSocket,
+        "10.0.0.1:4000",
+    );
+    let b = open(
+        &mut h,
+        2,
+        Dialect::Generate,
+        Transport::WebSocket,
+        "10.0.0.1:4001",
+    );
     assert_eq!(generate(&mut h, a)["type"], "completion");
     assert_eq!(generate(&mut h, b)["type"], "completion");
     let refused = generate(&mut h, a);
@@ -61,7 +73,13 @@ fn an_address_over_its_requests_per_minute_is_refused_with_a_retry_hint() {
         "{refused}"
     );
     // Another address (IPv6, with its brackets) is not affected.
-    let c = open(&mut h, 3, Dialect::Generate, Transport::WebSocket, "[::1]:5000");
+    let c = open(
+        &mut h,
+        3,
+        Dialect::Generate,
+        Transport::WebSocket,
+        "[::1]:5000",
+    );
     assert_eq!(generate(&mut h, c)["type"], "completion");
     // Over HTTP too: a 429 with the API's code.
     let chat = open(&mut h, 4, Dialect::Chat, Transport::Http, "10.0.0.1:4002");
@@ -85,7 +103,13 @@ fn tokens_per_minute_count_prompt_and_generated_tokens() {
         requests_per_minute: None,
         tokens_per_minute: Some(10),
     });
-    let a = open(&mut h, 1, Dialect::Generate, Transport::WebSocket, "10.0.0.9:1");
+    let a = open(
+        &mut h,
+        1,
+        Dialect::Generate,
+        Transport::WebSocket,
+        "10.0.0.9:1",
+    );
     // Prompt (BOS + 2) and 2 generated tokens: 5 of 10.
     assert_eq!(generate(&mut h, a)["type"], "completion");
     assert_eq!(generate(&mut h, a)["type"], "completion");
@@ -96,7 +120,13 @@ fn tokens_per_minute_count_prompt_and_generated_tokens() {
 #[test]
 fn without_limits_nothing_is_refused() {
     let mut h = harness(OrgLimits::default());
-    let a = open(&mut h, 1, Dialect::Generate, Transport::WebSocket, "10.0.0.1:4000");
+    let a = open(
+        &mut h,
+        1,
+        Dialect::Generate,
+        Transport::WebSocket,
+        "10.0.0.1:4000",
+    );
     for _ in 0..20 {
         assert_eq!(generate(&mut h, a)["type"], "completion");
     }

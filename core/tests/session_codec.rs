@@ -60,10 +60,12 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
                 conversation_context,
                 model,
                 last_message_index: None,
+                public_key: None,
             })
         }),
         start().prop_map(|(session_id, job_id, conversation_context, model, last)| {
             ClientMessage::SessionResume(SessionStart {
+                public_key: Some(format!("{job_id}-key")),
                 session_id,
                 job_id,
                 conversation_context,
@@ -71,17 +73,26 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
                 last_message_index: Some(last.unwrap_or(0)),
             })
         }),
-        (id(), ".{0,20}", any::<u64>(), any::<bool>(), sampling()).prop_map(
-            |(session_id, content, message_index, stream, sampling)| ClientMessage::Prompt(
-                Prompt {
-                    session_id,
-                    content,
-                    message_index,
-                    stream,
-                    sampling
+        (
+            id(),
+            ".{0,20}",
+            any::<u64>(),
+            any::<bool>(),
+            sampling(),
+            proptest::option::of("[0-9a-f]{128}")
+        )
+            .prop_map(
+                |(session_id, content, message_index, stream, sampling, signature)| {
+                    ClientMessage::Prompt(Prompt {
+                        session_id,
+                        content,
+                        message_index,
+                        stream,
+                        sampling,
+                        signature,
+                    })
                 }
-            )
-        ),
+            ),
         id().prop_map(|session_id| ClientMessage::SessionEnd { session_id }),
         (
             ".{0,20}",

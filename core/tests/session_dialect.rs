@@ -599,3 +599,121 @@ fn sessions_per_connection_and_bytes_per_session_are_bounded_and_the_connection_
     assert_eq!(last(&h, c)["type"], "response", "nothing was lost");
     assert!(h.closes.is_empty());
 }
+
+mod signed_prompts {
+    use super::*;
+    use k256::ecdsa::signature::Signer;
+    use k256::ecdsa::{Signature, SigningKey};
+    use tokenwire_core::dialect::session::signature::signed_text;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn key() -> SigningKey {
+        SigningKey::from_slice(&[42u8; 32]).expect("key")
+    }
+
+    fn signed(sid: &str, content: &str, index: u64, sk: &SigningKey) -> Value {
+        let sig: Signature = sk.sign(signed_text(sid, index, content).as_bytes());
+        let mut p = prompt(sid, content, index, 4);
+        p["signature"] = hex(&sig.to_bytes()).into();
+        p
+    }
+
+    fn keyed_session(h: &mut Harness) -> ConnId {
+        let c = h.open(1, Dialect::Session);
+        let mut i = init("s", json!([]));
+        i["public_key"] = hex(&key().verifying_key().to_sec1_bytes()).into();
+        h.send(c, i);
+        h.run(10);
+        assert_eq!(last(h, c)["type"], "session_ready");
+        c
+    }
+
+    #[test]
+    fn a_keyed_session_takes_only_prompts_signed_for_their_place() {
+        let mut h = harness();
+        let c = keyed_session(&mut h);
+        h.send(c, signed("s", "hi", 0, &key()));
+        h.run(50);
+        assert_eq!(last(&h, c)["type"], "response", "{:?}", h.received(c));
+        let steps = h.steps_run;
+        // Missing, wrong (another key), and replayed at another index.
+        h.send(c, prompt("s", "again", 2, 4));
+        let other = SigningKey::from_slice(&[9u8; 32]).expect("key");
+        h.send(c, signed("s", "again", 2, &other));
+        h.send(c, signed("s", "hi", 2, &key()).tap_replay("hi", 0, &key()));
+        h.run(50);
+        let codes = errors(&h, c);
+        assert_eq!(codes, ["invalid_request"; 3], "{:?}", h.received(c));
+        assert_eq!(h.steps_run, steps, "nothing was generated");
+        let msgs: Vec<String> = h
+            .of_type(c, "error")
+            .iter()
+            .map(|e| e["message"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert!(msgs[0].contains("required"), "{msgs:?}");
+        assert!(msgs[1].contains("does not verify"), "{msgs:?}");
+        assert!(msgs[2].contains("does not verify"), "{msgs:?}");
+        // The right one still goes through.
+        h.send(c, signed("s", "again", 2, &key()));
+        h.run(50);
+        assert_eq!(last(&h, c)["type"], "response");
+    }
+
+    #[test]
+    fn require_signatures_refuses_sessions_without_a_key_and_bad_keys_are_named() {
+        let mut h = Harness::new(
+            HostConfig {
+                require_signatures: true,
+                ..HostConfig::default()
+            },
+            SCRIPT,
+            1,
+        );
+        let c = h.open(1, Dialect::Session);
+        h.send(c, init("s", json!([])));
+        let e = last(&h, c);
+        assert_eq!(e["code"], "invalid_request");
+        assert!(
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--require-signatures")),
+            "{e}"
+        );
+        let mut bad = init("t", json!([]));
+        bad["public_key"] = "02abcdef".into();
+        h.send(c, bad);
+        let e = last(&h, c);
+        assert!(
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("public_key")),
+            "{e}"
+        );
+        let ok = keyed_session(&mut Harness::new(
+            HostConfig {
+                require_signatures: true,
+                ..HostConfig::default()
+            },
+            SCRIPT,
+            1,
+        ));
+        assert_eq!(ok, ConnId(1));
+    }
+
+    /// A prompt signed for index `index` with `content`, sent at another
+    /// place: its own frame with the message index rewritten.
+    trait Replay {
+        fn tap_replay(self, content: &str, index: u64, sk: &SigningKey) -> Value;
+    }
+
+    impl Replay for Value {
+        fn tap_replay(mut self, content: &str, index: u64, sk: &SigningKey) -> Value {
+            let sig: Signature = sk.sign(signed_text("s", index, content).as_bytes());
+            self["signature"] = hex(&sig.to_bytes()).into();
+            self
+        }
+    }
+}

@@ -83,6 +83,11 @@ pub struct TenancyArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub anon_tokens_per_minute: Option<u64>,
 
+    /// `session`: refuse sessions that bring no `public_key`, so every
+    /// prompt must carry a valid secp256k1 ECDSA `signature`.
+    #[arg(long, env = "TOKENWIRE_REQUIRE_SIGNATURES")]
+    pub require_signatures: bool,
+
     /// Most requests one connection may have waiting for the engine (its
     /// share of the queue); past it the dialect's rate-limit error.
     #[arg(long, env = "TOKENWIRE_MAX_QUEUED_PER_CONN", value_name = "N",
@@ -157,6 +162,7 @@ impl TenancyArgs {
         host.session_max_context_bytes = size(self.session_max_context_bytes);
         host.max_conversations_per_org = size(self.max_conversations_per_org);
         host.conversation_max_bytes = size(self.conversation_max_bytes);
+        host.require_signatures = self.require_signatures;
         host.anon_limits = tokenwire_core::keys::OrgLimits {
             requests_per_minute: self.anon_requests_per_minute,
             tokens_per_minute: self.anon_tokens_per_minute,

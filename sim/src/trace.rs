@@ -267,6 +267,7 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         content_filter: filter_from(&v["content_filter"])?,
         // The simulator sets no anonymous limits.
         anon_limits: Default::default(),
+        require_signatures: false,
         epoch_unix_ms: u64_of(v, "epoch_unix_ms")?,
         max_frame_bytes: usize::try_from(u64_of(v, "max_frame_bytes")?)
             .map_err(|e| e.to_string())?,

@@ -229,7 +229,12 @@ async fn anonymous_clients_over_their_rate_get_429_with_retry_after() {
     }
     let r = http(&server, "POST", CHAT, Some(&b)).await;
     assert_eq!(r.status, 429, "{}", r.body);
-    assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded", "{}", r.body);
+    assert_eq!(
+        r.json()["error"]["code"],
+        "rate_limit_exceeded",
+        "{}",
+        r.body
+    );
     assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
     // A key's requests pay by its organisation, not by the address.
     let auth = format!("Bearer {key}");

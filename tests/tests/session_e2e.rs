@@ -282,3 +282,65 @@ async fn a_host_full_of_sessions_answers_rate_limited_until_one_ends() {
     assert_eq!(b.recv().await["type"], "session_ready");
     server.shutdown().await;
 }
+
+/// Signed prompts over a real socket, the client signing with k256 as a
+/// wallet would: a valid signature streams the reply; a missing one, one
+/// by another key, and one replayed at another index are `invalid_request`
+/// with nothing generated; `--require-signatures` refuses a keyless session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_prompts_and_require_signatures() {
+    use k256::ecdsa::signature::Signer;
+    use k256::ecdsa::{Signature, SigningKey};
+    use tokenwire_core::dialect::session::signature::signed_text;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let sk = SigningKey::from_slice(&[5u8; 32]).expect("key");
+    let sign = |sk: &SigningKey, index: u64, content: &str| {
+        let sig: Signature = sk.sign(signed_text("sig", index, content).as_bytes());
+        hex(&sig.to_bytes())
+    };
+    let server = start(ModelSource::Dir(stories260k()), |c| {
+        c.tenancy.require_signatures = true
+    })
+    .await;
+    let mut c = Client::connect(&server, "/ws/session").await;
+    c.send(init("nokey", json!([]))).await;
+    assert_eq!(error_code(&mut c).await, "invalid_request");
+
+    let mut i = init("sig", json!([]));
+    i["public_key"] = hex(&sk.verifying_key().to_sec1_bytes()).into();
+    c.send(i).await;
+    assert_eq!(c.recv().await["type"], "session_ready");
+    let mut p = prompt("sig", "Once upon a time", 0, 4);
+    p["signature"] = sign(&sk, 0, "Once upon a time").into();
+    c.send(p).await;
+    let frames = c.recv_until(&["response", "error"]).await;
+    assert_eq!(
+        frames.last().expect("reply")["type"],
+        "response",
+        "{frames:?}"
+    );
+
+    let other = SigningKey::from_slice(&[6u8; 32]).expect("key");
+    for signature in [
+        None,
+        Some(sign(&other, 2, "More")),
+        Some(sign(&sk, 0, "More")),
+    ] {
+        let mut p = prompt("sig", "More", 2, 4);
+        if let Some(s) = signature {
+            p["signature"] = s.into();
+        }
+        c.send(p).await;
+        assert_eq!(error_code(&mut c).await, "invalid_request");
+    }
+    let m = http(&server, "GET", "/metrics", None).await.body;
+    assert_eq!(
+        metric(
+            &m,
+            "tokenwire_requests_total{dialect=\"session\",outcome=\"completed\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    server.shutdown().await;
+}

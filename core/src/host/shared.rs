@@ -15,8 +15,8 @@ use crate::gen::{
     FinishReason, GenRequest, GenState, Generation, HoldReason, Holds, KeptKv, StartError,
     TokenPiece,
 };
-use crate::params::GenParams;
 use crate::keys::OrgLimits;
+use crate::params::GenParams;
 use crate::principal::Principal;
 use crate::rng::{HostRng, Seed};
 use crate::sched::{AdmitError, SchedConfig, Scheduler};
@@ -169,7 +169,9 @@ impl Shared {
         let dialect = gen.dialect;
         if let Some((payer, limits)) = &gen.charged_org {
             let tokens = u64::from(gen.completion_tokens());
-            self.dialects.limits.charge_tokens(now, payer, *limits, tokens);
+            self.dialects
+                .limits
+                .charge_tokens(now, payer, *limits, tokens);
         }
         if gen.raw {
             // A beam, not a request: its dialect reports the request.

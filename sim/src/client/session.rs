@@ -169,6 +169,7 @@ impl SessionClient {
             },
             conversation_context: c.history.clone(),
             model: None,
+            public_key: None,
             last_message_index: (c.history.len() as u64)
                 .checked_sub(1)
                 .filter(|_| c.started),
@@ -240,6 +241,7 @@ impl SessionClient {
             message_index: c.count(),
             stream,
             sampling,
+            signature: None,
         })
     }
 

@@ -82,6 +82,9 @@ pub struct SessionStart {
     pub model: Option<String>,
     /// `session_resume`'s `last_message_index` (None for `session_init`).
     pub last_message_index: Option<u64>,
+    /// Signed prompts: the secp256k1 key (SEC1 hex) every `prompt` of the
+    /// session must be signed with.
+    pub public_key: Option<String>,
 }
 
 /// `prompt`.
@@ -97,6 +100,8 @@ pub struct Prompt {
     pub stream: bool,
     /// The sampling fields the message carried.
     pub sampling: Map<String, Value>,
+    /// Its ECDSA signature (hex of `r || s`), for a session with a key.
+    pub signature: Option<String>,
 }
 
 /// The body of `POST /v1/inference`, as the frame the HTTP route sends.
@@ -212,6 +217,7 @@ pub fn decode_value(v: &Value) -> Result<ClientMessage, DecodeError> {
                 } else {
                     None
                 },
+                public_key: f.str("public_key").map_err(e)?.map(str::to_string),
             };
             Ok(if kind == "session_init" {
                 ClientMessage::SessionInit(start)
@@ -228,6 +234,7 @@ pub fn decode_value(v: &Value) -> Result<ClientMessage, DecodeError> {
                 .ok_or_else(|| e(FieldError::new("message_index", "is required")))?,
             stream: f.bool("stream").map_err(e)?.unwrap_or(true),
             sampling: sampling(msg),
+            signature: f.str("signature").map_err(e)?.map(str::to_string),
         })),
         "session_end" => Ok(ClientMessage::SessionEnd {
             session_id: req_id(&f, "session_id").map_err(e)?,
@@ -309,6 +316,9 @@ pub fn encode_client_value(msg: &ClientMessage) -> Value {
             if let Some(i) = s.last_message_index {
                 v.insert("last_message_index".into(), i.into());
             }
+            if let Some(k) = &s.public_key {
+                v.insert("public_key".into(), k.clone().into());
+            }
         }
         ClientMessage::Prompt(p) => {
             v.insert("session_id".into(), p.session_id.clone().into());
@@ -317,6 +327,9 @@ pub fn encode_client_value(msg: &ClientMessage) -> Value {
             v.insert("stream".into(), p.stream.into());
             for (k, x) in &p.sampling {
                 v.insert(k.clone(), x.clone());
+            }
+            if let Some(s) = &p.signature {
+                v.insert("signature".into(), s.clone().into());
             }
         }
         ClientMessage::SessionEnd { session_id } => {

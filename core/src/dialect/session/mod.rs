@@ -14,8 +14,10 @@
 
 pub mod codec;
 pub mod http;
+pub mod signature;
 pub mod state;
 
+use self::signature::PromptKey;
 use std::collections::{BTreeMap, VecDeque};
 
 use self::codec::{
@@ -40,6 +42,8 @@ struct Session {
     messages: Vec<ChatMessage>,
     /// The reply in flight.
     turn: Option<Turn>,
+    /// Signed prompts: the key each prompt must be signed with.
+    key: Option<PromptKey>,
 }
 
 impl Session {
@@ -190,6 +194,20 @@ impl SessionConn {
         if let Some(message) = Self::wrong_model(cx, start.model.as_deref()) {
             return error(cx, Some(&sid), ErrorCode::InvalidRequest, message);
         }
+        match start.public_key.as_deref().map(PromptKey::parse) {
+            Some(Err(why)) => {
+                return error(cx, Some(&sid), ErrorCode::InvalidRequest, format!("invalid {why}"))
+            }
+            None if cx.config().require_signatures => {
+                return error(
+                    cx,
+                    Some(&sid),
+                    ErrorCode::InvalidRequest,
+                    "this server requires signed prompts (--require-signatures): send `public_key` with session_init or session_resume",
+                )
+            }
+            _ => {}
+        }
         if let Some(last) = start.last_message_index {
             let expected = (start.conversation_context.len() as u64).checked_sub(1);
             if expected != Some(last) {
@@ -269,10 +287,15 @@ impl SessionConn {
             .jobs
             .grant(&start.job_id, grant.token_budget);
         let messages = start.conversation_context;
+        let key = start
+            .public_key
+            .as_deref()
+            .and_then(|k| PromptKey::parse(k).ok());
         let session = Session {
             job_id: Some(start.job_id),
             messages: messages.clone(),
             turn: None,
+            key,
         };
         self.sessions.insert(sid.clone(), session);
         if messages.is_empty() {
@@ -369,6 +392,12 @@ impl SessionConn {
                 format!("`message_index` is {} but the session holds {expected} messages, so it must be {expected}", p.message_index),
                 Some(expected),
             );
+        }
+        if let Some(key) = &session.key {
+            if let Err(why) = key.verify(&sid, p.message_index, &p.content, p.signature.as_deref())
+            {
+                return error(cx, Some(&sid), ErrorCode::InvalidRequest, why);
+            }
         }
         self.run(cx, sid, p.content, &p.sampling, p.stream);
     }
@@ -533,6 +562,7 @@ impl SessionConn {
                 job_id: None,
                 messages: i.conversation_context,
                 turn: None,
+                key: None,
             },
         );
         self.run(
