@@ -117,8 +117,15 @@ pub enum HttpFailure {
     },
     /// The body did not arrive within its deadline.
     BodyTimeout,
-    /// The body could not be read (the peer reset, bad chunking).
+    /// The body could not be read (the peer reset, bad chunking, a gzip
+    /// body that does not inflate).
     BodyUnreadable,
+    /// The body's `Content-Encoding` is one this server does not take
+    /// (it takes `gzip` and `identity`).
+    BodyEncoding {
+        /// The encoding, as the request named it (clipped).
+        encoding: String,
+    },
     /// The server's connection limit is reached.
     Busy {
         /// Seconds after which a retry may succeed.
@@ -236,6 +243,11 @@ pub(crate) fn describe(f: &HttpFailure) -> (u16, String, Option<u32>) {
         ),
         HttpFailure::BodyTimeout => (408, "the request body did not arrive in time".into(), None),
         HttpFailure::BodyUnreadable => (400, "the request body could not be read".into(), None),
+        HttpFailure::BodyEncoding { encoding } => (
+            415,
+            format!("the request body's Content-Encoding `{encoding}` is not supported; send gzip or no encoding"),
+            None,
+        ),
         HttpFailure::Busy { retry_after } => (
             503,
             "the server's connection limit is reached; retry later".into(),

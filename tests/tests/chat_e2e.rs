@@ -242,3 +242,52 @@ async fn anonymous_clients_over_their_rate_get_429_with_retry_after() {
     assert_eq!(r.status, 200, "{}", r.body);
     server.shutdown().await;
 }
+
+/// `Content-Encoding: gzip` request bodies: inflated and served; one that
+/// inflates past the body limit (a compression bomb) is 413, never inflated
+/// whole; an encoding the server does not take is 415; a corrupt one 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_bodies_are_inflated_under_the_body_limit() {
+    use flate2::write::GzEncoder;
+    use flate2::Compression;
+    use std::io::Write;
+    use tokenwire_tests::raw_http;
+    let server = start(ModelSource::Dir(stories260k()), |c| {
+        c.host.max_frame_bytes = 64 * 1024;
+    })
+    .await;
+    let gzip = |data: &[u8]| {
+        let mut e = GzEncoder::new(Vec::new(), Compression::default());
+        e.write_all(data).expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let post = |body: &[u8], encoding: &str| {
+        let mut req = format!(
+            "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Encoding: {encoding}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        req
+    };
+    let plain = body(json!({"max_tokens": 3}));
+    let r = raw_http(&server, &post(&gzip(plain.as_bytes()), "gzip")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3, "{}", r.body);
+
+    // 2 MiB of JSON whitespace: about 2 KiB gzipped, 32 times the limit.
+    let mut bomb = plain.clone().into_bytes();
+    bomb.splice(1..1, std::iter::repeat_n(b' ', 2 << 20));
+    let packed = gzip(&bomb);
+    assert!(packed.len() < 64 * 1024, "{}", packed.len());
+    let r = raw_http(&server, &post(&packed, "gzip")).await;
+    assert_eq!(r.status, 413, "{}", r.body);
+
+    let r = raw_http(&server, &post(plain.as_bytes(), "br")).await;
+    assert_eq!(r.status, 415, "{}", r.body);
+    assert!(r.body.contains("Content-Encoding"), "{}", r.body);
+    let r = raw_http(&server, &post(b"\x1f\x8bnot gzip at all", "gzip")).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    server.shutdown().await;
+}

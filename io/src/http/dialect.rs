@@ -54,6 +54,11 @@ pub(crate) async fn handle(
     if declared.is_some_and(|n| n > max as u64) {
         return failed(dialect, &HttpFailure::BodyTooLarge { max });
     }
+    let encoding = req.headers().get(header::CONTENT_ENCODING).map(|v| {
+        String::from_utf8_lossy(v.as_bytes())
+            .trim()
+            .to_ascii_lowercase()
+    });
     let body = match read_body(
         req.into_body(),
         max,
@@ -62,6 +67,13 @@ pub(crate) async fn handle(
     )
     .await
     {
+        Ok(b) => b,
+        Err(f) => {
+            tracing::info!(%peer, dialect = dialect.name(), failure = ?f, "request body refused");
+            return failed(dialect, &f);
+        }
+    };
+    let body = match inflate(body, encoding.as_deref(), max) {
         Ok(b) => b,
         Err(f) => {
             tracing::info!(%peer, dialect = dialect.name(), failure = ?f, "request body refused");
@@ -199,6 +211,31 @@ async fn read_body<B: hyper::body::Body<Data = Bytes> + Unpin>(
     }
 }
 
+/// The body as sent, without its `Content-Encoding`: `gzip` is inflated
+/// with the same limit as a plain body (a compression bomb stops at
+/// `max + 1` bytes and is answered 413), `identity` or none is kept; any
+/// other encoding is refused.
+fn inflate(body: Bytes, encoding: Option<&str>, max: usize) -> Result<Bytes, HttpFailure> {
+    use std::io::Read;
+    match encoding {
+        None | Some("" | "identity") => Ok(body),
+        Some("gzip" | "x-gzip") => {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&body[..])
+                .take(max as u64 + 1)
+                .read_to_end(&mut out)
+                .map_err(|_| HttpFailure::BodyUnreadable)?;
+            if out.len() > max {
+                return Err(HttpFailure::BodyTooLarge { max });
+            }
+            Ok(Bytes::from(out))
+        }
+        Some(other) => Err(HttpFailure::BodyEncoding {
+            encoding: other.chars().take(40).collect(),
+        }),
+    }
+}
+
 /// A reply as a response.
 fn response(reply: HttpReply) -> Response<Body> {
     let mut resp = Response::new(full(reply.body));
@@ -223,6 +260,7 @@ fn failed(dialect: Dialect, f: &HttpFailure) -> Response<Body> {
         f,
         HttpFailure::BodyTooLarge { .. } | HttpFailure::BodyTimeout | HttpFailure::BodyUnreadable
     ) {
+        // (A refused encoding was read whole: its connection stays.)
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }

@@ -104,6 +104,7 @@ pub(crate) fn failure(f: &HttpFailure) -> HttpReply {
     let (code, action) = match f {
         HttpFailure::BodyTooLarge { .. } => (ErrorCode::InvalidRequest, RecoveryAction::None),
         HttpFailure::BodyUnreadable => (ErrorCode::InvalidRequest, RecoveryAction::Retry),
+        HttpFailure::BodyEncoding { .. } => (ErrorCode::InvalidRequest, RecoveryAction::None),
         HttpFailure::BodyTimeout => (ErrorCode::Timeout, RecoveryAction::Retry),
         HttpFailure::Busy { .. } => (ErrorCode::RateLimited, RecoveryAction::Retry),
         HttpFailure::ShuttingDown { .. } => (ErrorCode::InternalError, RecoveryAction::Retry),
