@@ -197,6 +197,9 @@ pub struct JobCheck {
     pub dialect: Dialect,
     /// The job id as the client sent it.
     pub job_id: String,
+    /// The public key the client signs its prompts with (`session`'s
+    /// signed prompts), so a verifier can bind the key to the job.
+    pub public_key: Option<String>,
 }
 
 /// What a verified job may use.

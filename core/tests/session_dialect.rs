@@ -624,10 +624,16 @@ mod signed_prompts {
     fn keyed_session(h: &mut Harness) -> ConnId {
         let c = h.open(1, Dialect::Session);
         let mut i = init("s", json!([]));
-        i["public_key"] = hex(&key().verifying_key().to_sec1_bytes()).into();
+        let pk = hex(&key().verifying_key().to_sec1_bytes());
+        i["public_key"] = pk.clone().into();
         h.send(c, i);
         h.run(10);
         assert_eq!(last(h, c)["type"], "session_ready");
+        // The job verifier saw the key, to bind it to the job.
+        assert_eq!(
+            h.job_checks.last().and_then(|j| j.public_key.clone()),
+            Some(pk)
+        );
         c
     }
 

@@ -35,7 +35,13 @@ pub trait HostPort {
     /// Hands out a text job for `conn`; its frames wait for the answer.
     fn tokenize(&mut self, conn: ConnId, work: TextWork) -> TextJobId;
     /// Asks the shell to verify `job_id`; `conn`'s frames wait for the answer.
-    fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId;
+    fn verify_job(
+        &mut self,
+        conn: ConnId,
+        dialect: Dialect,
+        job_id: String,
+        public_key: Option<String>,
+    ) -> JobCheckId;
     /// Starts a generation owned by `conn`, which acts as `principal`.
     fn start(
         &mut self,
@@ -251,8 +257,15 @@ impl<'a> Cx<'a> {
     /// in [`super::DialectConn::on_job_verified`], and until then this
     /// connection's frames wait.
     pub fn verify_job(&mut self, job_id: String) -> JobCheckId {
+        self.verify_signed_job(job_id, None)
+    }
+
+    /// [`Cx::verify_job`] for a job whose prompts are signed with
+    /// `public_key`: the verifier sees the key, so it can refuse a key the
+    /// job was not issued to.
+    pub fn verify_signed_job(&mut self, job_id: String, public_key: Option<String>) -> JobCheckId {
         let (conn, dialect) = (self.conn, self.dialect);
-        self.port.verify_job(conn, dialect, job_id)
+        self.port.verify_job(conn, dialect, job_id, public_key)
     }
 
     /// Starts a generation owned by this connection. With a key (outside

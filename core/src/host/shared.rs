@@ -544,7 +544,13 @@ impl HostPort for Shared {
     }
 
     /// Hands out a job check for `conn`; its frames wait until the verdict.
-    fn verify_job(&mut self, conn: ConnId, dialect: Dialect, job_id: String) -> JobCheckId {
+    fn verify_job(
+        &mut self,
+        conn: ConnId,
+        dialect: Dialect,
+        job_id: String,
+        public_key: Option<String>,
+    ) -> JobCheckId {
         let id = JobCheckId(self.next_check);
         self.next_check += 1;
         self.job_checks.insert(id, conn);
@@ -553,6 +559,7 @@ impl HostPort for Shared {
             conn,
             dialect,
             job_id,
+            public_key,
         }));
         id
     }

@@ -256,6 +256,7 @@ mod tests {
             conn: ConnId(1),
             dialect: Dialect::Session,
             job_id: "j".into(),
+            public_key: None,
         }))
     }
 
