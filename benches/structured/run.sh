@@ -5,12 +5,13 @@
 # run against that one server.
 #
 # Usage: benches/structured/run.sh FILE.gguf [THREADS] [ROUNDS] [MAX_TOKENS]
+# BACKEND=wgpu runs the wgpu engine instead of the CPU one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 file="$1"; threads="${2:-2}"; rounds="${3:-10}"; max_tokens="${4:-128}"
 cargo build --quiet --release -p tokenwire-io --bin tokenwire
 RAYON_NUM_THREADS="$threads" ./target/release/tokenwire serve --model "$file" \
-  --listen 127.0.0.1:18211 >target/bench-structured.log 2>&1 &
+  --backend "${BACKEND:-cpu}" --listen 127.0.0.1:18211 >target/bench-structured.log 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true' EXIT
 for _ in $(seq 600); do curl -sf http://127.0.0.1:18211/health >/dev/null && break; sleep 0.2; done

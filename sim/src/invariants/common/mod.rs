@@ -2,8 +2,9 @@
 //! the idle, keepalive, slow-client and shutdown deadlines (each dialect's
 //! notion of busy), KV blocks, the scheduler, step budgets, flow control,
 //! metrics (each dialect's errors and terminal frames), isolation (no text
-//! of one principal's prompt reaches another) and liveness (every request
-//! of every dialect ends, every message is answered).
+//! of one principal's prompt reaches another), liveness (every request
+//! of every dialect ends, every message is answered) and the content
+//! filter (no reply carries text a `stop` rule matches).
 //!
 //! They see every connection's frames; what each dialect calls busy or
 //! ended they read from the shared [`View`](super::View) and its dialect
@@ -11,6 +12,7 @@
 
 pub mod after_close;
 pub mod closes;
+pub mod filtered_text;
 pub mod flow_control;
 pub mod idle_timeout;
 pub mod isolation;
@@ -41,5 +43,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(metrics::Metrics::default()),
         Box::new(isolation::Isolation::default()),
         Box::new(liveness::Liveness),
+        Box::new(filtered_text::FilteredText),
     ]
 }
