@@ -18,25 +18,15 @@ import argparse
 import json
 import sys
 import traceback
-from typing import Annotated, Any, Callable, List, Literal, Optional, Type
+from typing import Any, Callable, List, Optional, Type
 
 import openai
-import pydantic
 from openai import OpenAI
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from sdk_strict import CheckFailed, fail, validate_strict as strict
+from sdk_strict import CheckFailed, Hero, fail, validate_strict as strict
 
-
-class Hero(pydantic.BaseModel):
-    """A structured output small models can always finish: bounded fields
-    and no others (`extra="forbid"` writes `additionalProperties: false`)."""
-    model_config = pydantic.ConfigDict(extra="forbid")
-    name: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
-    age: Annotated[int, pydantic.Field(ge=1, le=99)]
-    place: Literal["forest", "castle", "sea"]
-    brave: bool
 
 
 def completion_chunk(raw: str) -> Completion:

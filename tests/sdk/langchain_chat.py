@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Annotated, Callable, List, Literal
+from typing import Callable, List
 
 import openai
 import pydantic
@@ -28,16 +28,8 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from openai import OpenAI
 
-from sdk_strict import CheckFailed, fail
+from sdk_strict import CheckFailed, Hero, fail
 
-
-class Hero(pydantic.BaseModel):
-    """A structured output small models can always finish: bounded fields, no others."""
-    model_config = pydantic.ConfigDict(extra="forbid")
-    name: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
-    age: Annotated[int, pydantic.Field(ge=1, le=99)]
-    place: Literal["forest", "castle", "sea"]
-    brave: bool
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Dict, List, Literal, Optional, Tuple, Type, get_args, get_origin
+from typing import Annotated, Any, Callable, Dict, List, Optional, Tuple, Type, get_args, get_origin
 
 import httpx2
 import openai
@@ -54,7 +54,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from websockets.exceptions import ConnectionClosed
 
-from sdk_strict import CheckFailed, fail, find_extras, validate_strict
+from sdk_strict import CheckFailed, Hero, fail, find_extras, validate_strict
 
 # ---------------------------------------------------------------------------
 # Strict validation with the SDK's own types
@@ -468,14 +468,6 @@ def ws_respond(conn: Any, where: str, stream_id: Optional[str] = None, **create:
     ws_collect(conn, tracker)
     return tracker
 
-
-class Hero(pydantic.BaseModel):
-    """A structured output small models can always finish: bounded fields, no others."""
-    model_config = pydantic.ConfigDict(extra="forbid")
-    name: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
-    age: Annotated[int, pydantic.Field(ge=1, le=99)]
-    place: Literal["forest", "castle", "sea"]
-    brave: bool
 
 
 class Checks:

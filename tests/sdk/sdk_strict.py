@@ -1,12 +1,23 @@
-"""What the SDK checks share: a failed check, and strict validation of a
+"""What the SDK checks share: a failed check, strict validation of a
 server's JSON against the official SDK's own pydantic types (strict mode,
-and no field the SDK does not know, at any depth)."""
+and no field the SDK does not know, at any depth), and the structured-output
+model the checks ask for."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Type
+from typing import Annotated, Any, List, Literal, Optional, Type
 
 import pydantic
+
+
+class Hero(pydantic.BaseModel):
+    """A structured output small models can always finish: bounded fields
+    and no others (`extra="forbid"` writes `additionalProperties: false`)."""
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
+    age: Annotated[int, pydantic.Field(ge=1, le=99)]
+    place: Literal["forest", "castle", "sea"]
+    brave: bool
 
 
 class CheckFailed(Exception):
