@@ -278,6 +278,21 @@ impl Harness {
         self.open_with(conn, dialect, "")
     }
 
+    /// Opens the virtual connection of one HTTP request on `dialect` (the
+    /// body then comes as one frame, as the shell sends it).
+    pub fn open_http(&mut self, conn: u64, dialect: crate::Dialect) -> crate::ConnId {
+        let id = crate::ConnId(conn);
+        self.input(crate::Input::Open {
+            conn: id,
+            dialect,
+            transport: crate::Transport::Http,
+            query: String::new(),
+            authorization: None,
+            peer: "127.0.0.1:9".into(),
+        });
+        id
+    }
+
     /// Opens a WebSocket connection on `dialect` whose upgrade carried
     /// `query` (without `?`).
     pub fn open_with(&mut self, conn: u64, dialect: crate::Dialect, query: &str) -> crate::ConnId {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::testing::{tiny_model_info, ByteCodec, Harness};
-use tokenwire_core::{ConnId, Dialect, Event, HostConfig, Input, Output, Transport};
+use tokenwire_core::{ConnId, Dialect, Event, HostConfig, Output};
 
 const SCRIPT: &str = "a dragon ";
 
@@ -48,19 +48,6 @@ fn harness() -> Harness {
     Harness::with_codec(config(), tiny_model_info(), ByteCodec::shared(), SCRIPT, 1)
 }
 
-fn open_http(h: &mut Harness, id: u64, dialect: Dialect) -> ConnId {
-    let conn = ConnId(id);
-    h.input(Input::Open {
-        conn,
-        dialect,
-        transport: Transport::Http,
-        query: String::new(),
-        authorization: None,
-        peer: "p".into(),
-    });
-    conn
-}
-
 /// Sends one request on a fresh connection of each dialect whose prompt is
 /// `prompt`, and runs the Host until it is quiet.
 fn ask_everywhere(h: &mut Harness, prompt: &str) -> Vec<(Dialect, ConnId)> {
@@ -93,7 +80,7 @@ fn ask_everywhere(h: &mut Harness, prompt: &str) -> Vec<(Dialect, ConnId)> {
         c,
         json!({"type": "COMPLETION", "requestId": "c1", "payload": {"prompt": prompt, "options": {"maxTokens": 40}}}),
     );
-    let chat = open_http(h, 6, Dialect::Chat);
+    let chat = h.open_http(6, Dialect::Chat);
     h.send(
         chat,
         json!({"route": "chat", "body": {"model": "tiny", "max_tokens": 40, "stream": true,

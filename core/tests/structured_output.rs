@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 use tokenwire_core::testing::{tiny_model_info, DigitsCodec, Harness};
-use tokenwire_core::{ConnId, Dialect, HostConfig, Input, Transport};
+use tokenwire_core::{Dialect, HostConfig};
 
 const SCRIPT: &str = "abcdefghijklmnopqrstuvwxyz";
 
@@ -18,19 +18,6 @@ fn harness() -> Harness {
         SCRIPT,
         1,
     )
-}
-
-fn open_http(h: &mut Harness, id: u64, dialect: Dialect) -> ConnId {
-    let conn = ConnId(id);
-    h.input(Input::Open {
-        conn,
-        dialect,
-        transport: Transport::Http,
-        query: String::new(),
-        authorization: None,
-        peer: "p".into(),
-    });
-    conn
 }
 
 fn chat(extra: Value) -> Value {
@@ -53,7 +40,7 @@ fn is_digits(s: &str, n: usize) -> bool {
 #[test]
 fn every_chat_choice_follows_the_format_and_ends_when_it_is_complete() {
     let mut h = harness();
-    let c = open_http(&mut h, 1, Dialect::Chat);
+    let c = h.open_http(1, Dialect::Chat);
     h.send(
         c,
         chat(json!({"n": 3, "response_format": schema_format(json!({"type": "object"}))})),
@@ -76,7 +63,7 @@ fn every_chat_choice_follows_the_format_and_ends_when_it_is_complete() {
 #[test]
 fn without_a_format_the_same_request_is_free_text() {
     let mut h = harness();
-    let c = open_http(&mut h, 1, Dialect::Chat);
+    let c = h.open_http(1, Dialect::Chat);
     h.send(c, chat(json!({"response_format": {"type": "text"}})));
     h.run(100);
     let r = h.received(c).last().cloned().expect("reply");
@@ -90,7 +77,7 @@ fn without_a_format_the_same_request_is_free_text() {
 #[test]
 fn a_format_the_grammar_engine_refuses_is_a_400_naming_response_format() {
     let mut h = harness();
-    let c = open_http(&mut h, 1, Dialect::Chat);
+    let c = h.open_http(1, Dialect::Chat);
     h.send(
         c,
         chat(json!({"response_format": schema_format(json!({"not": {}}))})),
@@ -113,7 +100,7 @@ fn a_format_the_grammar_engine_refuses_is_a_400_naming_response_format() {
 fn a_token_outside_the_mask_fails_the_generation_and_is_never_delivered() {
     let mut h = harness();
     h.engine.ignore_masks = true;
-    let c = open_http(&mut h, 1, Dialect::Chat);
+    let c = h.open_http(1, Dialect::Chat);
     h.send(
         c,
         chat(json!({"stream": true, "response_format": {"type": "json_object"}})),

@@ -10,7 +10,7 @@ use crate::gen::StartError;
 use crate::http::{describe, HttpFailure, HttpReply, RETRY_AFTER_S};
 use crate::json::{FieldError, Fields};
 use crate::text::TextCodec;
-use crate::tools::{ToolChoice, ToolDef, Tools};
+use crate::tools::{ToolChoice, ToolDef, ToolFormat, Tools};
 
 /// The `error` object: `{type, code, message, param}`.
 pub fn error_object(status: u16, code: &str, message: &str, param: Option<&str>) -> Value {
@@ -391,4 +391,27 @@ pub fn tools(f: &Fields<'_>, shape: FormatShape) -> Result<Tools, FieldError> {
         choice,
         parallel: f.bool("parallel_tool_calls")?.unwrap_or(true),
     })
+}
+
+/// The constraint a request's output follows, compiled by the model's
+/// codec: its format's grammar (`format_field` names the field, as the
+/// route spells it), or the grammar that forces its tool calls (`tools`);
+/// never both, which the codecs refuse. An error is the field to blame and
+/// the message.
+pub fn output_constraint(
+    codec: &dyn TextCodec,
+    format: Option<&Grammar>,
+    format_field: &'static str,
+    tools: &Tools,
+    tool_format: ToolFormat,
+) -> Result<Option<Constraint>, (&'static str, String)> {
+    let (grammar, field) = match (format, crate::tools::forcing_grammar(tools, tool_format)) {
+        (Some(g), _) => (g.clone(), format_field),
+        (None, Some(g)) => (g, "tools"),
+        (None, None) => return Ok(None),
+    };
+    codec
+        .constrain(&grammar)
+        .map(|c| Some(Constraint::new(c)))
+        .map_err(|e| (field, format!("`{field}` cannot be used: {e}")))
 }

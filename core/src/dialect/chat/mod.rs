@@ -29,7 +29,7 @@ use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
-use crate::tools::{self, CallSplitter, ParsedCall, Released};
+use crate::tools::{CallSplitter, ParsedCall, Released};
 
 /// One choice being generated.
 #[derive(Debug, Default)]
@@ -115,22 +115,17 @@ impl ChatConn {
             );
             return send_error(cx, 404, "model_not_found", &message, Some("model"));
         }
-        // A forced tool call and a response format are never both set
-        // (the codec refuses that).
-        let (grammar, field) = match (&req.format, tools::forcing_grammar(&req.tools, format)) {
-            (Some(g), _) => (Some(g.clone()), "response_format"),
-            (None, Some(g)) => (Some(g), "tools"),
-            (None, None) => (None, ""),
-        };
-        let constraint = match grammar {
-            Some(g) => match cx.codec().constrain(&g) {
-                Ok(c) => Some(Constraint::new(c)),
-                Err(e) => {
-                    let message = format!("`{field}` cannot be used: {e}");
-                    return send_error(cx, 400, "invalid_request", &message, Some(field));
-                }
-            },
-            None => None,
+        let constraint = match openai::output_constraint(
+            cx.codec(),
+            req.format.as_ref(),
+            "response_format",
+            &req.tools,
+            format,
+        ) {
+            Ok(c) => c,
+            Err((field, message)) => {
+                return send_error(cx, 400, "invalid_request", &message, Some(field))
+            }
         };
         let max_tokens = req.params.max_tokens;
         let (job, prompt_text) = match &req.input {

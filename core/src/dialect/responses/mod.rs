@@ -244,28 +244,17 @@ impl ResponsesConn {
             );
         }
         let tool_format = cx.codec().tool_format();
-        // A forced call and a format are never both set (the codec
-        // refuses that).
-        let (grammar, field) = match (&req.format, tools::forcing_grammar(&req.tools, tool_format))
-        {
-            (Some(g), _) => (Some(g.clone()), "text.format"),
-            (None, Some(g)) => (Some(g), "tools"),
-            (None, None) => (None, ""),
-        };
-        let constraint = match grammar {
-            Some(g) => match cx.codec().constrain(&g) {
-                Ok(c) => Some(Constraint::new(c)),
-                Err(e) => {
-                    return send_error(
-                        cx,
-                        400,
-                        "invalid_request",
-                        &format!("`{field}` cannot be used: {e}"),
-                        Some(field),
-                    )
-                }
-            },
-            None => None,
+        let constraint = match openai::output_constraint(
+            cx.codec(),
+            req.format.as_ref(),
+            "text.format",
+            &req.tools,
+            tool_format,
+        ) {
+            Ok(c) => c,
+            Err((field, message)) => {
+                return send_error(cx, 400, "invalid_request", &message, Some(field))
+            }
         };
         let splitter = req
             .tools
