@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import sys
-import traceback
 from typing import Annotated, Any, Awaitable, Callable, List
 
 import pydantic
@@ -30,7 +29,7 @@ from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, function
 from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
 from openai import AsyncOpenAI
 
-from sdk_strict import CheckFailed, fail
+from sdk_strict import fail, run_checks
 
 
 def make_agent(model: Any, calls: List[str]) -> Agent:
@@ -69,7 +68,8 @@ def check_run(result: Any, calls: List[str]) -> None:
     print(f"  items {kinds}, tool called with {calls}, final output {result.final_output[:60]!r}")
 
 
-async def main_async(args: argparse.Namespace) -> int:
+def agent_checks(args: argparse.Namespace) -> List[tuple[str, Callable[[], Awaitable[None]]]]:
+    """The checks, each a coroutine function."""
     set_tracing_disabled(True)
     checks: List[tuple[str, Callable[[], Awaitable[None]]]] = []
 
@@ -95,26 +95,18 @@ async def main_async(args: argparse.Namespace) -> int:
             result = await session.run(agent, "What is the weather in Paris?", max_turns=4)
         check_run(result, calls)
 
-    failed = 0
-    for name, fn in checks:
-        try:
-            await asyncio.wait_for(fn(), timeout=120)
-            print(f"ok: {name}", flush=True)
-        except CheckFailed as e:
-            failed += 1
-            print(f"FAIL: {name}: {e}", flush=True)
-        except Exception:  # noqa: BLE001 - any other error is a failed check, with its trace
-            failed += 1
-            print(f"FAIL: {name}: {traceback.format_exc()}", flush=True)
-    print(f"{len(checks) - failed} of {len(checks)} checks passed")
-    return 1 if failed else 0
+    return checks
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
-    return asyncio.run(main_async(ap.parse_args()))
+    args = ap.parse_args()
+    checks = agent_checks(args)
+    # Each check on an event loop of its own, with a time limit.
+    return run_checks([(name, lambda fn=fn: asyncio.run(asyncio.wait_for(fn(), timeout=120)))
+                       for name, fn in checks])
 
 
 if __name__ == "__main__":

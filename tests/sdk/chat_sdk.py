@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 from typing import Any, Callable, List, Optional, Type
 
 import openai
@@ -25,7 +24,7 @@ from openai import OpenAI
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from sdk_strict import CheckFailed, Hero, fail, validate_strict as strict
+from sdk_strict import Hero, fail, run_checks, validate_strict as strict
 
 
 
@@ -300,19 +299,7 @@ def main() -> int:
             if e.body.get("param") != "response_format":
                 fail(f"param {e.body!r}")
 
-    failed = 0
-    for name, fn in checks:
-        try:
-            fn()
-            print(f"ok: {name}")
-        except CheckFailed as e:
-            failed += 1
-            print(f"FAIL: {name}: {e}")
-        except Exception:  # noqa: BLE001 - any other error is a failed check, with its trace
-            failed += 1
-            print(f"FAIL: {name}: {traceback.format_exc()}")
-    print(f"{len(checks) - failed} of {len(checks)} checks passed")
-    return 1 if failed else 0
+    return run_checks(checks)
 
 
 if __name__ == "__main__":

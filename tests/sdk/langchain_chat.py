@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from typing import Callable, List
 
 import openai
@@ -28,7 +27,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from openai import OpenAI
 
-from sdk_strict import CheckFailed, Hero, fail
+from sdk_strict import Hero, fail, run_checks
 
 
 
@@ -124,19 +123,7 @@ def main() -> int:
             # The tool runs on what the model asked for.
             add.invoke(args)
 
-    failed = 0
-    for name, fn in checks:
-        try:
-            fn()
-            print(f"ok: {name}")
-        except CheckFailed as e:
-            failed += 1
-            print(f"FAIL: {name}: {e}")
-        except Exception:  # noqa: BLE001 - any other error is a failed check, with its trace
-            failed += 1
-            print(f"FAIL: {name}: {traceback.format_exc()}")
-    print(f"{len(checks) - failed} of {len(checks)} checks passed")
-    return 1 if failed else 0
+    return run_checks(checks)
 
 
 if __name__ == "__main__":

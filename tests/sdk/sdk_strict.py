@@ -5,7 +5,8 @@ model the checks ask for."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, List, Literal, Optional, Type
+import traceback
+from typing import Annotated, Any, Callable, List, Literal, Optional, Tuple, Type
 
 import pydantic
 
@@ -18,6 +19,25 @@ class Hero(pydantic.BaseModel):
     age: Annotated[int, pydantic.Field(ge=1, le=99)]
     place: Literal["forest", "castle", "sea"]
     brave: bool
+
+
+def run_checks(checks: List[Tuple[str, Callable[[], None]]]) -> int:
+    """Runs each (name, check), printing `ok: name` or `FAIL: name: reason`
+    (any exception fails a check, with its trace), then how many passed;
+    returns the process exit status (0 only when all passed)."""
+    failed = 0
+    for name, fn in checks:
+        try:
+            fn()
+            print(f"ok: {name}", flush=True)
+        except CheckFailed as e:
+            failed += 1
+            print(f"FAIL: {name}: {e}", flush=True)
+        except Exception:  # noqa: BLE001 - any other error is a failed check, with its trace
+            failed += 1
+            print(f"FAIL: {name}: {traceback.format_exc()}", flush=True)
+    print(f"{len(checks) - failed} of {len(checks)} checks passed", flush=True)
+    return 1 if failed else 0
 
 
 class CheckFailed(Exception):

@@ -340,12 +340,7 @@ fn input_item(
             };
             let content = match f.raw("content") {
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .enumerate()
-                    .map(|(j, p)| content_part(&name, j, p))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .concat(),
+                Some(Value::Array(parts)) => parts_text(&name, parts)?,
                 Some(other) => {
                     return Err(FieldError::new(
                         format!("{name}.content"),
@@ -373,12 +368,7 @@ fn input_item(
             let output = match f.raw("output") {
                 Some(Value::String(s)) => s.clone(),
                 // Output given as content parts: their text.
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .enumerate()
-                    .map(|(j, p)| content_part(&name, j, p))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .concat(),
+                Some(Value::Array(parts)) => parts_text(&name, parts)?,
                 _ => return Err(FieldError::new(format!("{name}.output"), "must be a string")),
             };
             Ok((
@@ -394,6 +384,16 @@ fn input_item(
             format!("`{other}` items are not supported; send messages, function_call or function_call_output"),
         )),
     }
+}
+
+/// The text of an item's content parts, joined.
+fn parts_text(item: &str, parts: &[Value]) -> Result<String, FieldError> {
+    parts
+        .iter()
+        .enumerate()
+        .map(|(j, p)| content_part(item, j, p))
+        .collect::<Result<Vec<_>, _>>()
+        .map(|t| t.concat())
 }
 
 fn content_part(item: &str, j: usize, p: &Value) -> Result<String, FieldError> {
