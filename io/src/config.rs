@@ -155,6 +155,13 @@ pub struct ServeArgs {
           default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_queued_frames: u64,
 
+    /// WebSocket permessage-deflate (RFC 7692): `on` accepts it when a
+    /// client offers it (browsers and most libraries do), `off` never
+    /// negotiates it. Either way the frame limit holds after inflation.
+    #[arg(long, env = "TOKENWIRE_WEBSOCKET_COMPRESSION", value_enum,
+          default_value_t = Switch::On)]
+    pub websocket_compression: Switch,
+
     /// Seconds a connection's outbound queue may stay full before it is closed (1008).
     #[arg(
         long,
@@ -448,6 +455,8 @@ pub struct ServerConfig {
     pub host: HostConfig,
     /// Outbound queue capacity per connection (hard limit: twice this).
     pub max_queued_frames: usize,
+    /// Accept WebSocket permessage-deflate when a client offers it.
+    pub websocket_compression: bool,
     /// Where feedback is appended as JSON lines, if anywhere.
     pub feedback_log: Option<PathBuf>,
     /// Tokens each job may use on this host, as the default verifier grants.
@@ -568,6 +577,7 @@ impl ServerConfig {
             backend: args.backend,
             host,
             max_queued_frames: to_usize(args.max_queued_frames),
+            websocket_compression: args.websocket_compression == Switch::On,
             feedback_log: args.feedback_log.clone(),
             job_token_budget: args.job_token_budget,
             keys: args.keys.clone(),

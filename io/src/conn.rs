@@ -13,18 +13,16 @@ use std::time::{Duration, Instant as StdInstant};
 
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use hyper::upgrade::Upgraded;
-use hyper_util::rt::TokioIo;
+use tokenwire_core::api::close_reason;
 use tokenwire_core::{ConnId, Dialect, Input, Transport};
 use tokio::sync::watch;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::WebSocketStream;
+use yawc::close::CloseCode;
+use yawc::{Frame, WebSocketError};
 
 use crate::channel::{read_gate, ConnQueue, DriverHandle, DriverMsg, OutFrame};
 use crate::http::state::Permits;
 use crate::sync::{OutboundQueue, Pop};
+use crate::ws::{Incoming, ReadFailure, Socket};
 
 /// How long a closing connection may take to finish the write in flight and
 /// deliver its close frame before the socket is dropped.
@@ -34,30 +32,8 @@ pub(crate) const CLOSE_LINGER: Duration = Duration::from_secs(5);
 pub(crate) const REPLY_LINGER: Duration = Duration::from_secs(1);
 /// Most frames written before one flush.
 const WRITE_BATCH: usize = 64;
-/// Extra room over `max_frame_bytes` before tungstenite itself refuses a message
-/// (the Host enforces the exact limit).
-const FRAME_SLACK: usize = 1024;
-/// Bytes tungstenite reads from the socket at a time; it allocates this much
-/// per connection up front, so it is most of what an idle connection costs.
-/// Client frames are small (a config, a control); a large one just takes
-/// more reads.
-const READ_BUFFER: usize = 4 * 1024;
 /// Longest close reason a close frame can carry, in bytes.
 const MAX_CLOSE_REASON: usize = 123;
-
-/// The socket type after an HTTP upgrade.
-pub(crate) type Socket = WebSocketStream<TokioIo<Upgraded>>;
-
-/// The WebSocket settings for a `max_frame_bytes` limit: larger messages fail
-/// with a capacity error, which becomes `Input::FrameTooLarge`.
-pub(crate) fn websocket_config(max_frame_bytes: usize) -> WebSocketConfig {
-    let limit = max_frame_bytes.saturating_add(FRAME_SLACK);
-    WebSocketConfig::default()
-        .max_message_size(Some(limit))
-        .max_frame_size(Some(limit))
-        .read_buffer_size(READ_BUFFER)
-        .write_buffer_size(16 * 1024)
-}
 
 /// Who a connection is.
 #[derive(Debug, Clone)]
@@ -87,17 +63,18 @@ struct Counts {
 enum ReadEnd {
     /// The peer closed, or the socket ended.
     PeerClosed,
-    /// A read error (protocol violation, reset).
+    /// The socket failed (reset, I/O error).
     Error,
-    /// A frame over the limit; the Host will close with 1009.
-    TooLarge,
-    /// The peer broke the protocol (RFC 6455 asks for a close with `code`:
-    /// 1007 for text that is not UTF-8, 1002 otherwise).
-    Protocol {
+    /// The peer sent what ends the connection with a close: a message over
+    /// the limit (1009) or a protocol violation (1007 for text that is not
+    /// UTF-8, 1002 otherwise).
+    Refused {
         /// The close code owed.
         code: u16,
         /// Why, for the close frame and the log (never frame content).
         reason: String,
+        /// The WebSocket layer queued the close itself.
+        close_queued: bool,
     },
     /// The driver is gone.
     DriverGone,
@@ -149,10 +126,7 @@ pub(crate) async fn run(
     if opened.is_err() {
         let _ = tokio::time::timeout(
             CLOSE_LINGER,
-            sink.send(close_message(
-                1001,
-                tokenwire_core::api::close_reason::SHUTTING_DOWN,
-            )),
+            sink.send(close_message(1001, close_reason::SHUTTING_DOWN)),
         )
         .await;
         return;
@@ -167,42 +141,36 @@ pub(crate) async fn run(
     let mut counts_in = Counts::default();
     let mut counts_out = Counts::default();
     let (read_end, write_end) = {
-        let reader = read_loop(stream, gate_rx, meta.conn, &driver, &mut counts_in);
+        let reader = read_loop(stream, gate_rx, &queue, meta.conn, &driver, &mut counts_in);
         let writer = write_loop(&mut sink, &queue, meta.conn, &driver, &mut counts_out);
         tokio::pin!(reader);
         tokio::pin!(writer);
         tokio::select! {
-            r = &mut reader => {
-                let w = match &r {
-                    // The Host answers with a 1009 close; let the writer deliver it.
-                    ReadEnd::TooLarge => {
-                        tokio::time::timeout(2 * CLOSE_LINGER, &mut writer).await.ok()
-                    }
-                    ReadEnd::Protocol { code, reason } => {
-                        tracing::info!(
-                            conn = meta.conn.0,
-                            code,
-                            reason = %reason,
-                            "websocket protocol error; closing"
-                        );
-                        // Whatever was queued for a peer that broke the
-                        // protocol is dropped: the close goes next.
-                        queue.close_now(Some(OutFrame::Close {
-                            code: *code,
-                            reason: reason.clone(),
-                        }));
-                        tokio::time::timeout(2 * CLOSE_LINGER, &mut writer).await.ok()
-                    }
-                    _ => None,
-                };
-                (Some(r), w)
-            }
+            r = &mut reader => (Some(r), None),
             w = &mut writer => {
                 // Our close is out: read until the peer's close reply, briefly.
                 let r = tokio::time::timeout(REPLY_LINGER, &mut reader).await.ok();
                 (r, Some(w))
             }
         }
+    };
+    // A message too large or a protocol error: the reader closed our queue
+    // (nothing may follow the close); send the close owed, unless ours
+    // already went.
+    let write_end = match (&read_end, write_end) {
+        (_, Some(w @ WriteEnd::Close { sent: true, .. })) => Some(w),
+        (
+            Some(ReadEnd::Refused {
+                code,
+                reason,
+                close_queued,
+            }),
+            _,
+        ) => {
+            tracing::info!(conn = meta.conn.0, code, reason = %reason, "refused a frame; closing");
+            Some(send_refusal_close(&mut sink, *code, reason.clone(), *close_queued).await)
+        }
+        (_, w) => w,
     };
     queue.close();
     let _ = driver
@@ -217,10 +185,10 @@ pub(crate) async fn run(
         _ => (None, None, None),
     };
     let read_end = read_end.map(|r| match r {
-        ReadEnd::Protocol { .. } => "protocol_error",
+        ReadEnd::Refused { code: 1009, .. } => "too_large",
+        ReadEnd::Refused { .. } => "protocol_error",
         ReadEnd::PeerClosed => "peer_closed",
         ReadEnd::Error => "error",
-        ReadEnd::TooLarge => "too_large",
         ReadEnd::DriverGone => "driver_gone",
     });
     let write_end = write_end.as_ref().map(|w| match w {
@@ -249,6 +217,7 @@ pub(crate) async fn run(
 async fn read_loop(
     mut stream: SplitStream<Socket>,
     mut gate: watch::Receiver<bool>,
+    queue: &ConnQueue,
     conn: ConnId,
     driver: &DriverHandle,
     counts: &mut Counts,
@@ -259,56 +228,50 @@ async fn read_loop(
         if gate.wait_for(|open| *open).await.is_err() {
             return ReadEnd::DriverGone;
         }
-        let Some(msg) = stream.next().await else {
+        let Some(read) = stream.next().await else {
             break;
         };
-        let input = match msg {
-            Ok(Message::Text(text)) => {
+        let input = match read {
+            Ok(Incoming::Text(text)) => {
                 counts.frames_in += 1;
                 counts.bytes_in += text.len() as u64;
-                Input::Text {
-                    conn,
-                    text: text.as_str().to_owned(),
-                }
+                Input::Text { conn, text }
             }
-            Ok(Message::Binary(data)) => {
+            Ok(Incoming::Binary(len)) => {
                 counts.frames_in += 1;
-                counts.bytes_in += data.len() as u64;
-                Input::Binary {
-                    conn,
-                    len: data.len(),
-                }
+                counts.bytes_in += len as u64;
+                Input::Binary { conn, len }
             }
-            Ok(Message::Pong(_)) => Input::Pong { conn },
-            // Pings are answered and the close handshake completed by tungstenite
-            // as long as we keep reading; the stream ends after the close.
-            Ok(Message::Ping(_) | Message::Close(_) | Message::Frame(_)) => continue,
-            Err(WsError::Capacity(e)) => {
-                tracing::info!(conn = conn.0, error = %e, "frame too large");
-                if driver
-                    .send(DriverMsg::Input(Input::FrameTooLarge { conn }))
-                    .await
-                    .is_err()
-                {
-                    return ReadEnd::DriverGone;
-                }
-                return ReadEnd::TooLarge;
-            }
-            Err(WsError::Utf8(_)) => {
-                return ReadEnd::Protocol {
-                    code: 1007,
-                    reason: "text frame is not valid UTF-8".into(),
-                }
-            }
-            Err(WsError::Protocol(e)) => {
-                return ReadEnd::Protocol {
-                    code: 1002,
-                    reason: format!("protocol error: {e}"),
-                }
-            }
-            Err(e) => {
-                tracing::debug!(conn = conn.0, error = %e, "read error");
+            Ok(Incoming::Pong) => Input::Pong { conn },
+            Err(ReadFailure {
+                code: None, reason, ..
+            }) => {
+                tracing::debug!(conn = conn.0, reason = %reason, "read failed");
                 return ReadEnd::Error;
+            }
+            Err(ReadFailure {
+                code: Some(code),
+                reason,
+                close_queued,
+            }) => {
+                // The close owed goes next: nothing queued may follow it.
+                queue.close_now(None);
+                if code == 1009 {
+                    // The Host ends the connection's generations (its own
+                    // close finds the queue closed).
+                    if driver
+                        .send(DriverMsg::Input(Input::FrameTooLarge { conn }))
+                        .await
+                        .is_err()
+                    {
+                        return ReadEnd::DriverGone;
+                    }
+                }
+                return ReadEnd::Refused {
+                    code,
+                    reason,
+                    close_queued,
+                };
             }
         };
         if driver.send(DriverMsg::Input(input)).await.is_err() {
@@ -318,8 +281,31 @@ async fn read_loop(
     ReadEnd::PeerClosed
 }
 
+/// Sends the close owed for a refused frame within [`CLOSE_LINGER`]: the one
+/// the WebSocket layer queued (a flush sends it), or ours.
+async fn send_refusal_close(
+    sink: &mut SplitSink<Socket, Frame>,
+    code: u16,
+    reason: String,
+    close_queued: bool,
+) -> WriteEnd {
+    let sent = tokio::time::timeout(CLOSE_LINGER, async {
+        if close_queued {
+            sink.flush().await
+        } else {
+            sink.send(close_message(code, &reason)).await
+        }
+    })
+    .await;
+    WriteEnd::Close {
+        code,
+        reason,
+        sent: matches!(sent, Ok(Ok(()))),
+    }
+}
+
 async fn write_loop(
-    sink: &mut SplitSink<Socket, Message>,
+    sink: &mut SplitSink<Socket, Frame>,
     queue: &ConnQueue,
     conn: ConnId,
     driver: &DriverHandle,
@@ -345,9 +331,9 @@ async fn write_loop(
                 OutFrame::Text(text) => {
                     counts.frames_out += 1;
                     counts.bytes_out += text.len() as u64;
-                    Message::text(text)
+                    Frame::text(text)
                 }
-                OutFrame::Ping => Message::Ping(Default::default()),
+                OutFrame::Ping => Frame::ping(Vec::new()),
             };
             if !guarded(queue, sink.feed(msg)).await {
                 return gave_up(queue);
@@ -394,7 +380,7 @@ fn gave_up(queue: &ConnQueue) -> WriteEnd {
 /// Returns true when the write succeeded.
 async fn guarded<F>(queue: &ConnQueue, write: F) -> bool
 where
-    F: Future<Output = Result<(), WsError>>,
+    F: Future<Output = Result<(), WebSocketError>>,
 {
     tokio::select! {
         biased;
@@ -406,15 +392,12 @@ where
     }
 }
 
-fn close_message(code: u16, reason: &str) -> Message {
+fn close_message(code: u16, reason: &str) -> Frame {
     let mut end = reason.len().min(MAX_CLOSE_REASON);
     while !reason.is_char_boundary(end) {
         end -= 1;
     }
-    Message::Close(Some(CloseFrame {
-        code: CloseCode::from(code),
-        reason: reason[..end].to_owned().into(),
-    }))
+    Frame::close(CloseCode::from(code), &reason[..end])
 }
 
 #[cfg(test)]
@@ -424,19 +407,10 @@ mod tests {
     #[test]
     fn close_reasons_are_cut_to_the_frame_limit_on_a_char_boundary() {
         let long = "é".repeat(100);
-        match close_message(1008, &long) {
-            Message::Close(Some(f)) => {
-                assert!(f.reason.len() <= MAX_CLOSE_REASON);
-                assert_eq!(u16::from(f.code), 1008);
-            }
-            other => panic!("not a close: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn websocket_limit_is_a_little_over_the_frame_limit() {
-        let c = websocket_config(1000);
-        assert_eq!(c.max_message_size, Some(1000 + FRAME_SLACK));
-        assert_eq!(c.max_frame_size, Some(1000 + FRAME_SLACK));
+        let f = close_message(1008, &long);
+        assert_eq!(f.opcode(), yawc::OpCode::Close);
+        assert_eq!(f.close_code().map(u16::from), Some(1008));
+        let reason = f.close_reason().expect("UTF-8").expect("a reason");
+        assert!(reason.len() <= MAX_CLOSE_REASON && !reason.is_empty());
     }
 }

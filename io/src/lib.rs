@@ -10,7 +10,8 @@
 //!
 //! - hyper serves HTTP/1.1; every accepted connection holds a slot of the
 //!   connection limit for its life (past it: 503). Upgrade requests on a
-//!   dialect's path become tokio-tungstenite WebSocket connections
+//!   dialect's path become WebSocket connections (yawc: RFC 6455, and
+//!   permessage-deflate when the client offers it)
 //!   ([`conn`](crate#modules)), other paths are the HTTP endpoints (`/health`,
 //!   `/metrics`, `/v1/models`, and each dialect's route, such as
 //!   `POST /v1/generate` and `POST /v1/inference`, whose body and replies the
@@ -65,6 +66,7 @@ pub mod panic_hook;
 mod server;
 pub mod shutdown;
 pub mod tenancy;
+mod ws;
 
 /// The shared sync primitives (connection limiter, cancel flag, outbound
 /// queue), from their own crate so loom can model-check them without

@@ -72,9 +72,8 @@ fn serve(config: ServerConfig, env: &EnvMap) -> ExitCode {
 /// Libraries that could log frame contents, prompt characters or credentials
 /// at low levels, and the most verbose level each may use whatever the filter
 /// asks (the `tokenizers` crate logs every replaced prompt character at trace).
-const LOG_CAPS: [&str; 5] = [
-    "tungstenite=warn",
-    "tokio_tungstenite=warn",
+const LOG_CAPS: [&str; 4] = [
+    "yawc=warn",
     "hyper=info",
     "hyper_util=info",
     "tokenizers=warn",

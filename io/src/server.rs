@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::channel::Snapshot;
 use crate::clock::Clock;
 use crate::config::{ModelSource, ServerConfig};
-use crate::conn::{websocket_config, CLOSE_LINGER};
+use crate::conn::CLOSE_LINGER;
 use crate::driver::{Driver, DriverParts, TextWorkers};
 use crate::engine_thread::{self, EngineSpec};
 use crate::feedback::FeedbackLog;
@@ -27,6 +27,7 @@ use crate::http::state::{PermitSlot, Permits};
 use crate::http::{self, state::AppState};
 use crate::metrics::Metrics;
 use crate::sync::{CancelFlag, ConnectionLimiter, PerKeyLimiter};
+use crate::ws::websocket_options;
 
 /// How long a connection over the limit may take to read its 503 before it
 /// is dropped.
@@ -276,7 +277,7 @@ pub async fn start_loading_with(
         header_timeout: config.header_timeout,
         send_buffer_bytes: config.send_buffer_bytes,
         max_queued_frames: config.max_queued_frames,
-        ws_config: websocket_config(config.host.max_frame_bytes),
+        ws_options: websocket_options(config.host.max_frame_bytes, config.websocket_compression),
         _tasks: tasks_tx,
     });
     tracing::info!(addr = %local_addr, "listening");

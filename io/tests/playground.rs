@@ -344,6 +344,20 @@ fn the_playground_streams_pauses_resumes_and_converses_in_a_real_browser() {
             "the page loads and names the model",
         )
         .await;
+        // Chromium offers permessage-deflate and the server accepts it, so
+        // everything below streams compressed.
+        let extensions = b
+            .eval(&format!(
+                "new Promise(r => {{ const w = new WebSocket('ws://{addr}/generate'); \
+                 w.onopen = () => {{ r(w.extensions); w.close(); }}; w.onerror = () => r('error'); }})"
+            ))
+            .await;
+        assert!(
+            extensions
+                .as_str()
+                .is_some_and(|e| e.starts_with("permessage-deflate")),
+            "negotiated: {extensions}"
+        );
 
         // generate: greedy, paused as soon as text appears.
         b.type_into("#temperature", "0").await;

@@ -383,12 +383,22 @@ pub async fn raw_http(server: &RunningServer, bytes: &[u8]) -> HttpResponse {
 /// Performs a WebSocket handshake on `path` by hand and returns the raw
 /// stream, for tests that must send what a well-behaved client never does.
 pub async fn raw_websocket(server: &RunningServer, path: &str) -> TcpStream {
+    raw_websocket_with(server, path, "").await.0
+}
+
+/// [`raw_websocket`] with `extra` header lines (each ending in `\r\n`) in
+/// the upgrade request; also returns the 101 response's head.
+pub async fn raw_websocket_with(
+    server: &RunningServer,
+    path: &str,
+    extra: &str,
+) -> (TcpStream, String) {
     let mut s = TcpStream::connect(server.local_addr)
         .await
         .expect("connect");
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
     );
     s.write_all(req.as_bytes()).await.expect("write");
     // Read the 101 head byte by byte so no frame byte is consumed with it.
@@ -402,12 +412,9 @@ pub async fn raw_websocket(server: &RunningServer, path: &str) -> TcpStream {
         assert!(n == 1, "connection closed during the handshake");
         head.push(b[0]);
     }
-    assert!(
-        head.starts_with(b"HTTP/1.1 101"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
-    s
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    (s, head)
 }
 
 /// A client frame: FIN set as given, reserved bits `rsv` (0..8), `opcode`,

@@ -16,16 +16,13 @@ use tracing::Instrument;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokenwire_core::http::Route;
 use tokenwire_core::Dialect;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::WebSocketStream;
 
 use self::reply::{empty, error_response, full, json_response, with_retry_after, Body};
 use self::state::{authorization, unauthorized, AppState, PermitSlot};
 use crate::conn::{self, ConnMeta};
+use crate::ws::Socket;
 use tokenwire_core::principal::{AuthScope, Presented, Principal};
 use tokenwire_core::ConnId;
 
@@ -294,13 +291,6 @@ fn upgrade_or_refuse(
             "Sec-WebSocket-Key must be 16 bytes in base64 (24 characters)",
         );
     }
-    let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) else {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "bad Sec-WebSocket-Key",
-        );
-    };
     let Some(permit) = slot.take() else {
         // A second upgrade on one connection cannot happen (the first one
         // ends HTTP on it); answer rather than assume.
@@ -318,43 +308,62 @@ fn upgrade_or_refuse(
         authorization: authorization(&req),
         peer,
     };
+    // The accept key and the permessage-deflate agreement (RFC 7692: the
+    // client's offer, within our options) come from the WebSocket layer; the
+    // upgraded connection is taken here first, so the layer's own upgrade
+    // future (which would find none) is not used.
     let on_upgrade = hyper::upgrade::on(&mut req);
+    let handshake = match yawc::WebSocket::upgrade_with_options(&mut req, state.ws_options.clone())
+    {
+        Ok((handshake, _unused)) => handshake,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                &format!("bad WebSocket upgrade: {e}"),
+            )
+        }
+    };
+    let extensions = handshake
+        .headers()
+        .get(header::SEC_WEBSOCKET_EXTENSIONS)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let span = tracing::info_span!("conn", id = meta.conn.0, dialect = dialect.name());
     tokio::spawn(
         async move {
-            match on_upgrade.await {
-                Ok(upgraded) => {
-                    let ws = WebSocketStream::from_raw_socket(
-                        TokioIo::new(upgraded),
-                        Role::Server,
-                        Some(state.ws_config),
-                    )
-                    .await;
+            let socket = match on_upgrade.await {
+                Ok(upgraded) => Socket::server(
+                    upgraded,
+                    extensions.as_deref(),
+                    state.ws_options.clone(),
+                    state.max_frame_bytes,
+                ),
+                Err(e) => {
+                    tracing::debug!(conn = meta.conn.0, %peer, error = %e, "upgrade failed");
+                    return;
+                }
+            };
+            match socket {
+                Ok(socket) => {
                     conn::run(
-                        ws,
+                        socket,
                         meta,
                         state.driver.clone(),
                         state.max_queued_frames,
                         permit,
                     )
-                    .await;
+                    .await
                 }
                 Err(e) => {
-                    tracing::debug!(conn = meta.conn.0, %peer, error = %e, "upgrade failed");
+                    tracing::info!(conn = meta.conn.0, %peer, error = %e, "websocket setup failed");
                 }
             }
             drop(state);
         }
         .instrument(span),
     );
-
-    let mut resp = Response::new(empty());
-    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = resp.headers_mut();
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
-    resp
+    handshake.map(|_| empty())
 }
 
 /// True for a `Sec-WebSocket-Key` that decodes to 16 bytes: 22 base64

@@ -13,7 +13,6 @@ use tokenwire_core::keys::KeyRing;
 use tokenwire_core::principal::{AuthScope, Presented, Principal};
 use tokenwire_core::{ConnId, Dialect};
 use tokio::sync::{mpsc, watch};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::reply::{json_text_response, Body};
 use crate::channel::{DriverHandle, Snapshot};
@@ -56,8 +55,8 @@ pub(crate) struct AppState {
     pub send_buffer_bytes: usize,
     /// Outbound queue capacity per connection.
     pub max_queued_frames: usize,
-    /// WebSocket settings.
-    pub ws_config: WebSocketConfig,
+    /// WebSocket settings: limits, and permessage-deflate if accepted.
+    pub ws_options: yawc::Options,
     /// Never sent on: it is dropped with the last task holding the state, which
     /// is how the server knows every connection task has ended.
     pub _tasks: mpsc::Sender<()>,
