@@ -2,17 +2,21 @@
 """Mutation score of tokenwire-core's two oracles: its own tests, and the
 simulator sweep.
 
-Lists cargo-mutants' mutants of the core's scheduler, generation machine,
-Host, `generate` dialect, parameter validation and timers, samples N of them
-with a fixed seed, and for each one, in a scratch git worktree of HEAD:
-applies the mutant, runs `cargo test -p tokenwire-core` (oracle 1) and
+Lists cargo-mutants' mutants of a set of the core's files (by default
+the scheduler, generation machine, Host, `generate` dialect, parameter
+validation and timers; `--area dialects` the four newer dialects with the
+dialect context and state; `--files` any globs), samples N of them with a
+fixed seed, and for each one, in a scratch git worktree of HEAD: applies
+the mutant, runs `cargo test -p tokenwire-core` (oracle 1) and
 `tokenwire-sim --seeds 0..S` (oracle 2), and records which oracle killed it.
 A mutant that does not build is unviable and left out of the scores.
 
-    python3 sim/tools/mutation_sample.py [--n 50] [--seed 8] [--sim-seeds 200] [--out results.tsv]
+    python3 sim/tools/mutation_sample.py [--area core|dialects | --files GLOB,GLOB]
+        [--n 50] [--seed 8] [--sim-seeds 200] [--out results.tsv] [--only 3,7]
 
 Needs cargo-mutants (`cargo install cargo-mutants --locked`). Takes about
-two minutes per mutant on two cores (two builds each).
+two minutes per mutant on two cores (two builds each). HEAD is measured:
+commit first.
 """
 
 import argparse
@@ -23,14 +27,26 @@ import subprocess
 import sys
 import tempfile
 
-FILES = [
-    "core/src/sched/*.rs",
-    "core/src/gen/*.rs",
-    "core/src/host/*.rs",
-    "core/src/dialect/generate/*.rs",
-    "core/src/params.rs",
-    "core/src/timer.rs",
-]
+AREAS = {
+    # The code the simulator was first built to judge.
+    "core": [
+        "core/src/sched/*.rs",
+        "core/src/gen/*.rs",
+        "core/src/host/*.rs",
+        "core/src/dialect/generate/*.rs",
+        "core/src/params.rs",
+        "core/src/timer.rs",
+    ],
+    # The four dialects that came after it (issue #31).
+    "dialects": [
+        "core/src/dialect/session/*.rs",
+        "core/src/dialect/responses/*.rs",
+        "core/src/dialect/batch/*.rs",
+        "core/src/dialect/cai/*.rs",
+        "core/src/dialect/cx.rs",
+        "core/src/dialect/state.rs",
+    ],
+}
 
 
 def run(cmd, cwd, env, timeout):
@@ -44,6 +60,10 @@ def run(cmd, cwd, env, timeout):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--area", choices=sorted(AREAS), default="core",
+                    help="a named file set (default: core)")
+    ap.add_argument("--files", default="",
+                    help="comma-separated globs under the repository root, instead of --area")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--seed", type=int, default=8)
     ap.add_argument("--sim-seeds", type=int, default=200)
@@ -53,10 +73,13 @@ def main():
 
     root = subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip()
     listing = ["cargo", "mutants", "--list", "--json", "-p", "tokenwire-core"]
-    for f in FILES:
+    files = [f for f in args.files.split(",") if f] or AREAS[args.area]
+    for f in files:
         listing += ["-f", f]
     mutants = json.loads(subprocess.check_output(listing, cwd=root, text=True))
     mutants = [m for m in mutants if not m["file"].endswith("tests.rs")]
+    print(f"{len(mutants)} mutants in {', '.join(files)}; sampling {min(args.n, len(mutants))} "
+          f"with seed {args.seed}", flush=True)
     rng = random.Random(args.seed)
     sample = rng.sample(mutants, min(args.n, len(mutants)))
     only = {int(i) for i in args.only.split(",") if i}

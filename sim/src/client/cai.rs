@@ -205,8 +205,13 @@ impl CaiClient {
             return;
         }
         let (key, org) = good(r);
-        self.query = match r.below(6) {
+        self.query = match r.below(7) {
             0 => format!("{}&orgId={}", auth(r, "sk-nope"), escape(&org)),
+            6 => {
+                // A real key one character off: changed, dropped or added.
+                let off = one_off(r, &key);
+                format!("{}&orgId={}", auth(r, &off), escape(&org))
+            }
             1 => format!("orgId={}", escape(&org)),
             2 => format!("authorization=Bearer%20&orgId={}", escape(&org)),
             3 => auth(r, &key),
@@ -823,4 +828,18 @@ impl SimClient for CaiClient {
         }
         ops
     }
+}
+
+/// `key` with one character changed, dropped or added, at a random place.
+fn one_off(r: &mut Rng, key: &str) -> String {
+    let mut chars: Vec<char> = key.chars().collect();
+    let at = r.below(chars.len() as u64 + 1) as usize;
+    match r.below(3) {
+        0 if at < chars.len() => chars[at] = if chars[at] == 'x' { 'y' } else { 'x' },
+        1 if at < chars.len() => {
+            chars.remove(at);
+        }
+        _ => chars.insert(at, 'q'),
+    }
+    chars.into_iter().collect()
 }

@@ -522,12 +522,21 @@ pub(crate) mod testkit {
     /// for `org_a` only, 2 requests a minute and no token limit; at most 2
     /// requests in flight per connection.
     pub fn cai_kit(checker: Box<dyn Checker>) -> Kit {
+        cai_kit_limits(checker, Some(2), None)
+    }
+
+    /// [`cai_kit`] with the key's requests and tokens per minute as given.
+    pub fn cai_kit_limits(
+        checker: Box<dyn Checker>,
+        requests_per_minute: Option<u64>,
+        tokens_per_minute: Option<u64>,
+    ) -> Kit {
         let ring = KeyRing::new(vec![ApiKey {
             name: "test".into(),
             sha256: hash_key("sk-test"),
             orgs: vec!["org_a".into()],
-            requests_per_minute: Some(2),
-            tokens_per_minute: None,
+            requests_per_minute,
+            tokens_per_minute,
         }])
         .expect("ring");
         let config = HostConfig {

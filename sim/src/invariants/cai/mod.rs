@@ -7,13 +7,15 @@
 //! and nothing of it after, chunk and sentence indices and texts that add
 //! up, chunk and sentence windows (and no compute for a connection whose
 //! generations are all window-paused), per-organisation request buckets and
-//! the reasons of `RATE_LIMITED`, and the decoder's shape of every frame.
+//! the reasons of `RATE_LIMITED`, token buckets (no admission past what the
+//! reported usage allows), and the decoder's shape of every frame.
 
 pub mod auth;
 pub mod rate;
 pub mod replies;
 pub mod sentences;
 pub mod terminal;
+pub mod tokens;
 pub mod view;
 pub mod window;
 pub mod wire;
@@ -30,5 +32,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(sentences::CaiSentences),
         Box::new(window::CaiWindow),
         Box::new(rate::CaiRate::default()),
+        Box::new(tokens::CaiTokens::default()),
     ]
 }

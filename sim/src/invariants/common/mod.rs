@@ -4,7 +4,8 @@
 //! metrics (each dialect's errors and terminal frames), isolation (no text
 //! of one principal's prompt reaches another), liveness (every request
 //! of every dialect ends, every message is answered) and the content
-//! filter (no reply carries text a `stop` rule matches).
+//! filter (no reply carries text a `stop` rule matches); a shutdown completes
+//! as soon as nothing is left to wait for.
 //!
 //! They see every connection's frames; what each dialect calls busy or
 //! ended they read from the shared [`View`](super::View) and its dialect
@@ -22,6 +23,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod scheduler;
 pub mod shutdown;
+pub mod shutdown_prompt;
 pub mod slow_client;
 pub mod step_budget;
 
@@ -35,6 +37,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(keepalive::Keepalive),
         Box::new(slow_client::SlowClient),
         Box::new(shutdown::Shutdown),
+        Box::new(shutdown_prompt::ShutdownPrompt),
         Box::new(kv_blocks::KvBlocks),
         Box::new(scheduler::SchedulerInvariants),
         Box::new(step_budget::StepBudget::default()),
