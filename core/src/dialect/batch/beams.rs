@@ -150,3 +150,46 @@ pub(super) fn beam_limits(cfg: &BeamConfig, params: &GenParams) -> Result<(), St
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::beam::EarlyStopping;
+
+    fn config(num_beams: usize, eos_ids: Vec<TokenId>) -> BeamConfig {
+        BeamConfig {
+            num_beams,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::No,
+            max_new_tokens: 8,
+            eos_ids,
+        }
+    }
+
+    #[test]
+    fn too_many_beams_are_refused_naming_how_many_fit() {
+        let greedy = GenParams {
+            temperature: 0.0,
+            ..GenParams::defaults(8)
+        };
+        // One EOS id: two candidates per beam, so 10 beams fill the 20.
+        assert_eq!(beam_limits(&config(10, vec![2]), &greedy), Ok(()));
+        let e = beam_limits(&config(11, vec![2]), &greedy).expect_err("22 candidates");
+        assert!(
+            e.contains("at most 10 with this model (2 candidates per beam, 20 at most), got 11"),
+            "{e}"
+        );
+        // Three EOS ids: four per beam, 5 beams at most.
+        let e = beam_limits(&config(6, vec![2, 3, 4]), &greedy).expect_err("24 candidates");
+        assert!(e.contains("at most 5 with this model (4 candidates"), "{e}");
+        let sampled = GenParams::defaults(8);
+        let e = beam_limits(&config(2, vec![2]), &sampled).expect_err("sampling");
+        assert!(e.contains("do_sample"), "{e}");
+        let penalised = GenParams {
+            repetition_penalty: 1.2,
+            ..greedy
+        };
+        let e = beam_limits(&config(2, vec![2]), &penalised).expect_err("penalty");
+        assert!(e.contains("repetition_penalty"), "{e}");
+    }
+}
