@@ -9,7 +9,9 @@
 //! `only_new_tokens: false`, or the same ids in another order, which is
 //! another batch); puts a duplicate `request_id` into a payload now and
 //! then; sends invalid payloads (garbage, no prompts, a bad config such as
-//! `temperature: 9`, `num_beams: 2` with streaming, `num_beams: 65`) and
+//! `temperature: 9`, `num_beams: 2` with streaming, `num_beams: 65`,
+//! `early_stopping: "sometimes"`; their prompts are named `h<client>-<n>`,
+//! which `batch_hostile` holds must be refused) and
 //! binary frames; and hangs up early. It never runs beam search (beams
 //! without streaming): the common checkers do not know KV blocks shared
 //! between forked sequences yet.
@@ -226,7 +228,7 @@ impl BatchClient {
         let tag = conn_tag(self.base.conn);
         let rid = format!("h{}-{}", self.id, self.rng.below(1_000_000));
         let prompt = json!([{"request_id": rid, "prompt": format!("{tag}x")}]);
-        let v = match self.rng.below(10) {
+        let v = match self.rng.below(11) {
             0 => return ClientOp::Text(garbage(&mut self.rng)),
             1 => return ClientOp::Binary(1 + self.rng.below(256) as usize),
             2 => json!({"only_new_tokens": true}),
@@ -242,7 +244,8 @@ impl BatchClient {
                         "stream_response": false}),
             7 => json!({"prompts": [{"request_id": rid}]}),
             8 => json!({"prompts": [{"request_id": "", "prompt": "x"}]}),
-            _ => json!({"prompts": prompt, "generation_config": {"max_new_tokens": 0}}),
+            9 => json!({"prompts": prompt, "generation_config": {"max_new_tokens": 0}}),
+            _ => json!({"prompts": prompt, "generation_config": {"early_stopping": "sometimes"}}),
         };
         ClientOp::Text(v.to_string())
     }

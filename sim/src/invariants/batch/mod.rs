@@ -9,10 +9,11 @@
 //! PROGRESS only when streaming; continued batches starting from the text
 //! the modelled continue-generation cache holds; `new_tokens_count` within
 //! `max_new_tokens` and streamed texts adding up; payloads refused exactly
-//! at the per-connection bound.
+//! at the per-connection bound; the clients' hostile payloads never accepted.
 
 pub mod bounds;
 pub mod continuation;
+pub mod hostile;
 pub mod order;
 pub mod terminal;
 pub mod text;
@@ -30,5 +31,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(continuation::BatchContinuation),
         Box::new(text::BatchText),
         Box::new(bounds::BatchBounds),
+        Box::new(hostile::BatchHostile),
     ]
 }
