@@ -162,6 +162,9 @@ impl ResponsesClient {
         }
         if chance(&mut self.rng, 0.2) {
             v.insert("model".into(), json!(sw.model.name));
+        } else if chance(&mut self.rng, 0.03) {
+            // A model this server does not serve: `model_not_found`.
+            v.insert("model".into(), json!(format!("not-{}", sw.model.name)));
         }
         if chance(&mut self.rng, 0.1) {
             v.insert("store".into(), json!(false));

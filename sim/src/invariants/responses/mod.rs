@@ -2,12 +2,14 @@
 //! the view ([`view`]: each connection's frames and responses).
 //!
 //! The checkers: event shapes, one response in flight, exactly one terminal
-//! event, sequence numbers, `previous_response_id` resolution, the
-//! connection limit and the connection lifetime.
+//! event, sequence numbers, `previous_response_id` resolution, `model`
+//! (another model refused, the served one never), the connection limit and
+//! the connection lifetime.
 
 pub mod inflight;
 pub mod lifetime;
 pub mod limit;
+pub mod model;
 pub mod previous;
 pub mod sequence;
 pub mod terminal;
@@ -24,6 +26,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(terminal::ResponsesTerminal),
         Box::new(sequence::ResponsesSequence),
         Box::new(previous::ResponsesPrevious),
+        Box::new(model::ResponsesModel),
         Box::new(limit::ResponsesLimit::default()),
         Box::new(lifetime::ResponsesLifetime),
     ]

@@ -42,6 +42,8 @@ pub enum RKind {
         prev: Option<String>,
         /// False for a warm-up.
         generate: bool,
+        /// Its `model`, if it names one.
+        model: Option<String>,
     },
     /// `response.cancel`.
     Cancel {
@@ -127,6 +129,7 @@ impl ResponsesConnView {
             Ok(ClientEvent::Create(req)) => RKind::Create {
                 prev: req.previous_response_id,
                 generate: req.generate,
+                model: req.model,
             },
             Ok(ClientEvent::Cancel { response_id }) => RKind::Cancel { id: response_id },
             _ => RKind::Other,
