@@ -286,6 +286,24 @@ fn a_prompt_that_cannot_fit_gets_its_error_and_the_others_run() {
 }
 
 #[test]
+fn a_prompt_that_exactly_fills_the_context_runs_and_one_token_more_does_not() {
+    // 512 positions: BOS, 505 prompt bytes and 6 new tokens fill them.
+    let (mut h, c) = harness();
+    let fits = "x".repeat(505);
+    let over = "x".repeat(506);
+    h.send(c, payload(&[("fits", &fits), ("over", &over)], json!({})));
+    h.run(50);
+    assert_eq!(complete_text(&h, c, "fits").len(), 1, "the exact fit runs");
+    assert!(elements(&h, c, "ERROR", "fits").is_empty());
+    let e = elements(&h, c, "ERROR", "over");
+    assert_eq!(e.len(), 1);
+    assert!(e[0]["error"]
+        .as_str()
+        .unwrap_or("")
+        .contains("context length"));
+}
+
+#[test]
 fn queued_payloads_run_in_arrival_order() {
     let (mut h, c) = harness();
     h.send(c, payload(&[("p1", "hi")], json!({})));

@@ -2,7 +2,8 @@
 //! each connection's credentials, messages and requests, and the reference
 //! authentication).
 //!
-//! The checkers: authentication at the opening against the keys file, the
+//! The checkers: client messages read as a reference of their own reads
+//! them, authentication at the opening against the keys file, the
 //! answer each message gets, exactly one terminal frame per accepted request
 //! and nothing of it after, chunk and sentence indices and texts that add
 //! up, chunk and sentence windows (and no compute for a connection whose
@@ -11,6 +12,7 @@
 //! reported usage allows), and the decoder's shape of every frame.
 
 pub mod auth;
+pub mod decode;
 pub mod rate;
 pub mod replies;
 pub mod sentences;
@@ -26,6 +28,7 @@ use super::Checker;
 pub fn checkers() -> Vec<Box<dyn Checker>> {
     vec![
         Box::new(wire::CaiWire),
+        Box::new(decode::CaiDecode),
         Box::new(auth::CaiAuth),
         Box::new(replies::CaiReplies),
         Box::new(terminal::CaiTerminal),

@@ -1,0 +1,188 @@
+//! `cai_decode`: the dialect reads each client message as the contract
+//! says. The view reads messages with the dialect's own decoder, so a
+//! decoder that mistakes one kind of message for another would go unseen;
+//! this checker reads the shapes it is sure of by its own means (a JSON
+//! object with a known `type`, a non-empty string `requestId`, `payload`
+//! absent or an object, and for `AWAIT_MORE` a `lastReceivedIndex` absent or
+//! a non-negative integer, for `SENTENCE_COMPLETED` a `sentenceIndex` that
+//! is one, for `INTERRUPTED` nothing more) and holds that the decoder gives
+//! that message, with those values; whatever it decodes is of the `type` the
+//! frame names.
+
+use serde_json::Value;
+use tokenwire_core::dialect::cai::codec::{self, ClientMessage};
+use tokenwire_core::Input;
+
+use crate::invariants::{Check, Checker, Cx};
+
+/// A message this checker reads by itself.
+#[derive(Debug, PartialEq)]
+enum Known {
+    Interrupted(String),
+    AwaitMore(String, Option<u64>),
+    SentenceCompleted(String, u64),
+}
+
+/// The frame's `type`, and the message when its shape is one of [`Known`].
+fn reference(text: &str) -> Option<(String, Option<Known>)> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    let kind = v.get("type")?.as_str()?.to_string();
+    let rid = v
+        .get("requestId")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty());
+    let payload = match v.get("payload") {
+        None => Some(serde_json::Map::new()),
+        Some(Value::Object(p)) => Some(p.clone()),
+        Some(_) => None,
+    };
+    let (Some(rid), Some(p)) = (rid, payload) else {
+        return Some((kind, None));
+    };
+    let rid = rid.to_string();
+    let known = match kind.as_str() {
+        "INTERRUPTED" => Some(Known::Interrupted(rid)),
+        "AWAIT_MORE" => match p.get("lastReceivedIndex") {
+            None => Some(Known::AwaitMore(rid, None)),
+            Some(n) => n.as_u64().map(|n| Known::AwaitMore(rid, Some(n))),
+        },
+        "SENTENCE_COMPLETED" => p
+            .get("sentenceIndex")
+            .and_then(Value::as_u64)
+            .map(|n| Known::SentenceCompleted(rid, n)),
+        _ => None,
+    };
+    Some((kind, known))
+}
+
+fn type_of(m: &ClientMessage) -> &'static str {
+    match m {
+        ClientMessage::Completion(_) => "COMPLETION",
+        ClientMessage::Interrupted { .. } => "INTERRUPTED",
+        ClientMessage::AwaitMore { .. } => "AWAIT_MORE",
+        ClientMessage::SentenceCompleted { .. } => "SENTENCE_COMPLETED",
+    }
+}
+
+fn as_known(m: &ClientMessage) -> Option<Known> {
+    match m {
+        ClientMessage::Interrupted { request_id } => Some(Known::Interrupted(request_id.clone())),
+        ClientMessage::AwaitMore {
+            request_id,
+            last_received_index,
+        } => Some(Known::AwaitMore(request_id.clone(), *last_received_index)),
+        ClientMessage::SentenceCompleted {
+            request_id,
+            sentence_index,
+        } => Some(Known::SentenceCompleted(
+            request_id.clone(),
+            *sentence_index,
+        )),
+        ClientMessage::Completion(_) => None,
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct CaiDecode;
+
+impl Checker for CaiDecode {
+    fn name(&self) -> &'static str {
+        "cai_decode"
+    }
+
+    fn on_input(&mut self, cx: &Cx<'_>, input: &Input) -> Check {
+        let Input::Text { conn, text } = input else {
+            return Ok(());
+        };
+        if cx.view.cai(conn).is_none() {
+            return Ok(());
+        }
+        let Some((kind, known)) = reference(text) else {
+            return Ok(());
+        };
+        judge(&kind, known.as_ref(), &codec::decode_client(text))
+            .map_err(|e| format!("{conn:?} {e}"))
+    }
+}
+
+/// Whether `decoded` is what a frame of type `kind` (read as `known`, when
+/// the reference could) must decode to.
+fn judge(
+    kind: &str,
+    known: Option<&Known>,
+    decoded: &Result<ClientMessage, codec::DecodeError>,
+) -> Check {
+    match (known, decoded) {
+        (Some(k), Ok(m)) if as_known(m).as_ref() == Some(k) => Ok(()),
+        (Some(k), _) => Err(format!(
+            "sent {k:?}; the dialect read {:?}",
+            decoded.as_ref().map(type_of).map_err(|e| e.message.clone())
+        )),
+        (None, Ok(m)) if type_of(m) != kind => Err(format!(
+            "sent a `{kind}`; the dialect read a {}",
+            type_of(m)
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reference_reads_the_shapes_it_is_sure_of() {
+        let r = |t: &str| reference(t).and_then(|(_, k)| k);
+        assert_eq!(
+            r(r#"{"type":"AWAIT_MORE","requestId":"a"}"#),
+            Some(Known::AwaitMore("a".into(), None))
+        );
+        assert_eq!(
+            r(r#"{"type":"AWAIT_MORE","requestId":"a","payload":{"lastReceivedIndex":3}}"#),
+            Some(Known::AwaitMore("a".into(), Some(3)))
+        );
+        assert_eq!(
+            r(r#"{"type":"SENTENCE_COMPLETED","requestId":"a","payload":{"sentenceIndex":0}}"#),
+            Some(Known::SentenceCompleted("a".into(), 0))
+        );
+        assert_eq!(r(r#"{"type":"SENTENCE_COMPLETED","requestId":"a"}"#), None);
+        assert_eq!(r(r#"{"type":"INTERRUPTED","requestId":""}"#), None);
+        assert_eq!(
+            r(r#"{"type":"AWAIT_MORE","requestId":"a","payload":[]}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn the_dialects_decoder_agrees_today() {
+        for text in [
+            r#"{"type":"AWAIT_MORE","requestId":"a","payload":{"lastReceivedIndex":3}}"#,
+            r#"{"type":"AWAIT_MORE","requestId":"a"}"#,
+            r#"{"type":"SENTENCE_COMPLETED","requestId":"a","payload":{"sentenceIndex":2}}"#,
+            r#"{"type":"INTERRUPTED","requestId":"a"}"#,
+        ] {
+            let (_, known) = reference(text).expect("read");
+            let m = codec::decode_client(text).expect("decodes");
+            assert_eq!(as_known(&m), known, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_misread_message_is_caught() {
+        let text = r#"{"type":"AWAIT_MORE","requestId":"a"}"#;
+        let (kind, known) = reference(text).expect("read");
+        // What a decoder that lost its AWAIT_MORE arm gives.
+        let misread = codec::decode_client(
+            r#"{"type":"SENTENCE_COMPLETED","requestId":"a","payload":{"sentenceIndex":1}}"#,
+        );
+        let e = judge(&kind, known.as_ref(), &misread).expect_err("misread");
+        assert!(e.contains("SENTENCE_COMPLETED"), "{e}");
+        let refused = codec::decode_client(r#"{"type":"SENTENCE_COMPLETED","requestId":"a"}"#);
+        assert!(refused.is_err());
+        judge(&kind, known.as_ref(), &refused).expect_err("refused");
+        judge(&kind, known.as_ref(), &codec::decode_client(text)).expect("read right");
+        // A COMPLETION read as another kind.
+        judge("COMPLETION", None, &misread).expect_err("another kind");
+    }
+}
