@@ -30,16 +30,18 @@ use crate::invariants::{Check, Checker, Cx, Frame};
 /// Nanoseconds in a minute.
 const MINUTE_NS: i128 = 60_000_000_000;
 
-/// The reference bucket: units held, scaled by a minute in nanoseconds.
+/// The reference bucket: units held, scaled by a minute in nanoseconds
+/// (`cai_tokens` replays its charges through one too).
 #[derive(Debug, Clone)]
-struct Bucket {
+pub(super) struct Bucket {
     per_minute: i128,
     scaled: i128,
     at: Instant,
 }
 
 impl Bucket {
-    fn full(per_minute: u64, now: Instant) -> Bucket {
+    /// A full bucket of `per_minute` at `now`.
+    pub(super) fn full(per_minute: u64, now: Instant) -> Bucket {
         let per_minute = i128::from(per_minute);
         Bucket {
             per_minute,
@@ -55,9 +57,15 @@ impl Bucket {
     }
 
     /// Units held at `now`, as a fraction.
-    fn level(&mut self, now: Instant) -> f64 {
+    pub(super) fn level(&mut self, now: Instant) -> f64 {
         self.refill(now);
         self.scaled as f64 / MINUTE_NS as f64
+    }
+
+    /// Takes `n` units at `now`, into debt if need be.
+    pub(super) fn charge(&mut self, now: Instant, n: u64) {
+        self.refill(now);
+        self.scaled -= i128::from(n) * MINUTE_NS;
     }
 
     /// Takes a unit at `now`, or says it is not there.

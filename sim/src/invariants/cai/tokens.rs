@@ -21,11 +21,9 @@ use std::collections::BTreeMap;
 
 use tokenwire_core::{Instant, Output};
 
+use super::rate::Bucket;
 use super::view::{rid_of, Creds};
 use crate::invariants::{Check, Checker, Cx, Frame};
-
-/// Nanoseconds in a minute.
-const MINUTE_NS: i128 = 60_000_000_000;
 
 /// One organisation's known charges.
 #[derive(Debug, Clone)]
@@ -41,8 +39,6 @@ impl Ledger {
     /// The bound on the tokens held at `now`: the charges replayed in time
     /// order, the bucket refilling at its rate up to its size between them.
     fn bound(&self, now: Instant) -> f64 {
-        let rate = i128::from(self.per_minute);
-        let cap = rate * MINUTE_NS;
         let mut charges: Vec<(Instant, u64)> = self
             .charges
             .iter()
@@ -50,14 +46,11 @@ impl Ledger {
             .filter(|c| c.0 <= now)
             .collect();
         charges.sort_by_key(|c| c.0);
-        let (mut level, mut at) = (cap, self.since);
-        for (when, tokens) in charges.into_iter().chain([(now, 0)]) {
-            let when = when.max(at);
-            let elapsed = i128::from((when - at).as_nanos() as u64);
-            level = (level + elapsed * rate).min(cap) - i128::from(tokens) * MINUTE_NS;
-            at = when;
+        let mut bucket = Bucket::full(self.per_minute, self.since);
+        for (when, tokens) in charges {
+            bucket.charge(when, tokens);
         }
-        level as f64 / MINUTE_NS as f64
+        bucket.level(now)
     }
 }
 
