@@ -11,7 +11,11 @@
 //!   windows acknowledged eagerly, late or never, a speaking client's pace);
 //! - [`batch`]: `/ws` (payloads of raw prompts queued several at once,
 //!   continuations of its own finished batches, duplicate ids, invalid
-//!   payloads).
+//!   payloads);
+//! - [`http`]: `POST /v1/inference`, `POST /v1/responses` and
+//!   `GET /v1/responses/{id}`, one request per connection, mapped with the
+//!   dialects' own HTTP mappings (a `session` or `responses` client speaks
+//!   HTTP now and then, see [`new_client`]).
 //!
 //! Each only reacts to what it reads and speaks through the same
 //! [`ClientOp`]s, and keeps what every client keeps (its connection, whether
@@ -32,20 +36,22 @@ pub mod base;
 pub mod batch;
 pub mod cai;
 pub mod generate;
+pub mod http;
 pub mod responses;
 pub mod session;
 
-use tokenwire_core::rng::Rng;
+use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::{ConnId, Dialect, Duration, Instant, Transport};
 
 pub use base::{ClientBase, Habits};
 pub use batch::BatchClient;
 pub use cai::CaiClient;
 pub use generate::GenerateClient;
+pub use http::HttpClient;
 pub use responses::ResponsesClient;
 pub use session::SessionClient;
 
-use crate::swarm::Swarm;
+use crate::swarm::{Swarm, STREAM_HTTP};
 
 /// Something a client does; the runner carries it out.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,13 +139,26 @@ pub trait SimClient: std::fmt::Debug + Send {
 
 /// Client `id` of a run with `swarm`, speaking its dialect, drawing from `rng`.
 pub fn new_client(id: usize, swarm: &Swarm, rng: Rng) -> Box<dyn SimClient> {
-    match swarm.dialects.get(id).copied().unwrap_or(Dialect::Generate) {
+    let dialect = swarm.dialects.get(id).copied().unwrap_or(Dialect::Generate);
+    if matches!(dialect, Dialect::Session | Dialect::Responses) && speaks_http(id, swarm) {
+        return Box::new(HttpClient::new(id, dialect, swarm, rng));
+    }
+    match dialect {
         Dialect::Session => Box::new(SessionClient::new(id, swarm, rng)),
         Dialect::Responses => Box::new(ResponsesClient::new(id, swarm, rng)),
         Dialect::Cai => Box::new(CaiClient::new(id, swarm, rng)),
         Dialect::Batch => Box::new(BatchClient::new(id, swarm, rng)),
         _ => Box::new(GenerateClient::new(id, swarm, rng)),
     }
+}
+
+/// Whether `session` or `responses` client `id` speaks HTTP: with the mix's
+/// `http_p`, and at least one chance in eight, so that any run of those
+/// dialects may hold one. Drawn from a stream of its own, so that the
+/// WebSocket clients' streams stay as they were.
+fn speaks_http(id: usize, swarm: &Swarm) -> bool {
+    let mut rng = Rng::new(mix64(swarm.seed, STREAM_HTTP + id as u64));
+    chance(&mut rng, swarm.mix.http_p.max(0.125))
 }
 
 /// How long a client waits before acting again: mostly a moment up to the

@@ -12,7 +12,11 @@
 //! credentials, checked against the run's keys file), delivers frames over a
 //! network with random delays, runs engine steps and text jobs, and
 //! answers the job verifier (`Output::VerifyJob`) with a verdict drawn per
-//! run (a token budget, refusals). Faults: Host crashes (the Host is
+//! run (a token budget, refusals). `generate`, `session` and `responses`
+//! clients may speak HTTP, one request per connection; the `session` and
+//! `responses` ones map their bodies with the dialects' own HTTP mappings,
+//! as the shell does, and checkers replay each exchange to judge what the
+//! client gets. Faults: Host crashes (the Host is
 //! rebuilt from nothing and `session` clients resume their conversations on
 //! it), engine faults, KV pool shrinks, clock jumps, graceful shutdown,
 //! slow readers, hostile frames (bad credentials among them) and early
@@ -31,7 +35,8 @@
 //! - [`faults`]: the fault plan and the counts.
 //! - [`invariants`]: the checkers, one file each, laid out like the core's
 //!   dialects: `common` for every dialect, then `generate`, `session`,
-//!   `responses`, `cai` and `batch`, each beside its part of the view.
+//!   `responses`, `cai` and `batch`, each beside its part of the view;
+//!   `invariants::http` replays the shell's part of an HTTP request.
 //! - [`driver`]: feeds a Host and runs the checkers.
 //! - [`runner`]: one whole simulation.
 //! - [`trace`], [`replay`](mod@replay): recording inputs and feeding them back.

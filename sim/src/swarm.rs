@@ -38,6 +38,9 @@ pub const STREAM_CAI: u64 = 0x4341_4900_0000_0009;
 pub const STREAM_BATCH: u64 = 0x4241_5443_0000_000a;
 /// Random stream for the content filter of a run.
 pub const STREAM_FILTER: u64 = 0x4649_4c54_0000_000b;
+/// Random stream base for whether a `session` or `responses` client speaks
+/// HTTP (mixed with the client index).
+pub const STREAM_HTTP: u64 = 0x4854_5450_0000_000c;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]

@@ -40,6 +40,7 @@ pub mod batch;
 pub mod cai;
 pub mod common;
 pub mod generate;
+pub mod http;
 pub mod responses;
 pub mod session;
 pub mod view;
@@ -599,6 +600,19 @@ pub(crate) mod testkit {
                 conn: ConnId(conn),
                 dialect,
                 transport: Transport::WebSocket,
+                query: String::new(),
+                authorization: None,
+                peer: String::new(),
+            })
+            .expect("open");
+            self.end().expect("open end");
+        }
+        /// Opens an HTTP request's connection of `dialect`.
+        pub fn open_http(&mut self, conn: u64, dialect: Dialect) {
+            self.input(Input::Open {
+                conn: ConnId(conn),
+                dialect,
+                transport: Transport::Http,
                 query: String::new(),
                 authorization: None,
                 peer: String::new(),

@@ -94,8 +94,10 @@ pub struct ConnView {
     pub text_jobs: BTreeSet<TextJobId>,
     /// Its job checks not yet answered: its frames are held meanwhile.
     pub job_checks: BTreeSet<JobCheckId>,
-    /// A `session` connection's messages and sessions.
+    /// A `session` connection's messages and sessions (WebSocket only).
     pub session: Option<session::SessionConnView>,
+    /// A `session` HTTP request's one-turn session.
+    pub inference: Option<session::InferenceView>,
     /// A `responses` connection's frames and responses.
     pub responses: Option<responses::ResponsesConnView>,
     /// A `cai` connection's credentials, messages and requests.
@@ -108,6 +110,7 @@ impl ConnView {
     /// `session` turns and `responses` responses started on it.
     pub fn started(&self) -> u64 {
         self.session.as_ref().map_or(0, |s| s.turns_started)
+            + self.inference.as_ref().map_or(0, |i| u64::from(i.started))
             + self.responses.as_ref().map_or(0, |r| r.created)
             + self.cai.as_ref().map_or(0, |c| c.accepted)
             + self.batch.as_ref().map_or(0, |b| b.prompts.len() as u64)
@@ -126,6 +129,9 @@ impl ConnView {
             .and_then(|s| s.live.iter().find(|(_, l)| l.turn.is_some()))
         {
             return Some(format!("the reply of session {sid:?}"));
+        }
+        if let Some(i) = self.inference.as_ref().filter(|i| i.started && !i.answered) {
+            return Some(format!("an HTTP inference ({i:?})"));
         }
         // A `cai` request counts once its prompt is tokenized (it started,
         // or was refused), as other dialects' requests do from their start.
@@ -222,6 +228,10 @@ pub struct View {
     keys: Option<KeyRing>,
     /// The Host's `batch` continue-generation cache, as the frames tell it.
     pub batch_cache: batch::BatchCache,
+    /// Responses HTTP requests stored in the host's store, by id (every
+    /// simulated HTTP request is the anonymous principal's; the store may
+    /// since have forgotten some).
+    pub responses_stored: BTreeSet<String>,
     /// Whose batches a connection continues (`batch_cache_scope`).
     pub batch_scope: CacheScope,
     /// `batch`: the default `max_new_tokens` and the context length.
@@ -278,6 +288,7 @@ impl View {
             started_gone: 0,
             steps_done: 0,
             keys: config.keys.clone(),
+            responses_stored: BTreeSet::new(),
             batch_cache: batch::BatchCache::new(config.batch_cache_entries).with_filter_stops(
                 config
                     .content_filter
@@ -348,6 +359,9 @@ impl View {
             if let Some(s) = &c.session {
                 v.extend(s.outstanding().into_iter().map(|w| (w, *id)));
             }
+            if let Some(w) = c.inference.as_ref().and_then(|i| i.outstanding()) {
+                v.push((w, *id));
+            }
             if let Some(r) = &c.responses {
                 v.extend(r.outstanding().into_iter().map(|w| (w, *id)));
             }
@@ -393,8 +407,13 @@ impl View {
                         feedback: Default::default(),
                         text_jobs: BTreeSet::new(),
                         job_checks: BTreeSet::new(),
-                        session: (*dialect == Dialect::Session)
+                        // An HTTP request's one-turn session is judged by
+                        // `session_http`, not as a WebSocket session.
+                        session: (*dialect == Dialect::Session
+                            && *transport == Transport::WebSocket)
                             .then(session::SessionConnView::default),
+                        inference: (*dialect == Dialect::Session && *transport == Transport::Http)
+                            .then(session::InferenceView::default),
                         responses: (*dialect == Dialect::Responses).then(|| {
                             responses::ResponsesConnView::opened(*transport == Transport::WebSocket)
                         }),
@@ -410,6 +429,9 @@ impl View {
                 if let Some(c) = self.conns.get_mut(conn) {
                     if let Some(s) = c.session.as_mut() {
                         s.on_text(text, max_frame);
+                    }
+                    if let Some(i) = c.inference.as_mut() {
+                        i.sent = true;
                     }
                     if let Some(r) = c.responses.as_mut() {
                         r.on_text(text, max_frame);
@@ -663,9 +685,23 @@ impl View {
                             c.last_activity = now;
                         }
                     }
+                    (Some(c), Some(f)) if c.inference.is_some() => {
+                        if let Some(i) = c.inference.as_mut() {
+                            i.on_frame(f);
+                        }
+                        if f.kind() == "response" || f.kind() == "error" {
+                            c.last_activity = now;
+                        }
+                    }
                     (Some(c), Some(f)) if c.responses.is_some() => {
                         if let Some(r) = c.responses.as_mut() {
                             r.on_frame(now, f, handling);
+                            let http = c.transport == Transport::Http;
+                            if http && r.store && responses::is_terminal(f) {
+                                if let Some(id) = &r.latest {
+                                    self.responses_stored.insert(id.clone());
+                                }
+                            }
                         }
                         if responses::is_terminal(f) {
                             c.last_activity = now;
@@ -688,6 +724,11 @@ impl View {
                     }
                     (_, Some(f)) => self.on_generate_frame(now, *conn, f),
                     _ => {}
+                }
+            }
+            Output::Event(tokenwire_core::Event::RequestStarted { conn, .. }) => {
+                if let Some(i) = self.conns.get_mut(conn).and_then(|c| c.inference.as_mut()) {
+                    i.started = true;
                 }
             }
             Output::Ping { conn } => {

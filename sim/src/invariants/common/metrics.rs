@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use tokenwire_core::{Dialect, Event, Input, Outcome, Output};
 
 use crate::invariants::responses::view as responses;
-use crate::invariants::session::view::{self as session, SessionConnView};
+use crate::invariants::session::view as session;
 use crate::invariants::{Check, Checker, Cx, EndState, Frame};
 
 /// (dialect, outcome, prompt tokens, completion tokens); `u64::MAX` where
@@ -70,13 +70,13 @@ fn outcome_name(o: Outcome) -> &'static str {
 }
 
 /// A `session` frame: its errors, its replies, its failed turns.
-fn session_frame(t: &mut Tally, s: &SessionConnView, f: &Frame) {
+fn session_frame(t: &mut Tally, turn_failure: bool, f: &Frame) {
     match f.kind() {
         "error" => {
             *t.error_frames
                 .entry(("session", session::code(f).to_string()))
                 .or_default() += 1;
-            if s.is_turn_failure(f) {
+            if turn_failure {
                 *t.finished_frames
                     .entry(("session", "failed", u64::MAX, u64::MAX))
                     .or_default() += 1;
@@ -194,7 +194,11 @@ impl Checker for Metrics {
                 return Ok(());
             };
             if let Some(s) = &c.session {
-                session_frame(t, s, f);
+                session_frame(t, s.is_turn_failure(f), f);
+                return Ok(());
+            }
+            if let Some(i) = &c.inference {
+                session_frame(t, i.is_turn_failure(f), f);
                 return Ok(());
             }
             if c.responses.is_some() {

@@ -4,8 +4,10 @@
 //! The checkers: event shapes, one response in flight, exactly one terminal
 //! event, sequence numbers, `previous_response_id` resolution, `model`
 //! (another model refused, the served one never), the connection limit and
-//! the connection lifetime.
+//! the connection lifetime; and what a client of the HTTP routes gets
+//! ([`http`]).
 
+pub mod http;
 pub mod inflight;
 pub mod lifetime;
 pub mod limit;
@@ -29,5 +31,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(model::ResponsesModel),
         Box::new(limit::ResponsesLimit::default()),
         Box::new(lifetime::ResponsesLifetime),
+        Box::new(http::ResponsesHttp::default()),
     ]
 }

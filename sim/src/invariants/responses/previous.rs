@@ -6,8 +6,13 @@
 //! unless something checked before it is wrong (a response in flight, the
 //! model, a parameter); it is never accepted, and no response is created
 //! continuing it. A create naming the cached id never gets a 404.
+//!
+//! Over HTTP the id resolves against the host's store instead: a create
+//! may continue only a response an HTTP request stored (every simulated
+//! HTTP request is the anonymous principal's), and since the store forgets
+//! the least recently used, a 404 for one is no violation.
 
-use tokenwire_core::Output;
+use tokenwire_core::{ConnId, Output, Transport};
 
 use super::view::{code, RKind, RMsg, RStage, ResponsesConnView};
 use crate::invariants::clip;
@@ -36,6 +41,27 @@ fn describe(cx: &Cx<'_>, r: &ResponsesConnView, id: &str) -> String {
     }
 }
 
+/// True when `conn` is an HTTP request.
+fn over_http(cx: &Cx<'_>, conn: ConnId) -> bool {
+    cx.view
+        .conns
+        .get(&conn)
+        .is_some_and(|c| c.transport == Transport::Http)
+}
+
+/// True when a create on `conn` may continue `id`.
+fn may_resolve(cx: &Cx<'_>, conn: ConnId, r: &ResponsesConnView, id: &str) -> bool {
+    if over_http(cx, conn) {
+        return cx.view.responses_stored.contains(id);
+    }
+    r.latest.as_deref() == Some(id)
+}
+
+/// True when a create on `conn` must be able to continue `id`.
+fn must_resolve(cx: &Cx<'_>, conn: ConnId, r: &ResponsesConnView, id: &str) -> bool {
+    !over_http(cx, conn) && r.latest.as_deref() == Some(id)
+}
+
 /// The `previous_response_id` of the create being handled now, if any.
 fn handled_create(r: &ResponsesConnView) -> Option<&str> {
     match r.head() {
@@ -59,7 +85,7 @@ impl Checker for ResponsesPrevious {
                     return Ok(());
                 };
                 match handled_create(r) {
-                    Some(p) if r.latest.as_deref() != Some(p) => Err(format!(
+                    Some(p) if !may_resolve(cx, job.conn, r, p) => Err(format!(
                         "a create on {:?} continuing {p} ({}) was accepted",
                         job.conn,
                         describe(cx, r, p)
@@ -77,7 +103,7 @@ impl Checker for ResponsesPrevious {
                 if f.kind() == "response.created" {
                     let prev = f.v["response"]["previous_response_id"].as_str();
                     return match prev {
-                        Some(p) if r.latest.as_deref() != Some(p) => Err(format!(
+                        Some(p) if !may_resolve(cx, *conn, r, p) => Err(format!(
                             "response created on {conn:?} continuing {p} ({})",
                             describe(cx, r, p)
                         )),
@@ -90,7 +116,7 @@ impl Checker for ResponsesPrevious {
                 let Some(p) = handled_create(r) else {
                     return Ok(());
                 };
-                let resolves = r.latest.as_deref() == Some(p);
+                let resolves = must_resolve(cx, *conn, r, p);
                 let c = code(f);
                 let input_missing = c == "invalid_request"
                     && f.v["error"]["param"] == "input"

@@ -109,6 +109,9 @@ pub struct ResponsesConnView {
     pub ended: BTreeSet<String>,
     /// Responses created on this connection.
     pub created: u64,
+    /// The last create's `store` (an HTTP request's response is kept in
+    /// the host's store unless it says `false`; a socket ignores it).
+    pub store: bool,
 }
 
 impl ResponsesConnView {
@@ -126,11 +129,14 @@ impl ResponsesConnView {
             return;
         }
         let kind = match codec::decode_client(text) {
-            Ok(ClientEvent::Create(req)) => RKind::Create {
-                prev: req.previous_response_id,
-                generate: req.generate,
-                model: req.model,
-            },
+            Ok(ClientEvent::Create(req)) => {
+                self.store = req.store;
+                RKind::Create {
+                    prev: req.previous_response_id,
+                    generate: req.generate,
+                    model: req.model,
+                }
+            }
             Ok(ClientEvent::Cancel { response_id }) => RKind::Cancel { id: response_id },
             _ => RKind::Other,
         };

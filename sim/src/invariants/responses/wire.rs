@@ -183,6 +183,22 @@ impl Checker for ResponsesWire {
         if cx.view.dialect_of(*conn) != Some(Dialect::Responses) {
             return Ok(());
         }
+        let http = cx
+            .view
+            .conns
+            .get(conn)
+            .is_some_and(|c| c.transport == tokenwire_core::Transport::Http);
+        if http && f.kind() == "response.retrieved" {
+            // Only an HTTP request may retrieve: the stored Response.
+            let r = &f.v["response"];
+            return match (r["object"].as_str(), r["id"].as_str()) {
+                (Some("response"), Some(_)) => Ok(()),
+                _ => Err(format!(
+                    "a retrieved response that is not one, to {conn:?}: {}",
+                    clip(text)
+                )),
+            };
+        }
         let filters = crate::invariants::generate::wire::filters(cx);
         check(f, filters).map_err(|e| format!("{e} in event to {conn:?}: {}", clip(text)))
     }

@@ -25,7 +25,11 @@ impl Checker for SessionCleanup {
         let Some(c) = cx.view.conns.get(conn) else {
             return Ok(());
         };
-        if c.dialect != Dialect::Session || !matches!(f.kind(), "stream_chunk" | "response") {
+        // An HTTP request's one-turn session is never held (`session_http`).
+        if c.dialect != Dialect::Session
+            || c.inference.is_some()
+            || !matches!(f.kind(), "stream_chunk" | "response")
+        {
             return Ok(());
         }
         let sid = f.str("session_id").unwrap_or("");

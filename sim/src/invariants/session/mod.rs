@@ -4,11 +4,15 @@
 //! The checkers: wire format, replies in order, message indexes, the
 //! history a session continues from (after a resume on a rebuilt Host too),
 //! chunks against responses, and that nothing of a session outlives its end
-//! or its connection, and the per-connection session bound.
+//! or its connection, and the per-connection session bound; and what a
+//! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
+//! WebSocket sessions: an HTTP request's one-turn session is judged by what
+//! its client gets.
 
 pub mod bounds;
 pub mod cleanup;
 pub mod history;
+pub mod http;
 pub mod index;
 pub mod replies;
 pub mod stream;
@@ -27,5 +31,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(stream::SessionStream),
         Box::new(cleanup::SessionCleanup),
         Box::new(bounds::SessionBounds),
+        Box::new(http::SessionHttp::default()),
     ]
 }

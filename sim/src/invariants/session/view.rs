@@ -29,6 +29,40 @@ const LATE_PROMPT_ERRORS: [&str; 4] = [
 /// Codes of a turn that failed after it started.
 pub const FAILURE_CODES: [&str; 2] = ["rate_limited", "internal_error"];
 
+/// An HTTP request's one-turn session (`POST /v1/inference`), which no
+/// other session checker judges (`session_http` judges what its client
+/// gets): whether its frame arrived, its turn started (`RequestStarted`)
+/// and it was answered (a `response` or an `error`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InferenceView {
+    /// Its `inference` frame arrived.
+    pub sent: bool,
+    /// Its turn started.
+    pub started: bool,
+    /// It got its `response` or `error`.
+    pub answered: bool,
+}
+
+impl InferenceView {
+    /// What is outstanding on it: the request, once sent until answered.
+    pub fn outstanding(&self) -> Option<String> {
+        (self.sent && !self.answered).then(|| "an HTTP inference unanswered".to_string())
+    }
+
+    /// True when `f` is the `error` of a turn that started (a failure,
+    /// rather than a refusal).
+    pub fn is_turn_failure(&self, f: &Frame) -> bool {
+        f.kind() == "error" && self.started
+    }
+
+    /// A frame the Host sent to it.
+    pub fn on_frame(&mut self, f: &Frame) {
+        if matches!(f.kind(), "response" | "error") {
+            self.answered = true;
+        }
+    }
+}
+
 /// What a client message asks.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MsgKind {
