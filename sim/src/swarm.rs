@@ -339,6 +339,7 @@ impl Swarm {
         host.max_sessions = pick(d, &[2, 8, 10_000]);
         host.max_sessions_per_conn = pick(d, &[1, 2, 64]);
         host.max_websocket_connections = pick(d, &[1, 2, 4, 100]);
+        host.session_max_context_bytes = pick(d, &[64, 512, 1 << 20, 1 << 20]);
         let (warn, life) = pick(
             d,
             &[

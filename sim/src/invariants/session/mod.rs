@@ -4,12 +4,14 @@
 //! The checkers: wire format, replies in order, message indexes, the
 //! history a session continues from (after a resume on a rebuilt Host too),
 //! chunks against responses, and that nothing of a session outlives its end
-//! or its connection, and the per-connection session bound; and what a
+//! or its connection, the session bounds (per connection and per host) and
+//! the bytes of text a session keeps; and what a
 //! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
 //! WebSocket sessions: an HTTP request's one-turn session is judged by what
 //! its client gets.
 
 pub mod bounds;
+pub mod bytes;
 pub mod cleanup;
 pub mod history;
 pub mod http;
@@ -31,6 +33,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(stream::SessionStream),
         Box::new(cleanup::SessionCleanup),
         Box::new(bounds::SessionBounds),
+        Box::new(bytes::SessionBytes),
         Box::new(http::SessionHttp::default()),
     ]
 }

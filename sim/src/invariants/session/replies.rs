@@ -47,6 +47,16 @@ fn start_refusal(cx: &Cx<'_>, view: &View, conn: ConnId, m: &MsgKind) -> Option<
             return Some("message_index_mismatch");
         }
     }
+    // Past the connection's own bound it is `rate_limited` (the default
+    // below); otherwise a context over the bytes bound is refused before
+    // the session is claimed.
+    if let Some(s) = view.session(&conn) {
+        let at_bound = s.live.len() >= cx.config.max_sessions_per_conn && !s.live.contains_key(sid);
+        let bytes: usize = context.iter().map(|m| m.content.len()).sum();
+        if !at_bound && bytes > cx.config.session_max_context_bytes {
+            return Some("invalid_request");
+        }
+    }
     // Without keys each connection is its own principal: only its own
     // sessions collide (another's id is invisible to it).
     if view
