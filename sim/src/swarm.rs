@@ -38,6 +38,9 @@ pub const STREAM_CAI: u64 = 0x4341_4900_0000_0009;
 pub const STREAM_BATCH: u64 = 0x4241_5443_0000_000a;
 /// Random stream for the content filter of a run.
 pub const STREAM_FILTER: u64 = 0x4649_4c54_0000_000b;
+/// Random stream for the `cai` conversation store's per-organisation and
+/// byte bounds.
+pub const STREAM_CONVERSATIONS: u64 = 0x434f_4e56_0000_000d;
 /// Random stream base for whether a `session` or `responses` client speaks
 /// HTTP (mixed with the client index).
 pub const STREAM_HTTP: u64 = 0x4854_5450_0000_000c;
@@ -361,6 +364,11 @@ impl Swarm {
         let c = &mut Rng::new(mix64(seed, STREAM_CAI));
         let dialects = cai_mix(c, dialects);
         let cai = cai_options(c, &mut host);
+        // The conversation store's other bounds, from a stream of their own
+        // so that the options above stay as they were.
+        let v = &mut Rng::new(mix64(seed, STREAM_CONVERSATIONS));
+        host.max_conversations_per_org = pick(v, &[1, 2, 10_000]);
+        host.conversation_max_bytes = pick(v, &[48, 256, 1 << 20]);
         // `batch` from its own stream too: its clients join at the end.
         let b = &mut Rng::new(mix64(seed, STREAM_BATCH));
         let dialects = batch_mix(b, dialects);

@@ -9,9 +9,12 @@
 //! up, chunk and sentence windows (and no compute for a connection whose
 //! generations are all window-paused), per-organisation request buckets and
 //! the reasons of `RATE_LIMITED`, token buckets (no admission past what the
-//! reported usage allows), and the decoder's shape of every frame.
+//! reported usage allows), the decoder's shape of every frame, and the
+//! conversations a continued request is prompted with (a reference model of
+//! the store).
 
 pub mod auth;
+pub mod conversations;
 pub mod decode;
 pub mod rate;
 pub mod replies;
@@ -36,5 +39,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(window::CaiWindow),
         Box::new(rate::CaiRate::default()),
         Box::new(tokens::CaiTokens::default()),
+        Box::new(conversations::CaiConversations::default()),
     ]
 }

@@ -137,6 +137,11 @@ pub enum Msg {
         window: Option<u64>,
         /// `options.sentenceWindow`.
         sentence_window: Option<u64>,
+        /// `conversationId`.
+        conversation: Option<String>,
+        /// It continues the kept conversation: a `conversationId` and no
+        /// `context`.
+        continues: bool,
     },
     /// `INTERRUPTED`.
     Interrupt {
@@ -186,6 +191,8 @@ impl Msg {
                     stream: c.options.get("stream").and_then(Value::as_bool) != Some(false),
                     window: window("window"),
                     sentence_window: window("sentenceWindow"),
+                    continues: c.conversation_id.is_some() && c.context.is_none(),
+                    conversation: c.conversation_id,
                     rid: c.request_id,
                 }
             }
@@ -636,6 +643,8 @@ impl CaiConnView {
                     stream,
                     window,
                     sentence_window,
+                    conversation,
+                    continues,
                 },
             done: false,
         }) = cur
@@ -675,6 +684,8 @@ impl CaiConnView {
                 stream,
                 window,
                 sentence_window,
+                conversation,
+                continues,
             },
             done: true,
         });
