@@ -176,3 +176,39 @@ fn a_refuse_rule_refuses_on_every_dialect_before_any_compute() {
         assert!(!all.contains("secret plan"), "{all}");
     }
 }
+
+/// Beam search decodes no text as its beams run (they are raw generations):
+/// its best hypothesis is judged whole when the search ends, and the
+/// COMPLETE carries only the text before the match.
+#[test]
+fn a_stop_rule_holds_for_a_beam_search_result_too() {
+    let mut h = harness();
+    let b = h.open(1, Dialect::Batch);
+    h.send(
+        b,
+        json!({"prompts": [{"request_id": "b1", "prompt": "Tell me a story."}],
+               "stream_response": false,
+               "generation_config": {"num_beams": 2, "max_new_tokens": 12, "do_sample": false}}),
+    );
+    h.run(400);
+    let all = serde_json::to_string(h.received(b)).expect("json");
+    let complete: Vec<Value> = h
+        .received(b)
+        .iter()
+        .filter_map(Value::as_array)
+        .flatten()
+        .filter(|e| e["type"] == "COMPLETE")
+        .cloned()
+        .collect();
+    assert_eq!(complete.len(), 1, "{all}");
+    let text = complete[0]["text"].as_str().unwrap_or("");
+    assert!(!text.to_lowercase().contains("drag"), "{all}");
+    assert!(text.contains('a'), "what came before the match: {all}");
+    assert_eq!(complete[0]["is_eos"], false, "{all}");
+    let stopped = h
+        .others
+        .iter()
+        .filter(|o| matches!(o, Output::Event(Event::ContentFiltered { dialect: Dialect::Batch, action, .. }) if *action == FilterAction::Stop))
+        .count();
+    assert_eq!(stopped, 1);
+}

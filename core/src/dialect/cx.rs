@@ -8,7 +8,7 @@ use super::state::{DialectState, HostWide};
 use crate::api::{ConnId, Dialect, Event, FeedbackRecord, JobCheckId, Output, Transport};
 use crate::config::HostConfig;
 use crate::engine::{ModelInfo, SeqId, TokenId};
-use crate::filter::FilterAction;
+use crate::filter::{FilterAction, FilterGuard};
 use crate::gen::{FinishReason, GenRequest, Generation, HoldReason, KeptKv, StartError};
 use crate::params::GenParams;
 use crate::principal::Principal;
@@ -251,6 +251,34 @@ impl<'a> Cx<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Runs the content filter's `stop` rules over a whole generated text
+    /// that did not stream through a generation (a beam search's best
+    /// hypothesis: beams are raw generations, which decode no text): the
+    /// text before the first match, and the rule that matched, counted by
+    /// name as a `stop`. The text as it is when no rule matches.
+    pub fn filter_whole(&mut self, text: String) -> (String, Option<String>) {
+        let Some(filter) = self.port.config().content_filter.clone() else {
+            return (text, None);
+        };
+        let mut guard = FilterGuard::new(filter);
+        let mut out = guard.push(&text);
+        if out.matched.is_none() {
+            let rest = guard.finish();
+            out.emit.push_str(&rest.emit);
+            out.matched = rest.matched;
+        }
+        let Some(rule) = out.matched else {
+            return (text, None);
+        };
+        let dialect = self.dialect;
+        self.port.push_output(Output::Event(Event::ContentFiltered {
+            dialect,
+            rule: rule.clone(),
+            action: FilterAction::Stop,
+        }));
+        (out.emit, Some(rule))
     }
 
     /// Asks the shell's job verifier about `job_id`; the verdict comes back

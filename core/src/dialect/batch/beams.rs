@@ -110,8 +110,10 @@ impl BatchConn {
         let best = run.search.best().to_vec();
         // The text as `generate` users decode it: special tokens left out.
         let shown: Vec<TokenId> = best.iter().copied().filter(|t| !eos.contains(t)).collect();
-        let generated = cx.codec().decode(&shown);
-        let is_eos = best.last().is_some_and(|t| eos.contains(t));
+        // Beams decode no text as they go, so the content filter's `stop`
+        // rules judge the whole text here: it ends before a match.
+        let (generated, filtered) = cx.filter_whole(cx.codec().decode(&shown));
+        let is_eos = filtered.is_none() && best.last().is_some_and(|t| eos.contains(t));
         let mut ids = run.prompt_ids;
         ids.extend_from_slice(&best);
         // The best hypothesis's sequence may be gone (beams that hit their
