@@ -12,9 +12,9 @@
 //! `temperature: 9`, `num_beams: 2` with streaming, `num_beams: 65`,
 //! `early_stopping: "sometimes"`; their prompts are named `h<client>-<n>`,
 //! which `batch_hostile` holds must be refused) and
-//! binary frames; and hangs up early. It never runs beam search (beams
-//! without streaming): the common checkers do not know KV blocks shared
-//! between forked sequences yet.
+//! binary frames; and hangs up early. Now and then a payload runs beam
+//! search (`num_beams` 2 to 4, greedy, never streamed, with a
+//! `length_penalty` and an `early_stopping` now and then).
 //!
 //! Request ids hold the client's index, so a continuation is always of this
 //! client's own batch (which may have run on an earlier connection of it:
@@ -140,6 +140,21 @@ impl BatchClient {
         }
         if chance(r, 0.1) {
             o.insert("num_beams".into(), json!(1));
+        } else if chance(r, 0.12) {
+            // Beam search: greedy, no repetition penalty (what it takes),
+            // and never streamed (see `send`).
+            o.insert("num_beams".into(), json!(2 + r.below(3)));
+            o.insert("do_sample".into(), json!(false));
+            o.remove("temperature");
+            o.remove("repetition_penalty");
+            if chance(r, 0.5) {
+                let lp = [0.5, 1.0, 2.0][r.below(3) as usize];
+                o.insert("length_penalty".into(), json!(lp));
+            }
+            if chance(r, 0.5) {
+                let es = [json!(true), json!(false), json!("never")][r.below(3) as usize].clone();
+                o.insert("early_stopping".into(), es);
+            }
         }
         o
     }
@@ -159,7 +174,11 @@ impl BatchClient {
             })
             .collect();
         let only_new_tokens = !chance(&mut self.rng, 0.3);
-        let stream_response = !chance(&mut self.rng, 0.3);
+        let beams = config
+            .get("num_beams")
+            .and_then(Value::as_u64)
+            .is_some_and(|n| n > 1);
+        let stream_response = !chance(&mut self.rng, 0.3) && !beams;
         let p = Payload {
             prompts,
             only_new_tokens,

@@ -38,6 +38,10 @@ pub struct BatchPayload {
     pub only_new: bool,
     /// Effective `max_new_tokens` (`u32::MAX` when not a number).
     pub max_new: u64,
+    /// `num_beams` (1 when absent or not a number): each of its prompts
+    /// runs that many sequences at once, and momentarily twice as many
+    /// while a round forks the beams it keeps.
+    pub beams: u64,
     /// The ids named more than once, each once, in order of first use:
     /// none of their prompts run, and each gets one ERROR.
     pub dups: Vec<String>,
@@ -86,7 +90,12 @@ impl BatchPayload {
             None => default_max_new.min(context_len),
             Some(m) => m.as_u64().unwrap_or(u64::from(u32::MAX)),
         };
+        let beams = v["generation_config"]["num_beams"]
+            .as_u64()
+            .unwrap_or(1)
+            .max(1);
         BatchPayload {
+            beams,
             named,
             prompts,
             stream: v["stream_response"].as_bool().unwrap_or(true),
@@ -384,10 +393,22 @@ impl BatchConnView {
 
     /// What is still due on it: prompts in flight, payloads unanswered.
     pub fn outstanding(&self) -> Vec<String> {
+        // A beam search's prompt counts as the sequences it may hold, as
+        // the Host's queue does.
         let mut v: Vec<String> = self
             .live
-            .keys()
-            .map(|r| format!("batch prompt {r:?}"))
+            .iter()
+            .flat_map(|(r, &i)| {
+                let beams = self
+                    .prompts
+                    .get(i)
+                    .and_then(|p| self.payloads.get(p.payload))
+                    .map_or(1, |p| if p.beams > 1 { 2 * p.beams } else { 1 });
+                (0..beams).map(move |b| match b {
+                    0 => format!("batch prompt {r:?}"),
+                    _ => format!("batch prompt {r:?} (beam sequence {b})"),
+                })
+            })
             .collect();
         v.extend(
             self.unanswered
