@@ -9,7 +9,8 @@
 //! `only_new_tokens: false`, or the same ids in another order, which is
 //! another batch); puts a duplicate `request_id` into a payload now and
 //! then; sends invalid payloads (garbage, no prompts, a bad config such as
-//! `temperature: 9`, `num_beams: 2` with streaming, `num_beams: 65`,
+//! `temperature: 9`, `num_beams: 2` with streaming, with a
+//! `response_format` or with sampling, `num_beams: 65`,
 //! `early_stopping: "sometimes"`; their prompts are named `h<client>-<n>`,
 //! which `batch_hostile` holds must be refused) and
 //! binary frames; and hangs up early. Now and then a payload runs beam
@@ -166,13 +167,24 @@ impl BatchClient {
         config: Map<String, Value>,
     ) -> ClientOp {
         let tag = conn_tag(self.base.conn);
-        let prompts = ids
+        let mut prompts: Vec<PromptEntry> = ids
             .iter()
             .map(|id| PromptEntry {
                 request_id: id.clone(),
                 prompt: format!("{tag}{}", text(&mut self.rng, 16)),
             })
             .collect();
+        // Now and then a prompt that exactly fills the context with its
+        // new tokens, or passes it by one: one byte is one token, after BOS.
+        let max_new = config.get("max_new_tokens").and_then(Value::as_u64);
+        if let (1, Some(max_new)) = (prompts.len(), max_new) {
+            if chance(&mut self.rng, 0.06) {
+                let over = self.rng.below(2);
+                let room = u64::from(cx.swarm.model.context_len)
+                    .saturating_sub(max_new + 1 + tag.len() as u64);
+                prompts[0].prompt = format!("{tag}{}", "a".repeat((room + over) as usize));
+            }
+        }
         let only_new_tokens = !chance(&mut self.rng, 0.3);
         let beams = config
             .get("num_beams")
@@ -247,7 +259,7 @@ impl BatchClient {
         let tag = conn_tag(self.base.conn);
         let rid = format!("h{}-{}", self.id, self.rng.below(1_000_000));
         let prompt = json!([{"request_id": rid, "prompt": format!("{tag}x")}]);
-        let v = match self.rng.below(11) {
+        let v = match self.rng.below(13) {
             0 => return ClientOp::Text(garbage(&mut self.rng)),
             1 => return ClientOp::Binary(1 + self.rng.below(256) as usize),
             2 => json!({"only_new_tokens": true}),
@@ -255,12 +267,14 @@ impl BatchClient {
             4 => json!({"prompts": prompt, "generation_config": {"temperature": 9}}),
             5 => json!({"prompts": prompt, "generation_config": {"num_beams": 2},
                         "stream_response": true}),
-            // Beams without streaming run beam search, whose forked
-            // sequences share KV blocks: `step_budget` and `kv_blocks` do
-            // not know shared blocks yet, so beams are only asked for with
-            // streaming (refused) or with too many of them (refused).
             6 => json!({"prompts": prompt, "generation_config": {"num_beams": 65},
                         "stream_response": false}),
+            // Beam search with a response format, or beam sampling.
+            11 => json!({"prompts": prompt, "stream_response": false,
+                         "generation_config": {"num_beams": 2, "do_sample": false,
+                                               "response_format": {"type": "json_object"}}}),
+            12 => json!({"prompts": prompt, "stream_response": false,
+                         "generation_config": {"num_beams": 2, "do_sample": true}}),
             7 => json!({"prompts": [{"request_id": rid}]}),
             8 => json!({"prompts": [{"request_id": "", "prompt": "x"}]}),
             9 => json!({"prompts": prompt, "generation_config": {"max_new_tokens": 0}}),

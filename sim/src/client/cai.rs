@@ -495,9 +495,15 @@ impl CaiClient {
             },
             11 => match self.pick_live() {
                 Some(rid) => {
-                    // Chunks never sent.
+                    // Chunks never sent: far beyond, or (when its window
+                    // is full, so that no chunk can be on its way) the
+                    // first index past what it received.
                     *self.expected.entry(rid.clone()).or_default() += 1;
-                    let beyond = self.reqs.get(&rid).map_or(0, |r| r.chunks) + 1000;
+                    let beyond = match self.reqs.get(&rid) {
+                        Some(r) if r.window.is_some_and(|w| r.chunks >= r.acked + w) => r.chunks,
+                        Some(r) => r.chunks + 1000,
+                        None => 1000,
+                    };
                     json!({"type": "AWAIT_MORE", "requestId": rid,
                            "payload": {"lastReceivedIndex": beyond}})
                 }

@@ -9,9 +9,11 @@
 //! PROGRESS only when streaming; continued batches starting from the text
 //! the modelled continue-generation cache holds; `new_tokens_count` within
 //! `max_new_tokens` and streamed texts adding up; payloads refused exactly
-//! at the per-connection bound; the clients' hostile payloads never accepted.
+//! at the per-connection bound; the clients' hostile payloads never accepted;
+//! prompts run exactly when they fit the context.
 
 pub mod bounds;
+pub mod context;
 pub mod continuation;
 pub mod hostile;
 pub mod order;
@@ -32,5 +34,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(text::BatchText),
         Box::new(bounds::BatchBounds),
         Box::new(hostile::BatchHostile),
+        Box::new(context::BatchContext),
     ]
 }
