@@ -651,3 +651,37 @@ fn the_host_wide_scope_shares_entries_as_the_source_does() {
         "trusted networks: any client continues any batch"
     );
 }
+
+/// A payload waits only until every prompt of the payloads before it is
+/// admitted or over: a prompt refused before it started (its context
+/// overflowed) does not hold the next payload back until the rest of its
+/// own payload has finished.
+#[test]
+fn a_prompt_refused_before_it_started_does_not_hold_the_next_payload_back() {
+    let (mut h, c) = harness();
+    let long = "x".repeat(600);
+    h.send(
+        c,
+        payload(
+            &[("a", long.as_str()), ("b", "hi")],
+            json!({"generation_config": {"max_new_tokens": 40}}),
+        ),
+    );
+    h.send(c, payload(&[("c", "hi")], json!({})));
+    h.run(200);
+    let at = |kind: &str, rid: &str| {
+        h.received(c).iter().position(|f| {
+            f.as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|e| e["type"] == kind && e["request_id"] == rid)
+            })
+        })
+    };
+    assert!(at("ERROR", "a").is_some(), "{:?}", h.received(c));
+    let (started, b_done) = (at("STARTED", "c"), at("COMPLETE", "b"));
+    assert!(
+        started.is_some() && b_done.is_some() && started < b_done,
+        "c started at frame {started:?}, b completed at {b_done:?}: {:?}",
+        h.received(c)
+    );
+}
