@@ -179,6 +179,17 @@ fn a_payload_that_fails_as_a_whole_gets_one_error_per_prompt_and_nothing_runs() 
             "only_new_tokens",
         ),
         (
+            // Finite as JSON reads it, not as the f32 the search uses.
+            payload(
+                &[("a", "x")],
+                json!({"stream_response": false,
+                       "generation_config": {"num_beams": 2, "length_penalty": 1e39}}),
+            )
+            .to_string(),
+            vec![json!("a")],
+            "generation_config.length_penalty",
+        ),
+        (
             payload(
                 &[("a", "x"), ("b", "y")],
                 json!({"generation_config": {"num_beams": 2}}),

@@ -10,7 +10,8 @@
 //! another batch); puts a duplicate `request_id` into a payload now and
 //! then; sends invalid payloads (garbage, no prompts, a bad config such as
 //! `temperature: 9`, `num_beams: 2` with streaming, with a
-//! `response_format` or with sampling, `num_beams: 65`,
+//! `response_format`, with sampling or with a `length_penalty` past what
+//! an f32 holds, `num_beams: 65`,
 //! `early_stopping: "sometimes"`; their prompts are named `h<client>-<n>`,
 //! which `batch_hostile` holds must be refused) and
 //! binary frames; and hangs up early. Now and then a payload runs beam
@@ -259,7 +260,7 @@ impl BatchClient {
         let tag = conn_tag(self.base.conn);
         let rid = format!("h{}-{}", self.id, self.rng.below(1_000_000));
         let prompt = json!([{"request_id": rid, "prompt": format!("{tag}x")}]);
-        let v = match self.rng.below(13) {
+        let v = match self.rng.below(14) {
             0 => return ClientOp::Text(garbage(&mut self.rng)),
             1 => return ClientOp::Binary(1 + self.rng.below(256) as usize),
             2 => json!({"only_new_tokens": true}),
@@ -275,6 +276,9 @@ impl BatchClient {
                                                "response_format": {"type": "json_object"}}}),
             12 => json!({"prompts": prompt, "stream_response": false,
                          "generation_config": {"num_beams": 2, "do_sample": true}}),
+            // Finite as JSON reads it, not as the f32 the search uses.
+            13 => json!({"prompts": prompt, "stream_response": false,
+                         "generation_config": {"num_beams": 2, "length_penalty": 1e39}}),
             7 => json!({"prompts": [{"request_id": rid}]}),
             8 => json!({"prompts": [{"request_id": "", "prompt": "x"}]}),
             9 => json!({"prompts": prompt, "generation_config": {"max_new_tokens": 0}}),
