@@ -5,9 +5,12 @@
 //! object with a known `type`, a non-empty string `requestId`, `payload`
 //! absent or an object, and for `AWAIT_MORE` a `lastReceivedIndex` absent or
 //! a non-negative integer, for `SENTENCE_COMPLETED` a `sentenceIndex` that
-//! is one, for `INTERRUPTED` nothing more) and holds that the decoder gives
-//! that message, with those values; whatever it decodes is of the `type` the
-//! frame names.
+//! is one, for `INTERRUPTED` nothing more, for `COMPLETION` a `payload` with
+//! a string `prompt`, `model` absent or a string, `options` absent or an
+//! object, `conversationId` absent or a non-empty string, and `context`
+//! absent or plain `system` / `user` / `assistant` messages) and holds that
+//! the decoder gives that message, with those values; whatever it decodes is
+//! of the `type` the frame names.
 
 use serde_json::Value;
 use tokenwire_core::dialect::cai::codec::{self, ClientMessage};
@@ -18,6 +21,8 @@ use crate::invariants::{Check, Checker, Cx};
 /// A message this checker reads by itself.
 #[derive(Debug, PartialEq)]
 enum Known {
+    /// requestId, prompt, conversationId.
+    Completion(String, String, Option<String>),
     Interrupted(String),
     AwaitMore(String, Option<u64>),
     SentenceCompleted(String, u64),
@@ -41,6 +46,7 @@ fn reference(text: &str) -> Option<(String, Option<Known>)> {
     };
     let rid = rid.to_string();
     let known = match kind.as_str() {
+        "COMPLETION" if v.get("payload").is_some() => completion(rid, &p),
         "INTERRUPTED" => Some(Known::Interrupted(rid)),
         "AWAIT_MORE" => match p.get("lastReceivedIndex") {
             None => Some(Known::AwaitMore(rid, None)),
@@ -53,6 +59,39 @@ fn reference(text: &str) -> Option<(String, Option<Known>)> {
         _ => None,
     };
     Some((kind, known))
+}
+
+/// A `COMPLETION` whose payload `p` has the shape the module docs name.
+fn completion(rid: String, p: &serde_json::Map<String, Value>) -> Option<Known> {
+    let plain = |m: &Value| {
+        let role_ok = matches!(m["role"].as_str(), Some("system" | "user" | "assistant"));
+        let keys_ok = m
+            .as_object()
+            .is_some_and(|o| o.keys().all(|k| k == "role" || k == "content"));
+        role_ok && keys_ok && m["content"].is_string()
+    };
+    let shapes = [
+        p.keys().all(|k| {
+            matches!(
+                k.as_str(),
+                "prompt" | "model" | "options" | "conversationId" | "context"
+            )
+        }),
+        p.get("model").is_none_or(Value::is_string),
+        p.get("options").is_none_or(Value::is_object),
+        p.get("context")
+            .is_none_or(|c| c.as_array().is_some_and(|a| a.iter().all(plain))),
+    ];
+    let conversation = match p.get("conversationId") {
+        None => None,
+        Some(Value::String(c)) if !c.is_empty() => Some(c.clone()),
+        Some(_) => return None,
+    };
+    let prompt = p.get("prompt")?.as_str()?.to_string();
+    shapes
+        .iter()
+        .all(|&ok| ok)
+        .then_some(Known::Completion(rid, prompt, conversation))
 }
 
 fn type_of(m: &ClientMessage) -> &'static str {
@@ -78,7 +117,11 @@ fn as_known(m: &ClientMessage) -> Option<Known> {
             request_id.clone(),
             *sentence_index,
         )),
-        ClientMessage::Completion(_) => None,
+        ClientMessage::Completion(c) => Some(Known::Completion(
+            c.request_id.clone(),
+            c.prompt.clone(),
+            c.conversation_id.clone(),
+        )),
     }
 }
 
@@ -161,8 +204,11 @@ mod tests {
             r#"{"type":"AWAIT_MORE","requestId":"a"}"#,
             r#"{"type":"SENTENCE_COMPLETED","requestId":"a","payload":{"sentenceIndex":2}}"#,
             r#"{"type":"INTERRUPTED","requestId":"a"}"#,
+            r#"{"type":"COMPLETION","requestId":"a","payload":{"prompt":"hi","options":{"stream":false},
+               "conversationId":"c","context":[{"role":"system","content":"s"}]}}"#,
         ] {
             let (_, known) = reference(text).expect("read");
+            assert!(known.is_some(), "{text}");
             let m = codec::decode_client(text).expect("decodes");
             assert_eq!(as_known(&m), known, "{text}");
         }
@@ -182,7 +228,16 @@ mod tests {
         assert!(refused.is_err());
         judge(&kind, known.as_ref(), &refused).expect_err("refused");
         judge(&kind, known.as_ref(), &codec::decode_client(text)).expect("read right");
-        // A COMPLETION read as another kind.
+        // A COMPLETION read as another kind, or refused.
         judge("COMPLETION", None, &misread).expect_err("another kind");
+        let text = r#"{"type":"COMPLETION","requestId":"a","payload":{"prompt":"hi"}}"#;
+        let (kind, known) = reference(text).expect("read");
+        assert_eq!(
+            known,
+            Some(Known::Completion("a".into(), "hi".into(), None))
+        );
+        let refused = codec::decode_client(r#"{"type":"NOPE","requestId":"a"}"#);
+        let e = judge(&kind, known.as_ref(), &refused).expect_err("a decoder without its arm");
+        assert!(e.contains("Completion"), "{e}");
     }
 }
