@@ -5,12 +5,14 @@
 //! history a session continues from (after a resume on a rebuilt Host too),
 //! chunks against responses, and that nothing of a session outlives its end
 //! or its connection, the session bounds (per connection and per host) and
-//! the bytes of text a session keeps; and what a
+//! the bytes of text a session keeps, the reasons of job-budget refusals;
+//! and what a
 //! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
 //! WebSocket sessions: an HTTP request's one-turn session is judged by what
 //! its client gets.
 
 pub mod bounds;
+pub mod budget;
 pub mod bytes;
 pub mod cleanup;
 pub mod history;
@@ -34,6 +36,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(cleanup::SessionCleanup),
         Box::new(bounds::SessionBounds),
         Box::new(bytes::SessionBytes),
+        Box::new(budget::SessionBudget),
         Box::new(http::SessionHttp::default()),
     ]
 }
