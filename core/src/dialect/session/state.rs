@@ -165,7 +165,9 @@ mod tests {
     fn a_session_id_is_held_by_one_connection_until_it_lets_go() {
         let me = &Principal::Anonymous;
         let mut r = SessionRegistry::new(2);
+        assert!(r.is_empty());
         r.claim(me, "a", ConnId(1)).expect("free");
+        assert!(!r.is_empty());
         assert_eq!(r.claim(me, "a", ConnId(2)), Err(ClaimError::Exists));
         r.release(me, "a", ConnId(2));
         assert_eq!(
