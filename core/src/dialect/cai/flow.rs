@@ -249,7 +249,10 @@ mod tests {
         assert_eq!(chunks(&o.release()), vec![0, 1]);
         assert!(o.blocked());
         assert!(o.ack_chunks(Some(5)).is_err(), "not sent yet");
-        assert!(o.ack_chunks(Some(2)).is_err(), "the first index not sent yet");
+        assert!(
+            o.ack_chunks(Some(2)).is_err(),
+            "the first index not sent yet"
+        );
         o.ack_chunks(Some(0)).expect("sent");
         assert_eq!(chunks(&o.release()), vec![2]);
         o.ack_chunks(Some(0)).expect("an old ack changes nothing");
