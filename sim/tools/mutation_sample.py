@@ -13,6 +13,12 @@ A mutant that does not build is unviable and left out of the scores.
 
     python3 sim/tools/mutation_sample.py [--area core|dialects | --files GLOB,GLOB]
         [--n 50] [--seed 8] [--sim-seeds 200] [--out results.tsv] [--only 3,7]
+        [--listed-at COMMIT]
+
+`--listed-at` draws the sample from the mutants as listed at an earlier
+commit and applies their diffs to HEAD: with `--only`, the survivors of an
+earlier sample re-run after changes (which alter the list, and so what a
+seed draws).
 
 Needs cargo-mutants (`cargo install cargo-mutants --locked`). Takes about
 two minutes per mutant on two cores (two builds each). HEAD is measured:
@@ -69,6 +75,8 @@ def main():
     ap.add_argument("--sim-seeds", type=int, default=200)
     ap.add_argument("--out", default="mutation-results.tsv")
     ap.add_argument("--only", default="", help="comma-separated indexes into the sample, to re-run some")
+    ap.add_argument("--listed-at", default="",
+                    help="list the mutants at this commit (the sample of an earlier run), apply them to HEAD")
     args = ap.parse_args()
 
     root = subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip()
@@ -76,7 +84,16 @@ def main():
     files = [f for f in args.files.split(",") if f] or AREAS[args.area]
     for f in files:
         listing += ["-f", f]
-    mutants = json.loads(subprocess.check_output(listing, cwd=root, text=True))
+    list_dir = root
+    if args.listed_at:
+        list_dir = tempfile.mkdtemp(prefix="tw-mutants-list-")
+        subprocess.check_call(["git", "worktree", "add", "--detach", list_dir, args.listed_at],
+                              cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        mutants = json.loads(subprocess.check_output(listing, cwd=list_dir, text=True))
+    finally:
+        if args.listed_at:
+            subprocess.run(["git", "worktree", "remove", "--force", list_dir], cwd=root)
     mutants = [m for m in mutants if not m["file"].endswith("tests.rs")]
     print(f"{len(mutants)} mutants in {', '.join(files)}; sampling {min(args.n, len(mutants))} "
           f"with seed {args.seed}", flush=True)
