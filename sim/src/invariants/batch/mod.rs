@@ -10,8 +10,10 @@
 //! the modelled continue-generation cache holds; `new_tokens_count` within
 //! `max_new_tokens` and streamed texts adding up; payloads refused exactly
 //! at the per-connection bound; the clients' hostile payloads never accepted;
-//! prompts run exactly when they fit the context.
+//! prompts run exactly when they fit the context; a beam search completes
+//! with a reference search's best hypothesis.
 
+pub mod beams;
 pub mod bounds;
 pub mod context;
 pub mod continuation;
@@ -35,5 +37,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(bounds::BatchBounds),
         Box::new(hostile::BatchHostile),
         Box::new(context::BatchContext),
+        Box::new(beams::BatchBeams::default()),
     ]
 }

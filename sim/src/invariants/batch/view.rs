@@ -42,6 +42,8 @@ pub struct BatchPayload {
     /// runs that many sequences at once, and momentarily twice as many
     /// while a round forks the beams it keeps.
     pub beams: u64,
+    /// `generation_config`, as sent.
+    pub config: Value,
     /// The ids named more than once, each once, in order of first use:
     /// none of their prompts run, and each gets one ERROR.
     pub dups: Vec<String>,
@@ -96,6 +98,7 @@ impl BatchPayload {
             .max(1);
         BatchPayload {
             beams,
+            config: v["generation_config"].clone(),
             named,
             prompts,
             stream: v["stream_response"].as_bool().unwrap_or(true),
