@@ -228,6 +228,18 @@ impl FilterGuard {
         self.scan(false)
     }
 
+    /// Feeds the text that ends the generation: [`Self::push`], then, unless
+    /// it matched, [`Self::finish`], as one result.
+    pub fn push_last(&mut self, text: &str) -> Filtered {
+        let mut out = self.push(text);
+        if out.matched.is_none() {
+            let rest = self.finish();
+            out.emit.push_str(&rest.emit);
+            out.matched = rest.matched;
+        }
+        out
+    }
+
     /// The generation ends: releases held text unless a rule matches it
     /// with the end of the text (a `$` or `\b` at the end).
     pub fn finish(&mut self) -> Filtered {

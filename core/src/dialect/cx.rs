@@ -262,13 +262,7 @@ impl<'a> Cx<'a> {
         let Some(filter) = self.port.config().content_filter.clone() else {
             return (text, None);
         };
-        let mut guard = FilterGuard::new(filter);
-        let mut out = guard.push(&text);
-        if out.matched.is_none() {
-            let rest = guard.finish();
-            out.emit.push_str(&rest.emit);
-            out.matched = rest.matched;
-        }
+        let out = FilterGuard::new(filter).push_last(&text);
         let Some(rule) = out.matched else {
             return (text, None);
         };

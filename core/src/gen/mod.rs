@@ -312,12 +312,11 @@ impl Generation {
         let Some(g) = self.filter.as_mut() else {
             return text.to_string();
         };
-        let mut r = g.push(text);
-        if at_end && r.matched.is_none() {
-            let rest = g.finish();
-            r.emit.push_str(&rest.emit);
-            r.matched = rest.matched;
-        }
+        let r = if at_end {
+            g.push_last(text)
+        } else {
+            g.push(text)
+        };
         if let Some(rule) = r.matched {
             self.filtered_by.get_or_insert(rule);
         }
