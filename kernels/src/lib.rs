@@ -9,8 +9,8 @@
 //! ([`gguf_config`]), weights ([`gguf_weights`]), tokenizer and chat template
 //! ([`gguf_tokenizer`]) from the file), every matrix kept in its file's dtype
 //! and memory-mapped ([`tensor::WeightMatrix`]), ggml's quantized block
-//! formats and their 8-bit-activation dot products in scalar, AVX2 and
-//! AVX-512 VNNI code chosen at run time ([`quant`]), the tokenizer and chat
+//! formats and their 8-bit-activation dot products in scalar, AVX2, AVX-VNNI,
+//! AVX-512 VNNI and NEON code chosen at run time ([`quant`]), the tokenizer and chat
 //! template ([`HfCodec`]; SentencePiece and byte-level decoders decode from a
 //! per-id table built at load), a paged KV cache, two [`Backend`]s (CPU, on
 //! a persistent worker pool; and WGSL kernels on wgpu: [`WgpuBackend`]), and

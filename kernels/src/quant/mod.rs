@@ -6,11 +6,11 @@
 //!   the reference every other path is tested against.
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
 //!   for Q8_0/Q4_0/Q4_1 weights, also regrouped eight blocks at a time as
-//!   [`Q8Group`]s for the VNNI kernels) or 256 ([`Q8KBlock`], for
+//!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
 //!   Q4_K/Q6_K), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
-//! * `x86` (x86_64 only): the same dot products in AVX2 (and AVX-512 VNNI
-//!   where the CPU has it); `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
+//! * `x86` (x86_64 only): the same dot products in AVX2, AVX-VNNI and
+//!   AVX-512 VNNI, whichever the CPU has; `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
 //!   These are the only `unsafe` of the CPU engine's arithmetic.
 //! * [`Kernels`]: the set chosen once at run time for the CPU the process
 //!   runs on, falling back to the scalar reference.
@@ -56,6 +56,9 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX2 with AVX-VNNI's VEX-encoded 256-bit integer dot product
+    /// (Intel Alder Lake and later, AMD Zen 5) and AVX2's 16 registers.
+    AvxVnni,
     /// x86_64 AVX2 with AVX-512 VNNI's 256-bit integer dot product (and
     /// AVX-512F's 512-bit registers).
     Avx512Vnni,
@@ -78,6 +81,9 @@ impl Isa {
             if x86::has_avx2() {
                 out.push(Isa::Avx2);
             }
+            if x86::has_avx_vnni() {
+                out.push(Isa::AvxVnni);
+            }
             if x86::has_avx512_vnni() {
                 out.push(Isa::Avx512Vnni);
             }
@@ -92,6 +98,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::Neon => "neon",
         }
@@ -136,15 +143,22 @@ pub struct Kernels {
 
 impl Kernels {
     /// The fastest kernels for this CPU, or those `TOKENWIRE_CPU_KERNELS`
-    /// names (`scalar`, `avx2`, `avx512-vnni`; one this CPU lacks falls back
-    /// to scalar), for comparing instruction sets on one machine.
+    /// names (`scalar`, `avx2`, `avx-vnni`, `avx512-vnni`, `neon`; one this
+    /// CPU lacks falls back to scalar), for comparing instruction sets on one
+    /// machine.
     pub fn detect() -> Kernels {
         let chosen = std::env::var("TOKENWIRE_CPU_KERNELS")
             .ok()
             .and_then(|name| {
-                [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon]
-                    .into_iter()
-                    .find(|i| i.name() == name)
+                [
+                    Isa::Scalar,
+                    Isa::Avx2,
+                    Isa::AvxVnni,
+                    Isa::Avx512Vnni,
+                    Isa::Neon,
+                ]
+                .into_iter()
+                .find(|i| i.name() == name)
             });
         Kernels::for_isa(chosen.unwrap_or_else(Isa::detect))
     }
@@ -175,7 +189,7 @@ impl Kernels {
         match isa {
             Isa::Scalar => scalar,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512Vnni => x86::kernels(isa, scalar),
+            Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => x86::kernels(isa, scalar),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => arm::kernels(isa, scalar),
             _ => scalar,

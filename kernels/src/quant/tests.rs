@@ -225,6 +225,139 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
 }
 
 #[test]
+fn every_x86_tier_gives_the_same_bits() {
+    // AVX2's maddubs, AVX-VNNI's and AVX-512 VNNI's vpdpbusd all sum the
+    // same exact integers before the same float steps, so a model gives the
+    // same tokens whichever tier the CPU has.
+    let tiers: Vec<Kernels> = Isa::available()
+        .into_iter()
+        .filter(|i| *i != Isa::Scalar && *i != Isa::Neon)
+        .map(Kernels::for_isa)
+        .collect();
+    let mut rng = Rng(61);
+    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for n in [32, 256, 288, 1536] {
+            let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
+            let acts: Vec<(Vec<Q8Block>, Vec<Q8Group>)> =
+                (0..4).map(|_| q8_acts(&random_acts(n, &mut rng))).collect();
+            let row = |j: usize| Q8Row {
+                blocks: &acts[j].0,
+                groups: &acts[j].1,
+            };
+            let results: Vec<(Isa, [[u32; 4]; 4])> = tiers
+                .iter()
+                .map(|k| {
+                    let tile = match dtype {
+                        GgmlType::Q8_0 => k.q8_0_tile,
+                        GgmlType::Q4_0 => k.q4_0_tile,
+                        _ => k.q4_1_tile,
+                    };
+                    let got = tile(
+                        &[&rows[0], &rows[1], &rows[2], &rows[3]],
+                        &[row(0), row(1), row(2), row(3)],
+                    );
+                    (k.isa, got.map(|r| r.map(f32::to_bits)))
+                })
+                .collect();
+            for (isa, bits) in &results[1..] {
+                assert_eq!(
+                    bits,
+                    &results[0].1,
+                    "{dtype} n={n}: {} against {}",
+                    isa.name(),
+                    results[0].0.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_wrong_weight_anywhere_in_a_row_is_caught() {
+    // Planted errors: one weight changed in the first block, the last lane
+    // of a group and the block after the last whole group. Each kernel must
+    // follow the change, and the change must lie outside the tolerance the
+    // other tests allow, so a kernel that skipped that block would fail them.
+    let mut rng = Rng(67);
+    let n = 32 * 17; // two whole groups and a block after them
+    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        let bytes = dtype.block_bytes();
+        let head = match dtype {
+            GgmlType::Q4_1 => 4,
+            _ => 2,
+        };
+        let mut w = random_row(dtype, n, &mut rng);
+        for block in [0, 15, 16] {
+            // A scale large enough that the planted step shows.
+            let at = block * bytes;
+            w[at..at + 2].copy_from_slice(&half::f16::from_f32(0.05).to_le_bytes());
+        }
+        let x: Vec<f32> = (0..n).map(|_| 0.5 + rng.unit().abs()).collect();
+        let (want, mag) = exact(dtype, &w, &x);
+        for block in [0, 15, 16] {
+            let mut planted = w.clone();
+            // The first weight byte: for the nibble formats weights 0 and
+            // 16, raised or lowered by a few steps.
+            let at = block * bytes + head;
+            planted[at] = planted[at].wrapping_add(if planted[at] & 0x0F < 8 {
+                5
+            } else {
+                -5i8 as u8
+            });
+            let (moved, _) = exact(dtype, &planted, &x);
+            let tol = mag * 1e-6 + 1e-6;
+            assert!(
+                (moved - want).abs() > 100.0 * tol,
+                "{dtype} block {block}: the planted change is within tolerance"
+            );
+            for isa in Isa::available() {
+                let got = run(&Kernels::for_isa(isa), dtype, &planted, &x) as f64;
+                assert!(
+                    (got - moved).abs() <= tol,
+                    "{dtype} block {block} {}: got {got}, want {moved}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_largest_products_do_not_overflow_any_tier() {
+    // Every weight byte at its extreme (nibbles of 15, Q8_0's -128 and 127)
+    // against activations that quantize to ±127 everywhere: the largest
+    // i16 pairs and sums any kernel forms.
+    let n = 32 * 9;
+    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for (fill, sign) in [
+            (0xFFu8, 1.0f32),
+            (0xFF, -1.0),
+            (0x80, 1.0),
+            (0x80, -1.0),
+            (0x7F, 1.0),
+        ] {
+            let bytes = dtype.block_bytes();
+            let mut w = vec![fill; dtype.row_bytes(n as u64).unwrap() as usize];
+            for block in w.chunks_exact_mut(bytes) {
+                for &at in f16_fields(dtype) {
+                    block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
+            }
+            let x = vec![sign; n];
+            let (want, mag) = exact(dtype, &w, &x);
+            for isa in Isa::available() {
+                let got = run(&Kernels::for_isa(isa), dtype, &w, &x) as f64;
+                assert!(
+                    (got - want).abs() <= mag * 1e-6 + 1e-6,
+                    "{dtype} bytes {fill:#x} x {sign} {}: got {got}, want {want}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn groups_hold_each_block_in_its_own_lane() {
     let mut rng = Rng(53);
     let mut blocks = Vec::new();

@@ -1,4 +1,4 @@
-//! AVX2 (and AVX-512 VNNI) dot products for x86_64.
+//! AVX2, AVX-VNNI and AVX-512 VNNI dot products for x86_64.
 //!
 //! Every kernel here is an `unsafe fn` with `#[target_feature]`, reached only
 //! through the safe wrappers in [`kernels`], which is only called for an
@@ -7,9 +7,15 @@
 //! blocks at offsets below `n_blocks * block_bytes`, where `n_blocks` is the
 //! smaller of the weight bytes' and the activations' block counts, so no load
 //! leaves its slice; the unaligned load intrinsics need no alignment.
+//!
+//! The three tiers share every 32-block kernel: they differ only in the
+//! instruction that adds four byte products into an i32 lane ([`Lanes`]) and
+//! in how many vector registers a tile may hold. Their integer sums are
+//! exact, so all three give the same bits.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
@@ -20,6 +26,12 @@ pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
+}
+
+/// AVX-VNNI: the VEX-encoded 256-bit `vpdpbusd` (Intel Alder Lake and
+/// later, AMD Zen 5), without AVX-512.
+pub(super) fn has_avx_vnni() -> bool {
+    has_avx2() && is_x86_feature_detected!("avxvnni")
 }
 
 /// The 256-bit forms of AVX-512 VNNI's `vpdpbusd`, and AVX-512F's 512-bit
@@ -37,13 +49,13 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     // `Isa::available`, which is the only precondition of these functions.
     let avx2 = Kernels {
         isa: Isa::Avx2,
-        q8_groups: false,
-        q8_0: |w, a| unsafe { one_avx2::<Q8_0Avx2>(w, a) },
-        q4_0: |w, a| unsafe { one_avx2::<Q4_0Avx2>(w, a) },
-        q4_1: |w, a| unsafe { one_avx2::<Q4_1Avx2>(w, a) },
-        q8_0_tile: |w, a| unsafe { tile_of_2x2(w, a, tile_avx2::<Q8_0Avx2, 2>) },
-        q4_0_tile: |w, a| unsafe { tile_of_2x2(w, a, tile_avx2::<Q4_0Avx2, 2>) },
-        q4_1_tile: |w, a| unsafe { tile_of_2x2(w, a, tile_avx2::<Q4_1Avx2, 2>) },
+        q8_groups: true,
+        q8_0: |w, a| unsafe { one_avx2::<Q8_0Signed>(w, a) },
+        q4_0: |w, a| unsafe { one_avx2::<Q4_0<Avx2Lanes>>(w, a) },
+        q4_1: |w, a| unsafe { one_avx2::<Q4_1<Avx2Lanes>>(w, a) },
+        q8_0_tile: |w, a| unsafe { tile_avx2::<Q8_0Signed>(w, a) },
+        q4_0_tile: |w, a| unsafe { tile_avx2::<Q4_0<Avx2Lanes>>(w, a) },
+        q4_1_tile: |w, a| unsafe { tile_avx2::<Q4_1<Avx2Lanes>>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2(w, x) },
@@ -55,32 +67,29 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     match isa {
         Isa::Scalar | Isa::Neon => scalar,
         Isa::Avx2 => avx2,
+        Isa::AvxVnni => Kernels {
+            isa: Isa::AvxVnni,
+            q8_0: |w, a| unsafe { one_avx_vnni::<Q8_0Offset<AvxVnniLanes>>(w, a) },
+            q4_0: |w, a| unsafe { one_avx_vnni::<Q4_0<AvxVnniLanes>>(w, a) },
+            q4_1: |w, a| unsafe { one_avx_vnni::<Q4_1<AvxVnniLanes>>(w, a) },
+            q8_0_tile: |w, a| unsafe { tile_avx_vnni::<Q8_0Offset<AvxVnniLanes>>(w, a) },
+            q4_0_tile: |w, a| unsafe { tile_avx_vnni::<Q4_0<AvxVnniLanes>>(w, a) },
+            q4_1_tile: |w, a| unsafe { tile_avx_vnni::<Q4_1<AvxVnniLanes>>(w, a) },
+            ..avx2
+        },
         Isa::Avx512Vnni => Kernels {
             isa: Isa::Avx512Vnni,
-            q8_groups: true,
-            q8_0: |w, a| unsafe { one_vnni::<Q8_0Vnni>(w, a) },
-            q4_0: |w, a| unsafe { one_vnni::<Q4_0Vnni>(w, a) },
-            q4_1: |w, a| unsafe { one_vnni::<Q4_1Vnni>(w, a) },
-            q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Vnni>(w, a) },
-            q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0Vnni>(w, a) },
-            q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1Vnni>(w, a) },
+            q8_0: |w, a| unsafe { one_vnni::<Q8_0Offset<Avx512Lanes>>(w, a) },
+            q4_0: |w, a| unsafe { one_vnni::<Q4_0<Avx512Lanes>>(w, a) },
+            q4_1: |w, a| unsafe { one_vnni::<Q4_1<Avx512Lanes>>(w, a) },
+            q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Offset<Avx512Lanes>>(w, a) },
+            q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0<Avx512Lanes>>(w, a) },
+            q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
             attend: |t, s, o| unsafe { attend_avx512(t, s, o) },
             ..avx2
         },
     }
-}
-
-/// A 2-row by 4-token tile kernel.
-type HalfTile = unsafe fn(&[&[u8]; 2], &[Q8Row<'_>; 4]) -> [[f32; 4]; 2];
-
-/// A 4 x 4 tile as two 2-row tiles: AVX2 has 16 vector registers, too few
-/// for sixteen accumulators.
-#[inline(always)]
-unsafe fn tile_of_2x2(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4], half: HalfTile) -> [[f32; 4]; 4] {
-    let [t0, t1] = half(&[w[0], w[1]], a);
-    let [t2, t3] = half(&[w[2], w[3]], a);
-    [t0, t1, t2, t3]
 }
 
 /// Sum of the eight lanes.
@@ -385,33 +394,116 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// One 32-block format's pieces, from which both shapes of its dot product
-/// are built (so they cannot drift apart):
+/// How one instruction set adds byte products into i32 lanes, and widens
+/// f16 bits: the only difference between the three tiers' 32-block kernels.
+trait Lanes {
+    /// `acc` plus, in each i32 lane, the sum of that lane's four products of
+    /// `u`'s bytes (unsigned) and `s`'s (signed). Exact on VNNI for any
+    /// bytes; through AVX2's `vpmaddubsw` exact while each pair of products
+    /// fits an i16, which every caller keeps to (weights at most 128, and
+    /// activations within ±127).
+    unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// `init` plus each lane's products of eight weight vectors with a
+    /// group's activations. Through AVX2 the weights must be nibbles (at
+    /// most 15, see [`Avx2Lanes`]); the VNNI tiers take any bytes.
+    #[inline(always)]
+    unsafe fn dot8(init: __m256i, w: &[__m256i; 8], x: &Q8Group) -> __m256i {
+        let mut p = init;
+        for (w, xq) in w.iter().zip(&x.q) {
+            p = Self::dot4(p, *w, _mm256_loadu_si256(xq.as_ptr() as *const __m256i));
+        }
+        p
+    }
+    /// The low f16 of each 32-bit lane, widened.
+    unsafe fn low_f16s(v: __m256i) -> __m256;
+}
+
+/// AVX2: `vpmaddubsw` into i16 pairs, `vpmaddwd` into i32 lanes.
+struct Avx2Lanes;
+impl Lanes for Avx2Lanes {
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, udot(u, s))
+    }
+    /// The eight `vpmaddubsw` results summed in i16 before one `vpmaddwd`:
+    /// a pair of nibble products is at most 2 * 15 * 127 = 3810, eight of
+    /// them 30480, below i16's 32767.
+    #[inline(always)]
+    unsafe fn dot8(init: __m256i, w: &[__m256i; 8], x: &Q8Group) -> __m256i {
+        let mut pairs = _mm256_setzero_si256();
+        for (w, xq) in w.iter().zip(&x.q) {
+            let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, xq));
+        }
+        _mm256_add_epi32(init, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn low_f16s(v: __m256i) -> __m256 {
+        // Bytes 0 and 1 of each lane to the front of its 128-bit half, then
+        // the two halves' first eight bytes side by side.
+        let pick = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, //
+            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+        );
+        let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_shuffle_epi8(v, pick));
+        _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
+    }
+}
+
+/// AVX-VNNI: the VEX-encoded `vpdpbusd`.
+struct AvxVnniLanes;
+impl Lanes for AvxVnniLanes {
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
+    #[inline(always)]
+    unsafe fn low_f16s(v: __m256i) -> __m256 {
+        Avx2Lanes::low_f16s(v)
+    }
+}
+
+/// AVX-512 VNNI: the EVEX-encoded 256-bit `vpdpbusd`, and AVX-512VL's
+/// `vpmovdw` for the f16s.
+struct Avx512Lanes;
+impl Lanes for Avx512Lanes {
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+    #[inline(always)]
+    unsafe fn low_f16s(v: __m256i) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
+    }
+}
+
+/// One 32-block format's pieces, from which every shape of its dot product
+/// is built (so they cannot drift apart):
 ///
-/// * one weight row · one token. One sequential stream per core reaches this
-///   machine's read bandwidth without software prefetch (which measured
-///   slower), and interleaving four rows' streams measured at less than half
-///   of it, so decode runs row by row;
-/// * `R` rows · four tokens (prefill and batches), so each weight block is
-///   unpacked once for four tokens and each activation block is loaded once
-///   for `R` rows: the activations of a long prompt live in L2, and reading
-///   them once per row left the kernel waiting on L2.
+/// * one weight row · one token (decode), eight blocks at a time
+///   ([`Grouped`]) and the last few one at a time. One sequential stream
+///   per core reaches this machine's read bandwidth without software
+///   prefetch (which measured slower), and interleaving four rows' streams
+///   measured at less than half of it, so decode runs row by row;
+/// * four rows · four tokens (prefill and batches), so each weight group is
+///   unpacked once for four tokens: the activations of a long prompt live
+///   in L2, and reading them once per row left the kernel waiting on L2.
 ///
-/// Per (row, token) both run the same operations in the same order:
-/// `acc = fma(d_w d_x, int_dot, acc)` per block, then for formats with a
-/// float offset (Q4_1's minimum) `acc = fma(m, [s_x, 0, ..], acc)`, and
-/// `hsum(acc)` at the end; so both shapes give the same bits and a token's
-/// result does not depend on its neighbours in the batch. Scales stay in
-/// vectors end to end, so no block waits on the previous block's
-/// accumulator, and every term lands in the one accumulator (a second one
-/// per pair spilled the 4 x 4 tile's registers).
+/// Per (row, token) every shape runs the same float operations in the same
+/// order: `acc = fma(d_w d_x, int_dot, acc)` per eight blocks (a block per
+/// lane) and per leftover block (its partial sums across the lanes), then
+/// for formats with a float offset (Q4_1's minimum) `acc = fma(m, s_x,
+/// acc)`, and `hsum(acc)` at the end. The integer sums are exact on every
+/// tier, so every shape and tier gives the same bits and a token's result
+/// does not depend on its neighbours in the batch. Scales stay in vectors
+/// end to end, so no block waits on the previous block's accumulator.
 trait Format {
     /// Bytes of one block.
     const BYTES: usize;
     /// The block at `b`'s 32 weights as bytes, in the activations' order.
     unsafe fn unpack(b: *const u8) -> __m256i;
     /// Those weights times the activations `xq` of `x` as eight i32 sums,
-    /// integer offsets (Q4_0's 8) taken out exactly.
+    /// integer offsets (Q4_0's 8, Q8_0's 128) taken out exactly.
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i;
     /// The float offset's two factors (Q4_1's minimum and `[s_x, 0, ..]`);
     /// none for formats whose offset, if any, is taken out in the integers.
@@ -421,19 +513,19 @@ trait Format {
     }
 }
 
-/// A format whose VNNI kernels also take eight blocks at a time, one block
-/// per lane (against a [`Q8Group`]): eight `vpdpbusd`s leave each block's
-/// whole integer sum in its own lane, so one conversion, one scale multiply
-/// and one fma serve eight blocks, where the block-at-a-time step needs one
-/// of each per block. The per-block float work, not the integer products,
-/// was what bound the tiles (prefill and batched decode).
+/// A format taken eight blocks at a time, one block per lane (against a
+/// [`Q8Group`]): eight four-byte dot products leave each block's whole
+/// integer sum in its own lane, so one conversion, one scale multiply and
+/// one fma serve eight blocks, where the block-at-a-time step needs one of
+/// each per block. The per-block float work, not the integer products, was
+/// what bound these kernels.
 trait Grouped: Format {
-    /// Eight blocks from `b`: their weights as u8 with lane `l` holding block
-    /// `l`'s values in the order of [`Q8Group::q`], their scales, and their
-    /// float offsets (Q4_1's minimums).
+    /// Eight blocks from `b`: their weights as bytes with lane `l` holding
+    /// block `l`'s values in the order of [`Q8Group::q`], their scales, and
+    /// their float offsets (Q4_1's minimums).
     unsafe fn weights8(b: *const u8) -> Eight;
-    /// Each lane's integer sum before the products (the offset sums).
-    unsafe fn init8(x: &Q8Group) -> __m256i;
+    /// Each lane's block's whole integer product with `x`, offsets included.
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i;
 }
 
 /// Eight weight blocks in lanes, as [`Grouped::weights8`] gives them.
@@ -462,10 +554,7 @@ unsafe fn step<F: Format>(b: *const u8, x: &Q8Block, wv: __m256i, acc: &mut __m2
 /// with a block per lane.
 #[inline(always)]
 unsafe fn group_step<F: Grouped>(e: &Eight, x: &Q8Group, acc: &mut __m256) {
-    let mut p = F::init8(x);
-    for (w, xq) in e.w.iter().zip(&x.q) {
-        p = _mm256_dpbusd_epi32(p, *w, _mm256_loadu_si256(xq.as_ptr() as *const __m256i));
-    }
+    let p = F::dot8(e, x);
     *acc = _mm256_fmadd_ps(
         _mm256_mul_ps(e.d, _mm256_loadu_ps(x.d.as_ptr())),
         _mm256_cvtepi32_ps(p),
@@ -521,31 +610,16 @@ fn blocks_in_tile<const R: usize>(w: &[&[u8]; R], a: &[&[Q8Block]; 4], bytes: us
         .unwrap_or(0)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn one_avx2<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    blocks_from::<F>(w, a.blocks, 0, &mut acc);
-    hsum(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<F: Format, const R: usize>(
-    w: &[&[u8]; R],
-    a: &[Q8Row<'_>; 4],
-) -> [[f32; 4]; R] {
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
-    tile_blocks_from::<F, R>(w, &a.map(|t| t.blocks), 0, &mut acc);
-    acc.map(|row| row.map(|v| hsum(v)))
-}
-
 /// Whole groups of eight blocks a row of `n` blocks takes from `groups`.
 #[inline(always)]
 fn whole_groups(n: usize, groups: usize) -> usize {
     (n / 8).min(groups)
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn one_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+/// One row against one token: its whole groups of eight, then the rest
+/// block by block.
+#[inline(always)]
+unsafe fn one_row<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
     let n = a.blocks.len().min(w.len() / F::BYTES);
     let groups = &a.groups[..whole_groups(n, a.groups.len())];
     let mut acc = _mm256_setzero_ps();
@@ -555,6 +629,21 @@ unsafe fn one_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
     }
     blocks_from::<F>(w, a.blocks, groups.len() * 8, &mut acc);
     hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn one_avx2<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    one_row::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn one_avx_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    one_row::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn one_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    one_row::<F>(w, a)
 }
 
 /// One row's group `g` against four tokens' groups, into its accumulators.
@@ -567,13 +656,13 @@ unsafe fn row_group<F: Grouped>(w: &[u8], g: usize, x: [&Q8Group; 4], acc: &mut 
     group_step::<F>(&e, x[3], &mut acc[3]);
 }
 
-/// Four rows by four tokens. The rows are spelled out rather than looped
-/// over: as a loop LLVM kept the sixteen accumulators on the stack, a load
-/// and a store around every fma.
-// One group index for the four tokens' slices.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+/// The whole groups every row and token of a tile has, and the tokens'
+/// blocks.
+#[inline(always)]
+fn tile_extent<'a, F: Format>(
+    w: &[&[u8]; 4],
+    a: &[Q8Row<'a>; 4],
+) -> (usize, [&'a [Q8Block]; 4], [&'a [Q8Group]; 4]) {
     let blocks = a.map(|t| t.blocks);
     let n = blocks_in_tile::<4>(w, &blocks, F::BYTES);
     let ng = a
@@ -581,7 +670,51 @@ unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]
         .map(|t| whole_groups(n, t.groups.len()))
         .min()
         .unwrap_or(0);
-    let groups: [&[Q8Group]; 4] = a.map(|t| &t.groups[..ng]);
+    (ng, blocks, a.map(|t| &t.groups[..ng]))
+}
+
+/// Four rows by four tokens, a row at a time: with sixteen vector registers
+/// (AVX2, and AVX-VNNI's VEX encoding) a row's four accumulators and its
+/// eight unpacked weight vectors are all they hold.
+// One group index for the four tokens' slices.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_by_rows<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    let (ng, blocks, groups) = tile_extent::<F>(w, a);
+    let mut out = [[0.0f32; 4]; 4];
+    for r in 0..4 {
+        let mut acc = [[_mm256_setzero_ps(); 4]];
+        for g in 0..ng {
+            let x = [&groups[0][g], &groups[1][g], &groups[2][g], &groups[3][g]];
+            row_group::<F>(w[r], g, x, &mut acc[0]);
+        }
+        tile_blocks_from::<F, 1>(&[w[r]], &blocks, ng * 8, &mut acc);
+        for t in 0..4 {
+            out[r][t] = hsum(acc[0][t]);
+        }
+    }
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    tile_by_rows::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_avx_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    tile_by_rows::<F>(w, a)
+}
+
+/// Four rows by four tokens at once: AVX-512's 32 registers hold all
+/// sixteen accumulators beside a row's unpacked weights. The rows are
+/// spelled out rather than looped over: as a loop LLVM kept the sixteen
+/// accumulators on the stack, a load and a store around every fma.
+// One group index for the four tokens' slices.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    let (ng, blocks, groups) = tile_extent::<F>(w, a);
     let zero = [_mm256_setzero_ps(); 4];
     let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
     for g in 0..ng {
@@ -593,7 +726,13 @@ unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]
     }
     let mut acc = [a0, a1, a2, a3];
     tile_blocks_from::<F, 4>(w, &blocks, ng * 8, &mut acc);
-    acc.map(|row| row.map(|v| hsum(v)))
+    let mut out = [[0.0f32; 4]; 4];
+    for r in 0..4 {
+        for t in 0..4 {
+            out[r][t] = hsum(acc[r][t]);
+        }
+    }
+    out
 }
 
 /// `v` in lane 0 of an otherwise zero vector: a per-block term that the
@@ -649,18 +788,13 @@ unsafe fn words_by_lane(p: *const u8, stride: usize) -> [__m256i; 4] {
 
 /// The first four bytes of each of eight blocks of `bytes` from `b`, one
 /// block per lane (every format here starts with its f16 scale, and Q4_1
-/// then its minimum: [`low_f16s`] widens the scales). Eight scalar loads:
-/// a `vpgatherdd` here was 12% of a decode step, waiting on the gather.
+/// then its minimum: [`Lanes::low_f16s`] widens the scales). Eight scalar
+/// loads: a `vpgatherdd` here was 12% of a decode step, waiting on the
+/// gather.
 #[inline(always)]
 unsafe fn heads(b: *const u8, bytes: usize) -> __m256i {
     let at = |l: usize| (b.add(l * bytes) as *const i32).read_unaligned();
     _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
-}
-
-/// The low f16 of each 32-bit lane, widened.
-#[inline(always)]
-unsafe fn low_f16s(v: __m256i) -> __m256 {
-    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
 }
 
 /// Four words by lane of packed nibbles as eight vectors of values: low
@@ -677,25 +811,62 @@ unsafe fn nibbles8(p: [__m256i; 4]) -> [__m256i; 8] {
     out
 }
 
-/// Q8_0 without VNNI: the sign trick through `maddubs`.
-struct Q8_0Avx2;
-impl Format for Q8_0Avx2 {
+/// A Q8_0 group's 32 weights of each block, by lane.
+#[inline(always)]
+unsafe fn q8_words8(b: *const u8) -> [__m256i; 8] {
+    let lo = words_by_lane(b.add(2), Q8_0_BYTES);
+    let hi = words_by_lane(b.add(18), Q8_0_BYTES);
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+}
+
+/// Q8_0 where only AVX2's `vpmaddubsw` multiplies bytes: the weights stay
+/// signed and the sign trick moves their signs onto the activations
+/// (offsetting them to u8, as VNNI does, would overflow its i16 pairs).
+struct Q8_0Signed;
+impl Format for Q8_0Signed {
     const BYTES: usize = Q8_0_BYTES;
     #[inline(always)]
     unsafe fn unpack(b: *const u8) -> __m256i {
         q8_weights(b)
     }
+    /// The lanes VNNI's offset form ([`Q8_0Offset`]) has, `(w + 128) · x`
+    /// and `-128 sum(x)` in lane 0, so a row's last few blocks round as they
+    /// do on the other tiers: the signed products plus each lane's `128
+    /// sum(x)`.
     #[inline(always)]
-    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
-        signed_udot(wv, xq)
+    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
+        let sums = udot(_mm256_set1_epi8(1), xq);
+        _mm256_add_epi32(
+            _mm256_add_epi32(signed_udot(wv, xq), _mm256_slli_epi32::<7>(sums)),
+            lane0_i32(x.neg128_sum),
+        )
+    }
+}
+impl Grouped for Q8_0Signed {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        Eight {
+            w: q8_words8(b),
+            d: Avx2Lanes::low_f16s(heads(b, Q8_0_BYTES)),
+            m: None,
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        let mut p = _mm256_setzero_si256();
+        for (w, xq) in e.w.iter().zip(&x.q) {
+            let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
+            p = _mm256_add_epi32(p, signed_udot(*w, xq));
+        }
+        p
     }
 }
 
 /// Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
 /// by the tile's tokens) and the offset's `128 sum(x)` taken back out in the
 /// integers, which is exact and saves the sign trick's per-token instruction.
-struct Q8_0Vnni;
-impl Format for Q8_0Vnni {
+struct Q8_0Offset<L>(PhantomData<L>);
+impl<L: Lanes> Format for Q8_0Offset<L> {
     const BYTES: usize = Q8_0_BYTES;
     #[inline(always)]
     unsafe fn unpack(b: *const u8) -> __m256i {
@@ -703,34 +874,34 @@ impl Format for Q8_0Vnni {
     }
     #[inline(always)]
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
-        _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum), wv, xq)
+        L::dot4(lane0_i32(x.neg128_sum), wv, xq)
     }
 }
-impl Grouped for Q8_0Vnni {
+impl<L: Lanes> Grouped for Q8_0Offset<L> {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
-        let lo = words_by_lane(b.add(2), Q8_0_BYTES);
-        let hi = words_by_lane(b.add(18), Q8_0_BYTES);
-        let mut w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+        let mut w = q8_words8(b);
         for v in &mut w {
             *v = _mm256_xor_si256(*v, _mm256_set1_epi8(-128));
         }
         Eight {
             w,
-            d: low_f16s(heads(b, Q8_0_BYTES)),
+            d: L::low_f16s(heads(b, Q8_0_BYTES)),
             m: None,
         }
     }
     #[inline(always)]
-    unsafe fn init8(x: &Q8Group) -> __m256i {
-        _mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i)
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        let init = _mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i);
+        L::dot8(init, &e.w, x)
     }
 }
 
-// Q4_0: d (q - 8) · x = d (q · x - 8 sum(x)), the 8 sum(x) in the integers
-// (-128 sum / 16, exact).
-struct Q4_0Avx2;
-impl Format for Q4_0Avx2 {
+/// Q4_0: d (q - 8) · x = d (q · x - 8 sum(x)), the 8 sum(x) in the integers
+/// (-128 sum / 16, exact). Nibbles are at most 15, so AVX2's i16 pairs
+/// cannot overflow.
+struct Q4_0<L>(PhantomData<L>);
+impl<L: Lanes> Format for Q4_0<L> {
     const BYTES: usize = Q4_0_BYTES;
     #[inline(always)]
     unsafe fn unpack(b: *const u8) -> __m256i {
@@ -738,39 +909,29 @@ impl Format for Q4_0Avx2 {
     }
     #[inline(always)]
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
-        _mm256_add_epi32(udot(wv, xq), lane0_i32(x.neg128_sum >> 4))
+        L::dot4(lane0_i32(x.neg128_sum >> 4), wv, xq)
     }
 }
-struct Q4_0Vnni;
-impl Format for Q4_0Vnni {
-    const BYTES: usize = Q4_0_BYTES;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        nibbles(b.add(2))
-    }
-    #[inline(always)]
-    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
-        _mm256_dpbusd_epi32(lane0_i32(x.neg128_sum >> 4), wv, xq)
-    }
-}
-impl Grouped for Q4_0Vnni {
+impl<L: Lanes> Grouped for Q4_0<L> {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
         Eight {
             w: nibbles8(words_by_lane(b.add(2), Q4_0_BYTES)),
-            d: low_f16s(heads(b, Q4_0_BYTES)),
+            d: L::low_f16s(heads(b, Q4_0_BYTES)),
             m: None,
         }
     }
     #[inline(always)]
-    unsafe fn init8(x: &Q8Group) -> __m256i {
-        _mm256_srai_epi32::<4>(_mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i))
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        let init =
+            _mm256_srai_epi32::<4>(_mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i));
+        L::dot8(init, &e.w, x)
     }
 }
 
-// Q4_1: (d q + m) · x = d (q · x) + m sum(x), with s = d_x sum(q).
-struct Q4_1Avx2;
-impl Format for Q4_1Avx2 {
+/// Q4_1: (d q + m) · x = d (q · x) + m sum(x), with s = d_x sum(q).
+struct Q4_1<L>(PhantomData<L>);
+impl<L: Lanes> Format for Q4_1<L> {
     const BYTES: usize = Q4_1_BYTES;
     #[inline(always)]
     unsafe fn unpack(b: *const u8) -> __m256i {
@@ -778,41 +939,25 @@ impl Format for Q4_1Avx2 {
     }
     #[inline(always)]
     unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
-        udot(wv, xq)
+        L::dot4(_mm256_setzero_si256(), wv, xq)
     }
     #[inline(always)]
     unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)> {
         Some((f16x8_at(b.add(2)), lane0_f32(x.s)))
     }
 }
-struct Q4_1Vnni;
-impl Format for Q4_1Vnni {
-    const BYTES: usize = Q4_1_BYTES;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        nibbles(b.add(4))
-    }
-    #[inline(always)]
-    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xq)
-    }
-    #[inline(always)]
-    unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)> {
-        Some((f16x8_at(b.add(2)), lane0_f32(x.s)))
-    }
-}
-impl Grouped for Q4_1Vnni {
+impl<L: Lanes> Grouped for Q4_1<L> {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
         let h = heads(b, Q4_1_BYTES);
         Eight {
             w: nibbles8(words_by_lane(b.add(4), Q4_1_BYTES)),
-            d: low_f16s(h),
-            m: Some(low_f16s(_mm256_srli_epi32::<16>(h))),
+            d: L::low_f16s(h),
+            m: Some(L::low_f16s(_mm256_srli_epi32::<16>(h))),
         }
     }
     #[inline(always)]
-    unsafe fn init8(_x: &Q8Group) -> __m256i {
-        _mm256_setzero_si256()
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        L::dot8(_mm256_setzero_si256(), &e.w, x)
     }
 }

@@ -46,7 +46,7 @@ pub enum ActivationPrecision {
 #[derive(Debug, Default)]
 pub(crate) struct MatScratch {
     q8: Vec<Q8Block>,
-    /// `q8` regrouped eight blocks at a time, for the VNNI kernels.
+    /// `q8` regrouped eight blocks at a time, for the x86 kernels.
     q8g: Vec<Q8Group>,
     q8k: Vec<Q8KBlock>,
     /// Result as `[n_out, t]` before the transpose.
