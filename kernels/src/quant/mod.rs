@@ -139,6 +139,8 @@ pub struct Kernels {
     pub f32: fn(&[f32], &[f32]) -> f32,
     /// Attention over the CPU pool's cached K and V ([`attn`]).
     pub attend: attn::AttendFn,
+    /// [`quantize_q8_into`] compiled for this instruction set (the same bits).
+    pub quantize_q8: fn(&[f32], &mut [Q8Block]),
 }
 
 impl Kernels {
@@ -182,6 +184,7 @@ impl Kernels {
             bf16: reference::dot_bf16,
             f32: reference::dot_f32,
             attend: attn::attend_baseline,
+            quantize_q8: quantize_q8_into,
         };
         if !Isa::available().contains(&isa) {
             return scalar;

@@ -358,6 +358,32 @@ fn the_largest_products_do_not_overflow_any_tier() {
 }
 
 #[test]
+fn every_instruction_set_quantizes_to_the_same_bits() {
+    let mut rng = Rng(71);
+    let mut x = random_acts(32 * 40, &mut rng);
+    // Blocks of zeros, of a NaN among values, of an infinity, of a tie.
+    x[32..64].fill(0.0);
+    x[70] = f32::NAN;
+    x[100] = f32::INFINITY;
+    x[130] = -f32::INFINITY;
+    x[160..192].copy_from_slice(&[0.5f32, -0.5, 127.0, -1.0].repeat(8));
+    let mut want = vec![Q8Block::default(); 40];
+    quantize_q8_into(&x, &mut want);
+    for isa in Isa::available() {
+        let mut got = vec![Q8Block::default(); 40];
+        (Kernels::for_isa(isa).quantize_q8)(&x, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                (g.d.to_bits(), g.s.to_bits(), g.q, g.neg128_sum),
+                (w.d.to_bits(), w.s.to_bits(), w.q, w.neg128_sum),
+                "block {i} {}",
+                isa.name()
+            );
+        }
+    }
+}
+
+#[test]
 fn groups_hold_each_block_in_its_own_lane() {
     let mut rng = Rng(53);
     let mut blocks = Vec::new();

@@ -63,6 +63,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
         attend: |t, s, o| unsafe { attend_avx2(t, s, o) },
+        quantize_q8: |x, out| unsafe { quantize_q8_avx2(x, out) },
     };
     match isa {
         Isa::Scalar | Isa::Neon => scalar,
@@ -87,6 +88,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
             attend: |t, s, o| unsafe { attend_avx512(t, s, o) },
+            quantize_q8: |x, out| unsafe { quantize_q8_avx512(x, out) },
             ..avx2
         },
     }
@@ -369,6 +371,18 @@ unsafe fn attend_avx2(t: &super::attn::AttnTask<'_>, s: &mut Vec<f32>, o: &mut [
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 unsafe fn attend_avx512(t: &super::attn::AttnTask<'_>, s: &mut Vec<f32>, o: &mut [f32]) {
     super::attn::attend(t, s, o)
+}
+
+/// [`super::acts::quantize_q8_into`] in AVX2 vectors.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_q8_avx2(x: &[f32], out: &mut [Q8Block]) {
+    super::acts::quantize_q8_body(x, out)
+}
+
+/// [`super::acts::quantize_q8_into`] in AVX-512 vectors.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn quantize_q8_avx512(x: &[f32], out: &mut [Q8Block]) {
+    super::acts::quantize_q8_body(x, out)
 }
 
 #[target_feature(enable = "avx2,fma")]

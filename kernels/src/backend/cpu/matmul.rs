@@ -16,8 +16,7 @@ use tokenwire_gguf::GgmlType;
 
 use super::pool::Pool;
 use crate::quant::{
-    act_format, group_q8, quantize_q8_into, quantize_q8k_into, ActFormat, Kernels, Q8Block,
-    Q8Group, Q8KBlock, Q8Row,
+    act_format, group_q8, quantize_q8k_into, ActFormat, Kernels, Q8Block, Q8Group, Q8KBlock, Q8Row,
 };
 use crate::tensor::WeightMatrix;
 
@@ -98,7 +97,7 @@ pub(crate) fn matmul(
                 let per = n_in / 32;
                 s.q8.resize(t * per, Q8Block::default());
                 pool.for_each_chunk(&mut s.q8, token_chunk * per, |ci, out| {
-                    quantize_q8_into(&x[ci * token_chunk * n_in..], out)
+                    (k.quantize_q8)(&x[ci * token_chunk * n_in..], out)
                 });
                 // Only kernels with a lane per block read groups; the rest
                 // skip the copy.
