@@ -259,13 +259,17 @@ fn every_x86_tier_gives_the_same_bits() {
                     (k.isa, got.map(|r| r.map(f32::to_bits)))
                 })
                 .collect();
+            // Off x86 (NEON under qemu in CI) there are no tiers to compare.
+            let Some((first, want)) = results.first() else {
+                continue;
+            };
             for (isa, bits) in &results[1..] {
                 assert_eq!(
                     bits,
-                    &results[0].1,
+                    want,
                     "{dtype} n={n}: {} against {}",
                     isa.name(),
-                    results[0].0.name()
+                    first.name()
                 );
             }
         }

@@ -547,6 +547,10 @@ struct Eight {
     w: [__m256i; 8],
     d: __m256,
     m: Option<__m256>,
+    /// For Q8_0 on AVX2: the signed weights, whose signs move onto the
+    /// activations (`w` then holds their magnitudes, taken once for all the
+    /// tile's tokens).
+    signs: Option<[__m256i; 8]>,
 }
 
 /// One block: the weights `wv` of the block at `b` against `x`, into `acc`.
@@ -859,18 +863,26 @@ impl Format for Q8_0Signed {
 impl Grouped for Q8_0Signed {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
+        let signs = q8_words8(b);
+        let mut w = signs;
+        for v in &mut w {
+            *v = _mm256_sign_epi8(*v, *v);
+        }
         Eight {
-            w: q8_words8(b),
+            w,
             d: Avx2Lanes::low_f16s(heads(b, Q8_0_BYTES)),
             m: None,
+            signs: Some(signs),
         }
     }
     #[inline(always)]
     unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        // Always set by `weights8` above.
+        let signs = e.signs.unwrap_or(e.w);
         let mut p = _mm256_setzero_si256();
-        for (w, xq) in e.w.iter().zip(&x.q) {
+        for ((w, s), xq) in e.w.iter().zip(&signs).zip(&x.q) {
             let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
-            p = _mm256_add_epi32(p, signed_udot(*w, xq));
+            p = _mm256_add_epi32(p, udot(*w, _mm256_sign_epi8(xq, *s)));
         }
         p
     }
@@ -902,6 +914,7 @@ impl<L: Lanes> Grouped for Q8_0Offset<L> {
             w,
             d: L::low_f16s(heads(b, Q8_0_BYTES)),
             m: None,
+            signs: None,
         }
     }
     #[inline(always)]
@@ -933,6 +946,7 @@ impl<L: Lanes> Grouped for Q4_0<L> {
             w: nibbles8(words_by_lane(b.add(2), Q4_0_BYTES)),
             d: L::low_f16s(heads(b, Q4_0_BYTES)),
             m: None,
+            signs: None,
         }
     }
     #[inline(always)]
@@ -968,6 +982,7 @@ impl<L: Lanes> Grouped for Q4_1<L> {
             w: nibbles8(words_by_lane(b.add(4), Q4_1_BYTES)),
             d: L::low_f16s(h),
             m: Some(L::low_f16s(_mm256_srli_epi32::<16>(h))),
+            signs: None,
         }
     }
     #[inline(always)]
