@@ -1,6 +1,8 @@
 //! `y = x Wᵀ (+ b)` for a step's `t` token rows against one weight matrix
 //! in its own dtype: the activations are prepared once (quantized to 8-bit
-//! blocks for quantized weights, unless f32 math was asked for), then the
+//! blocks for quantized weights, unless f32 math was asked for, and kept for
+//! the next product when the caller says it reads the same input, as k and v
+//! read q's and up reads gate's: [`Input::Same`]), then the
 //! matrix's rows are split across the thread pool and each row is read once
 //! for all `t` tokens of the step.
 //!
@@ -41,6 +43,17 @@ pub enum ActivationPrecision {
     F32,
 }
 
+/// Whether a product's activations are the previous product's again (the
+/// same values, with the same scratch), so their quantized blocks can be
+/// reused: q, k and v read one input, and so do gate and up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// Activations not seen by the previous product.
+    New,
+    /// Exactly the previous product's activations.
+    Same,
+}
+
 /// Buffers of one product, reused from call to call.
 #[derive(Debug, Default)]
 pub(crate) struct MatScratch {
@@ -48,6 +61,10 @@ pub(crate) struct MatScratch {
     /// `q8` regrouped eight blocks at a time, for the x86 kernels.
     q8g: Vec<Q8Group>,
     q8k: Vec<Q8KBlock>,
+    /// The `(t, n_in)` of the activations `q8` and `q8g` hold, if current.
+    q8_for: Option<(usize, usize)>,
+    /// The same for `q8k`.
+    q8k_for: Option<(usize, usize)>,
     /// Result as `[n_out, t]` before the transpose.
     cols: Vec<f32>,
 }
@@ -61,7 +78,9 @@ enum Acts<'a> {
 }
 
 /// Computes `y[tt, o] = W[o] · x[tt] + b[o]` for the `t` rows of `x`
-/// (`[t, in]`); `y` becomes `[t, out]`.
+/// (`[t, in]`); `y` becomes `[t, out]`. With [`Input::Same`] the caller
+/// promises `x` is what the previous call with `s` was given, and its
+/// quantized blocks are reused when that call made the ones this one needs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     pool: &Pool,
@@ -73,7 +92,12 @@ pub(crate) fn matmul(
     b: Option<&[f32]>,
     y: &mut Vec<f32>,
     s: &mut MatScratch,
+    input: Input,
 ) {
+    if input == Input::New {
+        s.q8_for = None;
+        s.q8k_for = None;
+    }
     let (n_out, n_in) = (w.rows(), w.cols());
     y.resize(t * n_out, 0.0);
     if t == 0 || n_out == 0 {
@@ -95,15 +119,19 @@ pub(crate) fn matmul(
             ActFormat::F32 => Acts::F32(x),
             ActFormat::Q8 => {
                 let per = n_in / 32;
-                s.q8.resize(t * per, Q8Block::default());
-                pool.for_each_chunk(&mut s.q8, token_chunk * per, |ci, out| {
-                    (k.quantize_q8)(&x[ci * token_chunk * n_in..], out)
-                });
                 // Only kernels with a lane per block read groups; the rest
                 // skip the copy.
                 let per_g = if k.q8_groups { per / 8 } else { 0 };
-                s.q8g.resize(t * per_g, Q8Group::default());
-                if per_g > 0 {
+                let held = s.q8_for == Some((t, n_in));
+                s.q8_for = Some((t, n_in));
+                if !held {
+                    s.q8.resize(t * per, Q8Block::default());
+                    pool.for_each_chunk(&mut s.q8, token_chunk * per, |ci, out| {
+                        (k.quantize_q8)(&x[ci * token_chunk * n_in..], out)
+                    });
+                    s.q8g.resize(t * per_g, Q8Group::default());
+                }
+                if per_g > 0 && !held {
                     let blocks = &s.q8;
                     pool.for_each_chunk(&mut s.q8g, token_chunk * per_g, |ci, out| {
                         let first = ci * token_chunk;
@@ -122,10 +150,13 @@ pub(crate) fn matmul(
             }
             ActFormat::Q8K => {
                 let per = n_in / 256;
-                s.q8k.resize(t * per, Q8KBlock::default());
-                pool.for_each_chunk(&mut s.q8k, token_chunk * per, |ci, out| {
-                    quantize_q8k_into(&x[ci * token_chunk * n_in..], out)
-                });
+                if s.q8k_for != Some((t, n_in)) {
+                    s.q8k.resize(t * per, Q8KBlock::default());
+                    pool.for_each_chunk(&mut s.q8k, token_chunk * per, |ci, out| {
+                        quantize_q8k_into(&x[ci * token_chunk * n_in..], out)
+                    });
+                    s.q8k_for = Some((t, n_in));
+                }
                 Acts::Q8K(&s.q8k)
             }
         }
@@ -327,5 +358,62 @@ fn row_dots(
                 *v = f(row, ar) + bias;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matrix of random blocks whose f16 scales (and minimums) are small.
+    fn matrix(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> WeightMatrix {
+        let len = rows * dtype.row_bytes(cols as u64).expect("whole blocks") as usize;
+        let mut state = seed | 1;
+        let mut bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        let scale = half::f16::from_f32(0.01).to_le_bytes();
+        for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
+            block[..2].copy_from_slice(&scale);
+            if dtype != GgmlType::Q8_0 {
+                block[2..4].copy_from_slice(&scale);
+            }
+        }
+        WeightMatrix::from_bytes(dtype, rows, cols, bytes).expect("matrix")
+    }
+
+    #[test]
+    fn reused_activations_give_a_fresh_products_bits_and_new_ones_are_requantized() {
+        let pool = Pool::new(2);
+        let k = Kernels::detect();
+        let (t, n_in) = (5, 512);
+        let x1: Vec<f32> = (0..t * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
+        let x2: Vec<f32> = (0..t * n_in).map(|i| (i as f32 * 0.11).cos()).collect();
+        let q8 = matrix(GgmlType::Q8_0, 12, n_in, 1);
+        let q4 = matrix(GgmlType::Q4_1, 12, n_in, 2);
+        let q4k = matrix(GgmlType::Q4_K, 12, n_in, 3);
+        let int8 = ActivationPrecision::Int8;
+        let product = |x: &[f32], w: &WeightMatrix, s: &mut MatScratch, input| {
+            let mut y = Vec::new();
+            matmul(&pool, &k, int8, x, t, w, None, &mut y, s, input);
+            y
+        };
+        let fresh =
+            |x: &[f32], w: &WeightMatrix| product(x, w, &mut MatScratch::default(), Input::New);
+        let mut s = MatScratch::default();
+        // x1 into Q8_0, then the same x1 into Q4_1 and Q4_K (another block
+        // format, which must be quantized anyway).
+        assert_eq!(product(&x1, &q8, &mut s, Input::New), fresh(&x1, &q8));
+        assert_eq!(product(&x1, &q4, &mut s, Input::Same), fresh(&x1, &q4));
+        assert_eq!(product(&x1, &q4k, &mut s, Input::Same), fresh(&x1, &q4k));
+        // New activations are quantized again, for both block formats.
+        assert_eq!(product(&x2, &q4, &mut s, Input::New), fresh(&x2, &q4));
+        assert_eq!(product(&x2, &q4k, &mut s, Input::Same), fresh(&x2, &q4k));
+        assert_ne!(fresh(&x1, &q4), fresh(&x2, &q4));
     }
 }
