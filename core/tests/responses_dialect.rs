@@ -478,3 +478,29 @@ fn a_stored_response_is_found_only_by_the_key_that_made_it() {
     h.send(again, json!({"type":"response.retrieve","response_id":id}));
     assert_eq!(last(&h, again)["response"], r, "alice finds her own");
 }
+
+#[test]
+fn input_after_a_function_call_joins_the_calls_turn_only_when_the_assistant_wrote_it() {
+    use tokenwire_core::dialect::responses::codec::{decode_client, ClientEvent};
+    let input = |items: Value| {
+        let text = json!({"type":"response.create","model":"tiny","input":items}).to_string();
+        match decode_client(&text).expect("a valid create") {
+            ClientEvent::Create(c) => c
+                .input
+                .iter()
+                .map(|m| (m.role, m.content.clone()))
+                .collect::<Vec<_>>(),
+            other => panic!("not a create: {other:?}"),
+        }
+    };
+    let call = json!({"type":"function_call","call_id":"c1","name":"f","arguments":"{}"});
+    // The assistant's text after its own call is the same turn.
+    let same_turn = input(json!([call, {"role":"assistant","content":"then"}]));
+    assert_eq!(same_turn.len(), 1, "{same_turn:?}");
+    assert_eq!(same_turn[0].0, Role::Assistant);
+    assert!(same_turn[0].1.ends_with("then"), "{same_turn:?}");
+    // A user message after the call is the user's own.
+    let next = input(json!([call, {"role":"user","content":"next"}]));
+    assert_eq!(next.len(), 2, "{next:?}");
+    assert_eq!(next[1], (Role::User, "next".to_string()));
+}

@@ -371,3 +371,30 @@ fn error_codes_are_their_wire_spelling() {
         );
     }
 }
+
+#[test]
+fn a_job_id_is_a_non_empty_string_or_an_integer() {
+    let start = |job_id: Value| {
+        codec::decode_value(&json!({
+            "type": "session_init",
+            "session_id": "s1",
+            "job_id": job_id,
+            "conversation_context": [],
+        }))
+    };
+    let job = |m: ClientMessage| match m {
+        ClientMessage::SessionInit(s) => s.job_id,
+        other => panic!("not a session_init: {other:?}"),
+    };
+    assert_eq!(job(start(json!("j-1")).expect("a string")), "j-1");
+    assert_eq!(job(start(json!(7)).expect("an integer")), "7");
+    assert_eq!(job(start(json!(-3)).expect("a negative integer")), "-3");
+    for bad in [json!(1.5), json!(""), json!(true), json!(null), json!([1])] {
+        let err = start(bad.clone()).expect_err("refused");
+        assert!(
+            err.message.contains("job_id"),
+            "{bad}: the error names the field: {}",
+            err.message
+        );
+    }
+}
