@@ -368,3 +368,37 @@ fn a_failed_step_drops_the_copies_into_a_fork_that_went_outside_it() {
     ok(&s);
     assert_eq!(s.stats().blocks_used, 0, "the copy's source is not held");
 }
+
+#[test]
+fn idle_forks_sharing_blocks_give_them_all_up_to_the_head_of_the_queue() {
+    // Two paused sequences share their full blocks. The head of the queue
+    // needs more than the free blocks plus those either holds alone, but no
+    // more than all they hold: evicting both must make room, or the engine
+    // sits idle while it waits (the simulator's seed 961 found that).
+    let mut s = sched(16);
+    let mut kv = Kv::default();
+    let a = prefilled(&mut s, &mut kv, 63);
+    let b = SeqId(2);
+    assert!(s.fork(a, b));
+    let plan = s.schedule().expect("the fork's copy and both decodes");
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 9));
+    ok(&s);
+    s.set_runnable(a, false);
+    s.set_runnable(b, false);
+    let shared = s.block_table(a).expect("a")[..3].to_vec();
+    assert_eq!(&s.block_table(b).expect("b")[..3], shared.as_slice());
+    let c = SeqId(3);
+    // One block more than the free ones and those held alone, and so
+    // within the pool once the shared ones come free too (blocks for
+    // every prompt token and the next one's position).
+    let need = 16 - shared.len() as u32 + 1;
+    let prompt: Vec<TokenId> = (0..need * BS - 1).map(|t| 500 + t).collect();
+    s.add(c, prompt, need * BS, SamplingParams::greedy(), None)
+        .expect("fits the pool");
+    let plan = s
+        .schedule()
+        .expect("the head runs once the idle forks give way");
+    assert!(plan.seqs.iter().any(|p| p.seq == c), "{plan:?}");
+    ok(&s);
+}

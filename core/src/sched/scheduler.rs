@@ -1141,18 +1141,23 @@ impl Scheduler {
         if self.alloc.available() >= n {
             return true;
         }
-        let reclaimable: u32 = self
-            .running
+        // A block comes free once every sequence holding it is evicted: count
+        // those that idle sequences alone hold, shared among them or not (a
+        // fork's or a continuation's shared prefix counted only one holder's,
+        // and the head of the queue then waited for blocks it could have had,
+        // with the engine idle).
+        let mut idle_holders: BTreeMap<BlockId, u32> = BTreeMap::new();
+        for s in self.running.iter().filter_map(|id| self.seqs.get(id)) {
+            if !s.runnable {
+                for &b in &s.blocks {
+                    *idle_holders.entry(b).or_default() += 1;
+                }
+            }
+        }
+        let reclaimable = idle_holders
             .iter()
-            .filter_map(|id| self.seqs.get(id))
-            .filter(|s| !s.runnable)
-            .map(|s| {
-                s.blocks
-                    .iter()
-                    .filter(|&&b| self.alloc.refcount(b) == 1)
-                    .count() as u32
-            })
-            .sum();
+            .filter(|&(&b, &n)| self.alloc.refcount(b) == n)
+            .count() as u32;
         if self.alloc.available() + reclaimable < n {
             return false;
         }
