@@ -7,7 +7,9 @@
 //! not, keeps each reply in its history, ends sessions and starts new ones.
 //! It also sends messages batched in arrays and in the envelope form,
 //! malformed and hostile messages (unknown sessions, wrong indexes, another
-//! session's id, a wrong model, prompts while a reply streams), hangs up
+//! session's id, a wrong model, a `public_key` that is not a key, prompts
+//! while a reply streams), signs the prompts of some conversations (now and
+//! then wrongly, or not at all), hangs up
 //! early, and after a broken connection (a host crash, a hang-up, a server
 //! close) reconnects and resumes every session with the history it holds:
 //! the dialect's recovery. The first message of every conversation is a
@@ -62,6 +64,9 @@ struct Conversation {
     /// otherwise (after a context too long for the window was dropped)
     /// every user message starts with the tag.
     tag_message: bool,
+    /// The secret of its signing key, when it signs its prompts (its
+    /// starts then carry the `public_key`).
+    key: Option<[u8; 32]>,
 }
 
 impl Conversation {
@@ -114,6 +119,14 @@ impl SessionClient {
     }
 
     fn new_conversation(&mut self, cx: &ClientCx<'_>) {
+        // A high-value conversation: its prompts are signed.
+        let key = chance(&mut self.rng, 0.25).then(|| {
+            let mut secret = [0u8; 32];
+            for b in &mut secret {
+                *b = self.rng.below(256) as u8;
+            }
+            secret
+        });
         self.next_sid += 1;
         let sid = format!("s{}-{}", self.id, self.next_sid);
         let job = self.new_job();
@@ -152,6 +165,7 @@ impl SessionClient {
             since: cx.now,
             expected_errors: 0,
             tag_message: true,
+            key,
         });
     }
 
@@ -169,7 +183,10 @@ impl SessionClient {
             },
             conversation_context: c.history.clone(),
             model: None,
-            public_key: None,
+            public_key: c
+                .key
+                .and_then(|k| signing_key(&k))
+                .map(|k| public_key_hex(&k)),
             last_message_index: (c.history.len() as u64)
                 .checked_sub(1)
                 .filter(|_| c.started),
@@ -235,13 +252,26 @@ impl SessionClient {
             };
         }
         c.since = cx.now;
+        let index = c.count();
+        let signature = match c.key.and_then(|k| signing_key(&k)) {
+            None => None,
+            // Mostly signed right; now and then for another index, over
+            // other content, not at all, or with a signature that is not one.
+            Some(k) => match self.rng.below(20) {
+                0 => Some(sign(&k, &c.sid, index + 1, &content)),
+                1 => Some(sign(&k, &c.sid, index, "something else")),
+                2 => None,
+                3 => Some("ab".repeat(64)),
+                _ => Some(sign(&k, &c.sid, index, &content)),
+            },
+        };
         ClientMessage::Prompt(Prompt {
             session_id: c.sid.clone(),
             content,
-            message_index: c.count(),
+            message_index: index,
             stream,
             sampling,
-            signature: None,
+            signature,
         })
     }
 
@@ -351,7 +381,7 @@ impl SessionClient {
             (!live.is_empty()).then(|| live[rng.below(live.len() as u64) as usize])
         };
         let job = json!("job-hostile");
-        let v = match self.rng.below(16) {
+        let v = match self.rng.below(17) {
             0 => return ClientOp::Text(garbage(&mut self.rng)),
             1 => return ClientOp::Binary(1 + self.rng.below(512) as usize),
             2 => return ClientOp::TooLarge,
@@ -372,6 +402,17 @@ impl SessionClient {
                 // Another client's session (maybe live elsewhere): session_exists.
                 let other = self.rng.below(cx.swarm.dialects.len() as u64);
                 json!({"type": "session_init", "session_id": format!("s{other}-1"), "job_id": job})
+            }
+            15 => {
+                // A `public_key` that is not a secp256k1 key.
+                let keys = [
+                    "zz".to_string(),
+                    "02".into(),
+                    "03".repeat(33),
+                    "04".repeat(65),
+                ];
+                let key = keys[self.rng.below(4) as usize].clone();
+                json!({"type": "session_init", "session_id": "k", "job_id": job, "public_key": key})
             }
             13 | 14 => match pick_live(&mut self.rng) {
                 Some(i) => {
@@ -588,4 +629,25 @@ impl SimClient for SessionClient {
         let back = reconnect_after(&mut self.rng, Duration::from_secs(1));
         vec![ClientOp::Wake(back)]
     }
+}
+
+/// The signing key of a secret, if it is one (almost every 32 bytes are).
+fn signing_key(secret: &[u8; 32]) -> Option<k256::ecdsa::SigningKey> {
+    k256::ecdsa::SigningKey::from_slice(secret).ok()
+}
+
+/// The hex of `k`'s public key (SEC1, compressed).
+fn public_key_hex(k: &k256::ecdsa::SigningKey) -> String {
+    hex(&k.verifying_key().to_sec1_bytes())
+}
+
+/// A prompt's signature as PROTOCOLS.md has clients make it.
+fn sign(k: &k256::ecdsa::SigningKey, sid: &str, index: u64, content: &str) -> String {
+    use k256::ecdsa::signature::Signer;
+    let sig: k256::ecdsa::Signature = k.sign(format!("{sid}\n{index}\n{content}").as_bytes());
+    hex(&sig.to_bytes())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

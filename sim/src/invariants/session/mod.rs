@@ -5,8 +5,8 @@
 //! history a session continues from (after a resume on a rebuilt Host too),
 //! chunks against responses, and that nothing of a session outlives its end
 //! or its connection, the session bounds (per connection and per host) and
-//! the bytes of text a session keeps, the reasons of job-budget refusals;
-//! and what a
+//! the bytes of text a session keeps, the reasons of job-budget refusals,
+//! signed prompts (against a reference ECDSA verifier of its own); and what a
 //! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
 //! WebSocket sessions: an HTTP request's one-turn session is judged by what
 //! its client gets.
@@ -19,6 +19,7 @@ pub mod history;
 pub mod http;
 pub mod index;
 pub mod replies;
+pub mod signatures;
 pub mod stream;
 pub mod view;
 pub mod wire;
@@ -37,6 +38,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(bounds::SessionBounds),
         Box::new(bytes::SessionBytes),
         Box::new(budget::SessionBudget),
+        Box::new(signatures::SessionSignatures),
         Box::new(http::SessionHttp::default()),
     ]
 }

@@ -1,7 +1,8 @@
 //! `session_replies`: a `session` connection's messages are answered one at
 //! a time, in order, each with what the contract allows for it, and only
 //! while that connection's frames are being handled. A start's job is
-//! verified only when its model, its `last_message_index` and its session
+//! verified only when its model, its `public_key` (one that parses, or none
+//! unless signatures are required), its `last_message_index` and its session
 //! id allow it (an id the Host holds gets `session_exists`); its
 //! `session_ready` comes only after the verifier accepted the job; a refused
 //! job is `invalid_request`. A prompt for a session the connection does not
@@ -34,12 +35,20 @@ fn start_refusal(cx: &Cx<'_>, view: &View, conn: ConnId, m: &MsgKind) -> Option<
         context,
         last_index,
         model,
+        public_key,
         ..
     } = m
     else {
         return None;
     };
     if wrong_model(cx, model) {
+        return Some("invalid_request");
+    }
+    // A key that is not one, or none where the server requires signatures.
+    let unusable_key = public_key
+        .as_deref()
+        .is_some_and(|k| super::signatures::reference_key(k).is_none());
+    if unusable_key || (public_key.is_none() && cx.config.require_signatures) {
         return Some("invalid_request");
     }
     if let Some(last) = last_index {

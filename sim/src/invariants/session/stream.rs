@@ -87,6 +87,7 @@ mod tests {
         c.session.as_mut().expect("session").live.insert(
             "s".into(),
             Live {
+                key: None,
                 history: vec![],
                 count: 0,
                 turn: Some(Turn {

@@ -78,6 +78,8 @@ pub enum MsgKind {
         last_index: Option<u64>,
         /// The model it named.
         model: Option<String>,
+        /// Its `public_key`, as sent: the session's prompts must be signed.
+        public_key: Option<String>,
     },
     /// `prompt`.
     Prompt {
@@ -91,6 +93,8 @@ pub enum MsgKind {
         content: String,
         /// Its `max_tokens`, when it gave a whole number.
         max_tokens: Option<u64>,
+        /// Its `signature`, as sent.
+        signature: Option<String>,
     },
     /// `session_end`.
     End {
@@ -187,6 +191,9 @@ pub struct Live {
     pub turn: Option<Turn>,
     /// The last `response`'s `message_index`.
     pub last_index: Option<u64>,
+    /// The `public_key` its start gave: its prompts must carry signatures
+    /// that verify for it.
+    pub key: Option<String>,
 }
 
 /// User and assistant messages of a conversation.
@@ -213,6 +220,7 @@ fn kind_of(m: ClientMessage) -> MsgKind {
             context: s.conversation_context,
             last_index: s.last_message_index,
             model: s.model,
+            public_key: s.public_key,
         },
         ClientMessage::Prompt(p) => MsgKind::Prompt {
             max_tokens: p.sampling.get("max_tokens").and_then(|v| v.as_u64()),
@@ -220,6 +228,7 @@ fn kind_of(m: ClientMessage) -> MsgKind {
             index: p.message_index,
             stream: p.stream,
             content: p.content,
+            signature: p.signature,
         },
         ClientMessage::SessionEnd { session_id } => MsgKind::End { sid: session_id },
         ClientMessage::Inference(_) => MsgKind::Other { sid: None },
@@ -470,7 +479,15 @@ impl SessionConnView {
             return;
         };
         match (head.kind, f.kind()) {
-            (MsgKind::Start { sid, context, .. }, "session_ready") => {
+            (
+                MsgKind::Start {
+                    sid,
+                    context,
+                    public_key,
+                    ..
+                },
+                "session_ready",
+            ) => {
                 let count = count_of(&context);
                 self.live.insert(
                     sid,
@@ -479,6 +496,7 @@ impl SessionConnView {
                         count,
                         turn: None,
                         last_index: None,
+                        key: public_key,
                     },
                 );
             }
