@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,12 +57,17 @@ AREAS = {
 
 
 def run(cmd, cwd, env, timeout):
+    """Runs `cmd` in its own process group; past `timeout` the whole group is
+    killed (killing cargo alone left a hung test binary running)."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        return p.returncode, p.stdout
-    except subprocess.TimeoutExpired as e:
-        return "timeout", (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return "timeout", out or ""
 
 
 def main():
