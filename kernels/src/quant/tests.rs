@@ -103,6 +103,12 @@ fn exact(dtype: GgmlType, w: &[u8], x: &[f32]) -> (f64, f64) {
     (dot, mag)
 }
 
+/// How far a kernel's f32 sum may be from the exact one: a few ulps per
+/// term at most, relative to the sum of the terms' magnitudes `mag`.
+fn tolerance(mag: f64) -> f64 {
+    mag * 1e-6 + 1e-6
+}
+
 /// `x` quantized for the 32-block kernels: its blocks and their groups.
 fn q8_acts(x: &[f32]) -> (Vec<Q8Block>, Vec<Q8Group>) {
     let mut blocks = Vec::new();
@@ -172,9 +178,7 @@ fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
                 let (want, mag) = exact(dtype, &w, &x);
                 for &isa in &isas {
                     let got = run(&Kernels::for_isa(isa), dtype, &w, &x) as f64;
-                    // f32 accumulation of `n` terms: relative to the sum of
-                    // magnitudes, a few ulps per term at most.
-                    let tol = mag * 1e-6 + 1e-6;
+                    let tol = tolerance(mag);
                     assert!(
                         (got - want).abs() <= tol,
                         "{dtype} n={n} {}: got {got}, want {want} (tolerance {tol})",
@@ -309,7 +313,7 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
                 -5i8 as u8
             });
             let (moved, _) = exact(dtype, &planted, &x);
-            let tol = mag * 1e-6 + 1e-6;
+            let tol = tolerance(mag);
             assert!(
                 (moved - want).abs() > 100.0 * tol,
                 "{dtype} block {block}: the planted change is within tolerance"
@@ -352,7 +356,7 @@ fn the_largest_products_do_not_overflow_any_tier() {
             for isa in Isa::available() {
                 let got = run(&Kernels::for_isa(isa), dtype, &w, &x) as f64;
                 assert!(
-                    (got - want).abs() <= mag * 1e-6 + 1e-6,
+                    (got - want).abs() <= tolerance(mag),
                     "{dtype} bytes {fill:#x} x {sign} {}: got {got}, want {want}",
                     isa.name()
                 );
@@ -437,7 +441,7 @@ fn kernels_without_groups_read_the_blocks_alone() {
                 },
             ) as f64;
             assert!(
-                (got - want).abs() <= mag * 1e-6 + 1e-6,
+                (got - want).abs() <= tolerance(mag),
                 "{dtype} {}: got {got}, want {want}",
                 isa.name()
             );
