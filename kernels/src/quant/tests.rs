@@ -109,6 +109,19 @@ fn tolerance(mag: f64) -> f64 {
     mag * 1e-6 + 1e-6
 }
 
+/// Asserts that every instruction set's kernel for `dtype` gives `want`
+/// within `tol` for `w · x`; `what` names the case in a failure.
+fn assert_every_isa_gives(dtype: GgmlType, w: &[u8], x: &[f32], want: f64, tol: f64, what: &str) {
+    for isa in Isa::available() {
+        let got = run(&Kernels::for_isa(isa), dtype, w, x) as f64;
+        assert!(
+            (got - want).abs() <= tol,
+            "{dtype} {what} {}: got {got}, want {want} (tolerance {tol})",
+            isa.name()
+        );
+    }
+}
+
 /// `x` quantized for the 32-block kernels: its blocks and their groups.
 fn q8_acts(x: &[f32]) -> (Vec<Q8Block>, Vec<Q8Group>) {
     let mut blocks = Vec::new();
@@ -162,7 +175,6 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
 #[test]
 fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let isas = Isa::available();
     for dtype in GgmlType::ALL {
         // Lengths with a tail for the float kernels' 32-wide loops.
         let lens: &[usize] = match dtype.block_len() {
@@ -176,15 +188,7 @@ fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
                 let w = random_row(dtype, n, &mut rng);
                 let x = random_acts(n, &mut rng);
                 let (want, mag) = exact(dtype, &w, &x);
-                for &isa in &isas {
-                    let got = run(&Kernels::for_isa(isa), dtype, &w, &x) as f64;
-                    let tol = tolerance(mag);
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "{dtype} n={n} {}: got {got}, want {want} (tolerance {tol})",
-                        isa.name()
-                    );
-                }
+                assert_every_isa_gives(dtype, &w, &x, want, tolerance(mag), &format!("n={n}"));
             }
         }
     }
@@ -318,14 +322,7 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
                 (moved - want).abs() > 100.0 * tol,
                 "{dtype} block {block}: the planted change is within tolerance"
             );
-            for isa in Isa::available() {
-                let got = run(&Kernels::for_isa(isa), dtype, &planted, &x) as f64;
-                assert!(
-                    (got - moved).abs() <= tol,
-                    "{dtype} block {block} {}: got {got}, want {moved}",
-                    isa.name()
-                );
-            }
+            assert_every_isa_gives(dtype, &planted, &x, moved, tol, &format!("block {block}"));
         }
     }
 }
@@ -353,14 +350,8 @@ fn the_largest_products_do_not_overflow_any_tier() {
             }
             let x = vec![sign; n];
             let (want, mag) = exact(dtype, &w, &x);
-            for isa in Isa::available() {
-                let got = run(&Kernels::for_isa(isa), dtype, &w, &x) as f64;
-                assert!(
-                    (got - want).abs() <= tolerance(mag),
-                    "{dtype} bytes {fill:#x} x {sign} {}: got {got}, want {want}",
-                    isa.name()
-                );
-            }
+            let what = format!("bytes {fill:#x} x {sign}");
+            assert_every_isa_gives(dtype, &w, &x, want, tolerance(mag), &what);
         }
     }
 }
