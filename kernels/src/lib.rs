@@ -8,7 +8,9 @@
 //! [`Engine::builtin`], [`builtin`]) and from GGUF files ([`Model::load_gguf`]: configuration
 //! ([`gguf_config`]), weights ([`gguf_weights`]), tokenizer and chat template
 //! ([`gguf_tokenizer`]) from the file), every matrix kept in its file's dtype
-//! and memory-mapped ([`tensor::WeightMatrix`]), ggml's quantized block
+//! and memory-mapped ([`tensor::WeightMatrix`]; on x86 the CPU backend keeps
+//! an owned copy of the Q8_0/Q4_0/Q4_1 matrices with each eight blocks
+//! interleaved for its kernels, [`quant::lanes`]), ggml's quantized block
 //! formats and their 8-bit-activation dot products in scalar, AVX2, AVX-VNNI,
 //! AVX-512 VNNI and NEON code chosen at run time ([`quant`]), the tokenizer and chat
 //! template ([`HfCodec`]; SentencePiece and byte-level decoders decode from a

@@ -6,6 +6,7 @@ use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::gguf::GgufFile;
 use crate::model_dir::ModelDir;
+use crate::quant::RowLayout;
 use crate::tensor::{map_file, WeightMatrix};
 use crate::weights::{Linear, Weights};
 
@@ -130,5 +131,14 @@ impl Model {
     /// The weights.
     pub fn weights(&self) -> &Weights {
         &self.weights
+    }
+
+    /// This model with its matrices' rows in `layout` (see
+    /// [`Weights::laid_out`]).
+    pub fn laid_out(&self, layout: RowLayout) -> Model {
+        Model {
+            config: self.config.clone(),
+            weights: self.weights.laid_out(layout),
+        }
     }
 }

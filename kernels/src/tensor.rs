@@ -3,13 +3,17 @@
 //! into the binary.
 //! The loaders fill [`WeightMatrix`]es; the backends dispatch on
 //! [`WeightMatrix::dtype`] and read rows of raw blocks. No f32 copy of a
-//! half-precision or quantized matrix is ever made.
+//! half-precision or quantized matrix is ever made. The CPU backend keeps
+//! its own copy of the 32-block matrices in the layout its kernels read
+//! ([`WeightMatrix::laid_out`], [`RowLayout`]); every other reader sees the
+//! file's layout.
 
 use std::sync::Arc;
 
 use tokenwire_gguf::GgmlType;
 
 use crate::quant::blocks::dequantize_row;
+use crate::quant::lanes::{self, RowLayout};
 
 /// Read-only bytes shared by every matrix that lives in them: a mapped
 /// file, or a file built into the binary.
@@ -35,8 +39,9 @@ impl std::ops::Deref for SharedMap {
 enum Storage {
     /// f32 values owned (4-byte aligned, so they can be read as `&[f32]`).
     F32(Vec<f32>),
-    /// Any other dtype's bytes, owned.
-    Bytes(Vec<u8>),
+    /// Any other dtype's bytes, owned (shared by clones: a model's copy for
+    /// one backend is not copied again).
+    Bytes(Arc<Vec<u8>>),
     /// `len` bytes at `start` of a mapped file.
     Mapped {
         map: SharedMap,
@@ -52,6 +57,7 @@ pub struct WeightMatrix {
     dtype: GgmlType,
     rows: usize,
     cols: usize,
+    layout: RowLayout,
     storage: Storage,
 }
 
@@ -74,6 +80,7 @@ impl PartialEq for WeightMatrix {
         self.dtype == other.dtype
             && self.rows == other.rows
             && self.cols == other.cols
+            && self.layout == other.layout
             && self.bytes() == other.bytes()
     }
 }
@@ -104,6 +111,7 @@ impl WeightMatrix {
             dtype: GgmlType::F32,
             rows,
             cols,
+            layout: RowLayout::File,
             storage: Storage::F32(values),
         })
     }
@@ -133,7 +141,8 @@ impl WeightMatrix {
             dtype,
             rows,
             cols,
-            storage: Storage::Bytes(bytes),
+            layout: RowLayout::File,
+            storage: Storage::Bytes(Arc::new(bytes)),
         })
     }
 
@@ -165,6 +174,7 @@ impl WeightMatrix {
             dtype,
             rows,
             cols,
+            layout: RowLayout::File,
             storage: Storage::Mapped {
                 map: map.clone(),
                 start,
@@ -188,12 +198,56 @@ impl WeightMatrix {
         self.cols
     }
 
+    /// How the rows' blocks are laid out: the file's layout unless this is
+    /// a [`WeightMatrix::laid_out`] copy of a dtype with another layout.
+    pub fn layout(&self) -> RowLayout {
+        self.layout
+    }
+
+    /// Whether kernels that read rows in `layout` can read this matrix's
+    /// (dtypes without an interleaved form read the same in every layout).
+    pub fn reads_as(&self, layout: RowLayout) -> bool {
+        self.layout == layout
+            || !(lanes::changes(self.dtype, self.layout) || lanes::changes(self.dtype, layout))
+    }
+
+    /// This matrix with its rows in `layout`: itself (a cheap clone) where
+    /// that changes nothing for its dtype, else an owned copy, row by row.
+    pub fn laid_out(&self, layout: RowLayout) -> WeightMatrix {
+        let from = self.layout;
+        if self.reads_as(layout) {
+            return self.clone();
+        }
+        let to = layout;
+        let n = self.row_len_bytes();
+        let mut bytes = vec![0u8; self.bytes().len()];
+        let mut file = vec![0u8; n];
+        for (src, dst) in self.bytes().chunks_exact(n).zip(bytes.chunks_exact_mut(n)) {
+            // Through the file's layout, so any layout reaches any other.
+            match from {
+                RowLayout::File => file.copy_from_slice(src),
+                RowLayout::Lanes8 => lanes::deinterleave_row(self.dtype, src, &mut file),
+            }
+            match to {
+                RowLayout::File => dst.copy_from_slice(&file),
+                RowLayout::Lanes8 => lanes::interleave_row(self.dtype, &file, dst),
+            }
+        }
+        WeightMatrix {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            layout,
+            storage: Storage::Bytes(Arc::new(bytes)),
+        }
+    }
+
     /// Whether the bytes are a range of a mapped file rather than owned.
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped { .. })
     }
 
-    /// All bytes, row after row.
+    /// All bytes, row after row, in [`WeightMatrix::layout`].
     pub fn bytes(&self) -> &[u8] {
         match &self.storage {
             Storage::F32(v) => bytemuck::cast_slice(v),
@@ -208,7 +262,7 @@ impl WeightMatrix {
         (self.cols / self.dtype.block_len()) * self.dtype.block_bytes()
     }
 
-    /// The bytes of row `r`.
+    /// The bytes of row `r`, in [`WeightMatrix::layout`].
     #[inline]
     pub fn row(&self, r: usize) -> &[u8] {
         let n = self.row_len_bytes();
@@ -227,9 +281,29 @@ impl WeightMatrix {
         }
     }
 
-    /// Row `r` widened to f32 into `out` (`cols` values).
+    /// Row `r` widened to f32 into `out` (`cols` values), whatever its
+    /// layout.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        dequantize_row(self.dtype, self.row(r), &mut out[..self.cols]);
+        let (row, out) = (self.row(r), &mut out[..self.cols]);
+        let group =
+            lanes::group_bytes(self.dtype).filter(|_| lanes::changes(self.dtype, self.layout));
+        let Some(group) = group else {
+            return dequantize_row(self.dtype, row, out);
+        };
+        // A group at a time through the file's layout, on the stack: this
+        // runs once per token for the embedding.
+        let values = lanes::GROUP * self.dtype.block_len();
+        let mut file = [0u8; lanes::MAX_GROUP_BYTES];
+        let (groups, tail) = row.split_at(row.len() / group * group);
+        let (out_groups, out_tail) = out.split_at_mut(groups.len() / group * values);
+        for (g, o) in groups
+            .chunks_exact(group)
+            .zip(out_groups.chunks_exact_mut(values))
+        {
+            lanes::deinterleave_row(self.dtype, g, &mut file[..group]);
+            dequantize_row(self.dtype, &file[..group], o);
+        }
+        dequantize_row(self.dtype, tail, out_tail);
     }
 
     /// Every value widened to f32 (for the small vectors: norms, biases).
@@ -313,5 +387,34 @@ mod tests {
         let f = WeightMatrix::from_f32(2, 2, vals.to_vec()).expect("matrix");
         assert_eq!(f.as_f32(), Some(&vals[..]));
         assert_eq!(f.row(1), bytemuck::cast_slice::<f32, u8>(&vals[2..]));
+    }
+
+    #[test]
+    fn a_laid_out_copy_widens_to_the_same_values_and_lays_back() {
+        // Q4_1 rows of 18 blocks: two whole groups and two blocks after them.
+        let (rows, cols) = (3, 18 * 32);
+        let bytes: Vec<u8> = (0..rows * 18 * 20)
+            .map(|i| match i % 20 {
+                // Small finite f16 scales and minimums (0x2c00 = 0.0625).
+                1 | 3 => 0x2c,
+                0 | 2 => (i / 20) as u8,
+                _ => (i * 13 % 256) as u8,
+            })
+            .collect();
+        let file = WeightMatrix::from_bytes(GgmlType::Q4_1, rows, cols, bytes).expect("matrix");
+        let laid = file.laid_out(RowLayout::Lanes8);
+        assert_eq!(laid.layout(), RowLayout::Lanes8);
+        assert_ne!(laid.bytes(), file.bytes());
+        assert_ne!(laid, file);
+        let (mut want, mut got) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            file.dequantize_row(r, &mut want);
+            laid.dequantize_row(r, &mut got);
+            assert_eq!(got, want, "row {r}");
+        }
+        assert_eq!(laid.laid_out(RowLayout::File), file);
+        // Formats without an interleaved form keep their bytes.
+        let f16 = WeightMatrix::from_bytes(GgmlType::F16, 1, 2, vec![0, 60, 0, 64]).unwrap();
+        assert_eq!(f16.laid_out(RowLayout::Lanes8).bytes(), f16.bytes());
     }
 }

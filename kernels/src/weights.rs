@@ -12,6 +12,7 @@ use tokenwire_gguf::GgmlType;
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::model_dir::ModelDir;
+use crate::quant::RowLayout;
 use crate::rope::RopeLayout;
 use crate::tensor::{SharedMap, WeightMatrix};
 
@@ -93,6 +94,38 @@ impl Weights {
         std::iter::once(&self.embed)
             .chain(layers)
             .chain(self.lm_head.as_ref().map(|l| &l.w))
+    }
+
+    /// These weights with every matrix's rows in `layout`
+    /// ([`WeightMatrix::laid_out`]): for a backend whose kernels read
+    /// another layout than the file's.
+    pub fn laid_out(&self, layout: RowLayout) -> Weights {
+        let lin = |l: &Linear| Linear {
+            w: l.w.laid_out(layout),
+            b: l.b.clone(),
+        };
+        Weights {
+            embed: self.embed.laid_out(layout),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerWeights {
+                    input_norm: l.input_norm.clone(),
+                    q: lin(&l.q),
+                    k: lin(&l.k),
+                    v: lin(&l.v),
+                    o: lin(&l.o),
+                    post_norm: l.post_norm.clone(),
+                    gate: lin(&l.gate),
+                    up: lin(&l.up),
+                    down: lin(&l.down),
+                })
+                .collect(),
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.as_ref().map(lin),
+            dtype: self.dtype.clone(),
+            rope: self.rope,
+        }
     }
 }
 

@@ -9,6 +9,9 @@
 //!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
 //!   Q4_K/Q6_K), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
+//! * [`lanes`]: the row layout the x86 kernels read, each whole eight
+//!   blocks interleaved a block per lane ([`RowLayout::Lanes8`]); the CPU
+//!   backend keeps its copy of the weights in it.
 //! * `x86` (x86_64 only): the same dot products in AVX2, AVX-VNNI and
 //!   AVX-512 VNNI, whichever the CPU has; `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
 //!   These are the only `unsafe` of the CPU engine's arithmetic.
@@ -21,12 +24,15 @@ mod arm;
 pub mod attn;
 pub mod blocks;
 pub mod exp;
+pub mod lanes;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 #[cfg(test)]
 mod tests;
+
+pub use lanes::RowLayout;
 
 pub use acts::{
     group_q8, quantize_q8, quantize_q8_into, quantize_q8k, quantize_q8k_into, Q8Block, Q8Group,
@@ -116,9 +122,10 @@ pub struct Kernels {
     pub q4_0: DotQ8,
     /// Q4_1 weights.
     pub q4_1: DotQ8,
-    /// Whether the 32-block kernels read [`Q8Row::groups`] (those with a
-    /// lane per block); the others need only the blocks.
-    pub q8_groups: bool,
+    /// How the 32-block kernels read weight rows: [`RowLayout::Lanes8`]
+    /// for those with a lane per block, which also read [`Q8Row::groups`];
+    /// the others read the file's layout and only the blocks.
+    pub layout: RowLayout,
     /// Q8_0 weights, four rows by four tokens.
     pub q8_0_tile: DotQ8Tile,
     /// Q4_0 weights, four rows by four tokens.
@@ -170,7 +177,7 @@ impl Kernels {
     pub fn for_isa(isa: Isa) -> Kernels {
         let scalar = Kernels {
             isa: Isa::Scalar,
-            q8_groups: false,
+            layout: RowLayout::File,
             q8_0: |w, a| reference::dot_q8_0(w, a.blocks),
             q4_0: |w, a| reference::dot_q4_0(w, a.blocks),
             q4_1: |w, a| reference::dot_q4_1(w, a.blocks),

@@ -131,6 +131,17 @@ fn q8_acts(x: &[f32]) -> (Vec<Q8Block>, Vec<Q8Group>) {
     (blocks, groups)
 }
 
+/// The file-layout row `w` in the layout `k`'s kernels read.
+fn laid(k: &Kernels, dtype: GgmlType, w: &[u8]) -> Vec<u8> {
+    let mut out = vec![0; w.len()];
+    match k.layout {
+        RowLayout::File => out.copy_from_slice(w),
+        RowLayout::Lanes8 => lanes::interleave_row(dtype, w, &mut out),
+    }
+    out
+}
+
+/// `k`'s kernel for `dtype` on the file-layout row `w` and activations `x`.
 fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
     match act_format(dtype) {
         ActFormat::F32 => match dtype {
@@ -152,7 +163,7 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
                 _ => k.q4_1,
             };
             f(
-                w,
+                &laid(k, dtype, w),
                 &Q8Row {
                     blocks: &blocks,
                     groups: &groups,
@@ -206,7 +217,9 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
         ];
         for (dtype, one, tile) in pairs {
             for n in [32, 256, 576, 1536] {
-                let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
+                let rows: Vec<Vec<u8>> = (0..4)
+                    .map(|_| laid(&k, dtype, &random_row(dtype, n, &mut rng)))
+                    .collect();
                 let acts: Vec<(Vec<Q8Block>, Vec<Q8Group>)> =
                     (0..4).map(|_| q8_acts(&random_acts(n, &mut rng))).collect();
                 let row = |j: usize| Q8Row {
@@ -255,6 +268,7 @@ fn every_x86_tier_gives_the_same_bits() {
             let results: Vec<(Isa, [[u32; 4]; 4])> = tiers
                 .iter()
                 .map(|k| {
+                    let rows: Vec<Vec<u8>> = rows.iter().map(|w| laid(k, dtype, w)).collect();
                     let tile = match dtype {
                         GgmlType::Q8_0 => k.q8_0_tile,
                         GgmlType::Q4_0 => k.q4_0_tile,
@@ -410,11 +424,14 @@ fn groups_hold_each_block_in_its_own_lane() {
 
 #[test]
 fn kernels_without_groups_read_the_blocks_alone() {
-    // A row given no groups (as for kernels that take none) is the same dot
-    // product, block by block.
+    // Kernels that read the file's layout (scalar, NEON) need no groups: a
+    // row given none is the same dot product, block by block.
     let mut rng = Rng(59);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
+        if k.layout != RowLayout::File {
+            continue;
+        }
         for (dtype, f) in [
             (GgmlType::Q8_0, k.q8_0),
             (GgmlType::Q4_0, k.q4_0),

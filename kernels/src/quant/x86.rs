@@ -8,6 +8,12 @@
 //! smaller of the weight bytes' and the activations' block counts, so no load
 //! leaves its slice; the unaligned load intrinsics need no alignment.
 //!
+//! Weight rows come in [`RowLayout::Lanes8`] ([`super::lanes`]): a row's
+//! whole eights of blocks interleaved, so a group's scales and each block's
+//! words load straight into their lanes, and the activations' [`Q8Group`]s
+//! cover those eights (the matrix products quantize them from the same
+//! columns); the blocks after the last eight are read as the file has them.
+//!
 //! The three tiers share every 32-block kernel: they differ only in the
 //! instruction that adds four byte products into an i32 lane ([`Lanes`]) and
 //! in how many vector registers a tile may hold. Their integer sums are
@@ -19,7 +25,7 @@ use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
-use super::{Isa, Kernels};
+use super::{Isa, Kernels, RowLayout};
 
 /// AVX2, FMA and F16C, which every AVX2 kernel here uses.
 pub(super) fn has_avx2() -> bool {
@@ -49,7 +55,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
     // `Isa::available`, which is the only precondition of these functions.
     let avx2 = Kernels {
         isa: Isa::Avx2,
-        q8_groups: true,
+        layout: RowLayout::Lanes8,
         q8_0: |w, a| unsafe { one_avx2::<Q8_0Signed>(w, a) },
         q4_0: |w, a| unsafe { one_avx2::<Q4_0<Avx2Lanes>>(w, a) },
         q4_1: |w, a| unsafe { one_avx2::<Q4_1<Avx2Lanes>>(w, a) },
@@ -408,8 +414,8 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// How one instruction set adds byte products into i32 lanes, and widens
-/// f16 bits: the only difference between the three tiers' 32-block kernels.
+/// How one instruction set adds byte products into i32 lanes: the only
+/// difference between the three tiers' 32-block kernels.
 trait Lanes {
     /// `acc` plus, in each i32 lane, the sum of that lane's four products of
     /// `u`'s bytes (unsigned) and `s`'s (signed). Exact on VNNI for any
@@ -428,8 +434,6 @@ trait Lanes {
         }
         p
     }
-    /// The low f16 of each 32-bit lane, widened.
-    unsafe fn low_f16s(v: __m256i) -> __m256;
 }
 
 /// AVX2: `vpmaddubsw` into i16 pairs, `vpmaddwd` into i32 lanes.
@@ -451,17 +455,6 @@ impl Lanes for Avx2Lanes {
         }
         _mm256_add_epi32(init, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
-    #[inline(always)]
-    unsafe fn low_f16s(v: __m256i) -> __m256 {
-        // Bytes 0 and 1 of each lane to the front of its 128-bit half, then
-        // the two halves' first eight bytes side by side.
-        let pick = _mm256_setr_epi8(
-            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, //
-            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-        );
-        let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_shuffle_epi8(v, pick));
-        _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
-    }
 }
 
 /// AVX-VNNI: the VEX-encoded `vpdpbusd`.
@@ -471,23 +464,14 @@ impl Lanes for AvxVnniLanes {
     unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_avx_epi32(acc, u, s)
     }
-    #[inline(always)]
-    unsafe fn low_f16s(v: __m256i) -> __m256 {
-        Avx2Lanes::low_f16s(v)
-    }
 }
 
-/// AVX-512 VNNI: the EVEX-encoded 256-bit `vpdpbusd`, and AVX-512VL's
-/// `vpmovdw` for the f16s.
+/// AVX-512 VNNI: the EVEX-encoded 256-bit `vpdpbusd`.
 struct Avx512Lanes;
 impl Lanes for Avx512Lanes {
     #[inline(always)]
     unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, u, s)
-    }
-    #[inline(always)]
-    unsafe fn low_f16s(v: __m256i) -> __m256 {
-        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
     }
 }
 
@@ -534,9 +518,10 @@ trait Format {
 /// each per block. The per-block float work, not the integer products, was
 /// what bound these kernels.
 trait Grouped: Format {
-    /// Eight blocks from `b`: their weights as bytes with lane `l` holding
-    /// block `l`'s values in the order of [`Q8Group::q`], their scales, and
-    /// their float offsets (Q4_1's minimums).
+    /// The group at `b`, stored as [`super::lanes`] lays it out: its
+    /// weights as bytes with lane `l` holding block `l`'s values in the
+    /// order of [`Q8Group::q`], their scales, and their float offsets (Q4_1's
+    /// minimums). Straight loads, where the file's layout took a transpose.
     unsafe fn weights8(b: *const u8) -> Eight;
     /// Each lane's block's whole integer product with `x`, offsets included.
     unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i;
@@ -778,46 +763,28 @@ unsafe fn signed_udot(wv: __m256i, xq: __m256i) -> __m256i {
     udot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xq, wv))
 }
 
-/// The 16 bytes at `p + l * stride` for `l` in `0..8` as four vectors: lane
-/// `l` of vector `k` is the 4-byte word `k` of the `l`-th (two 4 x 4
-/// transposes of words, one per 128-bit half, after pairing `l` with
-/// `l + 4`). No closures or array `map`s here or in the other helpers the
+/// Eight f16s from `p`, widened: a group's scales or minimums.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// The `N` 32-byte vectors from `p`: a group's quantized bytes, one block
+/// per lane (no array `map` or closure here or in the other helpers the
 /// kernels inline: a closure does not inherit the kernel's target features,
-/// so the intrinsics inside it became calls (decode ran 8x slower).
+/// so the intrinsics inside it became calls and decode ran 8x slower).
 #[inline(always)]
-unsafe fn words_by_lane(p: *const u8, stride: usize) -> [__m256i; 4] {
-    let mut r = [_mm256_setzero_si256(); 4];
-    for (l, r) in r.iter_mut().enumerate() {
-        let lo = _mm_loadu_si128(p.add(l * stride) as *const __m128i);
-        let hi = _mm_loadu_si128(p.add((l + 4) * stride) as *const __m128i);
-        *r = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+unsafe fn vectors<const N: usize>(p: *const u8) -> [__m256i; N] {
+    let mut v = [_mm256_setzero_si256(); N];
+    for (k, v) in v.iter_mut().enumerate() {
+        *v = _mm256_loadu_si256(p.add(32 * k) as *const __m256i);
     }
-    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
-    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
-    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-    [
-        _mm256_unpacklo_epi64(t0, t2),
-        _mm256_unpackhi_epi64(t0, t2),
-        _mm256_unpacklo_epi64(t1, t3),
-        _mm256_unpackhi_epi64(t1, t3),
-    ]
+    v
 }
 
-/// The first four bytes of each of eight blocks of `bytes` from `b`, one
-/// block per lane (every format here starts with its f16 scale, and Q4_1
-/// then its minimum: [`Lanes::low_f16s`] widens the scales). Eight scalar
-/// loads: a `vpgatherdd` here was 12% of a decode step, waiting on the
-/// gather.
-#[inline(always)]
-unsafe fn heads(b: *const u8, bytes: usize) -> __m256i {
-    let at = |l: usize| (b.add(l * bytes) as *const i32).read_unaligned();
-    _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
-}
-
-/// Four words by lane of packed nibbles as eight vectors of values: low
-/// nibbles are a block's values 0..16, high nibbles 16..32, so word `k`
-/// gives vectors `k` and `k + 4` of [`Q8Group::q`]'s order.
+/// Four vectors of packed nibbles, a block per lane, as eight vectors of
+/// values: low nibbles are a block's values 0..16, high nibbles 16..32, so
+/// word `k` gives vectors `k` and `k + 4` of [`Q8Group::q`]'s order.
 #[inline(always)]
 unsafe fn nibbles8(p: [__m256i; 4]) -> [__m256i; 8] {
     let m = _mm256_set1_epi8(0x0F);
@@ -827,14 +794,6 @@ unsafe fn nibbles8(p: [__m256i; 4]) -> [__m256i; 8] {
         out[k + 4] = _mm256_and_si256(_mm256_srli_epi16(*v, 4), m);
     }
     out
-}
-
-/// A Q8_0 group's 32 weights of each block, by lane.
-#[inline(always)]
-unsafe fn q8_words8(b: *const u8) -> [__m256i; 8] {
-    let lo = words_by_lane(b.add(2), Q8_0_BYTES);
-    let hi = words_by_lane(b.add(18), Q8_0_BYTES);
-    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
 }
 
 /// Q8_0 where only AVX2's `vpmaddubsw` multiplies bytes: the weights stay
@@ -863,14 +822,14 @@ impl Format for Q8_0Signed {
 impl Grouped for Q8_0Signed {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
-        let signs = q8_words8(b);
+        let signs = vectors::<8>(b.add(16));
         let mut w = signs;
         for v in &mut w {
             *v = _mm256_sign_epi8(*v, *v);
         }
         Eight {
             w,
-            d: Avx2Lanes::low_f16s(heads(b, Q8_0_BYTES)),
+            d: f16x8(b),
             m: None,
             signs: Some(signs),
         }
@@ -906,13 +865,13 @@ impl<L: Lanes> Format for Q8_0Offset<L> {
 impl<L: Lanes> Grouped for Q8_0Offset<L> {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
-        let mut w = q8_words8(b);
+        let mut w = vectors::<8>(b.add(16));
         for v in &mut w {
             *v = _mm256_xor_si256(*v, _mm256_set1_epi8(-128));
         }
         Eight {
             w,
-            d: L::low_f16s(heads(b, Q8_0_BYTES)),
+            d: f16x8(b),
             m: None,
             signs: None,
         }
@@ -943,8 +902,8 @@ impl<L: Lanes> Grouped for Q4_0<L> {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
         Eight {
-            w: nibbles8(words_by_lane(b.add(2), Q4_0_BYTES)),
-            d: L::low_f16s(heads(b, Q4_0_BYTES)),
+            w: nibbles8(vectors::<4>(b.add(16))),
+            d: f16x8(b),
             m: None,
             signs: None,
         }
@@ -977,11 +936,10 @@ impl<L: Lanes> Format for Q4_1<L> {
 impl<L: Lanes> Grouped for Q4_1<L> {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
-        let h = heads(b, Q4_1_BYTES);
         Eight {
-            w: nibbles8(words_by_lane(b.add(4), Q4_1_BYTES)),
-            d: L::low_f16s(h),
-            m: Some(L::low_f16s(_mm256_srli_epi32::<16>(h))),
+            w: nibbles8(vectors::<4>(b.add(32))),
+            d: f16x8(b),
+            m: Some(f16x8(b.add(16))),
             signs: None,
         }
     }

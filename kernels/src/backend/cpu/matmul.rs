@@ -19,6 +19,7 @@ use tokenwire_gguf::GgmlType;
 use super::pool::Pool;
 use crate::quant::{
     act_format, group_q8, quantize_q8k_into, ActFormat, Kernels, Q8Block, Q8Group, Q8KBlock, Q8Row,
+    RowLayout,
 };
 use crate::tensor::WeightMatrix;
 
@@ -118,10 +119,22 @@ pub(crate) fn matmul(
         match act_format(w.dtype()) {
             ActFormat::F32 => Acts::F32(x),
             ActFormat::Q8 => {
+                // The backend lays its weights out for its kernels; a
+                // matrix in another layout would give wrong sums silently.
+                assert!(
+                    w.reads_as(k.layout),
+                    "a {:?} matrix for {:?} kernels",
+                    w.layout(),
+                    k.layout
+                );
                 let per = n_in / 32;
                 // Only kernels with a lane per block read groups; the rest
                 // skip the copy.
-                let per_g = if k.q8_groups { per / 8 } else { 0 };
+                let per_g = if k.layout == RowLayout::Lanes8 {
+                    per / 8
+                } else {
+                    0
+                };
                 let held = s.q8_for == Some((t, n_in));
                 s.q8_for = Some((t, n_in));
                 if !held {
@@ -394,8 +407,8 @@ mod tests {
         let (t, n_in) = (5, 512);
         let x1: Vec<f32> = (0..t * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
         let x2: Vec<f32> = (0..t * n_in).map(|i| (i as f32 * 0.11).cos()).collect();
-        let q8 = matrix(GgmlType::Q8_0, 12, n_in, 1);
-        let q4 = matrix(GgmlType::Q4_1, 12, n_in, 2);
+        let q8 = matrix(GgmlType::Q8_0, 12, n_in, 1).laid_out(k.layout);
+        let q4 = matrix(GgmlType::Q4_1, 12, n_in, 2).laid_out(k.layout);
         let q4k = matrix(GgmlType::Q4_K, 12, n_in, 3);
         let int8 = ActivationPrecision::Int8;
         let product = |x: &[f32], w: &WeightMatrix, s: &mut MatScratch, input| {

@@ -2,7 +2,9 @@
 //! (f32, f16, bf16, or ggml's quantized blocks), all of a step's tokens pushed
 //! through each weight matrix together (`matmul`), output rows split across
 //! rayon's persistent thread pool, the dot products in the SIMD kernels
-//! chosen for this CPU at start ([`crate::quant::Kernels`]).
+//! chosen for this CPU at start ([`crate::quant::Kernels`]). The backend
+//! keeps its own copy of the 32-block matrices in the row layout those
+//! kernels read ([`crate::quant::lanes`]) when it is not the file's.
 
 mod matmul;
 mod pool;
@@ -15,7 +17,7 @@ use crate::kv::{KvCache, KvGeometry};
 use crate::model::Model;
 use crate::quant::attn::{AttendFn, AttnTask};
 use crate::quant::reference::dot_f32;
-use crate::quant::Kernels;
+use crate::quant::{Kernels, RowLayout};
 use crate::rope;
 use crate::weights::Linear;
 pub use matmul::ActivationPrecision;
@@ -90,7 +92,7 @@ impl CpuBackend {
         kernels: Kernels,
         precision: ActivationPrecision,
     ) -> Result<Self, String> {
-        let c = model.config();
+        let c = model.config().clone();
         let geo = KvGeometry {
             layers: c.num_layers,
             kv_heads: c.num_kv_heads,
@@ -102,6 +104,18 @@ impl CpuBackend {
             return Err("block_size and num_blocks must be positive".into());
         }
         let kv = KvCache::new(geo)?;
+        // The lane-per-block kernels read each whole eight blocks
+        // interleaved; under f32 activations every row is widened instead
+        // and the file's layout saves the copy.
+        let layout = match precision {
+            ActivationPrecision::Int8 => kernels.layout,
+            ActivationPrecision::F32 => RowLayout::File,
+        };
+        let model = if model.weights().matrices().any(|m| !m.reads_as(layout)) {
+            Arc::new(model.laid_out(layout))
+        } else {
+            model
+        };
         let inv_freq = rope::inv_freq(c.head_dim, c.rope_theta, &c.rope_scaling);
         Ok(CpuBackend {
             model,
