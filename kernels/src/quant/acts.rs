@@ -105,14 +105,21 @@ fn scale(amax: f32) -> (f32, f32) {
     (d, if d > 0.0 { 1.0 / d } else { 0.0 })
 }
 
-/// `v` (within ±127.5) to the nearest integer, halves away from zero.
-/// `f32::round` is a libm call without SSE4.1 at compile time; this is two
-/// instructions and vectorises. Through i32 and a clamp, which is what a
-/// saturating cast to i8 gives for every input (NaN to 0), because the
-/// direct cast to i8 was scalarised and took half of quantizing a row.
+/// `v` (within ±127.5) to the nearest integer, halves away from zero,
+/// through Rust's saturating casts (NaN to 0, beyond i32 to its bounds),
+/// then into -128..=127. `f32::round` is a libm call without SSE4.1 at
+/// compile time.
 #[inline]
 fn round(v: f32) -> i8 {
     ((v + 0.5f32.copysign(v)) as i32).clamp(-128, 127) as i8
+}
+
+/// The largest magnitude of 32 values, NaN ignored (as `f32::max` ignores
+/// it); the order of a maximum does not change it.
+#[inline]
+fn amax32(xs: &[f32]) -> f32 {
+    xs.iter()
+        .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m })
 }
 
 /// Quantizes `x` (a multiple of 32 long) into `out`, one block per 32 values.
@@ -121,33 +128,11 @@ pub fn quantize_q8(x: &[f32], out: &mut Vec<Q8Block>) {
     quantize_q8_into(x, out);
 }
 
-/// Quantizes `x` into the blocks `out` (as many as `x` has whole 32s).
-/// [`super::Kernels::quantize_q8`] is the same function compiled for the
-/// CPU's vector width: the same bits, faster.
+/// Quantizes `x` into the blocks `out` (as many as `x` has whole 32s): the
+/// definition. [`super::Kernels::quantize_q8`] is this function or, on
+/// x86, the same in AVX2 intrinsics, with the same bits (tested with NaN,
+/// infinities, zero blocks, ties and overflowing scales).
 pub fn quantize_q8_into(x: &[f32], out: &mut [Q8Block]) {
-    quantize_q8_body(x, out)
-}
-
-/// The largest magnitude of 32 values, NaN ignored (as `f32::max` ignores
-/// it), in eight independent lanes so the compiler keeps it in vectors; the
-/// order of a maximum does not change it.
-#[inline(always)]
-fn amax32(xs: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    for chunk in xs.chunks_exact(8) {
-        for (m, &v) in lanes.iter_mut().zip(chunk) {
-            let a = v.abs();
-            *m = if a > *m { a } else { *m };
-        }
-    }
-    lanes.into_iter().fold(0.0f32, f32::max)
-}
-
-/// [`quantize_q8_into`]'s body, inlined into each instruction set's
-/// wrapper (no fused multiply-adds form from it, so every width gives the
-/// same bits).
-#[inline(always)]
-pub(crate) fn quantize_q8_body(x: &[f32], out: &mut [Q8Block]) {
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
         let amax = amax32(xs);
         let (d, id) = scale(amax);

@@ -374,12 +374,17 @@ fn the_largest_products_do_not_overflow_any_tier() {
 fn every_instruction_set_quantizes_to_the_same_bits() {
     let mut rng = Rng(71);
     let mut x = random_acts(32 * 40, &mut rng);
-    // Blocks of zeros, of a NaN among values, of an infinity, of a tie.
+    // Blocks of zeros, of a NaN among values, of an infinity, of ties.
     x[32..64].fill(0.0);
     x[70] = f32::NAN;
     x[100] = f32::INFINITY;
     x[130] = -f32::INFINITY;
     x[160..192].copy_from_slice(&[0.5f32, -0.5, 127.0, -1.0].repeat(8));
+    // A subnormal largest value (its inverse scale overflows to infinity)
+    // and values near f32's largest.
+    x[192..224].fill(1e-40);
+    x[200] = -3e-41;
+    x[224..256].copy_from_slice(&[3e38f32, -1e38, 2.5e38, -3.4e38].repeat(8));
     let mut want = vec![Q8Block::default(); 40];
     quantize_q8_into(&x, &mut want);
     for isa in Isa::available() {

@@ -94,7 +94,6 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
             attend: |t, s, o| unsafe { attend_avx512(t, s, o) },
-            quantize_q8: |x, out| unsafe { quantize_q8_avx512(x, out) },
             ..avx2
         },
     }
@@ -379,16 +378,56 @@ unsafe fn attend_avx512(t: &super::attn::AttnTask<'_>, s: &mut Vec<f32>, o: &mut
     super::attn::attend(t, s, o)
 }
 
-/// [`super::acts::quantize_q8_into`] in AVX2 vectors.
-#[target_feature(enable = "avx2,fma")]
+/// [`super::acts::quantize_q8_into`] in AVX2 vectors, written out: the
+/// compiler left the portable body's maximum and rounding scalar (5% of a
+/// batched decode). The same bits for every input: the maximum skips NaN
+/// as the body's comparison does, and the rounding clamps in floats before
+/// truncating (NaN first to 0), which is what the body's saturating casts
+/// give, infinities and overflowing products included.
+#[target_feature(enable = "avx2")]
 unsafe fn quantize_q8_avx2(x: &[f32], out: &mut [Q8Block]) {
-    super::acts::quantize_q8_body(x, out)
-}
-
-/// [`super::acts::quantize_q8_into`] in AVX-512 vectors.
-#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-unsafe fn quantize_q8_avx512(x: &[f32], out: &mut [Q8Block]) {
-    super::acts::quantize_q8_body(x, out)
+    let sign = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(32)) {
+        let mut v = [_mm256_setzero_ps(); 4];
+        let mut m = _mm256_setzero_ps();
+        for (k, v) in v.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(xs.as_ptr().add(8 * k));
+            // maxps gives its second operand when the first is NaN.
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, *v), m);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let amax = lanes.into_iter().fold(0.0f32, f32::max);
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let mut q = [_mm256_setzero_si256(); 4];
+        for (q, v) in q.iter_mut().zip(&v) {
+            let y = _mm256_mul_ps(*v, id);
+            let t = _mm256_add_ps(y, _mm256_or_ps(half, _mm256_and_ps(y, sign)));
+            let t = _mm256_and_ps(t, _mm256_cmp_ps::<_CMP_ORD_Q>(t, t));
+            *q = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+        }
+        // packs works within 128-bit halves; the permute puts the 4-value
+        // runs back in order.
+        let bytes = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(b.q.as_mut_ptr() as *mut __m256i, bytes);
+        let s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let s4 = _mm_add_epi32(
+            _mm256_castsi256_si128(s8),
+            _mm256_extracti128_si256::<1>(s8),
+        );
+        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+        b.d = d;
+        b.s = d * sum as f32;
+        b.neg128_sum = -128 * sum;
+    }
 }
 
 #[target_feature(enable = "avx2,fma")]

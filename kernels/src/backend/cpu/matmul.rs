@@ -66,8 +66,6 @@ pub(crate) struct MatScratch {
     q8_for: Option<(usize, usize)>,
     /// The same for `q8k`.
     q8k_for: Option<(usize, usize)>,
-    /// Result as `[n_out, t]` before the transpose.
-    cols: Vec<f32>,
 }
 
 /// The activations of one product in the form the kernel takes.
@@ -186,7 +184,8 @@ pub(crate) fn matmul(
     };
     // Whole 4-row tiles per task.
     let rows_per_task = n_out.div_ceil(tasks).next_multiple_of(4);
-    let fill = |ci: usize, chunk: &mut [f32], row_buf: &mut Vec<f32>| {
+    // `outs[tt]` is the task's rows of token `tt`'s output.
+    let fill = |ci: usize, outs: &mut [&mut [f32]], row_buf: &mut Vec<f32>| {
         let o0 = ci * rows_per_task;
         if t > 1 && !widen {
             match (acts, w.dtype()) {
@@ -196,23 +195,21 @@ pub(crate) fn matmul(
                         GgmlType::Q4_0 => k.q4_0_tile,
                         _ => k.q4_1_tile,
                     };
-                    let token = |j: usize| a.row(j);
-                    by_tiles(w, o0, t, chunk, b, |ws, js| tile(ws, &js.map(token)));
+                    by_tiles(w, o0, outs, b, |ws, [j0, j1, j2, j3]| {
+                        tile(ws, &[a.row(j0), a.row(j1), a.row(j2), a.row(j3)])
+                    });
                     return;
                 }
                 (Acts::F32(x), GgmlType::F16) => {
                     let token = |j: usize| &x[j * n_in..(j + 1) * n_in];
-                    by_tiles(w, o0, t, chunk, b, |ws, js| {
-                        (k.f16_tile)(ws, &js.map(token))
-                    });
+                    by_tiles(w, o0, outs, b, |ws, js| (k.f16_tile)(ws, &js.map(token)));
                     return;
                 }
                 _ => {}
             }
         }
-        // One row at a time, its `t` results scattered into the chunk's
-        // token-major layout.
-        let rows = chunk.len() / t;
+        // One row at a time, its `t` results scattered to the tokens.
+        let rows = outs[0].len();
         let mut vals = vec![0.0f32; t];
         for r in 0..rows {
             let o = o0 + r;
@@ -226,67 +223,64 @@ pub(crate) fn matmul(
             } else {
                 row_dots(k, w, o, acts, n_in, &mut vals, bias);
             }
-            for (tt, &v) in vals.iter().enumerate() {
-                chunk[tt * rows + r] = v;
+            for (out, &v) in outs.iter_mut().zip(&vals) {
+                out[r] = v;
             }
         }
     };
-    let run = |dst: &mut [f32]| {
-        if parallel {
-            pool.for_each_chunk(dst, rows_per_task * t, |ci, c| fill(ci, c, &mut Vec::new()));
-        } else {
-            let mut buf = Vec::new();
-            for (ci, c) in dst.chunks_mut(rows_per_task * t).enumerate() {
-                fill(ci, c, &mut buf);
-            }
+    // Each task's rows of every token's output, `[task][token]`: slices of
+    // `y` itself, so results are written in place. (A `[t, rows]` buffer
+    // per task copied into `y` after, then a quarter of a batched decode's
+    // non-kernel time, went: the LM head's logits are megabytes.)
+    let mut parts: Vec<Vec<&mut [f32]>> = (0..n_out.div_ceil(rows_per_task))
+        .map(|_| Vec::with_capacity(t))
+        .collect();
+    for y_row in y.chunks_exact_mut(n_out) {
+        for (part, cols) in parts.iter_mut().zip(y_row.chunks_mut(rows_per_task)) {
+            part.push(cols);
         }
-    };
-    if t == 1 {
-        run(y);
+    }
+    if parallel {
+        pool.for_each_chunk(&mut parts, 1, |ci, p| fill(ci, &mut p[0], &mut Vec::new()));
     } else {
-        s.cols.resize(t * n_out, 0.0);
-        run(&mut s.cols);
-        // Each task's chunk is `[t, its rows]`: every token's row of `y` is
-        // whole-slice copies from the chunks, split across the pool by
-        // token. (Chunks of `[rows, t]` took a strided transpose, 6% of a
-        // prefill and more of a batched decode.)
-        let cols = &s.cols;
-        pool.for_each_chunk(y, token_chunk * n_out, |ci, ys| {
-            for (tl, y_row) in ys.chunks_exact_mut(n_out).enumerate() {
-                let tt = ci * token_chunk + tl;
-                for o0 in (0..n_out).step_by(rows_per_task) {
-                    let rows = rows_per_task.min(n_out - o0);
-                    let chunk = &cols[o0 * t..(o0 + rows) * t];
-                    y_row[o0..o0 + rows].copy_from_slice(&chunk[tt * rows..(tt + 1) * rows]);
-                }
-            }
-        });
+        let mut buf = Vec::new();
+        for (ci, p) in parts.iter_mut().enumerate() {
+            fill(ci, p, &mut buf);
+        }
     }
 }
 
-/// Rows `o0..` of `w` (`out` holds `t` results for each, token-major:
-/// `[token][row]`) against all `t` tokens, through `tile(rows, first token)`, which gives
-/// four rows by four tokens. A short last group repeats its last row or
+/// Rows `o0..` of `w` against every token (`outs[tt]` holds token `tt`'s
+/// results for those rows), through `tile(rows, tokens)`, which gives four
+/// rows by four tokens. A short last group repeats its last row or
 /// token, whose duplicate result is dropped; every result is the one-row,
 /// one-token kernel's bits, so a token's result does not depend on its batch.
 fn by_tiles<'w>(
     w: &'w WeightMatrix,
     o0: usize,
-    t: usize,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
     b: Option<&[f32]>,
     tile: impl Fn(&[&'w [u8]; 4], [usize; 4]) -> [[f32; 4]; 4],
 ) {
-    let rows = out.len() / t;
+    let (t, rows) = (outs.len(), outs[0].len());
     for r0 in (0..rows).step_by(4) {
         let row = |i: usize| w.row(o0 + (r0 + i).min(rows - 1));
         let ws = [row(0), row(1), row(2), row(3)];
         for t0 in (0..t).step_by(4) {
-            let d = tile(&ws, [0, 1, 2, 3].map(|j| (t0 + j).min(t - 1)));
+            // Spelled out: `array::map` here was not inlined (2% of a
+            // batched decode).
+            let last = t - 1;
+            let js = [
+                t0,
+                (t0 + 1).min(last),
+                (t0 + 2).min(last),
+                (t0 + 3).min(last),
+            ];
+            let d = tile(&ws, js);
             for (i, d) in d.iter().enumerate().take(rows - r0) {
                 let bias = b.map_or(0.0, |b| b[o0 + r0 + i]);
-                for (j, d) in d.iter().enumerate().take(t - t0) {
-                    out[(t0 + j) * rows + r0 + i] = d + bias;
+                for (out, d) in outs[t0..].iter_mut().zip(d) {
+                    out[r0 + i] = d + bias;
                 }
             }
         }
