@@ -68,8 +68,6 @@ pub struct Outbox {
     /// Sentences completed (the last completed index plus one).
     sentences_done: u64,
     sentence_window: Option<u32>,
-    /// Text of the chunks sent so far.
-    sent_text: String,
 }
 
 impl Outbox {
@@ -125,7 +123,6 @@ impl Outbox {
             }
             match self.queue.pop_front() {
                 Some(Item::Chunk(content)) => {
-                    self.sent_text.push_str(&content);
                     out.push(Release::Chunk {
                         index: self.chunks_sent,
                         content,
@@ -183,11 +180,6 @@ impl Outbox {
         Ok(())
     }
 
-    /// The text of the chunks sent so far.
-    pub fn sent_text(&self) -> &str {
-        &self.sent_text
-    }
-
     /// Chunks sent so far.
     pub fn chunks_sent(&self) -> u64 {
         self.chunks_sent
@@ -237,7 +229,6 @@ mod tests {
             ]
         );
         assert!(!o.blocked());
-        assert_eq!(o.sent_text(), "Hi there. Bye");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! The checkers: event shapes, one response in flight, exactly one terminal
 //! event, sequence numbers, `previous_response_id` resolution, `model`
-//! (another model refused, the served one never), the connection limit and
+//! (another model refused, the served one never), `response.retrieve`
+//! refused over a WebSocket, the connection limit and
 //! the connection lifetime; and what a client of the HTTP routes gets
 //! ([`http`]).
 
@@ -13,6 +14,7 @@ pub mod lifetime;
 pub mod limit;
 pub mod model;
 pub mod previous;
+pub mod retrieve;
 pub mod sequence;
 pub mod terminal;
 pub mod view;
@@ -29,6 +31,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(sequence::ResponsesSequence),
         Box::new(previous::ResponsesPrevious),
         Box::new(model::ResponsesModel),
+        Box::new(retrieve::ResponsesRetrieve),
         Box::new(limit::ResponsesLimit::default()),
         Box::new(lifetime::ResponsesLifetime),
         Box::new(http::ResponsesHttp::default()),

@@ -50,6 +50,9 @@ pub enum RKind {
         /// Its `response_id`.
         id: Option<String>,
     },
+    /// `response.retrieve` (the body of `GET /v1/responses/{id}`; over a
+    /// WebSocket an unknown event, answered with an error event).
+    Retrieve,
     /// Anything else: answered with an error event.
     Other,
 }
@@ -95,6 +98,8 @@ pub struct ResponsesConnView {
     /// A WebSocket connection counted against the connection limit (not
     /// refused at its opening).
     pub accepted: bool,
+    /// A WebSocket connection (not an HTTP request).
+    pub websocket: bool,
     /// When `connection_expiring` came.
     pub warned_at: Option<Instant>,
     /// Frames sent and not yet answered, oldest first.
@@ -119,6 +124,7 @@ impl ResponsesConnView {
     pub fn opened(websocket: bool) -> ResponsesConnView {
         ResponsesConnView {
             accepted: websocket,
+            websocket,
             ..ResponsesConnView::default()
         }
     }
@@ -138,6 +144,7 @@ impl ResponsesConnView {
                 }
             }
             Ok(ClientEvent::Cancel { response_id }) => RKind::Cancel { id: response_id },
+            Ok(ClientEvent::Retrieve { .. }) => RKind::Retrieve,
             _ => RKind::Other,
         };
         self.queue.push_back(RMsg {
