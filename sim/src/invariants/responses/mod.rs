@@ -3,13 +3,15 @@
 //!
 //! The checkers: event shapes, one response in flight, exactly one terminal
 //! event, sequence numbers, `previous_response_id` resolution, `model`
-//! (another model refused, the served one never), `response.retrieve`
+//! (another model refused, the served one never), the input reaching the
+//! tokenizer as written, `response.retrieve`
 //! refused over a WebSocket, the connection limit and
 //! the connection lifetime; and what a client of the HTTP routes gets
 //! ([`http`]).
 
 pub mod http;
 pub mod inflight;
+pub mod input;
 pub mod lifetime;
 pub mod limit;
 pub mod model;
@@ -31,6 +33,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(sequence::ResponsesSequence),
         Box::new(previous::ResponsesPrevious),
         Box::new(model::ResponsesModel),
+        Box::new(input::ResponsesInput),
         Box::new(retrieve::ResponsesRetrieve),
         Box::new(limit::ResponsesLimit::default()),
         Box::new(lifetime::ResponsesLifetime),

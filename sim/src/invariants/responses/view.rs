@@ -11,6 +11,8 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use serde_json::Value;
+
 use tokenwire_core::dialect::responses::codec::{self, ClientEvent};
 use tokenwire_core::{Instant, TextJobId};
 
@@ -44,6 +46,11 @@ pub enum RKind {
         generate: bool,
         /// Its `model`, if it names one.
         model: Option<String>,
+        /// The text of each message of its `input`, read from the frame
+        /// itself rather than through the dialect's decoder (which the
+        /// checkers judge): a string input, a message's string content, or
+        /// its content parts' texts joined.
+        texts: Vec<String>,
     },
     /// `response.cancel`.
     Cancel {
@@ -90,6 +97,24 @@ pub struct Resp {
     pub items_open: i64,
     /// When it was created.
     pub created_at: Instant,
+}
+
+/// The texts of a create's messages (see [`RKind::Create`]).
+fn message_texts(v: &Value) -> Vec<String> {
+    let part_text = |p: &Value| p["text"].as_str().map(str::to_owned);
+    match &v["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items
+            .iter()
+            .filter(|it| it.get("type").is_none_or(|t| t == "message"))
+            .filter_map(|it| match &it["content"] {
+                Value::String(s) => Some(s.clone()),
+                Value::Array(parts) => parts.iter().map(part_text).collect(),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// One `responses` connection.
@@ -141,6 +166,9 @@ impl ResponsesConnView {
                     prev: req.previous_response_id,
                     generate: req.generate,
                     model: req.model,
+                    texts: serde_json::from_str(text)
+                        .map(|v: Value| message_texts(&v))
+                        .unwrap_or_default(),
                 }
             }
             Ok(ClientEvent::Cancel { response_id }) => RKind::Cancel { id: response_id },
