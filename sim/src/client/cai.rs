@@ -23,7 +23,9 @@
 //! starts with it (for a continued conversation the Host forgot).
 //!
 //! In the liveness phase it starts nothing and acknowledges every chunk and
-//! sentence it has and gets, so that every request can finish.
+//! sentence it has and gets, so that every request can finish; a client
+//! that never acknowledges keeps to that, and its windowed requests must
+//! then be ended by the pause timeout.
 
 use std::collections::BTreeMap;
 
@@ -591,7 +593,7 @@ impl CaiClient {
             "CONTENT_CHUNK" => {
                 let index = v["payload"]["index"].as_u64().unwrap_or(0);
                 self.streams.entry(rid.clone()).or_insert((0, 0)).0 = index + 1;
-                if self.base.liveness {
+                if self.base.liveness && self.acks != Acks::Never {
                     ops.push(ClientOp::Text(codec::encode_client(
                         &ClientMessage::AwaitMore {
                             request_id: rid.clone(),
@@ -633,7 +635,9 @@ impl CaiClient {
                     .map_or(0, |s| s.chars().count());
                 self.streams.entry(rid.clone()).or_insert((0, 0)).1 = index + 1;
                 if self.base.liveness {
-                    ops.push(Self::sentence_done(&rid, index));
+                    if self.acks != Acks::Never {
+                        ops.push(Self::sentence_done(&rid, index));
+                    }
                     return ops;
                 }
                 let windowed = self.reqs.get(&rid).is_some_and(|r| r.sentence_window);
@@ -808,7 +812,10 @@ impl SimClient for CaiClient {
     fn start_liveness(&mut self) -> Vec<ClientOp> {
         self.base.liveness = true;
         let mut ops = Vec::new();
-        if self.base.conn.is_none() {
+        // A client that never acknowledges keeps to it: its windowed
+        // requests must then end by the pause timeout, which the liveness
+        // phase outlasts.
+        if self.base.conn.is_none() || self.acks == Acks::Never {
             return ops;
         }
         // Everything seen so far is acknowledged (what the agenda holds is

@@ -19,6 +19,7 @@ pub mod decode;
 pub mod rate;
 pub mod replies;
 pub mod sentences;
+pub mod stall;
 pub mod terminal;
 pub mod tokens;
 pub mod view;
@@ -37,6 +38,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(terminal::CaiTerminal),
         Box::new(sentences::CaiSentences),
         Box::new(window::CaiWindow),
+        Box::new(stall::CaiStall),
         Box::new(rate::CaiRate::default()),
         Box::new(tokens::CaiTokens::default()),
         Box::new(conversations::CaiConversations::default()),
