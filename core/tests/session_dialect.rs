@@ -377,6 +377,54 @@ fn the_job_budget_caps_replies_then_refuses_prompts() {
 }
 
 #[test]
+fn replies_of_one_job_side_by_side_cannot_pass_its_budget_together() {
+    // Charged only as they ended, two replies each capped to what the job
+    // had left at their start went past the budget together.
+    let mut h = harness();
+    h.verdict = Ok(JobGrant {
+        token_budget: Some(40),
+    });
+    let c = h.open(1, Dialect::Session);
+    h.send(c, init("a", json!([])));
+    h.send(c, init("b", json!([])));
+    h.send(c, prompt("a", "hi", 0, 100));
+    h.send(c, prompt("b", "hi", 0, 100));
+    let e = last(&h, c);
+    assert_eq!(e["code"], "token_budget_exhausted", "a holds all 40: {e}");
+    h.run(200);
+    let r = last(&h, c);
+    assert_eq!(
+        (r["session_id"].as_str(), r["tokens_used"].as_u64()),
+        (Some("a"), Some(40))
+    );
+}
+
+#[test]
+fn a_reply_cut_short_gives_back_what_it_did_not_use() {
+    let mut h = harness();
+    h.verdict = Ok(JobGrant {
+        token_budget: Some(40),
+    });
+    let c = h.open(1, Dialect::Session);
+    h.send(c, init("a", json!([])));
+    h.send(c, init("b", json!([])));
+    h.send(c, prompt("a", "hi", 0, 100));
+    // Ended before it generated anything: only its prompt is charged.
+    h.send(c, json!({"type": "session_end", "session_id": "a"}));
+    assert_eq!(last(&h, c)["type"], "session_ended");
+    h.send(c, prompt("b", "hi", 0, 100));
+    h.run(200);
+    let r = last(&h, c);
+    let p = rendered_len(&[("user", "hi")]) as u64;
+    assert_eq!(r["type"], "response", "{r}");
+    assert_eq!(
+        r["tokens_used"].as_u64(),
+        Some(40 - p),
+        "all but a's prompt"
+    );
+}
+
+#[test]
 fn a_refused_job_creates_no_session() {
     let mut h = harness();
     h.verdict = Err("unpaid".into());

@@ -63,6 +63,9 @@ struct Turn {
     /// The reply's index (the prompt's plus one).
     message_index: u64,
     stream: bool,
+    /// Tokens of the session's job held for this reply (its prompt and the
+    /// most it may generate), released when it ends.
+    reserved: u64,
 }
 
 /// What the connection waits for before its next message.
@@ -343,6 +346,7 @@ impl SessionConn {
             return false;
         };
         if let Some(turn) = session.turn {
+            settle_cut_short(cx, &session, turn);
             cx.end(turn.seq, crate::gen::FinishReason::Cancelled);
         }
         release_session(cx, sid);
@@ -525,6 +529,8 @@ impl SessionConn {
             let room = u32::try_from(remaining - prompt_tokens).unwrap_or(u32::MAX);
             params.max_tokens = params.max_tokens.min(room);
         }
+        let reserved = prompt_tokens + u64::from(params.max_tokens);
+        let job = session.job_id.clone();
         let message_index = session.count();
         let req = GenRequest {
             prompt_ids: encoded.ids,
@@ -536,11 +542,15 @@ impl SessionConn {
         };
         match cx.start(req) {
             Ok(seq) => {
+                if let Some(job) = &job {
+                    cx.state::<SessionState>().jobs.reserve(job, reserved);
+                }
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     s.turn = Some(Turn {
                         seq,
                         message_index,
                         stream,
+                        reserved,
                     });
                 }
             }
@@ -639,7 +649,7 @@ impl DialectConn for SessionConn {
         if let Some(job) = session.job_id.clone() {
             cx.state::<SessionState>()
                 .jobs
-                .charge(&job, u64::from(used));
+                .settle(&job, turn.reserved, u64::from(used));
         }
         let response = codec::Response {
             session_id: sid,
@@ -660,11 +670,10 @@ impl DialectConn for SessionConn {
             .gen(id)
             .map_or(0, |g| g.prompt_tokens() + g.completion_tokens());
         if let Some(s) = self.sessions.get_mut(&sid) {
-            s.turn = None;
-            if let Some(job) = s.job_id.clone() {
+            if let (Some(turn), Some(job)) = (s.turn.take(), s.job_id.clone()) {
                 cx.state::<SessionState>()
                     .jobs
-                    .charge(&job, u64::from(used));
+                    .settle(&job, turn.reserved, u64::from(used));
             }
         }
         self.unprompt(&sid);
@@ -725,7 +734,10 @@ impl DialectConn for SessionConn {
         if let Some(Waiting::Verdict { start, .. }) = &self.waiting {
             release_session(cx, &start.session_id);
         }
-        for sid in std::mem::take(&mut self.sessions).into_keys() {
+        for (sid, session) in std::mem::take(&mut self.sessions) {
+            if let Some(turn) = session.turn {
+                settle_cut_short(cx, &session, turn);
+            }
             release_session(cx, &sid);
         }
         self.backlog.clear();
@@ -734,6 +746,20 @@ impl DialectConn for SessionConn {
 
     fn busy(&self) -> bool {
         self.waiting.is_some() || self.sessions.values().any(|s| s.turn.is_some())
+    }
+}
+
+/// A reply cut short (its session ended or its connection closed): what it
+/// used so far is charged to the session's job, and the rest of its hold
+/// released.
+fn settle_cut_short(cx: &mut Cx<'_>, session: &Session, turn: Turn) {
+    let used = cx
+        .gen(turn.seq)
+        .map_or(0, |g| g.prompt_tokens() + g.completion_tokens());
+    if let Some(job) = &session.job_id {
+        cx.state::<SessionState>()
+            .jobs
+            .settle(job, turn.reserved, u64::from(used));
     }
 }
 

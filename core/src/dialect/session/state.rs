@@ -103,6 +103,8 @@ impl SessionRegistry {
 struct Account {
     budget: Option<u64>,
     used: u64,
+    /// Held for replies in flight: the most each may still use.
+    reserved: u64,
 }
 
 /// Tokens used per verified job on this host, least recently used forgotten
@@ -128,21 +130,41 @@ impl JobLedger {
         match self.accounts.get(&key) {
             Some(a) => a.budget = budget,
             None => {
-                self.accounts.put(key, Account { budget, used: 0 });
+                self.accounts.put(
+                    key,
+                    Account {
+                        budget,
+                        used: 0,
+                        reserved: 0,
+                    },
+                );
             }
         }
     }
 
-    /// Tokens `job` may still use (`None`: no cap, or an unknown job).
+    /// Tokens `job` may still use: its budget less what it used and what
+    /// replies in flight hold (`None`: no cap, or an unknown job).
     pub fn remaining(&self, job: &str) -> Option<u64> {
         let a = self.accounts.peek(&job.to_string())?;
-        a.budget.map(|b| b.saturating_sub(a.used))
+        a.budget
+            .map(|b| b.saturating_sub(a.used).saturating_sub(a.reserved))
     }
 
-    /// Charges `tokens` to `job`.
-    pub fn charge(&mut self, job: &str, tokens: u64) {
+    /// Holds `tokens` of `job` for a reply about to start (its prompt and
+    /// the most it may generate), so that replies running side by side
+    /// cannot together pass the budget.
+    pub fn reserve(&mut self, job: &str, tokens: u64) {
         if let Some(a) = self.accounts.get(&job.to_string()) {
-            a.used = a.used.saturating_add(tokens);
+            a.reserved = a.reserved.saturating_add(tokens);
+        }
+    }
+
+    /// A reply that held `reserved` tokens of `job` ended having used
+    /// `used`: the hold is released and the use charged.
+    pub fn settle(&mut self, job: &str, reserved: u64, used: u64) {
+        if let Some(a) = self.accounts.get(&job.to_string()) {
+            a.reserved = a.reserved.saturating_sub(reserved);
+            a.used = a.used.saturating_add(used);
         }
     }
 
@@ -201,16 +223,36 @@ mod tests {
     }
 
     #[test]
+    fn replies_in_flight_hold_their_most_until_they_settle() {
+        let mut l = JobLedger::new(4);
+        l.grant("j", Some(300));
+        l.settle("j", 0, 150);
+        // Two replies side by side: the second sees what the first holds.
+        l.reserve("j", 150);
+        assert_eq!(l.remaining("j"), Some(0));
+        // The first used 63 of its 150: the rest comes back.
+        l.settle("j", 150, 63);
+        assert_eq!(l.remaining("j"), Some(87));
+        l.reserve("j", 87);
+        l.settle("j", 87, 87);
+        assert_eq!(l.remaining("j"), Some(0));
+        // A job without a cap holds nothing that matters.
+        l.grant("free", None);
+        l.reserve("free", 10);
+        assert_eq!(l.remaining("free"), None);
+    }
+
+    #[test]
     fn budgets_are_charged_and_the_least_recent_job_is_forgotten() {
         let mut l = JobLedger::new(2);
         l.grant("j1", Some(100));
         l.grant("j2", None);
-        l.charge("j1", 60);
+        l.settle("j1", 0, 60);
         assert_eq!(l.remaining("j1"), Some(40));
-        l.charge("j1", 60);
+        l.settle("j1", 0, 60);
         assert_eq!(l.remaining("j1"), Some(0), "never below zero");
         assert_eq!(l.remaining("j2"), None, "no cap");
-        l.charge("j2", 1); // j2 is now the most recent
+        l.settle("j2", 0, 1); // j2 is now the most recent
         l.grant("j3", Some(5));
         assert_eq!(l.len(), 2);
         assert_eq!(l.remaining("j1"), None, "j1 was least recent and forgotten");

@@ -6,6 +6,7 @@
 //! chunks against responses, and that nothing of a session outlives its end
 //! or its connection, the session bounds (per connection and per host) and
 //! the bytes of text a session keeps, the reasons of job-budget refusals,
+//! no job past its token budget,
 //! signed prompts (against a reference ECDSA verifier of its own); and what a
 //! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
 //! WebSocket sessions: an HTTP request's one-turn session is judged by what
@@ -18,6 +19,7 @@ pub mod cleanup;
 pub mod history;
 pub mod http;
 pub mod index;
+pub mod job_tokens;
 pub mod replies;
 pub mod signatures;
 pub mod stream;
@@ -38,6 +40,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(bounds::SessionBounds),
         Box::new(bytes::SessionBytes),
         Box::new(budget::SessionBudget),
+        Box::new(job_tokens::SessionJobTokens::default()),
         Box::new(signatures::SessionSignatures),
         Box::new(http::SessionHttp::default()),
     ]

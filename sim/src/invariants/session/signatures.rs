@@ -163,6 +163,7 @@ mod tests {
                 turn: None,
                 last_index: None,
                 key: Some(hex(&sk.verifying_key().to_sec1_bytes())),
+                job: "j".into(),
             },
         );
         s.queue.push_back(Msg {

@@ -88,6 +88,7 @@ mod tests {
             "s".into(),
             Live {
                 key: None,
+                job: "j".into(),
                 history: vec![],
                 count: 0,
                 turn: Some(Turn {

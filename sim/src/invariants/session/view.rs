@@ -80,6 +80,8 @@ pub enum MsgKind {
         model: Option<String>,
         /// Its `public_key`, as sent: the session's prompts must be signed.
         public_key: Option<String>,
+        /// Its `job_id`.
+        job: String,
     },
     /// `prompt`.
     Prompt {
@@ -194,6 +196,8 @@ pub struct Live {
     /// The `public_key` its start gave: its prompts must carry signatures
     /// that verify for it.
     pub key: Option<String>,
+    /// The job its start named, whose token budget its turns draw on.
+    pub job: String,
 }
 
 /// User and assistant messages of a conversation.
@@ -221,6 +225,7 @@ fn kind_of(m: ClientMessage) -> MsgKind {
             last_index: s.last_message_index,
             model: s.model,
             public_key: s.public_key,
+            job: s.job_id,
         },
         ClientMessage::Prompt(p) => MsgKind::Prompt {
             max_tokens: p.sampling.get("max_tokens").and_then(|v| v.as_u64()),
@@ -484,6 +489,7 @@ impl SessionConnView {
                     sid,
                     context,
                     public_key,
+                    job,
                     ..
                 },
                 "session_ready",
@@ -497,6 +503,7 @@ impl SessionConnView {
                         turn: None,
                         last_index: None,
                         key: public_key,
+                        job,
                     },
                 );
             }

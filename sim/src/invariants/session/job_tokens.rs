@@ -1,0 +1,152 @@
+//! `session_job_tokens`: a job never uses more tokens on a host than its
+//! verifier granted it. Every `response` reports the tokens its turn used
+//! (prompt and reply), which the Host charges to the session's job; their
+//! sum per job, since the Host last started, stays within the job's
+//! `token_budget`. The Host caps each turn's `max_tokens` to what the job
+//! has left for this. (Failed turns are charged too but not reported, so
+//! the sum is a lower bound of what the Host counts: sound either way.)
+
+use std::collections::BTreeMap;
+
+use tokenwire_core::{Input, JobCheckId, Output};
+
+use crate::invariants::{Check, Checker, Cx, Frame};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct SessionJobTokens {
+    /// Jobs handed out for verification, by check.
+    checks: BTreeMap<JobCheckId, String>,
+    /// Each granted job's budget (`None`: no cap).
+    budgets: BTreeMap<String, Option<u64>>,
+    /// Tokens each job's turns reported since the Host last started.
+    used: BTreeMap<String, u64>,
+    /// Host crashes seen (a restarted Host starts every job from zero).
+    crashes: u64,
+}
+
+impl SessionJobTokens {
+    fn restart_if_crashed(&mut self, cx: &Cx<'_>) {
+        if cx.view.crashes != self.crashes {
+            self.crashes = cx.view.crashes;
+            self.used.clear();
+            self.checks.clear();
+        }
+    }
+}
+
+impl Checker for SessionJobTokens {
+    fn name(&self) -> &'static str {
+        "session_job_tokens"
+    }
+
+    fn on_input(&mut self, cx: &Cx<'_>, input: &Input) -> Check {
+        self.restart_if_crashed(cx);
+        if let Input::JobVerified {
+            check,
+            verdict: Ok(grant),
+        } = input
+        {
+            if let Some(job) = self.checks.remove(check) {
+                self.budgets.insert(job, grant.token_budget);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        self.restart_if_crashed(cx);
+        if let Output::VerifyJob(check) = out {
+            self.checks.insert(check.id, check.job_id.clone());
+            return Ok(());
+        }
+        let (Output::Send { conn, .. }, Some(f)) = (out, frame) else {
+            return Ok(());
+        };
+        if f.kind() != "response" {
+            return Ok(());
+        }
+        let sid = f.str("session_id").unwrap_or("");
+        let Some(live) = cx.view.session(conn).and_then(|s| s.live.get(sid)) else {
+            return Ok(());
+        };
+        // The Host forgets the least recently used jobs past `max_jobs`,
+        // and a forgotten job starts again from zero.
+        if self.used.len() >= cx.config.max_jobs {
+            return Ok(());
+        }
+        let tokens = f.v["tokens_used"].as_u64().unwrap_or(0);
+        let used = self.used.entry(live.job.clone()).or_default();
+        *used += tokens;
+        match self.budgets.get(&live.job) {
+            Some(Some(budget)) if *used > *budget => Err(format!(
+                "job {:?} has reported {used} tokens on this host (this turn of {sid:?} on {conn:?}: {tokens}), past its budget of {budget}",
+                live.job
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use serde_json::json;
+    use tokenwire_core::{ConnId, Dialect, JobCheck, JobGrant};
+
+    /// A kit with a live session `s` of job `j`, granted `budget` tokens.
+    fn live_session(budget: u64) -> crate::invariants::testkit::Kit {
+        let mut k = kit(Box::new(SessionJobTokens::default()));
+        k.open_as(1, Dialect::Session);
+        k.text(
+            1,
+            json!({"type": "session_init", "session_id": "s", "job_id": "j",
+                   "conversation_context": []}),
+        )
+        .expect("init");
+        k.out(Output::VerifyJob(JobCheck {
+            id: JobCheckId(1),
+            conn: ConnId(1),
+            dialect: Dialect::Session,
+            job_id: "j".into(),
+            public_key: None,
+        }))
+        .expect("verify");
+        k.end().expect("end");
+        k.input(Input::JobVerified {
+            check: JobCheckId(1),
+            verdict: Ok(JobGrant {
+                token_budget: Some(budget),
+            }),
+        })
+        .expect("granted");
+        k.send(
+            1,
+            json!({"type": "session_ready", "session_id": "s", "message_count": 0,
+                   "context_tokens": 0, "truncated_messages": 0, "timestamp": 0}),
+        )
+        .expect("ready");
+        k.end().expect("end");
+        k
+    }
+
+    fn response(tokens: u64) -> serde_json::Value {
+        json!({"type": "response", "session_id": "s", "content": "x",
+               "tokens_used": tokens, "message_index": 1, "finish_reason": "length",
+               "timestamp": 0})
+    }
+
+    #[test]
+    fn turns_past_the_jobs_budget_are_caught() {
+        let mut k = live_session(100);
+        k.send(1, response(60)).expect("within the budget");
+        let e = k.send(1, response(41)).expect_err("101 of 100");
+        assert_eq!(e.invariant, "session_job_tokens");
+        assert!(e.detail.contains("101"), "{}", e.detail);
+
+        let mut k = live_session(100);
+        k.send(1, response(60)).expect("within the budget");
+        k.send(1, response(40)).expect("exactly the budget");
+    }
+}
