@@ -360,7 +360,7 @@ impl Swarm {
         host.responses_lifetime = Duration::from_secs(life);
         let jobs = JobOptions {
             refuse_p: pick(d, &[0.0, 0.0, 0.05, 0.3]),
-            token_budget: pick(d, &[None, None, Some(300), Some(3_000)]),
+            token_budget: pick(d, &[None, Some(120), Some(300), Some(3_000)]),
             latency_max: Duration::from_micros(pick(d, &[0, 1_000, 20_000])),
         };
         // `cai` from its own stream too: its clients join the mix drawn above.

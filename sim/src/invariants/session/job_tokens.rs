@@ -1,10 +1,12 @@
 //! `session_job_tokens`: a job never uses more tokens on a host than its
 //! verifier granted it. Every `response` reports the tokens its turn used
-//! (prompt and reply), which the Host charges to the session's job; their
-//! sum per job, since the Host last started, stays within the job's
-//! `token_budget`. The Host caps each turn's `max_tokens` to what the job
-//! has left for this. (Failed turns are charged too but not reported, so
-//! the sum is a lower bound of what the Host counts: sound either way.)
+//! (prompt and reply), which the Host charges to the session's job; a turn
+//! that fails is charged too, at least its prompt and a token per
+//! `stream_chunk` it sent. Their sum per job, since the Host last started,
+//! stays within the job's `token_budget`: the Host holds each turn's prompt
+//! and `max_tokens`, cut to what the job has left, while it runs. (Turns
+//! cut short by a disconnect are charged but not counted here, so the sum
+//! is a lower bound of what the Host counts: sound either way.)
 
 use std::collections::BTreeMap;
 
@@ -63,19 +65,25 @@ impl Checker for SessionJobTokens {
         let (Output::Send { conn, .. }, Some(f)) = (out, frame) else {
             return Ok(());
         };
-        if f.kind() != "response" {
+        let Some(s) = cx.view.session(conn) else {
             return Ok(());
-        }
+        };
         let sid = f.str("session_id").unwrap_or("");
-        let Some(live) = cx.view.session(conn).and_then(|s| s.live.get(sid)) else {
+        let Some(live) = s.live.get(sid) else {
             return Ok(());
+        };
+        let tokens = match (f.kind(), &live.turn) {
+            ("response", _) => f.v["tokens_used"].as_u64().unwrap_or(0),
+            (_, Some(t)) if s.is_turn_failure(f) => {
+                u64::from(t.prompt_tokens) + u64::from(t.chunk_frames)
+            }
+            _ => return Ok(()),
         };
         // The Host forgets the least recently used jobs past `max_jobs`,
         // and a forgotten job starts again from zero.
         if self.used.len() >= cx.config.max_jobs {
             return Ok(());
         }
-        let tokens = f.v["tokens_used"].as_u64().unwrap_or(0);
         let used = self.used.entry(live.job.clone()).or_default();
         *used += tokens;
         match self.budgets.get(&live.job) {
@@ -91,9 +99,10 @@ impl Checker for SessionJobTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::invariants::session::view::Turn;
     use crate::invariants::testkit::kit;
     use serde_json::json;
-    use tokenwire_core::{ConnId, Dialect, JobCheck, JobGrant};
+    use tokenwire_core::{ConnId, Dialect, Instant, JobCheck, JobGrant};
 
     /// A kit with a live session `s` of job `j`, granted `budget` tokens.
     fn live_session(budget: u64) -> crate::invariants::testkit::Kit {
@@ -148,5 +157,36 @@ mod tests {
         let mut k = live_session(100);
         k.send(1, response(60)).expect("within the budget");
         k.send(1, response(40)).expect("exactly the budget");
+    }
+
+    #[test]
+    fn a_failed_turn_counts_its_prompt_and_its_chunks() {
+        let mut k = live_session(100);
+        let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
+        let live = c
+            .session
+            .as_mut()
+            .and_then(|s| s.live.get_mut("s"))
+            .expect("live");
+        live.turn = Some(Turn {
+            prompt_index: 0,
+            count_at_start: 0,
+            stream: true,
+            prompt: "x".into(),
+            chunks: "ab".into(),
+            chunk_frames: 2,
+            started_at: Instant::ZERO,
+            after_shutdown: false,
+            prompt_tokens: 58,
+        });
+        k.input(Input::Timeout).expect("an event");
+        k.send(
+            1,
+            json!({"type": "error", "session_id": "s", "code": "internal_error",
+                   "message": "m", "recoverable": true, "timestamp": 0}),
+        )
+        .expect("60 of 100");
+        let e = k.send(1, response(41)).expect_err("101 of 100");
+        assert!(e.detail.contains("101"), "{}", e.detail);
     }
 }

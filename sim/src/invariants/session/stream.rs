@@ -100,6 +100,7 @@ mod tests {
                     chunk_frames: 0,
                     started_at: Instant::ZERO,
                     after_shutdown: false,
+                    prompt_tokens: 1,
                 }),
                 last_index: None,
             },

@@ -180,6 +180,8 @@ pub struct Turn {
     pub started_at: Instant,
     /// It started after graceful shutdown began.
     pub after_shutdown: bool,
+    /// Its prompt's tokens, as the Host counted them.
+    pub prompt_tokens: u32,
 }
 
 /// A session live on the connection (`session_ready` seen, not ended).
@@ -404,6 +406,7 @@ impl SessionConnView {
             return;
         }
         let (sid, index, stream, content) = (sid.clone(), *index, *stream, content.clone());
+        let prompt_tokens = m.fitted.map_or(0, |(n, _)| n);
         self.queue.pop_front();
         self.turns_started += 1;
         if let Some(l) = self.live.get_mut(&sid) {
@@ -416,6 +419,7 @@ impl SessionConnView {
                 chunk_frames: 0,
                 started_at: now,
                 after_shutdown: shutting_down,
+                prompt_tokens,
             });
         }
     }
