@@ -7,7 +7,8 @@
 //! answer each message gets, exactly one terminal frame per accepted request
 //! and nothing of it after, chunk and sentence indices and texts that add
 //! up, chunk and sentence windows (and no compute for a connection whose
-//! generations are all window-paused), per-organisation request buckets and
+//! generations are all window-paused; a request ended for a full window no
+//! sooner than the pause timeout), per-organisation request buckets and
 //! the reasons of `RATE_LIMITED`, token buckets (no admission past what the
 //! reported usage allows), the decoder's shape of every frame, and the
 //! conversations a continued request is prompted with (a reference model of
