@@ -430,7 +430,7 @@ impl SessionConn {
                     cx,
                     Some(&sid),
                     ErrorCode::TokenBudgetExhausted,
-                    "the job has used all of its tokens on this host",
+                    "the job has no tokens left on this host (used, or held by its replies in flight)",
                 );
             }
         }
@@ -523,7 +523,7 @@ impl SessionConn {
                     cx,
                     Some(&sid),
                     ErrorCode::TokenBudgetExhausted,
-                    format!("the prompt needs {prompt_tokens} tokens but the job has {remaining} left on this host"),
+                    format!("the prompt needs {prompt_tokens} tokens but the job has {remaining} left on this host beyond what its replies in flight hold"),
                 );
             }
             let room = u32::try_from(remaining - prompt_tokens).unwrap_or(u32::MAX);

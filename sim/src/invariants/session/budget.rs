@@ -74,7 +74,9 @@ mod tests {
             Some((12, 30))
         );
         assert_eq!(
-            numbers("the job has used all of its tokens on this host"),
+            numbers(
+                "the job has no tokens left on this host (used, or held by its replies in flight)"
+            ),
             None
         );
     }
