@@ -104,6 +104,9 @@ pub struct HostConfig {
     /// `cai`: most bytes of message text one conversation keeps (the oldest
     /// messages go first).
     pub conversation_max_bytes: usize,
+    /// `cai`: most messages one conversation keeps beside its system
+    /// messages' room (the oldest non-system messages go first).
+    pub conversation_max_messages: usize,
 }
 
 impl Default for HostConfig {
@@ -147,6 +150,7 @@ impl Default for HostConfig {
             max_conversations: 10_000,
             max_conversations_per_org: 1_000,
             conversation_max_bytes: 1024 * 1024,
+            conversation_max_messages: 256,
         }
     }
 }

@@ -132,6 +132,13 @@ pub struct TenancyArgs {
           default_value_t = HostConfig::default().conversation_max_bytes as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub conversation_max_bytes: u64,
+
+    /// `cai`: most messages one conversation keeps (the oldest non-system
+    /// messages go first).
+    #[arg(long, env = "TOKENWIRE_CONVERSATION_MAX_MESSAGES", value_name = "N",
+          default_value_t = HostConfig::default().conversation_max_messages as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub conversation_max_messages: u64,
 }
 
 impl Default for TenancyArgs {
@@ -162,6 +169,7 @@ impl TenancyArgs {
         host.session_max_context_bytes = size(self.session_max_context_bytes);
         host.max_conversations_per_org = size(self.max_conversations_per_org);
         host.conversation_max_bytes = size(self.conversation_max_bytes);
+        host.conversation_max_messages = size(self.conversation_max_messages);
         host.require_signatures = self.require_signatures;
         host.anon_limits = tokenwire_core::keys::OrgLimits {
             requests_per_minute: self.anon_requests_per_minute,

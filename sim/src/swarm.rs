@@ -372,6 +372,7 @@ impl Swarm {
         let v = &mut Rng::new(mix64(seed, STREAM_CONVERSATIONS));
         host.max_conversations_per_org = pick(v, &[1, 2, 10_000]);
         host.conversation_max_bytes = pick(v, &[48, 256, 1 << 20]);
+        host.conversation_max_messages = pick(v, &[3, 8, 256]);
         // `batch` from its own stream too: its clients join at the end.
         let b = &mut Rng::new(mix64(seed, STREAM_BATCH));
         let dialects = batch_mix(b, dialects);

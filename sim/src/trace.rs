@@ -180,6 +180,7 @@ fn host_json(h: &HostConfig) -> Value {
         "max_conversations": h.max_conversations,
         "max_conversations_per_org": h.max_conversations_per_org,
         "conversation_max_bytes": h.conversation_max_bytes,
+        "conversation_max_messages": h.conversation_max_messages,
     })
 }
 
@@ -310,6 +311,7 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         max_conversations: usize_of(v, "max_conversations")?,
         max_conversations_per_org: usize_of(v, "max_conversations_per_org")?,
         conversation_max_bytes: usize_of(v, "conversation_max_bytes")?,
+        conversation_max_messages: usize_of(v, "conversation_max_messages")?,
     })
 }
 

@@ -8,10 +8,6 @@ use crate::lru::Lru;
 use crate::text::{ChatMessage, Role};
 use crate::time::{Duration, Instant};
 
-/// Most messages a stored conversation keeps (the oldest non-system
-/// messages go first); prompts are cut to the context window anyway.
-pub const MAX_CONVERSATION_MESSAGES: usize = 256;
-
 type ConvKey = (String, String);
 
 #[derive(Debug)]
@@ -24,8 +20,9 @@ struct Conversation {
 /// Bounded three ways: in all (`max_conversations`, least recently used
 /// first out), per organisation (`max_conversations_per_org`: a full
 /// organisation pushes out its own least recently used, never another's)
-/// and in bytes per conversation (`conversation_max_bytes`: the oldest
-/// non-system messages go first).
+/// and in messages and bytes per conversation (`conversation_max_messages`,
+/// `conversation_max_bytes`: the oldest non-system messages go first;
+/// prompts are cut to the context window anyway).
 #[derive(Debug)]
 pub struct Conversations {
     map: Lru<ConvKey, Conversation>,
@@ -33,6 +30,7 @@ pub struct Conversations {
     per_org: BTreeMap<String, usize>,
     ttl: Duration,
     max_per_org: usize,
+    max_messages: usize,
     max_bytes: usize,
 }
 
@@ -43,6 +41,8 @@ pub struct ConversationBounds {
     pub total: usize,
     /// Per organisation.
     pub per_org: usize,
+    /// Messages per conversation.
+    pub messages: usize,
     /// Bytes of message text per conversation.
     pub bytes: usize,
     /// How long one is kept after it was last used.
@@ -58,6 +58,7 @@ impl Conversations {
             per_org: BTreeMap::new(),
             ttl: bounds.ttl,
             max_per_org: bounds.per_org.max(1),
+            max_messages: bounds.messages,
             max_bytes: bounds.bytes,
         }
     }
@@ -102,7 +103,7 @@ impl Conversations {
         self.expire(now);
         let key = (org.to_string(), id.to_string());
         self.remove(&key);
-        if !trim(&mut messages, self.max_bytes) {
+        if !trim(&mut messages, self.max_messages, self.max_bytes) {
             return;
         }
         if self.per_org.get(org).copied().unwrap_or(0) >= self.max_per_org {
@@ -135,11 +136,11 @@ impl Conversations {
     }
 }
 
-/// Drops the oldest non-system messages past [`MAX_CONVERSATION_MESSAGES`]
-/// and past `max_bytes` of text; false when the system messages alone are
-/// over `max_bytes` (nothing may be kept).
-fn trim(messages: &mut Vec<ChatMessage>, max_bytes: usize) -> bool {
-    let mut count_excess = messages.len().saturating_sub(MAX_CONVERSATION_MESSAGES);
+/// Drops the oldest non-system messages past `max_messages` messages and
+/// past `max_bytes` of text; false when the system messages alone are over
+/// `max_bytes` (nothing may be kept).
+fn trim(messages: &mut Vec<ChatMessage>, max_messages: usize, max_bytes: usize) -> bool {
+    let mut count_excess = messages.len().saturating_sub(max_messages);
     let mut bytes: usize = messages.iter().map(|m| m.content.len()).sum();
     messages.retain(|m| {
         if m.role != Role::System && (count_excess > 0 || bytes > max_bytes) {
@@ -167,6 +168,7 @@ impl CaiState {
         CaiState::new(ConversationBounds {
             total: config.max_conversations,
             per_org: config.max_conversations_per_org,
+            messages: config.conversation_max_messages,
             bytes: config.conversation_max_bytes,
             ttl: config.conversation_ttl,
         })
@@ -190,10 +192,12 @@ mod tests {
         Instant::ZERO + Duration::from_secs(secs)
     }
 
+    /// Bounds with 256 messages a conversation.
     fn bounds(total: usize, per_org: usize, bytes: usize) -> ConversationBounds {
         ConversationBounds {
             total,
             per_org,
+            messages: 256,
             bytes,
             ttl: Duration::from_secs(60),
         }
@@ -278,10 +282,10 @@ mod tests {
         );
         assert!(c.get(at(3), "o", "a").is_some());
         let mut long = vec![msg(Role::System, "sys")];
-        long.extend((0..MAX_CONVERSATION_MESSAGES + 5).map(|i| msg(Role::User, &i.to_string())));
+        long.extend((0..256 + 5).map(|i| msg(Role::User, &i.to_string())));
         c.put(at(4), "o", "long", long);
         let kept = c.get(at(4), "o", "long").expect("kept");
-        assert_eq!(kept.len(), MAX_CONVERSATION_MESSAGES);
+        assert_eq!(kept.len(), 256);
         assert_eq!(kept[0].role, Role::System, "system messages stay");
         assert_eq!(kept[1].content, "6", "the oldest went");
     }

@@ -5,7 +5,8 @@
 //! request that last ended in it (its context or the conversation it
 //! continued, its prompt, and the reply: `STREAM_COMPLETE`'s full content
 //! or `INTERRUPTED_ACK`'s partial one), the oldest non-system messages
-//! dropped past 256 messages and past `conversation_max_bytes` (nothing
+//! dropped past `conversation_max_messages` and past
+//! `conversation_max_bytes` (nothing
 //! kept when its system messages alone are over it), kept for
 //! `conversation_ttl` after it was stored, at most
 //! `max_conversations_per_org` per organisation (the organisation's least
@@ -19,7 +20,6 @@
 
 use std::collections::BTreeMap;
 
-use tokenwire_core::dialect::cai::state::MAX_CONVERSATION_MESSAGES;
 use tokenwire_core::{ChatMessage, ConnId, Instant, Output, Role, TextWork};
 
 use super::view::{Expect, Msg};
@@ -42,10 +42,10 @@ struct Store {
 
 /// Drops the oldest non-system messages past the count and byte bounds;
 /// false when the system messages alone are over `max_bytes`.
-fn trim(messages: &mut Vec<ChatMessage>, max_bytes: usize) -> bool {
+fn trim(messages: &mut Vec<ChatMessage>, max_messages: usize, max_bytes: usize) -> bool {
     loop {
         let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
-        if messages.len() <= MAX_CONVERSATION_MESSAGES && bytes <= max_bytes {
+        if messages.len() <= max_messages && bytes <= max_bytes {
             return true;
         }
         match messages.iter().position(|m| m.role != Role::System) {
@@ -74,7 +74,11 @@ impl Store {
     fn put(&mut self, cx: &Cx<'_>, org: &str, id: &str, mut messages: Vec<ChatMessage>) {
         self.expire(cx.now);
         self.kept.retain(|k| !(k.org == org && k.id == id));
-        if !trim(&mut messages, cx.config.conversation_max_bytes) {
+        let (max_messages, max_bytes) = (
+            cx.config.conversation_max_messages,
+            cx.config.conversation_max_bytes,
+        );
+        if !trim(&mut messages, max_messages, max_bytes) {
             return;
         }
         let of_org = self.kept.iter().filter(|k| k.org == org).count();
@@ -307,7 +311,7 @@ mod tests {
             msg(Role::User, "c"),
         ];
         let mut six = m.clone();
-        assert!(trim(&mut six, 6));
+        assert!(trim(&mut six, 256, 6));
         assert_eq!(
             six,
             vec![
@@ -316,9 +320,20 @@ mod tests {
                 msg(Role::User, "c")
             ]
         );
-        assert!(trim(&mut m, 5));
+        let mut three = m.clone();
+        assert!(trim(&mut three, 3, 1 << 20));
+        assert_eq!(
+            three,
+            vec![
+                msg(Role::System, "sys"),
+                msg(Role::Assistant, "bb"),
+                msg(Role::User, "c")
+            ],
+            "past the count bound too"
+        );
+        assert!(trim(&mut m, 256, 5));
         assert_eq!(m, vec![msg(Role::System, "sys"), msg(Role::User, "c")]);
         let mut m = vec![msg(Role::System, "long system"), msg(Role::User, "a")];
-        assert!(!trim(&mut m, 4), "the system message alone is over");
+        assert!(!trim(&mut m, 256, 4), "the system message alone is over");
     }
 }

@@ -1,7 +1,9 @@
 //! `cai_stall`: a request ended because its flow window stayed full
-//! (`GENERATION_FAILED`, its message naming the flow window) is ended no
-//! sooner than `--pause-timeout` after the server accepted it: the window
-//! cannot have been full before then for that long.
+//! (`GENERATION_FAILED`, its message naming the flow window) has a full
+//! window as the wire shows it (the chunks sent against those its client
+//! acknowledged, the sentences against those it completed), and is ended
+//! no sooner than `--pause-timeout` after the server accepted it: the
+//! window cannot have been full before then for that long.
 
 use tokenwire_core::Output;
 
@@ -37,6 +39,17 @@ impl Checker for CaiStall {
         let Some(r) = cx.view.cai(conn).and_then(|a| a.requests.get(rid)) else {
             return Ok(());
         };
+        if !r.window_full() {
+            return Err(format!(
+                "{rid:?} on {conn:?} was ended for a full window, but its windows had room: {} chunks sent, {} acknowledged (window {:?}); {} sentences sent, {} completed (window {:?})",
+                r.chunks,
+                r.acked,
+                r.chunk_window(),
+                r.sentences,
+                r.completed,
+                r.sentence_window
+            ));
+        }
         let due = r.accepted_at + cx.config.pause_timeout;
         if cx.now < due {
             return Err(format!(
@@ -54,6 +67,7 @@ mod tests {
     use super::*;
     use crate::invariants::testkit::{cai_kit, Kit};
     use serde_json::json;
+    use tokenwire_core::ConnId;
 
     /// The Host's timer fires at `ms` (the event the error goes out in).
     fn timer_at(k: &mut Kit, ms: u64) {
@@ -67,12 +81,33 @@ mod tests {
                          "message": "the request's flow window stayed full for 300 s, so it was ended"}})
     }
 
+    /// Request `r1` of connection 1 has sent `chunks` chunks, none
+    /// acknowledged.
+    fn sent(k: &mut Kit, chunks: u64) {
+        let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
+        let r = c.cai.as_mut().and_then(|a| a.requests.get_mut("r1"));
+        r.expect("in flight").chunks = chunks;
+    }
+
+    #[test]
+    fn a_request_ended_for_a_window_with_room_is_caught() {
+        let mut k = cai_kit(Box::new(CaiStall));
+        k.open_cai(1);
+        k.completion(1, "r1", json!({"window": 2}))
+            .expect("accepted");
+        sent(&mut k, 1);
+        timer_at(&mut k, 300_000);
+        let e = k.send(1, stalled("r1")).expect_err("one chunk of two");
+        assert!(e.detail.contains("had room"), "{}", e.detail);
+    }
+
     #[test]
     fn a_request_ended_for_its_window_before_the_pause_timeout_is_caught() {
         let mut k = cai_kit(Box::new(CaiStall));
         k.open_cai(1);
         k.completion(1, "r1", json!({"window": 1}))
             .expect("accepted");
+        sent(&mut k, 1);
         timer_at(&mut k, 1_000);
         let e = k.send(1, stalled("r1")).expect_err("one second in");
         assert_eq!(e.invariant, "cai_stall");
@@ -81,6 +116,7 @@ mod tests {
         k.open_cai(1);
         k.completion(1, "r1", json!({"window": 1}))
             .expect("accepted");
+        sent(&mut k, 1);
         timer_at(&mut k, 300_000);
         k.send(1, stalled("r1")).expect("the pause timeout passed");
         // An engine failure may end a request at any time.
@@ -88,6 +124,7 @@ mod tests {
         k.open_cai(1);
         k.completion(1, "r1", json!({"window": 1}))
             .expect("accepted");
+        sent(&mut k, 1);
         timer_at(&mut k, 1_000);
         k.send(
             1,

@@ -1,8 +1,8 @@
 //! `session_job_tokens`: a job never uses more tokens on a host than its
 //! verifier granted it. Every `response` reports the tokens its turn used
 //! (prompt and reply), which the Host charges to the session's job; a turn
-//! that fails is charged too, at least its prompt and a token per
-//! `stream_chunk` it sent. Their sum per job, since the Host last started,
+//! that fails or is cut short by `session_end` is charged too, at least its
+//! prompt and a token per `stream_chunk` it sent. Their sum per job, since the Host last started,
 //! stays within the job's `token_budget`: the Host holds each turn's prompt
 //! and `max_tokens`, cut to what the job has left, while it runs. (Turns
 //! cut short by a disconnect are charged but not counted here, so the sum
@@ -74,6 +74,8 @@ impl Checker for SessionJobTokens {
         };
         let tokens = match (f.kind(), &live.turn) {
             ("response", _) => f.v["tokens_used"].as_u64().unwrap_or(0),
+            // Failed, or cut short by its session's end.
+            ("session_ended", Some(t)) => u64::from(t.prompt_tokens) + u64::from(t.chunk_frames),
             (_, Some(t)) if s.is_turn_failure(f) => {
                 u64::from(t.prompt_tokens) + u64::from(t.chunk_frames)
             }
@@ -99,7 +101,7 @@ impl Checker for SessionJobTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::invariants::session::view::Turn;
+    use crate::invariants::session::view::{Live, Turn};
     use crate::invariants::testkit::kit;
     use serde_json::json;
     use tokenwire_core::{ConnId, Dialect, Instant, JobCheck, JobGrant};
@@ -159,9 +161,9 @@ mod tests {
         k.send(1, response(40)).expect("exactly the budget");
     }
 
-    #[test]
-    fn a_failed_turn_counts_its_prompt_and_its_chunks() {
-        let mut k = live_session(100);
+    /// Session `s` of [`live_session`] has a turn in flight: a prompt of
+    /// 58 tokens, two chunks sent.
+    fn turn_in_flight(k: &mut crate::invariants::testkit::Kit) {
         let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
         let live = c
             .session
@@ -180,6 +182,39 @@ mod tests {
             prompt_tokens: 58,
         });
         k.input(Input::Timeout).expect("an event");
+    }
+
+    #[test]
+    fn a_turn_cut_short_by_its_sessions_end_counts_too() {
+        let mut k = live_session(100);
+        turn_in_flight(&mut k);
+        k.send(
+            1,
+            json!({"type": "session_ended", "session_id": "s", "timestamp": 0}),
+        )
+        .expect("60 of 100");
+        // Another session of the same job goes on, no turn in flight.
+        let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
+        let s = c.session.as_mut().expect("session");
+        s.live.insert(
+            "s".into(),
+            Live {
+                history: vec![],
+                count: 0,
+                turn: None,
+                last_index: None,
+                key: None,
+                job: "j".into(),
+            },
+        );
+        let e = k.send(1, response(41)).expect_err("101 of 100");
+        assert!(e.detail.contains("101"), "{}", e.detail);
+    }
+
+    #[test]
+    fn a_failed_turn_counts_its_prompt_and_its_chunks() {
+        let mut k = live_session(100);
+        turn_in_flight(&mut k);
         k.send(
             1,
             json!({"type": "error", "session_id": "s", "code": "internal_error",
