@@ -376,10 +376,9 @@ fn the_job_budget_caps_replies_then_refuses_prompts() {
     assert_eq!(last(&h, c)["code"], "token_budget_exhausted");
 }
 
-#[test]
-fn replies_of_one_job_side_by_side_cannot_pass_its_budget_together() {
-    // Charged only as they ended, two replies each capped to what the job
-    // had left at their start went past the budget together.
+/// Sessions `a` and `b` of one job granted 40 tokens, and `a`'s prompt
+/// of 100 `max_tokens` started (nothing generated yet).
+fn a_reply_of_a_job_of_40_running() -> (Harness, ConnId) {
     let mut h = harness();
     h.verdict = Ok(JobGrant {
         token_budget: Some(40),
@@ -388,6 +387,14 @@ fn replies_of_one_job_side_by_side_cannot_pass_its_budget_together() {
     h.send(c, init("a", json!([])));
     h.send(c, init("b", json!([])));
     h.send(c, prompt("a", "hi", 0, 100));
+    (h, c)
+}
+
+#[test]
+fn replies_of_one_job_side_by_side_cannot_pass_its_budget_together() {
+    // Charged only as they ended, two replies each capped to what the job
+    // had left at their start went past the budget together.
+    let (mut h, c) = a_reply_of_a_job_of_40_running();
     h.send(c, prompt("b", "hi", 0, 100));
     let e = last(&h, c);
     assert_eq!(e["code"], "token_budget_exhausted", "a holds all 40: {e}");
@@ -401,14 +408,7 @@ fn replies_of_one_job_side_by_side_cannot_pass_its_budget_together() {
 
 #[test]
 fn a_reply_cut_short_gives_back_what_it_did_not_use() {
-    let mut h = harness();
-    h.verdict = Ok(JobGrant {
-        token_budget: Some(40),
-    });
-    let c = h.open(1, Dialect::Session);
-    h.send(c, init("a", json!([])));
-    h.send(c, init("b", json!([])));
-    h.send(c, prompt("a", "hi", 0, 100));
+    let (mut h, c) = a_reply_of_a_job_of_40_running();
     // Ended before it generated anything: only its prompt is charged.
     h.send(c, json!({"type": "session_end", "session_id": "a"}));
     assert_eq!(last(&h, c)["type"], "session_ended");

@@ -487,8 +487,8 @@ pub(crate) mod testkit {
     use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
     use tokenwire_core::testing::{tiny_model_info, ByteCodec, BYTE_OFFSET};
     use tokenwire_core::{
-        Dialect, Encoded, SamplingParams, SeqId, SeqStep, StepDone, StepPlan, TextCodec, TextDone,
-        TextJob, TextJobId, TextWork, Transport,
+        Dialect, Encoded, JobCheck, JobCheckId, JobGrant, SamplingParams, SeqId, SeqStep, StepDone,
+        StepPlan, TextCodec, TextDone, TextJob, TextJobId, TextWork, Transport,
     };
 
     /// A monitor with one checker, time in milliseconds.
@@ -667,6 +667,25 @@ pub(crate) mod testkit {
                     dropped: 0,
                 }),
             }))
+        }
+        /// The Host asks to verify job `job` of `conn`'s `session` start
+        /// (check 1, the event ends), and the verifier grants it `grant`
+        /// (the event stays open).
+        pub fn job_verified(&mut self, conn: u64, job: &str, grant: JobGrant) {
+            self.out(Output::VerifyJob(JobCheck {
+                id: JobCheckId(1),
+                conn: ConnId(conn),
+                dialect: Dialect::Session,
+                job_id: job.into(),
+                public_key: None,
+            }))
+            .expect("check");
+            self.end().expect("end");
+            self.input(Input::JobVerified {
+                check: JobCheckId(1),
+                verdict: Ok(grant),
+            })
+            .expect("verdict");
         }
         pub fn text(&mut self, conn: u64, v: Value) -> Result<(), Violation> {
             self.input(Input::Text {

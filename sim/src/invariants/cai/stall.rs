@@ -81,55 +81,43 @@ mod tests {
                          "message": "the request's flow window stayed full for 300 s, so it was ended"}})
     }
 
-    /// Request `r1` of connection 1 has sent `chunks` chunks, none
-    /// acknowledged.
-    fn sent(k: &mut Kit, chunks: u64) {
+    /// A kit whose connection 1 has request `r1` in flight, accepted at
+    /// time 0 with a chunk window of `window`, that has sent one chunk, none
+    /// acknowledged; the Host's timer then fires at `ms`.
+    fn one_chunk_sent(window: u64, ms: u64) -> Kit {
+        let mut k = cai_kit(Box::new(CaiStall));
+        k.open_cai(1);
+        k.completion(1, "r1", json!({ "window": window }))
+            .expect("accepted");
         let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
         let r = c.cai.as_mut().and_then(|a| a.requests.get_mut("r1"));
-        r.expect("in flight").chunks = chunks;
+        r.expect("in flight").chunks = 1;
+        timer_at(&mut k, ms);
+        k
     }
 
     #[test]
     fn a_request_ended_for_a_window_with_room_is_caught() {
-        let mut k = cai_kit(Box::new(CaiStall));
-        k.open_cai(1);
-        k.completion(1, "r1", json!({"window": 2}))
-            .expect("accepted");
-        sent(&mut k, 1);
-        timer_at(&mut k, 300_000);
+        let mut k = one_chunk_sent(2, 300_000);
         let e = k.send(1, stalled("r1")).expect_err("one chunk of two");
         assert!(e.detail.contains("had room"), "{}", e.detail);
     }
 
     #[test]
     fn a_request_ended_for_its_window_before_the_pause_timeout_is_caught() {
-        let mut k = cai_kit(Box::new(CaiStall));
-        k.open_cai(1);
-        k.completion(1, "r1", json!({"window": 1}))
-            .expect("accepted");
-        sent(&mut k, 1);
-        timer_at(&mut k, 1_000);
+        let mut k = one_chunk_sent(1, 1_000);
         let e = k.send(1, stalled("r1")).expect_err("one second in");
         assert_eq!(e.invariant, "cai_stall");
 
-        let mut k = cai_kit(Box::new(CaiStall));
-        k.open_cai(1);
-        k.completion(1, "r1", json!({"window": 1}))
-            .expect("accepted");
-        sent(&mut k, 1);
-        timer_at(&mut k, 300_000);
+        let mut k = one_chunk_sent(1, 300_000);
         k.send(1, stalled("r1")).expect("the pause timeout passed");
+
         // An engine failure may end a request at any time.
-        let mut k = cai_kit(Box::new(CaiStall));
-        k.open_cai(1);
-        k.completion(1, "r1", json!({"window": 1}))
-            .expect("accepted");
-        sent(&mut k, 1);
-        timer_at(&mut k, 1_000);
+        let mut k = one_chunk_sent(1, 1_000);
         k.send(
             1,
             json!({"type": "ERROR", "requestId": "r1",
-                         "error": {"code": "GENERATION_FAILED", "message": "the engine failed"}}),
+                   "error": {"code": "GENERATION_FAILED", "message": "the engine failed"}}),
         )
         .expect("not a stall");
     }

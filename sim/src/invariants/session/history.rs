@@ -170,9 +170,7 @@ mod tests {
     use crate::invariants::testkit::{kit, Kit};
     use serde_json::json;
     use tokenwire_core::testing::ByteCodec;
-    use tokenwire_core::{
-        ConnId, Encoded, Input, JobCheck, JobCheckId, JobGrant, TextDone, TextJob, TextJobId,
-    };
+    use tokenwire_core::{ConnId, Encoded, Input, JobGrant, TextDone, TextJob, TextJobId};
 
     fn msg(role: Role, c: &str) -> ChatMessage {
         ChatMessage {
@@ -198,20 +196,7 @@ mod tests {
                                                   {"role": "assistant", "content": "b"}]}),
         )
         .expect("frame");
-        k.out(Output::VerifyJob(JobCheck {
-            id: JobCheckId(1),
-            conn: ConnId(1),
-            dialect: Dialect::Session,
-            job_id: "j".into(),
-            public_key: None,
-        }))
-        .expect("check");
-        k.end().expect("end");
-        k.input(Input::JobVerified {
-            check: JobCheckId(1),
-            verdict: Ok(JobGrant::default()),
-        })
-        .expect("verdict");
+        k.job_verified(1, "j", JobGrant::default());
         context
     }
 

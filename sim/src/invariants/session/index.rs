@@ -134,9 +134,7 @@ mod tests {
     use crate::invariants::testkit::{kit, Kit};
     use serde_json::json;
     use tokenwire_core::testing::ByteCodec;
-    use tokenwire_core::{
-        ConnId, Input, JobCheck, JobCheckId, JobGrant, TextDone, TextJob, TextJobId, TextWork,
-    };
+    use tokenwire_core::{ConnId, Input, JobGrant, TextDone, TextJob, TextJobId, TextWork};
 
     /// A live session `s` holding one user and one assistant message.
     fn live(k: &mut Kit) {
@@ -148,20 +146,7 @@ mod tests {
                                                   {"role": "assistant", "content": "b"}]}),
         )
         .expect("frame");
-        k.out(Output::VerifyJob(JobCheck {
-            id: JobCheckId(1),
-            conn: ConnId(1),
-            dialect: Dialect::Session,
-            job_id: "j".into(),
-            public_key: None,
-        }))
-        .expect("check");
-        k.end().expect("end");
-        k.input(Input::JobVerified {
-            check: JobCheckId(1),
-            verdict: Ok(JobGrant::default()),
-        })
-        .expect("verdict");
+        k.job_verified(1, "j", JobGrant::default());
         tokenize(k, 1).expect("context");
         k.end().expect("end");
         k.input(Input::Tokenized(TextDone {

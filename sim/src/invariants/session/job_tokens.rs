@@ -104,7 +104,7 @@ mod tests {
     use crate::invariants::session::view::{Live, Turn};
     use crate::invariants::testkit::kit;
     use serde_json::json;
-    use tokenwire_core::{ConnId, Dialect, Instant, JobCheck, JobGrant};
+    use tokenwire_core::{ConnId, Dialect, Instant, JobGrant};
 
     /// A kit with a live session `s` of job `j`, granted `budget` tokens.
     fn live_session(budget: u64) -> crate::invariants::testkit::Kit {
@@ -116,22 +116,10 @@ mod tests {
                    "conversation_context": []}),
         )
         .expect("init");
-        k.out(Output::VerifyJob(JobCheck {
-            id: JobCheckId(1),
-            conn: ConnId(1),
-            dialect: Dialect::Session,
-            job_id: "j".into(),
-            public_key: None,
-        }))
-        .expect("verify");
-        k.end().expect("end");
-        k.input(Input::JobVerified {
-            check: JobCheckId(1),
-            verdict: Ok(JobGrant {
-                token_budget: Some(budget),
-            }),
-        })
-        .expect("granted");
+        let grant = JobGrant {
+            token_budget: Some(budget),
+        };
+        k.job_verified(1, "j", grant);
         k.send(
             1,
             json!({"type": "session_ready", "session_id": "s", "message_count": 0,

@@ -286,13 +286,7 @@ mod tests {
             json!({"type": "session_init", "session_id": "s", "job_id": "j"}),
         )
         .expect("frame");
-        verify(k, 1).expect("check");
-        k.end().expect("end");
-        k.input(Input::JobVerified {
-            check: JobCheckId(1),
-            verdict: Ok(JobGrant::default()),
-        })
-        .expect("verdict");
+        k.job_verified(1, "j", JobGrant::default());
         k.send(1, ready()).expect("ready after an accepted verdict");
         k.end().expect("end");
     }
