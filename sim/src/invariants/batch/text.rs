@@ -1,8 +1,10 @@
 //! `batch_text`: a `batch` COMPLETE's `new_tokens_count` is at most its
 //! payload's `max_new_tokens` (or the run's default, capped at the context
-//! length), and for a payload with `stream_response` true the PROGRESS
-//! texts of a prompt add up to its COMPLETE text: exactly, with
-//! `only_new_tokens` true; after the text its run started from (its
+//! length), and for a payload with `stream_response` true every new token
+//! had its PROGRESS element (PROTOCOLS.md: one for each prompt that
+//! produced a token in the step, whether or not the token adds text), and
+//! the PROGRESS texts of a prompt add up to its COMPLETE text: exactly,
+//! with `only_new_tokens` true; after the text its run started from (its
 //! INITIALIZED text), with `only_new_tokens` false.
 
 use tokenwire_core::dialect::batch::codec::EventKind;
@@ -56,6 +58,13 @@ impl Checker for BatchText {
             // rules, see `BatchCache`), only the count is checked.
             if !pay.stream || (pay.uncertain && !pay.only_new) {
                 continue;
+            }
+            if pr.progress < *new_tokens_count {
+                return Err(format!(
+                    "COMPLETE for {:?} on {conn:?} counts {new_tokens_count} new tokens \
+                     but {} PROGRESS elements came for it",
+                    pr.rid, pr.progress
+                ));
             }
             let want = if pay.only_new {
                 pr.streamed.clone()
@@ -113,5 +122,40 @@ mod tests {
         let err = k.send(1, done("a", "hi", 1)).expect_err("not streamed");
         assert_eq!(err.invariant, "batch_text");
         assert!(k.send(1, done("b", "h", 3)).is_err());
+    }
+
+    #[test]
+    fn a_token_without_its_progress_element_is_caught() {
+        let mut k = kit(Box::new(BatchText));
+        k.open_as(1, Dialect::Batch);
+        k.text(
+            1,
+            json!({"prompts": [{"request_id": "a", "prompt": "<c1>x"},
+                               {"request_id": "b", "prompt": "<c1>y"}],
+                   "generation_config": {"max_new_tokens": 2}}),
+        )
+        .expect("payload");
+        k.send(
+            1,
+            json!([{"request_id": "a", "type": "ACCEPTED"},
+                   {"request_id": "b", "type": "ACCEPTED"}]),
+        )
+        .expect("accepted");
+        k.end().expect("end");
+        k.send(
+            1,
+            json!([{"request_id": "a", "type": "PROGRESS", "text": "h"},
+                   {"request_id": "b", "type": "PROGRESS", "text": "h"}]),
+        )
+        .expect("progress");
+        // Two tokens, the second (an end of sequence) adding no text: it
+        // must still have had its PROGRESS element.
+        let done = |id: &str, n: u32| {
+            json!([{"request_id": id, "type": "COMPLETE", "text": "h", "is_eos": true,
+                    "new_tokens_count": n, "execution_time": 0.1}])
+        };
+        let err = k.send(1, done("a", 2)).expect_err("one PROGRESS for two");
+        assert!(err.detail.contains("PROGRESS elements"), "{}", err.detail);
+        k.send(1, done("b", 1)).expect("one for one");
     }
 }
