@@ -222,7 +222,9 @@ impl WeightMatrix {
         let n = self.row_len_bytes();
         let mut bytes = vec![0u8; self.bytes().len()];
         let mut file = vec![0u8; n];
-        for (src, dst) in self.bytes().chunks_exact(n).zip(bytes.chunks_exact_mut(n)) {
+        // (`max(1)`: a matrix of empty rows has no bytes to lay out.)
+        let rows = self.bytes().chunks_exact(n.max(1));
+        for (src, dst) in rows.zip(bytes.chunks_exact_mut(n.max(1))) {
             // Through the file's layout, so any layout reaches any other.
             match from {
                 RowLayout::File => file.copy_from_slice(src),

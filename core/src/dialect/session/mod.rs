@@ -346,7 +346,7 @@ impl SessionConn {
             return false;
         };
         if let Some(turn) = session.turn {
-            settle_cut_short(cx, &session, turn);
+            settle(cx, session.job_id.as_deref(), turn);
             cx.end(turn.seq, crate::gen::FinishReason::Cancelled);
         }
         release_session(cx, sid);
@@ -632,10 +632,7 @@ impl DialectConn for SessionConn {
         let Some(reason) = piece.finish else {
             return;
         };
-        let Some((content, used)) = cx
-            .gen(id)
-            .map(|g| (g.text.clone(), g.prompt_tokens() + g.completion_tokens()))
-        else {
+        let Some(content) = cx.gen(id).map(|g| g.text.clone()) else {
             return;
         };
         let Some(session) = self.sessions.get_mut(&sid) else {
@@ -646,11 +643,8 @@ impl DialectConn for SessionConn {
             role: Role::Assistant,
             content: content.clone(),
         });
-        if let Some(job) = session.job_id.clone() {
-            cx.state::<SessionState>()
-                .jobs
-                .settle(&job, turn.reserved, u64::from(used));
-        }
+        let job = session.job_id.clone();
+        let used = settle(cx, job.as_deref(), turn);
         let response = codec::Response {
             session_id: sid,
             content,
@@ -666,14 +660,10 @@ impl DialectConn for SessionConn {
         let Some(sid) = self.session_of(id) else {
             return;
         };
-        let used = cx
-            .gen(id)
-            .map_or(0, |g| g.prompt_tokens() + g.completion_tokens());
         if let Some(s) = self.sessions.get_mut(&sid) {
-            if let (Some(turn), Some(job)) = (s.turn.take(), s.job_id.clone()) {
-                cx.state::<SessionState>()
-                    .jobs
-                    .settle(&job, turn.reserved, u64::from(used));
+            if let Some(turn) = s.turn.take() {
+                let job = s.job_id.clone();
+                settle(cx, job.as_deref(), turn);
             }
         }
         self.unprompt(&sid);
@@ -736,7 +726,7 @@ impl DialectConn for SessionConn {
         }
         for (sid, session) in std::mem::take(&mut self.sessions) {
             if let Some(turn) = session.turn {
-                settle_cut_short(cx, &session, turn);
+                settle(cx, session.job_id.as_deref(), turn);
             }
             release_session(cx, &sid);
         }
@@ -749,18 +739,20 @@ impl DialectConn for SessionConn {
     }
 }
 
-/// A reply cut short (its session ended or its connection closed): what it
-/// used so far is charged to the session's job, and the rest of its hold
-/// released.
-fn settle_cut_short(cx: &mut Cx<'_>, session: &Session, turn: Turn) {
+/// A reply ended, however it ended (finished, failed, or cut short by its
+/// session's end or its connection's close): what it used, its prompt and
+/// the tokens it generated, is charged to its session's `job`, and the rest
+/// of its hold released. Returns what it used.
+fn settle(cx: &mut Cx<'_>, job: Option<&str>, turn: Turn) -> u32 {
     let used = cx
         .gen(turn.seq)
         .map_or(0, |g| g.prompt_tokens() + g.completion_tokens());
-    if let Some(job) = &session.job_id {
+    if let Some(job) = job {
         cx.state::<SessionState>()
             .jobs
             .settle(job, turn.reserved, u64::from(used));
     }
+    used
 }
 
 /// Takes session `sid` for this connection, within its principal.

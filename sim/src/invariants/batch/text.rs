@@ -91,41 +91,9 @@ mod tests {
     use serde_json::json;
     use tokenwire_core::Dialect;
 
-    #[test]
-    fn a_complete_text_unlike_its_stream_or_too_long_is_caught() {
-        let mut k = kit(Box::new(BatchText));
-        k.open_as(1, Dialect::Batch);
-        k.text(
-            1,
-            json!({"prompts": [{"request_id": "a", "prompt": "<c1>x"},
-                               {"request_id": "b", "prompt": "<c1>y"}],
-                   "generation_config": {"max_new_tokens": 2}}),
-        )
-        .expect("payload");
-        k.send(
-            1,
-            json!([{"request_id": "a", "type": "ACCEPTED"},
-                         {"request_id": "b", "type": "ACCEPTED"}]),
-        )
-        .expect("accepted");
-        k.end().expect("end");
-        k.send(
-            1,
-            json!([{"request_id": "a", "type": "PROGRESS", "text": "h"},
-                         {"request_id": "b", "type": "PROGRESS", "text": "h"}]),
-        )
-        .expect("progress");
-        let done = |id: &str, text: &str, n: u32| {
-            json!([{"request_id": id, "type": "COMPLETE", "text": text, "is_eos": false,
-                    "new_tokens_count": n, "execution_time": 0.1}])
-        };
-        let err = k.send(1, done("a", "hi", 1)).expect_err("not streamed");
-        assert_eq!(err.invariant, "batch_text");
-        assert!(k.send(1, done("b", "h", 3)).is_err());
-    }
-
-    #[test]
-    fn a_token_without_its_progress_element_is_caught() {
+    /// A kit with a streamed payload of prompts `a` and `b` (at most 2 new
+    /// tokens), accepted, each with one PROGRESS element of text "h".
+    fn one_token_streamed() -> crate::invariants::testkit::Kit {
         let mut k = kit(Box::new(BatchText));
         k.open_as(1, Dialect::Batch);
         k.text(
@@ -148,14 +116,34 @@ mod tests {
                    {"request_id": "b", "type": "PROGRESS", "text": "h"}]),
         )
         .expect("progress");
+        k
+    }
+
+    /// A COMPLETE for `id` with `text` and `n` new tokens.
+    fn done(id: &str, text: &str, is_eos: bool, n: u32) -> serde_json::Value {
+        json!([{"request_id": id, "type": "COMPLETE", "text": text, "is_eos": is_eos,
+                "new_tokens_count": n, "execution_time": 0.1}])
+    }
+
+    #[test]
+    fn a_complete_text_unlike_its_stream_or_too_long_is_caught() {
+        let mut k = one_token_streamed();
+        let err = k
+            .send(1, done("a", "hi", false, 1))
+            .expect_err("not streamed");
+        assert_eq!(err.invariant, "batch_text");
+        assert!(k.send(1, done("b", "h", false, 3)).is_err());
+    }
+
+    #[test]
+    fn a_token_without_its_progress_element_is_caught() {
         // Two tokens, the second (an end of sequence) adding no text: it
         // must still have had its PROGRESS element.
-        let done = |id: &str, n: u32| {
-            json!([{"request_id": id, "type": "COMPLETE", "text": "h", "is_eos": true,
-                    "new_tokens_count": n, "execution_time": 0.1}])
-        };
-        let err = k.send(1, done("a", 2)).expect_err("one PROGRESS for two");
+        let mut k = one_token_streamed();
+        let err = k
+            .send(1, done("a", "h", true, 2))
+            .expect_err("one PROGRESS for two");
         assert!(err.detail.contains("PROGRESS elements"), "{}", err.detail);
-        k.send(1, done("b", 1)).expect("one for one");
+        k.send(1, done("b", "h", true, 1)).expect("one for one");
     }
 }

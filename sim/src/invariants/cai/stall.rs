@@ -41,13 +41,8 @@ impl Checker for CaiStall {
         };
         if !r.window_full() {
             return Err(format!(
-                "{rid:?} on {conn:?} was ended for a full window, but its windows had room: {} chunks sent, {} acknowledged (window {:?}); {} sentences sent, {} completed (window {:?})",
-                r.chunks,
-                r.acked,
-                r.chunk_window(),
-                r.sentences,
-                r.completed,
-                r.sentence_window
+                "{rid:?} on {conn:?} was ended for a full window, but its windows had room: {}",
+                r.windows()
             ));
         }
         let due = r.accepted_at + cx.config.pause_timeout;

@@ -343,6 +343,19 @@ impl Req {
     pub fn window_full(&self) -> bool {
         !self.chunk_fits() || !self.sentence_fits()
     }
+
+    /// Its windows as the wire shows them, for a checker's message.
+    pub fn windows(&self) -> String {
+        format!(
+            "{} chunks, {} acked, window {:?}, {} sentences, {} completed, sentence window {:?}",
+            self.chunks,
+            self.acked,
+            self.chunk_window(),
+            self.sentences,
+            self.completed,
+            self.sentence_window
+        )
+    }
 }
 
 /// How the current event hands the connection's messages to the dialect.
@@ -852,16 +865,11 @@ impl CaiConnView {
             .iter()
             .map(|(rid, r)| {
                 format!(
-                    "cai request {rid:?} (accepted {:?}, stream {}, started {}, {} chunks, {} acked, window {:?}, {} sentences, {} completed, sentence window {:?})",
+                    "cai request {rid:?} (accepted {:?}, stream {}, started {}, {})",
                     r.accepted_at,
                     r.stream,
                     r.started,
-                    r.chunks,
-                    r.acked,
-                    r.chunk_window(),
-                    r.sentences,
-                    r.completed,
-                    r.sentence_window
+                    r.windows()
                 )
             })
             .collect()
