@@ -7,6 +7,12 @@ use super::context::grid;
 use super::params::{Call, DecodeParams, MergeParams, PrefillParams, RopeKvParams};
 use super::plan::Pass;
 
+/// Invocations per prefill attention workgroup: one per (query row, query
+/// head) of a tile, and the rest (where the heads do not divide it) idle
+/// but for the loads.
+const PREFILL_WG: u32 = 64;
+/// Values of the prefill kernel's K and V tiles together (f32): 16 KiB.
+const PREFILL_KV_VALUES: u32 = 2048;
 /// Positions per tile of the decode attention kernel (its `TILE`).
 const DECODE_TILE: u32 = 64;
 /// Invocations per decode attention workgroup (its `WG`).
@@ -42,14 +48,25 @@ impl AttnShape {
             .unwrap_or(1)
     }
 
-    /// Rows per prefill query tile (= positions per key tile): the largest
-    /// power of two up to 32 with at most 1024 values per tile.
+    /// Query heads per prefill workgroup: the largest divisor of the group
+    /// with at most 8 heads (they share the workgroup's K and V tiles).
+    pub(crate) fn prefill_heads(&self) -> u32 {
+        (1..=self.group.min(8))
+            .rev()
+            .find(|&h| self.group.is_multiple_of(h))
+            .unwrap_or(1)
+    }
+
+    /// Rows per prefill query tile: one invocation per (row, head) of
+    /// [`AttnShape::prefill_heads`], [`PREFILL_WG`] at most.
     pub(crate) fn prefill_rows(&self) -> u32 {
-        let mut br = 32;
-        while br > 1 && br * self.head_dim > 1024 {
-            br /= 2;
-        }
-        br
+        (PREFILL_WG / self.prefill_heads()).max(1)
+    }
+
+    /// Key positions per prefill K/V tile: both tiles in 16 KiB of
+    /// workgroup memory (WebGPU's minimum), at most 64.
+    pub(crate) fn prefill_keys(&self) -> u32 {
+        (PREFILL_KV_VALUES / self.head_dim.max(1)).clamp(1, 64)
     }
 
     /// The constants attn_decode.wgsl is compiled with (see its header).
@@ -75,14 +92,17 @@ impl AttnShape {
 
     /// The constants attn_prefill.wgsl is compiled with (see its header).
     pub(crate) fn prefill_consts(&self) -> String {
-        let br = self.prefill_rows();
-        let q = br * self.head_dim;
+        let hd = self.head_dim;
+        let vw = if hd.is_multiple_of(4) { 4 } else { 2 };
+        let hg = self.prefill_heads();
+        let rt = self.prefill_rows();
         format!(
-            "const HEAD_DIM: u32 = {}u;\nconst BR: u32 = {br}u;\nconst Q_LEN: u32 = {q}u;\n\
-             const S_LEN: u32 = {}u;\nconst OPT: u32 = {}u;\n",
-            self.head_dim,
-            br * br,
-            q.div_ceil(64)
+            "const HEAD_DIM: u32 = {hd}u;\nconst VW: u32 = {vw}u;\nalias VT = vec{vw}<f32>;\n\
+             const NV: u32 = {nv}u;\nconst HG: u32 = {hg}u;\nconst RT: u32 = {rt}u;\n\
+             const WG: u32 = {wg}u;\nconst KT: u32 = {kt}u;\n",
+            nv = hd / vw,
+            wg = PREFILL_WG,
+            kt = self.prefill_keys(),
         )
     }
 }
@@ -244,7 +264,7 @@ pub(crate) fn prefill_call(m: &AttnModel, p: &Pass) -> Call {
         scale: m.scale(),
         n_tiles: p.n_tiles,
     }
-    .call([p.n_tiles, m.q_heads])
+    .call([p.n_tiles, m.q_heads / m.shape.prefill_heads()])
 }
 
 #[cfg(test)]
@@ -292,8 +312,10 @@ mod tests {
         for head_dim in [2, 4, 6, 8, 10, 16, 34, 64, 80, 96, 128, 130, 256, 512] {
             for group in [1, 2, 3, 4, 7, 8, 16] {
                 let s = AttnShape { head_dim, group };
-                let br = s.prefill_rows();
-                assert!(br >= 1 && (br * head_dim <= 1024 || br == 1));
+                let (rt, hg, kt) = (s.prefill_rows(), s.prefill_heads(), s.prefill_keys());
+                assert!(rt >= 1 && group % hg == 0 && rt * hg <= PREFILL_WG);
+                // K and V tiles, of at least one position.
+                assert!(kt >= 1 && (2 * kt * head_dim * 4 <= 16 * 1024 || kt == 1));
                 let consts = s.decode_consts();
                 let get = |name: &str| -> u32 {
                     let at = consts.find(&format!("const {name}: u32 = ")).expect(name);

@@ -1,16 +1,25 @@
-// Causal paged attention for prefill chunks, tiled (FlashAttention style):
-// one workgroup per (tile of up to BR consecutive rows of one sequence, query
-// head). The tile's queries stay in workgroup memory while key tiles of BR
-// positions are loaded from the paged cache, scored, masked causally
-// (position j is visible to the row at position pos iff j <= pos), folded in
-// with an online softmax, and followed by the value tile.
+// Causal paged attention for prefill chunks, FlashAttention style with one
+// invocation per (query row, query head): a workgroup takes a tile of up to
+// RT consecutive rows of one sequence and HG query heads that share one KV
+// head, so every invocation of it reads the same key and value at the same
+// time (workgroup-memory broadcasts, no bank conflicts). Key and value tiles
+// of KT positions are loaded from the paged cache into workgroup memory;
+// each invocation scores its row against the tile, masked causally
+// (position j is visible to the row at position pos iff j <= pos), and
+// folds the tile into its own running maximum, sum and output accumulator
+// (online softmax in registers: no barrier beyond the two per tile that
+// guard the loads).
 //
 // Specialised by the host, which prepends:
 //   HEAD_DIM  head width
-//   BR        rows per query tile = positions per key tile
-//   Q_LEN     BR * HEAD_DIM
-//   S_LEN     BR * BR
-//   OPT       ceil(Q_LEN / WG), accumulator elements per invocation
+//   VW        vector width (4 where HEAD_DIM allows, else 2)
+//   VT        vecVW<f32>
+//   NV        HEAD_DIM / VW
+//   HG        query heads per workgroup (a divisor of the group)
+//   RT        rows per tile
+//   WG        invocations (64: a whole number of subgroups of any size;
+//             those past RT * HG have no row and only help load the tiles)
+//   KT        key positions per tile
 // No subgroup operations.
 
 struct Params {
@@ -35,22 +44,43 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> att: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
-const WG: u32 = 64u;
 const NEG: f32 = -1.0e30;
 
-var<workgroup> qs: array<f32, Q_LEN>;
-var<workgroup> kv: array<f32, Q_LEN>;
-var<workgroup> sc: array<f32, S_LEN>;
-var<workgroup> run_max: array<f32, BR>;
-var<workgroup> run_sum: array<f32, BR>;
-var<workgroup> rescale: array<f32, BR>;
+var<workgroup> ks: array<VT, KT * NV>;
+var<workgroup> vs: array<VT, KT * NV>;
 
 fn cache_index(rt: u32, j: u32, g: u32) -> u32 {
     let block = plan[rt + j / p.bs];
     return ((block * p.kv_heads + g) * p.bs + j % p.bs) * HEAD_DIM;
 }
 
-@compute @workgroup_size(64)
+// VW consecutive values of the cache or of q|k|v (rows start at multiples
+// of HEAD_DIM, so only a multiple of VW is guaranteed, not vector alignment).
+fn k_at(at: u32) -> VT {
+    var v = VT();
+    for (var i = 0u; i < VW; i++) {
+        v[i] = kc[at + i];
+    }
+    return v;
+}
+
+fn v_at(at: u32) -> VT {
+    var v = VT();
+    for (var i = 0u; i < VW; i++) {
+        v[i] = vc[at + i];
+    }
+    return v;
+}
+
+fn q_at(at: u32) -> VT {
+    var v = VT();
+    for (var i = 0u; i < VW; i++) {
+        v[i] = qkv[at + i];
+    }
+    return v;
+}
+
+@compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
@@ -60,109 +90,87 @@ fn main(
     }
     let first = plan[p.tile_off + 2u * wid.x];
     let cnt = plan[p.tile_off + 2u * wid.x + 1u];
-    let h = wid.y;
-    let g = h / p.group;
+    let hgroups = p.group / HG;
+    let g = wid.y / hgroups;
+    let rr = lid / HG;
+    let h = g * p.group + (wid.y % hgroups) * HG + lid % HG;
     let pos0 = plan[p.pos_off + first];
     let rt = plan[p.rt_off + first];
     let last = pos0 + cnt - 1u;
+    let live = rr < cnt;
+    // Keys this invocation's row sees: positions 0 ..= pos.
+    let pos = pos0 + min(rr, cnt - 1u);
 
-    for (var e = lid; e < Q_LEN; e += WG) {
-        let rr = e / HEAD_DIM;
-        let d = e % HEAD_DIM;
-        var q = 0.0;
-        if (rr < cnt) {
-            q = qkv[(first + rr) * p.stride + h * HEAD_DIM + d] * p.scale;
+    var q: array<VT, NV>;
+    var acc: array<VT, NV>;
+    if (live) {
+        let qb = (first + rr) * p.stride + h * HEAD_DIM;
+        for (var c = 0u; c < NV; c++) {
+            q[c] = q_at(qb + c * VW) * p.scale;
         }
-        qs[e] = q;
     }
-    if (lid < BR) {
-        run_max[lid] = NEG;
-        run_sum[lid] = 0.0;
-    }
-    var acc: array<f32, OPT>;
-    workgroupBarrier();
+    var run_max = NEG;
+    var run_sum = 0.0;
 
-    for (var k0 = 0u; k0 <= last; k0 += BR) {
-        // Key tile.
-        for (var e = lid; e < Q_LEN; e += WG) {
-            let jj = e / HEAD_DIM;
-            let d = e % HEAD_DIM;
-            let j = k0 + jj;
-            var v = 0.0;
+    for (var k0 = 0u; k0 <= last; k0 += KT) {
+        for (var e = lid; e < KT * NV; e += WG) {
+            let j = k0 + e / NV;
+            var kv = VT();
+            var vv = VT();
             if (j <= last) {
-                v = kc[cache_index(rt, j, g) + d];
+                let at = cache_index(rt, j, g) + (e % NV) * VW;
+                kv = k_at(at);
+                vv = v_at(at);
             }
-            kv[e] = v;
+            ks[e] = kv;
+            vs[e] = vv;
         }
         workgroupBarrier();
-        // Scores with the causal mask.
-        for (var e = lid; e < S_LEN; e += WG) {
-            let rr = e / BR;
-            let jj = e % BR;
-            var s = NEG;
-            if (rr < cnt && k0 + jj <= pos0 + rr) {
-                s = 0.0;
-                for (var d = 0u; d < HEAD_DIM; d++) {
-                    s += qs[rr * HEAD_DIM + d] * kv[jj * HEAD_DIM + d];
+        if (live && k0 <= pos) {
+            // Scores of the tile's visible keys, and their maximum.
+            var s: array<f32, KT>;
+            var m = run_max;
+            for (var jj = 0u; jj < KT; jj++) {
+                var d = VT();
+                for (var c = 0u; c < NV; c++) {
+                    d += q[c] * ks[jj * NV + c];
+                }
+                var v = NEG;
+                if (k0 + jj <= pos) {
+                    v = dot(d, VT(1.0));
+                }
+                s[jj] = v;
+                m = max(m, v);
+            }
+            let a = exp(run_max - m);
+            var l = run_sum * a;
+            for (var c = 0u; c < NV; c++) {
+                acc[c] *= a;
+            }
+            for (var jj = 0u; jj < KT; jj++) {
+                if (k0 + jj <= pos) {
+                    let e = exp(s[jj] - m);
+                    l += e;
+                    for (var c = 0u; c < NV; c++) {
+                        acc[c] += e * vs[jj * NV + c];
+                    }
                 }
             }
-            sc[e] = s;
+            run_max = m;
+            run_sum = l;
         }
-        workgroupBarrier();
-        // Value tile (the keys are no longer needed) and the softmax update.
-        for (var e = lid; e < Q_LEN; e += WG) {
-            let jj = e / HEAD_DIM;
-            let d = e % HEAD_DIM;
-            let j = k0 + jj;
-            var v = 0.0;
-            if (j <= last) {
-                v = vc[cache_index(rt, j, g) + d];
-            }
-            kv[e] = v;
-        }
-        if (lid < BR) {
-            let rr = lid;
-            var m = run_max[rr];
-            for (var jj = 0u; jj < BR; jj++) {
-                m = max(m, sc[rr * BR + jj]);
-            }
-            let a = exp(run_max[rr] - m);
-            var l = run_sum[rr] * a;
-            for (var jj = 0u; jj < BR; jj++) {
-                let s = sc[rr * BR + jj];
-                var e = 0.0;
-                if (s > 0.5 * NEG) {
-                    e = exp(s - m);
-                }
-                sc[rr * BR + jj] = e;
-                l += e;
-            }
-            run_max[rr] = m;
-            run_sum[rr] = l;
-            rescale[rr] = a;
-        }
-        workgroupBarrier();
-        for (var o = 0u; o < OPT; o++) {
-            let e = lid + o * WG;
-            if (e < Q_LEN) {
-                let rr = e / HEAD_DIM;
-                let d = e % HEAD_DIM;
-                var a = acc[o] * rescale[rr];
-                for (var jj = 0u; jj < BR; jj++) {
-                    a += sc[rr * BR + jj] * kv[jj * HEAD_DIM + d];
-                }
-                acc[o] = a;
-            }
-        }
+        // Every invocation is done with the tile before the next load.
         workgroupBarrier();
     }
 
-    for (var o = 0u; o < OPT; o++) {
-        let e = lid + o * WG;
-        let rr = e / HEAD_DIM;
-        let d = e % HEAD_DIM;
-        if (e < Q_LEN && rr < cnt) {
-            att[(first + rr) * p.q_heads * HEAD_DIM + h * HEAD_DIM + d] = acc[o] / run_sum[rr];
+    if (live) {
+        let ob = (first + rr) * p.q_heads * HEAD_DIM + h * HEAD_DIM;
+        let inv = 1.0 / run_sum;
+        for (var c = 0u; c < NV; c++) {
+            let v = acc[c] * inv;
+            for (var i = 0u; i < VW; i++) {
+                att[ob + c * VW + i] = v[i];
+            }
         }
     }
 }
