@@ -7,7 +7,12 @@
 #   .gl/        the Vulkan loader and the glvnd libraries the NVIDIA driver
 #               loads (with the loader alone it finds no adapter: "Could not
 #               get 'vkCreateInstance'"), as amd64 .debs that run.sh unpacks
-# Both folders are git-ignored through .git/info/exclude. Then run, on the
+#   .whl/       the gguf wheel, for run.sh's anchors (make-bench-gguf.py)
+#   .llama/     with LLAMA=DIR (what ../shared/tools/llama-vulkan-build.sh
+#               wrote: llama-bench and its libraries), llama-bench.tar.xz,
+#               for run.sh's anchors (xz keeps it inside the device call's
+#               64 MiB)
+# These folders are git-ignored through .git/info/exclude. Then run, on the
 # GPU machine, from the repository root, with .gpu and .gl carried:
 #   bash benches/gpu/run.sh [tests] [bench:SHAPE ...] [long:SHAPE] ...
 # (see run.sh for the parts and for fitting the device's limit on one
@@ -17,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu/ /.gl/; do
+for d in /.gpu/ /.gl/ /.whl/ /.llama/; do
     grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"
 done
 rm -rf .gpu && mkdir -p .gpu/bin
@@ -65,4 +70,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     # shellcheck disable=SC2086
     (cd .gl && apt-get $o download "${missing[@]}")
 fi
-du -sh .gpu .gl
+ls .whl/gguf-0.19.0-*.whl >/dev/null 2>&1 ||
+    python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+if [ -n "${LLAMA:-}" ]; then
+    mkdir -p .llama
+    tar -C "$LLAMA" -cJf .llama/llama-bench.tar.xz .
+fi
+du -sh .gpu .gl .whl ${LLAMA:+.llama}

@@ -2,8 +2,12 @@
 attention, bf16, on the shapes engine-bench builds (random weights), on the
 same card. Prints prefill tokens/s for 8 x 128 tokens and decode tokens/s at
 batch 1, 8 and 32 (128-token prompts, 32 greedy steps through the KV cache),
-timed with CUDA synchronisation after a warm-up."""
+timed with CUDA synchronisation after a warm-up.
 
+    python3 benches/gpu/hf_anchor.py [SHAPE ...]   # default: both shapes
+"""
+
+import sys
 import time
 
 import torch
@@ -31,7 +35,9 @@ def timed(fn):
 @torch.inference_mode()
 def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    for name, dims in SHAPES.items():
+    names = sys.argv[1:] or list(SHAPES)
+    for name in names:
+        dims = SHAPES[name]
         cfg = LlamaConfig(max_position_embeddings=4096, attn_implementation="eager", **dims)
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()

@@ -9,7 +9,8 @@
 #                   1,024-1,056 cached tokens; by the base build as well
 #                   where build.sh made one (BASE=...)
 #   base:SHAPE      this build against the base build, alternating, two
-#                   rounds: batch 1, 8 and 32, 128-token prompts, 32 steps
+#                   rounds (ROUNDS=N: N): batch 1, 8 and 32, 128-token
+#                   prompts, 32 steps
 #   tune:SHAPE      the switches of the decode attention split and of the
 #                   mat-vec, each against the default: --mat-vec-unroll 2
 #                   and 4, --no-fused-norm (batch 1 and 8, 128-token
@@ -25,16 +26,16 @@
 #                   --no-fused-norm, --no-subgroups)
 #   coop:SHAPE      cooperative-matrix products: their parity tests
 #                   (TOKENWIRE_REQUIRE_COOP=1: failing where the card
-#                   offers no usable configuration), then --coop (passes
-#                   of 16+ rows on coop) against the default (no coop),
+#                   offers no usable configuration), then the default
+#                   (passes of 16+ rows on coop) against --no-coop,
 #                   alternating, two rounds (batch 1, 8, 16, 32, 64;
 #                   128-token prompts: prefills of 128 to 8,192 tokens),
 #                   --coop-rows 4 and 64 (batch 4, 8, 16), --coop-slab 32
 #                   (batch 1 and 32: --coop takes 64 where it fits), and
-#                   --coop profiled at batch 32 (coop in prefill and
+#                   coop profiled at batch 32 (coop in prefill and
 #                   decode)
 #   quick:SHAPE     coop:SHAPE cut short: the kernels' coop parity tests,
-#                   then one round without and with --coop (batch 1 and
+#                   then one round with --no-coop and without (batch 1 and
 #                   32, 512-token prompt)
 #   loops:SHAPE     shaders without wgpu's loop counters (the default)
 #                   against --loop-bounding, alternating, two rounds (batch
@@ -42,6 +43,14 @@
 #                   profiled at batch 1 (bench:SHAPE profiles the default)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
+#   anchors         every anchor beside tokenwire in one call, on
+#                   TinyLlama's shape: transformers (as anchor); GGUF files
+#                   in F16 and Q8_0 written here by scripts/make-bench-gguf.py
+#                   (the gguf wheel carried in .whl/); llama.cpp's Vulkan
+#                   llama-bench on them (pp512, pp1024, tg128; carried as
+#                   .llama/llama-bench.tar.xz, made by build.sh with
+#                   LLAMA=DIR); engine-bench --gguf on the same files
+#                   (batch 1 at 512- and 1,024-token prompts, 32 steps)
 # With no arguments: tests, bench on both shapes, and anchor, which can take
 # longer than the device tool's 10 minutes per command; then split them
 # over calls, e.g. `run.sh tests bench:tinyllama-1.1b long:tinyllama-1.1b
@@ -49,6 +58,8 @@
 # estimate) and `run.sh bench:llama-3.2-1b anchor`.
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-bench.log; a
 # summary table of every engine-bench run of the call comes last.
+# EB_ARGS, when set, is added to every engine-bench run of the bf16 shapes
+# (e.g. EB_ARGS=--no-coop).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 log=${OUT:-/tmp}/gpu-bench.log
@@ -84,7 +95,7 @@ has_base() {
     echo "no .gpu/bin/engine-bench-base: run build.sh with BASE=<revision>"
     return 1
 }
-bf16() { echo --shape "$1" --backend wgpu --dtype bf16 --steps 32; }
+bf16() { echo --shape "$1" --backend wgpu --dtype bf16 --steps 32 ${EB_ARGS:-}; }
 for part in "${parts[@]}"; do
     case $part in
     tests)
@@ -120,7 +131,7 @@ for part in "${parts[@]}"; do
         shape=${part#base:}
         echo "== $shape: this build against the base build =="
         if has_base; then
-            for round in 1 2; do
+            for round in $(seq 1 "${ROUNDS:-2}"); do
                 for b in engine-bench-base engine-bench; do
                     # shellcheck disable=SC2046
                     eb "$b-r$round" "$b" 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128
@@ -167,18 +178,18 @@ for part in "${parts[@]}"; do
         # shellcheck disable=SC2046
         {
             for round in 1 2; do
-                eb "no-coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128
-                eb "coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128 --coop
+                eb "no-coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128 --no-coop
+                eb "coop-r$round" engine-bench 150 $(bf16 "$shape") --batch 1,8,16,32,64 --prompt 128
             done
             eb coop-rows-4 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 4
             eb coop-rows-64 engine-bench 90 $(bf16 "$shape") --batch 4,8,16 --prompt 128 --coop-rows 64
             eb coop-slab-32 engine-bench 90 $(bf16 "$shape") --batch 1,32 --prompt 128 --coop-slab 32
-            eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile --coop
+            eb coop-profile engine-bench 120 $(bf16 "$shape") --batch 32 --prompt 128 --profile
         }
         ;;
     quick:*)
         # The coop part cut to what fits a short call: the kernels' coop
-        # parity, then one round without and with --coop at batch 1 and 32
+        # parity, then one round without and with coop at batch 1 and 32
         # on a 512-token prompt (prefill on the matrix units is the question).
         shape=${part#quick:}
         echo "== $shape: cooperative-matrix products, quick =="
@@ -186,8 +197,8 @@ for part in "${parts[@]}"; do
             tee -a "$runs/tests" | grep -E "cooperative|nmse|test result|panicked"
         # shellcheck disable=SC2046
         {
-            eb no-coop engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 512
-            eb coop engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 512 --coop
+            eb no-coop engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 512 --no-coop
+            eb coop engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 512
         }
         ;;
     loops:*)
@@ -206,8 +217,29 @@ for part in "${parts[@]}"; do
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
+    anchors)
+        echo "== transformers, llama.cpp (Vulkan) and tokenwire on one card =="
+        PYTHONUNBUFFERED=1 timeout 150 python3 benches/gpu/hf_anchor.py tinyllama-1.1b
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl
+        mkdir -p /tmp/llama
+        python3 -c "import tarfile; tarfile.open('.llama/llama-bench.tar.xz').extractall('/tmp/llama')"
+        for kind in f16 q8_0; do
+            file=/tmp/tinyllama-$kind.gguf
+            start=$(date +%s)
+            PYTHONPATH=/tmp/site timeout 150 python3 scripts/make-bench-gguf.py "$file" "$kind" >/dev/null
+            echo "-- $file written in $(($(date +%s) - start)) s, $(du -h "$file" | cut -f1)"
+            echo "-- llama-bench $kind"
+            LD_LIBRARY_PATH=/tmp/llama timeout 150 /tmp/llama/llama-bench -m "$file" -ngl 99 \
+                -p 512,1024 -n 128 -r 2 2>&1 | grep -E '^\|' | tee "$runs/llama-$kind.md"
+            for prompt in 512 1024; do
+                eb "gguf-$kind-p$prompt" engine-bench 90 --gguf "$file" --backend wgpu --batch 1 \
+                    --prompt "$prompt" --steps 32 ${EB_ARGS:-}
+            done
+            rm -f "$file"
+        done
+        ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, anchor)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, anchor, anchors)"
         exit 2
         ;;
     esac

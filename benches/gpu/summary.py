@@ -5,7 +5,8 @@ went (device timestamps, per step): decode attention (attn_decode plus
 attn_merge) as a share of the step, and the four layer products with the
 bytes they read per second (their weights only, for 2-byte weights); then,
 for profiled prefills, each layer product's time and arithmetic rate
-(2 x tokens x weights per product, in TFLOP/s) and its kernel.
+(2 x tokens x weights per product, in TFLOP/s) and its kernel, and the
+prefill's attention time; last, llama-bench's tables (run.sh's anchors).
 
     python3 benches/gpu/summary.py DIR   # DIR: run.sh's NN-label.txt files
 """
@@ -54,9 +55,11 @@ def prefill_profiles(text):
                 break
             name, us = r.group(1), float(r.group(3))
             key = next((p for p in PRODUCTS if name.startswith(p + " ")), None)
+            if name.startswith("attn_"):
+                key = "attn"
             if key:
                 total, kernels = groups.get(key, (0.0, set()))
-                kernels.add(name.split(" ", 1)[1])
+                kernels.add(name.split(" ", 1)[-1])
                 groups[key] = (total + us, kernels)
         out[(int(m.group(1)), int(m.group(2)))] = groups
     return out
@@ -147,14 +150,21 @@ def main():
                 if weights and us > 0:
                     rate = f" ({2 * tokens * weights[p] / us / 1e6:.1f})"
                 cells.append(f"{us / 1e3:.1f}{rate} {'/'.join(sorted(kernels))}")
+            cells.append(f"{g.get('attn', (0.0, set()))[0] / 1e3:.1f}")
             rows.append(cells)
     if rows:
         print()
         head = ["run", "batch", "prefill tokens"] + [f"{p} ms (TFLOP/s) kernel" for p in PRODUCTS]
+        head.append("attention ms")
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for cells in rows:
             print("| " + " | ".join(cells) + " |")
+
+    for f in sorted(d.glob("llama-*.md")):
+        print()
+        print(f"llama.cpp Vulkan, {f.stem[len('llama-'):]}:")
+        print(f.read_text().rstrip())
 
 
 if __name__ == "__main__":

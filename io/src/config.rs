@@ -401,6 +401,14 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_WGPU_ADAPTER", value_name = "NAME")]
     pub wgpu_adapter: Option<String>,
 
+    /// With `--backend wgpu`: `on` multiplies prefill chunks and decode
+    /// batches of 16 or more token rows on the GPU's matrix units where the
+    /// adapter offers cooperative matrices (NVIDIA's Vulkan driver does):
+    /// weights and activations rounded to f16, sums in f32. `off`: the f32
+    /// kernels everywhere (slower prefill, bit-for-bit the f32 path).
+    #[arg(long, env = "TOKENWIRE_WGPU_MATRIX_UNITS", value_enum, default_value_t = Switch::On)]
+    pub wgpu_matrix_units: Switch,
+
     /// With `--backend cpu`: how quantized weights meet activations.
     #[arg(long, env = "TOKENWIRE_CPU_ACTIVATIONS", value_enum, default_value_t = CpuActivations::Int8)]
     pub cpu_activations: CpuActivations,
@@ -479,6 +487,8 @@ pub struct ServerConfig {
     pub kv_blocks: Option<u32>,
     /// Name substring of the wgpu adapter to use (`None`: the best one).
     pub wgpu_adapter: Option<String>,
+    /// wgpu: multiply wide passes on the matrix units where offered.
+    pub wgpu_matrix_units: bool,
     /// CPU backend: how quantized weights meet activations.
     pub cpu_activations: CpuActivations,
     /// Seed of the tiny model's weights, and of the Host's id generator when
@@ -589,6 +599,7 @@ impl ServerConfig {
             send_buffer_bytes: to_usize(args.send_buffer_bytes),
             kv_blocks: args.kv_blocks,
             wgpu_adapter: args.wgpu_adapter.clone(),
+            wgpu_matrix_units: args.wgpu_matrix_units == Switch::On,
             cpu_activations: args.cpu_activations,
             seed: args.seed.unwrap_or(default_seed),
             reproducible_ids: args.seed.is_some(),
@@ -935,6 +946,12 @@ mod tests {
         assert!(c.host.prefix_cache && c.host_config(0).prefix_cache);
         let off = parse(&["--prefix-cache", "off"], &EnvMap::new(), None).expect("parses");
         assert!(!ServerConfig::from_args(&off, 7).host_config(0).prefix_cache);
+        assert!(
+            c.wgpu_matrix_units,
+            "matrix units where the adapter has them"
+        );
+        let off = parse(&["--wgpu-matrix-units", "off"], &EnvMap::new(), None).expect("parses");
+        assert!(!ServerConfig::from_args(&off, 7).wgpu_matrix_units);
         assert_eq!(c.seed, 7);
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.feedback_log, None);

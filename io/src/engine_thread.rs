@@ -27,6 +27,8 @@ pub(crate) struct EngineSpec {
     pub kv_blocks: Option<u32>,
     /// Name substring of the wgpu adapter, if one was asked for.
     pub wgpu_adapter: Option<String>,
+    /// wgpu: multiply wide passes on the GPU's matrix units where offered.
+    pub wgpu_matrix_units: bool,
     /// CPU backend: how quantized weights meet activations.
     pub cpu_activations: CpuActivations,
     /// Seed of the tiny model's weights.
@@ -111,6 +113,7 @@ fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
             Backend::Cpu => BackendKind::Cpu,
             Backend::Wgpu => BackendKind::Wgpu {
                 adapter: spec.wgpu_adapter.clone(),
+                cooperative_matrix: spec.wgpu_matrix_units,
             },
         },
         cpu_activations: match spec.cpu_activations {

@@ -236,6 +236,7 @@ pub async fn start_loading_with(
             backend: config.backend,
             kv_blocks: config.kv_blocks,
             wgpu_adapter: config.wgpu_adapter.clone(),
+            wgpu_matrix_units: config.wgpu_matrix_units,
             cpu_activations: config.cpu_activations,
             seed: config.seed,
         },

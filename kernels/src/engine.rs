@@ -37,7 +37,7 @@ pub struct EngineOptions {
     pub num_blocks: Option<u32>,
     /// Token slots per KV block.
     pub block_size: u32,
-    /// Compute backend (for the GPU: `BackendKind::Wgpu { adapter }`).
+    /// Compute backend (for the GPU: `BackendKind::Wgpu { .. }`).
     pub backend: BackendKind,
     /// How the CPU backend multiplies quantized weights: with activations
     /// quantized to 8 bits (fast, the default) or in f32.
@@ -247,12 +247,16 @@ impl Engine {
                 )
                 .map_err(LoadError::Options)?,
             ),
-            BackendKind::Wgpu { adapter } => Box::new(WgpuBackend::new(
+            BackendKind::Wgpu {
+                adapter,
+                cooperative_matrix,
+            } => Box::new(WgpuBackend::new(
                 model.clone(),
                 opts.block_size as usize,
                 num_blocks as usize,
                 &WgpuOptions {
                     adapter: adapter.clone(),
+                    cooperative_matrix: *cooperative_matrix,
                     progress: opts.progress.as_ref().map(|p| p.span(0.3, 1.0)),
                     ..WgpuOptions::default()
                 },

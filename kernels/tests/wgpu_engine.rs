@@ -247,7 +247,7 @@ fn wgpu_missing_adapter_is_an_error_value() {
     let model = Arc::new(tokenwire_kernels::tiny::tiny_model(1));
     let opts = WgpuOptions {
         adapter: Some("no-such-adapter-named-this".into()),
-        ..WgpuOptions::default()
+        ..f32_options()
     };
     match WgpuBackend::new(model, 16, 64, &opts) {
         Err(LoadError::Backend(msg)) => {
@@ -506,7 +506,7 @@ const F16_MHA: Shape = Shape {
 
 #[test]
 fn wgpu_matches_cpu_backend_on_random_models() {
-    let d = WgpuOptions::default();
+    let d = f32_options();
     case(&LLAMA, &d, 16, 64, 1, "llama f32, GQA 2, llama3 rope");
     case(&QWEN, &d, 5, 90, 2, "qwen bf16, biases, tied, GQA 4");
     case(&F16_MHA, &d, 3, 150, 3, "f16 MHA, odd hidden");
@@ -522,12 +522,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
     // Every matrix in a GGUF block type, q|k|v and gate|up stacks mixing
     // them: uploaded as blocks (no f32 copy) and unpacked by the kernels.
     let model = Arc::new(random_model(&QUANT, 8));
-    let Some(gpu) = or_skip(WgpuBackend::new(
-        model.clone(),
-        16,
-        8,
-        &WgpuOptions::default(),
-    )) else {
+    let Some(gpu) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &f32_options())) else {
         return;
     };
     let mut dts = gpu.weight_dtypes();
@@ -551,7 +546,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
         "device {dev} bytes for {file_bytes} file bytes"
     );
     drop(gpu);
-    let d = WgpuOptions::default();
+    let d = f32_options();
     case(&QUANT, &d, 16, 8, 8, "quantized, mixed stacks");
     let mat_vec_rows = WgpuOptions {
         split_k: Some(false),
@@ -601,7 +596,7 @@ fn wgpu_big_model_paths_on_small_models() {
         mat_vec_max_rows: 8,
         subgroups: false,
         split_k: Some(true),
-        ..WgpuOptions::default()
+        ..f32_options()
     };
     let shape = Shape {
         hidden: 32,
@@ -628,7 +623,7 @@ fn wgpu_big_model_paths_on_small_models() {
         decode_min_split: 16,
         split_k: Some(true),
         tiled_matmul: Some(false),
-        ..WgpuOptions::default()
+        ..f32_options()
     };
     case(
         &LLAMA,
@@ -642,7 +637,7 @@ fn wgpu_big_model_paths_on_small_models() {
         prefill_min_rows: 1,
         tiled_matmul: Some(true),
         mat_vec_max_rows: 4,
-        ..WgpuOptions::default()
+        ..f32_options()
     };
     case(
         &LLAMA,
@@ -707,7 +702,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             cooperative_matrix: true,
             coop_min_rows: rows,
             max_binding: binding,
-            ..WgpuOptions::default()
+            ..f32_options()
         };
         let model = Arc::new(random_model(shape, seed));
         let Some(mut gpu) = or_skip(WgpuBackend::new(model.clone(), bs, nb, &opts)) else {
@@ -747,7 +742,7 @@ fn wgpu_unbounded_loops_compute_the_same() {
     for split_k in [false, true] {
         let opts = WgpuOptions {
             split_k: Some(split_k),
-            ..WgpuOptions::default()
+            ..f32_options()
         };
         let bounded_opts = WgpuOptions {
             loop_bounding: true,
@@ -883,7 +878,7 @@ fn fused_against_separate(shape: &Shape) {
             fuse_norm,
             subgroups,
             split_k: Some(true),
-            ..WgpuOptions::default()
+            ..f32_options()
         };
         let Some(mut b) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts)) else {
             return;
@@ -938,7 +933,7 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
     // The GPU defaults, whatever this adapter is: split-row mat-vec.
     let opts = WgpuOptions {
         split_k: Some(true),
-        ..WgpuOptions::default()
+        ..f32_options()
     };
     let Some(mut plain) = or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts)) else {
         return;

@@ -10,7 +10,7 @@ mod wgpu_support;
 use std::sync::Arc;
 
 use tokenwire_kernels::backend::wgpu::WeightDtype;
-use tokenwire_kernels::{ActivationPrecision, Engine, EngineOptions, WgpuBackend, WgpuOptions};
+use tokenwire_kernels::{ActivationPrecision, Engine, EngineOptions, WgpuBackend};
 use wgpu_support::*;
 
 #[test]
@@ -52,12 +52,7 @@ fn a_gguf_files_blocks_stay_blocks_on_the_device() {
     };
     let (model, _) = tokenwire_kernels::Model::load_gguf(&path).expect("model");
     let file_len = std::fs::metadata(&path).expect("file").len();
-    let Some(gpu) = or_skip(WgpuBackend::new(
-        Arc::new(model),
-        16,
-        8,
-        &WgpuOptions::default(),
-    )) else {
+    let Some(gpu) = or_skip(WgpuBackend::new(Arc::new(model), 16, 8, &f32_options())) else {
         return;
     };
     let dts = gpu.weight_dtypes();

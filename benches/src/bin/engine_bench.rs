@@ -51,10 +51,11 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
              for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
              per split) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
-             issues together) [--coop] (wgpu, where the adapter has cooperative matrices:
-             passes of at least 16 token rows multiply on them) [--coop-rows N] (--coop from
-             N rows) [--coop-slab 32|64] (--coop, with k values the coop matmul loads
-             between barriers)
+             issues together) [--no-coop] (wgpu: no cooperative matrices; by default,
+             where the adapter has them, passes of at least 16 token rows multiply on
+             them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
+             rows) [--coop-slab 32|64] (the k values the coop matmul loads between
+             barriers)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
@@ -154,7 +155,7 @@ fn parse_args() -> Result<Args, String> {
         fused_glu: true,
         fused_norm: true,
         subgroups: true,
-        coop: false,
+        coop: true,
         coop_rows: None,
         coop_slab: None,
         loop_bounding: false,
@@ -171,6 +172,7 @@ fn parse_args() -> Result<Args, String> {
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
             "--no-subgroups" => Some((&mut a.subgroups, false)),
             "--coop" => Some((&mut a.coop, true)),
+            "--no-coop" => Some((&mut a.coop, false)),
             "--loop-bounding" => Some((&mut a.loop_bounding, true)),
             _ => None,
         };

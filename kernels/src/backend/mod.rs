@@ -25,6 +25,12 @@ pub enum BackendKind {
         /// `None` = the best one (discrete, then integrated, then virtual,
         /// then software).
         adapter: Option<String>,
+        /// Multiply passes of many token rows (prefill, wide decode batches)
+        /// on the GPU's matrix units where the adapter offers cooperative
+        /// matrices the coop matmul can use
+        /// ([`WgpuOptions::cooperative_matrix`]): f16-rounded inputs, f32
+        /// sums. `false`: f32 kernels everywhere.
+        cooperative_matrix: bool,
     },
 }
 

@@ -21,6 +21,17 @@ pub fn skip_or_fail<T>(what: &str, err: impl std::fmt::Display) -> Option<T> {
     None
 }
 
+/// The backend's default options with every product in f32: for tests that
+/// hold the wgpu backend to the CPU's logits at f32 tolerances, which the
+/// default's cooperative-matrix products (f16 inputs) would not meet on an
+/// adapter that has them.
+pub fn f32_options() -> WgpuOptions {
+    WgpuOptions {
+        cooperative_matrix: false,
+        ..WgpuOptions::default()
+    }
+}
+
 /// A kernel lab on the default adapter.
 pub fn lab() -> Option<KernelLab> {
     lab_with(&WgpuOptions::default())
@@ -79,7 +90,10 @@ pub fn coop_lab(opts: &WgpuOptions) -> Option<KernelLab> {
 /// Engine options for the wgpu backend.
 pub fn wgpu_options() -> EngineOptions {
     EngineOptions {
-        backend: BackendKind::Wgpu { adapter: None },
+        backend: BackendKind::Wgpu {
+            adapter: None,
+            cooperative_matrix: false,
+        },
         ..EngineOptions::default()
     }
 }
