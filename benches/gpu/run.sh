@@ -41,6 +41,10 @@
 #                   against --loop-bounding, alternating, two rounds (batch
 #                   1, 8 and 32, 128-token prompts), then --loop-bounding
 #                   profiled at batch 1 (bench:SHAPE profiles the default)
+#   parity          the parity tests of attention and of the coop products
+#                   only (wgpu_kernels, wgpu_engine): a short call's tests
+#   slab:SHAPE      the coop matmul's 128-value k slab against the default
+#                   (batch 8 and 32, 128-token prompts)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 #   anchors         every anchor beside tokenwire in one call, on
@@ -111,6 +115,21 @@ for part in "${parts[@]}"; do
         # tests skip with their reason instead of failing.
         timeout 60 .gpu/bin/wgpu_gguf -q 2>&1 | quiet | tee -a "$runs/tests" || status=1
         echo "tests exit: $status" | tee -a "$runs/tests"
+        ;;
+    parity)
+        echo "== attention and coop parity tests =="
+        for t in wgpu_kernels wgpu_engine; do
+            CI=true timeout 240 ".gpu/bin/$t" -q attention coop prefill 2>&1 | quiet | tee -a "$runs/tests"
+        done
+        ;;
+    slab:*)
+        shape=${part#slab:}
+        echo "== $shape: coop k slab 128 against the default =="
+        # shellcheck disable=SC2046
+        {
+            eb slab-default engine-bench 60 $(bf16 "$shape") --batch 8,32 --prompt 128
+            eb slab-128 engine-bench 60 $(bf16 "$shape") --batch 8,32 --prompt 128 --coop-slab 128
+        }
         ;;
     bench:*)
         shape=${part#bench:}
@@ -239,7 +258,7 @@ for part in "${parts[@]}"; do
         done
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, anchor, anchors)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, parity, slab:SHAPE, anchor, anchors)"
         exit 2
         ;;
     esac
