@@ -43,8 +43,6 @@
 #                   profiled at batch 1 (bench:SHAPE profiles the default)
 #   parity          the parity tests of attention and of the coop products
 #                   only (wgpu_kernels, wgpu_engine): a short call's tests
-#   slab:SHAPE      the coop matmul's 128-value k slab against the default
-#                   (batch 8 and 32, 128-token prompts)
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
 #   anchors         every anchor beside tokenwire in one call, on
@@ -121,15 +119,6 @@ for part in "${parts[@]}"; do
         for t in wgpu_kernels wgpu_engine; do
             CI=true timeout 240 ".gpu/bin/$t" -q attention coop prefill 2>&1 | quiet | tee -a "$runs/tests"
         done
-        ;;
-    slab:*)
-        shape=${part#slab:}
-        echo "== $shape: coop k slab 128 against the default =="
-        # shellcheck disable=SC2046
-        {
-            eb slab-default engine-bench 60 $(bf16 "$shape") --batch 8,32 --prompt 128
-            eb slab-128 engine-bench 60 $(bf16 "$shape") --batch 8,32 --prompt 128 --coop-slab 128
-        }
         ;;
     bench:*)
         shape=${part#bench:}
@@ -258,7 +247,7 @@ for part in "${parts[@]}"; do
         done
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, parity, slab:SHAPE, anchor, anchors)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, parity, anchor, anchors)"
         exit 2
         ;;
     esac

@@ -54,7 +54,7 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              issues together) [--no-coop] (wgpu: no cooperative matrices; by default,
              where the adapter has them, passes of at least 16 token rows multiply on
              them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
-             rows) [--coop-slab 32|64|128] (the k values the coop matmul loads between
+             rows) [--coop-slab 32|64] (the k values the coop matmul loads between
              barriers)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card

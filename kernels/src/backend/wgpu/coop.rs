@@ -20,9 +20,6 @@ use ::wgpu::{CooperativeMatrixProperties, CooperativeScalarType};
 /// for 22 KiB of workgroup memory at side 16, past WebGPU's 16 KiB
 /// minimum: 32 where the adapter allows no more.
 const K_SLABS: [u32; 2] = [64, 32];
-/// A slab only taken when asked for (`coop_k_slab`): twice the loads in
-/// flight of 64 again, for 38 KiB at side 16, to measure on a GPU.
-const WIDE_SLAB: u32 = 128;
 /// Subgroups per workgroup, as a 2 x 2 grid over the output tile; each
 /// computes 2 x 2 fragments. So a workgroup's tile is 4 fragment sides of
 /// weight rows by 4 of tokens, and every fragment loaded from workgroup
@@ -37,7 +34,7 @@ pub struct CoopConfig {
     /// The adapter's subgroup size (one fixed size: fragments belong to a
     /// subgroup, and the kernel's workgroup is a whole number of them).
     pub subgroup: u32,
-    /// k values per slab (128, 64 or 32).
+    /// k values per slab (64 or 32).
     pub k_slab: u32,
 }
 
@@ -73,16 +70,14 @@ impl CoopConfig {
             .into_iter()
             .filter(|&side| offered(side))
             .flat_map(|side| {
-                let slabs = match slab {
-                    Some(WIDE_SLAB) => vec![WIDE_SLAB],
-                    Some(s) => K_SLABS.into_iter().filter(|&k| k == s).collect(),
-                    None => K_SLABS.to_vec(),
-                };
-                slabs.into_iter().map(move |k_slab| CoopConfig {
-                    side,
-                    subgroup: sg_min,
-                    k_slab,
-                })
+                K_SLABS
+                    .into_iter()
+                    .filter(|&k| slab.is_none_or(|s| s == k))
+                    .map(move |k_slab| CoopConfig {
+                        side,
+                        subgroup: sg_min,
+                        k_slab,
+                    })
             })
             .find(|c| {
                 c.loads_per_invocation() > 0
@@ -205,17 +200,6 @@ mod tests {
         // A slab asked for, where it fits.
         let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, Some(32));
         assert_eq!(c, Some(cfg(16, 32, 32)));
-        // The 128 slab only when asked for, where it fits (38 KiB).
-        let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, Some(128)).expect("usable");
-        assert_eq!(
-            (c.k_slab, c.loads_per_invocation(), c.workgroup_bytes()),
-            (128, 8, 38 * KIB)
-        );
-        // Side 8 where side 16 does not fit (18 KiB), none below that.
-        let c = CoopConfig::pick(&nv, 32, 32, true, 32 * KIB, Some(128));
-        assert_eq!(c, Some(cfg(8, 32, 128)));
-        let c = CoopConfig::pick(&nv, 32, 32, true, 16 * KIB, Some(128));
-        assert_eq!(c, None);
         // Too little memory even for side 8's 32 slab (5 KiB): none.
         assert_eq!(CoopConfig::pick(&lvp, 8, 8, true, 4 * KIB, None), None);
         // Subgroups of 64 with 16-wide fragments and the 32 slab: one load each.

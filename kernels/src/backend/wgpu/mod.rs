@@ -231,8 +231,8 @@ pub struct WgpuOptions {
     /// 8, 29.6 at 32, most of it in the products) while the matrix units'
     /// should not.
     pub coop_min_rows: usize,
-    /// The coop matmul's k slab (128, 64 or 32 values loaded between two
-    /// barriers; 128 only when asked for). `None`: 64 where the adapter gives a workgroup the memory
+    /// The coop matmul's k slab (64 or 32 values loaded between two
+    /// barriers). `None`: 64 where the adapter gives a workgroup the memory
     /// (22 KiB), else 32 ([`CoopConfig`]).
     pub coop_k_slab: Option<u32>,
     /// Keep the counter wgpu adds to every shader loop so that none can run
