@@ -656,8 +656,10 @@ fn wgpu_coop_products_match_cpu_backend() {
     // decode row, LM head included), passes of 4 rows and more (mixing
     // both in one model), prefill-sized passes; f32, bf16 with biases and a
     // tied head, and every GGUF block type in mixed stacks; weights split
-    // into chunks. Each case checks that coop dispatches ran (its profile)
-    // and that their logits stay near the CPU's, f16 rounding and all.
+    // into chunks; and products split over k (partial sums, then their
+    // sum) wherever k has 8 slabs. Each case checks that coop dispatches
+    // ran (its profile), split ones where asked, and that their logits stay
+    // near the CPU's, f16 rounding and all.
     use tokenwire_kernels::backend::wgpu::ProfileClock;
     // Small enough for a 4 KiB binding to hold a layer's K pool.
     const SMALL_QWEN: Shape = Shape {
@@ -668,40 +670,63 @@ fn wgpu_coop_products_match_cpu_backend() {
         head_dim: 8,
         ..QWEN
     };
-    // (shape, coop from this many rows, binding cap, block size, blocks).
+    // (shape, coop from this many rows, binding cap, split k, block size,
+    // blocks).
     type Case = (
         &'static Shape,
         usize,
         Option<u64>,
+        bool,
         usize,
         usize,
         &'static str,
     );
-    let cases: [Case; 4] = [
-        (&LLAMA, 1, None, 16, 64, "llama f32, every pass on coop"),
+    let cases: [Case; 5] = [
+        (
+            &LLAMA,
+            1,
+            None,
+            false,
+            16,
+            64,
+            "llama f32, every pass on coop",
+        ),
         (
             &QWEN,
             4,
             None,
+            false,
             5,
             90,
             "qwen bf16, biases, tied, 4+ rows on coop",
         ),
-        (&QUANT, 2, None, 16, 8, "quantized, 2+ rows on coop"),
+        (&QUANT, 2, None, false, 16, 8, "quantized, 2+ rows on coop"),
         (
             &SMALL_QWEN,
             1,
             Some(4096),
+            false,
             4,
             16,
             "qwen bf16, 4 KiB chunks, all on coop",
         ),
+        (
+            &QUANT,
+            1,
+            None,
+            true,
+            16,
+            8,
+            "quantized, all on coop, k split",
+        ),
     ];
-    for (seed, (shape, rows, binding, bs, nb, what)) in (40..).zip(cases) {
+    for (seed, (shape, rows, binding, split, bs, nb, what)) in (40..).zip(cases) {
         let opts = WgpuOptions {
             cooperative_matrix: true,
             coop_min_rows: rows,
             max_binding: binding,
+            coop_k_slab: split.then_some(32),
+            coop_split_workgroups: Some(if split { 1 << 20 } else { 0 }),
             ..f32_options()
         };
         let model = Arc::new(random_model(shape, seed));
@@ -729,6 +754,8 @@ fn wgpu_coop_products_match_cpu_backend() {
             .map(|k| k.calls)
             .sum();
         assert!(coop > 0, "{what}: no coop dispatch in {p:?}");
+        let sums = p.kernels.iter().any(|k| k.name.contains("split_sum"));
+        assert_eq!(sums, split, "{what}: split sums in {p:?}");
     }
 }
 

@@ -318,16 +318,21 @@ fn wgpu_coop_matmul_matches_reference() {
     // on every float weight type (bf16 and f32 rounded to f16 on the way
     // into workgroup memory), k a multiple of 8 and not, across several
     // k slabs, tokens and rows over several tiles, chunked weights and
-    // biases; with the largest k slab the adapter allows, and with 32.
-    for slab in [None, Some(32)] {
+    // biases; with the largest k slab the adapter allows, and with 32;
+    // then with k split over workgroups wherever it has 8 slabs or more
+    // (partial sums added by split_sum.wgsl).
+    let split_everything = Some(1 << 20);
+    for (slab, split) in [(None, None), (Some(32), None), (Some(32), split_everything)] {
         let opts = tokenwire_kernels::WgpuOptions {
             coop_k_slab: slab,
+            coop_split_workgroups: split,
             ..Default::default()
         };
         let Some(mut lab) = coop_lab(&opts) else {
             return;
         };
-        check_coop_shapes(&mut lab, 50 + slab.unwrap_or(0) as u64);
+        let seed = 50 + slab.unwrap_or(0) as u64 + u64::from(split.is_some());
+        check_coop_shapes(&mut lab, seed);
     }
 }
 

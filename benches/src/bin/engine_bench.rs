@@ -55,7 +55,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              where the adapter has them, passes of at least 16 token rows multiply on
              them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
              rows) [--coop-slab 32|64] (the k values the coop matmul loads between
-             barriers)
+             barriers) [--coop-split N] (split the k of coop products of fewer tiles
+             than N over workgroups; 0: never; default 512 on GPUs)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
@@ -86,6 +87,7 @@ struct Args {
     coop: bool,
     coop_rows: Option<usize>,
     coop_slab: Option<u32>,
+    coop_split: Option<u32>,
     loop_bounding: bool,
 }
 
@@ -158,6 +160,7 @@ fn parse_args() -> Result<Args, String> {
         coop: true,
         coop_rows: None,
         coop_slab: None,
+        coop_split: None,
         loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
@@ -208,6 +211,7 @@ fn parse_args() -> Result<Args, String> {
                 a.coop = true;
                 a.coop_rows = Some(num(&val)?.max(1));
             }
+            "--coop-split" => a.coop_split = Some(num(&val)? as u32),
             "--coop-slab" => {
                 a.coop = true;
                 a.coop_slab = Some(num(&val)? as u32);
@@ -589,6 +593,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         cooperative_matrix: a.coop,
                         coop_min_rows: a.coop_rows.unwrap_or(d.coop_min_rows),
                         coop_k_slab: a.coop_slab,
+                        coop_split_workgroups: a.coop_split,
                         loop_bounding: a.loop_bounding,
                         ..d
                     };

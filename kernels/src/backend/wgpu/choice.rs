@@ -36,6 +36,8 @@ mod tests {
             side: 8,
             subgroup: 8,
             k_slab: 32,
+            split_to: 0,
+            split_max_bytes: 0,
         };
         let gpu = KernelChoice {
             tiled_above: Some(64),

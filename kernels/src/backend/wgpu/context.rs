@@ -149,6 +149,10 @@ fn rank(t: ::wgpu::DeviceType) -> u8 {
     }
 }
 
+/// [`WgpuOptions::coop_split_workgroups`]'s default on GPUs: a few
+/// workgroups per multiprocessor of a large GPU (132 on an H100).
+const GPU_SPLIT_WORKGROUPS: u32 = 512;
+
 impl Gpu {
     /// Picks an adapter (by name substring, or the best kind) and opens a
     /// device with every limit the adapter offers.
@@ -260,6 +264,16 @@ impl Gpu {
         // Whole 16-byte words: buffers are padded to them (vec4 reads), and a
         // chunk cut to fit the binding must still fit once padded.
         let max_binding = max_binding / 16 * 16;
+        let cpu_adapter = info.device_type == ::wgpu::DeviceType::Cpu;
+        let coop = coop.map(|c| CoopConfig {
+            split_to: opts.coop_split_workgroups.unwrap_or(if cpu_adapter {
+                0
+            } else {
+                GPU_SPLIT_WORKGROUPS
+            }),
+            split_max_bytes: max_binding,
+            ..c
+        });
         Ok(Gpu {
             device,
             queue,

@@ -25,6 +25,9 @@ const K_SLABS: [u32; 2] = [64, 32];
 /// weight rows by 4 of tokens, and every fragment loaded from workgroup
 /// memory feeds two multiply-adds.
 const SUBGROUPS: u32 = 4;
+/// Fewest k slabs per split of a split-k product: shorter splits cost more
+/// in partials and their sum than their parallelism gains.
+const MIN_SPLIT_SLABS: u32 = 4;
 
 /// A cooperative-matrix configuration the product kernel runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,6 +39,13 @@ pub struct CoopConfig {
     pub subgroup: u32,
     /// k values per slab (64 or 32).
     pub k_slab: u32,
+    /// Split k over workgroups (partial sums, then split_sum.wgsl) when a
+    /// product has fewer tiles than this, to have about this many
+    /// workgroups; 0: never ([`super::WgpuOptions::coop_split_workgroups`]).
+    pub split_to: u32,
+    /// Most bytes of partial sums one split product may write (the
+    /// device's largest binding).
+    pub split_max_bytes: u64,
 }
 
 impl CoopConfig {
@@ -77,6 +87,8 @@ impl CoopConfig {
                         side,
                         subgroup: sg_min,
                         k_slab,
+                        split_to: 0,
+                        split_max_bytes: 0,
                     })
             })
             .find(|c| {
@@ -137,6 +149,34 @@ impl CoopConfig {
         let t = self.tile_rows();
         [rows.div_ceil(t).max(1), tokens.div_ceil(t).max(1)]
     }
+
+    /// How a product of `rows` weight rows by `tokens` tokens over `k`
+    /// inputs splits k: (splits, k values per split, a whole number of
+    /// slabs). One split where its tiles already reach
+    /// [`CoopConfig::split_to`]; else as many as bring the workgroups to
+    /// about that, each at least [`MIN_SPLIT_SLABS`] slabs long, their
+    /// partial sums within [`CoopConfig::split_max_bytes`].
+    pub(crate) fn k_splits(&self, rows: u32, tokens: u32, k: u32) -> (u32, u32) {
+        let [n, m] = self.groups(rows, tokens);
+        let tiles = n * m;
+        let one = (1, k.max(1));
+        if self.split_to == 0 || tiles >= self.split_to {
+            return one;
+        }
+        let slabs = k.div_ceil(self.k_slab);
+        let plane = 4 * rows as u64 * tokens as u64;
+        let fit = (self.split_max_bytes / plane.max(1)).min(u32::MAX as u64) as u32;
+        let want = self
+            .split_to
+            .div_ceil(tiles)
+            .min(slabs / MIN_SPLIT_SLABS)
+            .min(fit);
+        if want < 2 {
+            return one;
+        }
+        let k_len = slabs.div_ceil(want) * self.k_slab;
+        (k.div_ceil(k_len), k_len)
+    }
 }
 
 #[cfg(test)]
@@ -166,6 +206,8 @@ mod tests {
             side,
             subgroup,
             k_slab,
+            split_to: 0,
+            split_max_bytes: 0,
         };
         // lavapipe (Mesa 26): 8x8x8, f16 -> f16 and f16 -> f32, subgroups of 8.
         let lvp = [prop(8, F16, F16), prop(8, F16, F32)];
@@ -219,5 +261,46 @@ mod tests {
         let c = cfg(8, 8, 32);
         assert_eq!(c.groups(65, 1), [3, 1]);
         assert_eq!(c.groups(0, 64), [1, 2]);
+    }
+
+    #[test]
+    fn k_splits_fill_the_target_within_their_bounds() {
+        let c = CoopConfig {
+            side: 16,
+            subgroup: 32,
+            k_slab: 64,
+            split_to: 512,
+            split_max_bytes: 1 << 27,
+        };
+        // A decode batch of 32 through TinyLlama's down matrix (2,048 rows,
+        // 5,632 inputs): 32 tiles, 16 splits of 6 slabs (384 values).
+        assert_eq!(c.k_splits(2048, 32, 5632), (15, 384));
+        // Its o matrix (2,048 inputs): 32 slabs allow 8 splits of 4.
+        assert_eq!(c.k_splits(2048, 32, 2048), (8, 256));
+        // Enough tiles already (gate|up, 176 x 8 for a 512-token prefill):
+        // one split of all k.
+        assert_eq!(c.k_splits(11264, 512, 2048), (1, 2048));
+        // Too short a k to split.
+        assert_eq!(c.k_splits(64, 1, 200), (1, 200));
+        // Off.
+        let off = CoopConfig { split_to: 0, ..c };
+        assert_eq!(off.k_splits(2048, 32, 5632), (1, 5632));
+        // The partials bounded by the binding: 3 planes of 2,048 x 32 fit.
+        let small = CoopConfig {
+            split_max_bytes: 3 * 4 * 2048 * 32,
+            ..c
+        };
+        assert_eq!(small.k_splits(2048, 32, 5632), (3, 1920));
+        // Every k value in exactly one split, each a whole number of slabs.
+        for k in [1, 63, 64, 65, 255, 256, 1000, 5632, 14336] {
+            for rows in [1, 64, 2048] {
+                let (n, len) = c.k_splits(rows, 32, k);
+                assert!(n >= 1 && n * len >= k && (n - 1) * len < k, "{k} {rows}");
+                assert!(n == 1 || len % c.k_slab == 0, "{k} {rows}");
+                if n > 1 {
+                    assert!(len / c.k_slab >= MIN_SPLIT_SLABS, "{k} {rows}");
+                }
+            }
+        }
     }
 }

@@ -344,7 +344,8 @@ impl KernelLab {
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(&[0.0f32]));
         let yb = self.output("lab.act", cols * inter as usize);
-        let bg = self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb]);
+        let sb = self.output("lab.split", 4);
+        let bg = self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb, &sb]);
         let product = Product {
             k: in_dim as u32,
             rows: inter,
@@ -410,13 +411,9 @@ impl KernelLab {
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let yb = self.output("lab.y", cols * out_dim);
-        let bgs: Vec<::wgpu::BindGroup> = chunks
+        let products: Vec<Product> = chunks
             .iter()
-            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb]))
-            .collect();
-        let mut dispatches = Vec::new();
-        for (c, bg) in chunks.iter().zip(&bgs) {
-            let product = Product {
+            .map(|c| Product {
                 k: in_dim as u32,
                 rows: c.rows,
                 row0: c.row0,
@@ -429,7 +426,18 @@ impl KernelLab {
                 glu: false,
                 norm_eps: None,
                 accumulate: false,
-            };
+            })
+            .collect();
+        // One scratch for every chunk's split-k partials: the dispatches run
+        // in order, each chunk's sum before the next chunk's products.
+        let split = products.iter().map(Product::split_bytes).max().unwrap_or(0);
+        let sb = self.output("lab.split", (split / 4).max(4) as usize);
+        let bgs: Vec<::wgpu::BindGroup> = chunks
+            .iter()
+            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb, &sb]))
+            .collect();
+        let mut dispatches = Vec::new();
+        for ((c, bg), product) in chunks.iter().zip(&bgs).zip(&products) {
             for call in product.calls() {
                 let pipe = self
                     .pipes

@@ -50,7 +50,12 @@
 //!   lavapipe), passes of at least [`WgpuOptions::coop_min_rows`] token
 //!   rows multiply on them instead (`shaders/coop_mat_mul.wgsl`:
 //!   weights and x rounded to f16 into workgroup tiles, f32 sums; the
-//!   norms and SiLU as their own kernels, as on the tiled matmul).
+//!   norms and SiLU as their own kernels, as on the tiled matmul). A
+//!   product of too few tiles to fill the GPU (a decode batch through a
+//!   2,048-row matrix) splits k over workgroups, each writing partial sums
+//!   to a scratch binding that `shaders/split_sum.wgsl` then adds, with the
+//!   bias and the residual, in a fixed order
+//!   ([`WgpuOptions::coop_split_workgroups`]).
 //! * Subgroup operations are optional: where the adapter has them, the
 //!   split-row mat-vec sums each row's partials with shuffles (any
 //!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
@@ -235,6 +240,14 @@ pub struct WgpuOptions {
     /// barriers). `None`: 64 where the adapter gives a workgroup the memory
     /// (22 KiB), else 32 ([`CoopConfig`]).
     pub coop_k_slab: Option<u32>,
+    /// Split the k of a cooperative-matrix product that has fewer tiles
+    /// than this over workgroups (partial sums in a scratch buffer, then
+    /// added in a fixed order by split_sum.wgsl), to have about this many
+    /// workgroups: a decode batch of 32 through a 2,048-row matrix is 32
+    /// tiles, a few hundredths of what a large GPU keeps busy. `None`: 512
+    /// on GPUs, never on CPU adapters (which run workgroups one per
+    /// thread); `Some(0)`: never.
+    pub coop_split_workgroups: Option<u32>,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
     /// kernels ends by construction, bounds checks stay, and without the
@@ -283,6 +296,7 @@ impl Default for WgpuOptions {
             cooperative_matrix: true,
             coop_min_rows: 16,
             coop_k_slab: None,
+            coop_split_workgroups: None,
             loop_bounding: false,
         }
     }
@@ -354,6 +368,8 @@ struct Bufs {
     gate_up: Grow,
     act: Grow,
     part: Grow,
+    /// Partial sums of split-k coop products (their bind groups' binding 4).
+    split: Grow,
     logits: Grow,
     /// sample.wgsl's input: per-row parameters and penalty histories.
     sample: Grow,
@@ -402,6 +418,7 @@ struct Binds {
 struct Needs {
     rows: u64,
     part: u64,
+    split: u64,
     logit_rows: u64,
     sample: u64,
     sampled: u64,
@@ -562,6 +579,7 @@ impl WgpuBackend {
             gate_up: Grow::new(&gpu, "gate_up", row_bytes, st),
             act: Grow::new(&gpu, "act", row_bytes, st),
             part: Grow::new(&gpu, "part", 16, st),
+            split: Grow::new(&gpu, "split", 16, st),
             logits: Grow::new(&gpu, "logits", 4 * dims.vocab as u64, st),
             sample: Grow::new(&gpu, "sample", 4096, st),
             sampled: Grow::new(&gpu, "sampled", 256, st),
@@ -717,7 +735,7 @@ impl WgpuBackend {
     }
 
     /// One bind group per chunk of `m`: x, the chunk, `third` (the bias, or
-    /// the norm weight of a fused norm), y.
+    /// the norm weight of a fused norm), y, and the split-k partials.
     fn chunk_bgs(
         &self,
         label: &str,
@@ -729,8 +747,11 @@ impl WgpuBackend {
         m.chunks
             .iter()
             .map(|c| {
-                self.gpu
-                    .storage_bind_group(&self.pipes.layouts.mat, label, &[x, &c.buf, third, y])
+                self.gpu.storage_bind_group(
+                    &self.pipes.layouts.mat,
+                    label,
+                    &[x, &c.buf, third, y, &self.bufs.split.buf],
+                )
             })
             .collect()
     }
@@ -892,6 +913,7 @@ impl WgpuBackend {
             split_k: self.pipes.split_k,
             fuse_norm: self.opts.fuse_norm && self.pipes.split_k,
             fuse_glu: self.opts.fuse_glu,
+            split_bytes: 0,
         };
         for (i, c) in w.embed.chunks.iter().enumerate() {
             let call = params::embed_call(d.h, p.rows, p.tok_off, c);
@@ -915,6 +937,7 @@ impl WgpuBackend {
                 }
             }
         }
+        needs.split = needs.split.max(ops.split_bytes);
         seg.ops = ops.ops;
         seg
     }
@@ -939,6 +962,7 @@ impl WgpuBackend {
         grown |= b.gate_up.ensure(g, r * 8 * d.inter as u64, mb);
         grown |= b.act.ensure(g, r * 4 * d.inter as u64, mb);
         grown |= b.part.ensure(g, needs.part, mb);
+        grown |= b.split.ensure(g, needs.split, mb);
         grown |= b
             .logits
             .ensure(g, needs.logit_rows * 4 * d.vocab as u64, mb);

@@ -79,6 +79,7 @@ impl Op {
             Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
             Pipe::Weight(WeightKernel::Coop, d) => format!("coop_mat_mul {d:?}"),
+            Pipe::Weight(WeightKernel::SplitSum, _) => "split_sum".into(),
             Pipe::Norm => "rms_norm".into(),
             Pipe::RopeKv => "rope_kv".into(),
             Pipe::Decode => "attn_decode".into(),
@@ -161,6 +162,8 @@ pub(super) struct PassOps<'a> {
     /// SiLU-times-up may go into the gate|up product
     /// ([`super::WgpuOptions::fuse_glu`]).
     pub(super) fuse_glu: bool,
+    /// Most bytes of split-k partials any product of the pass writes.
+    pub(super) split_bytes: u64,
 }
 
 impl PassOps<'_> {
@@ -251,6 +254,7 @@ impl PassOps<'_> {
     }
 
     fn push_product(&mut self, product: &Product, dtype: WeightDtype, bind: Bind) {
+        self.split_bytes = self.split_bytes.max(product.split_bytes());
         for c in product.calls() {
             self.push(Pipe::Weight(c.kind, dtype), bind, &c.call);
         }

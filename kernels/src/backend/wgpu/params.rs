@@ -188,7 +188,7 @@ kernel_params! {
 
     /// The tiled matmuls' `Params`, one layout for the f32 and the
     /// cooperative-matrix kernel so a product picks either with one plan.
-    MatMulParams in ["mat_mul.wgsl", "coop_mat_mul.wgsl"] {
+    MatMulParams in ["mat_mul.wgsl", "coop_mat_mul.wgsl", "split_sum.wgsl"] {
         k: u32,
         rows: u32,
         row0: u32,
@@ -199,6 +199,9 @@ kernel_params! {
         x_off: u32,
         y_off: u32,
         accumulate: u32,
+        splits: u32,
+        k_len: u32,
+        m_groups: u32,
     }
 
     /// silu_mul.wgsl's `Params`.

@@ -329,7 +329,7 @@ impl Layouts {
             });
         Layouts {
             params,
-            mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W)]),
+            mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W), (4, W)]),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
             norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
             rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W)]),
@@ -364,6 +364,10 @@ pub(crate) enum WeightKernel {
     MatMul,
     /// The tiled matmul on cooperative matrices (coop_mat_mul.wgsl).
     Coop,
+    /// The sum of a split-k coop product's partials into y
+    /// (split_sum.wgsl; built per weight type only to share the products'
+    /// bind groups and keys, it reads no weights).
+    SplitSum,
 }
 
 /// Which kernel multiplies a product's token columns.
@@ -421,10 +425,12 @@ pub(crate) struct ProductCall {
 
 impl Product {
     /// The dispatches: one tiled matmul (on f32 arithmetic or cooperative
-    /// matrices), or mat-vec groups of at most [`mat_vec_max_cols`] columns.
+    /// matrices; on the latter split over k where it has too few tiles,
+    /// then the sum of the splits), or mat-vec groups of at most
+    /// [`mat_vec_max_cols`] columns.
     pub(crate) fn calls(&self) -> Vec<ProductCall> {
         let has_bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
-        let (kind, groups) = match self.kernel {
+        let (kind, groups, (splits, k_len)) = match self.kernel {
             Kernel::MatVec => return self.mat_vec_calls(has_bias),
             Kernel::Tiled => (
                 WeightKernel::MatMul,
@@ -432,8 +438,13 @@ impl Product {
                     self.rows.div_ceil(MAT_MUL_TILE),
                     self.cols.div_ceil(MAT_MUL_TILE),
                 ],
+                (1, self.k),
             ),
-            Kernel::Coop(c) => (WeightKernel::Coop, c.groups(self.rows, self.cols)),
+            Kernel::Coop(c) => (
+                WeightKernel::Coop,
+                c.groups(self.rows, self.cols),
+                c.k_splits(self.rows, self.cols, self.k),
+            ),
         };
         debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
         let params = MatMulParams {
@@ -447,11 +458,37 @@ impl Product {
             x_off: 0,
             y_off: 0,
             accumulate: u32::from(self.accumulate),
+            splits,
+            k_len,
+            m_groups: groups[1],
         };
-        vec![ProductCall {
+        let mut calls = vec![ProductCall {
             kind,
-            call: params.call(groups),
-        }]
+            call: params.call([groups[0], groups[1] * splits]),
+        }];
+        if splits > 1 {
+            calls.push(ProductCall {
+                kind: WeightKernel::SplitSum,
+                call: params.call(grid((self.cols * self.rows).div_ceil(256))),
+            });
+        }
+        calls
+    }
+
+    /// Bytes of partial sums the product's split-k coop dispatch writes
+    /// (0 unsplit): the scratch binding must hold them.
+    pub(crate) fn split_bytes(&self) -> u64 {
+        match self.kernel {
+            Kernel::Coop(c) => {
+                let (splits, _) = c.k_splits(self.rows, self.cols, self.k);
+                if splits > 1 {
+                    4 * splits as u64 * self.rows as u64 * self.cols as u64
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        }
     }
 
     /// Mat-vec groups of at most [`mat_vec_max_cols`] columns.
@@ -657,6 +694,11 @@ impl Pipelines {
                 WeightKernel::Coop,
                 "coop_mat_mul",
                 include_str!("shaders/coop_mat_mul.wgsl"),
+            ));
+            kinds.push((
+                WeightKernel::SplitSum,
+                "split_sum",
+                include_str!("shaders/split_sum.wgsl"),
             ));
         }
         for (kind, label, body) in kinds {

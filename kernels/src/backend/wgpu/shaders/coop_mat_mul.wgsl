@@ -23,6 +23,13 @@
 // memory, and its invocations add the bias and the residual and write the
 // rows of y (consecutive invocations, consecutive rows).
 //
+// Split k (p.splits > 1, for products of too few tiles to keep the GPU
+// busy): split z of workgroup_id.y's splits multiplies k values
+// z * k_len .. (z + 1) * k_len only and stores its plain partial sums into
+// `part` ([split][token][row]); split_sum.wgsl then adds the splits, the
+// bias and the residual into y, in a fixed order (the same result every
+// run).
+//
 // Fragments are per subgroup: subgroup j is taken to be the invocations
 // j * SG .. (j + 1) * SG - 1, as Vulkan drivers lay out one-dimensional
 // workgroups (the split-row mat-vec assumes the same), and coop.rs uses
@@ -39,13 +46,16 @@ struct Params {
     x_off: u32,    // offset of X in x
     y_off: u32,    // offset of Y in y
     accumulate: u32, // 1 = add the product to y (a residual add)
-    _p10: u32, _p11: u32,
-    _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+    splits: u32,   // k splits: 1, or partial products into `part`
+    k_len: u32,    // k values per split (a multiple of BK)
+    m_groups: u32, // token tiles (workgroup_id.y = split * m_groups + tile)
+    _p13: u32, _p14: u32, _p15: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read_write> part: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 // Runs of 8 k values per tile row.
@@ -80,15 +90,17 @@ fn put_x(at: u32, v: W8) {
 }
 
 // Writes fragment `c` of subgroup `sub` (weight rows n0.., tokens m0..)
-// into y through the subgroup's corner of `cs`.
-fn emit(c: FragC, sub: u32, lane: u32, n0: u32, m0: u32) {
+// into y, or into split z's partials, through the subgroup's corner of `cs`.
+fn emit(c: FragC, sub: u32, lane: u32, n0: u32, m0: u32, z: u32) {
     let corner = sub * S * S;
     coopStore(c, &cs[corner], S);
     workgroupBarrier();
     for (var e = lane; e < S * S; e += SG) {
         let n = n0 + e % S;
         let m = m0 + e / S;
-        if (n < p.rows && m < p.m) {
+        if (n < p.rows && m < p.m && p.splits > 1u) {
+            part[(z * p.m + m) * p.rows + n] = cs[corner + e];
+        } else if (n < p.rows && m < p.m) {
             var v = cs[corner + e];
             if (p.has_bias != 0u) {
                 v += bias[p.row0 + n];
@@ -110,7 +122,10 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let n_tile = wid.x * TILE;
-    let m_tile = wid.y * TILE;
+    let z = wid.y / p.m_groups;
+    let m_tile = (wid.y % p.m_groups) * TILE;
+    let k_lo = z * p.k_len;
+    let k_hi = min(p.k, k_lo + p.k_len);
     let sub = lid / SG;
     let lane = lid % SG;
     // This subgroup's 2 S x 2 S corner of the tile.
@@ -125,11 +140,11 @@ fn main(
     for (var u = 0u; u < LOADS; u++) {
         let i = lid + u * WG;
         let r = i / RUNS;
-        let kq = 8u * (i % RUNS);
+        let kq = k_lo + 8u * (i % RUNS);
         wv[u] = load_w(n_tile + r, kq);
         xv[u] = load_x(m_tile + r, kq);
     }
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         for (var u = 0u; u < LOADS; u++) {
             let i = lid + u * WG;
             let at = (i / RUNS) * LDS + 8u * (i % RUNS);
@@ -138,7 +153,7 @@ fn main(
         }
         workgroupBarrier();
         let next = k0 + BK;
-        if (next < p.k) {
+        if (next < k_hi) {
             for (var u = 0u; u < LOADS; u++) {
                 let i = lid + u * WG;
                 let r = i / RUNS;
@@ -160,8 +175,8 @@ fn main(
         // Every fragment is read before the next slab overwrites the tiles.
         workgroupBarrier();
     }
-    emit(c00, sub, lane, n_tile + sn, m_tile + sm);
-    emit(c01, sub, lane, n_tile + sn, m_tile + sm + S);
-    emit(c10, sub, lane, n_tile + sn + S, m_tile + sm);
-    emit(c11, sub, lane, n_tile + sn + S, m_tile + sm + S);
+    emit(c00, sub, lane, n_tile + sn, m_tile + sm, z);
+    emit(c01, sub, lane, n_tile + sn, m_tile + sm + S, z);
+    emit(c10, sub, lane, n_tile + sn + S, m_tile + sm, z);
+    emit(c11, sub, lane, n_tile + sn + S, m_tile + sm + S, z);
 }

@@ -29,8 +29,10 @@ struct Params {
     x_off: u32,    // offset of X in x
     y_off: u32,    // offset of Y in y
     accumulate: u32, // 1 = add the product to y (a residual add)
-    _p10: u32, _p11: u32,
-    _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+    splits: u32,   // coop_mat_mul.wgsl's k splits (1 here)
+    k_len: u32,    // k values per split
+    m_groups: u32, // token tiles
+    _p13: u32, _p14: u32, _p15: u32,
 }
 
 // x as vec4s (every x buffer is a whole number of 16-byte words); rows of X
