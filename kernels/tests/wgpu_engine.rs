@@ -670,63 +670,113 @@ fn wgpu_coop_products_match_cpu_backend() {
         head_dim: 8,
         ..QWEN
     };
-    // (shape, coop from this many rows, binding cap, split k, block size,
-    // blocks).
-    type Case = (
-        &'static Shape,
-        usize,
-        Option<u64>,
-        bool,
-        usize,
-        usize,
-        &'static str,
-    );
-    let cases: [Case; 5] = [
-        (
+    use tokenwire_kernels::backend::wgpu::CoopTile::{self, Square4, Wide8};
+    struct Case {
+        shape: &'static Shape,
+        /// Coop from this many rows.
+        rows: usize,
+        binding: Option<u64>,
+        /// Split k wherever it has 8 slabs (of 32).
+        split: bool,
+        tile: CoopTile,
+        bs: usize,
+        blocks: usize,
+        what: &'static str,
+    }
+    let case = |shape, rows, split, tile, bs, blocks, what| Case {
+        shape,
+        rows,
+        binding: None,
+        split,
+        tile,
+        bs,
+        blocks,
+        what,
+    };
+    let cases = [
+        case(
             &LLAMA,
             1,
-            None,
             false,
+            Square4,
             16,
             64,
             "llama f32, every pass on coop",
         ),
-        (
+        case(
             &QWEN,
             4,
-            None,
             false,
+            Square4,
             5,
             90,
-            "qwen bf16, biases, tied, 4+ rows on coop",
+            "qwen bf16, biases, tied, 4+ rows",
         ),
-        (&QUANT, 2, None, false, 16, 8, "quantized, 2+ rows on coop"),
-        (
-            &SMALL_QWEN,
-            1,
-            Some(4096),
+        case(
+            &QUANT,
+            2,
             false,
-            4,
+            Square4,
             16,
-            "qwen bf16, 4 KiB chunks, all on coop",
+            8,
+            "quantized, 2+ rows on coop",
         ),
-        (
+        Case {
+            binding: Some(4096),
+            ..case(
+                &SMALL_QWEN,
+                1,
+                false,
+                Square4,
+                4,
+                16,
+                "qwen bf16, 4 KiB chunks",
+            )
+        },
+        case(
             &QUANT,
             1,
-            None,
             true,
+            Square4,
             16,
             8,
             "quantized, all on coop, k split",
         ),
+        case(
+            &QWEN,
+            4,
+            false,
+            Wide8,
+            5,
+            90,
+            "qwen bf16, 4+ rows, wide tiles",
+        ),
+        case(
+            &QUANT,
+            1,
+            true,
+            Wide8,
+            16,
+            8,
+            "quantized, wide tiles, k split",
+        ),
     ];
-    for (seed, (shape, rows, binding, split, bs, nb, what)) in (40..).zip(cases) {
+    for (seed, c) in (40..).zip(cases) {
+        let Case {
+            shape,
+            bs,
+            what,
+            split,
+            ..
+        } = c;
+        let nb = c.blocks;
         let opts = WgpuOptions {
             cooperative_matrix: true,
-            coop_min_rows: rows,
-            max_binding: binding,
+            coop_min_rows: c.rows,
+            max_binding: c.binding,
             coop_k_slab: split.then_some(32),
             coop_split_workgroups: Some(if split { 1 << 20 } else { 0 }),
+            coop_tile: c.tile,
             ..f32_options()
         };
         let model = Arc::new(random_model(shape, seed));

@@ -321,17 +321,29 @@ fn wgpu_coop_matmul_matches_reference() {
     // biases; with the largest k slab the adapter allows, and with 32;
     // then with k split over workgroups wherever it has 8 slabs or more
     // (partial sums added by split_sum.wgsl).
+    // Then on the wide tile (eight subgroups), unsplit and split.
+    use tokenwire_kernels::backend::wgpu::CoopTile::{Square4, Wide8};
     let split_everything = Some(1 << 20);
-    for (slab, split) in [(None, None), (Some(32), None), (Some(32), split_everything)] {
+    for (slab, split, tile) in [
+        (None, None, Square4),
+        (Some(32), None, Square4),
+        (Some(32), split_everything, Square4),
+        (None, None, Wide8),
+        (Some(32), split_everything, Wide8),
+    ] {
         let opts = tokenwire_kernels::WgpuOptions {
             coop_k_slab: slab,
             coop_split_workgroups: split,
+            coop_tile: tile,
             ..Default::default()
         };
         let Some(mut lab) = coop_lab(&opts) else {
             return;
         };
-        let seed = 50 + slab.unwrap_or(0) as u64 + u64::from(split.is_some());
+        let seed = 50
+            + slab.unwrap_or(0) as u64
+            + u64::from(split.is_some())
+            + 2 * u64::from(tile == Wide8);
         check_coop_shapes(&mut lab, seed);
     }
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
-use tokenwire_kernels::backend::wgpu::{Profile, ProfileClock};
+use tokenwire_kernels::backend::wgpu::{CoopTile, Profile, ProfileClock};
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::tensor::encode_floats;
 use tokenwire_kernels::{
@@ -56,7 +56,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
              rows) [--coop-slab 32|64] (the k values the coop matmul loads between
              barriers) [--coop-split N] (split the k of coop products of fewer tiles
-             than N over workgroups; 0: never; default 512 on GPUs)
+             than N over workgroups; 0: never; default 512 on GPUs) [--coop-tile 64|128]
+             (at fragment side 16: four subgroups over 64 x 64, the default, or
+             eight over 128 x 128)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
@@ -88,6 +90,7 @@ struct Args {
     coop_rows: Option<usize>,
     coop_slab: Option<u32>,
     coop_split: Option<u32>,
+    coop_wide: bool,
     loop_bounding: bool,
 }
 
@@ -161,6 +164,7 @@ fn parse_args() -> Result<Args, String> {
         coop_rows: None,
         coop_slab: None,
         coop_split: None,
+        coop_wide: false,
         loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
@@ -212,6 +216,13 @@ fn parse_args() -> Result<Args, String> {
                 a.coop_rows = Some(num(&val)?.max(1));
             }
             "--coop-split" => a.coop_split = Some(num(&val)? as u32),
+            "--coop-tile" => {
+                a.coop_wide = match val.as_str() {
+                    "64" => false,
+                    "128" => true,
+                    _ => return Err(format!("--coop-tile: 64 or 128, not `{val}`")),
+                }
+            }
             "--coop-slab" => {
                 a.coop = true;
                 a.coop_slab = Some(num(&val)? as u32);
@@ -594,6 +605,11 @@ fn bench(a: &Args) -> Result<(), String> {
                         coop_min_rows: a.coop_rows.unwrap_or(d.coop_min_rows),
                         coop_k_slab: a.coop_slab,
                         coop_split_workgroups: a.coop_split,
+                        coop_tile: if a.coop_wide {
+                            CoopTile::Wide8
+                        } else {
+                            CoopTile::Square4
+                        },
                         loop_bounding: a.loop_bounding,
                         ..d
                     };

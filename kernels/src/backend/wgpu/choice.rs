@@ -36,6 +36,7 @@ mod tests {
             side: 8,
             subgroup: 8,
             k_slab: 32,
+            tile: super::super::coop::CoopTile::Square4,
             split_to: 0,
             split_max_bytes: 0,
         };

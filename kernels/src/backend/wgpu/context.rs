@@ -219,6 +219,7 @@ impl Gpu {
                 f16_native,
                 limits.max_compute_workgroup_storage_size,
                 opts.coop_k_slab,
+                opts.coop_tile,
             )
         } else {
             None

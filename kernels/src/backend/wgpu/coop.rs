@@ -20,14 +20,48 @@ use ::wgpu::{CooperativeMatrixProperties, CooperativeScalarType};
 /// for 22 KiB of workgroup memory at side 16, past WebGPU's 16 KiB
 /// minimum: 32 where the adapter allows no more.
 const K_SLABS: [u32; 2] = [64, 32];
-/// Subgroups per workgroup, as a 2 x 2 grid over the output tile; each
-/// computes 2 x 2 fragments. So a workgroup's tile is 4 fragment sides of
-/// weight rows by 4 of tokens, and every fragment loaded from workgroup
-/// memory feeds two multiply-adds.
-const SUBGROUPS: u32 = 4;
 /// Fewest k slabs per split of a split-k product: shorter splits cost more
 /// in partials and their sum than their parallelism gains.
 const MIN_SPLIT_SLABS: u32 = 4;
+/// Invocations a workgroup may have on every adapter (WebGPU's minimum).
+const MAX_INVOCATIONS: u32 = 256;
+
+/// How a workgroup's subgroups cover its (square) output tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CoopTile {
+    /// Four subgroups in a 2 x 2 grid, each multiplying 2 x 2 fragments:
+    /// a tile of 4 fragment sides (64 at side 16), every fragment loaded
+    /// from workgroup memory feeding two multiply-adds.
+    #[default]
+    Square4,
+    /// Eight subgroups in a 4 (rows) x 2 (tokens) grid, each multiplying
+    /// 2 x 4 fragments: a tile of 8 fragment sides (128 at side 16), half
+    /// the loads and the workgroup-memory stores of `Square4` per
+    /// multiply-add, for twice the invocations and the tile memory.
+    Wide8,
+}
+
+impl CoopTile {
+    /// (GN, GM, FN, FM): the subgroup grid (rows x tokens) and each
+    /// subgroup's fragments.
+    fn grid(self) -> (u32, u32, u32, u32) {
+        match self {
+            CoopTile::Square4 => (2, 2, 2, 2),
+            CoopTile::Wide8 => (4, 2, 2, 4),
+        }
+    }
+
+    fn subgroups(self) -> u32 {
+        let (gn, gm, _, _) = self.grid();
+        gn * gm
+    }
+
+    /// Fragment sides per tile (GN FN = GM FM).
+    fn sides(self) -> u32 {
+        let (gn, _, f_n, _) = self.grid();
+        gn * f_n
+    }
+}
 
 /// A cooperative-matrix configuration the product kernel runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,6 +73,8 @@ pub struct CoopConfig {
     pub subgroup: u32,
     /// k values per slab (64 or 32).
     pub k_slab: u32,
+    /// How the subgroups cover the tile.
+    pub tile: CoopTile,
     /// Split k over workgroups (partial sums, then split_sum.wgsl) when a
     /// product has fewer tiles than this, to have about this many
     /// workgroups; 0: never ([`super::WgpuOptions::coop_split_workgroups`]).
@@ -55,7 +91,8 @@ impl CoopConfig {
     /// f16 x f16 -> f32 fragments of side 16 before 8, the largest slab
     /// that fits (only `slab`, where given); none when the subgroup size is
     /// not fixed, or when a tile's loads or results do not divide evenly
-    /// among the workgroup's invocations.
+    /// among the workgroup's invocations; the subgroups cover the tile as
+    /// `tile` says.
     pub(crate) fn pick(
         props: &[CooperativeMatrixProperties],
         sg_min: u32,
@@ -63,6 +100,7 @@ impl CoopConfig {
         f16: bool,
         max_bytes: u32,
         slab: Option<u32>,
+        tile: CoopTile,
     ) -> Option<CoopConfig> {
         if !f16 || sg_min != sg_max || sg_min == 0 {
             return None;
@@ -87,12 +125,14 @@ impl CoopConfig {
                         side,
                         subgroup: sg_min,
                         k_slab,
+                        tile,
                         split_to: 0,
                         split_max_bytes: 0,
                     })
             })
             .find(|c| {
                 c.loads_per_invocation() > 0
+                    && c.workgroup() <= MAX_INVOCATIONS
                     && (c.side * c.side).is_multiple_of(c.subgroup)
                     && c.workgroup_bytes() <= max_bytes
             })
@@ -100,12 +140,12 @@ impl CoopConfig {
 
     /// Weight rows (and tokens) per workgroup tile.
     pub(crate) fn tile_rows(&self) -> u32 {
-        4 * self.side
+        self.tile.sides() * self.side
     }
 
     /// Invocations per workgroup.
     pub(crate) fn workgroup(&self) -> u32 {
-        SUBGROUPS * self.subgroup
+        self.tile.subgroups() * self.subgroup
     }
 
     /// 8-value loads of each tile per invocation and slab (0: the
@@ -123,14 +163,55 @@ impl CoopConfig {
     /// slabs (rows padded by 8 values), and one f32 fragment per subgroup
     /// for the results.
     pub(crate) fn workgroup_bytes(&self) -> u32 {
-        2 * 2 * self.tile_rows() * (self.k_slab + 8) + 4 * SUBGROUPS * self.side * self.side
+        2 * 2 * self.tile_rows() * (self.k_slab + 8)
+            + 4 * self.tile.subgroups() * self.side * self.side
+    }
+
+    /// coop_mat_mul.wgsl's `body` specialised for this configuration: its
+    /// constants prepended and its per-fragment code written out (see its
+    /// header).
+    pub(crate) fn shader(&self, body: &str) -> String {
+        let (_, _, f_n, f_m) = self.tile.grid();
+        let frags = || (0..f_n).flat_map(move |i| (0..f_m).map(move |j| (i, j)));
+        let decls: String = frags()
+            .map(|(i, j)| format!("var c_{i}_{j} = FragC();\n    "))
+            .collect();
+        let a = (0..f_n).map(|i| {
+            format!(
+                "let a_{i} = coopLoadT<FragA>(&ws[(sn + {i}u * S) * LDS + kk], LDS);\n            "
+            )
+        });
+        let b = (0..f_m).map(|j| {
+            format!(
+                "let b_{j} = coopLoad<FragB>(&xs[(sm + {j}u * S) * LDS + kk], LDS);\n            "
+            )
+        });
+        let mma = frags().map(|(i, j)| {
+            format!("c_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, c_{i}_{j});\n            ")
+        });
+        let mmas: String = a.chain(b).chain(mma).collect();
+        let emits: String = frags()
+            .map(|(i, j)| {
+                format!(
+                    "emit(c_{i}_{j}, sub, lane, n_tile + sn + {i}u * S, m_tile + sm + {j}u * S, z);\n    "
+                )
+            })
+            .collect();
+        let body = body
+            .replace("FRAG_DECLS", decls.trim_end())
+            .replace("FRAG_MMAS", mmas.trim_end())
+            .replace("FRAG_EMITS", emits.trim_end());
+        format!("{}{body}", self.consts())
     }
 
     /// The constants coop_mat_mul.wgsl is compiled with (see its header).
-    pub(crate) fn consts(&self) -> String {
+    fn consts(&self) -> String {
         let s = self.side;
+        let (gn, gm, f_n, f_m) = self.tile.grid();
         format!(
             "const S: u32 = {s}u;\nconst SG: u32 = {sg}u;\nconst WG: u32 = {wg}u;\n\
+             const GN: u32 = {gn}u;\nconst GM: u32 = {gm}u;\n\
+             const FN: u32 = {f_n}u;\nconst FM: u32 = {f_m}u;\n\
              const TILE: u32 = {tile}u;\nconst BK: u32 = {bk}u;\n\
              const LOADS: u32 = {loads}u;\n\
              alias FragA = coop_mat{s}x{s}<f16, A>;\n\
@@ -206,26 +287,34 @@ mod tests {
             side,
             subgroup,
             k_slab,
+            tile: CoopTile::Square4,
             split_to: 0,
             split_max_bytes: 0,
         };
         // lavapipe (Mesa 26): 8x8x8, f16 -> f16 and f16 -> f32, subgroups of 8.
         let lvp = [prop(8, F16, F16), prop(8, F16, F32)];
         assert_eq!(
-            CoopConfig::pick(&lvp, 8, 8, true, 64 * KIB, None),
+            CoopConfig::pick(&lvp, 8, 8, true, 64 * KIB, None, CoopTile::Square4),
             Some(cfg(8, 8, 64))
         );
         // Without shader-f16, or a subgroup size the driver may vary, none.
-        assert_eq!(CoopConfig::pick(&lvp, 8, 8, false, 64 * KIB, None), None);
-        assert_eq!(CoopConfig::pick(&lvp, 8, 16, true, 64 * KIB, None), None);
+        assert_eq!(
+            CoopConfig::pick(&lvp, 8, 8, false, 64 * KIB, None, CoopTile::Square4),
+            None
+        );
+        assert_eq!(
+            CoopConfig::pick(&lvp, 8, 16, true, 64 * KIB, None, CoopTile::Square4),
+            None
+        );
         // f16 accumulators only: none.
         assert_eq!(
-            CoopConfig::pick(&lvp[..1], 8, 8, true, 64 * KIB, None),
+            CoopConfig::pick(&lvp[..1], 8, 8, true, 64 * KIB, None, CoopTile::Square4),
             None
         );
         // An NVIDIA-like list: side 16, the 64 slab where memory allows.
         let nv = [prop(16, F16, F16), prop(16, F16, F32), prop(8, F16, F32)];
-        let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, None).expect("usable");
+        let c =
+            CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, None, CoopTile::Square4).expect("usable");
         assert_eq!(c, cfg(16, 32, 64));
         assert_eq!(
             (c.tile_rows(), c.workgroup(), c.loads_per_invocation()),
@@ -233,29 +322,34 @@ mod tests {
         );
         assert_eq!(c.workgroup_bytes(), 22 * KIB);
         // WebGPU's minimum of 16 KiB: the 32 slab (14 KiB).
-        let c = CoopConfig::pick(&nv, 32, 32, true, 16 * KIB, None).expect("usable");
+        let c =
+            CoopConfig::pick(&nv, 32, 32, true, 16 * KIB, None, CoopTile::Square4).expect("usable");
         assert_eq!(c, cfg(16, 32, 32));
         assert_eq!(
             (c.loads_per_invocation(), c.workgroup_bytes()),
             (2, 14 * KIB)
         );
         // A slab asked for, where it fits.
-        let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, Some(32));
+        let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, Some(32), CoopTile::Square4);
         assert_eq!(c, Some(cfg(16, 32, 32)));
         // Too little memory even for side 8's 32 slab (5 KiB): none.
-        assert_eq!(CoopConfig::pick(&lvp, 8, 8, true, 4 * KIB, None), None);
+        assert_eq!(
+            CoopConfig::pick(&lvp, 8, 8, true, 4 * KIB, None, CoopTile::Square4),
+            None
+        );
         // Subgroups of 64 with 16-wide fragments and the 32 slab: one load each.
-        let c = CoopConfig::pick(&nv, 64, 64, true, 48 * KIB, Some(32)).expect("usable");
+        let c = CoopConfig::pick(&nv, 64, 64, true, 48 * KIB, Some(32), CoopTile::Square4)
+            .expect("usable");
         assert_eq!(c.loads_per_invocation(), 1);
         // 8-wide fragments and subgroups of 64: an 8 x 8 result fragment is
         // 64 values for 64 invocations, but a 32-row slab of 32 has 128 runs
         // of 8 for 256 invocations: only the 64 slab works.
         assert_eq!(
-            CoopConfig::pick(&lvp, 64, 64, true, 64 * KIB, Some(32)),
+            CoopConfig::pick(&lvp, 64, 64, true, 64 * KIB, Some(32), CoopTile::Square4),
             None
         );
         assert_eq!(
-            CoopConfig::pick(&lvp, 64, 64, true, 64 * KIB, None),
+            CoopConfig::pick(&lvp, 64, 64, true, 64 * KIB, None, CoopTile::Square4),
             Some(cfg(8, 64, 64))
         );
         let c = cfg(8, 8, 32);
@@ -264,11 +358,66 @@ mod tests {
     }
 
     #[test]
+    fn wide_tiles_take_eight_subgroups_over_eight_sides() {
+        use CooperativeScalarType::{F16, F32};
+        const KIB: u32 = 1024;
+        let nv = [prop(16, F16, F32)];
+        let wide = |max, slab| CoopConfig::pick(&nv, 32, 32, true, max, slab, CoopTile::Wide8);
+        let c = wide(48 * KIB, None).expect("usable");
+        assert_eq!(
+            (
+                c.tile_rows(),
+                c.workgroup(),
+                c.k_slab,
+                c.loads_per_invocation()
+            ),
+            (128, 256, 64, 4)
+        );
+        assert_eq!(c.workgroup_bytes(), 44 * KIB);
+        assert_eq!(c.groups(2048, 32), [16, 1]);
+        // 32 KiB: the 32 slab (28 KiB); 16 KiB: none.
+        assert_eq!(wide(32 * KIB, None).map(|c| c.k_slab), Some(32));
+        assert_eq!(wide(16 * KIB, None), None);
+        // Subgroups of 64 would make 512 invocations: none.
+        assert_eq!(
+            CoopConfig::pick(&nv, 64, 64, true, 64 * KIB, None, CoopTile::Wide8),
+            None
+        );
+        // lavapipe's 8 x 8 fragments in subgroups of 8: 64 x 64 tiles.
+        let lvp = [prop(8, F16, F32)];
+        let c = CoopConfig::pick(&lvp, 8, 8, true, 64 * KIB, None, CoopTile::Wide8);
+        assert_eq!(c.map(|c| (c.tile_rows(), c.workgroup())), Some((64, 64)));
+    }
+
+    #[test]
+    fn the_shader_gets_every_fragment_written_out() {
+        let body = include_str!("shaders/coop_mat_mul.wgsl");
+        for (tile, frags) in [(CoopTile::Square4, 4), (CoopTile::Wide8, 8)] {
+            let c = CoopConfig {
+                side: 16,
+                subgroup: 32,
+                k_slab: 64,
+                tile,
+                split_to: 0,
+                split_max_bytes: 0,
+            };
+            let src = c.shader(body);
+            assert!(!src.contains("FRAG_"), "{tile:?}: a placeholder left");
+            assert_eq!(src.matches("coopMultiplyAdd(").count(), frags, "{tile:?}");
+            assert_eq!(src.matches("emit(c_").count(), frags, "{tile:?}");
+            let (_, _, f_n, f_m) = tile.grid();
+            assert_eq!(src.matches("coopLoadT<FragA>").count(), f_n as usize);
+            assert_eq!(src.matches("coopLoad<FragB>").count(), f_m as usize);
+        }
+    }
+
+    #[test]
     fn k_splits_fill_the_target_within_their_bounds() {
         let c = CoopConfig {
             side: 16,
             subgroup: 32,
             k_slab: 64,
+            tile: CoopTile::Square4,
             split_to: 512,
             split_max_bytes: 1 << 27,
         };

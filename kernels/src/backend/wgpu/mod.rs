@@ -127,7 +127,7 @@ use attn::{AttnModel, AttnShape};
 use choice::KernelChoice;
 pub use context::adapters;
 use context::{Gpu, GpuError};
-pub use coop::CoopConfig;
+pub use coop::{CoopConfig, CoopTile};
 use ops::{Bind, LayerCalls, Op, PassOps, Pipe, Segment};
 use params::ParamArena;
 pub use pipelines::WeightDtype;
@@ -248,6 +248,11 @@ pub struct WgpuOptions {
     /// on GPUs, never on CPU adapters (which run workgroups one per
     /// thread); `Some(0)`: never.
     pub coop_split_workgroups: Option<u32>,
+    /// How the coop matmul's subgroups cover its tile: four over 64 x 64
+    /// at side 16 (the default), or eight over 128 x 128
+    /// ([`CoopTile::Wide8`]: half the loads per multiply-add, for a fourth
+    /// of the workgroups).
+    pub coop_tile: CoopTile,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
     /// kernels ends by construction, bounds checks stay, and without the
@@ -297,6 +302,7 @@ impl Default for WgpuOptions {
             coop_min_rows: 16,
             coop_k_slab: None,
             coop_split_workgroups: None,
+            coop_tile: CoopTile::Square4,
             loop_bounding: false,
         }
     }

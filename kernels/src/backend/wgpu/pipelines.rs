@@ -724,7 +724,7 @@ impl Pipelines {
                         subgroup_helpers(self.subgroups()),
                     )
                 }
-                WeightKernel::Coop => self.coop.map(|c| c.consts()).unwrap_or_default(),
+                // coop_mat_mul.wgsl: constants and fragment code below.
                 _ => String::new(),
             };
             // The tiled products share their tile loads.
@@ -733,6 +733,10 @@ impl Pipelines {
                     include_str!("shaders/tile_loads.wgsl")
                 }
                 _ => "",
+            };
+            let body = match (kind, self.coop) {
+                (WeightKernel::Coop, Some(c)) => c.shader(body),
+                _ => body.to_string(),
             };
             let mut source = format!("{}\n{consts}{body}\n{loads}", dtype.prelude());
             if kind == WeightKernel::Coop {

@@ -4,10 +4,16 @@
 // mat_mul.wgsl. W is row-major [rows, k]; the weight prelude (dtype_*.wgsl)
 // supplies `w_at` and `w_load8`.
 //
-// coop.rs prepends: S (fragment side, 8 or 16), SG (the subgroup size), WG
-// (4 subgroups), TILE (4 S: weight rows and tokens per workgroup), BK (k
-// values per slab), LOADS (8-value loads of each tile per invocation and
-// slab), and the fragment types FragA / FragB (f16) and FragC (f32).
+// coop.rs prepends: S (fragment side, 8 or 16), SG (the subgroup size), GN
+// x GM (the grid of subgroups over the tile, rows by tokens), FN x FM (the
+// fragments each subgroup multiplies), WG (GN GM subgroups), TILE (GN FN S
+// = GM FM S: weight rows and tokens per workgroup), BK (k values per
+// slab), LOADS (8-value loads of each tile per invocation and slab), and
+// the fragment types FragA / FragB (f16) and FragC (f32); and it writes
+// out the per-fragment code where main's three markers stand (the
+// accumulators c_i_j; one k step: FN A and FM B fragments loaded, FN FM
+// multiply-adds; every accumulator written out), since WGSL has no arrays
+// of cooperative matrices.
 //
 // Per slab of BK k values, every invocation loads LOADS runs of 8 weights
 // and 8 x values (issued before the previous slab's multiply, so their
@@ -16,9 +22,10 @@
 // [token][k] (fragment B, column-major), both with stride LDS = BK + 8:
 // the 16 bytes of padding put the fragment rows that a load reads
 // together in different memory banks, and keep every row 16-byte aligned
-// (as cooperative loads require). The four
-// subgroups form a 2 x 2 grid over the tile; each multiplies 2 x 2
-// fragments of side S, accumulating in f32. At the end each subgroup stores
+// (as cooperative loads require). The subgroups form a GN x GM grid over
+// the tile; each multiplies FN x FM fragments of side S, accumulating in
+// f32, every A fragment it loads feeding FM multiply-adds and every B
+// fragment FN. At the end each subgroup stores
 // its fragments one at a time into its own S x S corner of workgroup
 // memory, and its invocations add the bias and the residual and write the
 // rows of y (consecutive invocations, consecutive rows).
@@ -66,7 +73,7 @@ const LDS: u32 = BK + 8u;
 var<workgroup> ws: array<f16, TILE * LDS>;
 var<workgroup> xs: array<f16, TILE * LDS>;
 // One S x S result fragment per subgroup, column-major (token-major).
-var<workgroup> cs: array<f32, 4u * S * S>;
+var<workgroup> cs: array<f32, GN * GM * S * S>;
 
 // load_w and load_x: tile_loads.wgsl, appended to this file.
 
@@ -128,13 +135,10 @@ fn main(
     let k_hi = min(p.k, k_lo + p.k_len);
     let sub = lid / SG;
     let lane = lid % SG;
-    // This subgroup's 2 S x 2 S corner of the tile.
-    let sn = (sub % 2u) * 2u * S;
-    let sm = (sub / 2u) * 2u * S;
-    var c00 = FragC();
-    var c01 = FragC();
-    var c10 = FragC();
-    var c11 = FragC();
+    // This subgroup's FN S x FM S corner of the tile.
+    let sn = (sub % GN) * FN * S;
+    let sm = (sub / GN) * FM * S;
+    FRAG_DECLS
     var wv: array<W8, LOADS>;
     var xv: array<W8, LOADS>;
     for (var u = 0u; u < LOADS; u++) {
@@ -163,20 +167,10 @@ fn main(
             }
         }
         for (var kk = 0u; kk < BK; kk += S) {
-            let a0 = coopLoadT<FragA>(&ws[sn * LDS + kk], LDS);
-            let a1 = coopLoadT<FragA>(&ws[(sn + S) * LDS + kk], LDS);
-            let b0 = coopLoad<FragB>(&xs[sm * LDS + kk], LDS);
-            let b1 = coopLoad<FragB>(&xs[(sm + S) * LDS + kk], LDS);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
+            FRAG_MMAS
         }
         // Every fragment is read before the next slab overwrites the tiles.
         workgroupBarrier();
     }
-    emit(c00, sub, lane, n_tile + sn, m_tile + sm, z);
-    emit(c01, sub, lane, n_tile + sn, m_tile + sm + S, z);
-    emit(c10, sub, lane, n_tile + sn + S, m_tile + sm, z);
-    emit(c11, sub, lane, n_tile + sn + S, m_tile + sm + S, z);
+    FRAG_EMITS
 }
