@@ -41,6 +41,10 @@
 #                   against --loop-bounding, alternating, two rounds (batch
 #                   1, 8 and 32, 128-token prompts), then --loop-bounding
 #                   profiled at batch 1 (bench:SHAPE profiles the default)
+#   splitk:SHAPE    the coop products' k split and wide tile against their
+#                   alternatives (--coop-split 0, --coop-tile 128), coop
+#                   from 8 rows (batch 8), then the default profiled at
+#                   batch 8 and 32 (128-token prompts)
 #   parity          the parity tests of attention and of the coop products
 #                   only (wgpu_kernels, wgpu_engine): a short call's tests
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
@@ -52,7 +56,8 @@
 #                   llama-bench on them (pp512, pp1024, tg128; carried as
 #                   .llama/llama-bench.tar.xz, made by build.sh with
 #                   LLAMA=DIR); engine-bench --gguf on the same files
-#                   (batch 1 at 512- and 1,024-token prompts, 32 steps)
+#                   (batch 1 at 512- and 1,024-token prompts, 32 steps, and
+#                   128 steps after a 1-token prompt, as tg128 decodes)
 # With no arguments: tests, bench on both shapes, and anchor, which can take
 # longer than the device tool's 10 minutes per command; then split them
 # over calls, e.g. `run.sh tests bench:tinyllama-1.1b long:tinyllama-1.1b
@@ -117,8 +122,20 @@ for part in "${parts[@]}"; do
     parity)
         echo "== attention and coop parity tests =="
         for t in wgpu_kernels wgpu_engine; do
-            CI=true timeout 240 ".gpu/bin/$t" -q attention coop prefill 2>&1 | quiet | tee -a "$runs/tests"
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill 2>&1 | quiet | tee -a "$runs/tests"
         done
+        ;;
+    splitk:*)
+        shape=${part#splitk:}
+        echo "== $shape: split k and the wide coop tile against their alternatives =="
+        # shellcheck disable=SC2046
+        {
+            eb default engine-bench 90 $(bf16 "$shape") --batch 1,8,32 --prompt 128
+            eb no-split engine-bench 90 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --coop-split 0
+            eb wide engine-bench 90 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --coop-tile 128
+            eb coop-rows-8 engine-bench 60 $(bf16 "$shape") --batch 8 --prompt 128 --coop-rows 8
+            eb profile engine-bench 120 $(bf16 "$shape") --batch 8,32 --prompt 128 --profile
+        }
         ;;
     bench:*)
         shape=${part#bench:}
@@ -243,11 +260,13 @@ for part in "${parts[@]}"; do
                 eb "gguf-$kind-p$prompt" engine-bench 90 --gguf "$file" --backend wgpu --batch 1 \
                     --prompt "$prompt" --steps 32 ${EB_ARGS:-}
             done
+            eb "gguf-$kind-tg128" engine-bench 90 --gguf "$file" --backend wgpu --batch 1 \
+                --prompt 1 --steps 128 ${EB_ARGS:-}
             rm -f "$file"
         done
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, parity, anchor, anchors)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, parity, anchor, anchors)"
         exit 2
         ;;
     esac
