@@ -670,7 +670,9 @@ fn wgpu_coop_products_match_cpu_backend() {
         head_dim: 8,
         ..QWEN
     };
-    use tokenwire_kernels::backend::wgpu::CoopTile::{self, Square4, Wide8};
+    // Coop passes on the wide tile from this many rows.
+    const SQUARE: usize = usize::MAX;
+    const WIDE: usize = 1;
     struct Case {
         shape: &'static Shape,
         /// Coop from this many rows.
@@ -678,17 +680,17 @@ fn wgpu_coop_products_match_cpu_backend() {
         binding: Option<u64>,
         /// Split k wherever it has 8 slabs (of 32).
         split: bool,
-        tile: CoopTile,
+        wide_rows: usize,
         bs: usize,
         blocks: usize,
         what: &'static str,
     }
-    let case = |shape, rows, split, tile, bs, blocks, what| Case {
+    let case = |shape, rows, split, wide_rows, bs, blocks, what| Case {
         shape,
         rows,
         binding: None,
         split,
-        tile,
+        wide_rows,
         bs,
         blocks,
         what,
@@ -698,7 +700,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             &LLAMA,
             1,
             false,
-            Square4,
+            SQUARE,
             16,
             64,
             "llama f32, every pass on coop",
@@ -707,7 +709,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             &QWEN,
             4,
             false,
-            Square4,
+            SQUARE,
             5,
             90,
             "qwen bf16, biases, tied, 4+ rows",
@@ -716,7 +718,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             &QUANT,
             2,
             false,
-            Square4,
+            SQUARE,
             16,
             8,
             "quantized, 2+ rows on coop",
@@ -727,7 +729,7 @@ fn wgpu_coop_products_match_cpu_backend() {
                 &SMALL_QWEN,
                 1,
                 false,
-                Square4,
+                SQUARE,
                 4,
                 16,
                 "qwen bf16, 4 KiB chunks",
@@ -737,7 +739,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             &QUANT,
             1,
             true,
-            Square4,
+            SQUARE,
             16,
             8,
             "quantized, all on coop, k split",
@@ -746,7 +748,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             &QWEN,
             4,
             false,
-            Wide8,
+            WIDE,
             5,
             90,
             "qwen bf16, 4+ rows, wide tiles",
@@ -755,7 +757,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             &QUANT,
             1,
             true,
-            Wide8,
+            WIDE,
             16,
             8,
             "quantized, wide tiles, k split",
@@ -776,7 +778,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             max_binding: c.binding,
             coop_k_slab: split.then_some(32),
             coop_split_workgroups: Some(if split { 1 << 20 } else { 0 }),
-            coop_tile: c.tile,
+            coop_wide_rows: c.wide_rows,
             ..f32_options()
         };
         let model = Arc::new(random_model(shape, seed));

@@ -321,20 +321,21 @@ fn wgpu_coop_matmul_matches_reference() {
     // biases; with the largest k slab the adapter allows, and with 32;
     // then with k split over workgroups wherever it has 8 slabs or more
     // (partial sums added by split_sum.wgsl).
-    // Then on the wide tile (eight subgroups), unsplit and split.
-    use tokenwire_kernels::backend::wgpu::CoopTile::{Square4, Wide8};
+    // Then on the wide tile (eight subgroups) for every pass, unsplit and
+    // split; the others on the default tile only.
+    let (square, wide) = (usize::MAX, 1);
     let split_everything = Some(1 << 20);
-    for (slab, split, tile) in [
-        (None, None, Square4),
-        (Some(32), None, Square4),
-        (Some(32), split_everything, Square4),
-        (None, None, Wide8),
-        (Some(32), split_everything, Wide8),
+    for (slab, split, wide_rows) in [
+        (None, None, square),
+        (Some(32), None, square),
+        (Some(32), split_everything, square),
+        (None, None, wide),
+        (Some(32), split_everything, wide),
     ] {
         let opts = tokenwire_kernels::WgpuOptions {
             coop_k_slab: slab,
             coop_split_workgroups: split,
-            coop_tile: tile,
+            coop_wide_rows: wide_rows,
             ..Default::default()
         };
         let Some(mut lab) = coop_lab(&opts) else {
@@ -343,7 +344,7 @@ fn wgpu_coop_matmul_matches_reference() {
         let seed = 50
             + slab.unwrap_or(0) as u64
             + u64::from(split.is_some())
-            + 2 * u64::from(tile == Wide8);
+            + 2 * u64::from(wide_rows == wide);
         check_coop_shapes(&mut lab, seed);
     }
 }

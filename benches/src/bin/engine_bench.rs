@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
-use tokenwire_kernels::backend::wgpu::{CoopTile, Profile, ProfileClock};
+use tokenwire_kernels::backend::wgpu::{Profile, ProfileClock};
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::tensor::encode_floats;
 use tokenwire_kernels::{
@@ -56,9 +56,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
              rows) [--coop-slab 32|64] (the k values the coop matmul loads between
              barriers) [--coop-split N] (split the k of coop products of fewer tiles
-             than N over workgroups; 0: never; default 512 on GPUs) [--coop-tile 64|128]
-             (at fragment side 16: four subgroups over 64 x 64, the default, or
-             eight over 128 x 128)
+             than N over workgroups; 0: never; default 512 on GPUs) [--coop-wide-rows N]
+             (coop passes of N or more rows on the wide tile, eight subgroups over
+             128 x 128 at side 16, instead of four over 64 x 64; default 128)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
@@ -90,7 +90,7 @@ struct Args {
     coop_rows: Option<usize>,
     coop_slab: Option<u32>,
     coop_split: Option<u32>,
-    coop_wide: bool,
+    coop_wide_rows: Option<usize>,
     loop_bounding: bool,
 }
 
@@ -164,7 +164,7 @@ fn parse_args() -> Result<Args, String> {
         coop_rows: None,
         coop_slab: None,
         coop_split: None,
-        coop_wide: false,
+        coop_wide_rows: None,
         loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
@@ -216,13 +216,7 @@ fn parse_args() -> Result<Args, String> {
                 a.coop_rows = Some(num(&val)?.max(1));
             }
             "--coop-split" => a.coop_split = Some(num(&val)? as u32),
-            "--coop-tile" => {
-                a.coop_wide = match val.as_str() {
-                    "64" => false,
-                    "128" => true,
-                    _ => return Err(format!("--coop-tile: 64 or 128, not `{val}`")),
-                }
-            }
+            "--coop-wide-rows" => a.coop_wide_rows = Some(num(&val)?.max(1)),
             "--coop-slab" => {
                 a.coop = true;
                 a.coop_slab = Some(num(&val)? as u32);
@@ -487,6 +481,28 @@ fn run(
     let mut warm_hist = vec![Vec::new()];
     step(bench.backend(), &warm, 0, &mut warm_hist)?;
     step(bench.backend(), &[vec![warm[0][0]]], 9, &mut warm_hist)?;
+    let feed =
+        |tokens: Vec<u32>| -> Vec<Vec<u32>> { tokens.into_iter().map(|t| vec![t]).collect() };
+    if matches!(bench, Bench::Wgpu(_)) {
+        // On a GPU, also the timed prefill itself (its passes' kernels, the
+        // coop ones included, compiled on first use by some drivers), then
+        // decode steps for half a second: a GPU idle while the weights were
+        // built clocks down, and a 32-step decode of 2 ms steps is over
+        // before it clocks up again (on an H200 the first batch of a run
+        // decoded at a third to a half of the speed the same batch reached
+        // later in the run). The positions wrap within the blocks.
+        let mut warm_hist = vec![Vec::new(); batch];
+        let mut toks = feed(step(bench.backend(), &prompts, 0, &mut warm_hist)?);
+        let (t, mut pos) = (Instant::now(), prompt);
+        while t.elapsed() < Duration::from_millis(500) {
+            toks = feed(step(bench.backend(), &toks, pos, &mut warm_hist)?);
+            pos = if pos + 1 < prompt + steps {
+                pos + 1
+            } else {
+                prompt
+            };
+        }
+    }
     let mut hist: Vec<Vec<u32>> = vec![Vec::new(); batch];
     if profile {
         bench.profiling(true);
@@ -495,8 +511,6 @@ fn run(
     let first = step(bench.backend(), &prompts, 0, &mut hist)?;
     let prefill = t.elapsed();
     let prefill_profile = bench.profiling(false);
-    let feed =
-        |tokens: Vec<u32>| -> Vec<Vec<u32>> { tokens.into_iter().map(|t| vec![t]).collect() };
     // One untimed decode step: first-use costs (shader JIT) are not decode speed.
     let mut next = step(bench.backend(), &feed(first), prompt, &mut hist)?;
     if profile {
@@ -605,11 +619,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         coop_min_rows: a.coop_rows.unwrap_or(d.coop_min_rows),
                         coop_k_slab: a.coop_slab,
                         coop_split_workgroups: a.coop_split,
-                        coop_tile: if a.coop_wide {
-                            CoopTile::Wide8
-                        } else {
-                            CoopTile::Square4
-                        },
+                        coop_wide_rows: a.coop_wide_rows.unwrap_or(d.coop_wide_rows),
                         loop_bounding: a.loop_bounding,
                         ..d
                     };
@@ -618,8 +628,18 @@ fn bench(a: &Args) -> Result<(), String> {
                     if b == a.batches[0] {
                         let coop = match w.coop() {
                             Some(c) => format!(
-                                "cooperative matrices {}x{} (subgroups of {}, k slab {})",
-                                c.side, c.side, c.subgroup, c.k_slab
+                                "cooperative matrices {}x{} (subgroups of {}, k slab {}, k split \
+                                 below {} workgroups){}",
+                                c.side,
+                                c.side,
+                                c.subgroup,
+                                c.k_slab,
+                                c.split_to,
+                                match w.coop_wide() {
+                                    Some(_) =>
+                                        format!(", the wide tile from {} rows", opts.coop_wide_rows),
+                                    None => String::new(),
+                                }
                             ),
                             None => "no cooperative matrices".into(),
                         };

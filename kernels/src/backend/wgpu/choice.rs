@@ -13,13 +13,17 @@ pub(crate) struct KernelChoice {
     /// Passes of at least this many token rows use cooperative matrices of
     /// this configuration, before either of the others; `None`: never.
     pub(crate) coop_from: Option<(CoopConfig, u32)>,
+    /// Passes of at least this many rows take this (wide-tile)
+    /// configuration instead, where coop applies at all.
+    pub(crate) wide_from: Option<(CoopConfig, u32)>,
 }
 
 impl KernelChoice {
     /// The kernel for a pass of `rows` token rows.
     pub(crate) fn for_rows(&self, rows: u32) -> Kernel {
-        match self.coop_from {
-            Some((c, from)) if rows >= from => Kernel::Coop(c),
+        match (self.coop_from, self.wide_from) {
+            (Some((_, from)), Some((w, wide))) if rows >= from && rows >= wide => Kernel::Coop(w),
+            (Some((c, from)), _) if rows >= from => Kernel::Coop(c),
             _ if self.tiled_above.is_some_and(|n| rows > n) => Kernel::Tiled,
             _ => Kernel::MatVec,
         }
@@ -32,37 +36,62 @@ mod tests {
 
     #[test]
     fn passes_take_coop_then_tiled_then_mat_vec() {
+        use super::super::coop::CoopTile;
         let c = CoopConfig {
             side: 8,
             subgroup: 8,
             k_slab: 32,
-            tile: super::super::coop::CoopTile::Square4,
+            tile: CoopTile::Square4,
             split_to: 0,
             split_max_bytes: 0,
+        };
+        let w = CoopConfig {
+            tile: CoopTile::Wide8,
+            ..c
         };
         let gpu = KernelChoice {
             tiled_above: Some(64),
             coop_from: Some((c, 16)),
+            wide_from: Some((w, 128)),
         };
         assert_eq!(gpu.for_rows(1), Kernel::MatVec);
         assert_eq!(gpu.for_rows(15), Kernel::MatVec);
         assert_eq!(gpu.for_rows(16), Kernel::Coop(c));
-        assert_eq!(gpu.for_rows(500), Kernel::Coop(c));
+        assert_eq!(gpu.for_rows(127), Kernel::Coop(c));
+        assert_eq!(gpu.for_rows(128), Kernel::Coop(w));
+        assert_eq!(gpu.for_rows(500), Kernel::Coop(w));
+        // Without the wide tile (it did not fit): the default one.
+        let square = KernelChoice {
+            wide_from: None,
+            ..gpu
+        };
+        assert_eq!(square.for_rows(500), Kernel::Coop(c));
+        // The wide tile only where coop applies at all.
+        let wide_early = KernelChoice {
+            coop_from: Some((c, 64)),
+            wide_from: Some((w, 1)),
+            ..gpu
+        };
+        assert_eq!(wide_early.for_rows(63), Kernel::MatVec);
+        assert_eq!(wide_early.for_rows(64), Kernel::Coop(w));
         let no_coop = KernelChoice {
             coop_from: None,
             ..gpu
         };
         assert_eq!(no_coop.for_rows(64), Kernel::MatVec);
         assert_eq!(no_coop.for_rows(65), Kernel::Tiled);
+        assert_eq!(no_coop.for_rows(500), Kernel::Tiled);
         let cpu = KernelChoice {
             tiled_above: None,
             coop_from: None,
+            wide_from: None,
         };
         assert_eq!(cpu.for_rows(500), Kernel::MatVec);
         // Coop past the tiled threshold only.
         let late = KernelChoice {
             tiled_above: Some(8),
             coop_from: Some((c, 128)),
+            wide_from: None,
         };
         assert_eq!(late.for_rows(100), Kernel::Tiled);
         assert_eq!(late.for_rows(128), Kernel::Coop(c));

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use tokenwire_core::EngineFaultKind;
 
-use super::coop::CoopConfig;
+use super::coop::{CoopConfig, CoopTile};
 use super::WgpuOptions;
 
 /// An error the device reported outside any error scope.
@@ -54,8 +54,10 @@ pub(crate) struct Gpu {
     pub(crate) subgroups: bool,
     /// Cooperative matrices enabled, in this configuration (asked for with
     /// [`WgpuOptions::cooperative_matrix`], where the adapter offers a usable
-    /// one).
+    /// one), with the default four-subgroup tile.
     pub(crate) coop: Option<CoopConfig>,
+    /// The same with the wide eight-subgroup tile, where it fits.
+    pub(crate) coop_wide: Option<CoopConfig>,
     /// Shaders keep the loop counters wgpu adds to every loop
     /// ([`WgpuOptions::loop_bounding`]).
     loop_bounding: bool,
@@ -72,6 +74,7 @@ impl std::fmt::Debug for Gpu {
             .field("timestamps", &self.timestamps)
             .field("subgroups", &self.subgroups)
             .field("coop", &self.coop)
+            .field("coop_wide", &self.coop_wide)
             .finish_non_exhaustive()
     }
 }
@@ -207,11 +210,14 @@ impl Gpu {
         if timestamps {
             features |= ::wgpu::Features::TIMESTAMP_QUERY;
         }
-        let coop = if opts.cooperative_matrix
+        let coop_offered = opts.cooperative_matrix
             && adapter
                 .features()
-                .contains(::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-        {
+                .contains(::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let pick = |tile| {
+            if !coop_offered {
+                return None;
+            }
             CoopConfig::pick(
                 &adapter.cooperative_matrix_properties(),
                 info.subgroup_min_size,
@@ -219,11 +225,11 @@ impl Gpu {
                 f16_native,
                 limits.max_compute_workgroup_storage_size,
                 opts.coop_k_slab,
-                opts.coop_tile,
+                tile,
             )
-        } else {
-            None
         };
+        let coop = pick(CoopTile::Square4);
+        let coop_wide = coop.and_then(|_| pick(CoopTile::Wide8));
         let mut experimental = ::wgpu::ExperimentalFeatures::disabled();
         if coop.is_some() {
             features |= ::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
@@ -266,7 +272,7 @@ impl Gpu {
         // chunk cut to fit the binding must still fit once padded.
         let max_binding = max_binding / 16 * 16;
         let cpu_adapter = info.device_type == ::wgpu::DeviceType::Cpu;
-        let coop = coop.map(|c| CoopConfig {
+        let split = |c: CoopConfig| CoopConfig {
             split_to: opts.coop_split_workgroups.unwrap_or(if cpu_adapter {
                 0
             } else {
@@ -274,7 +280,8 @@ impl Gpu {
             }),
             split_max_bytes: max_binding,
             ..c
-        });
+        };
+        let (coop, coop_wide) = (coop.map(split), coop_wide.map(split));
         Ok(Gpu {
             device,
             queue,
@@ -285,6 +292,7 @@ impl Gpu {
             timestamps,
             subgroups,
             coop,
+            coop_wide,
             loop_bounding: opts.loop_bounding,
             errors,
         })

@@ -402,9 +402,12 @@ impl KernelLab {
         let kernel = match kernel {
             LabProduct::MatVec => Kernel::MatVec,
             LabProduct::Tiled => Kernel::Tiled,
+            // The wide tile from the options' rows on, as the backend picks.
             LabProduct::Coop => Kernel::Coop(
                 self.pipes
-                    .coop
+                    .coop_wide
+                    .filter(|_| cols >= self.opts.coop_wide_rows)
+                    .or(self.pipes.coop)
                     .ok_or("no cooperative-matrix configuration on this adapter")?,
             ),
         };

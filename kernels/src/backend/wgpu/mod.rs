@@ -248,11 +248,16 @@ pub struct WgpuOptions {
     /// on GPUs, never on CPU adapters (which run workgroups one per
     /// thread); `Some(0)`: never.
     pub coop_split_workgroups: Option<u32>,
-    /// How the coop matmul's subgroups cover its tile: four over 64 x 64
-    /// at side 16 (the default), or eight over 128 x 128
-    /// ([`CoopTile::Wide8`]: half the loads per multiply-add, for a fourth
-    /// of the workgroups).
-    pub coop_tile: CoopTile,
+    /// Coop passes of at least this many token rows use the wide tile
+    /// ([`CoopTile::Wide8`]: eight subgroups over 128 x 128 at side 16,
+    /// half the loads and workgroup-memory stores per multiply-add of the
+    /// default four over 64 x 64, for a fourth of the workgroups), where the
+    /// adapter gives a workgroup its 44 KiB. 128 by default: on an H200 it
+    /// prefilled TinyLlama (bf16, passes of 512 rows) at 18,124 tokens/s
+    /// against 12,561 (batch 8) and 17,190 against 12,896 (batch 32), but
+    /// decoded a batch of 32 at 3,602 against 4,282 (BENCHMARKS.md);
+    /// `usize::MAX`: never.
+    pub coop_wide_rows: usize,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
     /// kernels ends by construction, bounds checks stay, and without the
@@ -302,7 +307,7 @@ impl Default for WgpuOptions {
             coop_min_rows: 16,
             coop_k_slab: None,
             coop_split_workgroups: None,
-            coop_tile: CoopTile::Square4,
+            coop_wide_rows: 128,
             loop_bounding: false,
         }
     }
@@ -603,6 +608,9 @@ impl WgpuBackend {
             coop_from: pipes
                 .coop
                 .map(|c| (c, opts.coop_min_rows.clamp(1, u32::MAX as usize) as u32)),
+            wide_from: pipes
+                .coop_wide
+                .map(|c| (c, opts.coop_wide_rows.clamp(1, u32::MAX as usize) as u32)),
         };
         let params = ParamArena::new(gpu.uniform_align);
         let mut be = WgpuBackend {
@@ -654,6 +662,12 @@ impl WgpuBackend {
     /// [`WgpuOptions::coop_min_rows`]).
     pub fn coop(&self) -> Option<CoopConfig> {
         self.pipes.coop
+    }
+
+    /// The wide-tile configuration passes of
+    /// [`WgpuOptions::coop_wide_rows`] or more use, where it fits.
+    pub fn coop_wide(&self) -> Option<CoopConfig> {
+        self.pipes.coop_wide
     }
 
     /// The largest storage binding the backend uses, in bytes.

@@ -6,6 +6,7 @@
 
 use super::attn::DecodeCalls;
 use super::choice::KernelChoice;
+use super::coop::CoopTile;
 use super::params::{self, Call, ParamArena};
 use super::pipelines::{Kernel, Product, WeightDtype, WeightKernel};
 use super::plan::Pass;
@@ -78,7 +79,10 @@ impl Op {
             Pipe::Weight(WeightKernel::MatVec(c, _), d) => format!("mat_vec x{c} {d:?}"),
             Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
-            Pipe::Weight(WeightKernel::Coop, d) => format!("coop_mat_mul {d:?}"),
+            Pipe::Weight(WeightKernel::Coop(CoopTile::Square4), d) => format!("coop_mat_mul {d:?}"),
+            Pipe::Weight(WeightKernel::Coop(CoopTile::Wide8), d) => {
+                format!("coop_mat_mul wide {d:?}")
+            }
             Pipe::Weight(WeightKernel::SplitSum, _) => "split_sum".into(),
             Pipe::Norm => "rms_norm".into(),
             Pipe::RopeKv => "rope_kv".into(),

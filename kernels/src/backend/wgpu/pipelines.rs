@@ -8,7 +8,7 @@ use tokenwire_gguf::GgmlType;
 
 use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
-use super::coop::CoopConfig;
+use super::coop::{CoopConfig, CoopTile};
 use super::params::{Call, MatMulParams, MatVecParams, MAT_VEC_ACCUMULATE, PARAM_BYTES};
 
 /// How one weight tensor is stored on the device.
@@ -362,8 +362,9 @@ pub(crate) enum WeightKernel {
     /// norm fused in.
     Glu(u32, bool),
     MatMul,
-    /// The tiled matmul on cooperative matrices (coop_mat_mul.wgsl).
-    Coop,
+    /// The tiled matmul on cooperative matrices (coop_mat_mul.wgsl), with
+    /// this tile.
+    Coop(CoopTile),
     /// The sum of a split-k coop product's partials into y
     /// (split_sum.wgsl; built per weight type only to share the products'
     /// bind groups and keys, it reads no weights).
@@ -441,7 +442,7 @@ impl Product {
                 (1, self.k),
             ),
             Kernel::Coop(c) => (
-                WeightKernel::Coop,
+                WeightKernel::Coop(c.tile),
                 c.groups(self.rows, self.cols),
                 c.k_splits(self.rows, self.cols, self.k),
             ),
@@ -561,6 +562,8 @@ pub(crate) struct Pipelines {
     /// The cooperative-matrix configuration, where the device has one: the
     /// coop matmul is then compiled for every weight type.
     pub(crate) coop: Option<CoopConfig>,
+    /// The wide-tile configuration, where it fits.
+    pub(crate) coop_wide: Option<CoopConfig>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope_kv: ::wgpu::ComputePipeline,
@@ -644,6 +647,7 @@ impl Pipelines {
             gpu_subgroups: gpu.subgroups,
             unroll,
             coop: gpu.coop,
+            coop_wide: gpu.coop_wide,
             weight: HashMap::new(),
             rms_norm,
             rope_kv,
@@ -689,12 +693,14 @@ impl Pipelines {
                 }
             }
         }
-        if self.coop.is_some() {
+        for c in [self.coop, self.coop_wide].into_iter().flatten() {
             kinds.push((
-                WeightKernel::Coop,
+                WeightKernel::Coop(c.tile),
                 "coop_mat_mul",
                 include_str!("shaders/coop_mat_mul.wgsl"),
             ));
+        }
+        if self.coop.is_some() {
             kinds.push((
                 WeightKernel::SplitSum,
                 "split_sum",
@@ -729,17 +735,21 @@ impl Pipelines {
             };
             // The tiled products share their tile loads.
             let loads = match kind {
-                WeightKernel::MatMul | WeightKernel::Coop => {
+                WeightKernel::MatMul | WeightKernel::Coop(_) => {
                     include_str!("shaders/tile_loads.wgsl")
                 }
                 _ => "",
             };
-            let body = match (kind, self.coop) {
-                (WeightKernel::Coop, Some(c)) => c.shader(body),
+            let body = match kind {
+                WeightKernel::Coop(tile) => [self.coop, self.coop_wide]
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c.tile == tile)
+                    .map_or_else(String::new, |c| c.shader(body)),
                 _ => body.to_string(),
             };
             let mut source = format!("{}\n{consts}{body}\n{loads}", dtype.prelude());
-            if kind == WeightKernel::Coop {
+            if matches!(kind, WeightKernel::Coop(_)) {
                 // Both `enable`s open the module; the f16-native prelude's
                 // own goes.
                 source = format!(
