@@ -45,6 +45,10 @@
 #                   alternatives (--coop-split 0, --coop-tile 128), coop
 #                   from 8 rows (batch 8), then the default profiled at
 #                   batch 8 and 32 (128-token prompts)
+#   table:SHAPE     the short call for the headline table: transformers
+#                   on SHAPE, then engine-bench's defaults (batch 1, 8 and
+#                   32, 128-token prompts) and the same with the default
+#                   coop tile for every pass (--coop-wide-rows 1000000)
 #   parity          the parity tests of attention and of the coop products
 #                   only (wgpu_kernels, wgpu_engine): a short call's tests
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
@@ -124,6 +128,17 @@ for part in "${parts[@]}"; do
         for t in wgpu_kernels wgpu_engine; do
             CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill 2>&1 | quiet | tee -a "$runs/tests"
         done
+        ;;
+    table:*)
+        shape=${part#table:}
+        echo "== $shape: transformers and tokenwire's defaults =="
+        PYTHONUNBUFFERED=1 timeout 100 python3 benches/gpu/hf_anchor.py "$shape"
+        # shellcheck disable=SC2046
+        {
+            eb defaults engine-bench 60 $(bf16 "$shape") --batch 1,8,32 --prompt 128
+            eb square-only engine-bench 60 $(bf16 "$shape") --batch 1,8,32 --prompt 128 \
+                --coop-wide-rows 1000000
+        }
         ;;
     splitk:*)
         shape=${part#splitk:}
@@ -266,7 +281,7 @@ for part in "${parts[@]}"; do
         done
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, parity, anchor, anchors)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, parity, anchor, anchors)"
         exit 2
         ;;
     esac
