@@ -495,6 +495,8 @@ fn beams_fork_from_their_parents_sharing_kv_blocks_and_end_with_one_complete() {
     assert_eq!(done.len(), 1, "{:?}", h.received(c));
     assert_eq!(done[0]["new_tokens_count"], 8);
     assert_eq!(done[0]["text"].as_str().map(str::len), Some(8));
+    // Ended by max_new_tokens, not by an end of sequence.
+    assert_eq!(done[0]["is_eos"], false, "{}", done[0]);
     // Three beams forked from their parents after each of the first seven
     // rounds; the eighth ends the search.
     assert_eq!(forks, 3 * 7, "{forks} forks");

@@ -504,3 +504,57 @@ fn input_after_a_function_call_joins_the_calls_turn_only_when_the_assistant_wrot
     assert_eq!(next.len(), 2, "{next:?}");
     assert_eq!(next[1], (Role::User, "next".to_string()));
 }
+
+#[test]
+fn metadata_takes_sixteen_keys_and_refuses_a_seventeenth() {
+    // PROTOCOLS.md (the Responses API's limits): at most 16 keys, each a
+    // string. Exactly 16 run; 17, or a value that is not a string, get a
+    // 400 naming the field, and the connection goes on.
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    let keys = |n: usize| -> Value {
+        Value::Object((0..n).map(|i| (format!("k{i}"), json!("v"))).collect())
+    };
+    let with = |metadata: Value| {
+        let mut e = create(json!("hi"), 2);
+        e["metadata"] = metadata;
+        e
+    };
+    h.send(c, with(keys(16)));
+    h.run(20);
+    let done = check_response(&events(&h, c));
+    assert_eq!(done["response"]["metadata"], keys(16), "{done}");
+    h.frames.clear();
+    h.send(c, with(keys(17)));
+    let e = last(&h, c);
+    assert_eq!(
+        (e["status"].as_u64(), e["error"]["code"].as_str()),
+        (Some(400), Some("invalid_request")),
+        "{e}"
+    );
+    assert_eq!(e["error"]["param"], "metadata");
+    h.send(c, with(json!({"n": 1})));
+    assert_eq!(last(&h, c)["error"]["param"], "metadata.n");
+    h.run(20);
+    assert_eq!(kinds(&events(&h, c)), ["error", "error"], "nothing ran");
+    assert!(h.closes.is_empty());
+}
+
+#[test]
+fn an_input_too_long_even_alone_is_context_length_exceeded() {
+    // One message that cannot fit beside max_output_tokens however much is
+    // dropped: context_length_exceeded on `input`, and nothing runs.
+    let mut h = harness();
+    let c = h.open(1, Dialect::Responses);
+    h.send(c, create(json!("x".repeat(500)), 100));
+    let e = last(&h, c);
+    assert_eq!(
+        (e["status"].as_u64(), e["error"]["code"].as_str()),
+        (Some(400), Some("context_length_exceeded")),
+        "{e}"
+    );
+    assert_eq!(e["error"]["param"], "input");
+    h.run(20);
+    assert_eq!(kinds(&events(&h, c)), ["error"], "nothing ran");
+    assert!(h.closes.is_empty());
+}
