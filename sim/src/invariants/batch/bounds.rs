@@ -14,9 +14,9 @@ use super::view::{batch_send, Reading};
 use crate::invariants::{Check, Checker, Cx, Frame};
 
 /// What the Host's refusal for the bound says.
-const PAYLOADS_REFUSAL: &str = "payloads queued or running";
+pub(super) const PAYLOADS_REFUSAL: &str = "payloads queued or running";
 /// What the Host's refusal for a payload's prompts says.
-const PROMPTS_REFUSAL: &str = "one payload may hold";
+pub(super) const PROMPTS_REFUSAL: &str = "one payload may hold";
 
 /// See the module docs.
 #[derive(Debug, Default)]

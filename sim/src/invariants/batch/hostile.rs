@@ -10,7 +10,7 @@ use crate::invariants::{Check, Checker, Cx, Frame};
 use tokenwire_core::Output;
 
 /// True for a request id of the clients' hostile payloads.
-fn hostile_id(id: &str) -> bool {
+pub(super) fn hostile_id(id: &str) -> bool {
     id.strip_prefix('h')
         .and_then(|rest| rest.split_once('-'))
         .is_some_and(|(client, n)| {

@@ -9,7 +9,8 @@
 //! PROGRESS only when streaming; continued batches starting from the text
 //! the modelled continue-generation cache holds; `new_tokens_count` within
 //! `max_new_tokens` and streamed texts adding up; payloads refused exactly
-//! at the per-connection bound; the clients' hostile payloads never accepted;
+//! at the per-connection bound; the clients' hostile payloads never accepted,
+//! and their valid ones refused only at that bound;
 //! prompts run exactly when they fit the context; a beam search completes
 //! with a reference search's best hypothesis.
 
@@ -17,6 +18,7 @@ pub mod beams;
 pub mod bounds;
 pub mod context;
 pub mod continuation;
+pub mod honest;
 pub mod hostile;
 pub mod order;
 pub mod terminal;
@@ -36,6 +38,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(text::BatchText),
         Box::new(bounds::BatchBounds),
         Box::new(hostile::BatchHostile),
+        Box::new(honest::BatchHonest),
         Box::new(context::BatchContext),
         Box::new(beams::BatchBeams::default()),
     ]
