@@ -158,7 +158,12 @@ impl ResponsesClient {
             v.insert("stream_id".into(), json!(self.rng.below(100)));
         }
         if chance(&mut self.rng, 0.15) {
-            v.insert("metadata".into(), json!({"k": text(&mut self.rng, 4)}));
+            // Up to the API's 16 keys, the bound included.
+            let n = 1 + self.rng.below(16);
+            let m: Map<String, Value> = (0..n)
+                .map(|i| (format!("k{i}"), json!(text(&mut self.rng, 4))))
+                .collect();
+            v.insert("metadata".into(), Value::Object(m));
         }
         if chance(&mut self.rng, 0.2) {
             v.insert("model".into(), json!(sw.model.name));

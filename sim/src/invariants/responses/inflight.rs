@@ -56,7 +56,8 @@ impl Checker for ResponsesInflight {
                     r.head(),
                     Some(RMsg {
                         kind: RKind::Create { .. },
-                        stage: RStage::Sent
+                        stage: RStage::Sent,
+                        ..
                     })
                 );
                 let concurrent = code(f) == "concurrent_request";

@@ -28,6 +28,7 @@ impl Checker for ResponsesInput {
         let Some(RMsg {
             kind: RKind::Create { texts, .. },
             stage: RStage::Sent,
+            ..
         }) = r.head()
         else {
             return Ok(());

@@ -3,7 +3,8 @@
 //!
 //! The checkers: event shapes, one response in flight, exactly one terminal
 //! event, sequence numbers, `previous_response_id` resolution, `model`
-//! (another model refused, the served one never), the input reaching the
+//! (another model refused, the served one never), `metadata` the API allows
+//! never refused, the input reaching the
 //! tokenizer as written, `response.retrieve`
 //! refused over a WebSocket, the connection limit and
 //! the connection lifetime; and what a client of the HTTP routes gets
@@ -14,6 +15,7 @@ pub mod inflight;
 pub mod input;
 pub mod lifetime;
 pub mod limit;
+pub mod metadata;
 pub mod model;
 pub mod previous;
 pub mod retrieve;
@@ -33,6 +35,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(sequence::ResponsesSequence),
         Box::new(previous::ResponsesPrevious),
         Box::new(model::ResponsesModel),
+        Box::new(metadata::ResponsesMetadata),
         Box::new(input::ResponsesInput),
         Box::new(retrieve::ResponsesRetrieve),
         Box::new(limit::ResponsesLimit::default()),

@@ -14,6 +14,7 @@ fn handled_model(r: &ResponsesConnView) -> Option<Option<&str>> {
         Some(RMsg {
             kind: RKind::Create { model, .. },
             stage: RStage::Sent,
+            ..
         }) => Some(model.as_deref()),
         _ => None,
     }

@@ -68,6 +68,7 @@ fn handled_create(r: &ResponsesConnView) -> Option<&str> {
         Some(RMsg {
             kind: RKind::Create { prev: Some(p), .. },
             stage: RStage::Sent,
+            ..
         }) if r.current.is_none() => Some(p),
         _ => None,
     }

@@ -82,6 +82,11 @@ pub struct RMsg {
     pub kind: RKind,
     /// Where it is.
     pub stage: RStage,
+    /// A `response.create`'s `metadata` as the frame holds it (nested under
+    /// `response` or not), read without the dialect's decoder, which the
+    /// checkers judge: a create it refuses is `Other`, but its metadata is
+    /// still here.
+    pub metadata: Option<Value>,
 }
 
 /// The response in flight.
@@ -159,6 +164,15 @@ impl ResponsesConnView {
         if text.len() > max_frame {
             return;
         }
+        let raw: Option<Value> = serde_json::from_str(text).ok();
+        let metadata = raw.as_ref().and_then(|v| {
+            let body = if v.get("response").is_some() {
+                &v["response"]
+            } else {
+                v
+            };
+            body.get("metadata").cloned()
+        });
         let kind = match codec::decode_client(text) {
             Ok(ClientEvent::Create(req)) => {
                 self.store = req.store;
@@ -166,9 +180,7 @@ impl ResponsesConnView {
                     prev: req.previous_response_id,
                     generate: req.generate,
                     model: req.model,
-                    texts: serde_json::from_str(text)
-                        .map(|v: Value| message_texts(&v))
-                        .unwrap_or_default(),
+                    texts: raw.as_ref().map(message_texts).unwrap_or_default(),
                 }
             }
             Ok(ClientEvent::Cancel { response_id }) => RKind::Cancel { id: response_id },
@@ -178,6 +190,7 @@ impl ResponsesConnView {
         self.queue.push_back(RMsg {
             kind,
             stage: RStage::Sent,
+            metadata,
         });
     }
 
@@ -186,6 +199,7 @@ impl ResponsesConnView {
         self.queue.push_back(RMsg {
             kind: RKind::Other,
             stage: RStage::Sent,
+            metadata: None,
         });
     }
 
