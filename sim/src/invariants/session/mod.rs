@@ -7,7 +7,8 @@
 //! or its connection, the session bounds (per connection and per host) and
 //! the bytes of text a session keeps, the reasons of job-budget refusals,
 //! no job past its token budget,
-//! signed prompts (against a reference ECDSA verifier of its own); and what a
+//! signed prompts (against a reference ECDSA verifier of its own), an init
+//! never refused for the resume's `last_message_index`; and what a
 //! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
 //! WebSocket sessions: an HTTP request's one-turn session is judged by what
 //! its client gets.
@@ -22,6 +23,7 @@ pub mod index;
 pub mod job_tokens;
 pub mod replies;
 pub mod signatures;
+pub mod start_fields;
 pub mod stream;
 pub mod view;
 pub mod wire;
@@ -42,6 +44,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(budget::SessionBudget),
         Box::new(job_tokens::SessionJobTokens::default()),
         Box::new(signatures::SessionSignatures),
+        Box::new(start_fields::SessionStartFields),
         Box::new(http::SessionHttp::default()),
     ]
 }

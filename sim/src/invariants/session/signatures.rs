@@ -178,6 +178,7 @@ mod tests {
             stage: Stage::Sent,
             fitted: None,
             accepted: None,
+            raw_type: Some("prompt".into()),
         });
         k
     }

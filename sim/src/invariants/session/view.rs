@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use serde_json::Value;
 use tokenwire_core::dialect::session::codec::{self, ClientMessage};
 use tokenwire_core::{ChatMessage, Instant, JobCheckId, Role, TextDone, TextJobId};
 
@@ -159,6 +160,9 @@ pub struct Msg {
     pub fitted: Option<(u32, u32)>,
     /// A start's verdict: accepted or not.
     pub accepted: Option<bool>,
+    /// Its `type` as the frame holds it, read without the dialect's
+    /// decoder (which the checkers judge: a message it refuses is `Other`).
+    pub raw_type: Option<String>,
 }
 
 /// A session's reply in flight.
@@ -253,13 +257,19 @@ pub fn code(f: &Frame) -> &str {
     f.str("code").unwrap_or("")
 }
 
+/// A message's `type` as it stands in the frame.
+fn raw_type(v: &Value) -> Option<String> {
+    v.get("type").and_then(Value::as_str).map(str::to_string)
+}
+
 impl SessionConnView {
-    fn push(&mut self, kind: MsgKind) {
+    fn push(&mut self, kind: MsgKind, raw_type: Option<String>) {
         self.queue.push_back(Msg {
             kind,
             stage: Stage::Sent,
             fitted: None,
             accepted: None,
+            raw_type,
         });
     }
 
@@ -268,15 +278,21 @@ impl SessionConnView {
         if text.len() > max_frame {
             return;
         }
+        // Each message's `type`, in the order the decoder lists them.
+        let raw_types: Vec<Option<String>> = match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(items)) => items.iter().map(raw_type).collect(),
+            Ok(v) => vec![raw_type(&v)],
+            Err(_) => Vec::new(),
+        };
         match codec::decode_frame(text) {
-            Err(e) => self.push(other(e.session_id)),
+            Err(e) => self.push(other(e.session_id), None),
             Ok(list) => {
-                for m in list {
+                for (i, m) in list.into_iter().enumerate() {
                     let kind = match m {
                         Ok(m) => kind_of(m),
                         Err(e) => other(e.session_id),
                     };
-                    self.push(kind);
+                    self.push(kind, raw_types.get(i).cloned().flatten());
                 }
             }
         }
@@ -284,7 +300,7 @@ impl SessionConnView {
 
     /// A binary frame arrived.
     pub fn on_binary(&mut self) {
-        self.push(other(None));
+        self.push(other(None), None);
     }
 
     /// The oldest message not yet answered.
