@@ -34,6 +34,15 @@ fn last(h: &Harness, c: ConnId) -> Value {
     h.received(c).last().cloned().unwrap_or(Value::Null)
 }
 
+/// An error event's status, code and param.
+fn error_parts(e: &Value) -> (Option<u64>, Option<&str>, Option<&str>) {
+    (
+        e["status"].as_u64(),
+        e["error"]["code"].as_str(),
+        e["error"]["param"].as_str(),
+    )
+}
+
 fn prompt_len(messages: &[(Role, &str)]) -> usize {
     let m: Vec<ChatMessage> = messages
         .iter()
@@ -528,11 +537,10 @@ fn metadata_takes_sixteen_keys_and_refuses_a_seventeenth() {
     h.send(c, with(keys(17)));
     let e = last(&h, c);
     assert_eq!(
-        (e["status"].as_u64(), e["error"]["code"].as_str()),
-        (Some(400), Some("invalid_request")),
+        error_parts(&e),
+        (Some(400), Some("invalid_request"), Some("metadata")),
         "{e}"
     );
-    assert_eq!(e["error"]["param"], "metadata");
     h.send(c, with(json!({"n": 1})));
     assert_eq!(last(&h, c)["error"]["param"], "metadata.n");
     h.run(20);
@@ -549,11 +557,10 @@ fn an_input_too_long_even_alone_is_context_length_exceeded() {
     h.send(c, create(json!("x".repeat(500)), 100));
     let e = last(&h, c);
     assert_eq!(
-        (e["status"].as_u64(), e["error"]["code"].as_str()),
-        (Some(400), Some("context_length_exceeded")),
+        error_parts(&e),
+        (Some(400), Some("context_length_exceeded"), Some("input")),
         "{e}"
     );
-    assert_eq!(e["error"]["param"], "input");
     h.run(20);
     assert_eq!(kinds(&events(&h, c)), ["error"], "nothing ran");
     assert!(h.closes.is_empty());

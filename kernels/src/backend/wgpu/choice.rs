@@ -19,6 +19,24 @@ pub(crate) struct KernelChoice {
 }
 
 impl KernelChoice {
+    /// The choice on a device with these coop configurations (`None`
+    /// where it has none), coop from `coop_rows` token rows and its wide
+    /// tile from `wide_rows`, else the tiled matmul above `tiled_above`.
+    pub(crate) fn new(
+        coop: Option<CoopConfig>,
+        wide: Option<CoopConfig>,
+        coop_rows: usize,
+        wide_rows: usize,
+        tiled_above: Option<u32>,
+    ) -> KernelChoice {
+        let rows = |n: usize| n.clamp(1, u32::MAX as usize) as u32;
+        KernelChoice {
+            tiled_above,
+            coop_from: coop.map(|c| (c, rows(coop_rows))),
+            wide_from: wide.map(|c| (c, rows(wide_rows))),
+        }
+    }
+
     /// The kernel for a pass of `rows` token rows.
     pub(crate) fn for_rows(&self, rows: u32) -> Kernel {
         match (self.coop_from, self.wide_from) {

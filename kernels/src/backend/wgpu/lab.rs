@@ -6,6 +6,7 @@
 //! Behind the `lab` feature: only tests and benchmarks run it.
 
 use super::attn::{self, AttnModel, AttnShape};
+use super::choice::KernelChoice;
 use super::context::Gpu;
 use super::coop::CoopConfig;
 use super::params::{self, Call, ParamArena};
@@ -402,14 +403,20 @@ impl KernelLab {
         let kernel = match kernel {
             LabProduct::MatVec => Kernel::MatVec,
             LabProduct::Tiled => Kernel::Tiled,
-            // The wide tile from the options' rows on, as the backend picks.
-            LabProduct::Coop => Kernel::Coop(
-                self.pipes
-                    .coop_wide
-                    .filter(|_| cols >= self.opts.coop_wide_rows)
-                    .or(self.pipes.coop)
-                    .ok_or("no cooperative-matrix configuration on this adapter")?,
-            ),
+            // Coop for any rows, its tile picked as the backend picks it.
+            LabProduct::Coop => {
+                let choice = KernelChoice::new(
+                    self.pipes.coop,
+                    self.pipes.coop_wide,
+                    1,
+                    self.opts.coop_wide_rows,
+                    None,
+                );
+                match choice.for_rows(cols as u32) {
+                    k @ Kernel::Coop(_) => k,
+                    _ => return Err("no cooperative-matrix configuration on this adapter".into()),
+                }
+            }
         };
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));

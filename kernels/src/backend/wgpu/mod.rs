@@ -603,15 +603,13 @@ impl WgpuBackend {
             .tiled_matmul
             .unwrap_or(!cpu_adapter)
             .then_some(opts.mat_vec_max_rows.clamp(1, MAT_VEC_COLS) as u32);
-        let kernels = KernelChoice {
+        let kernels = KernelChoice::new(
+            pipes.coop,
+            pipes.coop_wide,
+            opts.coop_min_rows,
+            opts.coop_wide_rows,
             tiled_above,
-            coop_from: pipes
-                .coop
-                .map(|c| (c, opts.coop_min_rows.clamp(1, u32::MAX as usize) as u32)),
-            wide_from: pipes
-                .coop_wide
-                .map(|c| (c, opts.coop_wide_rows.clamp(1, u32::MAX as usize) as u32)),
-        };
+        );
         let params = ParamArena::new(gpu.uniform_align);
         let mut be = WgpuBackend {
             model,

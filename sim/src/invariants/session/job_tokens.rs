@@ -184,17 +184,8 @@ mod tests {
         // Another session of the same job goes on, no turn in flight.
         let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
         let s = c.session.as_mut().expect("session");
-        s.live.insert(
-            "s".into(),
-            Live {
-                history: vec![],
-                count: 0,
-                turn: None,
-                last_index: None,
-                key: None,
-                job: "j".into(),
-            },
-        );
+        s.live
+            .insert("s".into(), Live::started(vec![], None, "j".into()));
         let e = k.send(1, response(41)).expect_err("101 of 100");
         assert!(e.detail.contains("101"), "{}", e.detail);
     }

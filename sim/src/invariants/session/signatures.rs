@@ -155,17 +155,9 @@ mod tests {
         let sig = signature.unwrap_or_else(|| signed(&sk, "s", 0, "hello"));
         let c = k.m.view_mut().conns.get_mut(&ConnId(1)).expect("conn");
         let s = c.session.as_mut().expect("session");
-        s.live.insert(
-            "s".into(),
-            Live {
-                history: vec![],
-                count: 0,
-                turn: None,
-                last_index: None,
-                key: Some(hex(&sk.verifying_key().to_sec1_bytes())),
-                job: "j".into(),
-            },
-        );
+        let key = hex(&sk.verifying_key().to_sec1_bytes());
+        s.live
+            .insert("s".into(), Live::started(vec![], Some(key), "j".into()));
         s.queue.push_back(Msg {
             kind: MsgKind::Prompt {
                 sid: "s".into(),

@@ -87,10 +87,6 @@ mod tests {
         c.session.as_mut().expect("session").live.insert(
             "s".into(),
             Live {
-                key: None,
-                job: "j".into(),
-                history: vec![],
-                count: 0,
                 turn: Some(Turn {
                     prompt_index: 0,
                     count_at_start: 0,
@@ -102,7 +98,7 @@ mod tests {
                     after_shutdown: false,
                     prompt_tokens: 1,
                 }),
-                last_index: None,
+                ..Live::started(vec![], None, "j".into())
             },
         );
         k.input(Input::Timeout).expect("input");

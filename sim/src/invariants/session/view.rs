@@ -206,6 +206,21 @@ pub struct Live {
     pub job: String,
 }
 
+impl Live {
+    /// A session its start just made live: `context` as its history, no
+    /// reply in flight yet.
+    pub fn started(context: Vec<ChatMessage>, key: Option<String>, job: String) -> Live {
+        Live {
+            count: count_of(&context),
+            history: context,
+            turn: None,
+            last_index: None,
+            key,
+            job,
+        }
+    }
+}
+
 /// User and assistant messages of a conversation.
 pub fn count_of(messages: &[ChatMessage]) -> u64 {
     messages.iter().filter(|m| m.role != Role::System).count() as u64
@@ -514,18 +529,8 @@ impl SessionConnView {
                 },
                 "session_ready",
             ) => {
-                let count = count_of(&context);
-                self.live.insert(
-                    sid,
-                    Live {
-                        history: context,
-                        count,
-                        turn: None,
-                        last_index: None,
-                        key: public_key,
-                        job,
-                    },
-                );
+                self.live
+                    .insert(sid, Live::started(context, public_key, job));
             }
             (MsgKind::End { sid }, "session_ended") => {
                 self.live.remove(&sid);
