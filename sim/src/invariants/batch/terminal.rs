@@ -7,7 +7,7 @@
 //! connection closes first or the Host crashes: the liveness checker
 //! reports those still due at the end), nothing after it, and STARTED and
 //! INITIALIZED at most once each, STARTED never after INITIALIZED and
-//! neither after its first PROGRESS. A frame that is none of these (an
+//! neither after its first PROGRESS, and both before a COMPLETE. A frame that is none of these (an
 //! event for a prompt not in flight, an answer nobody waits for) is caught.
 
 use tokenwire_core::dialect::batch::codec::EventKind;
@@ -66,6 +66,9 @@ impl Checker for BatchTerminal {
                             pr.started > 0 || pr.initialized > 0 || pr.progress > 0
                         }
                         EventKind::Initialized { .. } => pr.initialized > 0 || pr.progress > 0,
+                        // A prompt completes only after it was picked up
+                        // and its prefill was done: beam searches too.
+                        EventKind::Complete { .. } => pr.started == 0 || pr.initialized == 0,
                         _ => false,
                     };
                     if bad {
@@ -118,6 +121,11 @@ mod tests {
         };
         k.send(1, json!([{"request_id": "a", "type": "STARTED"}]))
             .expect("started");
+        k.send(
+            1,
+            json!([{"request_id": "a", "type": "INITIALIZED", "text": ""}]),
+        )
+        .expect("initialized");
         k.send(1, done("a")).expect("complete");
         let err = k.send(1, done("a")).expect_err("twice");
         assert_eq!(err.invariant, "batch_terminal");
@@ -144,5 +152,26 @@ mod tests {
                          {"request_id": "d", "type": "ERROR", "error": "bad"}]),
         )
         .expect("refused as a whole");
+    }
+
+    /// A fabricated violation: a COMPLETE with no INITIALIZED before it
+    /// (a beam search that never said its prefill was done).
+    #[test]
+    fn a_complete_before_initialized_is_caught() {
+        let mut k = kit(Box::new(BatchTerminal));
+        k.open_as(1, Dialect::Batch);
+        k.text(1, payload(&["a"])).expect("payload");
+        k.send(1, json!([{"request_id": "a", "type": "ACCEPTED"}]))
+            .expect("accepted");
+        k.send(1, json!([{"request_id": "a", "type": "STARTED"}]))
+            .expect("started");
+        let err = k
+            .send(
+                1,
+                json!([{"request_id": "a", "type": "COMPLETE", "text": "x", "is_eos": false,
+                        "new_tokens_count": 1, "execution_time": 0.1}]),
+            )
+            .expect_err("no INITIALIZED");
+        assert!(err.detail.contains("0 INITIALIZED"), "{}", err.detail);
     }
 }
