@@ -159,6 +159,7 @@ impl Checker for BatchBeams {
             let EventKind::Complete {
                 text,
                 new_tokens_count,
+                is_eos,
                 ..
             } = &e.kind
             else {
@@ -196,6 +197,16 @@ impl Checker for BatchBeams {
                     best.len()
                 ));
             }
+            // Unfiltered, the search ended on EOS exactly when its best
+            // hypothesis ends with an EOS token (a filter's cut ends it
+            // otherwise, and says nothing either way).
+            let ended_on_eos = best.last().is_some_and(|t| eos.contains(t));
+            if !filtered && *is_eos != ended_on_eos {
+                return Err(format!(
+                    "beam prompt {rid:?} on {conn:?} completed with is_eos {is_eos}; the reference search's best {} with an end-of-sequence token",
+                    if ended_on_eos { "ends" } else { "does not end" }
+                ));
+            }
         }
         Ok(())
     }
@@ -224,12 +235,12 @@ mod tests {
     /// A one-token beam search of "<c1>p" whose candidates are x, y, z, w
     /// (best first), then its COMPLETE with `text`.
     fn search_completing_with(text: &str) -> Check {
-        search_of_length(1, text)
+        search_of_length(1, text, false)
     }
 
     /// The same search with `max_new` tokens, the engine having computed
     /// only the prompt's candidates.
-    fn search_of_length(max_new: u64, text: &str) -> Check {
+    fn search_of_length(max_new: u64, text: &str, is_eos: bool) -> Check {
         let mut k = kit(Box::new(BatchBeams::default()));
         k.open_as(1, Dialect::Batch);
         k.text(
@@ -279,7 +290,7 @@ mod tests {
         .map_err(|v| v.detail)?;
         k.send(
             1,
-            json!([{"request_id": "r", "type": "COMPLETE", "text": text, "is_eos": false,
+            json!([{"request_id": "r", "type": "COMPLETE", "text": text, "is_eos": is_eos,
                     "new_tokens_count": max_new, "execution_time": 0.1}]),
         )
         .map_err(|v| v.detail)
@@ -301,7 +312,15 @@ mod tests {
     /// engine never computed (the Host ran other beams, or none).
     #[test]
     fn a_kept_beam_never_computed_is_caught() {
-        let e = search_of_length(2, "xy").expect_err("no second round");
+        let e = search_of_length(2, "xy", false).expect_err("no second round");
         assert!(e.contains("never computed"), "{e}");
+    }
+
+    /// A fabricated violation: the search stopped at `max_new_tokens`, on
+    /// a hypothesis without EOS, but its COMPLETE says `is_eos`.
+    #[test]
+    fn is_eos_for_a_search_cut_by_length_is_caught() {
+        let e = search_of_length(1, "x", true).expect_err("no EOS in x");
+        assert!(e.contains("is_eos true"), "{e}");
     }
 }
