@@ -95,13 +95,20 @@ impl ResponsesClient {
 
     /// The new input: a string, or message items (with a tool output now
     /// and then); it starts with the tag when it starts a conversation.
-    fn input(&mut self, first: bool) -> Value {
+    /// Now and then it is longer alone than the model's context of
+    /// `context_len` tokens (`context_length_exceeded`).
+    fn input(&mut self, first: bool, context_len: u32) -> Value {
         let tag = if first {
             conn_tag(self.base.conn)
         } else {
             String::new()
         };
-        let said = format!("{tag}{}", text(&mut self.rng, 20));
+        let body = if chance(&mut self.rng, 0.03) {
+            "z".repeat(context_len as usize + 1)
+        } else {
+            text(&mut self.rng, 20)
+        };
+        let said = format!("{tag}{body}");
         if chance(&mut self.rng, 0.5) {
             return json!(said);
         }
@@ -133,7 +140,10 @@ impl ResponsesClient {
         }
         // A conversation's first input carries the tag too: a continuation
         // without instructions starts with it.
-        v.insert("input".into(), self.input(prev.is_none()));
+        v.insert(
+            "input".into(),
+            self.input(prev.is_none(), sw.model.context_len),
+        );
         if let Some(p) = prev {
             v.insert("previous_response_id".into(), json!(p));
         }

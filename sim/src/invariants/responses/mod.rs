@@ -5,7 +5,8 @@
 //! event, sequence numbers, `previous_response_id` resolution, `model`
 //! (another model refused, the served one never), `metadata` the API allows
 //! never refused, the input reaching the
-//! tokenizer as written, `response.retrieve`
+//! tokenizer as written, an input longer alone than the context refused
+//! with `context_length_exceeded`, `response.retrieve`
 //! refused over a WebSocket, the connection limit and
 //! the connection lifetime; and what a client of the HTTP routes gets
 //! ([`http`]).
@@ -21,6 +22,7 @@ pub mod previous;
 pub mod retrieve;
 pub mod sequence;
 pub mod terminal;
+pub mod too_long;
 pub mod view;
 pub mod wire;
 
@@ -37,6 +39,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(model::ResponsesModel),
         Box::new(metadata::ResponsesMetadata),
         Box::new(input::ResponsesInput),
+        Box::new(too_long::ResponsesTooLong),
         Box::new(retrieve::ResponsesRetrieve),
         Box::new(limit::ResponsesLimit::default()),
         Box::new(lifetime::ResponsesLifetime),

@@ -1,0 +1,112 @@
+//! `responses_too_long`: a create whose own input is longer than the
+//! model's whole context (its messages' texts, read from the frame, hold
+//! more bytes than the context has tokens; the simulator's byte codec
+//! spends at least a token a byte) never starts a response: once its
+//! tokens are back it is answered with `context_length_exceeded`, and with
+//! no other error.
+
+use tokenwire_core::Output;
+
+use super::view::{code, RKind, RMsg, RStage};
+use crate::invariants::{Check, Checker, Cx, Frame};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct ResponsesTooLong;
+
+impl Checker for ResponsesTooLong {
+    fn name(&self) -> &'static str {
+        "responses_too_long"
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        let (Output::Send { conn, .. }, Some(f)) = (out, frame) else {
+            return Ok(());
+        };
+        let Some(RMsg {
+            kind: RKind::Create { texts, .. },
+            stage: RStage::Tokenized,
+            ..
+        }) = cx.view.responses(conn).and_then(|r| r.head())
+        else {
+            return Ok(());
+        };
+        let bytes: usize = texts.iter().map(String::len).sum();
+        if bytes <= cx.model.context_len as usize {
+            return Ok(());
+        }
+        match f.kind() {
+            "error" if code(f) == "context_length_exceeded" => Ok(()),
+            "error" => Err(format!(
+                "a create on {conn:?} whose input alone holds {bytes} bytes (the context is {} tokens) was refused with {:?}, not context_length_exceeded",
+                cx.model.context_len,
+                code(f)
+            )),
+            "response.created" => Err(format!(
+                "a create on {conn:?} whose input alone holds {bytes} bytes started a response (the context is {} tokens)",
+                cx.model.context_len
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use serde_json::{json, Value};
+    use tokenwire_core::text::byte::ByteCodec;
+    use tokenwire_core::{
+        ChatMessage, ConnId, Dialect, Input, Role, TextDone, TextJob, TextJobId, TextWork,
+    };
+
+    /// A create of `input` tokenized (the tokens are back), then `answer`.
+    fn answered(input: &str, answer: Value) -> Check {
+        let mut k = kit(Box::new(ResponsesTooLong));
+        k.open_as(1, Dialect::Responses);
+        k.text(1, json!({"type": "response.create", "input": input}))
+            .map_err(|v| v.detail)?;
+        k.out(Output::Tokenize(TextJob {
+            id: TextJobId(1),
+            conn: ConnId(1),
+            codec: ByteCodec::shared(),
+            work: TextWork::Chat {
+                messages: vec![ChatMessage {
+                    role: Role::User,
+                    content: input.into(),
+                }],
+                max_messages: usize::MAX,
+                max_tokens: 100,
+                tools: Vec::new(),
+            },
+        }))
+        .map_err(|v| v.detail)?;
+        k.end().map_err(|v| v.detail)?;
+        k.input(Input::Tokenized(TextDone {
+            id: TextJobId(1),
+            result: Err("too long".into()),
+        }))
+        .map_err(|v| v.detail)?;
+        k.send(1, answer).map_err(|v| v.detail)
+    }
+
+    fn error(code: &str) -> Value {
+        json!({"type": "error", "status": 400,
+               "error": {"type": "invalid_request_error", "code": code,
+                         "message": "m", "param": "input"}})
+    }
+
+    #[test]
+    fn an_input_longer_than_the_context_refused_otherwise_is_caught() {
+        let long = "z".repeat(10_000);
+        answered(&long, error("context_length_exceeded")).expect("the right code");
+        let e = answered(&long, error("invalid_request")).expect_err("the wrong code");
+        assert!(e.contains("\"invalid_request\""), "{e}");
+        let e = answered(&long, json!({"type": "response.created", "response": {}}))
+            .expect_err("started");
+        assert!(e.contains("started a response"), "{e}");
+        // A short input may be refused for anything.
+        answered("hi", error("invalid_request")).expect("short");
+    }
+}
