@@ -6,7 +6,8 @@
 //! stays within the job's `token_budget`: the Host holds each turn's prompt
 //! and `max_tokens`, cut to what the job has left, while it runs. (Turns
 //! cut short by a disconnect are charged but not counted here, so the sum
-//! is a lower bound of what the Host counts: sound either way.)
+//! is a lower bound of what the Host counts: sound either way.) A job
+//! granted without a cap is never refused with `token_budget_exhausted`.
 
 use std::collections::BTreeMap;
 
@@ -72,6 +73,16 @@ impl Checker for SessionJobTokens {
         let Some(live) = s.live.get(sid) else {
             return Ok(());
         };
+        if f.kind() == "error" && f.str("code") == Some("token_budget_exhausted") {
+            // A job granted without a cap has no budget to run out of.
+            return match self.budgets.get(&live.job) {
+                Some(None) => Err(format!(
+                    "a prompt of {sid:?} on {conn:?} was refused with token_budget_exhausted, but job {:?} was granted no cap",
+                    live.job
+                )),
+                _ => Ok(()),
+            };
+        }
         let tokens = match (f.kind(), &live.turn) {
             ("response", _) => f.v["tokens_used"].as_u64().unwrap_or(0),
             // Failed, or cut short by its session's end.
@@ -108,6 +119,11 @@ mod tests {
 
     /// A kit with a live session `s` of job `j`, granted `budget` tokens.
     fn live_session(budget: u64) -> crate::invariants::testkit::Kit {
+        live_session_granted(Some(budget))
+    }
+
+    /// A kit with a live session `s` of job `j`, granted `token_budget`.
+    fn live_session_granted(token_budget: Option<u64>) -> crate::invariants::testkit::Kit {
         let mut k = kit(Box::new(SessionJobTokens::default()));
         k.open_as(1, Dialect::Session);
         k.text(
@@ -116,9 +132,7 @@ mod tests {
                    "conversation_context": []}),
         )
         .expect("init");
-        let grant = JobGrant {
-            token_budget: Some(budget),
-        };
+        let grant = JobGrant { token_budget };
         k.job_verified(1, "j", grant);
         k.send(
             1,
@@ -202,5 +216,17 @@ mod tests {
         .expect("60 of 100");
         let e = k.send(1, response(41)).expect_err("101 of 100");
         assert!(e.detail.contains("101"), "{}", e.detail);
+    }
+
+    /// A fabricated violation: a job without a cap told its budget ran out.
+    #[test]
+    fn a_job_without_a_cap_refused_for_its_budget_is_caught() {
+        let refusal = json!({"type": "error", "session_id": "s", "code": "token_budget_exhausted",
+                             "message": "m", "recoverable": true, "timestamp": 0});
+        let mut k = live_session_granted(None);
+        let e = k.send(1, refusal.clone()).expect_err("no cap");
+        assert!(e.detail.contains("granted no cap"), "{}", e.detail);
+        let mut k = live_session(100);
+        k.send(1, refusal).expect("a capped job may run out");
     }
 }
