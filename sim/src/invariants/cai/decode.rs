@@ -9,7 +9,8 @@
 //! a string `prompt`, `model` absent or a string, `options` absent or an
 //! object, `conversationId` absent or a non-empty string, and `context`
 //! absent or plain `system` / `user` / `assistant` messages) and holds that
-//! the decoder gives that message, with those values; whatever it decodes is
+//! the decoder gives that message, with those values (a `COMPLETION`'s
+//! `model`, `options` and `context` included); whatever it decodes is
 //! of the `type` the frame names.
 
 use serde_json::Value;
@@ -21,11 +22,24 @@ use crate::invariants::{Check, Checker, Cx};
 /// A message this checker reads by itself.
 #[derive(Debug, PartialEq)]
 enum Known {
-    /// requestId, prompt, conversationId.
-    Completion(String, String, Option<String>),
+    /// A `COMPLETION`.
+    Completion(KnownCompletion),
     Interrupted(String),
     AwaitMore(String, Option<u64>),
     SentenceCompleted(String, u64),
+}
+
+/// A `COMPLETION` as this checker reads it.
+#[derive(Debug, PartialEq)]
+struct KnownCompletion {
+    rid: String,
+    prompt: String,
+    conversation: Option<String>,
+    model: Option<String>,
+    /// `options` as sent (empty when absent).
+    options: serde_json::Map<String, Value>,
+    /// `context` as (role, content) pairs.
+    context: Option<Vec<(String, String)>>,
 }
 
 /// The frame's `type`, and the message when its shape is one of [`Known`].
@@ -88,10 +102,28 @@ fn completion(rid: String, p: &serde_json::Map<String, Value>) -> Option<Known> 
         Some(_) => return None,
     };
     let prompt = p.get("prompt")?.as_str()?.to_string();
-    shapes
-        .iter()
-        .all(|&ok| ok)
-        .then_some(Known::Completion(rid, prompt, conversation))
+    let context = p.get("context").and_then(Value::as_array).map(|a| {
+        a.iter()
+            .map(|m| {
+                let text = |k: &str| m[k].as_str().unwrap_or_default().to_string();
+                (text("role"), text("content"))
+            })
+            .collect()
+    });
+    shapes.iter().all(|&ok| ok).then(|| {
+        Known::Completion(KnownCompletion {
+            rid,
+            prompt,
+            conversation,
+            model: p.get("model").and_then(Value::as_str).map(str::to_string),
+            options: p
+                .get("options")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+            context,
+        })
+    })
 }
 
 fn type_of(m: &ClientMessage) -> &'static str {
@@ -117,11 +149,18 @@ fn as_known(m: &ClientMessage) -> Option<Known> {
             request_id.clone(),
             *sentence_index,
         )),
-        ClientMessage::Completion(c) => Some(Known::Completion(
-            c.request_id.clone(),
-            c.prompt.clone(),
-            c.conversation_id.clone(),
-        )),
+        ClientMessage::Completion(c) => Some(Known::Completion(KnownCompletion {
+            rid: c.request_id.clone(),
+            prompt: c.prompt.clone(),
+            conversation: c.conversation_id.clone(),
+            model: c.model.clone(),
+            options: c.options.clone(),
+            context: c.context.as_ref().map(|ms| {
+                ms.iter()
+                    .map(|m| (m.role.as_str().to_string(), m.content.clone()))
+                    .collect()
+            }),
+        })),
     }
 }
 
@@ -232,12 +271,42 @@ mod tests {
         judge("COMPLETION", None, &misread).expect_err("another kind");
         let text = r#"{"type":"COMPLETION","requestId":"a","payload":{"prompt":"hi"}}"#;
         let (kind, known) = reference(text).expect("read");
-        assert_eq!(
-            known,
-            Some(Known::Completion("a".into(), "hi".into(), None))
-        );
+        let hi = KnownCompletion {
+            rid: "a".into(),
+            prompt: "hi".into(),
+            conversation: None,
+            model: None,
+            options: serde_json::Map::new(),
+            context: None,
+        };
+        assert_eq!(known, Some(Known::Completion(hi)));
         let refused = codec::decode_client(r#"{"type":"NOPE","requestId":"a"}"#);
         let e = judge(&kind, known.as_ref(), &refused).expect_err("a decoder without its arm");
         assert!(e.contains("Completion"), "{e}");
+    }
+
+    /// A fabricated violation: a decoder that loses a COMPLETION's context,
+    /// or reads its options other than sent.
+    #[test]
+    fn a_completion_read_with_other_context_or_options_is_caught() {
+        let text = r#"{"type":"COMPLETION","requestId":"a","payload":{"prompt":"hi",
+            "conversationId":"c","options":{"stream":false},
+            "context":[{"role":"user","content":"before"}]}}"#;
+        let (kind, known) = reference(text).expect("read");
+        let decoded = codec::decode_client(text);
+        judge(&kind, known.as_ref(), &decoded).expect("read right");
+        let Ok(ClientMessage::Completion(c)) = decoded else {
+            panic!("a completion")
+        };
+        let lost = ClientMessage::Completion(codec::Completion {
+            context: None,
+            ..c.clone()
+        });
+        let e = judge(&kind, known.as_ref(), &Ok(lost)).expect_err("context lost");
+        assert!(e.contains("before"), "{e}");
+        let mut options = c.options.clone();
+        options.insert("stream".into(), Value::Bool(true));
+        let other = ClientMessage::Completion(codec::Completion { options, ..c });
+        judge(&kind, known.as_ref(), &Ok(other)).expect_err("options changed");
     }
 }
