@@ -8,8 +8,11 @@
 //! of one of the last 64 that ended on the connection gets nothing); an
 //! acknowledgement of a chunk or sentence not yet sent gets
 //! `INVALID_PAYLOAD`; a COMPLETION whose `requestId` is in flight on the
-//! connection gets `INVALID_REQUEST` and is never accepted, and one past
-//! the in-flight limit gets `RATE_LIMITED` and is never accepted.
+//! connection gets `INVALID_REQUEST` and is never accepted, one past
+//! the in-flight limit gets `RATE_LIMITED` and is never accepted, and
+//! then one naming a model other than the served one gets
+//! `MODEL_NOT_FOUND` and is never accepted (and one naming the served
+//! model, or none, never gets it).
 
 use tokenwire_core::Output;
 
@@ -38,13 +41,15 @@ impl Checker for CaiReplies {
         match (&a.cur, f) {
             (
                 Some(Expect::Completion {
-                    msg: Msg::Completion { rid, .. },
+                    msg: Msg::Completion { rid, model, .. },
                     done: false,
                 }),
                 _,
             ) => {
                 let dup = a.requests.contains_key(rid);
                 let full = a.requests.len() >= max;
+                let served = cx.model.name.as_str();
+                let other_model = model.as_deref().is_some_and(|m| m != served);
                 let got = f.map_or("its prompt tokenized", |f| {
                     if f.kind() == "ERROR" {
                         code(f)
@@ -56,6 +61,12 @@ impl Checker for CaiReplies {
                     "INVALID_REQUEST"
                 } else if full {
                     "RATE_LIMITED"
+                } else if other_model {
+                    "MODEL_NOT_FOUND"
+                } else if got == "MODEL_NOT_FOUND" {
+                    return Err(format!(
+                        "COMPLETION {rid:?} on {conn:?} naming model {model:?} got MODEL_NOT_FOUND (the server serves {served:?})"
+                    ));
                 } else {
                     return Ok(());
                 };
@@ -152,5 +163,40 @@ mod tests {
         k.end().expect("end");
         let e = k.completion(1, "r1", json!({})).expect_err("duplicate");
         assert!(e.detail.contains("not INVALID_REQUEST"), "{}", e.detail);
+    }
+
+    /// Fabricated violations: a COMPLETION naming another model accepted,
+    /// and one naming the served model refused with MODEL_NOT_FOUND.
+    #[test]
+    fn model_not_found_for_the_served_model_or_none_for_another_is_caught() {
+        let completion = |model: &str| {
+            json!({"type": "COMPLETION", "requestId": "r",
+                   "payload": {"prompt": "<c1>hi", "model": model}})
+        };
+        let mut k = cai_kit(Box::new(CaiReplies));
+        k.open_cai(1);
+        let served = tokenwire_core::testing::tiny_model_info().name;
+        k.text(1, completion("not-served")).expect("frame");
+        let e = k
+            .send(
+                1,
+                json!({"type": "STREAM_START", "requestId": "r", "timestamp": "t"}),
+            )
+            .expect_err("another model accepted");
+        assert!(e.detail.contains("not MODEL_NOT_FOUND"), "{}", e.detail);
+
+        let mut k = cai_kit(Box::new(CaiReplies));
+        k.open_cai(1);
+        k.text(1, completion(&served)).expect("frame");
+        let e = k
+            .send(1, error("r", "MODEL_NOT_FOUND"))
+            .expect_err("the served model refused");
+        assert!(e.detail.contains("the server serves"), "{}", e.detail);
+
+        let mut k = cai_kit(Box::new(CaiReplies));
+        k.open_cai(1);
+        k.text(1, completion("not-served")).expect("frame");
+        k.send(1, error("r", "MODEL_NOT_FOUND"))
+            .expect("another model refused");
     }
 }

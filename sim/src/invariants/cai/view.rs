@@ -142,6 +142,8 @@ pub enum Msg {
         /// It continues the kept conversation: a `conversationId` and no
         /// `context`.
         continues: bool,
+        /// `model`, if it names one.
+        model: Option<String>,
     },
     /// `INTERRUPTED`.
     Interrupt {
@@ -194,6 +196,7 @@ impl Msg {
                     continues: c.conversation_id.is_some() && c.context.is_none(),
                     conversation: c.conversation_id,
                     rid: c.request_id,
+                    model: c.model,
                 }
             }
             Ok(ClientMessage::Interrupted { request_id }) => Msg::Interrupt { rid: request_id },
@@ -658,6 +661,7 @@ impl CaiConnView {
                     sentence_window,
                     conversation,
                     continues,
+                    model,
                 },
             done: false,
         }) = cur
@@ -699,6 +703,7 @@ impl CaiConnView {
                 sentence_window,
                 conversation,
                 continues,
+                model,
             },
             done: true,
         });
