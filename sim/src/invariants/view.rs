@@ -644,7 +644,7 @@ impl View {
                             CacheScope::Principal => Some(*conn),
                             CacheScope::Host => None,
                         };
-                        b.on_events(&events, owner, &mut self.batch_cache);
+                        b.on_events(now, &events, owner, &mut self.batch_cache);
                         let continued = matches!(reading, batch::Reading::Accepted(p)
                             if b.payloads[p].continued);
                         if let Some(key) = key {

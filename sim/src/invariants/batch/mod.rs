@@ -12,7 +12,9 @@
 //! at the per-connection bound; the clients' hostile payloads never accepted,
 //! and their valid ones refused only at that bound;
 //! prompts run exactly when they fit the context; a beam search completes
-//! with a reference search's best hypothesis.
+//! with a reference search's best hypothesis, and its `is_eos` as that
+//! hypothesis ends; every COMPLETE after STARTED and INITIALIZED, its
+//! `execution_time` the time since STARTED.
 
 pub mod beams;
 pub mod bounds;
@@ -23,6 +25,7 @@ pub mod hostile;
 pub mod order;
 pub mod terminal;
 pub mod text;
+pub mod timing;
 pub mod view;
 pub mod wire;
 
@@ -41,5 +44,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(honest::BatchHonest),
         Box::new(context::BatchContext),
         Box::new(beams::BatchBeams::default()),
+        Box::new(timing::BatchTiming),
     ]
 }

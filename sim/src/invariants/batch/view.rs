@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::Value;
 use tokenwire_core::dialect::batch::codec::{Event, EventKind};
-use tokenwire_core::ConnId;
+use tokenwire_core::{ConnId, Instant};
 
 /// One payload as the client sent it.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,6 +146,10 @@ pub struct BatchPrompt {
     pub named_pos: usize,
     /// STARTED events.
     pub started: u32,
+    /// When its ACCEPTED was sent.
+    pub accepted_at: Option<Instant>,
+    /// When the first STARTED was sent.
+    pub started_at: Option<Instant>,
     /// INITIALIZED events.
     pub initialized: u32,
     /// PROGRESS events.
@@ -262,7 +266,13 @@ impl BatchConnView {
 
     /// Takes `events` in; returns the payloads retired by them, each with
     /// whether it goes into the cache.
-    pub fn on_events(&mut self, events: &[Event], owner: Owner, cache: &mut BatchCache) {
+    pub fn on_events(
+        &mut self,
+        now: Instant,
+        events: &[Event],
+        owner: Owner,
+        cache: &mut BatchCache,
+    ) {
         let reading = self.read(events);
         self.expect_dups = None;
         match reading {
@@ -298,6 +308,7 @@ impl BatchConnView {
                         payload: p,
                         pos,
                         named_pos,
+                        accepted_at: Some(now),
                         ..BatchPrompt::default()
                     });
                     let i = self.prompts.len() - 1;
@@ -321,7 +332,10 @@ impl BatchConnView {
                     let Some(i) = i else { continue };
                     let pr = &mut self.prompts[i];
                     match &e.kind {
-                        EventKind::Started => pr.started += 1,
+                        EventKind::Started => {
+                            pr.started += 1;
+                            pr.started_at.get_or_insert(now);
+                        }
                         EventKind::Initialized { .. } => pr.initialized += 1,
                         EventKind::Progress { text } => {
                             pr.progress += 1;
