@@ -51,7 +51,11 @@ impl BatchConn {
             if run.reported.len() < run.beams.len() {
                 return;
             }
-            run.beams.len() == 1 && run.search.running().len() > 1
+            // No step taken yet: every running beam is still empty.
+            run.search
+                .running()
+                .first()
+                .is_some_and(|b| b.tokens.is_empty())
         };
         if first_round {
             self.jobs[ji].events.initialized.push(pi);
