@@ -403,6 +403,8 @@ impl BatchConnView {
                     })
                     .collect();
                 cache.put(owner, pay.unique(), texts);
+            } else if idx.iter().all(|&i| self.prompts[i].complete.is_some()) {
+                cache.may_hold(owner);
             }
             self.jobs.pop_front();
         }
@@ -462,6 +464,10 @@ pub struct BatchCache {
     map: BTreeMap<(Owner, Vec<String>), (Vec<String>, u64)>,
     clock: u64,
     unknown: std::collections::BTreeSet<Owner>,
+    /// Owners that may hold an entry the model does not (a payload that
+    /// completed without ending cleanly is kept by the Host, for its text,
+    /// but not modelled here), until they close.
+    maybe: std::collections::BTreeSet<Owner>,
 }
 
 impl BatchCache {
@@ -473,6 +479,7 @@ impl BatchCache {
             map: BTreeMap::new(),
             clock: 0,
             unknown: Default::default(),
+            maybe: Default::default(),
         }
     }
 
@@ -481,6 +488,19 @@ impl BatchCache {
     pub fn with_filter_stops(mut self, on: bool) -> BatchCache {
         self.filter_stops = on;
         self
+    }
+
+    /// True when the Host can hold no entry at all: none is known here, and
+    /// no owner's entries are uncertain.
+    pub fn holds_nothing(&self) -> bool {
+        self.map.is_empty() && self.unknown.is_empty() && self.maybe.is_empty()
+    }
+
+    /// `owner` may hold an entry not modelled here.
+    pub fn may_hold(&mut self, owner: Owner) {
+        if self.capacity > 0 {
+            self.maybe.insert(owner);
+        }
     }
 
     /// Whether `owner`'s cache is no longer known here.
@@ -512,6 +532,7 @@ impl BatchCache {
     pub fn remove_owner(&mut self, conn: ConnId) {
         self.map.retain(|(o, _), _| *o != Some(conn));
         self.unknown.remove(&Some(conn));
+        self.maybe.remove(&Some(conn));
     }
 
     /// Keeps `owner`'s `texts` under `key`, evicting the least recently used.
@@ -540,6 +561,7 @@ impl BatchCache {
     pub fn clear(&mut self) {
         self.map.clear();
         self.unknown.clear();
+        self.maybe.clear();
     }
 }
 

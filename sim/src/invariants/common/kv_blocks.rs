@@ -1,7 +1,10 @@
 //! `kv_blocks`: KV blocks in use never exceed the pool's capacity when no step
 //! is outstanding (while one is, only its own sequences may hold blocks beyond
 //! it), and when the Host is idle (no generation, no step) are only those
-//! kept for continuations (`batch`'s cache). Blocks cached for their content
+//! kept for continuations (`batch`'s cache), and blocks are kept for
+//! continuations only while a payload is running or that cache (as the
+//! view models it) may hold an entry: a closed connection's entries are
+//! freed with it. Blocks cached for their content
 //! (prefix caching) are free blocks, counted apart: they never make used
 //! blocks a leak and never exceed the pool. (Used plus cached may: after the
 //! pool shrinks, held blocks beyond it drain while cached ones below it stay,
@@ -22,6 +25,18 @@ impl Checker for KvBlocks {
         let s = &end.stats;
         if !s.loaded {
             return Ok(());
+        }
+        // A payload's finished prompts keep theirs until it retires.
+        let retiring = cx
+            .view
+            .conns
+            .values()
+            .any(|c| c.batch.as_ref().is_some_and(|b| !b.jobs.is_empty()));
+        if s.kv_blocks_kept > 0 && !retiring && cx.view.batch_cache.holds_nothing() {
+            return Err(format!(
+                "{} KV blocks kept for continuations, and the batch cache holds no entry",
+                s.kv_blocks_kept
+            ));
         }
         match &cx.view.step {
             None => {
@@ -61,7 +76,7 @@ impl Checker for KvBlocks {
 mod tests {
     use super::*;
     use crate::invariants::testkit::{idle_end, kit};
-    use tokenwire_core::Input;
+    use tokenwire_core::{ConnId, Input};
 
     #[test]
     fn leaked_and_overcommitted_blocks_are_caught() {
@@ -75,6 +90,12 @@ mod tests {
         let mut kept = idle_end();
         kept.stats.kv_blocks_used = 3;
         kept.stats.kv_blocks_kept = 3;
+        let e = k.m.end(&kept).expect_err("kept for no entry");
+        assert!(e.detail.contains("holds no entry"), "{}", e.detail);
+        k.m.view_mut()
+            .batch_cache
+            .put(Some(ConnId(1)), vec!["a".into()], vec!["x".into()]);
+        k.input(Input::Timeout).expect("input");
         k.m.end(&kept)
             .expect("blocks kept for continuations are no leak");
         k.input(Input::Timeout).expect("input");
