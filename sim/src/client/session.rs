@@ -112,7 +112,14 @@ impl SessionClient {
     fn new_job(&mut self) -> Value {
         self.next_job += 1;
         if chance(&mut self.rng, 0.2) {
-            json!(self.id as u64 * 1_000_000 + self.next_job)
+            // Integers of either sign, and past i64 now and then: JSON
+            // numbers the contract takes as job ids.
+            let n = self.id as u64 * 1_000_000 + self.next_job;
+            match self.rng.below(4) {
+                0 => json!(-(n as i64)),
+                1 => json!(u64::MAX - n),
+                _ => json!(n),
+            }
         } else {
             json!(format!("job-{}-{}", self.id, self.next_job))
         }

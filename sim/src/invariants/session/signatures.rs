@@ -171,6 +171,7 @@ mod tests {
             fitted: None,
             accepted: None,
             raw_type: Some("prompt".into()),
+            raw_job: None,
         });
         k
     }

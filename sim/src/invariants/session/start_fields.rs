@@ -1,8 +1,11 @@
 //! `session_start_fields`: `last_message_index` is what a `session_resume`
 //! must carry and a `session_init` need not (PROTOCOLS.md): an init is
-//! never refused for it. The message's type is read from the frame, not
-//! through the dialect's decoder, which is what this judges.
+//! never refused for it. And a start whose `job_id` is a non-empty string
+//! or an integer (of either sign, any size JSON gives) is never refused
+//! for its `job_id`. The message's type and job id are read from the
+//! frame, not through the dialect's decoder, which is what this judges.
 
+use serde_json::Value;
 use tokenwire_core::Output;
 
 use crate::invariants::{Check, Checker, Cx, Frame};
@@ -21,14 +24,35 @@ impl Checker for SessionStartFields {
             return Ok(());
         };
         let message = f.v["message"].as_str().unwrap_or("");
-        if f.kind() != "error" || !message.contains("last_message_index") {
+        if f.kind() != "error" {
             return Ok(());
         }
-        let init = cx
-            .view
-            .session(conn)
-            .and_then(|s| s.head())
-            .is_some_and(|m| m.raw_type.as_deref() == Some("session_init"));
+        let head = cx.view.session(conn).and_then(|s| s.head());
+        let start = head.is_some_and(|m| {
+            matches!(
+                m.raw_type.as_deref(),
+                Some("session_init" | "session_resume")
+            )
+        });
+        let valid_job = match head.and_then(|m| m.raw_job.as_ref()) {
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Number(n)) => n.is_i64() || n.is_u64(),
+            _ => false,
+        };
+        // The decoder's refusals of the field itself (the verifier's
+        // refusal of a job names the field too, for another reason).
+        let for_the_field = ["`job_id`: must", "`job_id`: is required"]
+            .iter()
+            .any(|m| message.contains(m));
+        if start && valid_job && for_the_field {
+            return Err(format!(
+                "a start on {conn:?} with a valid job_id was refused for it: {message}"
+            ));
+        }
+        if !message.contains("last_message_index") {
+            return Ok(());
+        }
+        let init = head.is_some_and(|m| m.raw_type.as_deref() == Some("session_init"));
         if init {
             return Err(format!(
                 "a session_init on {conn:?} was refused for last_message_index: {message}"
@@ -73,5 +97,31 @@ mod tests {
         )
         .expect("resume");
         k.send(1, refused()).expect("a resume needs one");
+    }
+
+    /// A fabricated violation: a negative integer job id refused.
+    #[test]
+    fn a_start_refused_for_a_valid_job_id_is_caught() {
+        let refusal = json!({"type": "error", "code": "invalid_request",
+                             "message": "invalid `job_id`: must be a non-empty string or an integer, got number",
+                             "recoverable": true, "timestamp": 1});
+        for (job, ok) in [
+            (json!(-7), false),
+            (json!(18_446_744_073_709_551_615u64), false),
+            (json!("j"), false),
+            (json!(""), true),
+            (json!(1.5), true),
+        ] {
+            let mut k = kit(Box::new(SessionStartFields));
+            k.open_as(1, Dialect::Session);
+            k.text(
+                1,
+                json!({"type": "session_init", "session_id": "s", "job_id": job,
+                       "conversation_context": []}),
+            )
+            .expect("init");
+            let got = k.send(1, refusal.clone());
+            assert_eq!(got.is_ok(), ok, "{job}: {got:?}");
+        }
     }
 }

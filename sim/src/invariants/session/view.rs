@@ -163,6 +163,9 @@ pub struct Msg {
     /// Its `type` as the frame holds it, read without the dialect's
     /// decoder (which the checkers judge: a message it refuses is `Other`).
     pub raw_type: Option<String>,
+    /// Its `job_id` as the frame holds it (flat, or in the envelope's
+    /// `payload`), read without the decoder.
+    pub raw_job: Option<Value>,
 }
 
 /// A session's reply in flight.
@@ -272,19 +275,25 @@ pub fn code(f: &Frame) -> &str {
     f.str("code").unwrap_or("")
 }
 
-/// A message's `type` as it stands in the frame.
-fn raw_type(v: &Value) -> Option<String> {
-    v.get("type").and_then(Value::as_str).map(str::to_string)
+/// A message's `type` and `job_id` as they stand in the frame.
+fn raw_fields(v: &Value) -> (Option<String>, Option<Value>) {
+    let kind = v.get("type").and_then(Value::as_str).map(str::to_string);
+    let job = v
+        .get("job_id")
+        .or_else(|| v.get("payload").and_then(|p| p.get("job_id")))
+        .cloned();
+    (kind, job)
 }
 
 impl SessionConnView {
-    fn push(&mut self, kind: MsgKind, raw_type: Option<String>) {
+    fn push(&mut self, kind: MsgKind, (raw_type, raw_job): (Option<String>, Option<Value>)) {
         self.queue.push_back(Msg {
             kind,
             stage: Stage::Sent,
             fitted: None,
             accepted: None,
             raw_type,
+            raw_job,
         });
     }
 
@@ -294,20 +303,20 @@ impl SessionConnView {
             return;
         }
         // Each message's `type`, in the order the decoder lists them.
-        let raw_types: Vec<Option<String>> = match serde_json::from_str::<Value>(text) {
-            Ok(Value::Array(items)) => items.iter().map(raw_type).collect(),
-            Ok(v) => vec![raw_type(&v)],
+        let raw: Vec<(Option<String>, Option<Value>)> = match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(items)) => items.iter().map(raw_fields).collect(),
+            Ok(v) => vec![raw_fields(&v)],
             Err(_) => Vec::new(),
         };
         match codec::decode_frame(text) {
-            Err(e) => self.push(other(e.session_id), None),
+            Err(e) => self.push(other(e.session_id), (None, None)),
             Ok(list) => {
                 for (i, m) in list.into_iter().enumerate() {
                     let kind = match m {
                         Ok(m) => kind_of(m),
                         Err(e) => other(e.session_id),
                     };
-                    self.push(kind, raw_types.get(i).cloned().flatten());
+                    self.push(kind, raw.get(i).cloned().unwrap_or_default());
                 }
             }
         }
@@ -315,7 +324,7 @@ impl SessionConnView {
 
     /// A binary frame arrived.
     pub fn on_binary(&mut self) {
-        self.push(other(None), None);
+        self.push(other(None), (None, None));
     }
 
     /// The oldest message not yet answered.
