@@ -118,7 +118,14 @@ impl ResponsesClient {
             json!([{"type": "input_text", "text": said},
                    {"type": "input_text", "text": text(&mut self.rng, 6)}])
         };
-        let mut items = vec![json!({"type": "message", "role": "user", "content": content})];
+        let mut items = Vec::new();
+        if !first && chance(&mut self.rng, 0.2) {
+            // An earlier answer the client carries itself: it stays a
+            // message of its own, apart from the user's after it.
+            items.push(json!({"type": "message", "role": "assistant",
+                              "content": text(&mut self.rng, 8)}));
+        }
+        items.push(json!({"type": "message", "role": "user", "content": content}));
         if chance(&mut self.rng, 0.2) {
             items.push(json!({"type": "function_call_output", "call_id": "call_1",
                               "output": text(&mut self.rng, 8)}));
