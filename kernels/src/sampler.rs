@@ -41,6 +41,12 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     logits.iter().map(|&x| clean(x) - lse).collect()
 }
 
+/// True when `penalty` is a repetition penalty that changes logits (finite,
+/// positive, not 1).
+fn has_repetition_penalty(penalty: f32) -> bool {
+    penalty != 1.0 && penalty.is_finite() && penalty > 0.0
+}
+
 /// True when `params` asks for a presence or frequency penalty (finite and
 /// not zero); a backend that samples on the device leaves such rows to
 /// [`Sampler`].
@@ -92,14 +98,44 @@ fn log_sum_exp(xs: &[f32]) -> f32 {
     m + s.ln() as f32
 }
 
+/// The first index of the largest value, NaN counting as -inf, and 0 when
+/// nothing is above -inf: what a scan keeping the first `x > best` gives.
+/// In two passes the compiler vectorises (the maximum over 16 lanes, then
+/// the first chunk holding it); the scan's dependent compare-and-load was
+/// a serial millisecond of every 32-sequence step on SmolLM2's 49,152
+/// logits.
 fn argmax(xs: &[f32]) -> TokenId {
-    let mut best = 0usize;
-    for (i, &x) in xs.iter().enumerate() {
-        if x > xs[best] {
-            best = i;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // `>` is false for NaN: it never becomes the maximum.
+            if x > *m {
+                *m = x;
+            }
         }
     }
-    best as TokenId
+    let mut max = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(tail) {
+        if x > max {
+            max = x;
+        }
+    }
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    // Equal under `==` is equal under the scan's `>` (no NaN is `max`).
+    let first = xs
+        .chunks(LANES)
+        .position(|c| c.contains(&max))
+        .unwrap_or(0);
+    let at = xs[first * LANES..]
+        .iter()
+        .position(|&x| x == max)
+        .unwrap_or(0);
+    (first * LANES + at) as TokenId
 }
 
 impl Sampler {
@@ -146,6 +182,15 @@ impl Sampler {
         if logits.is_empty() {
             return (0, logprobs.map(|_| TokenLogprobs::default()));
         }
+        let plain = allowed.is_none()
+            && logprobs.is_none()
+            && !has_repetition_penalty(params.repetition_penalty)
+            && !has_openai_penalties(params);
+        if plain && is_greedy(params.temperature) {
+            // Nothing changes the logits first: the argmax of the row as
+            // given (it reads NaN as -inf, as cleaning would make it).
+            return (argmax(logits), None);
+        }
         self.work.clear();
         self.work.extend(logits.iter().copied().map(clean));
         if let Some(mask) = allowed {
@@ -181,7 +226,7 @@ impl Sampler {
     }
 
     fn apply_repetition_penalty(&mut self, penalty: f32, history: &[TokenId]) {
-        if penalty == 1.0 || penalty.is_nan() || penalty <= 0.0 || penalty.is_infinite() {
+        if !has_repetition_penalty(penalty) {
             return;
         }
         let n = self.work.len();

@@ -303,3 +303,41 @@ proptest! {
         prop_assert!((lp.logprob - want).abs() < 1e-4, "{} vs {}", lp.logprob, want);
     }
 }
+
+/// The scan greedy sampling is defined by: NaN read as -inf, the first
+/// index whose value beats every earlier one, 0 when none beats -inf.
+fn scan_argmax(x: &[f32]) -> u32 {
+    let clean = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let mut b = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if clean(v) > clean(x[b]) {
+            b = i;
+        }
+    }
+    b as u32
+}
+
+proptest! {
+    /// Greedy picks what the scan picks, over rows full of ties, NaN,
+    /// infinities and signed zeros, at lengths around the vector width.
+    #[test]
+    fn greedy_is_the_scan_argmax(
+        row in prop::collection::vec(
+            prop_oneof![
+                (-3i8..3).prop_map(f32::from),
+                Just(f32::NAN),
+                Just(f32::INFINITY),
+                Just(f32::NEG_INFINITY),
+                Just(-0.0f32),
+            ],
+            1..80,
+        )
+    ) {
+        let want = scan_argmax(&row);
+        let (t, _) = sample(&row, &SamplingParams::greedy(), 0, &[], None);
+        prop_assert_eq!(t, want, "{:?}", row);
+        // With logprobs asked, through the cleaned copy: the same token.
+        let (t, _) = sample(&row, &SamplingParams::greedy(), 0, &[], Some(1));
+        prop_assert_eq!(t, want, "{:?} with logprobs", row);
+    }
+}

@@ -1,10 +1,12 @@
 //! The CPU backend: the llama forward pass on weights in their file's dtype
 //! (f32, f16, bf16, or ggml's quantized blocks), all of a step's tokens pushed
 //! through each weight matrix together (`matmul`), output rows split across
-//! rayon's persistent thread pool, the dot products in the SIMD kernels
-//! chosen for this CPU at start ([`crate::quant::Kernels`]). The backend
-//! keeps its own copy of the 32-block matrices in the row layout those
-//! kernels read ([`crate::quant::lanes`]) when it is not the file's.
+//! the backend's own persistent thread pool (`pool`), the dot products in
+//! the SIMD kernels chosen for this CPU at start ([`crate::quant::Kernels`]).
+//! The backend keeps its own copy of the 32-block matrices in the row
+//! layout those kernels read ([`crate::quant::lanes`]) when it is not the
+//! file's. It samples the step's rows itself, across the same pool, with
+//! the shared sampler's rule ([`Backend::forward_select`]).
 
 mod matmul;
 mod pool;
@@ -12,13 +14,14 @@ mod pool;
 use std::sync::Arc;
 use tokenwire_core::{BlockId, EngineFaultKind};
 
-use super::{Backend, SeqBatch};
+use super::{Backend, ForwardOutput, Sampled, SeqBatch};
 use crate::kv::{KvCache, KvGeometry};
 use crate::model::Model;
 use crate::quant::attn::{AttendFn, AttnTask};
 use crate::quant::reference::dot_f32;
 use crate::quant::{Kernels, RowLayout};
 use crate::rope;
+use crate::sampler::Sampler;
 use crate::weights::Linear;
 pub use matmul::ActivationPrecision;
 use matmul::{matmul, Input, MatScratch};
@@ -331,6 +334,66 @@ impl Backend for CpuBackend {
             Input::New,
         );
         Ok(())
+    }
+
+    /// The forward pass, then every row sampled here across the pool (the
+    /// shared sampler's rule, so the tokens are the same bits): on one
+    /// thread, a 32-sequence step's sampling left the other idle.
+    fn forward_select(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        out: &mut ForwardOutput,
+    ) -> Result<(), EngineFaultKind> {
+        self.forward(batch, &mut out.logits)?;
+        let n = batch.iter().filter(|b| b.want_logits).count();
+        out.sampled.clear();
+        out.sampled.resize(n, None);
+        out.has_row.clear();
+        if self.sample_rows(batch, out) {
+            out.has_row.resize(n, false);
+            out.logits.clear();
+        } else {
+            out.has_row.resize(n, true);
+        }
+        Ok(())
+    }
+}
+
+impl CpuBackend {
+    /// Samples every row of `out.logits` (one per sequence of `batch` with
+    /// `want_logits`) by its [`super::SampleSpec`], split across the pool;
+    /// false, touching nothing, unless every such sequence has a spec and
+    /// none needs its row kept (the caller samples those itself).
+    fn sample_rows(&self, batch: &[SeqBatch<'_>], out: &mut ForwardOutput) -> bool {
+        let wanted: Vec<&SeqBatch<'_>> = batch.iter().filter(|b| b.want_logits).collect();
+        if wanted.iter().any(|b| b.sample.is_none() || b.keep_row) {
+            return false;
+        }
+        let vocab = self.model.config().vocab_size;
+        let n = wanted.len();
+        let logits = &out.logits;
+        // A chunk of rows a thread: each task one sampler's scratch.
+        let chunk = n.div_ceil(self.pool.threads()).max(1);
+        self.pool
+            .for_each_chunk(&mut out.sampled, chunk, |ci, dst| {
+                let mut sampler = Sampler::new();
+                for (j, d) in dst.iter_mut().enumerate() {
+                    let i = ci * chunk + j;
+                    let Some(spec) = wanted[i].sample.as_ref() else {
+                        continue;
+                    };
+                    let (token, logprobs) = sampler.sample_masked(
+                        &logits[i * vocab..(i + 1) * vocab],
+                        &spec.params,
+                        spec.position,
+                        spec.history,
+                        spec.logprobs,
+                        spec.allowed,
+                    );
+                    *d = Some(Sampled { token, logprobs });
+                }
+            });
+        true
     }
 }
 
