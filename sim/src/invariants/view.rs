@@ -232,6 +232,10 @@ pub struct View {
     /// simulated HTTP request is the anonymous principal's; the store may
     /// since have forgotten some).
     pub responses_stored: BTreeSet<String>,
+    /// The same since the Host last started (a crash empties the store):
+    /// while there are no more of them than the store holds, it has
+    /// forgotten none.
+    pub responses_kept: BTreeSet<String>,
     /// Whose batches a connection continues (`batch_cache_scope`).
     pub batch_scope: CacheScope,
     /// `batch`: the default `max_new_tokens` and the context length.
@@ -289,6 +293,7 @@ impl View {
             steps_done: 0,
             keys: config.keys.clone(),
             responses_stored: BTreeSet::new(),
+            responses_kept: BTreeSet::new(),
             batch_cache: batch::BatchCache::new(config.batch_cache_entries).with_filter_stops(
                 config
                     .content_filter
@@ -700,6 +705,7 @@ impl View {
                             if http && r.store && responses::is_terminal(f) {
                                 if let Some(id) = &r.latest {
                                     self.responses_stored.insert(id.clone());
+                                    self.responses_kept.insert(id.clone());
                                 }
                             }
                         }
@@ -933,6 +939,7 @@ impl View {
         self.shutdown_complete = false;
         self.loaded = true;
         self.batch_cache.clear();
+        self.responses_kept.clear();
         self.crashes += 1;
     }
 }

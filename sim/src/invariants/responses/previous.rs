@@ -9,8 +9,9 @@
 //!
 //! Over HTTP the id resolves against the host's store instead: a create
 //! may continue only a response an HTTP request stored (every simulated
-//! HTTP request is the anonymous principal's), and since the store forgets
-//! the least recently used, a 404 for one is no violation.
+//! HTTP request is the anonymous principal's); the store forgets the least
+//! recently used, so a 404 is a violation only for a response stored since
+//! the Host last started while no more were stored than the store holds.
 
 use tokenwire_core::{ConnId, Output, Transport};
 
@@ -59,7 +60,10 @@ fn may_resolve(cx: &Cx<'_>, conn: ConnId, r: &ResponsesConnView, id: &str) -> bo
 
 /// True when a create on `conn` must be able to continue `id`.
 fn must_resolve(cx: &Cx<'_>, conn: ConnId, r: &ResponsesConnView, id: &str) -> bool {
-    !over_http(cx, conn) && r.latest.as_deref() == Some(id)
+    if over_http(cx, conn) {
+        return ResponsesConnView::store_holds(cx.view, cx.config.response_store_size, id);
+    }
+    r.latest.as_deref() == Some(id)
 }
 
 /// The `previous_response_id` of the create being handled now, if any.
@@ -136,7 +140,9 @@ impl Checker for ResponsesPrevious {
                 }
                 Err(format!(
                     "a create on {conn:?} continuing {p} ({}; the cache holds {:?}) got {c}: {}",
-                    if resolves {
+                    if resolves && over_http(cx, *conn) {
+                        "stored by an HTTP request since the Host started".to_string()
+                    } else if resolves {
                         "the cached one".to_string()
                     } else {
                         describe(cx, r, p)
@@ -234,5 +240,33 @@ mod tests {
                             "error": {"code": "previous_response_not_found", "param": "previous_response_id"}}))
             .expect_err("it is cached");
         assert_eq!(e.invariant, "responses_previous");
+    }
+
+    /// A fabricated violation: over HTTP, a 404 for a response stored since
+    /// the Host started, the store far from full; after a crash, none.
+    #[test]
+    fn a_404_for_a_stored_id_over_http_is_caught() {
+        let not_found = json!({"type": "error", "status": 404,
+                               "error": {"code": "previous_response_not_found",
+                                         "param": "previous_response_id"}});
+        let create =
+            json!({"type": "response.create", "input": "x", "previous_response_id": "resp_s"});
+        let mut k = kit(Box::new(ResponsesPrevious));
+        k.m.view_mut().responses_stored.insert("resp_s".into());
+        k.m.view_mut().responses_kept.insert("resp_s".into());
+        k.open_http(1, Dialect::Responses);
+        k.text(1, create.clone()).expect("frame");
+        let e = k.send(1, not_found.clone()).expect_err("it is stored");
+        assert!(
+            e.detail.contains("stored by an HTTP request"),
+            "{}",
+            e.detail
+        );
+
+        let mut k = kit(Box::new(ResponsesPrevious));
+        k.m.view_mut().responses_stored.insert("resp_s".into());
+        k.open_http(1, Dialect::Responses);
+        k.text(1, create).expect("frame");
+        k.send(1, not_found).expect("stored before a crash");
     }
 }

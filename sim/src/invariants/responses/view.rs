@@ -59,7 +59,10 @@ pub enum RKind {
     },
     /// `response.retrieve` (the body of `GET /v1/responses/{id}`; over a
     /// WebSocket an unknown event, answered with an error event).
-    Retrieve,
+    Retrieve {
+        /// The stored response it names.
+        id: String,
+    },
     /// Anything else: answered with an error event.
     Other,
 }
@@ -184,7 +187,7 @@ impl ResponsesConnView {
                 }
             }
             Ok(ClientEvent::Cancel { response_id }) => RKind::Cancel { id: response_id },
-            Ok(ClientEvent::Retrieve { .. }) => RKind::Retrieve,
+            Ok(ClientEvent::Retrieve { response_id }) => RKind::Retrieve { id: response_id },
             _ => RKind::Other,
         };
         self.queue.push_back(RMsg {
@@ -219,6 +222,13 @@ impl ResponsesConnView {
                 m.stage = RStage::Tokenized;
             }
         }
+    }
+
+    /// True when the Host's store must still hold `id`: an HTTP request
+    /// stored it since the Host last started, and no more have been stored
+    /// than the store holds (`response_store_size`), so none was forgotten.
+    pub fn store_holds(view: &crate::invariants::view::View, capacity: usize, id: &str) -> bool {
+        view.responses_kept.len() <= capacity && view.responses_kept.contains(id)
     }
 
     /// The oldest frame not yet answered.

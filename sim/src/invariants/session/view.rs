@@ -275,25 +275,56 @@ pub fn code(f: &Frame) -> &str {
     f.str("code").unwrap_or("")
 }
 
-/// A message's `type` and `job_id` as they stand in the frame.
-fn raw_fields(v: &Value) -> (Option<String>, Option<Value>) {
-    let kind = v.get("type").and_then(Value::as_str).map(str::to_string);
-    let job = v
-        .get("job_id")
-        .or_else(|| v.get("payload").and_then(|p| p.get("job_id")))
-        .cloned();
-    (kind, job)
+/// A message's fields as they stand in the frame, read without the
+/// dialect's decoder (which the checkers judge).
+#[derive(Debug, Clone, Default)]
+struct Raw {
+    /// Its `type`.
+    kind: Option<String>,
+    /// Its `job_id` (flat, or in the envelope's `payload`).
+    job: Option<Value>,
+    /// Its `conversation_context`, when every item is a message with a
+    /// known role and string content.
+    context: Option<Vec<ChatMessage>>,
+}
+
+/// A message's [`Raw`] fields.
+fn raw_fields(v: &Value) -> Raw {
+    let field = |k: &str| v.get(k).or_else(|| v.get("payload").and_then(|p| p.get(k)));
+    let context = field("conversation_context")
+        .and_then(Value::as_array)
+        .and_then(|items| {
+            items
+                .iter()
+                .map(|m| {
+                    Some(ChatMessage {
+                        role: Role::parse(m.get("role")?.as_str()?)?,
+                        content: m.get("content")?.as_str()?.to_string(),
+                    })
+                })
+                .collect()
+        });
+    Raw {
+        kind: v.get("type").and_then(Value::as_str).map(str::to_string),
+        job: field("job_id").cloned(),
+        context,
+    }
 }
 
 impl SessionConnView {
-    fn push(&mut self, kind: MsgKind, (raw_type, raw_job): (Option<String>, Option<Value>)) {
+    fn push(&mut self, mut kind: MsgKind, raw: Raw) {
+        // A start's context as the frame holds it: the history the checkers
+        // hold the Host to does not come through the decoder they judge.
+        if let (MsgKind::Start { context, .. }, Some(sent)) = (&mut kind, raw.context) {
+            *context = sent;
+        }
         self.queue.push_back(Msg {
             kind,
             stage: Stage::Sent,
             fitted: None,
             accepted: None,
-            raw_type,
-            raw_job,
+            raw_type: raw.kind,
+            raw_job: raw.job,
         });
     }
 
@@ -302,14 +333,14 @@ impl SessionConnView {
         if text.len() > max_frame {
             return;
         }
-        // Each message's `type`, in the order the decoder lists them.
-        let raw: Vec<(Option<String>, Option<Value>)> = match serde_json::from_str::<Value>(text) {
+        // Each message's raw fields, in the order the decoder lists them.
+        let raw: Vec<Raw> = match serde_json::from_str::<Value>(text) {
             Ok(Value::Array(items)) => items.iter().map(raw_fields).collect(),
             Ok(v) => vec![raw_fields(&v)],
             Err(_) => Vec::new(),
         };
         match codec::decode_frame(text) {
-            Err(e) => self.push(other(e.session_id), (None, None)),
+            Err(e) => self.push(other(e.session_id), Raw::default()),
             Ok(list) => {
                 for (i, m) in list.into_iter().enumerate() {
                     let kind = match m {
@@ -324,7 +355,7 @@ impl SessionConnView {
 
     /// A binary frame arrived.
     pub fn on_binary(&mut self) {
-        self.push(other(None), (None, None));
+        self.push(other(None), Raw::default());
     }
 
     /// The oldest message not yet answered.
