@@ -286,6 +286,15 @@ proptest! {
         prop_assert_eq!(back, vec![Ok(msg)]);
     }
 
+    /// `session_id()` names the session the message's frame names (none
+    /// for an inference without one), and `kind()` its `type`.
+    #[test]
+    fn a_message_names_its_frames_session_and_type(msg in client_message()) {
+        let v: Value = serde_json::from_str(&codec::encode_client(&msg)).expect("json");
+        prop_assert_eq!(msg.session_id(), v["session_id"].as_str());
+        prop_assert_eq!(Some(msg.kind()), v["type"].as_str());
+    }
+
     #[test]
     fn server_messages_round_trip(msg in server_message()) {
         let text = codec::encode_server(&msg);

@@ -213,6 +213,9 @@ mod tests {
         assert!(matches!(s.on_frame(done), HttpStep::LastEvent(e) if e.data == done));
         let err = r#"{"type":"error","session_id":null,"code":"rate_limited","message":"busy","recoverable":true,"timestamp":1}"#;
         let mut j = call(br#"{"prompt":"x"}"#, "m").expect("ok").exchange;
+        // `/v1/inference` has no request id of its own for the logs (its
+        // session id, when given, is the client's).
+        assert_eq!(j.request_id(), None);
         let HttpStep::Reply(r) = j.on_frame(err) else {
             panic!("a reply")
         };
