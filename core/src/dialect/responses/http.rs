@@ -72,7 +72,6 @@ pub(crate) fn create(body: &[u8]) -> Result<HttpCall, HttpReply> {
             stream,
             streamed: false,
             request_id: None,
-            next_seq: 0,
         }),
     })
 }
@@ -86,7 +85,6 @@ pub(crate) fn retrieve(id: &str) -> HttpCall {
             stream: false,
             streamed: false,
             request_id: Some(id.to_string()),
-            next_seq: 0,
         }),
     }
 }
@@ -97,8 +95,6 @@ struct Exchange {
     /// An event was already sent (errors then go on the stream).
     streamed: bool,
     request_id: Option<String>,
-    /// The next `sequence_number` on the stream.
-    next_seq: u64,
 }
 
 impl HttpExchange for Exchange {
@@ -128,9 +124,6 @@ impl HttpExchange for Exchange {
             return HttpStep::Reply(HttpReply::new(200, body.to_string()));
         }
         let terminal = codec::is_terminal(kind) || kind == "error";
-        if let Some(n) = event.get("sequence_number").and_then(Value::as_u64) {
-            self.next_seq = n + 1;
-        }
         if self.stream {
             self.streamed = true;
             let e = SseEvent {
