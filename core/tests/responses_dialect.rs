@@ -565,3 +565,20 @@ fn an_input_too_long_even_alone_is_context_length_exceeded() {
     assert_eq!(kinds(&events(&h, c)), ["error"], "nothing ran");
     assert!(h.closes.is_empty());
 }
+
+/// Each Response status has its terminal event, and those events (only
+/// they) end a response.
+#[test]
+fn each_status_has_its_terminal_event() {
+    use tokenwire_core::dialect::responses::codec::{is_terminal, terminal_event_type};
+    for (status, kind) in [
+        ("completed", "response.completed"),
+        ("failed", "response.failed"),
+        ("incomplete", "response.incomplete"),
+        ("cancelled", "response.incomplete"),
+    ] {
+        assert_eq!(terminal_event_type(status), kind, "{status}");
+        assert!(is_terminal(kind), "{kind}");
+    }
+    assert!(!is_terminal("response.in_progress"));
+}
