@@ -127,10 +127,7 @@ fn argmax(xs: &[f32]) -> TokenId {
         return 0;
     }
     // Equal under `==` is equal under the scan's `>` (no NaN is `max`).
-    let first = xs
-        .chunks(LANES)
-        .position(|c| c.contains(&max))
-        .unwrap_or(0);
+    let first = xs.chunks(LANES).position(|c| c.contains(&max)).unwrap_or(0);
     let at = xs[first * LANES..]
         .iter()
         .position(|&x| x == max)
