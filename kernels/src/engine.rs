@@ -1,8 +1,9 @@
 //! [`Engine`]: the model behind the core's engine boundary. It checks each
 //! [`StepPlan`], keeps per-sequence token history for the sampler, runs the
-//! batched forward on its [`Backend`] and samples: with the shared CPU
-//! sampler on the rows the backend returns, or by taking the tokens a device
-//! backend sampled itself by the same rule (wgpu).
+//! batched forward on its [`Backend`] and samples: with the shared sampler
+//! on the rows the backend returns, or by taking the tokens a backend
+//! sampled itself by the same rule (wgpu on its device, the CPU backend
+//! across its thread pool).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -298,8 +299,9 @@ impl Engine {
     /// With `true`, every sampled sequence's logits row comes back from the
     /// backend (see [`Engine::last_logits`]); with `false` (the default) a
     /// backend that samples on its device (wgpu) reads back only the chosen
-    /// tokens (and logprobs when asked), not vocabulary rows. The chosen
-    /// tokens are the same either way.
+    /// tokens (and logprobs when asked), not vocabulary rows (the CPU
+    /// backend returns its rows either way). The chosen tokens are the same
+    /// either way.
     pub fn set_full_logits(&mut self, on: bool) {
         self.full_logits = on;
     }
@@ -383,14 +385,7 @@ impl Engine {
             let (token, logprobs) = match (done, row, spec.sample) {
                 (Some(d), _, _) => (d.token, d.logprobs.clone()),
                 // The backend left this one to the shared sampler.
-                (None, Some(logits), Some(sp)) => self.sampler.sample_masked(
-                    logits,
-                    &sp.params,
-                    sp.position,
-                    sp.history,
-                    sp.logprobs,
-                    sp.allowed,
-                ),
+                (None, Some(logits), Some(sp)) => sp.sample(&mut self.sampler, logits),
                 _ => return Err(short()),
             };
             results.push(SeqResult {

@@ -207,6 +207,7 @@ fn wgpu_engine_samples_like_the_cpu_engine() {
         let rows: Vec<&[f32]> = full.last_logits().collect();
         let want: Vec<&[f32]> = cpu.last_logits().collect();
         assert_eq!(rows.len(), params.len());
+        assert_eq!(want.len(), params.len(), "the CPU engine's rows");
         for (r, w) in rows.iter().zip(&want) {
             assert!(max_abs_diff(r, w) < 1e-3, "step {step}: rows differ");
         }

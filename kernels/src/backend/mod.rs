@@ -8,6 +8,7 @@ pub mod wgpu;
 use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs, TokenMask};
 
 use crate::kv::KvGeometry;
+use crate::sampler::Sampler;
 
 pub use self::wgpu::{WgpuBackend, WgpuOptions};
 pub use cpu::{ActivationPrecision, CpuBackend};
@@ -35,7 +36,7 @@ pub enum BackendKind {
 }
 
 /// How the engine picks a sequence's next token, handed to the backend so a
-/// device backend can pick it on the device (see [`Backend::forward_select`]).
+/// backend can pick it itself (see [`Backend::forward_select`]).
 #[derive(Debug, Clone, Copy)]
 pub struct SampleSpec<'a> {
     /// The sequence's sampling parameters.
@@ -49,6 +50,21 @@ pub struct SampleSpec<'a> {
     pub logprobs: Option<u8>,
     /// The only tokens that may be picked (structured output); `None`: any.
     pub allowed: Option<&'a TokenMask>,
+}
+
+impl SampleSpec<'_> {
+    /// Picks the token from `row` (this sequence's logits) by this spec,
+    /// with `sampler`'s scratch: the one rule every backend follows.
+    pub fn sample(&self, sampler: &mut Sampler, row: &[f32]) -> (TokenId, Option<TokenLogprobs>) {
+        sampler.sample_masked(
+            row,
+            &self.params,
+            self.position,
+            self.history,
+            self.logprobs,
+            self.allowed,
+        )
+    }
 }
 
 /// One sequence's share of a forward pass. The engine has validated it: tokens
@@ -65,8 +81,9 @@ pub struct SeqBatch<'a> {
     /// Return the logits of the last token.
     pub want_logits: bool,
     /// With `want_logits`: how the next token is picked. A backend that
-    /// samples on its device returns the token (and logprobs) instead of the
-    /// row (see [`Backend::forward_select`]); `None` = return the row.
+    /// samples itself (wgpu on its device, the CPU backend across its pool)
+    /// returns the token (and logprobs; see [`Backend::forward_select`]);
+    /// `None` = return the row.
     pub sample: Option<SampleSpec<'a>>,
     /// With `sample`: return the row as well (for inspection; see
     /// `Engine::set_full_logits`), as the backend computed it, before any
@@ -92,8 +109,9 @@ pub struct ForwardOutput {
     /// sample the row it finds in `logits`.
     pub sampled: Vec<Option<Sampled>>,
     /// One entry per sequence with `want_logits`, in batch order: whether its
-    /// row is in `logits` (always for `None` in `sampled`; for `Some` only
-    /// with [`SeqBatch::keep_row`]).
+    /// row is in `logits` (always for `None` in `sampled`; for `Some` with
+    /// [`SeqBatch::keep_row`], and always from a host backend, whose rows
+    /// are in memory anyway).
     pub has_row: Vec<bool>,
     /// The `vocab_size`-wide rows of the entries with `has_row`, in order.
     pub logits: Vec<f32>,
@@ -120,9 +138,10 @@ pub trait Backend: Send {
     ) -> Result<(), EngineFaultKind>;
 
     /// [`Backend::forward`], except that a sequence with a [`SampleSpec`]
-    /// may come back as its sampled token rather than its logits row, so a
-    /// device backend reads back a token id (and logprobs when asked) instead
-    /// of a vocabulary row. The default returns every row, unsampled.
+    /// may come back as its sampled token, so a device backend reads back a
+    /// token id (and logprobs when asked) instead of a vocabulary row, and
+    /// the CPU backend samples rows across its pool. The default returns
+    /// every row, unsampled.
     fn forward_select(
         &mut self,
         batch: &[SeqBatch<'_>],

@@ -6,12 +6,13 @@
 //! The backend keeps its own copy of the 32-block matrices in the row
 //! layout those kernels read ([`crate::quant::lanes`]) when it is not the
 //! file's. It samples the step's rows itself, across the same pool, with
-//! the shared sampler's rule ([`Backend::forward_select`]).
+//! the shared sampler's rule, and returns the rows too
+//! ([`Backend::forward_select`]).
 
 mod matmul;
 mod pool;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokenwire_core::{BlockId, EngineFaultKind};
 
 use super::{Backend, ForwardOutput, Sampled, SeqBatch};
@@ -71,6 +72,8 @@ pub struct CpuBackend {
     kernels: Kernels,
     precision: ActivationPrecision,
     pool: Pool,
+    /// One sampler's scratch per pool thread ([`Backend::forward_select`]).
+    samplers: Vec<Mutex<Sampler>>,
 }
 
 impl CpuBackend {
@@ -129,6 +132,9 @@ impl CpuBackend {
             precision,
             // Sized like rayon's pool (RAYON_NUM_THREADS, else one per core).
             pool: Pool::new(rayon::current_num_threads()),
+            samplers: (0..rayon::current_num_threads().max(1))
+                .map(|_| Mutex::new(Sampler::new()))
+                .collect(),
         })
     }
 
@@ -174,6 +180,7 @@ impl Backend for CpuBackend {
             kernels: k,
             precision,
             pool,
+            samplers: _,
         } = self;
         let pool = &*pool;
         let (k, precision) = (&*k, *precision);
@@ -336,9 +343,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    /// The forward pass, then every row sampled here across the pool (the
-    /// shared sampler's rule, so the tokens are the same bits): on one
-    /// thread, a 32-sequence step's sampling left the other idle.
+    /// The forward pass, then every row with a spec sampled here across
+    /// the pool (the shared sampler's rule, so the tokens are the same
+    /// bits): on one thread, a 32-sequence step's sampling left the other
+    /// idle. The rows come back too: they are in memory already.
     fn forward_select(
         &mut self,
         batch: &[SeqBatch<'_>],
@@ -349,51 +357,38 @@ impl Backend for CpuBackend {
         out.sampled.clear();
         out.sampled.resize(n, None);
         out.has_row.clear();
-        if self.sample_rows(batch, out) {
-            out.has_row.resize(n, false);
-            out.logits.clear();
-        } else {
-            out.has_row.resize(n, true);
-        }
+        out.has_row.resize(n, true);
+        self.sample_rows(batch, out);
         Ok(())
     }
 }
 
 impl CpuBackend {
     /// Samples every row of `out.logits` (one per sequence of `batch` with
-    /// `want_logits`) by its [`super::SampleSpec`], split across the pool;
-    /// false, touching nothing, unless every such sequence has a spec and
-    /// none needs its row kept (the caller samples those itself).
-    fn sample_rows(&self, batch: &[SeqBatch<'_>], out: &mut ForwardOutput) -> bool {
-        let wanted: Vec<&SeqBatch<'_>> = batch.iter().filter(|b| b.want_logits).collect();
-        if wanted.iter().any(|b| b.sample.is_none() || b.keep_row) {
-            return false;
-        }
+    /// `want_logits`) that has a [`super::SampleSpec`] into `out.sampled`,
+    /// split across the pool, each task with its own sampler's scratch.
+    fn sample_rows(&self, batch: &[SeqBatch<'_>], out: &mut ForwardOutput) {
+        let specs: Vec<Option<&super::SampleSpec<'_>>> = batch
+            .iter()
+            .filter(|b| b.want_logits)
+            .map(|b| b.sample.as_ref())
+            .collect();
         let vocab = self.model.config().vocab_size;
-        let n = wanted.len();
         let logits = &out.logits;
-        // A chunk of rows a thread: each task one sampler's scratch.
-        let chunk = n.div_ceil(self.pool.threads()).max(1);
+        let chunk = specs.len().div_ceil(self.samplers.len()).max(1);
         self.pool
             .for_each_chunk(&mut out.sampled, chunk, |ci, dst| {
-                let mut sampler = Sampler::new();
+                // One task a chunk index: the lock is never contended.
+                let mut sampler = self.samplers[ci].lock().unwrap_or_else(|e| e.into_inner());
                 for (j, d) in dst.iter_mut().enumerate() {
                     let i = ci * chunk + j;
-                    let Some(spec) = wanted[i].sample.as_ref() else {
-                        continue;
-                    };
-                    let (token, logprobs) = sampler.sample_masked(
-                        &logits[i * vocab..(i + 1) * vocab],
-                        &spec.params,
-                        spec.position,
-                        spec.history,
-                        spec.logprobs,
-                        spec.allowed,
-                    );
-                    *d = Some(Sampled { token, logprobs });
+                    *d = specs[i].map(|spec| {
+                        let (token, logprobs) =
+                            spec.sample(&mut sampler, &logits[i * vocab..(i + 1) * vocab]);
+                        Sampled { token, logprobs }
+                    });
                 }
             });
-        true
     }
 }
 

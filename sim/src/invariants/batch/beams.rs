@@ -16,8 +16,9 @@
 //! finished on another. The COMPLETE's text is the best hypothesis decoded
 //! (EOS left out), after the prompt unless `only_new_tokens`; a content
 //! filter may end it early, so with one configured the text need only
-//! begin the hypothesis' text. Continued batches (which start from cached
-//! text) are not judged.
+//! begin the hypothesis' text. Without a filter, `is_eos` is true exactly
+//! when the best hypothesis ends with an end-of-sequence token. Continued
+//! batches (which start from cached text) are not judged.
 
 use std::collections::BTreeMap;
 
