@@ -181,6 +181,9 @@ proptest! {
 
     #[test]
     fn server_messages_round_trip(m in server()) {
+        // The request a message is about is the one its frame names.
+        let v: Value = serde_json::from_str(&codec::encode_server(&m)).expect("json");
+        prop_assert_eq!(m.request_id(), v["requestId"].as_str());
         prop_assert_eq!(codec::decode_server(&codec::encode_server(&m)), Ok(m));
     }
 
