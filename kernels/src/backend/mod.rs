@@ -148,13 +148,19 @@ pub trait Backend: Send {
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         self.forward(batch, &mut out.logits)?;
-        let n = batch.iter().filter(|b| b.want_logits).count();
-        out.sampled.clear();
-        out.sampled.resize(n, None);
-        out.has_row.clear();
-        out.has_row.resize(n, true);
+        every_row_unsampled(batch, out);
         Ok(())
     }
+}
+
+/// Marks every row `forward` wrote into `out.logits` as there and not yet
+/// sampled: one entry per sequence of `batch` with `want_logits`.
+pub(crate) fn every_row_unsampled(batch: &[SeqBatch<'_>], out: &mut ForwardOutput) {
+    let n = batch.iter().filter(|b| b.want_logits).count();
+    out.sampled.clear();
+    out.sampled.resize(n, None);
+    out.has_row.clear();
+    out.has_row.resize(n, true);
 }
 
 /// Re-checks what the engine promises of a batch (see [`SeqBatch`]), so a

@@ -353,11 +353,7 @@ impl Backend for CpuBackend {
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
         self.forward(batch, &mut out.logits)?;
-        let n = batch.iter().filter(|b| b.want_logits).count();
-        out.sampled.clear();
-        out.sampled.resize(n, None);
-        out.has_row.clear();
-        out.has_row.resize(n, true);
+        super::every_row_unsampled(batch, out);
         self.sample_rows(batch, out);
         Ok(())
     }
