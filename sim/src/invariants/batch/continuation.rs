@@ -22,7 +22,7 @@
 use tokenwire_core::dialect::batch::codec::EventKind;
 use tokenwire_core::Output;
 
-use super::view::{batch_send, Reading};
+use super::view::prompt_events;
 use crate::invariants::{Check, Checker, Cx, Frame};
 
 /// See the module docs.
@@ -35,16 +35,10 @@ impl Checker for BatchContinuation {
     }
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
-        let Some((conn, b, Ok(events))) = batch_send(cx.view, out) else {
+        let Some((conn, b, events)) = prompt_events(cx.view, out) else {
             return Ok(());
         };
-        if b.ambiguous {
-            return Ok(());
-        }
-        let Reading::Prompts(idx) = b.read(&events) else {
-            return Ok(());
-        };
-        for (e, i) in events.iter().zip(idx) {
+        for (e, i) in events {
             let Some(i) = i else { continue };
             let pr = &b.prompts[i];
             let pay = &b.payloads[pr.payload];

@@ -8,7 +8,7 @@
 use tokenwire_core::dialect::batch::codec::EventKind;
 use tokenwire_core::Output;
 
-use super::view::{batch_send, Reading};
+use super::view::prompt_events;
 use crate::invariants::{Check, Checker, Cx, Frame};
 
 /// Rounding to the millisecond, and a float's error on top.
@@ -24,16 +24,10 @@ impl Checker for BatchTiming {
     }
 
     fn on_output(&mut self, cx: &Cx<'_>, out: &Output, _frame: Option<&Frame>) -> Check {
-        let Some((conn, b, Ok(events))) = batch_send(cx.view, out) else {
+        let Some((conn, b, events)) = prompt_events(cx.view, out) else {
             return Ok(());
         };
-        if b.ambiguous {
-            return Ok(());
-        }
-        let Reading::Prompts(idx) = b.read(&events) else {
-            return Ok(());
-        };
-        for (e, i) in events.iter().zip(idx) {
+        for (e, i) in events {
             let (EventKind::Complete { execution_time, .. }, Some(i)) = (&e.kind, i) else {
                 continue;
             };

@@ -584,6 +584,33 @@ pub type BatchSend<'a> = (
     Result<Vec<Event>, String>,
 );
 
+/// A frame about prompts in flight on an unambiguous `batch` connection:
+/// the connection, its view, and each event with its prompt's index (as
+/// [`BatchConnView::read`] gives it).
+pub type PromptEvents<'a> = (
+    tokenwire_core::ConnId,
+    &'a BatchConnView,
+    Vec<(Event, Option<usize>)>,
+);
+
+/// The [`PromptEvents`] of `out`, if it is such a frame: what the checkers
+/// that judge prompts' events read.
+pub fn prompt_events<'a>(
+    view: &'a crate::invariants::View,
+    out: &tokenwire_core::Output,
+) -> Option<PromptEvents<'a>> {
+    let (conn, b, Ok(events)) = batch_send(view, out)? else {
+        return None;
+    };
+    if b.ambiguous {
+        return None;
+    }
+    let Reading::Prompts(idx) = b.read(&events) else {
+        return None;
+    };
+    Some((conn, b, events.into_iter().zip(idx).collect()))
+}
+
 /// The [`BatchSend`] of `out`, if it is one.
 pub fn batch_send<'a>(
     view: &'a crate::invariants::View,
