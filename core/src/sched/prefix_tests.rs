@@ -185,3 +185,43 @@ fn with_the_cache_off_nothing_is_kept_or_reused() {
     assert_eq!(s.stats().blocks_cached, 0);
     assert_eq!(run(&mut s, &mut kv, SeqId(2), p, 1), 0);
 }
+
+/// The blocks a prompt takes from the cache may be held, when it is
+/// admitted, only by idle sequences that give way to it: evicting them
+/// turns its hits from shared blocks into cached ones, which it must take
+/// back out of the available blocks. Making room for the count before the
+/// eviction left it one block short, and the engine idle.
+#[test]
+fn a_hit_held_only_by_an_evicted_seq_is_counted_as_taken_back() {
+    let mut s = sched(12);
+    let mut kv = Kv::default();
+    // Three idle sequences, oldest first: 2, 2 and 6 blocks (10 of 12).
+    let a = prompt(BS, 0);
+    for (seq, tokens) in [
+        (SeqId(1), prompt(20, 1000)),
+        (SeqId(2), a.clone()),
+        (SeqId(3), prompt(90, 2000)),
+    ] {
+        run(&mut s, &mut kv, seq, tokens, 1);
+        s.set_runnable(seq, false);
+    }
+    assert_eq!(s.stats().blocks_used, 10);
+    // 11 blocks, the first of them seq 2's: evicting seq 3 then seq 2
+    // leaves 10 available, one of them that hit, so seq 1 must go too.
+    let mut c = a;
+    c.extend(prompt(149, 3000));
+    let max_len = c.len() as u32 + 1;
+    s.add(SeqId(4), c.clone(), max_len, SamplingParams::greedy(), None)
+        .expect("fits the pool");
+    let plan = s.schedule().expect("the new seq is admitted");
+    assert_eq!(plan.seqs.len(), 1);
+    assert_eq!(plan.seqs[0].seq, SeqId(4));
+    assert_eq!(plan.seqs[0].cached_prefix, c[..BS as usize].to_vec());
+    assert_eq!(plan.seqs[0].block_table.len(), 11);
+    for idle in [SeqId(1), SeqId(2), SeqId(3)] {
+        assert!(s.is_waiting(idle), "{idle:?} gave way");
+    }
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 7));
+    ok(&s);
+}

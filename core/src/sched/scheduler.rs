@@ -1135,6 +1135,28 @@ impl Scheduler {
         true
     }
 
+    /// Evicts non-runnable sequences until waiting `id` has the `reserve`
+    /// blocks it is admitted with; false (the queue then waits) if even all
+    /// of them would not do. A cached block it starts from, taken back, uses
+    /// an available block as a fresh one does; sharing a held one does not.
+    /// So what it needs is counted again after each eviction: evicting the
+    /// only holders of a block it starts from turns that block from shared
+    /// into cached, and counting once, before, left it a block short.
+    fn make_room_to_admit(&mut self, id: SeqId, reserve: u32) -> bool {
+        loop {
+            let hits = self.prefix_hits(id);
+            let revived = hits.iter().filter(|&&b| self.alloc.is_cached(b)).count() as u32;
+            let need = reserve - hits.len() as u32 + revived;
+            if self.alloc.available() >= need {
+                return true;
+            }
+            // Each round evicts at least one sequence, or gives up.
+            if !self.evict_paused_for(need) {
+                return false;
+            }
+        }
+    }
+
     /// Frees blocks of non-runnable sequences until `n` are available; does
     /// nothing and returns false if even all of them would not be enough.
     fn evict_paused_for(&mut self, n: u32) -> bool {
@@ -1223,12 +1245,7 @@ impl Scheduler {
                 idx += 1;
                 continue;
             }
-            // Cached blocks it starts from: taking one back uses an
-            // available block as a fresh one does; sharing a held one does not.
-            let hits = self.prefix_hits(id);
-            let revived = hits.iter().filter(|&&b| self.alloc.is_cached(b)).count() as u32;
-            let need = reserve - hits.len() as u32 + revived;
-            if !self.evict_paused_for(need) {
+            if !self.make_room_to_admit(id, reserve) {
                 // FIFO: nobody overtakes the head for lack of blocks.
                 break;
             }
