@@ -18,6 +18,7 @@
 
 pub mod beams;
 pub mod bounds;
+pub mod cache;
 pub mod context;
 pub mod continuation;
 pub mod honest;

@@ -17,13 +17,15 @@
 //! its prompts completed cleanly (`is_eos`, or `new_tokens_count` equal to
 //! its `max_new_tokens`: a generation ended by a deadline or a shutdown is
 //! not kept) and it had no duplicates; the least recently used entry goes
-//! once `batch_cache_entries` are held. A crash empties it.
+//! once `batch_cache_entries` are held. A batch whose end does not tell
+//! whether the Host kept it may have gone in ([`super::cache`] follows
+//! both). A crash empties it.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::Value;
 use tokenwire_core::dialect::batch::codec::{Event, EventKind};
-use tokenwire_core::{ConnId, Instant};
+use tokenwire_core::Instant;
 
 /// One payload as the client sent it.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +61,7 @@ pub struct BatchPayload {
     pub before: Vec<String>,
     /// Accepted as a continuation (a cache hit).
     pub continued: bool,
-    /// Whether the Host's cache for its owner is unknown here (see
+    /// Whether the Host may or may not have continued it (see
     /// [`BatchCache`]): its continuation is not checked.
     pub uncertain: bool,
 }
@@ -280,16 +282,16 @@ impl BatchConnView {
                 self.unanswered.pop_front();
                 let pay = &mut self.payloads[p];
                 let unique = pay.unique();
-                let cached = if pay.dups.is_empty() {
+                let lookup = if pay.dups.is_empty() {
                     cache.get(owner, &unique)
                 } else {
-                    None
+                    Lookup::Miss
                 };
-                pay.continued = cached.is_some();
-                pay.uncertain = cache.uncertain(owner);
-                pay.before = match cached {
-                    Some(texts) => texts,
-                    None => unique
+                pay.uncertain = lookup == Lookup::Uncertain;
+                pay.continued = matches!(lookup, Lookup::Hit(_));
+                pay.before = match lookup {
+                    Lookup::Hit(texts) => texts,
+                    _ => unique
                         .iter()
                         .map(|id| {
                             let i = pay.named.iter().position(|n| n == id).unwrap_or(0);
@@ -377,7 +379,9 @@ impl BatchConnView {
                     .iter()
                     .any(|&i| !self.prompts[i].complete.as_ref().is_some_and(|c| c.1))
             {
-                cache.forget_owner_contents(owner);
+                if pay.dups.is_empty() && idx.iter().all(|&i| !self.prompts[i].failed) {
+                    cache.may_put(owner, pay.unique());
+                }
                 self.jobs.pop_front();
                 continue;
             }
@@ -402,9 +406,15 @@ impl BatchConnView {
                         }
                     })
                     .collect();
+                // A run that may or may not have continued one: what it
+                // started from, so its texts, are not known here.
+                let texts = (!pay.uncertain).then_some(texts);
                 cache.put(owner, pay.unique(), texts);
-            } else if idx.iter().all(|&i| self.prompts[i].complete.is_some()) {
-                cache.may_hold(owner);
+            } else if pay.dups.is_empty() && idx.iter().all(|&i| self.prompts[i].complete.is_some())
+            {
+                // Ended short of `max_new_tokens` without end of sequence:
+                // a full context (kept) or a deadline (not).
+                cache.may_put(owner, pay.unique());
             }
             self.jobs.pop_front();
         }
@@ -443,127 +453,7 @@ impl BatchConnView {
     }
 }
 
-/// Whose entries a connection reads and writes: its own (the sim's
-/// clients present no key, so each connection is its own principal), or
-/// everyone's (`None`) with `--batch-cache-scope host`.
-pub type Owner = Option<ConnId>;
-
-/// The Host's continue-generation cache as the frames tell it: each
-/// finished batch's full texts (prompt and everything generated) under its
-/// owner and ordered ids, least recently used first out.
-///
-/// With a content filter's stop rules, a run's end does not show whether
-/// the Host cached it; from the first such end an owner's cache is
-/// *uncertain* and its continuations are not checked.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct BatchCache {
-    /// Most entries held (`batch_cache_entries`).
-    pub capacity: usize,
-    /// The Host has content-filter stop rules.
-    pub filter_stops: bool,
-    map: BTreeMap<(Owner, Vec<String>), (Vec<String>, u64)>,
-    clock: u64,
-    unknown: std::collections::BTreeSet<Owner>,
-    /// Owners that may hold an entry the model does not (a payload that
-    /// completed without ending cleanly is kept by the Host, for its text,
-    /// but not modelled here), until they close.
-    maybe: std::collections::BTreeSet<Owner>,
-}
-
-impl BatchCache {
-    /// An empty cache of `capacity` entries.
-    pub fn new(capacity: usize) -> BatchCache {
-        BatchCache {
-            capacity,
-            filter_stops: false,
-            map: BTreeMap::new(),
-            clock: 0,
-            unknown: Default::default(),
-            maybe: Default::default(),
-        }
-    }
-
-    /// The same cache, for a Host with (`true`) or without content-filter
-    /// stop rules.
-    pub fn with_filter_stops(mut self, on: bool) -> BatchCache {
-        self.filter_stops = on;
-        self
-    }
-
-    /// True when the Host can hold no entry at all: none is known here, and
-    /// no owner's entries are uncertain.
-    pub fn holds_nothing(&self) -> bool {
-        self.map.is_empty() && self.unknown.is_empty() && self.maybe.is_empty()
-    }
-
-    /// `owner` may hold an entry not modelled here.
-    pub fn may_hold(&mut self, owner: Owner) {
-        if self.capacity > 0 {
-            self.maybe.insert(owner);
-        }
-    }
-
-    /// Whether `owner`'s cache is no longer known here.
-    pub fn uncertain(&self, owner: Owner) -> bool {
-        self.unknown.contains(&owner)
-    }
-
-    /// `owner`'s cache is no longer known here (its entries dropped).
-    pub fn forget_owner_contents(&mut self, owner: Owner) {
-        self.map.retain(|(o, _), _| *o != owner);
-        self.unknown.insert(owner);
-    }
-
-    /// `owner`'s texts under `key`, if held (it becomes the most recently used).
-    pub fn get(&mut self, owner: Owner, key: &[String]) -> Option<Vec<String>> {
-        self.clock += 1;
-        let clock = self.clock;
-        let e = self.map.get_mut(&(owner, key.to_vec()))?;
-        e.1 = clock;
-        Some(e.0.clone())
-    }
-
-    /// Whether `owner` holds `key` (without touching it).
-    pub fn peek(&self, owner: Owner, key: &[String]) -> Option<&Vec<String>> {
-        self.map.get(&(owner, key.to_vec())).map(|e| &e.0)
-    }
-
-    /// Forgets a closed connection's entries (the Host frees them).
-    pub fn remove_owner(&mut self, conn: ConnId) {
-        self.map.retain(|(o, _), _| *o != Some(conn));
-        self.unknown.remove(&Some(conn));
-        self.maybe.remove(&Some(conn));
-    }
-
-    /// Keeps `owner`'s `texts` under `key`, evicting the least recently used.
-    pub fn put(&mut self, owner: Owner, key: Vec<String>, texts: Vec<String>) {
-        if self.capacity == 0 {
-            return;
-        }
-        let key = (owner, key);
-        self.map.remove(&key);
-        while self.map.len() >= self.capacity {
-            let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.1)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            self.map.remove(&oldest);
-        }
-        self.clock += 1;
-        self.map.insert(key, (texts, self.clock));
-    }
-
-    /// The Host crashed.
-    pub fn clear(&mut self) {
-        self.map.clear();
-        self.unknown.clear();
-        self.maybe.clear();
-    }
-}
+pub use super::cache::{BatchCache, Lookup, Owner};
 
 /// The coverage tally key of a frame.
 pub fn tally_key(events: &[Event], reading: &Reading) -> Option<String> {

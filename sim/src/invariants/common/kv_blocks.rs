@@ -94,7 +94,7 @@ mod tests {
         assert!(e.detail.contains("holds no entry"), "{}", e.detail);
         k.m.view_mut()
             .batch_cache
-            .put(Some(ConnId(1)), vec!["a".into()], vec!["x".into()]);
+            .put(Some(ConnId(1)), vec!["a".into()], Some(vec!["x".into()]));
         k.input(Input::Timeout).expect("input");
         k.m.end(&kept)
             .expect("blocks kept for continuations are no leak");
