@@ -136,7 +136,14 @@ impl SessionClient {
         });
         self.next_sid += 1;
         let sid = format!("s{}-{}", self.id, self.next_sid);
-        let job = self.new_job();
+        // One job paid for by several conversations now and then: their
+        // turns draw on one budget side by side.
+        let job = match self.convs.len() {
+            n if n > 0 && chance(&mut self.rng, 0.3) => {
+                self.convs[self.rng.below(n as u64) as usize].job.clone()
+            }
+            _ => self.new_job(),
+        };
         let mut history = vec![ChatMessage {
             role: Role::System,
             content: conn_tag(self.base.conn),

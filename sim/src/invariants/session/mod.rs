@@ -6,7 +6,8 @@
 //! chunks against responses, and that nothing of a session outlives its end
 //! or its connection, the session bounds (per connection and per host) and
 //! the bytes of text a session keeps, the reasons of job-budget refusals,
-//! no job past its token budget,
+//! no job past its token budget, each job's account modelled exactly
+//! (refusals for the budget when, and only when, nothing fits),
 //! signed prompts (against a reference ECDSA verifier of its own), an init
 //! never refused for the resume's `last_message_index`; and what a
 //! client of `POST /v1/inference` gets ([`http`]). The other checkers judge
@@ -20,6 +21,7 @@ pub mod cleanup;
 pub mod history;
 pub mod http;
 pub mod index;
+pub mod job_ledger;
 pub mod job_tokens;
 pub mod replies;
 pub mod signatures;
@@ -43,6 +45,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(bytes::SessionBytes),
         Box::new(budget::SessionBudget),
         Box::new(job_tokens::SessionJobTokens::default()),
+        Box::new(job_ledger::SessionJobLedger::default()),
         Box::new(signatures::SessionSignatures),
         Box::new(start_fields::SessionStartFields),
         Box::new(http::SessionHttp::default()),
