@@ -5,7 +5,9 @@
 //! event has a `sequence_number`; a Response object has every required field
 //! (`resp_` id, `object: "response"`, `parallel_tool_calls: false`, ...),
 //! usage only once it ended (with `total_tokens` the sum), and the status
-//! its terminal event names; text events name a `msg_` item.
+//! its terminal event names; text events name a `msg_` item; every output
+//! item, in an event or a Response, is an assistant message whose content
+//! parts are `output_text` with their text, `annotations` and `logprobs`.
 
 use serde_json::Value;
 use tokenwire_core::{Dialect, Output};
@@ -70,6 +72,33 @@ fn check_error(v: &Value) -> Result<(), String> {
     }
 }
 
+/// An output text part as the SDKs type it: `output_text`, its text, and
+/// the (here always empty) `annotations` and `logprobs` lists.
+fn check_part(p: &Value) -> Result<(), String> {
+    let ok = p["type"] == "output_text"
+        && p["text"].is_string()
+        && p["annotations"] == Value::Array(Vec::new())
+        && p["logprobs"] == Value::Array(Vec::new());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("a content part {p}"))
+    }
+}
+
+/// An assistant message item: a `msg_` id, a status, and output text
+/// parts.
+fn check_item(item: &Value) -> Result<(), String> {
+    let ok = item["type"] == "message"
+        && item["role"] == "assistant"
+        && item["id"].as_str().is_some_and(|i| i.starts_with("msg_"))
+        && item["status"].is_string();
+    let Some(parts) = item["content"].as_array().filter(|_| ok) else {
+        return Err(format!("an output item {item}"));
+    };
+    parts.iter().try_for_each(check_part)
+}
+
 fn check_response(kind: &str, r: &Value, filters: bool) -> Result<(), String> {
     if !r["id"].as_str().is_some_and(|i| i.starts_with("resp_")) || r["object"] != "response" {
         return Err("a Response without a resp_ id or object: response".into());
@@ -87,6 +116,9 @@ fn check_response(kind: &str, r: &Value, filters: bool) -> Result<(), String> {
         && r["metadata"].is_object();
     if !fixed {
         return Err("a Response without one of its required fields".into());
+    }
+    if let Some(items) = r["output"].as_array() {
+        items.iter().try_for_each(check_item)?;
     }
     let status = r["status"].as_str().unwrap_or("");
     let terminal = matches!(
@@ -153,11 +185,10 @@ fn check(f: &Frame, filters: bool) -> Result<(), String> {
         return check_response(kind, r, filters);
     }
     if kind.contains("output_item") {
-        let item = &v["item"];
-        if v["output_index"] != 0 || item["type"] != "message" || item["role"] != "assistant" {
-            return Err(format!("{kind} with item {item}"));
+        if v["output_index"] != 0 {
+            return Err(format!("{kind} at output_index {}", v["output_index"]));
         }
-        return Ok(());
+        return check_item(&v["item"]);
     }
     let named = v["item_id"].as_str().is_some_and(|i| i.starts_with("msg_"))
         && v["output_index"] == 0
@@ -167,6 +198,12 @@ fn check(f: &Frame, filters: bool) -> Result<(), String> {
     }
     if kind == "response.output_text.delta" && v["delta"].as_str().is_none_or(str::is_empty) {
         return Err("an empty delta".into());
+    }
+    if kind == "response.output_text.done" && !v["text"].is_string() {
+        return Err("output_text.done without its text".into());
+    }
+    if kind.starts_with("response.content_part") {
+        return check_part(&v["part"]);
     }
     Ok(())
 }
@@ -191,8 +228,11 @@ impl Checker for ResponsesWire {
         if http && f.kind() == "response.retrieved" {
             // Only an HTTP request may retrieve: the stored Response.
             let r = &f.v["response"];
-            return match (r["object"].as_str(), r["id"].as_str()) {
-                (Some("response"), Some(_)) => Ok(()),
+            let items = r["output"]
+                .as_array()
+                .map_or(Ok(()), |items| items.iter().try_for_each(check_item));
+            return match (r["object"].as_str(), r["id"].as_str(), items) {
+                (Some("response"), Some(_), Ok(())) => Ok(()),
                 _ => Err(format!(
                     "a retrieved response that is not one, to {conn:?}: {}",
                     clip(text)
@@ -248,5 +288,49 @@ mod tests {
         k.send(1, done(16)).expect("16 of 32 input tokens cached");
         let e = k.send(1, done(32)).expect_err("the whole input cached");
         assert_eq!(e.invariant, "responses_wire");
+    }
+
+    /// A fabricated violation: output text parts without the fields the
+    /// SDKs' types require, in each place a part travels.
+    #[test]
+    fn malformed_content_parts_are_caught() {
+        let mut k = kit(Box::new(ResponsesWire));
+        k.open_as(1, Dialect::Responses);
+        k.input(Input::Timeout).expect("input");
+        let part = json!({"type": "output_text", "text": "hi", "annotations": [], "logprobs": []});
+        let item = |part: &Value| {
+            json!({"type": "message", "id": "msg_1", "role": "assistant",
+                   "status": "completed", "content": [part]})
+        };
+        let events = |part: &Value| {
+            [
+                json!({"type": "response.content_part.done", "sequence_number": 4,
+                       "item_id": "msg_1", "output_index": 0, "content_index": 0, "part": part}),
+                json!({"type": "response.output_item.done", "sequence_number": 5,
+                       "output_index": 0, "item": item(part)}),
+            ]
+        };
+        for ok in events(&part) {
+            k.send(1, ok).expect("well formed");
+        }
+        for bad_part in [
+            json!({"type": "output_text", "text": "hi", "annotations": []}),
+            json!({"type": "output_text", "annotations": [], "logprobs": []}),
+            json!({"type": "text", "text": "hi", "annotations": [], "logprobs": []}),
+            Value::Null,
+        ] {
+            for bad in events(&bad_part) {
+                let e = k.send(1, bad.clone()).expect_err("malformed part");
+                assert_eq!(e.invariant, "responses_wire", "{bad}");
+            }
+        }
+        let e = k
+            .send(
+                1,
+                json!({"type": "response.output_text.done", "sequence_number": 3,
+                       "item_id": "msg_1", "output_index": 0, "content_index": 0}),
+            )
+            .expect_err("no text");
+        assert!(e.detail.contains("without its text"), "{}", e.detail);
     }
 }
