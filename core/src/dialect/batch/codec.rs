@@ -113,7 +113,6 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-/// The request ids a payload's `prompts` names, as far as they can be read.
 /// The request ids a payload names, or none when it holds more than
 /// `max_prompts` prompts: an ERROR per id is then no longer an answer but
 /// an amplifier, and one ERROR with a null id says it all.
