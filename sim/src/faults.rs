@@ -115,6 +115,9 @@ pub struct FaultCounts {
     pub read_paused: u64,
     /// Jobs the simulated verifier refused.
     pub job_refused: u64,
+    /// Text jobs the simulated tokenizer failed (for a reason other than
+    /// length: a template it could not render).
+    pub text_failed: u64,
 }
 
 impl FaultCounts {
@@ -132,6 +135,7 @@ impl FaultCounts {
         self.disconnect += o.disconnect;
         self.read_paused += o.read_paused;
         self.job_refused += o.job_refused;
+        self.text_failed += o.text_failed;
     }
 
     /// Counts an engine fault.
@@ -148,7 +152,7 @@ impl fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "crash={} oom={} device_lost={} engine_internal={} kv_shrink={} time_jump={} shutdown={} queue_full={} hostile_frame={} disconnect={} read_paused={} job_refused={}",
+            "crash={} oom={} device_lost={} engine_internal={} kv_shrink={} time_jump={} shutdown={} queue_full={} hostile_frame={} disconnect={} read_paused={} job_refused={} text_failed={}",
             self.crash,
             self.oom,
             self.device_lost,
@@ -160,7 +164,8 @@ impl fmt::Display for FaultCounts {
             self.hostile_frame,
             self.disconnect,
             self.read_paused,
-            self.job_refused
+            self.job_refused,
+            self.text_failed
         )
     }
 }

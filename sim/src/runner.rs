@@ -696,7 +696,12 @@ impl<'w> Sim<'w> {
             Output::Tokenize(job) => {
                 let after = between(&mut self.text_rng, Duration::ZERO, self.sw.text_latency_max);
                 let gen = self.gen;
-                let done = job.run();
+                let mut done = job.run();
+                if self.sw.text_fail_p > 0.0 && self.text_rng.next_f64() < self.sw.text_fail_p {
+                    // Not a length: every dialect must tell it apart.
+                    done.result = Err("the chat template could not be rendered (simulated)".into());
+                    self.counts.text_failed += 1;
+                }
                 self.at(self.clock + after, Ev::Text { gen, done });
             }
             Output::VerifyJob(check) => {

@@ -194,6 +194,9 @@ pub struct Swarm {
     /// takes a random time up to this, so answers overtake one another and
     /// engine steps.
     pub text_latency_max: Duration,
+    /// Chance that a text job fails for a reason other than length (the
+    /// error a tokenizer or a chat template gives).
+    pub text_fail_p: f64,
 }
 
 /// Printable ASCII symbols the engine may write: no `<`, so that no
@@ -331,6 +334,7 @@ impl Swarm {
         // From its own stream, so the options above stay as they were.
         let mut text_rng = Rng::new(mix64(seed, STREAM_TEXT));
         let text_latency_max = Duration::from_micros(pick(&mut text_rng, &[0, 50, 1_000, 20_000]));
+        let text_fail_p = pick(&mut text_rng, &[0.0, 0.0, 0.01, 0.05]);
 
         let most_clients = pick(rng, &[2u64, 4, 8, 16]);
         let generate_clients = 1 + rng.below(most_clients) as usize;
@@ -416,6 +420,7 @@ impl Swarm {
             faults,
             mix,
             text_latency_max,
+            text_fail_p,
         }
     }
 

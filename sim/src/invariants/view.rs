@@ -228,6 +228,10 @@ pub struct View {
     keys: Option<KeyRing>,
     /// The Host's `batch` continue-generation cache, as the frames tell it.
     pub batch_cache: batch::BatchCache,
+    /// The connection whose text job came back failed in this event, for a
+    /// reason other than length (a tokenizer's or a template's error): what
+    /// it waited for is refused as input that cannot be read.
+    pub text_failure: Option<ConnId>,
     /// Responses HTTP requests stored in the host's store, by id (every
     /// simulated HTTP request is the anonymous principal's; the store may
     /// since have forgotten some).
@@ -289,6 +293,7 @@ impl View {
             text_owner: BTreeMap::new(),
             check_owner: BTreeMap::new(),
             handling: None,
+            text_failure: None,
             started_gone: 0,
             steps_done: 0,
             keys: config.keys.clone(),
@@ -381,6 +386,15 @@ impl View {
     }
 
     pub(crate) fn on_input(&mut self, now: Instant, input: &Input) {
+        self.text_failure = match input {
+            Input::Tokenized(done) => done
+                .result
+                .as_ref()
+                .err()
+                .filter(|e| !e.starts_with(tokenwire_core::CONTEXT_TOO_LONG))
+                .and_then(|_| self.text_owner.get(&done.id).copied()),
+            _ => None,
+        };
         match input {
             Input::Open {
                 conn,

@@ -111,6 +111,9 @@ pub struct State<'a> {
     pub queue_may_be_full: bool,
     /// The connection's feedback bucket holds a unit.
     pub feedback_allowed: bool,
+    /// The config's prompt came back from the tokenizer failed in this
+    /// event, for a reason other than length.
+    pub text_failed: bool,
 }
 
 fn depth(v: &Value) -> usize {
@@ -282,6 +285,14 @@ fn config(m: &Map<String, Value>, st: &State<'_>) -> Option<Expect> {
             code: "invalid_request",
             recoverable: true,
             fields: prefixed(&bad),
+        });
+    }
+    if st.text_failed {
+        // Tokenizing was the last step before the length checks.
+        return Some(Expect::Error {
+            code: "invalid_request",
+            recoverable: true,
+            fields: vec!["prompt".into()],
         });
     }
     let max_tokens = params

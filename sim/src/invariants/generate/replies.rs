@@ -22,6 +22,9 @@ use crate::invariants::{Check, Checker, Cur, Cx, Frame};
 pub struct Replies {
     /// Connections whose frame of this event was answered already.
     answered: BTreeSet<ConnId>,
+    /// This event's first reply went out (while held frames are handled,
+    /// the first answers the config whose prompt came back tokenized).
+    replied: bool,
 }
 
 /// True for a frame that answers a client frame (not a stream's token, a
@@ -42,6 +45,7 @@ impl Checker for Replies {
 
     fn on_input(&mut self, _cx: &Cx<'_>, _input: &Input) -> Check {
         self.answered.clear();
+        self.replied = false;
         Ok(())
     }
 
@@ -92,7 +96,9 @@ impl Checker for Replies {
             queue_may_be_full: cx.view.outstanding().len() as u64
                 >= u64::from(cx.config.max_queued_requests),
             feedback_allowed: c.feedback.allows(cx.now),
+            text_failed: cx.view.text_failure == Some(*conn) && !self.replied,
         };
+        self.replied = true;
         // A regenerate handled at once already replaced the request in the
         // view (it carries that request's config): it starts a new one.
         let regenerated = matches!(held.kind, Pending::Config(_))
@@ -172,6 +178,51 @@ mod tests {
             )
             .expect_err("nothing full");
         assert_eq!(err.invariant, "replies");
+    }
+
+    /// A config held for its tokens, which come back as `result`, then
+    /// answered with `reply`.
+    fn tokenized_then(result: Result<Vec<u32>, String>, reply: serde_json::Value) -> Check {
+        use tokenwire_core::text::byte::ByteCodec;
+        use tokenwire_core::{Encoded, TextDone, TextJob, TextJobId, TextWork};
+        let mut k = kit(Box::new(Replies::default()));
+        k.open(1);
+        k.text(1, json!({"type": "config", "prompt": "hi"}))
+            .map_err(|v| v.detail)?;
+        k.out(Output::Tokenize(TextJob {
+            id: TextJobId(1),
+            conn: ConnId(1),
+            codec: ByteCodec::shared(),
+            work: TextWork::Encode { text: "hi".into() },
+        }))
+        .map_err(|v| v.detail)?;
+        k.end().map_err(|v| v.detail)?;
+        k.input(Input::Tokenized(TextDone {
+            id: TextJobId(1),
+            result: result.map(|ids| Encoded { ids, dropped: 0 }),
+        }))
+        .map_err(|v| v.detail)?;
+        k.send(1, reply).map_err(|v| v.detail)
+    }
+
+    /// A fabricated violation: a prompt the tokenizer could not read,
+    /// answered as if it were too long, or started.
+    #[test]
+    fn a_prompt_the_tokenizer_could_not_read_is_refused_as_invalid() {
+        let failed = || Err("the chat template could not be rendered".to_string());
+        let invalid = json!({"type": "error", "error": "invalid_request",
+                             "message": "prompt could not be tokenized: x",
+                             "recoverable": true, "recovery_action": "none"});
+        tokenized_then(failed(), invalid).expect("the promised refusal");
+        let too_long = json!({"type": "error", "error": "context_length_exceeded",
+                              "message": "m", "recoverable": true,
+                              "recovery_action": "shorten_prompt"});
+        let e = tokenized_then(failed(), too_long).expect_err("not a length");
+        assert!(e.contains("invalid_request"), "{e}");
+        let init = json!({"type": "init", "request_id": "gen_a", "model": "tiny",
+                          "model_info": {"version": "t", "max_tokens": 512, "quantization": "f32"}});
+        tokenized_then(failed(), init.clone()).expect_err("nothing to start");
+        tokenized_then(Ok(vec![1, 104, 105]), init).expect("read: it starts");
     }
 
     #[test]

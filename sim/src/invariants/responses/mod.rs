@@ -6,7 +6,8 @@
 //! (another model refused, the served one never), `metadata` the API allows
 //! never refused, the input reaching the
 //! tokenizer as written, an input longer alone than the context refused
-//! with `context_length_exceeded`, `response.retrieve`
+//! with `context_length_exceeded`, an input the tokenizer could not read
+//! refused with `invalid_request`, `response.retrieve`
 //! refused over a WebSocket, the connection limit and
 //! the connection lifetime; and what a client of the HTTP routes gets
 //! ([`http`]).
@@ -23,6 +24,7 @@ pub mod retrieve;
 pub mod sequence;
 pub mod terminal;
 pub mod too_long;
+pub mod unreadable;
 pub mod view;
 pub mod wire;
 
@@ -40,6 +42,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(metadata::ResponsesMetadata),
         Box::new(input::ResponsesInput),
         Box::new(too_long::ResponsesTooLong),
+        Box::new(unreadable::ResponsesUnreadableInput),
         Box::new(retrieve::ResponsesRetrieve),
         Box::new(limit::ResponsesLimit::default()),
         Box::new(lifetime::ResponsesLifetime),
