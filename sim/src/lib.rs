@@ -19,8 +19,9 @@
 //! client gets. Faults: Host crashes (the Host is
 //! rebuilt from nothing and `session` clients resume their conversations on
 //! it), engine faults, KV pool shrinks, clock jumps, graceful shutdown,
-//! slow readers, hostile frames (bad credentials among them) and early
-//! hang-ups.
+//! slow readers, hostile frames (bad credentials among them), early
+//! hang-ups, and text jobs that fail as a tokenizer or a chat template
+//! would (not for length).
 //!
 //! ```no_run
 //! let report = tokenwire_sim::run_seed(42, 2_000, None).expect("invariants hold");
