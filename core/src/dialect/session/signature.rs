@@ -49,13 +49,16 @@ pub fn signed_text(session_id: &str, message_index: u64, content: &str) -> Strin
     format!("{session_id}\n{message_index}\n{content}")
 }
 
+/// The bytes of hex `s`: pairs of hex digits and nothing else (no sign,
+/// which `from_str_radix` would take, and no odd digit at the end).
 fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || s.len() > 1024 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+    let digit = |b: &u8| char::from(*b).to_digit(16);
+    s.as_bytes()
+        .chunks(2)
+        .map(|pair| match pair {
+            [high, low] => Some((digit(high)? * 16 + digit(low)?) as u8),
+            _ => None,
+        })
         .collect()
 }
 
@@ -93,6 +96,20 @@ mod tests {
             .unwrap_err()
             .contains("required"));
         assert!(pk.verify("s1", 2, "hello", Some("zz")).is_err());
+        // Hex is pairs of digits: no sign, no odd digit at the end.
+        for bad in [
+            format!("+{}", &sig[1..]),
+            format!("{sig}0"),
+            sig[1..].to_string(),
+        ] {
+            assert!(
+                pk.verify("s1", 2, "hello", Some(&bad))
+                    .unwrap_err()
+                    .contains("must be the hex"),
+                "{bad}"
+            );
+        }
+        assert_eq!(from_hex("0aFf"), Some(vec![0x0a, 0xff]));
         assert!(PromptKey::parse("02abcd").is_err());
         assert!(PromptKey::parse("nothex").is_err());
     }
