@@ -22,17 +22,15 @@ impl BatchConn {
         seq: SeqId,
         piece: &TokenPiece,
     ) {
-        if let Some(reason) = piece.finish {
-            // A running beam ended from outside (a deadline, the end of a
-            // shutdown's grace): the search cannot go on without it. Beams
-            // the search replaced are no longer found here.
+        if piece.finish.is_some() {
+            // A running beam ended from outside (the end of a shutdown's
+            // grace; no deadline ends one, as beams are never paused): the
+            // search cannot go on without it. Beams the search replaced are
+            // no longer found here.
             if let Some(run) = self.jobs[ji].prompts[pi].beam.as_mut() {
                 run.beams.retain(|&b| b != seq);
             }
-            let why = match reason {
-                FinishReason::Timeout => "the beam search ran out of time",
-                _ => "the beam search was stopped before it finished",
-            };
+            let why = "the beam search was stopped before it finished";
             // What this step gathered goes first, so events stay in order.
             self.flush_events(cx);
             return self.fail_prompt(cx, ji, pi, why.to_string());
