@@ -166,11 +166,6 @@ impl<'a> Cx<'a> {
         crate::ids::prefixed(prefix, ms, self.port.rng())
     }
 
-    /// A fresh random sampler seed.
-    pub fn draw_seed(&mut self) -> u64 {
-        self.port.rng().next_u64()
-    }
-
     /// Has a raw prompt tokenized off the Host's thread; the ids come back in
     /// [`super::DialectConn::on_text_done`], and until then this connection's
     /// frames wait. A prompt whose byte length alone shows that it cannot fit
@@ -277,15 +272,10 @@ impl<'a> Cx<'a> {
 
     /// Asks the shell's job verifier about `job_id`; the verdict comes back
     /// in [`super::DialectConn::on_job_verified`], and until then this
-    /// connection's frames wait.
-    pub fn verify_job(&mut self, job_id: String) -> JobCheckId {
-        self.verify_signed_job(job_id, None)
-    }
-
-    /// [`Cx::verify_job`] for a job whose prompts are signed with
-    /// `public_key`: the verifier sees the key, so it can refuse a key the
-    /// job was not issued to.
-    pub fn verify_signed_job(&mut self, job_id: String, public_key: Option<String>) -> JobCheckId {
+    /// connection's frames wait. With `public_key` (a job whose prompts are
+    /// signed) the verifier sees the key, so it can refuse a key the job was
+    /// not issued to.
+    pub fn verify_job(&mut self, job_id: String, public_key: Option<String>) -> JobCheckId {
         let (conn, dialect) = (self.conn, self.dialect);
         self.port.verify_job(conn, dialect, job_id, public_key)
     }

@@ -85,12 +85,14 @@ impl ContinueCache {
     }
 
     /// Batches kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.batches.len()
     }
 
     /// True when none is kept.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.batches.is_empty()
     }
 }

@@ -40,16 +40,6 @@ pub enum ClientMessage {
 }
 
 impl ClientMessage {
-    /// The message's `type` on the wire.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ClientMessage::Completion(_) => "COMPLETION",
-            ClientMessage::Interrupted { .. } => "INTERRUPTED",
-            ClientMessage::AwaitMore { .. } => "AWAIT_MORE",
-            ClientMessage::SentenceCompleted { .. } => "SENTENCE_COMPLETED",
-        }
-    }
-
     /// The request the message names.
     pub fn request_id(&self) -> &str {
         match self {

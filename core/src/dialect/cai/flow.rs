@@ -179,11 +179,6 @@ impl Outbox {
         self.sentences_done = self.sentences_done.max(index + 1);
         Ok(())
     }
-
-    /// Chunks sent so far.
-    pub fn chunks_sent(&self) -> u64 {
-        self.chunks_sent
-    }
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ impl Conversations {
     }
 
     /// Forgets every conversation whose time ran out by `now`.
-    pub fn expire(&mut self, now: Instant) {
+    fn expire(&mut self, now: Instant) {
         while let Some((at, key)) = self.by_expiry.first().cloned() {
             if at > now {
                 break;
@@ -121,17 +121,20 @@ impl Conversations {
     }
 
     /// Live conversations (as of the last call that expired them).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Conversations `org` keeps (as of the last call that expired them).
-    pub fn of_org(&self, org: &str) -> usize {
+    #[cfg(test)]
+    fn of_org(&self, org: &str) -> usize {
         self.per_org.get(org).copied().unwrap_or(0)
     }
 
     /// True when none is kept.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 }

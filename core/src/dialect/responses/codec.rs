@@ -137,7 +137,7 @@ pub fn decode_value(v: &Value) -> Result<ClientEvent, DecodeError> {
 }
 
 /// Decodes one client event from JSON, earlier calls written in `format`.
-pub fn decode_value_with(v: &Value, format: ToolFormat) -> Result<ClientEvent, DecodeError> {
+fn decode_value_with(v: &Value, format: ToolFormat) -> Result<ClientEvent, DecodeError> {
     let Value::Object(obj) = v else {
         return Err(DecodeError {
             code: "invalid_request",

@@ -263,7 +263,7 @@ impl SessionConn {
                 )
             }
         }
-        let check = cx.verify_signed_job(start.job_id.clone(), start.public_key.clone());
+        let check = cx.verify_job(start.job_id.clone(), start.public_key.clone());
         self.waiting = Some(Waiting::Verdict { check, start });
     }
 

@@ -83,7 +83,8 @@ impl SessionRegistry {
     }
 
     /// The connection holding `owner`'s session `id`.
-    pub fn holder(&self, owner: &Principal, id: &str) -> Option<ConnId> {
+    #[cfg(test)]
+    fn holder(&self, owner: &Principal, id: &str) -> Option<ConnId> {
         self.live.get(&(owner.clone(), id.to_string())).copied()
     }
 
