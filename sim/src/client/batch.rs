@@ -11,7 +11,8 @@
 //! then; sends invalid payloads (garbage, no prompts, a bad config such as
 //! `temperature: 9`, `num_beams: 2` with streaming, with a
 //! `response_format`, with sampling or with a `length_penalty` past what
-//! an f32 holds, `num_beams: 65`,
+//! an f32 holds, `num_beams: 65` or more beams than the engine's
+//! candidates allow (11 to 64 for the simulated model),
 //! `early_stopping: "sometimes"`; their prompts are named `h<client>-<n>`,
 //! which `batch_hostile` holds must be refused) and
 //! binary frames; and hangs up early. Now and then a payload runs beam
@@ -268,8 +269,16 @@ impl BatchClient {
             4 => json!({"prompts": prompt, "generation_config": {"temperature": 9}}),
             5 => json!({"prompts": prompt, "generation_config": {"num_beams": 2},
                         "stream_response": true}),
-            6 => json!({"prompts": prompt, "generation_config": {"num_beams": 65},
-                        "stream_response": false}),
+            // Past the contract's range, or within it but past what the
+            // engine's candidates allow this model.
+            6 => {
+                let beams = match self.rng.below(2) {
+                    0 => 65,
+                    _ => 11 + self.rng.below(54),
+                };
+                json!({"prompts": prompt, "generation_config": {"num_beams": beams},
+                       "stream_response": false})
+            }
             // Beam search with a response format, or beam sampling.
             11 => json!({"prompts": prompt, "stream_response": false,
                          "generation_config": {"num_beams": 2, "do_sample": false,
