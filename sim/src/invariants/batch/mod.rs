@@ -13,14 +13,16 @@
 //! and their valid ones refused only at that bound;
 //! prompts run exactly when they fit the context; a beam search completes
 //! with a reference search's best hypothesis, and its `is_eos` as that
-//! hypothesis ends; every COMPLETE after STARTED and INITIALIZED, its
-//! `execution_time` the time since STARTED.
+//! hypothesis ends; a sampled prompt's `is_eos` exactly when its run ended
+//! with the end-of-sequence token; every COMPLETE after STARTED and
+//! INITIALIZED, its `execution_time` the time since STARTED.
 
 pub mod beams;
 pub mod bounds;
 pub mod cache;
 pub mod context;
 pub mod continuation;
+pub mod eos;
 pub mod honest;
 pub mod hostile;
 pub mod order;
@@ -45,6 +47,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(honest::BatchHonest),
         Box::new(context::BatchContext),
         Box::new(beams::BatchBeams::default()),
+        Box::new(eos::BatchEos),
         Box::new(timing::BatchTiming),
     ]
 }
