@@ -225,3 +225,34 @@ fn a_hit_held_only_by_an_evicted_seq_is_counted_as_taken_back() {
     s.on_step_done(&done(&plan, 7));
     ok(&s);
 }
+
+/// When even every idle sequence's blocks would not make room (counting
+/// its hits they hold as taken back), none of them is evicted for nothing.
+#[test]
+fn idle_seqs_are_not_evicted_when_all_of_them_would_not_make_room() {
+    let mut s = sched(12);
+    let mut kv = Kv::default();
+    let a = prompt(BS, 0);
+    // A runnable sequence (2 blocks), then two idle ones: 2 and 6 blocks.
+    run(&mut s, &mut kv, SeqId(1), prompt(20, 1000), 1);
+    for (seq, tokens) in [(SeqId(2), a.clone()), (SeqId(3), prompt(90, 2000))] {
+        run(&mut s, &mut kv, seq, tokens, 1);
+        s.set_runnable(seq, false);
+    }
+    assert_eq!(s.stats().blocks_used, 10);
+    // 11 blocks, the first of them seq 2's: all of seq 2's and seq 3's
+    // blocks and the 2 free ones make 10, one of them that hit.
+    let mut c = a;
+    c.extend(prompt(149, 3000));
+    let max_len = c.len() as u32 + 1;
+    s.add(SeqId(4), c, max_len, SamplingParams::greedy(), None)
+        .expect("fits the pool");
+    let plan = s.schedule().expect("seq 1 decodes");
+    assert!(plan.seqs.iter().all(|p| p.seq != SeqId(4)), "no room yet");
+    for idle in [SeqId(2), SeqId(3)] {
+        assert!(!s.is_waiting(idle), "{idle:?} kept its blocks");
+    }
+    kv.run(&s, &plan);
+    s.on_step_done(&done(&plan, 7));
+    ok(&s);
+}

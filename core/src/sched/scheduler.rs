@@ -1136,13 +1136,25 @@ impl Scheduler {
     }
 
     /// Evicts non-runnable sequences until waiting `id` has the `reserve`
-    /// blocks it is admitted with; false (the queue then waits) if even all
-    /// of them would not do. A cached block it starts from, taken back, uses
-    /// an available block as a fresh one does; sharing a held one does not.
-    /// So what it needs is counted again after each eviction: evicting the
-    /// only holders of a block it starts from turns that block from shared
-    /// into cached, and counting once, before, left it a block short.
+    /// blocks it is admitted with; false, evicting no one, if even all of
+    /// them would not do (the queue then waits). A cached block it starts
+    /// from, taken back, uses an available block as a fresh one does;
+    /// sharing a held one does not. Evicting the only holders of a block it
+    /// starts from turns that block from shared into cached, so what it
+    /// needs is counted again after each eviction (counting once, before,
+    /// left it a block short), and whether all of them would do counts such
+    /// blocks as taken back.
     fn make_room_to_admit(&mut self, id: SeqId, reserve: u32) -> bool {
+        let idle_only = self.blocks_only_idle_seqs_hold();
+        let hits = self.prefix_hits(id);
+        let taken_back = hits
+            .iter()
+            .filter(|&b| self.alloc.is_cached(*b) || idle_only.contains(b))
+            .count() as u32;
+        let most = reserve - hits.len() as u32 + taken_back;
+        if self.alloc.available() + (idle_only.len() as u32) < most {
+            return false;
+        }
         loop {
             let hits = self.prefix_hits(id);
             let revived = hits.iter().filter(|&&b| self.alloc.is_cached(b)).count() as u32;
@@ -1150,24 +1162,19 @@ impl Scheduler {
             if self.alloc.available() >= need {
                 return true;
             }
-            // Each round evicts at least one sequence, or gives up.
-            if !self.evict_paused_for(need) {
-                return false;
+            match self.idle_victim(|_| true) {
+                Some(v) => self.preempt(v),
+                None => return false,
             }
         }
     }
 
-    /// Frees blocks of non-runnable sequences until `n` are available; does
-    /// nothing and returns false if even all of them would not be enough.
-    fn evict_paused_for(&mut self, n: u32) -> bool {
-        if self.alloc.available() >= n {
-            return true;
-        }
-        // A block comes free once every sequence holding it is evicted: count
-        // those that idle sequences alone hold, shared among them or not (a
-        // fork's or a continuation's shared prefix counted only one holder's,
-        // and the head of the queue then waited for blocks it could have had,
-        // with the engine idle).
+    /// Blocks that come free once every non-runnable sequence is evicted:
+    /// those whose every holder is one, shared among them or not (a fork's
+    /// or a continuation's shared prefix counted only one holder's, and the
+    /// head of the queue then waited for blocks it could have had, with the
+    /// engine idle).
+    fn blocks_only_idle_seqs_hold(&self) -> BTreeSet<BlockId> {
         let mut idle_holders: BTreeMap<BlockId, u32> = BTreeMap::new();
         for s in self.running.iter().filter_map(|id| self.seqs.get(id)) {
             if !s.runnable {
@@ -1176,20 +1183,11 @@ impl Scheduler {
                 }
             }
         }
-        let reclaimable = idle_holders
-            .iter()
-            .filter(|&(&b, &n)| self.alloc.refcount(b) == n)
-            .count() as u32;
-        if self.alloc.available() + reclaimable < n {
-            return false;
-        }
-        while self.alloc.available() < n {
-            match self.idle_victim(|_| true) {
-                Some(v) => self.preempt(v),
-                None => return false,
-            }
-        }
-        true
+        idle_holders
+            .into_iter()
+            .filter(|&(b, n)| self.alloc.refcount(b) == n)
+            .map(|(b, _)| b)
+            .collect()
     }
 
     /// The cached blocks its prompt can start from: the longest run of its
