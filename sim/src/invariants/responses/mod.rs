@@ -49,3 +49,60 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::new(http::ResponsesHttp::default()),
     ]
 }
+
+/// Test scaffolding the responses checkers share.
+#[cfg(test)]
+pub(crate) mod testkit {
+    use serde_json::{json, Value};
+    use tokenwire_core::text::byte::ByteCodec;
+    use tokenwire_core::{
+        ChatMessage, ConnId, Dialect, Encoded, Input, Output, Role, TextDone, TextJob, TextJobId,
+        TextWork,
+    };
+
+    use crate::invariants::testkit::kit;
+    use crate::invariants::{Check, Checker};
+
+    /// A create of `input`, judged by `checker`, whose tokenizer gave
+    /// `result` (the tokens are back in this event), then `answer`.
+    pub fn create_answered(
+        checker: Box<dyn Checker>,
+        input: &str,
+        result: Result<Encoded, String>,
+        answer: Value,
+    ) -> Check {
+        let mut k = kit(checker);
+        k.open_as(1, Dialect::Responses);
+        k.text(1, json!({"type": "response.create", "input": input}))
+            .map_err(|v| v.detail)?;
+        k.out(Output::Tokenize(TextJob {
+            id: TextJobId(1),
+            conn: ConnId(1),
+            codec: ByteCodec::shared(),
+            work: TextWork::Chat {
+                messages: vec![ChatMessage {
+                    role: Role::User,
+                    content: input.into(),
+                }],
+                max_messages: usize::MAX,
+                max_tokens: 100,
+                tools: Vec::new(),
+            },
+        }))
+        .map_err(|v| v.detail)?;
+        k.end().map_err(|v| v.detail)?;
+        k.input(Input::Tokenized(TextDone {
+            id: TextJobId(1),
+            result,
+        }))
+        .map_err(|v| v.detail)?;
+        k.send(1, answer).map_err(|v| v.detail)
+    }
+
+    /// An error event of `code` on `input`.
+    pub fn input_error(code: &str) -> Value {
+        json!({"type": "error", "status": 400,
+               "error": {"type": "invalid_request_error", "code": code,
+                         "message": "m", "param": "input"}})
+    }
+}

@@ -56,47 +56,13 @@ impl Checker for ResponsesTooLong {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::invariants::testkit::kit;
+    use crate::invariants::responses::testkit::{create_answered, input_error as error};
     use serde_json::{json, Value};
-    use tokenwire_core::text::byte::ByteCodec;
-    use tokenwire_core::{
-        ChatMessage, ConnId, Dialect, Input, Role, TextDone, TextJob, TextJobId, TextWork,
-    };
 
-    /// A create of `input` tokenized (the tokens are back), then `answer`.
+    /// A create of `input` tokenized (too long for the context), then `answer`.
     fn answered(input: &str, answer: Value) -> Check {
-        let mut k = kit(Box::new(ResponsesTooLong));
-        k.open_as(1, Dialect::Responses);
-        k.text(1, json!({"type": "response.create", "input": input}))
-            .map_err(|v| v.detail)?;
-        k.out(Output::Tokenize(TextJob {
-            id: TextJobId(1),
-            conn: ConnId(1),
-            codec: ByteCodec::shared(),
-            work: TextWork::Chat {
-                messages: vec![ChatMessage {
-                    role: Role::User,
-                    content: input.into(),
-                }],
-                max_messages: usize::MAX,
-                max_tokens: 100,
-                tools: Vec::new(),
-            },
-        }))
-        .map_err(|v| v.detail)?;
-        k.end().map_err(|v| v.detail)?;
-        k.input(Input::Tokenized(TextDone {
-            id: TextJobId(1),
-            result: Err(format!("{} 10001 tokens", tokenwire_core::CONTEXT_TOO_LONG)),
-        }))
-        .map_err(|v| v.detail)?;
-        k.send(1, answer).map_err(|v| v.detail)
-    }
-
-    fn error(code: &str) -> Value {
-        json!({"type": "error", "status": 400,
-               "error": {"type": "invalid_request_error", "code": code,
-                         "message": "m", "param": "input"}})
+        let long = Err(format!("{} 10001 tokens", tokenwire_core::CONTEXT_TOO_LONG));
+        create_answered(Box::new(ResponsesTooLong), input, long, answer)
     }
 
     #[test]

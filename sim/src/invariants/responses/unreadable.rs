@@ -51,50 +51,16 @@ impl Checker for ResponsesUnreadableInput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::invariants::testkit::kit;
+    use crate::invariants::responses::testkit::{create_answered, input_error as error};
     use serde_json::{json, Value};
-    use tokenwire_core::text::byte::ByteCodec;
-    use tokenwire_core::{
-        ChatMessage, ConnId, Dialect, Input, Role, TextDone, TextJob, TextJobId, TextWork,
-    };
 
     /// A create of "hi" whose tokenizer gave `result`, then `answer`.
     fn answered(result: Result<(), String>, answer: Value) -> Check {
-        let mut k = kit(Box::new(ResponsesUnreadableInput));
-        k.open_as(1, Dialect::Responses);
-        k.text(1, json!({"type": "response.create", "input": "hi"}))
-            .map_err(|v| v.detail)?;
-        k.out(Output::Tokenize(TextJob {
-            id: TextJobId(1),
-            conn: ConnId(1),
-            codec: ByteCodec::shared(),
-            work: TextWork::Chat {
-                messages: vec![ChatMessage {
-                    role: Role::User,
-                    content: "hi".into(),
-                }],
-                max_messages: usize::MAX,
-                max_tokens: 100,
-                tools: Vec::new(),
-            },
-        }))
-        .map_err(|v| v.detail)?;
-        k.end().map_err(|v| v.detail)?;
-        k.input(Input::Tokenized(TextDone {
-            id: TextJobId(1),
-            result: result.map(|()| tokenwire_core::Encoded {
-                ids: vec![1, 2],
-                dropped: 0,
-            }),
-        }))
-        .map_err(|v| v.detail)?;
-        k.send(1, answer).map_err(|v| v.detail)
-    }
-
-    fn error(code: &str) -> Value {
-        json!({"type": "error", "status": 400,
-               "error": {"type": "invalid_request_error", "code": code,
-                         "message": "m", "param": "input"}})
+        let tokens = result.map(|()| tokenwire_core::Encoded {
+            ids: vec![1, 2],
+            dropped: 0,
+        });
+        create_answered(Box::new(ResponsesUnreadableInput), "hi", tokens, answer)
     }
 
     /// A fabricated violation: a template's failure reported as a length.
