@@ -49,7 +49,7 @@
 #                   on SHAPE, then engine-bench's defaults (batch 1, 8 and
 #                   32, 128-token prompts) and the same with the default
 #                   coop tile for every pass (--coop-wide-rows 1000000)
-#   parity          the parity tests of attention and of the coop products
+#   parity          the parity tests of attention, mat-vec and the coop products
 #                   only (wgpu_kernels, wgpu_engine): a short call's tests
 #   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
 #                   shapes, on the same card
@@ -62,6 +62,19 @@
 #                   LLAMA=DIR); engine-bench --gguf on the same files
 #                   (batch 1 at 512- and 1,024-token prompts, 32 steps, and
 #                   128 steps after a 1-token prompt, as tg128 decodes)
+#   gguf            anchors without transformers (llama.cpp and tokenwire
+#                   on the same GGUF files), for a call beside one that
+#                   ran hf:SHAPE or table:SHAPE; the F16 file also at
+#                   1,024 tokens with --no-shader-f16 (weights unpacked
+#                   from u32 pairs instead of read as vec4<f16>)
+#   hf:SHAPE        transformers eager on SHAPE only
+#   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
+#                   (--max-rows-per-pass; batch 8 and 32, 128-token
+#                   prompts, and batch 1 at 1,024; the 512 runs are the
+#                   defaults' batch 8 and 32), and decode attention
+#                   in one split (--decode-min-split 100000) or splits of
+#                   256 against the default, at 128 and 1,024 cached
+#                   tokens; then batch 1 profiled
 # With no arguments: tests, bench on both shapes, and anchor, which can take
 # longer than the device tool's 10 minutes per command; then split them
 # over calls, e.g. `run.sh tests bench:tinyllama-1.1b long:tinyllama-1.1b
@@ -126,7 +139,7 @@ for part in "${parts[@]}"; do
     parity)
         echo "== attention and coop parity tests =="
         for t in wgpu_kernels wgpu_engine; do
-            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill 2>&1 | quiet | tee -a "$runs/tests"
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec 2>&1 | quiet | tee -a "$runs/tests"
         done
         ;;
     table:*)
@@ -253,13 +266,18 @@ for part in "${parts[@]}"; do
             eb bounded-profile engine-bench 90 $(bf16 "$shape") --batch 1 --prompt 128 --profile --loop-bounding
         }
         ;;
+    hf:*)
+        echo "== transformers eager on ${part#hf:} =="
+        PYTHONUNBUFFERED=1 timeout 150 python3 benches/gpu/hf_anchor.py "${part#hf:}"
+        ;;
     anchor)
         echo "== transformers eager, same shapes and card =="
         PYTHONUNBUFFERED=1 timeout 280 python3 benches/gpu/hf_anchor.py
         ;;
-    anchors)
+    anchors | gguf)
         echo "== transformers, llama.cpp (Vulkan) and tokenwire on one card =="
-        PYTHONUNBUFFERED=1 timeout 150 python3 benches/gpu/hf_anchor.py tinyllama-1.1b
+        [ "$part" = anchors ] &&
+            PYTHONUNBUFFERED=1 timeout 150 python3 benches/gpu/hf_anchor.py tinyllama-1.1b
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl
         mkdir -p /tmp/llama
         python3 -c "import tarfile; tarfile.open('.llama/llama-bench.tar.xz').extractall('/tmp/llama')"
@@ -277,11 +295,35 @@ for part in "${parts[@]}"; do
             done
             eb "gguf-$kind-tg128" engine-bench 90 --gguf "$file" --backend wgpu --batch 1 \
                 --prompt 1 --steps 128 ${EB_ARGS:-}
+            # F16 weights read as vec4<f16> (shader-f16, the default where
+            # the device has it) or unpacked from u32 pairs.
+            [ "$kind" = f16 ] && eb "gguf-$kind-p1024-no-shader-f16" engine-bench 90 --gguf "$file" \
+                --backend wgpu --batch 1 --prompt 1024 --steps 32 --no-shader-f16 ${EB_ARGS:-}
             rm -f "$file"
         done
         ;;
+    next:*)
+        # Prefill passes of more rows than the default 512 (fewer weight
+        # reads, more tiles for the narrow products), and decode attention
+        # in one split (no merge dispatch) at short and long contexts.
+        shape=${part#next:}
+        echo "== $shape: rows per pass, and decode attention's splits =="
+        # shellcheck disable=SC2046
+        {
+            eb rows-512 engine-bench 60 $(bf16 "$shape") --batch 8,32 --prompt 128
+            eb rows-1024 engine-bench 60 $(bf16 "$shape") --batch 8,32 --prompt 128 --max-rows-per-pass 1024
+            eb rows-4096 engine-bench 60 $(bf16 "$shape") --batch 32 --prompt 128 --max-rows-per-pass 4096
+            eb p1024 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024
+            eb p1024-rows-1024 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --max-rows-per-pass 1024
+            eb p1024-one-split engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-min-split 100000
+            eb p1024-min256 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --decode-min-split 256
+            eb p128 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 128
+            eb p128-one-split engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 128 --decode-min-split 100000
+            eb p128-profile engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 128 --profile
+        }
+        ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, parity, anchor, anchors)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
         exit 2
         ;;
     esac

@@ -59,6 +59,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              than N over workgroups; 0: never; default 512 on GPUs) [--coop-wide-rows N]
              (coop passes of N or more rows on the wide tile, eight subgroups over
              128 x 128 at side 16, instead of four over 64 x 64; default 128)
+             [--no-shader-f16] (wgpu: f16 weights unpacked from u32 pairs, not read
+             as vec4<f16> with the device's shader-f16) [--max-rows-per-pass N] (wgpu: token rows per pass, default 512; a bigger
+             step runs in several passes, each reading every weight)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
@@ -91,6 +94,8 @@ struct Args {
     coop_slab: Option<u32>,
     coop_split: Option<u32>,
     coop_wide_rows: Option<usize>,
+    max_rows_per_pass: Option<usize>,
+    shader_f16: bool,
     loop_bounding: bool,
 }
 
@@ -165,6 +170,8 @@ fn parse_args() -> Result<Args, String> {
         coop_slab: None,
         coop_split: None,
         coop_wide_rows: None,
+        max_rows_per_pass: None,
+        shader_f16: true,
         loop_bounding: false,
     };
     let mut it = std::env::args().skip(1);
@@ -181,6 +188,7 @@ fn parse_args() -> Result<Args, String> {
             "--coop" => Some((&mut a.coop, true)),
             "--no-coop" => Some((&mut a.coop, false)),
             "--loop-bounding" => Some((&mut a.loop_bounding, true)),
+            "--no-shader-f16" => Some((&mut a.shader_f16, false)),
             _ => None,
         };
         if let Some((field, value)) = switch {
@@ -217,6 +225,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--coop-split" => a.coop_split = Some(num(&val)? as u32),
             "--coop-wide-rows" => a.coop_wide_rows = Some(num(&val)?.max(1)),
+            "--max-rows-per-pass" => a.max_rows_per_pass = Some(num(&val)?.max(1)),
             "--coop-slab" => {
                 a.coop = true;
                 a.coop_slab = Some(num(&val)? as u32);
@@ -620,6 +629,8 @@ fn bench(a: &Args) -> Result<(), String> {
                         coop_k_slab: a.coop_slab,
                         coop_split_workgroups: a.coop_split,
                         coop_wide_rows: a.coop_wide_rows.unwrap_or(d.coop_wide_rows),
+                        max_rows_per_pass: a.max_rows_per_pass.unwrap_or(d.max_rows_per_pass),
+                        shader_f16: a.shader_f16,
                         loop_bounding: a.loop_bounding,
                         ..d
                     };
