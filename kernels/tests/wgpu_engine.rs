@@ -590,7 +590,7 @@ fn wgpu_big_model_paths_on_small_models() {
     // memory alone (no subgroup shuffles).
     let small = WgpuOptions {
         max_binding: Some(4096),
-        max_rows_per_pass: 12,
+        max_rows_per_pass: Some(12),
         decode_workgroups: Some(u32::MAX),
         decode_min_split: 8,
         tiled_matmul: Some(true),

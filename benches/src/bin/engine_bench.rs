@@ -60,7 +60,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              (coop passes of N or more rows on the wide tile, eight subgroups over
              128 x 128 at side 16, instead of four over 64 x 64; default 128)
              [--no-shader-f16] (wgpu: f16 weights unpacked from u32 pairs, not read
-             as vec4<f16> with the device's shader-f16) [--max-rows-per-pass N] (wgpu: token rows per pass, default 512; a bigger
+             as vec4<f16> with the device's shader-f16) [--max-rows-per-pass N] (wgpu:
+             token rows per pass, default 2048 on GPUs and 512 on CPU adapters; a bigger
              step runs in several passes, each reading every weight)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default), to compare kernel choices on a card
@@ -629,7 +630,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         coop_k_slab: a.coop_slab,
                         coop_split_workgroups: a.coop_split,
                         coop_wide_rows: a.coop_wide_rows.unwrap_or(d.coop_wide_rows),
-                        max_rows_per_pass: a.max_rows_per_pass.unwrap_or(d.max_rows_per_pass),
+                        max_rows_per_pass: a.max_rows_per_pass.or(d.max_rows_per_pass),
                         shader_f16: a.shader_f16,
                         loop_bounding: a.loop_bounding,
                         ..d
