@@ -582,3 +582,76 @@ fn each_status_has_its_terminal_event() {
     }
     assert!(!is_terminal("response.in_progress"));
 }
+
+#[test]
+fn a_call_the_model_writes_streams_as_a_function_call_item() {
+    // With tools offered, the model's Hermes markup is a call, not text: a
+    // function_call item added, its arguments streamed and done, the item
+    // done, and the same item in the completed Response's output.
+    let call = r#"<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>"#;
+    let tool = json!({"type":"function","name":"get_weather",
+                      "parameters":{"type":"object","properties":{"city":{"type":"string"}}}});
+    let mut create = create(json!("weather in Paris?"), 200);
+    create["tools"] = json!([tool]);
+    // The script engine writes by position: a first run learns the
+    // prompt's length (tools described in it), so that the second's answer
+    // starts at the call.
+    let mut probe = Harness::new(HostConfig::default(), "a\0", 1);
+    let c = probe.open(1, Dialect::Responses);
+    probe.send(c, create.clone());
+    probe.run(50);
+    let prompt = check_response(&events(&probe, c))["response"]["usage"]["input_tokens"]
+        .as_u64()
+        .expect("input_tokens") as usize;
+    let script = format!("{}{call}\0", "x".repeat(prompt));
+    let mut h = Harness::new(HostConfig::default(), &script, 1);
+    let c = h.open(1, Dialect::Responses);
+    h.send(c, create);
+    h.run(200);
+    let evs = events(&h, c);
+    let end = check_response(&evs);
+    assert_eq!(end["type"], "response.completed", "{end}");
+    let output = end["response"]["output"].as_array().expect("output");
+    let calls: Vec<&Value> = output
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{output:?}");
+    let call = calls[0];
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(call["status"], "completed");
+    let args: Value =
+        serde_json::from_str(call["arguments"].as_str().expect("arguments")).expect("json");
+    assert_eq!(args, json!({"city":"Paris"}));
+    assert!(call["call_id"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("call_")));
+    // No message carries the markup as text.
+    assert!(
+        output
+            .iter()
+            .all(|i| i["type"] != "message" || !i.to_string().contains("tool_call")),
+        "{output:?}"
+    );
+    let of_kind = |k: &str| -> Vec<&Value> { evs.iter().filter(|e| e["type"] == k).collect() };
+    let added = of_kind("response.output_item.added");
+    assert!(
+        added
+            .iter()
+            .any(|e| e["item"]["type"] == "function_call" && e["item"]["id"] == call["id"]),
+        "{:?}",
+        kinds(&evs)
+    );
+    let done = of_kind("response.function_call_arguments.done");
+    assert_eq!(done.len(), 1, "{:?}", kinds(&evs));
+    assert_eq!(done[0]["arguments"], call["arguments"]);
+    assert_eq!(done[0]["item_id"], call["id"]);
+    let deltas: String = of_kind("response.function_call_arguments.delta")
+        .iter()
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, call["arguments"].as_str().expect("arguments"));
+    assert!(of_kind("response.output_item.done")
+        .iter()
+        .any(|e| &e["item"] == call));
+}
