@@ -395,7 +395,7 @@ impl SessionClient {
             (!live.is_empty()).then(|| live[rng.below(live.len() as u64) as usize])
         };
         let job = json!("job-hostile");
-        let v = match self.rng.below(17) {
+        let v = match self.rng.below(18) {
             0 => return ClientOp::Text(garbage(&mut self.rng)),
             1 => return ClientOp::Binary(1 + self.rng.below(512) as usize),
             2 => return ClientOp::TooLarge,
@@ -427,6 +427,24 @@ impl SessionClient {
                 ];
                 let key = keys[self.rng.below(4) as usize].clone();
                 json!({"type": "session_init", "session_id": "k", "job_id": job, "public_key": key})
+            }
+            16 => {
+                // A job id that is not a non-empty string or an integer, or
+                // none: refused for the field, never a session.
+                let jobs = [
+                    json!(""),
+                    json!(1.5),
+                    json!(true),
+                    json!({"id": "j"}),
+                    Value::Null,
+                ];
+                let mut v = json!({"type": "session_init", "session_id": "jx",
+                                   "conversation_context": []});
+                let pick = self.rng.below(jobs.len() as u64 + 1) as usize;
+                if let Some(job) = jobs.get(pick) {
+                    v["job_id"] = job.clone();
+                }
+                v
             }
             13 | 14 => match pick_live(&mut self.rng) {
                 Some(i) => {

@@ -2,7 +2,8 @@
 //! must carry and a `session_init` need not (PROTOCOLS.md): an init is
 //! never refused for it. And a start whose `job_id` is a non-empty string
 //! or an integer (of either sign, any size JSON gives) is never refused
-//! for its `job_id`. The message's type and job id are read from the
+//! for its `job_id`, and one with any other `job_id`, or none, never
+//! starts a session. The message's type and job id are read from the
 //! frame, not through the dialect's decoder, which is what this judges.
 
 use serde_json::Value;
@@ -24,21 +25,32 @@ impl Checker for SessionStartFields {
             return Ok(());
         };
         let message = f.v["message"].as_str().unwrap_or("");
+        let head = cx.view.session(conn).and_then(|s| s.head());
+        if f.kind() == "session_ready" {
+            let started_by = head.filter(|m| {
+                matches!(
+                    m.raw_type.as_deref(),
+                    Some("session_init" | "session_resume")
+                )
+            });
+            if let Some(m) = started_by.filter(|m| !valid_job(m.raw_job.as_ref())) {
+                return Err(format!(
+                    "a start on {conn:?} with job_id {:?} started a session",
+                    m.raw_job
+                ));
+            }
+            return Ok(());
+        }
         if f.kind() != "error" {
             return Ok(());
         }
-        let head = cx.view.session(conn).and_then(|s| s.head());
         let start = head.is_some_and(|m| {
             matches!(
                 m.raw_type.as_deref(),
                 Some("session_init" | "session_resume")
             )
         });
-        let valid_job = match head.and_then(|m| m.raw_job.as_ref()) {
-            Some(Value::String(s)) => !s.is_empty(),
-            Some(Value::Number(n)) => n.is_i64() || n.is_u64(),
-            _ => false,
-        };
+        let valid_job = valid_job(head.and_then(|m| m.raw_job.as_ref()));
         // The decoder's refusals of the field itself (the verifier's
         // refusal of a job names the field too, for another reason).
         let for_the_field = ["`job_id`: must", "`job_id`: is required"]
@@ -59,6 +71,15 @@ impl Checker for SessionStartFields {
             ));
         }
         Ok(())
+    }
+}
+
+/// A `job_id` as PROTOCOLS.md allows it: a non-empty string or an integer.
+fn valid_job(job: Option<&Value>) -> bool {
+    match job {
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Number(n)) => n.is_i64() || n.is_u64(),
+        _ => false,
     }
 }
 
@@ -122,6 +143,36 @@ mod tests {
             .expect("init");
             let got = k.send(1, refusal.clone());
             assert_eq!(got.is_ok(), ok, "{job}: {got:?}");
+        }
+    }
+
+    /// A fabricated violation: a start with an empty job id answered with
+    /// a session.
+    #[test]
+    fn a_session_started_by_an_invalid_job_id_is_caught() {
+        let ready = json!({"type": "session_ready", "session_id": "s", "message_count": 0,
+                           "context_tokens": 0, "messages_dropped": 0, "timestamp": 1});
+        for (job, bad) in [
+            (Some(json!("")), true),
+            (Some(json!(1.5)), true),
+            (Some(Value::Null), true),
+            (None, true),
+            (Some(json!("j")), false),
+            (Some(json!(-3)), false),
+        ] {
+            let mut k = kit(Box::new(SessionStartFields));
+            k.open_as(1, Dialect::Session);
+            let mut init = json!({"type": "session_init", "session_id": "s",
+                                  "conversation_context": []});
+            if let Some(job) = &job {
+                init["job_id"] = job.clone();
+            }
+            k.text(1, init).expect("init");
+            let r = k.send(1, ready.clone());
+            assert_eq!(r.is_err(), bad, "{job:?}: {r:?}");
+            if let Err(e) = r {
+                assert_eq!(e.invariant, "session_start_fields");
+            }
         }
     }
 }
