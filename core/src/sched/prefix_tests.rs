@@ -208,11 +208,7 @@ fn a_hit_held_only_by_an_evicted_seq_is_counted_as_taken_back() {
     assert_eq!(s.stats().blocks_used, 10);
     // 11 blocks, the first of them seq 2's: evicting seq 3 then seq 2
     // leaves 10 available, one of them that hit, so seq 1 must go too.
-    let mut c = a;
-    c.extend(prompt(149, 3000));
-    let max_len = c.len() as u32 + 1;
-    s.add(SeqId(4), c.clone(), max_len, SamplingParams::greedy(), None)
-        .expect("fits the pool");
+    let c = add_eleven_blocks_after(&mut s, a);
     let plan = s.schedule().expect("the new seq is admitted");
     assert_eq!(plan.seqs.len(), 1);
     assert_eq!(plan.seqs[0].seq, SeqId(4));
@@ -224,6 +220,17 @@ fn a_hit_held_only_by_an_evicted_seq_is_counted_as_taken_back() {
     kv.run(&s, &plan);
     s.on_step_done(&done(&plan, 7));
     ok(&s);
+}
+
+/// Adds seq 4: `first` (one block, a hit) then 149 fresh tokens, 11
+/// blocks in all with its next token. Returns its prompt.
+fn add_eleven_blocks_after(s: &mut Scheduler, first: Vec<u32>) -> Vec<u32> {
+    let mut c = first;
+    c.extend(prompt(149, 3000));
+    let max_len = c.len() as u32 + 1;
+    s.add(SeqId(4), c.clone(), max_len, SamplingParams::greedy(), None)
+        .expect("fits the pool");
+    c
 }
 
 /// When even every idle sequence's blocks would not make room (counting
@@ -242,11 +249,7 @@ fn idle_seqs_are_not_evicted_when_all_of_them_would_not_make_room() {
     assert_eq!(s.stats().blocks_used, 10);
     // 11 blocks, the first of them seq 2's: all of seq 2's and seq 3's
     // blocks and the 2 free ones make 10, one of them that hit.
-    let mut c = a;
-    c.extend(prompt(149, 3000));
-    let max_len = c.len() as u32 + 1;
-    s.add(SeqId(4), c, max_len, SamplingParams::greedy(), None)
-        .expect("fits the pool");
+    add_eleven_blocks_after(&mut s, a);
     let plan = s.schedule().expect("seq 1 decodes");
     assert!(plan.seqs.iter().all(|p| p.seq != SeqId(4)), "no room yet");
     for idle in [SeqId(2), SeqId(3)] {
