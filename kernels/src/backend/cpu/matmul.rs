@@ -32,6 +32,21 @@ const PAR_MIN_WORK: usize = 1 << 15;
 const TASKS_PER_THREAD_DECODE: usize = 1;
 const TASKS_PER_THREAD_PREFILL: usize = 4;
 
+/// Activation bytes one pass of the tiles keeps in cache: a task runs a pass
+/// of tokens through all its rows before the next pass. Every token through
+/// every four rows streamed a long prompt's (or a batch of prompts')
+/// activations from L3 or memory once per four rows: 8 prompts of 512
+/// tokens prefilled a third slower per token than one (2-core Zen 1, 512
+/// KiB of L2 a core). 128 KiB fits the L2 of every x86 core we run on with
+/// room for the rows' weights; 64 to 512 measured alike.
+const PASS_ACT_BYTES: usize = 128 * 1024;
+
+/// Tokens a pass takes, at `bytes_per_token` of activations: a whole number
+/// of four-token tiles, at least one.
+fn pass_tokens(bytes_per_token: usize) -> usize {
+    (PASS_ACT_BYTES / bytes_per_token.max(1)).max(4) / 4 * 4
+}
+
 /// How a quantized matrix meets its activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
@@ -195,14 +210,20 @@ pub(crate) fn matmul(
                         GgmlType::Q4_0 => k.q4_0_tile,
                         _ => k.q4_1_tile,
                     };
-                    by_tiles(w, o0, outs, b, |ws, [j0, j1, j2, j3]| {
+                    // A token's groups: a byte per value, and a scale and
+                    // a sum per 32.
+                    let per_pass = pass_tokens(n_in + n_in / 4);
+                    by_tiles(w, o0, outs, b, per_pass, |ws, [j0, j1, j2, j3]| {
                         tile(ws, &[a.row(j0), a.row(j1), a.row(j2), a.row(j3)])
                     });
                     return;
                 }
                 (Acts::F32(x), GgmlType::F16) => {
                     let token = |j: usize| &x[j * n_in..(j + 1) * n_in];
-                    by_tiles(w, o0, outs, b, |ws, js| (k.f16_tile)(ws, &js.map(token)));
+                    let per_pass = pass_tokens(n_in * 4);
+                    by_tiles(w, o0, outs, b, per_pass, |ws, js| {
+                        (k.f16_tile)(ws, &js.map(token))
+                    });
                     return;
                 }
                 _ => {}
@@ -252,7 +273,8 @@ pub(crate) fn matmul(
 
 /// Rows `o0..` of `w` against every token (`outs[tt]` holds token `tt`'s
 /// results for those rows), through `tile(rows, tokens)`, which gives four
-/// rows by four tokens. A short last group repeats its last row or
+/// rows by four tokens, in passes of `pass_tokens` tokens through all the
+/// rows. A short last group repeats its last row or
 /// token, whose duplicate result is dropped; every result is the one-row,
 /// one-token kernel's bits, so a token's result does not depend on its batch.
 fn by_tiles<'w>(
@@ -260,27 +282,30 @@ fn by_tiles<'w>(
     o0: usize,
     outs: &mut [&mut [f32]],
     b: Option<&[f32]>,
+    pass_tokens: usize,
     tile: impl Fn(&[&'w [u8]; 4], [usize; 4]) -> [[f32; 4]; 4],
 ) {
     let (t, rows) = (outs.len(), outs[0].len());
-    for r0 in (0..rows).step_by(4) {
-        let row = |i: usize| w.row(o0 + (r0 + i).min(rows - 1));
-        let ws = [row(0), row(1), row(2), row(3)];
-        for t0 in (0..t).step_by(4) {
-            // Spelled out: `array::map` here was not inlined (2% of a
-            // batched decode).
-            let last = t - 1;
-            let js = [
-                t0,
-                (t0 + 1).min(last),
-                (t0 + 2).min(last),
-                (t0 + 3).min(last),
-            ];
-            let d = tile(&ws, js);
-            for (i, d) in d.iter().enumerate().take(rows - r0) {
-                let bias = b.map_or(0.0, |b| b[o0 + r0 + i]);
-                for (out, d) in outs[t0..].iter_mut().zip(d) {
-                    out[r0 + i] = d + bias;
+    for pass in (0..t).step_by(pass_tokens) {
+        for r0 in (0..rows).step_by(4) {
+            let row = |i: usize| w.row(o0 + (r0 + i).min(rows - 1));
+            let ws = [row(0), row(1), row(2), row(3)];
+            for t0 in (pass..t.min(pass + pass_tokens)).step_by(4) {
+                // Spelled out: `array::map` here was not inlined (2% of a
+                // batched decode).
+                let last = t - 1;
+                let js = [
+                    t0,
+                    (t0 + 1).min(last),
+                    (t0 + 2).min(last),
+                    (t0 + 3).min(last),
+                ];
+                let d = tile(&ws, js);
+                for (i, d) in d.iter().enumerate().take(rows - r0) {
+                    let bias = b.map_or(0.0, |b| b[o0 + r0 + i]);
+                    for (out, d) in outs[t0..].iter_mut().zip(d) {
+                        out[r0 + i] = d + bias;
+                    }
                 }
             }
         }
@@ -392,6 +417,38 @@ mod tests {
             }
         }
         WeightMatrix::from_bytes(dtype, rows, cols, bytes).expect("matrix")
+    }
+
+    /// A prompt long enough to take several passes of the tiles (and a
+    /// short last one) gives every token the bits it gets alone.
+    #[test]
+    fn tokens_past_a_pass_get_the_bits_they_get_alone() {
+        let pool = Pool::new(2);
+        let k = Kernels::detect();
+        let (t, n_in) = (901, 256);
+        assert!(t > 2 * pass_tokens(n_in + n_in / 4), "three passes");
+        let x: Vec<f32> = (0..t * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
+        for (dtype, seed) in [(GgmlType::Q4_1, 4), (GgmlType::Q8_0, 5), (GgmlType::F16, 6)] {
+            let w = if dtype == GgmlType::F16 {
+                let bytes = (0..10 * n_in)
+                    .flat_map(|i| half::f16::from_f32((i as f32 * 0.013).cos()).to_le_bytes())
+                    .collect();
+                WeightMatrix::from_bytes(dtype, 10, n_in, bytes).expect("matrix")
+            } else {
+                matrix(dtype, 10, n_in, seed).laid_out(k.layout)
+            };
+            let product = |x: &[f32], t: usize| {
+                let mut y = Vec::new();
+                let mut s = MatScratch::default();
+                let int8 = ActivationPrecision::Int8;
+                matmul(&pool, &k, int8, x, t, &w, None, &mut y, &mut s, Input::New);
+                y
+            };
+            let all = product(&x, t);
+            for (tt, (got, x)) in all.chunks_exact(10).zip(x.chunks_exact(n_in)).enumerate() {
+                assert_eq!(got, product(x, 1), "{dtype:?} token {tt}");
+            }
+        }
     }
 
     #[test]
