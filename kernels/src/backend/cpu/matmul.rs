@@ -36,7 +36,7 @@ const TASKS_PER_THREAD_PREFILL: usize = 4;
 /// of tokens through all its rows before the next pass. Every token through
 /// every four rows streamed a long prompt's (or a batch of prompts')
 /// activations from L3 or memory once per four rows: 8 prompts of 512
-/// tokens prefilled a third slower per token than one (2-core Zen 1, 512
+/// tokens prefilled a quarter slower per token than one (2-core Zen 1, 512
 /// KiB of L2 a core). 128 KiB fits the L2 of every x86 core we run on with
 /// room for the rows' weights; 64 to 512 measured alike.
 const PASS_ACT_BYTES: usize = 128 * 1024;
@@ -273,24 +273,24 @@ pub(crate) fn matmul(
 
 /// Rows `o0..` of `w` against every token (`outs[tt]` holds token `tt`'s
 /// results for those rows), through `tile(rows, tokens)`, which gives four
-/// rows by four tokens, in passes of `pass_tokens` tokens through all the
-/// rows. A short last group repeats its last row or
-/// token, whose duplicate result is dropped; every result is the one-row,
+/// rows by four tokens, in passes of `per_pass` tokens (a multiple of four)
+/// through all the rows. A short last group repeats its last row or token,
+/// whose duplicate result is dropped; every result is the one-row,
 /// one-token kernel's bits, so a token's result does not depend on its batch.
 fn by_tiles<'w>(
     w: &'w WeightMatrix,
     o0: usize,
     outs: &mut [&mut [f32]],
     b: Option<&[f32]>,
-    pass_tokens: usize,
+    per_pass: usize,
     tile: impl Fn(&[&'w [u8]; 4], [usize; 4]) -> [[f32; 4]; 4],
 ) {
     let (t, rows) = (outs.len(), outs[0].len());
-    for pass in (0..t).step_by(pass_tokens) {
+    for pass in (0..t).step_by(per_pass) {
         for r0 in (0..rows).step_by(4) {
             let row = |i: usize| w.row(o0 + (r0 + i).min(rows - 1));
             let ws = [row(0), row(1), row(2), row(3)];
-            for t0 in (pass..t.min(pass + pass_tokens)).step_by(4) {
+            for t0 in (pass..t.min(pass + per_pass)).step_by(4) {
                 // Spelled out: `array::map` here was not inlined (2% of a
                 // batched decode).
                 let last = t - 1;
