@@ -26,14 +26,15 @@ impl Checker for SessionStartFields {
         };
         let message = f.v["message"].as_str().unwrap_or("");
         let head = cx.view.session(conn).and_then(|s| s.head());
+        // The message answered, when it was a start.
+        let start = head.filter(|m| {
+            matches!(
+                m.raw_type.as_deref(),
+                Some("session_init" | "session_resume")
+            )
+        });
         if f.kind() == "session_ready" {
-            let started_by = head.filter(|m| {
-                matches!(
-                    m.raw_type.as_deref(),
-                    Some("session_init" | "session_resume")
-                )
-            });
-            if let Some(m) = started_by.filter(|m| !valid_job(m.raw_job.as_ref())) {
+            if let Some(m) = start.filter(|m| !valid_job(m.raw_job.as_ref())) {
                 return Err(format!(
                     "a start on {conn:?} with job_id {:?} started a session",
                     m.raw_job
@@ -44,19 +45,13 @@ impl Checker for SessionStartFields {
         if f.kind() != "error" {
             return Ok(());
         }
-        let start = head.is_some_and(|m| {
-            matches!(
-                m.raw_type.as_deref(),
-                Some("session_init" | "session_resume")
-            )
-        });
-        let valid_job = valid_job(head.and_then(|m| m.raw_job.as_ref()));
+        let valid_start = start.is_some_and(|m| valid_job(m.raw_job.as_ref()));
         // The decoder's refusals of the field itself (the verifier's
         // refusal of a job names the field too, for another reason).
         let for_the_field = ["`job_id`: must", "`job_id`: is required"]
             .iter()
             .any(|m| message.contains(m));
-        if start && valid_job && for_the_field {
+        if valid_start && for_the_field {
             return Err(format!(
                 "a start on {conn:?} with a valid job_id was refused for it: {message}"
             ));
