@@ -64,9 +64,9 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q4_1_tile: |w, a| unsafe { tile_avx2::<Q4_1<Avx2Lanes>>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
-        f16: |w, x| unsafe { dot_f16_avx2(w, x) },
+        f16: |w, x| unsafe { dot_f16_avx2::<true>(w, x) },
         f16_tile: |w, x| w.map(|r| unsafe { dot_f16_x4_avx2(r, x) }),
-        bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
+        bf16: |w, x| unsafe { dot_bf16_avx2::<true>(w, x) },
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
         attend: |t, s, o| unsafe { attend_avx2(t, s, o) },
         quantize_q8: |x, out| unsafe { quantize_q8_avx2(x, out) },
@@ -82,6 +82,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_avx_vnni::<Q8_0Offset<AvxVnniLanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_avx_vnni::<Q4_0<AvxVnniLanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_avx_vnni::<Q4_1<AvxVnniLanes>>(w, a) },
+            f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
+            bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             ..avx2
         },
         Isa::Avx512Vnni => Kernels {
@@ -92,6 +94,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Offset<Avx512Lanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0<Avx512Lanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
+            f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
+            bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
             attend: |t, s, o| unsafe { attend_avx512(t, s, o) },
             ..avx2
@@ -240,13 +244,14 @@ unsafe fn dot_q6_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_avx2(w: &[u8], x: &[f32]) -> f32 {
+unsafe fn dot_f16_avx2<const PF: bool>(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len().min(w.len() / 2);
     let full = n / 16 * 16;
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut j = 0;
     while j < full {
+        prefetch_line::<PF>(wp.wrapping_add(2 * j + PREFETCH_AHEAD));
         for (k, a) in acc.iter_mut().enumerate() {
             let at = j + 8 * k;
             let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * at) as *const __m128i));
@@ -342,7 +347,7 @@ unsafe fn dot_f16_tile_avx512(w: &[&[u8]; 4], xs: &[&[f32]; 4]) -> [[f32; 4]; 4]
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
+unsafe fn dot_bf16_avx2<const PF: bool>(w: &[u8], x: &[f32]) -> f32 {
     // Summed as the f16 and f32 kernels sum (two accumulators over 16).
     let n = x.len().min(w.len() / 2);
     let full = n / 16 * 16;
@@ -350,6 +355,7 @@ unsafe fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut j = 0;
     while j < full {
+        prefetch_line::<PF>(wp.wrapping_add(2 * j + PREFETCH_AHEAD));
         for (k, a) in acc.iter_mut().enumerate() {
             let at = j + 8 * k;
             let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.add(2 * at) as *const __m128i));
@@ -518,9 +524,9 @@ impl Lanes for Avx512Lanes {
 /// is built (so they cannot drift apart):
 ///
 /// * one weight row · one token (decode), eight blocks at a time
-///   ([`Grouped`]) and the last few one at a time. One sequential stream
-///   per core reaches this machine's read bandwidth without software
-///   prefetch (which measured slower), and interleaving four rows' streams
+///   ([`Grouped`]) and the last few one at a time, prefetching ahead on
+///   AVX2 ([`PREFETCH_AHEAD`]). One sequential stream per core is what the
+///   hardware prefetchers follow best; interleaving four rows' streams
 ///   measured at less than half of it, so decode runs row by row;
 /// * four rows · four tokens (prefill and batches), so each weight group is
 ///   unpacked once for four tokens: the activations of a long prompt live
@@ -658,15 +664,51 @@ fn whole_groups(n: usize, groups: usize) -> usize {
     (n / 8).min(groups)
 }
 
-/// One row against one token: its whole groups of eight, then the rest
-/// block by block.
+/// How far ahead of the weights in hand the AVX2 row kernels (Q8_0, Q4_0,
+/// Q4_1, f16, bf16) prefetch. On Zen 1 one core's stream of weights, left
+/// to the hardware prefetcher, came in at 7.4-7.8 GB/s where a plain sum
+/// reads 13: the fetches did not run far enough ahead to overlap with the
+/// arithmetic (the Q8_0 kernel reads 14 GB/s of weights already in L2).
+/// Every line 1 to 8 KiB ahead measured alike: decode 20-36% faster at one
+/// thread. Prefetching two of a Q8_0 group's five lines, an earlier try,
+/// halved it. The tiles (batches, prefill) reuse each group for several
+/// tokens, are bound by arithmetic, and measured no faster with it.
+const PREFETCH_AHEAD: usize = 4096;
+
+/// Asks for the cache lines of the group `PREFETCH_AHEAD` bytes past `b`
+/// (a group of `F` spans `8 * F::BYTES`; prefetches past the matrix's end
+/// are harmless, as a prefetch never faults). Only where `ON`: the VNNI
+/// tiers keep to what their machine (Zen 4) measured, where an earlier
+/// prefetch lost 5-20% (BENCHMARKS.md).
 #[inline(always)]
-unsafe fn one_row<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+unsafe fn prefetch_group<F: Format, const ON: bool>(b: *const u8) {
+    let mut at = PREFETCH_AHEAD;
+    while at < PREFETCH_AHEAD + 8 * F::BYTES {
+        prefetch_line::<ON>(b.wrapping_add(at));
+        at += 64;
+    }
+}
+
+/// Asks for the cache line holding `p` where `ON` (any address: a prefetch
+/// never faults).
+#[inline(always)]
+unsafe fn prefetch_line<const ON: bool>(p: *const u8) {
+    if ON {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+    }
+}
+
+/// One row against one token: its whole groups of eight, then the rest
+/// block by block, prefetching ahead where `PF`.
+#[inline(always)]
+unsafe fn one_row<F: Grouped, const PF: bool>(w: &[u8], a: &Q8Row<'_>) -> f32 {
     let n = a.blocks.len().min(w.len() / F::BYTES);
     let groups = &a.groups[..whole_groups(n, a.groups.len())];
     let mut acc = _mm256_setzero_ps();
     for (g, x) in groups.iter().enumerate() {
-        let e = F::weights8(w.as_ptr().add(g * 8 * F::BYTES));
+        let b = w.as_ptr().add(g * 8 * F::BYTES);
+        prefetch_group::<F, PF>(b);
+        let e = F::weights8(b);
         group_step::<F>(&e, x, &mut acc);
     }
     blocks_from::<F>(w, a.blocks, groups.len() * 8, &mut acc);
@@ -675,17 +717,17 @@ unsafe fn one_row<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn one_avx2<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    one_row::<F>(w, a)
+    one_row::<F, true>(w, a)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn one_avx_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    one_row::<F>(w, a)
+    one_row::<F, false>(w, a)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
 unsafe fn one_vnni<F: Grouped>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    one_row::<F>(w, a)
+    one_row::<F, false>(w, a)
 }
 
 /// One row's group `g` against four tokens' groups, into its accumulators.
