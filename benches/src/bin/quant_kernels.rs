@@ -1,0 +1,168 @@
+//! `quant-kernels`: one CPU dot-product kernel alone, on rows that fit in
+//! cache or stream from memory, so a kernel's arithmetic can be told apart
+//! from the memory feeding it.
+//!
+//! ```text
+//! quant-kernels q8_0|q4_1 K ROWS row|tile [SECONDS]
+//! ```
+//!
+//! `ROWS` random rows of `K` weights, interleaved as the engine keeps them
+//! ([`RowLayout`] of the kernels this CPU gets, `TOKENWIRE_CPU_KERNELS`
+//! choosing as in the server), against random activations quantized as the
+//! engine quantizes them. `row` runs the decode kernel (one row against one
+//! token, rows in order, as a decode step streams a matrix); `tile` runs the
+//! four-rows-by-four-tokens kernel over 32 tokens (a batched decode step).
+//! Prints multiply-adds per second and the matrix's bytes per second (for
+//! `tile`, each row is read once for all 32 tokens): a few hundred rows stay
+//! in L2, tens of thousands stream from memory. `K` need not be a multiple
+//! of 256: the blocks past the last whole eight take the kernels' tail path,
+//! as SmolLM2's 576-wide rows do.
+
+use std::time::{Duration, Instant};
+
+use tokenwire_kernels::gguf::GgmlType;
+use tokenwire_kernels::quant::{
+    group_q8, lanes, quantize_q8, Kernels, Q8Block, Q8Group, Q8Row, RowLayout,
+};
+
+/// Tokens the `tile` shape runs (a batched decode step's worth).
+const TILE_TOKENS: usize = 32;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: quant-kernels q8_0|q4_1 K ROWS row|tile [SECONDS]";
+    let dtype = match args.first().map(String::as_str) {
+        Some("q8_0") => GgmlType::Q8_0,
+        Some("q4_1") => GgmlType::Q4_1,
+        _ => fail(usage),
+    };
+    let number = |i: usize| -> usize {
+        args.get(i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| fail(usage))
+    };
+    let (k, rows) = (number(1), number(2));
+    let tile = match args.get(3).map(String::as_str) {
+        Some("row") => false,
+        Some("tile") => true,
+        _ => fail(usage),
+    };
+    let seconds = args.get(4).map_or(2.0, |a| a.parse().unwrap_or(2.0));
+    if k == 0 || k % 32 != 0 || rows == 0 || rows % 4 != 0 {
+        fail("K must be a positive multiple of 32 (whole blocks) and ROWS of 4");
+    }
+
+    let kernels = Kernels::detect();
+    let row_bytes = dtype.row_bytes(k as u64).expect("whole blocks") as usize;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let weights = random_rows(dtype, row_bytes, rows, kernels.layout, &mut rng);
+    let tokens: Vec<(Vec<Q8Block>, Vec<Q8Group>)> = (0..TILE_TOKENS)
+        .map(|_| {
+            let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+            let mut blocks = Vec::new();
+            quantize_q8(&x, &mut blocks);
+            let mut groups = vec![Q8Group::default(); k / 256];
+            group_q8(&blocks, &mut groups);
+            (blocks, groups)
+        })
+        .collect();
+    let acts: Vec<Q8Row<'_>> = tokens
+        .iter()
+        .map(|(blocks, groups)| Q8Row { blocks, groups })
+        .collect();
+    let row = |r: usize| &weights[r * row_bytes..(r + 1) * row_bytes];
+
+    let budget = Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let (mut sweeps, mut sink) = (0usize, 0.0f32);
+    while start.elapsed() < budget {
+        if tile {
+            let dot = match dtype {
+                GgmlType::Q8_0 => kernels.q8_0_tile,
+                _ => kernels.q4_1_tile,
+            };
+            for r in (0..rows).step_by(4) {
+                let w = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                for t in (0..TILE_TOKENS).step_by(4) {
+                    let a = [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]];
+                    sink += dot(&w, &a)[0][0];
+                }
+            }
+        } else {
+            let dot = match dtype {
+                GgmlType::Q8_0 => kernels.q8_0,
+                _ => kernels.q4_1,
+            };
+            for r in 0..rows {
+                sink += dot(row(r), &acts[r % TILE_TOKENS]);
+            }
+        }
+        sweeps += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let tokens = if tile { TILE_TOKENS } else { 1 };
+    let macs = (sweeps * rows * k * tokens) as f64;
+    let bytes = (sweeps * rows * row_bytes) as f64;
+    println!(
+        "{dtype:?} {} kernels, {} x {k}, {rows} rows ({:.1} MiB): {:.2} G multiply-adds/s, \
+         matrix at {:.2} GB/s (checksum {sink:.3})",
+        kernels.isa.name(),
+        if tile { "tile" } else { "row" },
+        (rows * row_bytes) as f64 / (1u64 << 20) as f64,
+        macs / secs / 1e9,
+        bytes / secs / 1e9,
+    );
+}
+
+/// `rows` rows of random blocks with small finite scales, laid out as
+/// `layout` says.
+fn random_rows(
+    dtype: GgmlType,
+    row_bytes: usize,
+    rows: usize,
+    layout: RowLayout,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    let mut file: Vec<u8> = (0..row_bytes * rows).map(|_| rng.next() as u8).collect();
+    // The f16 fields: Q8_0's scale; Q4_1's scale and minimum.
+    let fields: &[usize] = if dtype == GgmlType::Q8_0 { &[0] } else { &[0, 2] };
+    for block in file.chunks_exact_mut(dtype.block_bytes()) {
+        for &at in fields {
+            let v = half::f16::from_f32(rng.unit() * 0.05);
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    if !lanes::changes(dtype, layout) {
+        return file;
+    }
+    let mut out = vec![0u8; file.len()];
+    for (src, dst) in file
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(row_bytes))
+    {
+        lanes::interleave_row(dtype, src, dst);
+    }
+    out
+}
+
+/// A small deterministic generator (xorshift64*), so runs compare.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("{message}");
+    std::process::exit(2)
+}
