@@ -125,7 +125,11 @@ fn random_rows(
 ) -> Vec<u8> {
     let mut file: Vec<u8> = (0..row_bytes * rows).map(|_| rng.next() as u8).collect();
     // The f16 fields: Q8_0's scale; Q4_1's scale and minimum.
-    let fields: &[usize] = if dtype == GgmlType::Q8_0 { &[0] } else { &[0, 2] };
+    let fields: &[usize] = if dtype == GgmlType::Q8_0 {
+        &[0]
+    } else {
+        &[0, 2]
+    };
     for block in file.chunks_exact_mut(dtype.block_bytes()) {
         for &at in fields {
             let v = half::f16::from_f32(rng.unit() * 0.05);

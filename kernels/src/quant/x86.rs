@@ -62,8 +62,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0_tile: |w, a| unsafe { tile_avx2::<Q8_0Signed>(w, a) },
         q4_0_tile: |w, a| unsafe { tile_avx2::<Q4_0<Avx2Lanes>>(w, a) },
         q4_1_tile: |w, a| unsafe { tile_avx2::<Q4_1<Avx2Lanes>>(w, a) },
-        q4_k: |w, a| unsafe { dot_q4_k_avx2(w, a) },
-        q6_k: |w, a| unsafe { dot_q6_k_avx2(w, a) },
+        q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
+        q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2::<true>(w, x) },
         f16_tile: |w, x| w.map(|r| unsafe { dot_f16_x4_avx2(r, x) }),
         bf16: |w, x| unsafe { dot_bf16_avx2::<true>(w, x) },
@@ -82,6 +82,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_avx_vnni::<Q8_0Offset<AvxVnniLanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_avx_vnni::<Q4_0<AvxVnniLanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_avx_vnni::<Q4_1<AvxVnniLanes>>(w, a) },
+            q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
+            q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             ..avx2
@@ -94,6 +96,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Offset<Avx512Lanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0<Avx512Lanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
+            q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
+            q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
@@ -151,7 +155,7 @@ fn udot(u: __m256i, s: __m256i) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
+unsafe fn dot_q4_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
     let n = a.len().min(w.len() / Q4_K_BYTES);
     let mask = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
@@ -159,6 +163,7 @@ unsafe fn dot_q4_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
     for (i, x) in a[..n].iter().enumerate() {
         let blk = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
         let b = blk.as_ptr();
+        prefetch_ahead::<PF>(b, Q4_K_BYTES);
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
         let scales = &blk[4..16];
         let mut dots = _mm256_setzero_si256();
@@ -186,7 +191,7 @@ unsafe fn dot_q4_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
+unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
     let n = a.len().min(w.len() / Q6_K_BYTES);
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(3);
@@ -194,6 +199,7 @@ unsafe fn dot_q6_k_avx2(w: &[u8], a: &[Q8KBlock]) -> f32 {
     for (i, x) in a[..n].iter().enumerate() {
         let blk = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         let b = blk.as_ptr();
+        prefetch_ahead::<PF>(b, Q6_K_BYTES);
         let d = f16_at(b.add(208));
         let sc = &blk[192..208];
         let mut dots = _mm256_setzero_si256();
@@ -665,7 +671,7 @@ fn whole_groups(n: usize, groups: usize) -> usize {
 }
 
 /// How far ahead of the weights in hand the AVX2 row kernels (Q8_0, Q4_0,
-/// Q4_1, f16, bf16) prefetch. On Zen 1 one core's stream of weights, left
+/// Q4_1, Q4_K, Q6_K, f16, bf16) prefetch. On Zen 1 one core's stream of weights, left
 /// to the hardware prefetcher, came in at 7.4-7.8 GB/s where a plain sum
 /// reads 13: the fetches did not run far enough ahead to overlap with the
 /// arithmetic (the Q8_0 kernel reads 14 GB/s of weights already in L2).
@@ -676,14 +682,20 @@ fn whole_groups(n: usize, groups: usize) -> usize {
 const PREFETCH_AHEAD: usize = 4096;
 
 /// Asks for the cache lines of the group `PREFETCH_AHEAD` bytes past `b`
-/// (a group of `F` spans `8 * F::BYTES`; prefetches past the matrix's end
-/// are harmless, as a prefetch never faults). Only where `ON`: the VNNI
-/// tiers keep to what their machine (Zen 4) measured, where an earlier
-/// prefetch lost 5-20% (BENCHMARKS.md).
+/// (a group of `F` spans `8 * F::BYTES`). Only where `ON`: the VNNI tiers
+/// keep to what their machine (Zen 4) measured, where an earlier prefetch
+/// lost 5-20% (BENCHMARKS.md).
 #[inline(always)]
 unsafe fn prefetch_group<F: Format, const ON: bool>(b: *const u8) {
+    prefetch_ahead::<ON>(b, 8 * F::BYTES);
+}
+
+/// Asks for the cache lines of the `len` bytes `PREFETCH_AHEAD` past `b`,
+/// where `ON` (past the matrix's end too: a prefetch never faults).
+#[inline(always)]
+unsafe fn prefetch_ahead<const ON: bool>(b: *const u8, len: usize) {
     let mut at = PREFETCH_AHEAD;
-    while at < PREFETCH_AHEAD + 8 * F::BYTES {
+    while at < PREFETCH_AHEAD + len {
         prefetch_line::<ON>(b.wrapping_add(at));
         at += 64;
     }
