@@ -48,6 +48,9 @@ pub type DotQ8 = fn(&[u8], &Q8Row<'_>) -> f32;
 pub type DotQ8Tile = fn(&[&[u8]; 4], &[Q8Row<'_>; 4]) -> [[f32; 4]; 4];
 /// Dot product of a weight row with 256-blocks of activations.
 pub type DotQ8K = fn(&[u8], &[Q8KBlock]) -> f32;
+/// Four K-quant weight rows against four tokens' 256-blocks: `out[r][t]`,
+/// the same bits as [`DotQ8K`] on row `r` and token `t`.
+pub type DotQ8KTile = fn(&[&[u8]; 4], &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4];
 /// Dot product of a 2-byte-float weight row with f32 activations.
 pub type DotHalf = fn(&[u8], &[f32]) -> f32;
 
@@ -136,6 +139,10 @@ pub struct Kernels {
     pub q4_k: DotQ8K,
     /// Q6_K weights.
     pub q6_k: DotQ8K,
+    /// Q4_K weights, four rows by four tokens.
+    pub q4_k_tile: DotQ8KTile,
+    /// Q6_K weights, four rows by four tokens.
+    pub q6_k_tile: DotQ8KTile,
     /// F16 weights, f32 activations.
     pub f16: DotHalf,
     /// F16 weights, four rows by four tokens (the same bits as one at a time).
@@ -186,6 +193,8 @@ impl Kernels {
             q4_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_1(r, x.blocks))),
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
+            q4_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_k(r, x))),
+            q6_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q6_k(r, x))),
             f16: reference::dot_f16,
             f16_tile: |w, x| w.map(|r| x.map(|x| reference::dot_f16(r, x))),
             bf16: reference::dot_bf16,

@@ -246,6 +246,44 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
 }
 
 #[test]
+fn k_quant_tiles_give_the_one_row_one_token_kernels_bits() {
+    let mut rng = Rng(43);
+    for isa in Isa::available() {
+        let k = Kernels::for_isa(isa);
+        let pairs: [(GgmlType, DotQ8K, DotQ8KTile); 2] = [
+            (GgmlType::Q4_K, k.q4_k, k.q4_k_tile),
+            (GgmlType::Q6_K, k.q6_k, k.q6_k_tile),
+        ];
+        for (dtype, one, tile) in pairs {
+            for n in [QK_K, 2048] {
+                let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
+                let acts: Vec<Vec<Q8KBlock>> = (0..4)
+                    .map(|_| {
+                        let mut q = Vec::new();
+                        quantize_q8k(&random_acts(n, &mut rng), &mut q);
+                        q
+                    })
+                    .collect();
+                let got = tile(
+                    &[&rows[0], &rows[1], &rows[2], &rows[3]],
+                    &[&acts[0], &acts[1], &acts[2], &acts[3]],
+                );
+                for (r, w) in rows.iter().enumerate() {
+                    for (j, got) in got[r].iter().enumerate() {
+                        assert_eq!(
+                            got.to_bits(),
+                            one(w, &acts[j]).to_bits(),
+                            "{dtype} n={n} row {r} token {j} {}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn every_x86_tier_gives_the_same_bits() {
     // AVX2's maddubs, AVX-VNNI's and AVX-512 VNNI's vpdpbusd all sum the
     // same exact integers before the same float steps, so a model gives the

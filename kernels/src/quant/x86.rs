@@ -64,6 +64,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q4_1_tile: |w, a| unsafe { tile_avx2::<Q4_1<Avx2Lanes>>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
+        q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
+        q6_k_tile: |w, a| unsafe { tile_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2::<true>(w, x) },
         f16_tile: |w, x| w.map(|r| unsafe { dot_f16_x4_avx2(r, x) }),
         bf16: |w, x| unsafe { dot_bf16_avx2::<true>(w, x) },
@@ -156,57 +158,107 @@ fn udot(u: __m256i, s: __m256i) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
-    let n = a.len().min(w.len() / Q4_K_BYTES);
+    q4_k_tokens::<1, PF>(w, [a])[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    q6_k_tokens::<1, PF>(w, [a])[0]
+}
+
+/// Q4_K, four rows by four tokens: a row at a time, each block's scales
+/// and nibbles unpacked once for the four tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
+    [
+        q4_k_tokens::<4, false>(w[0], *a),
+        q4_k_tokens::<4, false>(w[1], *a),
+        q4_k_tokens::<4, false>(w[2], *a),
+        q4_k_tokens::<4, false>(w[3], *a),
+    ]
+}
+
+/// Q6_K, four rows by four tokens, as [`tile_q4_k_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q6_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
+    [
+        q6_k_tokens::<4, false>(w[0], *a),
+        q6_k_tokens::<4, false>(w[1], *a),
+        q6_k_tokens::<4, false>(w[2], *a),
+        q6_k_tokens::<4, false>(w[3], *a),
+    ]
+}
+
+/// The blocks a K-quant row of `bytes`-byte blocks shares with all of `a`.
+#[inline(always)]
+fn k_blocks<const T: usize>(w: &[u8], bytes: usize, a: &[&[Q8KBlock]; T]) -> usize {
+    a.iter().map(|x| x.len()).fold(w.len() / bytes, usize::min)
+}
+
+/// One Q4_K row against `T` tokens: the row kernel (`T` = 1) and the
+/// tile's step are this one function, so each token's float steps are the
+/// same ones in the same order whatever `T` is (the same bits).
+#[inline(always)]
+unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock]; T]) -> [f32; T] {
+    let n = k_blocks(w, Q4_K_BYTES, &a);
     let mask = _mm256_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
-    for (i, x) in a[..n].iter().enumerate() {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut mins = [0.0f32; T];
+    for i in 0..n {
         let blk = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
         let b = blk.as_ptr();
         prefetch_ahead::<PF>(b, Q4_K_BYTES);
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
         let scales = &blk[4..16];
-        let mut dots = _mm256_setzero_si256();
-        let mut msum = 0i32;
+        let mut dots = [_mm256_setzero_si256(); T];
+        let mut msum = [0i32; T];
         for g in 0..4 {
             let (sc1, m1) = q4k_scale_min(scales, 2 * g);
             let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
             let q = _mm256_loadu_si256(b.add(16 + 32 * g) as *const __m256i);
             let lo = _mm256_and_si256(q, mask);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-            let x1 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g) as *const __m256i);
-            let x2 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g + 32) as *const __m256i);
-            // Pairs summed straight into i32 with the sub-block scale as the
-            // multiplier: 3810 * 63 * 2 fits easily.
-            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), _mm256_set1_epi16(sc1 as i16));
-            let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), _mm256_set1_epi16(sc2 as i16));
-            dots = _mm256_add_epi32(dots, _mm256_add_epi32(p1, p2));
-            let bs = |sub: usize| (x.bsums[2 * sub] + x.bsums[2 * sub + 1]) as i32;
-            msum += m1 as i32 * bs(2 * g) + m2 as i32 * bs(2 * g + 1);
+            let (s1, s2) = (_mm256_set1_epi16(sc1 as i16), _mm256_set1_epi16(sc2 as i16));
+            for t in 0..T {
+                let x = &a[t][i];
+                let x1 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g) as *const __m256i);
+                let x2 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g + 32) as *const __m256i);
+                // Pairs summed straight into i32 with the sub-block scale as
+                // the multiplier: 3810 * 63 * 2 fits easily.
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), s1);
+                let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), s2);
+                dots[t] = _mm256_add_epi32(dots[t], _mm256_add_epi32(p1, p2));
+                let bs = |sub: usize| (x.bsums[2 * sub] + x.bsums[2 * sub + 1]) as i32;
+                msum[t] += m1 as i32 * bs(2 * g) + m2 as i32 * bs(2 * g + 1);
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(dots), acc);
-        mins += dmin * x.d * msum as f32;
+        for t in 0..T {
+            let xd = a[t][i].d;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), _mm256_cvtepi32_ps(dots[t]), acc[t]);
+            mins[t] += dmin * xd * msum[t] as f32;
+        }
     }
-    hsum(acc) - mins
+    let mut out = [0.0f32; T];
+    for t in 0..T {
+        out[t] = hsum(acc[t]) - mins[t];
+    }
+    out
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
-    let n = a.len().min(w.len() / Q6_K_BYTES);
+/// One Q6_K row against `T` tokens, as [`q4_k_tokens`].
+#[inline(always)]
+unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock]; T]) -> [f32; T] {
+    let n = k_blocks(w, Q6_K_BYTES, &a);
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_ps();
-    for (i, x) in a[..n].iter().enumerate() {
+    let mut acc = [_mm256_setzero_ps(); T];
+    for i in 0..n {
         let blk = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         let b = blk.as_ptr();
         prefetch_ahead::<PF>(b, Q6_K_BYTES);
         let d = f16_at(b.add(208));
         let sc = &blk[192..208];
-        let mut dots = _mm256_setzero_si256();
-        let mut offset = 0i32;
-        for (g, &s) in sc.iter().enumerate() {
-            offset += (s as i8) as i32 * x.bsums[g] as i32;
-        }
+        let mut dots = [_mm256_setzero_si256(); T];
         for half in 0..2 {
             let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
             let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
@@ -232,21 +284,36 @@ unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
             ];
             for (k, qk) in q.iter().enumerate() {
                 let g = 8 * half + 2 * k;
-                let xq =
-                    _mm256_loadu_si256(x.q.as_ptr().add(128 * half + 32 * k) as *const __m256i);
                 // Low lane is group g, high lane group g + 1.
                 let scale = _mm256_set_m128i(
                     _mm_set1_epi16((sc[g + 1] as i8) as i16),
                     _mm_set1_epi16((sc[g] as i8) as i16),
                 );
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, xq), scale);
-                dots = _mm256_add_epi32(dots, p);
+                for t in 0..T {
+                    let xq = _mm256_loadu_si256(
+                        a[t][i].q.as_ptr().add(128 * half + 32 * k) as *const __m256i
+                    );
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, xq), scale);
+                    dots[t] = _mm256_add_epi32(dots[t], p);
+                }
             }
         }
-        let total = _mm256_sub_epi32(dots, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc);
+        for t in 0..T {
+            let x = &a[t][i];
+            let mut offset = 0i32;
+            for (g, &s) in sc.iter().enumerate() {
+                offset += (s as i8) as i32 * x.bsums[g] as i32;
+            }
+            let total =
+                _mm256_sub_epi32(dots[t], _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc[t]);
+        }
     }
-    hsum(acc)
+    let mut out = [0.0f32; T];
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -218,6 +218,18 @@ pub(crate) fn matmul(
                     });
                     return;
                 }
+                (Acts::Q8K(a), dtype) => {
+                    let tile = if dtype == GgmlType::Q4_K {
+                        k.q4_k_tile
+                    } else {
+                        k.q6_k_tile
+                    };
+                    let per = n_in / 256;
+                    let token = |j: usize| &a[j * per..(j + 1) * per];
+                    let per_pass = pass_tokens(per * std::mem::size_of::<Q8KBlock>());
+                    by_tiles(w, o0, outs, b, per_pass, |ws, js| tile(ws, &js.map(token)));
+                    return;
+                }
                 (Acts::F32(x), GgmlType::F16) => {
                     let token = |j: usize| &x[j * n_in..(j + 1) * n_in];
                     let per_pass = pass_tokens(n_in * 4);
@@ -427,8 +439,16 @@ mod tests {
         let k = Kernels::detect();
         let (t, n_in) = (901, 256);
         assert!(t > 2 * pass_tokens(n_in + n_in / 4), "three passes");
+        assert!(t > 2 * pass_tokens(size_of::<Q8KBlock>()), "three K passes");
         let x: Vec<f32> = (0..t * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
-        for (dtype, seed) in [(GgmlType::Q4_1, 4), (GgmlType::Q8_0, 5), (GgmlType::F16, 6)] {
+        let formats = [
+            (GgmlType::Q4_1, 4),
+            (GgmlType::Q8_0, 5),
+            (GgmlType::F16, 6),
+            (GgmlType::Q4_K, 7),
+            (GgmlType::Q6_K, 8),
+        ];
+        for (dtype, seed) in formats {
             let w = if dtype == GgmlType::F16 {
                 let bytes = (0..10 * n_in)
                     .flat_map(|i| half::f16::from_f32((i as f32 * 0.013).cos()).to_le_bytes())
@@ -445,8 +465,10 @@ mod tests {
                 y
             };
             let all = product(&x, t);
+            // Bits, not values: the random K-quant scales include NaN.
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             for (tt, (got, x)) in all.chunks_exact(10).zip(x.chunks_exact(n_in)).enumerate() {
-                assert_eq!(got, product(x, 1), "{dtype:?} token {tt}");
+                assert_eq!(bits(got), bits(&product(x, 1)), "{dtype:?} token {tt}");
             }
         }
     }
