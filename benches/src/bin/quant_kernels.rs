@@ -20,6 +20,7 @@
 
 use std::time::{Duration, Instant};
 
+use tokenwire_core::rng::Rng;
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::quant::{
     group_q8, lanes, quantize_q8, Kernels, Q8Block, Q8Group, Q8Row, RowLayout,
@@ -54,11 +55,12 @@ fn main() {
 
     let kernels = Kernels::detect();
     let row_bytes = dtype.row_bytes(k as u64).expect("whole blocks") as usize;
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    // Seeded, so runs compare.
+    let mut rng = Rng::new(7);
     let weights = random_rows(dtype, row_bytes, rows, kernels.layout, &mut rng);
     let tokens: Vec<(Vec<Q8Block>, Vec<Q8Group>)> = (0..TILE_TOKENS)
         .map(|_| {
-            let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+            let x: Vec<f32> = (0..k).map(|_| unit(&mut rng)).collect();
             let mut blocks = Vec::new();
             quantize_q8(&x, &mut blocks);
             let mut groups = vec![Q8Group::default(); k / 256];
@@ -123,7 +125,8 @@ fn random_rows(
     layout: RowLayout,
     rng: &mut Rng,
 ) -> Vec<u8> {
-    let mut file: Vec<u8> = (0..row_bytes * rows).map(|_| rng.next() as u8).collect();
+    let mut file = vec![0u8; row_bytes * rows];
+    rng.fill(&mut file);
     // The f16 fields: Q8_0's scale; Q4_1's scale and minimum.
     let fields: &[usize] = if dtype == GgmlType::Q8_0 {
         &[0]
@@ -132,7 +135,7 @@ fn random_rows(
     };
     for block in file.chunks_exact_mut(dtype.block_bytes()) {
         for &at in fields {
-            let v = half::f16::from_f32(rng.unit() * 0.05);
+            let v = half::f16::from_f32(unit(rng) * 0.05);
             block[at..at + 2].copy_from_slice(&v.to_le_bytes());
         }
     }
@@ -149,21 +152,9 @@ fn random_rows(
     out
 }
 
-/// A small deterministic generator (xorshift64*), so runs compare.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
+/// Uniform in [-1, 1).
+fn unit(rng: &mut Rng) -> f32 {
+    (rng.next_f64() * 2.0 - 1.0) as f32
 }
 
 fn fail(message: &str) -> ! {
