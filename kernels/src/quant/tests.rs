@@ -563,3 +563,20 @@ fn the_detected_kernels_are_the_best_available() {
     assert_eq!(Isa::available().last(), Some(&best));
     assert_eq!(Kernels::for_isa(Isa::Scalar).isa, Isa::Scalar);
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q4_k_scales_unpack_four_bytes_at_a_time_as_the_reference_unpacks_them() {
+    // Every bit of the twelve bytes lands somewhere; random patterns set
+    // and clear each of them many times.
+    let mut rng = Rng(71);
+    for _ in 0..2000 {
+        let bytes: [u8; 12] = std::array::from_fn(|_| rng.next() as u8);
+        let (scales, mins) = super::x86::q4k_scales_mins(&bytes);
+        for j in 0..8 {
+            let (sc, m) = super::blocks::q4k_scale_min(&bytes, j);
+            assert_eq!((scales >> (8 * j)) as u8, sc, "scale {j} of {bytes:?}");
+            assert_eq!((mins >> (8 * j)) as u8, m, "minimum {j} of {bytes:?}");
+        }
+    }
+}

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
-use super::blocks::{q4k_scale_min, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
+use super::blocks::{Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 use super::{Isa, Kernels, RowLayout};
 
 /// AVX2, FMA and F16C, which every AVX2 kernel here uses.
@@ -195,6 +195,38 @@ fn k_blocks<const T: usize>(w: &[u8], bytes: usize, a: &[&[Q8KBlock]; T]) -> usi
     a.iter().map(|x| x.len()).fold(w.len() / bytes, usize::min)
 }
 
+/// A Q4_K block's eight 6-bit scales and eight 6-bit minimums from its 12
+/// scale bytes, a byte each in sub-block order. The packing is
+/// [`super::blocks::q4k_scale_min`]'s, undone four bytes at a time.
+#[inline(always)]
+pub(super) fn q4k_scales_mins(bytes: &[u8; 12]) -> (u64, u64) {
+    // Plain indexing, no closure or array `map`: see [`vectors`].
+    let w0 = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let w1 = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let w2 = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    let (six, four, two) = (0x3F3F_3F3F, 0x0F0F_0F0F, 0x0303_0303);
+    let scales = (w0 & six) as u64 | (((w2 & four) | (((w0 >> 6) & two) << 4)) as u64) << 32;
+    let mins = (w1 & six) as u64 | ((((w2 >> 4) & four) | (((w1 >> 6) & two) << 4)) as u64) << 32;
+    (scales, mins)
+}
+
+/// Eight bytes, each twice as i16 (`m0, m0, m1, m1, ..`): `vpmaddwd` of a
+/// Q4_K block's minimums so laid against a token's sixteen 16-value sums
+/// gives each sub-block's minimum times its sum.
+#[inline(always)]
+unsafe fn paired_i16(bytes: u64) -> __m256i {
+    let m = _mm_cvtsi64_si128(bytes as i64);
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
+}
+
+/// The sum of eight i32 lanes (exact: the callers' sums fit an i32).
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+}
+
 /// One Q4_K row against `T` tokens: the row kernel (`T` = 1) and the
 /// tile's step are this one function, so each token's float steps are the
 /// same ones in the same order whatever `T` is (the same bits).
@@ -203,22 +235,22 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
     let n = k_blocks(w, Q4_K_BYTES, &a);
     let mask = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); T];
-    let mut mins = [0.0f32; T];
+    let mut mins_f = [0.0f32; T];
     for i in 0..n {
         let blk = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
         let b = blk.as_ptr();
         prefetch_ahead::<PF>(b, Q4_K_BYTES);
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-        let scales = &blk[4..16];
+        let (scales, mins) = q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+        let mins = paired_i16(mins);
         let mut dots = [_mm256_setzero_si256(); T];
-        let mut msum = [0i32; T];
         for g in 0..4 {
-            let (sc1, m1) = q4k_scale_min(scales, 2 * g);
-            let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
+            let sc = |j: usize| (scales >> (8 * j)) as u8 as i16;
+            let (sc1, sc2) = (sc(2 * g), sc(2 * g + 1));
             let q = _mm256_loadu_si256(b.add(16 + 32 * g) as *const __m256i);
             let lo = _mm256_and_si256(q, mask);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-            let (s1, s2) = (_mm256_set1_epi16(sc1 as i16), _mm256_set1_epi16(sc2 as i16));
+            let (s1, s2) = (_mm256_set1_epi16(sc1), _mm256_set1_epi16(sc2));
             for t in 0..T {
                 let x = &a[t][i];
                 let x1 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g) as *const __m256i);
@@ -228,19 +260,22 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
                 let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), s1);
                 let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), s2);
                 dots[t] = _mm256_add_epi32(dots[t], _mm256_add_epi32(p1, p2));
-                let bs = |sub: usize| (x.bsums[2 * sub] + x.bsums[2 * sub + 1]) as i32;
-                msum[t] += m1 as i32 * bs(2 * g) + m2 as i32 * bs(2 * g + 1);
             }
         }
         for t in 0..T {
-            let xd = a[t][i].d;
+            let x = &a[t][i];
+            // Sub-block s's minimum times its 32 values' sum, in lane s: the
+            // same integers the scalar sum took eight multiply-adds for.
+            let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
+            let msum = hsum_i32(_mm256_madd_epi16(bsums, mins));
+            let xd = x.d;
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), _mm256_cvtepi32_ps(dots[t]), acc[t]);
-            mins[t] += dmin * xd * msum[t] as f32;
+            mins_f[t] += dmin * xd * msum as f32;
         }
     }
     let mut out = [0.0f32; T];
     for t in 0..T {
-        out[t] = hsum(acc[t]) - mins[t];
+        out[t] = hsum(acc[t]) - mins_f[t];
     }
     out
 }
@@ -298,12 +333,13 @@ unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
                 }
             }
         }
+        // The sixteen signed scales as i16, against each token's 16-value
+        // sums: the offset's integer in one `vpmaddwd` and a lane sum.
+        let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         for t in 0..T {
             let x = &a[t][i];
-            let mut offset = 0i32;
-            for (g, &s) in sc.iter().enumerate() {
-                offset += (s as i8) as i32 * x.bsums[g] as i32;
-            }
+            let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
+            let offset = hsum_i32(_mm256_madd_epi16(bsums, scales));
             let total =
                 _mm256_sub_epi32(dots[t], _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc[t]);
