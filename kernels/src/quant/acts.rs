@@ -74,6 +74,22 @@ pub struct Q8KBlock {
     pub q: [i8; QK_K],
     /// Sums of `q[16 i .. 16 i + 16]`.
     pub bsums: [i16; QK_K / 16],
+    /// `q` in the order the x86 Q4_K kernels read it ([`q4k_lane_source`]).
+    pub q_lanes: [i8; QK_K],
+}
+
+/// Which value of a block byte `i` of [`Q8KBlock::q_lanes`] holds. Each 32
+/// bytes `v = 2 r + h` are eight four-byte words whose word `l` is values
+/// `4 r..4 r + 4` of sub-block `2 (l % 4) + h` (of its second half where
+/// `l >= 4`): the order a Q4_K block's nibbles take when its four 32-byte
+/// chunks are transposed as 4 x 4 words within each 128-bit half, so that
+/// every vector's i16 lanes `2 l` and `2 l + 1` belong to one sub-block and
+/// the products of a block's four vectors sum in i16 before one scale
+/// multiply.
+pub fn q4k_lane_source(i: usize) -> usize {
+    let (v, l, b) = (i / 32, i % 32 / 4, i % 4);
+    let (r, h) = (v / 2, v % 2);
+    64 * (l % 4) + 32 * h + 16 * (l / 4) + 4 * r + b
 }
 
 impl Default for Q8Block {
@@ -93,6 +109,7 @@ impl Default for Q8KBlock {
             d: 0.0,
             q: [0; QK_K],
             bsums: [0; QK_K / 16],
+            q_lanes: [0; QK_K],
         }
     }
 }
@@ -178,6 +195,9 @@ pub fn quantize_q8k_into(x: &[f32], out: &mut [Q8KBlock]) {
         }
         for (s, qs) in b.bsums.iter_mut().zip(b.q.chunks_exact(16)) {
             *s = qs.iter().map(|&q| q as i16).sum();
+        }
+        for (i, q) in b.q_lanes.iter_mut().enumerate() {
+            *q = b.q[q4k_lane_source(i)];
         }
     }
 }

@@ -580,3 +580,22 @@ fn q4_k_scales_unpack_four_bytes_at_a_time_as_the_reference_unpacks_them() {
         }
     }
 }
+
+#[test]
+fn the_q4_k_lane_order_moves_every_value_once_and_keeps_a_word_in_one_sub_block() {
+    let mut seen = [false; QK_K];
+    for i in 0..QK_K {
+        let src = super::acts::q4k_lane_source(i);
+        assert!(!seen[src], "value {src} placed twice");
+        seen[src] = true;
+        // Word lane `l` of vector `v = 2 r + h`: sub-block `2 (l % 4) + h`.
+        let (v, l) = (i / 32, i % 32 / 4);
+        assert_eq!(src / 32, 2 * (l % 4) + v % 2, "byte {i}");
+    }
+    let x = random_acts(QK_K, &mut Rng(5));
+    let mut blocks = Vec::new();
+    quantize_q8k(&x, &mut blocks);
+    for (i, &q) in blocks[0].q_lanes.iter().enumerate() {
+        assert_eq!(q, blocks[0].q[super::acts::q4k_lane_source(i)]);
+    }
+}

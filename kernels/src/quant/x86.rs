@@ -230,10 +230,24 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// One Q4_K row against `T` tokens: the row kernel (`T` = 1) and the
 /// tile's step are this one function, so each token's float steps are the
 /// same ones in the same order whatever `T` is (the same bits).
+///
+/// A block's four 32-byte chunks of nibbles (chunk `c`: sub-blocks `2 c`
+/// low, `2 c + 1` high) are transposed as 4 x 4 words in each 128-bit half,
+/// so each word lane holds one chunk; against the token's
+/// [`Q8KBlock::q_lanes`], laid out to match, the four low-nibble products
+/// sum in i16 (4 x 3810 fits) and take their four sub-blocks' scales in one
+/// `vpmaddwd`, the high ones likewise: 8 `vpmaddubsw` and 3 `vpmaddwd` a
+/// block (the minimums the third), where a `vpmaddwd` per sub-block made
+/// 8 and 9. Zen 1 runs all of them on one pipe.
 #[inline(always)]
 unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock]; T]) -> [f32; T] {
     let n = k_blocks(w, Q4_K_BYTES, &a);
     let mask = _mm256_set1_epi8(0x0F);
+    // Word lane `l` of a transposed vector is chunk `l % 4`: its low nibbles
+    // sub-block `2 (l % 4)`, its high ones `2 (l % 4) + 1`; each scale twice
+    // (both i16 of the lane).
+    let pick_lo = _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 0, 0, 2, 2, 4, 4, 6, 6);
+    let pick_hi = _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 1, 1, 3, 3, 5, 5, 7, 7);
     let mut acc = [_mm256_setzero_ps(); T];
     let mut mins_f = [0.0f32; T];
     for i in 0..n {
@@ -243,34 +257,51 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
         let (scales, mins) = q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
         let mins = paired_i16(mins);
-        let mut dots = [_mm256_setzero_si256(); T];
-        for g in 0..4 {
-            let sc = |j: usize| (scales >> (8 * j)) as u8 as i16;
-            let (sc1, sc2) = (sc(2 * g), sc(2 * g + 1));
-            let q = _mm256_loadu_si256(b.add(16 + 32 * g) as *const __m256i);
-            let lo = _mm256_and_si256(q, mask);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-            let (s1, s2) = (_mm256_set1_epi16(sc1), _mm256_set1_epi16(sc2));
-            for t in 0..T {
-                let x = &a[t][i];
-                let x1 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g) as *const __m256i);
-                let x2 = _mm256_loadu_si256(x.q.as_ptr().add(64 * g + 32) as *const __m256i);
-                // Pairs summed straight into i32 with the sub-block scale as
-                // the multiplier: 3810 * 63 * 2 fits easily.
-                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), s1);
-                let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), s2);
-                dots[t] = _mm256_add_epi32(dots[t], _mm256_add_epi32(p1, p2));
-            }
+        let sc = _mm_cvtsi64_si128(scales as i64);
+        let s_lo = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pick_lo));
+        let s_hi = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pick_hi));
+        let c = vectors::<4>(b.add(16));
+        let (t0, t1) = (
+            _mm256_unpacklo_epi32(c[0], c[1]),
+            _mm256_unpackhi_epi32(c[0], c[1]),
+        );
+        let (t2, t3) = (
+            _mm256_unpacklo_epi32(c[2], c[3]),
+            _mm256_unpackhi_epi32(c[2], c[3]),
+        );
+        let words = [
+            _mm256_unpacklo_epi64(t0, t2),
+            _mm256_unpackhi_epi64(t0, t2),
+            _mm256_unpacklo_epi64(t1, t3),
+            _mm256_unpackhi_epi64(t1, t3),
+        ];
+        let mut lo = [_mm256_setzero_si256(); 4];
+        let mut hi = [_mm256_setzero_si256(); 4];
+        for r in 0..4 {
+            lo[r] = _mm256_and_si256(words[r], mask);
+            hi[r] = _mm256_and_si256(_mm256_srli_epi16(words[r], 4), mask);
         }
         for t in 0..T {
             let x = &a[t][i];
+            let xq = x.q_lanes.as_ptr() as *const __m256i;
+            let mut p_lo = _mm256_setzero_si256();
+            let mut p_hi = _mm256_setzero_si256();
+            for r in 0..4 {
+                let (x_lo, x_hi) = (
+                    _mm256_loadu_si256(xq.add(2 * r)),
+                    _mm256_loadu_si256(xq.add(2 * r + 1)),
+                );
+                p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(lo[r], x_lo));
+                p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(hi[r], x_hi));
+            }
+            let dots =
+                _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi));
             // Sub-block s's minimum times its 32 values' sum, in lane s: the
             // same integers the scalar sum took eight multiply-adds for.
             let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
             let msum = hsum_i32(_mm256_madd_epi16(bsums, mins));
-            let xd = x.d;
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), _mm256_cvtepi32_ps(dots[t]), acc[t]);
-            mins_f[t] += dmin * xd * msum as f32;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(dots), acc[t]);
+            mins_f[t] += dmin * x.d * msum as f32;
         }
     }
     let mut out = [0.0f32; T];
