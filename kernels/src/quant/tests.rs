@@ -190,8 +190,9 @@ fn every_kernel_computes_the_dot_product_of_what_it_was_given() {
         // Lengths with a tail for the float kernels' 32-wide loops.
         let lens: &[usize] = match dtype.block_len() {
             1 => &[8, 40, 576, 1000],
-            // Whole groups of eight blocks, and groups with a tail.
-            32 => &[32, 256, 288, 576, 1536, 5632],
+            // Whole groups of eight blocks, and groups with a tail: one
+            // block, a pair, a pair and one, three pairs and one.
+            32 => &[32, 96, 256, 288, 320, 352, 576, 1536, 5632, 224],
             _ => &[QK_K, 2048],
         };
         for &n in lens {
@@ -216,7 +217,7 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
             (GgmlType::Q4_1, k.q4_1, k.q4_1_tile),
         ];
         for (dtype, one, tile) in pairs {
-            for n in [32, 256, 576, 1536] {
+            for n in [32, 64, 96, 224, 256, 352, 576, 1536] {
                 let rows: Vec<Vec<u8>> = (0..4)
                     .map(|_| laid(&k, dtype, &random_row(dtype, n, &mut rng)))
                     .collect();
@@ -295,7 +296,7 @@ fn every_x86_tier_gives_the_same_bits() {
         .collect();
     let mut rng = Rng(61);
     for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-        for n in [32, 256, 288, 1536] {
+        for n in [32, 96, 256, 288, 352, 576, 1536] {
             let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
             let acts: Vec<(Vec<Q8Block>, Vec<Q8Group>)> =
                 (0..4).map(|_| q8_acts(&random_acts(n, &mut rng))).collect();
@@ -339,11 +340,12 @@ fn every_x86_tier_gives_the_same_bits() {
 #[test]
 fn a_wrong_weight_anywhere_in_a_row_is_caught() {
     // Planted errors: one weight changed in the first block, the last lane
-    // of a group and the block after the last whole group. Each kernel must
+    // of a group, both blocks of the pair after the last whole group and
+    // the odd block after that. Each kernel must
     // follow the change, and the change must lie outside the tolerance the
     // other tests allow, so a kernel that skipped that block would fail them.
     let mut rng = Rng(67);
-    let n = 32 * 17; // two whole groups and a block after them
+    let n = 32 * 19; // two whole groups, then a pair and one block
     for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
         let bytes = dtype.block_bytes();
         let head = match dtype {
@@ -351,14 +353,14 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
             _ => 2,
         };
         let mut w = random_row(dtype, n, &mut rng);
-        for block in [0, 15, 16] {
+        for block in [0, 15, 16, 17, 18] {
             // A scale large enough that the planted step shows.
             let at = block * bytes;
             w[at..at + 2].copy_from_slice(&half::f16::from_f32(0.05).to_le_bytes());
         }
         let x: Vec<f32> = (0..n).map(|_| 0.5 + rng.unit().abs()).collect();
         let (want, mag) = exact(dtype, &w, &x);
-        for block in [0, 15, 16] {
+        for block in [0, 15, 16, 17, 18] {
             let mut planted = w.clone();
             // The first weight byte: for the nibble formats weights 0 and
             // 16, raised or lowered by a few steps.
@@ -384,7 +386,7 @@ fn the_largest_products_do_not_overflow_any_tier() {
     // Every weight byte at its extreme (nibbles of 15, Q8_0's -128 and 127)
     // against activations that quantize to ±127 everywhere: the largest
     // i16 pairs and sums any kernel forms.
-    let n = 32 * 9;
+    let n = 32 * 11; // a group, a pair, one block
     for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
         for (fill, sign) in [
             (0xFFu8, 1.0f32),

@@ -608,6 +608,13 @@ trait Lanes {
     /// fits an i16, which every caller keeps to (weights at most 128, and
     /// activations within ±127).
     unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// `init` plus each lane's products of two weight vectors with two
+    /// activation vectors (a pair of a row's last blocks, [`Format::unpack_pair`]).
+    /// Through AVX2 the weights must be nibbles, as for [`Lanes::dot8`].
+    #[inline(always)]
+    unsafe fn dot2(init: __m256i, w: &[__m256i; 2], x: &[__m256i; 2]) -> __m256i {
+        Self::dot4(Self::dot4(init, w[0], x[0]), w[1], x[1])
+    }
     /// `init` plus each lane's products of eight weight vectors with a
     /// group's activations. Through AVX2 the weights must be nibbles (at
     /// most 15, see [`Avx2Lanes`]); the VNNI tiers take any bytes.
@@ -638,6 +645,16 @@ impl Lanes for Avx2Lanes {
             let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
             pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, xq));
         }
+        _mm256_add_epi32(init, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    /// The two `vpmaddubsw` results summed in i16 (at most 7620) before one
+    /// `vpmaddwd`.
+    #[inline(always)]
+    unsafe fn dot2(init: __m256i, w: &[__m256i; 2], x: &[__m256i; 2]) -> __m256i {
+        let pairs = _mm256_add_epi16(
+            _mm256_maddubs_epi16(w[0], x[0]),
+            _mm256_maddubs_epi16(w[1], x[1]),
+        );
         _mm256_add_epi32(init, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
 }
@@ -674,24 +691,43 @@ impl Lanes for Avx512Lanes {
 ///
 /// Per (row, token) every shape runs the same float operations in the same
 /// order: `acc = fma(d_w d_x, int_dot, acc)` per eight blocks (a block per
-/// lane) and per leftover block (its partial sums across the lanes), then
-/// for formats with a float offset (Q4_1's minimum) `acc = fma(m, s_x,
-/// acc)`, and `hsum(acc)` at the end. The integer sums are exact on every
-/// tier, so every shape and tier gives the same bits and a token's result
-/// does not depend on its neighbours in the batch. Scales stay in vectors
-/// end to end, so no block waits on the previous block's accumulator.
+/// lane), per two of the blocks left after the last eight (a block per
+/// 128-bit half) and for a last odd block (its partial sums across the
+/// lanes), each followed, for formats with a float offset (Q4_1's
+/// minimum), by `acc = fma(m, s_x, acc)`; and `hsum(acc)` at the end. The
+/// pairs matter for rows like SmolLM2's 576-wide ones (two blocks after two
+/// groups): a block at a time, those two blocks took a fifth of the tile's
+/// time, a float multiply, conversion and fma per block and token. The
+/// integer sums are exact on every tier, so every shape and tier gives the
+/// same bits and a token's result does not depend on its neighbours in the
+/// batch. Scales stay in vectors end to end, so no block waits on the
+/// previous block's accumulator.
 trait Format {
     /// Bytes of one block.
     const BYTES: usize;
     /// The block at `b`'s 32 weights as bytes, in the activations' order.
     unsafe fn unpack(b: *const u8) -> __m256i;
     /// Those weights times the activations `xq` of `x` as eight i32 sums,
-    /// integer offsets (Q4_0's 8, Q8_0's 128) taken out exactly.
+    /// integer offsets (Q4_0's 8) taken out exactly.
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i;
     /// The float offset's two factors (Q4_1's minimum and `[s_x, 0, ..]`);
     /// none for formats whose offset, if any, is taken out in the integers.
     #[inline(always)]
     unsafe fn offset(_b: *const u8, _x: &Q8Block) -> Option<(__m256, __m256)> {
+        None
+    }
+    /// The weights of blocks `b[0]` and `b[1]` as bytes, a block per 128-bit
+    /// half: their values 0..16, then their values 16..32 (the order of
+    /// [`pair_acts`]).
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2];
+    /// Those weights times the activations `xq` of `x` ([`pair_acts`]) as
+    /// i32 lanes, block `b[0]`'s in lanes 0..4 and `b[1]`'s in 4..8,
+    /// integer offsets taken out exactly.
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], x: [&Q8Block; 2]) -> __m256i;
+    /// The float offset's two factors for a pair: each block's minimum
+    /// across its half, and its `s_x` in its half's first lane.
+    #[inline(always)]
+    unsafe fn offset_pair(_b: [*const u8; 2], _x: [&Q8Block; 2]) -> Option<(__m256, __m256)> {
         None
     }
 }
@@ -738,6 +774,32 @@ unsafe fn step<F: Format>(b: *const u8, x: &Q8Block, wv: __m256i, acc: &mut __m2
     }
 }
 
+/// Two blocks, a block per 128-bit half, against `x`, into `acc`: the same
+/// form as [`step`], `dw` the blocks' scales ([`f16_halves`]), shared by a
+/// tile's tokens.
+#[inline(always)]
+unsafe fn pair_step<F: Format>(
+    b: [*const u8; 2],
+    dw: __m256,
+    wv: &[__m256i; 2],
+    x: [&Q8Block; 2],
+    acc: &mut __m256,
+) {
+    let p = F::product_pair(wv, &pair_acts(x), x);
+    let dx = _mm256_set_m128(_mm_set1_ps(x[1].d), _mm_set1_ps(x[0].d));
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(p), *acc);
+    if let Some((m, s)) = F::offset_pair(b, x) {
+        *acc = _mm256_fmadd_ps(m, s, *acc);
+    }
+}
+
+/// Blocks `i` and `i + 1` of the row at `w`.
+#[inline(always)]
+unsafe fn block_pair<F: Format>(w: &[u8], i: usize) -> [*const u8; 2] {
+    let b = w.as_ptr().add(i * F::BYTES);
+    [b, b.add(F::BYTES)]
+}
+
 /// Eight blocks in lanes against `x`, into `acc`: the same form as [`step`]
 /// with a block per lane.
 #[inline(always)]
@@ -753,13 +815,21 @@ unsafe fn group_step<F: Grouped>(e: &Eight, x: &Q8Group, acc: &mut __m256) {
     }
 }
 
-/// Blocks `from..n` of one row against one token's blocks, into `acc`.
+/// Blocks `from..n` of one row against one token's blocks, into `acc`: two
+/// at a time, then the last odd one.
 #[inline(always)]
 unsafe fn blocks_from<F: Format>(w: &[u8], a: &[Q8Block], from: usize, acc: &mut __m256) {
     let n = a.len().min(w.len() / F::BYTES);
-    for (i, x) in a.iter().enumerate().take(n).skip(from) {
+    let mut i = from;
+    while i + 2 <= n {
+        let b = block_pair::<F>(w, i);
+        let (dw, wv) = (f16_halves(b[0], b[1]), F::unpack_pair(b));
+        pair_step::<F>(b, dw, &wv, [&a[i], &a[i + 1]], acc);
+        i += 2;
+    }
+    if i < n {
         let b = w.as_ptr().add(i * F::BYTES);
-        step::<F>(b, x, F::unpack(b), acc);
+        step::<F>(b, &a[i], F::unpack(b), acc);
     }
 }
 
@@ -777,7 +847,18 @@ unsafe fn tile_blocks_from<F: Format, const R: usize>(
     let n = blocks_in_tile::<R>(w, a, F::BYTES);
     // Cut to `n` so the indexing below needs no bounds checks.
     let a: [&[Q8Block]; 4] = a.map(|t| &t[..n]);
-    for i in from..n {
+    let mut i = from;
+    while i + 2 <= n {
+        for r in 0..R {
+            let b = block_pair::<F>(w[r], i);
+            let (dw, wv) = (f16_halves(b[0], b[1]), F::unpack_pair(b));
+            for j in 0..4 {
+                pair_step::<F>(b, dw, &wv, [&a[j][i], &a[j][i + 1]], &mut acc[r][j]);
+            }
+        }
+        i += 2;
+    }
+    if i < n {
         for r in 0..R {
             let b = w[r].as_ptr().add(i * F::BYTES);
             let wv = F::unpack(b);
@@ -996,6 +1077,63 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// The 16 bytes at `p0` in the low 128 bits and those at `p1` in the high.
+#[inline(always)]
+unsafe fn halves(p0: *const u8, p1: *const u8) -> __m256i {
+    _mm256_loadu2_m128i(p1 as *const __m128i, p0 as *const __m128i)
+}
+
+/// The f16s at `p0` and `p1` widened, each across its 128-bit half: a
+/// pair's scales or minimums. (Broadcast loads, as in [`f16x8_at`].)
+#[inline(always)]
+unsafe fn f16_halves(p0: *const u8, p1: *const u8) -> __m256 {
+    let lo = _mm_set1_epi16((p0 as *const i16).read_unaligned());
+    let hi = _mm_set1_epi16((p1 as *const i16).read_unaligned());
+    _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi))
+}
+
+/// Two blocks' activations in the order of [`Format::unpack_pair`]: values
+/// 0..16 of each (a block per half), then values 16..32.
+#[inline(always)]
+unsafe fn pair_acts(x: [&Q8Block; 2]) -> [__m256i; 2] {
+    let (p0, p1) = (x[0].q.as_ptr() as *const u8, x[1].q.as_ptr() as *const u8);
+    [halves(p0, p1), halves(p0.add(16), p1.add(16))]
+}
+
+/// `a` and `b` in the first lanes of the low and high halves, the other
+/// lanes zero: a per-block term for a pair.
+#[inline(always)]
+unsafe fn firsts_i32(a: i32, b: i32) -> __m256i {
+    _mm256_set_m128i(_mm_cvtsi32_si128(b), _mm_cvtsi32_si128(a))
+}
+
+/// The same for floats.
+#[inline(always)]
+unsafe fn firsts_f32(a: f32, b: f32) -> __m256 {
+    _mm256_set_m128(_mm_set_ss(b), _mm_set_ss(a))
+}
+
+/// The 16 bytes of nibbles at `p0` and at `p1` as a pair's values 0..16
+/// (low nibbles) and 16..32 (high nibbles), a block per half.
+#[inline(always)]
+unsafe fn nibble_halves(p0: *const u8, p1: *const u8) -> [__m256i; 2] {
+    let v = halves(p0, p1);
+    let m = _mm256_set1_epi8(0x0F);
+    [
+        _mm256_and_si256(v, m),
+        _mm256_and_si256(_mm256_srli_epi16(v, 4), m),
+    ]
+}
+
+/// A pair of Q8_0 blocks' signed weights, a block per half.
+#[inline(always)]
+unsafe fn q8_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+    [
+        halves(b[0].add(2), b[1].add(2)),
+        halves(b[0].add(18), b[1].add(18)),
+    ]
+}
+
 /// The `N` 32-byte vectors from `p`: a group's quantized bytes, one block
 /// per lane (no array `map` or closure here or in the other helpers the
 /// kernels inline: a closure does not inherit the kernel's target features,
@@ -1033,17 +1171,21 @@ impl Format for Q8_0Signed {
     unsafe fn unpack(b: *const u8) -> __m256i {
         q8_weights(b)
     }
-    /// The lanes VNNI's offset form ([`Q8_0Offset`]) has, `(w + 128) · x`
-    /// and `-128 sum(x)` in lane 0, so a row's last few blocks round as they
-    /// do on the other tiers: the signed products plus each lane's `128
-    /// sum(x)`.
+    /// The signed products, four to a lane, as the VNNI tiers sum a row's
+    /// last blocks ([`Q8_0Offset`]).
     #[inline(always)]
-    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
-        let sums = udot(_mm256_set1_epi8(1), xq);
-        _mm256_add_epi32(
-            _mm256_add_epi32(signed_udot(wv, xq), _mm256_slli_epi32::<7>(sums)),
-            lane0_i32(x.neg128_sum),
-        )
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        signed_udot(wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        q8_pair(b)
+    }
+    /// A `vpmaddwd` per `vpmaddubsw`: pairs of signed byte products reach
+    /// 32,512, so two cannot share an i16.
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], _x: [&Q8Block; 2]) -> __m256i {
+        _mm256_add_epi32(signed_udot(wv[0], xq[0]), signed_udot(wv[1], xq[1]))
     }
 }
 impl Grouped for Q8_0Signed {
@@ -1074,19 +1216,37 @@ impl Grouped for Q8_0Signed {
     }
 }
 
-/// Q8_0 with VNNI: the weights offset by 128 to u8 (once per block, shared
-/// by the tile's tokens) and the offset's `128 sum(x)` taken back out in the
-/// integers, which is exact and saves the sign trick's per-token instruction.
+/// Q8_0 with VNNI: a group's weights offset by 128 to u8 (once per group,
+/// shared by the tile's tokens) and the offset's `128 sum(x)` taken back out
+/// in the integers, which is exact and saves the sign trick's per-token
+/// instruction. A row's last blocks take the sign trick as on AVX2: their
+/// lanes hold partial sums, which the offset would change (a group's lanes
+/// hold whole blocks, the same integers either way).
 struct Q8_0Offset<L>(PhantomData<L>);
 impl<L: Lanes> Format for Q8_0Offset<L> {
     const BYTES: usize = Q8_0_BYTES;
     #[inline(always)]
     unsafe fn unpack(b: *const u8) -> __m256i {
-        _mm256_xor_si256(q8_weights(b), _mm256_set1_epi8(-128))
+        q8_weights(b)
     }
     #[inline(always)]
-    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
-        L::dot4(lane0_i32(x.neg128_sum), wv, xq)
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        L::dot4(
+            _mm256_setzero_si256(),
+            _mm256_sign_epi8(wv, wv),
+            _mm256_sign_epi8(xq, wv),
+        )
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        q8_pair(b)
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], x: [&Q8Block; 2]) -> __m256i {
+        _mm256_add_epi32(
+            Self::product(wv[0], xq[0], x[0]),
+            Self::product(wv[1], xq[1], x[1]),
+        )
     }
 }
 impl<L: Lanes> Grouped for Q8_0Offset<L> {
@@ -1124,6 +1284,15 @@ impl<L: Lanes> Format for Q4_0<L> {
     unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
         L::dot4(lane0_i32(x.neg128_sum >> 4), wv, xq)
     }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        nibble_halves(b[0].add(2), b[1].add(2))
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], x: [&Q8Block; 2]) -> __m256i {
+        let init = firsts_i32(x[0].neg128_sum >> 4, x[1].neg128_sum >> 4);
+        L::dot2(init, wv, xq)
+    }
 }
 impl<L: Lanes> Grouped for Q4_0<L> {
     #[inline(always)]
@@ -1158,6 +1327,21 @@ impl<L: Lanes> Format for Q4_1<L> {
     #[inline(always)]
     unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)> {
         Some((f16x8_at(b.add(2)), lane0_f32(x.s)))
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        nibble_halves(b[0].add(4), b[1].add(4))
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], _x: [&Q8Block; 2]) -> __m256i {
+        L::dot2(_mm256_setzero_si256(), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset_pair(b: [*const u8; 2], x: [&Q8Block; 2]) -> Option<(__m256, __m256)> {
+        Some((
+            f16_halves(b[0].add(2), b[1].add(2)),
+            firsts_f32(x[0].s, x[1].s),
+        ))
     }
 }
 impl<L: Lanes> Grouped for Q4_1<L> {
