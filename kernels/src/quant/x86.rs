@@ -227,6 +227,27 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
 }
 
+/// Four vectors transposed as 4 x 4 four-byte words within each 128-bit
+/// half: word lane `l` of result `r` is word `r` (`l < 4`) or `4 + r` of
+/// `v[l % 4]`, the order [`Q8KBlock::q_lanes`] holds a token's bytes in.
+#[inline(always)]
+unsafe fn words_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
+    let (t0, t1) = (
+        _mm256_unpacklo_epi32(v[0], v[1]),
+        _mm256_unpackhi_epi32(v[0], v[1]),
+    );
+    let (t2, t3) = (
+        _mm256_unpacklo_epi32(v[2], v[3]),
+        _mm256_unpackhi_epi32(v[2], v[3]),
+    );
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
+}
+
 /// One Q4_K row against `T` tokens: the row kernel (`T` = 1) and the
 /// tile's step are this one function, so each token's float steps are the
 /// same ones in the same order whatever `T` is (the same bits).
@@ -260,21 +281,7 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
         let sc = _mm_cvtsi64_si128(scales as i64);
         let s_lo = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pick_lo));
         let s_hi = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pick_hi));
-        let c = vectors::<4>(b.add(16));
-        let (t0, t1) = (
-            _mm256_unpacklo_epi32(c[0], c[1]),
-            _mm256_unpackhi_epi32(c[0], c[1]),
-        );
-        let (t2, t3) = (
-            _mm256_unpacklo_epi32(c[2], c[3]),
-            _mm256_unpackhi_epi32(c[2], c[3]),
-        );
-        let words = [
-            _mm256_unpacklo_epi64(t0, t2),
-            _mm256_unpackhi_epi64(t0, t2),
-            _mm256_unpacklo_epi64(t1, t3),
-            _mm256_unpackhi_epi64(t1, t3),
-        ];
+        let words = words_4x4(vectors::<4>(b.add(16)));
         let mut lo = [_mm256_setzero_si256(); 4];
         let mut hi = [_mm256_setzero_si256(); 4];
         for r in 0..4 {
@@ -324,42 +331,59 @@ unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
         prefetch_ahead::<PF>(b, Q6_K_BYTES);
         let d = f16_at(b.add(208));
         let sc = &blk[192..208];
-        let mut dots = [_mm256_setzero_si256(); T];
+        // The block's 256 values in order, 32 a vector: `v[4 half + k]`.
+        let mut v = [_mm256_setzero_si256(); 8];
         for half in 0..2 {
             let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
             let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
             let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
             // Values 0..64 (the -32 comes off through the block sums).
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
-                ),
-            ];
-            for (k, qk) in q.iter().enumerate() {
-                let g = 8 * half + 2 * k;
-                // Low lane is group g, high lane group g + 1.
-                let scale = _mm256_set_m128i(
-                    _mm_set1_epi16((sc[g + 1] as i8) as i16),
-                    _mm_set1_epi16((sc[g] as i8) as i16),
-                );
-                for t in 0..T {
-                    let xq = _mm256_loadu_si256(
-                        a[t][i].q.as_ptr().add(128 * half + 32 * k) as *const __m256i
+            v[4 * half] = _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+            );
+            v[4 * half + 1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+            );
+            v[4 * half + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+            );
+            v[4 * half + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+            );
+        }
+        // In the tokens' `q_lanes` order: `lanes[h][r]`'s word lane `l`
+        // holds values of 16-value sub-block `4 (l % 4) + 2 h + l / 4`
+        // whatever `r` is, so two products (2 x 16002 fits an i16) share one
+        // `vpmaddwd` by the sub-blocks' scales.
+        let lanes = [
+            words_4x4([v[0], v[2], v[4], v[6]]),
+            words_4x4([v[1], v[3], v[5], v[7]]),
+        ];
+        let sc16 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+        let pick = [
+            _mm_setr_epi8(0, 0, 4, 4, 8, 8, 12, 12, 1, 1, 5, 5, 9, 9, 13, 13),
+            _mm_setr_epi8(2, 2, 6, 6, 10, 10, 14, 14, 3, 3, 7, 7, 11, 11, 15, 15),
+        ];
+        let s_h = [
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick[0])),
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick[1])),
+        ];
+        let mut dots = [_mm256_setzero_si256(); T];
+        for t in 0..T {
+            let xq = a[t][i].q_lanes.as_ptr() as *const __m256i;
+            for h in 0..2 {
+                for r in [0, 2] {
+                    let p0 =
+                        _mm256_maddubs_epi16(lanes[h][r], _mm256_loadu_si256(xq.add(2 * r + h)));
+                    let p1 = _mm256_maddubs_epi16(
+                        lanes[h][r + 1],
+                        _mm256_loadu_si256(xq.add(2 * r + 2 + h)),
                     );
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, xq), scale);
+                    let p = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), s_h[h]);
                     dots[t] = _mm256_add_epi32(dots[t], p);
                 }
             }
