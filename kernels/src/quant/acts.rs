@@ -74,7 +74,8 @@ pub struct Q8KBlock {
     pub q: [i8; QK_K],
     /// Sums of `q[16 i .. 16 i + 16]`.
     pub bsums: [i16; QK_K / 16],
-    /// `q` in the order the x86 Q4_K kernels read it ([`q4k_lane_source`]).
+    /// `q` in the order the x86 Q4_K and Q6_K kernels read it
+    /// ([`q4k_lane_source`]).
     pub q_lanes: [i8; QK_K],
 }
 
@@ -124,11 +125,14 @@ fn scale(amax: f32) -> (f32, f32) {
 
 /// `v` (within ±127.5) to the nearest integer, halves away from zero,
 /// through Rust's saturating casts (NaN to 0, beyond i32 to its bounds),
-/// then into -128..=127. `f32::round` is a libm call without SSE4.1 at
-/// compile time.
+/// then into -127..=127. Never -128, even where a subnormal block maximum
+/// makes the inverse scale infinite: the x86 kernels' sign trick negates
+/// activations, and -128 has no i8 negation (it would flip that product's
+/// sign, and differ from VNNI's offset form). `f32::round` is a libm call
+/// without SSE4.1 at compile time.
 #[inline]
 fn round(v: f32) -> i8 {
-    ((v + 0.5f32.copysign(v)) as i32).clamp(-128, 127) as i8
+    ((v + 0.5f32.copysign(v)) as i32).clamp(-127, 127) as i8
 }
 
 /// The largest magnitude of 32 values, NaN ignored (as `f32::max` ignores

@@ -7,7 +7,7 @@
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
 //!   for Q8_0/Q4_0/Q4_1 weights, also regrouped eight blocks at a time as
 //!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
-//!   Q4_K/Q6_K, also stored in the order the x86 Q4_K kernel reads,
+//!   Q4_K/Q6_K, also stored in the order the x86 Q4_K and Q6_K kernels read,
 //!   [`acts::q4k_lane_source`]), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
 //! * [`lanes`]: the row layout the x86 kernels read, each whole eight

@@ -383,11 +383,21 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
 
 #[test]
 fn the_largest_products_do_not_overflow_any_tier() {
-    // Every weight byte at its extreme (nibbles of 15, Q8_0's -128 and 127)
-    // against activations that quantize to ±127 everywhere: the largest
-    // i16 pairs and sums any kernel forms.
-    let n = 32 * 11; // a group, a pair, one block
-    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    // Every weight byte at its extreme (nibbles of 15, Q8_0's -128 and 127,
+    // Q6_K's 6-bit values of 63, whose pairs of products two x86 vectors
+    // sum in one i16 up to 32,004) against activations that quantize to
+    // ±127 everywhere: the largest i16 pairs and sums any kernel forms.
+    for dtype in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let n = match dtype.block_len() {
+            32 => 32 * 11, // a group, a pair, one block
+            _ => QK_K * 2,
+        };
         for (fill, sign) in [
             (0xFFu8, 1.0f32),
             (0xFF, -1.0),
@@ -427,6 +437,13 @@ fn every_instruction_set_quantizes_to_the_same_bits() {
     x[224..256].copy_from_slice(&[3e38f32, -1e38, 2.5e38, -3.4e38].repeat(8));
     let mut want = vec![Q8Block::default(); 40];
     quantize_q8_into(&x, &mut want);
+    // Never -128 (the sign trick negates activations), infinities and the
+    // subnormal block's infinite inverse scale included.
+    assert!(want.iter().all(|b| b.q.iter().all(|&q| q >= -127)));
+    assert!(
+        want[6].q.iter().any(|&q| q == -127),
+        "the subnormal block clamps"
+    );
     for isa in Isa::available() {
         let mut got = vec![Q8Block::default(); 40];
         (Kernels::for_isa(isa).quantize_q8)(&x, &mut got);

@@ -149,7 +149,9 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 }
 
 /// Sums of `u8 * i8` products in eight i32 lanes (pairs through i16, which
-/// cannot saturate: 15 * 127 * 2 and 63 * 127 * 2 are below 32767).
+/// cannot saturate for its callers: nibbles give at most 15 * 127 * 2, and
+/// the sign trick's magnitudes 128 * 127 * 2 = 32512, below 32767, since
+/// activations never quantize to -128).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn udot(u: __m256i, s: __m256i) -> __m256i {
@@ -558,7 +560,7 @@ unsafe fn attend_avx512(t: &super::attn::AttnTask<'_>, s: &mut Vec<f32>, o: &mut
 unsafe fn quantize_q8_avx2(x: &[f32], out: &mut [Q8Block]) {
     let sign = _mm256_set1_ps(-0.0);
     let half = _mm256_set1_ps(0.5);
-    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(32)) {
         let mut v = [_mm256_setzero_ps(); 4];
         let mut m = _mm256_setzero_ps();
@@ -705,7 +707,8 @@ impl Lanes for Avx512Lanes {
 /// is built (so they cannot drift apart):
 ///
 /// * one weight row · one token (decode), eight blocks at a time
-///   ([`Grouped`]) and the last few one at a time, prefetching ahead on
+///   ([`Grouped`]) and the last few two at a time (an odd one alone),
+///   prefetching ahead on
 ///   AVX2 ([`PREFETCH_AHEAD`]). One sequential stream per core is what the
 ///   hardware prefetchers follow best; interleaving four rows' streams
 ///   measured at less than half of it, so decode runs row by row;
@@ -949,8 +952,8 @@ unsafe fn prefetch_line<const ON: bool>(p: *const u8) {
     }
 }
 
-/// One row against one token: its whole groups of eight, then the rest
-/// block by block, prefetching ahead where `PF`.
+/// One row against one token: its whole groups of eight, then the rest two
+/// blocks at a time (an odd one alone), prefetching ahead where `PF`.
 #[inline(always)]
 unsafe fn one_row<F: Grouped, const PF: bool>(w: &[u8], a: &Q8Row<'_>) -> f32 {
     let n = a.blocks.len().min(w.len() / F::BYTES);
