@@ -9,9 +9,12 @@ Responses WebSocket mode (the pinned version's
 `responses_websocket_session`). The agent's first turn must call the tool
 (`tool_choice="required"`, which tokenwire forces with its grammar, so even
 stories260K calls it with arguments that parse); the SDK runs the tool and
-sends its output back as a `function_call_output` item; the next turn
-(the SDK resets `tool_choice` to auto after a call) ends the run with a
-message. Each check prints `ok: <name>` or `FAIL: <name>: <reason>`; exit
+sends its output back as a `function_call_output` item; the next turn ends
+the run with a message. The tool is offered only until its first call
+(`is_enabled`): offered again (the SDK resets `tool_choice` to auto after a
+call), SmolLM2-135M, sampled, called it turn after turn or rambled past
+`max_tokens`, whichever the last bits of the arithmetic picked, so the
+checks passed or failed by the luck of the sampled tokens. Each check prints `ok: <name>` or `FAIL: <name>: <reason>`; exit
 status 0 only when every check passed.
 """
 
@@ -33,7 +36,8 @@ from sdk_strict import fail, run_checks
 
 
 def make_agent(model: Any, calls: List[str]) -> Agent:
-    @function_tool
+    # Offered until it has been called once: the next turn can only answer.
+    @function_tool(is_enabled=lambda _ctx, _agent: not calls)
     def get_weather(city: Annotated[str, pydantic.Field(min_length=1, max_length=20)]) -> str:
         """The weather in a city."""
         calls.append(city)
@@ -44,7 +48,7 @@ def make_agent(model: Any, calls: List[str]) -> Agent:
         instructions="You answer questions about the weather. Call get_weather first.",
         model=model,
         tools=[get_weather],
-        model_settings=ModelSettings(tool_choice="required", temperature=1, max_tokens=80),
+        model_settings=ModelSettings(tool_choice="required", temperature=1, max_tokens=160),
     )
 
 

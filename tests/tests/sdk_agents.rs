@@ -2,7 +2,9 @@
 //! pinned) running an agent with one function tool against tokenwire's
 //! Responses API, over HTTP and over the WebSocket mode: the first turn
 //! is forced to call the tool (the grammar makes the call parse), the SDK
-//! runs it and sends its output back, and the run ends with a message.
+//! runs it and sends its output back, and the run ends with a message (the
+//! tool is offered only until its first call, so that the answer does not
+//! hang on what a 135M model happens to sample).
 //! On SmolLM2: the tools, the instructions and the conversation do not fit
 //! stories260K's 512-token context beside an answer. Skips without
 //! `TOKENWIRE_SDK_PYTHON` or the SmolLM2 file, except under `CI=true`.
