@@ -14,8 +14,10 @@ the run with a message. The tool is offered only until its first call
 (`is_enabled`): offered again (the SDK resets `tool_choice` to auto after a
 call), SmolLM2-135M, sampled, called it turn after turn or rambled past
 `max_tokens`, whichever the last bits of the arithmetic picked, so the
-checks passed or failed by the luck of the sampled tokens. Each check prints `ok: <name>` or `FAIL: <name>: <reason>`; exit
-status 0 only when every check passed.
+checks passed or failed by the luck of the sampled tokens.
+
+Each check prints `ok: <name>` or `FAIL: <name>: <reason>`; exit status 0
+only when every check passed.
 """
 
 from __future__ import annotations
