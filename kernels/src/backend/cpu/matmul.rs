@@ -321,7 +321,7 @@ fn by_tiles<'w>(
                 let d = tile(&ws, js);
                 // A token's four results side by side, one copy each:
                 // sixteen scattered stores, each through its token's
-                // slice, were 4% of a batched decode.
+                // slice, were 5% of a batched decode.
                 for (j, out) in outs[t0..].iter_mut().take(4).enumerate() {
                     let v = [
                         d[0][j] + bias[0],
@@ -447,7 +447,7 @@ mod tests {
     /// short last one) gives every token the bits it gets alone.
     #[test]
     fn tokens_past_a_pass_get_the_bits_they_get_alone() {
-        let pool = Pool::new(2);
+        let (pool, one_thread) = (Pool::new(2), Pool::new(1));
         let k = Kernels::detect();
         let (t, n_in) = (901, 256);
         assert!(t > 2 * pass_tokens(n_in + n_in / 4), "three passes");
@@ -469,13 +469,14 @@ mod tests {
             } else {
                 matrix(dtype, 10, n_in, seed).laid_out(k.layout)
             };
-            let product = |x: &[f32], t: usize, b: Option<&[f32]>| {
+            let product_on = |pool: &Pool, x: &[f32], t: usize, b: Option<&[f32]>| {
                 let mut y = Vec::new();
                 let mut s = MatScratch::default();
                 let int8 = ActivationPrecision::Int8;
-                matmul(&pool, &k, int8, x, t, &w, b, &mut y, &mut s, Input::New);
+                matmul(pool, &k, int8, x, t, &w, b, &mut y, &mut s, Input::New);
                 y
             };
+            let product = |x: &[f32], t: usize, b| product_on(&pool, x, t, b);
             let all = product(&x, t, None);
             // Bits, not values: the random K-quant scales include NaN.
             let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -487,16 +488,21 @@ mod tests {
                 );
             }
             // A bias lands on its own row of every token (10 rows: the
-            // last tile of four holds two).
+            // last tile of four holds two). Two threads split the rows into
+            // tasks of four; one thread runs them as one task, its tiles at
+            // rows 0, 4 and 8 of it.
             let bias: Vec<f32> = (0..10).map(|r| 100.0 * (r + 1) as f32).collect();
-            let biased = product(&x, t, Some(&bias));
-            for (tt, (got, plain)) in biased
-                .chunks_exact(10)
-                .zip(all.chunks_exact(10))
-                .enumerate()
-            {
-                let want: Vec<f32> = plain.iter().zip(&bias).map(|(p, b)| p + b).collect();
-                assert_eq!(bits(got), bits(&want), "{dtype:?} token {tt} with a bias");
+            for (threads, pool) in [(2, &pool), (1, &one_thread)] {
+                let biased = product_on(pool, &x, t, Some(&bias));
+                for (tt, (got, plain)) in biased
+                    .chunks_exact(10)
+                    .zip(all.chunks_exact(10))
+                    .enumerate()
+                {
+                    let want: Vec<f32> = plain.iter().zip(&bias).map(|(p, b)| p + b).collect();
+                    let at = format!("{dtype:?} token {tt} with a bias, {threads} threads");
+                    assert_eq!(bits(got), bits(&want), "{at}");
+                }
             }
         }
     }
