@@ -1,9 +1,11 @@
-//! The most multiply-adds a second one core can do with the AVX2 int8
-//! kernels' instructions, measured rather than read from a table: the
+//! The most multiply-adds a second that one core can do with the AVX2
+//! int8 kernels' instructions, measured rather than read from a table: the
 //! ceiling that `quant-kernels`' tile figures are compared against.
 //!
-//! Each loop below runs, from registers only (no loads, no dependencies
-//! between iterations), the instructions one of `kernels/src/quant/x86.rs`'s
+//! Each loop below runs, from registers only (no loads; the only chains
+//! from one iteration to the next are its accumulators', a few fmas or 32
+//! one-cycle adds, far shorter than an iteration), the instructions one of
+//! `kernels/src/quant/x86.rs`'s
 //! AVX2 tiles issues for one weight row's group of eight blocks against
 //! four tokens, 1,024 multiply-adds:
 //!
@@ -16,9 +18,9 @@
 //!   `vpmaddwd`, their `vpaddd`s, the conversion, multiply and fma;
 //!
 //! and, for the pipe they share, `vpmaddubsw` and `vpmaddwd` alone. The
-//! clock is measured beside each loop with a chain of dependent integer
-//! adds (one a cycle on every x86 core), so the figures are cycles, not
-//! nanoseconds, and hold whatever the core's boost does.
+//! clock is measured just before each loop with a chain of dependent
+//! integer adds (one a cycle on every x86 core), so the figures are cycles,
+//! not nanoseconds, as long as the core's boost holds for the loop.
 //!
 //! `int8-ceiling [seconds]` (default 1 per loop). x86_64 with AVX2, FMA
 //! and F16C only.
@@ -75,8 +77,9 @@ mod x86 {
             let ghz = clock_ghz();
             let iters = calibrate(f, secs);
             let t = Instant::now();
-            // SAFETY: `main` checked AVX2, FMA and F16C; the loops touch
-            // only the registers they declare.
+            // SAFETY: `main` checked AVX2, FMA and F16C, the loops' one
+            // precondition; they write only registers their asm declares
+            // clobbered (the C ABI's caller-saved ones).
             unsafe { f(iters) };
             let cycles = t.elapsed().as_secs_f64() * ghz * 1e9 / iters as f64;
             let (per_cycle, gmacs) = if macs > 0 {
@@ -129,7 +132,13 @@ mod x86 {
     }
 
     /// Eight independent `vpmaddubsw` an iteration.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn maddubs8(n: u64) {
+        if n == 0 {
+            return;
+        }
         unsafe {
             asm!(
                 "vpcmpeqb ymm0, ymm0, ymm0",
@@ -139,20 +148,24 @@ mod x86 {
                 "vpmaddubsw ymm4, ymm1, ymm0", "vpmaddubsw ymm5, ymm1, ymm0",
                 "vpmaddubsw ymm6, ymm1, ymm0", "vpmaddubsw ymm7, ymm1, ymm0",
                 "vpmaddubsw ymm8, ymm1, ymm0", "vpmaddubsw ymm9, ymm1, ymm0",
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
                 "vzeroupper",
-                n = inout(reg) n => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm8") _, out("ymm9") _,
+                inout("rcx") n => _,
+                clobber_abi("C"),
                 options(nomem, nostack),
             );
         }
     }
 
     /// Eight independent `vpmaddwd` an iteration.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn maddwd8(n: u64) {
+        if n == 0 {
+            return;
+        }
         unsafe {
             asm!(
                 "vpcmpeqb ymm0, ymm0, ymm0",
@@ -162,13 +175,11 @@ mod x86 {
                 "vpmaddwd ymm4, ymm1, ymm0", "vpmaddwd ymm5, ymm1, ymm0",
                 "vpmaddwd ymm6, ymm1, ymm0", "vpmaddwd ymm7, ymm1, ymm0",
                 "vpmaddwd ymm8, ymm1, ymm0", "vpmaddwd ymm9, ymm1, ymm0",
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
                 "vzeroupper",
-                n = inout(reg) n => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm8") _, out("ymm9") _,
+                inout("rcx") n => _,
+                clobber_abi("C"),
                 options(nomem, nostack),
             );
         }
@@ -205,7 +216,13 @@ mod x86 {
     }
 
     /// A Q4_1 group of eight blocks against four tokens.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn q4_1_group(n: u64) {
+        if n == 0 {
+            return;
+        }
         unsafe {
             asm!(
                 "vpcmpeqb ymm0, ymm0, ymm0",
@@ -222,14 +239,11 @@ mod x86 {
                 "vpand ymm14, ymm1, ymm0", "vpsrlw ymm15, ymm1, 4", "vpand ymm15, ymm15, ymm0",
                 "vcvtph2ps ymm14, xmm1", "vcvtph2ps ymm15, xmm1",
                 q4_1_token!(), q4_1_token!(), q4_1_token!(), q4_1_token!(),
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
                 "vzeroupper",
-                n = inout(reg) n => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _,
-                out("ymm14") _, out("ymm15") _,
+                inout("rcx") n => _,
+                clobber_abi("C"),
                 options(nomem, nostack),
             );
         }
@@ -253,7 +267,13 @@ mod x86 {
     }
 
     /// A Q8_0 group of eight blocks against four tokens (sign trick).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn q8_0_group(n: u64) {
+        if n == 0 {
+            return;
+        }
         unsafe {
             asm!(
                 "vpcmpeqb ymm0, ymm0, ymm0",
@@ -281,14 +301,11 @@ mod x86 {
                 q8_0_two!(), q8_0_two!(), q8_0_two!(), q8_0_two!(),
                 "vcvtdq2ps ymm5, ymm4\n",
                 "vmulps ymm6, ymm10, ymm11\n", "vfmadd231ps ymm12, ymm6, ymm5\n",
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
                 "vzeroupper",
-                n = inout(reg) n => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _,
-                out("ymm10") _, out("ymm11") _, out("ymm12") _,
-                out("ymm14") _, out("ymm15") _,
+                inout("rcx") n => _,
+                clobber_abi("C"),
                 options(nomem, nostack),
             );
         }
