@@ -5,9 +5,8 @@
 //! Each loop below runs, from registers only (no loads; the only chains
 //! from one iteration to the next are its accumulators', a few fmas or 32
 //! one-cycle adds, far shorter than an iteration), the instructions one of
-//! `kernels/src/quant/x86.rs`'s
-//! AVX2 tiles issues for one weight row's group of eight blocks against
-//! four tokens, 1,024 multiply-adds:
+//! `kernels/src/quant/x86.rs`'s AVX2 tiles issues for one weight row's
+//! group of eight blocks against four tokens, 1,024 multiply-adds:
 //!
 //! * Q4_1: the nibbles unpacked once (`vpand`, `vpsrlw`) and the scales
 //!   and minimums widened (`vcvtph2ps`); per token eight `vpmaddubsw`
@@ -131,29 +130,45 @@ mod x86 {
         10.0 * n as f64 / t.elapsed().as_secs_f64() / 1e9
     }
 
+    /// `n` iterations (none for 0) of the instructions given, after setting
+    /// the registers they read: `ymm0` all ones (-1 as bytes), `ymm1` ones
+    /// as bytes, `ymm4` and `ymm10`-`ymm13` zero. Written once for every
+    /// loop, so they differ only in what they time.
+    macro_rules! looped {
+        ($n:expr; $($insns:tt)*) => {
+            if $n != 0 {
+                asm!(
+                    "vpcmpeqb ymm0, ymm0, ymm0",
+                    "vpabsb ymm1, ymm0",
+                    "vpxor ymm4, ymm4, ymm4",
+                    "vxorps ymm10, ymm10, ymm10",
+                    "vxorps ymm11, ymm11, ymm11",
+                    "vxorps ymm12, ymm12, ymm12",
+                    "vxorps ymm13, ymm13, ymm13",
+                    "2:",
+                    $($insns)*
+                    "dec rcx",
+                    "jnz 2b",
+                    "vzeroupper",
+                    inout("rcx") $n => _,
+                    clobber_abi("C"),
+                    options(nomem, nostack),
+                );
+            }
+        };
+    }
+
     /// Eight independent `vpmaddubsw` an iteration.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn maddubs8(n: u64) {
-        if n == 0 {
-            return;
-        }
         unsafe {
-            asm!(
-                "vpcmpeqb ymm0, ymm0, ymm0",
-                "vpabsb ymm1, ymm0",
-                "2:",
+            looped!(n;
                 "vpmaddubsw ymm2, ymm1, ymm0", "vpmaddubsw ymm3, ymm1, ymm0",
                 "vpmaddubsw ymm4, ymm1, ymm0", "vpmaddubsw ymm5, ymm1, ymm0",
                 "vpmaddubsw ymm6, ymm1, ymm0", "vpmaddubsw ymm7, ymm1, ymm0",
                 "vpmaddubsw ymm8, ymm1, ymm0", "vpmaddubsw ymm9, ymm1, ymm0",
-                "dec rcx",
-                "jnz 2b",
-                "vzeroupper",
-                inout("rcx") n => _,
-                clobber_abi("C"),
-                options(nomem, nostack),
             );
         }
     }
@@ -163,31 +178,19 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn maddwd8(n: u64) {
-        if n == 0 {
-            return;
-        }
         unsafe {
-            asm!(
-                "vpcmpeqb ymm0, ymm0, ymm0",
-                "vpabsb ymm1, ymm0",
-                "2:",
+            looped!(n;
                 "vpmaddwd ymm2, ymm1, ymm0", "vpmaddwd ymm3, ymm1, ymm0",
                 "vpmaddwd ymm4, ymm1, ymm0", "vpmaddwd ymm5, ymm1, ymm0",
                 "vpmaddwd ymm6, ymm1, ymm0", "vpmaddwd ymm7, ymm1, ymm0",
                 "vpmaddwd ymm8, ymm1, ymm0", "vpmaddwd ymm9, ymm1, ymm0",
-                "dec rcx",
-                "jnz 2b",
-                "vzeroupper",
-                inout("rcx") n => _,
-                clobber_abi("C"),
-                options(nomem, nostack),
             );
         }
     }
 
     /// One token's work in the Q4_1 tile: eight byte products summed in
     /// i16, one widening `vpmaddwd`, then the float step (convert, scale
-    /// product, two fmas into the token's accumulator `ymm12`).
+    /// product, two fmas into the token's accumulators `ymm12`, `ymm13`).
     macro_rules! q4_1_token {
         () => {
             concat!(
@@ -220,18 +223,8 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn q4_1_group(n: u64) {
-        if n == 0 {
-            return;
-        }
         unsafe {
-            asm!(
-                "vpcmpeqb ymm0, ymm0, ymm0",
-                "vpabsb ymm1, ymm0",
-                "vxorps ymm10, ymm10, ymm10",
-                "vxorps ymm11, ymm11, ymm11",
-                "vxorps ymm12, ymm12, ymm12",
-                "vxorps ymm13, ymm13, ymm13",
-                "2:",
+            looped!(n;
                 // The group's nibbles and scales, once for the four tokens.
                 "vpand ymm14, ymm1, ymm0", "vpsrlw ymm15, ymm1, 4", "vpand ymm15, ymm15, ymm0",
                 "vpand ymm14, ymm1, ymm0", "vpsrlw ymm15, ymm1, 4", "vpand ymm15, ymm15, ymm0",
@@ -239,18 +232,12 @@ mod x86 {
                 "vpand ymm14, ymm1, ymm0", "vpsrlw ymm15, ymm1, 4", "vpand ymm15, ymm15, ymm0",
                 "vcvtph2ps ymm14, xmm1", "vcvtph2ps ymm15, xmm1",
                 q4_1_token!(), q4_1_token!(), q4_1_token!(), q4_1_token!(),
-                "dec rcx",
-                "jnz 2b",
-                "vzeroupper",
-                inout("rcx") n => _,
-                clobber_abi("C"),
-                options(nomem, nostack),
             );
         }
     }
 
     /// Two of a Q8_0 token's eight vectors: the sign moved onto the
-    /// activations, the byte products, widened, summed.
+    /// activations, the byte products, widened and summed.
     macro_rules! q8_0_two {
         () => {
             concat!(
@@ -266,47 +253,36 @@ mod x86 {
         };
     }
 
+    /// One token's work in the Q8_0 tile: its eight vectors, then the float
+    /// step into the token's accumulator `ymm12`.
+    macro_rules! q8_0_token {
+        () => {
+            concat!(
+                q8_0_two!(),
+                q8_0_two!(),
+                q8_0_two!(),
+                q8_0_two!(),
+                "vcvtdq2ps ymm5, ymm4\n",
+                "vmulps ymm6, ymm10, ymm11\n",
+                "vfmadd231ps ymm12, ymm6, ymm5\n",
+            )
+        };
+    }
+
     /// A Q8_0 group of eight blocks against four tokens (sign trick).
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C. Runs `n` iterations (none for 0).
     unsafe fn q8_0_group(n: u64) {
-        if n == 0 {
-            return;
-        }
         unsafe {
-            asm!(
-                "vpcmpeqb ymm0, ymm0, ymm0",
-                "vpabsb ymm1, ymm0",
-                "vxorps ymm10, ymm10, ymm10",
-                "vxorps ymm11, ymm11, ymm11",
-                "vxorps ymm12, ymm12, ymm12",
-                "vpxor ymm4, ymm4, ymm4",
-                "2:",
+            looped!(n;
                 // The group's magnitudes and scales, once for four tokens.
                 "vpsignb ymm14, ymm1, ymm1", "vpsignb ymm15, ymm1, ymm1",
                 "vpsignb ymm14, ymm1, ymm1", "vpsignb ymm15, ymm1, ymm1",
                 "vpsignb ymm14, ymm1, ymm1", "vpsignb ymm15, ymm1, ymm1",
                 "vpsignb ymm14, ymm1, ymm1", "vpsignb ymm15, ymm1, ymm1",
                 "vcvtph2ps ymm14, xmm1",
-                q8_0_two!(), q8_0_two!(), q8_0_two!(), q8_0_two!(),
-                "vcvtdq2ps ymm5, ymm4\n",
-                "vmulps ymm6, ymm10, ymm11\n", "vfmadd231ps ymm12, ymm6, ymm5\n",
-                q8_0_two!(), q8_0_two!(), q8_0_two!(), q8_0_two!(),
-                "vcvtdq2ps ymm5, ymm4\n",
-                "vmulps ymm6, ymm10, ymm11\n", "vfmadd231ps ymm12, ymm6, ymm5\n",
-                q8_0_two!(), q8_0_two!(), q8_0_two!(), q8_0_two!(),
-                "vcvtdq2ps ymm5, ymm4\n",
-                "vmulps ymm6, ymm10, ymm11\n", "vfmadd231ps ymm12, ymm6, ymm5\n",
-                q8_0_two!(), q8_0_two!(), q8_0_two!(), q8_0_two!(),
-                "vcvtdq2ps ymm5, ymm4\n",
-                "vmulps ymm6, ymm10, ymm11\n", "vfmadd231ps ymm12, ymm6, ymm5\n",
-                "dec rcx",
-                "jnz 2b",
-                "vzeroupper",
-                inout("rcx") n => _,
-                clobber_abi("C"),
-                options(nomem, nostack),
+                q8_0_token!(), q8_0_token!(), q8_0_token!(), q8_0_token!(),
             );
         }
     }
