@@ -50,23 +50,16 @@
 #                   32, 128-token prompts) and the same with the default
 #                   coop tile for every pass (--coop-wide-rows 1000000)
 #   parity          the parity tests of attention, mat-vec and the coop products
-#                   only (wgpu_kernels, wgpu_engine): a short call's tests
-#   anchor          Hugging Face transformers (eager PyTorch, bf16) on both
-#                   shapes, on the same card
-#   anchors         every anchor beside tokenwire in one call, on
-#                   TinyLlama's shape: transformers (as anchor); GGUF files
-#                   in F16 and Q8_0 written here by scripts/make-bench-gguf.py
-#                   (the gguf wheel carried in .whl/); llama.cpp's Vulkan
-#                   llama-bench on them (pp512, pp1024, tg128; carried as
-#                   .llama/llama-bench.tar.xz, made by build.sh with
-#                   LLAMA=DIR); engine-bench --gguf on the same files
-#                   (batch 1 at 512- and 1,024-token prompts, 32 steps, and
-#                   128 steps after a 1-token prompt, as tg128 decodes)
-#   gguf            anchors without transformers (llama.cpp and tokenwire
-#                   on the same GGUF files), for a call beside one that
-#                   ran hf:SHAPE or table:SHAPE; the F16 file also at
-#                   1,024 tokens with --no-shader-f16 (weights unpacked
-#                   from u32 pairs instead of read as vec4<f16>)
+#                   only (wgpu_kernels, wgpu_engine; and the engine's small
+#                   models split every 8 positions over several layers, which
+#                   reuse the folded merge's counters): a short call's tests
+#   attn:SHAPE      decode attention as it now stands (splits merged in the
+#                   last split's workgroup, K rows loaded 16 vectors at a
+#                   time) against each change alone undone (--no-fold-merge:
+#                   the merge's own dispatch; --decode-k-chunk 1),
+#                   alternating, two rounds: batch 1 and 32 at 128-token
+#                   prompts, batch 1 at 1,024; then the default profiled at
+#                   batch 1 at both lengths
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -139,7 +132,7 @@ for part in "${parts[@]}"; do
     parity)
         echo "== attention and coop parity tests =="
         for t in wgpu_kernels wgpu_engine; do
-            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec 2>&1 | quiet | tee -a "$runs/tests"
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec big_model 2>&1 | quiet | tee -a "$runs/tests"
         done
         ;;
     table:*)
@@ -264,6 +257,26 @@ for part in "${parts[@]}"; do
                 eb "bounded-r$round" engine-bench 120 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --loop-bounding
             done
             eb bounded-profile engine-bench 90 $(bf16 "$shape") --batch 1 --prompt 128 --profile --loop-bounding
+        }
+        ;;
+    attn:*)
+        shape=${part#attn:}
+        echo "== $shape: decode attention's folded merge and K loads, each against its undoing =="
+        # shellcheck disable=SC2046
+        {
+            for round in 1 2; do
+                for v in default no-fold k-chunk-1; do
+                    case $v in
+                    default) x=() ;;
+                    no-fold) x=(--no-fold-merge) ;;
+                    k-chunk-1) x=(--decode-k-chunk 1) ;;
+                    esac
+                    eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 128 "${x[@]}"
+                    eb "$v-long-r$round" engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 "${x[@]}"
+                done
+            done
+            eb attn-profile engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 128 --profile
+            eb attn-long-profile engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --profile
         }
         ;;
     hf:*)

@@ -634,6 +634,20 @@ fn wgpu_big_model_paths_on_small_models() {
         6,
         "decode attention for every row",
     );
+    // The same with the splits merged by attn_merge's dispatch rather than
+    // folded into the last split's workgroup (the default).
+    let merged = WgpuOptions {
+        fold_merge: false,
+        ..decode_only.clone()
+    };
+    case(
+        &LLAMA,
+        &merged,
+        16,
+        64,
+        6,
+        "decode attention for every row, splits merged by a dispatch",
+    );
     let prefill_only = WgpuOptions {
         prefill_min_rows: 1,
         tiled_matmul: Some(true),

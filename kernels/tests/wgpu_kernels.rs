@@ -9,7 +9,7 @@ mod wgpu_support;
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
 use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabProduct, LabSeq};
-use tokenwire_kernels::backend::wgpu::{SplitPolicy, WeightDtype};
+use tokenwire_kernels::backend::wgpu::{SplitPolicy, WeightDtype, WgpuOptions};
 use tokenwire_kernels::gguf::{GgmlType, GgufFile};
 use tokenwire_kernels::{rope, sample, RopeScaling, WeightMatrix};
 use wgpu_support::*;
@@ -673,8 +673,15 @@ fn attn_case(
     }
 }
 
-fn check_attention(kernel_of: impl Fn(&mut Rng) -> AttnKernel, seed: u64, max_rows: usize) {
-    let Some(mut lab) = lab() else { return };
+fn check_attention(
+    opts: &WgpuOptions,
+    kernel_of: impl Fn(&mut Rng) -> AttnKernel,
+    seed: u64,
+    max_rows: usize,
+) {
+    let Some(mut lab) = lab_with(opts) else {
+        return;
+    };
     let mut rng = Rng::new(seed);
     for (case, &shape) in SHAPES.iter().enumerate() {
         let n = range(&mut rng, 1, 9);
@@ -707,12 +714,23 @@ fn split_policy(rng: &mut Rng) -> SplitPolicy {
     SplitPolicy {
         workgroups,
         min_len,
+        fold: rng.below(2) == 0,
     }
 }
 
 #[test]
 fn wgpu_decode_attention_matches_reference() {
-    check_attention(|rng| AttnKernel::Decode(split_policy(rng)), 7, 3);
+    // K rows loaded a vector at a time (CPU adapters' default), 16 at a
+    // time (GPUs'), and 5, which divides no row here (heads of 8 to 128
+    // values: 2 to 32 vectors).
+    for k_chunk in [1, 16, 5] {
+        let opts = WgpuOptions {
+            decode_k_chunk: Some(k_chunk),
+            ..WgpuOptions::default()
+        };
+        eprintln!("K rows in chunks of {k_chunk} vectors");
+        check_attention(&opts, |rng| AttnKernel::Decode(split_policy(rng)), 7, 3);
+    }
 }
 
 #[test]
@@ -734,28 +752,36 @@ fn wgpu_decode_attention_splits_long_contexts() {
             let n = range(&mut rng, 1, 3);
             let c = attn_case(&mut rng, shape, n, 2100, 1);
             let policy = split_policy(&mut rng);
-            let got = lab
-                .attention(
-                    &c.qkv,
-                    &c.shape,
-                    &c.seqs,
-                    &c.k,
-                    &c.v,
-                    AttnKernel::Decode(policy),
-                )
-                .expect("attention");
             let want = attention_ref(&c.qkv, &c.shape, &c.seqs, &c.k, &c.v);
             let (n_splits, split_len) = lab
                 .decode_splits(&c.shape, &c.seqs, policy)
                 .expect("splits");
-            let e = nmse(&got, &want);
             let what = format!(
-                "case {case}: {:?}, contexts {:?}, {policy:?}: {n_splits} splits of {split_len}",
+                "case {case}: {:?}, contexts {:?}, about {} workgroups, splits of at least {}: \
+                 {n_splits} splits of {split_len}",
                 c.shape,
-                c.seqs.iter().map(|s| s.start_pos + 1).collect::<Vec<_>>()
+                c.seqs.iter().map(|s| s.start_pos + 1).collect::<Vec<_>>(),
+                policy.workgroups,
+                policy.min_len,
             );
-            eprintln!("{what}: nmse {e:e}");
-            assert!(e < NMSE_ATTN, "{what}: nmse {e:e}");
+            // The splits merged by a dispatch of their own, and by the
+            // workgroup that finishes last.
+            for fold in [false, true] {
+                let policy = SplitPolicy { fold, ..policy };
+                let got = lab
+                    .attention(
+                        &c.qkv,
+                        &c.shape,
+                        &c.seqs,
+                        &c.k,
+                        &c.v,
+                        AttnKernel::Decode(policy),
+                    )
+                    .expect("attention");
+                let e = nmse(&got, &want);
+                eprintln!("{what}, fold {fold}: nmse {e:e}");
+                assert!(e < NMSE_ATTN, "{what}, fold {fold}: nmse {e:e}");
+            }
             if n_splits > 1 {
                 let (row, s) = c
                     .seqs
@@ -780,7 +806,7 @@ fn wgpu_decode_attention_splits_long_contexts() {
 
 #[test]
 fn wgpu_prefill_attention_matches_reference() {
-    check_attention(|_| AttnKernel::Prefill, 8, 70);
+    check_attention(&WgpuOptions::default(), |_| AttnKernel::Prefill, 8, 70);
 }
 
 #[test]

@@ -50,7 +50,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              own kernels) [--no-subgroups] (wgpu: mat-vec reductions through workgroup
              memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
              for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
-             per split) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
+             per split) [--no-fold-merge] (wgpu: merge the splits in a dispatch of their
+             own, not in the last split's workgroup) [--decode-k-chunk N] (wgpu: vectors of a
+             K row decode attention loads together, 1-16; default 16 on GPUs) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
              issues together) [--no-coop] (wgpu: no cooperative matrices; by default,
              where the adapter has them, passes of at least 16 token rows multiply on
              them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
@@ -89,6 +91,8 @@ struct Args {
     mat_vec_unroll: Option<u32>,
     fused_glu: bool,
     fused_norm: bool,
+    fold_merge: bool,
+    decode_k_chunk: Option<u32>,
     subgroups: bool,
     coop: bool,
     coop_rows: Option<usize>,
@@ -165,6 +169,8 @@ fn parse_args() -> Result<Args, String> {
         mat_vec_unroll: None,
         fused_glu: true,
         fused_norm: true,
+        fold_merge: true,
+        decode_k_chunk: None,
         subgroups: true,
         coop: true,
         coop_rows: None,
@@ -185,6 +191,7 @@ fn parse_args() -> Result<Args, String> {
             "--profile" => Some((&mut a.profile, true)),
             "--no-fused-glu" => Some((&mut a.fused_glu, false)),
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
+            "--no-fold-merge" => Some((&mut a.fold_merge, false)),
             "--no-subgroups" => Some((&mut a.subgroups, false)),
             "--coop" => Some((&mut a.coop, true)),
             "--no-coop" => Some((&mut a.coop, false)),
@@ -219,6 +226,7 @@ fn parse_args() -> Result<Args, String> {
             "--mat-vec-rows" => a.mat_vec_rows = Some(num(&val)?.max(1)),
             "--decode-workgroups" => a.decode_workgroups = Some(num(&val)?.max(1) as u32),
             "--decode-min-split" => a.decode_min_split = Some(num(&val)?.max(1) as u32),
+            "--decode-k-chunk" => a.decode_k_chunk = Some(num(&val)?.clamp(1, 16) as u32),
             "--mat-vec-unroll" => a.mat_vec_unroll = Some(num(&val)?.clamp(1, 4) as u32),
             "--coop-rows" => {
                 a.coop = true;
@@ -621,6 +629,8 @@ fn bench(a: &Args) -> Result<(), String> {
                         mat_vec_max_rows: a.mat_vec_rows.unwrap_or(d.mat_vec_max_rows),
                         decode_workgroups: a.decode_workgroups,
                         decode_min_split: a.decode_min_split.unwrap_or(d.decode_min_split),
+                        fold_merge: a.fold_merge,
+                        decode_k_chunk: a.decode_k_chunk,
                         mat_vec_unroll: a.mat_vec_unroll,
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,

@@ -23,6 +23,23 @@ const MAX_SLOTS: u32 = 4;
 /// Most context splits per decode row; attn_merge.wgsl keeps one weight
 /// per split in workgroup memory.
 pub(crate) const MAX_SPLITS: u32 = 256;
+/// Most vectors of a K row the decode kernel loads before their dot
+/// products (its `KCH`): a head_dim of 64 in one go, wider heads in
+/// chunks, so the loads stay in registers.
+const K_CHUNK: u32 = 16;
+
+/// The K row vectors the decode kernel loads together ([`K_CHUNK`] at
+/// most): `chosen`, else [`K_CHUNK`] on GPUs, where many loads in flight
+/// should shorten a workgroup's chain of memory round trips (not yet
+/// measured on one), and 1 on CPU adapters, where lavapipe measured the
+/// row loaded a vector at a time faster (attn_decode 13.3-13.6 ms a step
+/// against 14.5-14.7 with 16: 2 layers, 128 cached tokens, 64 workgroups;
+/// BENCHMARKS.md).
+pub(crate) fn decode_k_chunk(cpu_adapter: bool, chosen: Option<u32>) -> u32 {
+    chosen
+        .unwrap_or(if cpu_adapter { 1 } else { K_CHUNK })
+        .clamp(1, K_CHUNK)
+}
 /// Most positions one decode workgroup visits (when the binding allows
 /// that many splits): 16 tiles, far below llvmpipe's cap on the loop
 /// iterations of an invocation, and a bound on any one workgroup's time.
@@ -69,8 +86,9 @@ impl AttnShape {
         (PREFILL_KV_VALUES / self.head_dim.max(1)).clamp(1, 64)
     }
 
-    /// The constants attn_decode.wgsl is compiled with (see its header).
-    pub(crate) fn decode_consts(&self) -> String {
+    /// The constants attn_decode.wgsl is compiled with (see its header),
+    /// loading `k_chunk` vectors of a K row together.
+    pub(crate) fn decode_consts(&self, k_chunk: u32) -> String {
         let hg = self.heads_per_wg();
         let hd = self.head_dim;
         let vw = if hd.is_multiple_of(4) { 4 } else { 2 };
@@ -81,12 +99,14 @@ impl AttnShape {
         // A power of two, so each head's reducers stride the tile evenly.
         let r = 1u32 << (DECODE_WG / hg).min(8).ilog2();
         let obuf = ((nslot - 1) * hg * cpl * lps).max(1);
+        let kch = nc.min(k_chunk.clamp(1, K_CHUNK));
+        let opi = (hg * nc).div_ceil(DECODE_WG);
         format!(
             "const HEAD_DIM: u32 = {hd}u;\nconst TILE: u32 = {DECODE_TILE}u;\n\
              const HG: u32 = {hg}u;\nconst VW: u32 = {vw}u;\n\
              alias VT = vec{vw}<f32>;\nconst NC: u32 = {nc}u;\nconst LPS: u32 = {lps}u;\n\
              const CPL: u32 = {cpl}u;\nconst NSLOT: u32 = {nslot}u;\nconst R: u32 = {r}u;\n\
-             const OBUF_LEN: u32 = {obuf}u;\n"
+             const OBUF_LEN: u32 = {obuf}u;\nconst KCH: u32 = {kch}u;\nconst OPI: u32 = {opi}u;\n"
         )
     }
 
@@ -122,6 +142,10 @@ pub struct SplitPolicy {
     /// Fewest positions per split: shorter splits cost more in partials
     /// and merging than their parallelism gains.
     pub min_len: u32,
+    /// Merge a row's splits in the workgroup of whichever split finishes
+    /// last (attn_decode.wgsl's `fold`: one dispatch), instead of in a
+    /// second dispatch of attn_merge.wgsl.
+    pub fold: bool,
 }
 
 /// The model side of a pass's attention: what every kernel's parameters
@@ -144,12 +168,16 @@ impl AttnModel {
 }
 
 /// A pass's decode attention: the decode dispatch, the merge when the
-/// contexts are split, and the bytes of partials that needs.
+/// contexts are split and not folded, and the bytes of partials and split
+/// counters that needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DecodeCalls {
     pub(crate) decode: Call,
     pub(crate) merge: Option<Call>,
     pub(crate) part_bytes: u64,
+    /// Bytes of the folded merge's counters (one u32 per decode workgroup
+    /// of a split); 0 without folding.
+    pub(crate) count_bytes: u64,
     /// Splits per row, and positions per split.
     pub(crate) n_splits: u32,
     pub(crate) split_len: u32,
@@ -210,6 +238,7 @@ pub(crate) fn decode_calls(
     let split_bytes = 4 * p.n_dec as u64 * m.q_heads as u64 * (hd as u64 + 2);
     let (n_splits, split_len) = splits(units, p.max_dec_ctx, policy, split_bytes, max_binding);
     let ml_off = p.n_dec * m.q_heads * n_splits * hd;
+    let fold = policy.fold && n_splits > 1;
     let decode = DecodeParams {
         n_items: p.n_dec,
         dec_off: p.dec_off,
@@ -225,8 +254,9 @@ pub(crate) fn decode_calls(
         scale: m.scale(),
         ml_off,
         hgroups,
+        fold: fold as u32,
     };
-    let merge = (n_splits > 1).then(|| {
+    let merge = (n_splits > 1 && !fold).then(|| {
         MergeParams {
             n_items: p.n_dec,
             dec_off: p.dec_off,
@@ -245,6 +275,7 @@ pub(crate) fn decode_calls(
         } else {
             0
         },
+        count_bytes: if fold { 4 * units as u64 } else { 0 },
         n_splits,
         split_len,
     }
@@ -274,7 +305,17 @@ mod tests {
     const WIDE: SplitPolicy = SplitPolicy {
         workgroups: 512,
         min_len: 32,
+        fold: true,
     };
+
+    #[test]
+    fn k_chunk_defaults_by_adapter_and_stays_in_range() {
+        assert_eq!(decode_k_chunk(true, None), 1);
+        assert_eq!(decode_k_chunk(false, None), K_CHUNK);
+        assert_eq!(decode_k_chunk(false, Some(4)), 4);
+        assert_eq!(decode_k_chunk(true, Some(0)), 1);
+        assert_eq!(decode_k_chunk(true, Some(1000)), K_CHUNK);
+    }
 
     #[test]
     fn splits_fill_the_target_within_their_bounds() {
@@ -299,6 +340,7 @@ mod tests {
                 let policy = SplitPolicy {
                     workgroups: 1 << 20,
                     min_len,
+                    fold: false,
                 };
                 let (n, len) = splits(1, ctx, policy, 1, mb);
                 assert!((1..=MAX_SPLITS).contains(&n), "{ctx} {min_len}");
@@ -316,7 +358,8 @@ mod tests {
                 assert!(rt >= 1 && group % hg == 0 && rt * hg <= PREFILL_WG);
                 // K and V tiles, of at least one position.
                 assert!(kt >= 1 && (2 * kt * head_dim * 4 <= 16 * 1024 || kt == 1));
-                let consts = s.decode_consts();
+                let k_chunk = [1, 5, K_CHUNK][(head_dim % 3) as usize];
+                let consts = s.decode_consts(k_chunk);
                 let get = |name: &str| -> u32 {
                     let at = consts.find(&format!("const {name}: u32 = ")).expect(name);
                     let rest = &consts[at + name.len() + 14..];
@@ -336,9 +379,19 @@ mod tests {
                 assert_eq!(nc * vw, head_dim);
                 assert!(lps * cpl >= nc && lps * nslot <= DECODE_WG);
                 assert!(r.is_power_of_two() && hg * r <= DECODE_WG);
-                // qs, two score tiles, the two reductions, the slot sums.
-                let bytes =
-                    4 * (hg * head_dim + 2 * hg * DECODE_TILE + 2 * hg * r + get("OBUF_LEN") * vw);
+                // qs, two score tiles, the two reductions, the slot sums,
+                // the fold's flag.
+                let bytes = 4
+                    * (hg * head_dim
+                        + 2 * hg * DECODE_TILE
+                        + 2 * hg * r
+                        + get("OBUF_LEN") * vw
+                        + 1);
+                // The K chunk as asked, within the row; the fold's outputs
+                // cover every vector of the HG heads.
+                let (kch, opi) = (get("KCH"), get("OPI"));
+                assert_eq!(kch, k_chunk.min(nc));
+                assert!(opi * DECODE_WG >= hg * nc && (opi - 1) * DECODE_WG < hg * nc);
                 assert!(bytes <= 16 * 1024, "{s:?}: {bytes} bytes");
             }
         }

@@ -33,7 +33,9 @@ pub struct LabSeq {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
     /// attn_decode.wgsl per row, each context split as the backend splits
-    /// it under this policy (attn_merge.wgsl combines the splits).
+    /// it under this policy (attn_merge.wgsl combines the splits, or the
+    /// last split's workgroup where the policy folds them; then the lab
+    /// also checks that every split counter is back to zero).
     Decode(SplitPolicy),
     /// attn_prefill.wgsl on tiles of consecutive rows.
     Prefill,
@@ -126,7 +128,8 @@ impl KernelLab {
         let gpu = Gpu::new(opts)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let split_k = opts.split_k.unwrap_or(!cpu_adapter);
-        let pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll);
+        let k_chunk = attn::decode_k_chunk(cpu_adapter, opts.decode_k_chunk);
+        let pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk);
         Ok(KernelLab {
             gpu,
             pipes,
@@ -683,9 +686,10 @@ impl KernelLab {
             AttnKernel::Decode(policy) => {
                 let c = attn::decode_calls(&model, &p, policy, self.gpu.max_binding);
                 let part = self.output("lab.part", (c.part_bytes / 4) as usize);
+                let counts = self.output("lab.counts", (c.count_bytes / 4) as usize);
                 let bg = self.bind(
                     &self.pipes.layouts.decode,
-                    &[&planb, &qb, &kb, &vb, &ab, &part],
+                    &[&planb, &qb, &kb, &vb, &ab, &part, &counts],
                 );
                 let mbg = self.bind(&self.pipes.layouts.merge, &[&planb, &part, &ab]);
                 let mut d = vec![(decode, &bg, c.decode)];
@@ -693,6 +697,18 @@ impl KernelLab {
                     d.push((&self.pipes.attn_merge, &mbg, m));
                 }
                 let out = self.run(&d, (&ab, bytes))?;
+                // The next dispatch counts from zero: the folded merge must
+                // leave every counter as it found it.
+                if c.count_bytes > 0 {
+                    let left = self.run(&[], (&counts, c.count_bytes))?;
+                    let left: &[u32] = bytemuck::cast_slice(&left);
+                    if let Some(i) = left.iter().position(|&n| n != 0) {
+                        return Err(format!(
+                            "split counter {i} left at {} after the folded merge",
+                            left[i]
+                        ));
+                    }
+                }
                 Ok(f32s(&out))
             }
         }

@@ -18,7 +18,9 @@
 //!   paged cache through the step's slot mapping, paged attention (for decode rows, flash-decoding: each
 //!   row's context split over as many workgroups as fill the device
 //!   ([`WgpuOptions::decode_workgroups`]), the splits merged by their
-//!   log-sum-exp; a tiled causal kernel for prefill runs),
+//!   log-sum-exp in the workgroup of whichever split finishes last, which
+//!   a per-row counter tells ([`WgpuOptions::fold_merge`]; else by a
+//!   dispatch of their own); a tiled causal kernel for prefill runs),
 //!   output product added into x, RMSNorm, gate|up product, SiLU-times-up,
 //!   down product added into x; finally the norm and LM head on only the
 //!   rows that need logits, and the sampling kernel over them (in a second
@@ -31,8 +33,8 @@
 //!   any barrier slows the whole kernel), and
 //!   SiLU-times-up into the gate|up product (`WeightKernel::Glu`, for a
 //!   stack in one chunk). A decode layer is then six dispatches: q|k|v,
-//!   RoPE with the K/V write, attention, o, gate|up, down, with the
-//!   attention merge for split contexts. Passes on the tiled matmul run the norms and SiLU as
+//!   RoPE with the K/V write, attention (its splits merged in it), o,
+//!   gate|up, down. Passes on the tiled matmul run the norms and SiLU as
 //!   their own kernels ([`WgpuOptions::fuse_norm`],
 //!   [`WgpuOptions::fuse_glu`]).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
@@ -169,6 +171,14 @@ pub struct WgpuOptions {
     /// Fewest context positions per decode-attention split
     /// ([`SplitPolicy::min_len`]).
     pub decode_min_split: u32,
+    /// Merge decode attention's splits in the workgroup of the split that
+    /// finishes last ([`SplitPolicy::fold`]) rather than in a dispatch of
+    /// their own. On by default; off only to compare.
+    pub fold_merge: bool,
+    /// Vectors of a K row decode attention loads before their dot products
+    /// (1 to 16). `None`: 16 on GPUs, 1 on CPU adapters (what lavapipe
+    /// measured faster).
+    pub decode_k_chunk: Option<u32>,
     /// A sequence's run of at least this many rows in a pass uses the tiled
     /// prefill attention; shorter runs use the decode kernel.
     pub prefill_min_rows: usize,
@@ -297,6 +307,8 @@ impl Default for WgpuOptions {
             max_rows_per_pass: None,
             decode_workgroups: None,
             decode_min_split: 32,
+            fold_merge: true,
+            decode_k_chunk: None,
             prefill_min_rows: 4,
             tiled_matmul: None,
             mat_vec_max_rows: MAT_VEC_COLS,
@@ -393,6 +405,10 @@ struct Bufs {
     gate_up: Grow,
     act: Grow,
     part: Grow,
+    /// The folded merge's split counters (attn_decode.wgsl's `counts`):
+    /// zero when created, and set back to zero by the dispatch that counts
+    /// them up.
+    counts: Grow,
     /// Partial sums of split-k coop products (their bind groups' binding 4).
     split: Grow,
     logits: Grow,
@@ -443,6 +459,7 @@ struct Binds {
 struct Needs {
     rows: u64,
     part: u64,
+    counts: u64,
     split: u64,
     logit_rows: u64,
     sample: u64,
@@ -544,7 +561,8 @@ impl WgpuBackend {
             ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let split_k = opts.split_k.unwrap_or(!cpu_adapter);
-        let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll);
+        let k_chunk = attn::decode_k_chunk(cpu_adapter, opts.decode_k_chunk);
+        let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk);
         let sample_wg = opts.sample_wg(cpu_adapter, c.vocab_size as u32);
         pipes.ensure_sample(&gpu, sample_wg);
         for d in weights.dtypes() {
@@ -609,6 +627,7 @@ impl WgpuBackend {
             gate_up: Grow::new(&gpu, "gate_up", row_bytes, st),
             act: Grow::new(&gpu, "act", row_bytes, st),
             part: Grow::new(&gpu, "part", 16, st),
+            counts: Grow::new(&gpu, "counts", 16, st),
             split: Grow::new(&gpu, "split", 16, st),
             logits: Grow::new(&gpu, "logits", 4 * dims.vocab as u64, st),
             sample: Grow::new(&gpu, "sample", 4096, st),
@@ -648,6 +667,7 @@ impl WgpuBackend {
                     GPU_DECODE_WORKGROUPS
                 }),
                 min_len: opts.decode_min_split.max(1),
+                fold: opts.fold_merge,
             },
             kernels,
             sample_wg,
@@ -861,6 +881,7 @@ impl WgpuBackend {
                         &lw.v,
                         &b.att.buf,
                         &b.part.buf,
+                        &b.counts.buf,
                     ],
                 ),
                 prefill: self.gpu.storage_bind_group(
@@ -938,6 +959,7 @@ impl WgpuBackend {
         needs.rows = needs.rows.max(p.rows as u64);
         if let Some(c) = &calls.decode {
             needs.part = needs.part.max(c.part_bytes);
+            needs.counts = needs.counts.max(c.count_bytes);
         }
         let d = self.dims;
         let w = &self.weights;
@@ -999,6 +1021,7 @@ impl WgpuBackend {
         grown |= b.gate_up.ensure(g, r * 8 * d.inter as u64, mb);
         grown |= b.act.ensure(g, r * 4 * d.inter as u64, mb);
         grown |= b.part.ensure(g, needs.part, mb);
+        grown |= b.counts.ensure(g, needs.counts, mb);
         grown |= b.split.ensure(g, needs.split, mb);
         grown |= b
             .logits

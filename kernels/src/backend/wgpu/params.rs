@@ -143,6 +143,7 @@ kernel_params! {
         scale: f32,
         ml_off: u32,
         hgroups: u32,
+        fold: u32,
     }
 
     /// attn_merge.wgsl's `Params`.

@@ -336,7 +336,7 @@ impl Layouts {
             decode: storage_layout(
                 gpu,
                 "attn_decode",
-                &[(0, R), (1, R), (2, R), (3, R), (4, W), (5, W)],
+                &[(0, R), (1, R), (2, R), (3, R), (4, W), (5, W), (6, W)],
             ),
             merge: storage_layout(gpu, "attn_merge", &[(0, R), (1, R), (2, W)]),
             prefill: storage_layout(
@@ -559,6 +559,9 @@ pub(crate) struct Pipelines {
     /// Weight loads a mat-vec invocation issues together, where chosen
     /// ([`mat_vec_unroll`]).
     unroll: Option<u32>,
+    /// K row vectors decode attention loads together
+    /// ([`super::attn::decode_k_chunk`]).
+    k_chunk: u32,
     /// The cooperative-matrix configuration, where the device has one: the
     /// coop matmul is then compiled for every weight type.
     pub(crate) coop: Option<CoopConfig>,
@@ -605,8 +608,9 @@ impl Pipelines {
     /// [`Pipelines::ensure_weights`], [`Pipelines::ensure_attn`] and
     /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`];
     /// `unroll`: mat-vec's weight loads in flight, where chosen
-    /// ([`mat_vec_unroll`]).
-    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: Option<u32>) -> Pipelines {
+    /// ([`mat_vec_unroll`]); `k_chunk`: decode attention's K loads in
+    /// flight ([`super::attn::decode_k_chunk`]).
+    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: Option<u32>, k_chunk: u32) -> Pipelines {
         let layouts = Layouts::new(gpu);
         let p = &layouts.params;
         let rms_norm = compile(
@@ -646,6 +650,7 @@ impl Pipelines {
             split_k,
             gpu_subgroups: gpu.subgroups,
             unroll,
+            k_chunk,
             coop: gpu.coop,
             coop_wide: gpu.coop_wide,
             weight: HashMap::new(),
@@ -819,7 +824,7 @@ impl Pipelines {
             "attn_decode",
             format!(
                 "{}\n{}",
-                shape.decode_consts(),
+                shape.decode_consts(self.k_chunk),
                 include_str!("shaders/attn_decode.wgsl")
             ),
             &self.layouts.decode,

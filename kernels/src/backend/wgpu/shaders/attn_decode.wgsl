@@ -22,6 +22,16 @@
 // The slots' accumulators are added (in slot order) once, at the end.
 // Scores are double-buffered across tiles, so a tile needs three barriers.
 //
+// With `fold` set, the splits are merged here instead of by attn_merge.wgsl:
+// each split's workgroup writes its partial, then counts itself in
+// `counts` (one counter per row, KV head and head group); the workgroup
+// that counts last merges every split of its HG heads and sets the counter
+// back to 0 for the next dispatch. The partial writes are released, and
+// the last workgroup's reads acquired, by storageBarrier (device-scope
+// acquire-release in SPIR-V) around the device-scope atomic: no invocation
+// waits on another workgroup, so nothing depends on workgroups running
+// together. That saves a dispatch per layer.
+//
 // Specialised by the host, which prepends:
 //   HEAD_DIM  head width
 //   TILE      positions per tile
@@ -32,6 +42,8 @@
 //   CPL       vectors per lane (ceil(NC / LPS))
 //   NSLOT     P V slots (min(WG / LPS, 4))
 //   R         invocations per head in the tile reductions (HG * R <= WG)
+//   KCH       vectors of a K row loaded together before their dot products
+//   OPI       output vectors per invocation in the folded merge
 // No subgroup operations: any subgroup size works.
 
 struct Params {
@@ -49,7 +61,8 @@ struct Params {
     scale: f32,     // 1 / sqrt(head_dim)
     ml_off: u32,    // offset of the (max, sum) pairs in `part`
     hgroups: u32,   // group / HG
-    _p14: u32, _p15: u32,
+    fold: u32,      // 1: the last split's workgroup merges (see above)
+    _p15: u32,
 }
 
 @group(0) @binding(0) var<storage, read> plan: array<u32>;
@@ -59,6 +72,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> vc: array<VT>;
 @group(0) @binding(4) var<storage, read_write> att: array<f32>;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
+// Splits finished per (row, KV head, head group), for `fold`; 0 between
+// dispatches.
+@group(0) @binding(6) var<storage, read_write> counts: array<atomic<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 64u;
@@ -74,6 +90,8 @@ var<workgroup> red_max: array<f32, HG * R>;
 var<workgroup> red_sum: array<f32, HG * R>;
 // The accumulators of slots 1.. for slot 0 to add.
 var<workgroup> slots: array<VT, OBUF_LEN>;
+// Whether this workgroup counted last (`fold`).
+var<workgroup> last_split: u32;
 
 // The row of the cache, in vectors, holding position j of KV head g of the
 // sequence whose block table starts at word rt of `plan`.
@@ -133,10 +151,21 @@ fn main(
             let kb = cache_row(rt, t0 + lid, g);
             rows[rb + lid] = kb;
             var s: array<f32, HG>;
-            for (var c = 0u; c < NC; c++) {
-                let k = kc[kb + c];
-                for (var h = 0u; h < HG; h++) {
-                    s[h] += dot(qs[h * NC + c], k);
+            // KCH vectors of the row loaded before any is used, so that
+            // many loads are in flight rather than one dot product's.
+            for (var c0 = 0u; c0 < NC; c0 += KCH) {
+                var k: array<VT, KCH>;
+                for (var i = 0u; i < KCH; i++) {
+                    if (c0 + i < NC) {
+                        k[i] = kc[kb + c0 + i];
+                    }
+                }
+                for (var i = 0u; i < KCH; i++) {
+                    if (c0 + i < NC) {
+                        for (var h = 0u; h < HG; h++) {
+                            s[h] += dot(qs[h * NC + c0 + i], k[i]);
+                        }
+                    }
                 }
             }
             for (var h = 0u; h < HG; h++) {
@@ -233,33 +262,135 @@ fn main(
             }
         }
     }
-    if (slot != 0u) {
-        return;
-    }
-    for (var h = 0u; h < HG; h++) {
-        let qh = h0 + h;
-        let pi = (item * p.q_heads + qh) * p.n_splits + split;
-        for (var ci = 0u; ci < CPL; ci++) {
-            let c = lane + ci * LPS;
-            if (c < NC) {
-                var o = acc[h * CPL + ci];
-                var at = pi * HEAD_DIM + c * VW;
-                if (p.n_splits == 1u) {
-                    o /= run_sum[h];
-                    at = r * p.q_heads * HEAD_DIM + qh * HEAD_DIM + c * VW;
-                }
-                for (var i = 0u; i < VW; i++) {
+    if (slot == 0u) {
+        for (var h = 0u; h < HG; h++) {
+            let qh = h0 + h;
+            let pi = (item * p.q_heads + qh) * p.n_splits + split;
+            for (var ci = 0u; ci < CPL; ci++) {
+                let c = lane + ci * LPS;
+                if (c < NC) {
+                    var o = acc[h * CPL + ci];
+                    var at = pi * HEAD_DIM + c * VW;
                     if (p.n_splits == 1u) {
-                        att[at + i] = o[i];
-                    } else {
-                        part[at + i] = o[i];
+                        o /= run_sum[h];
+                        at = r * p.q_heads * HEAD_DIM + qh * HEAD_DIM + c * VW;
+                    }
+                    for (var i = 0u; i < VW; i++) {
+                        if (p.n_splits == 1u) {
+                            att[at + i] = o[i];
+                        } else {
+                            part[at + i] = o[i];
+                        }
                     }
                 }
             }
+            if (p.n_splits > 1u && lane == 0u) {
+                part[p.ml_off + pi * 2u] = run_max[h];
+                part[p.ml_off + pi * 2u + 1u] = run_sum[h];
+            }
         }
-        if (p.n_splits > 1u && lane == 0u) {
-            part[p.ml_off + pi * 2u] = run_max[h];
-            part[p.ml_off + pi * 2u + 1u] = run_sum[h];
+    }
+    if (p.fold == 0u || p.n_splits == 1u) {
+        return;
+    }
+    // This workgroup's partial, released before it is counted.
+    storageBarrier();
+    if (lid == 0u) {
+        let done = atomicAdd(&counts[wid.x], 1u) + 1u;
+        last_split = select(0u, 1u, done == p.n_splits);
+    }
+    if (workgroupUniformLoad(&last_split) == 0u) {
+        return;
+    }
+    // Every split's partial, acquired.
+    storageBarrier();
+    fold_splits(item, r, h0, lid);
+    if (lid == 0u) {
+        atomicStore(&counts[wid.x], 0u);
+    }
+}
+
+// The merge of attn_merge.wgsl for the HG heads from h0 of decode row
+// `item`, by the workgroup that finished last: out = sum_s acc_s w_s / L
+// with w_s = e^(m_s - M), M = max_s m_s, L = sum_s l_s w_s.
+fn fold_splits(item: u32, r: u32, h0: u32, lid: u32) {
+    let ns = p.n_splits;
+    // M and L per head: R invocations per head fold a stride of the
+    // splits each (online, one pass over the (m, l) pairs); then every
+    // invocation folds the R partials of every head.
+    let rh = lid / R;
+    let rr = lid % R;
+    if (lid < HG * R) {
+        let base = (item * p.q_heads + h0 + rh) * ns;
+        var m = NEG;
+        var l = 0.0;
+        for (var s = rr; s < ns; s += R) {
+            let ms = part[p.ml_off + (base + s) * 2u];
+            let ls = part[p.ml_off + (base + s) * 2u + 1u];
+            let mx = max(m, ms);
+            l = l * exp(m - mx) + ls * exp(ms - mx);
+            m = mx;
+        }
+        red_max[lid] = m;
+        red_sum[lid] = l;
+    }
+    workgroupBarrier();
+    var big_m: array<f32, HG>;
+    var big_l: array<f32, HG>;
+    for (var h = 0u; h < HG; h++) {
+        var m = NEG;
+        for (var i = 0u; i < R; i++) {
+            m = max(m, red_max[h * R + i]);
+        }
+        var l = 0.0;
+        for (var i = 0u; i < R; i++) {
+            l += red_sum[h * R + i] * exp(red_max[h * R + i] - m);
+        }
+        big_m[h] = m;
+        big_l[h] = l;
+    }
+    // The splits' weights, 2 * TILE at a time (the score buffers' room),
+    // then each invocation's output vectors summed over them.
+    var o: array<VT, OPI>;
+    for (var s0 = 0u; s0 < ns; s0 += 2u * TILE) {
+        let chunk = min(2u * TILE, ns - s0);
+        workgroupBarrier(); // the previous chunk's weights are read
+        for (var e = lid; e < HG * chunk; e += WG) {
+            let h = e / chunk;
+            let s = s0 + e % chunk;
+            let pi = (item * p.q_heads + h0 + h) * ns + s;
+            sc[h * 2u * TILE + e % chunk] = exp(part[p.ml_off + pi * 2u] - big_m[h]);
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < OPI; i++) {
+            let e = lid + i * WG;
+            if (e < HG * NC) {
+                let h = e / NC;
+                let c = e % NC;
+                let pi0 = (item * p.q_heads + h0 + h) * ns + s0;
+                var a = o[i];
+                for (var s = 0u; s < chunk; s++) {
+                    let at = (pi0 + s) * HEAD_DIM + c * VW;
+                    var v: VT;
+                    for (var j = 0u; j < VW; j++) {
+                        v[j] = part[at + j];
+                    }
+                    a += v * sc[h * 2u * TILE + s];
+                }
+                o[i] = a;
+            }
+        }
+    }
+    for (var i = 0u; i < OPI; i++) {
+        let e = lid + i * WG;
+        if (e < HG * NC) {
+            let h = e / NC;
+            let c = e % NC;
+            let at = r * p.q_heads * HEAD_DIM + (h0 + h) * HEAD_DIM + c * VW;
+            let v = o[i] / big_l[h];
+            for (var j = 0u; j < VW; j++) {
+                att[at + j] = v[j];
+            }
         }
     }
 }
