@@ -740,6 +740,9 @@ fn wgpu_decode_attention_splits_long_contexts() {
     // tolerance shown to catch a merge that dropped one split: the
     // reference without one split of the longest row must fail it.
     let Some(mut lab) = lab() else { return };
+    // Every test adapter is Vulkan, which has `@coherent` storage: without
+    // it the folded cases below would quietly take the merge dispatch.
+    assert!(lab.folds_splits(), "{}: no folded merge", lab.adapter());
     let mut rng = Rng::new(21);
     let shapes = [
         (32, 4, 64, 16),

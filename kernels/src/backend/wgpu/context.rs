@@ -58,6 +58,10 @@ pub(crate) struct Gpu {
     pub(crate) coop: Option<CoopConfig>,
     /// The same with the wide eight-subgroup tile, where it fits.
     pub(crate) coop_wide: Option<CoopConfig>,
+    /// `@coherent` storage buffers enabled (every Vulkan adapter offers
+    /// it): decode attention's partials are read coherently by the
+    /// workgroup that merges them in the same dispatch, which needs it.
+    pub(crate) coherent: bool,
     /// Shaders keep the loop counters wgpu adds to every loop
     /// ([`WgpuOptions::loop_bounding`]).
     loop_bounding: bool,
@@ -73,6 +77,7 @@ impl std::fmt::Debug for Gpu {
             .field("f16_native", &self.f16_native)
             .field("timestamps", &self.timestamps)
             .field("subgroups", &self.subgroups)
+            .field("coherent", &self.coherent)
             .field("coop", &self.coop)
             .field("coop_wide", &self.coop_wide)
             .finish_non_exhaustive()
@@ -210,6 +215,12 @@ impl Gpu {
         if timestamps {
             features |= ::wgpu::Features::TIMESTAMP_QUERY;
         }
+        let coherent = adapter
+            .features()
+            .contains(::wgpu::Features::MEMORY_DECORATION_COHERENT);
+        if coherent {
+            features |= ::wgpu::Features::MEMORY_DECORATION_COHERENT;
+        }
         let coop_offered = opts.cooperative_matrix
             && adapter
                 .features()
@@ -293,6 +304,7 @@ impl Gpu {
             subgroups,
             coop,
             coop_wide,
+            coherent,
             loop_bounding: opts.loop_bounding,
             errors,
         })

@@ -621,6 +621,22 @@ impl KernelLab {
         })
     }
 
+    /// Whether decode attention folds its merge into the last split here
+    /// when a policy asks: where the device has `@coherent` storage
+    /// buffers (every Vulkan adapter).
+    pub fn folds_splits(&self) -> bool {
+        self.gpu.coherent
+    }
+
+    /// `policy`, folding only where the device has `@coherent` storage
+    /// (as the backend decides).
+    fn fold_if_coherent(&self, policy: SplitPolicy) -> SplitPolicy {
+        SplitPolicy {
+            fold: policy.fold && self.gpu.coherent,
+            ..policy
+        }
+    }
+
     fn attn_model(shape: &HeadShape) -> AttnModel {
         AttnModel {
             shape: AttnShape {
@@ -644,6 +660,7 @@ impl KernelLab {
         policy: SplitPolicy,
     ) -> Result<(u32, u32), String> {
         let (_, p) = self.plan(seqs, &[], Self::limits(shape, usize::MAX))?;
+        let policy = self.fold_if_coherent(policy);
         let c = attn::decode_calls(&Self::attn_model(shape), &p, policy, self.gpu.max_binding);
         Ok((c.n_splits, c.split_len))
     }
@@ -684,6 +701,7 @@ impl KernelLab {
                 Ok(f32s(&out))
             }
             AttnKernel::Decode(policy) => {
+                let policy = self.fold_if_coherent(policy);
                 let c = attn::decode_calls(&model, &p, policy, self.gpu.max_binding);
                 let part = self.output("lab.part", (c.part_bytes / 4) as usize);
                 let counts = self.output("lab.counts", (c.count_bytes / 4) as usize);

@@ -33,7 +33,8 @@
 //!   any barrier slows the whole kernel), and
 //!   SiLU-times-up into the gate|up product (`WeightKernel::Glu`, for a
 //!   stack in one chunk). A decode layer is then six dispatches: q|k|v,
-//!   RoPE with the K/V write, attention (its splits merged in it), o,
+//!   RoPE with the K/V write, attention (its splits merged in it; with
+//!   [`WgpuOptions::fold_merge`] off, a seventh dispatch merges them), o,
 //!   gate|up, down. Passes on the tiled matmul run the norms and SiLU as
 //!   their own kernels ([`WgpuOptions::fuse_norm`],
 //!   [`WgpuOptions::fuse_glu`]).
@@ -173,7 +174,8 @@ pub struct WgpuOptions {
     pub decode_min_split: u32,
     /// Merge decode attention's splits in the workgroup of the split that
     /// finishes last ([`SplitPolicy::fold`]) rather than in a dispatch of
-    /// their own. On by default; off only to compare.
+    /// their own, where the device has `@coherent` storage buffers (every
+    /// Vulkan adapter). On by default; off only to compare.
     pub fold_merge: bool,
     /// Vectors of a K row decode attention loads before their dot products
     /// (1 to 16). `None`: 16 on GPUs, 1 on CPU adapters (what lavapipe
@@ -560,6 +562,9 @@ impl WgpuBackend {
         let weights =
             ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
+        // The folded merge reads other workgroups' partials: only with
+        // `@coherent` storage.
+        let fold = opts.fold_merge && gpu.coherent;
         let split_k = opts.split_k.unwrap_or(!cpu_adapter);
         let k_chunk = attn::decode_k_chunk(cpu_adapter, opts.decode_k_chunk);
         let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk);
@@ -667,7 +672,7 @@ impl WgpuBackend {
                     GPU_DECODE_WORKGROUPS
                 }),
                 min_len: opts.decode_min_split.max(1),
-                fold: opts.fold_merge,
+                fold,
             },
             kernels,
             sample_wg,

@@ -825,7 +825,10 @@ impl Pipelines {
             format!(
                 "{}\n{}",
                 shape.decode_consts(self.k_chunk),
-                include_str!("shaders/attn_decode.wgsl")
+                include_str!("shaders/attn_decode.wgsl").replace(
+                    "PART_DECORATION",
+                    if gpu.coherent { "@coherent" } else { "" }
+                )
             ),
             &self.layouts.decode,
             &self.layouts.params,

@@ -28,9 +28,11 @@
 // that counts last merges every split of its HG heads and sets the counter
 // back to 0 for the next dispatch. The partial writes are released, and
 // the last workgroup's reads acquired, by storageBarrier (device-scope
-// acquire-release in SPIR-V) around the device-scope atomic: no invocation
-// waits on another workgroup, so nothing depends on workgroups running
-// together. That saves a dispatch per layer.
+// acquire-release in SPIR-V) around the device-scope atomic, and the host
+// compiles `part` as @coherent where it folds (PART_DECORATION below), so
+// no core's cache can serve the merging workgroup a line another split
+// wrote since. No invocation waits on another workgroup, so nothing
+// depends on workgroups running together. That saves a dispatch per layer.
 //
 // Specialised by the host, which prepends:
 //   HEAD_DIM  head width
@@ -71,7 +73,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> kc: array<VT>;
 @group(0) @binding(3) var<storage, read> vc: array<VT>;
 @group(0) @binding(4) var<storage, read_write> att: array<f32>;
-@group(0) @binding(5) var<storage, read_write> part: array<f32>;
+// The host replaces PART_DECORATION with `@coherent` where the device has
+// it, and with nothing where it does not (and then never folds).
+@group(0) @binding(5) PART_DECORATION var<storage, read_write> part: array<f32>;
 // Splits finished per (row, KV head, head group), for `fold`; 0 between
 // dispatches.
 @group(0) @binding(6) var<storage, read_write> counts: array<atomic<u32>>;
