@@ -416,8 +416,8 @@ fn against_cpu(
     )
     .expect("cpu backend");
     let mut rng = Rng::new(seed);
-    // 1..=9 sequences over a shuffled pool.
-    let n = 1 + rng.below(9) as usize;
+    // 1..=9 sequences over a shuffled pool, each with a block at least.
+    let n = 1 + rng.below(9.min(nb) as u64) as usize;
     let mut pool: Vec<u32> = (0..nb as u32).collect();
     for i in (1..pool.len()).rev() {
         pool.swap(i, rng.below(i as u64 + 1) as usize);
@@ -696,6 +696,8 @@ fn wgpu_coop_products_match_cpu_backend() {
         /// Split k wherever it has 8 slabs (of 32).
         split: bool,
         wide_rows: usize,
+        /// Passes that fit the tall tile take it.
+        tall: bool,
         bs: usize,
         blocks: usize,
         what: &'static str,
@@ -706,6 +708,7 @@ fn wgpu_coop_products_match_cpu_backend() {
         binding: None,
         split,
         wide_rows,
+        tall: false,
         bs,
         blocks,
         what,
@@ -777,6 +780,30 @@ fn wgpu_coop_products_match_cpu_backend() {
             8,
             "quantized, wide tiles, k split",
         ),
+        Case {
+            tall: true,
+            ..case(
+                &LLAMA,
+                1,
+                false,
+                SQUARE,
+                16,
+                64,
+                "llama f32, tall tiles for decode",
+            )
+        },
+        Case {
+            tall: true,
+            ..case(
+                &QUANT,
+                2,
+                true,
+                SQUARE,
+                16,
+                8,
+                "quantized, tall tiles, k split",
+            )
+        },
     ];
     for (seed, c) in (40..).zip(cases) {
         let Case {
@@ -784,6 +811,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             bs,
             what,
             split,
+            tall,
             ..
         } = c;
         let nb = c.blocks;
@@ -794,6 +822,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             coop_k_slab: split.then_some(32),
             coop_split_workgroups: Some(if split { 1 << 20 } else { 0 }),
             coop_wide_rows: c.wide_rows,
+            coop_tall: tall,
             ..f32_options()
         };
         let model = Arc::new(random_model(shape, seed));
@@ -823,6 +852,13 @@ fn wgpu_coop_products_match_cpu_backend() {
         assert!(coop > 0, "{what}: no coop dispatch in {p:?}");
         let sums = p.kernels.iter().any(|k| k.name.contains("split_sum"));
         assert_eq!(sums, split, "{what}: split sums in {p:?}");
+        // Every case has passes of a few rows: the tall tile takes them
+        // where asked, and only there.
+        let talls = p
+            .kernels
+            .iter()
+            .any(|k| k.name.contains("coop_mat_mul tall"));
+        assert_eq!(talls, tall, "{what}: tall-tile products in {p:?}");
     }
 }
 

@@ -322,35 +322,48 @@ fn wgpu_coop_matmul_matches_reference() {
     // then with k split over workgroups wherever it has 8 slabs or more
     // (partial sums added by split_sum.wgsl).
     // Then on the wide tile (eight subgroups) for every pass, unsplit and
-    // split; the others on the default tile only.
+    // split; then on the tall tile (rows by two sides of tokens) for
+    // passes that fit it, unsplit and split; the others on the default
+    // tile only.
     let (square, wide) = (usize::MAX, 1);
     let split_everything = Some(1 << 20);
-    for (slab, split, wide_rows) in [
-        (None, None, square),
-        (Some(32), None, square),
-        (Some(32), split_everything, square),
-        (None, None, wide),
-        (Some(32), split_everything, wide),
+    for (slab, split, wide_rows, tall) in [
+        (None, None, square, false),
+        (Some(32), None, square, false),
+        (Some(32), split_everything, square, false),
+        (None, None, wide, false),
+        (Some(32), split_everything, wide, false),
+        (None, None, square, true),
+        (Some(32), split_everything, square, true),
     ] {
         let opts = tokenwire_kernels::WgpuOptions {
             coop_k_slab: slab,
             coop_split_workgroups: split,
             coop_wide_rows: wide_rows,
+            coop_tall: tall,
             ..Default::default()
         };
         let Some(mut lab) = coop_lab(&opts) else {
             return;
         };
+        // The tall tile's passes: up to its tokens (16 at side 8, 32 at 16).
+        let max_cols = match lab.coop_tall() {
+            Some(t) if tall => t.tile_tokens() as usize,
+            None if tall => panic!("no tall coop tile on an adapter with coop"),
+            _ => 140,
+        };
         let seed = 50
             + slab.unwrap_or(0) as u64
             + u64::from(split.is_some())
-            + 2 * u64::from(wide_rows == wide);
-        check_coop_shapes(&mut lab, seed);
+            + 2 * u64::from(wide_rows == wide)
+            + 4 * u64::from(tall);
+        check_coop_shapes(&mut lab, seed, max_cols);
     }
 }
 
-/// [`check_coop`] on drawn shapes: every float type, then every block type.
-fn check_coop_shapes(lab: &mut KernelLab, seed: u64) {
+/// [`check_coop`] on drawn shapes of up to `max_cols` tokens: every float
+/// type, then every block type.
+fn check_coop_shapes(lab: &mut KernelLab, seed: u64, max_cols: usize) {
     let mut rng = Rng::new(seed);
     for case in 0..14 {
         let dts = dtypes(lab);
@@ -361,7 +374,7 @@ fn check_coop_shapes(lab: &mut KernelLab, seed: u64) {
             range(&mut rng, 1, 200)
         };
         let n = range(&mut rng, 1, 300);
-        let cols = range(&mut rng, 1, 140);
+        let cols = range(&mut rng, 1, max_cols);
         let w = round(dtype, &uniform(&mut rng, n * k, 1.0));
         let x = uniform(&mut rng, cols * k, 1.0);
         let bias = (rng.below(2) == 0).then(|| uniform(&mut rng, n, 1.0));
@@ -386,7 +399,7 @@ fn check_coop_shapes(lab: &mut KernelLab, seed: u64) {
         let per = t.block_len();
         let k = per * range(&mut rng, 1, if per == 256 { 3 } else { 9 });
         let n = range(&mut rng, 1, 150);
-        let cols = range(&mut rng, 1, 80);
+        let cols = range(&mut rng, 1, max_cols.min(80));
         let raw = random_blocks(&mut rng, t, n * k, 1.0);
         let m = WeightMatrix::from_bytes(t, n, k, raw).expect("whole blocks");
         let mut w = Vec::new();

@@ -51,8 +51,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
              for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
              per split) [--no-fold-merge] (wgpu: merge the splits in a dispatch of their
-             own, not in the last split's workgroup) [--decode-k-chunk N] (wgpu: vectors of a
-             K row decode attention loads together, 1-16; default 16 on GPUs) [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
+             own, not in the last split's workgroup) [--decode-k-chunk N] (wgpu: vectors
+             of a K row decode attention loads together, 1-16; default 16 on GPUs)
+             [--mat-vec-unroll 1|2|4] (wgpu: weight loads a mat-vec invocation
              issues together) [--no-coop] (wgpu: no cooperative matrices; by default,
              where the adapter has them, passes of at least 16 token rows multiply on
              them; --coop is accepted and changes nothing) [--coop-rows N] (coop from N
@@ -61,6 +62,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              than N over workgroups; 0: never; default 512 on GPUs) [--coop-wide-rows N]
              (coop passes of N or more rows on the wide tile, eight subgroups over
              128 x 128 at side 16, instead of four over 64 x 64; default 128)
+             [--no-coop-tall] (coop passes of up to 32 rows at side 16 on the default
+             tile, not the tall one, four subgroups over 128 rows by 32 tokens)
              [--no-shader-f16] (wgpu: f16 weights unpacked from u32 pairs, not read
              as vec4<f16> with the device's shader-f16) [--max-rows-per-pass N] (wgpu:
              token rows per pass, default 2048 on GPUs and 512 on CPU adapters; a bigger
@@ -99,6 +102,7 @@ struct Args {
     coop_slab: Option<u32>,
     coop_split: Option<u32>,
     coop_wide_rows: Option<usize>,
+    coop_tall: bool,
     max_rows_per_pass: Option<usize>,
     shader_f16: bool,
     loop_bounding: bool,
@@ -177,6 +181,7 @@ fn parse_args() -> Result<Args, String> {
         coop_slab: None,
         coop_split: None,
         coop_wide_rows: None,
+        coop_tall: true,
         max_rows_per_pass: None,
         shader_f16: true,
         loop_bounding: false,
@@ -195,6 +200,7 @@ fn parse_args() -> Result<Args, String> {
             "--no-subgroups" => Some((&mut a.subgroups, false)),
             "--coop" => Some((&mut a.coop, true)),
             "--no-coop" => Some((&mut a.coop, false)),
+            "--no-coop-tall" => Some((&mut a.coop_tall, false)),
             "--loop-bounding" => Some((&mut a.loop_bounding, true)),
             "--no-shader-f16" => Some((&mut a.shader_f16, false)),
             _ => None,
@@ -640,6 +646,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         coop_k_slab: a.coop_slab,
                         coop_split_workgroups: a.coop_split,
                         coop_wide_rows: a.coop_wide_rows.unwrap_or(d.coop_wide_rows),
+                        coop_tall: a.coop_tall,
                         max_rows_per_pass: a.max_rows_per_pass.or(d.max_rows_per_pass),
                         shader_f16: a.shader_f16,
                         loop_bounding: a.loop_bounding,
@@ -651,7 +658,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         let coop = match w.coop() {
                             Some(c) => format!(
                                 "cooperative matrices {}x{} (subgroups of {}, k slab {}, k split \
-                                 below {} workgroups){}",
+                                 below {} workgroups){}{}",
                                 c.side,
                                 c.side,
                                 c.subgroup,
@@ -660,6 +667,11 @@ fn bench(a: &Args) -> Result<(), String> {
                                 match w.coop_wide() {
                                     Some(_) =>
                                         format!(", the wide tile from {} rows", opts.coop_wide_rows),
+                                    None => String::new(),
+                                },
+                                match w.coop_tall() {
+                                    Some(t) =>
+                                        format!(", the tall tile up to {} rows", t.tile_tokens()),
                                     None => String::new(),
                                 }
                             ),

@@ -144,7 +144,8 @@ pub struct SplitPolicy {
     pub min_len: u32,
     /// Merge a row's splits in the workgroup of whichever split finishes
     /// last (attn_decode.wgsl's `fold`: one dispatch), instead of in a
-    /// second dispatch of attn_merge.wgsl.
+    /// second dispatch of attn_merge.wgsl; taken only where the device has
+    /// `@coherent` storage buffers (every Vulkan adapter).
     pub fold: bool,
 }
 
@@ -225,12 +226,17 @@ pub(crate) fn rope_kv_call(m: &AttnModel, p: &Pass) -> Call {
 }
 
 /// The decode attention of the decode rows of `p` (`p.n_dec` > 0) under
-/// `policy`.
+/// `policy`, on a device whose bindings hold `max_binding` bytes at most
+/// and which has `@coherent` storage buffers or not (`coherent`): the
+/// folded merge reads the partials other workgroups wrote in the same
+/// dispatch, which only coherent storage promises, so without it the
+/// splits are merged by their own dispatch whatever the policy says.
 pub(crate) fn decode_calls(
     m: &AttnModel,
     p: &Pass,
     policy: SplitPolicy,
     max_binding: u64,
+    coherent: bool,
 ) -> DecodeCalls {
     let hd = m.shape.head_dim;
     let hgroups = m.shape.group / m.shape.heads_per_wg();
@@ -238,7 +244,7 @@ pub(crate) fn decode_calls(
     let split_bytes = 4 * p.n_dec as u64 * m.q_heads as u64 * (hd as u64 + 2);
     let (n_splits, split_len) = splits(units, p.max_dec_ctx, policy, split_bytes, max_binding);
     let ml_off = p.n_dec * m.q_heads * n_splits * hd;
-    let fold = policy.fold && n_splits > 1;
+    let fold = policy.fold && coherent && n_splits > 1;
     let decode = DecodeParams {
         n_items: p.n_dec,
         dec_off: p.dec_off,

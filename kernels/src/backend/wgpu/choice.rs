@@ -16,15 +16,20 @@ pub(crate) struct KernelChoice {
     /// Passes of at least this many rows take this (wide-tile)
     /// configuration instead, where coop applies at all.
     pub(crate) wide_from: Option<(CoopConfig, u32)>,
+    /// Passes that fit in this (tall-tile) configuration's tokens take it
+    /// instead, where coop applies and the wide tile does not.
+    pub(crate) tall: Option<CoopConfig>,
 }
 
 impl KernelChoice {
     /// The choice on a device with these coop configurations (`None`
-    /// where it has none), coop from `coop_rows` token rows and its wide
-    /// tile from `wide_rows`, else the tiled matmul above `tiled_above`.
+    /// where it has none), coop from `coop_rows` token rows, its wide tile
+    /// from `wide_rows` and its tall tile up to the tall tile's tokens,
+    /// else the tiled matmul above `tiled_above`.
     pub(crate) fn new(
         coop: Option<CoopConfig>,
         wide: Option<CoopConfig>,
+        tall: Option<CoopConfig>,
         coop_rows: usize,
         wide_rows: usize,
         tiled_above: Option<u32>,
@@ -34,14 +39,20 @@ impl KernelChoice {
             tiled_above,
             coop_from: coop.map(|c| (c, rows(coop_rows))),
             wide_from: wide.map(|c| (c, rows(wide_rows))),
+            tall,
         }
     }
 
     /// The kernel for a pass of `rows` token rows.
     pub(crate) fn for_rows(&self, rows: u32) -> Kernel {
-        match (self.coop_from, self.wide_from) {
-            (Some((_, from)), Some((w, wide))) if rows >= from && rows >= wide => Kernel::Coop(w),
-            (Some((c, from)), _) if rows >= from => Kernel::Coop(c),
+        match (self.coop_from, self.wide_from, self.tall) {
+            (Some((_, from)), Some((w, wide)), _) if rows >= from && rows >= wide => {
+                Kernel::Coop(w)
+            }
+            (Some((_, from)), _, Some(t)) if rows >= from && rows <= t.tile_tokens() => {
+                Kernel::Coop(t)
+            }
+            (Some((c, from)), _, _) if rows >= from => Kernel::Coop(c),
             _ if self.tiled_above.is_some_and(|n| rows > n) => Kernel::Tiled,
             _ => Kernel::MatVec,
         }
@@ -71,6 +82,7 @@ mod tests {
             tiled_above: Some(64),
             coop_from: Some((c, 16)),
             wide_from: Some((w, 128)),
+            tall: None,
         };
         assert_eq!(gpu.for_rows(1), Kernel::MatVec);
         assert_eq!(gpu.for_rows(15), Kernel::MatVec);
@@ -103,6 +115,7 @@ mod tests {
             tiled_above: None,
             coop_from: None,
             wide_from: None,
+            tall: None,
         };
         assert_eq!(cpu.for_rows(500), Kernel::MatVec);
         // Coop past the tiled threshold only.
@@ -110,8 +123,43 @@ mod tests {
             tiled_above: Some(8),
             coop_from: Some((c, 128)),
             wide_from: None,
+            tall: None,
         };
         assert_eq!(late.for_rows(100), Kernel::Tiled);
         assert_eq!(late.for_rows(128), Kernel::Coop(c));
+    }
+
+    #[test]
+    fn decode_batches_that_fit_the_tall_tile_take_it() {
+        use super::super::coop::CoopTile;
+        let c = CoopConfig {
+            side: 16,
+            subgroup: 32,
+            k_slab: 64,
+            tile: CoopTile::Square4,
+            split_to: 0,
+            split_max_bytes: 0,
+        };
+        let w = CoopConfig {
+            tile: CoopTile::Wide8,
+            ..c
+        };
+        let t = CoopConfig {
+            tile: CoopTile::Tall4,
+            ..c
+        };
+        assert_eq!(t.tile_tokens(), 32);
+        let gpu = KernelChoice::new(Some(c), Some(w), Some(t), 16, 128, Some(64));
+        assert_eq!(gpu.for_rows(15), Kernel::MatVec);
+        assert_eq!(gpu.for_rows(16), Kernel::Coop(t));
+        assert_eq!(gpu.for_rows(32), Kernel::Coop(t));
+        assert_eq!(gpu.for_rows(33), Kernel::Coop(c));
+        assert_eq!(gpu.for_rows(128), Kernel::Coop(w));
+        // The wide tile asked for every pass wins over the tall one.
+        let wide_all = KernelChoice::new(Some(c), Some(w), Some(t), 1, 1, None);
+        assert_eq!(wide_all.for_rows(8), Kernel::Coop(w));
+        // Without coop, no tall tile either.
+        let off = KernelChoice::new(None, None, Some(t), 16, 128, Some(64));
+        assert_eq!(off.for_rows(32), Kernel::MatVec);
     }
 }

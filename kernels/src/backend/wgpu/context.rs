@@ -58,6 +58,9 @@ pub(crate) struct Gpu {
     pub(crate) coop: Option<CoopConfig>,
     /// The same with the wide eight-subgroup tile, where it fits.
     pub(crate) coop_wide: Option<CoopConfig>,
+    /// The same with the tall tile for decode batches, where it fits and
+    /// [`WgpuOptions::coop_tall`] asks for it.
+    pub(crate) coop_tall: Option<CoopConfig>,
     /// `@coherent` storage buffers enabled (every Vulkan adapter offers
     /// it): decode attention's partials are read coherently by the
     /// workgroup that merges them in the same dispatch, which needs it.
@@ -80,6 +83,7 @@ impl std::fmt::Debug for Gpu {
             .field("coherent", &self.coherent)
             .field("coop", &self.coop)
             .field("coop_wide", &self.coop_wide)
+            .field("coop_tall", &self.coop_tall)
             .finish_non_exhaustive()
     }
 }
@@ -241,6 +245,9 @@ impl Gpu {
         };
         let coop = pick(CoopTile::Square4);
         let coop_wide = coop.and_then(|_| pick(CoopTile::Wide8));
+        let coop_tall = coop
+            .filter(|_| opts.coop_tall)
+            .and_then(|_| pick(CoopTile::Tall4));
         let mut experimental = ::wgpu::ExperimentalFeatures::disabled();
         if coop.is_some() {
             features |= ::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
@@ -292,7 +299,8 @@ impl Gpu {
             split_max_bytes: max_binding,
             ..c
         };
-        let (coop, coop_wide) = (coop.map(split), coop_wide.map(split));
+        let (coop, coop_wide, coop_tall) =
+            (coop.map(split), coop_wide.map(split), coop_tall.map(split));
         Ok(Gpu {
             device,
             queue,
@@ -304,6 +312,7 @@ impl Gpu {
             subgroups,
             coop,
             coop_wide,
+            coop_tall,
             coherent,
             loop_bounding: opts.loop_bounding,
             errors,

@@ -26,7 +26,8 @@ const MIN_SPLIT_SLABS: u32 = 4;
 /// Invocations a workgroup may have on every adapter (WebGPU's minimum).
 const MAX_INVOCATIONS: u32 = 256;
 
-/// How a workgroup's subgroups cover its (square) output tile.
+/// How a workgroup's subgroups cover its output tile (weight rows by
+/// tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CoopTile {
     /// Four subgroups in a 2 x 2 grid, each multiplying 2 x 2 fragments:
@@ -39,6 +40,14 @@ pub enum CoopTile {
     /// the loads and the workgroup-memory stores of `Square4` per
     /// multiply-add, for twice the invocations and the tile memory.
     Wide8,
+    /// Four subgroups in a 4 (rows) x 1 (tokens) grid, each multiplying
+    /// 2 x 2 fragments: 8 fragment sides of weight rows by 2 of tokens
+    /// (128 x 32 at side 16), for decode batches that fill 2 sides of
+    /// tokens at most. On such a batch a square tile spends half its
+    /// multiply-adds (or more) and its x tile on tokens past the batch;
+    /// this one spends none there, for the same loads from workgroup
+    /// memory per multiply-add as `Square4`.
+    Tall4,
 }
 
 impl CoopTile {
@@ -48,6 +57,7 @@ impl CoopTile {
         match self {
             CoopTile::Square4 => (2, 2, 2, 2),
             CoopTile::Wide8 => (4, 2, 2, 4),
+            CoopTile::Tall4 => (4, 1, 2, 2),
         }
     }
 
@@ -56,10 +66,10 @@ impl CoopTile {
         gn * gm
     }
 
-    /// Fragment sides per tile (GN FN = GM FM).
-    fn sides(self) -> u32 {
-        let (gn, _, f_n, _) = self.grid();
-        gn * f_n
+    /// Fragment sides per tile: (weight rows GN FN, tokens GM FM).
+    fn sides(self) -> (u32, u32) {
+        let (gn, gm, f_n, f_m) = self.grid();
+        (gn * f_n, gm * f_m)
     }
 }
 
@@ -131,16 +141,22 @@ impl CoopConfig {
                     })
             })
             .find(|c| {
-                c.loads_per_invocation() > 0
+                c.loads_per_invocation(c.tile_rows()) > 0
+                    && c.loads_per_invocation(c.tile_tokens()) > 0
                     && c.workgroup() <= MAX_INVOCATIONS
                     && (c.side * c.side).is_multiple_of(c.subgroup)
                     && c.workgroup_bytes() <= max_bytes
             })
     }
 
-    /// Weight rows (and tokens) per workgroup tile.
-    pub(crate) fn tile_rows(&self) -> u32 {
-        self.tile.sides() * self.side
+    /// Weight rows per workgroup tile.
+    pub fn tile_rows(&self) -> u32 {
+        self.tile.sides().0 * self.side
+    }
+
+    /// Tokens per workgroup tile.
+    pub fn tile_tokens(&self) -> u32 {
+        self.tile.sides().1 * self.side
     }
 
     /// Invocations per workgroup.
@@ -148,10 +164,11 @@ impl CoopConfig {
         self.tile.subgroups() * self.subgroup
     }
 
-    /// 8-value loads of each tile per invocation and slab (0: the
-    /// workgroup has more invocations than a slab has 8-value runs).
-    fn loads_per_invocation(&self) -> u32 {
-        let runs = self.tile_rows() * self.k_slab / 8;
+    /// 8-value loads per invocation and slab of a tile of `lines` weight
+    /// rows or tokens (0: they do not divide evenly among the workgroup's
+    /// invocations).
+    fn loads_per_invocation(&self, lines: u32) -> u32 {
+        let runs = lines * self.k_slab / 8;
         if runs.is_multiple_of(self.workgroup()) {
             runs / self.workgroup()
         } else {
@@ -163,7 +180,7 @@ impl CoopConfig {
     /// slabs (rows padded by 8 values), and one f32 fragment per subgroup
     /// for the results.
     pub(crate) fn workgroup_bytes(&self) -> u32 {
-        2 * 2 * self.tile_rows() * (self.k_slab + 8)
+        2 * (self.tile_rows() + self.tile_tokens()) * (self.k_slab + 8)
             + 4 * self.tile.subgroups() * self.side * self.side
     }
 
@@ -212,23 +229,29 @@ impl CoopConfig {
             "const S: u32 = {s}u;\nconst SG: u32 = {sg}u;\nconst WG: u32 = {wg}u;\n\
              const GN: u32 = {gn}u;\nconst GM: u32 = {gm}u;\n\
              const FN: u32 = {f_n}u;\nconst FM: u32 = {f_m}u;\n\
-             const TILE: u32 = {tile}u;\nconst BK: u32 = {bk}u;\n\
-             const LOADS: u32 = {loads}u;\n\
+             const TN: u32 = {tn}u;\nconst TM: u32 = {tm}u;\n\
+             const BK: u32 = {bk}u;\n\
+             const LOADS_W: u32 = {loads_w}u;\nconst LOADS_X: u32 = {loads_x}u;\n\
              alias FragA = coop_mat{s}x{s}<f16, A>;\n\
              alias FragB = coop_mat{s}x{s}<f16, B>;\n\
              alias FragC = coop_mat{s}x{s}<f32, C>;\n",
             sg = self.subgroup,
             wg = self.workgroup(),
-            tile = self.tile_rows(),
+            tn = self.tile_rows(),
+            tm = self.tile_tokens(),
             bk = self.k_slab,
-            loads = self.loads_per_invocation(),
+            loads_w = self.loads_per_invocation(self.tile_rows()),
+            loads_x = self.loads_per_invocation(self.tile_tokens()),
         )
     }
 
-    /// Workgroups for `rows` weight rows by `tokens` tokens.
+    /// Workgroups for `rows` weight rows by `tokens` tokens (`[rows,
+    /// tokens]`).
     pub(crate) fn groups(&self, rows: u32, tokens: u32) -> [u32; 2] {
-        let t = self.tile_rows();
-        [rows.div_ceil(t).max(1), tokens.div_ceil(t).max(1)]
+        [
+            rows.div_ceil(self.tile_rows()).max(1),
+            tokens.div_ceil(self.tile_tokens()).max(1),
+        ]
     }
 
     /// How a product of `rows` weight rows by `tokens` tokens over `k`
@@ -317,7 +340,7 @@ mod tests {
             CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, None, CoopTile::Square4).expect("usable");
         assert_eq!(c, cfg(16, 32, 64));
         assert_eq!(
-            (c.tile_rows(), c.workgroup(), c.loads_per_invocation()),
+            (c.tile_rows(), c.workgroup(), c.loads_per_invocation(64)),
             (64, 128, 4)
         );
         assert_eq!(c.workgroup_bytes(), 22 * KIB);
@@ -326,7 +349,7 @@ mod tests {
             CoopConfig::pick(&nv, 32, 32, true, 16 * KIB, None, CoopTile::Square4).expect("usable");
         assert_eq!(c, cfg(16, 32, 32));
         assert_eq!(
-            (c.loads_per_invocation(), c.workgroup_bytes()),
+            (c.loads_per_invocation(64), c.workgroup_bytes()),
             (2, 14 * KIB)
         );
         // A slab asked for, where it fits.
@@ -340,7 +363,7 @@ mod tests {
         // Subgroups of 64 with 16-wide fragments and the 32 slab: one load each.
         let c = CoopConfig::pick(&nv, 64, 64, true, 48 * KIB, Some(32), CoopTile::Square4)
             .expect("usable");
-        assert_eq!(c.loads_per_invocation(), 1);
+        assert_eq!(c.loads_per_invocation(64), 1);
         // 8-wide fragments and subgroups of 64: an 8 x 8 result fragment is
         // 64 values for 64 invocations, but a 32-row slab of 32 has 128 runs
         // of 8 for 256 invocations: only the 64 slab works.
@@ -369,7 +392,7 @@ mod tests {
                 c.tile_rows(),
                 c.workgroup(),
                 c.k_slab,
-                c.loads_per_invocation()
+                c.loads_per_invocation(c.tile_tokens())
             ),
             (128, 256, 64, 4)
         );
@@ -390,9 +413,51 @@ mod tests {
     }
 
     #[test]
+    fn tall_tiles_cover_eight_sides_of_rows_by_two_of_tokens() {
+        use CooperativeScalarType::{F16, F32};
+        const KIB: u32 = 1024;
+        let nv = [prop(16, F16, F32)];
+        let tall = |max, slab| CoopConfig::pick(&nv, 32, 32, true, max, slab, CoopTile::Tall4);
+        let c = tall(48 * KIB, None).expect("usable");
+        assert_eq!(
+            (c.tile_rows(), c.tile_tokens(), c.workgroup(), c.k_slab),
+            (128, 32, 128, 64)
+        );
+        // 128 rows of 8 runs over 128 invocations; 32 tokens' 256 runs.
+        assert_eq!(
+            (c.loads_per_invocation(128), c.loads_per_invocation(32)),
+            (8, 2)
+        );
+        assert_eq!(c.workgroup_bytes(), 2 * 160 * 72 + 4 * 4 * 256);
+        // A 32-sequence decode batch through a 2,048-row matrix: one token
+        // tile, 16 of rows; 33 sequences take a second token tile.
+        assert_eq!(c.groups(2048, 32), [16, 1]);
+        assert_eq!(c.groups(2048, 33), [16, 2]);
+        // 24 KiB: the 32 slab (16.5 KiB); 16 KiB: none.
+        assert_eq!(tall(24 * KIB, None).map(|c| c.k_slab), Some(32));
+        assert_eq!(tall(16 * KIB, None), None);
+        // Subgroups of 64 and the 32 slab: the x tile's 128 runs are fewer
+        // than the 256 invocations; the 64 slab gives each one.
+        let wave64 = |slab| CoopConfig::pick(&nv, 64, 64, true, 64 * KIB, slab, CoopTile::Tall4);
+        assert_eq!(wave64(Some(32)), None);
+        assert_eq!(wave64(None).map(|c| c.k_slab), Some(64));
+        // lavapipe's 8 x 8 fragments in subgroups of 8: 64 x 16 tiles.
+        let lvp = [prop(8, F16, F32)];
+        let c = CoopConfig::pick(&lvp, 8, 8, true, 64 * KIB, None, CoopTile::Tall4);
+        assert_eq!(
+            c.map(|c| (c.tile_rows(), c.tile_tokens(), c.workgroup())),
+            Some((64, 16, 32))
+        );
+    }
+
+    #[test]
     fn the_shader_gets_every_fragment_written_out() {
         let body = include_str!("shaders/coop_mat_mul.wgsl");
-        for (tile, frags) in [(CoopTile::Square4, 4), (CoopTile::Wide8, 8)] {
+        for (tile, frags) in [
+            (CoopTile::Square4, 4),
+            (CoopTile::Wide8, 8),
+            (CoopTile::Tall4, 4),
+        ] {
             let c = CoopConfig {
                 side: 16,
                 subgroup: 32,

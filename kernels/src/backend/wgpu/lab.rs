@@ -152,6 +152,12 @@ impl KernelLab {
         self.pipes.coop
     }
 
+    /// The tall-tile configuration, where the device has it and the
+    /// options ask for it: coop products of up to its tokens use it.
+    pub fn coop_tall(&self) -> Option<CoopConfig> {
+        self.pipes.coop_tall
+    }
+
     /// Whether f16 weights are read natively (`shader-f16`).
     pub fn f16_native(&self) -> bool {
         self.gpu.f16_native
@@ -411,6 +417,7 @@ impl KernelLab {
                 let choice = KernelChoice::new(
                     self.pipes.coop,
                     self.pipes.coop_wide,
+                    self.pipes.coop_tall,
                     1,
                     self.opts.coop_wide_rows,
                     None,
@@ -628,15 +635,6 @@ impl KernelLab {
         self.gpu.coherent
     }
 
-    /// `policy`, folding only where the device has `@coherent` storage
-    /// (as the backend decides).
-    fn fold_if_coherent(&self, policy: SplitPolicy) -> SplitPolicy {
-        SplitPolicy {
-            fold: policy.fold && self.gpu.coherent,
-            ..policy
-        }
-    }
-
     fn attn_model(shape: &HeadShape) -> AttnModel {
         AttnModel {
             shape: AttnShape {
@@ -660,8 +658,8 @@ impl KernelLab {
         policy: SplitPolicy,
     ) -> Result<(u32, u32), String> {
         let (_, p) = self.plan(seqs, &[], Self::limits(shape, usize::MAX))?;
-        let policy = self.fold_if_coherent(policy);
-        let c = attn::decode_calls(&Self::attn_model(shape), &p, policy, self.gpu.max_binding);
+        let model = Self::attn_model(shape);
+        let c = attn::decode_calls(&model, &p, policy, self.gpu.max_binding, self.gpu.coherent);
         Ok((c.n_splits, c.split_len))
     }
 
@@ -701,8 +699,8 @@ impl KernelLab {
                 Ok(f32s(&out))
             }
             AttnKernel::Decode(policy) => {
-                let policy = self.fold_if_coherent(policy);
-                let c = attn::decode_calls(&model, &p, policy, self.gpu.max_binding);
+                let c =
+                    attn::decode_calls(&model, &p, policy, self.gpu.max_binding, self.gpu.coherent);
                 let part = self.output("lab.part", (c.part_bytes / 4) as usize);
                 let counts = self.output("lab.counts", (c.count_bytes / 4) as usize);
                 let bg = self.bind(

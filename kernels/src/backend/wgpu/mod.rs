@@ -53,7 +53,10 @@
 //!   lavapipe), passes of at least [`WgpuOptions::coop_min_rows`] token
 //!   rows multiply on them instead (`shaders/coop_mat_mul.wgsl`:
 //!   weights and x rounded to f16 into workgroup tiles, f32 sums; the
-//!   norms and SiLU as their own kernels, as on the tiled matmul). A
+//!   norms and SiLU as their own kernels, as on the tiled matmul). The
+//!   workgroup tile is 64 x 64 at side 16, 128 x 128 for passes of
+//!   [`WgpuOptions::coop_wide_rows`] or more, and 128 weight rows by 32
+//!   tokens for decode batches that fit it ([`WgpuOptions::coop_tall`]). A
 //!   product of too few tiles to fill the GPU (a decode batch through a
 //!   2,048-row matrix) splits k over workgroups, each writing partial sums
 //!   to a scratch binding that `shaders/split_sum.wgsl` then adds, with the
@@ -273,6 +276,14 @@ pub struct WgpuOptions {
     /// decoded a batch of 32 at 3,602 against 4,282 (BENCHMARKS.md);
     /// `usize::MAX`: never.
     pub coop_wide_rows: usize,
+    /// Coop passes of at most two fragment sides of tokens (32 at side
+    /// 16: decode batches) use the tall tile ([`CoopTile::Tall4`]: four
+    /// subgroups over 128 weight rows by 32 tokens at side 16), where the
+    /// adapter gives a workgroup its 26.5 KiB, instead of the default 64 x
+    /// 64, half of whose multiply-adds a batch of 32 spends on tokens past
+    /// it. On by default; not yet measured on a GPU (BENCHMARKS.md);
+    /// `false`: the default tile.
+    pub coop_tall: bool,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
     /// kernels ends by construction, bounds checks stay, and without the
@@ -325,6 +336,7 @@ impl Default for WgpuOptions {
             coop_k_slab: None,
             coop_split_workgroups: None,
             coop_wide_rows: 128,
+            coop_tall: true,
             loop_bounding: false,
         }
     }
@@ -562,9 +574,6 @@ impl WgpuBackend {
         let weights =
             ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
-        // The folded merge reads other workgroups' partials: only with
-        // `@coherent` storage.
-        let fold = opts.fold_merge && gpu.coherent;
         let split_k = opts.split_k.unwrap_or(!cpu_adapter);
         let k_chunk = attn::decode_k_chunk(cpu_adapter, opts.decode_k_chunk);
         let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk);
@@ -649,6 +658,7 @@ impl WgpuBackend {
         let kernels = KernelChoice::new(
             pipes.coop,
             pipes.coop_wide,
+            pipes.coop_tall,
             opts.coop_min_rows,
             opts.coop_wide_rows,
             tiled_above,
@@ -672,7 +682,7 @@ impl WgpuBackend {
                     GPU_DECODE_WORKGROUPS
                 }),
                 min_len: opts.decode_min_split.max(1),
-                fold,
+                fold: opts.fold_merge,
             },
             kernels,
             sample_wg,
@@ -710,6 +720,13 @@ impl WgpuBackend {
     /// [`WgpuOptions::coop_wide_rows`] or more use, where it fits.
     pub fn coop_wide(&self) -> Option<CoopConfig> {
         self.pipes.coop_wide
+    }
+
+    /// The tall-tile configuration decode batches of up to its
+    /// [`CoopConfig::tile_tokens`] use, where it fits and
+    /// [`WgpuOptions::coop_tall`] asks for it.
+    pub fn coop_tall(&self) -> Option<CoopConfig> {
+        self.pipes.coop_tall
     }
 
     /// The largest storage binding the backend uses, in bytes.
@@ -944,8 +961,9 @@ impl WgpuBackend {
         LayerCalls {
             norm: params::norm_call(d.h, d.eps, None, p.rows),
             rope_kv: attn::rope_kv_call(&m, p),
-            decode: (p.n_dec > 0)
-                .then(|| attn::decode_calls(&m, p, self.splits, self.gpu.max_binding)),
+            decode: (p.n_dec > 0).then(|| {
+                attn::decode_calls(&m, p, self.splits, self.gpu.max_binding, self.gpu.coherent)
+            }),
             prefill: (p.n_tiles > 0).then(|| attn::prefill_call(&m, p)),
             silu: params::silu_call(p.rows, d.inter),
         }

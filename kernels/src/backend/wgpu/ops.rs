@@ -83,6 +83,9 @@ impl Op {
             Pipe::Weight(WeightKernel::Coop(CoopTile::Wide8), d) => {
                 format!("coop_mat_mul wide {d:?}")
             }
+            Pipe::Weight(WeightKernel::Coop(CoopTile::Tall4), d) => {
+                format!("coop_mat_mul tall {d:?}")
+            }
             Pipe::Weight(WeightKernel::SplitSum, _) => "split_sum".into(),
             Pipe::Norm => "rms_norm".into(),
             Pipe::RopeKv => "rope_kv".into(),

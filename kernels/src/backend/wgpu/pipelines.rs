@@ -567,6 +567,8 @@ pub(crate) struct Pipelines {
     pub(crate) coop: Option<CoopConfig>,
     /// The wide-tile configuration, where it fits.
     pub(crate) coop_wide: Option<CoopConfig>,
+    /// The tall-tile configuration, where it fits and is asked for.
+    pub(crate) coop_tall: Option<CoopConfig>,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope_kv: ::wgpu::ComputePipeline,
@@ -653,6 +655,7 @@ impl Pipelines {
             k_chunk,
             coop: gpu.coop,
             coop_wide: gpu.coop_wide,
+            coop_tall: gpu.coop_tall,
             weight: HashMap::new(),
             rms_norm,
             rope_kv,
@@ -698,7 +701,10 @@ impl Pipelines {
                 }
             }
         }
-        for c in [self.coop, self.coop_wide].into_iter().flatten() {
+        for c in [self.coop, self.coop_wide, self.coop_tall]
+            .into_iter()
+            .flatten()
+        {
             kinds.push((
                 WeightKernel::Coop(c.tile),
                 "coop_mat_mul",
@@ -746,7 +752,7 @@ impl Pipelines {
                 _ => "",
             };
             let body = match kind {
-                WeightKernel::Coop(tile) => [self.coop, self.coop_wide]
+                WeightKernel::Coop(tile) => [self.coop, self.coop_wide, self.coop_tall]
                     .into_iter()
                     .flatten()
                     .find(|c| c.tile == tile)

@@ -6,17 +6,18 @@
 //
 // coop.rs prepends: S (fragment side, 8 or 16), SG (the subgroup size), GN
 // x GM (the grid of subgroups over the tile, rows by tokens), FN x FM (the
-// fragments each subgroup multiplies), WG (GN GM subgroups), TILE (GN FN S
-// = GM FM S: weight rows and tokens per workgroup), BK (k values per
-// slab), LOADS (8-value loads of each tile per invocation and slab), and
+// fragments each subgroup multiplies), WG (GN GM subgroups), TN = GN FN S
+// and TM = GM FM S (weight rows and tokens per workgroup), BK (k values
+// per slab), LOADS_W and LOADS_X (8-value loads of the weight and the x
+// tile per invocation and slab), and
 // the fragment types FragA / FragB (f16) and FragC (f32); and it writes
 // out the per-fragment code where main's three markers stand (the
 // accumulators c_i_j; one k step: FN A and FM B fragments loaded, FN FM
 // multiply-adds; every accumulator written out), since WGSL has no arrays
 // of cooperative matrices.
 //
-// Per slab of BK k values, every invocation loads LOADS runs of 8 weights
-// and 8 x values (issued before the previous slab's multiply, so their
+// Per slab of BK k values, every invocation loads LOADS_W runs of 8 weights
+// and LOADS_X of 8 x values (issued before the previous slab's multiply, so their
 // latency hides behind it), rounds them to f16 and stores them into
 // workgroup memory: weights as [row][k] (fragment A, row-major), x as
 // [token][k] (fragment B, column-major), both with stride LDS = BK + 8:
@@ -70,8 +71,8 @@ const RUNS: u32 = BK / 8u;
 // Stride between the tiles' rows, in f16 values.
 const LDS: u32 = BK + 8u;
 
-var<workgroup> ws: array<f16, TILE * LDS>;
-var<workgroup> xs: array<f16, TILE * LDS>;
+var<workgroup> ws: array<f16, TN * LDS>;
+var<workgroup> xs: array<f16, TM * LDS>;
 // One S x S result fragment per subgroup, column-major (token-major).
 var<workgroup> cs: array<f32, GN * GM * S * S>;
 
@@ -128,9 +129,9 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let n_tile = wid.x * TILE;
+    let n_tile = wid.x * TN;
     let z = wid.y / p.m_groups;
-    let m_tile = (wid.y % p.m_groups) * TILE;
+    let m_tile = (wid.y % p.m_groups) * TM;
     let k_lo = z * p.k_len;
     let k_hi = min(p.k, k_lo + p.k_len);
     let sub = lid / SG;
@@ -139,31 +140,35 @@ fn main(
     let sn = (sub % GN) * FN * S;
     let sm = (sub / GN) * FM * S;
     FRAG_DECLS
-    var wv: array<W8, LOADS>;
-    var xv: array<W8, LOADS>;
-    for (var u = 0u; u < LOADS; u++) {
+    var wv: array<W8, LOADS_W>;
+    var xv: array<W8, LOADS_X>;
+    for (var u = 0u; u < LOADS_W; u++) {
         let i = lid + u * WG;
-        let r = i / RUNS;
-        let kq = k_lo + 8u * (i % RUNS);
-        wv[u] = load_w(n_tile + r, kq);
-        xv[u] = load_x(m_tile + r, kq);
+        wv[u] = load_w(n_tile + i / RUNS, k_lo + 8u * (i % RUNS));
+    }
+    for (var u = 0u; u < LOADS_X; u++) {
+        let i = lid + u * WG;
+        xv[u] = load_x(m_tile + i / RUNS, k_lo + 8u * (i % RUNS));
     }
     for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
-        for (var u = 0u; u < LOADS; u++) {
+        for (var u = 0u; u < LOADS_W; u++) {
             let i = lid + u * WG;
-            let at = (i / RUNS) * LDS + 8u * (i % RUNS);
-            put_w(at, wv[u]);
-            put_x(at, xv[u]);
+            put_w((i / RUNS) * LDS + 8u * (i % RUNS), wv[u]);
+        }
+        for (var u = 0u; u < LOADS_X; u++) {
+            let i = lid + u * WG;
+            put_x((i / RUNS) * LDS + 8u * (i % RUNS), xv[u]);
         }
         workgroupBarrier();
         let next = k0 + BK;
         if (next < k_hi) {
-            for (var u = 0u; u < LOADS; u++) {
+            for (var u = 0u; u < LOADS_W; u++) {
                 let i = lid + u * WG;
-                let r = i / RUNS;
-                let kq = next + 8u * (i % RUNS);
-                wv[u] = load_w(n_tile + r, kq);
-                xv[u] = load_x(m_tile + r, kq);
+                wv[u] = load_w(n_tile + i / RUNS, next + 8u * (i % RUNS));
+            }
+            for (var u = 0u; u < LOADS_X; u++) {
+                let i = lid + u * WG;
+                xv[u] = load_x(m_tile + i / RUNS, next + 8u * (i % RUNS));
             }
         }
         for (var kk = 0u; kk < BK; kk += S) {
