@@ -60,11 +60,14 @@
 #                   alternating, two rounds: batch 1 and 32 at 128-token
 #                   prompts, batch 1 at 1,024; then the default profiled at
 #                   batch 1 at both lengths
-#   tall:SHAPE      coop decode batches on the tall tile (128 weight rows by
-#                   32 tokens at side 16, the default for passes that fit
-#                   it) against the default square tile (--no-coop-tall),
-#                   alternating, two rounds: batch 16 and 32 at 128-token
-#                   prompts; then the default profiled at batch 32
+#   batch32:SHAPE   coop decode batches as they now stand (the tall tile,
+#                   128 weight rows by 32 tokens at side 16, for passes
+#                   that fit it; split products summed by the split that
+#                   finishes last) against each change alone undone
+#                   (--no-coop-tall: the square tile; --no-coop-fold:
+#                   split_sum's dispatch), alternating, two rounds: batch
+#                   16 and 32 at 128-token prompts; then the default
+#                   profiled at batch 32
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -284,16 +287,22 @@ for part in "${parts[@]}"; do
             eb attn-long-profile engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --profile
         }
         ;;
-    tall:*)
-        shape=${part#tall:}
-        echo "== $shape: coop decode batches on the tall tile against the square one =="
+    batch32:*)
+        shape=${part#batch32:}
+        echo "== $shape: coop decode batches on the tall tile and folded split sums, each against its undoing =="
         # shellcheck disable=SC2046
         {
             for round in 1 2; do
-                eb "tall-r$round" engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128
-                eb "square-r$round" engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 --no-coop-tall
+                for v in default square no-fold; do
+                    case $v in
+                    default) x=() ;;
+                    square) x=(--no-coop-tall) ;;
+                    no-fold) x=(--no-coop-fold) ;;
+                    esac
+                    eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 "${x[@]}"
+                done
             done
-            eb tall-profile engine-bench 60 $(bf16 "$shape") --batch 32 --prompt 128 --profile
+            eb batch32-profile engine-bench 60 $(bf16 "$shape") --batch 32 --prompt 128 --profile
         }
         ;;
     hf:*)

@@ -688,6 +688,7 @@ fn wgpu_coop_products_match_cpu_backend() {
     // Coop passes on the wide tile from this many rows.
     const SQUARE: usize = usize::MAX;
     const WIDE: usize = 1;
+    #[derive(Clone, Copy)]
     struct Case {
         shape: &'static Shape,
         /// Coop from this many rows.
@@ -805,7 +806,13 @@ fn wgpu_coop_products_match_cpu_backend() {
             )
         },
     ];
-    for (seed, c) in (40..).zip(cases) {
+    // Split products summed by split_sum.wgsl's dispatch, then (the same
+    // products: same seed) by the split that finishes last.
+    let runs = cases.iter().enumerate().flat_map(|(i, c)| {
+        let folds: &[bool] = if c.split { &[false, true] } else { &[true] };
+        folds.iter().map(move |&fold| (40 + i as u64, c, fold))
+    });
+    for (seed, c, fold) in runs {
         let Case {
             shape,
             bs,
@@ -813,7 +820,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             split,
             tall,
             ..
-        } = c;
+        } = *c;
         let nb = c.blocks;
         let opts = WgpuOptions {
             cooperative_matrix: true,
@@ -823,6 +830,7 @@ fn wgpu_coop_products_match_cpu_backend() {
             coop_split_workgroups: Some(if split { 1 << 20 } else { 0 }),
             coop_wide_rows: c.wide_rows,
             coop_tall: tall,
+            coop_fold_splits: fold,
             ..f32_options()
         };
         let model = Arc::new(random_model(shape, seed));
@@ -830,7 +838,10 @@ fn wgpu_coop_products_match_cpu_backend() {
             return;
         };
         match gpu.coop() {
-            Some(c) => eprintln!("{}: cooperative matrices {c:?}", gpu.adapter()),
+            Some(c) => {
+                eprintln!("{}: cooperative matrices {c:?}", gpu.adapter());
+                assert_eq!(c.fold, fold, "{what}: split sums folded");
+            }
             None if coop_required() => panic!(
                 "{}: no usable cooperative-matrix configuration (TOKENWIRE_REQUIRE_COOP=1)",
                 gpu.adapter()
@@ -851,7 +862,11 @@ fn wgpu_coop_products_match_cpu_backend() {
             .sum();
         assert!(coop > 0, "{what}: no coop dispatch in {p:?}");
         let sums = p.kernels.iter().any(|k| k.name.contains("split_sum"));
-        assert_eq!(sums, split, "{what}: split sums in {p:?}");
+        assert_eq!(
+            sums,
+            split && !fold,
+            "{what}, fold {fold}: split sums in {p:?}"
+        );
         // Every case has passes of a few rows: the tall tile takes them
         // where asked, and only there.
         let talls = p

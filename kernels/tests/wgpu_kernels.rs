@@ -321,31 +321,40 @@ fn wgpu_coop_matmul_matches_reference() {
     // biases; with the largest k slab the adapter allows, and with 32;
     // then with k split over workgroups wherever it has 8 slabs or more
     // (partial sums added by split_sum.wgsl).
+    // The split products' splits summed by split_sum.wgsl's dispatch, and
+    // by the split that finishes last (the same shapes: the seed leaves the
+    // fold out), its counters checked back at zero by the lab.
     // Then on the wide tile (eight subgroups) for every pass, unsplit and
     // split; then on the tall tile (rows by two sides of tokens) for
     // passes that fit it, unsplit and split; the others on the default
     // tile only.
     let (square, wide) = (usize::MAX, 1);
     let split_everything = Some(1 << 20);
-    for (slab, split, wide_rows, tall) in [
-        (None, None, square, false),
-        (Some(32), None, square, false),
-        (Some(32), split_everything, square, false),
-        (None, None, wide, false),
-        (Some(32), split_everything, wide, false),
-        (None, None, square, true),
-        (Some(32), split_everything, square, true),
+    for (slab, split, wide_rows, tall, fold) in [
+        (None, None, square, false, true),
+        (Some(32), None, square, false, true),
+        (Some(32), split_everything, square, false, false),
+        (Some(32), split_everything, square, false, true),
+        (None, None, wide, false, true),
+        (Some(32), split_everything, wide, false, true),
+        (None, None, square, true, true),
+        (Some(32), split_everything, square, true, true),
     ] {
         let opts = tokenwire_kernels::WgpuOptions {
             coop_k_slab: slab,
             coop_split_workgroups: split,
             coop_wide_rows: wide_rows,
             coop_tall: tall,
+            coop_fold_splits: fold,
             ..Default::default()
         };
         let Some(mut lab) = coop_lab(&opts) else {
             return;
         };
+        // Every Vulkan adapter has the coherent storage folding needs:
+        // without it a folded run would quietly take split_sum's dispatch.
+        let folds = lab.coop().is_some_and(|c| c.fold);
+        assert_eq!(folds, fold, "{}: the split sum folded", lab.adapter());
         // The tall tile's passes: up to its tokens (16 at side 8, 32 at 16).
         let max_cols = match lab.coop_tall() {
             Some(t) if tall => t.tile_tokens() as usize,

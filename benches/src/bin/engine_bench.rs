@@ -64,6 +64,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              128 x 128 at side 16, instead of four over 64 x 64; default 128)
              [--no-coop-tall] (coop passes of up to 32 rows at side 16 on the default
              tile, not the tall one, four subgroups over 128 rows by 32 tokens)
+             [--no-coop-fold] (split coop products summed by a dispatch of their own,
+             not by the split that finishes last)
              [--no-shader-f16] (wgpu: f16 weights unpacked from u32 pairs, not read
              as vec4<f16> with the device's shader-f16) [--max-rows-per-pass N] (wgpu:
              token rows per pass, default 2048 on GPUs and 512 on CPU adapters; a bigger
@@ -103,6 +105,7 @@ struct Args {
     coop_split: Option<u32>,
     coop_wide_rows: Option<usize>,
     coop_tall: bool,
+    coop_fold: bool,
     max_rows_per_pass: Option<usize>,
     shader_f16: bool,
     loop_bounding: bool,
@@ -182,6 +185,7 @@ fn parse_args() -> Result<Args, String> {
         coop_split: None,
         coop_wide_rows: None,
         coop_tall: true,
+        coop_fold: true,
         max_rows_per_pass: None,
         shader_f16: true,
         loop_bounding: false,
@@ -201,6 +205,7 @@ fn parse_args() -> Result<Args, String> {
             "--coop" => Some((&mut a.coop, true)),
             "--no-coop" => Some((&mut a.coop, false)),
             "--no-coop-tall" => Some((&mut a.coop_tall, false)),
+            "--no-coop-fold" => Some((&mut a.coop_fold, false)),
             "--loop-bounding" => Some((&mut a.loop_bounding, true)),
             "--no-shader-f16" => Some((&mut a.shader_f16, false)),
             _ => None,
@@ -647,6 +652,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         coop_split_workgroups: a.coop_split,
                         coop_wide_rows: a.coop_wide_rows.unwrap_or(d.coop_wide_rows),
                         coop_tall: a.coop_tall,
+                        coop_fold_splits: a.coop_fold,
                         max_rows_per_pass: a.max_rows_per_pass.or(d.max_rows_per_pass),
                         shader_f16: a.shader_f16,
                         loop_bounding: a.loop_bounding,
@@ -658,12 +664,17 @@ fn bench(a: &Args) -> Result<(), String> {
                         let coop = match w.coop() {
                             Some(c) => format!(
                                 "cooperative matrices {}x{} (subgroups of {}, k slab {}, k split \
-                                 below {} workgroups){}{}",
+                                 below {} workgroups, summed by {}){}{}",
                                 c.side,
                                 c.side,
                                 c.subgroup,
                                 c.k_slab,
                                 c.split_to,
+                                if c.fold {
+                                    "the last split"
+                                } else {
+                                    "split_sum"
+                                },
                                 match w.coop_wide() {
                                     Some(_) =>
                                         format!(", the wide tile from {} rows", opts.coop_wide_rows),

@@ -73,6 +73,7 @@ mod tests {
             tile: CoopTile::Square4,
             split_to: 0,
             split_max_bytes: 0,
+            fold: false,
         };
         let w = CoopConfig {
             tile: CoopTile::Wide8,
@@ -139,6 +140,7 @@ mod tests {
             tile: CoopTile::Square4,
             split_to: 0,
             split_max_bytes: 0,
+            fold: false,
         };
         let w = CoopConfig {
             tile: CoopTile::Wide8,

@@ -297,6 +297,9 @@ impl Gpu {
                 GPU_SPLIT_WORKGROUPS
             }),
             split_max_bytes: max_binding,
+            // The folded sum reads other workgroups' partials: only with
+            // `@coherent` storage.
+            fold: opts.coop_fold_splits && coherent,
             ..c
         };
         let (coop, coop_wide, coop_tall) =

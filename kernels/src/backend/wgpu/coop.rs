@@ -92,6 +92,12 @@ pub struct CoopConfig {
     /// Most bytes of partial sums one split product may write (the
     /// device's largest binding).
     pub split_max_bytes: u64,
+    /// A split product's splits are summed by the workgroup of whichever
+    /// split finishes last, in the product's own dispatch, rather than by
+    /// split_sum.wgsl's second dispatch
+    /// ([`super::WgpuOptions::coop_fold_splits`], where the device has
+    /// `@coherent` storage buffers).
+    pub fold: bool,
 }
 
 impl CoopConfig {
@@ -138,6 +144,7 @@ impl CoopConfig {
                         tile,
                         split_to: 0,
                         split_max_bytes: 0,
+                        fold: false,
                     })
             })
             .find(|c| {
@@ -313,6 +320,7 @@ mod tests {
             tile: CoopTile::Square4,
             split_to: 0,
             split_max_bytes: 0,
+            fold: false,
         };
         // lavapipe (Mesa 26): 8x8x8, f16 -> f16 and f16 -> f32, subgroups of 8.
         let lvp = [prop(8, F16, F16), prop(8, F16, F32)];
@@ -465,6 +473,7 @@ mod tests {
                 tile,
                 split_to: 0,
                 split_max_bytes: 0,
+                fold: false,
             };
             let src = c.shader(body);
             assert!(!src.contains("FRAG_"), "{tile:?}: a placeholder left");
@@ -485,6 +494,7 @@ mod tests {
             tile: CoopTile::Square4,
             split_to: 512,
             split_max_bytes: 1 << 27,
+            fold: false,
         };
         // A decode batch of 32 through TinyLlama's down matrix (2,048 rows,
         // 5,632 inputs): 32 tiles, 16 splits of 6 slabs (384 values).
@@ -502,6 +512,7 @@ mod tests {
         // The partials bounded by the binding: 3 planes of 2,048 x 32 fit.
         let small = CoopConfig {
             split_max_bytes: 3 * 4 * 2048 * 32,
+            fold: false,
             ..c
         };
         assert_eq!(small.k_splits(2048, 32, 5632), (3, 1920));

@@ -355,7 +355,8 @@ impl KernelLab {
         let bb = self.upload("lab.b", bytemuck::cast_slice(&[0.0f32]));
         let yb = self.output("lab.act", cols * inter as usize);
         let sb = self.output("lab.split", 4);
-        let bg = self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb, &sb]);
+        let cb = self.output("lab.counts", 4);
+        let bg = self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb, &sb, &cb]);
         let product = Product {
             k: in_dim as u32,
             rows: inter,
@@ -452,9 +453,12 @@ impl KernelLab {
         // in order, each chunk's sum before the next chunk's products.
         let split = products.iter().map(Product::split_bytes).max().unwrap_or(0);
         let sb = self.output("lab.split", (split / 4).max(4) as usize);
+        // Likewise one set of counters for the folded split sums.
+        let count_bytes = products.iter().map(Product::count_bytes).max().unwrap_or(0);
+        let cb = self.output("lab.counts", (count_bytes / 4).max(4) as usize);
         let bgs: Vec<::wgpu::BindGroup> = chunks
             .iter()
-            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb, &sb]))
+            .map(|c| self.bind(&self.pipes.layouts.mat, &[&xb, &c.buf, &bb, &yb, &sb, &cb]))
             .collect();
         let mut dispatches = Vec::new();
         for ((c, bg), product) in chunks.iter().zip(&bgs).zip(&products) {
@@ -467,7 +471,31 @@ impl KernelLab {
             }
         }
         let out = self.run(&dispatches, (&yb, 4 * (cols * out_dim) as u64))?;
+        self.counters_back_to_zero(&cb, count_bytes, "split sum")?;
         Ok(f32s(&out))
+    }
+
+    /// An error naming the first of the `bytes / 4` counters in `counts`
+    /// that a folded dispatch (`what`) left nonzero: the next dispatch
+    /// counts from zero.
+    fn counters_back_to_zero(
+        &self,
+        counts: &::wgpu::Buffer,
+        bytes: u64,
+        what: &str,
+    ) -> Result<(), String> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let left = self.run(&[], (counts, bytes))?;
+        let left: &[u32] = bytemuck::cast_slice(&left);
+        match left.iter().position(|&n| n != 0) {
+            Some(i) => Err(format!(
+                "split counter {i} left at {} after the folded {what}",
+                left[i]
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Gathers rows `tokens` of a `[vocab, hidden]` table stored as `dtype`,
@@ -713,18 +741,7 @@ impl KernelLab {
                     d.push((&self.pipes.attn_merge, &mbg, m));
                 }
                 let out = self.run(&d, (&ab, bytes))?;
-                // The next dispatch counts from zero: the folded merge must
-                // leave every counter as it found it.
-                if c.count_bytes > 0 {
-                    let left = self.run(&[], (&counts, c.count_bytes))?;
-                    let left: &[u32] = bytemuck::cast_slice(&left);
-                    if let Some(i) = left.iter().position(|&n| n != 0) {
-                        return Err(format!(
-                            "split counter {i} left at {} after the folded merge",
-                            left[i]
-                        ));
-                    }
-                }
+                self.counters_back_to_zero(&counts, c.count_bytes, "merge")?;
                 Ok(f32s(&out))
             }
         }

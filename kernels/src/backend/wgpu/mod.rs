@@ -59,9 +59,11 @@
 //!   tokens for decode batches that fit it ([`WgpuOptions::coop_tall`]). A
 //!   product of too few tiles to fill the GPU (a decode batch through a
 //!   2,048-row matrix) splits k over workgroups, each writing partial sums
-//!   to a scratch binding that `shaders/split_sum.wgsl` then adds, with the
-//!   bias and the residual, in a fixed order
-//!   ([`WgpuOptions::coop_split_workgroups`]).
+//!   to a scratch binding; the workgroup of the split that finishes last
+//!   (a counter per output tile) then adds them, with the bias and the
+//!   residual, in a fixed order, or with
+//!   [`WgpuOptions::coop_fold_splits`] off `shaders/split_sum.wgsl` does in
+//!   a dispatch of its own ([`WgpuOptions::coop_split_workgroups`]).
 //! * Subgroup operations are optional: where the adapter has them, the
 //!   split-row mat-vec sums each row's partials with shuffles (any
 //!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
@@ -284,6 +286,14 @@ pub struct WgpuOptions {
     /// it. On by default; not yet measured on a GPU (BENCHMARKS.md);
     /// `false`: the default tile.
     pub coop_tall: bool,
+    /// A split-k coop product's splits are summed by the workgroup of
+    /// whichever split finishes last (a counter per output tile), in the
+    /// product's own dispatch, where the device has `@coherent` storage
+    /// buffers (every Vulkan adapter): one dispatch fewer per split
+    /// product (on an H200 a 32-sequence decode step spent 0.6 ms of 7.8
+    /// in the four split sums of its layers). On by default; not yet
+    /// measured on a GPU; `false`: split_sum.wgsl's dispatch.
+    pub coop_fold_splits: bool,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
     /// kernels ends by construction, bounds checks stay, and without the
@@ -337,6 +347,7 @@ impl Default for WgpuOptions {
             coop_split_workgroups: None,
             coop_wide_rows: 128,
             coop_tall: true,
+            coop_fold_splits: true,
             loop_bounding: false,
         }
     }
@@ -419,9 +430,10 @@ struct Bufs {
     gate_up: Grow,
     act: Grow,
     part: Grow,
-    /// The folded merge's split counters (attn_decode.wgsl's `counts`):
-    /// zero when created, and set back to zero by the dispatch that counts
-    /// them up.
+    /// The split counters of decode attention's folded merge
+    /// (attn_decode.wgsl's `counts`) and of the coop products' folded split
+    /// sums (coop_mat_mul.wgsl's): zero when created, and set back to zero
+    /// by the dispatch that counts them up, so one buffer serves both.
     counts: Grow,
     /// Partial sums of split-k coop products (their bind groups' binding 4).
     split: Grow,
@@ -814,7 +826,8 @@ impl WgpuBackend {
     }
 
     /// One bind group per chunk of `m`: x, the chunk, `third` (the bias, or
-    /// the norm weight of a fused norm), y, and the split-k partials.
+    /// the norm weight of a fused norm), y, the split-k partials and the
+    /// split counters.
     fn chunk_bgs(
         &self,
         label: &str,
@@ -829,7 +842,14 @@ impl WgpuBackend {
                 self.gpu.storage_bind_group(
                     &self.pipes.layouts.mat,
                     label,
-                    &[x, &c.buf, third, y, &self.bufs.split.buf],
+                    &[
+                        x,
+                        &c.buf,
+                        third,
+                        y,
+                        &self.bufs.split.buf,
+                        &self.bufs.counts.buf,
+                    ],
                 )
             })
             .collect()
@@ -996,6 +1016,7 @@ impl WgpuBackend {
             fuse_norm: self.opts.fuse_norm && self.pipes.split_k,
             fuse_glu: self.opts.fuse_glu,
             split_bytes: 0,
+            count_bytes: 0,
         };
         for (i, c) in w.embed.chunks.iter().enumerate() {
             let call = params::embed_call(d.h, p.rows, p.tok_off, c);
@@ -1020,6 +1041,7 @@ impl WgpuBackend {
             }
         }
         needs.split = needs.split.max(ops.split_bytes);
+        needs.counts = needs.counts.max(ops.count_bytes);
         seg.ops = ops.ops;
         seg
     }

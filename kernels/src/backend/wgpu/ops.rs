@@ -171,6 +171,8 @@ pub(super) struct PassOps<'a> {
     pub(super) fuse_glu: bool,
     /// Most bytes of split-k partials any product of the pass writes.
     pub(super) split_bytes: u64,
+    /// Most bytes of split counters any product of the pass uses.
+    pub(super) count_bytes: u64,
 }
 
 impl PassOps<'_> {
@@ -262,6 +264,7 @@ impl PassOps<'_> {
 
     fn push_product(&mut self, product: &Product, dtype: WeightDtype, bind: Bind) {
         self.split_bytes = self.split_bytes.max(product.split_bytes());
+        self.count_bytes = self.count_bytes.max(product.count_bytes());
         for c in product.calls() {
             self.push(Pipe::Weight(c.kind, dtype), bind, &c.call);
         }

@@ -203,6 +203,7 @@ kernel_params! {
         splits: u32,
         k_len: u32,
         m_groups: u32,
+        fold: u32,
     }
 
     /// silu_mul.wgsl's `Params`.

@@ -329,7 +329,11 @@ impl Layouts {
             });
         Layouts {
             params,
-            mat: storage_layout(gpu, "mat", &[(0, R), (1, R), (2, R), (3, W), (4, W)]),
+            mat: storage_layout(
+                gpu,
+                "mat",
+                &[(0, R), (1, R), (2, R), (3, W), (4, W), (5, W)],
+            ),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
             norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
             rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W)]),
@@ -462,18 +466,37 @@ impl Product {
             splits,
             k_len,
             m_groups: groups[1],
+            fold: u32::from(splits > 1 && self.folds()),
         };
         let mut calls = vec![ProductCall {
             kind,
             call: params.call([groups[0], groups[1] * splits]),
         }];
-        if splits > 1 {
+        if splits > 1 && !self.folds() {
             calls.push(ProductCall {
                 kind: WeightKernel::SplitSum,
                 call: params.call(grid((self.cols * self.rows).div_ceil(256))),
             });
         }
         calls
+    }
+
+    /// Whether a split of this product sums the splits itself (a coop
+    /// configuration that folds).
+    fn folds(&self) -> bool {
+        matches!(self.kernel, Kernel::Coop(c) if c.fold)
+    }
+
+    /// Bytes of the split counters the product's folded split sum uses (0
+    /// unsplit or not folded): one u32 per output tile.
+    pub(crate) fn count_bytes(&self) -> u64 {
+        match self.kernel {
+            Kernel::Coop(c) if c.fold && c.k_splits(self.rows, self.cols, self.k).0 > 1 => {
+                let [n, m] = c.groups(self.rows, self.cols);
+                4 * n as u64 * m as u64
+            }
+            _ => 0,
+        }
     }
 
     /// Bytes of partial sums the product's split-k coop dispatch writes
@@ -761,6 +784,9 @@ impl Pipelines {
             };
             let mut source = format!("{}\n{consts}{body}\n{loads}", dtype.prelude());
             if matches!(kind, WeightKernel::Coop(_)) {
+                // The folded split sum reads other workgroups' partials.
+                let decoration = if gpu.coherent { "@coherent" } else { "" };
+                source = source.replace("PART_DECORATION", decoration);
                 // Both `enable`s open the module; the f16-native prelude's
                 // own goes.
                 source = format!(

@@ -34,9 +34,16 @@
 // Split k (p.splits > 1, for products of too few tiles to keep the GPU
 // busy): split z of workgroup_id.y's splits multiplies k values
 // z * k_len .. (z + 1) * k_len only and stores its plain partial sums into
-// `part` ([split][token][row]); split_sum.wgsl then adds the splits, the
-// bias and the residual into y, in a fixed order (the same result every
-// run).
+// `part` ([split][token][row]). Then either split_sum.wgsl adds the splits,
+// the bias and the residual into y in a second dispatch, or (p.fold = 1)
+// the split whose workgroup finishes last does it, in the same fixed order
+// either way (the same result every run, whichever finishes last): each
+// split's workgroup releases its partials (storageBarrier, a device-scope
+// barrier in naga's SPIR-V), counts itself in its tile's counter, and the
+// one that brings it to p.splits acquires every split's partials (`part`
+// is @coherent, without which the host does not fold), sums them into y
+// and sets the counter back to zero for the next dispatch. No workgroup
+// waits for another.
 //
 // Fragments are per subgroup: subgroup j is taken to be the invocations
 // j * SG .. (j + 1) * SG - 1, as Vulkan drivers lay out one-dimensional
@@ -57,13 +64,18 @@ struct Params {
     splits: u32,   // k splits: 1, or partial products into `part`
     k_len: u32,    // k values per split (a multiple of BK)
     m_groups: u32, // token tiles (workgroup_id.y = split * m_groups + tile)
-    _p13: u32, _p14: u32, _p15: u32,
+    fold: u32,     // 1 = the split that finishes last sums the splits
+    _p14: u32, _p15: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+// The host replaces PART_DECORATION with `@coherent` where the device has
+// coherent storage buffers, which the folded sum needs (see below).
+@group(0) @binding(4) PART_DECORATION var<storage, read_write> part: array<f32>;
+// The folded sum's counters, one per output tile: zero between dispatches.
+@group(0) @binding(5) var<storage, read_write> counts: array<atomic<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 // Runs of 8 k values per tile row.
@@ -75,6 +87,8 @@ var<workgroup> ws: array<f16, TN * LDS>;
 var<workgroup> xs: array<f16, TM * LDS>;
 // One S x S result fragment per subgroup, column-major (token-major).
 var<workgroup> cs: array<f32, GN * GM * S * S>;
+// 1 in the workgroup that counted its tile's last split.
+var<workgroup> last_split: u32;
 
 // load_w and load_x: tile_loads.wgsl, appended to this file.
 
@@ -124,9 +138,34 @@ fn emit(c: FragC, sub: u32, lane: u32, n0: u32, m0: u32, z: u32) {
     workgroupBarrier();
 }
 
+// The splits' partial sums of the tile at (n_tile, m_tile), in split
+// order, with the bias and the residual, into y: what split_sum.wgsl does
+// for the whole product.
+fn sum_splits(n_tile: u32, m_tile: u32, lid: u32) {
+    for (var e = lid; e < TN * TM; e += WG) {
+        let n = n_tile + e % TN;
+        let m = m_tile + e / TN;
+        if (n < p.rows && m < p.m) {
+            var v = 0.0;
+            for (var z = 0u; z < p.splits; z++) {
+                v += part[(z * p.m + m) * p.rows + n];
+            }
+            if (p.has_bias != 0u) {
+                v += bias[p.row0 + n];
+            }
+            let at = p.y_off + m * p.ldy + p.row0 + n;
+            if (p.accumulate != 0u) {
+                v += y[at];
+            }
+            y[at] = v;
+        }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
     let n_tile = wid.x * TN;
@@ -178,4 +217,23 @@ fn main(
         workgroupBarrier();
     }
     FRAG_EMITS
+    if (p.splits == 1u || p.fold == 0u) {
+        return;
+    }
+    // This split's partials, released before it is counted.
+    storageBarrier();
+    let tile = (wid.y % p.m_groups) * groups.x + wid.x;
+    if (lid == 0u) {
+        let done = atomicAdd(&counts[tile], 1u) + 1u;
+        last_split = select(0u, 1u, done == p.splits);
+    }
+    if (workgroupUniformLoad(&last_split) == 0u) {
+        return;
+    }
+    // Every split's partials, acquired.
+    storageBarrier();
+    sum_splits(n_tile, m_tile, lid);
+    if (lid == 0u) {
+        atomicStore(&counts[tile], 0u);
+    }
 }

@@ -32,7 +32,8 @@ struct Params {
     splits: u32,   // coop_mat_mul.wgsl's k splits (1 here)
     k_len: u32,    // k values per split
     m_groups: u32, // token tiles
-    _p13: u32, _p14: u32, _p15: u32,
+    fold: u32,     // 1 = the last split sums the splits (coop_mat_mul.wgsl)
+    _p14: u32, _p15: u32,
 }
 
 // x as vec4s (every x buffer is a whole number of 16-byte words); rows of X

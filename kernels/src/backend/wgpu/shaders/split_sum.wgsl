@@ -18,7 +18,8 @@ struct Params {
     splits: u32,   // partial products in `part`
     k_len: u32,    // k values per split
     m_groups: u32, // token tiles
-    _p13: u32, _p14: u32, _p15: u32,
+    fold: u32,     // 1 = the last split sums the splits (coop_mat_mul.wgsl)
+    _p14: u32, _p15: u32,
 }
 
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
