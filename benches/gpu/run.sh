@@ -66,8 +66,10 @@
 #                   finishes last) against each change alone undone
 #                   (--no-coop-tall: the square tile; --no-coop-fold:
 #                   split_sum's dispatch), alternating, two rounds: batch
-#                   16 and 32 at 128-token prompts; then the default
-#                   profiled at batch 32
+#                   16 and 32 at 128-token prompts; batch 8 on mat-vec (the
+#                   default) against coop from 8 rows (--coop-rows 8, the
+#                   tall tile), one round; then the default profiled at
+#                   batch 32
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -302,6 +304,8 @@ for part in "${parts[@]}"; do
                     eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 "${x[@]}"
                 done
             done
+            eb batch8-mat-vec engine-bench 60 $(bf16 "$shape") --batch 8 --prompt 128
+            eb batch8-coop engine-bench 60 $(bf16 "$shape") --batch 8 --prompt 128 --coop-rows 8
             eb batch32-profile engine-bench 60 $(bf16 "$shape") --batch 32 --prompt 128 --profile
         }
         ;;
