@@ -807,7 +807,9 @@ fn wgpu_coop_products_match_cpu_backend() {
         },
     ];
     // Split products summed by split_sum.wgsl's dispatch, then (the same
-    // products: same seed) by the split that finishes last.
+    // products: same seed) by the split that finishes last. A folded run's
+    // profile cannot show its splits; its unfolded twin's split_sum
+    // dispatches show the same products split.
     let runs = cases.iter().enumerate().flat_map(|(i, c)| {
         let folds: &[bool] = if c.split { &[false, true] } else { &[true] };
         folds.iter().map(move |&fold| (40 + i as u64, c, fold))

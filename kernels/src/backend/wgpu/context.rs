@@ -62,8 +62,9 @@ pub(crate) struct Gpu {
     /// [`WgpuOptions::coop_tall`] asks for it.
     pub(crate) coop_tall: Option<CoopConfig>,
     /// `@coherent` storage buffers enabled (every Vulkan adapter offers
-    /// it): decode attention's partials are read coherently by the
-    /// workgroup that merges them in the same dispatch, which needs it.
+    /// it): decode attention's and the split coop products' partials are
+    /// read coherently by the workgroup that merges or sums them in the
+    /// same dispatch, which needs it.
     pub(crate) coherent: bool,
     /// Shaders keep the loop counters wgpu adds to every loop
     /// ([`WgpuOptions::loop_bounding`]).

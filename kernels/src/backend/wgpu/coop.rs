@@ -85,8 +85,9 @@ pub struct CoopConfig {
     pub k_slab: u32,
     /// How the subgroups cover the tile.
     pub tile: CoopTile,
-    /// Split k over workgroups (partial sums, then split_sum.wgsl) when a
-    /// product has fewer tiles than this, to have about this many
+    /// Split k over workgroups (partial sums, then their sum by the last
+    /// split or by split_sum.wgsl: [`CoopConfig::fold`]) when a product has
+    /// fewer tiles than this, to have about this many
     /// workgroups; 0: never ([`super::WgpuOptions::coop_split_workgroups`]).
     pub split_to: u32,
     /// Most bytes of partial sums one split product may write (the
@@ -184,11 +185,13 @@ impl CoopConfig {
     }
 
     /// Workgroup memory the kernel declares, in bytes: the f16 weight and x
-    /// slabs (rows padded by 8 values), and one f32 fragment per subgroup
-    /// for the results.
+    /// slabs (rows padded by 8 values), one f32 fragment per subgroup for
+    /// the results, and the folded split sum's flag (16 bytes with its
+    /// alignment).
     pub(crate) fn workgroup_bytes(&self) -> u32 {
         2 * (self.tile_rows() + self.tile_tokens()) * (self.k_slab + 8)
             + 4 * self.tile.subgroups() * self.side * self.side
+            + 16
     }
 
     /// coop_mat_mul.wgsl's `body` specialised for this configuration: its
@@ -351,14 +354,14 @@ mod tests {
             (c.tile_rows(), c.workgroup(), c.loads_per_invocation(64)),
             (64, 128, 4)
         );
-        assert_eq!(c.workgroup_bytes(), 22 * KIB);
+        assert_eq!(c.workgroup_bytes(), 22 * KIB + 16);
         // WebGPU's minimum of 16 KiB: the 32 slab (14 KiB).
         let c =
             CoopConfig::pick(&nv, 32, 32, true, 16 * KIB, None, CoopTile::Square4).expect("usable");
         assert_eq!(c, cfg(16, 32, 32));
         assert_eq!(
             (c.loads_per_invocation(64), c.workgroup_bytes()),
-            (2, 14 * KIB)
+            (2, 14 * KIB + 16)
         );
         // A slab asked for, where it fits.
         let c = CoopConfig::pick(&nv, 32, 32, true, 48 * KIB, Some(32), CoopTile::Square4);
@@ -404,7 +407,7 @@ mod tests {
             ),
             (128, 256, 64, 4)
         );
-        assert_eq!(c.workgroup_bytes(), 44 * KIB);
+        assert_eq!(c.workgroup_bytes(), 44 * KIB + 16);
         assert_eq!(c.groups(2048, 32), [16, 1]);
         // 32 KiB: the 32 slab (28 KiB); 16 KiB: none.
         assert_eq!(wide(32 * KIB, None).map(|c| c.k_slab), Some(32));
@@ -436,7 +439,7 @@ mod tests {
             (c.loads_per_invocation(128), c.loads_per_invocation(32)),
             (8, 2)
         );
-        assert_eq!(c.workgroup_bytes(), 2 * 160 * 72 + 4 * 4 * 256);
+        assert_eq!(c.workgroup_bytes(), 2 * 160 * 72 + 4 * 4 * 256 + 16);
         // A 32-sequence decode batch through a 2,048-row matrix: one token
         // tile, 16 of rows; 33 sequences take a second token tile.
         assert_eq!(c.groups(2048, 32), [16, 1]);

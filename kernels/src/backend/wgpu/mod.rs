@@ -61,9 +61,10 @@
 //!   2,048-row matrix) splits k over workgroups, each writing partial sums
 //!   to a scratch binding; the workgroup of the split that finishes last
 //!   (a counter per output tile) then adds them, with the bias and the
-//!   residual, in a fixed order, or with
-//!   [`WgpuOptions::coop_fold_splits`] off `shaders/split_sum.wgsl` does in
-//!   a dispatch of its own ([`WgpuOptions::coop_split_workgroups`]).
+//!   residual, in a fixed order; with [`WgpuOptions::coop_fold_splits`]
+//!   off, or on an adapter without `@coherent` storage buffers,
+//!   `shaders/split_sum.wgsl` does in a dispatch of its own
+//!   ([`WgpuOptions::coop_split_workgroups`]).
 //! * Subgroup operations are optional: where the adapter has them, the
 //!   split-row mat-vec sums each row's partials with shuffles (any
 //!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
@@ -262,7 +263,8 @@ pub struct WgpuOptions {
     pub coop_k_slab: Option<u32>,
     /// Split the k of a cooperative-matrix product that has fewer tiles
     /// than this over workgroups (partial sums in a scratch buffer, then
-    /// added in a fixed order by split_sum.wgsl), to have about this many
+    /// added in a fixed order by the split that finishes last or by
+    /// split_sum.wgsl: [`WgpuOptions::coop_fold_splits`]), to have about this many
     /// workgroups: a decode batch of 32 through a 2,048-row matrix is 32
     /// tiles, a few hundredths of what a large GPU keeps busy. `None`: 512
     /// on GPUs, never on CPU adapters (which run workgroups one per
