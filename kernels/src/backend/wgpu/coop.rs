@@ -264,6 +264,14 @@ impl CoopConfig {
         ]
     }
 
+    /// The (rows, tokens) of one split's plane of partial sums for `rows`
+    /// weight rows by `tokens` tokens: both padded to whole tiles, so that
+    /// every fragment is stored whole, straight from the matrix unit.
+    pub(crate) fn part_plane(&self, rows: u32, tokens: u32) -> [u32; 2] {
+        let [n, m] = self.groups(rows, tokens);
+        [n * self.tile_rows(), m * self.tile_tokens()]
+    }
+
     /// How a product of `rows` weight rows by `tokens` tokens over `k`
     /// inputs splits k: (splits, k values per split, a whole number of
     /// slabs). One split where its tiles already reach
@@ -278,7 +286,8 @@ impl CoopConfig {
             return one;
         }
         let slabs = k.div_ceil(self.k_slab);
-        let plane = 4 * rows as u64 * tokens as u64;
+        let [pn, pm] = self.part_plane(rows, tokens);
+        let plane = 4 * pn as u64 * pm as u64;
         let fit = (self.split_max_bytes / plane.max(1)).min(u32::MAX as u64) as u32;
         let want = self
             .split_to
@@ -512,13 +521,21 @@ mod tests {
         // Off.
         let off = CoopConfig { split_to: 0, ..c };
         assert_eq!(off.k_splits(2048, 32, 5632), (1, 5632));
-        // The partials bounded by the binding: 3 planes of 2,048 x 32 fit.
+        // The partials bounded by the binding: a plane is padded to whole
+        // tiles (32 tokens to 64), and 3 such planes fit, not 4.
+        assert_eq!(c.part_plane(2048, 32), [2048, 64]);
+        assert_eq!(c.part_plane(2000, 33), [2048, 64]);
         let small = CoopConfig {
-            split_max_bytes: 3 * 4 * 2048 * 32,
+            split_max_bytes: 3 * 4 * 2048 * 64,
             fold: false,
             ..c
         };
         assert_eq!(small.k_splits(2048, 32, 5632), (3, 1920));
+        let smaller = CoopConfig {
+            split_max_bytes: 3 * 4 * 2048 * 64 - 1,
+            ..small
+        };
+        assert_eq!(smaller.k_splits(2048, 32, 5632), (2, 2816));
         // Every k value in exactly one split, each a whole number of slabs.
         for k in [1, 63, 64, 65, 255, 256, 1000, 5632, 14336] {
             for rows in [1, 64, 2048] {

@@ -204,6 +204,8 @@ kernel_params! {
         k_len: u32,
         m_groups: u32,
         fold: u32,
+        part_n: u32,
+        part_m: u32,
     }
 
     /// silu_mul.wgsl's `Params`.

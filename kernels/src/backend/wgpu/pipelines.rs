@@ -435,6 +435,10 @@ impl Product {
     /// [`mat_vec_max_cols`] columns.
     pub(crate) fn calls(&self) -> Vec<ProductCall> {
         let has_bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
+        let [part_n, part_m] = match self.kernel {
+            Kernel::Coop(c) => c.part_plane(self.rows, self.cols),
+            _ => [0, 0],
+        };
         let (kind, groups, (splits, k_len)) = match self.kernel {
             Kernel::MatVec => return self.mat_vec_calls(has_bias),
             Kernel::Tiled => (
@@ -467,6 +471,8 @@ impl Product {
             k_len,
             m_groups: groups[1],
             fold: u32::from(splits > 1 && self.folds()),
+            part_n,
+            part_m,
         };
         let mut calls = vec![ProductCall {
             kind,
@@ -506,7 +512,8 @@ impl Product {
             Kernel::Coop(c) => {
                 let (splits, _) = c.k_splits(self.rows, self.cols, self.k);
                 if splits > 1 {
-                    4 * splits as u64 * self.rows as u64 * self.cols as u64
+                    let [n, m] = c.part_plane(self.rows, self.cols);
+                    4 * splits as u64 * n as u64 * m as u64
                 } else {
                     0
                 }

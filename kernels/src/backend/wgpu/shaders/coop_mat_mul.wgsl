@@ -34,7 +34,9 @@
 // Split k (p.splits > 1, for products of too few tiles to keep the GPU
 // busy): split z of workgroup_id.y's splits multiplies k values
 // z * k_len .. (z + 1) * k_len only and stores its plain partial sums into
-// `part` ([split][token][row]). Then either split_sum.wgsl adds the splits,
+// `part` ([split][token][row], a split's rows and tokens padded to whole
+// tiles: p.part_n x p.part_m), each fragment stored straight from the
+// matrix unit. Then either split_sum.wgsl adds the splits,
 // the bias and the residual into y in a second dispatch, or (p.fold = 1)
 // the split whose workgroup finishes last does it, in the same fixed order
 // either way (the same result every run, whichever finishes last): each
@@ -65,7 +67,8 @@ struct Params {
     k_len: u32,    // k values per split (a multiple of BK)
     m_groups: u32, // token tiles (workgroup_id.y = split * m_groups + tile)
     fold: u32,     // 1 = the split that finishes last sums the splits
-    _p14: u32, _p15: u32,
+    part_n: u32,   // rows of a split's partials (padded to whole tiles)
+    part_m: u32,   // tokens of a split's partials (padded to whole tiles)
 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
@@ -112,17 +115,25 @@ fn put_x(at: u32, v: W8) {
 }
 
 // Writes fragment `c` of subgroup `sub` (weight rows n0.., tokens m0..)
-// into y, or into split z's partials, through the subgroup's corner of `cs`.
+// into split z's partials, whose padded planes hold every fragment whole
+// (no bounds, no barrier), or else into y through the subgroup's corner of
+// `cs`, within the rows and tokens.
 fn emit(c: FragC, sub: u32, lane: u32, n0: u32, m0: u32, z: u32) {
+    if (p.splits > 1u) {
+        // (Index and stride as lets: with them written inside the call,
+        // naga 30's SPIR-V writer panics, "Expression [25] is not cached".)
+        let stride = p.part_n;
+        let at = (z * p.part_m + m0) * stride + n0;
+        coopStore(c, &part[at], stride);
+        return;
+    }
     let corner = sub * S * S;
     coopStore(c, &cs[corner], S);
     workgroupBarrier();
     for (var e = lane; e < S * S; e += SG) {
         let n = n0 + e % S;
         let m = m0 + e / S;
-        if (n < p.rows && m < p.m && p.splits > 1u) {
-            part[(z * p.m + m) * p.rows + n] = cs[corner + e];
-        } else if (n < p.rows && m < p.m) {
+        if (n < p.rows && m < p.m) {
             var v = cs[corner + e];
             if (p.has_bias != 0u) {
                 v += bias[p.row0 + n];
@@ -148,7 +159,7 @@ fn sum_splits(n_tile: u32, m_tile: u32, lid: u32) {
         if (n < p.rows && m < p.m) {
             var v = 0.0;
             for (var z = 0u; z < p.splits; z++) {
-                v += part[(z * p.m + m) * p.rows + n];
+                v += part[(z * p.part_m + m) * p.part_n + n];
             }
             if (p.has_bias != 0u) {
                 v += bias[p.row0 + n];

@@ -33,7 +33,8 @@ struct Params {
     k_len: u32,    // k values per split
     m_groups: u32, // token tiles
     fold: u32,     // 1 = the last split sums the splits (coop_mat_mul.wgsl)
-    _p14: u32, _p15: u32,
+    part_n: u32,   // rows of a split's partials (padded to whole tiles)
+    part_m: u32,   // tokens of a split's partials (padded to whole tiles)
 }
 
 // x as vec4s (every x buffer is a whole number of 16-byte words); rows of X

@@ -19,7 +19,8 @@ struct Params {
     k_len: u32,    // k values per split
     m_groups: u32, // token tiles
     fold: u32,     // 1 = the last split sums the splits (coop_mat_mul.wgsl)
-    _p14: u32, _p15: u32,
+    part_n: u32,   // rows of a split's partials (padded to whole tiles)
+    part_m: u32,   // tokens of a split's partials (padded to whole tiles)
 }
 
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
@@ -41,7 +42,7 @@ fn main(
     let n = i % p.rows;
     var v = 0.0;
     for (var z = 0u; z < p.splits; z++) {
-        v += part[z * plane + i];
+        v += part[(z * p.part_m + m) * p.part_n + n];
     }
     if (p.has_bias != 0u) {
         v += bias[p.row0 + n];
