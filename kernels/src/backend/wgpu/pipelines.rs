@@ -774,11 +774,14 @@ impl Pipelines {
                 // coop_mat_mul.wgsl: constants and fragment code below.
                 _ => String::new(),
             };
-            // The tiled products share their tile loads.
+            // The tiled products share their tile loads, and they and the
+            // split sum their store into y.
             let loads = match kind {
-                WeightKernel::MatMul | WeightKernel::Coop(_) => {
-                    include_str!("shaders/tile_loads.wgsl")
-                }
+                WeightKernel::MatMul | WeightKernel::Coop(_) => concat!(
+                    include_str!("shaders/tile_loads.wgsl"),
+                    include_str!("shaders/y_store.wgsl")
+                ),
+                WeightKernel::SplitSum => include_str!("shaders/y_store.wgsl"),
                 _ => "",
             };
             let body = match kind {

@@ -93,7 +93,8 @@ var<workgroup> cs: array<f32, GN * GM * S * S>;
 // 1 in the workgroup that counted its tile's last split.
 var<workgroup> last_split: u32;
 
-// load_w and load_x: tile_loads.wgsl, appended to this file.
+// load_w and load_x: tile_loads.wgsl; store_y: y_store.wgsl; both
+// appended to this file.
 
 // Stores 8 values, rounded to f16, at `at` of a tile.
 fn put_w(at: u32, v: W8) {
@@ -134,15 +135,7 @@ fn emit(c: FragC, sub: u32, lane: u32, n0: u32, m0: u32, z: u32) {
         let n = n0 + e % S;
         let m = m0 + e / S;
         if (n < p.rows && m < p.m) {
-            var v = cs[corner + e];
-            if (p.has_bias != 0u) {
-                v += bias[p.row0 + n];
-            }
-            let at = p.y_off + m * p.ldy + p.row0 + n;
-            if (p.accumulate != 0u) {
-                v += y[at];
-            }
-            y[at] = v;
+            store_y(m, n, cs[corner + e]);
         }
     }
     // The next fragment reuses the corner.
@@ -161,14 +154,7 @@ fn sum_splits(n_tile: u32, m_tile: u32, lid: u32) {
             for (var z = 0u; z < p.splits; z++) {
                 v += part[(z * p.part_m + m) * p.part_n + n];
             }
-            if (p.has_bias != 0u) {
-                v += bias[p.row0 + n];
-            }
-            let at = p.y_off + m * p.ldy + p.row0 + n;
-            if (p.accumulate != 0u) {
-                v += y[at];
-            }
-            y[at] = v;
+            store_y(m, n, v);
         }
     }
 }

@@ -54,7 +54,8 @@ const SLAB: u32 = 256u; // vec4s per buffer of one tile (BK * Q)
 var<workgroup> xs: array<vec4<f32>, 512>; // 2 * SLAB
 var<workgroup> ws: array<vec4<f32>, 512>;
 
-// load_w and load_x: tile_loads.wgsl, appended to this file.
+// load_w and load_x: tile_loads.wgsl; store_y: y_store.wgsl; both
+// appended to this file.
 
 @compute @workgroup_size(256)
 fn main(
@@ -118,15 +119,7 @@ fn main(
         for (var j = 0u; j < 4u; j++) {
             let gn = n0 + 4u * tx + j;
             if (gm < p.m && gn < p.rows) {
-                var v = acc[i][j];
-                if (p.has_bias != 0u) {
-                    v += bias[p.row0 + gn];
-                }
-                let at = p.y_off + gm * p.ldy + p.row0 + gn;
-                if (p.accumulate != 0u) {
-                    v += y[at];
-                }
-                y[at] = v;
+                store_y(gm, gn, acc[i][j]);
             }
         }
     }

@@ -44,12 +44,5 @@ fn main(
     for (var z = 0u; z < p.splits; z++) {
         v += part[(z * p.part_m + m) * p.part_n + n];
     }
-    if (p.has_bias != 0u) {
-        v += bias[p.row0 + n];
-    }
-    let at = p.y_off + m * p.ldy + p.row0 + n;
-    if (p.accumulate != 0u) {
-        v += y[at];
-    }
-    y[at] = v;
+    store_y(m, n, v);
 }
