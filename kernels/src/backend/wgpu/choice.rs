@@ -61,24 +61,27 @@ impl KernelChoice {
 
 #[cfg(test)]
 mod tests {
+    use super::super::coop::CoopTile;
     use super::*;
 
-    #[test]
-    fn passes_take_coop_then_tiled_then_mat_vec() {
-        use super::super::coop::CoopTile;
-        let c = CoopConfig {
-            side: 8,
-            subgroup: 8,
+    /// A configuration of fragment side `side` in subgroups of `subgroup`,
+    /// with `tile`.
+    fn config(side: u32, subgroup: u32, tile: CoopTile) -> CoopConfig {
+        CoopConfig {
+            side,
+            subgroup,
             k_slab: 32,
-            tile: CoopTile::Square4,
+            tile,
             split_to: 0,
             split_max_bytes: 0,
             fold: false,
-        };
-        let w = CoopConfig {
-            tile: CoopTile::Wide8,
-            ..c
-        };
+        }
+    }
+
+    #[test]
+    fn passes_take_coop_then_tiled_then_mat_vec() {
+        let c = config(8, 8, CoopTile::Square4);
+        let w = config(8, 8, CoopTile::Wide8);
         let gpu = KernelChoice {
             tiled_above: Some(64),
             coop_from: Some((c, 16)),
@@ -132,24 +135,9 @@ mod tests {
 
     #[test]
     fn decode_batches_that_fit_the_tall_tile_take_it() {
-        use super::super::coop::CoopTile;
-        let c = CoopConfig {
-            side: 16,
-            subgroup: 32,
-            k_slab: 64,
-            tile: CoopTile::Square4,
-            split_to: 0,
-            split_max_bytes: 0,
-            fold: false,
-        };
-        let w = CoopConfig {
-            tile: CoopTile::Wide8,
-            ..c
-        };
-        let t = CoopConfig {
-            tile: CoopTile::Tall4,
-            ..c
-        };
+        let c = config(16, 32, CoopTile::Square4);
+        let w = config(16, 32, CoopTile::Wide8);
+        let t = config(16, 32, CoopTile::Tall4);
         assert_eq!(t.tile_tokens(), 32);
         let gpu = KernelChoice::new(Some(c), Some(w), Some(t), 16, 128, Some(64));
         assert_eq!(gpu.for_rows(15), Kernel::MatVec);
