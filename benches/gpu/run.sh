@@ -70,6 +70,11 @@
 #                   default) against coop from 8 rows (--coop-rows 8, the
 #                   tall tile), one round; then the default profiled at
 #                   batch 32
+#   submit:SHAPE    steps submitted in growing runs of dispatches (the
+#                   default: the first 8, then 16, 32, ...) against one
+#                   submission a step (--first-submit 0), alternating, two
+#                   rounds: batch 1, 8 and 32 at 128-token prompts, batch 1
+#                   at 1,024 (every run prints the host's share of a step)
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -307,6 +312,23 @@ for part in "${parts[@]}"; do
             eb batch8-mat-vec engine-bench 60 $(bf16 "$shape") --batch 8 --prompt 128
             eb batch8-coop engine-bench 60 $(bf16 "$shape") --batch 8 --prompt 128 --coop-rows 8
             eb batch32-profile engine-bench 60 $(bf16 "$shape") --batch 32 --prompt 128 --profile
+        }
+        ;;
+    submit:*)
+        shape=${part#submit:}
+        echo "== $shape: steps submitted in growing runs against one submission a step =="
+        # shellcheck disable=SC2046
+        {
+            for round in 1 2; do
+                for v in default whole; do
+                    case $v in
+                    default) x=() ;;
+                    whole) x=(--first-submit 0) ;;
+                    esac
+                    eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 1,8,32 --prompt 128 "${x[@]}"
+                    eb "$v-long-r$round" engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 "${x[@]}"
+                done
+            done
         }
         ;;
     hf:*)

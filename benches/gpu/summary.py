@@ -1,7 +1,8 @@
 """The summary that benches/gpu/run.sh prints last: the parity tests' result
 lines, then one table row per engine-bench run and batch (speeds as the
 timed run measured them) and, for profiled runs, where a decode step's time
-went (device timestamps, per step): decode attention (attn_decode plus
+went (device timestamps, per step), the host's planning, recording and
+submitting of a decode step with its submissions, and decode attention (attn_decode plus
 attn_merge) as a share of the step, and the four layer products with the
 bytes they read per second (their weights only, for 2-byte weights); then,
 for profiled prefills, each layer product's time and arithmetic rate
@@ -19,6 +20,10 @@ SPEED = re.compile(r"^wgpu\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s*$"
 SHAPE = re.compile(r"hidden (\d+), layers (\d+), heads (\d+)/(\d+) kv, head_dim (\d+), ffn (\d+)")
 PROFILE = re.compile(r"^profile: wgpu batch (\d+), decode, (\d+) steps")
 PREFILL = re.compile(r"^profile: wgpu batch (\d+), prefill of (\d+) tokens")
+HOST = re.compile(
+    r"\s*host per decode step: plan ([\d.]+) us, record ([\d.]+) us, submit ([\d.]+) us, "
+    r"wait and read back ([\d.]+) us; ([\d.]+) submissions"
+)
 ROW = re.compile(r"^  (.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
 PRODUCTS = ("qkv", "gate_up", "down", "o")
 
@@ -113,7 +118,7 @@ def main():
                 print(line)
     print()
     head = ["run", "batch", "prefill tok/s", "decode tok/s", "step", "GB/s",
-            "attn % of decode", "attn us"] + [f"{p} us (GB/s)" for p in PRODUCTS]
+            "host us (submits)", "attn % of decode", "attn us"] + [f"{p} us (GB/s)" for p in PRODUCTS]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for f in sorted(d.glob("*.txt")):
@@ -124,6 +129,12 @@ def main():
         for m in SPEED.finditer(text):
             batch = int(m.group(1))
             cells = [label, str(batch), m.group(2), m.group(3), m.group(4), m.group(5)]
+            # The host's plan, record and submit time of a decode step: what
+            # the device waits on between steps, less what early
+            # submissions overlap.
+            h = HOST.match(text, m.end())
+            cells.append(
+                f"{sum(float(h.group(i)) for i in (1, 2, 3)):.0f} ({h.group(5)})" if h else "")
             g = prof.get(batch)
             if g:
                 total = sum(g.values())

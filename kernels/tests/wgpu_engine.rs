@@ -949,6 +949,84 @@ fn wgpu_unbounded_loops_compute_the_same() {
 }
 
 #[test]
+fn wgpu_early_submissions_compute_the_same() {
+    // A step submitted in growing runs of dispatches (the default: the
+    // device starts while the host records) against one submission a step,
+    // on steps of several passes (a 20-token prompt in passes of 8 rows)
+    // and decode steps, logits rows and tokens sampled on the device. The
+    // kernels are the same, so the logits must be the same bits.
+    let model = Arc::new(random_model(&LLAMA, 17));
+    let backend = |first: usize| {
+        let opts = WgpuOptions {
+            first_submit: Some(first),
+            max_rows_per_pass: Some(8),
+            ..f32_options()
+        };
+        or_skip(WgpuBackend::new(model.clone(), 16, 8, &opts))
+    };
+    let Some(mut whole) = backend(0) else {
+        return;
+    };
+    let mut runs: Vec<(usize, WgpuBackend)> = [1, 3, 8]
+        .into_iter()
+        .map(|f| (f, backend(f).expect("a second backend")))
+        .collect();
+    let prompt: Vec<TokenId> = (0..20).map(|i| (i * 7 % 301) as TokenId).collect();
+    let (table, table2) = ([1u32, 4], [2u32, 7]);
+    let mut history = prompt.clone();
+    for (step, start) in [(0usize, 0u32), (1, 20), (2, 21), (3, 22)] {
+        let tokens = if step == 0 {
+            prompt.clone()
+        } else {
+            vec![history[history.len() - 1]]
+        };
+        let batch = [
+            logits_step(&tokens, start, &table),
+            SeqBatch {
+                sample: Some(SampleSpec {
+                    params: SamplingParams::greedy(),
+                    position: start + tokens.len() as u32,
+                    history: &history,
+                    logprobs: Some(3),
+                    allowed: None,
+                }),
+                ..logits_step(&tokens, start, &table2)
+            },
+        ];
+        let mut want = ForwardOutput::default();
+        whole.forward_select(&batch, &mut want).expect("step");
+        for (first, b) in &mut runs {
+            let mut out = ForwardOutput::default();
+            b.forward_select(&batch, &mut out).expect("step");
+            assert!(
+                out.logits == want.logits,
+                "first submit {first}, step {step}: logits differ (nmse {:e})",
+                nmse(&out.logits, &want.logits)
+            );
+            assert_eq!(
+                out.sampled, want.sampled,
+                "first submit {first}, step {step}"
+            );
+        }
+        if let Some(Some(d)) = want.sampled.last() {
+            history.push(d.token);
+        }
+    }
+    let h = whole.take_host_times();
+    assert_eq!((h.steps, h.submissions), (4, 4), "one submission a step");
+    for (first, b) in &mut runs {
+        let h = b.take_host_times();
+        assert_eq!(h.steps, 4);
+        assert!(
+            h.submissions > h.steps,
+            "first submit {first}: {} submissions in {} steps",
+            h.submissions,
+            h.steps
+        );
+    }
+}
+
+#[test]
 fn wgpu_loading_reports_each_layer_uploaded() {
     use std::sync::Mutex;
     let seen: Arc<Mutex<Vec<(f32, String)>>> = Arc::default();

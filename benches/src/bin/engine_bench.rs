@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
-use tokenwire_kernels::backend::wgpu::{Profile, ProfileClock};
+use tokenwire_kernels::backend::wgpu::{HostTimes, Profile, ProfileClock};
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::tensor::encode_floats;
 use tokenwire_kernels::{
@@ -71,7 +71,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              token rows per pass, default 2048 on GPUs and 512 on CPU adapters; a bigger
              step runs in several passes, each reading every weight)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
-             default), to compare kernel choices on a card
+             default) [--first-submit N] (wgpu: a step's first N dispatches submitted
+             on their own, then doubling runs; 0: one submission a step; default 8),
+             to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 
 /// What to run.
@@ -98,6 +100,7 @@ struct Args {
     fused_norm: bool,
     fold_merge: bool,
     decode_k_chunk: Option<u32>,
+    first_submit: Option<usize>,
     subgroups: bool,
     coop: bool,
     coop_rows: Option<usize>,
@@ -178,6 +181,7 @@ fn parse_args() -> Result<Args, String> {
         fused_norm: true,
         fold_merge: true,
         decode_k_chunk: None,
+        first_submit: None,
         subgroups: true,
         coop: true,
         coop_rows: None,
@@ -238,6 +242,7 @@ fn parse_args() -> Result<Args, String> {
             "--decode-workgroups" => a.decode_workgroups = Some(num(&val)?.max(1) as u32),
             "--decode-min-split" => a.decode_min_split = Some(num(&val)?.max(1) as u32),
             "--decode-k-chunk" => a.decode_k_chunk = Some(num(&val)?.clamp(1, 16) as u32),
+            "--first-submit" => a.first_submit = Some(num(&val)?),
             "--mat-vec-unroll" => a.mat_vec_unroll = Some(num(&val)?.clamp(1, 4) as u32),
             "--coop-rows" => {
                 a.coop = true;
@@ -397,6 +402,8 @@ struct Run {
     prefill: Duration,
     decode: Duration,
     profiles: Option<(Profile, Profile)>,
+    /// Where the host's time of the timed decode steps went (wgpu).
+    host: Option<HostTimes>,
 }
 
 /// A backend under test.
@@ -424,6 +431,12 @@ impl Bench {
         } else {
             w.take_profile()
         }
+    }
+
+    /// The host's phases of the steps since the last call (wgpu only).
+    fn host_times(&mut self) -> Option<HostTimes> {
+        let Bench::Wgpu(w) = self else { return None };
+        Some(w.take_host_times())
     }
 }
 
@@ -545,16 +558,19 @@ fn run(
     if profile {
         bench.profiling(true);
     }
+    bench.host_times();
     let t = Instant::now();
     for s in 0..steps {
         next = step(bench.backend(), &feed(next), prompt + 1 + s, &mut hist)?;
     }
     let decode = t.elapsed();
+    let host = bench.host_times();
     let decode_profile = bench.profiling(false);
     Ok(Run {
         prefill,
         decode,
         profiles: prefill_profile.zip(decode_profile),
+        host,
     })
 }
 
@@ -642,6 +658,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         decode_min_split: a.decode_min_split.unwrap_or(d.decode_min_split),
                         fold_merge: a.fold_merge,
                         decode_k_chunk: a.decode_k_chunk,
+                        first_submit: a.first_submit,
                         mat_vec_unroll: a.mat_vec_unroll,
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,
@@ -710,6 +727,9 @@ fn bench(a: &Args) -> Result<(), String> {
                 step,
                 weight_bytes as f64 / step.as_secs_f64() / 1e9
             );
+            if let Some(h) = r.host.filter(|h| h.steps > 0) {
+                print_host_times(&h);
+            }
             if a.profile && matches!(be, Bench::Wgpu(_)) {
                 let p = run(&mut be, b, a, c.vocab_size, true)?;
                 if let Some((prefill, decode)) = p.profiles {
@@ -723,6 +743,22 @@ fn bench(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The host's phases of a decode step, per step: what the device waits
+/// on between steps (planning, recording, submitting) and what the host
+/// waits on the device.
+fn print_host_times(h: &HostTimes) {
+    let per = |n: u64| n as f64 / h.steps as f64 / 1e3;
+    println!(
+        "  host per decode step: plan {:.1} us, record {:.1} us, submit {:.1} us, \
+         wait and read back {:.1} us; {:.1} submissions",
+        per(h.plan_nanos),
+        per(h.record_nanos),
+        per(h.submit_nanos),
+        per(h.wait_nanos),
+        h.submissions as f64 / h.steps as f64
+    );
 }
 
 /// One profile as a table: per kernel, dispatches and time per step, and

@@ -64,6 +64,29 @@ impl Profile {
     }
 }
 
+/// Where the host's wall time of forward steps went, phase by phase. A
+/// step is planned only after the previous one came back, so the device
+/// idles while the host plans it and records its first submission. Always
+/// gathered (four clock reads a step); [`super::WgpuBackend::take_host_times`]
+/// takes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTimes {
+    /// Steps timed.
+    pub steps: u64,
+    /// Submissions those steps took.
+    pub submissions: u64,
+    /// Planning the step and writing its plan and parameters into the
+    /// queue, nanoseconds over all steps.
+    pub plan_nanos: u64,
+    /// Recording its passes, and submitting all but the last of them
+    /// ([`super::WgpuOptions::first_submit`]).
+    pub record_nanos: u64,
+    /// Finishing the last encoder and submitting it.
+    pub submit_nanos: u64,
+    /// Waiting for the device and reading back what the step returns.
+    pub wait_nanos: u64,
+}
+
 /// Queries per set (two per dispatch): wgpu's cap on one query set.
 const SET_QUERIES: u32 = ::wgpu::QUERY_SET_MAX_QUERIES;
 
@@ -182,13 +205,71 @@ impl Profiler {
     }
 }
 
-/// Records a step's compute passes into one encoder and submits it; with a
-/// profiler, each dispatch goes into its own timestamped pass (device
-/// clock) or its own timed submission (host clock) instead.
+/// When a step's recording goes to the device before the step is whole:
+/// after the first `first` dispatches, then after each run of twice as
+/// many as the run before. The device then starts on the step's first
+/// layers while the host records the rest, and each run it works on is
+/// longer than the next one the host records (a dispatch records in a few
+/// microseconds and runs in about ten on a GPU), so after the first run
+/// the device should not wait on the host. Every submission costs its own
+/// fixed time, hence few and growing. llama.cpp's Vulkan backend submits
+/// its graphs in pieces for the same reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SubmitSchedule {
+    /// Dispatches left before the next early submission; `None`: none.
+    left: Option<usize>,
+    /// The length of the run being recorded.
+    run: usize,
+}
+
+impl SubmitSchedule {
+    /// Submissions after `first` dispatches, then doubling runs; `first`
+    /// 0: one submission for the whole step.
+    pub(crate) fn new(first: usize) -> SubmitSchedule {
+        SubmitSchedule {
+            left: (first > 0).then_some(first),
+            run: first,
+        }
+    }
+
+    /// How many of the next `n` dispatches to record before asking
+    /// [`SubmitSchedule::due`]; counts them as recorded.
+    fn take(&mut self, n: usize) -> usize {
+        match &mut self.left {
+            Some(left) => {
+                let k = n.min(*left);
+                *left -= k;
+                k
+            }
+            None => n,
+        }
+    }
+
+    /// Whether what is recorded should be submitted now; if so, the next
+    /// run (twice as long) starts.
+    fn due(&mut self) -> bool {
+        if self.left != Some(0) {
+            return false;
+        }
+        self.run = self.run.saturating_mul(2);
+        self.left = Some(self.run);
+        true
+    }
+}
+
+/// Records a step's compute passes and submits them: without a profiler,
+/// in submissions that grow (see [`SubmitSchedule`]), so the device starts
+/// on the step while the host still records it; with one, each dispatch in
+/// its own timestamped pass of one submission (device clock) or in its own
+/// timed submission (host clock).
 pub(crate) struct Recorder<'a> {
     gpu: &'a Gpu,
     enc: ::wgpu::CommandEncoder,
+    label: &'a str,
     profiler: Option<&'a mut Profiler>,
+    schedule: SubmitSchedule,
+    /// Submissions made before [`Recorder::finish`].
+    early: u64,
     /// Names of the dispatches timed so far, in order (device clock).
     names: Vec<String>,
     /// Names and times of the dispatches timed so far (host clock).
@@ -197,12 +278,13 @@ pub(crate) struct Recorder<'a> {
 
 impl<'a> Recorder<'a> {
     /// A recorder for a step of `dispatches` dispatches, timed by `profiler`
-    /// (an active one) where given.
+    /// (an active one) where given, else submitted early on `schedule`.
     pub(crate) fn new(
         gpu: &'a Gpu,
-        label: &str,
+        label: &'a str,
         mut profiler: Option<&'a mut Profiler>,
         dispatches: usize,
+        schedule: SubmitSchedule,
     ) -> Recorder<'a> {
         if let Some(p) = profiler.as_deref_mut() {
             if p.clock() == ProfileClock::Device {
@@ -215,7 +297,10 @@ impl<'a> Recorder<'a> {
         Recorder {
             gpu,
             enc,
+            label,
             profiler,
+            schedule,
+            early: 0,
             names: Vec::new(),
             host_times: Vec::new(),
         }
@@ -246,7 +331,22 @@ impl<'a> Recorder<'a> {
                 encode(&mut pass, items)
             };
         match self.profiler.as_deref().map(Profiler::clock) {
-            None => one(&mut self.enc, items, None),
+            None => {
+                let mut items = items;
+                loop {
+                    let (now, rest) = items.split_at(self.schedule.take(items.len()));
+                    if !now.is_empty() {
+                        one(&mut self.enc, now, None)?;
+                    }
+                    if self.schedule.due() {
+                        self.submit_so_far();
+                    }
+                    if rest.is_empty() {
+                        return Ok(());
+                    }
+                    items = rest;
+                }
+            }
             Some(ProfileClock::Device) => {
                 let p = self.profiler.as_deref();
                 for item in items {
@@ -279,14 +379,30 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// Submits the step and, with a profiler, adds its dispatches' times.
-    pub(crate) fn finish(mut self) -> Result<(), EngineFaultKind> {
+    /// Submits what is recorded so far and goes on in a new encoder.
+    fn submit_so_far(&mut self) {
+        let fresh = self
+            .gpu
+            .device
+            .create_command_encoder(&::wgpu::CommandEncoderDescriptor {
+                label: Some(self.label),
+            });
+        let done = std::mem::replace(&mut self.enc, fresh);
+        self.gpu.queue.submit([done.finish()]);
+        self.early += 1;
+    }
+
+    /// Submits the rest of the step and, with a profiler, adds its
+    /// dispatches' times; returns how many submissions the step took
+    /// (without a profiler: the early ones and this).
+    pub(crate) fn finish(mut self) -> Result<u64, EngineFaultKind> {
         if let Some(p) = self.profiler.as_deref() {
             p.resolve(&mut self.enc, self.names.len());
         }
         self.gpu.queue.submit([self.enc.finish()]);
+        let submissions = self.early + 1;
         let Some(p) = self.profiler else {
-            return Ok(());
+            return Ok(submissions);
         };
         match p.clock() {
             ProfileClock::Device => p
@@ -297,5 +413,50 @@ impl<'a> Recorder<'a> {
                 Ok(())
             }
         }
+        .map(|()| submissions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SubmitSchedule;
+
+    /// Where `schedule` submits early in a step of passes of these many
+    /// dispatches, as counts of dispatches recorded before each early
+    /// submission: the way [`super::Recorder::pass`] consults it.
+    fn cuts(first: usize, passes: &[usize]) -> Vec<usize> {
+        let mut s = SubmitSchedule::new(first);
+        let (mut done, mut cuts) = (0, Vec::new());
+        for &n in passes {
+            let mut left = n;
+            loop {
+                let k = s.take(left);
+                done += k;
+                left -= k;
+                if s.due() {
+                    cuts.push(done);
+                }
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        cuts
+    }
+
+    #[test]
+    fn runs_double_after_the_first_wherever_passes_end() {
+        for passes in [&[30][..], &[5, 10, 2, 13], &[1; 30], &[3, 6, 12, 9]] {
+            assert_eq!(cuts(3, passes), [3, 9, 21], "passes {passes:?}");
+        }
+        // A step that ends on a cut submits there, and its copies go in
+        // one more submission.
+        assert_eq!(cuts(1, &[7]), [1, 3, 7]);
+    }
+
+    #[test]
+    fn zero_submits_once() {
+        assert!(cuts(0, &[135]).is_empty());
+        assert!(cuts(0, &[5, 0, 2000]).is_empty());
     }
 }
