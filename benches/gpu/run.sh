@@ -72,9 +72,10 @@
 #                   batch 32
 #   submit:SHAPE    steps submitted in growing runs of dispatches (the
 #                   default: the first 8, then 16, 32, ...) against one
-#                   submission a step (--first-submit 0), alternating, two
-#                   rounds: batch 1, 8 and 32 at 128-token prompts, batch 1
-#                   at 1,024 (every run prints the host's share of a step)
+#                   submission a step (--first-submit 0), alternating, one
+#                   round (ROUNDS=N: N): batch 1, 8 and 32 at 128-token
+#                   prompts, batch 1 at 1,024 (every run prints the host's
+#                   share of a decode step)
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -319,7 +320,7 @@ for part in "${parts[@]}"; do
         echo "== $shape: steps submitted in growing runs against one submission a step =="
         # shellcheck disable=SC2046
         {
-            for round in 1 2; do
+            for round in $(seq 1 "${ROUNDS:-1}"); do
                 for v in default whole; do
                     case $v in
                     default) x=() ;;

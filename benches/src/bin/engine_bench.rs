@@ -72,7 +72,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              step runs in several passes, each reading every weight)
              [--loop-bounding] (wgpu: shaders with wgpu's counter in every loop, its own
              default) [--first-submit N] (wgpu: a step's first N dispatches submitted
-             on their own, then doubling runs; 0: one submission a step; default 8),
+             on their own, then doubling runs; 0: one submission a step; default 8 on
+             GPUs, 0 on CPU adapters),
              to compare kernel choices on a card
 Threads: RAYON_NUM_THREADS (default: one per core). CPU kernels: TOKENWIRE_CPU_KERNELS.";
 

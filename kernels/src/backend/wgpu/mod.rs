@@ -12,10 +12,11 @@
 //!   product (or one per dtype, when a file mixes them). A matrix larger
 //!   than the largest storage binding is split by rows into chunks, one
 //!   dispatch per chunk.
-//! * A step is recorded in order and submitted in growing runs of
-//!   dispatches ([`WgpuOptions::first_submit`]: the device starts on the
-//!   first layers while the host records the rest; [`HostTimes`] says
-//!   where the host's time goes): embedding gather into the residual stream x, then per layer RMSNorm,
+//! * A step is recorded in order and, on GPUs, submitted in growing runs
+//!   of dispatches ([`WgpuOptions::first_submit`]: the device starts on
+//!   the first layers while the host records the rest; CPU adapters take
+//!   one submission; [`HostTimes`] says where the host's time goes):
+//!   embedding gather into the residual stream x, then per layer RMSNorm,
 //!   q|k|v product, RoPE and (in the same dispatch) K/V written into the
 //!   paged cache through the step's slot mapping, paged attention (for decode rows, flash-decoding: each
 //!   row's context split over as many workgroups as fill the device
@@ -310,14 +311,17 @@ pub struct WgpuOptions {
     /// Submit a step's first this many dispatches on their own, then runs
     /// of twice as many as the run before, so that the device starts on a
     /// step while the host still records the rest of it (recording and
-    /// submitting a TinyLlama decode step took the host about 0.6 ms on a
+    /// submitting a TinyLlama decode step took the host 0.6-0.8 ms on a
     /// 2-core Xeon VM, more than a quarter of the 2.1 ms step an H200
-    /// runs). `None`: [`FIRST_SUBMIT`]; `Some(0)`: one submission a step.
-    /// Profiled steps always take one.
+    /// runs). `None`: [`FIRST_SUBMIT`] on GPUs (not yet measured on one);
+    /// one submission on CPU adapters, where the device is the host's own
+    /// cores and lavapipe ran 8-sequence decode steps of 4-layer TinyLlama
+    /// in 1.3-1.4 s submitted early against 0.8-1.0 s whole. `Some(0)`: one
+    /// submission a step. Profiled steps always take one.
     pub first_submit: Option<usize>,
 }
 
-/// Dispatches in a step's first submission by default
+/// Dispatches in a step's first submission by default on GPUs
 /// ([`WgpuOptions::first_submit`]): a TinyLlama layer and a half at batch
 /// 1, so the device starts within a few tens of microseconds of recording.
 pub const FIRST_SUBMIT: usize = 8;
@@ -730,7 +734,9 @@ impl WgpuBackend {
             seen: Vec::new(),
             profiler: None,
             host: HostTimes::default(),
-            first_submit: opts.first_submit.unwrap_or(FIRST_SUBMIT),
+            first_submit: opts
+                .first_submit
+                .unwrap_or(if cpu_adapter { 0 } else { FIRST_SUBMIT }),
         };
         be.binds = Some(be.build_binds());
         if let Some(e) = be.gpu.take_error() {
