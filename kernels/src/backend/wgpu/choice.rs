@@ -1,7 +1,7 @@
 //! Which kernel multiplies a pass's token rows through the weights: mat-vec
 //! groups, the tiled matmul, or the tiled matmul on cooperative matrices.
 
-use super::coop::CoopConfig;
+use super::coop::{CoopConfig, CoopTiles};
 use super::pipelines::Kernel;
 
 /// The product kernel for each pass size, fixed when the backend opens.
@@ -22,14 +22,12 @@ pub(crate) struct KernelChoice {
 }
 
 impl KernelChoice {
-    /// The choice on a device with these coop configurations (`None`
-    /// where it has none), coop from `coop_rows` token rows, its wide tile
-    /// from `wide_rows` and its tall tile up to the tall tile's tokens,
-    /// else the tiled matmul above `tiled_above`.
+    /// The choice on a device with these coop configurations, coop from
+    /// `coop_rows` token rows, its wide tile from `wide_rows` and its tall
+    /// tile up to the tall tile's tokens, else the tiled matmul above
+    /// `tiled_above`.
     pub(crate) fn new(
-        coop: Option<CoopConfig>,
-        wide: Option<CoopConfig>,
-        tall: Option<CoopConfig>,
+        coop: CoopTiles,
         coop_rows: usize,
         wide_rows: usize,
         tiled_above: Option<u32>,
@@ -37,9 +35,9 @@ impl KernelChoice {
         let rows = |n: usize| n.clamp(1, u32::MAX as usize) as u32;
         KernelChoice {
             tiled_above,
-            coop_from: coop.map(|c| (c, rows(coop_rows))),
-            wide_from: wide.map(|c| (c, rows(wide_rows))),
-            tall,
+            coop_from: coop.square.map(|c| (c, rows(coop_rows))),
+            wide_from: coop.wide.map(|c| (c, rows(wide_rows))),
+            tall: coop.tall,
         }
     }
 
@@ -139,17 +137,26 @@ mod tests {
         let w = config(16, 32, CoopTile::Wide8);
         let t = config(16, 32, CoopTile::Tall4);
         assert_eq!(t.tile_tokens(), 32);
-        let gpu = KernelChoice::new(Some(c), Some(w), Some(t), 16, 128, Some(64));
+        let all = CoopTiles {
+            square: Some(c),
+            wide: Some(w),
+            tall: Some(t),
+        };
+        let gpu = KernelChoice::new(all, 16, 128, Some(64));
         assert_eq!(gpu.for_rows(15), Kernel::MatVec);
         assert_eq!(gpu.for_rows(16), Kernel::Coop(t));
         assert_eq!(gpu.for_rows(32), Kernel::Coop(t));
         assert_eq!(gpu.for_rows(33), Kernel::Coop(c));
         assert_eq!(gpu.for_rows(128), Kernel::Coop(w));
         // The wide tile asked for every pass wins over the tall one.
-        let wide_all = KernelChoice::new(Some(c), Some(w), Some(t), 1, 1, None);
+        let wide_all = KernelChoice::new(all, 1, 1, None);
         assert_eq!(wide_all.for_rows(8), Kernel::Coop(w));
         // Without coop, no tall tile either.
-        let off = KernelChoice::new(None, None, Some(t), 16, 128, Some(64));
+        let tall_only = CoopTiles {
+            tall: Some(t),
+            ..CoopTiles::default()
+        };
+        let off = KernelChoice::new(tall_only, 16, 128, Some(64));
         assert_eq!(off.for_rows(32), Kernel::MatVec);
     }
 }

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use tokenwire_core::EngineFaultKind;
 
-use super::coop::{CoopConfig, CoopTile};
+use super::coop::{CoopConfig, CoopTile, CoopTiles};
 use super::WgpuOptions;
 
 /// An error the device reported outside any error scope.
@@ -52,15 +52,10 @@ pub(crate) struct Gpu {
     /// Subgroup operations enabled (asked for where offered, unless the
     /// options turn them off): mat-vec reductions use shuffles.
     pub(crate) subgroups: bool,
-    /// Cooperative matrices enabled, in this configuration (asked for with
-    /// [`WgpuOptions::cooperative_matrix`], where the adapter offers a usable
-    /// one), with the default four-subgroup tile.
-    pub(crate) coop: Option<CoopConfig>,
-    /// The same with the wide eight-subgroup tile, where it fits.
-    pub(crate) coop_wide: Option<CoopConfig>,
-    /// The same with the tall tile for decode batches, where it fits and
-    /// [`WgpuOptions::coop_tall`] asks for it.
-    pub(crate) coop_tall: Option<CoopConfig>,
+    /// Cooperative matrices enabled, in these configurations (asked for
+    /// with [`WgpuOptions::cooperative_matrix`], where the adapter offers a
+    /// usable one), one per tile.
+    pub(crate) coop: CoopTiles,
     /// `@coherent` storage buffers enabled (every Vulkan adapter offers
     /// it): decode attention's and the split coop products' partials are
     /// read coherently by the workgroup that merges or sums them in the
@@ -83,8 +78,6 @@ impl std::fmt::Debug for Gpu {
             .field("subgroups", &self.subgroups)
             .field("coherent", &self.coherent)
             .field("coop", &self.coop)
-            .field("coop_wide", &self.coop_wide)
-            .field("coop_tall", &self.coop_tall)
             .finish_non_exhaustive()
     }
 }
@@ -244,13 +237,16 @@ impl Gpu {
                 tile,
             )
         };
-        let coop = pick(CoopTile::Square4);
-        let coop_wide = coop.and_then(|_| pick(CoopTile::Wide8));
-        let coop_tall = coop
-            .filter(|_| opts.coop_tall)
-            .and_then(|_| pick(CoopTile::Tall4));
+        let square = pick(CoopTile::Square4);
+        let coop = CoopTiles {
+            square,
+            wide: square.and_then(|_| pick(CoopTile::Wide8)),
+            tall: square
+                .filter(|_| opts.coop_tall)
+                .and_then(|_| pick(CoopTile::Tall4)),
+        };
         let mut experimental = ::wgpu::ExperimentalFeatures::disabled();
-        if coop.is_some() {
+        if coop.square.is_some() {
             features |= ::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
             experimental = experimental_features();
         }
@@ -303,8 +299,7 @@ impl Gpu {
             fold: opts.coop_fold_splits && coherent,
             ..c
         };
-        let (coop, coop_wide, coop_tall) =
-            (coop.map(split), coop_wide.map(split), coop_tall.map(split));
+        let coop = coop.map(split);
         Ok(Gpu {
             device,
             queue,
@@ -315,8 +310,6 @@ impl Gpu {
             timestamps,
             subgroups,
             coop,
-            coop_wide,
-            coop_tall,
             coherent,
             loop_bounding: opts.loop_bounding,
             errors,

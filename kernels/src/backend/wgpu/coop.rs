@@ -101,6 +101,41 @@ pub struct CoopConfig {
     pub fold: bool,
 }
 
+/// The cooperative-matrix configurations a device has enabled, one per
+/// tile; the wide and tall tiles exist only beside the square one, and
+/// each only where its workgroup memory fits (the tall one also only where
+/// [`super::WgpuOptions::coop_tall`] asks for it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CoopTiles {
+    /// [`CoopTile::Square4`]: every coop pass that takes no other tile.
+    pub(crate) square: Option<CoopConfig>,
+    /// [`CoopTile::Wide8`], for big passes.
+    pub(crate) wide: Option<CoopConfig>,
+    /// [`CoopTile::Tall4`], for decode batches.
+    pub(crate) tall: Option<CoopConfig>,
+}
+
+impl CoopTiles {
+    /// Every enabled configuration.
+    pub(crate) fn all(&self) -> impl Iterator<Item = CoopConfig> {
+        [self.square, self.wide, self.tall].into_iter().flatten()
+    }
+
+    /// The configuration of `tile`, where enabled.
+    pub(crate) fn get(&self, tile: CoopTile) -> Option<CoopConfig> {
+        self.all().find(|c| c.tile == tile)
+    }
+
+    /// Each configuration changed by `f`.
+    pub(crate) fn map(self, f: impl Fn(CoopConfig) -> CoopConfig) -> CoopTiles {
+        CoopTiles {
+            square: self.square.map(&f),
+            wide: self.wide.map(&f),
+            tall: self.tall.map(&f),
+        }
+    }
+}
+
 impl CoopConfig {
     /// The best usable configuration among `props` (the adapter's), on an
     /// adapter whose subgroups are `sg_min..=sg_max` wide, which reads f16

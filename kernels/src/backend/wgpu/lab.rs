@@ -149,13 +149,13 @@ impl KernelLab {
 
     /// The cooperative-matrix configuration enabled on this device, if any.
     pub fn coop(&self) -> Option<CoopConfig> {
-        self.pipes.coop
+        self.pipes.coop.square
     }
 
     /// The tall-tile configuration, where the device has it and the
     /// options ask for it: coop products of up to its tokens use it.
     pub fn coop_tall(&self) -> Option<CoopConfig> {
-        self.pipes.coop_tall
+        self.pipes.coop.tall
     }
 
     /// Whether f16 weights are read natively (`shader-f16`).
@@ -415,14 +415,7 @@ impl KernelLab {
             LabProduct::Tiled => Kernel::Tiled,
             // Coop for any rows, its tile picked as the backend picks it.
             LabProduct::Coop => {
-                let choice = KernelChoice::new(
-                    self.pipes.coop,
-                    self.pipes.coop_wide,
-                    self.pipes.coop_tall,
-                    1,
-                    self.opts.coop_wide_rows,
-                    None,
-                );
+                let choice = KernelChoice::new(self.pipes.coop, 1, self.opts.coop_wide_rows, None);
                 match choice.for_rows(cols as u32) {
                     k @ Kernel::Coop(_) => k,
                     _ => return Err("no cooperative-matrix configuration on this adapter".into()),

@@ -696,8 +696,6 @@ impl WgpuBackend {
             .then_some(opts.mat_vec_max_rows.clamp(1, MAT_VEC_COLS) as u32);
         let kernels = KernelChoice::new(
             pipes.coop,
-            pipes.coop_wide,
-            pipes.coop_tall,
             opts.coop_min_rows,
             opts.coop_wide_rows,
             tiled_above,
@@ -756,20 +754,20 @@ impl WgpuBackend {
     /// device has one enabled (whether a pass uses it depends on its rows:
     /// [`WgpuOptions::coop_min_rows`]).
     pub fn coop(&self) -> Option<CoopConfig> {
-        self.pipes.coop
+        self.pipes.coop.square
     }
 
     /// The wide-tile configuration passes of
     /// [`WgpuOptions::coop_wide_rows`] or more use, where it fits.
     pub fn coop_wide(&self) -> Option<CoopConfig> {
-        self.pipes.coop_wide
+        self.pipes.coop.wide
     }
 
     /// The tall-tile configuration decode batches of up to its
     /// [`CoopConfig::tile_tokens`] use, where it fits and
     /// [`WgpuOptions::coop_tall`] asks for it.
     pub fn coop_tall(&self) -> Option<CoopConfig> {
-        self.pipes.coop_tall
+        self.pipes.coop.tall
     }
 
     /// The largest storage binding the backend uses, in bytes.

@@ -8,7 +8,7 @@ use tokenwire_gguf::GgmlType;
 
 use super::attn::{merge_consts, AttnShape};
 use super::context::{grid, Gpu};
-use super::coop::{CoopConfig, CoopTile};
+use super::coop::{CoopConfig, CoopTile, CoopTiles};
 use super::params::{Call, MatMulParams, MatVecParams, MAT_VEC_ACCUMULATE, PARAM_BYTES};
 
 /// How one weight tensor is stored on the device.
@@ -592,13 +592,9 @@ pub(crate) struct Pipelines {
     /// K row vectors decode attention loads together
     /// ([`super::attn::decode_k_chunk`]).
     k_chunk: u32,
-    /// The cooperative-matrix configuration, where the device has one: the
-    /// coop matmul is then compiled for every weight type.
-    pub(crate) coop: Option<CoopConfig>,
-    /// The wide-tile configuration, where it fits.
-    pub(crate) coop_wide: Option<CoopConfig>,
-    /// The tall-tile configuration, where it fits and is asked for.
-    pub(crate) coop_tall: Option<CoopConfig>,
+    /// The cooperative-matrix configurations, where the device has them:
+    /// the coop matmul is then compiled for every weight type and tile.
+    pub(crate) coop: CoopTiles,
     weight: HashMap<(WeightKernel, WeightDtype), ::wgpu::ComputePipeline>,
     pub(crate) rms_norm: ::wgpu::ComputePipeline,
     pub(crate) rope_kv: ::wgpu::ComputePipeline,
@@ -684,8 +680,6 @@ impl Pipelines {
             unroll,
             k_chunk,
             coop: gpu.coop,
-            coop_wide: gpu.coop_wide,
-            coop_tall: gpu.coop_tall,
             weight: HashMap::new(),
             rms_norm,
             rope_kv,
@@ -731,17 +725,14 @@ impl Pipelines {
                 }
             }
         }
-        for c in [self.coop, self.coop_wide, self.coop_tall]
-            .into_iter()
-            .flatten()
-        {
+        for c in self.coop.all() {
             kinds.push((
                 WeightKernel::Coop(c.tile),
                 "coop_mat_mul",
                 include_str!("shaders/coop_mat_mul.wgsl"),
             ));
         }
-        if self.coop.is_some() {
+        if self.coop.square.is_some() {
             kinds.push((
                 WeightKernel::SplitSum,
                 "split_sum",
@@ -785,10 +776,9 @@ impl Pipelines {
                 _ => "",
             };
             let body = match kind {
-                WeightKernel::Coop(tile) => [self.coop, self.coop_wide, self.coop_tall]
-                    .into_iter()
-                    .flatten()
-                    .find(|c| c.tile == tile)
+                WeightKernel::Coop(tile) => self
+                    .coop
+                    .get(tile)
                     .map_or_else(String::new, |c| c.shader(body)),
                 _ => body.to_string(),
             };
