@@ -62,10 +62,10 @@
 #                   batch 1 at both lengths
 #   batch32:SHAPE   coop decode batches as they now stand (the tall tile,
 #                   128 weight rows by 32 tokens at side 16, for passes
-#                   that fit it; split products summed by the split that
-#                   finishes last) against each change alone undone
-#                   (--no-coop-tall: the square tile; --no-coop-fold:
-#                   split_sum's dispatch), alternating, two rounds: batch
+#                   that fit it; split products summed by split_sum's
+#                   dispatch) against the square tile (--no-coop-tall) and
+#                   against split sums folded into the split that finishes
+#                   last (--coop-fold), alternating, two rounds: batch
 #                   16 and 32 at 128-token prompts; batch 8 on mat-vec (the
 #                   default) against coop from 8 rows (--coop-rows 8, the
 #                   tall tile), one round; then the default profiled at
@@ -297,15 +297,15 @@ for part in "${parts[@]}"; do
         ;;
     batch32:*)
         shape=${part#batch32:}
-        echo "== $shape: coop decode batches on the tall tile and folded split sums, each against its undoing =="
+        echo "== $shape: coop decode batches on the tall tile, against the square tile and against folded split sums =="
         # shellcheck disable=SC2046
         {
             for round in 1 2; do
-                for v in default square no-fold; do
+                for v in default square fold; do
                     case $v in
                     default) x=() ;;
                     square) x=(--no-coop-tall) ;;
-                    no-fold) x=(--no-coop-fold) ;;
+                    fold) x=(--coop-fold) ;;
                     esac
                     eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 "${x[@]}"
                 done

@@ -64,8 +64,9 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              128 x 128 at side 16, instead of four over 64 x 64; default 128)
              [--no-coop-tall] (coop passes of up to 32 rows at side 16 on the default
              tile, not the tall one, four subgroups over 128 rows by 32 tokens)
-             [--no-coop-fold] (split coop products summed by a dispatch of their own,
-             not by the split that finishes last)
+             [--coop-fold] (split coop products summed by the split that finishes
+             last, not by a dispatch of their own; --no-coop-fold is accepted and
+             changes nothing)
              [--no-shader-f16] (wgpu: f16 weights unpacked from u32 pairs, not read
              as vec4<f16> with the device's shader-f16) [--max-rows-per-pass N] (wgpu:
              token rows per pass, default 2048 on GPUs and 512 on CPU adapters; a bigger
@@ -190,7 +191,7 @@ fn parse_args() -> Result<Args, String> {
         coop_split: None,
         coop_wide_rows: None,
         coop_tall: true,
-        coop_fold: true,
+        coop_fold: false,
         max_rows_per_pass: None,
         shader_f16: true,
         loop_bounding: false,
@@ -210,6 +211,7 @@ fn parse_args() -> Result<Args, String> {
             "--coop" => Some((&mut a.coop, true)),
             "--no-coop" => Some((&mut a.coop, false)),
             "--no-coop-tall" => Some((&mut a.coop_tall, false)),
+            "--coop-fold" => Some((&mut a.coop_fold, true)),
             "--no-coop-fold" => Some((&mut a.coop_fold, false)),
             "--loop-bounding" => Some((&mut a.loop_bounding, true)),
             "--no-shader-f16" => Some((&mut a.shader_f16, false)),

@@ -64,8 +64,8 @@
 //!   2,048-row matrix) splits k over workgroups, each writing partial sums
 //!   to a scratch binding; the workgroup of the split that finishes last
 //!   (a counter per output tile) then adds them, with the bias and the
-//!   residual, in a fixed order; with [`WgpuOptions::coop_fold_splits`]
-//!   off, or on an adapter without `@coherent` storage buffers,
+//!   residual, in a fixed order, with [`WgpuOptions::coop_fold_splits`]
+//!   on and `@coherent` storage buffers; by default
 //!   `shaders/split_sum.wgsl` does in a dispatch of its own
 //!   ([`WgpuOptions::coop_split_workgroups`]).
 //! * Subgroup operations are optional: where the adapter has them, the
@@ -297,8 +297,13 @@ pub struct WgpuOptions {
     /// product's own dispatch, where the device has `@coherent` storage
     /// buffers (every Vulkan adapter): one dispatch fewer per split
     /// product (on an H200 a 32-sequence decode step spent 0.6 ms of 7.8
-    /// in the four split sums of its layers). On by default; not yet
-    /// measured on a GPU; `false`: split_sum.wgsl's dispatch.
+    /// in the four split sums of its layers, about 7 us each). Off by
+    /// default: that one workgroup then reads the whole tile's partials
+    /// (`down` at batch 32: 22 splits of 128 x 32 values, 704 dependent
+    /// loads per invocation where the compiler does not unroll them) with
+    /// no other workgroup to hide their latency, by estimate 20-100 us a
+    /// product against the dispatch's 7; lavapipe measured it slower too.
+    /// Not yet measured on a GPU (`engine-bench --coop-fold`).
     pub coop_fold_splits: bool,
     /// Keep the counter wgpu adds to every shader loop so that none can run
     /// forever (wgpu's own default). Off by default: every loop of these
@@ -369,7 +374,7 @@ impl Default for WgpuOptions {
             coop_split_workgroups: None,
             coop_wide_rows: 128,
             coop_tall: true,
-            coop_fold_splits: true,
+            coop_fold_splits: false,
             loop_bounding: false,
             first_submit: None,
         }
