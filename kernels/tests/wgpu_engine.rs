@@ -911,19 +911,7 @@ fn wgpu_unbounded_loops_compute_the_same() {
             };
             let mut outs = Vec::new();
             for b in [&mut bounded, &mut free] {
-                let batch = [
-                    logits_step(&tokens, start, &table),
-                    SeqBatch {
-                        sample: Some(SampleSpec {
-                            params: SamplingParams::greedy(),
-                            position: start + tokens.len() as u32,
-                            history: &history,
-                            logprobs: Some(3),
-                            allowed: None,
-                        }),
-                        ..logits_step(&tokens, start, &table2)
-                    },
-                ];
+                let batch = row_and_sampled(&tokens, start, [&table, &table2], &history);
                 let mut out = ForwardOutput::default();
                 b.forward_select(&batch, &mut out).expect("step");
                 outs.push(out);
@@ -980,19 +968,7 @@ fn wgpu_early_submissions_compute_the_same() {
         } else {
             vec![history[history.len() - 1]]
         };
-        let batch = [
-            logits_step(&tokens, start, &table),
-            SeqBatch {
-                sample: Some(SampleSpec {
-                    params: SamplingParams::greedy(),
-                    position: start + tokens.len() as u32,
-                    history: &history,
-                    logprobs: Some(3),
-                    allowed: None,
-                }),
-                ..logits_step(&tokens, start, &table2)
-            },
-        ];
+        let batch = row_and_sampled(&tokens, start, [&table, &table2], &history);
         let mut want = ForwardOutput::default();
         whole.forward_select(&batch, &mut want).expect("step");
         for (first, b) in &mut runs {
@@ -1060,6 +1036,30 @@ fn wgpu_loading_reports_each_layer_uploaded() {
 }
 
 /// One sequence's step from `start_pos`, its logits row coming back.
+/// `tokens` from `start` fed to two sequences on these block tables: the
+/// first returns its logits row, the second is sampled greedily on the
+/// device after `history`, with 3 logprobs.
+fn row_and_sampled<'a>(
+    tokens: &'a [TokenId],
+    start: u32,
+    [table, table2]: [&'a [u32]; 2],
+    history: &'a [TokenId],
+) -> [SeqBatch<'a>; 2] {
+    [
+        logits_step(tokens, start, table),
+        SeqBatch {
+            sample: Some(SampleSpec {
+                params: SamplingParams::greedy(),
+                position: start + tokens.len() as u32,
+                history,
+                logprobs: Some(3),
+                allowed: None,
+            }),
+            ..logits_step(tokens, start, table2)
+        },
+    ]
+}
+
 fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> SeqBatch<'a> {
     SeqBatch {
         tokens,
