@@ -1286,10 +1286,11 @@ impl WgpuBackend {
         }
     }
 
-    /// Records the step into one encoder, for [`Recorder::finish`] to
-    /// submit: per pass its dispatches, the copies of its rows that come
-    /// back whole and its sampling; then the copy of the sampled words.
-    /// `profiler`, when on, times every dispatch.
+    /// Records the step (submitting its first runs of dispatches on the
+    /// way, [`WgpuOptions::first_submit`]) for [`Recorder::finish`] to
+    /// submit the rest: per pass its dispatches, the copies of its rows
+    /// that come back whole and its sampling; then the copy of the sampled
+    /// words. `profiler`, when on, times every dispatch.
     fn record<'a>(
         &'a self,
         step: &Step,
