@@ -52,7 +52,8 @@
 #   parity          the parity tests of attention, mat-vec and the coop products
 #                   only (wgpu_kernels, wgpu_engine; and the engine's small
 #                   models split every 8 positions over several layers, which
-#                   reuse the folded merge's counters): a short call's tests
+#                   reuse the folded merge's counters; and steps submitted in
+#                   pieces against whole): a short call's tests
 #   attn:SHAPE      decode attention as it now stands (splits merged in the
 #                   last split's workgroup, K rows loaded 16 vectors at a
 #                   time) against each change alone undone (--no-fold-merge:
@@ -148,7 +149,7 @@ for part in "${parts[@]}"; do
     parity)
         echo "== attention and coop parity tests =="
         for t in wgpu_kernels wgpu_engine; do
-            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec big_model 2>&1 | quiet | tee -a "$runs/tests"
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec big_model early_submissions 2>&1 | quiet | tee -a "$runs/tests"
         done
         ;;
     table:*)
@@ -389,7 +390,7 @@ for part in "${parts[@]}"; do
         }
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, attn:SHAPE, batch32:SHAPE, submit:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
         exit 2
         ;;
     esac

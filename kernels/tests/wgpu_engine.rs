@@ -1035,7 +1035,6 @@ fn wgpu_loading_reports_each_layer_uploaded() {
     assert_eq!(seen.last().expect("last"), &(1.0, "loaded".to_owned()));
 }
 
-/// One sequence's step from `start_pos`, its logits row coming back.
 /// `tokens` from `start` fed to two sequences on these block tables: the
 /// first returns its logits row, the second is sampled greedily on the
 /// device after `history`, with 3 logprobs.
@@ -1060,6 +1059,7 @@ fn row_and_sampled<'a>(
     ]
 }
 
+/// One sequence's step from `start_pos`, its logits row coming back.
 fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> SeqBatch<'a> {
     SeqBatch {
         tokens,

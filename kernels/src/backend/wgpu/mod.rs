@@ -27,8 +27,7 @@
 //!   output product added into x, RMSNorm, gate|up product, SiLU-times-up,
 //!   down product added into x; finally the norm and LM head on only the
 //!   rows that need logits, and the sampling kernel over them (in a second
-//!   compute pass of the same encoder, after any rows to read back are
-//!   copied out).
+//!   compute pass, after any rows to read back are copied out).
 //! * Fusions, on passes that take the mat-vec kernel: each layer's two
 //!   RMSNorms go into the q|k|v and gate|up products, which read x and
 //!   normalise it on the fly (for matrices without a bias; split-row
@@ -65,9 +64,9 @@
 //!   to a scratch binding; the workgroup of the split that finishes last
 //!   (a counter per output tile) then adds them, with the bias and the
 //!   residual, in a fixed order, with [`WgpuOptions::coop_fold_splits`]
-//!   on and `@coherent` storage buffers; by default
-//!   `shaders/split_sum.wgsl` does in a dispatch of its own
-//!   ([`WgpuOptions::coop_split_workgroups`]).
+//!   on and `@coherent` storage buffers; by default (and without
+//!   `@coherent`) `shaders/split_sum.wgsl` does so in a dispatch of its
+//!   own ([`WgpuOptions::coop_split_workgroups`]).
 //! * Subgroup operations are optional: where the adapter has them, the
 //!   split-row mat-vec sums each row's partials with shuffles (any
 //!   power-of-two subgroup size: lavapipe's 8, 32, 64), and a row no wider
@@ -322,7 +321,8 @@ pub struct WgpuOptions {
     /// one submission on CPU adapters, where the device is the host's own
     /// cores and lavapipe ran 8-sequence decode steps of 4-layer TinyLlama
     /// in 1.3-1.4 s submitted early against 0.8-1.0 s whole. `Some(0)`: one
-    /// submission a step. Profiled steps always take one.
+    /// submission a step. Steps profiled on the device's clock take one;
+    /// on the host's, one per dispatch.
     pub first_submit: Option<usize>,
 }
 

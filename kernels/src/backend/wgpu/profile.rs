@@ -65,10 +65,13 @@ impl Profile {
 }
 
 /// Where the host's wall time of forward steps went, phase by phase. A
-/// step is planned only after the previous one came back, so the device
-/// idles while the host plans it and records its first submission. Always
-/// gathered (four clock reads a step); [`super::WgpuBackend::take_host_times`]
-/// takes them.
+/// step that returns tokens or rows is waited for, so the next one is
+/// planned only after it came back, and the device idles while the host
+/// plans that one and records its first submission (a step that returns
+/// nothing is not waited for: its device time shows in the next step's
+/// wait). Always gathered (four clock reads a step);
+/// [`super::WgpuBackend::take_host_times`] takes them. Only unprofiled
+/// steps' figures mean this: profiling adds its own submissions and waits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostTimes {
     /// Steps timed.
@@ -332,6 +335,9 @@ impl<'a> Recorder<'a> {
             };
         match self.profiler.as_deref().map(Profiler::clock) {
             None => {
+                // A failure to encode after an early submission leaves the
+                // step's first layers run (their K/V written to the cache);
+                // running the step again writes the same values.
                 let mut items = items;
                 loop {
                     let (now, rest) = items.split_at(self.schedule.take(items.len()));
