@@ -52,8 +52,10 @@
 #   parity          the parity tests of attention, mat-vec and the coop products
 #                   only (wgpu_kernels, wgpu_engine; and the engine's small
 #                   models split every 8 positions over several layers, which
-#                   reuse the folded merge's counters; and steps submitted in
-#                   pieces against whole): a short call's tests
+#                   reuse the folded merge's counters; steps submitted in
+#                   pieces against whole; the fused mat-vec variants, RoPE's
+#                   included, against the separate kernels): a short call's
+#                   tests
 #   attn:SHAPE      decode attention as it now stands (splits merged in the
 #                   last split's workgroup, K rows loaded 16 vectors at a
 #                   time) against each change alone undone (--no-fold-merge:
@@ -77,6 +79,11 @@
 #                   round (ROUNDS=N: N): batch 1, 8 and 32 at 128-token
 #                   prompts, batch 1 at 1,024 (every run prints the host's
 #                   share of a decode step)
+#   rope:SHAPE      RoPE and the K/V write fused into the q|k|v mat-vec
+#                   (the default: five dispatches a decode layer) against
+#                   their own rope_kv dispatch (--no-fused-rope),
+#                   alternating, one round (ROUNDS=N: N): batch 1 and 8 at
+#                   128-token prompts, batch 1 at 1,024
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -149,7 +156,7 @@ for part in "${parts[@]}"; do
     parity)
         echo "== attention and coop parity tests =="
         for t in wgpu_kernels wgpu_engine; do
-            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec big_model early_submissions 2>&1 | quiet | tee -a "$runs/tests"
+            CI=true TOKENWIRE_REQUIRE_COOP=1 timeout 240 ".gpu/bin/$t" -q attention coop prefill mat_vec fused big_model early_submissions 2>&1 | quiet | tee -a "$runs/tests"
         done
         ;;
     table:*)
@@ -333,6 +340,23 @@ for part in "${parts[@]}"; do
             done
         }
         ;;
+    rope:*)
+        shape=${part#rope:}
+        echo "== $shape: RoPE and the K/V write in the q|k|v mat-vec against their own dispatch =="
+        # shellcheck disable=SC2046
+        {
+            for round in $(seq 1 "${ROUNDS:-1}"); do
+                for v in default separate; do
+                    case $v in
+                    default) x=() ;;
+                    separate) x=(--no-fused-rope) ;;
+                    esac
+                    eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 "${x[@]}"
+                    eb "$v-long-r$round" engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 "${x[@]}"
+                done
+            done
+        }
+        ;;
     hf:*)
         echo "== transformers eager on ${part#hf:} =="
         PYTHONUNBUFFERED=1 timeout 150 python3 benches/gpu/hf_anchor.py "${part#hf:}"
@@ -390,7 +414,7 @@ for part in "${parts[@]}"; do
         }
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, attn:SHAPE, batch32:SHAPE, submit:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, attn:SHAPE, batch32:SHAPE, submit:SHAPE, rope:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
         exit 2
         ;;
     esac

@@ -1073,8 +1073,9 @@ fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> S
 
 #[test]
 fn wgpu_fused_kernels_match_the_separate_ones() {
-    // SiLU-times-up fused into the gate|up mat-vec, and the RMSNorms into
-    // the q|k|v and gate|up mat-vecs, each on and off; with a hidden size
+    // SiLU-times-up fused into the gate|up mat-vec, the RMSNorms into the
+    // q|k|v and gate|up mat-vecs, and RoPE with the K/V write into the
+    // q|k|v mat-vec, each on and off; with a hidden size
     // that 8 divides (the 8-wide loads) and one it does not (single values).
     fused_against_separate(&LLAMA);
     fused_against_separate(&Shape {
@@ -1086,21 +1087,24 @@ fn wgpu_fused_kernels_match_the_separate_ones() {
 fn fused_against_separate(shape: &Shape) {
     use tokenwire_kernels::backend::wgpu::ProfileClock;
     let model = Arc::new(random_model(shape, 12));
-    // (fuse_glu, fuse_norm, subgroups): the last sums the fused norm's
-    // squares through workgroup memory alone.
+    // (fuse_glu, fuse_norm, fuse_rope, subgroups): the last sums the
+    // fused norm's squares through workgroup memory alone.
     let combos = [
-        (true, true, true),
-        (true, false, true),
-        (false, true, true),
-        (false, false, true),
-        (true, true, false),
+        (true, true, true, true),
+        (true, false, true, true),
+        (false, true, true, true),
+        (false, false, false, true),
+        (true, true, false, true),
+        (true, false, false, true),
+        (true, true, true, false),
     ];
     let mut backends = Vec::new();
-    for (fuse_glu, fuse_norm, subgroups) in combos {
+    for (fuse_glu, fuse_norm, fuse_rope, subgroups) in combos {
         // Split-row mat-vec (the GPU default), where the norm fuses.
         let opts = WgpuOptions {
             fuse_glu,
             fuse_norm,
+            fuse_rope,
             subgroups,
             split_k: Some(true),
             ..f32_options()
@@ -1121,14 +1125,16 @@ fn fused_against_separate(shape: &Shape) {
             b.forward(&batch, &mut o).expect("step");
             outs.push(o);
         }
-        // The fused SwiGLU makes the same sums in the same order; the fused
-        // norm scales the weights instead of x, a rounding apart.
+        // The fused SwiGLU and RoPE make the same sums in the same order
+        // (and the same rotation); the fused norm scales the weights
+        // instead of x, a rounding apart. The decode step reads the K/V the
+        // prompt's step wrote, so the cache writes are checked too.
         for (o, combo) in outs.iter().zip(combos).skip(1) {
             let e = nmse(o, &outs[0]);
             assert!(e < 1e-12, "at {pos}: {combo:?} vs all fused: nmse {e:e}");
         }
     }
-    for (b, (fuse_glu, fuse_norm, _)) in backends.iter_mut().zip(combos) {
+    for (b, (fuse_glu, fuse_norm, fuse_rope, _)) in backends.iter_mut().zip(combos) {
         let p = b.take_profile().expect("a profile");
         let calls = |name: &str| -> u64 {
             p.kernels
@@ -1140,7 +1146,9 @@ fn fused_against_separate(shape: &Shape) {
         // Two layers, two steps.
         let silu = if fuse_glu { 0 } else { 4 };
         let norms = if fuse_norm { 0 } else { 8 };
+        let rope_kv = if fuse_rope { 0 } else { 4 };
         assert_eq!(calls("silu_mul"), silu, "{fuse_glu} {fuse_norm}: {p:?}");
+        assert_eq!(calls("rope_kv"), rope_kv, "{fuse_rope}: {p:?}");
         let plain_norms: u64 = p
             .kernels
             .iter()
@@ -1183,10 +1191,11 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
         }
         let calls = |name: &str| p.kernels.iter().find(|k| k.name == name).map(|k| k.calls);
         // The decode step's one-column products, once per layer: q|k|v
-        // and gate|up with the norm before them fused in, gate|up with SiLU
-        // too; the prefill's 12 rows go in mat-vec groups.
+        // and gate|up with the norm before them fused in, q|k|v with RoPE
+        // and the K/V write, gate|up with SiLU too; the prefill's 12 rows
+        // go in mat-vec groups.
         for product in [
-            "qkv mat_vec x1 F32 +norm",
+            "qkv mat_vec+rope x1 F32 +norm",
             "o mat_vec x1 F32",
             "gate_up glu x1 F32 +norm",
             "down mat_vec x1 F32",

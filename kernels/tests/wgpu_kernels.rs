@@ -938,6 +938,127 @@ fn wgpu_rope_kv_writes_the_cache_through_the_slot_mapping() {
     }
 }
 
+/// Rotates the query and key heads of q|k|v rows `[rows, width]` on the
+/// host, each row at its sequence's position (the CPU backend's RoPE).
+fn rope_ref(qkv: &mut [f32], shape: &HeadShape, seqs: &[LabSeq], inv: &[f64]) {
+    let half = shape.head_dim / 2;
+    let rotated = (shape.q_heads + shape.kv_heads) * shape.head_dim;
+    let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
+    let mut rows = qkv.chunks_exact_mut(shape.qkv_width());
+    for sq in seqs {
+        for i in 0..sq.rows {
+            rope::angles(inv, sq.start_pos + i as u32, &mut c, &mut s);
+            let row = rows.next().expect("a row per position");
+            for head in row[..rotated].chunks_exact_mut(shape.head_dim) {
+                rope::rotate(head, &c, &s);
+            }
+        }
+    }
+}
+
+#[test]
+fn wgpu_fused_qkv_rope_matches_product_then_rope_kv() {
+    // The q|k|v mat-vec with RoPE and the K/V write fused in leaves q|k|v
+    // and both pools as the product followed by rope_kv.wgsl does, on
+    // every mat-vec variant: steps of up to ~100 rows (several column
+    // groups, so each group must find its rows' angles and slots), every
+    // float type, k on and off the 8-wide path, with and without bias.
+    let labs = mat_vec_variants();
+    let mut rng = Rng::new(12);
+    for (v, (split_k, mut lab)) in labs.into_iter().enumerate() {
+        let dts = dtypes(&lab);
+        for (case, &(q_heads, kv_heads, head_dim, block_size)) in SHAPES.iter().enumerate() {
+            let shape = HeadShape {
+                q_heads,
+                kv_heads,
+                head_dim,
+                block_size,
+            };
+            let dtype = dts[(case + v) % dts.len()];
+            let k = if case % 2 == 0 {
+                8 * range(&mut rng, 1, 16)
+            } else {
+                range(&mut rng, 1, 90)
+            };
+            let inv = rope::inv_freq(head_dim, 10000.0, &RopeScaling::None);
+            let n = range(&mut rng, 1, 9);
+            let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 300, 12);
+            let rows: usize = seqs.iter().map(|s| s.rows).sum();
+            let width = shape.qkv_width();
+            let w = round(dtype, &uniform(&mut rng, width * k, 1.0));
+            let x = uniform(&mut rng, rows * k, 1.0);
+            let bias = (rng.below(2) == 0).then(|| uniform(&mut rng, width, 1.0));
+            let pool = pool_blocks * kv_heads * block_size * head_dim;
+            let k0 = uniform(&mut rng, pool, 1.0);
+            let v0 = uniform(&mut rng, pool, 1.0);
+            let what = format!(
+                "split_k {split_k}, {shape:?}, {dtype:?}, k {k}, {rows} rows, bias {}",
+                bias.is_some()
+            );
+            let fused = lab
+                .qkv_rope(
+                    &x,
+                    &w,
+                    k,
+                    bias.as_deref(),
+                    dtype,
+                    &shape,
+                    &seqs,
+                    &inv,
+                    &k0,
+                    &v0,
+                )
+                .expect("qkv_rope");
+            let y = lab
+                .linear(
+                    &x,
+                    rows,
+                    &w,
+                    k,
+                    bias.as_deref(),
+                    dtype,
+                    LabProduct::MatVec,
+                    None,
+                )
+                .expect("linear");
+            let apart = lab
+                .rope_kv(&y, &shape, &seqs, &inv, &k0, &v0)
+                .expect("rope_kv");
+            for (name, got, want) in [
+                ("q|k|v", &fused.qkv, &apart.qkv),
+                ("K pool", &fused.k, &apart.k),
+                ("V pool", &fused.v, &apart.v),
+            ] {
+                let e = nmse(got, want);
+                assert!(
+                    e < NMSE_ROPE,
+                    "{what}: {name}: nmse {e:e} against two kernels"
+                );
+            }
+            // And against the host: the product in f64, then the CPU's RoPE.
+            let mut want = linear_ref(&x, rows, &w, k, bias.as_deref());
+            rope_ref(&mut want, &shape, &seqs, &inv);
+            let e = nmse(&fused.qkv, &want);
+            assert!(e < NMSE_LINEAR, "{what}: nmse {e:e} against the host");
+            // A planted error: rows rotated one position on fail that bound.
+            let shifted: Vec<LabSeq> = seqs
+                .iter()
+                .map(|s| LabSeq {
+                    start_pos: s.start_pos + 1,
+                    ..s.clone()
+                })
+                .collect();
+            let mut off = linear_ref(&x, rows, &w, k, bias.as_deref());
+            rope_ref(&mut off, &shape, &shifted, &inv);
+            let e = nmse(&fused.qkv, &off);
+            assert!(
+                e > 1e3 * NMSE_LINEAR,
+                "{what}: one position off gives nmse {e:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn wgpu_tiny_binding_limit_splits_weights() {
     // A 4 KiB binding: a 300 x 50 f32 matrix (60 KB) needs 15+ chunks.

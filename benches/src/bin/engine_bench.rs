@@ -47,7 +47,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              [--mat-vec-rows N] (wgpu on a GPU: passes of up to N token rows, at most 64,
              use mat-vec; more, the tiled matmul) [--no-fused-glu] (wgpu: SiLU-times-up
              as its own kernel) [--no-fused-norm] (wgpu: the layers' RMSNorms as their
-             own kernels) [--no-subgroups] (wgpu: mat-vec reductions through workgroup
+             own kernels) [--no-fused-rope] (wgpu: RoPE and the K/V write as their own
+             kernel, not in the q|k|v mat-vec) [--no-subgroups] (wgpu: mat-vec reductions through workgroup
              memory only) [--decode-workgroups N] (wgpu: split decode attention's contexts
              for about N workgroups) [--decode-min-split N] (wgpu: at least N positions
              per split) [--no-fold-merge] (wgpu: merge the splits in a dispatch of their
@@ -100,6 +101,7 @@ struct Args {
     mat_vec_unroll: Option<u32>,
     fused_glu: bool,
     fused_norm: bool,
+    fused_rope: bool,
     fold_merge: bool,
     decode_k_chunk: Option<u32>,
     first_submit: Option<usize>,
@@ -181,6 +183,7 @@ fn parse_args() -> Result<Args, String> {
         mat_vec_unroll: None,
         fused_glu: true,
         fused_norm: true,
+        fused_rope: true,
         fold_merge: true,
         decode_k_chunk: None,
         first_submit: None,
@@ -206,6 +209,7 @@ fn parse_args() -> Result<Args, String> {
             "--profile" => Some((&mut a.profile, true)),
             "--no-fused-glu" => Some((&mut a.fused_glu, false)),
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
+            "--no-fused-rope" => Some((&mut a.fused_rope, false)),
             "--no-fold-merge" => Some((&mut a.fold_merge, false)),
             "--no-subgroups" => Some((&mut a.subgroups, false)),
             "--coop" => Some((&mut a.coop, true)),
@@ -665,6 +669,7 @@ fn bench(a: &Args) -> Result<(), String> {
                         mat_vec_unroll: a.mat_vec_unroll,
                         fuse_glu: a.fused_glu,
                         fuse_norm: a.fused_norm,
+                        fuse_rope: a.fused_rope,
                         subgroups: a.subgroups,
                         cooperative_matrix: a.coop,
                         coop_min_rows: a.coop_rows.unwrap_or(d.coop_min_rows),

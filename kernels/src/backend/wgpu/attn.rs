@@ -5,6 +5,7 @@
 
 use super::context::grid;
 use super::params::{Call, DecodeParams, MergeParams, PrefillParams, RopeKvParams};
+use super::pipelines::RopeFuse;
 use super::plan::Pass;
 
 /// Invocations per prefill attention workgroup: one per (query row, query
@@ -223,6 +224,21 @@ pub(crate) fn rope_kv_call(m: &AttnModel, p: &Pass) -> Call {
         bs: m.bs,
     }
     .call(grid(n.div_ceil(256)))
+}
+
+/// What the q|k|v mat-vec of the rows of `p` needs to do `rope_kv_call`'s
+/// work itself (mat_vec.wgsl's RoPE variant): the same angles, slots and
+/// heads.
+pub(crate) fn rope_fuse(m: &AttnModel, p: &Pass) -> RopeFuse {
+    RopeFuse {
+        half: m.shape.head_dim / 2,
+        q_heads: m.q_heads,
+        kv_heads: m.kv_heads,
+        cs_off: p.cos_off,
+        sn_off: p.sin_off,
+        slot_off: p.slot_off,
+        bs: m.bs,
+    }
 }
 
 /// The decode attention of the decode rows of `p` (`p.n_dec` > 0) under

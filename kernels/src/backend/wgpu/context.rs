@@ -361,11 +361,22 @@ impl Gpu {
         label: &str,
         bufs: &[&::wgpu::Buffer],
     ) -> ::wgpu::BindGroup {
+        let at: Vec<(u32, &::wgpu::Buffer)> = (0u32..).zip(bufs.iter().copied()).collect();
+        self.storage_bind_group_at(layout, label, &at)
+    }
+
+    /// A bind group of whole buffers at the given bindings of `layout` (a
+    /// layout whose bindings are not 0, 1, ...).
+    pub(crate) fn storage_bind_group_at(
+        &self,
+        layout: &::wgpu::BindGroupLayout,
+        label: &str,
+        bufs: &[(u32, &::wgpu::Buffer)],
+    ) -> ::wgpu::BindGroup {
         let entries: Vec<::wgpu::BindGroupEntry<'_>> = bufs
             .iter()
-            .enumerate()
-            .map(|(i, b)| ::wgpu::BindGroupEntry {
-                binding: i as u32,
+            .map(|&(binding, b)| ::wgpu::BindGroupEntry {
+                binding,
                 resource: b.as_entire_binding(),
             })
             .collect();

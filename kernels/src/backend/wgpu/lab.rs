@@ -10,7 +10,7 @@ use super::choice::KernelChoice;
 use super::context::Gpu;
 use super::coop::CoopConfig;
 use super::params::{self, Call, ParamArena};
-use super::pipelines::{Kernel, Pipelines, Product, WeightKernel};
+use super::pipelines::{Kernel, Pair, Pipelines, Product, WeightKernel};
 use super::plan::{self, PlanLimits};
 use super::tensors::{upload_matrix, Chunk, Part};
 use super::{SplitPolicy, WeightDtype, WgpuOptions};
@@ -367,7 +367,7 @@ impl KernelLab {
             bias: false,
             kernel: Kernel::MatVec,
             split_k: self.pipes.split_k,
-            glu: true,
+            pair: Pair::Glu,
             norm_eps: None,
             accumulate: false,
         };
@@ -437,7 +437,7 @@ impl KernelLab {
                 bias: bias.is_some(),
                 kernel,
                 split_k: self.pipes.split_k,
-                glu: false,
+                pair: Pair::None,
                 norm_eps: None,
                 accumulate: false,
             })
@@ -642,6 +642,88 @@ impl KernelLab {
         let call = attn::rope_kv_call(&Self::attn_model(shape), &p);
         let d = [(&self.pipes.rope_kv, &bg, call)];
         let q = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
+        Ok(RopeKvOut {
+            qkv: f32s(&q),
+            k: self.read(&kb, k_pool.len())?,
+            v: self.read(&vb, v_pool.len())?,
+        })
+    }
+
+    /// The q|k|v product with RoPE and the K/V write fused in (mat_vec.wgsl's
+    /// RoPE variant, as decode passes take it): `y = W x (+ b)` for the rows
+    /// of `seqs` (x is `[rows, in_dim]`, W the stacked `[qkv_width, in_dim]`
+    /// stored as `dtype`, its values rounded first, one chunk), then what
+    /// [`KernelLab::rope_kv`] does to y and copies of the pools.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_rope(
+        &mut self,
+        x: &[f32],
+        w: &[f32],
+        in_dim: usize,
+        bias: Option<&[f32]>,
+        dtype: WeightDtype,
+        shape: &HeadShape,
+        seqs: &[LabSeq],
+        inv_freq: &[f64],
+        k_pool: &[f32],
+        v_pool: &[f32],
+    ) -> Result<RopeKvOut, String> {
+        self.pipes.ensure_weights(&self.gpu, dtype);
+        let chunks = self.chunks(w, in_dim, dtype, None)?;
+        let [c] = chunks.as_slice() else {
+            return Err(format!(
+                "{} chunks: the RoPE variant takes one",
+                chunks.len()
+            ));
+        };
+        let width = shape.qkv_width();
+        if w.len() != width * in_dim {
+            return Err(format!("W has {} values, not {width} x {in_dim}", w.len()));
+        }
+        let (words, p) = self.plan(seqs, inv_freq, Self::limits(shape, 1))?;
+        let rows = p.rows as usize;
+        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
+        let xb = self.upload("lab.x", bytemuck::cast_slice(x));
+        let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
+        let yb = self.output("lab.qkv", rows * width);
+        let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
+        let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
+        let bg = self.gpu.storage_bind_group_at(
+            &self.pipes.layouts.mat_rope,
+            "lab",
+            &[
+                (0, &xb),
+                (1, &c.buf),
+                (2, &bb),
+                (3, &yb),
+                (6, &planb),
+                (7, &kb),
+                (8, &vb),
+            ],
+        );
+        let product = Product {
+            k: in_dim as u32,
+            rows: width as u32,
+            row0: 0,
+            cols: p.rows,
+            ldx: in_dim as u32,
+            ldy: width as u32,
+            bias: bias.is_some(),
+            kernel: Kernel::MatVec,
+            split_k: self.pipes.split_k,
+            pair: Pair::Rope(attn::rope_fuse(&Self::attn_model(shape), &p)),
+            norm_eps: None,
+            accumulate: false,
+        };
+        let mut dispatches = Vec::new();
+        for call in product.calls() {
+            let pipe = self
+                .pipes
+                .weight(call.kind, c.dtype)
+                .ok_or("pipeline missing")?;
+            dispatches.push((pipe, &bg, call.call));
+        }
+        let q = self.run(&dispatches, (&yb, 4 * (rows * width) as u64))?;
         Ok(RopeKvOut {
             qkv: f32s(&q),
             k: self.read(&kb, k_pool.len())?,

@@ -34,11 +34,16 @@
 //!   mat-vec only, since it needs a workgroup barrier, and on CPU adapters
 //!   any barrier slows the whole kernel), and
 //!   SiLU-times-up into the gate|up product (`WeightKernel::Glu`, for a
-//!   stack in one chunk). A decode layer is then six dispatches: q|k|v,
-//!   RoPE with the K/V write, attention (its splits merged in it; with
-//!   [`WgpuOptions::fold_merge`] off, a seventh dispatch merges them), o,
-//!   gate|up, down. Passes on the tiled matmul run the norms and SiLU as
-//!   their own kernels ([`WgpuOptions::fuse_norm`],
+//!   stack in one chunk), and RoPE with the K/V write into the q|k|v
+//!   product (`WeightKernel::Rope`, for a stack in one chunk: each of its
+//!   invocations computes a rotation pair's two rows, rotates them, and
+//!   writes them to q|k|v and the cache, `shaders/qkv_rope.wgsl`). A
+//!   decode layer is then five dispatches: q|k|v with RoPE and the K/V
+//!   write, attention (its splits merged in it; with
+//!   [`WgpuOptions::fold_merge`] off, another dispatch merges them), o,
+//!   gate|up, down. Passes on the tiled matmul run the norms, RoPE with
+//!   the K/V write, and SiLU as their own kernels
+//!   ([`WgpuOptions::fuse_norm`], [`WgpuOptions::fuse_rope`],
 //!   [`WgpuOptions::fuse_glu`]).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
 //!   short prompt) use the mat-vec kernel, which reads each weight once for
@@ -148,7 +153,7 @@ use plan::{HostPlan, Pass, PlanLimits};
 pub use profile::{HostTimes, KernelTime, Profile, ProfileClock};
 use profile::{Profiler, Recorder, SubmitSchedule};
 use sample::SampleRows;
-use tensors::{Matrix, ModelGpu};
+use tensors::{LayerGpu, Matrix, ModelGpu};
 
 /// How to set up the wgpu backend. Only `adapter` matters in production; the
 /// rest exist so tests can reach the code paths big models take.
@@ -209,6 +214,13 @@ pub struct WgpuOptions {
     /// bias; passes that take the tiled matmul keep the separate kernel.
     /// Off only to compare against the unfused pair.
     pub fuse_glu: bool,
+    /// Fuse RoPE and the K/V cache write into the q|k|v mat-vec (one
+    /// dispatch a layer fewer: on an H200 the separate `rope_kv` took about
+    /// 6.5 us a layer at batch 1, launch cost for a few hundred values)
+    /// where the stacked matrix is one chunk; passes that take the tiled
+    /// matmul keep the separate kernel. Not yet measured on a GPU
+    /// (`engine-bench --no-fused-rope` compares); off only to compare.
+    pub fuse_rope: bool,
     /// Fuse each layer's two RMSNorms into the products that read them (the
     /// q|k|v and gate|up mat-vecs normalise x on the fly, for matrices
     /// without bias); passes that take the tiled matmul keep the norm
@@ -363,6 +375,7 @@ impl Default for WgpuOptions {
             tiled_matmul: None,
             mat_vec_max_rows: MAT_VEC_COLS,
             fuse_glu: true,
+            fuse_rope: true,
             fuse_norm: true,
             split_k: None,
             mat_vec_unroll: None,
@@ -386,6 +399,13 @@ impl Default for WgpuOptions {
 /// and no bias.
 fn glu_fusable(enabled: bool, m: &Matrix) -> bool {
     enabled && m.chunks.len() == 1 && m.bias.is_none()
+}
+
+/// Whether a layer's stacked q|k|v matrix `m` takes the RoPE variant of
+/// mat-vec: one chunk, so every head's rows (and every row's pair) are in
+/// the same binding.
+fn rope_fusable(enabled: bool, m: &Matrix) -> bool {
+    enabled && m.chunks.len() == 1
 }
 
 /// Whether the RMSNorm before `m` can be fused into its mat-vec: the norm
@@ -487,6 +507,10 @@ struct LayerBinds {
     /// q|k|v, gate|up and the fused SwiGLU reading the residual stream and
     /// normalising it on the fly (the norm weight in the bias slot).
     qkv_normed: Vec<::wgpu::BindGroup>,
+    /// q|k|v with RoPE and the K/V write fused in (from xn, and reading x
+    /// with the norm fused too), where the layer's q|k|v matrix allows it.
+    qkv_rope: Option<::wgpu::BindGroup>,
+    qkv_rope_normed: Option<::wgpu::BindGroup>,
     gate_up_normed: Vec<::wgpu::BindGroup>,
     glu_normed: Option<::wgpu::BindGroup>,
     down: Vec<::wgpu::BindGroup>,
@@ -895,6 +919,32 @@ impl WgpuBackend {
             .collect()
     }
 
+    /// The bind group of layer `lw`'s q|k|v product with RoPE and the K/V
+    /// write (its matrix in one chunk): x, the chunk, `third` (the bias or
+    /// the norm weight), q|k|v, plan, the layer's K and V.
+    fn rope_bg(
+        &self,
+        label: &str,
+        lw: &LayerGpu,
+        x: &::wgpu::Buffer,
+        third: &::wgpu::Buffer,
+    ) -> ::wgpu::BindGroup {
+        let b = &self.bufs;
+        self.gpu.storage_bind_group_at(
+            &self.pipes.layouts.mat_rope,
+            label,
+            &[
+                (0, x),
+                (1, &lw.qkv.chunks[0].buf),
+                (2, third),
+                (3, &b.qkv.buf),
+                (6, &b.plan.buf),
+                (7, &lw.k),
+                (8, &lw.v),
+            ],
+        )
+    }
+
     /// Bind groups of `m` reading the residual stream `x` and normalising it
     /// with `norm_w` on the fly (in the bias slot); none for a matrix with a
     /// bias, or with the fusion off.
@@ -928,6 +978,13 @@ impl WgpuBackend {
                 norm_post: norm("norm_post", &lw.post_norm),
                 qkv: self.mat_bgs("qkv", &lw.qkv, &b.xn.buf, &b.qkv.buf),
                 qkv_normed: self.normed_bgs("qkv+norm", &lw.qkv, &lw.input_norm, &b.qkv.buf),
+                qkv_rope: rope_fusable(self.opts.fuse_rope, &lw.qkv).then(|| {
+                    let third = lw.qkv.bias.as_ref().unwrap_or(&self.dummy);
+                    self.rope_bg("qkv+rope", lw, &b.xn.buf, third)
+                }),
+                qkv_rope_normed: (rope_fusable(self.opts.fuse_rope, &lw.qkv)
+                    && norm_fusable(self.opts.fuse_norm && self.pipes.split_k, &lw.qkv))
+                .then(|| self.rope_bg("qkv+rope+norm", lw, &b.x.buf, &lw.input_norm)),
                 gate_up_normed: self.normed_bgs(
                     "gate_up+norm",
                     &lw.gate_up,
@@ -1021,6 +1078,7 @@ impl WgpuBackend {
         LayerCalls {
             norm: params::norm_call(d.h, d.eps, None, p.rows),
             rope_kv: attn::rope_kv_call(&m, p),
+            rope: attn::rope_fuse(&m, p),
             decode: (p.n_dec > 0).then(|| {
                 attn::decode_calls(&m, p, self.splits, self.gpu.max_binding, self.gpu.coherent)
             }),
@@ -1055,6 +1113,7 @@ impl WgpuBackend {
             split_k: self.pipes.split_k,
             fuse_norm: self.opts.fuse_norm && self.pipes.split_k,
             fuse_glu: self.opts.fuse_glu,
+            fuse_rope: self.opts.fuse_rope,
             split_bytes: 0,
             count_bytes: 0,
         };
@@ -1149,6 +1208,8 @@ impl WgpuBackend {
             Bind::GateUp(l, c) => b.layers.get(l)?.gate_up.get(c)?,
             Bind::Glu(l) => b.layers.get(l)?.glu.as_ref()?,
             Bind::QkvNormed(l, c) => b.layers.get(l)?.qkv_normed.get(c)?,
+            Bind::QkvRope(l) => b.layers.get(l)?.qkv_rope.as_ref()?,
+            Bind::QkvRopeNormed(l) => b.layers.get(l)?.qkv_rope_normed.as_ref()?,
             Bind::GateUpNormed(l, c) => b.layers.get(l)?.gate_up_normed.get(c)?,
             Bind::GluNormed(l) => b.layers.get(l)?.glu_normed.as_ref()?,
             Bind::Down(l, c) => b.layers.get(l)?.down.get(c)?,

@@ -8,10 +8,10 @@ use super::attn::DecodeCalls;
 use super::choice::KernelChoice;
 use super::coop::CoopTile;
 use super::params::{self, Call, ParamArena};
-use super::pipelines::{Kernel, Product, WeightDtype, WeightKernel};
+use super::pipelines::{Kernel, Pair, Product, RopeFuse, WeightDtype, WeightKernel};
 use super::plan::Pass;
 use super::tensors::{LayerGpu, Matrix};
-use super::{glu_fusable, norm_fusable, Dims};
+use super::{glu_fusable, norm_fusable, rope_fusable, Dims};
 
 /// Which pipeline a recorded dispatch uses.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +38,10 @@ pub(super) enum Bind {
     GateUp(usize, usize),
     Glu(usize),
     QkvNormed(usize, usize),
+    /// q|k|v with RoPE and the KV write fused in, from x normalised by the
+    /// norm kernel or on the fly.
+    QkvRope(usize),
+    QkvRopeNormed(usize),
     GateUpNormed(usize, usize),
     GluNormed(usize),
     Down(usize, usize),
@@ -64,7 +68,9 @@ impl Op {
     /// The kernel and what it computes, as profiles name it.
     pub(super) fn name(&self) -> String {
         let role = match self.bind {
-            Bind::Qkv(..) | Bind::QkvNormed(..) => "qkv ",
+            Bind::Qkv(..) | Bind::QkvNormed(..) | Bind::QkvRope(_) | Bind::QkvRopeNormed(_) => {
+                "qkv "
+            }
             Bind::O(..) => "o ",
             Bind::GateUp(..) | Bind::Glu(_) | Bind::GateUpNormed(..) | Bind::GluNormed(_) => {
                 "gate_up "
@@ -78,6 +84,7 @@ impl Op {
             Pipe::Weight(WeightKernel::Embed, d) => format!("embed {d:?}"),
             Pipe::Weight(WeightKernel::MatVec(c, _), d) => format!("mat_vec x{c} {d:?}"),
             Pipe::Weight(WeightKernel::Glu(c, _), d) => format!("glu x{c} {d:?}"),
+            Pipe::Weight(WeightKernel::Rope(c, _), d) => format!("mat_vec+rope x{c} {d:?}"),
             Pipe::Weight(WeightKernel::MatMul, d) => format!("mat_mul {d:?}"),
             Pipe::Weight(WeightKernel::Coop(CoopTile::Square4), d) => format!("coop_mat_mul {d:?}"),
             Pipe::Weight(WeightKernel::Coop(CoopTile::Wide8), d) => {
@@ -97,7 +104,10 @@ impl Op {
         };
         let normed = matches!(
             self.bind,
-            Bind::QkvNormed(..) | Bind::GateUpNormed(..) | Bind::GluNormed(_)
+            Bind::QkvNormed(..)
+                | Bind::QkvRopeNormed(_)
+                | Bind::GateUpNormed(..)
+                | Bind::GluNormed(_)
         );
         format!("{role}{kernel}{}", if normed { " +norm" } else { "" })
     }
@@ -144,6 +154,8 @@ pub(super) struct LayerCalls {
     /// The norms before q|k|v and gate|up, where they run on their own.
     pub(super) norm: Call,
     pub(super) rope_kv: Call,
+    /// The same work done by the q|k|v mat-vec, where it is fused.
+    pub(super) rope: RopeFuse,
     /// Decode attention, where the pass has decode rows.
     pub(super) decode: Option<DecodeCalls>,
     /// Prefill attention, where the pass has prefill tiles.
@@ -169,6 +181,9 @@ pub(super) struct PassOps<'a> {
     /// SiLU-times-up may go into the gate|up product
     /// ([`super::WgpuOptions::fuse_glu`]).
     pub(super) fuse_glu: bool,
+    /// RoPE and the KV write may go into the q|k|v product
+    /// ([`super::WgpuOptions::fuse_rope`]).
+    pub(super) fuse_rope: bool,
     /// Most bytes of split-k partials any product of the pass writes.
     pub(super) split_bytes: u64,
     /// Most bytes of split counters any product of the pass uses.
@@ -233,7 +248,7 @@ impl PassOps<'_> {
                 bias: m.bias.is_some(),
                 kernel: self.kernels.for_rows(cols),
                 split_k: self.split_k,
-                glu: false,
+                pair: Pair::None,
                 norm_eps: fuse.norm_eps,
                 accumulate: fuse.accumulate,
             };
@@ -241,21 +256,21 @@ impl PassOps<'_> {
         }
     }
 
-    /// The fused SwiGLU of the pass's rows through the one-chunk gate|up
-    /// matrix `m` into `act` (`[rows, inter]`), in mat-vec groups.
-    fn glu(&mut self, m: &Matrix, bind: Bind, fuse: Fuse) {
-        let inter = self.dims.inter;
+    /// A fused variant (`pair`) of the pass's rows through the one-chunk
+    /// matrix `m` (`rows` output units) into rows `ldy` apart, in mat-vec
+    /// groups.
+    fn paired(&mut self, m: &Matrix, bind: Bind, fuse: Fuse, pair: Pair, rows: u32, ldy: u32) {
         let product = Product {
             k: m.in_dim as u32,
-            rows: inter,
+            rows,
             row0: 0,
             cols: self.rows,
             ldx: m.in_dim as u32,
-            ldy: inter,
-            bias: false,
+            ldy,
+            bias: m.bias.is_some(),
             kernel: Kernel::MatVec,
             split_k: self.split_k,
-            glu: true,
+            pair,
             norm_eps: fuse.norm_eps,
             accumulate: false,
         };
@@ -278,22 +293,33 @@ impl PassOps<'_> {
         if !norm_in {
             self.push(Pipe::Norm, Bind::NormIn(l), &c.norm);
         }
-        let qkv = |i| {
-            if norm_in {
-                Bind::QkvNormed(l, i)
+        let rope_in = self.mat_vec_pass() && rope_fusable(self.fuse_rope, &lw.qkv);
+        if rope_in {
+            let bind = if norm_in {
+                Bind::QkvRopeNormed(l)
             } else {
-                Bind::Qkv(l, i)
-            }
-        };
-        self.product(&lw.qkv, qkv, self.rows, d.qkv_w, self.normed(norm_in));
+                Bind::QkvRope(l)
+            };
+            let pair = Pair::Rope(c.rope);
+            self.paired(&lw.qkv, bind, self.normed(norm_in), pair, d.qkv_w, d.qkv_w);
+        } else {
+            let qkv = |i| {
+                if norm_in {
+                    Bind::QkvNormed(l, i)
+                } else {
+                    Bind::Qkv(l, i)
+                }
+            };
+            self.product(&lw.qkv, qkv, self.rows, d.qkv_w, self.normed(norm_in));
+            self.push(Pipe::RopeKv, Bind::RopeKv(l), &c.rope_kv);
+        }
         self.attention(l, c);
         self.product(&lw.o, |i| Bind::O(l, i), self.rows, d.h, Fuse::RESIDUAL);
         self.mlp(l, lw, c);
     }
 
-    /// RoPE with the K/V write, then decode and prefill attention.
+    /// Decode and prefill attention (RoPE and the K/V write done).
     fn attention(&mut self, l: usize, c: &LayerCalls) {
-        self.push(Pipe::RopeKv, Bind::RopeKv(l), &c.rope_kv);
         if let Some(dc) = &c.decode {
             self.push(Pipe::Decode, Bind::Decode(l), &dc.decode);
             if let Some(m) = &dc.merge {
@@ -319,7 +345,8 @@ impl PassOps<'_> {
             } else {
                 Bind::Glu(l)
             };
-            self.glu(&lw.gate_up, bind, fuse);
+            let inter = d.inter;
+            self.paired(&lw.gate_up, bind, fuse, Pair::Glu, inter, inter);
         } else {
             let gate_up = |i| {
                 if norm_in {

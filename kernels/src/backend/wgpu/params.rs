@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use super::context::grid;
 use super::tensors::Chunk;
 
-/// Words of one parameter block: every kernel declares its `Params` as 16
-/// words (the unused ones `_pN`), so one bind group layout serves them all.
-pub(crate) const PARAM_WORDS: usize = 16;
+/// Words of one parameter block: every kernel declares its `Params` as a
+/// multiple of 4 words up to this many (the unused ones `_pN`; 16 but for
+/// mat-vec, whose RoPE variant takes 20), so one bind group layout, bound
+/// at this size, serves them all.
+pub(crate) const PARAM_WORDS: usize = 20;
 /// Bytes of one parameter block.
 pub(crate) const PARAM_BYTES: u64 = 4 * PARAM_WORDS as u64;
 
@@ -170,7 +172,8 @@ kernel_params! {
         n_tiles: u32,
     }
 
-    /// mat_vec.wgsl's `Params` (its SwiGLU and fused-norm variants too).
+    /// mat_vec.wgsl's `Params` (its SwiGLU, fused-norm and RoPE variants
+    /// too; the last seven fields only for RoPE).
     MatVecParams in ["mat_vec.wgsl"] {
         k: u32,
         rows: u32,
@@ -185,6 +188,13 @@ kernel_params! {
         up_row: u32,
         flags: u32,
         eps: f32,
+        col0: u32,
+        cs_off: u32,
+        sn_off: u32,
+        slot_off: u32,
+        k_head0: u32,
+        kv_heads: u32,
+        bs: u32,
     }
 
     /// The tiled matmuls' `Params`, one layout for the f32 and the
@@ -295,8 +305,10 @@ impl ParamArena {
         }
         let off = self.bytes.len();
         self.bytes.extend_from_slice(bytemuck::cast_slice(block));
-        self.bytes
-            .resize(off + self.align.max(PARAM_BYTES as usize), 0);
+        // Whole blocks at multiples of the alignment (32 on lavapipe, 256
+        // on most GPUs).
+        let stride = (PARAM_BYTES as usize).next_multiple_of(self.align.max(1));
+        self.bytes.resize(off + stride, 0);
         self.seen.insert(*block, off as u32);
         off as u32
     }
@@ -336,7 +348,11 @@ mod tests {
         for &(name, shaders, fields) in MIRRORS {
             for src in shaders {
                 let wgsl = wgsl_params(src);
-                assert_eq!(wgsl.len(), PARAM_WORDS, "{name}: a block is 16 words");
+                assert!(
+                    wgsl.len() <= PARAM_WORDS && wgsl.len().is_multiple_of(4),
+                    "{name}: {} words, not a multiple of 4 up to {PARAM_WORDS}",
+                    wgsl.len()
+                );
                 let (used, pad) = wgsl.split_at(fields.len());
                 let rust: Vec<(String, String)> = fields
                     .iter()
@@ -367,5 +383,10 @@ mod tests {
         assert_eq!(arena.push(&silu_call(2, 3).params), 256);
         assert_eq!(arena.push(&b), a);
         assert_eq!(arena.bytes().len(), 512);
+        // An alignment smaller than a block: whole blocks, each aligned.
+        let mut arena = ParamArena::new(32);
+        assert_eq!(arena.push(&b), 0);
+        assert_eq!(arena.push(&silu_call(2, 3).params), 96);
+        assert_eq!(arena.bytes().len(), 192);
     }
 }

@@ -171,10 +171,11 @@ pub(crate) const MAT_VEC_COLS: usize = 64;
 /// step in one dispatch of 32 columns against 3.5 s in four of 8).
 const MAT_VEC_COLS_PER_ROW: usize = 8;
 
-/// The most columns one mat-vec dispatch takes; `glu`: the fused SwiGLU
-/// variant, which holds two accumulators per column and so stops at 32.
-fn mat_vec_max_cols(split_k: bool, glu: bool) -> usize {
-    match (split_k, glu) {
+/// The most columns one mat-vec dispatch takes; `pair`: a variant whose
+/// units sum two weight rows (the fused SwiGLU or RoPE), which holds two
+/// accumulators per column and so stops at 32.
+fn mat_vec_max_cols(split_k: bool, pair: bool) -> usize {
+    match (split_k, pair) {
         (false, _) => MAT_VEC_COLS_PER_ROW,
         (true, false) => MAT_VEC_COLS,
         (true, true) => MAT_VEC_COLS / 2,
@@ -277,6 +278,9 @@ const MAT_MUL_TILE: u32 = 64;
 pub(crate) struct Layouts {
     pub(crate) params: ::wgpu::BindGroupLayout,
     pub(crate) mat: ::wgpu::BindGroupLayout,
+    /// The q|k|v mat-vec with RoPE and the KV write: `mat`'s first four,
+    /// then plan, K and V (qkv_rope.wgsl).
+    pub(crate) mat_rope: ::wgpu::BindGroupLayout,
     pub(crate) embed: ::wgpu::BindGroupLayout,
     pub(crate) norm: ::wgpu::BindGroupLayout,
     pub(crate) rope_kv: ::wgpu::BindGroupLayout,
@@ -334,6 +338,11 @@ impl Layouts {
                 "mat",
                 &[(0, R), (1, R), (2, R), (3, W), (4, W), (5, W)],
             ),
+            mat_rope: storage_layout(
+                gpu,
+                "mat_rope",
+                &[(0, R), (1, R), (2, R), (3, W), (6, R), (7, W), (8, W)],
+            ),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
             norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
             rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W)]),
@@ -365,6 +374,10 @@ pub(crate) enum WeightKernel {
     /// silu(gate) * up) for up to this many columns, with or without the
     /// norm fused in.
     Glu(u32, bool),
+    /// The q|k|v mat-vec with RoPE and the KV cache write fused in (pairs
+    /// of rows of each head, rotated, then written to y and the cache) for
+    /// up to this many columns, with or without the norm fused in.
+    Rope(u32, bool),
     MatMul,
     /// The tiled matmul on cooperative matrices (coop_mat_mul.wgsl), with
     /// this tile.
@@ -391,14 +404,46 @@ fn mat_vec_variant(cols: usize) -> u32 {
     (cols.clamp(1, MAT_VEC_COLS) as u32).next_power_of_two()
 }
 
+/// Where the RoPE variant of the q|k|v mat-vec ([`Pair::Rope`]) finds its
+/// rows' angles and KV slots in `plan`, and which heads it rotates and
+/// caches: what rope_kv.wgsl takes besides q|k|v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RopeFuse {
+    /// Half a head's width.
+    pub(crate) half: u32,
+    /// Query heads (the key heads follow them, then the value heads).
+    pub(crate) q_heads: u32,
+    pub(crate) kv_heads: u32,
+    /// Word offsets in `plan` of the pass's cos and sin (`[rows][half]`,
+    /// f32 bits) and of its rows' KV slots.
+    pub(crate) cs_off: u32,
+    pub(crate) sn_off: u32,
+    pub(crate) slot_off: u32,
+    /// KV block size.
+    pub(crate) bs: u32,
+}
+
+/// What each output unit of a mat-vec computes from two weight rows, where
+/// it does (a fusion of the product with the kernel that follows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pair {
+    /// One row per output: a plain product.
+    None,
+    /// SwiGLU: gate row o and up row o + rows of a stacked matrix.
+    Glu,
+    /// RoPE and the KV write: rows a and a + half of each head of q|k|v.
+    Rope(RopeFuse),
+}
+
 /// One product through one weight chunk, as the backend and the kernel lab
 /// both dispatch it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Product {
     /// Input features.
     pub(crate) k: u32,
-    /// Output rows of this chunk (with `glu`, the intermediate size: gate
-    /// rows, each with its up row that many rows further on).
+    /// Output rows of this chunk (with [`Pair::Glu`], the intermediate
+    /// size: gate rows, each with its up row that many rows further on;
+    /// with [`Pair::Rope`], the q|k|v width, taken as pairs).
     pub(crate) rows: u32,
     /// First output row of this chunk.
     pub(crate) row0: u32,
@@ -407,14 +452,14 @@ pub(crate) struct Product {
     /// Strides between the columns of x and y.
     pub(crate) ldx: u32,
     pub(crate) ldy: u32,
-    /// Add the chunk's bias (not with `glu` or `norm_eps`).
+    /// Add the chunk's bias (not with [`Pair::Glu`] or `norm_eps`).
     pub(crate) bias: bool,
     /// The kernel (the fused variants need [`Kernel::MatVec`]).
     pub(crate) kernel: Kernel,
     /// Mat-vec rows split over invocations.
     pub(crate) split_k: bool,
-    /// The fused SwiGLU variant.
-    pub(crate) glu: bool,
+    /// A fused variant whose units sum two rows (mat-vec only).
+    pub(crate) pair: Pair,
     /// The fused RMSNorm with this epsilon (mat-vec only).
     pub(crate) norm_eps: Option<f32>,
     /// Add the product into y.
@@ -434,7 +479,7 @@ impl Product {
     /// then the sum of the splits), or mat-vec groups of at most
     /// [`mat_vec_max_cols`] columns.
     pub(crate) fn calls(&self) -> Vec<ProductCall> {
-        let has_bias = u32::from(self.bias && !self.glu && self.norm_eps.is_none());
+        let has_bias = u32::from(self.bias && self.pair != Pair::Glu && self.norm_eps.is_none());
         let [part_n, part_m] = match self.kernel {
             Kernel::Coop(c) => c.part_plane(self.rows, self.cols),
             _ => [0, 0],
@@ -455,7 +500,10 @@ impl Product {
                 c.k_splits(self.rows, self.cols, self.k),
             ),
         };
-        debug_assert!(!self.glu && self.norm_eps.is_none(), "mat-vec only");
+        debug_assert!(
+            self.pair == Pair::None && self.norm_eps.is_none(),
+            "mat-vec only"
+        );
         let params = MatMulParams {
             k: self.k,
             rows: self.rows,
@@ -526,7 +574,17 @@ impl Product {
     fn mat_vec_calls(&self, has_bias: u32) -> Vec<ProductCall> {
         let tpr = mat_vec_tpr(self.k as usize, self.split_k);
         let norm = self.norm_eps.is_some();
-        let max = mat_vec_max_cols(self.split_k, self.glu) as u32;
+        let max = mat_vec_max_cols(self.split_k, self.pair != Pair::None) as u32;
+        // RoPE units are the pairs of each head; none of its rows are
+        // another chunk's, and it adds nothing into y.
+        let units = match self.pair {
+            Pair::Rope(_) => self.rows / 2,
+            _ => self.rows,
+        };
+        let rope = match self.pair {
+            Pair::Rope(r) => r,
+            _ => RopeFuse::default(),
+        };
         let mut calls = Vec::new();
         let mut c0 = 0;
         while c0 < self.cols {
@@ -534,7 +592,7 @@ impl Product {
             let variant = mat_vec_variant(ncols as usize);
             let params = MatVecParams {
                 k: self.k,
-                rows: self.rows,
+                rows: units,
                 row0: self.row0,
                 ncols,
                 ldx: self.ldx,
@@ -543,27 +601,42 @@ impl Product {
                 x_off: c0 * self.ldx,
                 y_off: c0 * self.ldy,
                 tpr,
-                up_row: if self.glu { self.rows } else { 0 },
+                up_row: match self.pair {
+                    Pair::None => 0,
+                    Pair::Glu => self.rows,
+                    Pair::Rope(r) => r.half,
+                },
                 flags: if self.accumulate {
                     MAT_VEC_ACCUMULATE
                 } else {
                     0
                 },
                 eps: self.norm_eps.unwrap_or(0.0),
+                col0: c0,
+                cs_off: rope.cs_off,
+                sn_off: rope.sn_off,
+                slot_off: rope.slot_off,
+                k_head0: rope.q_heads,
+                kv_heads: rope.kv_heads,
+                bs: rope.bs,
             };
             calls.push(ProductCall {
-                kind: if self.glu {
-                    WeightKernel::Glu(variant, norm)
-                } else {
-                    WeightKernel::MatVec(variant, norm)
+                kind: match self.pair {
+                    Pair::None => WeightKernel::MatVec(variant, norm),
+                    Pair::Glu => WeightKernel::Glu(variant, norm),
+                    Pair::Rope(_) => WeightKernel::Rope(variant, norm),
                 },
-                call: params.call(grid(self.rows.div_ceil(256 / tpr))),
+                call: params.call(grid(units.div_ceil(256 / tpr))),
             });
             c0 += ncols;
         }
         calls
     }
 }
+
+/// mat_vec.wgsl's `store_pair` in every variant but RoPE's (which appends
+/// qkv_rope.wgsl, with the bindings it needs): never called.
+const NO_STORE_PAIR: &str = "fn store_pair(a0: f32, b0: f32, unit: u32, row: u32, c: u32) {}\n";
 
 /// What mat_vec.wgsl's split-row reduction calls for subgroup shuffles:
 /// `sg_xor` and, without subgroups, a subgroup size of 1 (no shuffles).
@@ -712,14 +785,14 @@ impl Pipelines {
         } else {
             &[false]
         };
-        for glu in [false, true] {
-            let max_cols = mat_vec_max_cols(self.split_k, glu) as u32;
+        for variant in 0..3 {
+            let max_cols = mat_vec_max_cols(self.split_k, variant > 0) as u32;
             for &norm in norms {
                 for cols in (0..=max_cols.ilog2()).map(|b| 1u32 << b) {
-                    let (kind, label) = if glu {
-                        (WeightKernel::Glu(cols, norm), "glu")
-                    } else {
-                        (WeightKernel::MatVec(cols, norm), "mat_vec")
+                    let (kind, label) = match variant {
+                        0 => (WeightKernel::MatVec(cols, norm), "mat_vec"),
+                        1 => (WeightKernel::Glu(cols, norm), "glu"),
+                        _ => (WeightKernel::Rope(cols, norm), "qkv_rope"),
                     };
                     kinds.push((kind, label, include_str!("shaders/mat_vec.wgsl")));
                 }
@@ -745,21 +818,28 @@ impl Pipelines {
             }
             let layout = match kind {
                 WeightKernel::Embed => &self.layouts.embed,
+                WeightKernel::Rope(..) => &self.layouts.mat_rope,
                 _ => &self.layouts.mat,
             };
             let consts = match kind {
-                WeightKernel::MatVec(cols, norm) | WeightKernel::Glu(cols, norm) => {
+                WeightKernel::MatVec(cols, norm)
+                | WeightKernel::Glu(cols, norm)
+                | WeightKernel::Rope(cols, norm) => {
                     let rc = cols.min(MAT_VEC_REDUCE_COLS);
                     let unroll = mat_vec_unroll(self.split_k, cols, self.unroll);
+                    let glu = matches!(kind, WeightKernel::Glu(..));
+                    let rope = matches!(kind, WeightKernel::Rope(..));
                     format!(
                         "const COLS: u32 = {cols}u;\nconst RC: u32 = {rc}u;\n\
                          const UNROLL: u32 = {unroll}u;\n\
                          const RED_LEN: u32 = {}u;\nconst SPLIT_K: bool = {};\n\
-                         const GLU: bool = {};\nconst NORM: bool = {norm};\n{}",
+                         const GLU: bool = {glu};\nconst ROPE: bool = {rope};\n\
+                         const PAIR: bool = {};\nconst NORM: bool = {norm};\n{}{}",
                         256 * rc,
                         self.split_k,
-                        matches!(kind, WeightKernel::Glu(..)),
+                        glu || rope,
                         subgroup_helpers(self.subgroups()),
+                        if rope { "" } else { NO_STORE_PAIR },
                     )
                 }
                 // coop_mat_mul.wgsl: constants and fragment code below.
@@ -773,6 +853,7 @@ impl Pipelines {
                     include_str!("shaders/y_store.wgsl")
                 ),
                 WeightKernel::SplitSum => include_str!("shaders/y_store.wgsl"),
+                WeightKernel::Rope(..) => include_str!("shaders/qkv_rope.wgsl"),
                 _ => "",
             };
             let body = match kind {
@@ -794,7 +875,10 @@ impl Pipelines {
                     source.replacen("enable f16;", "", 1)
                 );
             }
-            if matches!(kind, WeightKernel::MatVec(..) | WeightKernel::Glu(..)) {
+            if matches!(
+                kind,
+                WeightKernel::MatVec(..) | WeightKernel::Glu(..) | WeightKernel::Rope(..)
+            ) {
                 // naga takes subgroup operations as a device feature, with
                 // no `enable subgroups` directive (it rejects that one).
                 let param = if self.subgroups() {

@@ -27,6 +27,16 @@
 // product followed by silu_mul.wgsl, with one dispatch and no gate|up
 // activations written (no bias: fused only for matrices without one).
 //
+// With `const ROPE = true` (the q|k|v product, one chunk, no residual add)
+// output unit o is a rotation pair of one head: rows a = (o / half) * 2 half
+// + o % half and b = a + half (half = up_row); the unit computes both sums,
+// rotates the pair by its row's position where the head is a query or key
+// head (RoPE, rotate_half convention), writes both into y, and writes key
+// and value pairs into the layer's paged cache (qkv_rope.wgsl, appended
+// only to this variant with its bindings): what the product followed by
+// rope_kv.wgsl computes, in the same f32 operations, one dispatch fewer a
+// layer.
+//
 // Two options fuse the neighbours of a product into it:
 // * `const NORM = true` (split-row variants only: it needs barriers, which
 //   one invocation per row is built to avoid): x is the residual stream
@@ -67,10 +77,17 @@ struct Params {
     x_off: u32,    // offset of column 0 in x
     y_off: u32,    // offset of column 0 in y
     tpr: u32,      // invocations per row: 8, 16, 32 or 64
-    up_row: u32,   // GLU: offset from a gate row to its up row
+    up_row: u32,   // GLU: offset from a gate row to its up row; ROPE: head_dim / 2
     flags: u32,    // 1 = ACCUMULATE
     eps: f32,      // NORM: the norm's epsilon
-    _p13: u32, _p14: u32, _p15: u32,
+    // ROPE only (qkv_rope.wgsl):
+    col0: u32,     // the pass row of column 0 (cos, sin and slots are per pass row)
+    cs_off: u32,   // word offset of cos[pass rows][half] (f32 bits) in `plan`
+    sn_off: u32,   // word offset of sin[pass rows][half]
+    slot_off: u32, // word offset of the pass rows' KV slots
+    k_head0: u32,  // first key head (= query heads); value heads follow the keys
+    kv_heads: u32, // KV heads
+    bs: u32,       // KV block size
 }
 
 // x as vec4s: the 8-wide path reads two per step (every x buffer is a
@@ -164,20 +181,32 @@ fn w_at_normed(i: u32, kk: u32) -> f32 {
     return w_at(i) * bias_at(kk);
 }
 
-// The finished sum v for output (row, column c) of this chunk: scaled by
-// the column's norm, its bias added (the two exclude each other), through
-// SiLU with the gate sum under GLU, added to y under ACCUMULATE; and stored.
-fn finish(v0: f32, gate0: f32, row: u32, c: u32) {
-    var v = v0;
-    var gate = gate0;
+// The finished sums of output unit `unit`, column c: `first` (the row's
+// sum; under GLU the gate's, under ROPE the pair's first row's) and
+// `second` (GLU: the up row's; ROPE: the pair's second row's; else unused),
+// scaled by the column's norm or with the bias added (the two exclude each
+// other), through SiLU under GLU or the rotation under ROPE, added to y
+// under ACCUMULATE; and stored.
+fn finish(first: f32, second: f32, unit: u32, c: u32) {
+    var a = first;
+    var b = second;
+    let row = unit_row(unit);
     if (NORM) {
-        v *= inv_rms[c];
-        gate *= inv_rms[c];
+        a *= inv_rms[c];
+        b *= inv_rms[c];
     } else if (p.has_bias != 0u) {
-        v += bias_at(p.row0 + row);
+        a += bias_at(p.row0 + row);
+        if (ROPE) {
+            b += bias_at(p.row0 + row + p.up_row);
+        }
     }
+    if (ROPE) {
+        store_pair(a, b, unit, row, c);
+        return;
+    }
+    var v = a;
     if (GLU) {
-        v = silu_mul(gate, v);
+        v = silu_mul(a, b);
     }
     let at = p.y_off + c * p.ldy + p.row0 + row;
     if ((p.flags & ACCUMULATE) != 0u) {
@@ -186,20 +215,30 @@ fn finish(v0: f32, gate0: f32, row: u32, c: u32) {
     y[at] = v;
 }
 
-// Per column: a row's dot product and, under GLU, its up row's.
+// The (first) weight row of output unit `unit`: the unit itself but under
+// ROPE, where units are the rotation pairs of each head.
+fn unit_row(unit: u32) -> u32 {
+    if (ROPE) {
+        return (unit / p.up_row) * 2u * p.up_row + unit % p.up_row;
+    }
+    return unit;
+}
+
+// Per column: a unit's dot product and, with PAIR (GLU or ROPE), its
+// second row's.
 struct Sums {
     g: array<f32, COLS>,
     u: array<f32, COLS>,
 }
 
-// Row `row`'s sums over k in 8-wide steps first, first + stride, ... (where
+// Unit `row`'s sums over k in 8-wide steps first, first + stride, ... (where
 // 8 divides k; else single values): the whole row for one invocation per
 // row, a stride of it for each of the tpr invocations of a split row.
 fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
     var s: Sums;
     let last = p.ncols - 1u;
-    let base = row * p.k;
-    let ubase = (row + p.up_row) * p.k;
+    let base = unit_row(row) * p.k;
+    let ubase = (unit_row(row) + p.up_row) * p.k;
     if (p.k % 8u == 0u) {
         let step = 8u * stride;
         for (var k0 = 8u * first; k0 < p.k; k0 += UNROLL * step) {
@@ -212,7 +251,7 @@ fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
                 let kk = k0 + u * step;
                 if (kk < p.k) {
                     wvs[u] = w_load8(base + kk);
-                    if (GLU) {
+                    if (PAIR) {
                         wus[u] = w_load8(ubase + kk);
                     }
                 }
@@ -232,7 +271,7 @@ fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
                     for (var c = 0u; c < COLS; c++) {
                         let xv = x8(p.x_off + min(c, last) * p.ldx + kk);
                         s.g[c] += dot8(wv, xv);
-                        if (GLU) {
+                        if (PAIR) {
                             s.u[c] += dot8(wu, xv);
                         }
                     }
@@ -243,13 +282,13 @@ fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
         for (var kk = first; kk < p.k; kk += stride) {
             let wv = w_at_normed(base + kk, kk);
             var wu = 0.0;
-            if (GLU) {
+            if (PAIR) {
                 wu = w_at_normed(ubase + kk, kk);
             }
             for (var c = 0u; c < COLS; c++) {
                 let xv = x_at(p.x_off + min(c, last) * p.ldx + kk);
                 s.g[c] += wv * xv;
-                if (GLU) {
+                if (PAIR) {
                     s.u[c] += wu * xv;
                 }
             }
@@ -262,11 +301,7 @@ fn row_sums(row: u32, first: u32, stride: u32) -> Sums {
 fn finish_row(row: u32, s: Sums) {
     for (var c = 0u; c < COLS; c++) {
         if (c < p.ncols) {
-            if (GLU) {
-                finish(s.u[c], s.g[c], row, c);
-            } else {
-                finish(s.g[c], 0.0, row, c);
-            }
+            finish(s.g[c], s.u[c], row, c);
         }
     }
 }
@@ -309,7 +344,7 @@ fn main(
             var u = sums.u[c];
             for (var m = 1u; m < width; m <<= 1u) {
                 g += sg_xor(g, m);
-                if (GLU) {
+                if (PAIR) {
                     u += sg_xor(u, m);
                 }
             }
@@ -324,15 +359,15 @@ fn main(
             return;
         }
     }
-    // One round per RC columns (two with GLU: gate, then up): the first
+    // One round per RC columns (two with PAIR: first rows, then second): the first
     // invocation of each run writes its partial to workgroup memory, one
     // barrier, then one invocation per (row, column) sums the row's parts:
     // far cheaper than a tree on devices where a barrier is expensive
     // (software rasterisers), and a few workgroup-memory reads on GPUs.
     let parts = tpr / width;
-    let halves = select(1u, 2u, GLU);
+    let halves = select(1u, 2u, PAIR);
     for (var c0 = 0u; c0 < COLS; c0 += RC) {
-        var gate = 0.0;
+        var first = 0.0;
         for (var h = 0u; h < halves; h++) {
             if (c0 > 0u || h > 0u) {
                 workgroupBarrier(); // the previous round's sums are read
@@ -353,10 +388,14 @@ fn main(
                 for (var i = 0u; i < parts; i++) {
                     v += red[base + i];
                 }
-                if (GLU && h == 0u) {
-                    gate = v;
+                if (PAIR && h == 0u) {
+                    first = v;
                 } else if (out_row < p.rows && c < p.ncols) {
-                    finish(v, gate, out_row, c);
+                    if (PAIR) {
+                        finish(first, v, out_row, c);
+                    } else {
+                        finish(v, 0.0, out_row, c);
+                    }
                 }
             }
         }
