@@ -79,11 +79,14 @@
 #                   round (ROUNDS=N: N): batch 1, 8 and 32 at 128-token
 #                   prompts, batch 1 at 1,024 (every run prints the host's
 #                   share of a decode step)
-#   rope:SHAPE      RoPE and the K/V write fused into the q|k|v mat-vec
-#                   (the default: five dispatches a decode layer) against
-#                   their own rope_kv dispatch (--no-fused-rope),
-#                   alternating, one round (ROUNDS=N: N): batch 1 and 8 at
-#                   128-token prompts, batch 1 at 1,024
+#   rope:SHAPE      the batch-1 step's products: RoPE and the K/V write
+#                   fused into the q|k|v mat-vec (the default: five
+#                   dispatches a decode layer) against their own rope_kv
+#                   dispatch (--no-fused-rope), and mat-vec's weight loads
+#                   in flight re-measured now that the loop counters are
+#                   gone (--mat-vec-unroll 4; unroll 1 won only while they
+#                   were there), alternating, one round (ROUNDS=N: N):
+#                   batch 1 and 8 at 128-token prompts
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -342,17 +345,17 @@ for part in "${parts[@]}"; do
         ;;
     rope:*)
         shape=${part#rope:}
-        echo "== $shape: RoPE and the K/V write in the q|k|v mat-vec against their own dispatch =="
+        echo "== $shape: RoPE and the K/V write in the q|k|v mat-vec against their own dispatch; mat-vec unroll 4 =="
         # shellcheck disable=SC2046
         {
             for round in $(seq 1 "${ROUNDS:-1}"); do
-                for v in default separate; do
+                for v in default separate unroll-4; do
                     case $v in
                     default) x=() ;;
                     separate) x=(--no-fused-rope) ;;
+                    unroll-4) x=(--mat-vec-unroll 4) ;;
                     esac
                     eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 "${x[@]}"
-                    eb "$v-long-r$round" engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 "${x[@]}"
                 done
             done
         }
