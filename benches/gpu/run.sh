@@ -86,7 +86,10 @@
 #                   in flight re-measured now that the loop counters are
 #                   gone (--mat-vec-unroll 4; unroll 1 won only while they
 #                   were there), alternating, one round (ROUNDS=N: N):
-#                   batch 1 and 8 at 128-token prompts
+#                   batch 1 and 8 at 128-token prompts; then the default
+#                   sampling at temperature 0.8, top-p 0.95 (what the
+#                   sampling kernel's searches cost against greedy's one
+#                   argmax), profiled
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -358,6 +361,7 @@ for part in "${parts[@]}"; do
                     eb "$v-r$round" engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 "${x[@]}"
                 done
             done
+            eb sampled engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --sample 0.8,0.95 --profile
         }
         ;;
     hf:*)
