@@ -90,6 +90,20 @@
 #                   sampling at temperature 0.8, top-p 0.95 (what the
 #                   sampling kernel's searches cost against greedy's one
 #                   argmax), profiled
+#   switches:SHAPE  every default not yet measured on a GPU against its
+#                   alternative, one run each, in one call (sized for
+#                   the 15 minutes a session gets; the parts above
+#                   repeat each comparison in alternating rounds): the
+#                   defaults at batch 1, 8, 32 (128-token prompts) and
+#                   at batch 1 at 1,024; RoPE in its own dispatch
+#                   (--no-fused-rope); one submission a step
+#                   (--first-submit 0); decode attention's merge in its
+#                   own dispatch (--no-fold-merge, at 128 and 1,024) and
+#                   K rows one vector at a time (--decode-k-chunk 1);
+#                   coop decode batches on the square tile (--no-coop-tall)
+#                   and with folded split sums (--coop-fold); mat-vec
+#                   unroll 4; top-p sampling, profiled; then the defaults
+#                   profiled at batch 1 and 32
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -364,6 +378,25 @@ for part in "${parts[@]}"; do
             eb sampled engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --sample 0.8,0.95 --profile
         }
         ;;
+    switches:*)
+        shape=${part#switches:}
+        echo "== $shape: each default not yet measured on a GPU against its alternative, one run each =="
+        # shellcheck disable=SC2046
+        {
+            eb default engine-bench 60 $(bf16 "$shape") --batch 1,8,32 --prompt 128
+            eb default-long engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024
+            eb separate-rope engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --no-fused-rope
+            eb whole engine-bench 60 $(bf16 "$shape") --batch 1,8,32 --prompt 128 --first-submit 0
+            eb no-fold engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 128 --no-fold-merge
+            eb no-fold-long engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 1024 --no-fold-merge
+            eb k-chunk-1 engine-bench 60 $(bf16 "$shape") --batch 1 --prompt 128 --decode-k-chunk 1
+            eb square engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 --no-coop-tall
+            eb coop-fold engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 --coop-fold
+            eb unroll-4 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 4
+            eb sampled engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --sample 0.8,0.95 --profile
+            eb profile engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 128 --profile
+        }
+        ;;
     hf:*)
         echo "== transformers eager on ${part#hf:} =="
         PYTHONUNBUFFERED=1 timeout 150 python3 benches/gpu/hf_anchor.py "${part#hf:}"
@@ -421,7 +454,7 @@ for part in "${parts[@]}"; do
         }
         ;;
     *)
-        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, attn:SHAPE, batch32:SHAPE, submit:SHAPE, rope:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
+        echo "unknown part $part (tests, bench:SHAPE, long:SHAPE, base:SHAPE, tune:SHAPE, ab:SHAPE, coop:SHAPE, quick:SHAPE, loops:SHAPE, splitk:SHAPE, table:SHAPE, next:SHAPE, attn:SHAPE, batch32:SHAPE, submit:SHAPE, rope:SHAPE, switches:SHAPE, hf:SHAPE, parity, anchor, anchors, gguf)"
         exit 2
         ;;
     esac
