@@ -20,11 +20,8 @@
 #   BASE=0386f3c bash benches/gpu/build.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-exclude=$(git rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-for d in /.gpu/ /.gl/ /.whl/ /.llama/; do
-    grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"
-done
+# .gpu, .gl, .whl and .llama are in .gitignore: the device tool carries
+# them only when asked (carry), and git never takes them in.
 rm -rf .gpu && mkdir -p .gpu/bin
 root=$PWD
 # The test binaries find fixtures and models through paths fixed at compile
