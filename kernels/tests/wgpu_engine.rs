@@ -1116,8 +1116,12 @@ fn fused_against_separate(shape: &Shape) {
         backends.push(b);
     }
     let prompt: Vec<TokenId> = (0..20).map(|i| (i * 11 % 301) as TokenId).collect();
-    let table = [1u32, 6];
-    for (tokens, pos) in [(&prompt[..], 0u32), (&[7][..], 20)] {
+    // A 40-row continuation: past the 32 columns of the paired variants,
+    // where plain mat-vec still takes them in one dispatch, so SwiGLU and
+    // RoPE run as their own kernels on that step (the norms stay fused).
+    let more: Vec<TokenId> = (0..40).map(|i| (i * 13 % 301) as TokenId).collect();
+    let table = [1u32, 6, 3, 4];
+    for (tokens, pos) in [(&prompt[..], 0u32), (&[7][..], 20), (&more[..], 21)] {
         let batch = [logits_step(tokens, pos, &table)];
         let mut outs = Vec::new();
         for b in &mut backends {
@@ -1143,10 +1147,10 @@ fn fused_against_separate(shape: &Shape) {
                 .map(|k| k.calls)
                 .sum()
         };
-        // Two layers, two steps.
-        let silu = if fuse_glu { 0 } else { 4 };
-        let norms = if fuse_norm { 0 } else { 8 };
-        let rope_kv = if fuse_rope { 0 } else { 4 };
+        // Two layers, three steps, the last never with the paired fusions.
+        let silu = if fuse_glu { 2 } else { 6 };
+        let norms = if fuse_norm { 0 } else { 12 };
+        let rope_kv = if fuse_rope { 2 } else { 6 };
         assert_eq!(calls("silu_mul"), silu, "{fuse_glu} {fuse_norm}: {p:?}");
         assert_eq!(calls("rope_kv"), rope_kv, "{fuse_rope}: {p:?}");
         let plain_norms: u64 = p

@@ -129,7 +129,7 @@ impl KernelLab {
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let split_k = opts.split_k.unwrap_or(!cpu_adapter);
         let k_chunk = attn::decode_k_chunk(cpu_adapter, opts.decode_k_chunk);
-        let pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk);
+        let pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk, opts.fuse_rope);
         Ok(KernelLab {
             gpu,
             pipes,

@@ -42,7 +42,9 @@
 //!   write, attention (its splits merged in it; with
 //!   [`WgpuOptions::fold_merge`] off, another dispatch merges them), o,
 //!   gate|up, down. Passes on the tiled matmul run the norms, RoPE with
-//!   the K/V write, and SiLU as their own kernels
+//!   the K/V write, and SiLU as their own kernels (and so do split-row
+//!   mat-vec passes of more than 32 rows RoPE and SiLU, whose fused
+//!   variants stop at 32 columns a dispatch)
 //!   ([`WgpuOptions::fuse_norm`], [`WgpuOptions::fuse_rope`],
 //!   [`WgpuOptions::fuse_glu`]).
 //! * Products for up to 64 tokens (a decode step of up to 64 sequences, a
@@ -218,7 +220,10 @@ pub struct WgpuOptions {
     /// dispatch a layer fewer: on an H200 the separate `rope_kv` took about
     /// 6.5 us a layer at batch 1, launch cost for a few hundred values)
     /// where the stacked matrix is one chunk; passes that take the tiled
-    /// matmul keep the separate kernel. Not yet measured on a GPU
+    /// matmul keep the separate kernel, and so do mat-vec passes of more
+    /// than 32 rows with rows split over invocations (the fused variant holds
+    /// two sums per column and stops at 32, so it would read the weights
+    /// twice to save one small dispatch; the fused SwiGLU likewise). Not yet measured on a GPU
     /// (`engine-bench --no-fused-rope` compares); off only to compare.
     pub fuse_rope: bool,
     /// Fuse each layer's two RMSNorms into the products that read them (the
@@ -644,7 +649,7 @@ impl WgpuBackend {
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
         let split_k = opts.split_k.unwrap_or(!cpu_adapter);
         let k_chunk = attn::decode_k_chunk(cpu_adapter, opts.decode_k_chunk);
-        let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk);
+        let mut pipes = Pipelines::new(&gpu, split_k, opts.mat_vec_unroll, k_chunk, opts.fuse_rope);
         let sample_wg = opts.sample_wg(cpu_adapter, c.vocab_size as u32);
         pipes.ensure_sample(&gpu, sample_wg);
         for d in weights.dtypes() {

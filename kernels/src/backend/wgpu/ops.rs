@@ -8,7 +8,9 @@ use super::attn::DecodeCalls;
 use super::choice::KernelChoice;
 use super::coop::CoopTile;
 use super::params::{self, Call, ParamArena};
-use super::pipelines::{Kernel, Pair, Product, RopeFuse, WeightDtype, WeightKernel};
+use super::pipelines::{
+    pair_fits_plain_groups, Kernel, Pair, Product, RopeFuse, WeightDtype, WeightKernel,
+};
 use super::plan::Pass;
 use super::tensors::{LayerGpu, Matrix};
 use super::{glu_fusable, norm_fusable, rope_fusable, Dims};
@@ -208,7 +210,9 @@ impl PassOps<'_> {
     }
 
     /// Fusions apply only on mat-vec passes: the tiled kernels have no
-    /// fused variants.
+    /// fused variants. (The paired ones, SwiGLU and RoPE, also only where
+    /// they take no more dispatches than the plain product:
+    /// [`pair_fits_plain_groups`].)
     fn mat_vec_pass(&self) -> bool {
         self.kernels.for_rows(self.rows) == Kernel::MatVec
     }
@@ -293,7 +297,9 @@ impl PassOps<'_> {
         if !norm_in {
             self.push(Pipe::Norm, Bind::NormIn(l), &c.norm);
         }
-        let rope_in = self.mat_vec_pass() && rope_fusable(self.fuse_rope, &lw.qkv);
+        let rope_in = self.mat_vec_pass()
+            && rope_fusable(self.fuse_rope, &lw.qkv)
+            && pair_fits_plain_groups(self.split_k, self.rows);
         if rope_in {
             let bind = if norm_in {
                 Bind::QkvRopeNormed(l)
@@ -339,7 +345,10 @@ impl PassOps<'_> {
             self.push(Pipe::Norm, Bind::NormPost(l), &c.norm);
         }
         let fuse = self.normed(norm_in);
-        if self.mat_vec_pass() && glu_fusable(self.fuse_glu, &lw.gate_up) {
+        if self.mat_vec_pass()
+            && glu_fusable(self.fuse_glu, &lw.gate_up)
+            && pair_fits_plain_groups(self.split_k, self.rows)
+        {
             let bind = if norm_in {
                 Bind::GluNormed(l)
             } else {

@@ -181,6 +181,15 @@ fn mat_vec_max_cols(split_k: bool, pair: bool) -> usize {
         (true, true) => MAT_VEC_COLS / 2,
     }
 }
+/// Whether a paired variant (the fused SwiGLU or RoPE) takes `cols` columns
+/// in no more dispatches than the plain mat-vec: each dispatch reads the
+/// whole weight, so past that the fusion would read it again to save one
+/// small dispatch (split rows: past 32 columns).
+pub(crate) fn pair_fits_plain_groups(split_k: bool, cols: u32) -> bool {
+    let groups = |pair| cols.div_ceil(mat_vec_max_cols(split_k, pair) as u32);
+    groups(true) <= groups(false)
+}
+
 /// Mat-vec variants of up to this many columns issue several weight loads
 /// together ([`mat_vec_unroll`]); wider ones have a column's worth of
 /// arithmetic per load to hide its latency, and registers to save.
@@ -582,7 +591,12 @@ impl Product {
             _ => self.rows,
         };
         let rope = match self.pair {
-            Pair::Rope(r) => r,
+            Pair::Rope(r) => {
+                // qkv_rope.wgsl finds a unit's head from its place in the
+                // chunk and stores rather than adds.
+                debug_assert!(self.row0 == 0 && !self.accumulate, "{self:?}");
+                r
+            }
             _ => RopeFuse::default(),
         };
         let mut calls = Vec::new();
@@ -665,6 +679,9 @@ pub(crate) struct Pipelines {
     /// K row vectors decode attention loads together
     /// ([`super::attn::decode_k_chunk`]).
     k_chunk: u32,
+    /// Compile the RoPE variants of mat-vec ([`WeightKernel::Rope`]):
+    /// only where the fusion is on.
+    rope: bool,
     /// The cooperative-matrix configurations, where the device has them:
     /// the coop matmul is then compiled for every weight type and tile.
     pub(crate) coop: CoopTiles,
@@ -710,8 +727,15 @@ impl Pipelines {
     /// [`Pipelines::ensure_sample`]. `split_k`: see [`Pipelines::split_k`];
     /// `unroll`: mat-vec's weight loads in flight, where chosen
     /// ([`mat_vec_unroll`]); `k_chunk`: decode attention's K loads in
-    /// flight ([`super::attn::decode_k_chunk`]).
-    pub(crate) fn new(gpu: &Gpu, split_k: bool, unroll: Option<u32>, k_chunk: u32) -> Pipelines {
+    /// flight ([`super::attn::decode_k_chunk`]); `rope`: whether to
+    /// compile mat-vec's RoPE variants.
+    pub(crate) fn new(
+        gpu: &Gpu,
+        split_k: bool,
+        unroll: Option<u32>,
+        k_chunk: u32,
+        rope: bool,
+    ) -> Pipelines {
         let layouts = Layouts::new(gpu);
         let p = &layouts.params;
         let rms_norm = compile(
@@ -752,6 +776,7 @@ impl Pipelines {
             gpu_subgroups: gpu.subgroups,
             unroll,
             k_chunk,
+            rope,
             coop: gpu.coop,
             weight: HashMap::new(),
             rms_norm,
@@ -785,7 +810,8 @@ impl Pipelines {
         } else {
             &[false]
         };
-        for variant in 0..3 {
+        let variants = if self.rope { 3 } else { 2 };
+        for variant in 0..variants {
             let max_cols = mat_vec_max_cols(self.split_k, variant > 0) as u32;
             for &norm in norms {
                 for cols in (0..=max_cols.ilog2()).map(|b| 1u32 << b) {
@@ -1013,6 +1039,22 @@ mod tests {
         assert_eq!(mat_vec_unroll(false, 8, Some(3)), 4);
         assert_eq!(mat_vec_unroll(true, 4, Some(0)), 1);
         assert_eq!(mat_vec_unroll(true, 64, Some(4)), 1);
+    }
+
+    #[test]
+    fn paired_variants_only_where_they_take_no_more_dispatches() {
+        // Split rows: plain mat-vec takes 64 columns a dispatch, the
+        // paired variants 32.
+        for cols in [1, 8, 31, 32] {
+            assert!(pair_fits_plain_groups(true, cols), "{cols}");
+        }
+        for cols in [33, 48, 64, 65, 96, 128] {
+            assert!(!pair_fits_plain_groups(true, cols), "{cols}");
+        }
+        // One invocation per row: 8 a dispatch either way.
+        for cols in [1, 8, 9, 20, 64] {
+            assert!(pair_fits_plain_groups(false, cols), "{cols}");
+        }
     }
 
     #[test]

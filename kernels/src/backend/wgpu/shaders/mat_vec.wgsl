@@ -68,7 +68,7 @@
 
 struct Params {
     k: u32,        // input features
-    rows: u32,     // output rows in this chunk
+    rows: u32,     // output units in this chunk: rows (GLU: gate rows; ROPE: pairs)
     row0: u32,     // first output row of this chunk
     ncols: u32,    // columns (tokens), 1..=COLS
     ldx: u32,      // stride between columns of x
@@ -76,7 +76,7 @@ struct Params {
     has_bias: u32, // 1 = add bias[row0 + o]
     x_off: u32,    // offset of column 0 in x
     y_off: u32,    // offset of column 0 in y
-    tpr: u32,      // invocations per row: 8, 16, 32 or 64
+    tpr: u32,      // invocations per unit: 8, 16, 32 or 64
     up_row: u32,   // GLU: offset from a gate row to its up row; ROPE: head_dim / 2
     flags: u32,    // 1 = ACCUMULATE
     eps: f32,      // NORM: the norm's epsilon
