@@ -659,6 +659,16 @@ const SHAPES: &[(usize, usize, usize, usize)] = &[
     (16, 2, 64, 16), // TinyLlama's group of 8 and head width
 ];
 
+/// The [`HeadShape`] of one of [`SHAPES`]' tuples.
+fn head_shape(q_heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> HeadShape {
+    HeadShape {
+        q_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+    }
+}
+
 /// A random attention case on `shape`: sequences of up to `max_rows` rows
 /// within `max_ctx` positions, the pools, and the q|k|v rows.
 struct AttnCase {
@@ -677,12 +687,7 @@ fn attn_case(
     max_rows: usize,
 ) -> AttnCase {
     let (q_heads, kv_heads, head_dim, block_size) = shape;
-    let shape = HeadShape {
-        q_heads,
-        kv_heads,
-        head_dim,
-        block_size,
-    };
+    let shape = head_shape(q_heads, kv_heads, head_dim, block_size);
     let (seqs, pool_blocks) = random_seqs(rng, &shape, n, max_ctx, max_rows);
     let rows: usize = seqs.iter().map(|s| s.rows).sum();
     let pool = pool_blocks * kv_heads * block_size * head_dim;
@@ -849,12 +854,7 @@ fn wgpu_rope_matches_cpu_rotation() {
         RopeScaling::Linear { factor: 4.0 },
     ];
     for (case, &(q_heads, kv_heads, head_dim, block_size)) in SHAPES.iter().enumerate() {
-        let shape = HeadShape {
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-        };
+        let shape = head_shape(q_heads, kv_heads, head_dim, block_size);
         let theta = [10000.0, 500000.0, 1e6][case % 3];
         let inv = rope::inv_freq(head_dim, theta, &scalings[case % 3]);
         let n = range(&mut rng, 1, 9);
@@ -894,12 +894,7 @@ fn wgpu_rope_kv_writes_the_cache_through_the_slot_mapping() {
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(10);
     for &(q_heads, kv_heads, head_dim, block_size) in SHAPES {
-        let shape = HeadShape {
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-        };
+        let shape = head_shape(q_heads, kv_heads, head_dim, block_size);
         let inv = rope::inv_freq(head_dim, 10000.0, &RopeScaling::None);
         let n = range(&mut rng, 1, 9);
         let (seqs, pool_blocks) = random_seqs(&mut rng, &shape, n, 100, 20);
@@ -968,12 +963,7 @@ fn wgpu_fused_qkv_rope_matches_product_then_rope_kv() {
     for (v, (split_k, mut lab)) in labs.into_iter().enumerate() {
         let dts = dtypes(&lab);
         for (case, &(q_heads, kv_heads, head_dim, block_size)) in SHAPES.iter().enumerate() {
-            let shape = HeadShape {
-                q_heads,
-                kv_heads,
-                head_dim,
-                block_size,
-            };
+            let shape = head_shape(q_heads, kv_heads, head_dim, block_size);
             let dtype = dts[(case + v) % dts.len()];
             let k = if case % 2 == 0 {
                 8 * range(&mut rng, 1, 16)

@@ -231,6 +231,28 @@ impl KernelLab {
             .map_err(|e| e.message())
     }
 
+    /// `product`'s dispatches through one chunk of `dtype` weights bound by
+    /// `bg`, each with its pipeline, as [`KernelLab::run`] takes them.
+    #[allow(clippy::type_complexity)]
+    fn product_dispatches<'a>(
+        &'a self,
+        product: &Product,
+        dtype: WeightDtype,
+        bg: &'a ::wgpu::BindGroup,
+    ) -> Result<Vec<(&'a ::wgpu::ComputePipeline, &'a ::wgpu::BindGroup, Call)>, String> {
+        product
+            .calls()
+            .into_iter()
+            .map(|call| {
+                let pipe = self
+                    .pipes
+                    .weight(call.kind, dtype)
+                    .ok_or("pipeline missing")?;
+                Ok((pipe, bg, call.call))
+            })
+            .collect()
+    }
+
     /// Uploads a `[rows, in_dim]` matrix as `dtype` in chunks of at most
     /// `chunk_rows` rows (None: as big as a binding allows).
     fn chunks(
@@ -371,14 +393,7 @@ impl KernelLab {
             norm_eps: None,
             accumulate: false,
         };
-        let mut dispatches = Vec::new();
-        for call in product.calls() {
-            let pipe = self
-                .pipes
-                .weight(call.kind, c.dtype)
-                .ok_or("pipeline missing")?;
-            dispatches.push((pipe, &bg, call.call));
-        }
+        let dispatches = self.product_dispatches(&product, c.dtype, &bg)?;
         let out = self.run(&dispatches, (&yb, 4 * (cols as u64) * inter as u64))?;
         Ok(f32s(&out))
     }
@@ -455,13 +470,7 @@ impl KernelLab {
             .collect();
         let mut dispatches = Vec::new();
         for ((c, bg), product) in chunks.iter().zip(&bgs).zip(&products) {
-            for call in product.calls() {
-                let pipe = self
-                    .pipes
-                    .weight(call.kind, c.dtype)
-                    .ok_or("pipeline missing")?;
-                dispatches.push((pipe, bg, call.call));
-            }
+            dispatches.extend(self.product_dispatches(product, c.dtype, bg)?);
         }
         let out = self.run(&dispatches, (&yb, 4 * (cols * out_dim) as u64))?;
         self.counters_back_to_zero(&cb, count_bytes, "split sum")?;
@@ -715,14 +724,7 @@ impl KernelLab {
             norm_eps: None,
             accumulate: false,
         };
-        let mut dispatches = Vec::new();
-        for call in product.calls() {
-            let pipe = self
-                .pipes
-                .weight(call.kind, c.dtype)
-                .ok_or("pipeline missing")?;
-            dispatches.push((pipe, &bg, call.call));
-        }
+        let dispatches = self.product_dispatches(&product, c.dtype, &bg)?;
         let q = self.run(&dispatches, (&yb, 4 * (rows * width) as u64))?;
         Ok(RopeKvOut {
             qkv: f32s(&q),
