@@ -82,6 +82,8 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 64u;
+// V rows of the P V loop, and splits' partials in the folded merge, loaded
+// this many at a time before any is used.
 const UNROLL: u32 = 4u;
 const NEG: f32 = -1.0e30;
 
@@ -314,6 +316,16 @@ fn main(
     }
 }
 
+// The VT of partials at `at` in `part` (an f32 array: it also holds the
+// (max, sum) pairs).
+fn part_vector(at: u32) -> VT {
+    var v: VT;
+    for (var j = 0u; j < VW; j++) {
+        v[j] = part[at + j];
+    }
+    return v;
+}
+
 // The merge of attn_merge.wgsl for the HG heads from h0 of decode row
 // `item`, by the workgroup that finished last: out = sum_s acc_s w_s / L
 // with w_s = e^(m_s - M), M = max_s m_s, L = sum_s l_s w_s.
@@ -354,7 +366,9 @@ fn fold_splits(item: u32, r: u32, h0: u32, lid: u32) {
         big_l[h] = l;
     }
     // The splits' weights, 2 * TILE at a time (the score buffers' room),
-    // then each invocation's output vectors summed over them.
+    // then each invocation's output vectors summed over them, UNROLL
+    // splits' partials loaded before any is used (one memory round trip
+    // for them, not one per split; the sum still runs in split order).
     var o: array<VT, OPI>;
     for (var s0 = 0u; s0 < ns; s0 += 2u * TILE) {
         let chunk = min(2u * TILE, ns - s0);
@@ -373,13 +387,18 @@ fn fold_splits(item: u32, r: u32, h0: u32, lid: u32) {
                 let c = e % NC;
                 let pi0 = (item * p.q_heads + h0 + h) * ns + s0;
                 var a = o[i];
-                for (var s = 0u; s < chunk; s++) {
-                    let at = (pi0 + s) * HEAD_DIM + c * VW;
-                    var v: VT;
-                    for (var j = 0u; j < VW; j++) {
-                        v[j] = part[at + j];
+                var s = 0u;
+                for (; s + UNROLL <= chunk; s += UNROLL) {
+                    var v: array<VT, UNROLL>;
+                    for (var u = 0u; u < UNROLL; u++) {
+                        v[u] = part_vector((pi0 + s + u) * HEAD_DIM + c * VW);
                     }
-                    a += v * sc[h * 2u * TILE + s];
+                    for (var u = 0u; u < UNROLL; u++) {
+                        a += v[u] * sc[h * 2u * TILE + s + u];
+                    }
+                }
+                for (; s < chunk; s++) {
+                    a += part_vector((pi0 + s) * HEAD_DIM + c * VW) * sc[h * 2u * TILE + s];
                 }
                 o[i] = a;
             }

@@ -8,7 +8,9 @@
 // min(splits, 64) invocations, the only ones that saw a split), so a
 // split's weight is computed once, not once per element of the head; then
 // each invocation takes elements of the head and sums them over the
-// splits.
+// splits, UNROLL splits' values loaded before any is used (so a merge of
+// many splits waits about splits / UNROLL memory round trips, not one per
+// split; the sum still runs in split order).
 
 struct Params {
     n_items: u32,  // decode rows
@@ -28,6 +30,7 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 64u;
+const UNROLL: u32 = 4u;
 
 var<workgroup> weight: array<f32, MAX_SPLITS>;
 var<workgroup> red: array<f32, WG>;
@@ -76,7 +79,17 @@ fn main(
     }
     for (var d = lid; d < p.hd; d += WG) {
         var a = 0.0;
-        for (var s = 0u; s < ns; s++) {
+        var s = 0u;
+        for (; s + UNROLL <= ns; s += UNROLL) {
+            var v: array<f32, UNROLL>;
+            for (var u = 0u; u < UNROLL; u++) {
+                v[u] = part[(base + s + u) * p.hd + d];
+            }
+            for (var u = 0u; u < UNROLL; u++) {
+                a += v[u] * weight[s + u];
+            }
+        }
+        for (; s < ns; s++) {
             a += part[(base + s) * p.hd + d] * weight[s];
         }
         att[r * p.q_heads * p.hd + qh * p.hd + d] = a / l;
