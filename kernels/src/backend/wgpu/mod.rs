@@ -1130,9 +1130,7 @@ impl WgpuBackend {
                 &call,
             );
         }
-        for (l, lw) in w.layers.iter().enumerate() {
-            ops.layer(l, lw, &calls);
-        }
+        ops.layers(&w.layers, &calls);
         let mut seg = Segment::default();
         if p.n_sel > 0 {
             seg.sample = ops.head(w.lm_head(), p, on_device);

@@ -16,7 +16,7 @@ use super::tensors::{LayerGpu, Matrix};
 use super::{glu_fusable, norm_fusable, rope_fusable, Dims};
 
 /// Which pipeline a recorded dispatch uses.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pipe {
     Weight(WeightKernel, WeightDtype),
     Norm,
@@ -29,7 +29,7 @@ pub(super) enum Pipe {
 }
 
 /// Which bind group a recorded dispatch uses.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Bind {
     Embed(usize),
     NormIn(usize),
@@ -57,13 +57,43 @@ pub(super) enum Bind {
 }
 
 /// One dispatch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Op {
     pub(super) pipe: Pipe,
     pub(super) bind: Bind,
     /// Offset of its parameter block in the step's arena.
     pub(super) param: u32,
     pub(super) groups: [u32; 2],
+}
+
+impl Bind {
+    /// The same bind group of layer `l` (unchanged for those outside the
+    /// layers).
+    fn at_layer(self, l: usize) -> Bind {
+        match self {
+            Bind::NormIn(_) => Bind::NormIn(l),
+            Bind::NormPost(_) => Bind::NormPost(l),
+            Bind::Qkv(_, c) => Bind::Qkv(l, c),
+            Bind::O(_, c) => Bind::O(l, c),
+            Bind::GateUp(_, c) => Bind::GateUp(l, c),
+            Bind::Glu(_) => Bind::Glu(l),
+            Bind::QkvNormed(_, c) => Bind::QkvNormed(l, c),
+            Bind::QkvRope(_) => Bind::QkvRope(l),
+            Bind::QkvRopeNormed(_) => Bind::QkvRopeNormed(l),
+            Bind::GateUpNormed(_, c) => Bind::GateUpNormed(l, c),
+            Bind::GluNormed(_) => Bind::GluNormed(l),
+            Bind::Down(_, c) => Bind::Down(l, c),
+            Bind::RopeKv(_) => Bind::RopeKv(l),
+            Bind::Decode(_) => Bind::Decode(l),
+            Bind::Prefill(_) => Bind::Prefill(l),
+            Bind::Embed(_)
+            | Bind::NormFinal
+            | Bind::Head(_)
+            | Bind::Merge
+            | Bind::Silu
+            | Bind::Sample => self,
+        }
+    }
 }
 
 impl Op {
@@ -289,9 +319,42 @@ impl PassOps<'_> {
         }
     }
 
+    /// Every layer of `layers` in order, each planned as [`PassOps::layer`]
+    /// plans it; but a layer whose matrices are planned like an earlier
+    /// one's ([`LayerGpu::plans_like`]: every layer of most models) takes a
+    /// copy of that layer's dispatches on its own bind groups, the same
+    /// parameter blocks and grids, without planning them again. Debug
+    /// builds plan it as well and check the copy.
+    pub(super) fn layers(&mut self, layers: &[LayerGpu], c: &LayerCalls) {
+        // (a layer planned in full, the range of its dispatches)
+        let mut planned: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        for (l, lw) in layers.iter().enumerate() {
+            let like = planned.iter().find(|(p, _)| layers[*p].plans_like(lw));
+            if let Some((_, range)) = like {
+                let start = self.ops.len();
+                for i in range.clone() {
+                    let op = self.ops[i];
+                    self.ops.push(Op {
+                        bind: op.bind.at_layer(l),
+                        ..op
+                    });
+                }
+                if cfg!(debug_assertions) {
+                    let copied = self.ops.split_off(start);
+                    self.layer(l, lw, c);
+                    assert_eq!(self.ops[start..], copied[..], "layer {l}");
+                }
+            } else {
+                let start = self.ops.len();
+                self.layer(l, lw, c);
+                planned.push((l, start..self.ops.len()));
+            }
+        }
+    }
+
     /// Layer `l`: attention, then the MLP, each adding into the residual
     /// stream x, which the norms read.
-    pub(super) fn layer(&mut self, l: usize, lw: &LayerGpu, c: &LayerCalls) {
+    fn layer(&mut self, l: usize, lw: &LayerGpu, c: &LayerCalls) {
         let d = self.dims;
         let norm_in = self.norm_in(&lw.qkv);
         if !norm_in {

@@ -34,6 +34,20 @@ pub(crate) struct Matrix {
 }
 
 impl Matrix {
+    /// Whether a product through `other` is planned as one through this
+    /// matrix: the same chunks (rows and storage types) over as many
+    /// inputs, with a bias or without alike.
+    pub(crate) fn plans_like(&self, other: &Matrix) -> bool {
+        self.in_dim == other.in_dim
+            && self.bias.is_some() == other.bias.is_some()
+            && self.chunks.len() == other.chunks.len()
+            && self
+                .chunks
+                .iter()
+                .zip(&other.chunks)
+                .all(|(a, b)| (a.row0, a.rows, a.dtype) == (b.row0, b.rows, b.dtype))
+    }
+
     /// Bytes the matrix takes on the device (its bias aside).
     pub(crate) fn bytes(&self) -> u64 {
         self.chunks
@@ -213,6 +227,17 @@ pub(crate) struct ModelGpu {
     pub(crate) layers: Vec<LayerGpu>,
     /// Bytes of one layer's K (or V) pool.
     pub(crate) kv_bytes: u64,
+}
+
+impl LayerGpu {
+    /// Whether `other`'s dispatches are this layer's on other bind groups
+    /// (its four matrices planned alike: [`Matrix::plans_like`]).
+    pub(crate) fn plans_like(&self, other: &LayerGpu) -> bool {
+        self.qkv.plans_like(&other.qkv)
+            && self.o.plans_like(&other.o)
+            && self.gate_up.plans_like(&other.gate_up)
+            && self.down.plans_like(&other.down)
+    }
 }
 
 impl ModelGpu {
