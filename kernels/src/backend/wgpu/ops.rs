@@ -1,6 +1,7 @@
 //! A pass's dispatches as the backend records them: which pipeline and
 //! bind group each uses, its parameter block's offset in the step's arena,
-//! and the order of a layer's kernels with the fusions that apply. The
+//! and the order of a layer's kernels with the fusions that apply (layers
+//! planned alike share one plan: [`PassOps::layers`]). The
 //! blocks come from the planners ([`super::params`], [`super::attn`],
 //! [`Product::calls`]); nothing here spells a kernel's words.
 
