@@ -87,8 +87,8 @@
 //! * Pipelines and bind groups are built once; bind groups that name
 //!   per-step buffers are rebuilt only when one of those buffers grows.
 //!   Each step's dispatches are planned on the host, a layer planned like
-//!   an earlier one (the same chunks and storage types) copying that
-//!   layer's dispatches onto its own bind groups.
+//!   an earlier one (the same inputs, chunks, storage types and biases)
+//!   copying that layer's dispatches onto its own bind groups.
 //!
 //! Sampling happens on the device as well (`shaders/sample.wgsl`, one
 //! workgroup per row), by the rule of the one shared [`crate::sampler`]:
