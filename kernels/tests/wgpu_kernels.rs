@@ -8,7 +8,9 @@ mod wgpu_support;
 
 use tokenwire_core::rng::Rng;
 use tokenwire_core::SamplingParams;
-use tokenwire_kernels::backend::wgpu::lab::{AttnKernel, HeadShape, KernelLab, LabProduct, LabSeq};
+use tokenwire_kernels::backend::wgpu::lab::{
+    AttnKernel, HeadShape, KernelLab, LabProduct, LabSeq, RopeCase,
+};
 use tokenwire_kernels::backend::wgpu::{SplitPolicy, WeightDtype, WgpuOptions};
 use tokenwire_kernels::gguf::{GgmlType, GgufFile};
 use tokenwire_kernels::{rope, sample, RopeScaling, WeightMatrix};
@@ -863,7 +865,16 @@ fn wgpu_rope_matches_cpu_rotation() {
         let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
         let pool = vec![0.0; pool_blocks * kv_heads * block_size * head_dim];
         let got = lab
-            .rope_kv(&qkv, &shape, &seqs, &inv, &pool, &pool)
+            .rope_kv(
+                &qkv,
+                &RopeCase {
+                    shape: &shape,
+                    seqs: &seqs,
+                    inv_freq: &inv,
+                    k_pool: &pool,
+                    v_pool: &pool,
+                },
+            )
             .expect("rope_kv")
             .qkv;
         let mut want = qkv.clone();
@@ -904,7 +915,16 @@ fn wgpu_rope_kv_writes_the_cache_through_the_slot_mapping() {
         let v0 = uniform(&mut rng, pool, 1.0);
         let qkv = uniform(&mut rng, rows * shape.qkv_width(), 2.0);
         let out = lab
-            .rope_kv(&qkv, &shape, &seqs, &inv, &k0, &v0)
+            .rope_kv(
+                &qkv,
+                &RopeCase {
+                    shape: &shape,
+                    seqs: &seqs,
+                    inv_freq: &inv,
+                    k_pool: &k0,
+                    v_pool: &v0,
+                },
+            )
             .expect("rope_kv");
         let rotated = &out.qkv;
         let (mut wk, mut wv) = (k0.clone(), v0.clone());
@@ -985,19 +1005,15 @@ fn wgpu_fused_qkv_rope_matches_product_then_rope_kv() {
                 "split_k {split_k}, {shape:?}, {dtype:?}, k {k}, {rows} rows, bias {}",
                 bias.is_some()
             );
+            let case = RopeCase {
+                shape: &shape,
+                seqs: &seqs,
+                inv_freq: &inv,
+                k_pool: &k0,
+                v_pool: &v0,
+            };
             let fused = lab
-                .qkv_rope(
-                    &x,
-                    &w,
-                    k,
-                    bias.as_deref(),
-                    dtype,
-                    &shape,
-                    &seqs,
-                    &inv,
-                    &k0,
-                    &v0,
-                )
+                .qkv_rope(&x, &w, k, bias.as_deref(), dtype, &case)
                 .expect("qkv_rope");
             let y = lab
                 .linear(
@@ -1011,9 +1027,7 @@ fn wgpu_fused_qkv_rope_matches_product_then_rope_kv() {
                     None,
                 )
                 .expect("linear");
-            let apart = lab
-                .rope_kv(&y, &shape, &seqs, &inv, &k0, &v0)
-                .expect("rope_kv");
+            let apart = lab.rope_kv(&y, &case).expect("rope_kv");
             for (name, got, want) in [
                 ("q|k|v", &fused.qkv, &apart.qkv),
                 ("K pool", &fused.k, &apart.k),

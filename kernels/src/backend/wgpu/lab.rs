@@ -98,6 +98,24 @@ pub struct RopeKvOut {
     pub v: Vec<f32>,
 }
 
+/// What RoPE and the K/V write take besides the q|k|v rows
+/// ([`KernelLab::rope_kv`], [`KernelLab::qkv_rope`]): the heads, the
+/// sequences (the rows' positions and slots), the inverse frequencies, and
+/// the pools the write goes into copies of.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeCase<'a> {
+    /// The heads and the cache's block size.
+    pub shape: &'a HeadShape,
+    /// The sequences, their rows in order.
+    pub seqs: &'a [LabSeq],
+    /// RoPE's inverse frequencies (`head_dim / 2`).
+    pub inv_freq: &'a [f64],
+    /// The K pool before the write.
+    pub k_pool: &'a [f32],
+    /// The V pool before the write.
+    pub v_pool: &'a [f32],
+}
+
 /// Runs single kernels of the wgpu backend.
 pub struct KernelLab {
     gpu: Gpu,
@@ -630,18 +648,17 @@ impl KernelLab {
     }
 
     /// RoPE on the query and key heads of fused q|k|v rows (`[rows,
-    /// qkv_width]`), positions from `seqs`, frequencies `inv_freq`, and the
-    /// write of each row's rotated K and its V into copies of the pools
-    /// `k_pool` / `v_pool` through the slots of `seqs` (rope_kv.wgsl).
-    pub fn rope_kv(
-        &mut self,
-        qkv: &[f32],
-        shape: &HeadShape,
-        seqs: &[LabSeq],
-        inv_freq: &[f64],
-        k_pool: &[f32],
-        v_pool: &[f32],
-    ) -> Result<RopeKvOut, String> {
+    /// qkv_width]`), positions from `case.seqs`, and the write of each
+    /// row's rotated K and its V into copies of the case's pools through
+    /// the slots of its sequences (rope_kv.wgsl).
+    pub fn rope_kv(&mut self, qkv: &[f32], case: &RopeCase<'_>) -> Result<RopeKvOut, String> {
+        let RopeCase {
+            shape,
+            seqs,
+            inv_freq,
+            k_pool,
+            v_pool,
+        } = *case;
         let (words, p) = self.plan(seqs, inv_freq, Self::limits(shape, 1))?;
         let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
@@ -663,7 +680,6 @@ impl KernelLab {
     /// of `seqs` (x is `[rows, in_dim]`, W the stacked `[qkv_width, in_dim]`
     /// stored as `dtype`, its values rounded first, one chunk), then what
     /// [`KernelLab::rope_kv`] does to y and copies of the pools.
-    #[allow(clippy::too_many_arguments)]
     pub fn qkv_rope(
         &mut self,
         x: &[f32],
@@ -671,12 +687,15 @@ impl KernelLab {
         in_dim: usize,
         bias: Option<&[f32]>,
         dtype: WeightDtype,
-        shape: &HeadShape,
-        seqs: &[LabSeq],
-        inv_freq: &[f64],
-        k_pool: &[f32],
-        v_pool: &[f32],
+        case: &RopeCase<'_>,
     ) -> Result<RopeKvOut, String> {
+        let RopeCase {
+            shape,
+            seqs,
+            inv_freq,
+            k_pool,
+            v_pool,
+        } = *case;
         self.pipes.ensure_weights(&self.gpu, dtype);
         let chunks = self.chunks(w, in_dim, dtype, None)?;
         let [c] = chunks.as_slice() else {
