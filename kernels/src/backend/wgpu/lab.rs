@@ -652,26 +652,45 @@ impl KernelLab {
     /// row's rotated K and its V into copies of the case's pools through
     /// the slots of its sequences (rope_kv.wgsl).
     pub fn rope_kv(&mut self, qkv: &[f32], case: &RopeCase<'_>) -> Result<RopeKvOut, String> {
-        let RopeCase {
-            shape,
-            seqs,
-            inv_freq,
-            k_pool,
-            v_pool,
-        } = *case;
-        let (words, p) = self.plan(seqs, inv_freq, Self::limits(shape, 1))?;
-        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
+        let (p, [planb, kb, vb]) = self.rope_buffers(case)?;
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
-        let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
-        let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
         let bg = self.bind(&self.pipes.layouts.rope_kv, &[&planb, &qb, &kb, &vb]);
-        let call = attn::rope_kv_call(&Self::attn_model(shape), &p);
+        let call = attn::rope_kv_call(&Self::attn_model(case.shape), &p);
         let d = [(&self.pipes.rope_kv, &bg, call)];
         let q = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
+        self.rope_out(&q, &kb, &vb, case)
+    }
+
+    /// A RoPE case's pass and, on the device, its `plan` words and copies
+    /// of its K and V pools.
+    fn rope_buffers(
+        &self,
+        case: &RopeCase<'_>,
+    ) -> Result<(plan::Pass, [::wgpu::Buffer; 3]), String> {
+        let (words, p) = self.plan(case.seqs, case.inv_freq, Self::limits(case.shape, 1))?;
+        Ok((
+            p,
+            [
+                self.upload("lab.plan", bytemuck::cast_slice(&words)),
+                self.upload("lab.k", bytemuck::cast_slice(case.k_pool)),
+                self.upload("lab.v", bytemuck::cast_slice(case.v_pool)),
+            ],
+        ))
+    }
+
+    /// What a RoPE case leaves: the q|k|v rows read back (`qkv`), and the
+    /// pools `kb` and `vb`.
+    fn rope_out(
+        &self,
+        qkv: &[u8],
+        kb: &::wgpu::Buffer,
+        vb: &::wgpu::Buffer,
+        case: &RopeCase<'_>,
+    ) -> Result<RopeKvOut, String> {
         Ok(RopeKvOut {
-            qkv: f32s(&q),
-            k: self.read(&kb, k_pool.len())?,
-            v: self.read(&vb, v_pool.len())?,
+            qkv: f32s(qkv),
+            k: self.read(kb, case.k_pool.len())?,
+            v: self.read(vb, case.v_pool.len())?,
         })
     }
 
@@ -689,13 +708,6 @@ impl KernelLab {
         dtype: WeightDtype,
         case: &RopeCase<'_>,
     ) -> Result<RopeKvOut, String> {
-        let RopeCase {
-            shape,
-            seqs,
-            inv_freq,
-            k_pool,
-            v_pool,
-        } = *case;
         self.pipes.ensure_weights(&self.gpu, dtype);
         let chunks = self.chunks(w, in_dim, dtype, None)?;
         let [c] = chunks.as_slice() else {
@@ -704,18 +716,15 @@ impl KernelLab {
                 chunks.len()
             ));
         };
-        let width = shape.qkv_width();
+        let width = case.shape.qkv_width();
         if w.len() != width * in_dim {
             return Err(format!("W has {} values, not {width} x {in_dim}", w.len()));
         }
-        let (words, p) = self.plan(seqs, inv_freq, Self::limits(shape, 1))?;
+        let (p, [planb, kb, vb]) = self.rope_buffers(case)?;
         let rows = p.rows as usize;
-        let planb = self.upload("lab.plan", bytemuck::cast_slice(&words));
         let xb = self.upload("lab.x", bytemuck::cast_slice(x));
         let bb = self.upload("lab.b", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let yb = self.output("lab.qkv", rows * width);
-        let kb = self.upload("lab.k", bytemuck::cast_slice(k_pool));
-        let vb = self.upload("lab.v", bytemuck::cast_slice(v_pool));
         let bg = self.gpu.storage_bind_group_at(
             &self.pipes.layouts.mat_rope,
             "lab",
@@ -739,17 +748,13 @@ impl KernelLab {
             bias: bias.is_some(),
             kernel: Kernel::MatVec,
             split_k: self.pipes.split_k,
-            pair: Pair::Rope(attn::rope_fuse(&Self::attn_model(shape), &p)),
+            pair: Pair::Rope(attn::rope_fuse(&Self::attn_model(case.shape), &p)),
             norm_eps: None,
             accumulate: false,
         };
         let dispatches = self.product_dispatches(&product, c.dtype, &bg)?;
         let q = self.run(&dispatches, (&yb, 4 * (rows * width) as u64))?;
-        Ok(RopeKvOut {
-            qkv: f32s(&q),
-            k: self.read(&kb, k_pool.len())?,
-            v: self.read(&vb, v_pool.len())?,
-        })
+        self.rope_out(&q, &kb, &vb, case)
     }
 
     /// Whether decode attention folds its merge into the last split here
