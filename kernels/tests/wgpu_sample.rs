@@ -680,6 +680,65 @@ fn wgpu_sample_top_p_near_zero_and_near_one() {
 }
 
 #[test]
+fn wgpu_sample_ties_resolve_to_the_lower_id() {
+    // Rows of a few distinct values, so top-k and top-p cuts and draws land
+    // inside runs of equal scaled values: the kernel's search then resolves
+    // the run by its ids' bytes (lower ids first, as the sampler's order),
+    // over one, two and three id bytes.
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(77);
+    let mut tally = Tally::default();
+    let levels = [-1.0f32, 0.0, 0.5, 0.5, 1.0, 1.0, 1.0, 2.0];
+    for vocab in [200usize, 4099, 70_000] {
+        let rows = 8;
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| {
+                // About 1 in 64 elements holds the top value.
+                if rng.below(64) == 0 {
+                    3.0
+                } else {
+                    pick(&mut rng, &levels)
+                }
+            })
+            .collect();
+        for (k, top_p, temperature) in [
+            (0, 1.0, 1.0),
+            (3, 1.0, 0.7),
+            (40, 0.47, 1.0),
+            (0, 0.3, 1.0),
+            (0, 0.9, 2.0),
+        ] {
+            let specs: Vec<LabSample> = (0..rows)
+                .map(|r| LabSample {
+                    params: SamplingParams {
+                        temperature,
+                        top_p,
+                        top_k: k,
+                        seed: rng.next_u64(),
+                        ..SamplingParams::default()
+                    },
+                    position: r as u32,
+                    history: Vec::new(),
+                    logprobs: None,
+                })
+                .collect();
+            compare(
+                &mut lab,
+                &format!("ties: vocab {vocab} top_k {k} top_p {top_p} t {temperature}"),
+                &logits,
+                vocab,
+                &specs,
+                3,
+                &mut tally,
+            );
+        }
+    }
+    eprintln!("{tally:?}");
+    assert!(tally.compared >= 100, "{tally:?}");
+    assert!(tally.skipped * 20 <= tally.compared, "{tally:?}");
+}
+
+#[test]
 fn wgpu_sample_logprobs_match_log_softmax() {
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(34);

@@ -128,7 +128,8 @@ fn experimental_features() -> ::wgpu::ExperimentalFeatures {
 /// undefined behaviour: every loop in `shaders/` ends by construction (a
 /// counter moving by a positive constant, a power of two, or a parameter
 /// the host sets to at least 1, towards a bound; sample.wgsl's searches
-/// halve an interval or advance a bit index each turn). The second and
+/// advance a byte index each turn, and their scans step down through 16
+/// groups and 16 buckets). The second and
 /// last unsafe call of the backend.
 #[allow(unsafe_code)]
 fn unbounded_loops_module(

@@ -102,8 +102,12 @@
 //!
 //! Nothing is sorted: the k-th best, the top-p cut and the draw are each
 //! the first element of the sampler's order whose prefix reaches a target,
-//! found by bisection over order-preserving keys and then over ids, one pass
-//! and one workgroup reduction per step. Counts and comparisons are exact,
+//! found by radix select: a pass sums the count and mass of the remaining
+//! candidates into 256 workgroup buckets by the next byte of their
+//! order-preserving keys (then of their ids, for ties), and a scan of the
+//! buckets picks the one where the target falls; a bucket of one element
+//! ends the search (at most 4 passes for the key, then the ids' bytes when
+//! the target falls in a run of equal keys). Counts and comparisons are exact,
 //! so greedy and top-k pick what the CPU picks. Masses are exact 64-bit
 //! integer sums of each weight exp(s - max) rounded to 2^-31, and the
 //! top-p and draw targets are exact products with 32-bit fractions, so a

@@ -14,17 +14,25 @@
 //   u * kept mass (u uploaded by the host, drawn exactly as the CPU sampler
 //   draws it). With neither top-k nor top-p the CPU sampler accumulates in id
 //   order, and so does this kernel.
-// * Nothing is sorted. Every "first element of the order whose prefix
-//   reaches X" is found by bisection: s maps to an order-preserving u32 key,
-//   32 halvings over the key space find the threshold key, and a second
-//   bisection over ids (ascending) resolves ties at that key. Each step is one
-//   pass over the row and a workgroup-wide count or mass sum (per invocation
-//   partial sums, then GROUPS x FAN in workgroup memory: two barriers, no
-//   subgroup operations). A prefix of the order is named (K, I): every
-//   element with key > K, and those with key == K and id <= I.
+// * Nothing is sorted. s maps to an order-preserving u32 key, and every
+//   "first element of the order whose prefix reaches X" is found by radix
+//   select (`search`): a pass over the row sums the count and mass of the
+//   candidates into 256 buckets by the key's next 8 bits (workgroup atomics),
+//   and a scan of the buckets from the top finds the one where the running
+//   sum reaches X; the next pass looks only inside it. Four passes fix the
+//   key; ties at that key are resolved the same way over the ids' bits
+//   (ascending), and a bucket holding a single element ends the search early.
+//   A search over a 32000-entry row takes at most 6 passes (bisection took
+//   about 48). Whole-row sums and argmaxes are one pass and a
+//   workgroup reduction (per invocation partial sums, then GROUPS x FAN in
+//   workgroup memory: two barriers, no subgroup operations). A prefix of the
+//   order is named (K, I): every element with key > K, and those with key ==
+//   K and id <= I.
 // * Masses are exact sums: each weight exp(s - max) (f32, in [0, 1]) is
 //   rounded to a multiple of 2^-31 and summed as a 64-bit integer (two u32
-//   words), so a sum does not depend on the order of the additions, grows
+//   words, the low word's carries counted into the high word even when
+//   added atomically), so a sum does not depend on the order of the
+//   additions, grows
 //   with every element added, and differs from the CPU sampler's f64 sums
 //   only by the rounding of each f32 exp (and 2^-32 per element). The
 //   top-p and draw targets are p * total and u * kept with p and u as 32-bit
@@ -103,6 +111,19 @@ var<workgroup> part_k: array<u32, WG>;
 var<workgroup> part_i: array<u32, WG>;
 var<workgroup> mid_k: array<u32, GROUPS>;
 var<workgroup> mid_i: array<u32, GROUPS>;
+// The radix select's buckets: mass (high, low words), count and smallest id
+// of the candidates whose next 8 bits of the order are the bucket's, and the
+// sums of 16 buckets each.
+const RADIX: u32 = 256u;
+const BUCKET_GROUPS: u32 = 16u;
+const PER_GROUP: u32 = RADIX / BUCKET_GROUPS;
+var<workgroup> bk_hi: array<atomic<u32>, RADIX>;
+var<workgroup> bk_lo: array<atomic<u32>, RADIX>;
+var<workgroup> bk_c: array<atomic<u32>, RADIX>;
+var<workgroup> bk_id: array<atomic<u32>, RADIX>;
+var<workgroup> grp_hi: array<u32, BUCKET_GROUPS>;
+var<workgroup> grp_lo: array<u32, BUCKET_GROUPS>;
+var<workgroup> grp_c: array<u32, BUCKET_GROUPS>;
 
 // The same in every invocation of the workgroup.
 var<private> lid: u32;
@@ -110,6 +131,13 @@ var<private> base: u32; // the row's first word in `logits`
 var<private> n: u32;    // vocabulary
 var<private> temp: f32; // temperature
 var<private> mx: f32;   // the maximum weights are taken against (finite)
+// This invocation's run of consecutive candidates in one bucket, added to
+// the buckets at once (most candidates of the first pass share a handful of
+// buckets: one atomic per run, not per element).
+var<private> run_b: u32; // bucket, or NONE
+var<private> run_m: vec2<u32>;
+var<private> run_c: u32;
+var<private> run_id: u32; // the run's first (smallest) id
 
 // Penalised logit j, NaN as -inf.
 fn work(j: u32) -> f32 {
@@ -317,8 +345,7 @@ fn best_of(kind: u32, pk: u32, pi: u32) -> vec2<u32> {
 }
 
 // What sum_of adds up.
-const S_COUNT: u32 = 0u; // count of prefix (pk, pi) of the scaled order
-const S_MASS: u32 = 1u;  // count and mass of that prefix
+const S_MASS: u32 = 1u;  // count and mass of prefix (pk, pi) of the scaled order
 const S_IDS: u32 = 2u;   // mass of ids 0..=pi (id order)
 const S_LSE: u32 = 3u;   // mass of the penalised row against mx
 
@@ -328,9 +355,6 @@ fn term(kind: u32, j: u32, pk: u32, pi: u32) -> vec2<u32> {
         return vec2<u32>(0u, 0u);
     }
     switch kind {
-        case S_COUNT: {
-            return vec2<u32>(0u, select(0u, 1u, in_prefix(okey(scaled(j)), j, pk, pi)));
-        }
         case S_MASS: {
             let s = scaled(j);
             if (in_prefix(okey(s), j, pk, pi)) {
@@ -373,67 +397,211 @@ fn sum_of(kind: u32, pk: u32, pi: u32) -> Sum {
 // What a search looks for: the first prefix whose count or mass meets a goal.
 const COUNT_GE: u32 = 0u; // count >= goal_c (scaled order)
 const MASS_GE: u32 = 1u;  // mass >= goal_m (scaled order)
-const MASS_GT: u32 = 2u;  // mass > goal_m (scaled order)
-const IDS_GT: u32 = 3u;   // mass > goal_m (id order: the prefix is ids 0..=I)
+const MASS_GT: u32 = 2u;  // mass > goal_m (scaled order, or id order by_id)
+const MEASURE: u32 = 3u;  // no search: the mass of the bound itself
 
 struct Found {
     key: u32,
     id: u32,
-    m: vec2<u32>, // mass of the prefix (key, id), cut to the bound
+    m: vec2<u32>, // mass of the prefix (key, id), cut to `bound`
 }
 
-// Bisection for the first element (key, id) whose prefix, cut to `bound`,
-// meets the goal; the caller knows that the whole bound does. Starting with
-// b = 32 and lo == hi only measures the prefix (key0, lo). One pass per step,
-// all through the one sum_of below (the kernel inlines every call).
+fn meets(mode: u32, m: vec2<u32>, c: u32, goal_m: vec2<u32>, goal_c: u32) -> bool {
+    if (mode == COUNT_GE) {
+        return c >= goal_c;
+    }
+    if (mode == MASS_GE) {
+        return ge64(m, goal_m);
+    }
+    return gt64(m, goal_m);
+}
+
+// Whether a and b agree above bit s + 7 (always, when there are none).
+fn same_above(a: u32, b: u32, s: u32) -> bool {
+    return s + 8u >= 32u || (a >> (s + 8u)) == (b >> (s + 8u));
+}
+
+// Element j as a candidate of a radix pass: (bucket, mass units), or
+// (NONE, 0) when it lies outside `bound` or outside the buckets chosen so
+// far. Key passes bucket the key's bits s..s+7 (key prefix kp fixed above
+// them); id passes take the elements whose key is kp (every element by_id)
+// and bucket their ids' bits s..s+7 reversed, so the scan from the top
+// meets lower ids first.
+fn radix_term(
+    j: u32,
+    key_pass: bool,
+    s: u32,
+    kp: u32,
+    ip: u32,
+    by_id: bool,
+    bound: vec2<u32>,
+    mass: bool,
+) -> vec2<u32> {
+    if (j >= n) {
+        return vec2<u32>(NONE, 0u);
+    }
+    let x = scaled(j);
+    var d = NONE;
+    if (by_id) {
+        if (same_above(j, ip, s)) {
+            d = 255u - ((j >> s) & 255u);
+        }
+    } else {
+        let k = okey(x);
+        if (in_prefix(k, j, bound.x, bound.y)) {
+            if (key_pass) {
+                if (same_above(k, kp, s)) {
+                    d = (k >> s) & 255u;
+                }
+            } else if (k == kp && same_above(j, ip, s)) {
+                d = 255u - ((j >> s) & 255u);
+            }
+        }
+    }
+    if (d == NONE || !mass) {
+        return vec2<u32>(d, 0u);
+    }
+    return vec2<u32>(d, units(x - mx));
+}
+
+fn flush_run() {
+    if (run_b == NONE) {
+        return;
+    }
+    let old = atomicAdd(&bk_lo[run_b], run_m.y);
+    let hi = run_m.x + select(0u, 1u, old + run_m.y < old);
+    if (hi != 0u) {
+        atomicAdd(&bk_hi[run_b], hi);
+    }
+    atomicAdd(&bk_c[run_b], run_c);
+    atomicMin(&bk_id[run_b], run_id);
+    run_b = NONE;
+}
+
+fn add_run(t: vec2<u32>, j: u32) {
+    if (t.x == NONE) {
+        return;
+    }
+    if (t.x != run_b) {
+        flush_run();
+        run_b = t.x;
+        run_m = vec2<u32>(0u, 0u);
+        run_c = 0u;
+        run_id = j;
+    }
+    run_m = add64(run_m, vec2<u32>(0u, t.y));
+    run_c += 1u;
+}
+
+fn bucket_mass(b: u32) -> vec2<u32> {
+    return vec2<u32>(atomicLoad(&bk_hi[b]), atomicLoad(&bk_lo[b]));
+}
+
+// The first element (key, id) of the order (scaled, or ids ascending with
+// by_id) whose prefix, cut to `bound`, meets the goal; the caller knows that
+// the whole bound does. MEASURE only sums the bound. The kernel inlines
+// every call, so there is one call site (in `draw`).
 fn search(
     mode: u32,
     bound: vec2<u32>,
     goal_m: vec2<u32>,
     goal_c: u32,
-    b0: u32,
-    key0: u32,
-    lo0: u32,
-    hi0: u32,
+    by_id: bool,
 ) -> Found {
-    var b = b0;
-    var key = key0;
-    var lo = lo0;
-    var hi = hi0;
-    let kind = select(select(S_MASS, S_COUNT, mode == COUNT_GE), S_IDS, mode == IDS_GT);
+    if (mode == MEASURE) {
+        let kind = select(S_MASS, S_IDS, by_id);
+        return Found(bound.x, bound.y, sum_of(kind, bound.x, bound.y).m);
+    }
+    let mass = mode != COUNT_GE;
+    // Passes 0-3 take the key's bytes from the top; then the ids' bytes,
+    // as many as the largest id has.
+    let id_bytes = (39u - countLeadingZeros(max(n - 1u, 1u))) / 8u;
+    let end = 4u + id_bytes;
+    var level = select(0u, 4u, by_id);
+    var kp = 0u;
+    var ip = 0u;
+    var above = vec2<u32>(0u, 0u); // before the buckets scanned
+    var above_c = 0u;
     var found = Found(0u, 0u, vec2<u32>(0u, 0u));
     loop {
-        // Stage 1 (b < 32): the largest key K whose prefix (K, last id)
-        // meets the goal, bit by bit. Stage 2: the smallest id at that key.
-        // Then the result's own mass.
-        var cand = vec2<u32>(key, lo);
-        if (b < 32u) {
-            cand = vec2<u32>(key | (0x80000000u >> b), n - 1u);
-        } else if (lo < hi) {
-            cand = vec2<u32>(key, lo + (hi - lo) / 2u);
+        let key_pass = level < 4u;
+        let s = select(8u * (end - 1u - level), 24u - 8u * level, key_pass);
+        for (var i = lid; i < RADIX; i += WG) {
+            atomicStore(&bk_hi[i], 0u);
+            atomicStore(&bk_lo[i], 0u);
+            atomicStore(&bk_c[i], 0u);
+            atomicStore(&bk_id[i], NONE);
         }
-        let e = shorter(cand, bound);
-        let s = sum_of(kind, e.x, e.y);
-        if (b >= 32u && lo >= hi) {
-            found = Found(key, lo, s.m);
+        workgroupBarrier();
+        run_b = NONE;
+        for (var j = lid; j < n; j += STRIDE) {
+            add_run(radix_term(j, key_pass, s, kp, ip, by_id, bound, mass), j);
+            add_run(radix_term(j + WG, key_pass, s, kp, ip, by_id, bound, mass), j + WG);
+            add_run(radix_term(j + 2u * WG, key_pass, s, kp, ip, by_id, bound, mass), j + 2u * WG);
+            add_run(radix_term(j + 3u * WG, key_pass, s, kp, ip, by_id, bound, mass), j + 3u * WG);
+            add_run(radix_term(j + 4u * WG, key_pass, s, kp, ip, by_id, bound, mass), j + 4u * WG);
+            add_run(radix_term(j + 5u * WG, key_pass, s, kp, ip, by_id, bound, mass), j + 5u * WG);
+            add_run(radix_term(j + 6u * WG, key_pass, s, kp, ip, by_id, bound, mass), j + 6u * WG);
+            add_run(radix_term(j + 7u * WG, key_pass, s, kp, ip, by_id, bound, mass), j + 7u * WG);
+        }
+        flush_run();
+        workgroupBarrier();
+        for (var g = lid; g < BUCKET_GROUPS; g += WG) {
+            var a = vec2<u32>(0u, 0u);
+            var c = 0u;
+            for (var i = 0u; i < PER_GROUP; i++) {
+                a = add64(a, bucket_mass(g * PER_GROUP + i));
+                c += atomicLoad(&bk_c[g * PER_GROUP + i]);
+            }
+            grp_hi[g] = a.x;
+            grp_lo[g] = a.y;
+            grp_c[g] = c;
+        }
+        workgroupBarrier();
+        // Every invocation scans the same sums: the group, then the bucket,
+        // where the running sum meets the goal.
+        var g = BUCKET_GROUPS - 1u;
+        loop {
+            let m = add64(above, vec2<u32>(grp_hi[g], grp_lo[g]));
+            let c = above_c + grp_c[g];
+            if (g == 0u || meets(mode, m, c, goal_m, goal_c)) {
+                break;
+            }
+            above = m;
+            above_c = c;
+            g -= 1u;
+        }
+        var b = g * PER_GROUP + PER_GROUP - 1u;
+        var bm = vec2<u32>(0u, 0u);
+        var bc = 0u;
+        loop {
+            bm = bucket_mass(b);
+            bc = atomicLoad(&bk_c[b]);
+            if (b == g * PER_GROUP || meets(mode, add64(above, bm), above_c + bc, goal_m, goal_c)) {
+                break;
+            }
+            above = add64(above, bm);
+            above_c += bc;
+            b -= 1u;
+        }
+        let first = atomicLoad(&bk_id[b]);
+        // Every invocation has read the buckets before the next pass clears them.
+        workgroupBarrier();
+        if (key_pass) {
+            kp |= b << s;
+        } else {
+            ip |= (255u - b) << s;
+        }
+        // The last pass leaves one element a bucket: ids are distinct.
+        if (bc <= 1u || level + 1u >= end) {
+            var key = 0u;
+            if (!by_id) {
+                key = okey(scaled(first));
+            }
+            found = Found(key, first, add64(above, bm));
             break;
         }
-        var ok = gt64(s.m, goal_m);
-        if (mode == COUNT_GE) {
-            ok = s.c >= goal_c;
-        } else if (mode == MASS_GE) {
-            ok = ge64(s.m, goal_m);
-        }
-        if (b < 32u) {
-            if (ok) {
-                key = cand.x;
-            }
-            b += 1u;
-        } else if (ok) {
-            hi = cand.y;
-        } else {
-            lo = cand.y + 1u;
-        }
+        level += 1u;
     }
     return found;
 }
@@ -495,7 +663,7 @@ fn draw(row: u32, flags: u32) -> u32 {
         var bound = kept;
         var goal = vec2<u32>(0u, 0u);
         var goal_c = 0u;
-        var start = vec4<u32>(0u, 0u, 0u, n - 1u); // b, key, lo, hi
+        var by_id = false;
         switch step {
             case D_TOP_K: {
                 // The first k of the order (0 < k < n, checked by the host).
@@ -503,7 +671,7 @@ fn draw(row: u32, flags: u32) -> u32 {
                 goal_c = rows[row + R_TOP_K];
             }
             case D_KEPT: {
-                start = vec4<u32>(32u, kept.x, kept.y, kept.y);
+                mode = MEASURE;
             }
             case D_TOP_P: {
                 // The shortest prefix of the kept ones reaching top_p * kept:
@@ -523,16 +691,15 @@ fn draw(row: u32, flags: u32) -> u32 {
                 goal = mul_frac(u, kept_mass, false);
             }
             case D_IDS_TOTAL: {
-                mode = IDS_GT;
-                start = vec4<u32>(32u, 0u, n - 1u, n - 1u);
+                mode = MEASURE;
+                by_id = true;
             }
             default: {
-                mode = IDS_GT;
+                by_id = true;
                 goal = mul_frac(u, kept_mass, false);
-                start = vec4<u32>(32u, 0u, 0u, n - 1u);
             }
         }
-        let f = search(mode, bound, goal, goal_c, start.x, start.y, start.z, start.w);
+        let f = search(mode, bound, goal, goal_c, by_id);
         switch step {
             case D_TOP_K: {
                 kept = vec2<u32>(f.key, f.id);
