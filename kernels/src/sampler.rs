@@ -135,6 +135,25 @@ fn argmax(xs: &[f32]) -> TokenId {
     (first * LANES + at) as TokenId
 }
 
+/// The draw over `kept` (a prefix of the order): the first entry whose
+/// cumulative weight exceeds `u`, where `weight(i)` is the weight of entry
+/// i. Rounding can leave `u` just above the last cumulative sum: then the
+/// last entry with any weight (a masked one has none).
+fn pick(kept: &[u32], u: f64, weight: impl Fn(usize) -> f64) -> TokenId {
+    let mut cum = 0.0;
+    for (i, &id) in kept.iter().enumerate() {
+        cum += weight(i);
+        if u < cum {
+            return id;
+        }
+    }
+    let last = (0..kept.len())
+        .rev()
+        .find(|&i| weight(i) > 0.0)
+        .unwrap_or(kept.len() - 1);
+    kept[last]
+}
+
 impl Sampler {
     /// A sampler with empty scratch.
     pub fn new() -> Sampler {
@@ -270,18 +289,31 @@ impl Sampler {
         self.scaled.clear();
         self.scaled.extend(self.work.iter().map(|&x| x / t));
         let n = self.scaled.len();
-        self.order.clear();
-        self.order.extend(0..n as u32);
-        let work = &self.scaled;
         let k = params.top_k as usize;
         let top_p = params.top_p;
         let use_top_p = top_p > 0.0 && top_p < 1.0;
-        if k > 0 && k < n {
+        let top_k = k > 0 && k < n;
+        if use_top_p && !top_k {
+            let m = self
+                .scaled
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            // A +inf makes every weight of the order NaN, which the general
+            // path below handles (it takes the last of the order).
+            if m.is_finite() {
+                return self.draw_top_p(top_p, m, draw_uniform(params.seed, position));
+            }
+        }
+        self.order.clear();
+        self.order.extend(0..n as u32);
+        let work = &self.scaled;
+        if top_k {
             self.order
                 .select_nth_unstable_by(k - 1, |&a, &b| better(work, a, b));
             self.order.truncate(k);
         }
-        if use_top_p || (k > 0 && k < n) {
+        if use_top_p || top_k {
             self.order.sort_unstable_by(|&a, &b| better(work, a, b));
         }
         let m = self
@@ -315,20 +347,53 @@ impl Sampler {
             }
         }
         let u = draw_uniform(params.seed, position) * kept_mass;
+        let weights = &self.weights;
+        pick(&self.order[..kept], u, |i| weights[i])
+    }
+
+    /// Top-p without top-k over `self.scaled` (maximum `m`, finite): the
+    /// same cut and draw as sorting the whole row, but only the best part
+    /// of the order is sorted, in growing slices, each the best of what
+    /// is left (`select_nth_unstable_by`), until the prefix reaches the
+    /// target. The prefix sums run in the order's sequence as before; the
+    /// total is summed in id order, so it can differ from a sorted sum in
+    /// its last bits.
+    fn draw_top_p(&mut self, top_p: f32, m: f32, uniform: f64) -> TokenId {
+        let work = &self.scaled;
+        let n = work.len();
+        self.weights.clear();
+        self.weights
+            .extend(work.iter().map(|&x| ((x - m) as f64).exp()));
+        let total: f64 = self.weights.iter().sum();
+        let target = top_p as f64 * total;
+        self.order.clear();
+        self.order.extend(0..n as u32);
+        let mut kept = n;
+        let mut kept_mass = total;
         let mut cum = 0.0;
-        for (i, w) in self.weights[..kept].iter().enumerate() {
-            cum += w;
-            if u < cum {
-                return self.order[i];
+        let (mut start, mut slice) = (0, 256);
+        'slices: while start < n {
+            let end = (start + slice).min(n);
+            let rest = &mut self.order[start..];
+            if end < n {
+                rest.select_nth_unstable_by(end - start - 1, |&a, &b| better(work, a, b));
             }
+            rest[..end - start].sort_unstable_by(|&a, &b| better(work, a, b));
+            for i in start..end {
+                cum += self.weights[self.order[i] as usize];
+                if cum >= target {
+                    kept = i + 1;
+                    kept_mass = cum;
+                    break 'slices;
+                }
+            }
+            start = end;
+            slice *= 4;
         }
-        // Rounding can leave u just above the last cumulative sum: the last
-        // kept token with any weight (a masked one has none).
-        let last = self.weights[..kept]
-            .iter()
-            .rposition(|&w| w > 0.0)
-            .unwrap_or(kept - 1);
-        self.order[last]
+        let (order, weights) = (&self.order, &self.weights);
+        pick(&order[..kept], uniform * kept_mass, |i| {
+            weights[order[i] as usize]
+        })
     }
 
     fn logprobs(&mut self, token: TokenId, n: u8) -> TokenLogprobs {

@@ -341,3 +341,106 @@ proptest! {
         prop_assert_eq!(t, want, "{:?} with logprobs", row);
     }
 }
+
+/// Top-p as a full sort of the row would draw it: the order (value
+/// descending, then id), weights exp(s - max) in f64, the total summed in
+/// id order, the shortest prefix reaching top_p of it, then the draw.
+fn top_p_by_full_sort(logits: &[f32], temperature: f32, top_p: f32, u: f64) -> u32 {
+    let s: Vec<f32> = logits
+        .iter()
+        .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x } / temperature)
+        .collect();
+    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let w: Vec<f64> = s.iter().map(|&x| ((x - m) as f64).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let mut order: Vec<u32> = (0..s.len() as u32).collect();
+    order.sort_by(|&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
+    let mut cum = 0.0;
+    let mut kept = order.len();
+    let mut kept_mass = total;
+    for (i, &t) in order.iter().enumerate() {
+        cum += w[t as usize];
+        if cum >= top_p as f64 * total {
+            kept = i + 1;
+            kept_mass = cum;
+            break;
+        }
+    }
+    let u = u * kept_mass;
+    let mut cum = 0.0;
+    for &t in &order[..kept] {
+        cum += w[t as usize];
+        if u < cum {
+            return t;
+        }
+    }
+    *order[..kept]
+        .iter()
+        .rev()
+        .find(|&&t| w[t as usize] > 0.0)
+        .unwrap_or(&order[kept - 1])
+}
+
+#[test]
+fn top_p_draws_what_sorting_the_whole_row_draws() {
+    // The sampler sorts only as much of the order as the cut needs, in
+    // growing slices (256, then 1024, 4096, ... entries): rows where the
+    // cut falls in the first slice, in later ones, and at the very end
+    // (flat rows with top-p near 1), with ties and -inf entries.
+    let mut checked = 0;
+    let mut past_first_slice = 0;
+    for (case, &(n, spread, top_p)) in [
+        (300usize, 8.0f32, 0.9f32),
+        (5000, 6.0, 0.95),
+        (5000, 0.5, 0.5),
+        (32000, 0.2, 0.999),
+        (32000, 4.0, 0.95),
+        (49152, 1.0, 0.7),
+        (7, 1.0, 0.99),
+    ]
+    .iter()
+    .enumerate()
+    {
+        for r in 0..12u64 {
+            let mut logits = random_logits(case as u64 * 100 + r, n, spread);
+            if r % 3 == 1 {
+                // Ties: values rounded to a coarse grid.
+                for x in &mut logits {
+                    *x = (*x * 4.0).round() / 4.0;
+                }
+            }
+            if r % 4 == 2 {
+                for x in logits.iter_mut().step_by(5) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            let temperature = [0.7f32, 1.0, 1.6][r as usize % 3];
+            let p = params(temperature, 0, top_p, r * 7 + 1);
+            let (t, _) = sample(&logits, &p, r as u32, &[], None);
+            let u = tokenwire_kernels::draw_uniform(p.seed, r as u32);
+            let want = top_p_by_full_sort(&logits, temperature, top_p, u);
+            assert_eq!(t, want, "n {n} spread {spread} top_p {top_p} row {r}");
+            checked += 1;
+            // Whether this row's cut needed more than the first slice.
+            let mut sorted = logits.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted.len() > 256 && logits[t as usize] < sorted[255] {
+                past_first_slice += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 84);
+    assert!(past_first_slice >= 10, "{past_first_slice}");
+}
+
+#[test]
+fn top_p_with_a_positive_infinity_takes_the_last_of_the_order() {
+    // Every weight is NaN (inf - inf): no prefix reaches the target, and
+    // the draw falls through to the last element with a weight, of which
+    // there is none: the last of the order, the lowest value.
+    let mut logits = random_logits(5, 1000, 3.0);
+    logits[17] = f32::INFINITY;
+    logits[400] = -50.0;
+    let (t, _) = sample(&logits, &params(1.0, 0, 0.9, 3), 0, &[], None);
+    assert_eq!(t, 400);
+}
