@@ -102,8 +102,10 @@
 #                   K rows one vector at a time (--decode-k-chunk 1);
 #                   coop decode batches on the square tile (--no-coop-tall)
 #                   and with folded split sums (--coop-fold); mat-vec
-#                   unroll 4; top-p sampling, profiled; then the defaults
-#                   profiled at batch 1 and 32
+#                   unroll 4; top-p sampling, profiled (radix select),
+#                   then read back and sampled on the host (--host-sample),
+#                   then on the device with a frequency penalty; then the
+#                   defaults profiled at batch 1 and 32
 #   hf:SHAPE        transformers eager on SHAPE only
 #   next:SHAPE      prefill passes of 512, 1,024 and 4,096 rows
 #                   (--max-rows-per-pass; batch 8 and 32, 128-token
@@ -394,6 +396,8 @@ for part in "${parts[@]}"; do
             eb coop-fold engine-bench 60 $(bf16 "$shape") --batch 16,32 --prompt 128 --coop-fold
             eb unroll-4 engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --mat-vec-unroll 4
             eb sampled engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --sample 0.8,0.95 --profile
+            eb host-sampled engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --sample 0.8,0.95 --host-sample
+            eb sampled-freq engine-bench 60 $(bf16 "$shape") --batch 1,8 --prompt 128 --sample 0.8,0.95,0,0.5
             eb profile engine-bench 60 $(bf16 "$shape") --batch 1,32 --prompt 128 --profile
         }
         ;;

@@ -3,7 +3,8 @@
 //! top-k = 1 exactly equal to the argmax; drawn tokens equal to the CPU's on
 //! every row whose draw does not land within `EPS` of a cumulative boundary
 //! (the CPU's f64 sums against the kernel's sums of f32 exps); repetition
-//! penalty with repeated history ids; NaN and -inf logits; top-p near 0 and
+//! penalty with repeated history ids, and OpenAI's presence and frequency
+//! penalties over the generated part; NaN and -inf logits; top-p near 0 and
 //! 1; logprobs; and the frequencies of many draws from one row.
 
 mod wgpu_support;
@@ -35,15 +36,30 @@ fn clean(x: f32) -> f32 {
 fn penalised(logits: &[f32], p: &SamplingParams, history: &[TokenId]) -> Vec<f32> {
     let mut w: Vec<f32> = logits.iter().copied().map(clean).collect();
     let r = p.repetition_penalty;
-    if r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite() {
-        return w;
+    if !(r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite()) {
+        let mut seen = vec![false; w.len()];
+        for &t in history {
+            let t = t as usize;
+            if t < w.len() && !seen[t] {
+                seen[t] = true;
+                w[t] = if w[t] > 0.0 { w[t] / r } else { w[t] * r };
+            }
+        }
     }
-    let mut seen = vec![false; w.len()];
-    for &t in history {
-        let t = t as usize;
-        if t < w.len() && !seen[t] {
-            seen[t] = true;
-            w[t] = if w[t] > 0.0 { w[t] / r } else { w[t] * r };
+    // OpenAI's presence and frequency penalties over the generated part.
+    let on = |x: f32| x != 0.0 && x.is_finite();
+    if on(p.presence_penalty) || on(p.frequency_penalty) {
+        let from = (p.generated_from as usize).min(history.len());
+        let mut count = vec![0u32; w.len()];
+        for &t in &history[from..] {
+            if let Some(c) = count.get_mut(t as usize) {
+                *c += 1;
+            }
+        }
+        for (x, &c) in w.iter_mut().zip(&count) {
+            if c > 0 {
+                *x -= p.presence_penalty + p.frequency_penalty * c as f32;
+            }
         }
     }
     w
@@ -252,7 +268,10 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
     let top_k = pick(rng, &[0, 0, 0, 1, 5, 40, v.saturating_sub(1), v, v + 3]);
     let top_p = pick(rng, &[1.0, 1.0, 0.95, 0.9, 0.5, 0.999, 1e-4, 0.0]);
     let repetition_penalty = pick(rng, &[1.0, 1.0, 1.3, 0.8, 2.0]);
+    let presence_penalty = pick(rng, &[0.0, 0.0, 0.0, 0.6, -0.4, 2.0]);
+    let frequency_penalty = pick(rng, &[0.0, 0.0, 0.0, 0.3, 1.5, -2.0]);
     let hist_len = pick(rng, &[0usize, 3, 50, 600]);
+    let generated_from = rng.below(hist_len as u64 + 2) as u32;
     // Duplicates on purpose (ids from a narrow range), and ids past the end.
     let span = (vocab as u64 / 3).max(1);
     let history = (0..hist_len)
@@ -271,8 +290,10 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
             top_p,
             top_k,
             repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            generated_from,
             seed: rng.next_u64(),
-            ..SamplingParams::default()
         },
         position: rng.below(5000) as u32,
         history,
@@ -550,6 +571,55 @@ fn wgpu_sample_repetition_penalty_counts_each_id_once() {
     }
     assert_eq!(tally.rows, 18);
     assert!(tally.skipped <= 1, "{tally:?}");
+}
+
+#[test]
+fn wgpu_sample_openai_penalties_count_generated_tokens() {
+    let Some(mut lab) = lab() else { return };
+    // History [prompt..., generated...], generated from index 2.
+    let greedy = |presence: f32, frequency: f32, repetition: f32, history: &[TokenId]| LabSample {
+        params: SamplingParams {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            repetition_penalty: repetition,
+            generated_from: 2,
+            ..SamplingParams::greedy()
+        },
+        position: 0,
+        history: history.to_vec(),
+        logprobs: Some(2),
+    };
+    let cases: [(&[f32], LabSample, TokenId); 6] = [
+        // Presence once: 2.0 - 0.6 = 1.4 < 1.5.
+        (&[2.0, 1.5], greedy(0.6, 0.0, 1.0, &[1, 1, 0]), 1),
+        // The prompt's ids are not counted: token 0 only in the prompt.
+        (&[2.0, 1.5], greedy(0.6, 0.0, 1.0, &[0, 0, 1]), 0),
+        // Frequency by count: 2.0 - 3 * 0.2 = 1.4 loses; once (1.8) would not.
+        (&[2.0, 1.5], greedy(0.0, 0.2, 1.0, &[1, 1, 0, 0, 0]), 1),
+        (&[2.0, 1.5], greedy(0.0, 0.2, 1.0, &[1, 1, 0]), 0),
+        // A negative presence raises: 1.5 + 0.6 = 2.1 > 2.0.
+        (&[2.0, 1.5, 0.0], greedy(-0.6, 0.0, 1.0, &[2, 2, 1]), 1),
+        // The repetition penalty first, then presence: 2.0 / 1.25 - 0.2 =
+        // 1.4 < 1.42; the other order would give 1.8 / 1.25 = 1.44.
+        (&[2.0, 1.42], greedy(0.2, 0.0, 1.25, &[0, 0, 0]), 1),
+    ];
+    for (row, spec, want) in cases {
+        let hist = spec.history.clone();
+        let got = lab
+            .sample(row, row.len(), std::slice::from_ref(&spec), 1)
+            .expect("sample");
+        let (cpu, cpu_lp) = sample(row, &spec.params, 0, &hist, Some(2));
+        assert_eq!(cpu, want, "cpu on {row:?} {:?}", spec.params);
+        assert_eq!(got[0].0, want, "{row:?} with {:?} {hist:?}", spec.params);
+        check_logprobs(
+            "openai penalties",
+            got[0].1.as_ref().expect("logprobs"),
+            &cpu_lp.expect("cpu logprobs"),
+            row,
+            &spec.params,
+            &hist,
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! the other) one prefill step of B sequences of `--prompt` tokens, then
 //! `--steps` decode steps of B sequences of one token, each step sampling
 //! every sequence's next token as the engine does: greedy by default, or
-//! with `--sample T,P[,K]` at temperature T, top-p P (and top-k K). The CPU
+//! with `--sample T,P[,K[,F]]` at temperature T, top-p P (top-k K, and
+//! OpenAI's frequency penalty F over the generated tokens). The CPU
 //! backend returns logits rows and the shared sampler picks the tokens; the
 //! wgpu backend samples on the device and reads back only token ids. Both
 //! are inside the timed steps. Prints the configuration, then one line per
@@ -41,7 +42,8 @@ use tokenwire_kernels::{
 const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
              [--layers N] [--backend cpu,wgpu] [--batch 1,8,32] [--prompt N] [--steps N]
              [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]
-             [--sample greedy|T,P[,K]] (temperature T, top-p P, top-k K)
+             [--sample greedy|T,P[,K[,F]]] (temperature T, top-p P, top-k K, frequency penalty F)
+             [--host-sample] (every row read back and sampled on the host)
              [--gguf FILE] (a real model instead of --shape/--dtype; its weights as stored)
              [--profile] (then time every wgpu kernel of the prefill and decode steps)
              [--mat-vec-rows N] (wgpu on a GPU: passes of up to N token rows, at most 64,
@@ -93,6 +95,9 @@ struct Args {
     block_size: usize,
     seed: u64,
     sampling: SamplingParams,
+    /// Every row comes back and the shared sampler picks on the host, as
+    /// for rows a device sampler does not take.
+    host_sample: bool,
     gguf: Option<std::path::PathBuf>,
     profile: bool,
     mat_vec_rows: Option<usize>,
@@ -118,7 +123,8 @@ struct Args {
     loop_bounding: bool,
 }
 
-/// `greedy`, or `T,P[,K]`: temperature, top-p and top-k.
+/// `greedy`, or `T,P[,K[,F]]`: temperature, top-p, top-k and OpenAI's
+/// frequency penalty (over the generated tokens).
 fn parse_sampling(v: &str) -> Result<SamplingParams, String> {
     if v == "greedy" {
         return Ok(SamplingParams::greedy());
@@ -128,20 +134,18 @@ fn parse_sampling(v: &str) -> Result<SamplingParams, String> {
         x.parse::<f32>()
             .map_err(|_| format!("--sample: bad number `{x}`"))
     };
-    let (t, p, k) = match parts[..] {
-        [t, p] => (num(t)?, num(p)?, 0),
-        [t, p, k] => (
-            num(t)?,
-            num(p)?,
-            k.parse()
-                .map_err(|_| format!("--sample: bad top-k `{k}`"))?,
-        ),
-        _ => return Err(format!("--sample wants greedy or T,P[,K]\n{USAGE}")),
+    let top_k = |k: &str| k.parse().map_err(|_| format!("--sample: bad top-k `{k}`"));
+    let (t, p, k, f) = match parts[..] {
+        [t, p] => (num(t)?, num(p)?, 0, 0.0),
+        [t, p, k] => (num(t)?, num(p)?, top_k(k)?, 0.0),
+        [t, p, k, f] => (num(t)?, num(p)?, top_k(k)?, num(f)?),
+        _ => return Err(format!("--sample wants greedy or T,P[,K[,F]]\n{USAGE}")),
     };
     Ok(SamplingParams {
         temperature: t,
         top_p: p,
         top_k: k,
+        frequency_penalty: f,
         ..SamplingParams::default()
     })
 }
@@ -151,8 +155,8 @@ fn describe(p: &SamplingParams) -> String {
         return "greedy".into();
     }
     format!(
-        "temperature {}, top-p {}, top-k {}",
-        p.temperature, p.top_p, p.top_k
+        "temperature {}, top-p {}, top-k {}, frequency penalty {}",
+        p.temperature, p.top_p, p.top_k, p.frequency_penalty
     )
 }
 
@@ -175,6 +179,7 @@ fn parse_args() -> Result<Args, String> {
         block_size: 16,
         seed: 1,
         sampling: SamplingParams::greedy(),
+        host_sample: false,
         gguf: None,
         profile: false,
         mat_vec_rows: None,
@@ -207,6 +212,7 @@ fn parse_args() -> Result<Args, String> {
         // Switches, which take no value.
         let switch = match flag.as_str() {
             "--profile" => Some((&mut a.profile, true)),
+            "--host-sample" => Some((&mut a.host_sample, true)),
             "--no-fused-glu" => Some((&mut a.fused_glu, false)),
             "--no-fused-norm" => Some((&mut a.fused_norm, false)),
             "--no-fused-rope" => Some((&mut a.fused_rope, false)),
@@ -457,7 +463,13 @@ fn run(
     vocab: usize,
     profile: bool,
 ) -> Result<Run, String> {
-    let (prompt, steps, bs, seed, sampling) = (a.prompt, a.steps, a.block_size, a.seed, a.sampling);
+    let (prompt, steps, bs, seed, host_sample) =
+        (a.prompt, a.steps, a.block_size, a.seed, a.host_sample);
+    // The OpenAI penalties count what each sequence generated.
+    let sampling = SamplingParams {
+        generated_from: prompt as u32,
+        ..a.sampling
+    };
     let per = (prompt + steps + 1).max(10).div_ceil(bs);
     let mut rng = Rng::new(seed);
     let tables: Vec<Vec<u32>> = (0..batch)
@@ -495,7 +507,7 @@ fn run(
                 start_pos: pos as u32,
                 block_table: table,
                 want_logits: true,
-                sample: Some(SampleSpec {
+                sample: (!host_sample).then_some(SampleSpec {
                     params: sampling,
                     position: position(t),
                     history: h,
@@ -635,13 +647,14 @@ fn bench(a: &Args) -> Result<(), String> {
         t.elapsed()
     );
     println!(
-        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}, CPU kernels {}, sampling: {}",
+        "prompt {} tokens per sequence, {} timed decode steps, block size {}, threads {}, CPU kernels {}, sampling: {}{}",
         a.prompt,
         a.steps,
         a.block_size,
         rayon::current_num_threads(),
         tokenwire_kernels::quant::Kernels::detect().isa.name(),
-        describe(&a.sampling)
+        describe(&a.sampling),
+        if a.host_sample { " (on the host)" } else { "" }
     );
     println!(
         "{:<6} {:>5} {:>14} {:>14} {:>14} {:>16}",

@@ -44,7 +44,8 @@ pub struct SampleSpec<'a> {
     /// Position the sampled token will take (it seeds the draw).
     pub position: u32,
     /// Every token the sequence holds, this step's included (the repetition
-    /// penalty applies to its distinct ids).
+    /// penalty applies to its distinct ids, the OpenAI penalties to those
+    /// from `params.generated_from` on).
     pub history: &'a [TokenId],
     /// Logprobs of the chosen token and of this many best ones.
     pub logprobs: Option<u8>,

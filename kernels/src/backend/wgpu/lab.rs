@@ -916,8 +916,8 @@ impl KernelLab {
                 })
             })
             .collect();
-        let mut seen = Vec::new();
-        let rows = super::sample::encode(&specs_ref, vocab as u32, &mut seen);
+        let mut counts = Vec::new();
+        let rows = super::sample::encode(&specs_ref, vocab as u32, &mut counts);
         if !rows.rows.iter().all(|r| r.0) {
             return Err("a row asks for more logprobs than the device computes".into());
         }

@@ -92,13 +92,17 @@
 //!
 //! Sampling happens on the device as well (`shaders/sample.wgsl`, one
 //! workgroup per row), by the rule of the one shared [`crate::sampler`]:
-//! repetition penalty over the distinct history ids, then greedy argmax, or
+//! repetition penalty over the distinct history ids, OpenAI's presence and
+//! frequency penalties over the generated ones (the host sends each id with
+//! the amount to subtract), then greedy argmax, or
 //! temperature, top-k, top-p and a draw whose uniform the host computes
 //! exactly as the CPU sampler does. A step reads back a token id per
 //! sequence, plus its logprobs when asked, never a logits row (4 bytes
 //! instead of 512 KiB for a 128K vocabulary). Rows come back only for
-//! `Engine::set_full_logits`, or for a sequence asking for more than 32
-//! logprobs, which the shared sampler then finishes on the host.
+//! `Engine::set_full_logits`, for constrained sequences (structured output:
+//! the grammar's mask is made and applied on the host), for a sequence
+//! asking for more than 32 logprobs, or for OpenAI penalties of which one
+//! is not finite; the shared sampler finishes those on the host.
 //!
 //! Nothing is sorted: the k-th best, the top-p cut and the draw are each
 //! the first element of the sampler's order whose prefix reaches a target,
@@ -606,8 +610,9 @@ pub struct WgpuBackend {
     scratch: ::wgpu::Buffer,
     dummy: ::wgpu::Buffer,
     staged: Vec<u8>,
-    /// Scratch of the history deduplication (all false between steps).
-    seen: Vec<bool>,
+    /// Scratch of the histories' deduplication and token counts (all zero
+    /// between steps).
+    token_counts: Vec<u32>,
     /// Per-kernel timing, while switched on.
     profiler: Option<Profiler>,
     /// The host's phases of the steps run since last taken.
@@ -770,7 +775,7 @@ impl WgpuBackend {
             scratch,
             dummy,
             staged: Vec::new(),
-            seen: Vec::new(),
+            token_counts: Vec::new(),
             profiler: None,
             host: HostTimes::default(),
             first_submit: opts
@@ -1305,7 +1310,7 @@ impl WgpuBackend {
             .filter(|b| b.want_logits)
             .map(|b| b.sample.filter(|_| sample_ok))
             .collect();
-        let sample = sample::encode(&specs, self.dims.vocab, &mut self.seen);
+        let sample = sample::encode(&specs, self.dims.vocab, &mut self.token_counts);
         let on_device: Vec<bool> = sample.rows.iter().map(|r| r.0).collect();
         let plan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
         let row_bytes = 4 * self.dims.vocab as u64;

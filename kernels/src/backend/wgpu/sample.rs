@@ -24,12 +24,17 @@ const R_HIST_OFF: usize = 6;
 const R_HIST_LEN: usize = 7;
 const R_N_LOGPROBS: usize = 8;
 const R_LP_OFF: usize = 9;
+/// Where the row's (id, amount) pairs of the OpenAI penalties start, and
+/// how many there are.
+const R_OAI_OFF: usize = 10;
+const R_OAI_LEN: usize = 11;
 
 const F_GREEDY: u32 = 1;
 const F_PENALTY: u32 = 2;
 const F_TOP_K: u32 = 4;
 const F_TOP_P: u32 = 8;
 const F_LOGPROBS: u32 = 16;
+const F_OPENAI: u32 = 32;
 /// Not sampled on the device (its row comes back instead).
 const F_SKIP: u32 = 0x8000_0000;
 
@@ -62,27 +67,30 @@ fn frac32(x: f64) -> u32 {
 
 /// Encodes one row per entry of `specs` (`None`, or more logprobs than
 /// [`MAX_DEVICE_LOGPROBS`]: not sampled on the device).
-/// `seen` is scratch, left all false.
+/// `counts` is scratch, left all zero.
 pub(crate) fn encode(
     specs: &[Option<SampleSpec<'_>>],
     vocab: u32,
-    seen: &mut Vec<bool>,
+    counts: &mut Vec<u32>,
 ) -> SampleRows {
     let n = specs.len();
     let mut words = vec![0u32; n * ROW_WORDS];
     let mut rows = Vec::with_capacity(n);
     let mut out_words = n as u32;
-    seen.resize(vocab as usize, false);
+    counts.resize(vocab as usize, 0);
     for (i, spec) in specs.iter().enumerate() {
         let at = i * ROW_WORDS;
         // Rows the kernel does not do go to the shared sampler: many
-        // logprobs, the OpenAI penalties (which need token counts), and
-        // constrained rows (the grammar's mask is made on the host, so the
-        // host applies it; a row read back costs less than a mask upload
-        // per step on a batch that is mostly unconstrained).
+        // logprobs, OpenAI penalties one of which is not finite (the
+        // sampler then writes NaN into the row, which the kernel reads as
+        // -inf), and constrained rows (the grammar's mask is made on the
+        // host, so the host applies it; a row read back costs less than a
+        // mask upload per step on a batch that is mostly unconstrained).
         let device = spec.filter(|sp| {
             sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS)
-                && !crate::sampler::has_openai_penalties(&sp.params)
+                && (!crate::sampler::has_openai_penalties(&sp.params)
+                    || (sp.params.presence_penalty.is_finite()
+                        && sp.params.frequency_penalty.is_finite()))
                 && sp.allowed.is_none()
         });
         let Some(sp) = device else {
@@ -102,17 +110,39 @@ pub(crate) fn encode(
             flags |= F_PENALTY;
             let off = words.len();
             for &tok in sp.history {
-                let ti = tok as usize;
-                if ti < seen.len() && !seen[ti] {
-                    seen[ti] = true;
+                if let Some(c) = counts.get_mut(tok as usize).filter(|c| **c == 0) {
+                    *c = 1;
                     words.push(tok);
                 }
             }
             for &tok in &words[off..] {
-                seen[tok as usize] = false;
+                counts[tok as usize] = 0;
             }
             words[at + R_HIST_OFF] = off as u32;
             words[at + R_HIST_LEN] = (words.len() - off) as u32;
+        }
+        let from = (p.generated_from as usize).min(sp.history.len());
+        let generated = &sp.history[from..];
+        if crate::sampler::has_openai_penalties(p) && !generated.is_empty() {
+            // Each generated id once, with what the sampler subtracts from
+            // its logit: presence + frequency * count, in the same f32
+            // operations.
+            flags |= F_OPENAI;
+            let off = words.len();
+            for &tok in generated {
+                if let Some(c) = counts.get_mut(tok as usize) {
+                    *c += 1;
+                }
+            }
+            for &tok in generated {
+                if let Some(c) = counts.get_mut(tok as usize).filter(|c| **c > 0) {
+                    let amount = p.presence_penalty + p.frequency_penalty * *c as f32;
+                    *c = 0;
+                    words.extend([tok, amount.to_bits()]);
+                }
+            }
+            words[at + R_OAI_OFF] = off as u32;
+            words[at + R_OAI_LEN] = ((words.len() - off) / 2) as u32;
         }
         if p.top_k > 0 && p.top_k < vocab {
             flags |= F_TOP_K;
@@ -173,13 +203,20 @@ pub(crate) fn decode(out: &[u32], rows: &SampleRows) -> Vec<Option<Sampled>> {
 mod tests {
     use super::*;
 
+    fn w_flags(r: &SampleRows, row: usize) -> u32 {
+        r.words[row * ROW_WORDS + R_FLAGS]
+    }
+
     #[test]
-    fn rows_with_openai_penalties_are_left_to_the_shared_sampler() {
-        let hist = [1u32, 2];
-        let spec = |presence: f32| {
+    fn openai_penalties_go_up_as_generated_ids_with_their_amounts() {
+        // The prompt's id 4 is not generated; 150 is past the vocabulary.
+        let hist = [4u32, 1, 2, 1, 1, 150];
+        let spec = |presence: f32, frequency: f32| {
             Some(SampleSpec {
                 params: SamplingParams {
                     presence_penalty: presence,
+                    frequency_penalty: frequency,
+                    generated_from: 1,
                     ..SamplingParams::default()
                 },
                 position: 2,
@@ -188,12 +225,30 @@ mod tests {
                 allowed: None,
             })
         };
-        let mut seen = Vec::new();
-        let r = encode(&[spec(0.0), spec(0.5)], 10, &mut seen);
+        let mut counts = Vec::new();
+        let specs = [
+            spec(0.0, 0.0),
+            spec(0.5, 0.25),
+            spec(0.5, f32::NAN),
+            spec(f32::INFINITY, 0.0),
+        ];
+        let r = encode(&specs, 10, &mut counts);
+        assert!(counts.iter().all(|&c| c == 0));
+        // A NaN frequency beside a presence turns the logits NaN on the
+        // CPU: left to it. An infinite penalty alone is off (the sampler's
+        // test): sampled on the device, without the pairs.
         assert_eq!(
             r.rows.iter().map(|x| x.0).collect::<Vec<_>>(),
-            [true, false]
+            [true, true, false, true]
         );
+        assert_eq!(w_flags(&r, 3) & F_OPENAI, 0);
+        let w = &r.words;
+        assert_eq!(w[R_FLAGS] & F_OPENAI, 0);
+        let row = &w[ROW_WORDS..2 * ROW_WORDS];
+        assert_eq!(row[R_FLAGS] & F_OPENAI, F_OPENAI);
+        let (off, len) = (row[R_OAI_OFF] as usize, row[R_OAI_LEN] as usize);
+        let amount = |c: f32| (0.5f32 + 0.25 * c).to_bits();
+        assert_eq!(&w[off..off + 2 * len], &[1, amount(3.0), 2, amount(1.0)]);
     }
     use tokenwire_core::SamplingParams;
 
@@ -237,9 +292,9 @@ mod tests {
                 allowed: None,
             }),
         ];
-        let mut seen = Vec::new();
-        let r = encode(&specs, 100, &mut seen);
-        assert!(seen.iter().all(|&s| !s));
+        let mut counts = Vec::new();
+        let r = encode(&specs, 100, &mut counts);
+        assert!(counts.iter().all(|&c| c == 0));
         let w = &r.words;
         assert_eq!(
             w[R_FLAGS],

@@ -5,7 +5,10 @@
 //
 // * Repetition penalty (x > 0 ? x / p : x * p) over the row's distinct
 //   history ids (deduplicated by the host), written back into the row; NaN
-//   counts as -inf.
+//   counts as -inf. Then the OpenAI presence and frequency penalties: the
+//   host sends each generated id once with the amount the sampler
+//   subtracts from its logit (presence + frequency * count, computed in
+//   f32 as the sampler does), and x - amount is written back.
 // * Temperature 0 (or not finite and positive): argmax, ties to the lowest id.
 // * Otherwise s = x / t. The sampler's "order" is (s descending, id
 //   ascending). Top-k keeps its first k, top-p the shortest prefix of what is
@@ -87,12 +90,15 @@ const R_HIST_OFF: u32 = 6u;
 const R_HIST_LEN: u32 = 7u;
 const R_N_LOGPROBS: u32 = 8u;
 const R_LP_OFF: u32 = 9u;
+const R_OAI_OFF: u32 = 10u; // (id, amount) pairs of the OpenAI penalties
+const R_OAI_LEN: u32 = 11u;
 // Flags.
 const F_GREEDY: u32 = 1u;
 const F_PENALTY: u32 = 2u;
 const F_TOP_K: u32 = 4u;
 const F_TOP_P: u32 = 8u;
 const F_LOGPROBS: u32 = 16u;
+const F_OPENAI: u32 = 32u;
 const F_SKIP: u32 = 0x80000000u;
 
 const NEG_INF: u32 = 0xff800000u;
@@ -731,6 +737,17 @@ fn draw(row: u32, flags: u32) -> u32 {
     return token;
 }
 
+// OpenAI pair i (of len at off): x - amount.
+fn subtract(off: u32, len: u32, i: u32) {
+    if (i >= len) {
+        return;
+    }
+    let t = rows[off + 2u * i];
+    if (t < n) {
+        logits[base + t] = bitcast<u32>(work(t) - bitcast<f32>(rows[off + 2u * i + 1u]));
+    }
+}
+
 // History entry i (of len at off): x > 0 ? x / pen : x * pen.
 fn penalise(off: u32, len: u32, i: u32, pen: f32) {
     if (i >= len) {
@@ -784,6 +801,23 @@ fn main(
             penalise(off, len, i + 5u * WG, pen);
             penalise(off, len, i + 6u * WG, pen);
             penalise(off, len, i + 7u * WG, pen);
+        }
+    }
+    storageBarrier();
+    if ((flags & F_OPENAI) != 0u) {
+        // Distinct ids again; after the barrier above, so an id in both
+        // lists sees its repetition penalty first, as in the sampler.
+        let off = rows[row + R_OAI_OFF];
+        let len = rows[row + R_OAI_LEN];
+        for (var i = lid; i < len; i += STRIDE) {
+            subtract(off, len, i);
+            subtract(off, len, i + WG);
+            subtract(off, len, i + 2u * WG);
+            subtract(off, len, i + 3u * WG);
+            subtract(off, len, i + 4u * WG);
+            subtract(off, len, i + 5u * WG);
+            subtract(off, len, i + 6u * WG);
+            subtract(off, len, i + 7u * WG);
         }
     }
     storageBarrier();
