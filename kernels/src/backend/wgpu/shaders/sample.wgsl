@@ -428,8 +428,8 @@ fn same_above(a: u32, b: u32, s: u32) -> bool {
 }
 
 // Element j as a candidate of a radix pass: (bucket, mass units), or
-// (NONE, 0) when it lies outside `bound` or outside the buckets chosen so
-// far. Key passes bucket the key's bits s..s+7 (key prefix kp fixed above
+// (NONE, _) when it lies outside `bound` or outside the buckets chosen so
+// far, or weighs nothing in a mass search. Key passes bucket the key's bits s..s+7 (key prefix kp fixed above
 // them); id passes take the elements whose key is kp (every element by_id)
 // and bucket their ids' bits s..s+7 reversed, so the scan from the top
 // meets lower ids first.
@@ -467,7 +467,10 @@ fn radix_term(
     if (d == NONE || !mass) {
         return vec2<u32>(d, 0u);
     }
-    return vec2<u32>(d, units(x - mx));
+    // An element without mass never moves a running mass across a goal, so
+    // mass searches leave it out (fewer atomics: most of a peaked row).
+    let u = units(x - mx);
+    return vec2<u32>(select(NONE, d, u != 0u), u);
 }
 
 fn flush_run() {
