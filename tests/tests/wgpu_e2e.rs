@@ -123,8 +123,9 @@ async fn wgpu_prompts_served_from_cached_blocks_stream_the_cold_tokens() {
 }
 
 /// Chat Completions with the OpenAI presence and frequency penalties: the
-/// wgpu engine leaves those rows to the shared sampler, so its greedy text
-/// is the CPU engine's.
+/// wgpu engine applies them on the device by the shared sampler's rule
+/// (each generated id with the amount the sampler subtracts), so its greedy
+/// text is the CPU engine's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
     let Some(gpu) = wgpu_server(true).await else {
@@ -144,6 +145,14 @@ async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
     let on_gpu = text(tokenwire_tests::http(&gpu, "POST", "/v1/completions", Some(&body)).await);
     let on_cpu = text(tokenwire_tests::http(&cpu, "POST", "/v1/completions", Some(&body)).await);
     assert_eq!(on_gpu, on_cpu);
+    // The penalties change this text: a device that ignored them would not
+    // give the CPU engine's.
+    let plain = json!({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32,
+                       "temperature": 0})
+    .to_string();
+    let unpenalised =
+        text(tokenwire_tests::http(&gpu, "POST", "/v1/completions", Some(&plain)).await);
+    assert_ne!(on_gpu, unpenalised);
     gpu.shutdown().await;
     cpu.shutdown().await;
 }
