@@ -48,8 +48,9 @@ fn has_repetition_penalty(penalty: f32) -> bool {
 }
 
 /// True when `params` asks for a presence or frequency penalty (finite and
-/// not zero); a backend that samples on the device leaves such rows to
-/// [`Sampler`].
+/// not zero). The wgpu backend applies them on the device, and leaves to
+/// [`Sampler`] only rows where one of them, or an amount subtracted, is not
+/// finite.
 pub fn has_openai_penalties(params: &SamplingParams) -> bool {
     let on = |x: f32| x != 0.0 && x.is_finite();
     on(params.presence_penalty) || on(params.frequency_penalty)
@@ -299,8 +300,9 @@ impl Sampler {
                 .iter()
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
-            // A +inf makes every weight of the order NaN, which the general
-            // path below handles (it takes the last of the order).
+            // A +inf gives the +inf entries NaN weights (inf - inf) and a NaN
+            // total, which the general path below handles (it takes the last
+            // of the order).
             if m.is_finite() {
                 return self.draw_top_p(top_p, m, draw_uniform(params.seed, position));
             }

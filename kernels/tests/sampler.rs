@@ -435,9 +435,11 @@ fn top_p_draws_what_sorting_the_whole_row_draws() {
 
 #[test]
 fn top_p_with_a_positive_infinity_takes_the_last_of_the_order() {
-    // Every weight is NaN (inf - inf): no prefix reaches the target, and
-    // the draw falls through to the last element with a weight, of which
-    // there is none: the last of the order, the lowest value.
+    // The +inf entry weighs NaN (inf - inf), the others 0 (-inf after
+    // subtracting the maximum), so the total is NaN: no prefix reaches the
+    // target, and the draw falls through to the last element with a
+    // weight, of which there is none: the last of the order, the lowest
+    // value.
     let mut logits = random_logits(5, 1000, 3.0);
     logits[17] = f32::INFINITY;
     logits[400] = -50.0;

@@ -4,7 +4,7 @@
 //! deduplicated repetition-penalty history) and the decoding of what it
 //! writes back (token ids, logprob blocks).
 
-use tokenwire_core::{TokenId, TokenLogprobs};
+use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
 
 use super::pipelines::MAX_DEVICE_LOGPROBS;
 use crate::backend::{SampleSpec, Sampled};
@@ -65,6 +65,33 @@ fn frac32(x: f64) -> u32 {
         .min(u32::MAX as f64) as u32
 }
 
+/// Pushes each id of `generated` (in the vocabulary) once, with what the
+/// sampler subtracts from its logit: presence + frequency * count, in the
+/// same f32 operations. Whether every amount is finite. `counts` is left
+/// all zero.
+fn push_openai_pairs(
+    p: &SamplingParams,
+    generated: &[TokenId],
+    counts: &mut [u32],
+    words: &mut Vec<u32>,
+) -> bool {
+    for &tok in generated {
+        if let Some(c) = counts.get_mut(tok as usize) {
+            *c += 1;
+        }
+    }
+    let mut finite = true;
+    for &tok in generated {
+        if let Some(c) = counts.get_mut(tok as usize).filter(|c| **c > 0) {
+            let amount = p.presence_penalty + p.frequency_penalty * *c as f32;
+            *c = 0;
+            finite &= amount.is_finite();
+            words.extend([tok, amount.to_bits()]);
+        }
+    }
+    finite
+}
+
 /// Encodes one row per entry of `specs` (`None`, or more logprobs than
 /// [`MAX_DEVICE_LOGPROBS`]: not sampled on the device).
 /// `counts` is scratch, left all zero.
@@ -81,17 +108,12 @@ pub(crate) fn encode(
     for (i, spec) in specs.iter().enumerate() {
         let at = i * ROW_WORDS;
         // Rows the kernel does not do go to the shared sampler: many
-        // logprobs, OpenAI penalties one of which is not finite (the
-        // sampler then writes NaN into the row, which the kernel reads as
-        // -inf), and constrained rows (the grammar's mask is made on the
+        // logprobs, constrained rows (the grammar's mask is made on the
         // host, so the host applies it; a row read back costs less than a
-        // mask upload per step on a batch that is mostly unconstrained).
+        // mask upload per step on a batch that is mostly unconstrained),
+        // and OpenAI penalties with an amount that is not finite (below).
         let device = spec.filter(|sp| {
-            sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS)
-                && (!crate::sampler::has_openai_penalties(&sp.params)
-                    || (sp.params.presence_penalty.is_finite()
-                        && sp.params.frequency_penalty.is_finite()))
-                && sp.allowed.is_none()
+            sp.logprobs.is_none_or(|k| k as u32 <= MAX_DEVICE_LOGPROBS) && sp.allowed.is_none()
         });
         let Some(sp) = device else {
             words[at + R_FLAGS] = F_SKIP;
@@ -100,6 +122,22 @@ pub(crate) fn encode(
         };
         let p = &sp.params;
         let mut flags = 0;
+        let from = (p.generated_from as usize).min(sp.history.len());
+        let generated = &sp.history[from..];
+        if crate::sampler::has_openai_penalties(p) && !generated.is_empty() {
+            let off = words.len();
+            if !push_openai_pairs(p, generated, counts, &mut words) {
+                // An infinite or NaN amount can make NaN of an infinite
+                // logit on the host, which the kernel would read as -inf.
+                words.truncate(off);
+                words[at + R_FLAGS] = F_SKIP;
+                rows.push((false, None));
+                continue;
+            }
+            flags |= F_OPENAI;
+            words[at + R_OAI_OFF] = off as u32;
+            words[at + R_OAI_LEN] = ((words.len() - off) / 2) as u32;
+        }
         // The CPU sampler's tests, one for one.
         if crate::sampler::is_greedy(p.temperature) {
             flags |= F_GREEDY;
@@ -120,29 +158,6 @@ pub(crate) fn encode(
             }
             words[at + R_HIST_OFF] = off as u32;
             words[at + R_HIST_LEN] = (words.len() - off) as u32;
-        }
-        let from = (p.generated_from as usize).min(sp.history.len());
-        let generated = &sp.history[from..];
-        if crate::sampler::has_openai_penalties(p) && !generated.is_empty() {
-            // Each generated id once, with what the sampler subtracts from
-            // its logit: presence + frequency * count, in the same f32
-            // operations.
-            flags |= F_OPENAI;
-            let off = words.len();
-            for &tok in generated {
-                if let Some(c) = counts.get_mut(tok as usize) {
-                    *c += 1;
-                }
-            }
-            for &tok in generated {
-                if let Some(c) = counts.get_mut(tok as usize).filter(|c| **c > 0) {
-                    let amount = p.presence_penalty + p.frequency_penalty * *c as f32;
-                    *c = 0;
-                    words.extend([tok, amount.to_bits()]);
-                }
-            }
-            words[at + R_OAI_OFF] = off as u32;
-            words[at + R_OAI_LEN] = ((words.len() - off) / 2) as u32;
         }
         if p.top_k > 0 && p.top_k < vocab {
             flags |= F_TOP_K;
@@ -231,16 +246,20 @@ mod tests {
             spec(0.5, 0.25),
             spec(0.5, f32::NAN),
             spec(f32::INFINITY, 0.0),
+            // Finite, but 3e38 + 3 * 3e38 overflows.
+            spec(3e38, 3e38),
         ];
         let r = encode(&specs, 10, &mut counts);
         assert!(counts.iter().all(|&c| c == 0));
-        // A NaN frequency beside a presence turns the logits NaN on the
-        // CPU: left to it. An infinite penalty alone is off (the sampler's
-        // test): sampled on the device, without the pairs.
+        // A NaN frequency beside a presence makes NaN amounts, and huge
+        // penalties infinite ones: left to the CPU. An infinite penalty
+        // alone is off (the sampler's test): sampled on the device, without
+        // the pairs.
         assert_eq!(
             r.rows.iter().map(|x| x.0).collect::<Vec<_>>(),
-            [true, true, false, true]
+            [true, true, false, true, false]
         );
+        assert_eq!(w_flags(&r, 4), F_SKIP);
         assert_eq!(w_flags(&r, 3) & F_OPENAI, 0);
         let w = &r.words;
         assert_eq!(w[R_FLAGS] & F_OPENAI, 0);

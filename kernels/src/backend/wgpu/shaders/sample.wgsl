@@ -477,10 +477,12 @@ fn flush_run() {
     if (run_b == NONE) {
         return;
     }
-    let old = atomicAdd(&bk_lo[run_b], run_m.y);
-    let hi = run_m.x + select(0u, 1u, old + run_m.y < old);
-    if (hi != 0u) {
-        atomicAdd(&bk_hi[run_b], hi);
+    if (run_m.y != 0u) {
+        let old = atomicAdd(&bk_lo[run_b], run_m.y);
+        run_m.x += select(0u, 1u, old + run_m.y < old);
+    }
+    if (run_m.x != 0u) {
+        atomicAdd(&bk_hi[run_b], run_m.x);
     }
     atomicAdd(&bk_c[run_b], run_c);
     atomicMin(&bk_id[run_b], run_id);
@@ -593,7 +595,12 @@ fn search(
             above_c += bc;
             b -= 1u;
         }
-        let first = atomicLoad(&bk_id[b]);
+        var first = atomicLoad(&bk_id[b]);
+        if (first == NONE) {
+            // Only if the goal were beyond the bound's sum, which the
+            // callers rule out: still a valid id.
+            first = min(bound.y, n - 1u);
+        }
         // Every invocation has read the buckets before the next pass clears them.
         workgroupBarrier();
         if (key_pass) {
@@ -648,9 +655,9 @@ fn draw(row: u32, flags: u32) -> u32 {
     let top_k = (flags & F_TOP_K) != 0u;
     let top_p = (flags & F_TOP_P) != 0u;
     let whole = vec2<u32>(0u, n - 1u);
-    // With a +inf the sampler's weights are NaN (inf - inf): no prefix ever
-    // reaches its target, and it takes the last kept element (the k-th with
-    // top-k, found below).
+    // With a +inf the sampler's +inf entries weigh NaN (inf - inf), so its
+    // total is NaN: no prefix ever reaches its target, and it takes the last
+    // kept element (the k-th with top-k, found below).
     let pos_inf = top.x == KEY_POS_INF;
     if (pos_inf && !top_k) {
         return select(last, n - 1u, !top_p);
