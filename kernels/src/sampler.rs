@@ -155,6 +155,69 @@ fn pick(kept: &[u32], u: f64, weight: impl Fn(usize) -> f64) -> TokenId {
     kept[last]
 }
 
+/// The first entry of the order (`better` over `work`) whose prefix mass
+/// (`weights` by id, counted from `start`) reaches `target` (exceeds it,
+/// with `strict`): its index i and that mass, with `order` rearranged so
+/// that `order[..i]` holds the entries before it (in no particular order)
+/// and `order[i]` the entry itself; `None` when the whole of `order` falls
+/// short.
+/// A quickselect: each round partitions the candidates around a pivot
+/// (median of three), sums the side that comes first, and keeps the side
+/// where the running mass crosses the target.
+fn first_reaching(
+    order: &mut [u32],
+    work: &[f32],
+    weights: &[f64],
+    start: f64,
+    target: f64,
+    strict: bool,
+) -> Option<(usize, f64)> {
+    let reaches = |mass: f64| {
+        if strict {
+            mass > target
+        } else {
+            mass >= target
+        }
+    };
+    let before = |a: u32, b: u32| better(work, a, b).is_lt();
+    let (mut lo, mut hi) = (0, order.len());
+    // `start` and the mass of order[..lo], every entry of which comes
+    // before order[lo..].
+    let mut done = start;
+    while lo < hi {
+        let (a, b, c) = (lo, lo + (hi - lo) / 2, hi - 1);
+        let mid = if before(order[a], order[b]) == before(order[b], order[c]) {
+            b
+        } else if before(order[b], order[a]) == before(order[a], order[c]) {
+            a
+        } else {
+            c
+        };
+        order.swap(mid, hi - 1);
+        let pivot = order[hi - 1];
+        let mut split = lo;
+        let mut mass = 0.0;
+        for i in lo..hi - 1 {
+            if before(order[i], pivot) {
+                order.swap(i, split);
+                mass += weights[order[split] as usize];
+                split += 1;
+            }
+        }
+        order.swap(split, hi - 1);
+        if reaches(done + mass) {
+            hi = split;
+        } else {
+            done += mass + weights[pivot as usize];
+            if reaches(done) {
+                return Some((split, done));
+            }
+            lo = split + 1;
+        }
+    }
+    None
+}
+
 impl Sampler {
     /// A sampler with empty scratch.
     pub fn new() -> Sampler {
@@ -354,48 +417,76 @@ impl Sampler {
     }
 
     /// Top-p without top-k over `self.scaled` (maximum `m`, finite): the
-    /// same cut and draw as sorting the whole row, but only the best part
-    /// of the order is sorted, in growing slices, each the best of what
-    /// is left (`select_nth_unstable_by`), until the prefix reaches the
-    /// target. The prefix sums run in the order's sequence as before; the
-    /// total is summed in id order, so it can differ from a sorted sum in
-    /// its last bits.
+    /// same cut and draw as sorting the whole row, without sorting it. The
+    /// best 256 entries are selected and sorted, which holds the cut on a
+    /// peaked row; past them, `first_reaching` (a quickselect that follows
+    /// the running mass) finds the cut and the draw in time linear in the
+    /// rest of the row, however many entries the cut keeps. Past the first
+    /// 256, and for the total (summed in id order), the masses are summed in
+    /// another sequence than the sorted prefix, so they can differ from
+    /// the sorted sums in their last bits.
     fn draw_top_p(&mut self, top_p: f32, m: f32, uniform: f64) -> TokenId {
+        const HEAD: usize = 256;
         let work = &self.scaled;
         let n = work.len();
         self.weights.clear();
         self.weights
             .extend(work.iter().map(|&x| ((x - m) as f64).exp()));
-        let total: f64 = self.weights.iter().sum();
+        let weights = &self.weights;
+        let w = |t: u32| weights[t as usize];
+        let total: f64 = weights.iter().sum();
         let target = top_p as f64 * total;
         self.order.clear();
         self.order.extend(0..n as u32);
-        let mut kept = n;
-        let mut kept_mass = total;
-        let mut cum = 0.0;
-        let (mut start, mut slice) = (0, 256);
-        'slices: while start < n {
-            let end = (start + slice).min(n);
-            let rest = &mut self.order[start..];
-            if end < n {
-                rest.select_nth_unstable_by(end - start - 1, |&a, &b| better(work, a, b));
-            }
-            rest[..end - start].sort_unstable_by(|&a, &b| better(work, a, b));
-            for i in start..end {
-                cum += self.weights[self.order[i] as usize];
-                if cum >= target {
-                    kept = i + 1;
-                    kept_mass = cum;
-                    break 'slices;
-                }
-            }
-            start = end;
-            slice *= 4;
+        let order = &mut self.order;
+        let head = HEAD.min(n);
+        if head < n {
+            order.select_nth_unstable_by(head - 1, |&a, &b| better(work, a, b));
         }
-        let (order, weights) = (&self.order, &self.weights);
-        pick(&order[..kept], uniform * kept_mass, |i| {
-            weights[order[i] as usize]
-        })
+        order[..head].sort_unstable_by(|&a, &b| better(work, a, b));
+        // Smallest prefix (best first) whose mass reaches top_p; at least
+        // one. Rounding can leave every prefix short: then all of it.
+        let mut cut = None;
+        let mut cum = 0.0;
+        for (i, &t) in order[..head].iter().enumerate() {
+            cum += w(t);
+            if cum >= target {
+                cut = Some((i + 1, cum));
+                break;
+            }
+        }
+        let head_mass = cum;
+        let (kept, kept_mass) = cut
+            .or_else(|| {
+                first_reaching(&mut order[head..], work, weights, head_mass, target, false)
+                    .map(|(i, mass)| (head + i + 1, mass))
+            })
+            .unwrap_or((n, total));
+        // The first kept entry whose prefix exceeds u * kept_mass.
+        let u = uniform * kept_mass;
+        let sorted = kept.min(head);
+        let mut cum = 0.0;
+        for &t in &order[..sorted] {
+            cum += w(t);
+            if u < cum {
+                return t;
+            }
+        }
+        let tail = &mut order[sorted..kept];
+        if let Some((i, _)) = first_reaching(tail, work, weights, cum, u, true) {
+            return tail[i];
+        }
+        // Rounding left u above them all: the last kept entry with any
+        // weight, or the last kept one.
+        let worst = |a: u32, b: u32| if better(work, a, b).is_lt() { b } else { a };
+        let tail = &order[sorted..kept];
+        tail.iter()
+            .copied()
+            .filter(|&t| w(t) > 0.0)
+            .reduce(worst)
+            .or_else(|| order[..sorted].iter().rev().copied().find(|&t| w(t) > 0.0))
+            .or_else(|| tail.iter().copied().reduce(worst))
+            .unwrap_or(order[kept - 1])
     }
 
     fn logprobs(&mut self, token: TokenId, n: u8) -> TokenLogprobs {
