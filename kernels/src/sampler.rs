@@ -56,6 +56,37 @@ pub fn has_openai_penalties(params: &SamplingParams) -> bool {
     on(params.presence_penalty) || on(params.frequency_penalty)
 }
 
+/// Calls `each(id, amount)` once for every id below `counts.len()` that
+/// `history[params.generated_from..]` holds, in order of first appearance,
+/// with what OpenAI's presence and frequency penalties subtract from its
+/// logit: `presence + frequency * count`, in f32. The shared sampler
+/// subtracts it, and the wgpu backend sends it to its sampling kernel, so
+/// both use these very operations. `counts` is scratch, left all zero.
+pub(crate) fn for_each_openai_amount(
+    params: &SamplingParams,
+    history: &[TokenId],
+    counts: &mut [u32],
+    mut each: impl FnMut(TokenId, f32),
+) {
+    let from = (params.generated_from as usize).min(history.len());
+    let generated = &history[from..];
+    for &t in generated {
+        if let Some(c) = counts.get_mut(t as usize) {
+            *c += 1;
+        }
+    }
+    for &t in generated {
+        // Each id once: later copies find a zero count.
+        if let Some(c) = counts.get_mut(t as usize).filter(|c| **c > 0) {
+            each(
+                t,
+                params.presence_penalty + params.frequency_penalty * *c as f32,
+            );
+            *c = 0;
+        }
+    }
+}
+
 /// The sampler with its scratch buffers, so steps do not allocate per token.
 #[derive(Debug, Default, Clone)]
 pub struct Sampler {
@@ -328,23 +359,11 @@ impl Sampler {
         if !has_openai_penalties(params) {
             return;
         }
-        let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
-        let n = self.work.len();
-        let from = (params.generated_from as usize).min(history.len());
-        self.counts.resize(n, 0);
-        for &t in &history[from..] {
-            if let Some(c) = self.counts.get_mut(t as usize) {
-                *c += 1;
-            }
-        }
-        for &t in &history[from..] {
-            let t = t as usize;
-            if t < n && self.counts[t] > 0 {
-                self.work[t] -= presence + frequency * self.counts[t] as f32;
-                // Each token once: later copies find a zero count.
-                self.counts[t] = 0;
-            }
-        }
+        self.counts.resize(self.work.len(), 0);
+        let work = &mut self.work;
+        for_each_openai_amount(params, history, &mut self.counts, |t, amount| {
+            work[t as usize] -= amount;
+        });
     }
 
     fn draw(&mut self, params: &SamplingParams, position: u32) -> TokenId {

@@ -4,7 +4,7 @@
 //! deduplicated repetition-penalty history) and the decoding of what it
 //! writes back (token ids, logprob blocks).
 
-use tokenwire_core::{SamplingParams, TokenId, TokenLogprobs};
+use tokenwire_core::{TokenId, TokenLogprobs};
 
 use super::pipelines::MAX_DEVICE_LOGPROBS;
 use crate::backend::{SampleSpec, Sampled};
@@ -65,33 +65,6 @@ fn frac32(x: f64) -> u32 {
         .min(u32::MAX as f64) as u32
 }
 
-/// Pushes each id of `generated` (in the vocabulary) once, with what the
-/// sampler subtracts from its logit: presence + frequency * count, in the
-/// same f32 operations. Whether every amount is finite. `counts` is left
-/// all zero.
-fn push_openai_pairs(
-    p: &SamplingParams,
-    generated: &[TokenId],
-    counts: &mut [u32],
-    words: &mut Vec<u32>,
-) -> bool {
-    for &tok in generated {
-        if let Some(c) = counts.get_mut(tok as usize) {
-            *c += 1;
-        }
-    }
-    let mut finite = true;
-    for &tok in generated {
-        if let Some(c) = counts.get_mut(tok as usize).filter(|c| **c > 0) {
-            let amount = p.presence_penalty + p.frequency_penalty * *c as f32;
-            *c = 0;
-            finite &= amount.is_finite();
-            words.extend([tok, amount.to_bits()]);
-        }
-    }
-    finite
-}
-
 /// Encodes one row per entry of `specs` (`None`, or more logprobs than
 /// [`MAX_DEVICE_LOGPROBS`]: not sampled on the device).
 /// `counts` is scratch, left all zero.
@@ -122,11 +95,15 @@ pub(crate) fn encode(
         };
         let p = &sp.params;
         let mut flags = 0;
-        let from = (p.generated_from as usize).min(sp.history.len());
-        let generated = &sp.history[from..];
-        if crate::sampler::has_openai_penalties(p) && !generated.is_empty() {
+        if crate::sampler::has_openai_penalties(p) {
+            // Each generated id once, with what the sampler subtracts.
             let off = words.len();
-            if !push_openai_pairs(p, generated, counts, &mut words) {
+            let mut finite = true;
+            crate::sampler::for_each_openai_amount(p, sp.history, counts, |t, amount| {
+                finite &= amount.is_finite();
+                words.extend([t, amount.to_bits()]);
+            });
+            if !finite {
                 // An infinite or NaN amount can make NaN of an infinite
                 // logit on the host, which the kernel would read as -inf.
                 words.truncate(off);
