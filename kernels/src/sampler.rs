@@ -191,10 +191,13 @@ fn pick(kept: &[u32], u: f64, weight: impl Fn(usize) -> f64) -> TokenId {
 /// with `strict`): its index i and that mass, with `order` rearranged so
 /// that `order[..i]` holds the entries before it (in no particular order)
 /// and `order[i]` the entry itself; `None` when the whole of `order` falls
-/// short.
+/// short. `start` itself must fall short.
 /// A quickselect: each round partitions the candidates around a pivot
 /// (median of three), sums the side that comes first, and keeps the side
-/// where the running mass crosses the target.
+/// where the running mass crosses the target. The same entries summed in
+/// another grouping can round the other way: when a side found to cross
+/// the target turns out, entry by entry, not to, the answer is the pivot
+/// that closed it (the first entry after it).
 fn first_reaching(
     order: &mut [u32],
     work: &[f32],
@@ -246,7 +249,9 @@ fn first_reaching(
             lo = split + 1;
         }
     }
-    None
+    // lo == hi: below `hi` nothing crossed one entry at a time, so the
+    // entry at `hi` (if any round closed the range there) is the first.
+    order.get(hi).map(|&t| (hi, done + weights[t as usize]))
 }
 
 impl Sampler {
@@ -481,7 +486,7 @@ impl Sampler {
                     .map(|(i, mass)| (head + i + 1, mass))
             })
             .unwrap_or((n, total));
-        // The first kept entry whose prefix exceeds u * kept_mass.
+        // The first kept entry whose prefix exceeds uniform * kept_mass.
         let u = uniform * kept_mass;
         let sorted = kept.min(head);
         let mut cum = 0.0;
@@ -525,5 +530,36 @@ impl Sampler {
             logprob: lp(token),
             top: self.order.iter().map(|&t| (t, lp(t))).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_reaching;
+
+    #[test]
+    fn a_side_that_crosses_only_when_summed_at_once_yields_the_pivot_after_it() {
+        // Ids 0..5 in order (values descending), weights by id: two of
+        // 2^-53, then 1s. From a mass of 1, the two small ones summed at once
+        // reach 1 + 2^-52, but added one at a time each rounds back to 1.
+        // The array starts [1, 0, 4, 3, 2]: the first round's pivot is id 2
+        // and closes the range on ids 1 and 0; the rounds after that add
+        // them one at a time and never reach. The first entry that reaches,
+        // one at a time as the sorted walk adds them, is id 2.
+        let work = [5.0f32, 4.0, 3.0, 2.0, 1.0];
+        let tiny = f64::EPSILON / 2.0;
+        let weights = [tiny, tiny, 1.0, 1.0, 1.0];
+        let mut order = [1u32, 0, 4, 3, 2];
+        let got = first_reaching(&mut order, &work, &weights, 1.0, 1.0 + f64::EPSILON, false);
+        assert_eq!(got, Some((2, 2.0)));
+        assert_eq!(order[2], 2);
+        let mut head = [order[0], order[1]];
+        head.sort();
+        assert_eq!(head, [0, 1]);
+        // Nothing reaches 10: none.
+        assert_eq!(
+            first_reaching(&mut order, &work, &weights, 1.0, 10.0, false),
+            None
+        );
     }
 }
