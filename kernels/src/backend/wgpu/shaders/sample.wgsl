@@ -139,7 +139,7 @@ var<private> temp: f32; // temperature
 var<private> mx: f32;   // the maximum weights are taken against (finite)
 // This invocation's run of consecutive candidates in one bucket, added to
 // the buckets at once (most candidates of the first pass share a handful of
-// buckets: one atomic per run, not per element).
+// buckets: one set of atomics per run, up to four, not per element).
 var<private> run_b: u32; // bucket, or NONE
 var<private> run_m: vec2<u32>;
 var<private> run_c: u32;
