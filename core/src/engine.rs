@@ -16,8 +16,12 @@ pub type BlockId = u32;
 /// Token id in the model's vocabulary.
 pub type TokenId = u32;
 
+/// OpenAI's `logit_bias` of one request: `(token, bias)` pairs with
+/// distinct ids. Cheap to clone (shared).
+pub type LogitBias = std::sync::Arc<[(TokenId, f32)]>;
+
 /// How the next token is picked from the logits. One validated set per sequence.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 = greedy (argmax); otherwise logits are divided by it.
     pub temperature: f32,
@@ -37,6 +41,11 @@ pub struct SamplingParams {
     /// prompt's length): the presence and frequency penalties count only
     /// what comes after.
     pub generated_from: u32,
+    /// OpenAI `logit_bias`: `(token, bias)` pairs, ids distinct, each bias
+    /// added to its token's logit before any penalty (as vLLM and
+    /// llama.cpp apply it). Shared, so cloning the parameters for every
+    /// step copies no list. Empty = off.
+    pub logit_bias: LogitBias,
     /// Seed of this sequence's sampler; the draw at each position is a pure
     /// function of (seed, position, logits).
     pub seed: u64,
@@ -52,6 +61,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             generated_from: 0,
+            logit_bias: LogitBias::default(),
             seed: 0,
         }
     }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::SamplingParams;
+use crate::engine::{LogitBias, SamplingParams};
 use crate::json::{f32_number, FieldError, Fields};
 
 /// Most stop strings per request.
@@ -35,6 +35,8 @@ pub struct GenParams {
     pub seed: Option<u64>,
     /// Alternatives per token when logprobs are asked for.
     pub top_logprobs: u8,
+    /// OpenAI `logit_bias` (Chat Completions and Completions); empty = off.
+    pub logit_bias: LogitBias,
 }
 
 impl GenParams {
@@ -51,6 +53,7 @@ impl GenParams {
             stop: Vec::new(),
             seed: None,
             top_logprobs: 5,
+            logit_bias: LogitBias::default(),
         }
     }
 
@@ -65,6 +68,7 @@ impl GenParams {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             generated_from: prompt_tokens,
+            logit_bias: self.logit_bias.clone(),
             seed,
         }
     }

@@ -349,7 +349,7 @@ fn generation_config_falls_back_to_the_servers_defaults_and_do_sample_false_is_g
         json!({"prompts": [{"request_id": "a", "prompt": "hi"}], "generation_config": {}}),
     );
     let plan = h.pending_step.clone().expect("a step");
-    let s = plan.seqs[0].sampling;
+    let s = &plan.seqs[0].sampling;
     assert_eq!(
         (s.temperature, s.top_k, s.repetition_penalty),
         (0.5, 50, 1.3)

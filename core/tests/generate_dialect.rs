@@ -267,7 +267,7 @@ fn modify_changes_parameters_and_acks_the_effective_values() {
     assert_eq!(ack["parameters"]["max_tokens"], 30);
     // The step planned after the modify carries the new sampling parameters.
     h.step();
-    let s = h.pending_step.clone().expect("a step").seqs[0].sampling;
+    let s = &h.pending_step.clone().expect("a step").seqs[0].sampling;
     assert!((s.temperature - 0.9).abs() < 1e-6);
     // Invalid: error, nothing changes.
     h.send(

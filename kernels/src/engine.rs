@@ -351,7 +351,7 @@ impl Engine {
                 block_table: &s.block_table,
                 want_logits: s.sample,
                 sample: s.sample.then(|| SampleSpec {
-                    params: s.sampling,
+                    params: &s.sampling,
                     // The token drawn here will sit at start_pos + len: that
                     // position seeds the draw.
                     position: s.start_pos + s.tokens.len() as u32,

@@ -56,6 +56,33 @@ pub fn has_openai_penalties(params: &SamplingParams) -> bool {
     on(params.presence_penalty) || on(params.frequency_penalty)
 }
 
+/// Calls `each(id, bias)` for every pair of `params.logit_bias` that
+/// changes a logit: the first pair of each id below `seen.len()` whose bias
+/// is finite and not zero (later pairs of an id, ids past the vocabulary
+/// and other biases are ignored). The shared sampler adds the bias, and the
+/// wgpu backend sends the pairs to its sampling kernel, so both apply the
+/// very same ones. `seen` is scratch, left all false.
+pub(crate) fn for_each_logit_bias(
+    params: &SamplingParams,
+    seen: &mut [bool],
+    mut each: impl FnMut(TokenId, f32),
+) {
+    let applies = |b: f32| b != 0.0 && b.is_finite();
+    for &(t, b) in params.logit_bias.iter() {
+        if let Some(s) = seen.get_mut(t as usize).filter(|s| !**s) {
+            *s = true;
+            if applies(b) {
+                each(t, b);
+            }
+        }
+    }
+    for &(t, _) in params.logit_bias.iter() {
+        if let Some(s) = seen.get_mut(t as usize) {
+            *s = false;
+        }
+    }
+}
+
 /// Calls `each(id, amount)` once for every id below `counts.len()` that
 /// `history[params.generated_from..]` holds, in order of first appearance,
 /// with what OpenAI's presence and frequency penalties subtract from its
@@ -262,7 +289,8 @@ impl Sampler {
 
     /// Picks the next token from `logits` (one per vocabulary entry).
     ///
-    /// Hugging Face order: repetition penalty over the distinct tokens of
+    /// Order: `logit_bias` (see [`SamplingParams::logit_bias`]), Hugging
+    /// Face's repetition penalty over the distinct tokens of
     /// `history`, the OpenAI presence and frequency penalties over its
     /// generated part (from `params.generated_from`), then (unless `temperature == 0`, which is greedy with ties
     /// to the lowest id) temperature, top-k, top-p, and a draw from a PRNG
@@ -300,6 +328,7 @@ impl Sampler {
         }
         let plain = allowed.is_none()
             && logprobs.is_none()
+            && params.logit_bias.is_empty()
             && !has_repetition_penalty(params.repetition_penalty)
             && !has_openai_penalties(params);
         if plain && is_greedy(params.temperature) {
@@ -316,6 +345,7 @@ impl Sampler {
                 }
             }
         }
+        self.apply_logit_bias(params);
         self.apply_repetition_penalty(params.repetition_penalty, history);
         self.apply_openai_penalties(params, history);
 
@@ -339,6 +369,18 @@ impl Sampler {
             lp.top.retain(|&(t, l)| mask.allows(t) && l.is_finite());
         }
         (token, lp)
+    }
+
+    /// Adds each `logit_bias` pair's bias to its token's logit (OpenAI's
+    /// definition), before the penalties.
+    fn apply_logit_bias(&mut self, params: &SamplingParams) {
+        if params.logit_bias.is_empty() {
+            return;
+        }
+        self.seen.clear();
+        self.seen.resize(self.work.len(), false);
+        let work = &mut self.work;
+        for_each_logit_bias(params, &mut self.seen, |t, b| work[t as usize] += b);
     }
 
     fn apply_repetition_penalty(&mut self, penalty: f32, history: &[TokenId]) {

@@ -42,6 +42,7 @@ fn rows_sampled_across_the_pool_are_the_shared_samplers_picks() {
         seed: 11 + i as u64,
         ..SamplingParams::default()
     };
+    let params: Vec<SamplingParams> = (0..SEQS).map(params).collect();
     let batch: Vec<SeqBatch<'_>> = (0..SEQS)
         .map(|i| SeqBatch {
             tokens: &prompts[i],
@@ -49,7 +50,7 @@ fn rows_sampled_across_the_pool_are_the_shared_samplers_picks() {
             block_table: &tables[i],
             want_logits: i != NO_LOGITS,
             sample: (i != NO_SPEC && i != NO_LOGITS).then(|| SampleSpec {
-                params: params(i),
+                params: &params[i],
                 position: prompts[i].len() as u32,
                 history: &prompts[i],
                 logprobs: (i == 1 || i == 3).then_some(3),

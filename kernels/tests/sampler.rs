@@ -255,9 +255,68 @@ fn zero_or_non_finite_openai_penalties_change_nothing() {
         let p = SamplingParams {
             presence_penalty: presence,
             frequency_penalty: frequency,
-            ..base
+            ..base.clone()
         };
         assert_eq!(sample(&logits, &p, 9, &history, Some(3)), (t0, lp0.clone()));
+    }
+}
+
+#[test]
+fn logit_bias_bans_forces_and_comes_before_the_penalties() {
+    let logits = [5.0f32, 1.0, 0.0, -2.0];
+    let with = |bias: &[(u32, f32)], temperature: f32, repetition: f32| SamplingParams {
+        logit_bias: bias.into(),
+        temperature,
+        repetition_penalty: repetition,
+        seed: 4,
+        ..SamplingParams::default()
+    };
+    // Greedy: a ban, a raise; the fast argmax path must not skip them.
+    assert_eq!(
+        sample(&logits, &with(&[(0, -100.0)], 0.0, 1.0), 0, &[], None).0,
+        1
+    );
+    assert_eq!(
+        sample(&logits, &with(&[(3, 7.5)], 0.0, 1.0), 0, &[], None).0,
+        3
+    );
+    // Only an id's first pair applies; ids past the vocabulary, zero and
+    // non-finite biases change nothing.
+    assert_eq!(
+        sample(
+            &logits,
+            &with(&[(1, 1.0), (1, 9.0)], 0.0, 1.0),
+            0,
+            &[],
+            None
+        )
+        .0,
+        0
+    );
+    let inert = [(9, 50.0), (0, f32::NAN), (1, 0.0), (2, f32::INFINITY)];
+    let base = with(&[], 0.9, 1.0);
+    for pos in 0..20 {
+        assert_eq!(
+            sample(&logits, &with(&inert, 0.9, 1.0), pos, &[], Some(2)),
+            sample(&logits, &base, pos, &[], Some(2))
+        );
+    }
+    // Before the repetition penalty: (1.0 + 4.0) / 2 = 2.5 < 3.0; after it
+    // would be 1.0 / 2 + 4.0 = 4.5.
+    let order = [3.0f32, 1.0];
+    assert_eq!(
+        sample(&order, &with(&[(1, 4.0)], 0.0, 2.0), 0, &[1], None).0,
+        0
+    );
+    // A draw never takes a banned token, and a forced one every time; the
+    // logprobs are those of the biased row.
+    for pos in 0..50 {
+        let (t, lp) = sample(&logits, &with(&[(0, -100.0)], 1.5, 1.0), pos, &[], Some(1));
+        assert_ne!(t, 0, "a banned token drawn at {pos}");
+        let lp = lp.expect("logprobs");
+        assert_eq!(lp.top[0].0, 1, "the ban moves the best");
+        let (t, _) = sample(&logits, &with(&[(2, 100.0)], 1.5, 1.0), pos, &[], None);
+        assert_eq!(t, 2);
     }
 }
 

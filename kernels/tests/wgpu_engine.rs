@@ -19,6 +19,12 @@ use tokenwire_kernels::{
 };
 use wgpu_support::*;
 
+/// Greedy parameters that outlive a test's `SampleSpec`s.
+fn greedy() -> &'static SamplingParams {
+    static GREEDY: std::sync::OnceLock<SamplingParams> = std::sync::OnceLock::new();
+    GREEDY.get_or_init(SamplingParams::greedy)
+}
+
 fn stories() -> Option<(Engine, serde_json::Value)> {
     let dir = stories_dir();
     let engine = or_skip(Engine::load(&dir, &wgpu_options()))?;
@@ -175,7 +181,7 @@ fn wgpu_engine_samples_like_the_cpu_engine() {
         let seqs = (0..params.len())
             .map(|i| {
                 let mut s = seq_step(i as u64, &feeds[i], pos[i], &tables[i], true);
-                s.sampling = params[i].0;
+                s.sampling = params[i].0.clone();
                 s.logprobs = params[i].1;
                 s
             })
@@ -336,7 +342,7 @@ fn forward_both(
                 want_logits: want,
                 // Greedy on the device (the token comes back), or the row.
                 sample: on_device.then(|| SampleSpec {
-                    params: SamplingParams::greedy(),
+                    params: greedy(),
                     position: (fed + n) as u32,
                     history: &seqs[i].tokens[..fed + n],
                     logprobs: None,
@@ -1048,7 +1054,7 @@ fn row_and_sampled<'a>(
         logits_step(tokens, start, table),
         SeqBatch {
             sample: Some(SampleSpec {
-                params: SamplingParams::greedy(),
+                params: greedy(),
                 position: start + tokens.len() as u32,
                 history,
                 logprobs: Some(3),

@@ -35,6 +35,14 @@ fn clean(x: f32) -> f32 {
 /// The penalised row the CPU sampler works on.
 fn penalised(logits: &[f32], p: &SamplingParams, history: &[TokenId]) -> Vec<f32> {
     let mut w: Vec<f32> = logits.iter().copied().map(clean).collect();
+    // logit_bias first: each id's first pair, when finite and in range.
+    let mut biased = vec![false; w.len()];
+    for &(t, b) in p.logit_bias.iter() {
+        let t = t as usize;
+        if t < w.len() && !std::mem::replace(&mut biased[t], true) && b.is_finite() {
+            w[t] += b;
+        }
+    }
     let r = p.repetition_penalty;
     if !(r == 1.0 || r.is_nan() || r <= 0.0 || r.is_infinite()) {
         let mut seen = vec![false; w.len()];
@@ -261,7 +269,7 @@ fn pick<T: Copy>(rng: &mut Rng, xs: &[T]) -> T {
 }
 
 /// Mixed parameters: greedy, temperature alone, top-k, top-p, both, with and
-/// without a repetition penalty and logprobs.
+/// without logit biases, penalties and logprobs.
 fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
     let v = vocab as u32;
     let temperature = pick(rng, &[0.0, 0.0, 0.3, 0.7, 1.0, 1.0, 1.3, 2.0]);
@@ -284,6 +292,21 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
         })
         .collect();
     let logprobs = pick(rng, &[None, None, Some(0u8), Some(1), Some(5), Some(20)]);
+    // logit_bias: none, a few ids (repeated ones and ids past the vocabulary
+    // among them, which only the first pair of, or nothing, applies), or
+    // many; biases from OpenAI's whole range, with a ban and a force.
+    let pairs = pick(rng, &[0usize, 0, 0, 1, 4, 40]);
+    let logit_bias: Vec<(TokenId, f32)> = (0..pairs)
+        .map(|_| {
+            let id = if rng.below(20) == 0 {
+                v + rng.below(3) as u32
+            } else {
+                rng.below(span.max(pairs as u64)) as TokenId
+            };
+            let bias = pick(rng, &[-100.0f32, 100.0, 0.0, 0.5, -3.0, 7.25]);
+            (id, bias)
+        })
+        .collect();
     LabSample {
         params: SamplingParams {
             temperature,
@@ -293,6 +316,7 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
             presence_penalty,
             frequency_penalty,
             generated_from,
+            logit_bias: logit_bias.into(),
             seed: rng.next_u64(),
         },
         position: rng.below(5000) as u32,
@@ -465,7 +489,7 @@ fn wgpu_sample_same_seed_same_token_and_seeds_spread() {
     // The same (seed, position) eight times in one batch, and again later.
     let same: Vec<LabSample> = (0..8)
         .map(|_| LabSample {
-            params,
+            params: params.clone(),
             position: 41,
             history: Vec::new(),
             logprobs: None,
@@ -481,7 +505,7 @@ fn wgpu_sample_same_seed_same_token_and_seeds_spread() {
         .map(|i| LabSample {
             params: SamplingParams {
                 seed: i as u64,
-                ..params
+                ..params.clone()
             },
             position: 41 + i,
             history: Vec::new(),
@@ -613,6 +637,72 @@ fn wgpu_sample_openai_penalties_count_generated_tokens() {
         assert_eq!(got[0].0, want, "{row:?} with {:?} {hist:?}", spec.params);
         check_logprobs(
             "openai penalties",
+            got[0].1.as_ref().expect("logprobs"),
+            &cpu_lp.expect("cpu logprobs"),
+            row,
+            &spec.params,
+            &hist,
+        );
+    }
+}
+
+#[test]
+fn wgpu_sample_logit_bias_before_the_penalties() {
+    let Some(mut lab) = lab() else { return };
+    let row = |bias: &[(TokenId, f32)], repetition: f32, temperature: f32, history: &[TokenId]| {
+        LabSample {
+            params: SamplingParams {
+                logit_bias: bias.into(),
+                repetition_penalty: repetition,
+                temperature,
+                top_k: if temperature > 0.0 { 2 } else { 0 },
+                seed: 9,
+                ..SamplingParams::default()
+            },
+            position: 3,
+            history: history.to_vec(),
+            logprobs: Some(2),
+        }
+    };
+    let cases: [(&[f32], LabSample, TokenId); 7] = [
+        // A ban: 5.0 - 100 loses to 1.0.
+        (&[5.0, 1.0, 0.0], row(&[(0, -100.0)], 1.0, 0.0, &[]), 1),
+        // A raise: 0.0 + 4.5 beats 4.0.
+        (&[4.0, 1.0, 0.0], row(&[(2, 4.5)], 1.0, 0.0, &[]), 2),
+        // Only an id's first pair: the second (+10) for id 1 is ignored.
+        (&[4.0, 1.0], row(&[(1, 2.0), (1, 10.0)], 1.0, 0.0, &[]), 0),
+        // Ids past the vocabulary and biases that are not finite are ignored.
+        (
+            &[4.0, 1.0],
+            row(&[(7, 9.0), (1, f32::NAN)], 1.0, 0.0, &[]),
+            0,
+        ),
+        // The bias before the repetition penalty: (1.0 + 3.0) / 2 = 2.0 <
+        // 2.1; the other order would give 1.0 / 2 + 3.0 = 3.5.
+        (&[2.1, 1.0], row(&[(1, 3.0)], 2.0, 0.0, &[1]), 0),
+        // A drawn row with top-k 2: the ban leaves ids 1 and 2 to draw from.
+        (
+            &[9.0, 1.0, 1.0, -50.0],
+            row(&[(0, -100.0)], 1.0, 1.0, &[]),
+            99,
+        ),
+        // A forced id wins every draw.
+        (&[3.0, 2.0, 1.0], row(&[(2, 100.0)], 1.0, 0.7, &[]), 2),
+    ];
+    for (row, spec, want) in cases {
+        let hist = spec.history.clone();
+        let got = lab
+            .sample(row, row.len(), std::slice::from_ref(&spec), 1)
+            .expect("sample");
+        let (cpu, cpu_lp) = sample(row, &spec.params, 3, &hist, Some(2));
+        if want == 99 {
+            assert!(cpu == 1 || cpu == 2, "cpu drew {cpu} from a banned best");
+        } else {
+            assert_eq!(cpu, want, "cpu on {row:?} {:?}", spec.params);
+        }
+        assert_eq!(got[0].0, cpu, "{row:?} with {:?} {hist:?}", spec.params);
+        check_logprobs(
+            "logit_bias",
             got[0].1.as_ref().expect("logprobs"),
             &cpu_lp.expect("cpu logprobs"),
             row,
@@ -849,7 +939,7 @@ fn frequencies(lab: &mut KernelLab, row: &[f32], params: SamplingParams, draws: 
     let vocab = row.len();
     let specs: Vec<LabSample> = (0..draws)
         .map(|pos| LabSample {
-            params,
+            params: params.clone(),
             position: pos as u32,
             history: Vec::new(),
             logprobs: None,

@@ -468,7 +468,7 @@ fn run(
     // The OpenAI penalties count what each sequence generated.
     let sampling = SamplingParams {
         generated_from: prompt as u32,
-        ..a.sampling
+        ..a.sampling.clone()
     };
     let per = (prompt + steps + 1).max(10).div_ceil(bs);
     let mut rng = Rng::new(seed);
@@ -508,7 +508,7 @@ fn run(
                 block_table: table,
                 want_logits: true,
                 sample: (!host_sample).then_some(SampleSpec {
-                    params: sampling,
+                    params: &sampling,
                     position: position(t),
                     history: h,
                     logprobs: None,

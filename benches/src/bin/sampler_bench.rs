@@ -85,7 +85,7 @@ fn main() {
                 for (i, l) in logits.iter().enumerate() {
                     let p = SamplingParams {
                         seed: i as u64,
-                        ..*params
+                        ..params.clone()
                     };
                     sink += sampler.sample(l, &p, i as u32, &history, None).0 as u64;
                 }

@@ -654,7 +654,7 @@ impl HostPort for Shared {
         let sampling = req.params.sampling(seed, prompt_tokens);
         let reused = req.reuse_kv.is_some_and(|KeptKv(kept)| {
             let same = sched.tokens(kept) == Some(req.prompt_ids.as_slice());
-            let reused = same && sched.unpark(kept, id, max_len, sampling, req.logprobs);
+            let reused = same && sched.unpark(kept, id, max_len, sampling.clone(), req.logprobs);
             if !reused {
                 sched.drop_parked(kept);
             }

@@ -52,7 +52,7 @@ fn a_parked_sequence_keeps_its_blocks_and_continues_with_one_token_to_feed() {
         temperature: 0.5,
         ..SamplingParams::greedy()
     };
-    assert!(s.unpark(a, b, 23 + 10, sampling, Some(2)));
+    assert!(s.unpark(a, b, 23 + 10, sampling.clone(), Some(2)));
     ok(&s);
     assert!(
         !s.contains(a),

@@ -276,7 +276,7 @@ impl Scheduler {
         let Some(s) = self.live(src) else {
             return false;
         };
-        let mut child = Seq::new(s.tokens.clone(), s.max_len, s.sampling, s.logprobs);
+        let mut child = Seq::new(s.tokens.clone(), s.max_len, s.sampling.clone(), s.logprobs);
         child.constraint = s.constraint.clone();
         child.runnable = s.runnable;
         child.started = true;
@@ -592,7 +592,7 @@ impl Scheduler {
                 tokens: s.tokens[start..start + p.fed as usize].to_vec(),
                 start_pos: s.num_computed,
                 block_table: s.blocks.clone(),
-                sampling: s.sampling,
+                sampling: s.sampling.clone(),
                 sample: p.sample,
                 logprobs: s.logprobs,
                 cached_prefix,

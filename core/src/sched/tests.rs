@@ -568,20 +568,20 @@ fn refuses_what_never_fits_and_duplicates() {
     let mut s = Scheduler::new(cfg(4, 64, 8));
     let g = SamplingParams::greedy();
     assert_eq!(
-        s.add(SeqId(1), vec![5; 10], 65, g, None),
+        s.add(SeqId(1), vec![5; 10], 65, g.clone(), None),
         Err(AdmitError::NeverFits {
             needed_blocks: 5,
             total_blocks: 4
         })
     );
     assert!(!s.contains(SeqId(1)));
-    assert_eq!(s.add(SeqId(1), vec![5; 10], 64, g, None), Ok(()));
+    assert_eq!(s.add(SeqId(1), vec![5; 10], 64, g.clone(), None), Ok(()));
     assert_eq!(
-        s.add(SeqId(1), vec![5; 10], 20, g, None),
+        s.add(SeqId(1), vec![5; 10], 20, g.clone(), None),
         Err(AdmitError::Duplicate)
     );
     assert!(matches!(
-        s.add(SeqId(2), vec![], 20, g, None),
+        s.add(SeqId(2), vec![], 20, g.clone(), None),
         Err(AdmitError::NeverFits {
             needed_blocks: 0,
             ..
@@ -771,7 +771,7 @@ fn sampling_and_logprobs_changes_apply_to_the_next_plan() {
         seed: 9,
         ..SamplingParams::default()
     };
-    h.sched.set_sampling(SeqId(1), hot);
+    h.sched.set_sampling(SeqId(1), hot.clone());
     h.sched.set_logprobs(SeqId(1), Some(3));
     assert_eq!(p.seqs[0].sampling, SamplingParams::greedy());
     assert_eq!(p.seqs[0].logprobs, None);

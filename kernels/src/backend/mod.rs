@@ -40,7 +40,7 @@ pub enum BackendKind {
 #[derive(Debug, Clone, Copy)]
 pub struct SampleSpec<'a> {
     /// The sequence's sampling parameters.
-    pub params: SamplingParams,
+    pub params: &'a SamplingParams,
     /// Position the sampled token will take (it seeds the draw).
     pub position: u32,
     /// Every token the sequence holds, this step's included (the repetition
@@ -59,7 +59,7 @@ impl SampleSpec<'_> {
     pub fn sample(&self, sampler: &mut Sampler, row: &[f32]) -> (TokenId, Option<TokenLogprobs>) {
         sampler.sample_masked(
             row,
-            &self.params,
+            self.params,
             self.position,
             self.history,
             self.logprobs,

@@ -289,6 +289,7 @@ fn config_params(
         stop: Vec::new(),
         seed: None,
         top_logprobs: 0,
+        logit_bias: Default::default(),
     };
     // Only the source's fields: a stop list or a seed is not part of it.
     let known: Map<String, Value> = cfg

@@ -908,7 +908,7 @@ impl KernelLab {
             .iter()
             .map(|l| {
                 Some(SampleSpec {
-                    params: l.params,
+                    params: &l.params,
                     position: l.position,
                     history: &l.history,
                     logprobs: l.logprobs,
@@ -916,8 +916,7 @@ impl KernelLab {
                 })
             })
             .collect();
-        let mut counts = Vec::new();
-        let rows = super::sample::encode(&specs_ref, vocab as u32, &mut counts);
+        let rows = super::sample::encode(&specs_ref, vocab as u32, &mut Default::default());
         if !rows.rows.iter().all(|r| r.0) {
             return Err("a row asks for more logprobs than the device computes".into());
         }

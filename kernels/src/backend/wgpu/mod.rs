@@ -610,9 +610,8 @@ pub struct WgpuBackend {
     scratch: ::wgpu::Buffer,
     dummy: ::wgpu::Buffer,
     staged: Vec<u8>,
-    /// Scratch of the histories' deduplication and token counts (all zero
-    /// between steps).
-    token_counts: Vec<u32>,
+    /// Scratch of the sampling rows' encoding (cleared between steps).
+    sample_scratch: sample::Scratch,
     /// Per-kernel timing, while switched on.
     profiler: Option<Profiler>,
     /// The host's phases of the steps run since last taken.
@@ -775,7 +774,7 @@ impl WgpuBackend {
             scratch,
             dummy,
             staged: Vec::new(),
-            token_counts: Vec::new(),
+            sample_scratch: Default::default(),
             profiler: None,
             host: HostTimes::default(),
             first_submit: opts
@@ -1310,7 +1309,7 @@ impl WgpuBackend {
             .filter(|b| b.want_logits)
             .map(|b| b.sample.filter(|_| sample_ok))
             .collect();
-        let sample = sample::encode(&specs, self.dims.vocab, &mut self.token_counts);
+        let sample = sample::encode(&specs, self.dims.vocab, &mut self.sample_scratch);
         let on_device: Vec<bool> = sample.rows.iter().map(|r| r.0).collect();
         let plan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
         let row_bytes = 4 * self.dims.vocab as u64;

@@ -198,8 +198,9 @@ mod tests {
     #[test]
     fn rows_are_cut_into_passes_and_work_lists() {
         let ta = [7u32, 2, 9];
+        let greedy = tokenwire_core::SamplingParams::greedy();
         let spec = crate::backend::SampleSpec {
-            params: tokenwire_core::SamplingParams::greedy(),
+            params: &greedy,
             position: 8,
             history: &[],
             logprobs: None,

@@ -28,6 +28,10 @@ const R_LP_OFF: usize = 9;
 /// how many there are.
 const R_OAI_OFF: usize = 10;
 const R_OAI_LEN: usize = 11;
+/// Where the row's (id, bias) pairs of `logit_bias` start, and how many
+/// there are.
+const R_BIAS_OFF: usize = 12;
+const R_BIAS_LEN: usize = 13;
 
 const F_GREEDY: u32 = 1;
 const F_PENALTY: u32 = 2;
@@ -35,6 +39,7 @@ const F_TOP_K: u32 = 4;
 const F_TOP_P: u32 = 8;
 const F_LOGPROBS: u32 = 16;
 const F_OPENAI: u32 = 32;
+const F_BIAS: u32 = 64;
 /// Not sampled on the device (its row comes back instead).
 const F_SKIP: u32 = 0x8000_0000;
 
@@ -57,6 +62,17 @@ impl SampleRows {
     }
 }
 
+/// Scratch of [`encode`], kept between steps so it allocates nothing per
+/// token; left cleared.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Scratch {
+    /// Times each id was generated (the OpenAI penalties), and ids taken
+    /// into the repetition penalty's history.
+    counts: Vec<u32>,
+    /// Ids a `logit_bias` pair was taken for.
+    seen: Vec<bool>,
+}
+
 /// `x` in [0, 1) as a 32-bit fraction, rounded down (the kernel multiplies
 /// masses by it exactly).
 fn frac32(x: f64) -> u32 {
@@ -67,17 +83,18 @@ fn frac32(x: f64) -> u32 {
 
 /// Encodes one row per entry of `specs` (`None`, or more logprobs than
 /// [`MAX_DEVICE_LOGPROBS`]: not sampled on the device).
-/// `counts` is scratch, left all zero.
 pub(crate) fn encode(
     specs: &[Option<SampleSpec<'_>>],
     vocab: u32,
-    counts: &mut Vec<u32>,
+    scratch: &mut Scratch,
 ) -> SampleRows {
     let n = specs.len();
     let mut words = vec![0u32; n * ROW_WORDS];
     let mut rows = Vec::with_capacity(n);
     let mut out_words = n as u32;
+    let counts = &mut scratch.counts;
     counts.resize(vocab as usize, 0);
+    scratch.seen.resize(vocab as usize, false);
     for (i, spec) in specs.iter().enumerate() {
         let at = i * ROW_WORDS;
         // Rows the kernel does not do go to the shared sampler: many
@@ -93,8 +110,21 @@ pub(crate) fn encode(
             rows.push((false, None));
             continue;
         };
-        let p = &sp.params;
+        let p = sp.params;
         let mut flags = 0;
+        if !p.logit_bias.is_empty() {
+            // Each pair the sampler applies, with its bias. Distinct ids: no
+            // two invocations add to the same logit.
+            let off = words.len();
+            crate::sampler::for_each_logit_bias(p, &mut scratch.seen, |t, b| {
+                words.extend([t, b.to_bits()]);
+            });
+            if words.len() > off {
+                flags |= F_BIAS;
+                words[at + R_BIAS_OFF] = off as u32;
+                words[at + R_BIAS_LEN] = ((words.len() - off) / 2) as u32;
+            }
+        }
         if crate::sampler::has_openai_penalties(p) {
             // Each generated id once, with what the sampler subtracts.
             let off = words.len();
@@ -195,6 +225,17 @@ pub(crate) fn decode(out: &[u32], rows: &SampleRows) -> Vec<Option<Sampled>> {
 mod tests {
     use super::*;
 
+    /// A row sampled at position 2 after `history`, without logprobs.
+    fn spec<'a>(params: &'a SamplingParams, history: &'a [TokenId]) -> Option<SampleSpec<'a>> {
+        Some(SampleSpec {
+            params,
+            position: 2,
+            history,
+            logprobs: None,
+            allowed: None,
+        })
+    }
+
     fn w_flags(r: &SampleRows, row: usize) -> u32 {
         r.words[row * ROW_WORDS + R_FLAGS]
     }
@@ -203,31 +244,24 @@ mod tests {
     fn openai_penalties_go_up_as_generated_ids_with_their_amounts() {
         // The prompt's id 4 is not generated; 150 is past the vocabulary.
         let hist = [4u32, 1, 2, 1, 1, 150];
-        let spec = |presence: f32, frequency: f32| {
-            Some(SampleSpec {
-                params: SamplingParams {
-                    presence_penalty: presence,
-                    frequency_penalty: frequency,
-                    generated_from: 1,
-                    ..SamplingParams::default()
-                },
-                position: 2,
-                history: &hist,
-                logprobs: None,
-                allowed: None,
-            })
+        let params = |presence: f32, frequency: f32| SamplingParams {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            generated_from: 1,
+            ..SamplingParams::default()
         };
-        let mut counts = Vec::new();
-        let specs = [
-            spec(0.0, 0.0),
-            spec(0.5, 0.25),
-            spec(0.5, f32::NAN),
-            spec(f32::INFINITY, 0.0),
+        let params = [
+            params(0.0, 0.0),
+            params(0.5, 0.25),
+            params(0.5, f32::NAN),
+            params(f32::INFINITY, 0.0),
             // Finite, but 3e38 + 3 * 3e38 overflows.
-            spec(3e38, 3e38),
+            params(3e38, 3e38),
         ];
-        let r = encode(&specs, 10, &mut counts);
-        assert!(counts.iter().all(|&c| c == 0));
+        let mut scratch = Scratch::default();
+        let specs: Vec<_> = params.iter().map(|p| spec(p, &hist)).collect();
+        let r = encode(&specs, 10, &mut scratch);
+        assert!(scratch.counts.iter().all(|&c| c == 0));
         // A NaN frequency beside a presence makes NaN amounts, and huge
         // penalties infinite ones: left to the CPU. An infinite penalty
         // alone is off (the sampler's test): sampled on the device, without
@@ -249,11 +283,46 @@ mod tests {
     use tokenwire_core::SamplingParams;
 
     #[test]
+    fn logit_bias_goes_up_as_the_pairs_the_sampler_applies() {
+        let params = |bias: &[(TokenId, f32)]| SamplingParams {
+            logit_bias: bias.into(),
+            ..SamplingParams::default()
+        };
+        let params = [
+            // Id 3 twice (the first counts), 12 past the vocabulary, a zero
+            // and a NaN bias: two pairs go up.
+            params(&[
+                (3, 1.5),
+                (12, 4.0),
+                (3, 8.0),
+                (5, 0.0),
+                (6, f32::NAN),
+                (0, -100.0),
+            ]),
+            // Nothing that changes a logit: no flag, no pairs.
+            params(&[(5, 0.0), (40, 1.0)]),
+        ];
+        let mut scratch = Scratch::default();
+        let specs: Vec<_> = params.iter().map(|p| spec(p, &[])).collect();
+        let r = encode(&specs, 10, &mut scratch);
+        assert!(scratch.seen.iter().all(|&s| !s), "scratch left cleared");
+        let w = &r.words;
+        assert_eq!(w_flags(&r, 0) & F_BIAS, F_BIAS);
+        let (off, len) = (w[R_BIAS_OFF] as usize, w[R_BIAS_LEN] as usize);
+        assert_eq!(
+            &w[off..off + 2 * len],
+            &[3, 1.5f32.to_bits(), 0, (-100.0f32).to_bits()]
+        );
+        assert_eq!(w_flags(&r, 1) & F_BIAS, 0);
+        assert_eq!(r.rows.iter().map(|x| x.0).collect::<Vec<_>>(), [true, true]);
+    }
+
+    #[test]
     fn rows_follow_the_samplers_tests() {
         let hist = [5u32, 3, 5, 900, 3, 7];
         let specs = [
             Some(SampleSpec {
-                params: SamplingParams {
+                params: &SamplingParams {
                     temperature: 0.7,
                     top_p: 0.9,
                     top_k: 40,
@@ -268,7 +337,7 @@ mod tests {
             }),
             None,
             Some(SampleSpec {
-                params: SamplingParams {
+                params: &SamplingParams {
                     top_k: 100,
                     top_p: 1.0,
                     repetition_penalty: f32::NAN,
@@ -281,16 +350,16 @@ mod tests {
             }),
             // More logprobs than the device computes: the row comes back.
             Some(SampleSpec {
-                params: SamplingParams::default(),
+                params: &SamplingParams::default(),
                 position: 0,
                 history: &hist,
                 logprobs: Some(MAX_DEVICE_LOGPROBS as u8 + 1),
                 allowed: None,
             }),
         ];
-        let mut counts = Vec::new();
-        let r = encode(&specs, 100, &mut counts);
-        assert!(counts.iter().all(|&c| c == 0));
+        let mut scratch = Scratch::default();
+        let r = encode(&specs, 100, &mut scratch);
+        assert!(scratch.counts.iter().all(|&c| c == 0));
         let w = &r.words;
         assert_eq!(
             w[R_FLAGS],

@@ -3,6 +3,8 @@
 // (kernels/src/sampler.rs, `Sampler::sample`), so a step reads back token ids
 // instead of vocabulary rows.
 //
+// * logit_bias first: the host sends the (id, bias) pairs the sampler
+//   applies (distinct ids), and x + bias is written back.
 // * Repetition penalty (x > 0 ? x / p : x * p) over the row's distinct
 //   history ids (deduplicated by the host), written back into the row; NaN
 //   counts as -inf. Then the OpenAI presence and frequency penalties: the
@@ -92,6 +94,8 @@ const R_N_LOGPROBS: u32 = 8u;
 const R_LP_OFF: u32 = 9u;
 const R_OAI_OFF: u32 = 10u; // (id, amount) pairs of the OpenAI penalties
 const R_OAI_LEN: u32 = 11u;
+const R_BIAS_OFF: u32 = 12u; // (id, bias) pairs of logit_bias
+const R_BIAS_LEN: u32 = 13u;
 // Flags.
 const F_GREEDY: u32 = 1u;
 const F_PENALTY: u32 = 2u;
@@ -99,6 +103,7 @@ const F_TOP_K: u32 = 4u;
 const F_TOP_P: u32 = 8u;
 const F_LOGPROBS: u32 = 16u;
 const F_OPENAI: u32 = 32u;
+const F_BIAS: u32 = 64u;
 const F_SKIP: u32 = 0x80000000u;
 
 const NEG_INF: u32 = 0xff800000u;
@@ -747,6 +752,17 @@ fn draw(row: u32, flags: u32) -> u32 {
     return token;
 }
 
+// logit_bias pair i (of len at off): x + bias.
+fn add_bias(off: u32, len: u32, i: u32) {
+    if (i >= len) {
+        return;
+    }
+    let t = rows[off + 2u * i];
+    if (t < n) {
+        logits[base + t] = bitcast<u32>(work(t) + bitcast<f32>(rows[off + 2u * i + 1u]));
+    }
+}
+
 // OpenAI pair i (of len at off): x - amount.
 fn subtract(off: u32, len: u32, i: u32) {
     if (i >= len) {
@@ -796,6 +812,23 @@ fn main(
     temp = bitcast<f32>(rows[row + R_TEMP]);
     mx = 0.0;
 
+    if ((flags & F_BIAS) != 0u) {
+        // Distinct ids: no two invocations touch the same logit.
+        let off = rows[row + R_BIAS_OFF];
+        let len = rows[row + R_BIAS_LEN];
+        for (var i = lid; i < len; i += STRIDE) {
+            add_bias(off, len, i);
+            add_bias(off, len, i + WG);
+            add_bias(off, len, i + 2u * WG);
+            add_bias(off, len, i + 3u * WG);
+            add_bias(off, len, i + 4u * WG);
+            add_bias(off, len, i + 5u * WG);
+            add_bias(off, len, i + 6u * WG);
+            add_bias(off, len, i + 7u * WG);
+        }
+    }
+    // Every bias is in before an id's repetition penalty reads it.
+    storageBarrier();
     if ((flags & F_PENALTY) != 0u) {
         let pen = bitcast<f32>(rows[row + R_PENALTY]);
         let off = rows[row + R_HIST_OFF];
