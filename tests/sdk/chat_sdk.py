@@ -137,6 +137,23 @@ def main() -> int:
             fail("the same seed gave other choices")
 
     @check
+    def logit_bias_forces_a_token() -> None:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+            logit_bias={"300": 100},
+        )
+        c = strict(ChatCompletion, raw.http_response.text, "the completion")
+        tokens = [t.token for t in c.choices[0].logprobs.content]
+        if len(tokens) != 4 or len(set(tokens)) != 1:
+            fail("a forced token was not every token", raw.http_response.text)
+        try:
+            client.chat.completions.create(model=model, messages=msgs, logit_bias={"1000000000": 5})
+            fail("a token id past the vocabulary was accepted")
+        except openai.BadRequestError as e:
+            if e.body.get("param") != "logit_bias.1000000000":
+                fail(f"param {e.body!r}")
+
+    @check
     def stop_strings_end_the_text() -> None:
         c = client.chat.completions.create(model=model, messages=msgs, max_tokens=24,
                                            temperature=0, stop=["."])

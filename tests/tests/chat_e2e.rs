@@ -210,6 +210,72 @@ async fn presence_and_frequency_penalties_steer_away_from_generated_tokens() {
     server.shutdown().await;
 }
 
+/// `logit_bias` on both routes: +100 forces a token at every step (its
+/// logprob, that of the biased row, is then about 0), -100 on half the
+/// vocabulary changes the greedy text, and a token id past the vocabulary
+/// is a 400 naming the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_forces_and_bans_tokens() {
+    let server = server().await;
+    let forced = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&body(
+            json!({"max_tokens": 4, "logprobs": true, "logit_bias": {"300": 100}}),
+        )),
+    )
+    .await;
+    assert_eq!(forced.status, 200, "{}", forced.body);
+    let v = forced.json();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs")
+        .clone();
+    assert_eq!(content.len(), 4, "{v}");
+    for t in &content {
+        assert_eq!(t["token"], content[0]["token"], "one token, forced: {v}");
+        assert!(t["logprob"].as_f64().expect("logprob") > -1e-3, "{t}");
+    }
+    let text = |extra: Value| {
+        let mut b = json!({"model": "stories260K", "prompt": "Once upon a time",
+                           "max_tokens": 16, "temperature": 0});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        let server = &server;
+        async move {
+            let r = http(server, "POST", "/v1/completions", Some(&b.to_string())).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()["choices"][0]["text"]
+                .as_str()
+                .expect("text")
+                .to_owned()
+        }
+    };
+    let plain = text(json!({})).await;
+    let ban: serde_json::Map<String, Value> = (256..512)
+        .map(|id: u32| (id.to_string(), json!(-100)))
+        .collect();
+    let banned = text(json!({ "logit_bias": ban })).await;
+    assert_ne!(
+        plain, banned,
+        "banning half the vocabulary changes the text"
+    );
+    // A bias of zero changes nothing.
+    assert_eq!(text(json!({"logit_bias": {"300": 0}})).await, plain);
+    let bad = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&body(json!({"logit_bias": {"512": 1}}))),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["param"], "logit_bias.512");
+    server.shutdown().await;
+}
+
 /// `--anon-requests-per-minute`: a client without a key is limited by its
 /// address, answered 429 with `Retry-After` and the API's code; a key's
 /// requests are not.

@@ -122,10 +122,11 @@ async fn wgpu_prompts_served_from_cached_blocks_stream_the_cold_tokens() {
     );
 }
 
-/// Chat Completions with the OpenAI presence and frequency penalties: the
-/// wgpu engine applies them on the device by the shared sampler's rule
-/// (each generated id with the amount the sampler subtracts), so its greedy
-/// text is the CPU engine's.
+/// Completions with the OpenAI presence and frequency penalties, and with
+/// `logit_bias`: the wgpu engine applies them on the device by the shared
+/// sampler's rule (each generated id with the amount the sampler
+/// subtracts, each biased id with its bias), so its greedy text is the CPU
+/// engine's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
     let Some(gpu) = wgpu_server(true).await else {
@@ -153,6 +154,19 @@ async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
     let unpenalised =
         text(tokenwire_tests::http(&gpu, "POST", "/v1/completions", Some(&plain)).await);
     assert_ne!(on_gpu, unpenalised);
+    // logit_bias, applied on the device before the penalties: half the
+    // vocabulary banned, one id raised, with a repetition penalty after.
+    let mut bias: serde_json::Map<String, serde_json::Value> = (256..512)
+        .map(|id: u32| (id.to_string(), json!(-100)))
+        .collect();
+    bias.insert("100".into(), json!(2.5));
+    let biased = json!({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32,
+                        "temperature": 0, "repetition_penalty": 1.3, "logit_bias": bias})
+    .to_string();
+    let on_gpu = text(tokenwire_tests::http(&gpu, "POST", "/v1/completions", Some(&biased)).await);
+    let on_cpu = text(tokenwire_tests::http(&cpu, "POST", "/v1/completions", Some(&biased)).await);
+    assert_eq!(on_gpu, on_cpu);
+    assert_ne!(on_gpu, unpenalised, "the biases change the text");
     gpu.shutdown().await;
     cpu.shutdown().await;
 }

@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::constraint::Grammar;
 use crate::dialect::openai::{self, FormatShape};
+use crate::engine::{LogitBias, TokenId};
 use crate::json::{self, FieldError, Fields};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Role};
@@ -13,6 +14,11 @@ use crate::tools::{self, ToolFormat, Tools};
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u64 = 8;
+/// Most `logit_bias` entries one request may give (every entry is applied
+/// to the row at every step).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// A `logit_bias` value's bound: -100 to 100, as in the API.
+pub const LOGIT_BIAS_LIMIT: f64 = 100.0;
 
 /// Which route a request came by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,8 +141,9 @@ pub fn error_body(status: u16, code: &str, message: &str, param: Option<&str>) -
 }
 
 /// Decodes a request body (a JSON object) for `route`. `default_max_tokens`
-/// and `context_len` bound the length; fields this server does not know are
-/// ignored, as the API's clients expect.
+/// and `context_len` bound the length, `vocab_size` the token ids of
+/// `logit_bias`; fields this server does not know are ignored, as the
+/// API's clients expect.
 ///
 /// Earlier tool calls in assistant messages are written as the model
 /// writes calls (`format`), so the conversation reads as the model's own.
@@ -145,6 +152,7 @@ pub fn decode(
     obj: &Map<String, Value>,
     default_max_tokens: u32,
     context_len: u32,
+    vocab_size: u32,
     format: ToolFormat,
 ) -> Result<ChatRequest, BadRequest> {
     let f = Fields::new(obj, "");
@@ -171,6 +179,7 @@ pub fn decode(
         params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?;
     params.presence_penalty = penalty(&f, "presence_penalty")?;
     params.frequency_penalty = penalty(&f, "frequency_penalty")?;
+    params.logit_bias = logit_bias(&f, vocab_size)?;
     let n = match f.u64("n").map_err(BadRequest::invalid)? {
         None => 1,
         Some(n) if (1..=MAX_CHOICES).contains(&n) => n as u32,
@@ -246,6 +255,65 @@ fn penalty(f: &Fields<'_>, field: &str) -> Result<f32, BadRequest> {
             format!("must be between -2 and 2, got {v}"),
         )),
     }
+}
+
+/// `logit_bias`: an object from token ids (decimal strings, below the
+/// vocabulary's size) to biases from -100 to 100, at most
+/// [`MAX_LOGIT_BIAS`] of them; empty when absent. Two keys naming one id
+/// ("7" and "07") are refused rather than one silently chosen.
+fn logit_bias(f: &Fields<'_>, vocab_size: u32) -> Result<LogitBias, BadRequest> {
+    let Some(map) = f.obj("logit_bias").map_err(BadRequest::invalid)? else {
+        return Ok(LogitBias::default());
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(BadRequest::field(
+            "logit_bias",
+            format!("at most {MAX_LOGIT_BIAS} entries, got {}", map.len()),
+        ));
+    }
+    let mut pairs: Vec<(TokenId, f32)> = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let field = format!("logit_bias.{key}");
+        let id = key
+            .parse::<TokenId>()
+            .ok()
+            .filter(|_| key.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| {
+                BadRequest::field(
+                    "logit_bias",
+                    format!("keys must be token ids (decimal integers), got {key:?}"),
+                )
+            })?;
+        if id >= vocab_size {
+            return Err(BadRequest::field(
+                &field,
+                format!("token id {id} is past the vocabulary ({vocab_size} ids)"),
+            ));
+        }
+        let bias = match value.as_f64() {
+            Some(b) if (-LOGIT_BIAS_LIMIT..=LOGIT_BIAS_LIMIT).contains(&b) => b as f32,
+            Some(b) => {
+                return Err(BadRequest::field(
+                    &field,
+                    format!("must be between -100 and 100, got {b}"),
+                ))
+            }
+            None => {
+                return Err(BadRequest::field(
+                    &field,
+                    format!("must be a number, got {}", json::type_name(value)),
+                ))
+            }
+        };
+        if pairs.iter().any(|&(t, _)| t == id) {
+            return Err(BadRequest::field(
+                &field,
+                format!("token id {id} is given twice"),
+            ));
+        }
+        pairs.push((id, bias));
+    }
+    Ok(pairs.into())
 }
 
 /// `logprobs`: chat's boolean with `top_logprobs` (0 to 20), completions'
@@ -452,7 +520,7 @@ mod tests {
     }
 
     fn chat(v: Value) -> Result<ChatRequest, BadRequest> {
-        decode(Route::Chat, &body(v), 64, 512, ToolFormat::Hermes)
+        decode(Route::Chat, &body(v), 64, 512, 1000, ToolFormat::Hermes)
     }
 
     #[test]
@@ -665,6 +733,7 @@ mod tests {
             &body(json!({"model": "m", "prompt": ["Once"], "logprobs": 3, "echo": true})),
             64,
             512,
+            1000,
             ToolFormat::Hermes,
         )
         .expect("decodes");
@@ -676,9 +745,58 @@ mod tests {
             &body(json!({"model": "m", "prompt": ["a", "b"]})),
             64,
             512,
+            1000,
             ToolFormat::Hermes,
         )
         .expect_err("two prompts");
         assert_eq!(e.code, "unsupported_parameter");
+    }
+
+    #[test]
+    fn logit_bias_maps_token_ids_to_biases() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let r = chat(json!({"model": "m", "messages": msgs,
+            "logit_bias": {"7": -100, "999": 100, "0": 2.5}}))
+        .expect("decodes");
+        let mut pairs = r.params.logit_bias.to_vec();
+        pairs.sort_by_key(|p| p.0);
+        assert_eq!(pairs, [(0, 2.5), (7, -100.0), (999, 100.0)]);
+        // Absent or null: off.
+        for absent in [
+            json!({"model": "m", "messages": msgs}),
+            json!({"model": "m", "messages": msgs, "logit_bias": null}),
+        ] {
+            assert!(chat(absent).expect("decodes").params.logit_bias.is_empty());
+        }
+        // Every choice's sampling gets the same pairs.
+        assert_eq!(r.params.sampling(1, 3).logit_bias, r.params.logit_bias);
+        let too_many: Map<String, Value> = (0..=MAX_LOGIT_BIAS)
+            .map(|i| (i.to_string(), json!(1)))
+            .collect();
+        let cases = [
+            (json!([1, 2]), "logit_bias", "an object"),
+            (json!({"x": 1}), "logit_bias", "token ids"),
+            (json!({"-1": 1}), "logit_bias", "token ids"),
+            (json!({"+3": 1}), "logit_bias", "token ids"),
+            (
+                json!({"1000": 1}),
+                "logit_bias.1000",
+                "past the vocabulary (1000 ids)",
+            ),
+            (json!({"5": 100.5}), "logit_bias.5", "between -100 and 100"),
+            (json!({"5": "1"}), "logit_bias.5", "a number, got a string"),
+            (json!({"5": 1, "05": 2}), "logit_bias.05", "given twice"),
+            (
+                Value::Object(too_many),
+                "logit_bias",
+                "at most 1024 entries",
+            ),
+        ];
+        for (bias, field, says) in cases {
+            let e = chat(json!({"model": "m", "messages": msgs, "logit_bias": bias}))
+                .expect_err("refused");
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(field)), "{bias}");
+            assert!(e.message.contains(says), "{bias}: {}", e.message);
+        }
     }
 }

@@ -101,9 +101,10 @@ fn refuse(cx: &mut Cx<'_>, e: &BadRequest) {
 impl ChatConn {
     fn on_request(&mut self, cx: &mut Cx<'_>, route: Route, body: &Map<String, Value>) {
         let context_len = cx.model().context_len;
+        let vocab_size = cx.model().vocab_size;
         let default_max = cx.config().default_max_tokens;
         let format = cx.codec().tool_format();
-        let req = match codec::decode(route, body, default_max, context_len, format) {
+        let req = match codec::decode(route, body, default_max, context_len, vocab_size, format) {
             Ok(r) => r,
             Err(e) => return refuse(cx, &e),
         };

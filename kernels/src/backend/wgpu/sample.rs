@@ -1,7 +1,8 @@
 //! Host side of `shaders/sample.wgsl`: the per-row words the kernel reads
 //! (flags and parameters, decided by the same tests as the CPU sampler, the
 //! draw's uniform computed here exactly as the CPU sampler computes it, the
-//! deduplicated repetition-penalty history) and the decoding of what it
+//! `logit_bias` pairs and OpenAI penalty amounts the CPU sampler applies,
+//! the deduplicated repetition-penalty history) and the decoding of what it
 //! writes back (token ids, logprob blocks).
 
 use tokenwire_core::{TokenId, TokenLogprobs};
