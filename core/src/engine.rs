@@ -46,6 +46,13 @@ pub struct SamplingParams {
     /// llama.cpp apply it). Shared, so cloning the parameters for every
     /// step copies no list. Empty = off.
     pub logit_bias: LogitBias,
+    /// vLLM's `min_tokens`: while fewer tokens than this have been
+    /// generated (the history past `generated_from`), the ids of
+    /// `stop_ids` are not sampled, as if their logits were -inf (after a
+    /// structured-output mask, before everything else). 0 = off.
+    pub min_tokens: u32,
+    /// The ids `min_tokens` holds back: the model's end-of-sequence tokens.
+    pub stop_ids: std::sync::Arc<[TokenId]>,
     /// Seed of this sequence's sampler; the draw at each position is a pure
     /// function of (seed, position, logits).
     pub seed: u64,
@@ -62,6 +69,8 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             generated_from: 0,
             logit_bias: LogitBias::default(),
+            min_tokens: 0,
+            stop_ids: Default::default(),
             seed: 0,
         }
     }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::{LogitBias, SamplingParams};
+use crate::engine::{LogitBias, SamplingParams, TokenId};
 use crate::json::{f32_number, FieldError, Fields};
 
 /// Most stop strings per request.
@@ -37,6 +37,12 @@ pub struct GenParams {
     pub top_logprobs: u8,
     /// OpenAI `logit_bias` (Chat Completions and Completions); empty = off.
     pub logit_bias: LogitBias,
+    /// vLLM's `min_tokens`: the end-of-sequence tokens are not sampled
+    /// before this many tokens; 0 = off.
+    pub min_tokens: u32,
+    /// vLLM's `ignore_eos`: an end-of-sequence token does not end the
+    /// generation (it adds no text); `max_tokens` or a stop string does.
+    pub ignore_eos: bool,
 }
 
 impl GenParams {
@@ -54,12 +60,15 @@ impl GenParams {
             seed: None,
             top_logprobs: 5,
             logit_bias: LogitBias::default(),
+            min_tokens: 0,
+            ignore_eos: false,
         }
     }
 
     /// The engine's view, with the seed actually used; `prompt_tokens` is
-    /// where the generated tokens start.
-    pub fn sampling(&self, seed: u64, prompt_tokens: u32) -> SamplingParams {
+    /// where the generated tokens start, `eos_ids` what `min_tokens` holds
+    /// back.
+    pub fn sampling(&self, seed: u64, prompt_tokens: u32, eos_ids: &[TokenId]) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -69,6 +78,12 @@ impl GenParams {
             frequency_penalty: self.frequency_penalty,
             generated_from: prompt_tokens,
             logit_bias: self.logit_bias.clone(),
+            min_tokens: self.min_tokens,
+            stop_ids: if self.min_tokens > 0 {
+                eos_ids.into()
+            } else {
+                Default::default()
+            },
             seed,
         }
     }

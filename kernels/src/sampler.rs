@@ -56,17 +56,38 @@ pub fn has_openai_penalties(params: &SamplingParams) -> bool {
     on(params.presence_penalty) || on(params.frequency_penalty)
 }
 
-/// Calls `each(id, bias)` for every pair of `params.logit_bias` that
-/// changes a logit: the first pair of each id below `seen.len()` whose bias
-/// is finite and not zero (later pairs of an id, ids past the vocabulary
-/// and other biases are ignored). The shared sampler adds the bias, and the
-/// wgpu backend sends the pairs to its sampling kernel, so both apply the
-/// very same ones. `seen` is scratch, left all false.
-pub(crate) fn for_each_logit_bias(
+/// Whether `min_tokens` holds `params.stop_ids` back when the token after
+/// `history` is sampled.
+fn holds_stop_ids(params: &SamplingParams, history: &[TokenId]) -> bool {
+    let generated = history.len().saturating_sub(params.generated_from as usize);
+    generated < params.min_tokens as usize && !params.stop_ids.is_empty()
+}
+
+/// Calls `each(id, change)` once for every id below `seen.len()` whose
+/// logit changes before the penalties: with `change` -inf, an id
+/// `min_tokens` holds back (its logit becomes -inf); otherwise the first
+/// `params.logit_bias` pair of an id, when its bias is finite and not zero,
+/// with that bias, added to the logit (later pairs of an id, ids past the
+/// vocabulary and other biases are ignored). The shared sampler applies
+/// them, and the wgpu backend sends the pairs to its sampling kernel, so
+/// both apply the very same ones. `seen` is scratch, left all false.
+pub(crate) fn for_each_logit_change(
     params: &SamplingParams,
+    history: &[TokenId],
     seen: &mut [bool],
     mut each: impl FnMut(TokenId, f32),
 ) {
+    let held: &[TokenId] = if holds_stop_ids(params, history) {
+        &params.stop_ids
+    } else {
+        &[]
+    };
+    for &t in held {
+        if let Some(s) = seen.get_mut(t as usize).filter(|s| !**s) {
+            *s = true;
+            each(t, f32::NEG_INFINITY);
+        }
+    }
     let applies = |b: f32| b != 0.0 && b.is_finite();
     for &(t, b) in params.logit_bias.iter() {
         if let Some(s) = seen.get_mut(t as usize).filter(|s| !**s) {
@@ -76,10 +97,22 @@ pub(crate) fn for_each_logit_bias(
             }
         }
     }
-    for &(t, _) in params.logit_bias.iter() {
+    let touched = held.iter().chain(params.logit_bias.iter().map(|(t, _)| t));
+    for &t in touched {
         if let Some(s) = seen.get_mut(t as usize) {
             *s = false;
         }
+    }
+}
+
+/// `x` changed by a [`for_each_logit_change`] change: -inf sets it, any
+/// other change is added. (Adding -inf would make NaN of +inf.)
+#[inline]
+pub(crate) fn changed_logit(x: f32, change: f32) -> f32 {
+    if change == f32::NEG_INFINITY {
+        f32::NEG_INFINITY
+    } else {
+        x + change
     }
 }
 
@@ -289,7 +322,8 @@ impl Sampler {
 
     /// Picks the next token from `logits` (one per vocabulary entry).
     ///
-    /// Order: `logit_bias` (see [`SamplingParams::logit_bias`]), Hugging
+    /// Order: `min_tokens` and `logit_bias` (see
+    /// [`SamplingParams::logit_bias`]), Hugging
     /// Face's repetition penalty over the distinct tokens of
     /// `history`, the OpenAI presence and frequency penalties over its
     /// generated part (from `params.generated_from`), then (unless `temperature == 0`, which is greedy with ties
@@ -329,6 +363,7 @@ impl Sampler {
         let plain = allowed.is_none()
             && logprobs.is_none()
             && params.logit_bias.is_empty()
+            && !holds_stop_ids(params, history)
             && !has_repetition_penalty(params.repetition_penalty)
             && !has_openai_penalties(params);
         if plain && is_greedy(params.temperature) {
@@ -345,7 +380,7 @@ impl Sampler {
                 }
             }
         }
-        self.apply_logit_bias(params);
+        self.apply_logit_changes(params, history);
         self.apply_repetition_penalty(params.repetition_penalty, history);
         self.apply_openai_penalties(params, history);
 
@@ -371,16 +406,19 @@ impl Sampler {
         (token, lp)
     }
 
-    /// Adds each `logit_bias` pair's bias to its token's logit (OpenAI's
-    /// definition), before the penalties.
-    fn apply_logit_bias(&mut self, params: &SamplingParams) {
-        if params.logit_bias.is_empty() {
+    /// Holds back what `min_tokens` holds back, and adds each `logit_bias`
+    /// pair's bias to its token's logit (OpenAI's definition), before the
+    /// penalties.
+    fn apply_logit_changes(&mut self, params: &SamplingParams, history: &[TokenId]) {
+        if params.logit_bias.is_empty() && !holds_stop_ids(params, history) {
             return;
         }
         self.seen.clear();
         self.seen.resize(self.work.len(), false);
         let work = &mut self.work;
-        for_each_logit_bias(params, &mut self.seen, |t, b| work[t as usize] += b);
+        for_each_logit_change(params, history, &mut self.seen, |t, c| {
+            work[t as usize] = changed_logit(work[t as usize], c);
+        });
     }
 
     fn apply_repetition_penalty(&mut self, penalty: f32, history: &[TokenId]) {

@@ -320,6 +320,46 @@ fn logit_bias_bans_forces_and_comes_before_the_penalties() {
     }
 }
 
+#[test]
+fn min_tokens_holds_the_stop_ids_back_until_enough_were_generated() {
+    // Id 0 (the stop id) is best, even +inf; id 3 is biased up but banned too.
+    let logits = [f32::INFINITY, 1.0, 0.5, 0.0];
+    let p = |min_tokens: u32, temperature: f32| SamplingParams {
+        min_tokens,
+        stop_ids: vec![0, 3, 99].into(),
+        logit_bias: vec![(3, 50.0)].into(),
+        generated_from: 2,
+        temperature,
+        seed: 1,
+        ..SamplingParams::default()
+    };
+    // Two prompt tokens, then one generated: fewer than 2.
+    let history = [5u32, 6, 1];
+    assert_eq!(sample(&logits, &p(2, 0.0), 3, &history, None).0, 1);
+    for pos in 0..30 {
+        let (t, lp) = sample(&logits, &p(2, 1.0), pos, &history, Some(4));
+        assert!(t == 1 || t == 2, "drew {t} at {pos}");
+        let top: Vec<u32> = lp.expect("logprobs").top.iter().map(|x| x.0).collect();
+        assert_eq!(
+            &top[..2],
+            &[1, 2],
+            "held-back ids are -inf in the logprobs too"
+        );
+    }
+    // Enough generated: the stop id is back (and the bias on id 3 applies).
+    assert_eq!(sample(&logits, &p(1, 0.0), 3, &history, None).0, 0);
+    assert_eq!(
+        sample(&[0.0, 1.0, 0.5, 0.0], &p(1, 0.0), 3, &history, None).0,
+        3
+    );
+    // No stop ids: min_tokens changes nothing.
+    let none = SamplingParams {
+        stop_ids: Default::default(),
+        ..p(9, 0.0)
+    };
+    assert_eq!(sample(&logits, &none, 3, &history, None).0, 0);
+}
+
 proptest! {
     /// A mask is absolute: greedy takes the best allowed token, a draw
     /// (any temperature, top-k, top-p) never leaves the allowed set, and

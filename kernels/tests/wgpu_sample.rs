@@ -35,8 +35,18 @@ fn clean(x: f32) -> f32 {
 /// The penalised row the CPU sampler works on.
 fn penalised(logits: &[f32], p: &SamplingParams, history: &[TokenId]) -> Vec<f32> {
     let mut w: Vec<f32> = logits.iter().copied().map(clean).collect();
-    // logit_bias first: each id's first pair, when finite and in range.
+    // min_tokens holds the stop ids back while too few were generated.
+    let generated = history.len().saturating_sub(p.generated_from as usize);
     let mut biased = vec![false; w.len()];
+    if generated < p.min_tokens as usize {
+        for &t in p.stop_ids.iter() {
+            if let Some(x) = w.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+                biased[t as usize] = true;
+            }
+        }
+    }
+    // Then logit_bias: each other id's first pair, when finite and in range.
     for &(t, b) in p.logit_bias.iter() {
         let t = t as usize;
         if t < w.len() && !std::mem::replace(&mut biased[t], true) && b.is_finite() {
@@ -317,6 +327,10 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
             frequency_penalty,
             generated_from,
             logit_bias: logit_bias.into(),
+            // Held back or not by the generated count, beside biases of
+            // their own, and one id past the vocabulary.
+            min_tokens: pick(rng, &[0u32, 0, 1, 2, 700]),
+            stop_ids: [0, 2, v + 1, (v / 2).max(1) - 1][..pick(rng, &[1usize, 2, 4])].into(),
             seed: rng.next_u64(),
         },
         position: rng.below(5000) as u32,
@@ -647,7 +661,7 @@ fn wgpu_sample_openai_penalties_count_generated_tokens() {
 }
 
 #[test]
-fn wgpu_sample_logit_bias_before_the_penalties() {
+fn wgpu_sample_min_tokens_and_logit_bias_before_the_penalties() {
     let Some(mut lab) = lab() else { return };
     let row = |bias: &[(TokenId, f32)], repetition: f32, temperature: f32, history: &[TokenId]| {
         LabSample {
@@ -664,7 +678,24 @@ fn wgpu_sample_logit_bias_before_the_penalties() {
             logprobs: Some(2),
         }
     };
-    let cases: [(&[f32], LabSample, TokenId); 7] = [
+    // min_tokens: stop ids 0 and 1 held back after one generated token (of
+    // history [7, 9], generated from 1) when two are asked for, not when one.
+    let held = |min_tokens: u32, temperature: f32| LabSample {
+        params: SamplingParams {
+            min_tokens,
+            stop_ids: vec![0, 1].into(),
+            logit_bias: vec![(1, 9.0), (2, 0.25)].into(),
+            generated_from: 1,
+            ..row(&[], 1.0, temperature, &[7, 9]).params
+        },
+        ..row(&[], 1.0, temperature, &[7, 9])
+    };
+    let cases: [(&[f32], LabSample, TokenId); 11] = [
+        (&[f32::INFINITY, 2.0, 1.0, 0.0], held(2, 0.0), 2),
+        (&[f32::INFINITY, 2.0, 1.0, 0.0], held(1, 0.0), 0),
+        (&[3.0, 2.0, 1.0, 0.0], held(1, 0.0), 1),
+        // Drawn with top-k 2 from what is not held back: ids 2 and 3.
+        (&[3.0, 2.0, 1.0, 0.0], held(2, 1.0), 98),
         // A ban: 5.0 - 100 loses to 1.0.
         (&[5.0, 1.0, 0.0], row(&[(0, -100.0)], 1.0, 0.0, &[]), 1),
         // A raise: 0.0 + 4.5 beats 4.0.
@@ -695,10 +726,10 @@ fn wgpu_sample_logit_bias_before_the_penalties() {
             .sample(row, row.len(), std::slice::from_ref(&spec), 1)
             .expect("sample");
         let (cpu, cpu_lp) = sample(row, &spec.params, 3, &hist, Some(2));
-        if want == 99 {
-            assert!(cpu == 1 || cpu == 2, "cpu drew {cpu} from a banned best");
-        } else {
-            assert_eq!(cpu, want, "cpu on {row:?} {:?}", spec.params);
+        match want {
+            99 => assert!(cpu == 1 || cpu == 2, "cpu drew {cpu} from a banned best"),
+            98 => assert!(cpu == 2 || cpu == 3, "cpu drew {cpu}, held back"),
+            _ => assert_eq!(cpu, want, "cpu on {row:?} {:?}", spec.params),
         }
         assert_eq!(got[0].0, cpu, "{row:?} with {:?} {hist:?}", spec.params);
         check_logprobs(

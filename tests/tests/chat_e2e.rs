@@ -276,6 +276,61 @@ async fn logit_bias_forces_and_bans_tokens() {
     server.shutdown().await;
 }
 
+/// vLLM's `ignore_eos` and `min_tokens`, which benchmark clients send for
+/// fixed output lengths: a greedy story that ends by itself runs to
+/// `max_tokens` with `ignore_eos`, and past its natural end with
+/// `min_tokens`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_eos_and_min_tokens_run_past_the_end_of_sequence() {
+    let server = server().await;
+    let ask = |extra: Value| {
+        let mut b = json!({"model": "stories260K", "prompt": "Once upon a time",
+                           "max_tokens": 400, "temperature": 0});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        let server = &server;
+        async move {
+            let r = http(server, "POST", "/v1/completions", Some(&b.to_string())).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            let v = r.json();
+            let n = v["usage"]["completion_tokens"].as_u64().expect("usage");
+            let finish = v["choices"][0]["finish_reason"]
+                .as_str()
+                .expect("finish")
+                .to_owned();
+            let text = v["choices"][0]["text"].as_str().expect("text").to_owned();
+            (n, finish, text)
+        }
+    };
+    let (natural, finish, text) = ask(json!({})).await;
+    assert_eq!(finish, "stop", "the story ends by itself: {text}");
+    assert!(natural < 390, "{natural} tokens");
+    let (n, finish, long) = ask(json!({"ignore_eos": true})).await;
+    assert_eq!((n, finish.as_str()), (400, "length"));
+    assert!(long.starts_with(&text) && long.len() > text.len());
+    let min = natural + 5;
+    let (n, _, held) = ask(json!({ "min_tokens": min })).await;
+    assert!(n >= min, "{n} tokens, at least {min} asked");
+    assert!(
+        held.starts_with(&text),
+        "the same text up to the held-back end"
+    );
+    let bad = http(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(
+            &json!({"model": "stories260K", "prompt": "x", "max_tokens": 3, "min_tokens": 4})
+                .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["param"], "min_tokens");
+    server.shutdown().await;
+}
+
 /// `--anon-requests-per-minute`: a client without a key is limited by its
 /// address, answered 429 with `Retry-After` and the API's code; a key's
 /// requests are not.

@@ -247,7 +247,7 @@ impl Generation {
                 otherwise
             }
         };
-        if self.eos_ids.contains(&token) {
+        if self.eos_ids.contains(&token) && !self.params.ignore_eos {
             text.push_str(&self.flush(codec));
             finish = Some(filtered(self, FinishReason::Stop));
         } else {
@@ -424,6 +424,26 @@ mod tests {
         assert_eq!(p.text, "");
         assert_eq!(g.text, "hi");
         assert_eq!(g.completion_tokens(), 3);
+    }
+
+    #[test]
+    fn with_ignore_eos_an_eos_adds_no_text_and_max_tokens_ends_it() {
+        let mut g = gen(&[], 4);
+        g.set_params(GenParams {
+            ignore_eos: true,
+            ..g.params.clone()
+        });
+        feed(&mut g, "hi");
+        let eos = SeqResult {
+            seq: g.id,
+            token: BYTE_EOS,
+            logprobs: None,
+        };
+        let p = g.on_token(&ByteCodec, eos.clone(), Instant::ZERO);
+        assert_eq!((p.finish, p.text.as_str()), (None, ""));
+        let p = g.on_token(&ByteCodec, eos, Instant::ZERO);
+        assert_eq!(p.finish, Some(FinishReason::Length));
+        assert_eq!((g.text.as_str(), g.completion_tokens()), ("hi", 4));
     }
 
     #[test]

@@ -651,7 +651,7 @@ impl HostPort for Shared {
             None => self.rng.next_u64(),
         };
         let max_len = prompt_tokens + req.params.max_tokens;
-        let sampling = req.params.sampling(seed, prompt_tokens);
+        let sampling = req.params.sampling(seed, prompt_tokens, &eos_ids);
         let reused = req.reuse_kv.is_some_and(|KeptKv(kept)| {
             let same = sched.tokens(kept) == Some(req.prompt_ids.as_slice());
             let reused = same && sched.unpark(kept, id, max_len, sampling.clone(), req.logprobs);
@@ -839,7 +839,8 @@ impl HostPort for Shared {
         }
         let seed = params.seed.unwrap_or(gen.seed);
         gen.seed = seed;
-        let sampling = params.sampling(seed, gen.prompt_tokens());
+        let eos_ids = self.model.as_ref().map_or(&[][..], |m| &m.info.eos_ids);
+        let sampling = params.sampling(seed, gen.prompt_tokens(), eos_ids);
         gen.set_params(params);
         if let Some(s) = self.sched.as_mut() {
             s.set_sampling(id, sampling);

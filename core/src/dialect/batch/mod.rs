@@ -290,6 +290,8 @@ fn config_params(
         seed: None,
         top_logprobs: 0,
         logit_bias: Default::default(),
+        min_tokens: 0,
+        ignore_eos: false,
     };
     // Only the source's fields: a stop list or a seed is not part of it.
     let known: Map<String, Value> = cfg

@@ -180,6 +180,23 @@ pub fn decode(
     params.presence_penalty = penalty(&f, "presence_penalty")?;
     params.frequency_penalty = penalty(&f, "frequency_penalty")?;
     params.logit_bias = logit_bias(&f, vocab_size)?;
+    // vLLM's extensions, which benchmark clients send for fixed lengths.
+    params.ignore_eos = f
+        .bool("ignore_eos")
+        .map_err(BadRequest::invalid)?
+        .unwrap_or(false);
+    if let Some(m) = f.u64("min_tokens").map_err(BadRequest::invalid)? {
+        if m > params.max_tokens as u64 {
+            return Err(BadRequest::field(
+                "min_tokens",
+                format!(
+                    "must be at most the maximum tokens ({}), got {m}",
+                    params.max_tokens
+                ),
+            ));
+        }
+        params.min_tokens = m as u32;
+    }
     let n = match f.u64("n").map_err(BadRequest::invalid)? {
         None => 1,
         Some(n) if (1..=MAX_CHOICES).contains(&n) => n as u32,
@@ -753,6 +770,32 @@ mod tests {
     }
 
     #[test]
+    fn min_tokens_and_ignore_eos_decode_within_max_tokens() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let r = chat(json!({"model": "m", "messages": msgs, "max_tokens": 9,
+            "min_tokens": 9, "ignore_eos": true}))
+        .expect("decodes");
+        assert_eq!((r.params.min_tokens, r.params.ignore_eos), (9, true));
+        let s = r.params.sampling(1, 3, &[2, 7]);
+        assert_eq!((s.min_tokens, &s.stop_ids[..]), (9, &[2, 7][..]));
+        let off = chat(json!({"model": "m", "messages": msgs})).expect("decodes");
+        assert_eq!((off.params.min_tokens, off.params.ignore_eos), (0, false));
+        assert!(off.params.sampling(1, 3, &[2]).stop_ids.is_empty());
+        for (extra, field) in [
+            (json!({"max_tokens": 9, "min_tokens": 10}), "min_tokens"),
+            (json!({"min_tokens": -1}), "min_tokens"),
+            (json!({"ignore_eos": "yes"}), "ignore_eos"),
+        ] {
+            let mut b = json!({"model": "m", "messages": msgs});
+            for (k, v) in extra.as_object().expect("object") {
+                b[k] = v.clone();
+            }
+            let e = chat(b).expect_err("refused");
+            assert_eq!(e.param.as_deref(), Some(field), "{extra}");
+        }
+    }
+
+    #[test]
     fn logit_bias_maps_token_ids_to_biases() {
         let msgs = json!([{"role": "user", "content": "x"}]);
         let r = chat(json!({"model": "m", "messages": msgs,
@@ -769,7 +812,7 @@ mod tests {
             assert!(chat(absent).expect("decodes").params.logit_bias.is_empty());
         }
         // Every choice's sampling gets the same pairs.
-        assert_eq!(r.params.sampling(1, 3).logit_bias, r.params.logit_bias);
+        assert_eq!(r.params.sampling(1, 3, &[]).logit_bias, r.params.logit_bias);
         let too_many: Map<String, Value> = (0..=MAX_LOGIT_BIAS)
             .map(|i| (i.to_string(), json!(1)))
             .collect();

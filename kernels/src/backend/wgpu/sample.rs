@@ -1,7 +1,8 @@
 //! Host side of `shaders/sample.wgsl`: the per-row words the kernel reads
 //! (flags and parameters, decided by the same tests as the CPU sampler, the
 //! draw's uniform computed here exactly as the CPU sampler computes it, the
-//! `logit_bias` pairs and OpenAI penalty amounts the CPU sampler applies,
+//! `logit_bias` and `min_tokens` changes and OpenAI penalty amounts the
+//! CPU sampler applies,
 //! the deduplicated repetition-penalty history) and the decoding of what it
 //! writes back (token ids, logprob blocks).
 
@@ -29,8 +30,9 @@ const R_LP_OFF: usize = 9;
 /// how many there are.
 const R_OAI_OFF: usize = 10;
 const R_OAI_LEN: usize = 11;
-/// Where the row's (id, bias) pairs of `logit_bias` start, and how many
-/// there are.
+/// Where the row's (id, change) pairs start, and how many there are:
+/// `logit_bias`'s biases, and -inf for the ids `min_tokens` holds back
+/// (`sampler::for_each_logit_change`).
 const R_BIAS_OFF: usize = 12;
 const R_BIAS_LEN: usize = 13;
 
@@ -70,7 +72,7 @@ pub(crate) struct Scratch {
     /// Times each id was generated (the OpenAI penalties), and ids taken
     /// into the repetition penalty's history.
     counts: Vec<u32>,
-    /// Ids a `logit_bias` pair was taken for.
+    /// Ids a change before the penalties was taken for.
     seen: Vec<bool>,
 }
 
@@ -113,12 +115,12 @@ pub(crate) fn encode(
         };
         let p = sp.params;
         let mut flags = 0;
-        if !p.logit_bias.is_empty() {
-            // Each pair the sampler applies, with its bias. Distinct ids: no
-            // two invocations add to the same logit.
+        if !p.logit_bias.is_empty() || p.min_tokens > 0 {
+            // Each change the sampler makes before the penalties. Distinct
+            // ids: no two invocations touch the same logit.
             let off = words.len();
-            crate::sampler::for_each_logit_bias(p, &mut scratch.seen, |t, b| {
-                words.extend([t, b.to_bits()]);
+            crate::sampler::for_each_logit_change(p, sp.history, &mut scratch.seen, |t, c| {
+                words.extend([t, c.to_bits()]);
             });
             if words.len() > off {
                 flags |= F_BIAS;

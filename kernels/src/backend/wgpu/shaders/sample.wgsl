@@ -3,8 +3,9 @@
 // (kernels/src/sampler.rs, `Sampler::sample`), so a step reads back token ids
 // instead of vocabulary rows.
 //
-// * logit_bias first: the host sends the (id, bias) pairs the sampler
-//   applies (distinct ids), and x + bias is written back.
+// * logit_bias and min_tokens first: the host sends the (id, change) pairs
+//   the sampler applies (distinct ids); a change of -inf (an id min_tokens
+//   holds back) writes -inf, any other is added (x + bias).
 // * Repetition penalty (x > 0 ? x / p : x * p) over the row's distinct
 //   history ids (deduplicated by the host), written back into the row; NaN
 //   counts as -inf. Then the OpenAI presence and frequency penalties: the
@@ -94,7 +95,7 @@ const R_N_LOGPROBS: u32 = 8u;
 const R_LP_OFF: u32 = 9u;
 const R_OAI_OFF: u32 = 10u; // (id, amount) pairs of the OpenAI penalties
 const R_OAI_LEN: u32 = 11u;
-const R_BIAS_OFF: u32 = 12u; // (id, bias) pairs of logit_bias
+const R_BIAS_OFF: u32 = 12u; // (id, change) pairs: logit_bias, min_tokens
 const R_BIAS_LEN: u32 = 13u;
 // Flags.
 const F_GREEDY: u32 = 1u;
@@ -752,14 +753,19 @@ fn draw(row: u32, flags: u32) -> u32 {
     return token;
 }
 
-// logit_bias pair i (of len at off): x + bias.
+// Change pair i (of len at off): -inf, or x + bias (-inf + inf is NaN).
 fn add_bias(off: u32, len: u32, i: u32) {
     if (i >= len) {
         return;
     }
     let t = rows[off + 2u * i];
     if (t < n) {
-        logits[base + t] = bitcast<u32>(work(t) + bitcast<f32>(rows[off + 2u * i + 1u]));
+        let c = rows[off + 2u * i + 1u];
+        var y = NEG_INF;
+        if (c != NEG_INF) {
+            y = bitcast<u32>(work(t) + bitcast<f32>(c));
+        }
+        logits[base + t] = y;
     }
 }
 
