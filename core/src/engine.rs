@@ -29,6 +29,10 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep only the `top_k` most likely tokens; 0 = off.
     pub top_k: u32,
+    /// Min-p: after temperature, keep only the tokens whose probability is
+    /// at least `min_p` times the most likely one's (before top-k and
+    /// top-p, as vLLM); 0 = off, at most 1.
+    pub min_p: f32,
     /// Hugging Face (CTRL) repetition penalty; 1 = off.
     pub repetition_penalty: f32,
     /// OpenAI presence penalty: subtracted once from the logit of every
@@ -64,6 +68,7 @@ impl Default for SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,

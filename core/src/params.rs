@@ -37,6 +37,8 @@ pub struct GenParams {
     pub top_logprobs: u8,
     /// OpenAI `logit_bias` (Chat Completions and Completions); empty = off.
     pub logit_bias: LogitBias,
+    /// Min-p (an extension on Chat Completions and Completions); 0 = off.
+    pub min_p: f32,
     /// vLLM's `min_tokens`: the end-of-sequence tokens are not sampled
     /// before this many tokens; 0 = off.
     pub min_tokens: u32,
@@ -60,6 +62,7 @@ impl GenParams {
             seed: None,
             top_logprobs: 5,
             logit_bias: LogitBias::default(),
+            min_p: 0.0,
             min_tokens: 0,
             ignore_eos: false,
         }
@@ -73,6 +76,7 @@ impl GenParams {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
+            min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,

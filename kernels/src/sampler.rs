@@ -56,6 +56,16 @@ pub fn has_openai_penalties(params: &SamplingParams) -> bool {
     on(params.presence_penalty) || on(params.frequency_penalty)
 }
 
+/// Min-p's threshold as a difference of scaled logits: `ln(min_p)`, in
+/// f32, for a `min_p` in (0, 1]; `None` when min-p is off (0, or not a
+/// number in range). A token is kept when `s - max >= ln(min_p)` in f32,
+/// one subtraction and one comparison that the wgpu kernel makes bit for
+/// bit the same (the threshold is computed here, once, for both).
+pub(crate) fn min_p_threshold(params: &SamplingParams) -> Option<f32> {
+    let m = params.min_p;
+    (m > 0.0 && m <= 1.0).then(|| (m as f64).ln() as f32)
+}
+
 /// Whether `min_tokens` holds `params.stop_ids` back when the token after
 /// `history` is sampled.
 fn holds_stop_ids(params: &SamplingParams, history: &[TokenId]) -> bool {
@@ -327,7 +337,7 @@ impl Sampler {
     /// Face's repetition penalty over the distinct tokens of
     /// `history`, the OpenAI presence and frequency penalties over its
     /// generated part (from `params.generated_from`), then (unless `temperature == 0`, which is greedy with ties
-    /// to the lowest id) temperature, top-k, top-p, and a draw from a PRNG
+    /// to the lowest id) temperature, min-p, top-k, top-p, and a draw from a PRNG
     /// seeded with `mix64(seed, position)`. With `logprobs = Some(n)` also
     /// returns the log-softmax of the penalised logits (before temperature) of
     /// the chosen token and of the `n` best tokens, best first.
@@ -456,6 +466,22 @@ impl Sampler {
         let t = params.temperature;
         self.scaled.clear();
         self.scaled.extend(self.work.iter().map(|&x| x / t));
+        if let Some(floor) = min_p_threshold(params) {
+            // Against a finite maximum only (a +inf one keeps the rules for
+            // +inf below): what min-p drops weighs nothing, as a -inf.
+            let m = self
+                .scaled
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            if m.is_finite() {
+                for x in &mut self.scaled {
+                    if *x - m < floor {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
         let n = self.scaled.len();
         let k = params.top_k as usize;
         let top_p = params.top_p;

@@ -360,6 +360,40 @@ fn min_tokens_holds_the_stop_ids_back_until_enough_were_generated() {
     assert_eq!(sample(&logits, &none, 3, &history, None).0, 0);
 }
 
+#[test]
+fn min_p_keeps_what_is_likely_enough_beside_the_best() {
+    // Probabilities after temperature 1: ids 0 and 1 at e^0 and e^-1 of
+    // the best; id 2 at e^-3.
+    let logits = [5.0f32, 4.0, 2.0, f32::NEG_INFINITY];
+    let p = |min_p: f32, top_p: f32| SamplingParams {
+        min_p,
+        top_p,
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    let draws = |params: &SamplingParams| -> std::collections::BTreeSet<u32> {
+        (0..400)
+            .map(|pos| {
+                let q = SamplingParams {
+                    seed: pos as u64,
+                    ..params.clone()
+                };
+                sample(&logits, &q, pos, &[], None).0
+            })
+            .collect()
+    };
+    assert_eq!(draws(&p(0.0, 1.0)), [0, 1, 2].into(), "off");
+    // e^-1 = 0.37 >= 0.2 > e^-3 = 0.05: ids 0 and 1 only.
+    assert_eq!(draws(&p(0.2, 1.0)), [0, 1].into());
+    assert_eq!(draws(&p(0.5, 1.0)), [0].into());
+    assert_eq!(draws(&p(1.0, 1.0)), [0].into(), "1: the best alone");
+    // Min-p first, then top-p over what it kept: 0.9 of {0, 1} needs both.
+    assert_eq!(draws(&p(0.2, 0.9)), [0, 1].into());
+    // The logprobs are the row's before temperature and min-p.
+    let (_, lp) = sample(&logits, &p(0.5, 1.0), 0, &[], Some(3));
+    assert!(lp.expect("logprobs").top[2].1.is_finite());
+}
+
 proptest! {
     /// A mask is absolute: greedy takes the best allowed token, a draw
     /// (any temperature, top-k, top-p) never leaves the allowed set, and

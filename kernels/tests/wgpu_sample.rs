@@ -101,10 +101,28 @@ fn cpu_choice(logits: &[f32], p: &SamplingParams, pos: u32, history: &[TokenId])
     if !(t > 0.0 && t.is_finite()) {
         return Cpu::Exact;
     }
-    let s: Vec<f32> = penalised(logits, p, history)
+    let mut s: Vec<f32> = penalised(logits, p, history)
         .iter()
         .map(|&x| x / t)
         .collect();
+    // Min-p against a finite maximum; a value near the floor may fall on
+    // the other side on the device (its division is not correctly rounded).
+    if p.min_p > 0.0 && p.min_p <= 1.0 {
+        let floor = (p.min_p as f64).ln() as f32;
+        let top = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if top.is_finite() {
+            for x in &mut s {
+                let d = *x - top;
+                let near = ((d - floor).abs() as f64) < 1e-5 * (1.0 + top.abs() as f64);
+                if *x != top && x.is_finite() && near {
+                    return Cpu::Near;
+                }
+                if d < floor {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
     let n = s.len();
     let mut order: Vec<usize> = (0..n).collect();
     let k = p.top_k as usize;
@@ -327,6 +345,7 @@ fn random_spec(rng: &mut Rng, vocab: usize) -> LabSample {
             frequency_penalty,
             generated_from,
             logit_bias: logit_bias.into(),
+            min_p: pick(rng, &[0.0f32, 0.0, 0.0, 0.05, 0.3, 0.9, 1.0]),
             // Held back or not by the generated count, beside biases of
             // their own, and one id past the vocabulary.
             min_tokens: pick(rng, &[0u32, 0, 1, 2, 700]),
@@ -1103,6 +1122,8 @@ fn wgpu_sample_pos_inf_takes_the_last_of_the_order() {
                     temperature: if tiny_t { 2e-38 } else { 0.8 },
                     top_p: [0.9, 0.5, 1e-3][r % 3],
                     top_k: 0,
+                    // Min-p stands aside under a +inf maximum, on both.
+                    min_p: [0.0, 0.1][r % 2],
                     seed: 7 + r as u64,
                     ..SamplingParams::default()
                 },

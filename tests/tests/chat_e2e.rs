@@ -279,9 +279,9 @@ async fn logit_bias_forces_and_bans_tokens() {
 /// vLLM's `ignore_eos` and `min_tokens`, which benchmark clients send for
 /// fixed output lengths: a greedy story that ends by itself runs to
 /// `max_tokens` with `ignore_eos`, and past its natural end with
-/// `min_tokens`.
+/// `min_tokens`; and `min_p` 1, which draws the greedy text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ignore_eos_and_min_tokens_run_past_the_end_of_sequence() {
+async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
     let server = server().await;
     let ask = |extra: Value| {
         let mut b = json!({"model": "stories260K", "prompt": "Once upon a time",
@@ -309,6 +309,12 @@ async fn ignore_eos_and_min_tokens_run_past_the_end_of_sequence() {
     let (n, finish, long) = ask(json!({"ignore_eos": true})).await;
     assert_eq!((n, finish.as_str()), (400, "length"));
     assert!(long.starts_with(&text) && long.len() > text.len());
+    // Min-p 1 keeps only the most likely token: a draw at temperature 1
+    // is the greedy text.
+    let (_, _, min_p_text) = ask(json!({"temperature": 1, "seed": 3, "min_p": 1.0})).await;
+    assert_eq!(min_p_text, text);
+    let (_, _, drawn) = ask(json!({"temperature": 1, "seed": 3})).await;
+    assert_ne!(drawn, text, "without min-p the draw wanders");
     let min = natural + 5;
     let (n, _, held) = ask(json!({ "min_tokens": min })).await;
     assert!(n >= min, "{n} tokens, at least {min} asked");

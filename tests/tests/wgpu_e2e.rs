@@ -167,6 +167,12 @@ async fn wgpu_chat_with_openai_penalties_gives_the_cpu_engines_text() {
     let on_cpu = text(tokenwire_tests::http(&cpu, "POST", "/v1/completions", Some(&biased)).await);
     assert_eq!(on_gpu, on_cpu);
     assert_ne!(on_gpu, unpenalised, "the biases change the text");
+    // Min-p 1 on the device keeps only the best token: a draw is greedy.
+    let min_p = json!({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32,
+                       "temperature": 1, "seed": 3, "min_p": 1.0})
+    .to_string();
+    let drawn = text(tokenwire_tests::http(&gpu, "POST", "/v1/completions", Some(&min_p)).await);
+    assert_eq!(drawn, unpenalised);
     gpu.shutdown().await;
     cpu.shutdown().await;
 }

@@ -290,6 +290,7 @@ fn config_params(
         seed: None,
         top_logprobs: 0,
         logit_bias: Default::default(),
+        min_p: 0.0,
         min_tokens: 0,
         ignore_eos: false,
     };

@@ -180,6 +180,15 @@ pub fn decode(
     params.presence_penalty = penalty(&f, "presence_penalty")?;
     params.frequency_penalty = penalty(&f, "frequency_penalty")?;
     params.logit_bias = logit_bias(&f, vocab_size)?;
+    if let Some(m) = f.f64("min_p").map_err(BadRequest::invalid)? {
+        if !(0.0..=1.0).contains(&m) {
+            return Err(BadRequest::field(
+                "min_p",
+                format!("must be between 0 and 1, got {m}"),
+            ));
+        }
+        params.min_p = m as f32;
+    }
     // vLLM's extensions, which benchmark clients send for fixed lengths.
     params.ignore_eos = f
         .bool("ignore_eos")
@@ -770,12 +779,13 @@ mod tests {
     }
 
     #[test]
-    fn min_tokens_and_ignore_eos_decode_within_max_tokens() {
+    fn min_p_min_tokens_and_ignore_eos_decode_in_range() {
         let msgs = json!([{"role": "user", "content": "x"}]);
         let r = chat(json!({"model": "m", "messages": msgs, "max_tokens": 9,
-            "min_tokens": 9, "ignore_eos": true}))
+            "min_tokens": 9, "ignore_eos": true, "min_p": 0.05}))
         .expect("decodes");
         assert_eq!((r.params.min_tokens, r.params.ignore_eos), (9, true));
+        assert_eq!(r.params.sampling(1, 3, &[]).min_p, 0.05);
         let s = r.params.sampling(1, 3, &[2, 7]);
         assert_eq!((s.min_tokens, &s.stop_ids[..]), (9, &[2, 7][..]));
         let off = chat(json!({"model": "m", "messages": msgs})).expect("decodes");
@@ -785,6 +795,8 @@ mod tests {
             (json!({"max_tokens": 9, "min_tokens": 10}), "min_tokens"),
             (json!({"min_tokens": -1}), "min_tokens"),
             (json!({"ignore_eos": "yes"}), "ignore_eos"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"min_p": -0.1}), "min_p"),
         ] {
             let mut b = json!({"model": "m", "messages": msgs});
             for (k, v) in extra.as_object().expect("object") {

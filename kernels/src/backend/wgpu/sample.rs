@@ -35,6 +35,8 @@ const R_OAI_LEN: usize = 11;
 /// (`sampler::for_each_logit_change`).
 const R_BIAS_OFF: usize = 12;
 const R_BIAS_LEN: usize = 13;
+/// Min-p's threshold, ln(min_p) as f32 bits (`sampler::min_p_threshold`).
+const R_MIN_P: usize = 14;
 
 const F_GREEDY: u32 = 1;
 const F_PENALTY: u32 = 2;
@@ -43,6 +45,7 @@ const F_TOP_P: u32 = 8;
 const F_LOGPROBS: u32 = 16;
 const F_OPENAI: u32 = 32;
 const F_BIAS: u32 = 64;
+const F_MIN_P: u32 = 128;
 /// Not sampled on the device (its row comes back instead).
 const F_SKIP: u32 = 0x8000_0000;
 
@@ -174,6 +177,10 @@ pub(crate) fn encode(
         }
         if p.top_p > 0.0 && p.top_p < 1.0 {
             flags |= F_TOP_P;
+        }
+        if let Some(floor) = crate::sampler::min_p_threshold(p) {
+            flags |= F_MIN_P;
+            words[at + R_MIN_P] = floor.to_bits();
         }
         let lp = sp.logprobs.map(|k| {
             let k = (k as u32).min(vocab);

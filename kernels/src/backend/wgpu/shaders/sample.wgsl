@@ -13,8 +13,10 @@
 //   subtracts from its logit (presence + frequency * count, computed in
 //   f32 as the sampler does), and x - amount is written back.
 // * Temperature 0 (or not finite and positive): argmax, ties to the lowest id.
-// * Otherwise s = x / t. The sampler's "order" is (s descending, id
-//   ascending). Top-k keeps its first k, top-p the shortest prefix of what is
+// * Otherwise s = x / t; with min-p, every s with s - max(s) < ln(min_p)
+//   (f32, the threshold from the host) becomes -inf when max(s) is finite.
+//   The sampler's "order" is (s descending, id ascending). Top-k keeps its
+//   first k, top-p the shortest prefix of what is
 //   kept whose mass (sum of exp(s - max)) reaches top_p times the kept total,
 //   and the draw takes the first kept element whose cumulative mass exceeds
 //   u * kept mass (u uploaded by the host, drawn exactly as the CPU sampler
@@ -97,6 +99,7 @@ const R_OAI_OFF: u32 = 10u; // (id, amount) pairs of the OpenAI penalties
 const R_OAI_LEN: u32 = 11u;
 const R_BIAS_OFF: u32 = 12u; // (id, change) pairs: logit_bias, min_tokens
 const R_BIAS_LEN: u32 = 13u;
+const R_MIN_P: u32 = 14u; // ln(min_p), f32 bits
 // Flags.
 const F_GREEDY: u32 = 1u;
 const F_PENALTY: u32 = 2u;
@@ -105,6 +108,7 @@ const F_TOP_P: u32 = 8u;
 const F_LOGPROBS: u32 = 16u;
 const F_OPENAI: u32 = 32u;
 const F_BIAS: u32 = 64u;
+const F_MIN_P: u32 = 128u;
 const F_SKIP: u32 = 0x80000000u;
 
 const NEG_INF: u32 = 0xff800000u;
@@ -143,6 +147,10 @@ var<private> base: u32; // the row's first word in `logits`
 var<private> n: u32;    // vocabulary
 var<private> temp: f32; // temperature
 var<private> mx: f32;   // the maximum weights are taken against (finite)
+// Min-p, once mx is known and finite: scaled values with s - mx < floor
+// are -inf.
+var<private> min_p_on: bool;
+var<private> min_p_floor: f32;
 // This invocation's run of consecutive candidates in one bucket, added to
 // the buckets at once (most candidates of the first pass share a handful of
 // buckets: one set of atomics per run, up to four, not per element).
@@ -161,7 +169,11 @@ fn work(j: u32) -> f32 {
 }
 
 fn scaled(j: u32) -> f32 {
-    return work(j) / temp;
+    let s = work(j) / temp;
+    if (min_p_on && s - mx < min_p_floor) {
+        return bitcast<f32>(NEG_INF);
+    }
+    return s;
 }
 
 // Order-preserving key of a NaN-free f32 (total order: -0 below +0, as
@@ -669,6 +681,10 @@ fn draw(row: u32, flags: u32) -> u32 {
         return select(last, n - 1u, !top_p);
     }
     mx = scaled(top.y);
+    // Min-p against a finite maximum, as the sampler (from here on every
+    // scaled value it drops is -inf).
+    min_p_on = (flags & F_MIN_P) != 0u && !pos_inf;
+    min_p_floor = bitcast<f32>(rows[row + R_MIN_P]);
     var step = D_KEPT;
     if (top_k) {
         step = D_TOP_K;
@@ -817,6 +833,7 @@ fn main(
     base = r * p.vocab;
     temp = bitcast<f32>(rows[row + R_TEMP]);
     mx = 0.0;
+    min_p_on = false;
 
     if ((flags & F_BIAS) != 0u) {
         // Distinct ids: no two invocations touch the same logit.
