@@ -44,6 +44,8 @@ const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories26
              [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]
              [--sample greedy|T,P[,K[,F]]] (temperature T, top-p P, top-k K, frequency penalty F)
              [--host-sample] (every row read back and sampled on the host)
+             [--logprobs N] (every row also reports the logprobs of its token and
+             of the N best; the device computes up to 32)
              [--gguf FILE] (a real model instead of --shape/--dtype; its weights as stored)
              [--profile] (then time every wgpu kernel of the prefill and decode steps)
              [--mat-vec-rows N] (wgpu on a GPU: passes of up to N token rows, at most 64,
@@ -98,6 +100,8 @@ struct Args {
     /// Every row comes back and the shared sampler picks on the host, as
     /// for rows a device sampler does not take.
     host_sample: bool,
+    /// Logprobs of the chosen token and of this many best ones, every row.
+    logprobs: Option<u8>,
     gguf: Option<std::path::PathBuf>,
     profile: bool,
     mat_vec_rows: Option<usize>,
@@ -180,6 +184,7 @@ fn parse_args() -> Result<Args, String> {
         seed: 1,
         sampling: SamplingParams::greedy(),
         host_sample: false,
+        logprobs: None,
         gguf: None,
         profile: false,
         mat_vec_rows: None,
@@ -250,6 +255,7 @@ fn parse_args() -> Result<Args, String> {
             "--block-size" => a.block_size = num(&val)?.max(1),
             "--seed" => a.seed = num(&val)? as u64,
             "--sample" => a.sampling = parse_sampling(&val)?,
+            "--logprobs" => a.logprobs = Some(num(&val)?.min(u8::MAX as usize) as u8),
             "--gguf" => a.gguf = Some(val.into()),
             "--mat-vec-rows" => a.mat_vec_rows = Some(num(&val)?.max(1)),
             "--decode-workgroups" => a.decode_workgroups = Some(num(&val)?.max(1) as u32),
@@ -463,8 +469,14 @@ fn run(
     vocab: usize,
     profile: bool,
 ) -> Result<Run, String> {
-    let (prompt, steps, bs, seed, host_sample) =
-        (a.prompt, a.steps, a.block_size, a.seed, a.host_sample);
+    let (prompt, steps, bs, seed, host_sample, logprobs) = (
+        a.prompt,
+        a.steps,
+        a.block_size,
+        a.seed,
+        a.host_sample,
+        a.logprobs,
+    );
     // The OpenAI penalties count what each sequence generated.
     let sampling = SamplingParams {
         generated_from: prompt as u32,
@@ -511,7 +523,7 @@ fn run(
                     params: &sampling,
                     position: position(t),
                     history: h,
-                    logprobs: None,
+                    logprobs,
                     allowed: None,
                 }),
                 keep_row: false,
@@ -527,7 +539,7 @@ fn run(
                 (Some(d), _) => d.token,
                 (None, Some(r)) => {
                     sampler
-                        .sample(r, &sampling, position(&toks[i]), &hist[i], None)
+                        .sample(r, &sampling, position(&toks[i]), &hist[i], logprobs)
                         .0
                 }
                 _ => return Err("the backend returned neither a token nor a row".into()),
@@ -656,6 +668,9 @@ fn bench(a: &Args) -> Result<(), String> {
         describe(&a.sampling),
         if a.host_sample { " (on the host)" } else { "" }
     );
+    if let Some(n) = a.logprobs {
+        println!("logprobs: the chosen token's and the {n} best, every row");
+    }
     println!(
         "{:<6} {:>5} {:>14} {:>14} {:>14} {:>16}",
         "backend", "batch", "prefill tok/s", "decode tok/s", "decode step", "weights GB/s"
