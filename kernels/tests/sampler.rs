@@ -387,8 +387,12 @@ fn min_p_keeps_what_is_likely_enough_beside_the_best() {
     assert_eq!(draws(&p(0.2, 1.0)), [0, 1].into());
     assert_eq!(draws(&p(0.5, 1.0)), [0].into());
     assert_eq!(draws(&p(1.0, 1.0)), [0].into(), "1: the best alone");
-    // Min-p first, then top-p over what it kept: 0.9 of {0, 1} needs both.
+    // Min-p first, then top-p over what it kept: 0.9 of {0, 1} needs both;
+    // 0.72 of {0, 1} (mass 1.37) is id 0 alone, where 0.72 of the whole
+    // row (1.42) would have kept id 1 too.
     assert_eq!(draws(&p(0.2, 0.9)), [0, 1].into());
+    assert_eq!(draws(&p(0.2, 0.72)), [0].into());
+    assert_eq!(draws(&p(0.0, 0.72)), [0, 1].into());
     // The logprobs are the row's before temperature and min-p.
     let (_, lp) = sample(&logits, &p(0.5, 1.0), 0, &[], Some(3));
     assert!(lp.expect("logprobs").top[2].1.is_finite());

@@ -322,6 +322,25 @@ async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
         held.starts_with(&text),
         "the same text up to the held-back end"
     );
+    // Under a grammar, its end is the answer's end, ignore_eos or not.
+    let json_answer = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&body(json!({"max_tokens": 200, "ignore_eos": true,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "flag", "strict": true,
+                "schema": {"type": "object", "properties": {"a": {"type": "boolean"}},
+                           "required": ["a"], "additionalProperties": false}}}}))),
+    )
+    .await;
+    assert_eq!(json_answer.status, 200, "{}", json_answer.body);
+    let v = json_answer.json();
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    let parsed: Value = serde_json::from_str(content).expect("JSON");
+    assert!(parsed["a"].is_boolean(), "{content}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     let bad = http(
         &server,
         "POST",
@@ -334,6 +353,71 @@ async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
     .await;
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert_eq!(bad.json()["error"]["param"], "min_tokens");
+    server.shutdown().await;
+}
+
+/// vLLM's `/tokenize` and `/detokenize`: a prompt's ids are the ones the
+/// Completions route counts, a conversation's those Chat Completions
+/// counts, the text of the ids is the prompt again, and bad bodies name
+/// their field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_and_detokenize_agree_with_the_routes() {
+    let server = server().await;
+    let post = |path: &'static str, body: Value| {
+        let server = &server;
+        async move { http(server, "POST", path, Some(&body.to_string())).await }
+    };
+    let t = post(
+        "/tokenize",
+        json!({"model": "stories260K", "prompt": "Once upon a time"}),
+    )
+    .await;
+    assert_eq!(t.status, 200, "{}", t.body);
+    let t = t.json();
+    let ids = t["tokens"].as_array().expect("tokens").clone();
+    assert_eq!(t["count"], ids.len(), "{t}");
+    assert!(t["max_model_len"].as_u64().expect("max_model_len") > 0);
+    let c = post(
+        "/v1/completions",
+        json!({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 1}),
+    )
+    .await
+    .json();
+    assert_eq!(c["usage"]["prompt_tokens"], ids.len(), "{c}");
+    let d = post("/detokenize", json!({ "tokens": ids })).await;
+    assert_eq!(d.status, 200, "{}", d.body);
+    assert_eq!(d.json()["prompt"], "Once upon a time");
+    let msgs = json!([{"role": "user", "content": "Once upon a time"}]);
+    let m = post("/tokenize", json!({ "messages": msgs })).await.json();
+    let chat = post(
+        CHAT,
+        json!({"model": "stories260K", "messages": msgs, "max_tokens": 1}),
+    )
+    .await
+    .json();
+    assert_eq!(chat["usage"]["prompt_tokens"], m["count"], "{m} {chat}");
+    for (path, body, status, param) in [
+        (
+            "/tokenize",
+            json!({"prompt": "a", "messages": msgs}),
+            400,
+            "messages",
+        ),
+        (
+            "/tokenize",
+            json!({"model": "other", "prompt": "a"}),
+            404,
+            "model",
+        ),
+        ("/detokenize", json!({"tokens": [1, 512]}), 400, "tokens[1]"),
+        ("/detokenize", json!({}), 400, "tokens"),
+    ] {
+        let r = post(path, body.clone()).await;
+        assert_eq!(r.status, status, "{path} {body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{path} {body}");
+    }
+    let r = http(&server, "GET", "/tokenize", None).await;
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
     server.shutdown().await;
 }
 

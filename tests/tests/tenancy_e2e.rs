@@ -137,6 +137,23 @@ async fn auth_all_refuses_every_route_without_a_key_before_any_work() {
     let r = http(&server, "POST", "/v1/inference", Some(&body)).await;
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["code"], "invalid_request");
+    // The OpenAI routes and vLLM's tokenizer routes beside them.
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/tokenize",
+        "/detokenize",
+    ] {
+        let r = http(
+            &server,
+            "POST",
+            path,
+            Some(r#"{"prompt": "Once", "tokens": [1]}"#),
+        )
+        .await;
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key", "{path}");
+    }
     let ok = http_with(
         &server,
         "POST",

@@ -107,7 +107,7 @@ pub struct BadRequest {
 }
 
 impl BadRequest {
-    fn invalid(e: FieldError) -> BadRequest {
+    pub(super) fn invalid(e: FieldError) -> BadRequest {
         BadRequest {
             status: 400,
             code: "invalid_request",
@@ -116,7 +116,7 @@ impl BadRequest {
         }
     }
 
-    fn field(field: &str, message: impl Into<String>) -> BadRequest {
+    pub(super) fn field(field: &str, message: impl Into<String>) -> BadRequest {
         BadRequest::invalid(FieldError::new(field, message))
     }
 
@@ -181,13 +181,16 @@ pub fn decode(
     params.frequency_penalty = penalty(&f, "frequency_penalty")?;
     params.logit_bias = logit_bias(&f, vocab_size)?;
     if let Some(m) = f.f64("min_p").map_err(BadRequest::invalid)? {
-        if !(0.0..=1.0).contains(&m) {
+        // Checked as stored (f32): a tiny value must not round to 0 (off)
+        // or a subnormal.
+        let stored = m as f32;
+        if !(0.0..=1.0).contains(&m) || (m != 0.0 && !stored.is_normal()) {
             return Err(BadRequest::field(
                 "min_p",
-                format!("must be between 0 and 1, got {m}"),
+                format!("must be 0 (off) or between 1.2e-38 and 1, got {m}"),
             ));
         }
-        params.min_p = m as f32;
+        params.min_p = stored;
     }
     // vLLM's extensions, which benchmark clients send for fixed lengths.
     params.ignore_eos = f
@@ -300,20 +303,18 @@ fn logit_bias(f: &Fields<'_>, vocab_size: u32) -> Result<LogitBias, BadRequest> 
     let mut pairs: Vec<(TokenId, f32)> = Vec::with_capacity(map.len());
     for (key, value) in map {
         let field = format!("logit_bias.{key}");
-        let id = key
-            .parse::<TokenId>()
-            .ok()
-            .filter(|_| key.bytes().all(|b| b.is_ascii_digit()))
-            .ok_or_else(|| {
-                BadRequest::field(
-                    "logit_bias",
-                    format!("keys must be token ids (decimal integers), got {key:?}"),
-                )
-            })?;
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(BadRequest::field(
+                &field,
+                format!("keys must be token ids (decimal integers), got {key:?}"),
+            ));
+        }
+        // All digits: only too big to parse, and then past any vocabulary.
+        let id = key.parse::<TokenId>().unwrap_or(TokenId::MAX);
         if id >= vocab_size {
             return Err(BadRequest::field(
                 &field,
-                format!("token id {id} is past the vocabulary ({vocab_size} ids)"),
+                format!("token id {key} is past the vocabulary ({vocab_size} ids)"),
             ));
         }
         let bias = match value.as_f64() {
@@ -380,7 +381,7 @@ fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
 /// Chat `messages`: roles `system`, `developer` (a system message),
 /// `user`, `assistant` (with `tool_calls`, written in `format`) and `tool`;
 /// content a string or an array of `text` parts.
-fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
+pub(super) fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
     let items = f
         .array("messages")
         .map_err(BadRequest::invalid)?
@@ -515,7 +516,7 @@ fn content(field: &str, v: Option<&Value>) -> Result<String, BadRequest> {
 }
 
 /// Completions' `prompt`: one string (or an array holding one).
-fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
+pub(super) fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
     match f.raw("prompt") {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
@@ -797,6 +798,7 @@ mod tests {
             (json!({"ignore_eos": "yes"}), "ignore_eos"),
             (json!({"min_p": 1.5}), "min_p"),
             (json!({"min_p": -0.1}), "min_p"),
+            (json!({"min_p": 1e-50}), "min_p"),
         ] {
             let mut b = json!({"model": "m", "messages": msgs});
             for (k, v) in extra.as_object().expect("object") {
@@ -830,9 +832,15 @@ mod tests {
             .collect();
         let cases = [
             (json!([1, 2]), "logit_bias", "an object"),
-            (json!({"x": 1}), "logit_bias", "token ids"),
-            (json!({"-1": 1}), "logit_bias", "token ids"),
-            (json!({"+3": 1}), "logit_bias", "token ids"),
+            (json!({"x": 1}), "logit_bias.x", "token ids"),
+            (json!({"-1": 1}), "logit_bias.-1", "token ids"),
+            (json!({"+3": 1}), "logit_bias.+3", "token ids"),
+            (json!({"": 1}), "logit_bias.", "token ids"),
+            (
+                json!({"4294967296": 1}),
+                "logit_bias.4294967296",
+                "past the vocabulary",
+            ),
             (
                 json!({"1000": 1}),
                 "logit_bias.1000",

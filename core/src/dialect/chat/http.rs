@@ -1,4 +1,5 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions`: the body goes to
+//! `POST /v1/chat/completions`, `POST /v1/completions`, and vLLM's `POST
+//! /tokenize` and `POST /detokenize`: the body goes to
 //! the `chat` machine as one frame, `{"route", "body"}`; what the machine
 //! sends back (`{"kind": "chunk" | "done" | "reply" | "error", ...}`)
 //! becomes one JSON reply, or `data: {chunk}` server-sent events ending
@@ -26,19 +27,31 @@ pub(crate) static SPEC: HttpSpec = HttpSpec {
             method: "POST",
             path: PathMatch::Exact("/v1/completions"),
         },
+        HttpRoute {
+            method: "POST",
+            path: PathMatch::Exact(TOKENIZE_PATH),
+        },
+        HttpRoute {
+            method: "POST",
+            path: PathMatch::Exact(DETOKENIZE_PATH),
+        },
     ],
     call,
     failure,
 };
 
 const CHAT_PATH: &str = "/v1/chat/completions";
+/// vLLM's tokenizer routes ([`super::tokenize`]).
+const TOKENIZE_PATH: &str = "/tokenize";
+const DETOKENIZE_PATH: &str = "/detokenize";
 
 /// Maps a request body to its frame.
 fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
-    let route = if req.path == CHAT_PATH {
-        Route::Chat
-    } else {
-        Route::Completions
+    let route = match req.path {
+        CHAT_PATH => Route::Chat.name(),
+        TOKENIZE_PATH => "tokenize",
+        DETOKENIZE_PATH => "detokenize",
+        _ => Route::Completions.name(),
     };
     let invalid = |m: String| error_reply(400, "invalid_request", &m, None);
     let text = std::str::from_utf8(req.body)
@@ -53,10 +66,12 @@ fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
         }
         Err(e) => return Err(invalid(format!("the request body is not valid JSON: {e}"))),
     };
-    // A bad `stream` is the machine's to refuse, as a JSON error.
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    // A bad `stream` is the machine's to refuse, as a JSON error. The
+    // tokenizer routes never stream.
+    let generates = req.path == CHAT_PATH || req.path == "/v1/completions";
+    let stream = generates && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     Ok(HttpCall {
-        frames: vec![json!({"route": route.name(), "body": body}).to_string()],
+        frames: vec![json!({"route": route, "body": body}).to_string()],
         stream,
         exchange: Box::new(Exchange {
             stream,

@@ -17,9 +17,14 @@
 //! calls; each choice's answer runs through a [`CallSplitter`], so calls
 //! come out as `tool_calls` (whole, in one chunk each when streamed) and
 //! never as text.
+//!
+//! Beside them, vLLM's `POST /tokenize` and `POST /detokenize`
+//! ([`tokenize`]): the ids of a prompt or a conversation, as these routes
+//! tokenize them (the ids `logit_bias` names), and the text of ids.
 
 pub mod codec;
 pub mod http;
+mod tokenize;
 
 use serde_json::{json, Map, Value};
 
@@ -79,6 +84,67 @@ struct Request {
 #[derive(Debug, Default)]
 pub struct ChatConn {
     inflight: Option<Request>,
+    /// A `/tokenize` request waiting for its tokens.
+    tokenizing: Option<TextJobId>,
+}
+
+/// Checks a body's optional `model` against the served one (a 404 when it
+/// names another).
+fn other_model(cx: &mut Cx<'_>, body: &Map<String, Value>) -> bool {
+    let served = &cx.model().name;
+    match body.get("model") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(m)) if m == served => false,
+        Some(other) => {
+            let message =
+                format!("the model {other} does not exist on this server; it serves `{served}`");
+            send_error(cx, 404, "model_not_found", &message, Some("model"));
+            true
+        }
+    }
+}
+
+/// `/detokenize`: the text of the ids, answered at once.
+fn on_detokenize(cx: &mut Cx<'_>, body: &Map<String, Value>) {
+    if other_model(cx, body) {
+        return;
+    }
+    let (vocab, context_len) = (cx.model().vocab_size, cx.model().context_len);
+    match tokenize::decode_detokenize(body, vocab, context_len) {
+        Ok(ids) => {
+            let text = cx.codec().decode(&ids);
+            cx.send(json!({"kind": "reply", "data": tokenize::detokenize_reply(&text)}));
+        }
+        Err(e) => refuse(cx, &e),
+    }
+}
+
+/// `/tokenize`'s tokens came back.
+fn on_tokenized(cx: &mut Cx<'_>, result: Result<Encoded, String>) {
+    let context_len = cx.model().context_len;
+    match result {
+        Ok(e) if e.dropped == 0 => {
+            let reply = tokenize::tokenize_reply(&e.ids, context_len);
+            cx.send(json!({"kind": "reply", "data": reply}));
+        }
+        Ok(_) => too_long_to_tokenize(cx, context_len),
+        Err(e) if e.starts_with(CONTEXT_TOO_LONG) => too_long_to_tokenize(cx, context_len),
+        Err(e) => {
+            let message = format!("the input could not be tokenized: {e}");
+            send_error(cx, 400, "invalid_request", &message, None);
+        }
+    }
+}
+
+fn too_long_to_tokenize(cx: &mut Cx<'_>, context_len: u32) {
+    let message = format!("the conversation does not fit the context ({context_len} tokens)");
+    send_error(
+        cx,
+        400,
+        "context_length_exceeded",
+        &message,
+        Some("messages"),
+    );
 }
 
 /// Sends a refusal: the frame the HTTP mapping turns into an error reply
@@ -104,7 +170,8 @@ impl ChatConn {
         let vocab_size = cx.model().vocab_size;
         let default_max = cx.config().default_max_tokens;
         let format = cx.codec().tool_format();
-        let req = match codec::decode(route, body, default_max, context_len, vocab_size, format) {
+        let mut req = match codec::decode(route, body, default_max, context_len, vocab_size, format)
+        {
             Ok(r) => r,
             Err(e) => return refuse(cx, &e),
         };
@@ -128,6 +195,11 @@ impl ChatConn {
                 return send_error(cx, 400, "invalid_request", &message, Some(field))
             }
         };
+        if constraint.is_some() {
+            // A grammar's end is the answer's end: past it the grammar
+            // allows nothing, so `ignore_eos` cannot go on.
+            req.params.ignore_eos = false;
+        }
         let max_tokens = req.params.max_tokens;
         let (job, prompt_text) = match &req.input {
             Input::Messages(m) => {
@@ -174,6 +246,32 @@ impl ChatConn {
             constraint,
             req,
         });
+    }
+
+    /// `/tokenize`: starts the tokenizing job (answered in
+    /// [`on_tokenized`]).
+    fn on_tokenize(&mut self, cx: &mut Cx<'_>, body: &Map<String, Value>) {
+        if other_model(cx, body) {
+            return;
+        }
+        let format = cx.codec().tool_format();
+        let context_len = cx.model().context_len;
+        let job = match tokenize::decode_tokenize(body, format) {
+            Ok(tokenize::ToTokenize::Prompt(p)) => {
+                cx.encode_prompt(p, 0).map_err(|e| (e, "prompt"))
+            }
+            Ok(tokenize::ToTokenize::Messages(m)) => cx
+                .encode_chat_with_tools(m, usize::MAX, context_len, Vec::new())
+                .map_err(|e| (e, "messages")),
+            Err(e) => return refuse(cx, &e),
+        };
+        match job {
+            Ok(job) => self.tokenizing = Some(job),
+            Err((e, field)) => {
+                let (status, code, message) = openai::start_error(&e, "max_tokens");
+                send_error(cx, status, code, &message, Some(field));
+            }
+        }
     }
 
     fn on_tokens(&mut self, cx: &mut Cx<'_>, result: Result<Encoded, String>) {
@@ -463,19 +561,25 @@ impl DialectConn for ChatConn {
     fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
         // Only the HTTP mapping writes here, one frame per request.
         let frame = crate::json::parse(text).ok();
-        let route = match frame.as_ref().and_then(|f| f["route"].as_str()) {
-            Some("chat") => Route::Chat,
-            Some("completions") => Route::Completions,
+        let name = frame.as_ref().and_then(|f| f["route"].as_str());
+        let route = match name {
+            Some("chat") => Some(Route::Chat),
+            Some("completions") => Some(Route::Completions),
+            Some("tokenize" | "detokenize") => None,
             _ => {
                 return send_error(cx, 400, "invalid_request", "not a request frame", None);
             }
         };
-        if self.inflight.is_some() {
+        if self.busy() {
             let message = "a request is already in progress on this connection";
             return send_error(cx, 409, "concurrent_request", message, None);
         }
         match frame.as_ref().and_then(|f| f["body"].as_object()) {
-            Some(body) => self.on_request(cx, route, body),
+            Some(body) => match route {
+                Some(route) => self.on_request(cx, route, body),
+                None if name == Some("tokenize") => self.on_tokenize(cx, body),
+                None => on_detokenize(cx, body),
+            },
             None => send_error(
                 cx,
                 400,
@@ -497,6 +601,10 @@ impl DialectConn for ChatConn {
     }
 
     fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
+        if self.tokenizing == Some(job) {
+            self.tokenizing = None;
+            return on_tokenized(cx, result);
+        }
         if self.inflight.as_ref().and_then(|r| r.tokenizing) == Some(job) {
             self.on_tokens(cx, result);
         }
@@ -644,6 +752,6 @@ impl DialectConn for ChatConn {
     }
 
     fn busy(&self) -> bool {
-        self.inflight.is_some()
+        self.inflight.is_some() || self.tokenizing.is_some()
     }
 }

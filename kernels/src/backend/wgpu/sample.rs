@@ -118,19 +118,6 @@ pub(crate) fn encode(
         };
         let p = sp.params;
         let mut flags = 0;
-        if !p.logit_bias.is_empty() || p.min_tokens > 0 {
-            // Each change the sampler makes before the penalties. Distinct
-            // ids: no two invocations touch the same logit.
-            let off = words.len();
-            crate::sampler::for_each_logit_change(p, sp.history, &mut scratch.seen, |t, c| {
-                words.extend([t, c.to_bits()]);
-            });
-            if words.len() > off {
-                flags |= F_BIAS;
-                words[at + R_BIAS_OFF] = off as u32;
-                words[at + R_BIAS_LEN] = ((words.len() - off) / 2) as u32;
-            }
-        }
         if crate::sampler::has_openai_penalties(p) {
             // Each generated id once, with what the sampler subtracts.
             let off = words.len();
@@ -150,6 +137,20 @@ pub(crate) fn encode(
             flags |= F_OPENAI;
             words[at + R_OAI_OFF] = off as u32;
             words[at + R_OAI_LEN] = ((words.len() - off) / 2) as u32;
+        }
+        // (After the check above, which may skip the row.)
+        if !p.logit_bias.is_empty() || p.min_tokens > 0 {
+            // Each change the sampler makes before the penalties. Distinct
+            // ids: no two invocations touch the same logit.
+            let off = words.len();
+            crate::sampler::for_each_logit_change(p, sp.history, &mut scratch.seen, |t, c| {
+                words.extend([t, c.to_bits()]);
+            });
+            if words.len() > off {
+                flags |= F_BIAS;
+                words[at + R_BIAS_OFF] = off as u32;
+                words[at + R_BIAS_LEN] = ((words.len() - off) / 2) as u32;
+            }
         }
         // The CPU sampler's tests, one for one.
         if crate::sampler::is_greedy(p.temperature) {

@@ -1,0 +1,130 @@
+//! vLLM's `POST /tokenize` and `POST /detokenize`, served beside the OpenAI
+//! routes: the token ids a prompt (as Completions tokenizes it) or a
+//! conversation (as Chat Completions renders it) becomes, which are the ids
+//! `logit_bias` takes, and the text of token ids.
+
+use serde_json::{json, Map, Value};
+
+use super::codec::{self, BadRequest};
+use crate::engine::TokenId;
+use crate::json::Fields;
+use crate::text::ChatMessage;
+use crate::tools::ToolFormat;
+
+/// What a `/tokenize` body asks to tokenize.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum ToTokenize {
+    /// `prompt`: a raw prompt, with the BOS the tokenizer adds.
+    Prompt(String),
+    /// `messages`: rendered with the chat template and its generation
+    /// prompt.
+    Messages(Vec<ChatMessage>),
+}
+
+/// Decodes a `/tokenize` body: exactly one of `prompt` and `messages`.
+pub(super) fn decode_tokenize(
+    obj: &Map<String, Value>,
+    format: ToolFormat,
+) -> Result<ToTokenize, BadRequest> {
+    let f = Fields::new(obj, "");
+    match (f.has("prompt"), f.has("messages")) {
+        (true, false) => codec::prompt(&f).map(ToTokenize::Prompt),
+        (false, true) => codec::messages(&f, format).map(ToTokenize::Messages),
+        (has_prompt, _) => Err(BadRequest::field(
+            if has_prompt { "messages" } else { "prompt" },
+            "give either `prompt` or `messages`",
+        )),
+    }
+}
+
+/// Decodes a `/detokenize` body: `tokens`, an array of at most `max_len`
+/// token ids, each below `vocab_size`.
+pub(super) fn decode_detokenize(
+    obj: &Map<String, Value>,
+    vocab_size: u32,
+    max_len: u32,
+) -> Result<Vec<TokenId>, BadRequest> {
+    let f = Fields::new(obj, "");
+    let Some(items) = f.array("tokens").map_err(BadRequest::invalid)? else {
+        return Err(BadRequest::field("tokens", "`tokens` is required"));
+    };
+    if items.len() > max_len as usize {
+        return Err(BadRequest::field(
+            "tokens",
+            format!(
+                "at most the context length ({max_len}) tokens, got {}",
+                items.len()
+            ),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v.as_u64() {
+            Some(t) if t < u64::from(vocab_size) => Ok(t as TokenId),
+            _ => Err(BadRequest::field(
+                &format!("tokens[{i}]"),
+                format!("must be a token id below the vocabulary's size ({vocab_size}), got {v}"),
+            )),
+        })
+        .collect()
+}
+
+/// The `/tokenize` reply, vLLM's shape.
+pub(super) fn tokenize_reply(ids: &[TokenId], context_len: u32) -> Value {
+    json!({"count": ids.len(), "max_model_len": context_len, "tokens": ids})
+}
+
+/// The `/detokenize` reply, vLLM's shape.
+pub(super) fn detokenize_reply(text: &str) -> Value {
+    json!({ "prompt": text })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn tokenize_takes_a_prompt_or_messages_not_both() {
+        let p = decode_tokenize(&body(json!({"prompt": "Once"})), ToolFormat::Hermes);
+        assert_eq!(p, Ok(ToTokenize::Prompt("Once".into())));
+        let m = decode_tokenize(
+            &body(json!({"messages": [{"role": "user", "content": "hi"}]})),
+            ToolFormat::Hermes,
+        )
+        .expect("messages");
+        assert!(matches!(m, ToTokenize::Messages(ref v) if v.len() == 1));
+        for (b, field) in [
+            (json!({}), "prompt"),
+            (json!({"prompt": "a", "messages": []}), "messages"),
+            (json!({"prompt": 5}), "prompt"),
+        ] {
+            let e = decode_tokenize(&body(b.clone()), ToolFormat::Hermes).expect_err("refused");
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(field)), "{b}");
+        }
+    }
+
+    #[test]
+    fn detokenize_takes_ids_in_the_vocabulary_up_to_the_context() {
+        let ok = decode_detokenize(&body(json!({"tokens": [0, 5, 9]})), 10, 4);
+        assert_eq!(ok, Ok(vec![0, 5, 9]));
+        for (b, field) in [
+            (json!({}), "tokens"),
+            (json!({"tokens": "1 2"}), "tokens"),
+            (json!({"tokens": [1, 10]}), "tokens[1]"),
+            (json!({"tokens": [-1]}), "tokens[0]"),
+            (json!({"tokens": [1.5]}), "tokens[0]"),
+            (json!({"tokens": [1, 1, 1, 1, 1]}), "tokens"),
+        ] {
+            let e = decode_detokenize(&body(b.clone()), 10, 4).expect_err("refused");
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(field)), "{b}");
+        }
+    }
+}
