@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional, Type
 
 import openai
 from openai import OpenAI
-from openai.types import Completion
+from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from sdk_strict import Hero, fail, run_checks, validate_strict as strict
@@ -135,6 +135,22 @@ def main() -> int:
         )
         if [ch.message.content for ch in again.choices] != [ch.message.content for ch in c.choices]:
             fail("the same seed gave other choices")
+
+    @check
+    def models_list_and_retrieve() -> None:
+        listed = [m.id for m in client.models.list()]
+        if listed != [model]:
+            fail(f"models.list gave {listed}")
+        raw = client.models.with_raw_response.retrieve(model)
+        m = strict(Model, raw.http_response.text, "the model")
+        if m.id != model or m.object != "model":
+            fail("models.retrieve", raw.http_response.text)
+        try:
+            client.models.retrieve("no-such/model")
+            fail("an unknown model was found")
+        except openai.NotFoundError as e:
+            if e.body.get("code") != "model_not_found":
+                fail(f"code {e.body!r}")
 
     @check
     def logit_bias_forces_a_token() -> None:

@@ -42,6 +42,26 @@ async fn unknown_fields_are_ignored_and_max_completion_tokens_bounds_the_answer(
     let r = http(&server, "GET", CHAT, None).await;
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("POST"));
+    // One model by its id, percent-decoded (Hugging Face ids hold a `/`).
+    let r = http(&server, "GET", "/v1/models/stories%32%360K", None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (r.json()["id"].clone(), r.json()["object"].clone()),
+        (json!("stories260K"), json!("model"))
+    );
+    let r = http(&server, "GET", "/v1/models/org%2Fother", None).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .expect("message")
+        .contains("org/other"));
+    assert_eq!(
+        http(&server, "POST", "/v1/models/stories260K", Some("{}"))
+            .await
+            .status,
+        405
+    );
     let r = http(&server, "POST", CHAT, Some("{\"model\": ")).await;
     assert_eq!(r.status, 400);
     assert_eq!(

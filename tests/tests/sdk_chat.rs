@@ -1,7 +1,8 @@
 //! The official OpenAI Python SDK against tokenwire's Chat Completions and
 //! Completions routes (`tests/sdk/chat_sdk.py`): `chat.completions.create`
 //! as JSON and streamed with `include_usage`, `n` = 2 with logprobs and a
-//! seed, a token forced by `logit_bias`, stop strings,
+//! seed, `models.list` and `models.retrieve`, a token forced by
+//! `logit_bias`, stop strings,
 //! `completions.create` as JSON and streamed,
 //! `json_schema` output validated with a pydantic model,
 //! `chat.completions.parse()` and `.stream()` with a pydantic model, a
@@ -17,7 +18,7 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
-    assert!(out.contains("10 of 10 checks passed"), "{out}");
+    assert!(out.contains("11 of 11 checks passed"), "{out}");
     server.shutdown().await;
 }
 

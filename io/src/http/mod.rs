@@ -57,6 +57,7 @@ pub(crate) async fn handle(
 fn route_label(path: &str, upgrade: bool) -> String {
     match path {
         "/" | "/health" | "/metrics" | "/v1/models" => path.to_string(),
+        _ if path.starts_with(MODEL_PREFIX) => format!("{MODEL_PREFIX}{{id}}"),
         _ if upgrade => tokenwire_core::Dialect::ALL
             .iter()
             .filter_map(|d| d.ws_path())
@@ -96,6 +97,10 @@ async fn route(
         }
         "/v1/models" if is_get => models(&state),
         "/health" | "/metrics" | "/v1/models" => method_not_allowed("GET, HEAD"),
+        path if path.starts_with(MODEL_PREFIX) && is_get => {
+            model(&state, &path[MODEL_PREFIX.len()..])
+        }
+        path if path.starts_with(MODEL_PREFIX) => method_not_allowed("GET, HEAD"),
         path => match tokenwire_core::dialect::registry::route(req.method().as_str(), path) {
             Route::Dialect(dialect) => dialect::handle(state, peer, dialect, req).await,
             Route::WrongMethod(allow) => method_not_allowed(allow),
@@ -170,23 +175,53 @@ fn metrics(state: &AppState) -> Response<Body> {
     resp
 }
 
+/// `GET /v1/models/{id}`: one model (the OpenAI SDK's `models.retrieve`).
+const MODEL_PREFIX: &str = "/v1/models/";
+
+/// The OpenAI model object of the served model `name`.
+fn model_object(state: &AppState, name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": name,
+        "object": "model",
+        "created": state.started_unix_s,
+        "owned_by": "tokenwire",
+    })
+}
+
 fn models(state: &AppState) -> Response<Body> {
     let model = state.snapshot.borrow().model.clone();
-    let data: Vec<serde_json::Value> = model
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "id": m.name,
-                "object": "model",
-                "created": state.started_unix_s,
-                "owned_by": "tokenwire",
-            })
-        })
-        .collect();
+    let data: Vec<serde_json::Value> = model.iter().map(|m| model_object(state, &m.name)).collect();
     json_response(
         StatusCode::OK,
         &serde_json::json!({"object": "list", "data": data}),
     )
+}
+
+/// `GET /v1/models/{id}`: the served model when `id` (percent-decoded:
+/// Hugging Face ids hold a `/`) names it, else the API's 404.
+fn model(state: &AppState, id: &str) -> Response<Body> {
+    let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+    let served = state
+        .snapshot
+        .borrow()
+        .model
+        .as_ref()
+        .map(|m| m.name.clone());
+    match served {
+        Some(name) if name == id => json_response(StatusCode::OK, &model_object(state, &name)),
+        _ => {
+            let message = format!("the model `{id}` does not exist on this server");
+            json_response(
+                StatusCode::NOT_FOUND,
+                &tokenwire_core::dialect::chat::codec::error_body(
+                    404,
+                    "model_not_found",
+                    &message,
+                    Some("model"),
+                ),
+            )
+        }
+    }
 }
 
 /// True for a request asking to switch to the WebSocket protocol.
