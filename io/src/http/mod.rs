@@ -1,8 +1,8 @@
 //! HTTP routing: WebSocket upgrades on the dialects' paths, the server's own
-//! endpoints (`/health`, `/metrics`, `/v1/models`, the playground), and each
-//! dialect's HTTP routes as its row in the core's registry names them
-//! ([`dialect`] carries them out). [`state`] is what the handlers share,
-//! [`reply`] how responses are built.
+//! endpoints (`/health`, `/metrics`, `/v1/models` and `/v1/models/{id}`, the
+//! playground), and each dialect's HTTP routes as its row in the core's
+//! registry names them ([`dialect`] carries them out). [`state`] is what the
+//! handlers share, [`reply`] how responses are built.
 
 mod dialect;
 pub(crate) mod reply;
