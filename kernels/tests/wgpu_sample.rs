@@ -949,6 +949,61 @@ fn wgpu_sample_ties_resolve_to_the_lower_id() {
 }
 
 #[test]
+fn wgpu_sample_logprobs_of_tied_rows_list_the_lower_ids_first() {
+    // The n best on rows of a few values: the n-th of the order falls
+    // inside a run of equal logits, so which ids are listed, and in which
+    // order, is decided by the ids alone; the device must list the CPU's
+    // ids exactly, by rounds of argmax (n < 12) and by the search and the
+    // gathering pass (n >= 12), greedy and drawn, over 1, 2 and 3 id bytes.
+    let Some(mut lab) = lab() else { return };
+    let mut rng = Rng::new(78);
+    let levels = [-1.0f32, 0.0, 0.5, 1.0, 1.0, 2.0];
+    for vocab in [40usize, 4099, 70_000] {
+        let rows = 6;
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| {
+                if rng.below(500) == 0 {
+                    3.0
+                } else {
+                    pick(&mut rng, &levels)
+                }
+            })
+            .collect();
+        for n in [4u8, 11, 12, 20, 32] {
+            let specs: Vec<LabSample> = (0..rows)
+                .map(|r| LabSample {
+                    params: SamplingParams {
+                        temperature: if r % 2 == 0 { 0.0 } else { 0.8 },
+                        top_p: 0.9,
+                        seed: rng.next_u64(),
+                        ..SamplingParams::default()
+                    },
+                    position: r as u32,
+                    history: Vec::new(),
+                    logprobs: Some(n),
+                })
+                .collect();
+            let got = lab.sample(&logits, vocab, &specs, 4).expect("sample");
+            for (r, (token, lp)) in got.iter().enumerate() {
+                let row = &logits[r * vocab..(r + 1) * vocab];
+                let spec = &specs[r];
+                let (_, want) = sample(row, &spec.params, spec.position, &[], Some(n));
+                let (lp, want) = (lp.as_ref().expect("logprobs"), want.expect("cpu logprobs"));
+                let ids = |l: &TokenLogprobs| l.top.iter().map(|x| x.0).collect::<Vec<_>>();
+                assert_eq!(
+                    ids(lp),
+                    ids(&want),
+                    "vocab {vocab} n {n} row {r} (token {token})"
+                );
+                for (g, w) in lp.top.iter().zip(&want.top) {
+                    assert!(close(g.1, w.1, 1e-3), "vocab {vocab} n {n}: {g:?} vs {w:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn wgpu_sample_logprobs_match_log_softmax() {
     let Some(mut lab) = lab() else { return };
     let mut rng = Rng::new(34);

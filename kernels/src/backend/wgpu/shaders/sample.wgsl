@@ -46,8 +46,11 @@
 //   top-p and draw targets are p * total and u * kept with p and u as 32-bit
 //   fractions, multiplied exactly.
 // * Logprobs: log-softmax of the penalised row (before temperature): the
-//   chosen token's, and the n best (id, logprob) pairs by n rounds of masked
-//   argmax, best first, ties to the lower id.
+//   chosen token's, and the n best (id, logprob) pairs, best first, ties to
+//   the lower id: for n of at least NTH_SEARCH_FROM (12), a count search finds
+//   the n-th of the penalised order, one pass gathers the n before it, and
+//   each is written at its rank among them; for fewer, n rounds of masked
+//   argmax.
 //
 // One workgroup per row. Every decision below is taken on values that each
 // invocation computes identically from workgroup memory, so control flow
@@ -151,6 +154,12 @@ var<private> mx: f32;   // the maximum weights are taken against (finite)
 // are -inf.
 var<private> min_p_on: bool;
 var<private> min_p_floor: f32;
+// The logprobs' search: "scaled" is the penalised row itself (the order
+// of the n best is before temperature and min-p).
+var<private> raw_order: bool;
+// The n-th of the penalised order, once the logprobs' search found it.
+var<private> nth_key: u32;
+var<private> nth_id: u32;
 // This invocation's run of consecutive candidates in one bucket, added to
 // the buckets at once (most candidates of the first pass share a handful of
 // buckets: one set of atomics per run, up to four, not per element).
@@ -169,6 +178,9 @@ fn work(j: u32) -> f32 {
 }
 
 fn scaled(j: u32) -> f32 {
+    if (raw_order) {
+        return work(j);
+    }
     let s = work(j) / temp;
     if (min_p_on && s - mx < min_p_floor) {
         return bitcast<f32>(NEG_INF);
@@ -529,7 +541,7 @@ fn bucket_mass(b: u32) -> vec2<u32> {
 // The first element (key, id) of the order (scaled, or ids ascending with
 // by_id) whose prefix, cut to `bound`, meets the goal; the caller knows that
 // the whole bound does. MEASURE only sums the bound. The kernel inlines
-// every call, so there is one call site (in `draw`).
+// every call, so there is one call site (in `choose`).
 fn search(
     mode: u32,
     bound: vec2<u32>,
@@ -648,54 +660,80 @@ const D_DRAW: u32 = 3u;
 const D_IDS_TOTAL: u32 = 4u;
 const D_IDS_DRAW: u32 = 5u;
 const D_DONE: u32 = 6u;
+const D_NTH: u32 = 7u; // the logprobs' n-th (not a step of the draw)
 
-// The draw (temperature > 0).
-fn draw(row: u32, flags: u32) -> u32 {
-    // The first of the scaled order; when it is +inf, the last one too.
-    var top = vec2<u32>(0u, NONE);
-    var last = 0u;
-    for (var t = 0u; t < 2u; t++) {
-        let b = best_of(select(B_FIRST, B_LAST, t == 1u), 0u, 0u);
-        if (t == 0u) {
-            top = b;
-            if (top.x != KEY_POS_INF) {
-                break;
-            }
-        } else {
-            last = n - 1u - b.y;
-        }
-    }
-    if (top.x == KEY_NEG_INF) {
-        // Every scaled value is -inf: the sampler's argmax, id 0.
-        return top.y;
-    }
-    let u = rows[row + R_U];
+// Logprobs of at least this many best tokens find the n-th of the order by
+// one count search and gather the n best in one pass; fewer take n rounds
+// of masked argmax. On lavapipe a search with its gathering pass cost about
+// ten rounds (greedy rows: 5 best 1.8 ms by rounds against 3.3 by the
+// search, 20 best 5.0 against 3.4); a GPU's break-even is unmeasured.
+const NTH_SEARCH_FROM: u32 = 12u;
+
+// The row's token: the argmax when greedy, else the draw (temperature >
+// 0). With nth > 0, then also the nth element of the penalised order
+// (into nth_key, nth_id), by the same single search call site.
+fn choose(row: u32, flags: u32, nth_wanted: u32) -> u32 {
+    var nth = nth_wanted;
+    let whole = vec2<u32>(0u, n - 1u);
+    var token = 0u;
+    var step = D_DONE;
     let top_k = (flags & F_TOP_K) != 0u;
     let top_p = (flags & F_TOP_P) != 0u;
-    let whole = vec2<u32>(0u, n - 1u);
-    // With a +inf the sampler's +inf entries weigh NaN (inf - inf), so its
-    // total is NaN: no prefix ever reaches its target, and it takes the last
-    // kept element (the k-th with top-k, found below).
-    let pos_inf = top.x == KEY_POS_INF;
-    if (pos_inf && !top_k) {
-        return select(last, n - 1u, !top_p);
+    var pos_inf = false;
+    if ((flags & F_GREEDY) != 0u) {
+        token = best_of(B_ARGMAX, 0u, 0u).y;
+    } else {
+        // The first of the scaled order; when it is +inf, the last one too.
+        var top = vec2<u32>(0u, NONE);
+        var last = 0u;
+        for (var t = 0u; t < 2u; t++) {
+            let b = best_of(select(B_FIRST, B_LAST, t == 1u), 0u, 0u);
+            if (t == 0u) {
+                top = b;
+                if (top.x != KEY_POS_INF) {
+                    break;
+                }
+            } else {
+                last = n - 1u - b.y;
+            }
+        }
+        // With a +inf the sampler's +inf entries weigh NaN (inf - inf), so
+        // its total is NaN: no prefix ever reaches its target, and it takes
+        // the last kept element (the k-th with top-k, found below).
+        pos_inf = top.x == KEY_POS_INF;
+        if (top.x == KEY_NEG_INF) {
+            // Every scaled value is -inf: the sampler's argmax, id 0.
+            token = top.y;
+        } else if (pos_inf && !top_k) {
+            token = select(last, n - 1u, !top_p);
+        } else {
+            mx = scaled(top.y);
+            // Min-p against a finite maximum, as the sampler (from here on
+            // every scaled value it drops is -inf).
+            min_p_on = (flags & F_MIN_P) != 0u && !pos_inf;
+            min_p_floor = bitcast<f32>(rows[row + R_MIN_P]);
+            step = D_KEPT;
+            if (top_k) {
+                step = D_TOP_K;
+            } else if (!top_p) {
+                // The CPU sampler draws in id order when nothing is cut.
+                step = D_IDS_TOTAL;
+            }
+        }
     }
-    mx = scaled(top.y);
-    // Min-p against a finite maximum, as the sampler (from here on every
-    // scaled value it drops is -inf).
-    min_p_on = (flags & F_MIN_P) != 0u && !pos_inf;
-    min_p_floor = bitcast<f32>(rows[row + R_MIN_P]);
-    var step = D_KEPT;
-    if (top_k) {
-        step = D_TOP_K;
-    } else if (!top_p) {
-        // The CPU sampler draws in id order when nothing is cut.
-        step = D_IDS_TOTAL;
-    }
+    let u = rows[row + R_U];
     var kept = whole;
     var kept_mass = vec2<u32>(0u, 0u);
-    var token = 0u;
     loop {
+        if (step == D_DONE) {
+            if (nth == 0u) {
+                break;
+            }
+            // The draw is over: the n-th of the penalised order.
+            step = D_NTH;
+            raw_order = true;
+            min_p_on = false;
+        }
         // One search per step (a single call site: see `search`).
         var mode = MASS_GT;
         var bound = kept;
@@ -703,6 +741,11 @@ fn draw(row: u32, flags: u32) -> u32 {
         var goal_c = 0u;
         var by_id = false;
         switch step {
+            case D_NTH: {
+                mode = COUNT_GE;
+                bound = whole;
+                goal_c = nth;
+            }
             case D_TOP_K: {
                 // The first k of the order (0 < k < n, checked by the host).
                 mode = COUNT_GE;
@@ -739,6 +782,12 @@ fn draw(row: u32, flags: u32) -> u32 {
         }
         let f = search(mode, bound, goal, goal_c, by_id);
         switch step {
+            case D_NTH: {
+                nth_key = f.key;
+                nth_id = f.id;
+                nth = 0u;
+                step = D_DONE;
+            }
             case D_TOP_K: {
                 kept = vec2<u32>(f.key, f.id);
                 step = select(D_KEPT, D_DONE, pos_inf);
@@ -761,9 +810,6 @@ fn draw(row: u32, flags: u32) -> u32 {
                 token = f.id;
                 step = D_DONE;
             }
-        }
-        if (step == D_DONE) {
-            break;
         }
     }
     return token;
@@ -834,6 +880,7 @@ fn main(
     temp = bitcast<f32>(rows[row + R_TEMP]);
     mx = 0.0;
     min_p_on = false;
+    raw_order = false;
 
     if ((flags & F_BIAS) != 0u) {
         // Distinct ids: no two invocations touch the same logit.
@@ -888,12 +935,12 @@ fn main(
     }
     storageBarrier();
 
-    var token = 0u;
-    if ((flags & F_GREEDY) != 0u) {
-        token = best_of(B_ARGMAX, 0u, 0u).y;
-    } else {
-        token = draw(row, flags);
+    var count = 0u;
+    if ((flags & F_LOGPROBS) != 0u) {
+        count = min(rows[row + R_N_LOGPROBS], n);
     }
+    let searched = count >= NTH_SEARCH_FROM;
+    let token = choose(row, flags, select(0u, count, searched));
     if (lid == 0u) {
         out[step_row] = token;
     }
@@ -914,19 +961,72 @@ fn main(
         if (lid == 0u) {
             out[lp_off] = bitcast<u32>(work(token) - lse);
         }
-        // The n best by the sampler's order (total order, ties to the lower
-        // id): n rounds of argmax after the prefix found so far.
-        let count = min(rows[row + R_N_LOGPROBS], n);
-        var pk = NONE; // the empty prefix
-        var pi = 0u;
-        for (var q = 0u; q < count; q++) {
-            let b = best_of(B_NEXT, pk, pi);
-            pk = b.x;
-            pi = b.y;
-            if (lid == 0u) {
-                out[lp_off + 1u + 2u * q] = pi;
-                out[lp_off + 2u + 2u * q] = bitcast<u32>(work(pi) - lse);
+        if (searched) {
+            gather_best(count, lp_off, lse);
+        } else {
+            // The n best by the sampler's order (total order, ties to the
+            // lower id): n rounds of argmax after the prefix found so far.
+            var pk = NONE; // the empty prefix
+            var pi = 0u;
+            for (var q = 0u; q < count; q++) {
+                let b = best_of(B_NEXT, pk, pi);
+                pk = b.x;
+                pi = b.y;
+                if (lid == 0u) {
+                    out[lp_off + 1u + 2u * q] = pi;
+                    out[lp_off + 2u + 2u * q] = bitcast<u32>(work(pi) - lse);
+                }
             }
+        }
+    }
+}
+
+// Gathers the `count` best of the penalised order (the prefix up to the
+// n-th, which `choose` found) into the buckets' words, in one pass, then
+// writes each at its rank: best first, ties to the lower id.
+fn gather_best(count: u32, lp_off: u32, lse: f32) {
+    // The search's last reads of the buckets are behind its last barrier.
+    if (lid == 0u) {
+        atomicStore(&bk_c[0], 0u);
+    }
+    workgroupBarrier();
+    for (var j = lid; j < n; j += STRIDE) {
+        gather_one(j);
+        gather_one(j + WG);
+        gather_one(j + 2u * WG);
+        gather_one(j + 3u * WG);
+        gather_one(j + 4u * WG);
+        gather_one(j + 5u * WG);
+        gather_one(j + 6u * WG);
+        gather_one(j + 7u * WG);
+    }
+    workgroupBarrier();
+    for (var q = lid; q < count; q += WG) {
+        let kq = atomicLoad(&bk_hi[q]);
+        let iq = atomicLoad(&bk_lo[q]);
+        var rank = 0u;
+        for (var r = 0u; r < count; r++) {
+            if (before(atomicLoad(&bk_hi[r]), atomicLoad(&bk_lo[r]), kq, iq)) {
+                rank += 1u;
+            }
+        }
+        out[lp_off + 1u + 2u * rank] = iq;
+        out[lp_off + 2u + 2u * rank] = bitcast<u32>(work(iq) - lse);
+    }
+}
+
+// Element j into the gathered ones when it lies in the prefix up to the
+// n-th (exactly n elements do: slots 0..n).
+fn gather_one(j: u32) {
+    if (j >= n) {
+        return;
+    }
+    let k = okey(work(j));
+    if (in_prefix(k, j, nth_key, nth_id)) {
+        let slot = atomicAdd(&bk_c[0], 1u);
+        if (slot < RADIX) {
+            atomicStore(&bk_hi[slot], k);
+            atomicStore(&bk_lo[slot], j);
         }
     }
 }
