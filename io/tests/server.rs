@@ -160,9 +160,36 @@ async fn start_loading_returns_before_the_model_is_ready() {
         }
         other => panic!("unexpected status {other}"),
     }
+    // The model by its id (the test model's, checked below): 503 with
+    // Retry-After while it loads, never 404.
+    let r = http(server.local_addr, "GET", "/v1/models/tokenwire-tiny", None).await;
+    match r.status {
+        200 => assert_eq!(r.json()["id"], "tokenwire-tiny"),
+        503 => assert!(r.head.contains("retry-after: 1"), "{}", r.head),
+        other => panic!("unexpected status {other}: {}", r.body),
+    }
     server.wait_ready().await.expect("loads");
     let r = http(server.local_addr, "GET", "/health", None).await;
     assert_eq!(r.status, 200);
+    let name = http(server.local_addr, "GET", "/v1/models", None)
+        .await
+        .json()["data"][0]["id"]
+        .as_str()
+        .expect("the served model")
+        .to_owned();
+    let r = http(
+        server.local_addr,
+        "GET",
+        &format!("/v1/models/{name}"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["id"].as_str()),
+        (200, Some(name.as_str())),
+        "{}",
+        r.body
+    );
     server.finish().await.expect("clean shutdown");
 }
 

@@ -416,6 +416,27 @@ async fn tokenize_and_detokenize_agree_with_the_routes() {
     .await
     .json();
     assert_eq!(chat["usage"]["prompt_tokens"], m["count"], "{m} {chat}");
+    // With tools offered, as Chat Completions renders them.
+    let tools = json!([{"type": "function", "function": {"name": "weather",
+        "description": "The weather in a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let mt = post("/tokenize", json!({"messages": msgs, "tools": tools}))
+        .await
+        .json();
+    let chat_t = post(
+        CHAT,
+        json!({"model": "stories260K", "messages": msgs, "tools": tools, "max_tokens": 1}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        chat_t["usage"]["prompt_tokens"], mt["count"],
+        "{mt} {chat_t}"
+    );
+    assert!(
+        mt["count"].as_u64() > m["count"].as_u64(),
+        "the tools count"
+    );
     for (path, body, status, param) in [
         (
             "/tokenize",
@@ -427,6 +448,12 @@ async fn tokenize_and_detokenize_agree_with_the_routes() {
             "/tokenize",
             json!({"model": "other", "prompt": "a"}),
             404,
+            "model",
+        ),
+        (
+            "/detokenize",
+            json!({"model": 7, "tokens": [1]}),
+            400,
             "model",
         ),
         ("/detokenize", json!({"tokens": [1, 512]}), 400, "tokens[1]"),

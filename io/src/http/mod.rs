@@ -198,15 +198,22 @@ fn models(state: &AppState) -> Response<Body> {
 }
 
 /// `GET /v1/models/{id}`: the served model when `id` (percent-decoded:
-/// Hugging Face ids hold a `/`) names it, else the API's 404.
+/// Hugging Face ids hold a `/`) names it, else the API's 404; a 503 with
+/// `Retry-After` while it loads.
 fn model(state: &AppState, id: &str) -> Response<Body> {
     let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
-    let served = state
-        .snapshot
-        .borrow()
-        .model
-        .as_ref()
-        .map(|m| m.name.clone());
+    let snap = state.snapshot.borrow().clone();
+    if !snap.loaded {
+        // Not "no such model" while it loads: the client should wait.
+        let body = tokenwire_core::dialect::chat::codec::error_body(
+            503,
+            "server_error",
+            "the model is loading",
+            None,
+        );
+        return with_retry_after(json_response(StatusCode::SERVICE_UNAVAILABLE, &body), 1);
+    }
+    let served = snap.model.as_ref().map(|m| m.name.clone());
     match served {
         Some(name) if name == id => json_response(StatusCode::OK, &model_object(state, &name)),
         _ => {

@@ -91,14 +91,22 @@ pub struct ChatConn {
 /// Checks a body's optional `model` against the served one (a 404 when it
 /// names another).
 fn other_model(cx: &mut Cx<'_>, body: &Map<String, Value>) -> bool {
-    let served = &cx.model().name;
+    let served = cx.model().name.clone();
     match body.get("model") {
         None | Some(Value::Null) => false,
-        Some(Value::String(m)) if m == served => false,
-        Some(other) => {
+        Some(Value::String(m)) if *m == served => false,
+        Some(Value::String(m)) => {
             let message =
-                format!("the model {other} does not exist on this server; it serves `{served}`");
+                format!("the model `{m}` does not exist on this server; it serves `{served}`");
             send_error(cx, 404, "model_not_found", &message, Some("model"));
+            true
+        }
+        Some(other) => {
+            let message = format!(
+                "`model` must be a string, got {}",
+                crate::json::type_name(other)
+            );
+            send_error(cx, 400, "invalid_request", &message, Some("model"));
             true
         }
     }
@@ -260,8 +268,8 @@ impl ChatConn {
             Ok(tokenize::ToTokenize::Prompt(p)) => {
                 cx.encode_prompt(p, 0).map_err(|e| (e, "prompt"))
             }
-            Ok(tokenize::ToTokenize::Messages(m)) => cx
-                .encode_chat_with_tools(m, usize::MAX, context_len, Vec::new())
+            Ok(tokenize::ToTokenize::Messages(m, tools)) => cx
+                .encode_chat_with_tools(m, usize::MAX, context_len, tools)
                 .map_err(|e| (e, "messages")),
             Err(e) => return refuse(cx, &e),
         };

@@ -6,10 +6,11 @@
 use serde_json::{json, Map, Value};
 
 use super::codec::{self, BadRequest};
+use crate::dialect::openai::{self, FormatShape};
 use crate::engine::TokenId;
 use crate::json::Fields;
 use crate::text::ChatMessage;
-use crate::tools::ToolFormat;
+use crate::tools::{ToolDef, ToolFormat};
 
 /// What a `/tokenize` body asks to tokenize.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,8 +18,8 @@ pub(super) enum ToTokenize {
     /// `prompt`: a raw prompt, with the BOS the tokenizer adds.
     Prompt(String),
     /// `messages`: rendered with the chat template and its generation
-    /// prompt.
-    Messages(Vec<ChatMessage>),
+    /// prompt, with `tools` offered as Chat Completions offers them.
+    Messages(Vec<ChatMessage>, Vec<ToolDef>),
 }
 
 /// Decodes a `/tokenize` body: exactly one of `prompt` and `messages`.
@@ -29,7 +30,11 @@ pub(super) fn decode_tokenize(
     let f = Fields::new(obj, "");
     match (f.has("prompt"), f.has("messages")) {
         (true, false) => codec::prompt(&f).map(ToTokenize::Prompt),
-        (false, true) => codec::messages(&f, format).map(ToTokenize::Messages),
+        (false, true) => {
+            let tools = openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?;
+            let messages = codec::messages(&f, format)?;
+            Ok(ToTokenize::Messages(messages, tools.prompt_defs().to_vec()))
+        }
         (has_prompt, _) => Err(BadRequest::field(
             if has_prompt { "messages" } else { "prompt" },
             "give either `prompt` or `messages`",
@@ -100,7 +105,14 @@ mod tests {
             ToolFormat::Hermes,
         )
         .expect("messages");
-        assert!(matches!(m, ToTokenize::Messages(ref v) if v.len() == 1));
+        assert!(matches!(m, ToTokenize::Messages(ref v, ref t) if v.len() == 1 && t.is_empty()));
+        let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+        let with_tools = decode_tokenize(
+            &body(json!({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})),
+            ToolFormat::Hermes,
+        )
+        .expect("messages with tools");
+        assert!(matches!(with_tools, ToTokenize::Messages(_, ref t) if t.len() == 1));
         for (b, field) in [
             (json!({}), "prompt"),
             (json!({"prompt": "a", "messages": []}), "messages"),

@@ -245,9 +245,18 @@ fn sample_fan(wg: u32) -> u32 {
 /// Row elements the sampling kernel's loops visit per iteration (UNROLL).
 const SAMPLE_UNROLL: u64 = 8;
 
-/// Most logprob alternatives sample.wgsl computes (one pass each); rows that
+/// Most logprob alternatives sample.wgsl computes; rows that
 /// ask for more come back as logits rows for the CPU sampler.
 pub(crate) const MAX_DEVICE_LOGPROBS: u32 = 32;
+/// Logprobs of at least this many best tokens are found on the device by
+/// one count search and a gathering pass; fewer by rounds of masked
+/// argmax. On lavapipe a search with its gathering pass cost about ten
+/// rounds (greedy rows: 5 best 1.8 ms by rounds against 3.3 by the search,
+/// 20 best 5.0 against 3.4); a GPU's break-even is unmeasured. Prepended
+/// to sample.wgsl.
+pub(crate) const SAMPLE_NTH_SEARCH_FROM: u32 = 12;
+// The gathered ones fill at most the 256 radix buckets' words.
+const _: () = assert!(MAX_DEVICE_LOGPROBS <= 256 && SAMPLE_NTH_SEARCH_FROM >= 1);
 
 /// llvmpipe (lavapipe) ends the loops of an invocation after this many
 /// iterations in all, silently; the bound below stays under it.
@@ -264,8 +273,9 @@ pub(crate) fn sample_loop_bound(vocab: u32, wg: u32) -> u64 {
     // A whole-row sum or argmax: the row, then the two-level reduction.
     let per_pass = row + fan + wg / fan;
     // Logprobs: the sum behind the log-softmax, its argmax, and the n
-    // best by rounds of argmax (fewer than 12) or one gathering pass.
-    let passes = 8 + 11 + 1;
+    // best by rounds of argmax (fewer than the search takes) or one
+    // gathering pass.
+    let passes = 8 + (SAMPLE_NTH_SEARCH_FROM as u64 - 1) + 1;
     // A radix pass: clearing 256 buckets, the row, the 16 group sums of 16
     // buckets, the scans over groups and buckets, and the search's own loop.
     let per_radix = 256u64.div_ceil(wg) + row + 16u64.div_ceil(wg) * 17 + 16 + 16 + 1;
@@ -952,8 +962,9 @@ impl Pipelines {
             gpu,
             "sample",
             format!(
-                "const WG: u32 = {wg}u;\nconst FAN: u32 = {}u;\n{}",
+                "const WG: u32 = {wg}u;\nconst FAN: u32 = {}u;\nconst NTH_SEARCH_FROM: u32 = {}u;\n{}",
                 sample_fan(wg),
+                SAMPLE_NTH_SEARCH_FROM,
                 include_str!("shaders/sample.wgsl")
             ),
             &self.layouts.sample,

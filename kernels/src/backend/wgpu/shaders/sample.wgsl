@@ -82,7 +82,8 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 // WG (invocations per workgroup, a power of two) and FAN (WG = FAN * GROUPS)
-// are prepended by pipelines.rs: 256 on GPUs, fewer on CPU adapters.
+// are prepended by pipelines.rs: 256 on GPUs, fewer on CPU adapters; so is
+// NTH_SEARCH_FROM (below).
 const GROUPS: u32 = WG / FAN;
 const UNROLL: u32 = 8u;
 const STRIDE: u32 = WG * UNROLL;
@@ -662,12 +663,10 @@ const D_IDS_DRAW: u32 = 5u;
 const D_DONE: u32 = 6u;
 const D_NTH: u32 = 7u; // the logprobs' n-th (not a step of the draw)
 
-// Logprobs of at least this many best tokens find the n-th of the order by
+// NTH_SEARCH_FROM (prepended by pipelines.rs, `SAMPLE_NTH_SEARCH_FROM`):
+// logprobs of at least this many best tokens find the n-th of the order by
 // one count search and gather the n best in one pass; fewer take n rounds
-// of masked argmax. On lavapipe a search with its gathering pass cost about
-// ten rounds (greedy rows: 5 best 1.8 ms by rounds against 3.3 by the
-// search, 20 best 5.0 against 3.4); a GPU's break-even is unmeasured.
-const NTH_SEARCH_FROM: u32 = 12u;
+// of masked argmax.
 
 // The row's token: the argmax when greedy, else the draw (temperature >
 // 0). With nth > 0, then also the nth element of the penalised order
