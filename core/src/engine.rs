@@ -16,8 +16,9 @@ pub type BlockId = u32;
 /// Token id in the model's vocabulary.
 pub type TokenId = u32;
 
-/// OpenAI's `logit_bias` of one request: `(token, bias)` pairs with
-/// distinct ids. Cheap to clone (shared).
+/// OpenAI's `logit_bias` of one request: `(token, bias)` pairs (the chat
+/// codec makes the ids distinct; of an id named twice the samplers take
+/// the first pair). Cheap to clone (shared).
 pub type LogitBias = std::sync::Arc<[(TokenId, f32)]>;
 
 /// How the next token is picked from the logits. One validated set per sequence.
@@ -45,8 +46,8 @@ pub struct SamplingParams {
     /// prompt's length): the presence and frequency penalties count only
     /// what comes after.
     pub generated_from: u32,
-    /// OpenAI `logit_bias`: `(token, bias)` pairs, ids distinct, each bias
-    /// added to its token's logit before any penalty (as vLLM and
+    /// OpenAI `logit_bias`: `(token, bias)` pairs, each finite bias added
+    /// to its token's logit before any penalty (as vLLM and
     /// llama.cpp apply it). Shared, so cloning the parameters for every
     /// step copies no list. Empty = off.
     pub logit_bias: LogitBias,

@@ -466,14 +466,14 @@ impl Sampler {
         let t = params.temperature;
         self.scaled.clear();
         self.scaled.extend(self.work.iter().map(|&x| x / t));
+        let max = |xs: &[f32]| xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // The maximum, when min-p needed it (what min-p drops never is).
+        let mut known_max = None;
         if let Some(floor) = min_p_threshold(params) {
             // Against a finite maximum only (a +inf one keeps the rules for
             // +inf below): what min-p drops weighs nothing, as a -inf.
-            let m = self
-                .scaled
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, f32::max);
+            let m = max(&self.scaled);
+            known_max = Some(m);
             if m.is_finite() {
                 for x in &mut self.scaled {
                     if *x - m < floor {
@@ -488,11 +488,7 @@ impl Sampler {
         let use_top_p = top_p > 0.0 && top_p < 1.0;
         let top_k = k > 0 && k < n;
         if use_top_p && !top_k {
-            let m = self
-                .scaled
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, f32::max);
+            let m = known_max.unwrap_or_else(|| max(&self.scaled));
             // A +inf gives the +inf entries NaN weights (inf - inf) and a NaN
             // total, which the general path below handles (it takes the last
             // of the order).

@@ -14,13 +14,29 @@ use tokio::net::TcpStream;
 const CHAT: &str = "/v1/chat/completions";
 
 fn body(extra: Value) -> String {
-    let mut b = json!({"model": "stories260K",
-                       "messages": [{"role": "user", "content": "Once upon a time"}],
-                       "temperature": 0});
+    with(
+        json!({"model": "stories260K",
+               "messages": [{"role": "user", "content": "Once upon a time"}],
+               "temperature": 0}),
+        extra,
+    )
+}
+
+/// A greedy Completions body for "Once upon a time", `max_tokens` long.
+fn completion_body(max_tokens: u32, extra: Value) -> String {
+    with(
+        json!({"model": "stories260K", "prompt": "Once upon a time",
+               "max_tokens": max_tokens, "temperature": 0}),
+        extra,
+    )
+}
+
+/// `base` with `extra`'s fields set over it.
+fn with(mut base: Value, extra: Value) -> String {
     for (k, v) in extra.as_object().into_iter().flatten() {
-        b[k] = v.clone();
+        base[k] = v.clone();
     }
-    b.to_string()
+    base.to_string()
 }
 
 async fn server() -> RunningServer {
@@ -258,14 +274,10 @@ async fn logit_bias_forces_and_bans_tokens() {
         assert!(t["logprob"].as_f64().expect("logprob") > -1e-3, "{t}");
     }
     let text = |extra: Value| {
-        let mut b = json!({"model": "stories260K", "prompt": "Once upon a time",
-                           "max_tokens": 16, "temperature": 0});
-        for (k, v) in extra.as_object().into_iter().flatten() {
-            b[k] = v.clone();
-        }
+        let b = completion_body(16, extra);
         let server = &server;
         async move {
-            let r = http(server, "POST", "/v1/completions", Some(&b.to_string())).await;
+            let r = http(server, "POST", "/v1/completions", Some(&b)).await;
             assert_eq!(r.status, 200, "{}", r.body);
             r.json()["choices"][0]["text"]
                 .as_str()
@@ -304,14 +316,10 @@ async fn logit_bias_forces_and_bans_tokens() {
 async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
     let server = server().await;
     let ask = |extra: Value| {
-        let mut b = json!({"model": "stories260K", "prompt": "Once upon a time",
-                           "max_tokens": 400, "temperature": 0});
-        for (k, v) in extra.as_object().into_iter().flatten() {
-            b[k] = v.clone();
-        }
+        let b = completion_body(400, extra);
         let server = &server;
         async move {
-            let r = http(server, "POST", "/v1/completions", Some(&b.to_string())).await;
+            let r = http(server, "POST", "/v1/completions", Some(&b)).await;
             assert_eq!(r.status, 200, "{}", r.body);
             let v = r.json();
             let n = v["usage"]["completion_tokens"].as_u64().expect("usage");
