@@ -45,6 +45,10 @@ pub struct GenParams {
     /// vLLM's `ignore_eos`: an end-of-sequence token does not end the
     /// generation (it adds no text); `max_tokens` or a stop string does.
     pub ignore_eos: bool,
+    /// vLLM's `stop_token_ids`: tokens that end the generation as an
+    /// end-of-sequence token does (their text left out), `ignore_eos` or
+    /// not; `min_tokens` holds them back too.
+    pub stop_token_ids: Vec<TokenId>,
 }
 
 impl GenParams {
@@ -65,12 +69,13 @@ impl GenParams {
             min_p: 0.0,
             min_tokens: 0,
             ignore_eos: false,
+            stop_token_ids: Vec::new(),
         }
     }
 
     /// The engine's view, with the seed actually used; `prompt_tokens` is
-    /// where the generated tokens start, `eos_ids` what `min_tokens` holds
-    /// back.
+    /// where the generated tokens start, `eos_ids` (with `stop_token_ids`)
+    /// what `min_tokens` holds back.
     pub fn sampling(&self, seed: u64, prompt_tokens: u32, eos_ids: &[TokenId]) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
@@ -84,7 +89,11 @@ impl GenParams {
             logit_bias: self.logit_bias.clone(),
             min_tokens: self.min_tokens,
             stop_ids: if self.min_tokens > 0 {
-                eos_ids.into()
+                eos_ids
+                    .iter()
+                    .chain(&self.stop_token_ids)
+                    .copied()
+                    .collect()
             } else {
                 Default::default()
             },

@@ -350,6 +350,11 @@ async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
         held.starts_with(&text),
         "the same text up to the held-back end"
     );
+    // stop_token_ids: every id but the special ones ends the answer at its
+    // first token, whose text is left out, ignore_eos or not.
+    let every: Vec<u32> = (3..512).collect();
+    let (n, finish, stopped) = ask(json!({"stop_token_ids": every, "ignore_eos": true})).await;
+    assert_eq!((n, finish.as_str(), stopped.as_str()), (1, "stop", ""));
     // Under a grammar, its end is the answer's end, ignore_eos or not.
     let json_answer = http(
         &server,

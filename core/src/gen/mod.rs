@@ -247,7 +247,8 @@ impl Generation {
                 otherwise
             }
         };
-        if self.eos_ids.contains(&token) && !self.params.ignore_eos {
+        let eos = self.eos_ids.contains(&token) && !self.params.ignore_eos;
+        if eos || self.params.stop_token_ids.contains(&token) {
             text.push_str(&self.flush(codec));
             finish = Some(filtered(self, FinishReason::Stop));
         } else {
@@ -444,6 +445,19 @@ mod tests {
         let p = g.on_token(&ByteCodec, eos, Instant::ZERO);
         assert_eq!(p.finish, Some(FinishReason::Length));
         assert_eq!((g.text.as_str(), g.completion_tokens()), ("hi", 4));
+    }
+
+    #[test]
+    fn a_stop_token_id_ends_with_stop_and_adds_no_text_even_with_ignore_eos() {
+        let mut g = gen(&[], 10);
+        g.set_params(GenParams {
+            ignore_eos: true,
+            stop_token_ids: vec![b'!' as TokenId + 3],
+            ..g.params.clone()
+        });
+        let pieces = feed(&mut g, "hi!");
+        assert_eq!(pieces[2].finish, Some(FinishReason::Stop));
+        assert_eq!((pieces[2].text.as_str(), g.text.as_str()), ("", "hi"));
     }
 
     #[test]

@@ -293,6 +293,7 @@ fn config_params(
         min_p: 0.0,
         min_tokens: 0,
         ignore_eos: false,
+        stop_token_ids: Vec::new(),
     };
     // Only the source's fields: a stop list or a seed is not part of it.
     let known: Map<String, Value> = cfg

@@ -17,6 +17,8 @@ pub const MAX_CHOICES: u64 = 8;
 /// Most `logit_bias` entries one request may give (every entry is applied
 /// to the row at every step).
 pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Most `stop_token_ids` one request may give.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 /// A `logit_bias` value's bound: -100 to 100, as in the API.
 pub const LOGIT_BIAS_LIMIT: f64 = 100.0;
 
@@ -197,6 +199,7 @@ pub fn decode(
         .bool("ignore_eos")
         .map_err(BadRequest::invalid)?
         .unwrap_or(false);
+    params.stop_token_ids = stop_token_ids(&f, vocab_size)?;
     if let Some(m) = f.u64("min_tokens").map_err(BadRequest::invalid)? {
         if m > params.max_tokens as u64 {
             return Err(BadRequest::field(
@@ -341,6 +344,31 @@ fn logit_bias(f: &Fields<'_>, vocab_size: u32) -> Result<LogitBias, BadRequest> 
         pairs.push((id, bias));
     }
     Ok(pairs.into())
+}
+
+/// vLLM's `stop_token_ids`: up to [`MAX_STOP_TOKEN_IDS`] token ids below
+/// the vocabulary's size; empty when absent.
+fn stop_token_ids(f: &Fields<'_>, vocab_size: u32) -> Result<Vec<TokenId>, BadRequest> {
+    let Some(items) = f.array("stop_token_ids").map_err(BadRequest::invalid)? else {
+        return Ok(Vec::new());
+    };
+    if items.len() > MAX_STOP_TOKEN_IDS {
+        return Err(BadRequest::field(
+            "stop_token_ids",
+            format!("at most {MAX_STOP_TOKEN_IDS} ids, got {}", items.len()),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v.as_u64() {
+            Some(t) if t < u64::from(vocab_size) => Ok(t as TokenId),
+            _ => Err(BadRequest::field(
+                &format!("stop_token_ids[{i}]"),
+                format!("must be a token id below the vocabulary's size ({vocab_size}), got {v}"),
+            )),
+        })
+        .collect()
 }
 
 /// `logprobs`: chat's boolean with `top_logprobs` (0 to 20), completions'
@@ -780,15 +808,17 @@ mod tests {
     }
 
     #[test]
-    fn min_p_min_tokens_and_ignore_eos_decode_in_range() {
+    fn min_p_min_tokens_ignore_eos_and_stop_token_ids_decode_in_range() {
         let msgs = json!([{"role": "user", "content": "x"}]);
         let r = chat(json!({"model": "m", "messages": msgs, "max_tokens": 9,
-            "min_tokens": 9, "ignore_eos": true, "min_p": 0.05}))
+            "min_tokens": 9, "ignore_eos": true, "min_p": 0.05, "stop_token_ids": [11]}))
         .expect("decodes");
         assert_eq!((r.params.min_tokens, r.params.ignore_eos), (9, true));
+        assert_eq!(r.params.stop_token_ids, [11]);
         assert_eq!(r.params.sampling(1, 3, &[]).min_p, 0.05);
+        // min_tokens holds back the EOS ids and the stop token ids.
         let s = r.params.sampling(1, 3, &[2, 7]);
-        assert_eq!((s.min_tokens, &s.stop_ids[..]), (9, &[2, 7][..]));
+        assert_eq!((s.min_tokens, &s.stop_ids[..]), (9, &[2, 7, 11][..]));
         let off = chat(json!({"model": "m", "messages": msgs})).expect("decodes");
         assert_eq!((off.params.min_tokens, off.params.ignore_eos), (0, false));
         assert!(off.params.sampling(1, 3, &[2]).stop_ids.is_empty());
@@ -799,6 +829,8 @@ mod tests {
             (json!({"min_p": 1.5}), "min_p"),
             (json!({"min_p": -0.1}), "min_p"),
             (json!({"min_p": 1e-50}), "min_p"),
+            (json!({"stop_token_ids": [5, 1000]}), "stop_token_ids[1]"),
+            (json!({"stop_token_ids": 5}), "stop_token_ids"),
         ] {
             let mut b = json!({"model": "m", "messages": msgs});
             for (k, v) in extra.as_object().expect("object") {
