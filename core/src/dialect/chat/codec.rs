@@ -358,13 +358,23 @@ fn stop_token_ids(f: &Fields<'_>, vocab_size: u32) -> Result<Vec<TokenId>, BadRe
             format!("at most {MAX_STOP_TOKEN_IDS} ids, got {}", items.len()),
         ));
     }
+    token_ids("stop_token_ids", items, vocab_size)
+}
+
+/// The array `field` as token ids, each below `vocab_size`; a bad one is a
+/// 400 naming `field[i]`.
+pub(super) fn token_ids(
+    field: &str,
+    items: &[Value],
+    vocab_size: u32,
+) -> Result<Vec<TokenId>, BadRequest> {
     items
         .iter()
         .enumerate()
         .map(|(i, v)| match v.as_u64() {
             Some(t) if t < u64::from(vocab_size) => Ok(t as TokenId),
             _ => Err(BadRequest::field(
-                &format!("stop_token_ids[{i}]"),
+                &format!("{field}[{i}]"),
                 format!("must be a token id below the vocabulary's size ({vocab_size}), got {v}"),
             )),
         })
@@ -562,17 +572,19 @@ pub(super) fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
     }
 }
 
+/// A JSON object's map, for the tests of this dialect's decoders.
+#[cfg(test)]
+pub(super) fn body(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("the tests pass objects"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tools::ToolChoice;
-
-    fn body(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        }
-    }
 
     fn chat(v: Value) -> Result<ChatRequest, BadRequest> {
         decode(Route::Chat, &body(v), 64, 512, 1000, ToolFormat::Hermes)

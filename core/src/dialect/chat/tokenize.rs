@@ -62,17 +62,7 @@ pub(super) fn decode_detokenize(
             ),
         ));
     }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match v.as_u64() {
-            Some(t) if t < u64::from(vocab_size) => Ok(t as TokenId),
-            _ => Err(BadRequest::field(
-                &format!("tokens[{i}]"),
-                format!("must be a token id below the vocabulary's size ({vocab_size}), got {v}"),
-            )),
-        })
-        .collect()
+    codec::token_ids("tokens", items, vocab_size)
 }
 
 /// The `/tokenize` reply, vLLM's shape.
@@ -88,13 +78,7 @@ pub(super) fn detokenize_reply(text: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn body(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        }
-    }
+    use crate::dialect::chat::codec::body;
 
     #[test]
     fn tokenize_takes_a_prompt_or_messages_not_both() {
