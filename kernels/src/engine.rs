@@ -161,11 +161,14 @@ impl Engine {
             .unwrap_or_else(|| "model".into());
         let cfg = model.config();
         let mut eos_ids = cfg.eos_token_ids.clone();
-        // Chat models may end a turn with a token other than EOS.
-        if let Ok(Some(eot)) = file.uint("tokenizer.ggml.eot_token_id") {
-            if let Ok(eot) = TokenId::try_from(eot) {
-                if (eot as usize) < cfg.vocab_size && !eos_ids.contains(&eot) {
-                    eos_ids.push(eot);
+        // Chat models may end a turn with a token other than EOS: the end
+        // of a turn, or Llama 3.1's end of a message that calls a tool.
+        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Ok(Some(id)) = file.uint(key) {
+                if let Ok(id) = TokenId::try_from(id) {
+                    if (id as usize) < cfg.vocab_size && !eos_ids.contains(&id) {
+                        eos_ids.push(id);
+                    }
                 }
             }
         }

@@ -1,24 +1,31 @@
 //! A [`ModelConfig`] from a GGUF file's metadata: llama.cpp's keys
 //! (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...) mapped to
 //! the fields `config.json` gives, checked the same way, and the facts GGUF
-//! keeps in its tensor table (a tied LM head, attention biases) read from there.
+//! keeps in its tensor table (a tied LM head, attention biases, Llama 3.1's
+//! RoPE factors) read from there.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use tokenwire_core::TokenId;
 
 use crate::config::{check_heads, check_limits, ModelConfig};
 use crate::error::LoadError;
-use crate::gguf::GgufFile;
+use crate::gguf::{GgmlType, GgufFile};
 use crate::rope::RopeScaling;
+
+/// The tensor in which llama.cpp's converter stores Llama 3.1's RoPE
+/// scaling: one f32 divisor per rotary pair.
+const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures whose GGUF tensors and keys this engine maps (the llama
 /// family it runs from Hugging Face directories).
 const ARCHITECTURES: &[&str] = &["llama", "qwen2"];
 
 impl ModelConfig {
-    /// The configuration the GGUF file at `path` (parsed as `file`) describes.
-    pub fn from_gguf(path: &Path, file: &GgufFile) -> Result<ModelConfig, LoadError> {
+    /// The configuration the GGUF file at `path` (parsed as `file` from its
+    /// whole contents, `bytes`) describes.
+    pub fn from_gguf(path: &Path, file: &GgufFile, bytes: &[u8]) -> Result<ModelConfig, LoadError> {
         let err = |msg: String| LoadError::Gguf {
             path: path.to_path_buf(),
             msg,
@@ -64,14 +71,21 @@ impl ModelConfig {
             .float(&key("rope.freq_base"))
             .map_err(err)?
             .unwrap_or(10_000.0);
-        let rope_scaling = rope_scaling(file, arch).map_err(err)?;
-        if file.tensor("rope_freqs.weight").is_some() {
-            return Err(LoadError::Unsupported {
-                path: path.to_path_buf(),
-                msg: "a `rope_freqs.weight` tensor (Llama 3.1 RoPE scaling stored as frequencies)"
-                    .into(),
-            });
-        }
+        let rope_scaling = match rope_divisors(file, bytes, head_dim).map_err(err)? {
+            None => rope_scaling(file, arch).map_err(err)?,
+            Some(_)
+                if file
+                    .str(&key("rope.scaling.type"))
+                    .map_err(err)?
+                    .is_some_and(|t| t != "none") =>
+            {
+                return Err(err(format!(
+                    "both `{ROPE_FREQS}` and `{}`: one RoPE scaling or the other",
+                    key("rope.scaling.type")
+                )))
+            }
+            Some(divisors) => RopeScaling::PerPair { divisors },
+        };
         let tokens = file.array("tokenizer.ggml.tokens").map_err(err)?;
         let vocab_size = match (uint("vocab_size")?, tokens) {
             (Some(n), _) => n,
@@ -107,6 +121,46 @@ impl ModelConfig {
             name_or_path: file.str("general.name").map_err(err)?.map(str::to_owned),
         })
     }
+}
+
+/// The per-pair divisors of `rope_freqs.weight`, if the file has it: F32,
+/// `head_dim / 2` of them, each positive and finite (llama.cpp divides each
+/// pair's frequency by its factor).
+fn rope_divisors(
+    file: &GgufFile,
+    bytes: &[u8],
+    head_dim: usize,
+) -> Result<Option<Arc<[f64]>>, String> {
+    let Some(t) = file.tensor(ROPE_FREQS) else {
+        return Ok(None);
+    };
+    let pairs = head_dim / 2;
+    if t.dtype != GgmlType::F32 || t.dims != [pairs as u64] {
+        return Err(format!(
+            "`{ROPE_FREQS}` is {} {:?}; RoPE factors are F32 [{pairs}] (head_dim / 2)",
+            t.dtype.name(),
+            t.dims
+        ));
+    }
+    // The parser checked that every tensor lies inside the file.
+    let data = usize::try_from(t.offset)
+        .ok()
+        .and_then(|start| bytes.get(start..start.checked_add(pairs * 4)?))
+        .ok_or_else(|| format!("`{ROPE_FREQS}` lies outside the file"))?;
+    data.chunks_exact(4)
+        .enumerate()
+        .map(|(i, b)| {
+            let x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if x.is_finite() && x > 0.0 {
+                Ok(f64::from(x))
+            } else {
+                Err(format!(
+                    "`{ROPE_FREQS}`[{i}] is {x}; RoPE factors are positive and finite"
+                ))
+            }
+        })
+        .collect::<Result<Arc<[f64]>, String>>()
+        .map(Some)
 }
 
 /// `{arch}.rope.scaling.type` and `.factor`: none or linear.

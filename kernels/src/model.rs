@@ -44,7 +44,7 @@ impl Model {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
-        let config = ModelConfig::from_gguf(path, &file)?;
+        let config = ModelConfig::from_gguf(path, &file, &map)?;
         let arch = file
             .str("general.architecture")
             .ok()

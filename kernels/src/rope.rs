@@ -1,8 +1,12 @@
 //! Rotary position embedding frequencies, including Llama 3's long-context
-//! rescaling, computed as Hugging Face `transformers` does.
+//! rescaling, computed as Hugging Face `transformers` does (or, from a GGUF
+//! file, as llama.cpp does: each frequency divided by its stored factor).
 
-/// How the rotary frequencies are rescaled (`rope_scaling` in `config.json`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+use std::sync::Arc;
+
+/// How the rotary frequencies are rescaled (`rope_scaling` in `config.json`,
+/// `rope_freqs.weight` in a GGUF file).
+#[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     /// Plain RoPE.
     None,
@@ -23,6 +27,15 @@ pub enum RopeScaling {
         /// The context length the model was pre-trained with.
         original_max_position_embeddings: f64,
     },
+    /// Each rotary pair's frequency divided by its own factor: llama.cpp's
+    /// `rope_freqs.weight`, which its converter computes from Llama 3.1's
+    /// `rope_scaling` (the factors are `1 / ((1 - smooth) / factor + smooth)`,
+    /// so dividing by them is [`RopeScaling::Llama3`] up to f32 rounding).
+    PerPair {
+        /// One divisor per rotary pair (`head_dim / 2` of them, positive and
+        /// finite: checked where they are read).
+        divisors: Arc<[f64]>,
+    },
 }
 
 /// The `head_dim / 2` inverse frequencies of rotary pair `i` (HF's `inv_freq`),
@@ -32,15 +45,19 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f64> 
     (0..half)
         .map(|i| {
             let base = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
-            scale_one(base, scaling)
+            scale_one(base, i, scaling)
         })
         .collect()
 }
 
-/// One frequency through `_compute_llama3_parameters` (or linear scaling).
-fn scale_one(freq: f64, scaling: &RopeScaling) -> f64 {
+/// Pair `i`'s frequency through `_compute_llama3_parameters`, linear
+/// scaling or its own divisor.
+fn scale_one(freq: f64, i: usize, scaling: &RopeScaling) -> f64 {
     match *scaling {
         RopeScaling::None => freq,
+        // A missing divisor leaves its pair as it is; the loaders refuse a
+        // table of the wrong length before it gets here.
+        RopeScaling::PerPair { ref divisors } => freq / divisors.get(i).copied().unwrap_or(1.0),
         RopeScaling::Linear { factor } => freq / factor,
         RopeScaling::Llama3 {
             factor,

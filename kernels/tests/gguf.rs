@@ -63,7 +63,7 @@ fn smollm2_metadata_gives_its_config_and_bad_metadata_names_the_key() {
     };
     let bytes = std::fs::read(&path).expect("readable");
     let f = GgufFile::parse(&bytes).expect("valid");
-    let c = ModelConfig::from_gguf(&path, &f).expect("a config");
+    let c = ModelConfig::from_gguf(&path, &f, &bytes).expect("a config");
     // As SmolLM2-135M-Instruct's config.json has them.
     assert_eq!(
         (c.hidden_size, c.intermediate_size, c.num_layers),
@@ -83,7 +83,7 @@ fn smollm2_metadata_gives_its_config_and_bad_metadata_names_the_key() {
     let broken = |edit: &dyn Fn(&mut GgufFile)| {
         let mut g = f.clone();
         edit(&mut g);
-        ModelConfig::from_gguf(&path, &g)
+        ModelConfig::from_gguf(&path, &g, &bytes)
             .expect_err("bad metadata accepted")
             .to_string()
     };
@@ -118,4 +118,196 @@ fn smollm2_metadata_gives_its_config_and_bad_metadata_names_the_key() {
         );
     });
     assert!(e.contains("yarn"), "{e}");
+}
+
+/// The factors llama.cpp's converter (`convert_hf_to_gguf.py`, Llama 3.1's
+/// `rope_scaling`) writes into `rope_freqs.weight`, computed as it does.
+fn converter_rope_factors(head_dim: usize, theta: f64) -> Vec<f32> {
+    let (factor, low, high, old_ctx) = (8.0f64, 1.0, 4.0, 1024.0);
+    let (low_wavelen, high_wavelen) = (old_ctx / low, old_ctx / high);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let f = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            f as f32
+        })
+        .collect()
+}
+
+#[test]
+fn llama3_rope_factors_in_rope_freqs_divide_each_pairs_frequency() {
+    use tokenwire_kernels::gguf::{MetaValue, TensorInfo};
+    use tokenwire_kernels::{rope, ModelConfig, RopeScaling};
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let bytes = std::fs::read(&path).expect("readable");
+    let f = GgufFile::parse(&bytes).expect("valid");
+    // SmolLM2's own file with a `rope_freqs.weight` appended, as a Llama
+    // 3.1 or 3.2 file carries one (head_dim 64: 32 factors).
+    let with_factors = |dtype: GgmlType, dims: Vec<u64>, vals: &[f32]| {
+        let mut b = bytes.clone();
+        b.resize(b.len().next_multiple_of(32), 0);
+        let offset = b.len() as u64;
+        let data: Vec<u8> = match dtype {
+            GgmlType::F16 => vals
+                .iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+            _ => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        b.extend_from_slice(&data);
+        let mut g = f.clone();
+        g.tensors.push(TensorInfo {
+            name: "rope_freqs.weight".into(),
+            dims,
+            dtype,
+            offset,
+            len: data.len() as u64,
+        });
+        (g, b)
+    };
+    let factors = converter_rope_factors(64, 100_000.0);
+    assert!(
+        factors.contains(&8.0) && factors.iter().any(|&x| x > 1.0 && x < 8.0),
+        "the case reaches both the scaled and the smoothed pairs: {factors:?}"
+    );
+    let (g, b) = with_factors(GgmlType::F32, vec![32], &factors);
+    let c = ModelConfig::from_gguf(&path, &g, &b).expect("a config");
+    assert!(matches!(c.rope_scaling, RopeScaling::PerPair { .. }));
+    let ours = rope::inv_freq(c.head_dim, c.rope_theta, &c.rope_scaling);
+    let hf = rope::inv_freq(
+        64,
+        100_000.0,
+        &RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 1024.0,
+        },
+    );
+    let plain = rope::inv_freq(64, 100_000.0, &RopeScaling::None);
+    for i in 0..32 {
+        // Equal to transformers' Llama 3 frequencies up to the factors' f32
+        // rounding.
+        assert!(
+            (ours[i] - hf[i]).abs() <= 1e-7 * hf[i],
+            "pair {i}: {} against {}",
+            ours[i],
+            hf[i]
+        );
+    }
+    assert!(
+        ours[31] < plain[31] / 7.9,
+        "the low frequencies are divided"
+    );
+
+    let err = |dtype, dims: Vec<u64>, vals: &[f32]| {
+        let (g, b) = with_factors(dtype, dims, vals);
+        ModelConfig::from_gguf(&path, &g, &b)
+            .expect_err("bad RoPE factors accepted")
+            .to_string()
+    };
+    let e = err(GgmlType::F32, vec![16], &factors[..16]);
+    assert!(e.contains("rope_freqs.weight") && e.contains("[32]"), "{e}");
+    let e = err(GgmlType::F16, vec![32], &factors);
+    assert!(e.contains("F16"), "{e}");
+    let mut bad = factors.clone();
+    bad[5] = -1.0;
+    let e = err(GgmlType::F32, vec![32], &bad);
+    assert!(e.contains("rope_freqs.weight`[5] is -1"), "{e}");
+    bad[5] = f32::NAN;
+    assert!(err(GgmlType::F32, vec![32], &bad).contains("[5] is NaN"));
+    bad[5] = 0.0;
+    assert!(err(GgmlType::F32, vec![32], &bad).contains("[5] is 0"));
+    let (mut g, b) = with_factors(GgmlType::F32, vec![32], &factors);
+    g.metadata.insert(
+        "llama.rope.scaling.type".into(),
+        MetaValue::Str("linear".into()),
+    );
+    let e = ModelConfig::from_gguf(&path, &g, &b)
+        .expect_err("two scalings accepted")
+        .to_string();
+    assert!(e.contains("both `rope_freqs.weight`"), "{e}");
+}
+
+#[test]
+fn a_llama3_style_file_loads_with_its_rope_factors_and_turn_end_ids() {
+    use tokenwire_core::text::byte::ByteCodec;
+    use tokenwire_kernels::gguf::MetaValue;
+    use tokenwire_kernels::{Engine, EngineOptions, Model, ModelIdentity, RopeScaling};
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let bytes = std::fs::read(&path).expect("readable");
+    let mut f = GgufFile::parse(&bytes).expect("valid");
+    // What a Llama 3.1 or 3.2 file carries beyond SmolLM2's: its RoPE
+    // factors, and the ids that end a turn and a tool-calling message.
+    f.metadata
+        .insert("tokenizer.ggml.eot_token_id".into(), MetaValue::U32(7));
+    f.metadata
+        .insert("tokenizer.ggml.eom_token_id".into(), MetaValue::U32(8));
+    let factors: Vec<u8> = converter_rope_factors(64, 100_000.0)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let out = common::gguf_out::write(
+        &f,
+        &bytes,
+        &[("rope_freqs.weight", GgmlType::F32, vec![32], factors)],
+    );
+    let dir = common::TempDir::new("llama3-gguf");
+    dir.write("llama3-style.gguf", &out);
+    // f32 activations: with 8-bit ones, a difference in a frequency's last
+    // bit can move a rounding step and the logits with it.
+    let opts = EngineOptions {
+        num_blocks: Some(16),
+        cpu_activations: tokenwire_kernels::ActivationPrecision::F32,
+        ..EngineOptions::default()
+    };
+    let mut engine =
+        Engine::load_gguf(&dir.path().join("llama3-style.gguf"), &opts).expect("loads");
+    assert_eq!(engine.model_info().eos_ids, vec![2, 7, 8]);
+
+    // The same weights under transformers' Llama 3 frequencies, and under
+    // none.
+    let (model, _) = Model::load_gguf(&path).expect("SmolLM2 loads");
+    let with = |scaling: RopeScaling| {
+        let mut config = model.config().clone();
+        config.rope_scaling = scaling;
+        let m = Model::new(config, model.weights().clone()).expect("a model");
+        let id = ModelIdentity {
+            name: "ref".into(),
+            version: "1".into(),
+            eos_ids: vec![2],
+        };
+        Engine::from_model(m, ByteCodec::shared(), id, &opts).expect("an engine")
+    };
+    let mut llama3 = with(RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 1024.0,
+    });
+    let mut plain = with(RopeScaling::None);
+    let prompt: Vec<u32> = (0..48).map(|i| 100 + 37 * i).collect();
+    let ours = common::logits_alone(&mut engine, &prompt);
+    let hf = common::logits_alone(&mut llama3, &prompt);
+    let unscaled = common::logits_alone(&mut plain, &prompt);
+    let (d_hf, d_plain) = (
+        common::max_abs_diff(&ours, &hf),
+        common::max_abs_diff(&ours, &unscaled),
+    );
+    assert!(
+        d_hf < 1e-3 && d_plain > 100.0 * d_hf.max(1e-4),
+        "against Llama 3 frequencies {d_hf}, against none {d_plain}"
+    );
 }

@@ -14,6 +14,8 @@ use tokenwire_core::rng::Rng;
 use tokenwire_core::{SamplingParams, SeqId, SeqStep, StepPlan, TokenId};
 use tokenwire_kernels::{Engine, Model};
 
+pub mod gguf_out;
+
 /// The stories260K directory kept in the repository (`models/stories260K`,
 /// the model `tokenwire serve` has built in).
 pub fn stories_dir() -> PathBuf {

@@ -124,7 +124,7 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
 }
 
 /// A small llama-family shape for random models.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Shape {
     pub hidden: usize,
     pub inter: usize,
@@ -272,7 +272,7 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
         max_position_embeddings: 4096,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
-        rope_scaling: s.scaling,
+        rope_scaling: s.scaling.clone(),
         tie_word_embeddings: s.tied,
         attention_bias: s.bias,
         bos_token_id: Some(1),
