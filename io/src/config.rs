@@ -383,10 +383,19 @@ pub struct ServeArgs {
     )]
     pub send_buffer_bytes: u64,
 
-    /// KV cache blocks in the pool (default: the engine sizes it).
+    /// KV cache blocks of 16 tokens in the pool (default: four full
+    /// contexts, within a quarter of the memory available at start; a
+    /// context that pool cannot hold once is lowered to what it holds).
     #[arg(long, env = "TOKENWIRE_KV_BLOCKS", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_blocks: Option<u32>,
+
+    /// Serve a context of N tokens, below the model's own (vLLM's
+    /// `--max-model-len`, llama.cpp's `--ctx-size`): prompts and answers
+    /// longer than N are refused, and the default KV pool is sized for N.
+    #[arg(long, alias = "max-model-len", env = "TOKENWIRE_MAX_CONTEXT", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_context: Option<u32>,
 
     /// Prefix caching: `on` keeps the KV blocks of finished prompts and
     /// reuses them for any later prompt that starts with the same tokens
@@ -485,6 +494,8 @@ pub struct ServerConfig {
     pub send_buffer_bytes: usize,
     /// KV cache blocks (`None`: the engine decides).
     pub kv_blocks: Option<u32>,
+    /// Context served, below the model's (`None`: the model's).
+    pub max_context: Option<u32>,
     /// Name substring of the wgpu adapter to use (`None`: the best one).
     pub wgpu_adapter: Option<String>,
     /// wgpu: multiply wide passes on the matrix units where offered.
@@ -598,6 +609,7 @@ impl ServerConfig {
             body_min_rate: args.body_min_rate,
             send_buffer_bytes: to_usize(args.send_buffer_bytes),
             kv_blocks: args.kv_blocks,
+            max_context: args.max_context,
             wgpu_adapter: args.wgpu_adapter.clone(),
             wgpu_matrix_units: args.wgpu_matrix_units == Switch::On,
             cpu_activations: args.cpu_activations,
@@ -943,6 +955,16 @@ mod tests {
         assert_eq!(c.host.shutdown_grace, Duration::from_secs(10));
         assert_eq!(c.max_connections, 10_000);
         assert_eq!(c.kv_blocks, None);
+        assert_eq!(c.max_context, None, "the model's context");
+        for flag in ["--max-context", "--max-model-len"] {
+            let a = parse(&[flag, "4096"], &EnvMap::new(), None).expect("parses");
+            assert_eq!(
+                ServerConfig::from_args(&a, 7).max_context,
+                Some(4096),
+                "{flag}"
+            );
+        }
+        assert!(parse(&["--max-context", "0"], &EnvMap::new(), None).is_err());
         assert!(c.host.prefix_cache && c.host_config(0).prefix_cache);
         let off = parse(&["--prefix-cache", "off"], &EnvMap::new(), None).expect("parses");
         assert!(!ServerConfig::from_args(&off, 7).host_config(0).prefix_cache);

@@ -25,6 +25,8 @@ pub(crate) struct EngineSpec {
     pub backend: Backend,
     /// KV pool size, if fixed.
     pub kv_blocks: Option<u32>,
+    /// Context served, if below the model's.
+    pub max_context: Option<u32>,
     /// Name substring of the wgpu adapter, if one was asked for.
     pub wgpu_adapter: Option<String>,
     /// wgpu: multiply wide passes on the GPU's matrix units where offered.
@@ -66,6 +68,16 @@ fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) 
         load_ms = started.elapsed().as_millis() as u64,
         "model loaded"
     );
+    let asked = spec.max_context.unwrap_or_else(|| engine.model_context());
+    if info.context_len < asked {
+        tracing::warn!(
+            context_len = info.context_len,
+            asked,
+            kv_blocks = info.num_blocks,
+            "context lowered to what the default KV pool holds (a quarter of the memory \
+             available at start); --max-context or --kv-blocks sets it"
+        );
+    }
     let codec = engine.codec();
     if driver
         .blocking_send(DriverMsg::Input(Input::ModelLoaded { info, codec }))
@@ -108,6 +120,8 @@ fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) 
 fn load(spec: &EngineSpec, driver: &DriverHandle) -> Option<Engine> {
     let opts = EngineOptions {
         num_blocks: spec.kv_blocks,
+        max_context: spec.max_context,
+        kv_budget: None,
         block_size: KV_BLOCK_SIZE,
         backend: match spec.backend {
             Backend::Cpu => BackendKind::Cpu,

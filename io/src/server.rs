@@ -235,6 +235,7 @@ pub async fn start_loading_with(
             model: config.model.clone(),
             backend: config.backend,
             kv_blocks: config.kv_blocks,
+            max_context: config.max_context,
             wgpu_adapter: config.wgpu_adapter.clone(),
             wgpu_matrix_units: config.wgpu_matrix_units,
             cpu_activations: config.cpu_activations,

@@ -20,7 +20,7 @@ use crate::backend::{
     Backend, BackendKind, CpuBackend, ForwardOutput, SampleSpec, SeqBatch, WgpuBackend, WgpuOptions,
 };
 use crate::builtin::STORIES260K_NAME;
-use crate::config::GenerationConfig;
+use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::LoadError;
 use crate::gguf_tokenizer::codec_from_gguf;
 use crate::model::Model;
@@ -34,8 +34,18 @@ use crate::tokenizer::HfCodec;
 /// How to build an [`Engine`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
-    /// KV blocks in the pool; `None` = enough for 4 full contexts, at least 64.
+    /// KV blocks in the pool; `None` = enough for 4 full contexts, at least
+    /// 64, within `kv_budget` (and, on wgpu, the device's largest binding
+    /// per layer); a context the default pool cannot hold once is lowered
+    /// to what it holds.
     pub num_blocks: Option<u32>,
+    /// The context served, in tokens, below the model's own
+    /// (`max_position_embeddings`, a GGUF file's `context_length`); `None`:
+    /// the model's.
+    pub max_context: Option<u32>,
+    /// Bytes the default KV pool may take; `None`: a quarter of the memory
+    /// available when loading starts ([`default_kv_budget`]).
+    pub kv_budget: Option<u64>,
     /// Token slots per KV block.
     pub block_size: u32,
     /// Compute backend (for the GPU: `BackendKind::Wgpu { .. }`).
@@ -51,6 +61,8 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             num_blocks: None,
+            max_context: None,
+            kv_budget: None,
             block_size: 16,
             backend: BackendKind::Cpu,
             cpu_activations: ActivationPrecision::default(),
@@ -213,27 +225,30 @@ impl Engine {
         if opts.block_size == 0 {
             return Err(LoadError::Options("block_size must be positive".into()));
         }
-        let context = cfg.max_position_embeddings as u64;
+        let model_context = cfg.max_position_embeddings as u64;
+        let context = match opts.max_context {
+            None => model_context,
+            Some(0) => return Err(LoadError::Options("max_context must be positive".into())),
+            Some(n) if u64::from(n) > model_context => {
+                return Err(LoadError::Options(format!(
+                    "max_context {n} is above the model's context of {model_context} tokens"
+                )))
+            }
+            Some(n) => u64::from(n),
+        };
         let num_blocks = match opts.num_blocks {
             Some(0) => return Err(LoadError::Options("num_blocks must be positive".into())),
             Some(n) => n,
             None => {
-                let want = (4 * context).div_ceil(opts.block_size as u64).max(64);
-                u32::try_from(want).map_err(|_| {
-                    LoadError::Options(format!("default KV pool of {want} blocks is too large"))
+                let budget = opts.kv_budget.unwrap_or_else(default_kv_budget);
+                let blocks = default_pool_blocks(cfg, context, opts.block_size, budget);
+                u32::try_from(blocks).map_err(|_| {
+                    LoadError::Options(format!("default KV pool of {blocks} blocks is too large"))
                 })?
             }
         };
-        let info = ModelInfo {
-            name: identity.name,
-            version: identity.version,
-            context_len: cfg.max_position_embeddings as u32,
-            vocab_size: cfg.vocab_size as u32,
-            eos_ids: identity.eos_ids,
-            block_size: opts.block_size,
-            num_blocks,
-            dtype: model.weights().dtype.clone(),
-        };
+        let dtype = model.weights().dtype.clone();
+        let vocab_size = cfg.vocab_size as u32;
         let model = Arc::new(model);
         report(
             &opts.progress,
@@ -262,9 +277,29 @@ impl Engine {
                     adapter: adapter.clone(),
                     cooperative_matrix: *cooperative_matrix,
                     progress: opts.progress.as_ref().map(|p| p.span(0.3, 1.0)),
+                    fit_kv_pool: opts.num_blocks.is_none(),
                     ..WgpuOptions::default()
                 },
             )?),
+        };
+        // The default pool may have been cut to the budget or to the
+        // device's binding: a context it cannot hold once is lowered to what
+        // it holds, so no request is admitted that could never be placed.
+        let num_blocks = backend.kv_blocks() as u32;
+        let context_len = if opts.num_blocks.is_none() {
+            context.min(u64::from(num_blocks) * u64::from(opts.block_size))
+        } else {
+            context
+        };
+        let info = ModelInfo {
+            name: identity.name,
+            version: identity.version,
+            context_len: context_len as u32,
+            vocab_size,
+            eos_ids: identity.eos_ids,
+            block_size: opts.block_size,
+            num_blocks,
+            dtype,
         };
         report(&opts.progress, 1.0, "loaded");
         Ok(Engine {
@@ -277,6 +312,13 @@ impl Engine {
             out: ForwardOutput::default(),
             full_logits: false,
         })
+    }
+
+    /// The model's own context in tokens (`max_position_embeddings`), which
+    /// [`ModelInfo::context_len`] may be below: lowered by
+    /// [`EngineOptions::max_context`] or to what the default KV pool holds.
+    pub fn model_context(&self) -> u32 {
+        self.model.config().max_position_embeddings as u32
     }
 
     /// What the core needs to know about the model.
@@ -562,6 +604,34 @@ impl Engine {
         self.history.remove(&SEQ);
         Ok(out)
     }
+}
+
+/// The default pool: 4 full contexts of `block_size` blocks, at least 64
+/// blocks, but no more than `budget` bytes of f32 K and V (the pool's
+/// element type on both backends) unless 64 blocks already take more.
+fn default_pool_blocks(cfg: &ModelConfig, context: u64, block_size: u32, budget: u64) -> u64 {
+    let want = (4 * context).div_ceil(u64::from(block_size)).max(64);
+    let block_bytes =
+        (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim) as u64 * u64::from(block_size) * 4;
+    let affordable = budget / block_bytes.max(1);
+    want.min(affordable).max(64)
+}
+
+/// The default KV budget: a quarter of the memory Linux says is available
+/// (`MemAvailable` in `/proc/meminfo`), or 4 GiB where that cannot be read.
+/// It is host memory; on a GPU the pool lives in device memory, where the
+/// budget is a conservative default (`--kv-blocks` sets the pool exactly).
+pub fn default_kv_budget() -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().strip_suffix("kB"))
+                .and_then(|kb| kb.trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024);
+    available.map_or(4 << 30, |b| b / 4)
 }
 
 #[cfg(test)]

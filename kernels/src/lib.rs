@@ -54,7 +54,7 @@ pub use backend::{
 };
 pub use chat::ChatTemplate;
 pub use config::{GenerationConfig, ModelConfig};
-pub use engine::{Engine, EngineOptions, ModelIdentity};
+pub use engine::{default_kv_budget, Engine, EngineOptions, ModelIdentity};
 pub use error::LoadError;
 pub use grammar::GrammarEngine;
 pub use model::Model;

@@ -371,6 +371,57 @@ fn engine_options_set_the_pool() {
 }
 
 #[test]
+fn the_default_pool_fits_its_budget_and_the_context_fits_the_pool() {
+    // The tiny model: 2 layers of 2 KV heads of 16, so a block of 8 slots
+    // holds 2 x 2 x 2 x 16 x 8 f32s = 4 KiB of K and V; context 1024.
+    let block = 4096u64;
+    let info = |opts: EngineOptions| Engine::tiny_with(1, &opts).map(|e| e.model_info());
+    let with = |budget: u64, max_context: Option<u32>| EngineOptions {
+        block_size: 8,
+        kv_budget: Some(budget),
+        max_context,
+        ..EngineOptions::default()
+    };
+    // Four contexts (512 blocks) when the budget holds them.
+    let i = info(with(1 << 30, None)).expect("loads");
+    assert_eq!((i.num_blocks, i.context_len), (512, 1024));
+    // Fewer within a smaller budget, the context whole while a pool holds it.
+    let i = info(with(200 * block, None)).expect("loads");
+    assert_eq!((i.num_blocks, i.context_len), (200, 1024));
+    // At least 64 blocks; a context they cannot hold is lowered to theirs.
+    let i = info(with(10 * block, None)).expect("loads");
+    assert_eq!((i.num_blocks, i.context_len), (64, 512));
+    // A context asked for sizes the default pool.
+    let i = info(with(1 << 30, Some(300))).expect("loads");
+    assert_eq!((i.num_blocks, i.context_len), (150, 300));
+    // An explicit pool is taken as it is, the context with it.
+    let i = info(EngineOptions {
+        num_blocks: Some(70),
+        max_context: Some(1000),
+        ..with(block, None)
+    })
+    .expect("loads");
+    assert_eq!((i.num_blocks, i.context_len), (70, 1000));
+    let e = info(with(1 << 30, Some(1025))).expect_err("above the model's");
+    assert!(
+        e.to_string()
+            .contains("max_context 1025 is above the model's context of 1024"),
+        "{e}"
+    );
+    let e = info(with(1 << 30, Some(0))).expect_err("zero");
+    assert!(
+        e.to_string().contains("max_context must be positive"),
+        "{e}"
+    );
+    let engine = Engine::tiny_with(1, &with(10 * block, None)).expect("loads");
+    assert_eq!(engine.model_context(), 1024);
+    assert!(
+        tokenwire_kernels::default_kv_budget() >= 1 << 20,
+        "a budget at all"
+    );
+}
+
+#[test]
 fn llama3_rope_scaling_config_runs() {
     // Long-context scaling only changes the frequencies; check the config is
     // accepted and that the engine uses it (logits differ from unscaled).

@@ -269,6 +269,32 @@ fn wgpu_missing_adapter_is_an_error_value() {
     }
 }
 
+#[test]
+fn wgpu_default_pool_takes_what_one_binding_holds() {
+    // The tiny model's layer K pool is 2 heads x 16 slots x 16 values of
+    // f32 a block: 2 KiB, so a 64 KiB binding holds 32 blocks.
+    let model = Arc::new(tokenwire_kernels::tiny::tiny_model(1));
+    let small = WgpuOptions {
+        max_binding: Some(65536),
+        ..f32_options()
+    };
+    let fitted = WgpuOptions {
+        fit_kv_pool: true,
+        ..small.clone()
+    };
+    let Some(gpu) = or_skip(WgpuBackend::new(model.clone(), 16, 1000, &fitted)) else {
+        return;
+    };
+    assert_eq!(gpu.kv_blocks(), 32);
+    let gpu = WgpuBackend::new(model.clone(), 16, 20, &fitted).expect("fits");
+    assert_eq!(gpu.kv_blocks(), 20, "a pool that fits is kept");
+    match WgpuBackend::new(model, 16, 1000, &small) {
+        Err(LoadError::Backend(msg)) => assert!(msg.contains("largest storage binding"), "{msg}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("an explicit pool above the binding was cut silently"),
+    }
+}
+
 /// One step's worth of sequences for [`forward_both`].
 struct Seq {
     tokens: Vec<TokenId>,

@@ -562,3 +562,45 @@ async fn gzip_bodies_are_inflated_under_the_body_limit() {
     assert_eq!(r.status, 400, "{}", r.body);
     server.shutdown().await;
 }
+
+/// `--max-context`: the server serves a shorter context than the model's
+/// (stories260K's is 512), reports it where vLLM does, and refuses what
+/// does not fit it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_context_bounds_what_the_routes_take() {
+    let server = start(ModelSource::Dir(stories260k()), |c| {
+        c.max_context = Some(40)
+    })
+    .await;
+    let post = |path: &'static str, body: Value| {
+        let server = &server;
+        async move { http(server, "POST", path, Some(&body.to_string())).await }
+    };
+    let t = post("/tokenize", json!({"prompt": "Once upon a time"}))
+        .await
+        .json();
+    assert_eq!(t["max_model_len"], 40, "{t}");
+    let count = t["count"].as_u64().expect("count");
+    let fits = post(
+        "/v1/completions",
+        json!({"model": "stories260K", "prompt": "Once upon a time",
+               "max_tokens": 40 - count, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(fits.status, 200, "{}", fits.body);
+    assert_eq!(fits.json()["usage"]["total_tokens"], 40, "{}", fits.body);
+    let over = post(
+        "/v1/completions",
+        json!({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 41 - count}),
+    )
+    .await;
+    assert_eq!(over.status, 400, "{}", over.body);
+    let long = "Once upon a time there was a little girl. ".repeat(8);
+    let over = post(
+        "/v1/completions",
+        json!({"model": "stories260K", "prompt": long, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(over.status, 400, "{}", over.body);
+    eprintln!("{}", over.body);
+}

@@ -123,6 +123,10 @@ pub trait Backend: Send {
     /// Short name for logs (`cpu`, ...).
     fn name(&self) -> &'static str;
 
+    /// Blocks in the KV pool it allocated (what the engine asked for, or
+    /// fewer where it let the backend fit the pool to the device).
+    fn kv_blocks(&self) -> usize;
+
     /// Copies whole KV blocks `(src, dst)` in every layer, in order.
     /// Ids are below the pool's block count (the engine checks).
     fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<(), EngineFaultKind>;

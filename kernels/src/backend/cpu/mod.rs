@@ -154,6 +154,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn kv_blocks(&self) -> usize {
+        self.kv.geometry().num_blocks
+    }
+
     fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<(), EngineFaultKind> {
         let n = self.kv.geometry().num_blocks;
         for &(src, dst) in pairs {

@@ -352,6 +352,11 @@ pub struct WgpuOptions {
     /// submission a step. Steps profiled on the device's clock take one;
     /// on the host's, one per dispatch.
     pub first_submit: Option<usize>,
+    /// Take as many KV blocks as one layer's K (or V) binding holds when
+    /// the pool asked for is bigger than the device's largest storage
+    /// binding, instead of failing: what the engine's default pool asks
+    /// for (an explicit pool size fails with the reason).
+    pub fit_kv_pool: bool,
 }
 
 /// Dispatches in a step's first submission by default on GPUs
@@ -406,6 +411,7 @@ impl Default for WgpuOptions {
             coop_fold_splits: false,
             loop_bounding: false,
             first_submit: None,
+            fit_kv_pool: false,
         }
     }
 }
@@ -648,13 +654,19 @@ impl WgpuBackend {
         }
         let gpu = Gpu::new(opts).map_err(LoadError::Backend)?;
         let c = model.config();
-        let geo = KvGeometry {
+        let mut geo = KvGeometry {
             layers: c.num_layers,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             block_size,
             num_blocks,
         };
+        if opts.fit_kv_pool {
+            // Each layer's K (and V) is one binding of f32s.
+            let block_bytes = (geo.block_len() as u64 * 4).max(1);
+            let fits = (gpu.max_binding / block_bytes).max(1);
+            geo.num_blocks = num_blocks.min(usize::try_from(fits).unwrap_or(usize::MAX));
+        }
         let weights =
             ModelGpu::upload(&gpu, &model, geo, &opts.progress).map_err(LoadError::Backend)?;
         let cpu_adapter = gpu.info.device_type == ::wgpu::DeviceType::Cpu;
@@ -1439,6 +1451,10 @@ fn nanos(d: Duration) -> u64 {
 impl Backend for WgpuBackend {
     fn name(&self) -> &'static str {
         "wgpu"
+    }
+
+    fn kv_blocks(&self) -> usize {
+        self.geo.num_blocks
     }
 
     fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<(), EngineFaultKind> {
