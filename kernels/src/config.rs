@@ -15,9 +15,14 @@ use crate::rope::RopeScaling;
 const MAX_DIM: usize = 1 << 24;
 
 /// Architectures whose forward pass this engine computes exactly.
-const ARCHITECTURES: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM"];
+const ARCHITECTURES: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+];
 /// `model_type` values of those architectures.
-const MODEL_TYPES: &[&str] = &["llama", "qwen2"];
+const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
 
 /// The shape and hyper-parameters of a llama-family decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +53,10 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Config promises q/k/v/o biases (they are used whenever present in the file).
     pub attention_bias: bool,
+    /// Each query and key head is RMS-normalised (its own `head_dim`
+    /// weights, the model's epsilon) before RoPE: Qwen3's `q_norm` and
+    /// `k_norm`.
+    pub qk_norm: bool,
     /// Beginning-of-sequence id, if the config names one.
     pub bos_token_id: Option<TokenId>,
     /// End-of-sequence ids from `config.json` (generation config overrides these).
@@ -171,7 +180,7 @@ impl ModelConfig {
     /// Validates an already-parsed `config.json`; `path` is only for error messages.
     pub fn from_json(path: &Path, v: &Value) -> Result<ModelConfig, LoadError> {
         let f = Fields::new(path, v)?;
-        check_architecture(&f)?;
+        let qk_norm = check_architecture(&f)?;
 
         let hidden_size = f.usize("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
@@ -186,6 +195,19 @@ impl ModelConfig {
         let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
         check_limits(max_position_embeddings, rms_norm_eps).map_err(|m| f.err(m))?;
         let (rope_theta, rope_scaling) = rope(&f)?;
+        // Mistral's sliding window (v0.1: 4,096 of a 32,768 context) limits
+        // attention to the last window's tokens, which this engine does not;
+        // a window the whole context fits in changes nothing.
+        if let Some(window) = f.opt_usize("sliding_window")? {
+            if f.opt_str("model_type")? == Some("mistral") && window < max_position_embeddings {
+                return Err(LoadError::Unsupported {
+                    path: path.to_path_buf(),
+                    msg: format!(
+                        "sliding_window {window} below the context of {max_position_embeddings} tokens (attention over a sliding window)"
+                    ),
+                });
+            }
+        }
 
         Ok(ModelConfig {
             hidden_size,
@@ -201,6 +223,7 @@ impl ModelConfig {
             rope_scaling,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             attention_bias: f.opt_bool("attention_bias")?.unwrap_or(false),
+            qk_norm,
             bos_token_id: f.opt_token("bos_token_id")?,
             eos_token_ids: f.token_list("eos_token_id")?.unwrap_or_default(),
             name_or_path: f.opt_str("_name_or_path")?.map(str::to_owned),
@@ -213,11 +236,14 @@ impl ModelConfig {
     }
 }
 
-fn check_architecture(f: &Fields<'_>) -> Result<(), LoadError> {
+/// Refuses what the engine does not compute; says whether the architecture
+/// normalises query and key heads (Qwen3).
+fn check_architecture(f: &Fields<'_>) -> Result<bool, LoadError> {
     let unsupported = |msg: String| LoadError::Unsupported {
         path: f.path.to_path_buf(),
         msg,
     };
+    let mut qk_norm = false;
     if let Some(arch) = f.get("architectures") {
         let names: Vec<&str> = arch
             .as_array()
@@ -229,10 +255,12 @@ fn check_architecture(f: &Fields<'_>) -> Result<(), LoadError> {
                 ARCHITECTURES.join(", ")
             )));
         }
+        qk_norm = names.contains(&"Qwen3ForCausalLM");
     } else if let Some(t) = f.opt_str("model_type")? {
         if !MODEL_TYPES.contains(&t) {
             return Err(unsupported(format!("model_type `{t}`")));
         }
+        qk_norm = t == "qwen3";
     }
     if let Some(act) = f.opt_str("hidden_act")? {
         if act != "silu" {
@@ -245,7 +273,7 @@ fn check_architecture(f: &Fields<'_>) -> Result<(), LoadError> {
     if f.opt_bool("mlp_bias")? == Some(true) {
         return Err(unsupported("mlp_bias: true".into()));
     }
-    Ok(())
+    Ok(qk_norm)
 }
 
 /// `rope_theta` and `rope_scaling`, from the top level or from transformers 5's

@@ -20,7 +20,7 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures whose GGUF tensors and keys this engine maps (the llama
 /// family it runs from Hugging Face directories).
-const ARCHITECTURES: &[&str] = &["llama", "qwen2"];
+const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
 
 impl ModelConfig {
     /// The configuration the GGUF file at `path` (parsed as `file` from its
@@ -116,6 +116,7 @@ impl ModelConfig {
             // GGUF writers leave the LM head out when it is the embedding.
             tie_word_embeddings: file.tensor("output.weight").is_none(),
             attention_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+            qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             name_or_path: file.str("general.name").map_err(err)?.map(str::to_owned),

@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::rope::RopeLayout;
 use crate::tensor::{SharedMap, WeightMatrix};
-use crate::weights::{LayerWeights, Linear, Weights};
+use crate::weights::{LayerWeights, Linear, QkNorm, Weights};
 
 impl Weights {
     /// The weights `cfg` describes, from the GGUF file at `path` (parsed as
@@ -90,6 +90,14 @@ impl Weights {
                 gate: lin("ffn_gate", i, h)?,
                 up: lin("ffn_up", i, h)?,
                 down: lin("ffn_down", h, i)?,
+                qk_norm: if cfg.qk_norm {
+                    Some(QkNorm {
+                        q: vector(&format!("{p}.attn_q_norm.weight"), cfg.head_dim)?,
+                        k: vector(&format!("{p}.attn_k_norm.weight"), cfg.head_dim)?,
+                    })
+                } else {
+                    None
+                },
             });
         }
         let lm_head = match file.tensor("output.weight") {

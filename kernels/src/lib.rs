@@ -64,4 +64,4 @@ pub use sampler::{draw_uniform, log_softmax, sample, Sampler};
 pub use tensor::WeightMatrix;
 pub use tokenizer::HfCodec;
 pub use tokenwire_gguf as gguf;
-pub use weights::{LayerWeights, Linear, Weights};
+pub use weights::{LayerWeights, Linear, QkNorm, Weights};

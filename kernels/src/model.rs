@@ -116,6 +116,19 @@ impl Model {
             lin(&format!("layer {n} gate_proj"), &l.gate, i, h)?;
             lin(&format!("layer {n} up_proj"), &l.up, i, h)?;
             lin(&format!("layer {n} down_proj"), &l.down, h, i)?;
+            match (&l.qk_norm, c.qk_norm) {
+                (Some(qk), true) => {
+                    vec_len(&format!("layer {n} q_norm"), &qk.q, c.head_dim)?;
+                    vec_len(&format!("layer {n} k_norm"), &qk.k, c.head_dim)?;
+                }
+                (None, false) => {}
+                (Some(_), false) => {
+                    return Err(format!(
+                        "layer {n} has q/k norms the config does not ask for"
+                    ))
+                }
+                (None, true) => return Err(format!("layer {n} has no q/k norms")),
+            }
         }
         if let Some(head) = &weights.lm_head {
             lin("lm_head", head, c.vocab_size, h)?;

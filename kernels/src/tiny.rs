@@ -28,6 +28,7 @@ pub fn tiny_config() -> ModelConfig {
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: false,
         attention_bias: false,
+        qk_norm: false,
         bos_token_id: Some(BYTE_BOS),
         eos_token_ids: vec![BYTE_EOS],
         name_or_path: None,
@@ -71,6 +72,7 @@ pub fn tiny_model(seed: u64) -> Model {
             gate: lin(i, h),
             up: lin(i, h),
             down: lin(h, i),
+            qk_norm: None,
         });
     }
     let lm_head = Some(lin(c.vocab_size, h));

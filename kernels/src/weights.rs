@@ -63,6 +63,20 @@ pub struct LayerWeights {
     pub up: Linear,
     /// SwiGLU down `[hidden, intermediate]`.
     pub down: Linear,
+    /// Per-head RMSNorm weights of the queries and keys, applied before
+    /// RoPE (Qwen3); `None` for architectures without them.
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// The weights of Qwen3's per-head query and key RMSNorms, `head_dim` each,
+/// in the rows' layout of the file (a GGUF llama's interleaved order where
+/// its q and k rows are).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QkNorm {
+    /// Every query head's norm weights.
+    pub q: Vec<f32>,
+    /// Every key head's norm weights.
+    pub k: Vec<f32>,
 }
 
 /// All weights of the model: matrices in their file's dtypes, norms in f32.
@@ -119,6 +133,7 @@ impl Weights {
                     gate: lin(&l.gate),
                     up: lin(&l.up),
                     down: lin(&l.down),
+                    qk_norm: l.qk_norm.clone(),
                 })
                 .collect(),
             norm: self.norm.clone(),
@@ -183,6 +198,18 @@ fn specs(cfg: &ModelConfig) -> Vec<Spec> {
         add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], true);
         add(format!("{p}.mlp.up_proj.weight"), vec![i, h], true);
         add(format!("{p}.mlp.down_proj.weight"), vec![h, i], true);
+        if cfg.qk_norm {
+            add(
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![cfg.head_dim],
+                true,
+            );
+            add(
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![cfg.head_dim],
+                true,
+            );
+        }
     }
     add("model.norm.weight".into(), vec![h], true);
     // Tied heads use the embedding, as HF does, even if a file also has lm_head.
@@ -237,6 +264,14 @@ impl Weights {
             let p = format!("model.layers.{l}");
             let input_norm = take(format!("{p}.input_layernorm.weight"))?.to_f32_vec();
             let post_norm = take(format!("{p}.post_attention_layernorm.weight"))?.to_f32_vec();
+            let qk_norm = if cfg.qk_norm {
+                Some(QkNorm {
+                    q: take(format!("{p}.self_attn.q_norm.weight"))?.to_f32_vec(),
+                    k: take(format!("{p}.self_attn.k_norm.weight"))?.to_f32_vec(),
+                })
+            } else {
+                None
+            };
             let mut lin =
                 |name: &str| Ok::<_, LoadError>(Linear::new(take(format!("{p}.{name}.weight"))?));
             layers.push(LayerWeights {
@@ -249,6 +284,7 @@ impl Weights {
                 gate: lin("mlp.gate_proj")?,
                 up: lin("mlp.up_proj")?,
                 down: lin("mlp.down_proj")?,
+                qk_norm,
             });
         }
         let norm = take("model.norm.weight".into())?.to_f32_vec();

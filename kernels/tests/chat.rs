@@ -301,3 +301,52 @@ fn a_template_that_takes_tools_renders_them_and_its_format_is_known() {
     .expect("compiles");
     assert_eq!(llama31.tool_format(), ToolFormat::Llama3Json);
 }
+
+/// What Qwen3's template does that older ones do not (its text is not
+/// copied here; these are the constructs it uses): a namespace set in a
+/// loop over the messages reversed, `loop.index0`, string tests, Python's
+/// `split`, `lstrip`, `startswith` and `endswith`, and `reasoning_content`
+/// read from messages that do not have one.
+#[test]
+fn qwen3_style_constructs_render() {
+    let src = r#"{%- set ns = namespace(last_user=messages|length - 1, looking=true) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.looking and message.role == "user" and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.looking = false %}
+        {%- set ns.last_user = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content %}
+    {%- if message.reasoning_content is string %}
+        {%- set content = 'never' %}
+    {%- elif '</think>' in content %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+    {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+{{- ns.last_user }}"#;
+    let t = ChatTemplate::new(src, "", "<|im_end|>").expect("compiles");
+    let mut m = msgs();
+    m.push(ChatMessage {
+        role: Role::Assistant,
+        content: "<think>hm</think>\n\nHello.".into(),
+    });
+    m.push(ChatMessage {
+        role: Role::User,
+        content: "<tool_response>4</tool_response>".into(),
+    });
+    assert_eq!(
+        t.render(&m).expect("renders"),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n  Hi there \n<|im_end|>\n\
+         <|im_start|>assistant\nHello.<|im_end|>\n\
+         <|im_start|>user\n<tool_response>4</tool_response><|im_end|>\n<|im_start|>assistant\n1"
+    );
+}

@@ -311,3 +311,115 @@ fn a_llama3_style_file_loads_with_its_rope_factors_and_turn_end_ids() {
         "against Llama 3 frequencies {d_hf}, against none {d_plain}"
     );
 }
+
+#[test]
+fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
+    use std::collections::BTreeMap;
+    use tokenwire_kernels::gguf::{MetaValue, TensorInfo};
+    use tokenwire_kernels::{Engine, EngineOptions, Model, WeightMatrix};
+    // The Qwen3 toy checkpoint, and the same weights written as llama.cpp's
+    // converter names them in a `qwen3` GGUF file (rows in Hugging Face's
+    // order: the converter permutes only llamas').
+    let dir = common::TempDir::new("qwen3-hf");
+    common::write_qwen3_toy(&dir, &common::Toy::default());
+    let hf = Model::load(dir.path()).expect("the toy loads");
+    let c = hf.config().clone();
+    let w = hf.weights();
+    let mut source = Vec::new();
+    let mut tensors = Vec::new();
+    let mut put = |name: String, m: &WeightMatrix| {
+        let vals = m.to_f32_vec();
+        let offset = source.len() as u64;
+        source.extend(vals.iter().flat_map(|x| x.to_le_bytes()));
+        source.resize(source.len().next_multiple_of(32), 0);
+        let dims = if m.rows() == 1 {
+            vec![m.cols() as u64]
+        } else {
+            vec![m.cols() as u64, m.rows() as u64]
+        };
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            dtype: GgmlType::F32,
+            offset,
+            len: vals.len() as u64 * 4,
+        });
+    };
+    let vector = |v: &[f32]| {
+        WeightMatrix::from_bytes(
+            GgmlType::F32,
+            1,
+            v.len(),
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+        .expect("a vector")
+    };
+    put("token_embd.weight".into(), &w.embed);
+    for (l, lw) in w.layers.iter().enumerate() {
+        let qk = lw.qk_norm.as_ref().expect("Qwen3 norms");
+        put(format!("blk.{l}.attn_norm.weight"), &vector(&lw.input_norm));
+        put(format!("blk.{l}.attn_q.weight"), &lw.q.w);
+        put(format!("blk.{l}.attn_k.weight"), &lw.k.w);
+        put(format!("blk.{l}.attn_v.weight"), &lw.v.w);
+        put(format!("blk.{l}.attn_output.weight"), &lw.o.w);
+        put(format!("blk.{l}.attn_q_norm.weight"), &vector(&qk.q));
+        put(format!("blk.{l}.attn_k_norm.weight"), &vector(&qk.k));
+        put(format!("blk.{l}.ffn_norm.weight"), &vector(&lw.post_norm));
+        put(format!("blk.{l}.ffn_gate.weight"), &lw.gate.w);
+        put(format!("blk.{l}.ffn_up.weight"), &lw.up.w);
+        put(format!("blk.{l}.ffn_down.weight"), &lw.down.w);
+    }
+    put("output_norm.weight".into(), &vector(&w.norm));
+    put(
+        "output.weight".into(),
+        &w.lm_head.as_ref().expect("the toy's head is untied").w,
+    );
+    let u = |n: usize| MetaValue::U32(n as u32);
+    let metadata: BTreeMap<String, MetaValue> = [
+        ("general.architecture", MetaValue::Str("qwen3".into())),
+        ("qwen3.embedding_length", u(c.hidden_size)),
+        ("qwen3.block_count", u(c.num_layers)),
+        ("qwen3.feed_forward_length", u(c.intermediate_size)),
+        ("qwen3.attention.head_count", u(c.num_heads)),
+        ("qwen3.attention.head_count_kv", u(c.num_kv_heads)),
+        ("qwen3.attention.key_length", u(c.head_dim)),
+        ("qwen3.context_length", u(c.max_position_embeddings)),
+        ("qwen3.vocab_size", u(c.vocab_size)),
+        (
+            "qwen3.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(c.rms_norm_eps),
+        ),
+        ("qwen3.rope.freq_base", MetaValue::F32(c.rope_theta as f32)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let file = GgufFile {
+        version: 3,
+        metadata,
+        tensors,
+        data_offset: 0,
+        alignment: 32,
+    };
+    let out = common::gguf_out::write(&file, &source, &[]);
+    dir.write("toy-qwen3.gguf", &out);
+    let (gguf, _) = Model::load_gguf(&dir.path().join("toy-qwen3.gguf")).expect("loads");
+    assert!(gguf.config().qk_norm);
+    assert_eq!(gguf.config().head_dim, c.head_dim);
+    let opts = EngineOptions {
+        num_blocks: Some(16),
+        ..EngineOptions::default()
+    };
+    let id = || tokenwire_kernels::ModelIdentity {
+        name: "toy".into(),
+        version: "1".into(),
+        eos_ids: vec![2],
+    };
+    let codec = tokenwire_core::text::byte::ByteCodec::shared;
+    let mut from_gguf = Engine::from_model(gguf, codec(), id(), &opts).expect("engine");
+    let mut from_hf = Engine::from_model(hf, codec(), id(), &opts).expect("engine");
+    let prompt = [1, 5, 9, 13, 2, 30, 7, 7, 39];
+    let a = common::logits_alone(&mut from_gguf, &prompt);
+    let b = common::logits_alone(&mut from_hf, &prompt);
+    assert_eq!(a, b, "the same weights, the same arithmetic");
+}

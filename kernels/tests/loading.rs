@@ -112,6 +112,64 @@ fn qwen2_toy_with_biases_and_tied_embeddings() {
 }
 
 #[test]
+fn qwen3_toy_normalises_query_and_key_heads() {
+    let dir = TempDir::new("qwen3");
+    write_qwen3_toy(&dir, &Toy::default());
+    let mut e = load(&dir).expect("loads");
+    assert!(e.model().config().qk_norm);
+    assert!(e.model().weights().layers[1].qk_norm.is_some());
+    check_against_naive(&mut e);
+    // The norms matter: the same weights as a llama compute other logits.
+    let with = logits_alone(&mut e, PROMPT);
+    let mut llama = load(&{
+        let d = TempDir::new("qwen3-as-llama");
+        write_toy(&d, &Toy::default());
+        d
+    })
+    .expect("loads");
+    assert!(max_abs_diff(&with, &logits_alone(&mut llama, PROMPT)) > 1e-2);
+    // A missing norm is an error naming it; so is one of the wrong width.
+    let dir2 = TempDir::new("qwen3-missing");
+    write_qwen3_toy(&dir2, &Toy::default());
+    let cfg = std::fs::read_to_string(dir2.path().join("config.json")).expect("config");
+    write_edited(&dir2, &Toy::default(), |_| {});
+    dir2.write("config.json", &cfg);
+    let err = load_err(&dir2);
+    assert!(
+        err.contains("model.layers.0.self_attn.q_norm.weight"),
+        "{err}"
+    );
+}
+
+#[test]
+fn mistral_loads_unless_its_sliding_window_is_shorter_than_the_context() {
+    // Mistral is a llama with another name, and (v0.1) attention over a
+    // sliding window, which the engine does not compute.
+    let dir = TempDir::new("mistral");
+    write_toy(&dir, &Toy::default());
+    let mut want = load(&dir).expect("the llama toy loads");
+    let mut cfg = toy_config(false);
+    cfg["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    cfg["model_type"] = serde_json::json!("mistral");
+    for window in [serde_json::Value::Null, serde_json::json!(128)] {
+        cfg["sliding_window"] = window;
+        dir.write("config.json", cfg.to_string());
+        let mut e = load(&dir).expect("a window the context fits in");
+        assert_eq!(
+            logits_alone(&mut e, PROMPT),
+            logits_alone(&mut want, PROMPT)
+        );
+    }
+    cfg["sliding_window"] = serde_json::json!(64);
+    dir.write("config.json", cfg.to_string());
+    let err = load_err(&dir);
+    assert!(
+        err.contains("sliding_window 64 below the context of 128 tokens"),
+        "{err}"
+    );
+}
+
+#[test]
 fn sharded_checkpoint_equals_single_file() {
     let single = TempDir::new("single");
     write_toy(&single, &Toy::default());

@@ -35,11 +35,12 @@ use tokenwire_kernels::backend::wgpu::{HostTimes, Profile, ProfileClock};
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::tensor::encode_floats;
 use tokenwire_kernels::{
-    Backend, CpuBackend, ForwardOutput, LayerWeights, Linear, Model, ModelConfig, RopeLayout,
-    RopeScaling, SampleSpec, Sampler, SeqBatch, WeightMatrix, Weights, WgpuBackend, WgpuOptions,
+    Backend, CpuBackend, ForwardOutput, LayerWeights, Linear, Model, ModelConfig, QkNorm,
+    RopeLayout, RopeScaling, SampleSpec, Sampler, SeqBatch, WeightMatrix, Weights, WgpuBackend,
+    WgpuOptions,
 };
 
-const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
+const USAGE: &str = "engine-bench [--shape tinyllama-1.1b|llama-3.2-1b|qwen3-0.6b|stories260k|custom:dim,layers,heads,kv_heads,ffn,vocab]
              [--layers N] [--backend cpu,wgpu] [--batch 1,8,32] [--prompt N] [--steps N]
              [--dtype f32|f16|bf16] [--adapter NAME] [--block-size N] [--seed N]
              [--sample greedy|T,P[,K[,F]]] (temperature T, top-p P, top-k K, frequency penalty F)
@@ -299,6 +300,7 @@ fn config(shape: &str, layers: Option<usize>) -> Result<ModelConfig, String> {
         rope_scaling: scaling,
         tie_word_embeddings: tied,
         attention_bias: false,
+        qk_norm: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         name_or_path: Some(shape.to_string()),
@@ -334,6 +336,25 @@ fn config(shape: &str, layers: Option<usize>) -> Result<ModelConfig, String> {
             },
         ),
         "stories260k" => base(64, 5, 8, 4, 172, 512, 512, 10000.0, true, RopeScaling::None),
+        // Qwen3-0.6B: heads of 128 over a 1,024-wide stream, each query and
+        // key head normalised before RoPE.
+        "qwen3-0.6b" => ModelConfig {
+            head_dim: 128,
+            qk_norm: true,
+            rms_norm_eps: 1e-6,
+            ..base(
+                1024,
+                28,
+                16,
+                8,
+                3072,
+                151936,
+                40960,
+                1_000_000.0,
+                true,
+                RopeScaling::None,
+            )
+        },
         custom => {
             let dims = custom
                 .strip_prefix("custom:")
@@ -397,6 +418,10 @@ fn random_model(c: &ModelConfig, dtype: &str, seed: u64) -> Result<Model, String
             gate: Linear::new(matrix(c.intermediate_size, h)?),
             up: Linear::new(matrix(c.intermediate_size, h)?),
             down: Linear::new(matrix(h, c.intermediate_size)?),
+            qk_norm: c.qk_norm.then(|| QkNorm {
+                q: vec![1.0; c.head_dim],
+                k: vec![1.0; c.head_dim],
+            }),
         });
     }
     let lm_head = match c.tie_word_embeddings {

@@ -252,6 +252,35 @@ pub fn safetensors_bytes(dtype: Dtype, tensors: &[(String, Vec<usize>, Vec<u8>)]
     safetensors::serialize(views, None).expect("serialize")
 }
 
+/// The llama toy as a Qwen3 checkpoint: `Qwen3ForCausalLM` with a per-head
+/// `q_norm` and `k_norm` in every layer (seeded weights around 1).
+pub fn write_qwen3_toy(dir: &TempDir, toy: &Toy) {
+    let mut cfg = toy_config(false);
+    cfg["architectures"] = json!(["Qwen3ForCausalLM"]);
+    cfg["model_type"] = json!("qwen3");
+    cfg["_name_or_path"] = json!("toy-qwen3");
+    dir.write("config.json", cfg.to_string());
+    dir.write("tokenizer.json", toy_tokenizer_json(TOY_VOCAB));
+    let mut rng = Rng::new(toy.seed ^ 0x9e37);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = toy_values(toy)
+        .into_iter()
+        .map(|(n, s, v)| (n, s, encode(toy.dtype, &v)))
+        .collect();
+    for l in 0..LAYERS {
+        for which in ["q_norm", "k_norm"] {
+            let vals: Vec<f32> = (0..HD)
+                .map(|_| round_to(toy.dtype, 1.0 + 0.6 * (rng.next_f64() as f32 - 0.5)))
+                .collect();
+            tensors.push((
+                format!("model.layers.{l}.self_attn.{which}.weight"),
+                vec![HD],
+                encode(toy.dtype, &vals),
+            ));
+        }
+    }
+    write_weights(dir, toy.dtype, toy.shards, &tensors);
+}
+
 /// Writes a complete toy model directory (config, weights, tokenizer).
 pub fn write_toy(dir: &TempDir, toy: &Toy) {
     dir.write("config.json", toy_config(toy.qwen).to_string());
@@ -422,6 +451,15 @@ pub fn naive_logits(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
             let xn = norm(x, &l.input_norm);
             let mut q = lin(&l.q, &xn);
             let mut k = lin(&l.k, &xn);
+            if let Some(qk) = &l.qk_norm {
+                // Qwen3: every head RMS-normalised with its own weights.
+                for head in q.chunks_mut(hd) {
+                    head.copy_from_slice(&norm(head, &qk.q));
+                }
+                for head in k.chunks_mut(hd) {
+                    head.copy_from_slice(&norm(head, &qk.k));
+                }
+            }
             rope(&mut q, pos);
             rope(&mut k, pos);
             qs.push(q);

@@ -142,6 +142,8 @@ pub struct Shape {
     /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
     pub scaling: tokenwire_kernels::RopeScaling,
+    /// Qwen3's per-head query and key norms (random weights around 1).
+    pub qk_norm: bool,
 }
 
 /// The GGUF block types the wgpu kernels read.
@@ -191,7 +193,9 @@ pub fn random_blocks(
 pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
     use tokenwire_kernels::gguf::GgmlType;
     use tokenwire_kernels::tensor::encode_floats;
-    use tokenwire_kernels::{LayerWeights, Linear, Model, ModelConfig, WeightMatrix, Weights};
+    use tokenwire_kernels::{
+        LayerWeights, Linear, Model, ModelConfig, QkNorm, WeightMatrix, Weights,
+    };
     let mut rng = tokenwire_core::rng::Rng::new(seed);
     let dtype = s.dtype;
     let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
@@ -233,8 +237,15 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
         b: bias.then(|| uniform(out_dim, 0.5)),
     };
     let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut norm_rng = tokenwire_core::rng::Rng::new(seed ^ 0x9c4);
+    let mut head_norm =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| 0.5 + norm_rng.next_f64() as f32).collect() };
     let layers = (0..s.layers)
         .map(|_| LayerWeights {
+            qk_norm: s.qk_norm.then(|| QkNorm {
+                q: head_norm(s.head_dim),
+                k: head_norm(s.head_dim),
+            }),
             input_norm: vec![1.0; h],
             q: lin(q, h, s.bias),
             k: lin(kv, h, s.bias),
@@ -275,6 +286,7 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
         rope_scaling: s.scaling.clone(),
         tie_word_embeddings: s.tied,
         attention_bias: s.bias,
+        qk_norm: s.qk_norm,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         name_or_path: None,

@@ -241,6 +241,10 @@ impl Backend for CpuBackend {
             lin(&s.xn, &lw.q, &mut s.q, &mut s.mat, Input::New);
             lin(&s.xn, &lw.k, &mut s.k, &mut s.mat, Input::Same);
             lin(&s.xn, &lw.v, &mut s.v, &mut s.mat, Input::Same);
+            if let Some(qk) = &lw.qk_norm {
+                rms_norm_in_place(&mut s.q, &qk.q, cfg.rms_norm_eps);
+                rms_norm_in_place(&mut s.k, &qk.k, cfg.rms_norm_eps);
+            }
             for r in 0..t {
                 let (c, sn) = (
                     &s.cos[r * half..(r + 1) * half],
@@ -407,6 +411,19 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
         let r = 1.0 / (ms + eps).sqrt();
         for ((o, &xi), &wi) in or.iter_mut().zip(xr).zip(w) {
             *o = wi * (xi * r);
+        }
+    }
+}
+
+/// [`rms_norm`] of every `w.len()`-wide run of `x`, in place: Qwen3's
+/// per-head norm of queries and keys.
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let h = w.len();
+    for xr in x.chunks_exact_mut(h) {
+        let ms = dot_f32(xr, xr) / h as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for (xi, &wi) in xr.iter_mut().zip(w) {
+            *xi = wi * (*xi * r);
         }
     }
 }

@@ -161,6 +161,9 @@ pub(crate) struct AttnModel {
     pub(crate) stride: u32,
     /// KV block size.
     pub(crate) bs: u32,
+    /// The epsilon of the per-head query and key norms (Qwen3), if the
+    /// model has them.
+    pub(crate) qk_norm_eps: Option<f32>,
 }
 
 impl AttnModel {
@@ -207,11 +210,14 @@ pub(crate) fn splits(
     (ctx.div_ceil(len), len)
 }
 
-/// RoPE on the rows of `p` and the write of their keys and values into
-/// the cache: one invocation per (row, rotated head, pair).
+/// RoPE on the rows of `p` (after the per-head norms, if the model has
+/// them) and the write of their keys and values into the cache: one
+/// invocation per (row, rotated head, pair), whole heads in a workgroup of
+/// 256 (`head_dim` at most 512).
 pub(crate) fn rope_kv_call(m: &AttnModel, p: &Pass) -> Call {
     let half = m.shape.head_dim / 2;
-    let n = p.rows * (m.q_heads + m.kv_heads) * half;
+    let heads_per_wg = (256 / half.max(1)).max(1);
+    let n = p.rows * (m.q_heads + m.kv_heads);
     RopeKvParams {
         n_rows: p.rows,
         q_heads: m.q_heads,
@@ -222,8 +228,10 @@ pub(crate) fn rope_kv_call(m: &AttnModel, p: &Pass) -> Call {
         sn_off: p.sin_off,
         slot_off: p.slot_off,
         bs: m.bs,
+        flags: u32::from(m.qk_norm_eps.is_some()),
+        eps: m.qk_norm_eps.unwrap_or(0.0),
     }
-    .call(grid(n.div_ceil(256)))
+    .call(grid(n.div_ceil(heads_per_wg)))
 }
 
 /// What the q|k|v mat-vec of the rows of `p` needs to do `rope_kv_call`'s

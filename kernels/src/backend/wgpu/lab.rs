@@ -654,7 +654,8 @@ impl KernelLab {
     pub fn rope_kv(&mut self, qkv: &[f32], case: &RopeCase<'_>) -> Result<RopeKvOut, String> {
         let (p, [planb, kb, vb]) = self.rope_buffers(case)?;
         let qb = self.upload("lab.qkv", bytemuck::cast_slice(qkv));
-        let bg = self.bind(&self.pipes.layouts.rope_kv, &[&planb, &qb, &kb, &vb]);
+        let none = self.upload("lab.no_norm", &[0u8; 4]);
+        let bg = self.bind(&self.pipes.layouts.rope_kv, &[&planb, &qb, &kb, &vb, &none]);
         let call = attn::rope_kv_call(&Self::attn_model(case.shape), &p);
         let d = [(&self.pipes.rope_kv, &bg, call)];
         let q = self.run(&d, (&qb, 4 * qkv.len() as u64))?;
@@ -774,6 +775,7 @@ impl KernelLab {
             kv_heads: shape.kv_heads as u32,
             stride: shape.qkv_width() as u32,
             bs: shape.block_size as u32,
+            qk_norm_eps: None,
         }
     }
 

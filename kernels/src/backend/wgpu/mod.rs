@@ -652,8 +652,27 @@ impl WgpuBackend {
                 "block_size and num_blocks must be positive".into(),
             ));
         }
-        let gpu = Gpu::new(opts).map_err(LoadError::Backend)?;
         let c = model.config();
+        if c.head_dim > 512 {
+            // rope_kv.wgsl keeps a head's pairs in one workgroup of 256.
+            return Err(LoadError::Backend(format!(
+                "head_dim {} (the wgpu kernels take up to 512)",
+                c.head_dim
+            )));
+        }
+        // The RoPE fused into the q|k|v mat-vec has no per-head norm: a model
+        // with one (Qwen3) takes rope_kv.wgsl, which does.
+        let without_fused_rope;
+        let opts = if c.qk_norm && opts.fuse_rope {
+            without_fused_rope = WgpuOptions {
+                fuse_rope: false,
+                ..opts.clone()
+            };
+            &without_fused_rope
+        } else {
+            opts
+        };
+        let gpu = Gpu::new(opts).map_err(LoadError::Backend)?;
         let mut geo = KvGeometry {
             layers: c.num_layers,
             kv_heads: c.num_kv_heads,
@@ -1036,7 +1055,13 @@ impl WgpuBackend {
                 rope_kv: self.gpu.storage_bind_group(
                     &l.rope_kv,
                     "rope_kv",
-                    &[&b.plan.buf, &b.qkv.buf, &lw.k, &lw.v],
+                    &[
+                        &b.plan.buf,
+                        &b.qkv.buf,
+                        &lw.k,
+                        &lw.v,
+                        lw.qk_norm.as_ref().unwrap_or(&self.dummy),
+                    ],
                 ),
                 decode: self.gpu.storage_bind_group(
                     &l.decode,
@@ -1096,6 +1121,7 @@ impl WgpuBackend {
             kv_heads: self.dims.nkv,
             stride: self.dims.qkv_w,
             bs: self.geo.block_size as u32,
+            qk_norm_eps: self.model.config().qk_norm.then_some(self.dims.eps),
         }
     }
 

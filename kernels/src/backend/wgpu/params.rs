@@ -127,6 +127,8 @@ kernel_params! {
         sn_off: u32,
         slot_off: u32,
         bs: u32,
+        flags: u32,
+        eps: f32,
     }
 
     /// attn_decode.wgsl's `Params`.

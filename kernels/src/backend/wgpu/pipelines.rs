@@ -375,7 +375,7 @@ impl Layouts {
             ),
             embed: storage_layout(gpu, "embed", &[(0, R), (1, R), (2, W)]),
             norm: storage_layout(gpu, "norm", &[(0, R), (1, R), (2, R), (3, W)]),
-            rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W)]),
+            rope_kv: storage_layout(gpu, "rope_kv", &[(0, R), (1, W), (2, W), (3, W), (4, R)]),
             decode: storage_layout(
                 gpu,
                 "attn_decode",

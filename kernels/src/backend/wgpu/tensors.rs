@@ -214,6 +214,9 @@ pub(crate) struct LayerGpu {
     pub(crate) k: ::wgpu::Buffer,
     /// This layer's V pool.
     pub(crate) v: ::wgpu::Buffer,
+    /// The per-head query norm's weights then the key norm's (`2 *
+    /// head_dim` f32, Qwen3), in the half-split order of the uploaded rows.
+    pub(crate) qk_norm: Option<::wgpu::Buffer>,
 }
 
 /// The whole model on the device.
@@ -343,6 +346,21 @@ impl ModelGpu {
                 down: upload_linear(gpu, &format!("layer{i}.down"), &l.down)?,
                 k: kv("k"),
                 v: kv("v"),
+                qk_norm: l.qk_norm.as_ref().map(|qk| {
+                    let hd = c.head_dim;
+                    // Each weight goes where its element of the head goes.
+                    let order = |w: &[f32]| -> Vec<f32> {
+                        match unpermute {
+                            Some(_) => (0..hd)
+                                .map(|r| w[interleaved_source_row_inverse(r, hd)])
+                                .collect(),
+                            None => w.to_vec(),
+                        }
+                    };
+                    let mut both = order(&qk.q);
+                    both.extend(order(&qk.k));
+                    f32_buf(&format!("layer{i}.qk_norm"), &both)
+                }),
             });
             // Let the queue's staging memory go as we go: big models would
             // otherwise hold a second copy of every weight until the end.

@@ -15,7 +15,14 @@
 // within a block the layout is [kv_head][slot][head_dim] (the CPU
 // backend's layout). So every K and V value of the row is written once.
 //
-// One invocation per (row, head, pair).
+// With NORM (Qwen3), each query and key head is first RMS-normalised with
+// its own head_dim weights (`nw`: the query heads', then the key heads'):
+//   x = w * (x / sqrt(mean(x^2) + eps))
+// The pairs of a head share a workgroup, which sums their squares in
+// workgroup memory before any of them is rotated.
+//
+// One invocation per (row, head, pair); a workgroup takes 256 / half whole
+// heads (every head of a row when half divides 256).
 
 struct Params {
     n_rows: u32,   // rows in this pass
@@ -27,7 +34,9 @@ struct Params {
     sn_off: u32,   // word offset of sin[n_rows][half]
     slot_off: u32, // word offset of the rows' slots in `plan`
     bs: u32,       // block size
-    _p9: u32, _p10: u32, _p11: u32,
+    flags: u32,    // NORM
+    eps: f32,      // the head norms' epsilon
+    _p11: u32,
     _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
@@ -35,7 +44,12 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(3) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(4) var<storage, read> nw: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
+
+const NORM: u32 = 1u;
+
+var<workgroup> squares: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -43,22 +57,46 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let id = (wid.x + wid.y * nwg.x) * 256u + lid;
+    let per_wg = 256u / p.half;
+    let local_head = lid / p.half;
+    let i = lid % p.half;
     let heads = p.q_heads + p.kv_heads;
-    let per_row = heads * p.half;
-    if (id >= p.n_rows * per_row) {
+    // (row, head), counted over the pass.
+    let item = (wid.x + wid.y * nwg.x) * per_wg + local_head;
+    let in_pass = local_head < per_wg && item < p.n_rows * heads;
+    let r = item / heads;
+    let head = item % heads;
+    let hd = 2u * p.half;
+    let base = r * p.stride + head * hd;
+    var u = 0.0;
+    var v = 0.0;
+    if (in_pass) {
+        u = qkv[base + i];
+        v = qkv[base + i + p.half];
+    }
+    // Uniform: the flag is the pass's, so every invocation reaches the
+    // barrier.
+    if ((p.flags & NORM) != 0u) {
+        squares[lid] = u * u + v * v;
+        workgroupBarrier();
+        if (in_pass) {
+            var ss = 0.0;
+            let first = local_head * p.half;
+            for (var j = 0u; j < p.half; j++) {
+                ss += squares[first + j];
+            }
+            let inv = 1.0 / sqrt(ss / f32(hd) + p.eps);
+            // The key heads' weights follow the query heads'.
+            let w0 = select(0u, hd, head >= p.q_heads);
+            u = nw[w0 + i] * (u * inv);
+            v = nw[w0 + i + p.half] * (v * inv);
+        }
+    }
+    if (!in_pass) {
         return;
     }
-    let r = id / per_row;
-    let rem = id % per_row;
-    let head = rem / p.half;
-    let i = rem % p.half;
-    let hd = 2u * p.half;
     let c = bitcast<f32>(plan[p.cs_off + r * p.half + i]);
     let s = bitcast<f32>(plan[p.sn_off + r * p.half + i]);
-    let base = r * p.stride + head * hd;
-    let u = qkv[base + i];
-    let v = qkv[base + i + p.half];
     let ru = u * c - v * s;
     let rv = v * c + u * s;
     qkv[base + i] = ru;
