@@ -17,6 +17,12 @@ pub enum GgmlType {
     Q4_0,
     /// Blocks of 32: f16 scale and minimum, 32 4-bit values.
     Q4_1,
+    /// Blocks of 32: an f16 scale and 32 5-bit values offset by 16 (their
+    /// high bits in a 32-bit word before the nibbles).
+    Q5_0,
+    /// Blocks of 32: f16 scale and minimum, 32 5-bit values (high bits as
+    /// Q5_0's).
+    Q5_1,
     /// Super-blocks of 256: f16 scale and minimum, 8 sub-blocks with 6-bit
     /// scales and minimums, 256 4-bit values.
     Q4_K,
@@ -30,8 +36,6 @@ pub enum GgmlType {
 const OTHER_TYPES: &[(u32, &str)] = &[
     (4, "Q4_2 (removed from ggml)"),
     (5, "Q4_3 (removed from ggml)"),
-    (6, "Q5_0"),
-    (7, "Q5_1"),
     (9, "Q8_1"),
     (10, "Q2_K"),
     (11, "Q3_K"),
@@ -58,13 +62,15 @@ const OTHER_TYPES: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every type this engine loads.
-    pub const ALL: [GgmlType; 8] = [
+    pub const ALL: [GgmlType; 10] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ];
@@ -93,6 +99,8 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4_K => 12,
             GgmlType::Q6_K => 14,
@@ -109,6 +117,8 @@ impl GgmlType {
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q4_0 => "Q4_0",
             GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q6_K => "Q6_K",
         }
@@ -118,7 +128,9 @@ impl GgmlType {
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => 32,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                32
+            }
             GgmlType::Q4_K | GgmlType::Q6_K => 256,
         }
     }
@@ -131,6 +143,8 @@ impl GgmlType {
             GgmlType::Q8_0 => 2 + 32,
             GgmlType::Q4_0 => 2 + 16,
             GgmlType::Q4_1 => 2 + 2 + 16,
+            GgmlType::Q5_0 => 2 + 4 + 16,
+            GgmlType::Q5_1 => 2 + 2 + 4 + 16,
             GgmlType::Q4_K => 2 + 2 + 12 + 128,
             GgmlType::Q6_K => 128 + 64 + 16 + 2,
         }
@@ -164,6 +178,8 @@ mod tests {
         assert_eq!(GgmlType::Q8_0.row_bytes(64), Some(68));
         assert_eq!(GgmlType::Q4_0.row_bytes(32), Some(18));
         assert_eq!(GgmlType::Q4_1.row_bytes(576), Some(18 * 20));
+        assert_eq!(GgmlType::Q5_0.row_bytes(896), Some(28 * 22));
+        assert_eq!(GgmlType::Q5_1.row_bytes(64), Some(48));
         assert_eq!(GgmlType::Q4_K.row_bytes(256), Some(144));
         assert_eq!(GgmlType::Q6_K.row_bytes(512), Some(420));
         assert_eq!(GgmlType::BF16.row_bytes(3), Some(6));

@@ -131,6 +131,8 @@ fn dtype_name(file: &GgufFile, layers: &[LayerWeights]) -> String {
         Some(2) => Some("q4_0"),
         Some(3) => Some("q4_1"),
         Some(7) => Some("q8_0"),
+        Some(8) => Some("q5_0"),
+        Some(9) => Some("q5_1"),
         Some(14) => Some("q4_k_s"),
         Some(15) => Some("q4_k_m"),
         Some(18) => Some("q6_k"),

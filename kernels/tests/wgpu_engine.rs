@@ -604,7 +604,10 @@ fn wgpu_runs_quantized_weights_as_blocks() {
     let mut dts = gpu.weight_dtypes();
     dts.sort_by_key(|d| format!("{d:?}"));
     use tokenwire_kernels::backend::wgpu::WeightDtype as W;
-    assert_eq!(dts, vec![W::Q4K, W::Q4_0, W::Q4_1, W::Q6K, W::Q8_0]);
+    assert_eq!(
+        dts,
+        vec![W::Q4K, W::Q4_0, W::Q4_1, W::Q5_0, W::Q5_1, W::Q6K, W::Q8_0]
+    );
     let file_bytes: u64 = {
         let w = model.weights();
         let mut n = w.lm_head.as_ref().map_or(0, |l| l.w.bytes().len());

@@ -3,7 +3,7 @@
 //! from the memory feeding it.
 //!
 //! ```text
-//! quant-kernels q8_0|q4_1 K ROWS row|tile [SECONDS]
+//! quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1 K ROWS row|tile [SECONDS]
 //! ```
 //!
 //! `ROWS` random rows of `K` weights, interleaved as the engine keeps them
@@ -31,10 +31,13 @@ const TILE_TOKENS: usize = 32;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: quant-kernels q8_0|q4_1 K ROWS row|tile [SECONDS]";
+    let usage = "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1 K ROWS row|tile [SECONDS]";
     let dtype = match args.first().map(String::as_str) {
         Some("q8_0") => GgmlType::Q8_0,
+        Some("q4_0") => GgmlType::Q4_0,
         Some("q4_1") => GgmlType::Q4_1,
+        Some("q5_0") => GgmlType::Q5_0,
+        Some("q5_1") => GgmlType::Q5_1,
         _ => fail(usage),
     };
     let number = |i: usize| -> usize {
@@ -81,6 +84,9 @@ fn main() {
         if tile {
             let dot = match dtype {
                 GgmlType::Q8_0 => kernels.q8_0_tile,
+                GgmlType::Q4_0 => kernels.q4_0_tile,
+                GgmlType::Q5_0 => kernels.q5_0_tile,
+                GgmlType::Q5_1 => kernels.q5_1_tile,
                 _ => kernels.q4_1_tile,
             };
             for r in (0..rows).step_by(4) {
@@ -93,6 +99,9 @@ fn main() {
         } else {
             let dot = match dtype {
                 GgmlType::Q8_0 => kernels.q8_0,
+                GgmlType::Q4_0 => kernels.q4_0,
+                GgmlType::Q5_0 => kernels.q5_0,
+                GgmlType::Q5_1 => kernels.q5_1,
                 _ => kernels.q4_1,
             };
             for r in 0..rows {
@@ -127,11 +136,10 @@ fn random_rows(
 ) -> Vec<u8> {
     let mut file = vec![0u8; row_bytes * rows];
     rng.fill(&mut file);
-    // The f16 fields: Q8_0's scale; Q4_1's scale and minimum.
-    let fields: &[usize] = if dtype == GgmlType::Q8_0 {
-        &[0]
-    } else {
-        &[0, 2]
+    // The f16 fields: the scale; Q4_1's and Q5_1's minimum after it.
+    let fields: &[usize] = match dtype {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        _ => &[0],
     };
     for block in file.chunks_exact_mut(dtype.block_bytes()) {
         for &at in fields {

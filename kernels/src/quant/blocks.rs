@@ -6,6 +6,8 @@
 //! | Q8_0 | 32 | 34 | f16 `d`, 32 × i8 `q`; `x = d q` |
 //! | Q4_0 | 32 | 18 | f16 `d`, 16 bytes; value `j` is the low nibble of byte `j`, value `j + 16` its high nibble; `x = d (q - 8)` |
 //! | Q4_1 | 32 | 20 | f16 `d`, f16 `m`, nibbles as Q4_0; `x = d q + m` |
+//! | Q5_0 | 32 | 22 | f16 `d`, u32 `qh` (bit `j`: value `j`'s fifth bit), nibbles as Q4_0; `x = d (q - 16)` |
+//! | Q5_1 | 32 | 24 | f16 `d`, f16 `m`, `qh` and nibbles as Q5_0; `x = d q + m` |
 //! | Q4_K | 256 | 144 | f16 `d`, f16 `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; `x = d sc q - dmin mn` per 32 |
 //! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales, f16 `d`; `x = d sc (q - 32)` per 16 |
 
@@ -17,11 +19,15 @@ pub const Q8_0_BYTES: usize = 34;
 pub const Q4_0_BYTES: usize = 18;
 /// Bytes of a Q4_1 block.
 pub const Q4_1_BYTES: usize = 20;
+/// Bytes of a Q5_0 block.
+pub const Q5_0_BYTES: usize = 22;
+/// Bytes of a Q5_1 block.
+pub const Q5_1_BYTES: usize = 24;
 /// Bytes of a Q4_K super-block.
 pub const Q4_K_BYTES: usize = 144;
 /// Bytes of a Q6_K super-block.
 pub const Q6_K_BYTES: usize = 210;
-/// Values per Q8_0/Q4_0/Q4_1 block.
+/// Values per Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block.
 pub const QK: usize = 32;
 /// Values per K-quant super-block.
 pub const QK_K: usize = 256;
@@ -52,6 +58,19 @@ pub fn q4k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
             (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
         )
     }
+}
+
+/// The 32 5-bit values of a Q5_0 or Q5_1 block, from its high-bit word
+/// `qh` (little-endian, as stored) and its 16 bytes of nibbles.
+#[inline]
+pub fn q5_values(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = [0u8; 32];
+    for (j, &b) in qs.iter().enumerate() {
+        q[j] = (b & 0x0F) | ((((h >> j) & 1) as u8) << 4);
+        q[j + 16] = (b >> 4) | ((((h >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
 }
 
 /// Dequantizes one row of `dtype` (`bytes` holds whole blocks) into `out`,
@@ -96,6 +115,22 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                 for (j, &q) in b[4..].iter().enumerate() {
                     y[j] = d * (q & 0x0F) as f32 + m;
                     y[j + 16] = d * (q >> 4) as f32 + m;
+                }
+            }
+        }
+        GgmlType::Q5_0 => {
+            for (b, y) in bytes.chunks_exact(Q5_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+                let d = f16_at(b, 0);
+                for (yi, q) in y.iter_mut().zip(q5_values(&b[2..6], &b[6..])) {
+                    *yi = d * (q as i32 - 16) as f32;
+                }
+            }
+        }
+        GgmlType::Q5_1 => {
+            for (b, y) in bytes.chunks_exact(Q5_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                for (yi, q) in y.iter_mut().zip(q5_values(&b[4..8], &b[8..])) {
+                    *yi = d * q as f32 + m;
                 }
             }
         }

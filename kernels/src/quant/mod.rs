@@ -5,7 +5,7 @@
 //! * [`blocks`]: the byte layout of each format and its scalar dequantization,
 //!   the reference every other path is tested against.
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
-//!   for Q8_0/Q4_0/Q4_1 weights, also regrouped eight blocks at a time as
+//!   for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights, also regrouped eight blocks at a time as
 //!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
 //!   Q4_K/Q6_K, also stored in the order the x86 Q4_K and Q6_K kernels read,
 //!   [`acts::q4k_lane_source`]), so the inner loop multiplies small integers.
@@ -14,7 +14,8 @@
 //!   blocks interleaved a block per lane ([`RowLayout::Lanes8`]); the CPU
 //!   backend keeps its copy of the weights in it.
 //! * `x86` (x86_64 only): the same dot products in AVX2, AVX-VNNI and
-//!   AVX-512 VNNI, whichever the CPU has; `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON.
+//!   AVX-512 VNNI, whichever the CPU has; `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON
+//!   (Q5_0, Q5_1, Q4_K and Q6_K take the scalar reference there).
 //!   These are the only `unsafe` of the CPU engine's arithmetic.
 //! * [`Kernels`]: the set chosen once at run time for the CPU the process
 //!   runs on, falling back to the scalar reference.
@@ -126,6 +127,10 @@ pub struct Kernels {
     pub q4_0: DotQ8,
     /// Q4_1 weights.
     pub q4_1: DotQ8,
+    /// Q5_0 weights.
+    pub q5_0: DotQ8,
+    /// Q5_1 weights.
+    pub q5_1: DotQ8,
     /// How the 32-block kernels read weight rows: [`RowLayout::Lanes8`]
     /// for those with a lane per block, which also read [`Q8Row::groups`];
     /// the others read the file's layout and only the blocks.
@@ -136,6 +141,10 @@ pub struct Kernels {
     pub q4_0_tile: DotQ8Tile,
     /// Q4_1 weights, four rows by four tokens.
     pub q4_1_tile: DotQ8Tile,
+    /// Q5_0 weights, four rows by four tokens.
+    pub q5_0_tile: DotQ8Tile,
+    /// Q5_1 weights, four rows by four tokens.
+    pub q5_1_tile: DotQ8Tile,
     /// Q4_K weights.
     pub q4_k: DotQ8K,
     /// Q6_K weights.
@@ -192,6 +201,10 @@ impl Kernels {
             q8_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q8_0(r, x.blocks))),
             q4_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_0(r, x.blocks))),
             q4_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_1(r, x.blocks))),
+            q5_0: |w, a| reference::dot_q5_0(w, a.blocks),
+            q5_1: |w, a| reference::dot_q5_1(w, a.blocks),
+            q5_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_0(r, x.blocks))),
+            q5_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_1(r, x.blocks))),
             q4_k: reference::dot_q4_k,
             q6_k: reference::dot_q6_k,
             q4_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_k(r, x))),
@@ -232,7 +245,9 @@ pub enum ActFormat {
 pub fn act_format(dtype: GgmlType) -> ActFormat {
     match dtype {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActFormat::F32,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => ActFormat::Q8,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            ActFormat::Q8
+        }
         GgmlType::Q4_K | GgmlType::Q6_K => ActFormat::Q8K,
     }
 }

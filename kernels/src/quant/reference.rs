@@ -5,8 +5,8 @@
 
 use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{
-    bf16_at, f16_at, q4k_scale_min, q6k_quad, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES,
-    Q8_0_BYTES,
+    bf16_at, f16_at, q4k_scale_min, q5_values, q6k_quad, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES,
+    Q5_0_BYTES, Q5_1_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 
 /// Q8_0 weights · 8-bit activations.
@@ -49,6 +49,32 @@ pub fn dot_q4_1(w: &[u8], a: &[Q8Block]) -> f32 {
     for (b, x) in w.chunks_exact(Q4_1_BYTES).zip(a) {
         let (d, m) = (f16_at(b, 0), f16_at(b, 2));
         acc += d * x.d * nibble_dot(&b[4..], x) as f32 + m * x.s;
+    }
+    acc
+}
+
+/// Sum over a 32-block of `q[j] * x.q[j]`.
+#[inline]
+fn byte_dot(q: &[u8; 32], x: &Q8Block) -> i32 {
+    q.iter().zip(&x.q).map(|(&q, &v)| q as i32 * v as i32).sum()
+}
+
+/// Q5_0 weights · 8-bit activations: `d (q - 16) · x` = `d (q · x) - 16 d sum(x)`.
+pub fn dot_q5_0(w: &[u8], a: &[Q8Block]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.chunks_exact(Q5_0_BYTES).zip(a) {
+        let d = f16_at(b, 0);
+        acc += d * (x.d * byte_dot(&q5_values(&b[2..6], &b[6..]), x) as f32 - 16.0 * x.s);
+    }
+    acc
+}
+
+/// Q5_1 weights · 8-bit activations: `(d q + m) · x` = `d (q · x) + m sum(x)`.
+pub fn dot_q5_1(w: &[u8], a: &[Q8Block]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.chunks_exact(Q5_1_BYTES).zip(a) {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        acc += d * x.d * byte_dot(&q5_values(&b[4..8], &b[8..]), x) as f32 + m * x.s;
     }
     acc
 }

@@ -25,8 +25,8 @@ impl Rng {
 /// Offsets of the f16 fields of one block of `dtype`.
 fn f16_fields(dtype: GgmlType) -> &'static [usize] {
     match dtype {
-        GgmlType::Q8_0 | GgmlType::Q4_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[],
     }
@@ -160,6 +160,8 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
             let f = match dtype {
                 GgmlType::Q8_0 => k.q8_0,
                 GgmlType::Q4_0 => k.q4_0,
+                GgmlType::Q5_0 => k.q5_0,
+                GgmlType::Q5_1 => k.q5_1,
                 _ => k.q4_1,
             };
             f(
@@ -211,10 +213,12 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
     let mut rng = Rng(41);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
-        let pairs: [(GgmlType, DotQ8, DotQ8Tile); 3] = [
+        let pairs: [(GgmlType, DotQ8, DotQ8Tile); 5] = [
             (GgmlType::Q8_0, k.q8_0, k.q8_0_tile),
             (GgmlType::Q4_0, k.q4_0, k.q4_0_tile),
             (GgmlType::Q4_1, k.q4_1, k.q4_1_tile),
+            (GgmlType::Q5_0, k.q5_0, k.q5_0_tile),
+            (GgmlType::Q5_1, k.q5_1, k.q5_1_tile),
         ];
         for (dtype, one, tile) in pairs {
             for n in [32, 64, 96, 224, 256, 352, 576, 1536] {
@@ -383,14 +387,17 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
 
 #[test]
 fn the_largest_products_do_not_overflow_any_tier() {
-    // Every weight byte at its extreme (nibbles of 15, Q8_0's -128 and 127,
-    // Q6_K's 6-bit values of 63, whose pairs of products two x86 vectors
-    // sum in one i16 up to 32,004) against activations that quantize to
-    // ±127 everywhere: the largest i16 pairs and sums any kernel forms.
+    // Every weight byte at its extreme (nibbles of 15, Q5's values of 31
+    // when the high-bit words are all ones, Q8_0's -128 and 127, Q6_K's
+    // 6-bit values of 63, whose pairs of products two x86 vectors sum in
+    // one i16 up to 32,004) against activations that quantize to ±127
+    // everywhere: the largest i16 pairs and sums any kernel forms.
     for dtype in [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ] {
@@ -495,6 +502,8 @@ fn kernels_without_groups_read_the_blocks_alone() {
             (GgmlType::Q8_0, k.q8_0),
             (GgmlType::Q4_0, k.q4_0),
             (GgmlType::Q4_1, k.q4_1),
+            (GgmlType::Q5_0, k.q5_0),
+            (GgmlType::Q5_1, k.q5_1),
         ] {
             let w = random_row(dtype, 576, &mut rng);
             let x = random_acts(576, &mut rng);

@@ -24,7 +24,9 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
-use super::blocks::{Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES};
+use super::blocks::{
+    Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+};
 use super::{Isa, Kernels, RowLayout};
 
 /// AVX2, FMA and F16C, which every AVX2 kernel here uses.
@@ -62,6 +64,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0_tile: |w, a| unsafe { tile_avx2::<Q8_0Signed>(w, a) },
         q4_0_tile: |w, a| unsafe { tile_avx2::<Q4_0<Avx2Lanes>>(w, a) },
         q4_1_tile: |w, a| unsafe { tile_avx2::<Q4_1<Avx2Lanes>>(w, a) },
+        q5_0: |w, a| unsafe { plain_avx2::<Q5_0<Avx2Lanes>>(w, a) },
+        q5_1: |w, a| unsafe { plain_avx2::<Q5_1<Avx2Lanes>>(w, a) },
+        q5_0_tile: |w, a| unsafe { plain_tile_avx2::<Q5_0<Avx2Lanes>>(w, a) },
+        q5_1_tile: |w, a| unsafe { plain_tile_avx2::<Q5_1<Avx2Lanes>>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
         q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
@@ -84,6 +90,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_avx_vnni::<Q8_0Offset<AvxVnniLanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_avx_vnni::<Q4_0<AvxVnniLanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_avx_vnni::<Q4_1<AvxVnniLanes>>(w, a) },
+            q5_0: |w, a| unsafe { plain_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
+            q5_1: |w, a| unsafe { plain_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
+            q5_0_tile: |w, a| unsafe { plain_tile_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
+            q5_1_tile: |w, a| unsafe { plain_tile_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
@@ -98,6 +108,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Offset<Avx512Lanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0<Avx512Lanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
+            q5_0: |w, a| unsafe { plain_vnni::<Q5_0<Avx512Lanes>>(w, a) },
+            q5_1: |w, a| unsafe { plain_vnni::<Q5_1<Avx512Lanes>>(w, a) },
+            q5_0_tile: |w, a| unsafe { plain_tile_vnni::<Q5_0<Avx512Lanes>>(w, a) },
+            q5_1_tile: |w, a| unsafe { plain_tile_vnni::<Q5_1<Avx512Lanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
@@ -1073,6 +1087,64 @@ unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]
     out
 }
 
+/// One row against one token for a format without a grouped form (Q5_0,
+/// Q5_1: through AVX2, eight blocks' 5-bit products summed in i16 could
+/// overflow, see [`Avx2Lanes::dot8`]): two blocks at a time from the
+/// start, the last odd one alone, as [`tile_plain`] does for each of its
+/// rows and tokens (the same bits).
+#[inline(always)]
+unsafe fn one_plain<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    blocks_from::<F>(w, a.blocks, 0, &mut acc);
+    hsum(acc)
+}
+
+/// Four rows by four tokens for a format without a grouped form, a row at
+/// a time, each weight pair unpacked once for the four tokens.
+#[inline(always)]
+unsafe fn tile_plain<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    let blocks = [a[0].blocks, a[1].blocks, a[2].blocks, a[3].blocks];
+    let mut out = [[0.0f32; 4]; 4];
+    for (r, row) in w.iter().enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 4]];
+        tile_blocks_from::<F, 1>(&[*row], &blocks, 0, &mut acc);
+        for (o, acc) in out[r].iter_mut().zip(acc[0]) {
+            *o = hsum(acc);
+        }
+    }
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn plain_avx2<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    one_plain::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn plain_avx_vnni<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    one_plain::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn plain_vnni<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
+    one_plain::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn plain_tile_avx2<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    tile_plain::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn plain_tile_avx_vnni<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    tile_plain::<F>(w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn plain_tile_vnni<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
+    tile_plain::<F>(w, a)
+}
+
 /// `v` in lane 0 of an otherwise zero vector: a per-block term that the
 /// final sum of the lanes adds once.
 #[inline(always)]
@@ -1384,5 +1456,108 @@ impl<L: Lanes> Grouped for Q4_1<L> {
     #[inline(always)]
     unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
         L::dot8(_mm256_setzero_si256(), &e.w, x)
+    }
+}
+
+/// The fifth bits of two runs of 16 values as bytes, 0x10 where a bit is
+/// set: bits 0..16 of `lo` for the low 128-bit half's bytes, bits 0..16 of
+/// `hi` for the high half's (byte `k` of a half is bit `k`).
+#[inline(always)]
+unsafe fn fifth_bits(lo: u32, hi: u32) -> __m256i {
+    let v = _mm256_setr_epi32(lo as i32, 0, 0, 0, hi as i32, 0, 0, 0);
+    // Byte k of each half takes byte k / 8 of that half's bits...
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+    );
+    let bytes = _mm256_shuffle_epi8(v, spread);
+    // ...and keeps bit k % 8 of it.
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// A Q5 block's high-bit word at `p`.
+#[inline(always)]
+unsafe fn high_word(p: *const u8) -> u32 {
+    u32::from_le((p as *const u32).read_unaligned())
+}
+
+/// A Q5 block's 32 values as bytes (values 0..16 in the low half, 16..32 in
+/// the high): the nibbles at `qs` with the fifth bits of `qh`.
+#[inline(always)]
+unsafe fn q5_bytes(qh: *const u8, qs: *const u8) -> __m256i {
+    let h = high_word(qh);
+    _mm256_or_si256(nibbles(qs), fifth_bits(h & 0xFFFF, h >> 16))
+}
+
+/// Two Q5 blocks' values in [`Format::unpack_pair`]'s order, from their
+/// high-bit words and nibbles.
+#[inline(always)]
+unsafe fn q5_pair(qh: [*const u8; 2], qs: [*const u8; 2]) -> [__m256i; 2] {
+    let (h0, h1) = (high_word(qh[0]), high_word(qh[1]));
+    let n = nibble_halves(qs[0], qs[1]);
+    [
+        _mm256_or_si256(n[0], fifth_bits(h0 & 0xFFFF, h1 & 0xFFFF)),
+        _mm256_or_si256(n[1], fifth_bits(h0 >> 16, h1 >> 16)),
+    ]
+}
+
+/// Q5_0: d (q - 16) · x = d (q · x - 16 sum(x)), the 16 sum(x) in the
+/// integers (-128 sum / 8, exact). Values are at most 31, so AVX2's i16
+/// pairs hold two blocks' products (2 * 2 * 31 * 127 = 15,748) but not
+/// eight: no grouped form.
+struct Q5_0<L>(PhantomData<L>);
+impl<L: Lanes> Format for Q5_0<L> {
+    const BYTES: usize = Q5_0_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        q5_bytes(b.add(2), b.add(6))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, x: &Q8Block) -> __m256i {
+        L::dot4(lane0_i32(x.neg128_sum >> 3), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        q5_pair([b[0].add(2), b[1].add(2)], [b[0].add(6), b[1].add(6)])
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], x: [&Q8Block; 2]) -> __m256i {
+        let init = firsts_i32(x[0].neg128_sum >> 3, x[1].neg128_sum >> 3);
+        L::dot2(init, wv, xq)
+    }
+}
+
+/// Q5_1: (d q + m) · x = d (q · x) + m sum(x), as Q4_1 with a fifth bit.
+struct Q5_1<L>(PhantomData<L>);
+impl<L: Lanes> Format for Q5_1<L> {
+    const BYTES: usize = Q5_1_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        q5_bytes(b.add(4), b.add(8))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        L::dot4(_mm256_setzero_si256(), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset(b: *const u8, x: &Q8Block) -> Option<(__m256, __m256)> {
+        Some((f16x8_at(b.add(2)), lane0_f32(x.s)))
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        q5_pair([b[0].add(4), b[1].add(4)], [b[0].add(8), b[1].add(8)])
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], _x: [&Q8Block; 2]) -> __m256i {
+        L::dot2(_mm256_setzero_si256(), wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn offset_pair(b: [*const u8; 2], x: [&Q8Block; 2]) -> Option<(__m256, __m256)> {
+        Some((
+            f16_halves(b[0].add(2), b[1].add(2)),
+            firsts_f32(x[0].s, x[1].s),
+        ))
     }
 }

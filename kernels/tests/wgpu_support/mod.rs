@@ -138,7 +138,8 @@ pub struct Shape {
     pub bias: bool,
     /// "f32", "f16" or "bf16": weights rounded to it, reported as the file
     /// dtype. "quant": every matrix in a GGUF block type, cycling through
-    /// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (so stacks like q|k|v mix them), of
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K (so stacks like q|k|v
+    /// mix them), of
     /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
     pub scaling: tokenwire_kernels::RopeScaling,
@@ -147,9 +148,17 @@ pub struct Shape {
 }
 
 /// The GGUF block types the wgpu kernels read.
-pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 5] = {
+pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 7] = {
     use tokenwire_kernels::gguf::GgmlType as G;
-    [G::Q8_0, G::Q4_0, G::Q4_1, G::Q4_K, G::Q6_K]
+    [
+        G::Q8_0,
+        G::Q4_0,
+        G::Q4_1,
+        G::Q5_0,
+        G::Q5_1,
+        G::Q4_K,
+        G::Q6_K,
+    ]
 };
 
 /// `n` values of type `t` as random blocks (any bytes are valid blocks)
@@ -176,6 +185,11 @@ pub fn random_blocks(
             G::Q4_0 => f16(0, scale / 8.0),
             G::Q4_1 => {
                 f16(0, scale / 8.0);
+                f16(2, -scale);
+            }
+            G::Q5_0 => f16(0, scale / 16.0),
+            G::Q5_1 => {
+                f16(0, scale / 16.0);
                 f16(2, -scale);
             }
             G::Q4_K => {

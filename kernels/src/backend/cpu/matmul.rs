@@ -208,6 +208,8 @@ pub(crate) fn matmul(
                     let tile = match dtype {
                         GgmlType::Q8_0 => k.q8_0_tile,
                         GgmlType::Q4_0 => k.q4_0_tile,
+                        GgmlType::Q5_0 => k.q5_0_tile,
+                        GgmlType::Q5_1 => k.q5_1_tile,
                         _ => k.q4_1_tile,
                     };
                     // A token's groups: a byte per value, and a scale and
@@ -397,6 +399,8 @@ fn row_dots(
             let f = match w.dtype() {
                 GgmlType::Q8_0 => k.q8_0,
                 GgmlType::Q4_0 => k.q4_0,
+                GgmlType::Q5_0 => k.q5_0,
+                GgmlType::Q5_1 => k.q5_1,
                 _ => k.q4_1,
             };
             for (tt, v) in out.iter_mut().enumerate() {

@@ -28,6 +28,10 @@ pub enum WeightDtype {
     Q4_0,
     /// GGUF Q4_1 blocks (20 bytes, as in the file).
     Q4_1,
+    /// GGUF Q5_0 blocks, each padded from 22 to 24 bytes.
+    Q5_0,
+    /// GGUF Q5_1 blocks (24 bytes, as in the file).
+    Q5_1,
     /// GGUF Q4_K super-blocks (144 bytes, as in the file).
     Q4K,
     /// GGUF Q6_K super-blocks, each padded from 210 to 212 bytes.
@@ -46,6 +50,8 @@ impl WeightDtype {
             GgmlType::Q8_0 => WeightDtype::Q8_0,
             GgmlType::Q4_0 => WeightDtype::Q4_0,
             GgmlType::Q4_1 => WeightDtype::Q4_1,
+            GgmlType::Q5_0 => WeightDtype::Q5_0,
+            GgmlType::Q5_1 => WeightDtype::Q5_1,
             GgmlType::Q4_K => WeightDtype::Q4K,
             GgmlType::Q6_K => WeightDtype::Q6K,
         }
@@ -60,6 +66,8 @@ impl WeightDtype {
             WeightDtype::Q8_0 => GgmlType::Q8_0,
             WeightDtype::Q4_0 => GgmlType::Q4_0,
             WeightDtype::Q4_1 => GgmlType::Q4_1,
+            WeightDtype::Q5_0 => GgmlType::Q5_0,
+            WeightDtype::Q5_1 => GgmlType::Q5_1,
             WeightDtype::Q4K => GgmlType::Q4_K,
             WeightDtype::Q6K => GgmlType::Q6_K,
         }
@@ -69,7 +77,7 @@ impl WeightDtype {
     /// word (see [`WeightDtype::pad_blocks`]).
     fn block_padding(self) -> usize {
         match self {
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q6K => 2,
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q6K => 2,
             _ => 0,
         }
     }
@@ -104,6 +112,8 @@ impl WeightDtype {
             WeightDtype::Q8_0 => include_str!("shaders/dtype_q8_0.wgsl"),
             WeightDtype::Q4_0 => include_str!("shaders/dtype_q4_0.wgsl"),
             WeightDtype::Q4_1 => include_str!("shaders/dtype_q4_1.wgsl"),
+            WeightDtype::Q5_0 => include_str!("shaders/dtype_q5_0.wgsl"),
+            WeightDtype::Q5_1 => include_str!("shaders/dtype_q5_1.wgsl"),
             WeightDtype::Q4K => include_str!("shaders/dtype_q4_k.wgsl"),
             WeightDtype::Q6K => include_str!("shaders/dtype_q6_k.wgsl"),
         };
@@ -141,13 +151,13 @@ impl WeightDtype {
     }
 
     /// Appends a row of file blocks (`row`, whole blocks of this quantized
-    /// type) as the device lays them out: Q8_0 and Q4_0 get 2 zero bytes
+    /// type) as the device lays them out: Q8_0, Q4_0 and Q5_0 get 2 zero bytes
     /// after their f16 scale so the values start on a word; Q6_K gets 2 at
     /// the end so the next block does.
     pub(crate) fn pad_blocks(self, row: &[u8], out: &mut Vec<u8>) {
         for b in row.chunks_exact(self.file_type().block_bytes()) {
             match self {
-                WeightDtype::Q8_0 | WeightDtype::Q4_0 => {
+                WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q5_0 => {
                     out.extend_from_slice(&b[..2]);
                     out.extend_from_slice(&[0, 0]);
                     out.extend_from_slice(&b[2..]);
