@@ -1,5 +1,5 @@
 //! The row layout of the lane-per-block kernels: each whole eight blocks of
-//! a Q8_0, Q4_0 or Q4_1 row stored interleaved, so that a kernel whose
+//! a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 row stored interleaved, so that a kernel whose
 //! vector lanes each hold one block loads them as they are, where the file's
 //! layout took a transpose in registers for every tile (more instructions
 //! than the dot products themselves in a batch).
@@ -8,8 +8,9 @@
 //! and every row its offset; the blocks after a row's last whole eight stay
 //! as the file has them. Within a group:
 //!
-//! * each 2-byte head field (the scale; Q4_1's minimum next) of the eight
-//!   blocks side by side: field `f` of block `l` at `16 f + 2 l`;
+//! * each 2-byte head field (the scale; Q4_1's and Q5_1's minimum next;
+//!   a Q5 block's high-bit word as two fields, low half first) of the
+//!   eight blocks side by side: field `f` of block `l` at `16 f + 2 l`;
 //! * then the blocks' quantized bytes a 4-byte word at a time: word `k` of
 //!   block `l` at `heads + 4 (8 k + l)`, so the 32 bytes at
 //!   `heads + 32 k` are word `k` of all eight blocks, one block per lane.
@@ -32,7 +33,7 @@ pub enum RowLayout {
     /// As the file stores them, block after block.
     #[default]
     File,
-    /// Whole eights of Q8_0, Q4_0 and Q4_1 blocks interleaved for kernels
+    /// Whole eights of Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks interleaved for kernels
     /// with a lane per block (this module's layout); other dtypes as
     /// [`RowLayout::File`].
     Lanes8,
@@ -45,6 +46,8 @@ fn parts(dtype: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q8_0 => Some((2, 32)),
         GgmlType::Q4_0 => Some((2, 16)),
         GgmlType::Q4_1 => Some((4, 16)),
+        GgmlType::Q5_0 => Some((6, 16)),
+        GgmlType::Q5_1 => Some((8, 16)),
         _ => None,
     }
 }
@@ -110,7 +113,13 @@ pub fn group_bytes(dtype: GgmlType) -> Option<usize> {
 mod tests {
     use super::*;
 
-    const FORMATS: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+    const FORMATS: [GgmlType; 5] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ];
 
     /// A row of `blocks` blocks whose every byte is distinct from its
     /// neighbours' (its index, wrapped).
@@ -153,10 +162,15 @@ mod tests {
             interleave_row(dtype, &row, &mut laid);
             for l in 0..GROUP {
                 let block = &row[l * bytes..(l + 1) * bytes];
-                // The scale, then Q4_1's minimum, side by side per field.
-                assert_eq!(laid[2 * l..2 * l + 2], block[..2], "{dtype} scale {l}");
-                if head == 4 {
-                    assert_eq!(laid[16 + 2 * l..18 + 2 * l], block[2..4], "{dtype} min {l}");
+                // The scale, then Q4_1's and Q5_1's minimum, then a Q5
+                // block's high-bit word in two halves, side by side per
+                // field.
+                for f in 0..head / 2 {
+                    assert_eq!(
+                        laid[16 * f + 2 * l..16 * f + 2 * l + 2],
+                        block[2 * f..2 * f + 2],
+                        "{dtype} field {f} of block {l}"
+                    );
                 }
                 // Word k of block l in lane l of the k-th 32 bytes.
                 for k in 0..(bytes - head) / 4 {

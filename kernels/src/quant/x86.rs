@@ -64,10 +64,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q8_0_tile: |w, a| unsafe { tile_avx2::<Q8_0Signed>(w, a) },
         q4_0_tile: |w, a| unsafe { tile_avx2::<Q4_0<Avx2Lanes>>(w, a) },
         q4_1_tile: |w, a| unsafe { tile_avx2::<Q4_1<Avx2Lanes>>(w, a) },
-        q5_0: |w, a| unsafe { plain_avx2::<Q5_0<Avx2Lanes>>(w, a) },
-        q5_1: |w, a| unsafe { plain_avx2::<Q5_1<Avx2Lanes>>(w, a) },
-        q5_0_tile: |w, a| unsafe { plain_tile_avx2::<Q5_0<Avx2Lanes>>(w, a) },
-        q5_1_tile: |w, a| unsafe { plain_tile_avx2::<Q5_1<Avx2Lanes>>(w, a) },
+        q5_0: |w, a| unsafe { one_avx2::<Q5_0<Avx2Lanes>>(w, a) },
+        q5_1: |w, a| unsafe { one_avx2::<Q5_1<Avx2Lanes>>(w, a) },
+        q5_0_tile: |w, a| unsafe { tile_avx2::<Q5_0<Avx2Lanes>>(w, a) },
+        q5_1_tile: |w, a| unsafe { tile_avx2::<Q5_1<Avx2Lanes>>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
         q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
@@ -90,10 +90,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_avx_vnni::<Q8_0Offset<AvxVnniLanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_avx_vnni::<Q4_0<AvxVnniLanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_avx_vnni::<Q4_1<AvxVnniLanes>>(w, a) },
-            q5_0: |w, a| unsafe { plain_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
-            q5_1: |w, a| unsafe { plain_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
-            q5_0_tile: |w, a| unsafe { plain_tile_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
-            q5_1_tile: |w, a| unsafe { plain_tile_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
+            q5_0: |w, a| unsafe { one_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
+            q5_1: |w, a| unsafe { one_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
+            q5_0_tile: |w, a| unsafe { tile_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
+            q5_1_tile: |w, a| unsafe { tile_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
@@ -108,10 +108,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q8_0_tile: |w, a| unsafe { tile_vnni::<Q8_0Offset<Avx512Lanes>>(w, a) },
             q4_0_tile: |w, a| unsafe { tile_vnni::<Q4_0<Avx512Lanes>>(w, a) },
             q4_1_tile: |w, a| unsafe { tile_vnni::<Q4_1<Avx512Lanes>>(w, a) },
-            q5_0: |w, a| unsafe { plain_vnni::<Q5_0<Avx512Lanes>>(w, a) },
-            q5_1: |w, a| unsafe { plain_vnni::<Q5_1<Avx512Lanes>>(w, a) },
-            q5_0_tile: |w, a| unsafe { plain_tile_vnni::<Q5_0<Avx512Lanes>>(w, a) },
-            q5_1_tile: |w, a| unsafe { plain_tile_vnni::<Q5_1<Avx512Lanes>>(w, a) },
+            q5_0: |w, a| unsafe { one_vnni::<Q5_0<Avx512Lanes>>(w, a) },
+            q5_1: |w, a| unsafe { one_vnni::<Q5_1<Avx512Lanes>>(w, a) },
+            q5_0_tile: |w, a| unsafe { tile_vnni::<Q5_0<Avx512Lanes>>(w, a) },
+            q5_1_tile: |w, a| unsafe { tile_vnni::<Q5_1<Avx512Lanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
@@ -666,6 +666,12 @@ trait Lanes {
         }
         p
     }
+    /// [`Lanes::dot8`] for weights of up to 5 bits (Q5_0, Q5_1): the same
+    /// on the VNNI tiers; through AVX2 summed in i16 four vectors at a time.
+    #[inline(always)]
+    unsafe fn dot8_wide(init: __m256i, w: &[__m256i; 8], x: &Q8Group) -> __m256i {
+        Self::dot8(init, w, x)
+    }
 }
 
 /// AVX2: `vpmaddubsw` into i16 pairs, `vpmaddwd` into i32 lanes.
@@ -687,8 +693,24 @@ impl Lanes for Avx2Lanes {
         }
         _mm256_add_epi32(init, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
-    /// The two `vpmaddubsw` results summed in i16 (at most 7620) before one
-    /// `vpmaddwd`.
+    /// Four `vpmaddubsw` results summed in i16 before each `vpmaddwd`: a
+    /// pair of 5-bit products is at most 2 * 31 * 127 = 7,874, four of them
+    /// 31,496, below i16's 32,767 (eight would not be).
+    #[inline(always)]
+    unsafe fn dot8_wide(init: __m256i, w: &[__m256i; 8], x: &Q8Group) -> __m256i {
+        let mut p = init;
+        for (w, x) in w.chunks_exact(4).zip(x.q.chunks_exact(4)) {
+            let mut pairs = _mm256_setzero_si256();
+            for (w, xq) in w.iter().zip(x) {
+                let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, xq));
+            }
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        }
+        p
+    }
+    /// The two `vpmaddubsw` results summed in i16 (at most 7620; 15,748 for
+    /// 5-bit weights) before one `vpmaddwd`.
     #[inline(always)]
     unsafe fn dot2(init: __m256i, w: &[__m256i; 2], x: &[__m256i; 2]) -> __m256i {
         let pairs = _mm256_add_epi16(
@@ -1087,64 +1109,6 @@ unsafe fn tile_vnni<F: Grouped>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]
     out
 }
 
-/// One row against one token for a format without a grouped form (Q5_0,
-/// Q5_1: through AVX2, eight blocks' 5-bit products summed in i16 could
-/// overflow, see [`Avx2Lanes::dot8`]): two blocks at a time from the
-/// start, the last odd one alone, as [`tile_plain`] does for each of its
-/// rows and tokens (the same bits).
-#[inline(always)]
-unsafe fn one_plain<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    blocks_from::<F>(w, a.blocks, 0, &mut acc);
-    hsum(acc)
-}
-
-/// Four rows by four tokens for a format without a grouped form, a row at
-/// a time, each weight pair unpacked once for the four tokens.
-#[inline(always)]
-unsafe fn tile_plain<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
-    let blocks = [a[0].blocks, a[1].blocks, a[2].blocks, a[3].blocks];
-    let mut out = [[0.0f32; 4]; 4];
-    for (r, row) in w.iter().enumerate() {
-        let mut acc = [[_mm256_setzero_ps(); 4]];
-        tile_blocks_from::<F, 1>(&[*row], &blocks, 0, &mut acc);
-        for (o, acc) in out[r].iter_mut().zip(acc[0]) {
-            *o = hsum(acc);
-        }
-    }
-    out
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn plain_avx2<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    one_plain::<F>(w, a)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn plain_avx_vnni<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    one_plain::<F>(w, a)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn plain_vnni<F: Format>(w: &[u8], a: &Q8Row<'_>) -> f32 {
-    one_plain::<F>(w, a)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn plain_tile_avx2<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
-    tile_plain::<F>(w, a)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn plain_tile_avx_vnni<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
-    tile_plain::<F>(w, a)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn plain_tile_vnni<F: Format>(w: &[&[u8]; 4], a: &[Q8Row<'_>; 4]) -> [[f32; 4]; 4] {
-    tile_plain::<F>(w, a)
-}
-
 /// `v` in lane 0 of an otherwise zero vector: a per-block term that the
 /// final sum of the lanes adds once.
 #[inline(always)]
@@ -1529,6 +1493,24 @@ impl<L: Lanes> Format for Q5_0<L> {
     }
 }
 
+impl<L: Lanes> Grouped for Q5_0<L> {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        Eight {
+            w: q5_group(b.add(16), b.add(48)),
+            d: f16x8(b),
+            m: None,
+            signs: None,
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        let init =
+            _mm256_srai_epi32::<3>(_mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i));
+        L::dot8_wide(init, &e.w, x)
+    }
+}
+
 /// Q5_1: (d q + m) · x = d (q · x) + m sum(x), as Q4_1 with a fifth bit.
 struct Q5_1<L>(PhantomData<L>);
 impl<L: Lanes> Format for Q5_1<L> {
@@ -1560,4 +1542,47 @@ impl<L: Lanes> Format for Q5_1<L> {
             firsts_f32(x[0].s, x[1].s),
         ))
     }
+}
+impl<L: Lanes> Grouped for Q5_1<L> {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        Eight {
+            w: q5_group(b.add(32), b.add(64)),
+            d: f16x8(b),
+            m: Some(f16x8(b.add(16))),
+            signs: None,
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        L::dot8_wide(_mm256_setzero_si256(), &e.w, x)
+    }
+}
+
+/// A Q5 group's values, a block per lane in [`Q8Group::q`]'s order, from its
+/// interleaved high-bit words (at `qh`: the eight low halves, then the
+/// eight high halves, [`super::lanes`]) and nibbles (at `qs`). Vector `k`
+/// holds values `4k..4k + 4`, whose fifth bits are bits `4k..4k + 4` of
+/// each lane's word: each step spreads a lane's low four bits over its four
+/// bytes, then shifts the next four down.
+#[inline(always)]
+unsafe fn q5_group(qh: *const u8, qs: *const u8) -> [__m256i; 8] {
+    let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(qh as *const __m128i));
+    let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(qh.add(16) as *const __m128i));
+    let mut h = _mm256_or_si256(lo, _mm256_slli_epi32::<16>(hi));
+    // Each lane's byte 0 into all four of its bytes...
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, //
+        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+    );
+    // ...and byte i keeps bit i.
+    let bit = _mm256_set1_epi32(0x0804_0201);
+    let mut w = nibbles8(vectors::<4>(qs));
+    for v in w.iter_mut() {
+        let bytes = _mm256_shuffle_epi8(h, spread);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        *v = _mm256_or_si256(*v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        h = _mm256_srli_epi32::<4>(h);
+    }
+    w
 }
