@@ -423,3 +423,110 @@ fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
     let b = common::logits_alone(&mut from_hf, &prompt);
     assert_eq!(a, b, "the same weights, the same arithmetic");
 }
+
+/// Values of one block quantized as llama.cpp's reference quantizers do:
+/// Q5_0 scales by the value of largest magnitude over -16, Q5_1 spans the
+/// block's minimum to its maximum in 31 steps.
+fn quantize_q5(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
+    let (d, m, q): (f32, Option<f32>, Vec<u8>) = if dtype == GgmlType::Q5_0 {
+        let max = x
+            .iter()
+            .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = x
+            .iter()
+            .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u8);
+        (d, None, q.collect())
+    } else {
+        let (lo, hi) = x
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let d = (hi - lo) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = x
+            .iter()
+            .map(|&v| (((v - lo) * id + 0.5) as i32).clamp(0, 31) as u8);
+        (d, Some(lo), q.collect())
+    };
+    let mut out = half::f16::from_f32(d).to_le_bytes().to_vec();
+    if let Some(m) = m {
+        out.extend(half::f16::from_f32(m).to_le_bytes());
+    }
+    let qh = (0..32).fold(0u32, |h, j| h | (u32::from(q[j] >> 4) << j));
+    out.extend(qh.to_le_bytes());
+    out.extend((0..16).map(|j| (q[j] & 15) | ((q[j + 16] & 15) << 4)));
+    out
+}
+
+#[test]
+fn smollm2_requantized_to_q5_runs_as_its_dequantized_weights_do() {
+    use tokenwire_kernels::quant::blocks::dequantize_row;
+    use tokenwire_kernels::{ActivationPrecision, Engine, EngineOptions};
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let bytes = std::fs::read(&path).expect("readable");
+    let f = GgufFile::parse(&bytes).expect("valid");
+    // Every Q4_1 matrix of SmolLM2 requantized from its values, Q5_0 and
+    // Q5_1 by turns: a file as llama.cpp's fallbacks leave one.
+    let mut out = f.clone();
+    let mut source = Vec::new();
+    for (i, t) in out.tensors.iter_mut().enumerate() {
+        let data = &bytes[t.offset as usize..(t.offset + t.len) as usize];
+        let new = if t.dtype == GgmlType::Q4_1 {
+            let dtype = [GgmlType::Q5_0, GgmlType::Q5_1][i % 2];
+            let mut vals = vec![0.0f32; t.elements() as usize];
+            let row = t.dims[0] as usize;
+            let row_bytes = data.len() / (vals.len() / row);
+            for (r, out) in vals.chunks_exact_mut(row).enumerate() {
+                let at = r * row_bytes;
+                dequantize_row(GgmlType::Q4_1, &data[at..at + row_bytes], out);
+            }
+            t.dtype = dtype;
+            vals.chunks_exact(32)
+                .flat_map(|x| quantize_q5(dtype, x))
+                .collect()
+        } else {
+            data.to_vec()
+        };
+        t.offset = source.len() as u64;
+        t.len = new.len() as u64;
+        source.extend(new);
+        source.resize(source.len().next_multiple_of(32), 0);
+    }
+    out.metadata.insert(
+        "general.file_type".into(),
+        tokenwire_kernels::gguf::MetaValue::U32(8),
+    );
+    let dir = common::TempDir::new("smollm2-q5");
+    let q5 = dir.path().join("SmolLM2-q5.gguf");
+    dir.write(
+        "SmolLM2-q5.gguf",
+        common::gguf_out::write(&out, &source, &[]),
+    );
+    let engine = |precision| {
+        let opts = EngineOptions {
+            num_blocks: Some(16),
+            cpu_activations: precision,
+            ..EngineOptions::default()
+        };
+        Engine::load_gguf(&q5, &opts).expect("the Q5 file loads")
+    };
+    let mut fast = engine(ActivationPrecision::Int8);
+    assert_eq!(fast.model_info().dtype, "q5_0");
+    let mut wide = engine(ActivationPrecision::F32);
+    let prompt: Vec<u32> = vec![1, 9690, 2115, 253, 655, 28, 665, 3345, 253];
+    let a = common::logits_alone(&mut fast, &prompt);
+    let b = common::logits_alone(&mut wide, &prompt);
+    // The 8-bit activations' error (5e-4 here; a Q5_1 kernel that dropped
+    // its minimums gave 1.02). The kernel tests hold each product to the
+    // reference's bits; this holds the path: the file's types, the lanes
+    // layout, every matrix's dispatch.
+    let nmse = {
+        let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2) as f64).sum();
+        num / b.iter().map(|y| (y * y) as f64).sum::<f64>()
+    };
+    assert!(nmse < 5e-3, "int8 against f32 activations: nmse {nmse}");
+    assert_eq!(common::argmax(&a), common::argmax(&b));
+}
