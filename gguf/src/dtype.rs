@@ -26,6 +26,9 @@ pub enum GgmlType {
     /// Super-blocks of 256: f16 scale and minimum, 8 sub-blocks with 6-bit
     /// scales and minimums, 256 4-bit values.
     Q4_K,
+    /// Super-blocks of 256: f16 scale and minimum, 8 sub-blocks with 6-bit
+    /// scales and minimums, 256 5-bit values (Q4_K's with a fifth bit).
+    Q5_K,
     /// Super-blocks of 256: 4+2-bit values, 16 sub-blocks with 8-bit
     /// scales, an f16 scale.
     Q6_K,
@@ -39,7 +42,6 @@ const OTHER_TYPES: &[(u32, &str)] = &[
     (9, "Q8_1"),
     (10, "Q2_K"),
     (11, "Q3_K"),
-    (13, "Q5_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
     (17, "IQ2_XS"),
@@ -62,7 +64,7 @@ const OTHER_TYPES: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every type this engine loads.
-    pub const ALL: [GgmlType; 10] = [
+    pub const ALL: [GgmlType; 11] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -72,6 +74,7 @@ impl GgmlType {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
     ];
 
@@ -103,6 +106,7 @@ impl GgmlType {
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
         }
@@ -120,6 +124,7 @@ impl GgmlType {
             GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
         }
     }
@@ -131,7 +136,7 @@ impl GgmlType {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 32
             }
-            GgmlType::Q4_K | GgmlType::Q6_K => 256,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
         }
     }
 
@@ -146,6 +151,7 @@ impl GgmlType {
             GgmlType::Q5_0 => 2 + 4 + 16,
             GgmlType::Q5_1 => 2 + 2 + 4 + 16,
             GgmlType::Q4_K => 2 + 2 + 12 + 128,
+            GgmlType::Q5_K => 2 + 2 + 12 + 32 + 128,
             GgmlType::Q6_K => 128 + 64 + 16 + 2,
         }
     }
@@ -185,8 +191,9 @@ mod tests {
         assert_eq!(GgmlType::BF16.row_bytes(3), Some(6));
         assert_eq!(GgmlType::Q4_K.row_bytes(576), None, "not whole blocks");
         assert_eq!(GgmlType::F32.row_bytes(u64::MAX), None, "overflow");
-        let e = GgmlType::from_id(13).expect_err("Q5_K");
-        assert!(e.contains("Q5_K") && e.contains("Q4_K"), "{e}");
+        assert_eq!(GgmlType::Q5_K.row_bytes(512), Some(352));
+        let e = GgmlType::from_id(11).expect_err("Q3_K");
+        assert!(e.contains("Q3_K") && e.contains("Q4_K"), "{e}");
         assert!(GgmlType::from_id(9999).expect_err("?").contains("9999"));
     }
 }

@@ -135,6 +135,8 @@ fn dtype_name(file: &GgufFile, layers: &[LayerWeights]) -> String {
         Some(9) => Some("q5_1"),
         Some(14) => Some("q4_k_s"),
         Some(15) => Some("q4_k_m"),
+        Some(16) => Some("q5_k_s"),
+        Some(17) => Some("q5_k_m"),
         Some(18) => Some("q6_k"),
         Some(32) => Some("bf16"),
         _ => None,

@@ -606,7 +606,16 @@ fn wgpu_runs_quantized_weights_as_blocks() {
     use tokenwire_kernels::backend::wgpu::WeightDtype as W;
     assert_eq!(
         dts,
-        vec![W::Q4K, W::Q4_0, W::Q4_1, W::Q5_0, W::Q5_1, W::Q6K, W::Q8_0]
+        vec![
+            W::Q4K,
+            W::Q4_0,
+            W::Q4_1,
+            W::Q5K,
+            W::Q5_0,
+            W::Q5_1,
+            W::Q6K,
+            W::Q8_0
+        ]
     );
     let file_bytes: u64 = {
         let w = model.weights();

@@ -9,6 +9,7 @@
 //! | Q5_0 | 32 | 22 | f16 `d`, u32 `qh` (bit `j`: value `j`'s fifth bit), nibbles as Q4_0; `x = d (q - 16)` |
 //! | Q5_1 | 32 | 24 | f16 `d`, f16 `m`, `qh` and nibbles as Q5_0; `x = d q + m` |
 //! | Q4_K | 256 | 144 | f16 `d`, f16 `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; `x = d sc q - dmin mn` per 32 |
+//! | Q5_K | 256 | 176 | Q4_K's `d`, `dmin` and 12 scale bytes, 32 bytes `qh`, 128 bytes of nibbles; value `64 g + l` (`l < 32`) has bit `2 g` of `qh[l]` as its fifth bit, value `64 g + 32 + l` bit `2 g + 1` |
 //! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales, f16 `d`; `x = d sc (q - 32)` per 16 |
 
 use tokenwire_gguf::GgmlType;
@@ -25,6 +26,8 @@ pub const Q5_0_BYTES: usize = 22;
 pub const Q5_1_BYTES: usize = 24;
 /// Bytes of a Q4_K super-block.
 pub const Q4_K_BYTES: usize = 144;
+/// Bytes of a Q5_K super-block.
+pub const Q5_K_BYTES: usize = 176;
 /// Bytes of a Q6_K super-block.
 pub const Q6_K_BYTES: usize = 210;
 /// Values per Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block.
@@ -71,6 +74,18 @@ pub fn q5_values(qh: &[u8], qs: &[u8]) -> [u8; 32] {
         q[j + 16] = (b >> 4) | ((((h >> (j + 16)) & 1) as u8) << 4);
     }
     q
+}
+
+/// The two 5-bit values of group `g` (0..4) of a Q5_K super-block that
+/// nibble byte `q` and high-bit byte `h` give: value `64 g + l` (the low
+/// nibble, bit `2 g`) and value `64 g + 32 + l` (the high nibble, bit
+/// `2 g + 1`).
+#[inline]
+pub fn q5k_values(q: u8, h: u8, g: usize) -> (u8, u8) {
+    (
+        (q & 0x0F) | (((h >> (2 * g)) & 1) << 4),
+        (q >> 4) | (((h >> (2 * g + 1)) & 1) << 4),
+    )
 }
 
 /// Dequantizes one row of `dtype` (`bytes` holds whole blocks) into `out`,
@@ -153,6 +168,29 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                     for l in 0..32 {
                         y[l] = d1 * (q[l] & 0x0F) as f32 - m1;
                         y[32 + l] = d2 * (q[l] >> 4) as f32 - m2;
+                    }
+                }
+            }
+        }
+        GgmlType::Q5_K => {
+            for (b, y) in bytes
+                .chunks_exact(Q5_K_BYTES)
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let scales = &b[4..16];
+                let (qh, qs) = (&b[16..48], &b[48..]);
+                for g in 0..4 {
+                    let (sc1, m1) = q4k_scale_min(scales, 2 * g);
+                    let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
+                    let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+                    let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                    let q = &qs[32 * g..32 * g + 32];
+                    let y = &mut y[64 * g..64 * g + 64];
+                    for l in 0..32 {
+                        let (lo, hi) = q5k_values(q[l], qh[l], g);
+                        y[l] = d1 * lo as f32 - m1;
+                        y[32 + l] = d2 * hi as f32 - m2;
                     }
                 }
             }

@@ -26,7 +26,7 @@ impl Rng {
 fn f16_fields(dtype: GgmlType) -> &'static [usize] {
     match dtype {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[],
     }
@@ -175,10 +175,10 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
         ActFormat::Q8K => {
             let mut q = Vec::new();
             quantize_q8k(x, &mut q);
-            let f = if dtype == GgmlType::Q4_K {
-                k.q4_k
-            } else {
-                k.q6_k
+            let f = match dtype {
+                GgmlType::Q4_K => k.q4_k,
+                GgmlType::Q5_K => k.q5_k,
+                _ => k.q6_k,
             };
             f(w, &q)
         }
@@ -255,8 +255,9 @@ fn k_quant_tiles_give_the_one_row_one_token_kernels_bits() {
     let mut rng = Rng(43);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
-        let pairs: [(GgmlType, DotQ8K, DotQ8KTile); 2] = [
+        let pairs: [(GgmlType, DotQ8K, DotQ8KTile); 3] = [
             (GgmlType::Q4_K, k.q4_k, k.q4_k_tile),
+            (GgmlType::Q5_K, k.q5_k, k.q5_k_tile),
             (GgmlType::Q6_K, k.q6_k, k.q6_k_tile),
         ];
         for (dtype, one, tile) in pairs {
@@ -399,6 +400,7 @@ fn the_largest_products_do_not_overflow_any_tier() {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
     ] {
         let n = match dtype.block_len() {

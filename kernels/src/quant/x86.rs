@@ -25,7 +25,7 @@ use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{
-    Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 use super::{Isa, Kernels, RowLayout};
 
@@ -69,8 +69,10 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q5_0_tile: |w, a| unsafe { tile_avx2::<Q5_0<Avx2Lanes>>(w, a) },
         q5_1_tile: |w, a| unsafe { tile_avx2::<Q5_1<Avx2Lanes>>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
+        q5_k: |w, a| unsafe { dot_q5_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
         q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
+        q5_k_tile: |w, a| unsafe { tile_q5_k_avx2(w, a) },
         q6_k_tile: |w, a| unsafe { tile_q6_k_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2::<true>(w, x) },
         f16_tile: |w, x| w.map(|r| unsafe { dot_f16_x4_avx2(r, x) }),
@@ -95,6 +97,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q5_0_tile: |w, a| unsafe { tile_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
             q5_1_tile: |w, a| unsafe { tile_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
+            q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
@@ -113,6 +116,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q5_0_tile: |w, a| unsafe { tile_vnni::<Q5_0<Avx512Lanes>>(w, a) },
             q5_1_tile: |w, a| unsafe { tile_vnni::<Q5_1<Avx512Lanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
+            q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
@@ -174,7 +178,12 @@ fn udot(u: __m256i, s: __m256i) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
-    q4_k_tokens::<1, PF>(w, [a])[0]
+    q4_k_tokens::<1, PF, false>(w, [a])[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    q4_k_tokens::<1, PF, true>(w, [a])[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -187,10 +196,21 @@ unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q4_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
     [
-        q4_k_tokens::<4, false>(w[0], *a),
-        q4_k_tokens::<4, false>(w[1], *a),
-        q4_k_tokens::<4, false>(w[2], *a),
-        q4_k_tokens::<4, false>(w[3], *a),
+        q4_k_tokens::<4, false, false>(w[0], *a),
+        q4_k_tokens::<4, false, false>(w[1], *a),
+        q4_k_tokens::<4, false, false>(w[2], *a),
+        q4_k_tokens::<4, false, false>(w[3], *a),
+    ]
+}
+
+/// Q5_K, four rows by four tokens, as [`tile_q4_k_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q5_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
+    [
+        q4_k_tokens::<4, false, true>(w[0], *a),
+        q4_k_tokens::<4, false, true>(w[1], *a),
+        q4_k_tokens::<4, false, true>(w[2], *a),
+        q4_k_tokens::<4, false, true>(w[3], *a),
     ]
 }
 
@@ -264,9 +284,10 @@ unsafe fn words_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
     ]
 }
 
-/// One Q4_K row against `T` tokens: the row kernel (`T` = 1) and the
-/// tile's step are this one function, so each token's float steps are the
-/// same ones in the same order whatever `T` is (the same bits).
+/// One Q4_K row (or, with `FIVE`, Q5_K) against `T` tokens: the row kernel
+/// (`T` = 1) and the tile's step are this one function, so each token's
+/// float steps are the same ones in the same order whatever `T` is (the
+/// same bits).
 ///
 /// A block's four 32-byte chunks of nibbles (chunk `c`: sub-blocks `2 c`
 /// low, `2 c + 1` high) are transposed as 4 x 4 words in each 128-bit half,
@@ -276,9 +297,27 @@ unsafe fn words_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
 /// `vpmaddwd`, the high ones likewise: 8 `vpmaddubsw` and 3 `vpmaddwd` a
 /// block (the minimums the third), where a `vpmaddwd` per sub-block made
 /// 8 and 9. Zen 1 runs all of them on one pipe.
+///
+/// Q5_K is Q4_K with 32 bytes of fifth bits before the nibbles: value `l`
+/// of a chunk (`l < 32`) takes bit `2 c` of byte `l` (low nibbles) or bit
+/// `2 c + 1` (high). Transposed vector `r` holds bytes `4 r..4 r + 4` of
+/// every chunk in its low half and bytes `16 + 4 r..` in its high half, so
+/// one `vpshufd` of the 32 bit bytes puts the right four under each word
+/// lane, whose chunk picks the bit. Products of 5-bit values still sum in
+/// i16 four at a time (4 x 7874 fits).
 #[inline(always)]
-unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock]; T]) -> [f32; T] {
-    let n = k_blocks(w, Q4_K_BYTES, &a);
+unsafe fn q4_k_tokens<const T: usize, const PF: bool, const FIVE: bool>(
+    w: &[u8],
+    a: [&[Q8KBlock]; T],
+) -> [f32; T] {
+    let bytes = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
+    let n = k_blocks(w, bytes, &a);
+    // Word lane l's chunk is l % 4: its low nibbles' fifth bit is bit 2 (l %
+    // 4) of each byte, its high nibbles' the next.
+    let bit_lo = _mm256_setr_epi32(1, 4, 16, 64, 1, 4, 16, 64);
+    let bit_lo = _mm256_mullo_epi32(bit_lo, _mm256_set1_epi32(0x0101_0101));
+    let bit_hi = _mm256_add_epi8(bit_lo, bit_lo);
+    let sixteen = _mm256_set1_epi8(0x10);
     let mask = _mm256_set1_epi8(0x0F);
     // Word lane `l` of a transposed vector is chunk `l % 4`: its low nibbles
     // sub-block `2 (l % 4)`, its high ones `2 (l % 4) + 1`; each scale twice
@@ -288,21 +327,36 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
     let mut acc = [_mm256_setzero_ps(); T];
     let mut mins_f = [0.0f32; T];
     for i in 0..n {
-        let blk = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
+        let blk = &w[i * bytes..(i + 1) * bytes];
         let b = blk.as_ptr();
-        prefetch_ahead::<PF>(b, Q4_K_BYTES);
+        prefetch_ahead::<PF>(b, bytes);
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
         let (scales, mins) = q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
         let mins = paired_i16(mins);
         let sc = _mm_cvtsi64_si128(scales as i64);
         let s_lo = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pick_lo));
         let s_hi = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pick_hi));
-        let words = words_4x4(vectors::<4>(b.add(16)));
+        let words = words_4x4(vectors::<4>(b.add(if FIVE { 48 } else { 16 })));
         let mut lo = [_mm256_setzero_si256(); 4];
         let mut hi = [_mm256_setzero_si256(); 4];
         for r in 0..4 {
             lo[r] = _mm256_and_si256(words[r], mask);
             hi[r] = _mm256_and_si256(_mm256_srli_epi16(words[r], 4), mask);
+        }
+        if FIVE {
+            let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+            let under = [
+                _mm256_shuffle_epi32::<0x00>(qh),
+                _mm256_shuffle_epi32::<0x55>(qh),
+                _mm256_shuffle_epi32::<0xAA>(qh),
+                _mm256_shuffle_epi32::<0xFF>(qh),
+            ];
+            for r in 0..4 {
+                let set_lo = _mm256_cmpeq_epi8(_mm256_and_si256(under[r], bit_lo), bit_lo);
+                let set_hi = _mm256_cmpeq_epi8(_mm256_and_si256(under[r], bit_hi), bit_hi);
+                lo[r] = _mm256_or_si256(lo[r], _mm256_and_si256(set_lo, sixteen));
+                hi[r] = _mm256_or_si256(hi[r], _mm256_and_si256(set_hi, sixteen));
+            }
         }
         for t in 0..T {
             let x = &a[t][i];

@@ -138,7 +138,7 @@ pub struct Shape {
     pub bias: bool,
     /// "f32", "f16" or "bf16": weights rounded to it, reported as the file
     /// dtype. "quant": every matrix in a GGUF block type, cycling through
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K (so stacks like q|k|v
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (so stacks like q|k|v
     /// mix them), of
     /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
@@ -148,7 +148,7 @@ pub struct Shape {
 }
 
 /// The GGUF block types the wgpu kernels read.
-pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 7] = {
+pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 8] = {
     use tokenwire_kernels::gguf::GgmlType as G;
     [
         G::Q8_0,
@@ -157,6 +157,7 @@ pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 7] = {
         G::Q5_0,
         G::Q5_1,
         G::Q4_K,
+        G::Q5_K,
         G::Q6_K,
     ]
 };
@@ -194,6 +195,10 @@ pub fn random_blocks(
             }
             G::Q4_K => {
                 f16(0, scale / 480.0);
+                f16(2, scale / 60.0);
+            }
+            G::Q5_K => {
+                f16(0, scale / 960.0);
                 f16(2, scale / 60.0);
             }
             _ => f16(208, scale / 2048.0),

@@ -221,10 +221,10 @@ pub(crate) fn matmul(
                     return;
                 }
                 (Acts::Q8K(a), dtype) => {
-                    let tile = if dtype == GgmlType::Q4_K {
-                        k.q4_k_tile
-                    } else {
-                        k.q6_k_tile
+                    let tile = match dtype {
+                        GgmlType::Q4_K => k.q4_k_tile,
+                        GgmlType::Q5_K => k.q5_k_tile,
+                        _ => k.q6_k_tile,
                     };
                     let per = n_in / 256;
                     let token = |j: usize| &a[j * per..(j + 1) * per];
@@ -408,10 +408,10 @@ fn row_dots(
             }
         }
         Acts::Q8K(a) => {
-            let f = if w.dtype() == GgmlType::Q4_K {
-                k.q4_k
-            } else {
-                k.q6_k
+            let f = match w.dtype() {
+                GgmlType::Q4_K => k.q4_k,
+                GgmlType::Q5_K => k.q5_k,
+                _ => k.q6_k,
             };
             let per = n_in / 256;
             for (v, ar) in out.iter_mut().zip(a.chunks_exact(per)) {

@@ -34,6 +34,8 @@ pub enum WeightDtype {
     Q5_1,
     /// GGUF Q4_K super-blocks (144 bytes, as in the file).
     Q4K,
+    /// GGUF Q5_K super-blocks (176 bytes, as in the file).
+    Q5K,
     /// GGUF Q6_K super-blocks, each padded from 210 to 212 bytes.
     Q6K,
 }
@@ -53,6 +55,7 @@ impl WeightDtype {
             GgmlType::Q5_0 => WeightDtype::Q5_0,
             GgmlType::Q5_1 => WeightDtype::Q5_1,
             GgmlType::Q4_K => WeightDtype::Q4K,
+            GgmlType::Q5_K => WeightDtype::Q5K,
             GgmlType::Q6_K => WeightDtype::Q6K,
         }
     }
@@ -69,6 +72,7 @@ impl WeightDtype {
             WeightDtype::Q5_0 => GgmlType::Q5_0,
             WeightDtype::Q5_1 => GgmlType::Q5_1,
             WeightDtype::Q4K => GgmlType::Q4_K,
+            WeightDtype::Q5K => GgmlType::Q5_K,
             WeightDtype::Q6K => GgmlType::Q6_K,
         }
     }
@@ -115,6 +119,7 @@ impl WeightDtype {
             WeightDtype::Q5_0 => include_str!("shaders/dtype_q5_0.wgsl"),
             WeightDtype::Q5_1 => include_str!("shaders/dtype_q5_1.wgsl"),
             WeightDtype::Q4K => include_str!("shaders/dtype_q4_k.wgsl"),
+            WeightDtype::Q5K => include_str!("shaders/dtype_q5_k.wgsl"),
             WeightDtype::Q6K => include_str!("shaders/dtype_q6_k.wgsl"),
         };
         let blocks = if self.is_quantized() {
