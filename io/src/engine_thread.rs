@@ -75,7 +75,8 @@ fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) 
             asked,
             kv_blocks = info.num_blocks,
             "context lowered to what the default KV pool holds (a quarter of the memory \
-             available at start); --max-context or --kv-blocks sets it"
+             available at start, within the device's largest buffer on wgpu); --kv-blocks \
+             sets the pool, --max-context a shorter context"
         );
     }
     let codec = engine.codec();

@@ -197,9 +197,20 @@ impl ModelConfig {
         let (rope_theta, rope_scaling) = rope(&f)?;
         // Mistral's sliding window (v0.1: 4,096 of a 32,768 context) limits
         // attention to the last window's tokens, which this engine does not;
-        // a window the whole context fits in changes nothing.
-        if let Some(window) = f.opt_usize("sliding_window")? {
-            if f.opt_str("model_type")? == Some("mistral") && window < max_position_embeddings {
+        // a window the whole context fits in changes nothing. (Qwen's
+        // `sliding_window` is off unless `use_sliding_window`, refused
+        // above.)
+        let mistral = f.opt_str("model_type")? == Some("mistral")
+            || f.get("architectures")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|n| n == "MistralForCausalLM"));
+        let window = if mistral {
+            f.opt_usize("sliding_window")?
+        } else {
+            None
+        };
+        if let Some(window) = window {
+            if window < max_position_embeddings {
                 return Err(LoadError::Unsupported {
                     path: path.to_path_buf(),
                     msg: format!(

@@ -44,7 +44,8 @@ pub struct EngineOptions {
     /// the model's.
     pub max_context: Option<u32>,
     /// Bytes the default KV pool may take; `None`: a quarter of the memory
-    /// available when loading starts ([`default_kv_budget`]).
+    /// available when loading starts, container limits included
+    /// ([`default_kv_budget`]).
     pub kv_budget: Option<u64>,
     /// Token slots per KV block.
     pub block_size: u32,
@@ -610,28 +611,51 @@ impl Engine {
 /// blocks, but no more than `budget` bytes of f32 K and V (the pool's
 /// element type on both backends) unless 64 blocks already take more.
 fn default_pool_blocks(cfg: &ModelConfig, context: u64, block_size: u32, budget: u64) -> u64 {
-    let want = (4 * context).div_ceil(u64::from(block_size)).max(64);
-    let block_bytes =
-        (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim) as u64 * u64::from(block_size) * 4;
+    let want = context
+        .saturating_mul(4)
+        .div_ceil(u64::from(block_size))
+        .max(64);
+    let block_bytes = [cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim]
+        .into_iter()
+        .fold(u64::from(block_size) * 4, |b, d| b.saturating_mul(d as u64));
     let affordable = budget / block_bytes.max(1);
     want.min(affordable).max(64)
 }
 
-/// The default KV budget: a quarter of the memory Linux says is available
-/// (`MemAvailable` in `/proc/meminfo`), or 4 GiB where that cannot be read.
-/// It is host memory; on a GPU the pool lives in device memory, where the
-/// budget is a conservative default (`--kv-blocks` sets the pool exactly).
+/// The default KV budget: a quarter of the memory this process may still
+/// take, the smaller of what Linux says is available (`MemAvailable` in
+/// `/proc/meminfo`) and what its cgroup's limit leaves (a container's
+/// memory limit, v2 or v1; a container's `/proc/meminfo` shows the host's);
+/// 4 GiB where neither can be read. It is host memory: on a GPU the pool
+/// lives in device memory, which wgpu does not report, and the engine
+/// caps it only by the largest binding per layer (`--kv-blocks` or
+/// `--max-context` set it where the device has less).
 pub fn default_kv_budget() -> u64 {
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().strip_suffix("kB"))
-                .and_then(|kb| kb.trim().parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024);
-    available.map_or(4 << 30, |b| b / 4)
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let number = |s: Option<String>| s.and_then(|s| s.trim().parse::<u64>().ok());
+    let available = read("/proc/meminfo").and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|kb| kb.trim().parse::<u64>().ok())
+            .map(|kb| kb.saturating_mul(1024))
+    });
+    // "max" (no limit) does not parse: no cap from the cgroup.
+    let cgroup_left = |limit: &str, usage: &str| {
+        number(read(limit)).map(|l| l.saturating_sub(number(read(usage)).unwrap_or(0)))
+    };
+    let left =
+        cgroup_left("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current").or_else(|| {
+            cgroup_left(
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+            )
+        });
+    match (available, left) {
+        (Some(a), Some(l)) => a.min(l) / 4,
+        (Some(b), None) | (None, Some(b)) => b / 4,
+        (None, None) => 4 << 30,
+    }
 }
 
 #[cfg(test)]

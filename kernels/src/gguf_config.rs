@@ -116,7 +116,9 @@ impl ModelConfig {
             // GGUF writers leave the LM head out when it is the embedding.
             tie_word_embeddings: file.tensor("output.weight").is_none(),
             attention_bias: file.tensor("blk.0.attn_q.bias").is_some(),
-            qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
+            // Qwen3 files must carry the norms (a missing one is then a
+            // missing tensor, not a llama computed in their place).
+            qk_norm: arch == "qwen3" || file.tensor("blk.0.attn_q_norm.weight").is_some(),
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             name_or_path: file.str("general.name").map_err(err)?.map(str::to_owned),

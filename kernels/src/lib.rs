@@ -1,15 +1,16 @@
 //! # tokenwire-kernels
 //!
 //! The model engine behind tokenwire's engine boundary: loading llama-family
-//! models from Hugging Face directories (Llama, Qwen2-style biases and tied
-//! embeddings, Llama 3 RoPE scaling; f32/f16/bf16, single or sharded
+//! models from Hugging Face directories (Llama, Mistral, Qwen2-style biases
+//! and tied embeddings, Qwen3's per-head q/k norms, Llama 3 RoPE scaling;
+//! f32/f16/bf16, single or sharded
 //! safetensors; every file read through [`model_dir::ModelDir`], which is
 //! also how the default model built into the binary, stories260K, loads:
 //! [`Engine::builtin`], [`builtin`]) and from GGUF files ([`Model::load_gguf`]: configuration
 //! ([`gguf_config`]), weights ([`gguf_weights`]), tokenizer and chat template
 //! ([`gguf_tokenizer`]) from the file), every matrix kept in its file's dtype
 //! and memory-mapped ([`tensor::WeightMatrix`]; on x86 the CPU backend keeps
-//! an owned copy of the Q8_0/Q4_0/Q4_1 matrices with each eight blocks
+//! an owned copy of the Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 matrices with each eight blocks
 //! interleaved for its kernels, [`quant::lanes`]), ggml's quantized block
 //! formats and their 8-bit-activation dot products in scalar, AVX2, AVX-VNNI,
 //! AVX-512 VNNI and NEON code chosen at run time ([`quant`]), the tokenizer and chat

@@ -94,6 +94,15 @@ impl Model {
         if c.head_dim % 2 == 1 {
             return Err(format!("head_dim {} is odd; RoPE needs pairs", c.head_dim));
         }
+        if let crate::rope::RopeScaling::PerPair { divisors } = &c.rope_scaling {
+            if divisors.len() != c.head_dim / 2 {
+                return Err(format!(
+                    "{} RoPE divisors for {} rotary pairs",
+                    divisors.len(),
+                    c.head_dim / 2
+                ));
+            }
+        }
         vec_len("norm", &weights.norm, h)?;
         if weights.layers.len() != c.num_layers {
             return Err(format!(

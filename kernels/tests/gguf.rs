@@ -403,6 +403,16 @@ fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
     };
     let out = common::gguf_out::write(&file, &source, &[]);
     dir.write("toy-qwen3.gguf", &out);
+    // A qwen3 file without its norms is refused, not run as a llama.
+    let mut bare = file.clone();
+    bare.tensors.retain(|t| {
+        !t.name.ends_with("attn_q_norm.weight") && !t.name.ends_with("attn_k_norm.weight")
+    });
+    dir.write("bare.gguf", common::gguf_out::write(&bare, &source, &[]));
+    let e = Model::load_gguf(&dir.path().join("bare.gguf"))
+        .expect_err("norms missing")
+        .to_string();
+    assert!(e.contains("blk.0.attn_q_norm.weight"), "{e}");
     let (gguf, _) = Model::load_gguf(&dir.path().join("toy-qwen3.gguf")).expect("loads");
     assert!(gguf.config().qk_norm);
     assert_eq!(gguf.config().head_dim, c.head_dim);

@@ -118,22 +118,28 @@ fn qwen3_toy_normalises_query_and_key_heads() {
     let mut e = load(&dir).expect("loads");
     assert!(e.model().config().qk_norm);
     assert!(e.model().weights().layers[1].qk_norm.is_some());
+    assert_eq!(
+        e.model().config().head_dim,
+        QWEN3_HD,
+        "heads wider than 16 / 4"
+    );
     check_against_naive(&mut e);
-    // The norms matter: the same weights as a llama compute other logits.
+    // The norms matter: the same checkpoint read as a llama (its norms
+    // left unread) computes other logits.
     let with = logits_alone(&mut e, PROMPT);
-    let mut llama = load(&{
-        let d = TempDir::new("qwen3-as-llama");
-        write_toy(&d, &Toy::default());
-        d
-    })
-    .expect("loads");
+    let mut cfg = qwen3_toy_config();
+    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+    cfg["model_type"] = serde_json::json!("llama");
+    dir.write("config.json", cfg.to_string());
+    let mut llama = load(&dir).expect("loads as a llama");
+    assert!(!llama.model().config().qk_norm);
     assert!(max_abs_diff(&with, &logits_alone(&mut llama, PROMPT)) > 1e-2);
-    // A missing norm is an error naming it; so is one of the wrong width.
+    // A missing norm is an error naming it.
     let dir2 = TempDir::new("qwen3-missing");
     write_qwen3_toy(&dir2, &Toy::default());
-    let cfg = std::fs::read_to_string(dir2.path().join("config.json")).expect("config");
-    write_edited(&dir2, &Toy::default(), |_| {});
-    dir2.write("config.json", &cfg);
+    let mut tensors = qwen3_toy_tensors(&Toy::default());
+    tensors.retain(|t| t.0 != "model.layers.0.self_attn.q_norm.weight");
+    write_weights(&dir2, Toy::default().dtype, 0, &tensors);
     let err = load_err(&dir2);
     assert!(
         err.contains("model.layers.0.self_attn.q_norm.weight"),
@@ -167,6 +173,16 @@ fn mistral_loads_unless_its_sliding_window_is_shorter_than_the_context() {
         err.contains("sliding_window 64 below the context of 128 tokens"),
         "{err}"
     );
+    // Named by its architecture alone, it is still Mistral.
+    cfg.as_object_mut().expect("object").remove("model_type");
+    dir.write("config.json", cfg.to_string());
+    assert!(load_err(&dir).contains("sliding_window 64"));
+    // Another architecture's window is not read (Qwen2 keeps one that
+    // `use_sliding_window: false` turns off).
+    let mut llama = toy_config(false);
+    llama["sliding_window"] = serde_json::json!(64);
+    dir.write("config.json", llama.to_string());
+    load(&dir).expect("a llama's window field is not Mistral's");
 }
 
 #[test]

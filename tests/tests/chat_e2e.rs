@@ -602,5 +602,10 @@ async fn max_context_bounds_what_the_routes_take() {
     )
     .await;
     assert_eq!(over.status, 400, "{}", over.body);
-    eprintln!("{}", over.body);
+    assert!(
+        over.body.contains("context length of 40 tokens"),
+        "{}",
+        over.body
+    );
+    server.shutdown().await;
 }

@@ -300,7 +300,13 @@ fn every_x86_tier_gives_the_same_bits() {
         .map(Kernels::for_isa)
         .collect();
     let mut rng = Rng(61);
-    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    for dtype in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ] {
         for n in [32, 96, 256, 288, 352, 576, 1536] {
             let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
             let acts: Vec<(Vec<Q8Block>, Vec<Q8Group>)> =
@@ -316,6 +322,8 @@ fn every_x86_tier_gives_the_same_bits() {
                     let tile = match dtype {
                         GgmlType::Q8_0 => k.q8_0_tile,
                         GgmlType::Q4_0 => k.q4_0_tile,
+                        GgmlType::Q5_0 => k.q5_0_tile,
+                        GgmlType::Q5_1 => k.q5_1_tile,
                         _ => k.q4_1_tile,
                     };
                     let got = tile(
@@ -351,10 +359,20 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
     // other tests allow, so a kernel that skipped that block would fail them.
     let mut rng = Rng(67);
     let n = 32 * 19; // two whole groups, then a pair and one block
-    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    for dtype in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ] {
         let bytes = dtype.block_bytes();
+        // Bytes before the first weight byte: scale (and minimum), and a
+        // Q5 block's high-bit word.
         let head = match dtype {
             GgmlType::Q4_1 => 4,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 8,
             _ => 2,
         };
         let mut w = random_row(dtype, n, &mut rng);

@@ -1523,8 +1523,8 @@ unsafe fn q5_pair(qh: [*const u8; 2], qs: [*const u8; 2]) -> [__m256i; 2] {
 
 /// Q5_0: d (q - 16) · x = d (q · x - 16 sum(x)), the 16 sum(x) in the
 /// integers (-128 sum / 8, exact). Values are at most 31, so AVX2's i16
-/// pairs hold two blocks' products (2 * 2 * 31 * 127 = 15,748) but not
-/// eight: no grouped form.
+/// pairs hold four vectors' products (4 * 2 * 31 * 127 = 31,496) but not
+/// eight: the grouped form sums them through [`Lanes::dot8_wide`].
 struct Q5_0<L>(PhantomData<L>);
 impl<L: Lanes> Format for Q5_0<L> {
     const BYTES: usize = Q5_0_BYTES;

@@ -252,33 +252,65 @@ pub fn safetensors_bytes(dtype: Dtype, tensors: &[(String, Vec<usize>, Vec<u8>)]
     safetensors::serialize(views, None).expect("serialize")
 }
 
-/// The llama toy as a Qwen3 checkpoint: `Qwen3ForCausalLM` with a per-head
+/// Head width of the Qwen3 toy: twice the stream's width over the heads,
+/// as Qwen3's heads of 128 over a 1,024-wide stream are.
+pub const QWEN3_HD: usize = 2 * HD;
+
+/// The llama toy as a Qwen3 checkpoint: `Qwen3ForCausalLM` with heads of
+/// [`QWEN3_HD`] (its q, k, v and o drawn anew at that width) and a per-head
 /// `q_norm` and `k_norm` in every layer (seeded weights around 1).
 pub fn write_qwen3_toy(dir: &TempDir, toy: &Toy) {
+    dir.write("config.json", qwen3_toy_config().to_string());
+    dir.write("tokenizer.json", toy_tokenizer_json(TOY_VOCAB));
+    write_weights(dir, toy.dtype, toy.shards, &qwen3_toy_tensors(toy));
+}
+
+/// The Qwen3 toy's config.json.
+pub fn qwen3_toy_config() -> Value {
     let mut cfg = toy_config(false);
     cfg["architectures"] = json!(["Qwen3ForCausalLM"]);
     cfg["model_type"] = json!("qwen3");
     cfg["_name_or_path"] = json!("toy-qwen3");
-    dir.write("config.json", cfg.to_string());
-    dir.write("tokenizer.json", toy_tokenizer_json(TOY_VOCAB));
+    cfg["head_dim"] = json!(QWEN3_HD);
+    cfg
+}
+
+/// The Qwen3 toy's tensors (name, shape, bytes in `toy.dtype`).
+pub fn qwen3_toy_tensors(toy: &Toy) -> Vec<(String, Vec<usize>, Vec<u8>)> {
     let mut rng = Rng::new(toy.seed ^ 0x9e37);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = toy_values(toy)
         .into_iter()
-        .map(|(n, s, v)| (n, s, encode(toy.dtype, &v)))
+        .map(|(n, s, v)| {
+            let wide = match n.rsplit('.').nth(1) {
+                Some("q_proj") => Some(vec![HEADS * QWEN3_HD, H]),
+                Some("k_proj" | "v_proj") => Some(vec![KV * QWEN3_HD, H]),
+                Some("o_proj") => Some(vec![H, HEADS * QWEN3_HD]),
+                _ => None,
+            };
+            match wide {
+                Some(shape) => {
+                    let vals: Vec<f32> = (0..shape.iter().product())
+                        .map(|_| round_to(toy.dtype, 0.5 * (rng.next_f64() as f32 * 2.0 - 1.0)))
+                        .collect();
+                    (n, shape, encode(toy.dtype, &vals))
+                }
+                None => (n, s, encode(toy.dtype, &v)),
+            }
+        })
         .collect();
     for l in 0..LAYERS {
         for which in ["q_norm", "k_norm"] {
-            let vals: Vec<f32> = (0..HD)
+            let vals: Vec<f32> = (0..QWEN3_HD)
                 .map(|_| round_to(toy.dtype, 1.0 + 0.6 * (rng.next_f64() as f32 - 0.5)))
                 .collect();
             tensors.push((
                 format!("model.layers.{l}.self_attn.{which}.weight"),
-                vec![HD],
+                vec![QWEN3_HD],
                 encode(toy.dtype, &vals),
             ));
         }
     }
-    write_weights(dir, toy.dtype, toy.shards, &tensors);
+    tensors
 }
 
 /// Writes a complete toy model directory (config, weights, tokenizer).

@@ -440,7 +440,9 @@ mod tests {
         let scale = half::f16::from_f32(0.01).to_le_bytes();
         for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
             block[..2].copy_from_slice(&scale);
-            if dtype != GgmlType::Q8_0 {
+            // The second f16 (Q4_1's and Q5_1's minimum, the K-quants'
+            // dmin); Q5_0's high-bit word and Q8_0's weights stay random.
+            if !matches!(dtype, GgmlType::Q8_0 | GgmlType::Q5_0) {
                 block[2..4].copy_from_slice(&scale);
             }
         }
@@ -463,6 +465,9 @@ mod tests {
             (GgmlType::F16, 6),
             (GgmlType::Q4_K, 7),
             (GgmlType::Q6_K, 8),
+            (GgmlType::Q5_0, 9),
+            (GgmlType::Q5_1, 10),
+            (GgmlType::Q5_K, 11),
         ];
         for (dtype, seed) in formats {
             let w = if dtype == GgmlType::F16 {

@@ -234,7 +234,9 @@ pub struct WgpuOptions {
     /// matmul keep the separate kernel, and so do mat-vec passes of more
     /// than 32 rows with rows split over invocations (the fused variant holds
     /// two sums per column and stops at 32, so it would read the weights
-    /// twice to save one small dispatch; the fused SwiGLU likewise). Not yet measured on a GPU
+    /// twice to save one small dispatch; the fused SwiGLU likewise). A
+    /// model with per-head q/k norms (Qwen3) never fuses: the fused variant
+    /// has no norm, rope_kv.wgsl does. Not yet measured on a GPU
     /// (`engine-bench --no-fused-rope` compares); off only to compare.
     pub fuse_rope: bool,
     /// Fuse each layer's two RMSNorms into the products that read them (the
