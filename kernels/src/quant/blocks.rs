@@ -76,12 +76,13 @@ pub fn q5_values(qh: &[u8], qs: &[u8]) -> [u8; 32] {
     q
 }
 
-/// The two 5-bit values of group `g` (0..4) of a Q5_K super-block that
-/// nibble byte `q` and high-bit byte `h` give: value `64 g + l` (the low
-/// nibble, bit `2 g`) and value `64 g + 32 + l` (the high nibble, bit
-/// `2 g + 1`).
+/// The two values of group `g` (0..4) of a Q4_K or Q5_K super-block that
+/// nibble byte `q` (and, for Q5_K, high-bit byte `h`) give: value `64 g +
+/// l` (the low nibble, with bit `2 g` of `h` as its fifth) and value `64 g
+/// + 32 + l` (the high nibble, bit `2 g + 1`).
 #[inline]
-pub fn q5k_values(q: u8, h: u8, g: usize) -> (u8, u8) {
+pub fn k_values(q: u8, h: Option<u8>, g: usize) -> (u8, u8) {
+    let h = h.unwrap_or(0);
     (
         (q & 0x0F) | (((h >> (2 * g)) & 1) << 4),
         (q >> 4) | (((h >> (2 * g + 1)) & 1) << 4),
@@ -149,14 +150,20 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        GgmlType::Q4_K => {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            // Q5_K is Q4_K with 32 bytes of fifth bits before the nibbles.
+            let five = dtype == GgmlType::Q5_K;
             for (b, y) in bytes
-                .chunks_exact(Q4_K_BYTES)
+                .chunks_exact(dtype.block_bytes())
                 .zip(out.chunks_exact_mut(QK_K))
             {
                 let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
                 let scales = &b[4..16];
-                let qs = &b[16..];
+                let (qh, qs) = if five {
+                    (Some(&b[16..48]), &b[48..])
+                } else {
+                    (None, &b[16..])
+                };
                 // Four groups of 64 values: 32 low nibbles, then 32 high ones.
                 for g in 0..4 {
                     let (sc1, m1) = q4k_scale_min(scales, 2 * g);
@@ -166,29 +173,7 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                     let q = &qs[32 * g..32 * g + 32];
                     let y = &mut y[64 * g..64 * g + 64];
                     for l in 0..32 {
-                        y[l] = d1 * (q[l] & 0x0F) as f32 - m1;
-                        y[32 + l] = d2 * (q[l] >> 4) as f32 - m2;
-                    }
-                }
-            }
-        }
-        GgmlType::Q5_K => {
-            for (b, y) in bytes
-                .chunks_exact(Q5_K_BYTES)
-                .zip(out.chunks_exact_mut(QK_K))
-            {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let scales = &b[4..16];
-                let (qh, qs) = (&b[16..48], &b[48..]);
-                for g in 0..4 {
-                    let (sc1, m1) = q4k_scale_min(scales, 2 * g);
-                    let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
-                    let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-                    let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
-                    let q = &qs[32 * g..32 * g + 32];
-                    let y = &mut y[64 * g..64 * g + 64];
-                    for l in 0..32 {
-                        let (lo, hi) = q5k_values(q[l], qh[l], g);
+                        let (lo, hi) = k_values(q[l], qh.map(|h| h[l]), g);
                         y[l] = d1 * lo as f32 - m1;
                         y[32 + l] = d2 * hi as f32 - m2;
                     }

@@ -5,7 +5,7 @@
 
 use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{
-    bf16_at, f16_at, q4k_scale_min, q5_values, q5k_values, q6k_quad, Q4_0_BYTES, Q4_1_BYTES,
+    bf16_at, f16_at, k_values, q4k_scale_min, q5_values, q6k_quad, Q4_0_BYTES, Q4_1_BYTES,
     Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 
@@ -81,45 +81,34 @@ pub fn dot_q5_1(w: &[u8], a: &[Q8Block]) -> f32 {
 
 /// Q4_K weights · 256-blocks: per sub-block of 32, `d sc (q · x) - dmin mn sum(x)`.
 pub fn dot_q4_k(w: &[u8], a: &[Q8KBlock]) -> f32 {
-    let mut acc = 0.0f32;
-    for (b, x) in w.chunks_exact(Q4_K_BYTES).zip(a) {
-        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-        let scales = &b[4..16];
-        let qs = &b[16..];
-        let (mut dots, mut mins) = (0i32, 0i32);
-        for g in 0..4 {
-            let q = &qs[32 * g..32 * g + 32];
-            let (sc1, m1) = q4k_scale_min(scales, 2 * g);
-            let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
-            let (x1, x2) = (&x.q[64 * g..64 * g + 32], &x.q[64 * g + 32..64 * g + 64]);
-            let (mut s1, mut s2) = (0i32, 0i32);
-            for ((&qv, &a), &b) in q.iter().zip(x1).zip(x2) {
-                s1 += (qv & 0x0F) as i32 * a as i32;
-                s2 += (qv >> 4) as i32 * b as i32;
-            }
-            dots += sc1 as i32 * s1 + sc2 as i32 * s2;
-            let sum = |sub: usize| (x.bsums[2 * sub] + x.bsums[2 * sub + 1]) as i32;
-            mins += m1 as i32 * sum(2 * g) + m2 as i32 * sum(2 * g + 1);
-        }
-        acc += x.d * (d * dots as f32 - dmin * mins as f32);
-    }
-    acc
+    dot_k(w, a, false)
 }
 
 /// Q5_K weights · 256-blocks: Q4_K's sums with 5-bit values.
 pub fn dot_q5_k(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    dot_k(w, a, true)
+}
+
+/// [`dot_q4_k`], or with `five` [`dot_q5_k`] (the fifth bits in 32 bytes
+/// before the nibbles).
+fn dot_k(w: &[u8], a: &[Q8KBlock], five: bool) -> f32 {
+    let bytes = if five { Q5_K_BYTES } else { Q4_K_BYTES };
     let mut acc = 0.0f32;
-    for (b, x) in w.chunks_exact(Q5_K_BYTES).zip(a) {
+    for (b, x) in w.chunks_exact(bytes).zip(a) {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
         let scales = &b[4..16];
-        let (qh, qs) = (&b[16..48], &b[48..]);
+        let (qh, qs) = if five {
+            (Some(&b[16..48]), &b[48..])
+        } else {
+            (None, &b[16..])
+        };
         let (mut dots, mut mins) = (0i32, 0i32);
         for g in 0..4 {
             let (sc1, m1) = q4k_scale_min(scales, 2 * g);
             let (sc2, m2) = q4k_scale_min(scales, 2 * g + 1);
             let (mut s1, mut s2) = (0i32, 0i32);
             for l in 0..32 {
-                let (lo, hi) = q5k_values(qs[32 * g + l], qh[l], g);
+                let (lo, hi) = k_values(qs[32 * g + l], qh.map(|h| h[l]), g);
                 s1 += lo as i32 * x.q[64 * g + l] as i32;
                 s2 += hi as i32 * x.q[64 * g + 32 + l] as i32;
             }

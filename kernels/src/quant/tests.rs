@@ -7,6 +7,15 @@ use tokenwire_gguf::GgmlType;
 use super::blocks::{dequantize_row, QK_K};
 use super::*;
 
+/// The formats of 32-value blocks, which 8-bit activation blocks of 32 meet.
+const BLOCK32: [GgmlType; 5] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+];
+
 /// xorshift64*: deterministic bytes for fabricated blocks.
 struct Rng(u64);
 
@@ -300,13 +309,7 @@ fn every_x86_tier_gives_the_same_bits() {
         .map(Kernels::for_isa)
         .collect();
     let mut rng = Rng(61);
-    for dtype in [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-    ] {
+    for dtype in BLOCK32 {
         for n in [32, 96, 256, 288, 352, 576, 1536] {
             let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
             let acts: Vec<(Vec<Q8Block>, Vec<Q8Group>)> =
@@ -359,13 +362,7 @@ fn a_wrong_weight_anywhere_in_a_row_is_caught() {
     // other tests allow, so a kernel that skipped that block would fail them.
     let mut rng = Rng(67);
     let n = 32 * 19; // two whole groups, then a pair and one block
-    for dtype in [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-    ] {
+    for dtype in BLOCK32 {
         let bytes = dtype.block_bytes();
         // Bytes before the first weight byte: scale (and minimum), and a
         // Q5 block's high-bit word.

@@ -127,8 +127,17 @@ impl WeightDtype {
         } else {
             ""
         };
+        // What two block formats read alike.
+        let shared = match self {
+            WeightDtype::Q4K | WeightDtype::Q5K => include_str!("shaders/dtype_k_scales.wgsl"),
+            WeightDtype::Q5_0 | WeightDtype::Q5_1 => include_str!("shaders/dtype_q5_bits.wgsl"),
+            _ => "",
+        };
         // The f16-native prelude's `enable` must open the module.
-        format!("{body}\n{blocks}\n{}", include_str!("shaders/weights.wgsl"))
+        format!(
+            "{body}\n{blocks}\n{shared}\n{}",
+            include_str!("shaders/weights.wgsl")
+        )
     }
 
     /// Values (f32 in memory) as the device stores them, little-endian, for

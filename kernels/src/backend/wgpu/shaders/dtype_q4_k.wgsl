@@ -7,18 +7,6 @@
 
 const BLOCK_WORDS: u32 = 36u;
 
-// Scale and minimum of sub-block j (0..8) of the super-block at word `base`.
-fn q4k_scale_min(base: u32, j: u32) -> vec2<f32> {
-    let s = 4u * base + 4u;
-    if (j < 4u) {
-        return vec2<f32>(f32(w_byte(s + j) & 63u), f32(w_byte(s + j + 4u) & 63u));
-    }
-    let hi = w_byte(s + j + 4u);
-    let sc = (hi & 15u) | ((w_byte(s + j - 4u) >> 6u) << 4u);
-    let mn = (hi >> 4u) | ((w_byte(s + j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(mn));
-}
-
 // Where value i lives: the word holding its byte (and the next 3), the
 // nibble's shift, and its sub-block's scale (d * sc) and offset (dmin * m).
 struct Q4kAt {

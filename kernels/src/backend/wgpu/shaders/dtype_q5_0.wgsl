@@ -14,12 +14,6 @@ fn w_at(i: u32) -> f32 {
     return d * (f32(lo | (hi << 4u)) - 16.0);
 }
 
-// Values j..j+4's fifth bits as 16 or 0.
-fn fifth4(qh: u32, j: u32) -> vec4<f32> {
-    let b = (vec4<u32>(qh) >> (vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
-    return vec4<f32>(b * 16u);
-}
-
 fn w_load8(i: u32) -> W8 {
     let base = (i >> 5u) * BLOCK_WORDS;
     let j = i & 31u;

@@ -8,18 +8,6 @@
 
 const BLOCK_WORDS: u32 = 44u;
 
-// Scale and minimum of sub-block j (0..8) of the super-block at word `base`.
-fn q5k_scale_min(base: u32, j: u32) -> vec2<f32> {
-    let s = 4u * base + 4u;
-    if (j < 4u) {
-        return vec2<f32>(f32(w_byte(s + j) & 63u), f32(w_byte(s + j + 4u) & 63u));
-    }
-    let hi = w_byte(s + j + 4u);
-    let sc = (hi & 15u) | ((w_byte(s + j - 4u) >> 6u) << 4u);
-    let mn = (hi >> 4u) | ((w_byte(s + j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(mn));
-}
-
 // Where value i lives: the word holding its nibble byte (and the next 3),
 // the nibble's shift, the word holding its fifth bit's byte, that bit's
 // place in each byte, and its sub-block's scale (d * sc) and offset
@@ -40,7 +28,7 @@ fn q5k_at(i: u32) -> Q5kAt {
     let h = (t >> 5u) & 1u;
     let l = t & 31u;
     let dd = unpack2x16float(w[base]);
-    let sm = q5k_scale_min(base, 2u * g + h);
+    let sm = q4k_scale_min(base, 2u * g + h);
     return Q5kAt(
         base + 12u + 8u * g + (l >> 2u),
         4u * h,
