@@ -38,6 +38,11 @@ pub struct HostConfig {
     pub shutdown_grace: Duration,
     /// `max_tokens` when the request gives none.
     pub default_max_tokens: u32,
+    /// `--reasoning-parser`: the tags the model writes its reasoning
+    /// between, split from Chat Completions answers into
+    /// `reasoning_content` ([`crate::reasoning`]); `None` leaves the
+    /// reasoning in the text.
+    pub reasoning_tags: Option<crate::reasoning::ReasoningTags>,
     /// Most tokens computed in one engine step (prefill chunks plus decodes).
     pub max_step_tokens: u32,
     /// Most sequences in one engine step.
@@ -124,6 +129,7 @@ impl Default for HostConfig {
             keepalive_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             default_max_tokens: 256,
+            reasoning_tags: None,
             max_step_tokens: 512,
             max_running_seqs: 64,
             prefix_cache: true,

@@ -54,6 +54,7 @@ pub(crate) mod lru;
 pub mod params;
 pub mod principal;
 pub(crate) mod rate;
+pub mod reasoning;
 pub mod rng;
 pub(crate) mod sched;
 #[cfg(any(test, feature = "testing"))]

@@ -117,6 +117,33 @@ pub trait TextCodec: Send + Sync {
         None
     }
 
+    /// The prompt ids for `messages`, with `tools` offered (if any) and
+    /// `kwargs` given to the chat template as variables beside
+    /// `messages` (Chat Completions' `chat_template_kwargs`, such as
+    /// Qwen3's `enable_thinking`). The default has no template to give
+    /// them to and ignores them: [`TextCodec::encode_chat`], or with tools
+    /// [`TextCodec::encode_chat_with_tools`], else the tools described in
+    /// a system message ([`crate::tools::with_tools_prompt`]).
+    fn encode_chat_templated(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+        kwargs: &TemplateKwargs,
+    ) -> Result<Vec<TokenId>, String> {
+        let _ = kwargs;
+        if tools.is_empty() {
+            return self.encode_chat(messages);
+        }
+        self.encode_chat_with_tools(messages, tools)
+            .unwrap_or_else(|| {
+                self.encode_chat(&tools::with_tools_prompt(
+                    messages,
+                    tools,
+                    self.tool_format(),
+                ))
+            })
+    }
+
     /// Compiles `grammar` into a fresh constraint over this vocabulary
     /// (structured output; see [`crate::constraint`]). Errors are messages
     /// for the client naming what in the grammar cannot be enforced. The
@@ -129,6 +156,10 @@ pub trait TextCodec: Send + Sync {
         )
     }
 }
+
+/// Variables a request gives the chat template beside its messages
+/// (`chat_template_kwargs`).
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
 
 /// The fewest tokens a text of `bytes` bytes can encode to under `codec`
 /// (0 when the codec knows no bound).
@@ -167,6 +198,8 @@ pub enum TextWork {
         /// Functions offered to the model (rendered by the template when it
         /// takes tools, else described in a system message).
         tools: Vec<ToolDef>,
+        /// Variables for the chat template (empty: none).
+        template_kwargs: TemplateKwargs,
     },
 }
 
@@ -191,6 +224,7 @@ fn encode_fitting(
     max_messages: usize,
     max_tokens: u32,
     tools: &[ToolDef],
+    kwargs: &TemplateKwargs,
 ) -> Result<Encoded, String> {
     let others: Vec<usize> = (0..messages.len())
         .filter(|&i| messages[i].role != Role::System)
@@ -205,14 +239,7 @@ fn encode_fitting(
             .filter(|(i, m)| m.role == Role::System || *i >= first_kept)
             .map(|(_, m)| m.clone())
             .collect();
-        if tools.is_empty() {
-            return codec.encode_chat(&kept);
-        }
-        codec
-            .encode_chat_with_tools(&kept, tools)
-            .unwrap_or_else(|| {
-                codec.encode_chat(&tools::with_tools_prompt(&kept, tools, codec.tool_format()))
-            })
+        codec.encode_chat_templated(&kept, tools, kwargs)
     };
     let fits = |ids: &[TokenId]| ids.len() as u64 <= u64::from(max_tokens);
     let least = others.len().saturating_sub(max_messages);
@@ -292,7 +319,15 @@ impl TextJob {
                 max_messages,
                 max_tokens,
                 tools,
-            } => encode_fitting(&*self.codec, messages, *max_messages, *max_tokens, tools),
+                template_kwargs,
+            } => encode_fitting(
+                &*self.codec,
+                messages,
+                *max_messages,
+                *max_tokens,
+                tools,
+                template_kwargs,
+            ),
         };
         TextDone {
             id: self.id,

@@ -140,3 +140,234 @@ fn bad_frames_and_bodies_are_refused_with_their_field() {
         (Some(404), Some("model_not_found"))
     );
 }
+
+/// What the tiny model's engine writes: a Qwen3-style answer that thinks
+/// first, then answers.
+const THINKING: &str = "<think>\nplan it\n</think>\n\nthe answer";
+
+/// A harness over [`THINKING`] with the `<think>` reasoning parser, and a
+/// user message whose prompt makes the engine start at the script's start
+/// (`opening`: the message ends with the open tag, as a template that
+/// opens the reasoning writes it; the script then starts inside it).
+fn thinking(opening: bool) -> (Harness, Value) {
+    use tokenwire_core::reasoning::ReasoningTags;
+    use tokenwire_core::testing::{script_text, ByteCodec};
+    use tokenwire_core::{ChatMessage, Role, TextCodec};
+    let config = HostConfig {
+        reasoning_tags: Some(ReasoningTags::THINK),
+        ..HostConfig::default()
+    };
+    let script = if opening {
+        THINKING.trim_start_matches("<think>")
+    } else {
+        THINKING
+    };
+    let base = if opening { "q <think>" } else { "q" };
+    let content = (0..script.len())
+        .map(|pad| format!("{}{base}", "x".repeat(pad)))
+        .find(|c| {
+            let m = [ChatMessage {
+                role: Role::User,
+                content: c.clone(),
+            }];
+            let n = ByteCodec.encode_chat(&m).expect("encodes").len();
+            script_text(script, n, script.len()) == script
+        })
+        .expect("some prompt starts the script at its start");
+    let h = Harness::new(config, script, 1);
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
+                      "max_tokens": script.len(), "temperature": 0});
+    (h, body)
+}
+
+fn with(mut body: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    chat(body)
+}
+
+#[test]
+fn a_reasoning_parser_parts_the_thinking_from_the_answer() {
+    for opening in [false, true] {
+        let (mut h, body) = thinking(opening);
+        let c = open(&mut h, 1);
+        h.send(c, chat(body));
+        h.run(100);
+        let r = last(&h, c);
+        let m = &r["data"]["choices"][0]["message"];
+        assert_eq!(m["reasoning_content"], "plan it", "opening {opening}: {r}");
+        assert_eq!(m["content"], "the answer", "opening {opening}: {r}");
+        let usage = &r["data"]["usage"];
+        // The tokens up to and including `</think>`, the open tag's
+        // tokens too where the model wrote them.
+        let reasoning = THINKING.find("</think>").expect("tag") + "</think>".len();
+        let reasoning = if opening {
+            reasoning - "<think>".len()
+        } else {
+            reasoning
+        };
+        assert_eq!(
+            usage["completion_tokens_details"]["reasoning_tokens"], reasoning,
+            "{usage}"
+        );
+    }
+}
+
+#[test]
+fn streamed_reasoning_comes_as_reasoning_content_deltas_before_the_answer() {
+    let (mut h, body) = thinking(false);
+    let c = open(&mut h, 1);
+    h.send(c, with(body, json!({"stream": true})));
+    h.run(100);
+    let deltas: Vec<Value> = h
+        .received(c)
+        .iter()
+        .filter(|f| f["kind"] == "chunk")
+        .map(|f| f["data"]["choices"][0]["delta"].clone())
+        .collect();
+    assert_eq!(deltas[0]["role"], "assistant");
+    let field = |name: &str| -> String {
+        deltas
+            .iter()
+            .filter_map(|d| d[name].as_str())
+            .collect::<String>()
+    };
+    assert_eq!(field("reasoning_content"), "plan it");
+    assert_eq!(field("content"), "the answer");
+    let last_reasoning = deltas
+        .iter()
+        .rposition(|d| d["reasoning_content"].is_string())
+        .expect("reasoning");
+    let first_answer = deltas
+        .iter()
+        .position(|d| d["content"].as_str().is_some_and(|t| !t.is_empty()))
+        .expect("answer");
+    assert!(last_reasoning < first_answer, "{deltas:?}");
+    // No tag, and no whitespace around the parts, reached the client.
+    assert!(deltas.iter().all(|d| !d.to_string().contains("think>")));
+}
+
+#[test]
+fn without_a_parser_or_with_include_reasoning_false_the_thinking_is_not_sent_apart() {
+    // No parser: the text as the model wrote it, no reasoning fields.
+    let (_, body) = thinking(false);
+    let script = THINKING;
+    let content = body["messages"][0]["content"].clone();
+    let mut h = Harness::new(HostConfig::default(), script, 1);
+    let c = open(&mut h, 1);
+    h.send(c, chat(body.clone()));
+    h.run(100);
+    let r = last(&h, c);
+    let m = &r["data"]["choices"][0]["message"];
+    assert_eq!(m["content"], THINKING, "{r}");
+    assert!(m.get("reasoning_content").is_none(), "{r}");
+    assert!(r["data"]["usage"]
+        .get("completion_tokens_details")
+        .is_none());
+    // `include_reasoning: false`: the answer alone, the reasoning dropped.
+    let (mut h, body) = thinking(false);
+    assert_eq!(body["messages"][0]["content"], content);
+    let c = open(&mut h, 1);
+    h.send(c, with(body, json!({"include_reasoning": false})));
+    h.run(100);
+    let m = last(&h, c)["data"]["choices"][0]["message"].clone();
+    assert_eq!(m["content"], "the answer");
+    assert!(m["reasoning_content"].is_null(), "{m}");
+}
+
+#[test]
+fn an_answer_cut_short_while_thinking_is_all_reasoning() {
+    let (mut h, body) = thinking(false);
+    let c = open(&mut h, 1);
+    h.send(c, with(body, json!({"max_tokens": 12})));
+    h.run(100);
+    let r = last(&h, c);
+    let choice = &r["data"]["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["message"]["reasoning_content"], "plan");
+    assert_eq!(choice["message"]["content"], "");
+}
+
+#[test]
+fn a_grammar_leaves_no_room_to_think_so_its_text_is_the_answer() {
+    // Completions never split; neither does a chat answer under
+    // `response_format` (the tiny engine writes the script where the
+    // stand-in grammar allows it).
+    let (mut h, body) = thinking(false);
+    let c = open(&mut h, 1);
+    let prompt = body["messages"][0]["content"].clone();
+    h.send(
+        c,
+        json!({"route": "completions", "body": {"model": "tiny", "prompt": prompt,
+               "max_tokens": 8, "temperature": 0}}),
+    );
+    h.run(100);
+    let r = last(&h, c);
+    assert!(r["data"]["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .contains("<think>"));
+    assert!(r["data"]["usage"]
+        .get("completion_tokens_details")
+        .is_none());
+
+    let mut h = Harness::with_codec(
+        HostConfig {
+            reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+            ..HostConfig::default()
+        },
+        tokenwire_core::testing::tiny_model_info(),
+        tokenwire_core::testing::DigitsCodec::shared(3),
+        THINKING,
+        1,
+    );
+    let c = open(&mut h, 1);
+    h.send(
+        c,
+        with(body, json!({"response_format": {"type": "json_object"}})),
+    );
+    h.run(100);
+    let r = last(&h, c);
+    let m = &r["data"]["choices"][0]["message"];
+    assert_eq!(m["content"].as_str().map(str::len), Some(3), "{r}");
+    assert!(m.get("reasoning_content").is_none(), "{r}");
+    assert!(r["data"]["usage"]
+        .get("completion_tokens_details")
+        .is_none());
+}
+
+#[test]
+fn template_kwargs_are_an_object_without_the_servers_own_variables() {
+    let mut h = harness(HostConfig::default());
+    for (i, (kwargs, param)) in [
+        (json!(true), "chat_template_kwargs"),
+        (json!({"messages": []}), "chat_template_kwargs.messages"),
+        (
+            json!({"add_generation_prompt": false}),
+            "chat_template_kwargs.add_generation_prompt",
+        ),
+        (
+            Value::Object((0..65).map(|i| (format!("k{i}"), json!(i))).collect()),
+            "chat_template_kwargs",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = open(&mut h, 10 + i as u64);
+        h.send(c, request(json!({"chat_template_kwargs": kwargs})));
+        h.run(5);
+        let e = last(&h, c);
+        assert_eq!(e["status"], 400, "{e}");
+        assert_eq!(e["data"]["error"]["param"], param, "{e}");
+    }
+    // Accepted: the byte codec has no template and ignores them.
+    let c = open(&mut h, 1);
+    h.send(
+        c,
+        request(json!({"chat_template_kwargs": {"enable_thinking": false}})),
+    );
+    h.run(50);
+    assert_eq!(last(&h, c)["kind"], "reply");
+}

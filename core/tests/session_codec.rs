@@ -253,6 +253,7 @@ fn fit(
             max_messages,
             max_tokens,
             tools: Vec::new(),
+            template_kwargs: Default::default(),
         },
     }
     .run()

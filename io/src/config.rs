@@ -99,6 +99,32 @@ pub enum Switch {
     Off,
 }
 
+/// `--reasoning-parser`: which tags a model writes its reasoning between
+/// (vLLM's parser names).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningParser {
+    /// `<think>` ... `</think>`: Qwen3, QwQ.
+    #[value(name = "qwen3")]
+    Qwen3,
+    /// `<think>` ... `</think>`: DeepSeek-R1 and its distills.
+    #[value(name = "deepseek_r1")]
+    DeepseekR1,
+    /// `[THINK]` ... `[/THINK]`: Magistral.
+    #[value(name = "mistral")]
+    Mistral,
+}
+
+impl ReasoningParser {
+    /// The tags this parser splits by.
+    pub fn tags(self) -> tokenwire_core::reasoning::ReasoningTags {
+        use tokenwire_core::reasoning::ReasoningTags;
+        match self {
+            ReasoningParser::Qwen3 | ReasoningParser::DeepseekR1 => ReasoningTags::THINK,
+            ReasoningParser::Mistral => ReasoningTags::MISTRAL,
+        }
+    }
+}
+
 /// Log line format.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -433,6 +459,13 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Split a reasoning model's thinking from its Chat Completions
+    /// answers into `reasoning_content` (vLLM's flag and names): `qwen3`
+    /// and `deepseek_r1` split at `<think>`/`</think>`, `mistral` at
+    /// `[THINK]`/`[/THINK]`. Without it the reasoning stays in the text.
+    #[arg(long, env = "TOKENWIRE_REASONING_PARSER", value_enum)]
+    pub reasoning_parser: Option<ReasoningParser>,
+
     /// Keys, tenancy and per-client bounds.
     #[command(flatten)]
     pub tenancy: TenancyArgs,
@@ -586,6 +619,7 @@ impl ServerConfig {
             conversation_ttl: Duration::from_secs(args.conversation_ttl),
             max_conversations: to_usize(args.max_conversations),
             prefix_cache: args.prefix_cache == Switch::On,
+            reasoning_tags: args.reasoning_parser.map(ReasoningParser::tags),
             ..HostConfig::default()
         };
         ServerConfig {
@@ -956,6 +990,18 @@ mod tests {
         assert_eq!(c.max_connections, 10_000);
         assert_eq!(c.kv_blocks, None);
         assert_eq!(c.max_context, None, "the model's context");
+        assert_eq!(c.host.reasoning_tags, None, "reasoning left in the text");
+        use tokenwire_core::reasoning::ReasoningTags;
+        for (name, tags) in [
+            ("qwen3", ReasoningTags::THINK),
+            ("deepseek_r1", ReasoningTags::THINK),
+            ("mistral", ReasoningTags::MISTRAL),
+        ] {
+            let a = parse(&["--reasoning-parser", name], &EnvMap::new(), None).expect("parses");
+            let c = ServerConfig::from_args(&a, 7);
+            assert_eq!(c.host_config(0).reasoning_tags, Some(tags), "{name}");
+        }
+        assert!(parse(&["--reasoning-parser", "granite"], &EnvMap::new(), None).is_err());
         for flag in ["--max-context", "--max-model-len"] {
             let a = parse(&[flag, "4096"], &EnvMap::new(), None).expect("parses");
             assert_eq!(

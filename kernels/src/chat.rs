@@ -6,6 +6,7 @@ use std::path::Path;
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use serde_json::Value;
+use tokenwire_core::text::TemplateKwargs;
 use tokenwire_core::tools::{ToolDef, ToolFormat};
 use tokenwire_core::ChatMessage;
 
@@ -97,7 +98,7 @@ impl ChatTemplate {
 
     /// Renders `messages` with `add_generation_prompt = true`.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
-        self.render_with_tools(messages, &[])
+        self.render_with(messages, &[], &TemplateKwargs::new())
     }
 
     /// [`ChatTemplate::render`] with `tools` (Chat Completions' tool
@@ -107,6 +108,20 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         tools: &[ToolDef],
+    ) -> Result<String, String> {
+        self.render_with(messages, tools, &TemplateKwargs::new())
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with `kwargs` as more variables
+    /// (`chat_template_kwargs`, as `apply_chat_template` takes them):
+    /// `enable_thinking` for Qwen3, for one. The variables this renders
+    /// with itself (`messages`, `tools`, `add_generation_prompt`,
+    /// `bos_token`, `eos_token`) win over a kwarg of the same name.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+        kwargs: &TemplateKwargs,
     ) -> Result<String, String> {
         let msgs: Vec<Message<'_>> = messages
             .iter()
@@ -127,6 +142,7 @@ impl ChatTemplate {
             add_generation_prompt => true,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            ..minijinja::Value::from_serialize(kwargs)
         })
         .map_err(|e| format!("chat template: {e}"))
     }

@@ -20,6 +20,7 @@ use tokenwire_core::dialect::batch::GenerationDefaults;
 use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{parse_sha256, to_hex, ApiKey, KeyRing};
 use tokenwire_core::principal::AuthScope;
+use tokenwire_core::reasoning::ReasoningTags;
 use tokenwire_core::{
     ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
     JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId,
@@ -158,6 +159,7 @@ fn host_json(h: &HostConfig) -> Value {
         "default_max_tokens": h.default_max_tokens, "max_step_tokens": h.max_step_tokens,
         "max_running_seqs": h.max_running_seqs, "max_queued_requests": h.max_queued_requests,
         "prefix_cache": h.prefix_cache,
+        "reasoning_tags": h.reasoning_tags.map(|t| t.open),
         "max_queued_per_conn": h.max_queued_per_conn,
         "session_max_messages": h.session_max_messages, "max_sessions": h.max_sessions,
         "max_sessions_per_conn": h.max_sessions_per_conn,
@@ -282,6 +284,15 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         max_step_tokens: u32_of(v, "max_step_tokens")?,
         max_running_seqs: u32_of(v, "max_running_seqs")?,
         prefix_cache: v["prefix_cache"].as_bool().unwrap_or(true),
+        reasoning_tags: match v["reasoning_tags"].as_str() {
+            None => None,
+            Some(open) => Some(
+                [ReasoningTags::THINK, ReasoningTags::MISTRAL]
+                    .into_iter()
+                    .find(|t| t.open == open)
+                    .ok_or_else(|| format!("unknown reasoning tags {open}"))?,
+            ),
+        },
         max_queued_requests: u32_of(v, "max_queued_requests")?,
         max_queued_per_conn: u32_of(v, "max_queued_per_conn")?,
         session_max_messages: usize_of(v, "session_max_messages")?,

@@ -49,6 +49,36 @@ pub fn stories260k() -> PathBuf {
     tokenwire_kernels::builtin::stories260k_source_dir()
 }
 
+/// A chat template in Qwen3's shape for a reasoning model: the generation
+/// prompt opens the reasoning (`<think>` then a newline, as DeepSeek-R1's
+/// and Qwen3-Thinking's templates write it), unless `enable_thinking` is
+/// `false`, when it writes an empty reasoning closed (Qwen3's switch).
+pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+/// A copy of stories260K (named so still) whose tokenizer config carries
+/// [`THINKING_TEMPLATE`], in a fresh folder of the system's temp dir named
+/// after `name` and this process.
+pub fn thinking_stories260k(name: &str) -> PathBuf {
+    let parent =
+        std::env::temp_dir().join(format!("tokenwire-thinking-{name}-{}", std::process::id()));
+    let dir = parent.join("stories260K");
+    std::fs::create_dir_all(&dir).expect("make the model folder");
+    let source = stories260k();
+    for entry in std::fs::read_dir(&source).expect("read stories260K") {
+        let entry = entry.expect("an entry");
+        if entry.file_type().expect("its type").is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy a model file");
+        }
+    }
+    let config_path = dir.join("tokenizer_config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).expect("read the config"))
+            .expect("the config is JSON");
+    config["chat_template"] = Value::String(THINKING_TEMPLATE.into());
+    std::fs::write(&config_path, config.to_string()).expect("write the config");
+    dir
+}
+
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`
 /// puts it in `target/models`; `TOKENWIRE_SMOLLM2_GGUF` names another place).
 /// Under CI (`CI=true`) a missing file is a failure, elsewhere the caller

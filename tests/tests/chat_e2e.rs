@@ -609,3 +609,101 @@ async fn max_context_bounds_what_the_routes_take() {
     );
     server.shutdown().await;
 }
+
+/// `--reasoning-parser` on a model whose chat template opens the reasoning
+/// (stories260K with [`tokenwire_tests::THINKING_TEMPLATE`]): the story it
+/// writes is all reasoning, since it never closes the tag, and equals what a
+/// server without the parser sends as text; `enable_thinking: false` closes
+/// the reasoning in the prompt, so the answer is all content; streamed, the
+/// reasoning comes as `reasoning_content` deltas; `/tokenize` renders the
+/// kwargs as the route does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_parser_sends_the_thinking_as_reasoning_content() {
+    use tokenwire_core::reasoning::ReasoningTags;
+    let dir = tokenwire_tests::thinking_stories260k("e2e");
+    let parsed = start(ModelSource::Dir(dir.clone()), |c| {
+        c.host.reasoning_tags = Some(ReasoningTags::THINK);
+    })
+    .await;
+    let plain = start(ModelSource::Dir(dir.clone()), |_| {}).await;
+    let ask = body(json!({"max_tokens": 20}));
+
+    let raw = http(&plain, "POST", CHAT, Some(&ask)).await.json();
+    let raw_text = raw["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    assert!(raw["choices"][0]["message"]
+        .get("reasoning_content")
+        .is_none());
+    let v = http(&parsed, "POST", CHAT, Some(&ask)).await.json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], raw_text.trim(), "{v}");
+    assert_eq!(m["content"], "", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        20
+    );
+
+    let off = body(json!({"max_tokens": 20, "chat_template_kwargs": {"enable_thinking": false}}));
+    let v = http(&parsed, "POST", CHAT, Some(&off)).await.json();
+    let m = &v["choices"][0]["message"];
+    assert!(m["reasoning_content"].is_null(), "{v}");
+    assert!(!m["content"].as_str().expect("content").is_empty(), "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        0
+    );
+
+    let streamed = with(
+        serde_json::from_str(&ask).expect("json"),
+        json!({"stream": true}),
+    );
+    let r = http(&parsed, "POST", CHAT, Some(&streamed)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut reasoning = String::new();
+    for line in r.body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).expect("a chunk");
+        let delta = &chunk["choices"][0]["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        assert!(
+            delta["content"].as_str().unwrap_or_default().is_empty(),
+            "{chunk}"
+        );
+    }
+    assert_eq!(reasoning, raw_text.trim());
+
+    let count = |kwargs: Value| {
+        json!({"messages": [{"role": "user", "content": "Once upon a time"}],
+               "chat_template_kwargs": kwargs})
+        .to_string()
+    };
+    let on = http(&parsed, "POST", "/tokenize", Some(&count(json!({})))).await;
+    let off = http(
+        &parsed,
+        "POST",
+        "/tokenize",
+        Some(&count(json!({"enable_thinking": false}))),
+    )
+    .await;
+    assert!(
+        off.json()["count"].as_u64() > on.json()["count"].as_u64(),
+        "{} {}",
+        on.body,
+        off.body
+    );
+    let bad = body(json!({"chat_template_kwargs": {"messages": []}}));
+    let r = http(&parsed, "POST", CHAT, Some(&bad)).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "chat_template_kwargs.messages");
+    parsed.shutdown().await;
+    plain.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}

@@ -34,3 +34,23 @@ async fn langchain_chat_openai_invokes_streams_batches_and_calls_tools() {
     assert!(out.contains("6 of 6 checks passed"), "{out}");
     server.shutdown().await;
 }
+
+/// `--reasoning-parser qwen3` with the official SDK (`tests/sdk/reasoning_sdk.py`),
+/// on stories260K with a template that opens the reasoning: the SDK's
+/// message and deltas carry `reasoning_content` (the only field its strict
+/// types do not name), `usage.completion_tokens_details.reasoning_tokens`
+/// counts them, and `extra_body={"chat_template_kwargs": {"enable_thinking":
+/// False}}` turns the reasoning off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_reads_reasoning_content_and_sends_chat_template_kwargs() {
+    let Some(python) = sdk_python() else { return };
+    let dir = tokenwire_tests::thinking_stories260k("sdk");
+    let server = start(ModelSource::Dir(dir.clone()), |c| {
+        c.host.reasoning_tags = Some(tokenwire_core::reasoning::ReasoningTags::THINK);
+    })
+    .await;
+    let out = run_sdk_script(&python, "reasoning_sdk.py", &server, &[]).await;
+    assert!(out.contains("3 of 3 checks passed"), "{out}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}

@@ -213,6 +213,20 @@ impl<'a> Cx<'a> {
         max_tokens: u32,
         tools: Vec<crate::tools::ToolDef>,
     ) -> Result<TextJobId, StartError> {
+        let kwargs = crate::text::TemplateKwargs::new();
+        self.encode_chat_templated(messages, max_messages, max_tokens, tools, kwargs)
+    }
+
+    /// [`Cx::encode_chat_with_tools`] with `template_kwargs` given to the
+    /// chat template as variables (`chat_template_kwargs`).
+    pub fn encode_chat_templated(
+        &mut self,
+        messages: Vec<ChatMessage>,
+        max_messages: usize,
+        max_tokens: u32,
+        tools: Vec<crate::tools::ToolDef>,
+        template_kwargs: crate::text::TemplateKwargs,
+    ) -> Result<TextJobId, StartError> {
         self.check_filter(messages.iter().map(|m| m.content.as_str()))?;
         Ok(self.port.tokenize(
             self.conn,
@@ -221,6 +235,7 @@ impl<'a> Cx<'a> {
                 max_messages,
                 max_tokens,
                 tools,
+                template_kwargs,
             },
         ))
     }

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
-use tokenwire_core::tools::{ToolDef, ToolFormat};
+use tokenwire_core::text::TemplateKwargs;
+use tokenwire_core::tools::{self, ToolDef, ToolFormat};
 use tokenwire_core::{ChatMessage, Grammar, TextCodec, TokenConstraint, TokenId};
 
 use crate::chat::{join_contents, ChatTemplate};
@@ -158,24 +159,29 @@ impl TextCodec for HfCodec {
         messages: &[ChatMessage],
         tools: &[ToolDef],
     ) -> Option<Result<Vec<TokenId>, String>> {
-        let template = self.template.as_ref().filter(|t| t.takes_tools())?;
-        // Contents with typed control text take the guarded path, through
-        // the tools described in a system message instead.
-        if messages
-            .iter()
-            .any(|m| self.specials.iter().any(|s| m.content.contains(s.as_str())))
-        {
-            return None;
+        self.encode_template_tools(messages, tools, &TemplateKwargs::new())
+    }
+
+    fn encode_chat_templated(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+        kwargs: &TemplateKwargs,
+    ) -> Result<Vec<TokenId>, String> {
+        if let Some((key, special)) = self.control_text_in(kwargs) {
+            return Err(format!(
+                "chat_template_kwargs.{key} holds the model's control text `{special}`, \
+                 which would be read as markup; remove it"
+            ));
         }
-        Some(
-            template
-                .render_with_tools(messages, tools)
-                .and_then(|text| {
-                    let wrote_bos =
-                        !template.bos_token().is_empty() && text.starts_with(template.bos_token());
-                    self.encode(&text, !wrote_bos)
-                }),
-        )
+        if tools.is_empty() {
+            return self.encode_rendered(messages, kwargs);
+        }
+        self.encode_template_tools(messages, tools, kwargs)
+            .unwrap_or_else(|| {
+                let described = tools::with_tools_prompt(messages, tools, self.tool_format());
+                self.encode_rendered(&described, kwargs)
+            })
     }
 
     fn constrain(&self, grammar: &Grammar) -> Result<Box<dyn TokenConstraint>, String> {
@@ -186,32 +192,103 @@ impl TextCodec for HfCodec {
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        self.render(messages, &TemplateKwargs::new())
+    }
+
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, String> {
+        self.encode_rendered(messages, &TemplateKwargs::new())
+    }
+}
+
+impl HfCodec {
+    /// The prompt for `messages` with `kwargs` as template variables; with
+    /// no template, the contents joined.
+    fn render(&self, messages: &[ChatMessage], kwargs: &TemplateKwargs) -> Result<String, String> {
         match &self.template {
-            Some(t) => t.render(messages),
+            Some(t) => t.render_with(messages, &[], kwargs),
             None => Ok(join_contents(messages)),
         }
     }
 
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, String> {
-        let text = self.render_chat(messages)?;
+    /// [`HfCodec::render`] tokenized: the template's markup with special
+    /// tokens, contents with typed control text as plain text.
+    fn encode_rendered(
+        &self,
+        messages: &[ChatMessage],
+        kwargs: &TemplateKwargs,
+    ) -> Result<Vec<TokenId>, String> {
+        let text = self.render(messages, kwargs)?;
         // Templates such as Llama 3's begin with `{{ bos_token }}`; the
         // tokenizer's post-processor would add a second one.
         let template_wrote_bos = self
             .template
             .as_ref()
             .is_some_and(|t| !t.bos_token().is_empty() && text.starts_with(t.bos_token()));
-        let typed_control_text = messages
-            .iter()
-            .any(|m| self.specials.iter().any(|s| m.content.contains(s.as_str())));
-        if !typed_control_text {
+        if !self.has_control_text(messages) {
             // The common case: the whole text at once, as it always was.
             return self.encode(&text, !template_wrote_bos);
         }
-        self.encode_chat_guarded(messages, &text, !template_wrote_bos)
+        self.encode_chat_guarded(messages, kwargs, &text, !template_wrote_bos)
     }
-}
 
-impl HfCodec {
+    /// `messages` with `tools` rendered by the template itself, when it
+    /// takes tools and no content holds typed control text (`None`
+    /// otherwise: the caller describes the tools in a system message).
+    fn encode_template_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+        kwargs: &TemplateKwargs,
+    ) -> Option<Result<Vec<TokenId>, String>> {
+        let template = self.template.as_ref().filter(|t| t.takes_tools())?;
+        // Contents with typed control text take the guarded path, through
+        // the tools described in a system message instead.
+        if self.has_control_text(messages) {
+            return None;
+        }
+        Some(
+            template
+                .render_with(messages, tools, kwargs)
+                .and_then(|text| {
+                    let wrote_bos =
+                        !template.bos_token().is_empty() && text.starts_with(template.bos_token());
+                    self.encode(&text, !wrote_bos)
+                }),
+        )
+    }
+
+    /// Whether any content holds a special token's text.
+    fn has_control_text(&self, messages: &[ChatMessage]) -> bool {
+        messages
+            .iter()
+            .any(|m| self.specials.iter().any(|s| m.content.contains(s.as_str())))
+    }
+
+    /// The first kwarg (its key) whose text, anywhere in its value, holds a
+    /// special token's text, and that text: a template writes kwargs as
+    /// markup, so they must not spell control tokens.
+    fn control_text_in(&self, kwargs: &TemplateKwargs) -> Option<(String, String)> {
+        fn strings<'v>(v: &'v serde_json::Value, out: &mut Vec<&'v str>) {
+            match v {
+                serde_json::Value::String(s) => out.push(s),
+                serde_json::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+                serde_json::Value::Object(o) => o.iter().for_each(|(k, v)| {
+                    out.push(k);
+                    strings(v, out)
+                }),
+                _ => {}
+            }
+        }
+        kwargs.iter().find_map(|(key, value)| {
+            let mut texts = vec![key.as_str()];
+            strings(value, &mut texts);
+            texts.iter().find_map(|t| {
+                let special = self.specials.iter().find(|s| t.contains(s.as_str()))?;
+                Some((key.clone(), special.clone()))
+            })
+        })
+    }
+
     /// A conversation some of whose contents contain special-token text
     /// (`<|im_end|>` typed by a client): the template's markup is tokenized
     /// with special tokens, the contents as plain text, so nobody writes a
@@ -222,6 +299,7 @@ impl HfCodec {
     fn encode_chat_guarded(
         &self,
         messages: &[ChatMessage],
+        kwargs: &TemplateKwargs,
         rendered: &str,
         add_special: bool,
     ) -> Result<Vec<TokenId>, String> {
@@ -243,7 +321,7 @@ impl HfCodec {
                 content: marker(i),
             })
             .collect();
-        let skeleton = self.render_chat(&placeheld)?;
+        let skeleton = self.render(&placeheld, kwargs)?;
         // Markup and contents in order, from the skeleton's markers.
         let mut pieces: Vec<(bool, &str)> = Vec::new();
         let mut rest = skeleton.as_str();

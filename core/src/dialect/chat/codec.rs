@@ -9,7 +9,7 @@ use crate::dialect::openai::{self, FormatShape};
 use crate::engine::{LogitBias, TokenId};
 use crate::json::{self, FieldError, Fields};
 use crate::params::{self, GenParams, ParamNames};
-use crate::text::{ChatMessage, Role};
+use crate::text::{ChatMessage, Role, TemplateKwargs};
 use crate::tools::{self, ToolFormat, Tools};
 
 /// Most choices one request may ask for (`n`).
@@ -92,6 +92,12 @@ pub struct ChatRequest {
     pub format: Option<Grammar>,
     /// `tools`, `tool_choice`, `parallel_tool_calls` (chat only).
     pub tools: Tools,
+    /// `chat_template_kwargs`: more variables for the chat template (chat
+    /// only; empty when absent).
+    pub template_kwargs: TemplateKwargs,
+    /// `include_reasoning` (vLLM's): with a reasoning parser, send the
+    /// reasoning as `reasoning_content` (`true`, the default) or drop it.
+    pub include_reasoning: bool,
 }
 
 /// A request refused before anything runs: the status, the OpenAI error
@@ -262,6 +268,14 @@ pub fn decode(
             "a forced tool call cannot be combined with a `response_format`; use one or the other",
         ));
     }
+    let template_kwargs = match route {
+        Route::Chat => template_kwargs(&f)?,
+        Route::Completions => TemplateKwargs::new(),
+    };
+    let include_reasoning = f
+        .bool("include_reasoning")
+        .map_err(BadRequest::invalid)?
+        .unwrap_or(true);
     Ok(ChatRequest {
         route,
         model,
@@ -274,7 +288,47 @@ pub fn decode(
         echo,
         format,
         tools,
+        template_kwargs,
+        include_reasoning,
     })
+}
+
+/// Most `chat_template_kwargs` one request may give.
+pub const MAX_TEMPLATE_KWARGS: usize = 64;
+
+/// Variables the chat template renders with itself, which a kwarg may not
+/// replace: the conversation, its tools and its markup are the server's.
+const RESERVED_TEMPLATE_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// `chat_template_kwargs` (vLLM's): an object of variables for the chat
+/// template, at most [`MAX_TEMPLATE_KWARGS`], none of the reserved names;
+/// empty when absent.
+pub(super) fn template_kwargs(f: &Fields<'_>) -> Result<TemplateKwargs, BadRequest> {
+    let Some(map) = f.obj("chat_template_kwargs").map_err(BadRequest::invalid)? else {
+        return Ok(TemplateKwargs::new());
+    };
+    if map.len() > MAX_TEMPLATE_KWARGS {
+        return Err(BadRequest::field(
+            "chat_template_kwargs",
+            format!("at most {MAX_TEMPLATE_KWARGS} variables, got {}", map.len()),
+        ));
+    }
+    if let Some(key) = map
+        .keys()
+        .find(|k| RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(BadRequest::field(
+            &format!("chat_template_kwargs.{key}"),
+            format!("`{key}` is set by the server from the request and cannot be given here"),
+        ));
+    }
+    Ok(map.clone())
 }
 
 /// An OpenAI presence or frequency penalty: -2 to 2, 0 when absent.

@@ -18,6 +18,12 @@
 //! come out as `tool_calls` (whole, in one chunk each when streamed) and
 //! never as text.
 //!
+//! With a reasoning parser (`HostConfig::reasoning_tags`), a chat choice's
+//! text goes through a [`ReasoningSplitter`] first: its thinking comes out
+//! as `reasoning_content`, and only the answer reaches the call splitter
+//! and `content`. `chat_template_kwargs` go to the template with the
+//! messages ([`Cx::encode_chat_templated`]).
+//!
 //! Beside them, vLLM's `POST /tokenize` and `POST /detokenize`
 //! ([`tokenize`]): the ids of a prompt or a conversation, as these routes
 //! tokenize them (the ids `logit_bias` names), and the text of ids.
@@ -33,6 +39,7 @@ use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
+use crate::reasoning::{ReasoningSplitter, ReasoningTags};
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
 use crate::tools::{CallSplitter, ParsedCall, Released};
 
@@ -59,6 +66,14 @@ struct Choice {
     splitter: Option<CallSplitter>,
     /// The calls it made, with their ids.
     calls: Vec<(String, ParsedCall)>,
+    /// With a reasoning parser: parts the text into reasoning and answer
+    /// (before the tool-call splitter, which sees the answer only).
+    thinker: Option<ReasoningSplitter>,
+    /// Its reasoning so far (kept with `include_reasoning`).
+    reasoning: String,
+    /// Tokens generated up to the end of the reasoning, its tags included
+    /// (0 for an answer without reasoning).
+    reasoning_tokens: u32,
 }
 
 /// The request in flight (one per virtual connection).
@@ -78,6 +93,9 @@ struct Request {
     choices: Vec<Choice>,
     /// `response_format`'s compiled grammar, copied into each choice.
     constraint: Option<Constraint>,
+    /// The reasoning parser's tags, when this answer is split
+    /// ([`reasoning_tags`]).
+    reasoning: Option<ReasoningTags>,
 }
 
 /// One `chat` request's machine.
@@ -213,7 +231,8 @@ impl ChatConn {
             Input::Messages(m) => {
                 let budget = context_len.saturating_sub(max_tokens);
                 let tools = req.tools.prompt_defs().to_vec();
-                match cx.encode_chat_with_tools(m.clone(), usize::MAX, budget, tools) {
+                let kwargs = req.template_kwargs.clone();
+                match cx.encode_chat_templated(m.clone(), usize::MAX, budget, tools, kwargs) {
                     Ok(job) => (job, String::new()),
                     Err(e) => {
                         let (status, code, message) = openai::start_error(&e, "max_tokens");
@@ -242,7 +261,9 @@ impl ChatConn {
                 ..Choice::default()
             })
             .collect();
+        let reasoning = reasoning_tags(cx, &req, constraint.is_some());
         self.inflight = Some(Request {
+            reasoning,
             id: cx.new_id(prefix),
             created: cx.unix_ms() / 1000,
             prompt_text,
@@ -268,8 +289,8 @@ impl ChatConn {
             Ok(tokenize::ToTokenize::Prompt(p)) => {
                 cx.encode_prompt(p, 0).map_err(|e| (e, "prompt"))
             }
-            Ok(tokenize::ToTokenize::Messages(m, tools)) => cx
-                .encode_chat_with_tools(m, usize::MAX, context_len, tools)
+            Ok(tokenize::ToTokenize::Messages(m, tools, kwargs)) => cx
+                .encode_chat_templated(m, usize::MAX, context_len, tools, kwargs)
                 .map_err(|e| (e, "messages")),
             Err(e) => return refuse(cx, &e),
         };
@@ -313,6 +334,16 @@ impl ChatConn {
         };
         r.prompt_tokens = encoded.ids.len() as u32;
         r.prompt_ids = encoded.ids;
+        if let Some(tags) = r.reasoning {
+            // Whether the template opened the reasoning is read off the
+            // prompt's last tokens (a tag is one token in the models that
+            // use it, a few bytes in any other).
+            let tail = &r.prompt_ids[r.prompt_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
+            let opened = tags.opened_by(&cx.codec().decode(tail));
+            for c in &mut r.choices {
+                c.thinker = Some(ReasoningSplitter::new(tags, opened));
+            }
+        }
         // The first choice alone computes the prompt; the others start once
         // it has (its first token), and find the prompt's full blocks in
         // the prefix cache instead of computing them again.
@@ -383,11 +414,13 @@ impl ChatConn {
         })
     }
 
-    /// A streamed chunk for choice `index`.
+    /// A streamed chunk for choice `index`: more of its answer's `text`
+    /// and (chat, with a reasoning parser) of its `reasoning`.
     fn chunk(
         r: &Request,
         index: usize,
         text: &str,
+        reasoning: &str,
         logprobs: Option<(Value, usize)>,
         finish: Option<&str>,
         role: bool,
@@ -398,7 +431,10 @@ impl ChatConn {
                 if role {
                     delta.insert("role".into(), json!("assistant"));
                 }
-                if !text.is_empty() || role {
+                if !reasoning.is_empty() {
+                    delta.insert("reasoning_content".into(), json!(reasoning));
+                }
+                if !text.is_empty() || (role && reasoning.is_empty()) {
                     delta.insert("content".into(), json!(text));
                 }
                 json!({
@@ -460,6 +496,10 @@ impl ChatConn {
         if r.req.route == Route::Chat {
             u["prompt_tokens_details"] = json!({"cached_tokens": r.cached_tokens});
         }
+        if r.reasoning.is_some() {
+            let reasoning: u32 = r.choices.iter().map(|c| c.reasoning_tokens).sum();
+            u["completion_tokens_details"] = json!({"reasoning_tokens": reasoning});
+        }
         u
     }
 
@@ -489,7 +529,7 @@ impl ChatConn {
             .map(|(i, c)| match r.req.route {
                 Route::Chat => json!({
                     "index": i,
-                    "message": message(c),
+                    "message": message(c, r.reasoning.is_some() && r.req.include_reasoning),
                     "logprobs": r.req.logprobs.map(|_| json!({"content": c.logprobs, "refusal": null})),
                     "finish_reason": c.finish,
                 }),
@@ -516,8 +556,32 @@ impl ChatConn {
 }
 
 /// A chat choice's `message`: its text, and its calls when it made any
-/// (then `content` is null unless it also wrote text).
-fn message(c: &Choice) -> Value {
+/// (then `content` is null unless it also wrote text); with `reasoning`,
+/// its `reasoning_content` (null when it wrote none).
+fn message(c: &Choice, reasoning: bool) -> Value {
+    let mut m = message_without_reasoning(c);
+    if reasoning {
+        m["reasoning_content"] = if c.reasoning.is_empty() {
+            Value::Null
+        } else {
+            json!(c.reasoning)
+        };
+    }
+    m
+}
+
+/// The prompt's last tokens read for an open reasoning tag.
+const PROMPT_TAIL_TOKENS: usize = 32;
+
+/// The tags to split this request's answers by: the server's reasoning
+/// parser, for chat answers not under a grammar (a grammar's text is the
+/// answer: `response_format` and forced calls leave no room to think).
+fn reasoning_tags(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningTags> {
+    let tags = cx.config().reasoning_tags?;
+    (req.route == Route::Chat && !constrained).then_some(tags)
+}
+
+fn message_without_reasoning(c: &Choice) -> Value {
     if c.calls.is_empty() {
         return json!({"role": "assistant", "content": c.text, "refusal": null});
     }
@@ -658,12 +722,39 @@ impl DialectConn for ChatConn {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
+        // With a reasoning parser, the reasoning is parted from the answer
+        // first; only the answer goes on.
+        let include_reasoning = r.req.include_reasoning;
+        let c = &mut r.choices[index];
+        let (reasoning, answer) = match c.thinker.as_mut() {
+            None => (String::new(), piece.text.clone()),
+            Some(thinker) => {
+                let (was_in, had_reasoned) = (thinker.in_reasoning(), thinker.reasoned());
+                let mut split = thinker.push(&piece.text);
+                if finish.is_some() {
+                    split.extend(thinker.finish());
+                }
+                // Every token up to the one that ends the reasoning is the
+                // reasoning's: the open tag's too, which may take several.
+                let began = thinker.reasoned() && !had_reasoned;
+                if was_in || began || thinker.in_reasoning() {
+                    c.reasoning_tokens = c.tokens + u32::from(piece.token_id.is_some());
+                }
+                (split.reasoning, split.answer)
+            }
+        };
+        let reasoning = if include_reasoning {
+            reasoning
+        } else {
+            String::new()
+        };
+        c.reasoning.push_str(&reasoning);
         // With tools, only what cannot be a call's markup is text; calls
         // come out whole.
-        let (visible, new_calls) = match r.choices[index].splitter.as_mut() {
-            None => (piece.text.clone(), Vec::new()),
+        let (visible, new_calls) = match c.splitter.as_mut() {
+            None => (answer, Vec::new()),
             Some(sp) => {
-                let mut released = sp.push(&piece.text);
+                let mut released = sp.push(&answer);
                 if finish.is_some() {
                     released.extend(sp.finish());
                 }
@@ -709,7 +800,8 @@ impl DialectConn for ChatConn {
             f => f,
         };
         c.finish = finish;
-        if r.req.stream && (!visible.is_empty() || entry.is_some() || !c.announced) {
+        let news = !visible.is_empty() || !reasoning.is_empty() || entry.is_some();
+        if r.req.stream && (news || !c.announced) {
             let role = !c.announced;
             c.announced = true;
             let text = if echo {
@@ -717,7 +809,8 @@ impl DialectConn for ChatConn {
             } else {
                 visible
             };
-            let chunk = Self::chunk(r, index, &text, entry.map(|e| (e, offset)), None, role);
+            let logprobs = entry.map(|e| (e, offset));
+            let chunk = Self::chunk(r, index, &text, &reasoning, logprobs, None, role);
             cx.send(json!({"kind": "chunk", "data": chunk}));
         }
         if r.req.stream {
@@ -728,7 +821,7 @@ impl DialectConn for ChatConn {
         }
         if let Some(f) = finish {
             if r.req.stream {
-                let chunk = Self::chunk(r, index, "", None, Some(f), false);
+                let chunk = Self::chunk(r, index, "", "", None, Some(f), false);
                 cx.send(json!({"kind": "chunk", "data": chunk}));
             }
         }

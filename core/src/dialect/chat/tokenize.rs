@@ -9,7 +9,7 @@ use super::codec::{self, BadRequest};
 use crate::dialect::openai::{self, FormatShape};
 use crate::engine::TokenId;
 use crate::json::Fields;
-use crate::text::ChatMessage;
+use crate::text::{ChatMessage, TemplateKwargs};
 use crate::tools::{ToolDef, ToolFormat};
 
 /// What a `/tokenize` body asks to tokenize.
@@ -18,8 +18,9 @@ pub(super) enum ToTokenize {
     /// `prompt`: a raw prompt, with the BOS the tokenizer adds.
     Prompt(String),
     /// `messages`: rendered with the chat template and its generation
-    /// prompt, with `tools` offered as Chat Completions offers them.
-    Messages(Vec<ChatMessage>, Vec<ToolDef>),
+    /// prompt, with `tools` offered and `chat_template_kwargs` given as
+    /// Chat Completions does.
+    Messages(Vec<ChatMessage>, Vec<ToolDef>, TemplateKwargs),
 }
 
 /// Decodes a `/tokenize` body: exactly one of `prompt` and `messages`.
@@ -33,7 +34,12 @@ pub(super) fn decode_tokenize(
         (false, true) => {
             let tools = openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?;
             let messages = codec::messages(&f, format)?;
-            Ok(ToTokenize::Messages(messages, tools.prompt_defs().to_vec()))
+            let kwargs = codec::template_kwargs(&f)?;
+            Ok(ToTokenize::Messages(
+                messages,
+                tools.prompt_defs().to_vec(),
+                kwargs,
+            ))
         }
         (has_prompt, _) => Err(BadRequest::field(
             if has_prompt { "messages" } else { "prompt" },
@@ -89,14 +95,25 @@ mod tests {
             ToolFormat::Hermes,
         )
         .expect("messages");
-        assert!(matches!(m, ToTokenize::Messages(ref v, ref t) if v.len() == 1 && t.is_empty()));
+        assert!(
+            matches!(m, ToTokenize::Messages(ref v, ref t, ref k) if v.len() == 1 && t.is_empty() && k.is_empty())
+        );
+        let with_kwargs = decode_tokenize(
+            &body(json!({"messages": [{"role": "user", "content": "hi"}],
+                         "chat_template_kwargs": {"enable_thinking": false}})),
+            ToolFormat::Hermes,
+        )
+        .expect("messages with kwargs");
+        assert!(
+            matches!(with_kwargs, ToTokenize::Messages(_, _, ref k) if k["enable_thinking"] == json!(false))
+        );
         let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
         let with_tools = decode_tokenize(
             &body(json!({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})),
             ToolFormat::Hermes,
         )
         .expect("messages with tools");
-        assert!(matches!(with_tools, ToTokenize::Messages(_, ref t) if t.len() == 1));
+        assert!(matches!(with_tools, ToTokenize::Messages(_, ref t, _) if t.len() == 1));
         for (b, field) in [
             (json!({}), "prompt"),
             (json!({"prompt": "a", "messages": []}), "messages"),

@@ -216,6 +216,7 @@ mod tests {
                 max_messages: usize::MAX,
                 max_tokens: 100,
                 tools: Vec::new(),
+                template_kwargs: Default::default(),
             },
         };
         k.out(Output::Tokenize(job)).map_err(|v| v.detail)

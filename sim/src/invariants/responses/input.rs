@@ -76,6 +76,7 @@ mod tests {
                 max_messages: usize::MAX,
                 max_tokens: 100,
                 tools: Vec::new(),
+                template_kwargs: Default::default(),
             },
         })
     }

@@ -87,6 +87,7 @@ pub(crate) mod testkit {
                 max_messages: usize::MAX,
                 max_tokens: 100,
                 tools: Vec::new(),
+                template_kwargs: Default::default(),
             },
         }))
         .map_err(|v| v.detail)?;

@@ -210,6 +210,7 @@ mod tests {
                 max_messages: 20,
                 max_tokens,
                 tools: Vec::new(),
+                template_kwargs: Default::default(),
             },
         })
     }

@@ -173,6 +173,7 @@ mod tests {
                 max_messages: 20,
                 max_tokens: 100,
                 tools: Vec::new(),
+                template_kwargs: Default::default(),
             },
         }))
     }

@@ -329,6 +329,7 @@ mod tests {
                 max_messages: 20,
                 max_tokens: 500,
                 tools: Vec::new(),
+                template_kwargs: Default::default(),
             },
         }))
         .expect("tokenize");

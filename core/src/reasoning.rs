@@ -1,0 +1,359 @@
+//! Reasoning split from the answer (`--reasoning-parser`): models such as
+//! Qwen3, DeepSeek-R1 and Magistral think aloud between two tags before
+//! they answer. A [`ReasoningSplitter`] takes a choice's text as it streams
+//! and parts it into the reasoning (Chat Completions' `reasoning_content`)
+//! and the answer (`content`), tags dropped, so a client shows the answer
+//! alone and may show the thinking apart.
+//!
+//! The rules, the same for every tag pair ([`ReasoningTags`]):
+//!
+//! - An answer is reasoning from its start when the prompt ends with the
+//!   open tag (DeepSeek-R1's and Qwen3-Thinking's templates write it; see
+//!   [`ReasoningTags::opened_by`]), or when the answer's own text begins
+//!   with it (Qwen3 writes it itself).
+//! - Reasoning ends at the first close tag; all after it is the answer,
+//!   never parsed again (an answer may quote the tags).
+//! - An answer that begins with anything else has no reasoning: a template
+//!   that closed the tags already (Qwen3 with `enable_thinking: false`)
+//!   leaves nothing to split.
+//! - Whitespace around the reasoning, and at the answer's start after the
+//!   close tag, is dropped (the models write `\n` and `\n\n` there).
+//! - An answer that ends inside the reasoning (its length ran out) is all
+//!   reasoning: its answer is empty.
+//!
+//! Text is released as soon as it cannot be part of a tag: only what may
+//! still become one (a tag's start at the text's end) and the whitespace
+//! before it is held, so the pieces out are the same whichever way the
+//! text was cut into pieces in.
+
+/// The markup that encloses a model's reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningTags {
+    /// Opens the reasoning (`<think>`).
+    pub open: &'static str,
+    /// Closes it (`</think>`).
+    pub close: &'static str,
+}
+
+impl ReasoningTags {
+    /// `<think>` and `</think>`: Qwen3, QwQ, DeepSeek-R1 and its distills
+    /// (vLLM's `qwen3` and `deepseek_r1` parsers).
+    pub const THINK: ReasoningTags = ReasoningTags {
+        open: "<think>",
+        close: "</think>",
+    };
+
+    /// `[THINK]` and `[/THINK]`: Mistral's Magistral (vLLM's `mistral`).
+    pub const MISTRAL: ReasoningTags = ReasoningTags {
+        open: "[THINK]",
+        close: "[/THINK]",
+    };
+
+    /// Whether a prompt whose text ends with `tail` leaves its answer
+    /// inside the reasoning: the open tag, then nothing but whitespace.
+    pub fn opened_by(&self, tail: &str) -> bool {
+        tail.trim_end().ends_with(self.open)
+    }
+}
+
+/// Where the splitter is in the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Nothing decided: the text so far may still become the open tag.
+    Start,
+    /// Inside the reasoning.
+    Reasoning,
+    /// The answer (after the close tag, or an answer without reasoning).
+    Answer,
+}
+
+/// What one [`ReasoningSplitter::push`] releases.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    /// More of the reasoning.
+    pub reasoning: String,
+    /// More of the answer.
+    pub answer: String,
+}
+
+impl Split {
+    /// Appends `other`'s text to this one's.
+    pub fn extend(&mut self, other: Split) {
+        self.reasoning.push_str(&other.reasoning);
+        self.answer.push_str(&other.answer);
+    }
+}
+
+/// Parts one choice's text into reasoning and answer as it streams (the
+/// rules are in the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct ReasoningSplitter {
+    tags: ReasoningTags,
+    part: Part,
+    /// Text not released yet.
+    held: String,
+    /// Nothing of the current part released yet (its leading whitespace,
+    /// and in the reasoning a repeated open tag, are dropped).
+    fresh: bool,
+    /// The reasoning began (it may have ended since).
+    reasoned: bool,
+}
+
+impl ReasoningSplitter {
+    /// A splitter for an answer to a prompt that left it inside the
+    /// reasoning (`opened`, from [`ReasoningTags::opened_by`]) or not.
+    pub fn new(tags: ReasoningTags, opened: bool) -> ReasoningSplitter {
+        ReasoningSplitter {
+            tags,
+            part: if opened { Part::Reasoning } else { Part::Start },
+            held: String::new(),
+            fresh: true,
+            reasoned: opened,
+        }
+    }
+
+    /// Whether the answer had reasoning (the open tag seen or given), ended
+    /// or not.
+    pub fn reasoned(&self) -> bool {
+        self.reasoned
+    }
+
+    /// Whether the text so far ends inside the reasoning (the open tag
+    /// seen or given, the close tag not yet).
+    pub fn in_reasoning(&self) -> bool {
+        self.part == Part::Reasoning
+    }
+
+    /// Takes the next piece of the answer's text; returns what may be
+    /// released now.
+    pub fn push(&mut self, piece: &str) -> Split {
+        self.held.push_str(piece);
+        let mut out = Split::default();
+        loop {
+            match self.part {
+                Part::Start => {
+                    let text = self.held.trim_start();
+                    if let Some(rest) = text.strip_prefix(self.tags.open) {
+                        self.held = rest.to_string();
+                        self.enter(Part::Reasoning);
+                    } else if self.tags.open.starts_with(text) {
+                        // Empty, or the open tag's beginning: wait.
+                        return out;
+                    } else {
+                        self.part = Part::Answer;
+                        self.fresh = false;
+                    }
+                }
+                Part::Reasoning => {
+                    if self.fresh {
+                        let text = self.held.trim_start();
+                        let text = text.strip_prefix(self.tags.open).unwrap_or(text);
+                        if text.len() != self.held.len() {
+                            self.held = text.to_string();
+                            continue;
+                        }
+                        if text.is_empty() || self.tags.open.starts_with(text) {
+                            return out;
+                        }
+                    }
+                    if let Some(at) = self.held.find(self.tags.close) {
+                        out.reasoning.push_str(self.held[..at].trim_end());
+                        self.held.drain(..at + self.tags.close.len());
+                        self.enter(Part::Answer);
+                        continue;
+                    }
+                    let cut = self.releasable();
+                    if cut > 0 {
+                        out.reasoning.push_str(&self.held[..cut]);
+                        self.held.drain(..cut);
+                        self.fresh = false;
+                    }
+                    return out;
+                }
+                Part::Answer => {
+                    if self.fresh {
+                        let text = self.held.trim_start();
+                        if text.is_empty() {
+                            self.held.clear();
+                            return out;
+                        }
+                        self.held = text.to_string();
+                        self.fresh = false;
+                    }
+                    out.answer.push_str(&self.held);
+                    self.held.clear();
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// The answer ended: releases what was held (a tag's beginning that
+    /// never completed is text; trailing whitespace of the reasoning is
+    /// dropped).
+    pub fn finish(&mut self) -> Split {
+        let held = std::mem::take(&mut self.held);
+        let mut out = Split::default();
+        match self.part {
+            Part::Start => out.answer = held,
+            Part::Reasoning => {
+                let text = if self.fresh { held.trim_start() } else { &held };
+                out.reasoning = text.trim_end().to_string();
+            }
+            Part::Answer => out.answer = held,
+        }
+        out
+    }
+
+    fn enter(&mut self, part: Part) {
+        self.part = part;
+        self.fresh = true;
+        self.reasoned |= part == Part::Reasoning;
+    }
+
+    /// How much of the held reasoning can go: all but a close tag's
+    /// beginning at its end and the whitespace before that.
+    fn releasable(&self) -> usize {
+        let close = self.tags.close;
+        let partial = (1..close.len())
+            .rev()
+            .find(|&k| self.held.ends_with(&close[..k]))
+            .unwrap_or(0);
+        let before = &self.held[..self.held.len() - partial];
+        before.trim_end().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn whole(tags: ReasoningTags, opened: bool, text: &str) -> Split {
+        let mut s = ReasoningSplitter::new(tags, opened);
+        let mut out = s.push(text);
+        out.extend(s.finish());
+        out
+    }
+
+    fn split(reasoning: &str, answer: &str) -> Split {
+        Split {
+            reasoning: reasoning.into(),
+            answer: answer.into(),
+        }
+    }
+
+    #[test]
+    fn qwen3_writes_its_tags_and_the_splitter_drops_them_with_their_whitespace() {
+        let text = "<think>\nThe user greets me.\nI greet back.\n</think>\n\nHello!";
+        assert_eq!(
+            whole(ReasoningTags::THINK, false, text),
+            split("The user greets me.\nI greet back.", "Hello!")
+        );
+    }
+
+    #[test]
+    fn a_prompt_that_opened_the_tag_starts_the_answer_inside_the_reasoning() {
+        let text = "Two and two.\n</think>\n\nFour.";
+        assert_eq!(
+            whole(ReasoningTags::THINK, true, text),
+            split("Two and two.", "Four.")
+        );
+        // Not opened, the same text is all answer: no open tag began it.
+        assert_eq!(whole(ReasoningTags::THINK, false, text), split("", text));
+        // Opened, and the model writes the tag again: it is not reasoning text.
+        assert_eq!(
+            whole(ReasoningTags::THINK, true, "\n<think>\nhm</think>ok"),
+            split("hm", "ok")
+        );
+    }
+
+    #[test]
+    fn an_answer_without_the_open_tag_has_no_reasoning_and_is_never_parsed() {
+        let text = "Use <think> and </think> to think.";
+        assert_eq!(whole(ReasoningTags::THINK, false, text), split("", text));
+        // What the Qwen3 template's `enable_thinking: false` leaves: the
+        // answer alone, its leading whitespace kept as written.
+        assert_eq!(whole(ReasoningTags::THINK, false, " Hi"), split("", " Hi"));
+    }
+
+    #[test]
+    fn only_the_first_close_tag_ends_the_reasoning() {
+        assert_eq!(
+            whole(ReasoningTags::THINK, false, "<think>a</think>b</think>c"),
+            split("a", "b</think>c")
+        );
+    }
+
+    #[test]
+    fn an_answer_cut_inside_the_reasoning_is_all_reasoning() {
+        assert_eq!(
+            whole(ReasoningTags::THINK, false, "<think>\nstill thinking </thi"),
+            split("still thinking </thi", "")
+        );
+        let mut s = ReasoningSplitter::new(ReasoningTags::THINK, false);
+        assert_eq!(s.push("<thi"), split("", ""));
+        assert!(!s.in_reasoning());
+        assert!(!s.reasoned());
+        assert_eq!(s.push("nk>"), split("", ""));
+        assert!(s.in_reasoning() && s.reasoned());
+        // A tag's beginning that never completes is the answer's text.
+        let mut s = ReasoningSplitter::new(ReasoningTags::THINK, false);
+        assert_eq!(s.push("<thi"), split("", ""));
+        assert_eq!(s.finish(), split("", "<thi"));
+    }
+
+    #[test]
+    fn reasoning_streams_as_it_comes_holding_only_a_possible_tag() {
+        let mut s = ReasoningSplitter::new(ReasoningTags::THINK, false);
+        assert_eq!(s.push("<think>\n"), split("", ""));
+        assert_eq!(s.push("one"), split("one", ""));
+        assert_eq!(s.push(" two \n</"), split(" two", ""));
+        assert_eq!(s.push("think>\n"), split("", ""));
+        assert!(!s.in_reasoning() && s.reasoned());
+        assert_eq!(s.push("\nAnswer"), split("", "Answer"));
+        assert_eq!(s.push(" more"), split("", " more"));
+        assert_eq!(s.finish(), split("", ""));
+    }
+
+    #[test]
+    fn magistral_tags() {
+        assert_eq!(
+            whole(ReasoningTags::MISTRAL, false, "[THINK]x[/THINK]y"),
+            split("x", "y")
+        );
+        assert!(ReasoningTags::MISTRAL.opened_by("[INST]q[/INST][THINK]\n"));
+    }
+
+    #[test]
+    fn opened_by_needs_the_open_tag_last() {
+        let t = ReasoningTags::THINK;
+        assert!(t.opened_by("<|im_start|>assistant\n<think>\n"));
+        assert!(!t.opened_by("assistant\n<think>\n\n</think>\n\n"));
+        assert!(!t.opened_by("user: what is <think>?\nassistant\n"));
+        assert!(!t.opened_by(""));
+    }
+
+    proptest! {
+        /// The pieces out do not depend on how the text was cut into pieces in.
+        #[test]
+        fn any_cut_of_the_text_splits_the_same(
+            text in "[<>/a-z \n]{0,12}(<think>)?[<>/a-z \n]{0,12}(</think>)?[<>/a-z \n]{0,12}",
+            opened in any::<bool>(),
+            cuts in proptest::collection::vec(0usize..40, 0..8),
+        ) {
+            let expected = whole(ReasoningTags::THINK, opened, &text);
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c <= text.len()).collect();
+            cuts.sort_unstable();
+            let mut s = ReasoningSplitter::new(ReasoningTags::THINK, opened);
+            let mut got = Split::default();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([text.len()]) {
+                got.extend(s.push(&text[at..c]));
+                at = c;
+            }
+            got.extend(s.finish());
+            prop_assert_eq!(got, expected);
+        }
+    }
+}
