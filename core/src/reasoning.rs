@@ -26,6 +26,11 @@
 //! before it is held, so the pieces out are the same whichever way the
 //! text was cut into pieces in.
 
+/// How many of a prompt's last tokens a dialect decodes to see whether the
+/// template opened the reasoning ([`ReasoningTags::opened_by`]): a tag is
+/// one token in the models that use it, a few bytes in any other.
+pub const PROMPT_TAIL_TOKENS: usize = 32;
+
 /// The markup that encloses a model's reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningTags {

@@ -655,3 +655,90 @@ fn a_call_the_model_writes_streams_as_a_function_call_item() {
         .iter()
         .any(|e| &e["item"] == call));
 }
+
+/// The engine's script for the reasoning tests: Qwen3-style thinking, then
+/// the answer, then the end of the sequence (a `0` byte).
+const THINKING: &str = "<think>\nplan it\n</think>\n\nthe answer\0";
+
+/// A user input that makes the engine start at [`THINKING`]'s start.
+fn thinking_input() -> String {
+    (0..THINKING.len())
+        .map(|pad| "x".repeat(pad))
+        .find(|c| {
+            let p = prompt_len(&[(Role::User, c)]);
+            script_text(THINKING, p, 8) == THINKING[..8]
+        })
+        .expect("some input starts the script at its start")
+}
+
+#[test]
+fn with_a_reasoning_parser_the_thinking_is_a_reasoning_item_before_the_message() {
+    let mut h = Harness::new(
+        HostConfig {
+            reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+            ..HostConfig::default()
+        },
+        THINKING,
+        1,
+    );
+    let c = h.open(1, Dialect::Responses);
+    let input = thinking_input();
+    h.send(c, create(json!(input), 100));
+    h.run(100);
+    let evs = events(&h, c);
+    let end = check_response(&evs);
+    assert_eq!(end["type"], "response.completed", "{:?}", kinds(&evs));
+    let output = end["response"]["output"].as_array().expect("output");
+    assert_eq!(output.len(), 2, "{end}");
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(
+        output[0]["content"],
+        json!([{"type": "reasoning_text", "text": "plan it"}])
+    );
+    assert_eq!(output[0]["status"], "completed");
+    assert_eq!(output[1]["type"], "message");
+    assert_eq!(output[1]["content"][0]["text"], "the answer");
+    let usage = &end["response"]["usage"];
+    let through_close = THINKING.find("</think>").expect("tag") + "</think>".len();
+    assert_eq!(
+        usage["output_tokens_details"]["reasoning_tokens"], through_close,
+        "{usage}"
+    );
+    // The reasoning item is streamed and closed before the message opens.
+    let k = kinds(&evs);
+    let deltas: String = evs
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, "plan it");
+    let reasoning_done = k
+        .iter()
+        .position(|t| t == "response.reasoning_text.done")
+        .expect("reasoning done");
+    let first_text = k
+        .iter()
+        .position(|t| t == "response.output_text.delta")
+        .expect("text");
+    assert!(reasoning_done < first_text, "{k:?}");
+    // A continuation sees the answer, not the thinking; a reasoning item
+    // sent back as input is left out of the prompt, as the template would.
+    h.send(
+        c,
+        json!({"type":"response.create","model":"tiny","input":[
+            output[0].clone(),
+            {"role": "user", "content": "more"}],
+            "previous_response_id": end["response"]["id"], "max_output_tokens": 1}),
+    );
+    h.run(50);
+    let next = last(&h, c);
+    assert_eq!(
+        next["response"]["usage"]["input_tokens"],
+        prompt_len(&[
+            (Role::User, &input),
+            (Role::Assistant, "the answer"),
+            (Role::User, "more")
+        ]),
+        "{next}"
+    );
+}

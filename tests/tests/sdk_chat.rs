@@ -40,7 +40,9 @@ async fn langchain_chat_openai_invokes_streams_batches_and_calls_tools() {
 /// message and deltas carry `reasoning_content` (the only field its strict
 /// types do not name), `usage.completion_tokens_details.reasoning_tokens`
 /// counts them, and `extra_body={"chat_template_kwargs": {"enable_thinking":
-/// False}}` turns the reasoning off.
+/// False}}` turns the reasoning off; the Responses API gives a `reasoning`
+/// item (streamed as `response.reasoning_text.delta` events) and takes it
+/// back in `input`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdk_reads_reasoning_content_and_sends_chat_template_kwargs() {
     let Some(python) = sdk_python() else { return };
@@ -50,7 +52,7 @@ async fn the_official_sdk_reads_reasoning_content_and_sends_chat_template_kwargs
     })
     .await;
     let out = run_sdk_script(&python, "reasoning_sdk.py", &server, &[]).await;
-    assert!(out.contains("3 of 3 checks passed"), "{out}");
+    assert!(out.contains("5 of 5 checks passed"), "{out}");
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
 }

@@ -39,7 +39,7 @@ use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
-use crate::reasoning::{ReasoningSplitter, ReasoningTags};
+use crate::reasoning::{ReasoningSplitter, ReasoningTags, PROMPT_TAIL_TOKENS};
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
 use crate::tools::{CallSplitter, ParsedCall, Released};
 
@@ -336,8 +336,7 @@ impl ChatConn {
         r.prompt_ids = encoded.ids;
         if let Some(tags) = r.reasoning {
             // Whether the template opened the reasoning is read off the
-            // prompt's last tokens (a tag is one token in the models that
-            // use it, a few bytes in any other).
+            // prompt's last tokens.
             let tail = &r.prompt_ids[r.prompt_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
             let opened = tags.opened_by(&cx.codec().decode(tail));
             for c in &mut r.choices {
@@ -569,9 +568,6 @@ fn message(c: &Choice, reasoning: bool) -> Value {
     }
     m
 }
-
-/// The prompt's last tokens read for an open reasoning tag.
-const PROMPT_TAIL_TOKENS: usize = 32;
 
 /// The tags to split this request's answers by: the server's reasoning
 /// parser, for chat answers not under a grammar (a grammar's text is the

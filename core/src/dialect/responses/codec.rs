@@ -202,7 +202,9 @@ fn decode_create(
             let mut messages: Vec<ChatMessage> = Vec::with_capacity(items.len());
             let mut after_call = false;
             for (i, item) in items.iter().enumerate() {
-                let (m, is_call) = input_item(i, item, tool_format).map_err(e)?;
+                let Some((m, is_call)) = input_item(i, item, tool_format).map_err(e)? else {
+                    continue;
+                };
                 // Calls of one turn (and the text before them) make one
                 // assistant message, as the model wrote them.
                 match messages.last_mut() {
@@ -310,12 +312,15 @@ fn check_metadata(m: &Value) -> Result<(), FieldError> {
 }
 
 /// One `input` item as a chat message, and whether it is a call the model
-/// made (a `function_call` item, written as `format` writes calls).
+/// made (a `function_call` item, written as `format` writes calls); `None`
+/// for a `reasoning` item, which clients send back with a turn's output and
+/// which the prompt leaves out (as reasoning models' templates leave out
+/// earlier turns' thinking).
 fn input_item(
     i: usize,
     item: &Value,
     format: ToolFormat,
-) -> Result<(ChatMessage, bool), FieldError> {
+) -> Result<Option<(ChatMessage, bool)>, FieldError> {
     let name = format!("input[{i}]");
     let Value::Object(m) = item else {
         return Err(FieldError::new(
@@ -352,17 +357,18 @@ fn input_item(
                 }
                 None => return Err(FieldError::new(format!("{name}.content"), "is required")),
             };
-            Ok((ChatMessage { role, content }, false))
+            Ok(Some((ChatMessage { role, content }, false)))
         }
+        "reasoning" => Ok(None),
         "function_call" => {
             let call = tools::render_call(format, f.req_str("name")?, f.req_str("arguments")?);
-            Ok((
+            Ok(Some((
                 ChatMessage {
                     role: Role::Assistant,
                     content: call,
                 },
                 true,
-            ))
+            )))
         }
         "function_call_output" => {
             let output = match f.raw("output") {
@@ -371,17 +377,17 @@ fn input_item(
                 Some(Value::Array(parts)) => parts_text(&name, parts)?,
                 _ => return Err(FieldError::new(format!("{name}.output"), "must be a string")),
             };
-            Ok((
+            Ok(Some((
                 ChatMessage {
                     role: Role::Tool,
                     content: output,
                 },
                 false,
-            ))
+            )))
         }
         other => Err(FieldError::new(
             format!("{name}.type"),
-            format!("`{other}` items are not supported; send messages, function_call or function_call_output"),
+            format!("`{other}` items are not supported; send messages, function_call, function_call_output or reasoning"),
         )),
     }
 }
@@ -437,6 +443,9 @@ pub struct Usage {
     pub cached_tokens: u32,
     /// Generated tokens.
     pub output_tokens: u32,
+    /// Of those, tokens up to the end of the reasoning (with a reasoning
+    /// parser).
+    pub reasoning_tokens: u32,
 }
 
 impl Usage {
@@ -447,10 +456,26 @@ impl Usage {
             "input_tokens": self.input_tokens,
             "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.input_tokens + self.output_tokens,
         })
     }
+}
+
+/// A reasoning text part.
+pub fn reasoning_part(text: &str) -> Value {
+    json!({"type": "reasoning_text", "text": text})
+}
+
+/// A reasoning item: its text as one part (none while in progress).
+pub fn reasoning_item(id: &str, status: &str, text: Option<&str>) -> Value {
+    json!({
+        "type": "reasoning",
+        "id": id,
+        "summary": [],
+        "content": text.map(|t| vec![reasoning_part(t)]).unwrap_or_default(),
+        "status": status,
+    })
 }
 
 /// An output text part.

@@ -5,6 +5,12 @@
 //! their `done` events and exactly one terminal event (`response.completed`,
 //! `response.incomplete` or `response.failed`), numbered from 0 per response.
 //!
+//! With a reasoning parser (`HostConfig::reasoning_tags`), the model's
+//! thinking comes first as a `reasoning` item (its text one
+//! `reasoning_text` part, streamed as `response.reasoning_text.delta`),
+//! and the message item opens when the answer begins. Reasoning items sent
+//! back in `input` are left out of the prompt.
+//!
 //! One response in flight per connection; `previous_response_id` resolves
 //! only against this connection's last completed or incomplete response (on
 //! the socket) or the bounded store of `store: true` responses (over HTTP).
@@ -27,6 +33,7 @@ use crate::engine::SeqId;
 use crate::gen::{Failure, FinishReason, GenRequest, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
+use crate::reasoning::ReasoningSplitter;
 use crate::text::{ChatMessage, Encoded, Role, TextJobId};
 use crate::tools::{self, CallSplitter, ParsedCall, Released, ToolChoice, ToolFormat, Tools};
 
@@ -92,6 +99,11 @@ struct Draft {
     incomplete_reason: &'static str,
     /// `text.format`'s compiled grammar.
     constraint: Option<Constraint>,
+    /// With a reasoning parser: parts the model's thinking (a `reasoning`
+    /// item) from its answer, before the call splitter.
+    thinker: Option<ReasoningSplitter>,
+    /// The reasoning item, while open: its id, place in `output` and text.
+    reasoning: Option<(String, usize, String)>,
 }
 
 impl Draft {
@@ -284,6 +296,8 @@ impl ResponsesConn {
             tool_format,
             splitter,
             incomplete_reason: "max_output_tokens",
+            thinker: None,
+            reasoning: None,
             constraint,
         };
         let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
@@ -343,6 +357,11 @@ impl ResponsesConn {
             );
             return self.remember(cx, &draft, done);
         }
+        let prompt_tail = encoded.ids[encoded
+            .ids
+            .len()
+            .saturating_sub(crate::reasoning::PROMPT_TAIL_TOKENS)..]
+            .to_vec();
         let req = GenRequest {
             prompt_ids: encoded.ids,
             params: draft.params.clone(),
@@ -358,6 +377,15 @@ impl ResponsesConn {
                 return send_error(cx, status, code, &message, None);
             }
         };
+        if let Some(tags) = cx
+            .config()
+            .reasoning_tags
+            .filter(|_| draft.constraint.is_none())
+        {
+            // As the chat route reads it: did the template open the reasoning?
+            let opened = tags.opened_by(&cx.codec().decode(&prompt_tail));
+            draft.thinker = Some(ReasoningSplitter::new(tags, opened));
+        }
         let created = draft.object("in_progress", Vec::new(), false);
         draft.emit_json(
             cx,
@@ -367,9 +395,9 @@ impl ResponsesConn {
             cx,
             json!({"type": "response.in_progress", "response": created}),
         );
-        // Without tools the answer is one message, announced at once; with
-        // them, items open as the answer shows what it is.
-        if draft.splitter.is_none() {
+        // Without tools or reasoning the answer is one message, announced
+        // at once; with them, items open as the answer shows what it is.
+        if draft.splitter.is_none() && draft.thinker.is_none() {
             Self::open_message(cx, &mut draft);
         }
         self.inflight = Some(Inflight {
@@ -395,11 +423,53 @@ impl ResponsesConn {
         draft.item_open = true;
     }
 
+    /// Streams reasoning into the open reasoning item (opening one if
+    /// needed: its `added` events).
+    fn push_reasoning(cx: &mut Cx<'_>, draft: &mut Draft, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if draft.reasoning.is_none() {
+            let id = cx.new_id("rs_");
+            let at = draft.output.len();
+            let item = codec::reasoning_item(&id, "in_progress", None);
+            draft.emit_json(
+                cx,
+                json!({"type": "response.output_item.added", "output_index": at, "item": item}),
+            );
+            let part = codec::reasoning_part("");
+            draft.emit_json(cx, json!({"type": "response.content_part.added", "item_id": id, "output_index": at, "content_index": 0, "part": part}));
+            draft.reasoning = Some((id, at, String::new()));
+        }
+        let Some((id, at, all)) = draft.reasoning.as_mut() else {
+            return;
+        };
+        all.push_str(text);
+        let (id, at) = (id.clone(), *at);
+        draft.emit_json(cx, json!({"type": "response.reasoning_text.delta", "item_id": id, "output_index": at, "content_index": 0, "delta": text}));
+    }
+
+    /// Closes the open reasoning item (its `done` events) with `item_status`.
+    fn close_reasoning(cx: &mut Cx<'_>, draft: &mut Draft, item_status: &str) {
+        let Some((id, at, text)) = draft.reasoning.take() else {
+            return;
+        };
+        draft.emit_json(cx, json!({"type": "response.reasoning_text.done", "item_id": id, "output_index": at, "content_index": 0, "text": text}));
+        draft.emit_json(cx, json!({"type": "response.content_part.done", "item_id": id, "output_index": at, "content_index": 0, "part": codec::reasoning_part(&text)}));
+        let item = codec::reasoning_item(&id, item_status, Some(&text));
+        draft.emit_json(
+            cx,
+            json!({"type": "response.output_item.done", "output_index": at, "item": item.clone()}),
+        );
+        draft.output.push(item);
+    }
+
     /// Streams text into the open message item (opening one if needed).
     fn push_text(cx: &mut Cx<'_>, draft: &mut Draft, text: &str) {
         if text.is_empty() {
             return;
         }
+        Self::close_reasoning(cx, draft, "completed");
         if !draft.item_open {
             Self::open_message(cx, draft);
         }
@@ -412,6 +482,7 @@ impl ResponsesConn {
     /// A call the model made: the open message closes, and a
     /// `function_call` item is announced, its arguments streamed and done.
     fn push_call(cx: &mut Cx<'_>, draft: &mut Draft, call: ParsedCall) {
+        Self::close_reasoning(cx, draft, "completed");
         Self::close_item(cx, draft, "completed");
         let id = cx.new_id("fc_");
         let call_id = cx.new_id("call_");
@@ -469,6 +540,7 @@ impl ResponsesConn {
             }
             FinishReason::Cancelled | FinishReason::Timeout => ("cancelled", "incomplete"),
         };
+        Self::close_reasoning(cx, &mut draft, item_status);
         Self::close_item(cx, &mut draft, item_status);
         let object = draft.object(status, draft.output.clone(), true);
         let kind = codec::terminal_event_type(status);
@@ -617,10 +689,27 @@ impl DialectConn for ResponsesConn {
             return;
         }
         let draft = &mut inflight.draft;
+        let answer = match draft.thinker.as_mut() {
+            None => piece.text.clone(),
+            Some(thinker) => {
+                let (was_in, had_reasoned) = (thinker.in_reasoning(), thinker.reasoned());
+                let mut split = thinker.push(&piece.text);
+                if piece.finish.is_some() {
+                    split.extend(thinker.finish());
+                }
+                let began = thinker.reasoned() && !had_reasoned;
+                if was_in || began || thinker.in_reasoning() {
+                    // Every token so far, this one included.
+                    draft.usage.reasoning_tokens = cx.gen(id).map_or(0, |g| g.completion_tokens());
+                }
+                Self::push_reasoning(cx, draft, &split.reasoning);
+                split.answer
+            }
+        };
         let released = match draft.splitter.as_mut() {
-            None => vec![Released::Text(piece.text.clone())],
+            None => vec![Released::Text(answer)],
             Some(sp) => {
-                let mut r = sp.push(&piece.text);
+                let mut r = sp.push(&answer);
                 if piece.finish.is_some() {
                     r.extend(sp.finish());
                 }
@@ -652,6 +741,7 @@ impl DialectConn for ResponsesConn {
             draft.usage.output_tokens = g.completion_tokens();
             draft.usage.cached_tokens = g.cached_tokens;
         }
+        Self::close_reasoning(cx, &mut draft, "incomplete");
         Self::close_item(cx, &mut draft, "incomplete");
         let mut object = draft.object("failed", draft.output.clone(), true);
         object["error"] = json!({"code": "server_error", "message": failure.message});
