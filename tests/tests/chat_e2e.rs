@@ -350,6 +350,25 @@ async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
         held.starts_with(&text),
         "the same text up to the held-back end"
     );
+    // A stop string in the first min_tokens tokens does not end the
+    // answer (vLLM's rule); without min_tokens it does.
+    let word = text
+        .split(' ')
+        .nth(2)
+        .filter(|w| w.len() > 1)
+        .expect("a third word");
+    let stop = format!(" {word}");
+    let (n, finish, cut) = ask(json!({"stop": [stop.clone()]})).await;
+    assert_eq!(finish, "stop");
+    let at = text.find(&stop).expect("the stop string is in the text");
+    assert_eq!(cut, text[..at]);
+    let (n_min, finish_min, held) = ask(json!({"stop": [stop.clone()], "min_tokens": n + 3})).await;
+    assert!(
+        n_min >= n + 3 && held.len() > cut.len() + stop.len(),
+        "{n_min} tokens: {held:?}"
+    );
+    assert!(held.starts_with(&format!("{cut}{stop}")), "{held:?}");
+    assert!(finish_min == "stop" || finish_min == "length");
     // stop_token_ids: every id but the special ones ends the answer at its
     // first token, whose text is left out, ignore_eos or not.
     let every: Vec<u32> = (3..512).collect();

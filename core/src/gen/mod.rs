@@ -254,7 +254,7 @@ impl Generation {
         } else {
             let piece = self.detok.push(codec, token);
             let guarded = self.guard(&piece, false);
-            let outcome = self.stop.push(&guarded);
+            let outcome = self.stop.push_checking(&guarded, self.past_min_tokens());
             text.push_str(&outcome.emit);
             if outcome.stopped {
                 finish = Some(FinishReason::Stop);
@@ -302,9 +302,17 @@ impl Generation {
     fn flush(&mut self, codec: &dyn TextCodec) -> String {
         let tail = self.detok.finish(codec);
         let guarded = self.guard(&tail, true);
-        let mut out = self.stop.push(&guarded).emit;
+        let check = self.past_min_tokens();
+        let mut out = self.stop.push_checking(&guarded, check).emit;
         out.push_str(&self.stop.finish());
         out
+    }
+
+    /// Whether stop strings may end it: more than `min_tokens` generated
+    /// (vLLM's rule; the engine holds the end-of-sequence tokens back as
+    /// long).
+    fn past_min_tokens(&self) -> bool {
+        self.out_ids.len() > self.params.min_tokens as usize
     }
 
     /// Passes text through the content filter's guard (`at_end`: the text
@@ -397,6 +405,36 @@ mod tests {
         assert_eq!(g.text, "abc");
         let streamed: String = pieces.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(streamed, "abc");
+    }
+
+    #[test]
+    fn under_min_tokens_stop_strings_do_not_end_it_as_in_vllm() {
+        // min_tokens 4: "END" in the first four tokens is text; one that
+        // ends at the fifth token or later stops it, even begun before.
+        let with_min = |min_tokens: u32| {
+            let mut g = gen(&["END"], 100);
+            g.set_params(GenParams {
+                min_tokens,
+                ..g.params.clone()
+            });
+            g
+        };
+        let mut g = with_min(4);
+        let pieces = feed(&mut g, "ENDxEND");
+        assert_eq!(pieces[6].finish, Some(FinishReason::Stop));
+        assert_eq!(g.text, "ENDx");
+        let mut g = with_min(4);
+        let pieces = feed(&mut g, "abcEND");
+        assert_eq!(
+            (pieces[5].finish, g.text.as_str()),
+            (Some(FinishReason::Stop), "abc")
+        );
+        let mut g = with_min(0);
+        let pieces = feed(&mut g, "END");
+        assert_eq!(
+            (pieces[2].finish, g.text.as_str()),
+            (Some(FinishReason::Stop), "")
+        );
     }
 
     #[test]

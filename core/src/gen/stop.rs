@@ -34,6 +34,15 @@ impl StopMatcher {
 
     /// Feeds newly decoded text.
     pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.push_checking(text, true)
+    }
+
+    /// Feeds newly decoded text, matching stop strings only when `check`
+    /// (vLLM's `min_tokens`: none ends the text before that many tokens).
+    /// Unchecked, all is released but what could begin a stop string, so a
+    /// stop string that ends in the first checked text is still found
+    /// (from up to its length less one before, as vLLM looks back).
+    pub fn push_checking(&mut self, text: &str, check: bool) -> StopOutcome {
         self.held.push_str(text);
         if self.stops.is_empty() {
             return StopOutcome {
@@ -44,6 +53,7 @@ impl StopMatcher {
         let first_match = self
             .stops
             .iter()
+            .filter(|_| check)
             .filter_map(|s| self.held.find(s.as_str()))
             .min();
         if let Some(at) = first_match {
@@ -127,6 +137,18 @@ mod tests {
         assert_eq!(m.push("go ST").emit, "go ");
         assert_eq!(m.push("O").emit, "");
         assert_eq!(m.finish(), "STO");
+    }
+
+    #[test]
+    fn unchecked_text_never_stops_but_a_stop_ending_in_checked_text_does() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        let o = m.push_checking("the END is E", false);
+        assert_eq!((o.emit.as_str(), o.stopped), ("the END is ", false));
+        let o = m.push_checking("ND", true);
+        assert_eq!((o.emit.as_str(), o.stopped), ("", true));
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push_checking("x", false).emit, "x");
+        assert_eq!(m.push_checking("y END", true).emit, "y ");
     }
 
     #[test]
