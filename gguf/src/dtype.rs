@@ -23,6 +23,9 @@ pub enum GgmlType {
     /// Blocks of 32: f16 scale and minimum, 32 5-bit values (high bits as
     /// Q5_0's).
     Q5_1,
+    /// Super-blocks of 256: 2+1-bit values offset by 4, 16 sub-blocks with
+    /// 6-bit scales offset by 32, an f16 scale.
+    Q3_K,
     /// Super-blocks of 256: f16 scale and minimum, 8 sub-blocks with 6-bit
     /// scales and minimums, 256 4-bit values.
     Q4_K,
@@ -41,7 +44,6 @@ const OTHER_TYPES: &[(u32, &str)] = &[
     (5, "Q4_3 (removed from ggml)"),
     (9, "Q8_1"),
     (10, "Q2_K"),
-    (11, "Q3_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
     (17, "IQ2_XS"),
@@ -64,7 +66,7 @@ const OTHER_TYPES: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every type this engine loads.
-    pub const ALL: [GgmlType; 11] = [
+    pub const ALL: [GgmlType; 12] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -73,6 +75,7 @@ impl GgmlType {
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
@@ -105,6 +108,7 @@ impl GgmlType {
             GgmlType::Q5_0 => 6,
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
@@ -123,6 +127,7 @@ impl GgmlType {
             GgmlType::Q4_1 => "Q4_1",
             GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q3_K => "Q3_K",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
@@ -136,7 +141,7 @@ impl GgmlType {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 32
             }
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+            GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
         }
     }
 
@@ -150,6 +155,7 @@ impl GgmlType {
             GgmlType::Q4_1 => 2 + 2 + 16,
             GgmlType::Q5_0 => 2 + 4 + 16,
             GgmlType::Q5_1 => 2 + 2 + 4 + 16,
+            GgmlType::Q3_K => 32 + 64 + 12 + 2,
             GgmlType::Q4_K => 2 + 2 + 12 + 128,
             GgmlType::Q5_K => 2 + 2 + 12 + 32 + 128,
             GgmlType::Q6_K => 128 + 64 + 16 + 2,
@@ -192,8 +198,9 @@ mod tests {
         assert_eq!(GgmlType::Q4_K.row_bytes(576), None, "not whole blocks");
         assert_eq!(GgmlType::F32.row_bytes(u64::MAX), None, "overflow");
         assert_eq!(GgmlType::Q5_K.row_bytes(512), Some(352));
-        let e = GgmlType::from_id(11).expect_err("Q3_K");
-        assert!(e.contains("Q3_K") && e.contains("Q4_K"), "{e}");
+        assert_eq!(GgmlType::Q3_K.row_bytes(512), Some(220));
+        let e = GgmlType::from_id(10).expect_err("Q2_K");
+        assert!(e.contains("Q2_K") && e.contains("Q3_K"), "{e}");
         assert!(GgmlType::from_id(9999).expect_err("?").contains("9999"));
     }
 }

@@ -164,9 +164,9 @@ fn header_problems_are_named() {
 
 #[test]
 fn tensor_problems_are_named() {
-    let w = valid().tensor("blk.0.ffn_down.weight", &[256, 4], 11, 4 * 110);
+    let w = valid().tensor("blk.0.ffn_down.weight", &[256, 4], 10, 4 * 84);
     let e = err(&w.bytes());
-    assert!(e.contains("ffn_down") && e.contains("Q3_K"), "{e}");
+    assert!(e.contains("ffn_down") && e.contains("Q2_K"), "{e}");
     let w = valid().tensor("t", &[1, 1, 1, 1, 1], 0, 4);
     assert!(err(&w.bytes()).contains("5 dimensions"));
     let w = valid().tensor("t", &[48, 2], 2, 100);

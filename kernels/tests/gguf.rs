@@ -471,6 +471,79 @@ fn quantize_q5(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
 
 #[test]
 fn smollm2_requantized_to_q5_runs_as_its_dequantized_weights_do() {
+    // Every Q4_1 matrix requantized from its values, Q5_0 and Q5_1 by
+    // turns: a file as llama.cpp's fallbacks leave one.
+    requantized_smollm2_runs_as_its_dequantized_weights_do(
+        "q5",
+        |i, _| Some([GgmlType::Q5_0, GgmlType::Q5_1][i % 2]),
+        8,
+        "q5_0",
+    );
+}
+
+#[test]
+fn smollm2_requantized_to_q3_k_runs_as_its_dequantized_weights_do() {
+    // The matrices whose rows are whole 256-blocks (the MLP's down
+    // projections: 1,536 wide) in Q3_K, as a Q3_K_M file keeps them.
+    requantized_smollm2_runs_as_its_dequantized_weights_do(
+        "q3_k",
+        |_, row| (row % 256 == 0).then_some(GgmlType::Q3_K),
+        12,
+        "q3_k_m",
+    );
+}
+
+/// Values of one 256-block in Q3_K, quantized plainly (llama.cpp searches
+/// for better scales; the layout is what is tested): each 16-value
+/// sub-block's value of largest magnitude maps to -4, the sub-block scale
+/// of largest magnitude to -32.
+fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
+    let largest = |v: &[f32]| {
+        v.iter()
+            .fold(0.0f32, |m, &a| if a.abs() > m.abs() { a } else { m })
+    };
+    let sub: Vec<f32> = x.chunks_exact(16).map(|c| largest(c) / -4.0).collect();
+    let d = largest(&sub) / -32.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let l: Vec<i32> = sub
+        .iter()
+        .map(|&s| ((s * id).round() as i32).clamp(-32, 31))
+        .collect();
+    let d16 = half::f16::from_f32(d);
+    let mut b = vec![0u8; 110];
+    for (p, &v) in x.iter().enumerate() {
+        let step = d16.to_f32() * l[p / 16] as f32;
+        let q = if step != 0.0 {
+            ((v / step).round() as i32).clamp(-4, 3)
+        } else {
+            0
+        };
+        let u = (q + 4) as u8;
+        let (h, j, k) = (p / 128, (p % 128) / 32, p % 32);
+        b[32 + 32 * h + k] |= (u & 3) << (2 * j);
+        b[k] |= (u >> 2) << (4 * h + j);
+    }
+    for (s, &ls) in l.iter().enumerate() {
+        let stored = (ls + 32) as u8;
+        b[96 + s % 8] |= (stored & 15) << (4 * (s / 8));
+        b[96 + 8 + s % 4] |= (stored >> 4) << (2 * (s / 4));
+    }
+    b[108..110].copy_from_slice(&d16.to_le_bytes());
+    b
+}
+
+/// SmolLM2 with its Q4_1 matrices that `pick` (by index and row length)
+/// requantized from their values to the type it names, written as a GGUF
+/// file of `file_type` and loaded: with 8-bit activations it gives the
+/// logits it gives with its weights widened to f32 (which the kernel
+/// tests cannot show: the file's types, the layouts, every matrix's
+/// dispatch), and names itself `dtype`.
+fn requantized_smollm2_runs_as_its_dequantized_weights_do(
+    name: &str,
+    pick: fn(usize, usize) -> Option<GgmlType>,
+    file_type: u32,
+    dtype: &str,
+) {
     use tokenwire_kernels::quant::blocks::dequantize_row;
     use tokenwire_kernels::{ActivationPrecision, Engine, EngineOptions};
     let Some(path) = common::smollm2_gguf() else {
@@ -478,65 +551,70 @@ fn smollm2_requantized_to_q5_runs_as_its_dequantized_weights_do() {
     };
     let bytes = std::fs::read(&path).expect("readable");
     let f = GgufFile::parse(&bytes).expect("valid");
-    // Every Q4_1 matrix of SmolLM2 requantized from its values, Q5_0 and
-    // Q5_1 by turns: a file as llama.cpp's fallbacks leave one.
     let mut out = f.clone();
     let mut source = Vec::new();
+    let mut requantized = 0;
     for (i, t) in out.tensors.iter_mut().enumerate() {
         let data = &bytes[t.offset as usize..(t.offset + t.len) as usize];
-        let new = if t.dtype == GgmlType::Q4_1 {
-            let dtype = [GgmlType::Q5_0, GgmlType::Q5_1][i % 2];
-            let mut vals = vec![0.0f32; t.elements() as usize];
-            let row = t.dims[0] as usize;
-            let row_bytes = data.len() / (vals.len() / row);
-            for (r, out) in vals.chunks_exact_mut(row).enumerate() {
-                let at = r * row_bytes;
-                dequantize_row(GgmlType::Q4_1, &data[at..at + row_bytes], out);
+        let row = t.dims[0] as usize;
+        let new = match pick(i, row).filter(|_| t.dtype == GgmlType::Q4_1) {
+            Some(to) => {
+                let mut vals = vec![0.0f32; t.elements() as usize];
+                let row_bytes = data.len() / (vals.len() / row);
+                for (r, out) in vals.chunks_exact_mut(row).enumerate() {
+                    let at = r * row_bytes;
+                    dequantize_row(GgmlType::Q4_1, &data[at..at + row_bytes], out);
+                }
+                t.dtype = to;
+                requantized += 1;
+                match to {
+                    GgmlType::Q3_K => vals.chunks_exact(256).flat_map(quantize_q3_k).collect(),
+                    _ => vals
+                        .chunks_exact(32)
+                        .flat_map(|x| quantize_q5(to, x))
+                        .collect(),
+                }
             }
-            t.dtype = dtype;
-            vals.chunks_exact(32)
-                .flat_map(|x| quantize_q5(dtype, x))
-                .collect()
-        } else {
-            data.to_vec()
+            None => data.to_vec(),
         };
         t.offset = source.len() as u64;
         t.len = new.len() as u64;
         source.extend(new);
         source.resize(source.len().next_multiple_of(32), 0);
     }
+    assert!(requantized >= 30, "{requantized} matrices requantized");
     out.metadata.insert(
         "general.file_type".into(),
-        tokenwire_kernels::gguf::MetaValue::U32(8),
+        tokenwire_kernels::gguf::MetaValue::U32(file_type),
     );
-    let dir = common::TempDir::new("smollm2-q5");
-    let q5 = dir.path().join("SmolLM2-q5.gguf");
-    dir.write(
-        "SmolLM2-q5.gguf",
-        common::gguf_out::write(&out, &source, &[]),
-    );
+    let dir = common::TempDir::new(&format!("smollm2-{name}"));
+    let file = format!("SmolLM2-{name}.gguf");
+    let written = dir.path().join(&file);
+    dir.write(&file, common::gguf_out::write(&out, &source, &[]));
     let engine = |precision| {
         let opts = EngineOptions {
             num_blocks: Some(16),
             cpu_activations: precision,
             ..EngineOptions::default()
         };
-        Engine::load_gguf(&q5, &opts).expect("the Q5 file loads")
+        Engine::load_gguf(&written, &opts).expect("the requantized file loads")
     };
     let mut fast = engine(ActivationPrecision::Int8);
-    assert_eq!(fast.model_info().dtype, "q5_0");
+    assert_eq!(fast.model_info().dtype, dtype);
     let mut wide = engine(ActivationPrecision::F32);
     let prompt: Vec<u32> = vec![1, 9690, 2115, 253, 655, 28, 665, 3345, 253];
     let a = common::logits_alone(&mut fast, &prompt);
     let b = common::logits_alone(&mut wide, &prompt);
-    // The 8-bit activations' error (5e-4 here; a Q5_1 kernel that dropped
-    // its minimums gave 1.02). The kernel tests hold each product to the
-    // reference's bits; this holds the path: the file's types, the lanes
-    // layout, every matrix's dispatch.
+    // The 8-bit activations' error (5e-4 with Q5; a Q5_1 kernel that
+    // dropped its minimums gave 1.02). The kernel tests hold each product
+    // to the reference's bits; this holds the path.
     let nmse = {
         let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2) as f64).sum();
         num / b.iter().map(|y| (y * y) as f64).sum::<f64>()
     };
-    assert!(nmse < 5e-3, "int8 against f32 activations: nmse {nmse}");
+    assert!(
+        nmse < 5e-3,
+        "{name}: int8 against f32 activations: nmse {nmse}"
+    );
     assert_eq!(common::argmax(&a), common::argmax(&b));
 }

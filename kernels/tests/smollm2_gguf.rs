@@ -296,7 +296,8 @@ fn broken_copies_of_the_file_are_refused_with_the_file_and_the_problem_named() {
         "{e}"
     );
 
-    // A tensor type id ggml has but this engine does not load (Q5_K = 13).
+    // A tensor whose type's blocks its rows cannot hold: Q5_K (id 13) for
+    // 576-wide rows, not whole 256-value blocks.
     let ty = edited_copy(&path, "type", |b| {
         let at = after(b, b"blk.0.attn_q.weight") + 4 + 16;
         b[at..at + 4].copy_from_slice(&13u32.to_le_bytes());

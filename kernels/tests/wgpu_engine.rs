@@ -607,6 +607,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
     assert_eq!(
         dts,
         vec![
+            W::Q3K,
             W::Q4K,
             W::Q4_0,
             W::Q4_1,
@@ -627,7 +628,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
         }
         n as u64
     };
-    // Only the padding of Q8_0, Q4_0 and Q6_K blocks is added.
+    // Only the padding of Q8_0, Q4_0, Q5_0, Q3_K and Q6_K blocks is added.
     let dev = gpu.weight_bytes();
     assert!(
         dev >= file_bytes && dev <= file_bytes + file_bytes / 16,

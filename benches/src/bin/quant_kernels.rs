@@ -3,7 +3,7 @@
 //! from the memory feeding it.
 //!
 //! ```text
-//! quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1 K ROWS row|tile [SECONDS]
+//! quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1|q3_k|q4_k|q5_k|q6_k K ROWS row|tile [SECONDS]
 //! ```
 //!
 //! `ROWS` random rows of `K` weights, interleaved as the engine keeps them
@@ -16,14 +16,17 @@
 //! `tile`, each row is read once for all 32 tokens): a few hundred rows stay
 //! in L2, tens of thousands stream from memory. `K` need not be a multiple
 //! of 256: the blocks past the last whole eight take the kernels' tail path,
-//! as SmolLM2's 576-wide rows do.
+//! as SmolLM2's 576-wide rows do. The K-quants (256-value super-blocks,
+//! against activations quantized to 8 bits per 256) need `K` a multiple of
+//! 256.
 
 use std::time::{Duration, Instant};
 
 use tokenwire_core::rng::Rng;
 use tokenwire_kernels::gguf::GgmlType;
 use tokenwire_kernels::quant::{
-    group_q8, lanes, quantize_q8, Kernels, Q8Block, Q8Group, Q8Row, RowLayout,
+    group_q8, lanes, quantize_q8, quantize_q8k, Kernels, Q8Block, Q8Group, Q8KBlock, Q8Row,
+    RowLayout,
 };
 
 /// Tokens the `tile` shape runs (a batched decode step's worth).
@@ -31,13 +34,18 @@ const TILE_TOKENS: usize = 32;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1 K ROWS row|tile [SECONDS]";
+    let usage =
+        "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1|q3_k|q4_k|q5_k|q6_k K ROWS row|tile [SECONDS]";
     let dtype = match args.first().map(String::as_str) {
         Some("q8_0") => GgmlType::Q8_0,
         Some("q4_0") => GgmlType::Q4_0,
         Some("q4_1") => GgmlType::Q4_1,
         Some("q5_0") => GgmlType::Q5_0,
         Some("q5_1") => GgmlType::Q5_1,
+        Some("q3_k") => GgmlType::Q3_K,
+        Some("q4_k") => GgmlType::Q4_K,
+        Some("q5_k") => GgmlType::Q5_K,
+        Some("q6_k") => GgmlType::Q6_K,
         _ => fail(usage),
     };
     let number = |i: usize| -> usize {
@@ -52,8 +60,11 @@ fn main() {
         _ => fail(usage),
     };
     let seconds = args.get(4).map_or(2.0, |a| a.parse().unwrap_or(2.0));
-    if k == 0 || k % 32 != 0 || rows == 0 || rows % 4 != 0 {
-        fail("K must be a positive multiple of 32 (whole blocks) and ROWS of 4");
+    let per = dtype.block_len();
+    if k == 0 || k % per != 0 || rows == 0 || rows % 4 != 0 {
+        fail(&format!(
+            "K must be a positive multiple of {per} (whole blocks) and ROWS of 4"
+        ));
     }
 
     let kernels = Kernels::detect();
@@ -71,6 +82,15 @@ fn main() {
             (blocks, groups)
         })
         .collect();
+    let k_tokens: Vec<Vec<Q8KBlock>> = (0..TILE_TOKENS)
+        .filter(|_| per == 256)
+        .map(|_| {
+            let x: Vec<f32> = (0..k).map(|_| unit(&mut rng)).collect();
+            let mut blocks = Vec::new();
+            quantize_q8k(&x, &mut blocks);
+            blocks
+        })
+        .collect();
     let acts: Vec<Q8Row<'_>> = tokens
         .iter()
         .map(|(blocks, groups)| Q8Row { blocks, groups })
@@ -81,7 +101,27 @@ fn main() {
     let start = Instant::now();
     let (mut sweeps, mut sink) = (0usize, 0.0f32);
     while start.elapsed() < budget {
-        if tile {
+        if per == 256 {
+            let (one, four) = match dtype {
+                GgmlType::Q3_K => (kernels.q3_k, kernels.q3_k_tile),
+                GgmlType::Q4_K => (kernels.q4_k, kernels.q4_k_tile),
+                GgmlType::Q5_K => (kernels.q5_k, kernels.q5_k_tile),
+                _ => (kernels.q6_k, kernels.q6_k_tile),
+            };
+            if tile {
+                for r in (0..rows).step_by(4) {
+                    let w = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                    for t in (0..TILE_TOKENS).step_by(4) {
+                        let a = [0, 1, 2, 3].map(|i| k_tokens[t + i].as_slice());
+                        sink += four(&w, &a)[0][0];
+                    }
+                }
+            } else {
+                for r in 0..rows {
+                    sink += one(row(r), &k_tokens[r % TILE_TOKENS]);
+                }
+            }
+        } else if tile {
             let dot = match dtype {
                 GgmlType::Q8_0 => kernels.q8_0_tile,
                 GgmlType::Q4_0 => kernels.q4_0_tile,
@@ -136,9 +176,12 @@ fn random_rows(
 ) -> Vec<u8> {
     let mut file = vec![0u8; row_bytes * rows];
     rng.fill(&mut file);
-    // The f16 fields: the scale; Q4_1's and Q5_1's minimum after it.
+    // The f16 fields: the scale; Q4_1's and Q5_1's minimum after it (Q4_K's
+    // and Q5_K's too); Q3_K's and Q6_K's at their blocks' ends.
     let fields: &[usize] = match dtype {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
         _ => &[0],
     };
     for block in file.chunks_exact_mut(dtype.block_bytes()) {

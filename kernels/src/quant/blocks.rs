@@ -8,6 +8,7 @@
 //! | Q4_1 | 32 | 20 | f16 `d`, f16 `m`, nibbles as Q4_0; `x = d q + m` |
 //! | Q5_0 | 32 | 22 | f16 `d`, u32 `qh` (bit `j`: value `j`'s fifth bit), nibbles as Q4_0; `x = d (q - 16)` |
 //! | Q5_1 | 32 | 24 | f16 `d`, f16 `m`, `qh` and nibbles as Q5_0; `x = d q + m` |
+//! | Q3_K | 256 | 110 | 32 bytes `hmask`, 64 bytes of 2-bit pairs, 12 bytes of sixteen 6-bit scales, f16 `d`; value `128 h + 32 j + k` (`k < 32`) is bits `2 j` of byte `32 h + k` of the pairs with bit `4 h + j` of `hmask[k]` as its third; `x = d (sc - 32) (q - 4)` per 16 |
 //! | Q4_K | 256 | 144 | f16 `d`, f16 `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; `x = d sc q - dmin mn` per 32 |
 //! | Q5_K | 256 | 176 | Q4_K's `d`, `dmin` and 12 scale bytes, 32 bytes `qh`, 128 bytes of nibbles; value `64 g + l` (`l < 32`) has bit `2 g` of `qh[l]` as its fifth bit, value `64 g + 32 + l` bit `2 g + 1` |
 //! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales, f16 `d`; `x = d sc (q - 32)` per 16 |
@@ -24,6 +25,14 @@ pub const Q4_1_BYTES: usize = 20;
 pub const Q5_0_BYTES: usize = 22;
 /// Bytes of a Q5_1 block.
 pub const Q5_1_BYTES: usize = 24;
+/// Bytes of a Q3_K super-block.
+pub const Q3_K_BYTES: usize = 110;
+/// Where a Q3_K super-block's 2-bit pairs, scales and `d` start.
+pub const Q3_K_QS: usize = 32;
+/// See [`Q3_K_QS`].
+pub const Q3_K_SCALES: usize = 96;
+/// See [`Q3_K_QS`].
+pub const Q3_K_D: usize = 108;
 /// Bytes of a Q4_K super-block.
 pub const Q4_K_BYTES: usize = 144;
 /// Bytes of a Q5_K super-block.
@@ -61,6 +70,35 @@ pub fn q4k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
             (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
         )
     }
+}
+
+/// The sixteen signed scales of a Q3_K super-block (its 6-bit scales less
+/// 32), in sub-block order, from its 12 scale bytes: sub-block `j` keeps
+/// its low four bits in byte `j % 8` (the low nibble for `j < 8`, the high
+/// one after) and its top two in bits `2 (j / 4)` of byte `8 + j % 4`.
+#[inline]
+pub fn q3k_scales(scales: &[u8]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (j, o) in out.iter_mut().enumerate() {
+        let low = if j < 8 {
+            scales[j] & 0x0F
+        } else {
+            scales[j - 8] >> 4
+        };
+        let high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *o = ((low | (high << 4)) as i8) - 32;
+    }
+    out
+}
+
+/// Value `p` (0..256) of a Q3_K super-block `b`, unsigned (0..8: the
+/// stored value plus its offset of 4).
+#[inline]
+pub fn q3k_value(b: &[u8], p: usize) -> u8 {
+    let (h, j, k) = (p / 128, (p % 128) / 32, p % 32);
+    let pair = (b[Q3_K_QS + 32 * h + k] >> (2 * j)) & 3;
+    let third = (b[k] >> (4 * h + j)) & 1;
+    pair | (third << 2)
 }
 
 /// The 32 5-bit values of a Q5_0 or Q5_1 block, from its high-bit word
@@ -147,6 +185,18 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                 let (d, m) = (f16_at(b, 0), f16_at(b, 2));
                 for (yi, q) in y.iter_mut().zip(q5_values(&b[4..8], &b[8..])) {
                     *yi = d * q as f32 + m;
+                }
+            }
+        }
+        GgmlType::Q3_K => {
+            for (b, y) in bytes
+                .chunks_exact(Q3_K_BYTES)
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                let d = f16_at(b, Q3_K_D);
+                let sc = q3k_scales(&b[Q3_K_SCALES..Q3_K_D]);
+                for (p, yp) in y.iter_mut().enumerate() {
+                    *yp = d * sc[p / 16] as f32 * (q3k_value(b, p) as i32 - 4) as f32;
                 }
             }
         }

@@ -7,7 +7,7 @@
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
 //!   for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights, also regrouped eight blocks at a time as
 //!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
-//!   Q4_K/Q5_K/Q6_K, also stored in the order the x86 K-quant kernels read,
+//!   Q3_K/Q4_K/Q5_K/Q6_K, also stored in the order the x86 K-quant kernels read,
 //!   [`acts::q4k_lane_source`]), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
 //! * [`lanes`]: the row layout the x86 kernels read, each whole eight
@@ -145,12 +145,16 @@ pub struct Kernels {
     pub q5_0_tile: DotQ8Tile,
     /// Q5_1 weights, four rows by four tokens.
     pub q5_1_tile: DotQ8Tile,
+    /// Q3_K weights.
+    pub q3_k: DotQ8K,
     /// Q4_K weights.
     pub q4_k: DotQ8K,
     /// Q5_K weights.
     pub q5_k: DotQ8K,
     /// Q6_K weights.
     pub q6_k: DotQ8K,
+    /// Q3_K weights, four rows by four tokens.
+    pub q3_k_tile: DotQ8KTile,
     /// Q4_K weights, four rows by four tokens.
     pub q4_k_tile: DotQ8KTile,
     /// Q5_K weights, four rows by four tokens.
@@ -209,9 +213,11 @@ impl Kernels {
             q5_1: |w, a| reference::dot_q5_1(w, a.blocks),
             q5_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_0(r, x.blocks))),
             q5_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_1(r, x.blocks))),
+            q3_k: reference::dot_q3_k,
             q4_k: reference::dot_q4_k,
             q5_k: reference::dot_q5_k,
             q6_k: reference::dot_q6_k,
+            q3_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q3_k(r, x))),
             q4_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_k(r, x))),
             q5_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_k(r, x))),
             q6_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q6_k(r, x))),
@@ -254,6 +260,6 @@ pub fn act_format(dtype: GgmlType) -> ActFormat {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
             ActFormat::Q8
         }
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActFormat::Q8K,
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActFormat::Q8K,
     }
 }

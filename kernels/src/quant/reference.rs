@@ -5,8 +5,9 @@
 
 use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{
-    bf16_at, f16_at, k_values, q4k_scale_min, q5_values, q6k_quad, Q4_0_BYTES, Q4_1_BYTES,
-    Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    bf16_at, f16_at, k_values, q3k_scales, q3k_value, q4k_scale_min, q5_values, q6k_quad,
+    Q3_K_BYTES, Q3_K_D, Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES,
+    Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 
 /// Q8_0 weights · 8-bit activations.
@@ -117,6 +118,26 @@ fn dot_k(w: &[u8], a: &[Q8KBlock], five: bool) -> f32 {
             mins += m1 as i32 * sum(2 * g) + m2 as i32 * sum(2 * g + 1);
         }
         acc += x.d * (d * dots as f32 - dmin * mins as f32);
+    }
+    acc
+}
+
+/// Q3_K weights · 256-blocks: per 16 values, `d (sc - 32) (u · x - 4 sum(x))`
+/// with `u` the unsigned values (0..8).
+pub fn dot_q3_k(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.chunks_exact(Q3_K_BYTES).zip(a) {
+        let d = f16_at(b, Q3_K_D);
+        let sc = q3k_scales(&b[Q3_K_SCALES..Q3_K_D]);
+        let mut dots = 0i32;
+        for (g, &scale) in sc.iter().enumerate() {
+            let mut s = 0i32;
+            for p in 16 * g..16 * g + 16 {
+                s += q3k_value(b, p) as i32 * x.q[p] as i32;
+            }
+            dots += scale as i32 * (s - 4 * x.bsums[g] as i32);
+        }
+        acc += d * x.d * dots as f32;
     }
     acc
 }

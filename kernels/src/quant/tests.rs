@@ -37,6 +37,7 @@ fn f16_fields(dtype: GgmlType) -> &'static [usize] {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
         _ => &[],
     }
 }
@@ -185,6 +186,7 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
             let mut q = Vec::new();
             quantize_q8k(x, &mut q);
             let f = match dtype {
+                GgmlType::Q3_K => k.q3_k,
                 GgmlType::Q4_K => k.q4_k,
                 GgmlType::Q5_K => k.q5_k,
                 _ => k.q6_k,
@@ -264,7 +266,8 @@ fn k_quant_tiles_give_the_one_row_one_token_kernels_bits() {
     let mut rng = Rng(43);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
-        let pairs: [(GgmlType, DotQ8K, DotQ8KTile); 3] = [
+        let pairs: [(GgmlType, DotQ8K, DotQ8KTile); 4] = [
+            (GgmlType::Q3_K, k.q3_k, k.q3_k_tile),
             (GgmlType::Q4_K, k.q4_k, k.q4_k_tile),
             (GgmlType::Q5_K, k.q5_k, k.q5_k_tile),
             (GgmlType::Q6_K, k.q6_k, k.q6_k_tile),
@@ -417,6 +420,7 @@ fn the_largest_products_do_not_overflow_any_tier() {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::Q3_K,
     ] {
         let n = match dtype.block_len() {
             32 => 32 * 11, // a group, a pair, one block

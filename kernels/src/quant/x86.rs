@@ -25,7 +25,8 @@ use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{
-    Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q3_K_BYTES, Q3_K_D, Q3_K_QS, Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES,
+    Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 use super::{Isa, Kernels, RowLayout};
 
@@ -71,6 +72,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
         q5_k: |w, a| unsafe { dot_q5_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
+        q3_k: |w, a| unsafe { dot_q3_k_avx2::<true>(w, a) },
+        q3_k_tile: |w, a| unsafe { tile_q3_k_avx2(w, a) },
         q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
         q5_k_tile: |w, a| unsafe { tile_q5_k_avx2(w, a) },
         q6_k_tile: |w, a| unsafe { tile_q6_k_avx2(w, a) },
@@ -99,6 +102,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
+            q3_k: |w, a| unsafe { dot_q3_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             ..avx2
@@ -118,6 +122,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
+            q3_k: |w, a| unsafe { dot_q3_k_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
@@ -188,7 +193,12 @@ unsafe fn dot_q5_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
-    q6_k_tokens::<1, PF>(w, [a])[0]
+    sixteens_tokens::<1, PF, Q6K>(w, [a])[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    sixteens_tokens::<1, PF, Q3K>(w, [a])[0]
 }
 
 /// Q4_K, four rows by four tokens: a row at a time, each block's scales
@@ -218,10 +228,21 @@ unsafe fn tile_q5_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q6_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
     [
-        q6_k_tokens::<4, false>(w[0], *a),
-        q6_k_tokens::<4, false>(w[1], *a),
-        q6_k_tokens::<4, false>(w[2], *a),
-        q6_k_tokens::<4, false>(w[3], *a),
+        sixteens_tokens::<4, false, Q6K>(w[0], *a),
+        sixteens_tokens::<4, false, Q6K>(w[1], *a),
+        sixteens_tokens::<4, false, Q6K>(w[2], *a),
+        sixteens_tokens::<4, false, Q6K>(w[3], *a),
+    ]
+}
+
+/// Q3_K, four rows by four tokens, as [`tile_q4_k_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q3_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
+    [
+        sixteens_tokens::<4, false, Q3K>(w[0], *a),
+        sixteens_tokens::<4, false, Q3K>(w[1], *a),
+        sixteens_tokens::<4, false, Q3K>(w[2], *a),
+        sixteens_tokens::<4, false, Q3K>(w[3], *a),
     ]
 }
 
@@ -388,19 +409,44 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool, const FIVE: bool>(
     out
 }
 
-/// One Q6_K row against `T` tokens, as [`q4_k_tokens`].
-#[inline(always)]
-unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock]; T]) -> [f32; T] {
-    let n = k_blocks(w, Q6_K_BYTES, &a);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for i in 0..n {
-        let blk = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
-        let b = blk.as_ptr();
-        prefetch_ahead::<PF>(b, Q6_K_BYTES);
-        let d = f16_at(b.add(208));
-        let sc = &blk[192..208];
+/// A K-quant of 16 sub-blocks of 16 small values, each sub-block with a
+/// signed 8-bit scale and no minimum (Q3_K, Q6_K): one trait gives
+/// [`sixteens_tokens`] a format's unpacking, so the row kernel and the tile
+/// of both are one function.
+trait Sixteens {
+    /// Bytes of a super-block.
+    const BYTES: usize;
+    /// What the unsigned values are offset by (`x = d sc (u - OFFSET)`).
+    const OFFSET: i32;
+    /// The super-block's f16 scale.
+    unsafe fn d(b: *const u8) -> f32;
+    /// The sixteen signed scales, a byte each in sub-block order.
+    unsafe fn scales(b: *const u8) -> __m128i;
+    /// The 256 unsigned values in order, 32 a vector.
+    unsafe fn values(b: *const u8) -> [__m256i; 8];
+}
+
+/// Q6_K: values 0..64, offset 32.
+struct Q6K;
+
+impl Sixteens for Q6K {
+    const BYTES: usize = Q6_K_BYTES;
+    const OFFSET: i32 = 32;
+
+    #[inline(always)]
+    unsafe fn d(b: *const u8) -> f32 {
+        f16_at(b.add(208))
+    }
+
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> __m128i {
+        _mm_loadu_si128(b.add(192) as *const __m128i)
+    }
+
+    #[inline(always)]
+    unsafe fn values(b: *const u8) -> [__m256i; 8] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(3);
         // The block's 256 values in order, 32 a vector: `v[4 half + k]`.
         let mut v = [_mm256_setzero_si256(); 8];
         for half in 0..2 {
@@ -425,6 +471,80 @@ unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
             );
         }
+        v
+    }
+}
+
+/// Q3_K: values 0..8 (a 2-bit pair and a third bit from `hmask`), offset 4.
+struct Q3K;
+
+impl Sixteens for Q3K {
+    const BYTES: usize = Q3_K_BYTES;
+    const OFFSET: i32 = 4;
+
+    #[inline(always)]
+    unsafe fn d(b: *const u8) -> f32 {
+        f16_at(b.add(Q3_K_D))
+    }
+
+    /// [`q3k_scales`]'s unpacking four scales at a time: word `q` holds
+    /// sub-blocks `4 q..4 q + 4`, their low nibbles from bytes 0..8 and
+    /// top bits from bytes 8..12 at bits `2 q`.
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> __m128i {
+        let p = b.add(Q3_K_SCALES);
+        let word = |at: usize| (p.add(at) as *const u32).read_unaligned();
+        let (lo, hi, top) = (word(0), word(4), word(8));
+        let (nib, two) = (0x0F0F_0F0F, 0x0303_0303);
+        let words = _mm_setr_epi32(
+            ((lo & nib) | ((top & two) << 4)) as i32,
+            ((hi & nib) | (((top >> 2) & two) << 4)) as i32,
+            (((lo >> 4) & nib) | (((top >> 4) & two) << 4)) as i32,
+            (((hi >> 4) & nib) | (((top >> 6) & two) << 4)) as i32,
+        );
+        _mm_sub_epi8(words, _mm_set1_epi8(32))
+    }
+
+    #[inline(always)]
+    unsafe fn values(b: *const u8) -> [__m256i; 8] {
+        let (m2, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+        let hm = _mm256_loadu_si256(b as *const __m256i);
+        // Value 128 h + 32 j + k: bits 2 j of pair byte 32 h + k, third
+        // bit 4 h + j of hmask byte k. Shifting 16-bit lanes moves no bit
+        // across a byte once masked to one or two bits per byte.
+        let mut v = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let qs = _mm256_loadu_si256(b.add(Q3_K_QS + 32 * h) as *const __m256i);
+            for j in 0..4 {
+                let pair =
+                    _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), m2);
+                let third = _mm256_and_si256(
+                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)),
+                    one,
+                );
+                v[4 * h + j] = _mm256_or_si256(pair, _mm256_slli_epi16(third, 2));
+            }
+        }
+        v
+    }
+}
+
+/// One Q6_K or Q3_K row against `T` tokens, as [`q4_k_tokens`]: the
+/// values unsigned, their offset taken off through the tokens' 16-value
+/// sums.
+#[inline(always)]
+unsafe fn sixteens_tokens<const T: usize, const PF: bool, F: Sixteens>(
+    w: &[u8],
+    a: [&[Q8KBlock]; T],
+) -> [f32; T] {
+    let n = k_blocks(w, F::BYTES, &a);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for i in 0..n {
+        let blk = &w[i * F::BYTES..(i + 1) * F::BYTES];
+        let b = blk.as_ptr();
+        prefetch_ahead::<PF>(b, F::BYTES);
+        let d = F::d(b);
+        let v = F::values(b);
         // In the tokens' `q_lanes` order: `lanes[h][r]`'s word lane `l`
         // holds values of 16-value sub-block `4 (l % 4) + 2 h + l / 4`
         // whatever `r` is, so two products (2 x 16002 fits an i16) share one
@@ -433,7 +553,7 @@ unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
             words_4x4([v[0], v[2], v[4], v[6]]),
             words_4x4([v[1], v[3], v[5], v[7]]),
         ];
-        let sc16 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+        let sc16 = F::scales(b);
         let pick = [
             _mm_setr_epi8(0, 0, 4, 4, 8, 8, 12, 12, 1, 1, 5, 5, 9, 9, 13, 13),
             _mm_setr_epi8(2, 2, 6, 6, 10, 10, 14, 14, 3, 3, 7, 7, 11, 11, 15, 15),
@@ -460,13 +580,15 @@ unsafe fn q6_k_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock];
         }
         // The sixteen signed scales as i16, against each token's 16-value
         // sums: the offset's integer in one `vpmaddwd` and a lane sum.
-        let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let scales = _mm256_cvtepi8_epi16(sc16);
         for t in 0..T {
             let x = &a[t][i];
             let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
             let offset = hsum_i32(_mm256_madd_epi16(bsums, scales));
-            let total =
-                _mm256_sub_epi32(dots[t], _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
+            let total = _mm256_sub_epi32(
+                dots[t],
+                _mm256_setr_epi32(F::OFFSET * offset, 0, 0, 0, 0, 0, 0, 0),
+            );
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc[t]);
         }
     }

@@ -138,7 +138,7 @@ pub struct Shape {
     pub bias: bool,
     /// "f32", "f16" or "bf16": weights rounded to it, reported as the file
     /// dtype. "quant": every matrix in a GGUF block type, cycling through
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (so stacks like q|k|v
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and Q3_K (so stacks like q|k|v
     /// mix them), of
     /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
@@ -148,7 +148,7 @@ pub struct Shape {
 }
 
 /// The GGUF block types the wgpu kernels read.
-pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 8] = {
+pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 9] = {
     use tokenwire_kernels::gguf::GgmlType as G;
     [
         G::Q8_0,
@@ -159,6 +159,7 @@ pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 8] = {
         G::Q4_K,
         G::Q5_K,
         G::Q6_K,
+        G::Q3_K,
     ]
 };
 
@@ -201,6 +202,7 @@ pub fn random_blocks(
                 f16(0, scale / 960.0);
                 f16(2, scale / 60.0);
             }
+            G::Q3_K => f16(108, scale / 128.0),
             _ => f16(208, scale / 2048.0),
         }
         out.extend_from_slice(&b);

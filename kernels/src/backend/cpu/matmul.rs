@@ -222,6 +222,7 @@ pub(crate) fn matmul(
                 }
                 (Acts::Q8K(a), dtype) => {
                     let tile = match dtype {
+                        GgmlType::Q3_K => k.q3_k_tile,
                         GgmlType::Q4_K => k.q4_k_tile,
                         GgmlType::Q5_K => k.q5_k_tile,
                         _ => k.q6_k_tile,
@@ -409,6 +410,7 @@ fn row_dots(
         }
         Acts::Q8K(a) => {
             let f = match w.dtype() {
+                GgmlType::Q3_K => k.q3_k,
                 GgmlType::Q4_K => k.q4_k,
                 GgmlType::Q5_K => k.q5_k,
                 _ => k.q6_k,
@@ -468,6 +470,7 @@ mod tests {
             (GgmlType::Q5_0, 9),
             (GgmlType::Q5_1, 10),
             (GgmlType::Q5_K, 11),
+            (GgmlType::Q3_K, 12),
         ];
         for (dtype, seed) in formats {
             let w = if dtype == GgmlType::F16 {

@@ -32,6 +32,8 @@ pub enum WeightDtype {
     Q5_0,
     /// GGUF Q5_1 blocks (24 bytes, as in the file).
     Q5_1,
+    /// GGUF Q3_K super-blocks, each padded from 110 to 112 bytes.
+    Q3K,
     /// GGUF Q4_K super-blocks (144 bytes, as in the file).
     Q4K,
     /// GGUF Q5_K super-blocks (176 bytes, as in the file).
@@ -54,6 +56,7 @@ impl WeightDtype {
             GgmlType::Q4_1 => WeightDtype::Q4_1,
             GgmlType::Q5_0 => WeightDtype::Q5_0,
             GgmlType::Q5_1 => WeightDtype::Q5_1,
+            GgmlType::Q3_K => WeightDtype::Q3K,
             GgmlType::Q4_K => WeightDtype::Q4K,
             GgmlType::Q5_K => WeightDtype::Q5K,
             GgmlType::Q6_K => WeightDtype::Q6K,
@@ -71,6 +74,7 @@ impl WeightDtype {
             WeightDtype::Q4_1 => GgmlType::Q4_1,
             WeightDtype::Q5_0 => GgmlType::Q5_0,
             WeightDtype::Q5_1 => GgmlType::Q5_1,
+            WeightDtype::Q3K => GgmlType::Q3_K,
             WeightDtype::Q4K => GgmlType::Q4_K,
             WeightDtype::Q5K => GgmlType::Q5_K,
             WeightDtype::Q6K => GgmlType::Q6_K,
@@ -81,7 +85,11 @@ impl WeightDtype {
     /// word (see [`WeightDtype::pad_blocks`]).
     fn block_padding(self) -> usize {
         match self {
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q6K => 2,
+            WeightDtype::Q8_0
+            | WeightDtype::Q4_0
+            | WeightDtype::Q5_0
+            | WeightDtype::Q3K
+            | WeightDtype::Q6K => 2,
             _ => 0,
         }
     }
@@ -118,6 +126,7 @@ impl WeightDtype {
             WeightDtype::Q4_1 => include_str!("shaders/dtype_q4_1.wgsl"),
             WeightDtype::Q5_0 => include_str!("shaders/dtype_q5_0.wgsl"),
             WeightDtype::Q5_1 => include_str!("shaders/dtype_q5_1.wgsl"),
+            WeightDtype::Q3K => include_str!("shaders/dtype_q3_k.wgsl"),
             WeightDtype::Q4K => include_str!("shaders/dtype_q4_k.wgsl"),
             WeightDtype::Q5K => include_str!("shaders/dtype_q5_k.wgsl"),
             WeightDtype::Q6K => include_str!("shaders/dtype_q6_k.wgsl"),
@@ -166,8 +175,8 @@ impl WeightDtype {
 
     /// Appends a row of file blocks (`row`, whole blocks of this quantized
     /// type) as the device lays them out: Q8_0, Q4_0 and Q5_0 get 2 zero bytes
-    /// after their f16 scale so the values start on a word; Q6_K gets 2 at
-    /// the end so the next block does.
+    /// after their f16 scale so the values start on a word; Q3_K and Q6_K
+    /// get 2 at the end so the next block does.
     pub(crate) fn pad_blocks(self, row: &[u8], out: &mut Vec<u8>) {
         for b in row.chunks_exact(self.file_type().block_bytes()) {
             match self {
@@ -176,7 +185,7 @@ impl WeightDtype {
                     out.extend_from_slice(&[0, 0]);
                     out.extend_from_slice(&b[2..]);
                 }
-                WeightDtype::Q6K => {
+                WeightDtype::Q3K | WeightDtype::Q6K => {
                     out.extend_from_slice(b);
                     out.extend_from_slice(&[0, 0]);
                 }
