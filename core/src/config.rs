@@ -40,8 +40,8 @@ pub struct HostConfig {
     pub default_max_tokens: u32,
     /// `--reasoning-parser`: the tags the model writes its reasoning
     /// between, split from Chat Completions answers into
-    /// `reasoning_content` ([`crate::reasoning`]); `None` leaves the
-    /// reasoning in the text.
+    /// `reasoning_content` and from Responses answers into a `reasoning`
+    /// item ([`crate::reasoning`]); `None` leaves the reasoning in the text.
     pub reasoning_tags: Option<crate::reasoning::ReasoningTags>,
     /// Most tokens computed in one engine step (prefill chunks plus decodes).
     pub max_step_tokens: u32,

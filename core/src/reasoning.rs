@@ -54,6 +54,25 @@ impl ReasoningTags {
         close: "[/THINK]",
     };
 
+    /// Whether `codec` keeps both tags in the text it decodes: a tokenizer
+    /// that makes them special tokens (Magistral's since 2507) drops them
+    /// from every answer, and then nothing can be split. The error says
+    /// which tag and why.
+    pub fn check(&self, codec: &dyn crate::TextCodec) -> Result<(), String> {
+        for tag in [self.open, self.close] {
+            let ids = codec
+                .encode(tag, false)
+                .map_err(|e| format!("cannot tokenize the reasoning tag `{tag}`: {e}"))?;
+            if codec.decode(&ids).trim() != tag {
+                return Err(format!(
+                    "this model's tokenizer drops `{tag}` from the text it decodes (it is a \
+                     special token), so --reasoning-parser cannot find the reasoning it encloses"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether a prompt whose text ends with `tail` leaves its answer
     /// inside the reasoning: the open tag, then nothing but whitespace.
     pub fn opened_by(&self, tail: &str) -> bool {
@@ -222,6 +241,7 @@ impl ReasoningSplitter {
         let close = self.tags.close;
         let partial = (1..close.len())
             .rev()
+            .filter(|&k| close.is_char_boundary(k))
             .find(|&k| self.held.ends_with(&close[..k]))
             .unwrap_or(0);
         let before = &self.held[..self.held.len() - partial];
@@ -331,6 +351,24 @@ mod tests {
     }
 
     #[test]
+    fn tags_a_tokenizer_drops_from_its_text_are_refused() {
+        use crate::testing::ByteCodec;
+        assert_eq!(ReasoningTags::THINK.check(&ByteCodec), Ok(()));
+        /// Decodes nothing: as a tokenizer decodes its special tokens.
+        struct Drops;
+        impl crate::TextCodec for Drops {
+            fn encode(&self, _: &str, _: bool) -> Result<Vec<u32>, String> {
+                Ok(vec![7])
+            }
+            fn decode(&self, _: &[u32]) -> String {
+                String::new()
+            }
+        }
+        let e = ReasoningTags::MISTRAL.check(&Drops).expect_err("dropped");
+        assert!(e.contains("[THINK]") && e.contains("special token"), "{e}");
+    }
+
+    #[test]
     fn opened_by_needs_the_open_tag_last() {
         let t = ReasoningTags::THINK;
         assert!(t.opened_by("<|im_start|>assistant\n<think>\n"));
@@ -340,17 +378,28 @@ mod tests {
     }
 
     proptest! {
-        /// The pieces out do not depend on how the text was cut into pieces in.
+        /// The pieces out do not depend on how the text was cut into pieces
+        /// in (at character boundaries), for either tag pair.
         #[test]
         fn any_cut_of_the_text_splits_the_same(
-            text in "[<>/a-z \n]{0,12}(<think>)?[<>/a-z \n]{0,12}(</think>)?[<>/a-z \n]{0,12}",
+            text in "[<>/a-z \n\u{a0}é]{0,12}(<think>)?[<>/a-z \n]{0,12}(</think>)?[<>/a-z \u{3000}]{0,12}",
+            mistral in any::<bool>(),
             opened in any::<bool>(),
             cuts in proptest::collection::vec(0usize..40, 0..8),
         ) {
-            let expected = whole(ReasoningTags::THINK, opened, &text);
-            let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c <= text.len()).collect();
+            let tags = if mistral { ReasoningTags::MISTRAL } else { ReasoningTags::THINK };
+            let text = if mistral {
+                text.replace("</think>", "[/THINK]").replace("<think>", "[THINK]")
+            } else {
+                text
+            };
+            let expected = whole(tags, opened, &text);
+            let mut cuts: Vec<usize> = cuts
+                .into_iter()
+                .filter(|&c| c <= text.len() && text.is_char_boundary(c))
+                .collect();
             cuts.sort_unstable();
-            let mut s = ReasoningSplitter::new(ReasoningTags::THINK, opened);
+            let mut s = ReasoningSplitter::new(tags, opened);
             let mut got = Split::default();
             let mut at = 0;
             for c in cuts.into_iter().chain([text.len()]) {

@@ -150,17 +150,32 @@ const THINKING: &str = "<think>\nplan it\n</think>\n\nthe answer";
 /// (`opening`: the message ends with the open tag, as a template that
 /// opens the reasoning writes it; the script then starts inside it).
 fn thinking(opening: bool) -> (Harness, Value) {
+    let script = if opening {
+        THINKING.trim_start_matches("<think>")
+    } else {
+        THINKING
+    };
+    thinking_with(script, opening)
+}
+
+/// [`thinking`] with the engine writing `script`.
+fn thinking_with(script: &str, opening: bool) -> (Harness, Value) {
+    thinking_with_tools(script, opening, &[])
+}
+
+/// [`thinking_with`], the prompt also describing `tools` (as the byte
+/// codec, which has no template, describes them in a system message).
+fn thinking_with_tools(
+    script: &str,
+    opening: bool,
+    tools: &[tokenwire_core::tools::ToolDef],
+) -> (Harness, Value) {
     use tokenwire_core::reasoning::ReasoningTags;
     use tokenwire_core::testing::{script_text, ByteCodec};
     use tokenwire_core::{ChatMessage, Role, TextCodec};
     let config = HostConfig {
         reasoning_tags: Some(ReasoningTags::THINK),
         ..HostConfig::default()
-    };
-    let script = if opening {
-        THINKING.trim_start_matches("<think>")
-    } else {
-        THINKING
     };
     let base = if opening { "q <think>" } else { "q" };
     let content = (0..script.len())
@@ -170,11 +185,19 @@ fn thinking(opening: bool) -> (Harness, Value) {
                 role: Role::User,
                 content: c.clone(),
             }];
-            let n = ByteCodec.encode_chat(&m).expect("encodes").len();
+            let kwargs = Default::default();
+            let n = ByteCodec
+                .encode_chat_templated(&m, tools, &kwargs)
+                .expect("encodes")
+                .len();
             script_text(script, n, script.len()) == script
         })
         .expect("some prompt starts the script at its start");
-    let h = Harness::new(config, script, 1);
+    let info = tokenwire_core::ModelInfo {
+        context_len: 4096,
+        ..tokenwire_core::testing::tiny_model_info()
+    };
+    let h = Harness::with_info(config, info, script, 1);
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
                       "max_tokens": script.len(), "temperature": 0});
     (h, body)
@@ -370,4 +393,71 @@ fn template_kwargs_are_an_object_without_the_servers_own_variables() {
     );
     h.run(50);
     assert_eq!(last(&h, c)["kind"], "reply");
+}
+
+#[test]
+fn calls_are_looked_for_in_the_answer_only_and_reasoning_tokens_add_up_over_choices() {
+    // A call's markup inside the thinking is thinking; the one after it
+    // is a call. The script ends with the end of the sequence (a 0 byte).
+    let call = r#"<tool_call>{"name": "f", "arguments": {}}</tool_call>"#;
+    let script = format!("<think>\nmaybe {call}\n</think>\n\n{call}\0");
+    let def = tokenwire_core::tools::ToolDef {
+        name: "f".into(),
+        description: None,
+        parameters: json!({"type": "object"}),
+    };
+    let (mut h, body) = thinking_with_tools(&script, false, &[def]);
+    let c = open(&mut h, 1);
+    let tools = json!([{"type": "function", "function": {"name": "f",
+                        "parameters": {"type": "object"}}}]);
+    h.send(
+        c,
+        with(body.clone(), json!({"tools": tools, "max_tokens": 200})),
+    );
+    h.run(400);
+    let r = last(&h, c);
+    let choice = &r["data"]["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+    let m = &choice["message"];
+    assert_eq!(m["reasoning_content"], format!("maybe {call}"), "{r}");
+    assert_eq!(m["tool_calls"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(m["tool_calls"][0]["function"]["name"], "f");
+    // Two choices of one prompt: each counts its own reasoning.
+    let (mut h, body) = thinking(false);
+    let c = open(&mut h, 2);
+    h.send(c, with(body, json!({"n": 2})));
+    h.run(200);
+    let r = last(&h, c);
+    let per_choice = THINKING.find("</think>").expect("tag") + "</think>".len();
+    assert_eq!(
+        r["data"]["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        2 * per_choice,
+        "{r}"
+    );
+}
+
+#[test]
+fn streamed_with_include_reasoning_false_no_reasoning_chunk_is_sent() {
+    let (mut h, body) = thinking(false);
+    let c = open(&mut h, 1);
+    h.send(
+        c,
+        with(body, json!({"stream": true, "include_reasoning": false})),
+    );
+    h.run(100);
+    let deltas: Vec<Value> = h
+        .received(c)
+        .iter()
+        .filter(|f| f["kind"] == "chunk")
+        .map(|f| f["data"]["choices"][0]["delta"].clone())
+        .collect();
+    assert!(
+        deltas.iter().all(|d| d.get("reasoning_content").is_none()),
+        "{deltas:?}"
+    );
+    let content: String = deltas
+        .iter()
+        .filter_map(|d| d["content"].as_str())
+        .collect();
+    assert_eq!(content, "the answer");
 }

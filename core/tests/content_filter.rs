@@ -212,3 +212,21 @@ fn a_stop_rule_holds_for_a_beam_search_result_too() {
         .count();
     assert_eq!(stopped, 1);
 }
+
+/// `chat_template_kwargs` reach the prompt through the template, so their
+/// strings meet the `refuse` rules as messages do.
+#[test]
+fn a_refuse_rule_refuses_text_in_chat_template_kwargs() {
+    let mut h = harness();
+    let c = h.open(1, Dialect::Chat);
+    h.send(
+        c,
+        json!({"route": "chat", "body": {"model": "tiny",
+               "messages": [{"role": "user", "content": "hello"}],
+               "chat_template_kwargs": {"notes": [{"text": "the top secret plan"}]}}}),
+    );
+    h.run(20);
+    assert_eq!(h.steps_run, 0, "nothing was computed");
+    let reply = h.received(c).last().cloned().expect("reply");
+    assert_eq!(reply["data"]["error"]["code"], "content_filter", "{reply}");
+}

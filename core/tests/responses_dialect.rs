@@ -742,3 +742,34 @@ fn with_a_reasoning_parser_the_thinking_is_a_reasoning_item_before_the_message()
         "{next}"
     );
 }
+
+#[test]
+fn a_response_cut_short_while_thinking_is_one_incomplete_reasoning_item() {
+    let mut h = Harness::new(
+        HostConfig {
+            reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+            ..HostConfig::default()
+        },
+        THINKING,
+        1,
+    );
+    let c = h.open(1, Dialect::Responses);
+    h.send(c, create(json!(thinking_input()), 12));
+    h.run(100);
+    let evs = events(&h, c);
+    let end = check_response(&evs);
+    assert_eq!(end["type"], "response.incomplete", "{:?}", kinds(&evs));
+    let output = &end["response"]["output"];
+    assert_eq!(
+        output,
+        &json!([{"type": "reasoning", "id": output[0]["id"], "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "plan"}], "status": "incomplete"}]),
+        "{end}"
+    );
+    let usage = &end["response"]["usage"];
+    assert_eq!(
+        usage["output_tokens_details"]["reasoning_tokens"], 12,
+        "{usage}"
+    );
+    assert!(!kinds(&evs).contains(&"response.output_text.delta".to_string()));
+}

@@ -49,7 +49,10 @@ const OTHER_TYPES: &[(u32, &str)] = &[
     (17, "IQ2_XS"),
     (18, "IQ3_XXS"),
     (19, "IQ1_S"),
-    (20, "IQ4_NL"),
+    (
+        20,
+        "IQ4_NL (llama.cpp's fallback for Q3_K and IQ rows not a multiple of 256)",
+    ),
     (21, "IQ3_S"),
     (22, "IQ2_S"),
     (23, "IQ4_XS"),

@@ -459,10 +459,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Split a reasoning model's thinking from its Chat Completions
-    /// answers into `reasoning_content` (vLLM's flag and names): `qwen3`
-    /// and `deepseek_r1` split at `<think>`/`</think>`, `mistral` at
-    /// `[THINK]`/`[/THINK]`. Without it the reasoning stays in the text.
+    /// Split a reasoning model's thinking from its answers: Chat
+    /// Completions' `reasoning_content`, the Responses API's `reasoning`
+    /// item (vLLM's flag and names): `qwen3` and `deepseek_r1` split at
+    /// `<think>`/`</think>`, `mistral` at `[THINK]`/`[/THINK]`. Without it
+    /// the reasoning stays in the text.
     #[arg(long, env = "TOKENWIRE_REASONING_PARSER", value_enum)]
     pub reasoning_parser: Option<ReasoningParser>,
 

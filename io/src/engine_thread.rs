@@ -35,6 +35,9 @@ pub(crate) struct EngineSpec {
     pub cpu_activations: CpuActivations,
     /// Seed of the tiny model's weights.
     pub seed: u64,
+    /// `--reasoning-parser`'s tags, checked against the model's tokenizer
+    /// once it loads.
+    pub reasoning_tags: Option<tokenwire_core::reasoning::ReasoningTags>,
 }
 
 /// Starts the engine thread. It loads the model, sends `ModelLoaded` (or
@@ -80,6 +83,10 @@ fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) 
         );
     }
     let codec = engine.codec();
+    if let Some(Err(e)) = spec.reasoning_tags.map(|t| t.check(&*codec)) {
+        let _ = driver.blocking_send(DriverMsg::LoadFailed(format!("--reasoning-parser: {e}")));
+        return;
+    }
     if driver
         .blocking_send(DriverMsg::Input(Input::ModelLoaded { info, codec }))
         .is_err()

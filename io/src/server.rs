@@ -240,6 +240,7 @@ pub async fn start_loading_with(
             wgpu_matrix_units: config.wgpu_matrix_units,
             cpu_activations: config.cpu_activations,
             seed: config.seed,
+            reasoning_tags: config.host.reasoning_tags,
         },
         driver_handle.clone(),
     )?;

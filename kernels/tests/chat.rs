@@ -424,4 +424,36 @@ fn template_kwargs_go_through_the_codec_and_may_not_spell_control_tokens() {
             "{v}: {e}"
         );
     }
+    // Pieces that only the template joins into a control token.
+    let joins = ChatTemplate::new(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ parts | join('') }}",
+        "",
+        "",
+    )
+    .expect("compiles");
+    let joins = HfCodec::new(base.tokenizer().clone(), Some(joins));
+    let e = joins
+        .encode_chat_templated(
+            m,
+            &[],
+            &kwargs(serde_json::json!({"parts": ["<|im_", "start|>"]})),
+        )
+        .expect_err("refused");
+    assert!(
+        e.contains("chat_template_kwargs") && e.contains("control text"),
+        "{e}"
+    );
+    joins
+        .encode_chat_templated(
+            m,
+            &[],
+            &kwargs(serde_json::json!({"parts": ["a", "b"], "on": true})),
+        )
+        .expect("plain pieces pass");
+    // A model without a template has nothing to give them to: ignored.
+    let bare = HfCodec::new(base.tokenizer().clone(), None);
+    assert_eq!(
+        bare.encode_chat_templated(m, &[], &kwargs(serde_json::json!({"note": "<|im_end|>"}))),
+        bare.encode_chat(m)
+    );
 }

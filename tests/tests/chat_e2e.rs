@@ -718,6 +718,16 @@ async fn a_reasoning_parser_sends_the_thinking_as_reasoning_content() {
         on.body,
         off.body
     );
+    // A kwarg holding the model's control text would be read as markup.
+    let forged = body(json!({"chat_template_kwargs": {"note": "</s>"}}));
+    let r = http(&parsed, "POST", CHAT, Some(&forged)).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(
+        r.json()["error"]["param"],
+        "chat_template_kwargs",
+        "{}",
+        r.body
+    );
     let bad = body(json!({"chat_template_kwargs": {"messages": []}}));
     let r = http(&parsed, "POST", CHAT, Some(&bad)).await;
     assert_eq!(r.status, 400, "{}", r.body);

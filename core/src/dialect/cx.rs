@@ -227,7 +227,20 @@ impl<'a> Cx<'a> {
         tools: Vec<crate::tools::ToolDef>,
         template_kwargs: crate::text::TemplateKwargs,
     ) -> Result<TextJobId, StartError> {
-        self.check_filter(messages.iter().map(|m| m.content.as_str()))?;
+        // The kwargs' strings reach the prompt too.
+        fn strings<'v>(v: &'v serde_json::Value, out: &mut Vec<&'v str>) {
+            match v {
+                serde_json::Value::String(s) => out.push(s),
+                serde_json::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+                serde_json::Value::Object(o) => o.values().for_each(|v| strings(v, out)),
+                _ => {}
+            }
+        }
+        let mut texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        template_kwargs
+            .values()
+            .for_each(|v| strings(v, &mut texts));
+        self.check_filter(texts)?;
         Ok(self.port.tokenize(
             self.conn,
             TextWork::Chat {

@@ -168,12 +168,12 @@ impl TextCodec for HfCodec {
         tools: &[ToolDef],
         kwargs: &TemplateKwargs,
     ) -> Result<Vec<TokenId>, String> {
-        if let Some((key, special)) = self.control_text_in(kwargs) {
-            return Err(format!(
-                "chat_template_kwargs.{key} holds the model's control text `{special}`, \
-                 which would be read as markup; remove it"
-            ));
-        }
+        // Without a template there is nothing to give them to.
+        let kwargs = match self.template {
+            Some(_) => kwargs,
+            None => &TemplateKwargs::new(),
+        };
+        self.check_kwargs(messages, tools, kwargs)?;
         if tools.is_empty() {
             return self.encode_rendered(messages, kwargs);
         }
@@ -255,6 +255,96 @@ impl HfCodec {
                     self.encode(&text, !wrote_bos)
                 }),
         )
+    }
+
+    /// Refuses kwargs that would write control tokens: a string holding a
+    /// special token's text, or strings that the template writes so that
+    /// one forms (pieces joined by a loop, a piece beside a message's
+    /// text), seen as more special-token text in the prompt rendered with
+    /// them than with every string replaced by a neutral one.
+    fn check_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+        kwargs: &TemplateKwargs,
+    ) -> Result<(), String> {
+        if let Some((key, special)) = self.control_text_in(kwargs) {
+            return Err(format!(
+                "chat_template_kwargs.{key} holds the model's control text `{special}`, \
+                 which would be read as markup; remove it"
+            ));
+        }
+        fn neutral(v: &serde_json::Value) -> Option<serde_json::Value> {
+            use serde_json::Value as V;
+            match v {
+                V::String(_) => Some(V::String("x".into())),
+                V::Array(a) => {
+                    let n: Vec<Option<V>> = a.iter().map(neutral).collect();
+                    n.iter().any(Option::is_some).then(|| {
+                        V::Array(
+                            n.into_iter()
+                                .zip(a)
+                                .map(|(n, v)| n.unwrap_or_else(|| v.clone()))
+                                .collect(),
+                        )
+                    })
+                }
+                V::Object(o) => {
+                    let n: Vec<(String, Option<V>)> =
+                        o.iter().map(|(k, v)| (k.clone(), neutral(v))).collect();
+                    n.iter().any(|(_, v)| v.is_some()).then(|| {
+                        V::Object(
+                            n.into_iter()
+                                .zip(o.values())
+                                .map(|((k, n), v)| (k, n.unwrap_or_else(|| v.clone())))
+                                .collect(),
+                        )
+                    })
+                }
+                _ => None,
+            }
+        }
+        let neutral: TemplateKwargs = match neutral(&serde_json::Value::Object(kwargs.clone())) {
+            Some(serde_json::Value::Object(o)) => o,
+            _ => return Ok(()), // no strings: nothing a client wrote reaches the text
+        };
+        let count = |text: &str| -> usize {
+            self.specials
+                .iter()
+                .map(|s| text.matches(s.as_str()).count())
+                .sum()
+        };
+        let real = self.render_for(messages, tools, kwargs)?;
+        let base = self.render_for(messages, tools, &neutral)?;
+        if count(&real) != count(&base) {
+            return Err(
+                "chat_template_kwargs: the chat template writes its strings so that they \
+                 spell the model's control text; remove it"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The text [`TextCodec::encode_chat_templated`] tokenizes: the
+    /// template's own tools rendering where it takes them (and no content
+    /// holds control text), else the tools described in a system message.
+    fn render_for(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolDef],
+        kwargs: &TemplateKwargs,
+    ) -> Result<String, String> {
+        match self.template.as_ref() {
+            Some(t) if !tools.is_empty() && t.takes_tools() && !self.has_control_text(messages) => {
+                t.render_with(messages, tools, kwargs)
+            }
+            _ if !tools.is_empty() => {
+                let described = tools::with_tools_prompt(messages, tools, self.tool_format());
+                self.render(&described, kwargs)
+            }
+            _ => self.render(messages, kwargs),
+        }
     }
 
     /// Whether any content holds a special token's text.

@@ -298,9 +298,12 @@ pub const MAX_TEMPLATE_KWARGS: usize = 64;
 
 /// Variables the chat template renders with itself, which a kwarg may not
 /// replace: the conversation, its tools and its markup are the server's.
-const RESERVED_TEMPLATE_VARIABLES: [&str; 5] = [
+const RESERVED_TEMPLATE_VARIABLES: [&str; 6] = [
     "messages",
     "tools",
+    // Llama 3.1's templates render these instead of `tools`, which the
+    // server's call parser would then not know.
+    "custom_tools",
     "add_generation_prompt",
     "bos_token",
     "eos_token",

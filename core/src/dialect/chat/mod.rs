@@ -157,9 +157,17 @@ fn on_tokenized(cx: &mut Cx<'_>, result: Result<Encoded, String>) {
         Err(e) if e.starts_with(CONTEXT_TOO_LONG) => too_long_to_tokenize(cx, context_len),
         Err(e) => {
             let message = format!("the input could not be tokenized: {e}");
-            send_error(cx, 400, "invalid_request", &message, None);
+            send_error(cx, 400, "invalid_request", &message, kwargs_field(&e));
         }
     }
+}
+
+/// `chat_template_kwargs` when the codec refused them (its errors start
+/// with the field's name).
+fn kwargs_field(error: &str) -> Option<&'static str> {
+    error
+        .starts_with("chat_template_kwargs")
+        .then_some("chat_template_kwargs")
 }
 
 fn too_long_to_tokenize(cx: &mut Cx<'_>, context_len: u32) {
@@ -329,6 +337,7 @@ impl ChatConn {
             Err(e) => {
                 self.inflight = None;
                 let message = format!("the input could not be tokenized: {e}");
+                let field = kwargs_field(&e).unwrap_or(field);
                 return send_error(cx, 400, "invalid_request", &message, Some(field));
             }
         };
