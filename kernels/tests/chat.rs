@@ -450,6 +450,22 @@ fn template_kwargs_go_through_the_codec_and_may_not_spell_control_tokens() {
             &kwargs(serde_json::json!({"parts": ["a", "b"], "on": true})),
         )
         .expect("plain pieces pass");
+    // A template that takes only some values of a kwarg (gpt-oss's
+    // `reasoning_effort`) still renders with them.
+    let picky = ChatTemplate::new(
+        "{% if effort not in ['low', 'high'] %}{{ raise_exception('bad effort') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}effort: {{ effort }}",
+        "",
+        "",
+    )
+    .expect("compiles");
+    let picky = HfCodec::new(base.tokenizer().clone(), Some(picky));
+    picky
+        .encode_chat_templated(m, &[], &kwargs(serde_json::json!({"effort": "low"})))
+        .expect("a value the template takes");
+    let e = picky
+        .encode_chat_templated(m, &[], &kwargs(serde_json::json!({"effort": "max"})))
+        .expect_err("one it refuses");
+    assert!(e.contains("bad effort"), "{e}");
     // A model without a template has nothing to give them to: ignored.
     let bare = HfCodec::new(base.tokenizer().clone(), None);
     assert_eq!(

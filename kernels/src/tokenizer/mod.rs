@@ -315,7 +315,11 @@ impl HfCodec {
                 .sum()
         };
         let real = self.render_for(messages, tools, kwargs)?;
-        let base = self.render_for(messages, tools, &neutral)?;
+        // A template that insists on its own values (one of a few names)
+        // may refuse the neutral ones: then only the per-string check holds.
+        let Ok(base) = self.render_for(messages, tools, &neutral) else {
+            return Ok(());
+        };
         if count(&real) != count(&base) {
             return Err(
                 "chat_template_kwargs: the chat template writes its strings so that they \
