@@ -121,6 +121,8 @@ pub struct ReasoningSplitter {
     fresh: bool,
     /// The reasoning began (it may have ended since).
     reasoned: bool,
+    /// The last push began, went on in or ended the reasoning.
+    last_in_reasoning: bool,
 }
 
 impl ReasoningSplitter {
@@ -133,7 +135,16 @@ impl ReasoningSplitter {
             held: String::new(),
             fresh: true,
             reasoned: opened,
+            last_in_reasoning: false,
         }
+    }
+
+    /// Whether the last [`ReasoningSplitter::push`]'s text belonged to the
+    /// reasoning: it began, went on in or ended it (so a token whose text
+    /// it was counts as a reasoning token, the open tag's and close tag's
+    /// too, whatever number of tokens they take).
+    pub fn last_in_reasoning(&self) -> bool {
+        self.last_in_reasoning
     }
 
     /// Whether the answer had reasoning (the open tag seen or given), ended
@@ -151,6 +162,13 @@ impl ReasoningSplitter {
     /// Takes the next piece of the answer's text; returns what may be
     /// released now.
     pub fn push(&mut self, piece: &str) -> Split {
+        let (was_in, had_reasoned) = (self.in_reasoning(), self.reasoned);
+        let out = self.split_next(piece);
+        self.last_in_reasoning = was_in || (self.reasoned && !had_reasoned) || self.in_reasoning();
+        out
+    }
+
+    fn split_next(&mut self, piece: &str) -> Split {
         self.held.push_str(piece);
         let mut out = Split::default();
         loop {
@@ -319,9 +337,9 @@ mod tests {
         let mut s = ReasoningSplitter::new(ReasoningTags::THINK, false);
         assert_eq!(s.push("<thi"), split("", ""));
         assert!(!s.in_reasoning());
-        assert!(!s.reasoned());
+        assert!(!s.reasoned() && !s.last_in_reasoning());
         assert_eq!(s.push("nk>"), split("", ""));
-        assert!(s.in_reasoning() && s.reasoned());
+        assert!(s.in_reasoning() && s.reasoned() && s.last_in_reasoning());
         // A tag's beginning that never completes is the answer's text.
         let mut s = ReasoningSplitter::new(ReasoningTags::THINK, false);
         assert_eq!(s.push("<thi"), split("", ""));
@@ -335,8 +353,9 @@ mod tests {
         assert_eq!(s.push("one"), split("one", ""));
         assert_eq!(s.push(" two \n</"), split(" two", ""));
         assert_eq!(s.push("think>\n"), split("", ""));
-        assert!(!s.in_reasoning() && s.reasoned());
+        assert!(!s.in_reasoning() && s.reasoned() && s.last_in_reasoning());
         assert_eq!(s.push("\nAnswer"), split("", "Answer"));
+        assert!(!s.last_in_reasoning());
         assert_eq!(s.push(" more"), split("", " more"));
         assert_eq!(s.finish(), split("", ""));
     }

@@ -203,6 +203,15 @@ fn thinking_with_tools(
     (h, body)
 }
 
+/// The `delta` of each streamed chunk's first choice, in order.
+fn first_choice_deltas(h: &Harness, c: ConnId) -> Vec<Value> {
+    h.received(c)
+        .iter()
+        .filter(|f| f["kind"] == "chunk")
+        .map(|f| f["data"]["choices"][0]["delta"].clone())
+        .collect()
+}
+
 fn with(mut body: Value, extra: Value) -> Value {
     for (k, v) in extra.as_object().into_iter().flatten() {
         body[k] = v.clone();
@@ -243,12 +252,7 @@ fn streamed_reasoning_comes_as_reasoning_content_deltas_before_the_answer() {
     let c = open(&mut h, 1);
     h.send(c, with(body, json!({"stream": true})));
     h.run(100);
-    let deltas: Vec<Value> = h
-        .received(c)
-        .iter()
-        .filter(|f| f["kind"] == "chunk")
-        .map(|f| f["data"]["choices"][0]["delta"].clone())
-        .collect();
+    let deltas = first_choice_deltas(&h, c);
     assert_eq!(deltas[0]["role"], "assistant");
     let field = |name: &str| -> String {
         deltas
@@ -445,12 +449,7 @@ fn streamed_with_include_reasoning_false_no_reasoning_chunk_is_sent() {
         with(body, json!({"stream": true, "include_reasoning": false})),
     );
     h.run(100);
-    let deltas: Vec<Value> = h
-        .received(c)
-        .iter()
-        .filter(|f| f["kind"] == "chunk")
-        .map(|f| f["data"]["choices"][0]["delta"].clone())
-        .collect();
+    let deltas = first_choice_deltas(&h, c);
     assert!(
         deltas.iter().all(|d| d.get("reasoning_content").is_none()),
         "{deltas:?}"

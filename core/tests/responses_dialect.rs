@@ -660,6 +660,16 @@ fn a_call_the_model_writes_streams_as_a_function_call_item() {
 /// the answer, then the end of the sequence (a `0` byte).
 const THINKING: &str = "<think>\nplan it\n</think>\n\nthe answer\0";
 
+/// A harness whose engine writes [`THINKING`], with the `<think>`
+/// reasoning parser.
+fn thinking_harness() -> Harness {
+    let config = HostConfig {
+        reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+        ..HostConfig::default()
+    };
+    Harness::new(config, THINKING, 1)
+}
+
 /// A user input that makes the engine start at [`THINKING`]'s start.
 fn thinking_input() -> String {
     (0..THINKING.len())
@@ -673,14 +683,7 @@ fn thinking_input() -> String {
 
 #[test]
 fn with_a_reasoning_parser_the_thinking_is_a_reasoning_item_before_the_message() {
-    let mut h = Harness::new(
-        HostConfig {
-            reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
-            ..HostConfig::default()
-        },
-        THINKING,
-        1,
-    );
+    let mut h = thinking_harness();
     let c = h.open(1, Dialect::Responses);
     let input = thinking_input();
     h.send(c, create(json!(input), 100));
@@ -745,14 +748,7 @@ fn with_a_reasoning_parser_the_thinking_is_a_reasoning_item_before_the_message()
 
 #[test]
 fn a_response_cut_short_while_thinking_is_one_incomplete_reasoning_item() {
-    let mut h = Harness::new(
-        HostConfig {
-            reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
-            ..HostConfig::default()
-        },
-        THINKING,
-        1,
-    );
+    let mut h = thinking_harness();
     let c = h.open(1, Dialect::Responses);
     h.send(c, create(json!(thinking_input()), 12));
     h.run(100);

@@ -734,15 +734,13 @@ impl DialectConn for ChatConn {
         let (reasoning, answer) = match c.thinker.as_mut() {
             None => (String::new(), piece.text.clone()),
             Some(thinker) => {
-                let (was_in, had_reasoned) = (thinker.in_reasoning(), thinker.reasoned());
                 let mut split = thinker.push(&piece.text);
                 if finish.is_some() {
                     split.extend(thinker.finish());
                 }
                 // Every token up to the one that ends the reasoning is the
                 // reasoning's: the open tag's too, which may take several.
-                let began = thinker.reasoned() && !had_reasoned;
-                if was_in || began || thinker.in_reasoning() {
+                if thinker.last_in_reasoning() {
                     c.reasoning_tokens = c.tokens + u32::from(piece.token_id.is_some());
                 }
                 (split.reasoning, split.answer)

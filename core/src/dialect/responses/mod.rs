@@ -692,13 +692,11 @@ impl DialectConn for ResponsesConn {
         let answer = match draft.thinker.as_mut() {
             None => piece.text.clone(),
             Some(thinker) => {
-                let (was_in, had_reasoned) = (thinker.in_reasoning(), thinker.reasoned());
                 let mut split = thinker.push(&piece.text);
                 if piece.finish.is_some() {
                     split.extend(thinker.finish());
                 }
-                let began = thinker.reasoned() && !had_reasoned;
-                if was_in || began || thinker.in_reasoning() {
+                if thinker.last_in_reasoning() {
                     // Every token so far, this one included.
                     draft.usage.reasoning_tokens = cx.gen(id).map_or(0, |g| g.completion_tokens());
                 }
