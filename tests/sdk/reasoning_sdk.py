@@ -22,24 +22,16 @@ from typing import Any, Callable, List
 
 from openai import OpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-import pydantic
 
 from openai.types.responses import Response
 from responses_sdk import SSE_EVENT_TYPES, validate_event
-from sdk_strict import fail, find_extras, run_checks, validate_strict
+from sdk_strict import fail, run_checks, validate_strict
 
 
-def strict_with_reasoning(model: type[pydantic.BaseModel], raw: str, what: str) -> Any:
+def strict_with_reasoning(model: Any, raw: str, what: str) -> Any:
     """`raw` strictly valid as the SDK's `model`, with no unknown field but
     `reasoning_content`."""
-    try:
-        parsed = model.model_validate_json(raw, strict=True)
-    except pydantic.ValidationError as err:
-        fail(f"{what} is not strictly valid as the SDK's {model.__name__}:\n{err}", raw)
-    extras = [e for e in find_extras(parsed) if not e.endswith(".reasoning_content")]
-    if extras:
-        fail(f"{what} has fields the SDK's {model.__name__} does not know: {', '.join(extras)}", raw)
-    return parsed
+    return validate_strict(model, raw, what, allowed=("reasoning_content",))
 
 
 def main() -> int:

@@ -66,13 +66,16 @@ def find_extras(value: Any, path: str = "$") -> List[str]:
     return found
 
 
-def validate_strict(model: Type[pydantic.BaseModel], raw: str, what: str) -> Any:
-    """Validates JSON text against an SDK model in strict mode, with no unknown fields."""
+def validate_strict(
+    model: Type[pydantic.BaseModel], raw: str, what: str, allowed: Tuple[str, ...] = ()
+) -> Any:
+    """Validates JSON text against an SDK model in strict mode, with no unknown
+    fields but those named in `allowed` (at any depth)."""
     try:
         parsed = model.model_validate_json(raw, strict=True)
     except pydantic.ValidationError as err:
         fail(f"{what} is not strictly valid as the SDK's {model.__name__}:\n{err}", raw)
-    extras = find_extras(parsed)
+    extras = [e for e in find_extras(parsed) if e.rsplit(".", 1)[-1] not in allowed]
     if extras:
         fail(f"{what} has fields the SDK's {model.__name__} does not know: {', '.join(extras)}", raw)
     return parsed
