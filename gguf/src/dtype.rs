@@ -35,6 +35,13 @@ pub enum GgmlType {
     /// Super-blocks of 256: 4+2-bit values, 16 sub-blocks with 8-bit
     /// scales, an f16 scale.
     Q6_K,
+    /// Blocks of 32: an f16 scale and 32 4-bit indices into a fixed table of
+    /// 16 non-uniform values (llama.cpp's fallback for Q2_K, Q3_K and the IQ
+    /// types on rows that are not whole 256-blocks).
+    IQ4_NL,
+    /// Super-blocks of 256: IQ4_NL's table, 8 sub-blocks of 32 with 6-bit
+    /// scales offset by 32, an f16 scale.
+    IQ4_XS,
 }
 
 /// ggml's names for type ids this engine does not load, so that an error
@@ -49,13 +56,8 @@ const OTHER_TYPES: &[(u32, &str)] = &[
     (17, "IQ2_XS"),
     (18, "IQ3_XXS"),
     (19, "IQ1_S"),
-    (
-        20,
-        "IQ4_NL (llama.cpp's fallback for Q3_K and IQ rows not a multiple of 256)",
-    ),
     (21, "IQ3_S"),
     (22, "IQ2_S"),
-    (23, "IQ4_XS"),
     (24, "I8"),
     (25, "I16"),
     (26, "I32"),
@@ -69,7 +71,7 @@ const OTHER_TYPES: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every type this engine loads.
-    pub const ALL: [GgmlType; 12] = [
+    pub const ALL: [GgmlType; 14] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -82,6 +84,8 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ];
 
     /// The type with ggml id `id`, or a message naming what it is and why it
@@ -115,6 +119,8 @@ impl GgmlType {
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
         }
     }
@@ -134,6 +140,8 @@ impl GgmlType {
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
         }
     }
 
@@ -141,10 +149,17 @@ impl GgmlType {
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                32
-            }
-            GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::IQ4_NL => 32,
+            GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS => 256,
         }
     }
 
@@ -162,6 +177,8 @@ impl GgmlType {
             GgmlType::Q4_K => 2 + 2 + 12 + 128,
             GgmlType::Q5_K => 2 + 2 + 12 + 32 + 128,
             GgmlType::Q6_K => 128 + 64 + 16 + 2,
+            GgmlType::IQ4_NL => 2 + 16,
+            GgmlType::IQ4_XS => 2 + 2 + 4 + 128,
         }
     }
 
@@ -202,6 +219,8 @@ mod tests {
         assert_eq!(GgmlType::F32.row_bytes(u64::MAX), None, "overflow");
         assert_eq!(GgmlType::Q5_K.row_bytes(512), Some(352));
         assert_eq!(GgmlType::Q3_K.row_bytes(512), Some(220));
+        assert_eq!(GgmlType::IQ4_NL.row_bytes(576), Some(18 * 18));
+        assert_eq!(GgmlType::IQ4_XS.row_bytes(512), Some(272));
         let e = GgmlType::from_id(10).expect_err("Q2_K");
         assert!(e.contains("Q2_K") && e.contains("Q3_K"), "{e}");
         assert!(GgmlType::from_id(9999).expect_err("?").contains("9999"));

@@ -141,6 +141,8 @@ fn dtype_name(file: &GgufFile, layers: &[LayerWeights]) -> String {
         Some(16) => Some("q5_k_s"),
         Some(17) => Some("q5_k_m"),
         Some(18) => Some("q6_k"),
+        Some(25) => Some("iq4_nl"),
+        Some(30) => Some("iq4_xs"),
         Some(32) => Some("bf16"),
         _ => None,
     };

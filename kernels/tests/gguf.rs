@@ -476,6 +476,7 @@ fn smollm2_requantized_to_q5_runs_as_its_dequantized_weights_do() {
     requantized_smollm2_runs_as_its_dequantized_weights_do(
         "q5",
         |i, _| Some([GgmlType::Q5_0, GgmlType::Q5_1][i % 2]),
+        &[GgmlType::Q5_0, GgmlType::Q5_1],
         8,
         "q5_0",
     );
@@ -483,14 +484,102 @@ fn smollm2_requantized_to_q5_runs_as_its_dequantized_weights_do() {
 
 #[test]
 fn smollm2_requantized_to_q3_k_runs_as_its_dequantized_weights_do() {
-    // The matrices whose rows are whole 256-blocks (the MLP's down
-    // projections: 1,536 wide) in Q3_K, as a Q3_K_M file keeps them.
+    // A Q3_K_M file as llama-quantize writes one for SmolLM2: the matrices
+    // whose rows are whole 256-blocks (the MLP's down projections: 1,536
+    // wide) in Q3_K, the others (576 wide) in its fallback IQ4_NL.
     requantized_smollm2_runs_as_its_dequantized_weights_do(
         "q3_k",
-        |_, row| (row % 256 == 0).then_some(GgmlType::Q3_K),
+        |_, row| Some(whole_256_or_iq4_nl(row, GgmlType::Q3_K)),
+        &[GgmlType::Q3_K, GgmlType::IQ4_NL],
         12,
         "q3_k_m",
     );
+}
+
+#[test]
+fn smollm2_requantized_to_iq4_xs_runs_as_its_dequantized_weights_do() {
+    // An IQ4_XS file likewise: IQ4_XS where rows are whole 256-blocks,
+    // IQ4_NL elsewhere.
+    requantized_smollm2_runs_as_its_dequantized_weights_do(
+        "iq4_xs",
+        |_, row| Some(whole_256_or_iq4_nl(row, GgmlType::IQ4_XS)),
+        &[GgmlType::IQ4_XS, GgmlType::IQ4_NL],
+        30,
+        "iq4_xs",
+    );
+}
+
+/// `k_quant` for rows of whole 256-blocks, else IQ4_NL: llama-quantize's
+/// fallback for Q2_K, Q3_K and the IQ types.
+fn whole_256_or_iq4_nl(row: usize, k_quant: GgmlType) -> GgmlType {
+    if row.is_multiple_of(256) {
+        k_quant
+    } else {
+        GgmlType::IQ4_NL
+    }
+}
+
+/// The value of largest magnitude, with its sign.
+fn largest(v: &[f32]) -> f32 {
+    v.iter()
+        .fold(0.0f32, |m, &a| if a.abs() > m.abs() { a } else { m })
+}
+
+/// 32 values as IQ4_NL indices (nibbles as Q4_0 packs them) for the step
+/// `step`: each the nearest of the table's values.
+fn iq4_nibbles(x: &[f32], step: f32) -> Vec<u8> {
+    use tokenwire_kernels::quant::blocks::IQ4NL_VALUES;
+    let index = |v: f32| {
+        let t = if step != 0.0 { v / step } else { 0.0 };
+        (0..16u8)
+            .min_by(|&a, &b| {
+                let da = (IQ4NL_VALUES[a as usize] as f32 - t).abs();
+                let db = (IQ4NL_VALUES[b as usize] as f32 - t).abs();
+                da.total_cmp(&db)
+            })
+            .unwrap_or(0)
+    };
+    (0..16)
+        .map(|j| index(x[j]) | (index(x[j + 16]) << 4))
+        .collect()
+}
+
+/// One IQ4_NL block, quantized plainly (llama.cpp also searches for a
+/// better scale): the value of largest magnitude maps to the table's -127.
+fn quantize_iq4_nl(x: &[f32]) -> Vec<u8> {
+    let d = half::f16::from_f32(largest(x) / -127.0);
+    let mut b = d.to_le_bytes().to_vec();
+    b.extend(iq4_nibbles(x, d.to_f32()));
+    b
+}
+
+/// One IQ4_XS super-block, quantized plainly: each sub-block of 32 scaled
+/// as IQ4_NL would scale it, those scales in 6 bits (-32..32) of `d`.
+fn quantize_iq4_xs(x: &[f32]) -> Vec<u8> {
+    let sub: Vec<f32> = x.chunks_exact(32).map(|c| largest(c) / -127.0).collect();
+    let d = half::f16::from_f32(largest(&sub) / -32.0);
+    let id = if d.to_f32() != 0.0 {
+        1.0 / d.to_f32()
+    } else {
+        0.0
+    };
+    let l: Vec<i32> = sub
+        .iter()
+        .map(|&s| ((s * id).round() as i32).clamp(-32, 31))
+        .collect();
+    let mut b = vec![0u8; 8];
+    b[..2].copy_from_slice(&d.to_le_bytes());
+    let mut high = 0u16;
+    for (j, &ls) in l.iter().enumerate() {
+        let stored = (ls + 32) as u8;
+        b[4 + j / 2] |= (stored & 15) << (4 * (j % 2));
+        high |= u16::from(stored >> 4) << (2 * j);
+    }
+    b[2..4].copy_from_slice(&high.to_le_bytes());
+    for (j, c) in x.chunks_exact(32).enumerate() {
+        b.extend(iq4_nibbles(c, d.to_f32() * l[j] as f32));
+    }
+    b
 }
 
 /// Values of one 256-block in Q3_K, quantized plainly (llama.cpp searches
@@ -498,10 +587,6 @@ fn smollm2_requantized_to_q3_k_runs_as_its_dequantized_weights_do() {
 /// sub-block's value of largest magnitude maps to -4, the sub-block scale
 /// of largest magnitude to -32.
 fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
-    let largest = |v: &[f32]| {
-        v.iter()
-            .fold(0.0f32, |m, &a| if a.abs() > m.abs() { a } else { m })
-    };
     let sub: Vec<f32> = x.chunks_exact(16).map(|c| largest(c) / -4.0).collect();
     let d = largest(&sub) / -32.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -533,14 +618,16 @@ fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
 }
 
 /// SmolLM2 with its Q4_1 matrices that `pick` (by index and row length)
-/// requantized from their values to the type it names, written as a GGUF
-/// file of `file_type` and loaded: with 8-bit activations it gives the
+/// requantized from their values to the type it names (`kinds`, in the
+/// order the file first holds them), written as a GGUF file of `file_type`
+/// and loaded: with 8-bit activations it gives the
 /// logits it gives with its weights widened to f32 (which the kernel
 /// tests cannot show: the file's types, the layouts, every matrix's
 /// dispatch), and names itself `dtype`.
 fn requantized_smollm2_runs_as_its_dequantized_weights_do(
     name: &str,
     pick: fn(usize, usize) -> Option<GgmlType>,
+    kinds: &[GgmlType],
     file_type: u32,
     dtype: &str,
 ) {
@@ -554,6 +641,7 @@ fn requantized_smollm2_runs_as_its_dequantized_weights_do(
     let mut out = f.clone();
     let mut source = Vec::new();
     let mut requantized = 0;
+    let mut used = Vec::new();
     for (i, t) in out.tensors.iter_mut().enumerate() {
         let data = &bytes[t.offset as usize..(t.offset + t.len) as usize];
         let row = t.dims[0] as usize;
@@ -567,8 +655,13 @@ fn requantized_smollm2_runs_as_its_dequantized_weights_do(
                 }
                 t.dtype = to;
                 requantized += 1;
+                if !used.contains(&to) {
+                    used.push(to);
+                }
                 match to {
                     GgmlType::Q3_K => vals.chunks_exact(256).flat_map(quantize_q3_k).collect(),
+                    GgmlType::IQ4_XS => vals.chunks_exact(256).flat_map(quantize_iq4_xs).collect(),
+                    GgmlType::IQ4_NL => vals.chunks_exact(32).flat_map(quantize_iq4_nl).collect(),
                     _ => vals
                         .chunks_exact(32)
                         .flat_map(|x| quantize_q5(to, x))
@@ -583,6 +676,7 @@ fn requantized_smollm2_runs_as_its_dequantized_weights_do(
         source.resize(source.len().next_multiple_of(32), 0);
     }
     assert!(requantized >= 30, "{requantized} matrices requantized");
+    assert_eq!(used, kinds, "{name}: the types the file was to hold");
     out.metadata.insert(
         "general.file_type".into(),
         tokenwire_kernels::gguf::MetaValue::U32(file_type),

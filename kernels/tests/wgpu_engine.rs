@@ -607,6 +607,8 @@ fn wgpu_runs_quantized_weights_as_blocks() {
     assert_eq!(
         dts,
         vec![
+            W::Iq4Nl,
+            W::Iq4Xs,
             W::Q3K,
             W::Q4K,
             W::Q4_0,
@@ -628,7 +630,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
         }
         n as u64
     };
-    // Only the padding of Q8_0, Q4_0, Q5_0, Q3_K and Q6_K blocks is added.
+    // Only the padding of Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K and Q6_K blocks is added.
     let dev = gpu.weight_bytes();
     assert!(
         dev >= file_bytes && dev <= file_bytes + file_bytes / 16,

@@ -35,7 +35,7 @@ const TILE_TOKENS: usize = 32;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage =
-        "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1|q3_k|q4_k|q5_k|q6_k K ROWS row|tile [SECONDS]";
+        "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|q3_k|q4_k|q5_k|q6_k|iq4_xs K ROWS row|tile [SECONDS]";
     let dtype = match args.first().map(String::as_str) {
         Some("q8_0") => GgmlType::Q8_0,
         Some("q4_0") => GgmlType::Q4_0,
@@ -46,6 +46,8 @@ fn main() {
         Some("q4_k") => GgmlType::Q4_K,
         Some("q5_k") => GgmlType::Q5_K,
         Some("q6_k") => GgmlType::Q6_K,
+        Some("iq4_nl") => GgmlType::IQ4_NL,
+        Some("iq4_xs") => GgmlType::IQ4_XS,
         _ => fail(usage),
     };
     let number = |i: usize| -> usize {
@@ -102,12 +104,7 @@ fn main() {
     let (mut sweeps, mut sink) = (0usize, 0.0f32);
     while start.elapsed() < budget {
         if per == 256 {
-            let (one, four) = match dtype {
-                GgmlType::Q3_K => (kernels.q3_k, kernels.q3_k_tile),
-                GgmlType::Q4_K => (kernels.q4_k, kernels.q4_k_tile),
-                GgmlType::Q5_K => (kernels.q5_k, kernels.q5_k_tile),
-                _ => (kernels.q6_k, kernels.q6_k_tile),
-            };
+            let (one, four) = kernels.for_q8k(dtype).expect("a 256-block format");
             if tile {
                 for r in (0..rows).step_by(4) {
                     let w = [row(r), row(r + 1), row(r + 2), row(r + 3)];
@@ -122,13 +119,7 @@ fn main() {
                 }
             }
         } else if tile {
-            let dot = match dtype {
-                GgmlType::Q8_0 => kernels.q8_0_tile,
-                GgmlType::Q4_0 => kernels.q4_0_tile,
-                GgmlType::Q5_0 => kernels.q5_0_tile,
-                GgmlType::Q5_1 => kernels.q5_1_tile,
-                _ => kernels.q4_1_tile,
-            };
+            let (_, dot) = kernels.for_q8(dtype).expect("a 32-block format");
             for r in (0..rows).step_by(4) {
                 let w = [row(r), row(r + 1), row(r + 2), row(r + 3)];
                 for t in (0..TILE_TOKENS).step_by(4) {
@@ -137,13 +128,7 @@ fn main() {
                 }
             }
         } else {
-            let dot = match dtype {
-                GgmlType::Q8_0 => kernels.q8_0,
-                GgmlType::Q4_0 => kernels.q4_0,
-                GgmlType::Q5_0 => kernels.q5_0,
-                GgmlType::Q5_1 => kernels.q5_1,
-                _ => kernels.q4_1,
-            };
+            let (dot, _) = kernels.for_q8(dtype).expect("a 32-block format");
             for r in 0..rows {
                 sink += dot(row(r), &acts[r % TILE_TOKENS]);
             }
@@ -177,7 +162,8 @@ fn random_rows(
     let mut file = vec![0u8; row_bytes * rows];
     rng.fill(&mut file);
     // The f16 fields: the scale; Q4_1's and Q5_1's minimum after it (Q4_K's
-    // and Q5_K's too); Q3_K's and Q6_K's at their blocks' ends.
+    // and Q5_K's too); Q3_K's and Q6_K's at their blocks' ends; IQ4_XS's
+    // at 0, before its scale bits.
     let fields: &[usize] = match dtype {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q3_K => &[108],

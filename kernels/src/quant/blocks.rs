@@ -11,6 +11,8 @@
 //! | Q3_K | 256 | 110 | 32 bytes `hmask`, 64 bytes of 2-bit pairs, 12 bytes of sixteen 6-bit scales, f16 `d`; value `128 h + 32 j + k` (`k < 32`) is bits `2 j` of byte `32 h + k` of the pairs with bit `4 h + j` of `hmask[k]` as its third; `x = d (sc - 32) (q - 4)` per 16 |
 //! | Q4_K | 256 | 144 | f16 `d`, f16 `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; `x = d sc q - dmin mn` per 32 |
 //! | Q5_K | 256 | 176 | Q4_K's `d`, `dmin` and 12 scale bytes, 32 bytes `qh`, 128 bytes of nibbles; value `64 g + l` (`l < 32`) has bit `2 g` of `qh[l]` as its fifth bit, value `64 g + 32 + l` bit `2 g + 1` |
+//! | IQ4_NL | 32 | 18 | f16 `d`, nibbles as Q4_0; `x = d T[q]`, `T` the 16 values of [`IQ4NL_VALUES`] |
+//! | IQ4_XS | 256 | 136 | f16 `d`, u16 `scales_h`, 4 bytes `scales_l`, 128 bytes of nibbles, 16 per sub-block of 32 as Q4_0's; sub-block `j`'s scale is nibble `j % 2` of `scales_l[j / 2]` with bits `2 j` of `scales_h` on top; `x = d (sc - 32) T[q]` |
 //! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales, f16 `d`; `x = d sc (q - 32)` per 16 |
 
 use tokenwire_gguf::GgmlType;
@@ -39,7 +41,19 @@ pub const Q4_K_BYTES: usize = 144;
 pub const Q5_K_BYTES: usize = 176;
 /// Bytes of a Q6_K super-block.
 pub const Q6_K_BYTES: usize = 210;
-/// Values per Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block.
+/// Bytes of an IQ4_NL block.
+pub const IQ4_NL_BYTES: usize = 18;
+/// Bytes of an IQ4_XS super-block.
+pub const IQ4_XS_BYTES: usize = 136;
+/// Where an IQ4_XS super-block's nibbles start (after `d`, `scales_h` and
+/// `scales_l`).
+pub const IQ4_XS_QS: usize = 8;
+/// The 16 values IQ4_NL's and IQ4_XS's nibbles index: llama.cpp's table,
+/// denser near zero where trained weights are.
+pub const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+/// Values per Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL block.
 pub const QK: usize = 32;
 /// Values per K-quant super-block.
 pub const QK_K: usize = 256;
@@ -99,6 +113,34 @@ pub fn q3k_value(b: &[u8], p: usize) -> u8 {
     let pair = (b[Q3_K_QS + 32 * h + k] >> (2 * j)) & 3;
     let third = (b[k] >> (4 * h + j)) & 1;
     pair | (third << 2)
+}
+
+/// The eight signed scales of an IQ4_XS super-block `b` (its 6-bit
+/// scales less 32), in sub-block order: sub-block `j` keeps its low four
+/// bits in nibble `j % 2` of byte `4 + j / 2` and its top two in bits `2 j`
+/// of the little-endian u16 at byte 2.
+#[inline]
+pub fn iq4xs_scales(b: &[u8]) -> [i8; 8] {
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    let mut out = [0i8; 8];
+    for (j, o) in out.iter_mut().enumerate() {
+        let low = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+        let top = ((high >> (2 * j)) & 3) as u8;
+        *o = ((low | (top << 4)) as i8) - 32;
+    }
+    out
+}
+
+/// The 32 table values of one IQ4_NL block's (or IQ4_XS sub-block's) 16
+/// bytes of nibbles, in value order (low nibbles first, as Q4_0).
+#[inline]
+pub fn iq4_values(qs: &[u8]) -> [i8; 32] {
+    let mut v = [0i8; 32];
+    for (j, &b) in qs[..16].iter().enumerate() {
+        v[j] = IQ4NL_VALUES[(b & 0x0F) as usize];
+        v[j + 16] = IQ4NL_VALUES[(b >> 4) as usize];
+    }
+    v
 }
 
 /// The 32 5-bit values of a Q5_0 or Q5_1 block, from its high-bit word
@@ -185,6 +227,33 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                 let (d, m) = (f16_at(b, 0), f16_at(b, 2));
                 for (yi, q) in y.iter_mut().zip(q5_values(&b[4..8], &b[8..])) {
                     *yi = d * q as f32 + m;
+                }
+            }
+        }
+        GgmlType::IQ4_NL => {
+            for (b, y) in bytes
+                .chunks_exact(IQ4_NL_BYTES)
+                .zip(out.chunks_exact_mut(QK))
+            {
+                let d = f16_at(b, 0);
+                for (yi, q) in y.iter_mut().zip(iq4_values(&b[2..])) {
+                    *yi = d * q as f32;
+                }
+            }
+        }
+        GgmlType::IQ4_XS => {
+            for (b, y) in bytes
+                .chunks_exact(IQ4_XS_BYTES)
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                let d = f16_at(b, 0);
+                let sc = iq4xs_scales(b);
+                for (j, y) in y.chunks_exact_mut(QK).enumerate() {
+                    let dl = d * sc[j] as f32;
+                    let qs = &b[IQ4_XS_QS + 16 * j..IQ4_XS_QS + 16 * j + 16];
+                    for (yi, q) in y.iter_mut().zip(iq4_values(qs)) {
+                        *yi = dl * q as f32;
+                    }
                 }
             }
         }

@@ -1,5 +1,5 @@
 //! The row layout of the lane-per-block kernels: each whole eight blocks of
-//! a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 row stored interleaved, so that a kernel whose
+//! a Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL row stored interleaved, so that a kernel whose
 //! vector lanes each hold one block loads them as they are, where the file's
 //! layout took a transpose in registers for every tile (more instructions
 //! than the dot products themselves in a batch).
@@ -33,7 +33,7 @@ pub enum RowLayout {
     /// As the file stores them, block after block.
     #[default]
     File,
-    /// Whole eights of Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks interleaved for kernels
+    /// Whole eights of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL blocks interleaved for kernels
     /// with a lane per block (this module's layout); other dtypes as
     /// [`RowLayout::File`].
     Lanes8,
@@ -48,6 +48,7 @@ fn parts(dtype: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q4_1 => Some((4, 16)),
         GgmlType::Q5_0 => Some((6, 16)),
         GgmlType::Q5_1 => Some((8, 16)),
+        GgmlType::IQ4_NL => Some((2, 16)),
         _ => None,
     }
 }
@@ -113,12 +114,13 @@ pub fn group_bytes(dtype: GgmlType) -> Option<usize> {
 mod tests {
     use super::*;
 
-    const FORMATS: [GgmlType; 5] = [
+    const FORMATS: [GgmlType; 6] = [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
     ];
 
     /// A row of `blocks` blocks whose every byte is distinct from its

@@ -5,9 +5,9 @@
 //! * [`blocks`]: the byte layout of each format and its scalar dequantization,
 //!   the reference every other path is tested against.
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
-//!   for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights, also regrouped eight blocks at a time as
+//!   for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL weights, also regrouped eight blocks at a time as
 //!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
-//!   Q3_K/Q4_K/Q5_K/Q6_K, also stored in the order the x86 K-quant kernels read,
+//!   Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS, also stored in the order the x86 K-quant kernels read,
 //!   [`acts::q4k_lane_source`]), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
 //! * [`lanes`]: the row layout the x86 kernels read, each whole eight
@@ -15,7 +15,7 @@
 //!   backend keeps its copy of the weights in it.
 //! * `x86` (x86_64 only): the same dot products in AVX2, AVX-VNNI and
 //!   AVX-512 VNNI, whichever the CPU has; `arm` (aarch64 only): Q8_0/Q4_0/Q4_1 in NEON
-//!   (Q5_0, Q5_1 and the K-quants take the scalar reference there).
+//!   (Q5_0, Q5_1, IQ4_NL and the 256-block formats take the scalar reference there).
 //!   These are the only `unsafe` of the CPU engine's arithmetic.
 //! * [`Kernels`]: the set chosen once at run time for the CPU the process
 //!   runs on, falling back to the scalar reference.
@@ -145,6 +145,10 @@ pub struct Kernels {
     pub q5_0_tile: DotQ8Tile,
     /// Q5_1 weights, four rows by four tokens.
     pub q5_1_tile: DotQ8Tile,
+    /// IQ4_NL weights.
+    pub iq4_nl: DotQ8,
+    /// IQ4_NL weights, four rows by four tokens.
+    pub iq4_nl_tile: DotQ8Tile,
     /// Q3_K weights.
     pub q3_k: DotQ8K,
     /// Q4_K weights.
@@ -161,6 +165,10 @@ pub struct Kernels {
     pub q5_k_tile: DotQ8KTile,
     /// Q6_K weights, four rows by four tokens.
     pub q6_k_tile: DotQ8KTile,
+    /// IQ4_XS weights.
+    pub iq4_xs: DotQ8K,
+    /// IQ4_XS weights, four rows by four tokens.
+    pub iq4_xs_tile: DotQ8KTile,
     /// F16 weights, f32 activations.
     pub f16: DotHalf,
     /// F16 weights, four rows by four tokens (the same bits as one at a time).
@@ -213,6 +221,8 @@ impl Kernels {
             q5_1: |w, a| reference::dot_q5_1(w, a.blocks),
             q5_0_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_0(r, x.blocks))),
             q5_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_1(r, x.blocks))),
+            iq4_nl: |w, a| reference::dot_iq4_nl(w, a.blocks),
+            iq4_nl_tile: |w, a| w.map(|r| a.map(|x| reference::dot_iq4_nl(r, x.blocks))),
             q3_k: reference::dot_q3_k,
             q4_k: reference::dot_q4_k,
             q5_k: reference::dot_q5_k,
@@ -221,6 +231,8 @@ impl Kernels {
             q4_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q4_k(r, x))),
             q5_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_k(r, x))),
             q6_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q6_k(r, x))),
+            iq4_xs: reference::dot_iq4_xs,
+            iq4_xs_tile: |w, a| w.map(|r| a.map(|x| reference::dot_iq4_xs(r, x))),
             f16: reference::dot_f16,
             f16_tile: |w, x| w.map(|r| x.map(|x| reference::dot_f16(r, x))),
             bf16: reference::dot_bf16,
@@ -242,6 +254,50 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// The row kernel and the tile for `dtype` weights against 32-blocks of
+    /// activations; `None` for the formats [`act_format`] gives others.
+    pub fn for_q8(&self, dtype: GgmlType) -> Option<(DotQ8, DotQ8Tile)> {
+        Some(match dtype {
+            GgmlType::Q8_0 => (self.q8_0, self.q8_0_tile),
+            GgmlType::Q4_0 => (self.q4_0, self.q4_0_tile),
+            GgmlType::Q4_1 => (self.q4_1, self.q4_1_tile),
+            GgmlType::Q5_0 => (self.q5_0, self.q5_0_tile),
+            GgmlType::Q5_1 => (self.q5_1, self.q5_1_tile),
+            GgmlType::IQ4_NL => (self.iq4_nl, self.iq4_nl_tile),
+            GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS => return None,
+        })
+    }
+
+    /// The row kernel and the tile for `dtype` weights against 256-blocks
+    /// of activations; `None` for the formats [`act_format`] gives others.
+    pub fn for_q8k(&self, dtype: GgmlType) -> Option<(DotQ8K, DotQ8KTile)> {
+        Some(match dtype {
+            GgmlType::Q3_K => (self.q3_k, self.q3_k_tile),
+            GgmlType::Q4_K => (self.q4_k, self.q4_k_tile),
+            GgmlType::Q5_K => (self.q5_k, self.q5_k_tile),
+            GgmlType::Q6_K => (self.q6_k, self.q6_k_tile),
+            GgmlType::IQ4_XS => (self.iq4_xs, self.iq4_xs_tile),
+            GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::IQ4_NL => return None,
+        })
+    }
+}
+
 /// Which activation blocks a weight type is multiplied with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActFormat {
@@ -257,9 +313,14 @@ pub enum ActFormat {
 pub fn act_format(dtype: GgmlType) -> ActFormat {
     match dtype {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActFormat::F32,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            ActFormat::Q8
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::IQ4_NL => ActFormat::Q8,
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
+            ActFormat::Q8K
         }
-        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActFormat::Q8K,
     }
 }

@@ -5,9 +5,9 @@
 
 use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{
-    bf16_at, f16_at, k_values, q3k_scales, q3k_value, q4k_scale_min, q5_values, q6k_quad,
-    Q3_K_BYTES, Q3_K_D, Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES,
-    Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    bf16_at, f16_at, iq4_values, iq4xs_scales, k_values, q3k_scales, q3k_value, q4k_scale_min,
+    q5_values, q6k_quad, IQ4_NL_BYTES, IQ4_XS_BYTES, IQ4_XS_QS, Q3_K_BYTES, Q3_K_D, Q3_K_SCALES,
+    Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 
 /// Q8_0 weights · 8-bit activations.
@@ -76,6 +76,36 @@ pub fn dot_q5_1(w: &[u8], a: &[Q8Block]) -> f32 {
     for (b, x) in w.chunks_exact(Q5_1_BYTES).zip(a) {
         let (d, m) = (f16_at(b, 0), f16_at(b, 2));
         acc += d * x.d * byte_dot(&q5_values(&b[4..8], &b[8..]), x) as f32 + m * x.s;
+    }
+    acc
+}
+
+/// Sum over 32 values of the table values `v` times the activations `x`.
+#[inline]
+fn table_dot(v: &[i8; 32], x: &[i8]) -> i32 {
+    v.iter().zip(x).map(|(&w, &x)| w as i32 * x as i32).sum()
+}
+
+/// IQ4_NL weights · 8-bit activations: `d (T[q] · x)`.
+pub fn dot_iq4_nl(w: &[u8], a: &[Q8Block]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.chunks_exact(IQ4_NL_BYTES).zip(a) {
+        acc += f16_at(b, 0) * x.d * table_dot(&iq4_values(&b[2..]), &x.q) as f32;
+    }
+    acc
+}
+
+/// IQ4_XS weights · 256-blocks: per sub-block of 32, `d (sc - 32) (T[q] · x)`.
+pub fn dot_iq4_xs(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.chunks_exact(IQ4_XS_BYTES).zip(a) {
+        let sc = iq4xs_scales(b);
+        let mut dots = 0i32;
+        for (j, &scale) in sc.iter().enumerate() {
+            let qs = &b[IQ4_XS_QS + 16 * j..];
+            dots += scale as i32 * table_dot(&iq4_values(qs), &x.q[32 * j..32 * j + 32]);
+        }
+        acc += f16_at(b, 0) * x.d * dots as f32;
     }
     acc
 }

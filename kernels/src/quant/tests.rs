@@ -8,12 +8,23 @@ use super::blocks::{dequantize_row, QK_K};
 use super::*;
 
 /// The formats of 32-value blocks, which 8-bit activation blocks of 32 meet.
-const BLOCK32: [GgmlType; 5] = [
+const BLOCK32: [GgmlType; 6] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+];
+
+/// The formats of 256-value super-blocks, which 8-bit activation blocks of
+/// 256 meet.
+const BLOCK256: [GgmlType; 5] = [
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
 ];
 
 /// xorshift64*: deterministic bytes for fabricated blocks.
@@ -34,7 +45,9 @@ impl Rng {
 /// Offsets of the f16 fields of one block of `dtype`.
 fn f16_fields(dtype: GgmlType) -> &'static [usize] {
     match dtype {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            &[0]
+        }
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::Q3_K => &[108],
@@ -167,13 +180,7 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
         },
         ActFormat::Q8 => {
             let (blocks, groups) = q8_acts(x);
-            let f = match dtype {
-                GgmlType::Q8_0 => k.q8_0,
-                GgmlType::Q4_0 => k.q4_0,
-                GgmlType::Q5_0 => k.q5_0,
-                GgmlType::Q5_1 => k.q5_1,
-                _ => k.q4_1,
-            };
+            let (f, _) = k.for_q8(dtype).expect("a 32-block format");
             f(
                 &laid(k, dtype, w),
                 &Q8Row {
@@ -185,14 +192,32 @@ fn run(k: &Kernels, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
         ActFormat::Q8K => {
             let mut q = Vec::new();
             quantize_q8k(x, &mut q);
-            let f = match dtype {
-                GgmlType::Q3_K => k.q3_k,
-                GgmlType::Q4_K => k.q4_k,
-                GgmlType::Q5_K => k.q5_k,
-                _ => k.q6_k,
-            };
+            let (f, _) = k.for_q8k(dtype).expect("a 256-block format");
             f(w, &q)
         }
+    }
+}
+
+#[test]
+fn every_format_has_kernels_for_the_activations_it_is_given() {
+    let k = Kernels::detect();
+    for dtype in GgmlType::ALL {
+        let format = act_format(dtype);
+        assert_eq!(
+            k.for_q8(dtype).is_some(),
+            format == ActFormat::Q8,
+            "{dtype}"
+        );
+        assert_eq!(
+            k.for_q8k(dtype).is_some(),
+            format == ActFormat::Q8K,
+            "{dtype}"
+        );
+        assert_eq!(
+            BLOCK32.contains(&dtype) || BLOCK256.contains(&dtype),
+            format != ActFormat::F32,
+            "{dtype}: every quantized format is in this file's lists"
+        );
     }
 }
 
@@ -224,14 +249,8 @@ fn tile_kernels_give_the_one_row_one_token_kernels_bits() {
     let mut rng = Rng(41);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
-        let pairs: [(GgmlType, DotQ8, DotQ8Tile); 5] = [
-            (GgmlType::Q8_0, k.q8_0, k.q8_0_tile),
-            (GgmlType::Q4_0, k.q4_0, k.q4_0_tile),
-            (GgmlType::Q4_1, k.q4_1, k.q4_1_tile),
-            (GgmlType::Q5_0, k.q5_0, k.q5_0_tile),
-            (GgmlType::Q5_1, k.q5_1, k.q5_1_tile),
-        ];
-        for (dtype, one, tile) in pairs {
+        for dtype in BLOCK32 {
+            let (one, tile) = k.for_q8(dtype).expect("a 32-block format");
             for n in [32, 64, 96, 224, 256, 352, 576, 1536] {
                 let rows: Vec<Vec<u8>> = (0..4)
                     .map(|_| laid(&k, dtype, &random_row(dtype, n, &mut rng)))
@@ -266,13 +285,8 @@ fn k_quant_tiles_give_the_one_row_one_token_kernels_bits() {
     let mut rng = Rng(43);
     for isa in Isa::available() {
         let k = Kernels::for_isa(isa);
-        let pairs: [(GgmlType, DotQ8K, DotQ8KTile); 4] = [
-            (GgmlType::Q3_K, k.q3_k, k.q3_k_tile),
-            (GgmlType::Q4_K, k.q4_k, k.q4_k_tile),
-            (GgmlType::Q5_K, k.q5_k, k.q5_k_tile),
-            (GgmlType::Q6_K, k.q6_k, k.q6_k_tile),
-        ];
-        for (dtype, one, tile) in pairs {
+        for dtype in BLOCK256 {
+            let (one, tile) = k.for_q8k(dtype).expect("a 256-block format");
             for n in [QK_K, 2048] {
                 let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, n, &mut rng)).collect();
                 let acts: Vec<Vec<Q8KBlock>> = (0..4)
@@ -325,13 +339,7 @@ fn every_x86_tier_gives_the_same_bits() {
                 .iter()
                 .map(|k| {
                     let rows: Vec<Vec<u8>> = rows.iter().map(|w| laid(k, dtype, w)).collect();
-                    let tile = match dtype {
-                        GgmlType::Q8_0 => k.q8_0_tile,
-                        GgmlType::Q4_0 => k.q4_0_tile,
-                        GgmlType::Q5_0 => k.q5_0_tile,
-                        GgmlType::Q5_1 => k.q5_1_tile,
-                        _ => k.q4_1_tile,
-                    };
+                    let (_, tile) = k.for_q8(dtype).expect("a 32-block format");
                     let got = tile(
                         &[&rows[0], &rows[1], &rows[2], &rows[3]],
                         &[row(0), row(1), row(2), row(3)],
@@ -409,19 +417,10 @@ fn the_largest_products_do_not_overflow_any_tier() {
     // Every weight byte at its extreme (nibbles of 15, Q5's values of 31
     // when the high-bit words are all ones, Q8_0's -128 and 127, Q6_K's
     // 6-bit values of 63, whose pairs of products two x86 vectors sum in
-    // one i16 up to 32,004) against activations that quantize to ±127
+    // one i16 up to 32,004; IQ4's table ends, -127 and 113, and IQ4_XS's
+    // scales of -32 and 31) against activations that quantize to ±127
     // everywhere: the largest i16 pairs and sums any kernel forms.
-    for dtype in [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::Q3_K,
-    ] {
+    for dtype in BLOCK32.into_iter().chain(BLOCK256) {
         let n = match dtype.block_len() {
             32 => 32 * 11, // a group, a pair, one block
             _ => QK_K * 2,
@@ -432,6 +431,8 @@ fn the_largest_products_do_not_overflow_any_tier() {
             (0x80, 1.0),
             (0x80, -1.0),
             (0x7F, 1.0),
+            (0x00, 1.0),
+            (0x00, -1.0),
         ] {
             let bytes = dtype.block_bytes();
             let mut w = vec![fill; dtype.row_bytes(n as u64).unwrap() as usize];
@@ -519,13 +520,8 @@ fn kernels_without_groups_read_the_blocks_alone() {
         if k.layout != RowLayout::File {
             continue;
         }
-        for (dtype, f) in [
-            (GgmlType::Q8_0, k.q8_0),
-            (GgmlType::Q4_0, k.q4_0),
-            (GgmlType::Q4_1, k.q4_1),
-            (GgmlType::Q5_0, k.q5_0),
-            (GgmlType::Q5_1, k.q5_1),
-        ] {
+        for dtype in BLOCK32 {
+            let (f, _) = k.for_q8(dtype).expect("a 32-block format");
             let w = random_row(dtype, 576, &mut rng);
             let x = random_acts(576, &mut rng);
             let (want, mag) = exact(dtype, &w, &x);

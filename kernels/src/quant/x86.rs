@@ -25,8 +25,9 @@ use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{
-    Q3_K_BYTES, Q3_K_D, Q3_K_QS, Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES,
-    Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    iq4xs_scales, IQ4NL_VALUES, IQ4_NL_BYTES, IQ4_XS_BYTES, IQ4_XS_QS, Q3_K_BYTES, Q3_K_D, Q3_K_QS,
+    Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, Q8_0_BYTES,
 };
 use super::{Isa, Kernels, RowLayout};
 
@@ -69,6 +70,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q5_1: |w, a| unsafe { one_avx2::<Q5_1<Avx2Lanes>>(w, a) },
         q5_0_tile: |w, a| unsafe { tile_avx2::<Q5_0<Avx2Lanes>>(w, a) },
         q5_1_tile: |w, a| unsafe { tile_avx2::<Q5_1<Avx2Lanes>>(w, a) },
+        iq4_nl: |w, a| unsafe { one_avx2::<Iq4NlSigned>(w, a) },
+        iq4_nl_tile: |w, a| unsafe { tile_avx2::<Iq4NlSigned>(w, a) },
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
         q5_k: |w, a| unsafe { dot_q5_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
@@ -77,6 +80,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
         q5_k_tile: |w, a| unsafe { tile_q5_k_avx2(w, a) },
         q6_k_tile: |w, a| unsafe { tile_q6_k_avx2(w, a) },
+        iq4_xs: |w, a| unsafe { dot_iq4_xs_avx2::<true>(w, a) },
+        iq4_xs_tile: |w, a| unsafe { tile_iq4_xs_avx2(w, a) },
         f16: |w, x| unsafe { dot_f16_avx2::<true>(w, x) },
         f16_tile: |w, x| w.map(|r| unsafe { dot_f16_x4_avx2(r, x) }),
         bf16: |w, x| unsafe { dot_bf16_avx2::<true>(w, x) },
@@ -99,10 +104,13 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q5_1: |w, a| unsafe { one_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
             q5_0_tile: |w, a| unsafe { tile_avx_vnni::<Q5_0<AvxVnniLanes>>(w, a) },
             q5_1_tile: |w, a| unsafe { tile_avx_vnni::<Q5_1<AvxVnniLanes>>(w, a) },
+            iq4_nl: |w, a| unsafe { one_avx_vnni::<Iq4NlOffset<AvxVnniLanes>>(w, a) },
+            iq4_nl_tile: |w, a| unsafe { tile_avx_vnni::<Iq4NlOffset<AvxVnniLanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             q3_k: |w, a| unsafe { dot_q3_k_avx2::<false>(w, a) },
+            iq4_xs: |w, a| unsafe { dot_iq4_xs_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             ..avx2
@@ -119,10 +127,13 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q5_1: |w, a| unsafe { one_vnni::<Q5_1<Avx512Lanes>>(w, a) },
             q5_0_tile: |w, a| unsafe { tile_vnni::<Q5_0<Avx512Lanes>>(w, a) },
             q5_1_tile: |w, a| unsafe { tile_vnni::<Q5_1<Avx512Lanes>>(w, a) },
+            iq4_nl: |w, a| unsafe { one_vnni::<Iq4NlOffset<Avx512Lanes>>(w, a) },
+            iq4_nl_tile: |w, a| unsafe { tile_vnni::<Iq4NlOffset<Avx512Lanes>>(w, a) },
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
             q3_k: |w, a| unsafe { dot_q3_k_avx2::<false>(w, a) },
+            iq4_xs: |w, a| unsafe { dot_iq4_xs_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
             bf16: |w, x| unsafe { dot_bf16_avx2::<false>(w, x) },
             f16_tile: |w, x| unsafe { dot_f16_tile_avx512(w, x) },
@@ -243,6 +254,22 @@ unsafe fn tile_q3_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] 
         sixteens_tokens::<4, false, Q3K>(w[1], *a),
         sixteens_tokens::<4, false, Q3K>(w[2], *a),
         sixteens_tokens::<4, false, Q3K>(w[3], *a),
+    ]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    iq4_xs_tokens::<1, PF>(w, [a])[0]
+}
+
+/// IQ4_XS, four rows by four tokens, as [`tile_q4_k_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_iq4_xs_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
+    [
+        iq4_xs_tokens::<4, false>(w[0], *a),
+        iq4_xs_tokens::<4, false>(w[1], *a),
+        iq4_xs_tokens::<4, false>(w[2], *a),
+        iq4_xs_tokens::<4, false>(w[3], *a),
     ]
 }
 
@@ -590,6 +617,66 @@ unsafe fn sixteens_tokens<const T: usize, const PF: bool, F: Sixteens>(
                 _mm256_setr_epi32(F::OFFSET * offset, 0, 0, 0, 0, 0, 0, 0),
             );
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; T];
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
+/// IQ4_NL's 16 values in both 128-bit halves, for `vpshufb` to look up
+/// nibbles in.
+#[inline(always)]
+unsafe fn iq4_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr() as *const __m128i))
+}
+
+/// The same values offset by 128 to `u8` (1..=241), for the VNNI tiers'
+/// `u8 · i8` product.
+#[inline(always)]
+unsafe fn iq4_table_u8() -> __m256i {
+    _mm256_xor_si256(iq4_table(), _mm256_set1_epi8(-128))
+}
+
+/// One IQ4_XS row against `T` tokens: the row kernel (`T` = 1) and the
+/// tile's step are this one function (the same bits, as
+/// [`q4_k_tokens`]).
+///
+/// A sub-block's 16 bytes of nibbles are its 32 values in the activations'
+/// own order (low nibbles first), so each is one load, one `vpshufb` into
+/// the table and its magnitude, taken once for the `T` tokens. The table's
+/// values are signed, so the sign trick moves their signs onto the
+/// activations (offset to `u8`, as the VNNI 32-blocks take it, a pair of
+/// products would overflow `vpmaddubsw`'s i16), and one `vpmaddwd` by the
+/// sub-block's scale widens the pairs (2 x 127 x 127 fits an i16; times a
+/// scale of at most 32 fits an i32 many times over).
+#[inline(always)]
+unsafe fn iq4_xs_tokens<const T: usize, const PF: bool>(w: &[u8], a: [&[Q8KBlock]; T]) -> [f32; T] {
+    let n = k_blocks(w, IQ4_XS_BYTES, &a);
+    let table = iq4_table();
+    let mut acc = [_mm256_setzero_ps(); T];
+    for i in 0..n {
+        let blk = &w[i * IQ4_XS_BYTES..(i + 1) * IQ4_XS_BYTES];
+        let b = blk.as_ptr();
+        prefetch_ahead::<PF>(b, IQ4_XS_BYTES);
+        let sc = iq4xs_scales(blk);
+        let mut dots = [_mm256_setzero_si256(); T];
+        for (j, &scale) in sc.iter().enumerate() {
+            let v = _mm256_shuffle_epi8(table, nibbles(b.add(IQ4_XS_QS + 16 * j)));
+            let mag = _mm256_sign_epi8(v, v);
+            let scale = _mm256_set1_epi16(scale as i16);
+            for t in 0..T {
+                let xq = _mm256_loadu_si256(a[t][i].q.as_ptr().add(32 * j) as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xq, v));
+                dots[t] = _mm256_add_epi32(dots[t], _mm256_madd_epi16(pairs, scale));
+            }
+        }
+        let d = f16_at(b);
+        for t in 0..T {
+            let dx = _mm256_set1_ps(d * a[t][i].d);
+            acc[t] = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(dots[t]), acc[t]);
         }
     }
     let mut out = [0.0f32; T];
@@ -1444,14 +1531,126 @@ impl Grouped for Q8_0Signed {
     }
     #[inline(always)]
     unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
-        // Always set by `weights8` above.
-        let signs = e.signs.unwrap_or(e.w);
-        let mut p = _mm256_setzero_si256();
-        for ((w, s), xq) in e.w.iter().zip(&signs).zip(&x.q) {
-            let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
-            p = _mm256_add_epi32(p, udot(*w, _mm256_sign_epi8(xq, *s)));
+        signed_dot8(e, x)
+    }
+}
+
+/// Eight signed blocks in lanes as the sign trick holds them (magnitudes in
+/// `e.w`, the signed weights in `e.signs`) against a group: a `vpmaddwd`
+/// per `vpmaddubsw`, since pairs of signed byte products reach 32,512.
+#[inline(always)]
+unsafe fn signed_dot8(e: &Eight, x: &Q8Group) -> __m256i {
+    // Always set by the signed formats' `weights8`.
+    let signs = e.signs.unwrap_or(e.w);
+    let mut p = _mm256_setzero_si256();
+    for ((w, s), xq) in e.w.iter().zip(&signs).zip(&x.q) {
+        let xq = _mm256_loadu_si256(xq.as_ptr() as *const __m256i);
+        p = _mm256_add_epi32(p, udot(*w, _mm256_sign_epi8(xq, *s)));
+    }
+    p
+}
+
+/// Each byte of `v` (nibbles) replaced by its entry of `table`.
+#[inline(always)]
+unsafe fn look_up<const N: usize>(table: __m256i, mut v: [__m256i; N]) -> [__m256i; N] {
+    for v in v.iter_mut() {
+        *v = _mm256_shuffle_epi8(table, *v);
+    }
+    v
+}
+
+/// IQ4_NL where only AVX2's `vpmaddubsw` multiplies bytes: Q4_0's nibbles
+/// looked up in the signed table, then Q8_0's sign trick (offsetting the
+/// values to `u8` would overflow its i16 pairs).
+struct Iq4NlSigned;
+impl Format for Iq4NlSigned {
+    const BYTES: usize = IQ4_NL_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        _mm256_shuffle_epi8(iq4_table(), nibbles(b.add(2)))
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        signed_udot(wv, xq)
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        look_up(iq4_table(), nibble_halves(b[0].add(2), b[1].add(2)))
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], _x: [&Q8Block; 2]) -> __m256i {
+        _mm256_add_epi32(signed_udot(wv[0], xq[0]), signed_udot(wv[1], xq[1]))
+    }
+}
+impl Grouped for Iq4NlSigned {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        let signs = look_up(iq4_table(), nibbles8(vectors::<4>(b.add(16))));
+        let mut w = signs;
+        for v in &mut w {
+            *v = _mm256_sign_epi8(*v, *v);
         }
-        p
+        Eight {
+            w,
+            d: f16x8(b),
+            m: None,
+            signs: Some(signs),
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        signed_dot8(e, x)
+    }
+}
+
+/// IQ4_NL with VNNI: a group's nibbles looked up in the table offset by
+/// 128 (a `u8` per value, as [`Q8_0Offset`] makes its weights) and the
+/// offset's `128 sum(x)` taken back out in the integers: exact, and no sign
+/// trick per token. A row's last blocks take the sign trick as
+/// [`Iq4NlSigned`] does: their lanes hold partial sums, which the offset
+/// would change, and the tiers must give the same bits. Only for the VNNI
+/// [`Lanes`]: AVX2's would overflow on values past 15.
+struct Iq4NlOffset<L>(PhantomData<L>);
+impl<L: Lanes> Format for Iq4NlOffset<L> {
+    const BYTES: usize = IQ4_NL_BYTES;
+    #[inline(always)]
+    unsafe fn unpack(b: *const u8) -> __m256i {
+        Iq4NlSigned::unpack(b)
+    }
+    #[inline(always)]
+    unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
+        L::dot4(
+            _mm256_setzero_si256(),
+            _mm256_sign_epi8(wv, wv),
+            _mm256_sign_epi8(xq, wv),
+        )
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
+        Iq4NlSigned::unpack_pair(b)
+    }
+    #[inline(always)]
+    unsafe fn product_pair(wv: &[__m256i; 2], xq: &[__m256i; 2], x: [&Q8Block; 2]) -> __m256i {
+        _mm256_add_epi32(
+            Self::product(wv[0], xq[0], x[0]),
+            Self::product(wv[1], xq[1], x[1]),
+        )
+    }
+}
+impl<L: Lanes> Grouped for Iq4NlOffset<L> {
+    #[inline(always)]
+    unsafe fn weights8(b: *const u8) -> Eight {
+        Eight {
+            w: look_up(iq4_table_u8(), nibbles8(vectors::<4>(b.add(16)))),
+            d: f16x8(b),
+            m: None,
+            signs: None,
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
+        let init = _mm256_loadu_si256(x.neg128_sum.as_ptr() as *const __m256i);
+        L::dot8(init, &e.w, x)
     }
 }
 

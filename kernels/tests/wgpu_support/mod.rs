@@ -138,8 +138,8 @@ pub struct Shape {
     pub bias: bool,
     /// "f32", "f16" or "bf16": weights rounded to it, reported as the file
     /// dtype. "quant": every matrix in a GGUF block type, cycling through
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and Q3_K (so stacks like q|k|v
-    /// mix them), of
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL and IQ4_XS
+    /// (so stacks like q|k|v mix them), of
     /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
     pub scaling: tokenwire_kernels::RopeScaling,
@@ -148,7 +148,7 @@ pub struct Shape {
 }
 
 /// The GGUF block types the wgpu kernels read.
-pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 9] = {
+pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 11] = {
     use tokenwire_kernels::gguf::GgmlType as G;
     [
         G::Q8_0,
@@ -160,6 +160,8 @@ pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 9] = {
         G::Q5_K,
         G::Q6_K,
         G::Q3_K,
+        G::IQ4_NL,
+        G::IQ4_XS,
     ]
 };
 
@@ -203,7 +205,10 @@ pub fn random_blocks(
                 f16(2, scale / 60.0);
             }
             G::Q3_K => f16(108, scale / 128.0),
-            _ => f16(208, scale / 2048.0),
+            G::Q6_K => f16(208, scale / 2048.0),
+            G::IQ4_NL => f16(0, scale / 127.0),
+            G::IQ4_XS => f16(0, scale / (127.0 * 32.0)),
+            _ => unreachable!("{t} is not in QUANT_TYPES"),
         }
         out.extend_from_slice(&b);
     }

@@ -26,6 +26,13 @@ use crate::tensor::WeightMatrix;
 /// Multiply-adds below which splitting a product across threads costs more in
 /// hand-off than it saves.
 const PAR_MIN_WORK: usize = 1 << 15;
+
+/// Why a matrix given 32-block activations has kernels for them:
+/// [`act_format`] gives those only to the formats [`Kernels::for_q8`] covers
+/// (tested in the quant module).
+const Q8_ONLY: &str = "act_format gives 32-block activations only to formats with Q8 kernels";
+/// The same for 256-block activations and [`Kernels::for_q8k`].
+const Q8K_ONLY: &str = "act_format gives 256-block activations only to formats with Q8K kernels";
 /// Tasks per thread of a product: one long contiguous stretch of rows each
 /// for a decode step (hardware prefetchers follow long streams, and fewer
 /// hand-offs), a few for prefill so uneven threads even out.
@@ -205,13 +212,7 @@ pub(crate) fn matmul(
         if t > 1 && !widen {
             match (acts, w.dtype()) {
                 (Acts::Q8(a), dtype) => {
-                    let tile = match dtype {
-                        GgmlType::Q8_0 => k.q8_0_tile,
-                        GgmlType::Q4_0 => k.q4_0_tile,
-                        GgmlType::Q5_0 => k.q5_0_tile,
-                        GgmlType::Q5_1 => k.q5_1_tile,
-                        _ => k.q4_1_tile,
-                    };
+                    let (_, tile) = k.for_q8(dtype).expect(Q8_ONLY);
                     // A token's groups: a byte per value, and a scale and
                     // a sum per 32.
                     let per_pass = pass_tokens(n_in + n_in / 4);
@@ -221,12 +222,7 @@ pub(crate) fn matmul(
                     return;
                 }
                 (Acts::Q8K(a), dtype) => {
-                    let tile = match dtype {
-                        GgmlType::Q3_K => k.q3_k_tile,
-                        GgmlType::Q4_K => k.q4_k_tile,
-                        GgmlType::Q5_K => k.q5_k_tile,
-                        _ => k.q6_k_tile,
-                    };
+                    let (_, tile) = k.for_q8k(dtype).expect(Q8K_ONLY);
                     let per = n_in / 256;
                     let token = |j: usize| &a[j * per..(j + 1) * per];
                     let per_pass = pass_tokens(per * std::mem::size_of::<Q8KBlock>());
@@ -397,24 +393,13 @@ fn row_dots(
             }
         }
         Acts::Q8(a) => {
-            let f = match w.dtype() {
-                GgmlType::Q8_0 => k.q8_0,
-                GgmlType::Q4_0 => k.q4_0,
-                GgmlType::Q5_0 => k.q5_0,
-                GgmlType::Q5_1 => k.q5_1,
-                _ => k.q4_1,
-            };
+            let (f, _) = k.for_q8(w.dtype()).expect(Q8_ONLY);
             for (tt, v) in out.iter_mut().enumerate() {
                 *v = f(row, &a.row(tt)) + bias;
             }
         }
         Acts::Q8K(a) => {
-            let f = match w.dtype() {
-                GgmlType::Q3_K => k.q3_k,
-                GgmlType::Q4_K => k.q4_k,
-                GgmlType::Q5_K => k.q5_k,
-                _ => k.q6_k,
-            };
+            let (f, _) = k.for_q8k(w.dtype()).expect(Q8K_ONLY);
             let per = n_in / 256;
             for (v, ar) in out.iter_mut().zip(a.chunks_exact(per)) {
                 *v = f(row, ar) + bias;
@@ -471,6 +456,8 @@ mod tests {
             (GgmlType::Q5_1, 10),
             (GgmlType::Q5_K, 11),
             (GgmlType::Q3_K, 12),
+            (GgmlType::IQ4_NL, 13),
+            (GgmlType::IQ4_XS, 14),
         ];
         for (dtype, seed) in formats {
             let w = if dtype == GgmlType::F16 {

@@ -40,6 +40,10 @@ pub enum WeightDtype {
     Q5K,
     /// GGUF Q6_K super-blocks, each padded from 210 to 212 bytes.
     Q6K,
+    /// GGUF IQ4_NL blocks, each padded from 18 to 20 bytes (as Q4_0).
+    Iq4Nl,
+    /// GGUF IQ4_XS super-blocks (136 bytes, as in the file).
+    Iq4Xs,
 }
 
 impl WeightDtype {
@@ -60,6 +64,8 @@ impl WeightDtype {
             GgmlType::Q4_K => WeightDtype::Q4K,
             GgmlType::Q5_K => WeightDtype::Q5K,
             GgmlType::Q6_K => WeightDtype::Q6K,
+            GgmlType::IQ4_NL => WeightDtype::Iq4Nl,
+            GgmlType::IQ4_XS => WeightDtype::Iq4Xs,
         }
     }
 
@@ -78,6 +84,8 @@ impl WeightDtype {
             WeightDtype::Q4K => GgmlType::Q4_K,
             WeightDtype::Q5K => GgmlType::Q5_K,
             WeightDtype::Q6K => GgmlType::Q6_K,
+            WeightDtype::Iq4Nl => GgmlType::IQ4_NL,
+            WeightDtype::Iq4Xs => GgmlType::IQ4_XS,
         }
     }
 
@@ -88,6 +96,7 @@ impl WeightDtype {
             WeightDtype::Q8_0
             | WeightDtype::Q4_0
             | WeightDtype::Q5_0
+            | WeightDtype::Iq4Nl
             | WeightDtype::Q3K
             | WeightDtype::Q6K => 2,
             _ => 0,
@@ -130,6 +139,8 @@ impl WeightDtype {
             WeightDtype::Q4K => include_str!("shaders/dtype_q4_k.wgsl"),
             WeightDtype::Q5K => include_str!("shaders/dtype_q5_k.wgsl"),
             WeightDtype::Q6K => include_str!("shaders/dtype_q6_k.wgsl"),
+            WeightDtype::Iq4Nl => include_str!("shaders/dtype_iq4_nl.wgsl"),
+            WeightDtype::Iq4Xs => include_str!("shaders/dtype_iq4_xs.wgsl"),
         };
         let blocks = if self.is_quantized() {
             include_str!("shaders/dtype_blocks.wgsl")
@@ -140,6 +151,7 @@ impl WeightDtype {
         let shared = match self {
             WeightDtype::Q4K | WeightDtype::Q5K => include_str!("shaders/dtype_k_scales.wgsl"),
             WeightDtype::Q5_0 | WeightDtype::Q5_1 => include_str!("shaders/dtype_q5_bits.wgsl"),
+            WeightDtype::Iq4Nl | WeightDtype::Iq4Xs => include_str!("shaders/dtype_iq4_table.wgsl"),
             _ => "",
         };
         // The f16-native prelude's `enable` must open the module.
@@ -174,13 +186,13 @@ impl WeightDtype {
     }
 
     /// Appends a row of file blocks (`row`, whole blocks of this quantized
-    /// type) as the device lays them out: Q8_0, Q4_0 and Q5_0 get 2 zero bytes
+    /// type) as the device lays them out: Q8_0, Q4_0, Q5_0 and IQ4_NL get 2 zero bytes
     /// after their f16 scale so the values start on a word; Q3_K and Q6_K
     /// get 2 at the end so the next block does.
     pub(crate) fn pad_blocks(self, row: &[u8], out: &mut Vec<u8>) {
         for b in row.chunks_exact(self.file_type().block_bytes()) {
             match self {
-                WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q5_0 => {
+                WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Iq4Nl => {
                     out.extend_from_slice(&b[..2]);
                     out.extend_from_slice(&[0, 0]);
                     out.extend_from_slice(&b[2..]);
