@@ -55,6 +55,7 @@ pub mod params;
 pub mod principal;
 pub(crate) mod rate;
 pub mod reasoning;
+pub mod reasoning_gate;
 pub mod rng;
 pub(crate) mod sched;
 #[cfg(any(test, feature = "testing"))]

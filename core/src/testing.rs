@@ -392,26 +392,69 @@ pub fn script_text(script: &str, prompt_tokens: usize, n: usize) -> String {
 /// constrained generations flow through the core: every [`Grammar`]
 /// compiles to [`DigitsConstraint`] (`digits` ASCII digits, then the end),
 /// except a JSON Schema `{"not": {}}`, which (matching nothing) is refused.
+///
+/// With `think_tags` (made by [`DigitsCodec::thinking`]), bytes 1 and 2 are
+/// the reasoning tags `<think>` and `</think>`, one token each as in
+/// Qwen3's vocabulary: a script writes them as `\u{1}` and `\u{2}`.
 #[derive(Debug, Clone, Copy)]
 pub struct DigitsCodec {
     /// Digits each constrained output has.
     pub digits: usize,
+    /// Whether bytes 1 and 2 stand for `<think>` and `</think>`.
+    pub think_tags: bool,
 }
 
+/// The tags [`DigitsCodec::thinking`] gives a byte token each.
+const THINK_BYTES: [(u8, &str); 2] = [(1, "<think>"), (2, "</think>")];
+
 impl DigitsCodec {
+    /// A codec of `digits`-digit outputs without tag tokens.
+    pub fn new(digits: usize) -> DigitsCodec {
+        DigitsCodec {
+            digits,
+            think_tags: false,
+        }
+    }
+
+    /// A codec of `digits`-digit outputs whose reasoning tags are one token
+    /// each.
+    pub fn thinking(digits: usize) -> DigitsCodec {
+        DigitsCodec {
+            digits,
+            think_tags: true,
+        }
+    }
+
     /// The codec behind the Host's shared handle.
     pub fn shared(digits: usize) -> SharedCodec {
-        SharedCodec(Arc::new(DigitsCodec { digits }))
+        SharedCodec(Arc::new(DigitsCodec::new(digits)))
+    }
+
+    /// [`DigitsCodec::thinking`] behind the Host's shared handle.
+    pub fn shared_thinking(digits: usize) -> SharedCodec {
+        SharedCodec(Arc::new(DigitsCodec::thinking(digits)))
     }
 }
 
 impl TextCodec for DigitsCodec {
     fn encode(&self, text: &str, add_special: bool) -> Result<Vec<TokenId>, String> {
-        ByteCodec.encode(text, add_special)
+        let mut text = text.to_string();
+        if self.think_tags {
+            for (byte, tag) in THINK_BYTES {
+                text = text.replace(tag, &char::from(byte).to_string());
+            }
+        }
+        ByteCodec.encode(&text, add_special)
     }
 
     fn decode(&self, ids: &[TokenId]) -> String {
-        ByteCodec.decode(ids)
+        let mut text = ByteCodec.decode(ids);
+        if self.think_tags {
+            for (byte, tag) in THINK_BYTES {
+                text = text.replace(char::from(byte), tag);
+            }
+        }
+        text
     }
 
     fn constrain(&self, grammar: &Grammar) -> Result<Box<dyn TokenConstraint>, String> {

@@ -316,11 +316,133 @@ fn an_answer_cut_short_while_thinking_is_all_reasoning() {
     assert_eq!(choice["message"]["content"], "");
 }
 
+/// What a model whose tags are one token each writes (the stand-in codec
+/// spells `<think>` and `</think>` as bytes 1 and 2): it thinks, then
+/// would answer in words, which a grammar turns into its digits.
+const GATED: &str = "\u{1}\nplan it\n\u{2}\n\nthe answer";
+
+/// A harness whose engine writes `script` under [`DigitsCodec::thinking`]
+/// (three digits, tags of one token each), with the `<think>` parser, and
+/// a body asking for `response_format` whose prompt starts the engine at
+/// the script's start (`opening`: the prompt ends with the open tag).
+fn gated_thinking(script: &str, opening: bool) -> (Harness, Value) {
+    use tokenwire_core::testing::DigitsCodec;
+    use tokenwire_core::{ChatMessage, Role, TextCodec};
+    let codec = DigitsCodec::thinking(3);
+    let base = if opening { "q <think>" } else { "q" };
+    let content = (0..script.len())
+        .map(|pad| format!("{}{base}", "x".repeat(pad)))
+        .find(|c| {
+            let m = [ChatMessage {
+                role: Role::User,
+                content: c.clone(),
+            }];
+            let n = codec
+                .encode_chat_templated(&m, &[], &Default::default())
+                .expect("encodes")
+                .len();
+            n.is_multiple_of(script.len())
+        })
+        .expect("some prompt starts the script at its start");
+    let config = HostConfig {
+        reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+        ..HostConfig::default()
+    };
+    let info = tokenwire_core::ModelInfo {
+        context_len: 4096,
+        ..tokenwire_core::testing::tiny_model_info()
+    };
+    let h = Harness::with_codec(config, info, DigitsCodec::shared_thinking(3), script, 1);
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
+                      "max_tokens": 40, "temperature": 0,
+                      "response_format": {"type": "json_object"}});
+    (h, body)
+}
+
+fn is_digits(s: &Value, n: usize) -> bool {
+    s.as_str()
+        .is_some_and(|s| s.len() == n && s.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[test]
-fn a_grammar_leaves_no_room_to_think_so_its_text_is_the_answer() {
+fn a_grammar_starts_where_the_reasoning_ends() {
+    // As vLLM applies structured output to a reasoning model: the model
+    // thinks freely, and the grammar holds from the token after the close
+    // tag, whether the template opened the reasoning or the model did.
+    for opening in [false, true] {
+        let script = if opening {
+            GATED.trim_start_matches('\u{1}')
+        } else {
+            GATED
+        };
+        let (mut h, body) = gated_thinking(script, opening);
+        let c = open(&mut h, 1);
+        h.send(c, chat(body.clone()));
+        h.run(200);
+        let r = last(&h, c);
+        let choice = &r["data"]["choices"][0];
+        assert_eq!(choice["message"]["reasoning_content"], "plan it", "{r}");
+        assert!(is_digits(&choice["message"]["content"], 3), "{r}");
+        assert_eq!(choice["finish_reason"], "stop");
+        // The open tag (when the model wrote it), "\nplan it\n", the close.
+        let thought = 9 + 1 + u64::from(!opening);
+        assert_eq!(
+            r["data"]["usage"]["completion_tokens_details"]["reasoning_tokens"], thought,
+            "{r}"
+        );
+        assert_eq!(r["data"]["usage"]["completion_tokens"], thought + 3 + 1);
+
+        // Streamed: the thinking's deltas, then the grammar's.
+        let c = open(&mut h, 2);
+        h.send(c, with(body, json!({"stream": true})));
+        h.run(200);
+        let deltas = first_choice_deltas(&h, c);
+        let text = |key: &str| -> String {
+            deltas
+                .iter()
+                .filter_map(|d| d[key].as_str())
+                .collect::<String>()
+        };
+        assert_eq!(text("reasoning_content"), "plan it", "{deltas:?}");
+        assert!(is_digits(&json!(text("content")), 3), "{deltas:?}");
+        let first_content = deltas
+            .iter()
+            .position(|d| d["content"].as_str().is_some_and(|s| !s.is_empty()));
+        let last_reasoning = deltas
+            .iter()
+            .rposition(|d| d["reasoning_content"].is_string());
+        assert!(first_content > last_reasoning, "{deltas:?}");
+    }
+}
+
+#[test]
+fn an_answer_that_does_not_open_the_reasoning_is_the_grammars_from_its_first_token() {
+    // The first token may be the open tag or the grammar's first; the
+    // model took a digit, so the open tag later is not reasoning.
+    let (mut h, body) = gated_thinking("42\u{1}x", false);
+    let c = open(&mut h, 1);
+    h.send(c, chat(body));
+    h.run(200);
+    let r = last(&h, c);
+    let m = &r["data"]["choices"][0]["message"];
+    assert!(is_digits(&m["content"], 3), "{r}");
+    assert!(
+        m["content"].as_str().is_some_and(|s| s.starts_with("42")),
+        "{r}"
+    );
+    assert_eq!(m["reasoning_content"], Value::Null, "{r}");
+    assert_eq!(
+        r["data"]["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        0
+    );
+}
+
+#[test]
+fn a_grammar_leaves_no_room_to_think_where_the_tags_are_several_tokens() {
     // Completions never split; neither does a chat answer under
-    // `response_format` (the tiny engine writes the script where the
-    // stand-in grammar allows it).
+    // `response_format` where the close tag is not one token (the byte
+    // codec spells it in eight), as no grammar can wait for it (the tiny
+    // engine writes the script where the stand-in grammar allows it).
     let (mut h, body) = thinking(false);
     let c = open(&mut h, 1);
     let prompt = body["messages"][0]["content"].clone();

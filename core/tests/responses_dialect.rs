@@ -769,3 +769,48 @@ fn a_response_cut_short_while_thinking_is_one_incomplete_reasoning_item() {
     );
     assert!(!kinds(&evs).contains(&"response.output_text.delta".to_string()));
 }
+
+#[test]
+fn a_text_format_grammar_starts_where_the_reasoning_ends() {
+    // The stand-in codec's tags are one token each (bytes 1 and 2), so the
+    // grammar (three digits) waits for the close tag: the model thinks
+    // first, as with vLLM's structured output for reasoning models.
+    use tokenwire_core::testing::DigitsCodec;
+    const GATED: &str = "\u{1}\nplan it\n\u{2}\n\nthe answer";
+    let config = HostConfig {
+        reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+        ..HostConfig::default()
+    };
+    let info = tokenwire_core::ModelInfo {
+        context_len: 4096,
+        ..tokenwire_core::testing::tiny_model_info()
+    };
+    let mut h = Harness::with_codec(config, info, DigitsCodec::shared_thinking(3), GATED, 1);
+    let input = (0..GATED.len())
+        .map(|pad| "x".repeat(pad))
+        .find(|c| prompt_len(&[(Role::User, c)]).is_multiple_of(GATED.len()))
+        .expect("some input starts the script at its start");
+    let c = h.open(1, Dialect::Responses);
+    let mut body = create(json!(input), 40);
+    body["text"] = json!({"format": {"type": "json_object"}});
+    h.send(c, body);
+    h.run(200);
+    let evs = events(&h, c);
+    let end = check_response(&evs);
+    assert_eq!(end["type"], "response.completed", "{:?}", kinds(&evs));
+    let output = end["response"]["output"].as_array().expect("output");
+    assert_eq!(output.len(), 2, "{end}");
+    assert_eq!(
+        output[0]["content"],
+        json!([{"type": "reasoning_text", "text": "plan it"}])
+    );
+    let text = output[1]["content"][0]["text"].as_str().expect("text");
+    assert!(
+        text.len() == 3 && text.bytes().all(|b| b.is_ascii_digit()),
+        "{end}"
+    );
+    assert_eq!(
+        end["response"]["usage"]["output_tokens_details"]["reasoning_tokens"],
+        11
+    );
+}

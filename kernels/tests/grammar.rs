@@ -2,7 +2,8 @@
 //! masks over stories260K's and SmolLM2's vocabularies, walked by the
 //! shared sampler over random logits (the worst a model can do), 100
 //! seeded walks per case, every output parsed and checked against its
-//! schema.
+//! schema; and a JSON grammar behind the reasoning gate on a tokenizer
+//! whose reasoning tags are added tokens, as Qwen3's are.
 
 mod common;
 
@@ -201,4 +202,90 @@ fn pydantic_style_refs_and_defs_compile() {
             "{text}"
         );
     }
+}
+
+/// A byte-level BPE tokenizer (GPT-2's 256 byte characters, no merges)
+/// with Qwen3's reasoning tags as added tokens (not special: decoding
+/// keeps them) and an end-of-sequence token; the ids of `<think>`,
+/// `</think>` and the end.
+fn thinking_codec() -> (HfCodec, [TokenId; 3]) {
+    // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the
+    // others for 256 + their rank among them.
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut vocab = serde_json::Map::new();
+    let mut others = 0;
+    for b in 0..256u32 {
+        let c = if printable(b) {
+            b
+        } else {
+            others += 1;
+            255 + others
+        };
+        vocab.insert(char::from_u32(c).expect("char").to_string(), json!(b));
+    }
+    let added = |id: u32, content: &str, special: bool| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": special})
+    };
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
+                            "trim_offsets": false, "use_regex": true});
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [added(256, "<think>", false), added(257, "</think>", false),
+                         added(258, "<|im_end|>", true)],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "vocab": vocab, "merges": [], "dropout": null,
+                  "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false}
+    });
+    let tokenizer =
+        tokenizers::Tokenizer::from_bytes(tokenizer.to_string().as_bytes()).expect("tokenizer");
+    let mut codec = HfCodec::new(tokenizer, None);
+    codec.enable_grammar(259, &[258]);
+    (codec, [256, 257, 258])
+}
+
+#[test]
+fn a_json_grammar_behind_the_reasoning_gate_holds_only_after_the_close_tag() {
+    // vLLM's structured output for reasoning models, on a real tokenizer
+    // (tags as Qwen3's added tokens) and llguidance's JSON grammar.
+    use tokenwire_core::constraint::Constraint;
+    use tokenwire_core::reasoning::ReasoningTags;
+    use tokenwire_core::reasoning_gate::{ReasoningGate, TagTokens};
+    use tokenwire_core::TokenConstraint;
+    let (codec, [open, close, eos]) = thinking_codec();
+    ReasoningTags::THINK.check(&codec).expect("the tags decode");
+    let tags = TagTokens::of(ReasoningTags::THINK, &codec).expect("one token each");
+    assert_eq!((tags.open, tags.close), (Some(open), close));
+    let vocab = eos + 1;
+    let grammar = Constraint::new(codec.constrain(&Grammar::JsonObject).expect("compiles"));
+    let mut gate = ReasoningGate::new(grammar, tags, false);
+    let ids = |text: &str| codec.encode(text, false).expect("encodes");
+    let mask = |g: &mut ReasoningGate| {
+        let mut m = TokenMask::none(vocab);
+        g.fill_mask(&mut m).expect("mask");
+        m
+    };
+    // First token: the open tag, or the JSON's first.
+    let m = mask(&mut gate);
+    assert!(m.allows(open) && m.allows(ids("{")[0]));
+    assert!(!m.allows(ids("x")[0]) && !m.allows(close));
+    gate.advance(open).expect("thinks");
+    // Inside the reasoning: anything, JSON-breaking text included.
+    for t in ids("\nno { json } here\n") {
+        assert_eq!(mask(&mut gate).count(), vocab);
+        gate.advance(t).expect("free text");
+    }
+    gate.advance(close).expect("closes");
+    // After it, llguidance's JSON object from its first byte (compact:
+    // no whitespace before it).
+    let m = mask(&mut gate);
+    assert!(m.allows(ids("{")[0]), "an object may open");
+    assert!(!m.allows(ids("x")[0]) && !m.allows(open) && !m.allows(close) && !m.allows(eos));
+    for t in ids("{\"a\":1}") {
+        assert!(mask(&mut gate).allows(t), "token {t}");
+        gate.advance(t).expect("the grammar takes it");
+    }
+    assert!(mask(&mut gate).allows(eos), "the object may end the answer");
 }

@@ -10,7 +10,7 @@ use crate::text::TextCodec;
 use crate::Grammar;
 
 fn digits(n: usize) -> Constraint {
-    let c = DigitsCodec { digits: n }
+    let c = DigitsCodec::new(n)
         .constrain(&Grammar::JsonObject)
         .expect("compiles");
     Constraint::new(c)

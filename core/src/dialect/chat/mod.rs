@@ -21,7 +21,8 @@
 //! With a reasoning parser (`HostConfig::reasoning_tags`), a chat choice's
 //! text goes through a [`ReasoningSplitter`] first: its thinking comes out
 //! as `reasoning_content`, and only the answer reaches the call splitter
-//! and `content`. `chat_template_kwargs` go to the template with the
+//! and `content`. A grammar then starts where the reasoning ends
+//! ([`crate::reasoning_gate`]). `chat_template_kwargs` go to the template with the
 //! messages ([`Cx::encode_chat_templated`]).
 //!
 //! Beside them, vLLM's `POST /tokenize` and `POST /detokenize`
@@ -39,7 +40,8 @@ use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
-use crate::reasoning::{ReasoningSplitter, ReasoningTags, PROMPT_TAIL_TOKENS};
+use crate::reasoning::{ReasoningSplitter, PROMPT_TAIL_TOKENS};
+use crate::reasoning_gate::ReasoningPlan;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
 use crate::tools::{CallSplitter, ParsedCall, Released};
 
@@ -93,9 +95,9 @@ struct Request {
     choices: Vec<Choice>,
     /// `response_format`'s compiled grammar, copied into each choice.
     constraint: Option<Constraint>,
-    /// The reasoning parser's tags, when this answer is split
-    /// ([`reasoning_tags`]).
-    reasoning: Option<ReasoningTags>,
+    /// How a reasoning parser reads this answer, when it is split
+    /// ([`reasoning_plan`]).
+    reasoning: Option<ReasoningPlan>,
 }
 
 /// One `chat` request's machine.
@@ -269,7 +271,7 @@ impl ChatConn {
                 ..Choice::default()
             })
             .collect();
-        let reasoning = reasoning_tags(cx, &req, constraint.is_some());
+        let reasoning = reasoning_plan(cx, &req, constraint.is_some());
         self.inflight = Some(Request {
             reasoning,
             id: cx.new_id(prefix),
@@ -343,14 +345,16 @@ impl ChatConn {
         };
         r.prompt_tokens = encoded.ids.len() as u32;
         r.prompt_ids = encoded.ids;
-        if let Some(tags) = r.reasoning {
+        if let Some(plan) = r.reasoning {
             // Whether the template opened the reasoning is read off the
             // prompt's last tokens.
             let tail = &r.prompt_ids[r.prompt_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
-            let opened = tags.opened_by(&cx.codec().decode(tail));
+            let opened = plan.tags.opened_by(&cx.codec().decode(tail));
             for c in &mut r.choices {
-                c.thinker = Some(ReasoningSplitter::new(tags, opened));
+                c.thinker = Some(ReasoningSplitter::new(plan.tags, opened));
             }
+            // A grammar waits for the reasoning to end.
+            r.constraint = plan.constrain(r.constraint.take(), opened);
         }
         // The first choice alone computes the prompt; the others start once
         // it has (its first token), and find the prompt's full blocks in
@@ -578,12 +582,17 @@ fn message(c: &Choice, reasoning: bool) -> Value {
     m
 }
 
-/// The tags to split this request's answers by: the server's reasoning
-/// parser, for chat answers not under a grammar (a grammar's text is the
-/// answer: `response_format` and forced calls leave no room to think).
-fn reasoning_tags(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningTags> {
+/// How to read this request's answers: the server's reasoning parser, for
+/// chat answers. Under a grammar (`response_format`, forced calls) the
+/// grammar waits for the reasoning to end where the model's tags are one
+/// token each ([`ReasoningPlan::new`]); where not, the grammar's text is
+/// all answer and nothing is split.
+fn reasoning_plan(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningPlan> {
     let tags = cx.config().reasoning_tags?;
-    (req.route == Route::Chat && !constrained).then_some(tags)
+    if req.route != Route::Chat {
+        return None;
+    }
+    ReasoningPlan::new(tags, cx.codec(), constrained)
 }
 
 fn message_without_reasoning(c: &Choice) -> Value {

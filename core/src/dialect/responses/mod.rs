@@ -8,8 +8,9 @@
 //! With a reasoning parser (`HostConfig::reasoning_tags`), the model's
 //! thinking comes first as a `reasoning` item (its text one
 //! `reasoning_text` part, streamed as `response.reasoning_text.delta`),
-//! and the message item opens when the answer begins. Reasoning items sent
-//! back in `input` are left out of the prompt.
+//! and the message item opens when the answer begins; a `text.format`
+//! grammar starts where the reasoning ends ([`crate::reasoning_gate`]).
+//! Reasoning items sent back in `input` are left out of the prompt.
 //!
 //! One response in flight per connection; `previous_response_id` resolves
 //! only against this connection's last completed or incomplete response (on
@@ -34,6 +35,7 @@ use crate::gen::{Failure, FinishReason, GenRequest, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
 use crate::reasoning::ReasoningSplitter;
+use crate::reasoning_gate::ReasoningPlan;
 use crate::text::{ChatMessage, Encoded, Role, TextJobId};
 use crate::tools::{self, CallSplitter, ParsedCall, Released, ToolChoice, ToolFormat, Tools};
 
@@ -362,6 +364,17 @@ impl ResponsesConn {
             .len()
             .saturating_sub(crate::reasoning::PROMPT_TAIL_TOKENS)..]
             .to_vec();
+        let plan = cx
+            .config()
+            .reasoning_tags
+            .and_then(|tags| ReasoningPlan::new(tags, cx.codec(), draft.constraint.is_some()));
+        if let Some(plan) = plan {
+            // As the chat route reads it: did the template open the
+            // reasoning? A grammar then waits for the reasoning to end.
+            let opened = plan.tags.opened_by(&cx.codec().decode(&prompt_tail));
+            draft.thinker = Some(ReasoningSplitter::new(plan.tags, opened));
+            draft.constraint = plan.constrain(draft.constraint.take(), opened);
+        }
         let req = GenRequest {
             prompt_ids: encoded.ids,
             params: draft.params.clone(),
@@ -377,15 +390,6 @@ impl ResponsesConn {
                 return send_error(cx, status, code, &message, None);
             }
         };
-        if let Some(tags) = cx
-            .config()
-            .reasoning_tags
-            .filter(|_| draft.constraint.is_none())
-        {
-            // As the chat route reads it: did the template open the reasoning?
-            let opened = tags.opened_by(&cx.codec().decode(&prompt_tail));
-            draft.thinker = Some(ReasoningSplitter::new(tags, opened));
-        }
         let created = draft.object("in_progress", Vec::new(), false);
         draft.emit_json(
             cx,

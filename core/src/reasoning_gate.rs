@@ -1,0 +1,301 @@
+//! A grammar that starts where the model's reasoning ends: structured
+//! output (`response_format`, forced tool calls) from a reasoning model
+//! that thinks first, as vLLM applies it.
+//!
+//! [`ReasoningGate`] wraps a compiled [`Constraint`]. While the answer is
+//! inside the reasoning every token may come (the model thinks freely);
+//! from the token after the close tag on, the grammar's mask holds and the
+//! grammar is fed. Where the reasoning starts follows
+//! [`crate::reasoning`]'s rules, by token instead of by text:
+//!
+//! 1. The prompt ends with the open tag (the template opened the
+//!    reasoning): the answer starts inside it.
+//! 2. Otherwise the first token may be the open tag besides what the
+//!    grammar allows; if the model takes it, the reasoning starts there,
+//!    and any other first token is the grammar's first.
+//! 3. The first close tag ends the reasoning; after it the gate is the
+//!    grammar alone, whatever the text holds.
+//!
+//! The gate reads the tags by token id, so it needs each tag to be one
+//! token of the model's vocabulary ([`TagTokens::of`]), as `<think>` and
+//! `</think>` are for Qwen3, QwQ and DeepSeek-R1 and its distills. Where
+//! the close tag is not one token there is no gate: the grammar starts at
+//! the first token and its text is all answer. Where only the open tag is
+//! not one token, rule 2 cannot offer it, so only a template that opens the
+//! reasoning (rule 1) leaves room to think.
+//!
+//! The gate's state depends only on the tokens fed ([`crate::constraint`]'s
+//! rule 1): a recomputed or forked sequence gets the same masks.
+
+use crate::constraint::{Constraint, TokenConstraint, TokenMask};
+use crate::engine::TokenId;
+use crate::reasoning::ReasoningTags;
+use crate::text::TextCodec;
+
+/// A reasoning parser's tags as token ids of the served model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TagTokens {
+    /// The open tag's token, when it is one token.
+    pub open: Option<TokenId>,
+    /// The close tag's token.
+    pub close: TokenId,
+}
+
+impl TagTokens {
+    /// The ids of `tags` in `codec`'s vocabulary: `None` when the close tag
+    /// is not exactly one token (no gate can be built; see the module
+    /// docs).
+    pub fn of(tags: ReasoningTags, codec: &dyn TextCodec) -> Option<TagTokens> {
+        let single = |tag: &str| match codec.encode(tag, false).ok()?.as_slice() {
+            [id] if codec.decode(&[*id]) == tag => Some(*id),
+            _ => None,
+        };
+        Some(TagTokens {
+            open: single(tags.open),
+            close: single(tags.close)?,
+        })
+    }
+}
+
+/// How a dialect reads an answer with a reasoning parser: split by `tags`
+/// and, under a grammar, with the grammar gated by `gate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningPlan {
+    /// The parser's tags, which split the text.
+    pub tags: ReasoningTags,
+    /// The tags' tokens, for a grammar to wait on (`None` without one).
+    pub gate: Option<TagTokens>,
+}
+
+impl ReasoningPlan {
+    /// The plan for an answer read with `tags`, under a grammar or not
+    /// (`constrained`); `None` where the grammar cannot be gated (the close
+    /// tag is not one token): the grammar's text is then all answer.
+    pub fn new(tags: ReasoningTags, codec: &dyn TextCodec, constrained: bool) -> Option<Self> {
+        let gate = match constrained {
+            true => Some(TagTokens::of(tags, codec)?),
+            false => None,
+        };
+        Some(ReasoningPlan { tags, gate })
+    }
+
+    /// The answer's grammar, `grammar` behind a [`ReasoningGate`] where the
+    /// plan has one (`opened`: the prompt opened the reasoning).
+    pub fn constrain(&self, grammar: Option<Constraint>, opened: bool) -> Option<Constraint> {
+        match (grammar, self.gate) {
+            (Some(g), Some(tags)) => Some(ReasoningGate::wrap(g, tags, opened)),
+            (grammar, _) => grammar,
+        }
+    }
+}
+
+/// Where the gated answer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Before the first token: the open tag or the grammar's first token.
+    Start,
+    /// Inside the reasoning: anything goes, until the close tag.
+    Reasoning,
+    /// After the reasoning (or in an answer without one): the grammar.
+    Grammar,
+}
+
+/// A grammar held back until the reasoning ends (the module docs give the
+/// rules).
+#[derive(Debug, Clone)]
+pub struct ReasoningGate {
+    grammar: Constraint,
+    tags: TagTokens,
+    part: Part,
+}
+
+impl ReasoningGate {
+    /// `grammar` gated by `tags`; `opened`: the prompt ends with the open
+    /// tag, so the answer starts inside the reasoning (rule 1).
+    pub fn new(grammar: Constraint, tags: TagTokens, opened: bool) -> ReasoningGate {
+        ReasoningGate {
+            grammar,
+            tags,
+            part: if opened { Part::Reasoning } else { Part::Start },
+        }
+    }
+
+    /// [`ReasoningGate::new`] as a constraint a sequence can carry.
+    pub fn wrap(grammar: Constraint, tags: TagTokens, opened: bool) -> Constraint {
+        Constraint::new(Box::new(ReasoningGate::new(grammar, tags, opened)))
+    }
+}
+
+impl TokenConstraint for ReasoningGate {
+    fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<(), String> {
+        match self.part {
+            Part::Reasoning => {
+                mask.words_mut().fill(u32::MAX);
+                mask.trim();
+                Ok(())
+            }
+            Part::Start => {
+                self.grammar.get_mut().fill_mask(mask)?;
+                if let Some(open) = self.tags.open {
+                    mask.allow(open);
+                }
+                Ok(())
+            }
+            Part::Grammar => self.grammar.get_mut().fill_mask(mask),
+        }
+    }
+
+    fn advance(&mut self, token: TokenId) -> Result<(), String> {
+        match self.part {
+            Part::Reasoning => {
+                if token == self.tags.close {
+                    self.part = Part::Grammar;
+                }
+                Ok(())
+            }
+            Part::Start if Some(token) == self.tags.open => {
+                self.part = Part::Reasoning;
+                Ok(())
+            }
+            Part::Start | Part::Grammar => {
+                self.part = Part::Grammar;
+                self.grammar.get_mut().advance(token)
+            }
+        }
+    }
+
+    fn boxed_clone(&self) -> Box<dyn TokenConstraint> {
+        Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{ByteCodec, DigitsCodec, BYTE_EOS, BYTE_OFFSET};
+
+    const OPEN: TokenId = 1000;
+    const CLOSE: TokenId = 1001;
+    const VOCAB: u32 = 1100;
+    const TAGS: TagTokens = TagTokens {
+        open: Some(OPEN),
+        close: CLOSE,
+    };
+
+    fn digit(d: u8) -> TokenId {
+        (b'0' + d) as TokenId + BYTE_OFFSET
+    }
+
+    /// Two digits, then the end, behind the gate.
+    fn gate(opened: bool, tags: TagTokens) -> ReasoningGate {
+        let digits = DigitsCodec::thinking(2);
+        let grammar = crate::TextCodec::constrain(&digits, &crate::constraint::Grammar::JsonObject)
+            .expect("compiles");
+        ReasoningGate::new(Constraint::new(grammar), tags, opened)
+    }
+
+    fn mask(g: &mut ReasoningGate) -> TokenMask {
+        let mut m = TokenMask::none(VOCAB);
+        g.fill_mask(&mut m).expect("mask");
+        m
+    }
+
+    #[test]
+    fn an_opened_answer_thinks_freely_until_the_close_tag() {
+        let mut g = gate(true, TAGS);
+        assert_eq!(mask(&mut g).count(), VOCAB, "everything, the tags too");
+        for t in [b'h' as TokenId + BYTE_OFFSET, OPEN, digit(1)] {
+            g.advance(t).expect("free text");
+        }
+        assert_eq!(mask(&mut g).count(), VOCAB);
+        g.advance(CLOSE).expect("the close tag");
+        let m = mask(&mut g);
+        assert_eq!(m.count(), 10, "the grammar's digits alone");
+        assert!(m.allows(digit(0)) && !m.allows(CLOSE) && !m.allows(OPEN));
+        g.advance(digit(4)).expect("a digit");
+        g.advance(digit(2)).expect("a digit");
+        let m = mask(&mut g);
+        assert!(m.allows(BYTE_EOS) && m.count() == 1, "then the end");
+        assert!(
+            g.advance(CLOSE).is_err(),
+            "a second close tag is the grammar's to refuse"
+        );
+    }
+
+    #[test]
+    fn the_first_token_is_the_open_tag_or_the_grammars_first() {
+        let mut g = gate(false, TAGS);
+        let m = mask(&mut g);
+        assert_eq!(m.count(), 11);
+        assert!(m.allows(OPEN) && m.allows(digit(7)) && !m.allows(CLOSE));
+        let mut thinks = g.clone();
+        thinks.advance(OPEN).expect("opens");
+        assert_eq!(mask(&mut thinks).count(), VOCAB);
+
+        g.advance(digit(7)).expect("the grammar's first token");
+        let m = mask(&mut g);
+        assert!(
+            !m.allows(OPEN),
+            "past the first token the open tag is text the grammar refuses"
+        );
+        assert!(g.advance(OPEN).is_err());
+    }
+
+    #[test]
+    fn an_open_tag_of_several_tokens_leaves_the_grammar_from_the_start() {
+        let tags = TagTokens {
+            open: None,
+            close: CLOSE,
+        };
+        let mut g = gate(false, tags);
+        assert_eq!(mask(&mut g).count(), 10);
+        assert!(g.advance(OPEN).is_err(), "not a digit");
+        // A template that opens the reasoning still leaves room to think.
+        let mut g = gate(true, tags);
+        assert_eq!(mask(&mut g).count(), VOCAB);
+    }
+
+    #[test]
+    fn a_fork_keeps_its_place() {
+        let mut g = gate(true, TAGS);
+        g.advance(CLOSE).expect("closes");
+        let mut fork = g.boxed_clone();
+        let mut m = TokenMask::none(VOCAB);
+        fork.fill_mask(&mut m).expect("mask");
+        assert_eq!(m.count(), 10, "the fork is in the grammar too");
+    }
+
+    #[test]
+    fn a_plan_gates_a_grammar_only_where_the_close_tag_is_one_token() {
+        let tags = ReasoningTags::THINK;
+        let plan = ReasoningPlan::new(tags, &ByteCodec, false).expect("splits without a grammar");
+        assert_eq!(plan.gate, None);
+        assert_eq!(
+            ReasoningPlan::new(tags, &ByteCodec, true),
+            None,
+            "no gate, no split"
+        );
+        let codec = DigitsCodec::thinking(2);
+        let plan = ReasoningPlan::new(tags, &codec, true).expect("gated");
+        let grammar = crate::TextCodec::constrain(&codec, &crate::constraint::Grammar::JsonObject)
+            .expect("compiles");
+        let mut gated = plan
+            .constrain(Some(Constraint::new(grammar)), true)
+            .expect("a grammar");
+        let mut m = TokenMask::none(VOCAB);
+        gated.get_mut().fill_mask(&mut m).expect("mask");
+        assert_eq!(m.count(), VOCAB, "opened: thinking first");
+        assert!(plan.constrain(None, true).is_none());
+    }
+
+    #[test]
+    fn tags_are_found_only_as_single_tokens() {
+        // The byte codec spells each tag in several tokens: no gate.
+        let tags = ReasoningTags::THINK;
+        assert_eq!(TagTokens::of(tags, &ByteCodec), None);
+        let codec = DigitsCodec::thinking(2);
+        let t = TagTokens::of(tags, &codec).expect("one token each");
+        assert_eq!(codec.decode(&[t.close]), "</think>");
+        assert_eq!(codec.decode(&[t.open.expect("open")]), "<think>");
+    }
+}
