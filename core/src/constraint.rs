@@ -7,8 +7,9 @@
 //! over token ids. The scheduler keeps one per constrained sequence and, for
 //! every step that samples it, asks it for the [`TokenMask`] of tokens that
 //! may come next; the mask travels in the plan ([`crate::SeqStep::allowed`])
-//! to the engine's sampler, which never picks a token outside it. Each
-//! sampled token is then fed back to the constraint.
+//! to the engine's sampler, which never picks a token outside it (a step at
+//! which the constraint allows any token sends none). Each sampled token is
+//! then fed back to the constraint.
 //!
 //! Rules:
 //! 1. A constraint's state depends only on the tokens fed to it, so a
@@ -129,6 +130,14 @@ pub trait TokenConstraint: Send {
 
     /// Feeds the token sampled. An error means the grammar does not allow it.
     fn advance(&mut self, token: TokenId) -> Result<(), String>;
+
+    /// Whether any token may come next (a mask would allow every id): the
+    /// scheduler then sends no mask, and the engine samples as for an
+    /// unconstrained sequence (on the device, where it can). A grammar held
+    /// back while a model reasons is ([`crate::reasoning_gate`]).
+    fn unconstrained(&self) -> bool {
+        false
+    }
 
     /// A copy in the same state (a sequence forked from this one).
     fn boxed_clone(&self) -> Box<dyn TokenConstraint>;

@@ -25,11 +25,23 @@
 //! still become one (a tag's start at the text's end) and the whitespace
 //! before it is held, so the pieces out are the same whichever way the
 //! text was cut into pieces in.
+//!
+//! Under a grammar that waits for the reasoning
+//! ([`crate::reasoning_gate`]), the splitter follows the gate, which reads
+//! the tags by token ([`ReasoningSplitter::gated`], fed through
+//! [`ReasoningSplitter::push_token`]): the answer opens the reasoning only
+//! when its first token is the open tag's, and the reasoning ends only at
+//! the close tag's token (the tag's text from that token on; close-tag
+//! text the model spelled in other tokens before it stays reasoning), so
+//! the text the grammar holds is exactly the answer.
 
 /// How many of a prompt's last tokens a dialect decodes to see whether the
 /// template opened the reasoning ([`ReasoningTags::opened_by`]): a tag is
 /// one token in the models that use it, a few bytes in any other.
 pub const PROMPT_TAIL_TOKENS: usize = 32;
+
+use crate::engine::TokenId;
+use crate::reasoning_gate::TagTokens;
 
 /// The markup that encloses a model's reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +135,23 @@ pub struct ReasoningSplitter {
     reasoned: bool,
     /// The last push began, went on in or ended the reasoning.
     last_in_reasoning: bool,
+    /// Under a gated grammar: the tags' tokens, which alone move it.
+    gate: Option<TagTokens>,
+    /// Gated: how far the close tag's token has come (its text ends the
+    /// reasoning).
+    close: CloseToken,
+}
+
+/// Where a gated splitter is with the close tag's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CloseToken {
+    /// Not sampled yet: no close-tag text ends the reasoning.
+    Ahead,
+    /// Sampled in this push: its text is the last close tag of the text
+    /// so far (or, held back upstream, the first to come).
+    Now,
+    /// Sampled before: the first close tag still to come is its text.
+    Behind,
 }
 
 impl ReasoningSplitter {
@@ -136,7 +165,16 @@ impl ReasoningSplitter {
             fresh: true,
             reasoned: opened,
             last_in_reasoning: false,
+            gate: None,
+            close: CloseToken::Ahead,
         }
+    }
+
+    /// The splitter for an answer under a grammar that `tags`' tokens gate
+    /// (see the module docs); with `None`, unchanged.
+    pub fn gated(mut self, tags: Option<TagTokens>) -> ReasoningSplitter {
+        self.gate = tags;
+        self
     }
 
     /// Whether the last [`ReasoningSplitter::push`]'s text belonged to the
@@ -162,10 +200,43 @@ impl ReasoningSplitter {
     /// Takes the next piece of the answer's text; returns what may be
     /// released now.
     pub fn push(&mut self, piece: &str) -> Split {
+        self.push_token(piece, None)
+    }
+
+    /// [`ReasoningSplitter::push`] for the piece that `token` (the token
+    /// sampled, if the piece comes from one) released: a gated splitter
+    /// moves on the tags' tokens; any other ignores `token`.
+    pub fn push_token(&mut self, piece: &str, token: Option<TokenId>) -> Split {
         let (was_in, had_reasoned) = (self.in_reasoning(), self.reasoned);
+        if let Some(tags) = self.gate {
+            if self.part == Part::Start {
+                if token.is_some() && token == tags.open {
+                    // The open tag's text (now or held back upstream) is
+                    // dropped as a repeated one is.
+                    self.enter(Part::Reasoning);
+                } else {
+                    self.part = Part::Answer;
+                    self.fresh = false;
+                }
+            } else if self.part == Part::Reasoning && token == Some(tags.close) {
+                self.close = CloseToken::Now;
+            }
+        }
         let out = self.split_next(piece);
+        if self.close == CloseToken::Now {
+            self.close = CloseToken::Behind;
+        }
         self.last_in_reasoning = was_in || (self.reasoned && !had_reasoned) || self.in_reasoning();
         out
+    }
+
+    /// Where the close tag that ends the reasoning is in the held text.
+    fn close_at(&self) -> Option<usize> {
+        match (self.gate, self.close) {
+            (None, _) | (Some(_), CloseToken::Behind) => self.held.find(self.tags.close),
+            (Some(_), CloseToken::Now) => self.held.rfind(self.tags.close),
+            (Some(_), CloseToken::Ahead) => None,
+        }
     }
 
     fn split_next(&mut self, piece: &str) -> Split {
@@ -198,7 +269,7 @@ impl ReasoningSplitter {
                             return out;
                         }
                     }
-                    if let Some(at) = self.held.find(self.tags.close) {
+                    if let Some(at) = self.close_at() {
                         out.reasoning.push_str(self.held[..at].trim_end());
                         self.held.drain(..at + self.tags.close.len());
                         self.enter(Part::Answer);
@@ -394,6 +465,92 @@ mod tests {
         assert!(!t.opened_by("assistant\n<think>\n\n</think>\n\n"));
         assert!(!t.opened_by("user: what is <think>?\nassistant\n"));
         assert!(!t.opened_by(""));
+    }
+
+    /// The tags' tokens of a gated splitter's tests.
+    const GATE: TagTokens = TagTokens {
+        open: Some(1000),
+        close: 1001,
+    };
+
+    /// Pieces `(text, token)` through a splitter gated by [`GATE`].
+    fn gated(opened: bool, pieces: &[(&str, Option<TokenId>)]) -> Split {
+        let mut s = ReasoningSplitter::new(ReasoningTags::THINK, opened).gated(Some(GATE));
+        let mut out = Split::default();
+        for (text, token) in pieces {
+            out.extend(s.push_token(text, *token));
+        }
+        out.extend(s.finish());
+        out
+    }
+
+    #[test]
+    fn gated_the_reasoning_ends_at_the_close_tags_token_only() {
+        // The model spells the close tag in ordinary tokens first: the gate
+        // saw no close token, so that is still reasoning.
+        let out = gated(
+            true,
+            &[
+                ("plan </th", Some(7)),
+                ("ink> more", Some(8)),
+                ("\n</think>", Some(1001)),
+                ("\n\n{}", Some(9)),
+            ],
+        );
+        assert_eq!(out, split("plan </think> more", "{}"));
+        // Without the gate the first spelled tag ends it.
+        let mut s = ReasoningSplitter::new(ReasoningTags::THINK, true);
+        let mut plain = s.push("plan </th");
+        plain.extend(s.push("ink> more\n</think>\n\n{}"));
+        plain.extend(s.finish());
+        assert_eq!(plain, split("plan", "more\n</think>\n\n{}"));
+    }
+
+    #[test]
+    fn gated_a_close_tag_held_back_upstream_ends_the_reasoning_when_it_comes() {
+        // A stop string's prefix held the tag's text back: the close token's
+        // piece is empty and its text comes with the next token's.
+        let out = gated(
+            true,
+            &[
+                ("plan", Some(7)),
+                ("", Some(1001)),
+                ("</think>{\"a\":\"</think>\"}", Some(9)),
+            ],
+        );
+        assert_eq!(out, split("plan", "{\"a\":\"</think>\"}"));
+        // Released with earlier text, the token's tag is the last one.
+        let out = gated(
+            true,
+            &[
+                ("x </think> y", Some(7)),
+                ("</think>", Some(1001)),
+                ("{}", Some(9)),
+            ],
+        );
+        assert_eq!(out, split("x </think> y", "{}"));
+    }
+
+    #[test]
+    fn gated_the_answer_opens_the_reasoning_only_by_its_first_token() {
+        let out = gated(
+            false,
+            &[
+                ("<think>", Some(1000)),
+                ("hm", Some(7)),
+                ("</think>", Some(1001)),
+                ("1", Some(9)),
+            ],
+        );
+        assert_eq!(out, split("hm", "1"));
+        // Open-tag text from other tokens is the grammar's answer.
+        let out = gated(false, &[("<thi", Some(7)), ("nk>1", Some(8))]);
+        assert_eq!(out, split("", "<think>1"));
+        // Not gated, the same text opens the reasoning.
+        assert_eq!(
+            whole(ReasoningTags::THINK, false, "<think>1"),
+            split("1", "")
+        );
     }
 
     proptest! {

@@ -29,7 +29,7 @@
 
 use crate::constraint::{Constraint, TokenConstraint, TokenMask};
 use crate::engine::TokenId;
-use crate::reasoning::ReasoningTags;
+use crate::reasoning::{ReasoningSplitter, ReasoningTags};
 use crate::text::TextCodec;
 
 /// A reasoning parser's tags as token ids of the served model.
@@ -77,6 +77,12 @@ impl ReasoningPlan {
             false => None,
         };
         Some(ReasoningPlan { tags, gate })
+    }
+
+    /// The splitter for one answer (`opened`: the prompt opened the
+    /// reasoning), following the gate where there is one.
+    pub fn splitter(&self, opened: bool) -> ReasoningSplitter {
+        ReasoningSplitter::new(self.tags, opened).gated(self.gate)
     }
 
     /// The answer's grammar, `grammar` behind a [`ReasoningGate`] where the
@@ -164,6 +170,10 @@ impl TokenConstraint for ReasoningGate {
         }
     }
 
+    fn unconstrained(&self) -> bool {
+        self.part == Part::Reasoning
+    }
+
     fn boxed_clone(&self) -> Box<dyn TokenConstraint> {
         Box::new(self.clone())
     }
@@ -203,12 +213,14 @@ mod tests {
     #[test]
     fn an_opened_answer_thinks_freely_until_the_close_tag() {
         let mut g = gate(true, TAGS);
+        assert!(g.unconstrained(), "no mask need be sent");
         assert_eq!(mask(&mut g).count(), VOCAB, "everything, the tags too");
         for t in [b'h' as TokenId + BYTE_OFFSET, OPEN, digit(1)] {
             g.advance(t).expect("free text");
         }
         assert_eq!(mask(&mut g).count(), VOCAB);
         g.advance(CLOSE).expect("the close tag");
+        assert!(!g.unconstrained());
         let m = mask(&mut g);
         assert_eq!(m.count(), 10, "the grammar's digits alone");
         assert!(m.allows(digit(0)) && !m.allows(CLOSE) && !m.allows(OPEN));

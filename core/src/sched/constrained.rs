@@ -54,13 +54,23 @@ impl SeqConstraint {
         }
     }
 
-    /// The tokens allowed after `generated`: computed once per state. A
-    /// failed constraint allows nothing.
-    pub fn mask(&mut self, generated: &[TokenId]) -> Arc<TokenMask> {
+    /// The tokens allowed after `generated`: computed once per state;
+    /// `None` where any token may come
+    /// ([`crate::constraint::TokenConstraint::unconstrained`]).
+    /// A failed constraint allows nothing.
+    pub fn mask(&mut self, generated: &[TokenId]) -> Option<Arc<TokenMask>> {
         self.catch_up(generated);
         if self.failed.is_some() {
-            return Arc::new(TokenMask::none(self.vocab));
+            return Some(Arc::new(TokenMask::none(self.vocab)));
         }
+        if self.machine.get_mut().unconstrained() {
+            return None;
+        }
+        Some(self.state_mask())
+    }
+
+    /// The mask of the state reached (the constraint caught up, not failed).
+    fn state_mask(&mut self) -> Arc<TokenMask> {
         if let Some(m) = &self.mask {
             return Arc::clone(m);
         }

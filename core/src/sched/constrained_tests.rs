@@ -114,3 +114,38 @@ fn a_constraint_set_late_takes_the_tokens_already_generated() {
     let plan = s.schedule().expect("plan");
     assert_eq!(allowed_of(&plan, 1), Some(vec![BYTE_EOS]));
 }
+
+#[test]
+fn a_grammar_held_back_while_the_model_reasons_sends_no_mask_until_the_close_tag() {
+    use crate::reasoning_gate::{ReasoningGate, TagTokens};
+    // Bytes 1 and 2 stand for the tags (as `DigitsCodec::thinking` has them).
+    let (open, close) = (1 + BYTE_OFFSET, 2 + BYTE_OFFSET);
+    let tags = TagTokens {
+        open: Some(open),
+        close,
+    };
+    let mut s = sched(16);
+    add(&mut s, 1, 4);
+    s.set_constraint(
+        SeqId(1),
+        ReasoningGate::wrap(digits(1), tags, false),
+        BYTE_VOCAB,
+    );
+    // The first token: the open tag or the grammar's first.
+    let plan = s.schedule().expect("plan");
+    let mut first: Vec<TokenId> = (0..10).map(digit).collect();
+    first.insert(0, open);
+    assert_eq!(allowed_of(&plan, 1), Some(first));
+    s.on_step_done(&done(&plan, open));
+    // Thinking: no mask at all, so an engine samples as it would without
+    // a grammar (the wgpu engine on the device).
+    let letter = b'x' as TokenId + BYTE_OFFSET;
+    for token in [letter, letter, close] {
+        let plan = s.schedule().expect("plan");
+        assert_eq!(allowed_of(&plan, 1), None);
+        s.on_step_done(&done(&plan, token));
+    }
+    let plan = s.schedule().expect("plan");
+    assert_eq!(allowed_of(&plan, 1), Some((0..10).map(digit).collect()));
+    assert!(s.take_constraint_failures().is_empty());
+}

@@ -583,7 +583,7 @@ impl Scheduler {
             let allowed = match (&mut s.constraint, p.sample) {
                 (Some(c), true) => {
                     let from = (s.sampling.generated_from as usize).min(s.tokens.len());
-                    Some(c.mask(&s.tokens[from..]))
+                    c.mask(&s.tokens[from..])
                 }
                 _ => None,
             };

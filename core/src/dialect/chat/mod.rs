@@ -351,7 +351,7 @@ impl ChatConn {
             let tail = &r.prompt_ids[r.prompt_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
             let opened = plan.tags.opened_by(&cx.codec().decode(tail));
             for c in &mut r.choices {
-                c.thinker = Some(ReasoningSplitter::new(plan.tags, opened));
+                c.thinker = Some(plan.splitter(opened));
             }
             // A grammar waits for the reasoning to end.
             r.constraint = plan.constrain(r.constraint.take(), opened);
@@ -743,7 +743,7 @@ impl DialectConn for ChatConn {
         let (reasoning, answer) = match c.thinker.as_mut() {
             None => (String::new(), piece.text.clone()),
             Some(thinker) => {
-                let mut split = thinker.push(&piece.text);
+                let mut split = thinker.push_token(&piece.text, piece.token_id);
                 if finish.is_some() {
                     split.extend(thinker.finish());
                 }

@@ -372,7 +372,7 @@ impl ResponsesConn {
             // As the chat route reads it: did the template open the
             // reasoning? A grammar then waits for the reasoning to end.
             let opened = plan.tags.opened_by(&cx.codec().decode(&prompt_tail));
-            draft.thinker = Some(ReasoningSplitter::new(plan.tags, opened));
+            draft.thinker = Some(plan.splitter(opened));
             draft.constraint = plan.constrain(draft.constraint.take(), opened);
         }
         let req = GenRequest {
@@ -696,7 +696,7 @@ impl DialectConn for ResponsesConn {
         let answer = match draft.thinker.as_mut() {
             None => piece.text.clone(),
             Some(thinker) => {
-                let mut split = thinker.push(&piece.text);
+                let mut split = thinker.push_token(&piece.text, piece.token_id);
                 if piece.finish.is_some() {
                     split.extend(thinker.finish());
                 }
