@@ -23,6 +23,9 @@ pub enum GgmlType {
     /// Blocks of 32: f16 scale and minimum, 32 5-bit values (high bits as
     /// Q5_0's).
     Q5_1,
+    /// Super-blocks of 256: 16 sub-blocks with 4-bit scales and minimums,
+    /// 256 2-bit values, f16 scale and minimum factors.
+    Q2_K,
     /// Super-blocks of 256: 2+1-bit values offset by 4, 16 sub-blocks with
     /// 6-bit scales offset by 32, an f16 scale.
     Q3_K,
@@ -50,7 +53,6 @@ const OTHER_TYPES: &[(u32, &str)] = &[
     (4, "Q4_2 (removed from ggml)"),
     (5, "Q4_3 (removed from ggml)"),
     (9, "Q8_1"),
-    (10, "Q2_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
     (17, "IQ2_XS"),
@@ -71,7 +73,7 @@ const OTHER_TYPES: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every type this engine loads.
-    pub const ALL: [GgmlType; 14] = [
+    pub const ALL: [GgmlType; 15] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -80,6 +82,7 @@ impl GgmlType {
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::Q2_K,
         GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
@@ -115,6 +118,7 @@ impl GgmlType {
             GgmlType::Q5_0 => 6,
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
             GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
@@ -136,6 +140,7 @@ impl GgmlType {
             GgmlType::Q4_1 => "Q4_1",
             GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q2_K => "Q2_K",
             GgmlType::Q3_K => "Q3_K",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
@@ -155,7 +160,8 @@ impl GgmlType {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::IQ4_NL => 32,
-            GgmlType::Q3_K
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -173,6 +179,7 @@ impl GgmlType {
             GgmlType::Q4_1 => 2 + 2 + 16,
             GgmlType::Q5_0 => 2 + 4 + 16,
             GgmlType::Q5_1 => 2 + 2 + 4 + 16,
+            GgmlType::Q2_K => 16 + 64 + 2 + 2,
             GgmlType::Q3_K => 32 + 64 + 12 + 2,
             GgmlType::Q4_K => 2 + 2 + 12 + 128,
             GgmlType::Q5_K => 2 + 2 + 12 + 32 + 128,
@@ -221,8 +228,9 @@ mod tests {
         assert_eq!(GgmlType::Q3_K.row_bytes(512), Some(220));
         assert_eq!(GgmlType::IQ4_NL.row_bytes(576), Some(18 * 18));
         assert_eq!(GgmlType::IQ4_XS.row_bytes(512), Some(272));
-        let e = GgmlType::from_id(10).expect_err("Q2_K");
-        assert!(e.contains("Q2_K") && e.contains("Q3_K"), "{e}");
+        assert_eq!(GgmlType::Q2_K.row_bytes(512), Some(168));
+        let e = GgmlType::from_id(16).expect_err("IQ2_XXS");
+        assert!(e.contains("IQ2_XXS") && e.contains("Q2_K"), "{e}");
         assert!(GgmlType::from_id(9999).expect_err("?").contains("9999"));
     }
 }

@@ -164,9 +164,9 @@ fn header_problems_are_named() {
 
 #[test]
 fn tensor_problems_are_named() {
-    let w = valid().tensor("blk.0.ffn_down.weight", &[256, 4], 10, 4 * 84);
+    let w = valid().tensor("blk.0.ffn_down.weight", &[256, 4], 16, 4 * 66);
     let e = err(&w.bytes());
-    assert!(e.contains("ffn_down") && e.contains("Q2_K"), "{e}");
+    assert!(e.contains("ffn_down") && e.contains("IQ2_XXS"), "{e}");
     let w = valid().tensor("t", &[1, 1, 1, 1, 1], 0, 4);
     assert!(err(&w.bytes()).contains("5 dimensions"));
     let w = valid().tensor("t", &[48, 2], 2, 100);

@@ -509,8 +509,67 @@ fn smollm2_requantized_to_iq4_xs_runs_as_its_dequantized_weights_do() {
     );
 }
 
+#[test]
+fn smollm2_requantized_to_q2_k_runs_as_its_dequantized_weights_do() {
+    // The down projections (1,536 wide) in Q2_K. Plainly quantized to 2
+    // bits, every matrix of the model leaves its top logits too close to
+    // call between the two paths; these alone leave a clear pick.
+    requantized_smollm2_runs_as_its_dequantized_weights_do(
+        "q2_k",
+        |_, row| row.is_multiple_of(256).then_some(GgmlType::Q2_K),
+        &[GgmlType::Q2_K],
+        10,
+        "q2_k",
+    );
+}
+
+/// One Q2_K super-block, quantized plainly (llama.cpp searches for better
+/// scales and minimums): each 16-value sub-block spans its minimum (or 0)
+/// to its maximum in 3 steps, those steps and minimums in 4 bits of `d`
+/// and `dmin`.
+fn quantize_q2_k(x: &[f32]) -> Vec<u8> {
+    let (steps, mins): (Vec<f32>, Vec<f32>) = x
+        .chunks_exact(16)
+        .map(|c| {
+            let lo = c.iter().fold(0.0f32, |m, &v| m.min(v));
+            let hi = c.iter().fold(f32::MIN, |m, &v| m.max(v));
+            ((hi - lo).max(0.0) / 3.0, -lo)
+        })
+        .unzip();
+    let top = |v: &[f32]| v.iter().fold(0.0f32, |m, &a| m.max(a));
+    let (d, dmin) = (
+        half::f16::from_f32(top(&steps) / 15.0),
+        half::f16::from_f32(top(&mins) / 15.0),
+    );
+    let level = |v: f32, unit: f32| {
+        if unit > 0.0 {
+            ((v / unit).round() as i32).clamp(0, 15) as u8
+        } else {
+            0
+        }
+    };
+    let mut b = vec![0u8; 84];
+    for g in 0..16 {
+        let (sc, m) = (level(steps[g], d.to_f32()), level(mins[g], dmin.to_f32()));
+        b[g] = sc | (m << 4);
+        let (step, low) = (d.to_f32() * sc as f32, dmin.to_f32() * m as f32);
+        for (p, &v) in x.iter().enumerate().skip(16 * g).take(16) {
+            let q = if step > 0.0 {
+                (((v + low) / step).round() as i32).clamp(0, 3) as u8
+            } else {
+                0
+            };
+            let (h, j, k) = (p / 128, (p % 128) / 32, p % 32);
+            b[16 + 32 * h + k] |= q << (2 * j);
+        }
+    }
+    b[80..82].copy_from_slice(&d.to_le_bytes());
+    b[82..84].copy_from_slice(&dmin.to_le_bytes());
+    b
+}
+
 /// `k_quant` for rows of whole 256-blocks, else IQ4_NL: llama-quantize's
-/// fallback for Q2_K, Q3_K and the IQ types.
+/// fallback for Q2_K, Q3_K and IQ4_XS.
 fn whole_256_or_iq4_nl(row: usize, k_quant: GgmlType) -> GgmlType {
     if row.is_multiple_of(256) {
         k_quant
@@ -660,6 +719,7 @@ fn requantized_smollm2_runs_as_its_dequantized_weights_do(
                 }
                 match to {
                     GgmlType::Q3_K => vals.chunks_exact(256).flat_map(quantize_q3_k).collect(),
+                    GgmlType::Q2_K => vals.chunks_exact(256).flat_map(quantize_q2_k).collect(),
                     GgmlType::IQ4_XS => vals.chunks_exact(256).flat_map(quantize_iq4_xs).collect(),
                     GgmlType::IQ4_NL => vals.chunks_exact(32).flat_map(quantize_iq4_nl).collect(),
                     _ => vals

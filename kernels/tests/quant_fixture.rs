@@ -45,5 +45,5 @@ fn dequantization_matches_llama_cpps_reference() {
         }
         checked.push(dtype);
     }
-    assert_eq!(checked.len(), 11, "every quantized type is in the fixture");
+    assert_eq!(checked.len(), 12, "every quantized type is in the fixture");
 }

@@ -609,6 +609,7 @@ fn wgpu_runs_quantized_weights_as_blocks() {
         vec![
             W::Iq4Nl,
             W::Iq4Xs,
+            W::Q2K,
             W::Q3K,
             W::Q4K,
             W::Q4_0,

@@ -35,13 +35,14 @@ const TILE_TOKENS: usize = 32;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage =
-        "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|q3_k|q4_k|q5_k|q6_k|iq4_xs K ROWS row|tile [SECONDS]";
+        "usage: quant-kernels q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs K ROWS row|tile [SECONDS]";
     let dtype = match args.first().map(String::as_str) {
         Some("q8_0") => GgmlType::Q8_0,
         Some("q4_0") => GgmlType::Q4_0,
         Some("q4_1") => GgmlType::Q4_1,
         Some("q5_0") => GgmlType::Q5_0,
         Some("q5_1") => GgmlType::Q5_1,
+        Some("q2_k") => GgmlType::Q2_K,
         Some("q3_k") => GgmlType::Q3_K,
         Some("q4_k") => GgmlType::Q4_K,
         Some("q5_k") => GgmlType::Q5_K,
@@ -167,6 +168,7 @@ fn random_rows(
     let fields: &[usize] = match dtype {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
         GgmlType::Q6_K => &[208],
         _ => &[0],
     };

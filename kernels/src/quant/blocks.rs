@@ -8,6 +8,7 @@
 //! | Q4_1 | 32 | 20 | f16 `d`, f16 `m`, nibbles as Q4_0; `x = d q + m` |
 //! | Q5_0 | 32 | 22 | f16 `d`, u32 `qh` (bit `j`: value `j`'s fifth bit), nibbles as Q4_0; `x = d (q - 16)` |
 //! | Q5_1 | 32 | 24 | f16 `d`, f16 `m`, `qh` and nibbles as Q5_0; `x = d q + m` |
+//! | Q2_K | 256 | 84 | 16 bytes of scales (low nibble) and mins (high nibble), 64 bytes of 2-bit values laid out as Q3_K's pairs, f16 `d`, f16 `dmin`; `x = d sc q - dmin m` per 16 |
 //! | Q3_K | 256 | 110 | 32 bytes `hmask`, 64 bytes of 2-bit pairs, 12 bytes of sixteen 6-bit scales, f16 `d`; value `128 h + 32 j + k` (`k < 32`) is bits `2 j` of byte `32 h + k` of the pairs with bit `4 h + j` of `hmask[k]` as its third; `x = d (sc - 32) (q - 4)` per 16 |
 //! | Q4_K | 256 | 144 | f16 `d`, f16 `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; `x = d sc q - dmin mn` per 32 |
 //! | Q5_K | 256 | 176 | Q4_K's `d`, `dmin` and 12 scale bytes, 32 bytes `qh`, 128 bytes of nibbles; value `64 g + l` (`l < 32`) has bit `2 g` of `qh[l]` as its fifth bit, value `64 g + 32 + l` bit `2 g + 1` |
@@ -27,6 +28,13 @@ pub const Q4_1_BYTES: usize = 20;
 pub const Q5_0_BYTES: usize = 22;
 /// Bytes of a Q5_1 block.
 pub const Q5_1_BYTES: usize = 24;
+/// Bytes of a Q2_K super-block.
+pub const Q2_K_BYTES: usize = 84;
+/// Where a Q2_K super-block's 2-bit values and its `d` (then `dmin`)
+/// start; its scale bytes are first.
+pub const Q2_K_QS: usize = 16;
+/// See [`Q2_K_QS`].
+pub const Q2_K_D: usize = 80;
 /// Bytes of a Q3_K super-block.
 pub const Q3_K_BYTES: usize = 110;
 /// Where a Q3_K super-block's 2-bit pairs, scales and `d` start.
@@ -143,6 +151,15 @@ pub fn iq4_values(qs: &[u8]) -> [i8; 32] {
     v
 }
 
+/// Value `p` (0..256) of a Q2_K super-block `b` (0..4): bits `2 j` of
+/// byte `32 h + k` of its values, for `p = 128 h + 32 j + k` (`k < 32`),
+/// the layout of Q3_K's pairs.
+#[inline]
+pub fn q2k_value(b: &[u8], p: usize) -> u8 {
+    let (h, j, k) = (p / 128, (p % 128) / 32, p % 32);
+    (b[Q2_K_QS + 32 * h + k] >> (2 * j)) & 3
+}
+
 /// The 32 5-bit values of a Q5_0 or Q5_1 block, from its high-bit word
 /// `qh` (little-endian, as stored) and its 16 bytes of nibbles.
 #[inline]
@@ -254,6 +271,19 @@ pub fn dequantize_row(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
                     for (yi, q) in y.iter_mut().zip(iq4_values(qs)) {
                         *yi = dl * q as f32;
                     }
+                }
+            }
+        }
+        GgmlType::Q2_K => {
+            for (b, y) in bytes
+                .chunks_exact(Q2_K_BYTES)
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                let (d, dmin) = (f16_at(b, Q2_K_D), f16_at(b, Q2_K_D + 2));
+                for (p, yp) in y.iter_mut().enumerate() {
+                    let sc = b[p / 16];
+                    let (dl, ml) = (d * (sc & 0x0F) as f32, dmin * (sc >> 4) as f32);
+                    *yp = dl * q2k_value(b, p) as f32 - ml;
                 }
             }
         }

@@ -7,7 +7,7 @@
 //! * [`acts`]: activations quantized to 8 bits per block of 32 ([`Q8Block`],
 //!   for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL weights, also regrouped eight blocks at a time as
 //!   [`Q8Group`]s for the x86 kernels) or 256 ([`Q8KBlock`], for
-//!   Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS, also stored in the order the x86 K-quant kernels read,
+//!   Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS, also stored in the order the x86 K-quant kernels read,
 //!   [`acts::q4k_lane_source`]), so the inner loop multiplies small integers.
 //! * [`reference`](mod@reference): scalar dot products, for every format, on those blocks.
 //! * [`lanes`]: the row layout the x86 kernels read, each whole eight
@@ -149,6 +149,10 @@ pub struct Kernels {
     pub iq4_nl: DotQ8,
     /// IQ4_NL weights, four rows by four tokens.
     pub iq4_nl_tile: DotQ8Tile,
+    /// Q2_K weights.
+    pub q2_k: DotQ8K,
+    /// Q2_K weights, four rows by four tokens.
+    pub q2_k_tile: DotQ8KTile,
     /// Q3_K weights.
     pub q3_k: DotQ8K,
     /// Q4_K weights.
@@ -223,6 +227,8 @@ impl Kernels {
             q5_1_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q5_1(r, x.blocks))),
             iq4_nl: |w, a| reference::dot_iq4_nl(w, a.blocks),
             iq4_nl_tile: |w, a| w.map(|r| a.map(|x| reference::dot_iq4_nl(r, x.blocks))),
+            q2_k: reference::dot_q2_k,
+            q2_k_tile: |w, a| w.map(|r| a.map(|x| reference::dot_q2_k(r, x))),
             q3_k: reference::dot_q3_k,
             q4_k: reference::dot_q4_k,
             q5_k: reference::dot_q5_k,
@@ -268,6 +274,7 @@ impl Kernels {
             GgmlType::F32
             | GgmlType::F16
             | GgmlType::BF16
+            | GgmlType::Q2_K
             | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
@@ -280,6 +287,7 @@ impl Kernels {
     /// of activations; `None` for the formats [`act_format`] gives others.
     pub fn for_q8k(&self, dtype: GgmlType) -> Option<(DotQ8K, DotQ8KTile)> {
         Some(match dtype {
+            GgmlType::Q2_K => (self.q2_k, self.q2_k_tile),
             GgmlType::Q3_K => (self.q3_k, self.q3_k_tile),
             GgmlType::Q4_K => (self.q4_k, self.q4_k_tile),
             GgmlType::Q5_K => (self.q5_k, self.q5_k_tile),
@@ -319,8 +327,11 @@ pub fn act_format(dtype: GgmlType) -> ActFormat {
         | GgmlType::Q5_0
         | GgmlType::Q5_1
         | GgmlType::IQ4_NL => ActFormat::Q8,
-        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
-            ActFormat::Q8K
-        }
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_XS => ActFormat::Q8K,
     }
 }

@@ -5,9 +5,10 @@
 
 use super::acts::{Q8Block, Q8KBlock};
 use super::blocks::{
-    bf16_at, f16_at, iq4_values, iq4xs_scales, k_values, q3k_scales, q3k_value, q4k_scale_min,
-    q5_values, q6k_quad, IQ4_NL_BYTES, IQ4_XS_BYTES, IQ4_XS_QS, Q3_K_BYTES, Q3_K_D, Q3_K_SCALES,
-    Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    bf16_at, f16_at, iq4_values, iq4xs_scales, k_values, q2k_value, q3k_scales, q3k_value,
+    q4k_scale_min, q5_values, q6k_quad, IQ4_NL_BYTES, IQ4_XS_BYTES, IQ4_XS_QS, Q2_K_BYTES, Q2_K_D,
+    Q3_K_BYTES, Q3_K_D, Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES,
+    Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 
 /// Q8_0 weights · 8-bit activations.
@@ -146,6 +147,25 @@ fn dot_k(w: &[u8], a: &[Q8KBlock], five: bool) -> f32 {
             dots += sc1 as i32 * s1 + sc2 as i32 * s2;
             let sum = |sub: usize| (x.bsums[2 * sub] + x.bsums[2 * sub + 1]) as i32;
             mins += m1 as i32 * sum(2 * g) + m2 as i32 * sum(2 * g + 1);
+        }
+        acc += x.d * (d * dots as f32 - dmin * mins as f32);
+    }
+    acc
+}
+
+/// Q2_K weights · 256-blocks: per 16 values, `d sc (q · x) - dmin m sum(x)`.
+pub fn dot_q2_k(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.chunks_exact(Q2_K_BYTES).zip(a) {
+        let (d, dmin) = (f16_at(b, Q2_K_D), f16_at(b, Q2_K_D + 2));
+        let (mut dots, mut mins) = (0i32, 0i32);
+        for g in 0..16 {
+            let mut s = 0i32;
+            for p in 16 * g..16 * g + 16 {
+                s += q2k_value(b, p) as i32 * x.q[p] as i32;
+            }
+            dots += (b[g] & 0x0F) as i32 * s;
+            mins += (b[g] >> 4) as i32 * x.bsums[g] as i32;
         }
         acc += x.d * (d * dots as f32 - dmin * mins as f32);
     }

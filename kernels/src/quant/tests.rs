@@ -19,7 +19,8 @@ const BLOCK32: [GgmlType; 6] = [
 
 /// The formats of 256-value super-blocks, which 8-bit activation blocks of
 /// 256 meet.
-const BLOCK256: [GgmlType; 5] = [
+const BLOCK256: [GgmlType; 6] = [
+    GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
@@ -51,6 +52,7 @@ fn f16_fields(dtype: GgmlType) -> &'static [usize] {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
         _ => &[],
     }
 }

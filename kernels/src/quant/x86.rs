@@ -14,10 +14,13 @@
 //! cover those eights (the matrix products quantize them from the same
 //! columns); the blocks after the last eight are read as the file has them.
 //!
-//! The three tiers share every 32-block kernel: they differ only in the
+//! The three tiers share every 32-block kernel but Q8_0's and IQ4_NL's,
+//! whose signed weights AVX2 multiplies through the sign trick where the
+//! VNNI tiers offset a group's to `u8`: otherwise they differ only in the
 //! instruction that adds four byte products into an i32 lane ([`Lanes`]) and
 //! in how many vector registers a tile may hold. Their integer sums are
-//! exact, so all three give the same bits.
+//! exact, so all three give the same bits. The 256-block kernels are one
+//! AVX2 function for every tier.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -25,9 +28,9 @@ use std::marker::PhantomData;
 
 use super::acts::{Q8Block, Q8Group, Q8KBlock, Q8Row};
 use super::blocks::{
-    iq4xs_scales, IQ4NL_VALUES, IQ4_NL_BYTES, IQ4_XS_BYTES, IQ4_XS_QS, Q3_K_BYTES, Q3_K_D, Q3_K_QS,
-    Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q5_K_BYTES,
-    Q6_K_BYTES, Q8_0_BYTES,
+    iq4xs_scales, IQ4NL_VALUES, IQ4_NL_BYTES, IQ4_XS_BYTES, IQ4_XS_QS, Q2_K_BYTES, Q2_K_D, Q2_K_QS,
+    Q3_K_BYTES, Q3_K_D, Q3_K_QS, Q3_K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES,
+    Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
 use super::{Isa, Kernels, RowLayout};
 
@@ -75,6 +78,8 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
         q4_k: |w, a| unsafe { dot_q4_k_avx2::<true>(w, a) },
         q5_k: |w, a| unsafe { dot_q5_k_avx2::<true>(w, a) },
         q6_k: |w, a| unsafe { dot_q6_k_avx2::<true>(w, a) },
+        q2_k: |w, a| unsafe { dot_q2_k_avx2::<true>(w, a) },
+        q2_k_tile: |w, a| unsafe { tile_q2_k_avx2(w, a) },
         q3_k: |w, a| unsafe { dot_q3_k_avx2::<true>(w, a) },
         q3_k_tile: |w, a| unsafe { tile_q3_k_avx2(w, a) },
         q4_k_tile: |w, a| unsafe { tile_q4_k_avx2(w, a) },
@@ -109,6 +114,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
+            q2_k: |w, a| unsafe { dot_q2_k_avx2::<false>(w, a) },
             q3_k: |w, a| unsafe { dot_q3_k_avx2::<false>(w, a) },
             iq4_xs: |w, a| unsafe { dot_iq4_xs_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
@@ -132,6 +138,7 @@ pub(super) fn kernels(isa: Isa, scalar: Kernels) -> Kernels {
             q4_k: |w, a| unsafe { dot_q4_k_avx2::<false>(w, a) },
             q5_k: |w, a| unsafe { dot_q5_k_avx2::<false>(w, a) },
             q6_k: |w, a| unsafe { dot_q6_k_avx2::<false>(w, a) },
+            q2_k: |w, a| unsafe { dot_q2_k_avx2::<false>(w, a) },
             q3_k: |w, a| unsafe { dot_q3_k_avx2::<false>(w, a) },
             iq4_xs: |w, a| unsafe { dot_iq4_xs_avx2::<false>(w, a) },
             f16: |w, x| unsafe { dot_f16_avx2::<false>(w, x) },
@@ -208,6 +215,11 @@ unsafe fn dot_q6_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    sixteens_tokens::<1, PF, Q2K>(w, [a])[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q3_k_avx2<const PF: bool>(w: &[u8], a: &[Q8KBlock]) -> f32 {
     sixteens_tokens::<1, PF, Q3K>(w, [a])[0]
 }
@@ -243,6 +255,17 @@ unsafe fn tile_q6_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] 
         sixteens_tokens::<4, false, Q6K>(w[1], *a),
         sixteens_tokens::<4, false, Q6K>(w[2], *a),
         sixteens_tokens::<4, false, Q6K>(w[3], *a),
+    ]
+}
+
+/// Q2_K, four rows by four tokens, as [`tile_q4_k_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q2_k_avx2(w: &[&[u8]; 4], a: &[&[Q8KBlock]; 4]) -> [[f32; 4]; 4] {
+    [
+        sixteens_tokens::<4, false, Q2K>(w[0], *a),
+        sixteens_tokens::<4, false, Q2K>(w[1], *a),
+        sixteens_tokens::<4, false, Q2K>(w[2], *a),
+        sixteens_tokens::<4, false, Q2K>(w[3], *a),
     ]
 }
 
@@ -437,9 +460,10 @@ unsafe fn q4_k_tokens<const T: usize, const PF: bool, const FIVE: bool>(
 }
 
 /// A K-quant of 16 sub-blocks of 16 small values, each sub-block with a
-/// signed 8-bit scale and no minimum (Q3_K, Q6_K): one trait gives
-/// [`sixteens_tokens`] a format's unpacking, so the row kernel and the tile
-/// of both are one function.
+/// signed 8-bit scale (Q3_K, Q6_K; Q2_K's 4-bit ones, with a 4-bit
+/// minimum each): one trait gives [`sixteens_tokens`] a format's
+/// unpacking, so the row kernel and the tile of all three are one
+/// function.
 trait Sixteens {
     /// Bytes of a super-block.
     const BYTES: usize;
@@ -451,6 +475,54 @@ trait Sixteens {
     unsafe fn scales(b: *const u8) -> __m128i;
     /// The 256 unsigned values in order, 32 a vector.
     unsafe fn values(b: *const u8) -> [__m256i; 8];
+    /// The minimums' factor `dmin` and the sixteen minimums, a byte each
+    /// in sub-block order (`x = d sc u - dmin m`); none for the formats
+    /// without minimums.
+    #[inline(always)]
+    unsafe fn mins(_b: *const u8) -> Option<(f32, __m128i)> {
+        None
+    }
+}
+
+/// Q2_K: values 0..4, no offset, a 4-bit scale (low nibble) and minimum
+/// (high nibble) per sub-block.
+struct Q2K;
+
+impl Sixteens for Q2K {
+    const BYTES: usize = Q2_K_BYTES;
+    const OFFSET: i32 = 0;
+
+    #[inline(always)]
+    unsafe fn d(b: *const u8) -> f32 {
+        f16_at(b.add(Q2_K_D))
+    }
+
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> __m128i {
+        _mm_and_si128(_mm_loadu_si128(b as *const __m128i), _mm_set1_epi8(0x0F))
+    }
+
+    #[inline(always)]
+    unsafe fn values(b: *const u8) -> [__m256i; 8] {
+        let m2 = _mm256_set1_epi8(3);
+        // Value 128 h + 32 j + k: bits 2 j of byte 32 h + k (Q3_K's pairs).
+        let mut v = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let qs = _mm256_loadu_si256(b.add(Q2_K_QS + 32 * h) as *const __m256i);
+            for j in 0..4 {
+                v[4 * h + j] =
+                    _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), m2);
+            }
+        }
+        v
+    }
+
+    #[inline(always)]
+    unsafe fn mins(b: *const u8) -> Option<(f32, __m128i)> {
+        let bytes = _mm_loadu_si128(b as *const __m128i);
+        let mins = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+        Some((f16_at(b.add(Q2_K_D + 2)), mins))
+    }
 }
 
 /// Q6_K: values 0..64, offset 32.
@@ -556,7 +628,7 @@ impl Sixteens for Q3K {
     }
 }
 
-/// One Q6_K or Q3_K row against `T` tokens, as [`q4_k_tokens`]: the
+/// One Q6_K, Q3_K or Q2_K row against `T` tokens, as [`q4_k_tokens`]: the
 /// values unsigned, their offset taken off through the tokens' 16-value
 /// sums.
 #[inline(always)]
@@ -606,17 +678,25 @@ unsafe fn sixteens_tokens<const T: usize, const PF: bool, F: Sixteens>(
             }
         }
         // The sixteen signed scales as i16, against each token's 16-value
-        // sums: the offset's integer in one `vpmaddwd` and a lane sum.
+        // sums: the offset's integer in one `vpmaddwd` and a lane sum; so
+        // are Q2_K's minimums, whose float factor is their own.
         let scales = _mm256_cvtepi8_epi16(sc16);
+        let mins = F::mins(b);
         for t in 0..T {
             let x = &a[t][i];
             let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
-            let offset = hsum_i32(_mm256_madd_epi16(bsums, scales));
-            let total = _mm256_sub_epi32(
-                dots[t],
-                _mm256_setr_epi32(F::OFFSET * offset, 0, 0, 0, 0, 0, 0, 0),
-            );
+            let total = if F::OFFSET != 0 {
+                let offset = hsum_i32(_mm256_madd_epi16(bsums, scales));
+                _mm256_sub_epi32(dots[t], lane0_i32(F::OFFSET * offset))
+            } else {
+                dots[t]
+            };
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(total), acc[t]);
+            if let Some((dmin, m)) = mins {
+                let m = _mm256_cvtepu8_epi16(m);
+                let taken = hsum_i32(_mm256_madd_epi16(bsums, m)) as f32;
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * x.d), lane0_f32(taken), acc[t]);
+            }
         }
     }
     let mut out = [0.0f32; T];

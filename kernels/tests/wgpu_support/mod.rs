@@ -138,7 +138,7 @@ pub struct Shape {
     pub bias: bool,
     /// "f32", "f16" or "bf16": weights rounded to it, reported as the file
     /// dtype. "quant": every matrix in a GGUF block type, cycling through
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL and IQ4_XS
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL, IQ4_XS and Q2_K
     /// (so stacks like q|k|v mix them), of
     /// seeded random blocks; dimensions must be multiples of 256.
     pub dtype: &'static str,
@@ -148,7 +148,7 @@ pub struct Shape {
 }
 
 /// The GGUF block types the wgpu kernels read.
-pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 11] = {
+pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 12] = {
     use tokenwire_kernels::gguf::GgmlType as G;
     [
         G::Q8_0,
@@ -162,6 +162,7 @@ pub const QUANT_TYPES: [tokenwire_kernels::gguf::GgmlType; 11] = {
         G::Q3_K,
         G::IQ4_NL,
         G::IQ4_XS,
+        G::Q2_K,
     ]
 };
 
@@ -208,6 +209,10 @@ pub fn random_blocks(
             G::Q6_K => f16(208, scale / 2048.0),
             G::IQ4_NL => f16(0, scale / 127.0),
             G::IQ4_XS => f16(0, scale / (127.0 * 32.0)),
+            G::Q2_K => {
+                f16(80, scale / 45.0);
+                f16(82, scale / 15.0);
+            }
             _ => unreachable!("{t} is not in QUANT_TYPES"),
         }
         out.extend_from_slice(&b);

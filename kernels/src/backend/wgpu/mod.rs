@@ -4,7 +4,7 @@
 //!
 //! * Weights are uploaded once, in the file's dtype: f32; f16 and bf16 kept
 //!   packed two to a u32 and widened in the shader, or read as `f16` where
-//!   the device has `shader-f16`; GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+//!   the device has `shader-f16`; GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
 //!   blocks padded to whole words and unpacked in the shader. One weight
 //!   prelude per dtype (`shaders/dtype_*.wgsl`) gives every weight kernel
 //!   `w_at(i)` and the 8-wide `w_load8(i)`; accumulation is f32 everywhere.

@@ -32,6 +32,8 @@ pub enum WeightDtype {
     Q5_0,
     /// GGUF Q5_1 blocks (24 bytes, as in the file).
     Q5_1,
+    /// GGUF Q2_K super-blocks (84 bytes, as in the file).
+    Q2K,
     /// GGUF Q3_K super-blocks, each padded from 110 to 112 bytes.
     Q3K,
     /// GGUF Q4_K super-blocks (144 bytes, as in the file).
@@ -60,6 +62,7 @@ impl WeightDtype {
             GgmlType::Q4_1 => WeightDtype::Q4_1,
             GgmlType::Q5_0 => WeightDtype::Q5_0,
             GgmlType::Q5_1 => WeightDtype::Q5_1,
+            GgmlType::Q2_K => WeightDtype::Q2K,
             GgmlType::Q3_K => WeightDtype::Q3K,
             GgmlType::Q4_K => WeightDtype::Q4K,
             GgmlType::Q5_K => WeightDtype::Q5K,
@@ -80,6 +83,7 @@ impl WeightDtype {
             WeightDtype::Q4_1 => GgmlType::Q4_1,
             WeightDtype::Q5_0 => GgmlType::Q5_0,
             WeightDtype::Q5_1 => GgmlType::Q5_1,
+            WeightDtype::Q2K => GgmlType::Q2_K,
             WeightDtype::Q3K => GgmlType::Q3_K,
             WeightDtype::Q4K => GgmlType::Q4_K,
             WeightDtype::Q5K => GgmlType::Q5_K,
@@ -135,6 +139,7 @@ impl WeightDtype {
             WeightDtype::Q4_1 => include_str!("shaders/dtype_q4_1.wgsl"),
             WeightDtype::Q5_0 => include_str!("shaders/dtype_q5_0.wgsl"),
             WeightDtype::Q5_1 => include_str!("shaders/dtype_q5_1.wgsl"),
+            WeightDtype::Q2K => include_str!("shaders/dtype_q2_k.wgsl"),
             WeightDtype::Q3K => include_str!("shaders/dtype_q3_k.wgsl"),
             WeightDtype::Q4K => include_str!("shaders/dtype_q4_k.wgsl"),
             WeightDtype::Q5K => include_str!("shaders/dtype_q5_k.wgsl"),
