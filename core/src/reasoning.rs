@@ -33,7 +33,12 @@
 //! when its first token is the open tag's, and the reasoning ends only at
 //! the close tag's token (the tag's text from that token on; close-tag
 //! text the model spelled in other tokens before it stays reasoning), so
-//! the text the grammar holds is exactly the answer.
+//! the answer is the text the grammar holds (less leading whitespace, as
+//! every answer) and the reasoning's tokens are those through the close
+//! tag's. One case can still cut at the wrong tag: text held back upstream
+//! (a stop string's or content filter's prefix) that releases close-tag
+//! text the model spelled together with the close tag's own, since the
+//! splitter finds the tag in text, not by the token's byte offset.
 
 /// How many of a prompt's last tokens a dialect decodes to see whether the
 /// template opened the reasoning ([`ReasoningTags::opened_by`]): a tag is
@@ -208,6 +213,9 @@ impl ReasoningSplitter {
     /// moves on the tags' tokens; any other ignores `token`.
     pub fn push_token(&mut self, piece: &str, token: Option<TokenId>) -> Split {
         let (was_in, had_reasoned) = (self.in_reasoning(), self.reasoned);
+        // Gated, the tokens through the close tag's are the reasoning's,
+        // wherever their text lands.
+        let close_ahead = self.close == CloseToken::Ahead;
         if let Some(tags) = self.gate {
             if self.part == Part::Start {
                 if token.is_some() && token == tags.open {
@@ -226,7 +234,11 @@ impl ReasoningSplitter {
         if self.close == CloseToken::Now {
             self.close = CloseToken::Behind;
         }
-        self.last_in_reasoning = was_in || (self.reasoned && !had_reasoned) || self.in_reasoning();
+        let began = self.reasoned && !had_reasoned;
+        self.last_in_reasoning = match self.gate {
+            Some(_) => (was_in && close_ahead) || began,
+            None => was_in || began || self.in_reasoning(),
+        };
         out
     }
 
@@ -519,6 +531,17 @@ mod tests {
             ],
         );
         assert_eq!(out, split("plan", "{\"a\":\"</think>\"}"));
+        // The tokens through the close tag's are the reasoning's, though
+        // the tag's text came with the next token.
+        let mut s = ReasoningSplitter::new(ReasoningTags::THINK, true).gated(Some(GATE));
+        let counted: Vec<bool> = [("plan", Some(7)), ("", Some(1001)), ("</think>{}", Some(9))]
+            .iter()
+            .map(|(text, token)| {
+                s.push_token(text, *token);
+                s.last_in_reasoning()
+            })
+            .collect();
+        assert_eq!(counted, [true, true, false]);
         // Released with earlier text, the token's tag is the last one.
         let out = gated(
             true,

@@ -473,7 +473,9 @@ impl Scheduler {
     }
 
     /// Constrains `seq`'s output from its next sample on: every plan that
-    /// samples it carries `machine`'s mask over a vocabulary of `vocab` ids.
+    /// samples it carries `machine`'s mask over a vocabulary of `vocab` ids,
+    /// but where `machine` allows any token
+    /// ([`crate::constraint::TokenConstraint::unconstrained`]).
     /// The tokens it already generated (after `generated_from`) are fed to
     /// `machine` first. False (nothing changes) when `seq` is unknown.
     pub fn set_constraint(&mut self, seq: SeqId, machine: Constraint, vocab: u32) -> bool {

@@ -151,7 +151,7 @@ pub fn iq4_values(qs: &[u8]) -> [i8; 32] {
     v
 }
 
-/// Value `p` (0..256) of a Q2_K super-block `b` (0..4): bits `2 j` of
+/// Value `p` (0..256) of a Q2_K super-block `b`, 0..4: bits `2 j` of
 /// byte `32 h + k` of its values, for `p = 128 h + 32 j + k` (`k < 32`),
 /// the layout of Q3_K's pairs.
 #[inline]

@@ -458,6 +458,7 @@ mod tests {
             (GgmlType::Q3_K, 12),
             (GgmlType::IQ4_NL, 13),
             (GgmlType::IQ4_XS, 14),
+            (GgmlType::Q2_K, 15),
         ];
         for (dtype, seed) in formats {
             let w = if dtype == GgmlType::F16 {
