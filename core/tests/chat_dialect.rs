@@ -170,37 +170,55 @@ fn thinking_with_tools(
     opening: bool,
     tools: &[tokenwire_core::tools::ToolDef],
 ) -> (Harness, Value) {
-    use tokenwire_core::reasoning::ReasoningTags;
-    use tokenwire_core::testing::{script_text, ByteCodec};
-    use tokenwire_core::{ChatMessage, Role, TextCodec};
-    let config = HostConfig {
-        reasoning_tags: Some(ReasoningTags::THINK),
-        ..HostConfig::default()
-    };
+    use tokenwire_core::testing::ByteCodec;
+    let content = starting_prompt(&ByteCodec, script, opening, tools);
+    let h = Harness::with_info(thinking_config(), long_context(), script, 1);
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
+                      "max_tokens": script.len(), "temperature": 0});
+    (h, body)
+}
+
+/// A user message whose prompt under `codec` makes the tiny engine start
+/// at `script`'s start (its length a whole number of the script's), ending
+/// with the open tag where `opening`.
+fn starting_prompt(
+    codec: &dyn tokenwire_core::TextCodec,
+    script: &str,
+    opening: bool,
+    tools: &[tokenwire_core::tools::ToolDef],
+) -> String {
+    use tokenwire_core::{ChatMessage, Role};
     let base = if opening { "q <think>" } else { "q" };
-    let content = (0..script.len())
+    (0..script.len())
         .map(|pad| format!("{}{base}", "x".repeat(pad)))
         .find(|c| {
             let m = [ChatMessage {
                 role: Role::User,
                 content: c.clone(),
             }];
-            let kwargs = Default::default();
-            let n = ByteCodec
-                .encode_chat_templated(&m, tools, &kwargs)
+            let n = codec
+                .encode_chat_templated(&m, tools, &Default::default())
                 .expect("encodes")
                 .len();
-            script_text(script, n, script.len()) == script
+            n.is_multiple_of(script.len())
         })
-        .expect("some prompt starts the script at its start");
-    let info = tokenwire_core::ModelInfo {
+        .expect("some prompt starts the script at its start")
+}
+
+/// The host's configuration with the `<think>` reasoning parser.
+fn thinking_config() -> HostConfig {
+    HostConfig {
+        reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
+        ..HostConfig::default()
+    }
+}
+
+/// The tiny model with room for the longer scripts.
+fn long_context() -> tokenwire_core::ModelInfo {
+    tokenwire_core::ModelInfo {
         context_len: 4096,
         ..tokenwire_core::testing::tiny_model_info()
-    };
-    let h = Harness::with_info(config, info, script, 1);
-    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
-                      "max_tokens": script.len(), "temperature": 0});
-    (h, body)
+    }
 }
 
 /// The `delta` of each streamed chunk's first choice, in order.
@@ -327,32 +345,9 @@ const GATED: &str = "\u{1}\nplan it\n\u{2}\n\nthe answer";
 /// the script's start (`opening`: the prompt ends with the open tag).
 fn gated_thinking(script: &str, opening: bool) -> (Harness, Value) {
     use tokenwire_core::testing::DigitsCodec;
-    use tokenwire_core::{ChatMessage, Role, TextCodec};
-    let codec = DigitsCodec::thinking(3);
-    let base = if opening { "q <think>" } else { "q" };
-    let content = (0..script.len())
-        .map(|pad| format!("{}{base}", "x".repeat(pad)))
-        .find(|c| {
-            let m = [ChatMessage {
-                role: Role::User,
-                content: c.clone(),
-            }];
-            let n = codec
-                .encode_chat_templated(&m, &[], &Default::default())
-                .expect("encodes")
-                .len();
-            n.is_multiple_of(script.len())
-        })
-        .expect("some prompt starts the script at its start");
-    let config = HostConfig {
-        reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
-        ..HostConfig::default()
-    };
-    let info = tokenwire_core::ModelInfo {
-        context_len: 4096,
-        ..tokenwire_core::testing::tiny_model_info()
-    };
-    let h = Harness::with_codec(config, info, DigitsCodec::shared_thinking(3), script, 1);
+    let content = starting_prompt(&DigitsCodec::thinking(3), script, opening, &[]);
+    let codec = DigitsCodec::shared_thinking(3);
+    let h = Harness::with_codec(thinking_config(), long_context(), codec, script, 1);
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
                       "max_tokens": 40, "temperature": 0,
                       "response_format": {"type": "json_object"}});
@@ -462,10 +457,7 @@ fn a_grammar_leaves_no_room_to_think_where_the_tags_are_several_tokens() {
         .is_none());
 
     let mut h = Harness::with_codec(
-        HostConfig {
-            reasoning_tags: Some(tokenwire_core::reasoning::ReasoningTags::THINK),
-            ..HostConfig::default()
-        },
+        thinking_config(),
         tokenwire_core::testing::tiny_model_info(),
         tokenwire_core::testing::DigitsCodec::shared(3),
         THINKING,

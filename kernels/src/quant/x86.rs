@@ -1597,21 +1597,28 @@ impl Format for Q8_0Signed {
 impl Grouped for Q8_0Signed {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
-        let signs = vectors::<8>(b.add(16));
-        let mut w = signs;
-        for v in &mut w {
-            *v = _mm256_sign_epi8(*v, *v);
-        }
-        Eight {
-            w,
-            d: f16x8(b),
-            m: None,
-            signs: Some(signs),
-        }
+        signed_eight(vectors::<8>(b.add(16)), f16x8(b))
     }
     #[inline(always)]
     unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
         signed_dot8(e, x)
+    }
+}
+
+/// Eight signed blocks in lanes (`signs`, the weights) with scales `d`, as
+/// the sign trick holds them: their magnitudes taken once, for every token
+/// of a tile.
+#[inline(always)]
+unsafe fn signed_eight(signs: [__m256i; 8], d: __m256) -> Eight {
+    let mut w = signs;
+    for v in &mut w {
+        *v = _mm256_sign_epi8(*v, *v);
+    }
+    Eight {
+        w,
+        d,
+        m: None,
+        signs: Some(signs),
     }
 }
 
@@ -1628,6 +1635,19 @@ unsafe fn signed_dot8(e: &Eight, x: &Q8Group) -> __m256i {
         p = _mm256_add_epi32(p, udot(*w, _mm256_sign_epi8(xq, *s)));
     }
     p
+}
+
+/// A block's signed weights `wv` times activations `xq` in i32 lanes
+/// through `L`'s `u8 · i8` product: the sign trick, for a row's last blocks
+/// on the VNNI tiers (whose lanes hold partial sums, which an offset would
+/// change).
+#[inline(always)]
+unsafe fn signed_dot4<L: Lanes>(wv: __m256i, xq: __m256i) -> __m256i {
+    L::dot4(
+        _mm256_setzero_si256(),
+        _mm256_sign_epi8(wv, wv),
+        _mm256_sign_epi8(xq, wv),
+    )
 }
 
 /// Each byte of `v` (nibbles) replaced by its entry of `table`.
@@ -1666,16 +1686,7 @@ impl Grouped for Iq4NlSigned {
     #[inline(always)]
     unsafe fn weights8(b: *const u8) -> Eight {
         let signs = look_up(iq4_table(), nibbles8(vectors::<4>(b.add(16))));
-        let mut w = signs;
-        for v in &mut w {
-            *v = _mm256_sign_epi8(*v, *v);
-        }
-        Eight {
-            w,
-            d: f16x8(b),
-            m: None,
-            signs: Some(signs),
-        }
+        signed_eight(signs, f16x8(b))
     }
     #[inline(always)]
     unsafe fn dot8(e: &Eight, x: &Q8Group) -> __m256i {
@@ -1699,11 +1710,7 @@ impl<L: Lanes> Format for Iq4NlOffset<L> {
     }
     #[inline(always)]
     unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
-        L::dot4(
-            _mm256_setzero_si256(),
-            _mm256_sign_epi8(wv, wv),
-            _mm256_sign_epi8(xq, wv),
-        )
+        signed_dot4::<L>(wv, xq)
     }
     #[inline(always)]
     unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
@@ -1749,11 +1756,7 @@ impl<L: Lanes> Format for Q8_0Offset<L> {
     }
     #[inline(always)]
     unsafe fn product(wv: __m256i, xq: __m256i, _x: &Q8Block) -> __m256i {
-        L::dot4(
-            _mm256_setzero_si256(),
-            _mm256_sign_epi8(wv, wv),
-            _mm256_sign_epi8(xq, wv),
-        )
+        signed_dot4::<L>(wv, xq)
     }
     #[inline(always)]
     unsafe fn unpack_pair(b: [*const u8; 2]) -> [__m256i; 2] {
