@@ -355,6 +355,15 @@ pub enum Event {
         /// How many.
         count: u32,
     },
+    /// A step fed draft tokens (speculative decoding by prompt lookup):
+    /// `drafted` over all sequences, of which its samples confirmed
+    /// `confirmed` (each one a token generated beyond one per sequence).
+    DraftTokens {
+        /// Draft tokens fed.
+        drafted: u32,
+        /// Of them, those confirmed.
+        confirmed: u32,
+    },
     /// A request was admitted with prefix caching on: `queried` prompt
     /// tokens were looked up, and the K/V of `hit` of them came from the
     /// cache instead of being computed (vLLM's prefix cache queries and hits).

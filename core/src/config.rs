@@ -50,6 +50,9 @@ pub struct HostConfig {
     /// Reuse the KV blocks of prompt prefixes already computed, keeping
     /// unheld full blocks cached until the pool needs them (`--prefix-cache`).
     pub prefix_cache: bool,
+    /// Speculative decoding by prompt lookup (`--draft-tokens` and friends);
+    /// [`crate::DraftConfig::OFF`] by default.
+    pub draft: crate::DraftConfig,
     /// Most requests waiting for admission; more get the dialect's queue-full error.
     pub max_queued_requests: u32,
     /// Most of those waiting requests one connection may have: its share of
@@ -133,6 +136,7 @@ impl Default for HostConfig {
             max_step_tokens: 512,
             max_running_seqs: 64,
             prefix_cache: true,
+            draft: crate::DraftConfig::OFF,
             max_queued_requests: 1024,
             max_queued_per_conn: 256,
             session_max_messages: 20,

@@ -125,6 +125,18 @@ pub struct SeqStep {
     /// anything else (penalties, temperature, top-k/top-p, logprobs), as if
     /// every other token's logit were -inf. `None`: any token.
     pub allowed: Option<std::sync::Arc<crate::constraint::TokenMask>>,
+    /// With `sample` set: tokens guessed to follow `tokens` (speculative
+    /// decoding by prompt lookup, [`crate::DraftConfig`]), fed after them at the
+    /// next positions in the same step. The engine samples after `tokens`
+    /// and after each draft token (each draw as if the tokens before it were
+    /// the sequence's history) and returns those tokens in order, through
+    /// the first that differs from the draft token at its position: between
+    /// one (the first draft token refused) and `draft.len() + 1` (all of them
+    /// kept, then the next). K/V written for refused draft tokens is never
+    /// read before their positions are written again. An engine may ignore
+    /// the draft (one result, as without it). Empty: no draft. Never set on
+    /// a constrained sequence (`allowed`).
+    pub draft: Vec<TokenId>,
 }
 
 /// A sequence started as a copy of another (a beam continuing another): the
@@ -182,7 +194,9 @@ pub struct SeqResult {
     pub logprobs: Option<TokenLogprobs>,
 }
 
-/// The engine's answer to a [`StepPlan`]: one result per [`SeqStep`] with `sample` set.
+/// The engine's answer to a [`StepPlan`]: one result per [`SeqStep`] with
+/// `sample` set, in plan order; a step with a [`SeqStep::draft`] has one or
+/// more, consecutive, in position order.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepDone {
     /// The plan's `step_id`.

@@ -76,6 +76,7 @@ pub use engine::{
     SeqResult, SeqStep, StepDone, StepPlan, TokenId, TokenLogprobs,
 };
 pub use host::Host;
+pub use sched::DraftConfig;
 pub use text::{
     ChatMessage, Encoded, Role, SharedCodec, TextCodec, TextDone, TextJob, TextJobId, TextWork,
     CONTEXT_TOO_LONG,

@@ -91,8 +91,14 @@ impl ScriptEngine {
             );
             h.truncate(s.start_pos as usize);
             h.extend_from_slice(&s.tokens);
-            if s.sample {
-                let p = s.start_pos as usize + s.tokens.len() - 1;
+            if !s.sample {
+                continue;
+            }
+            // The script's token after the last position fed, then after
+            // each draft token as long as those tokens confirm the draft.
+            let mut p = s.start_pos as usize + s.tokens.len() - 1;
+            let mut draft = s.draft.iter();
+            loop {
                 let byte = self.script[(p + 1) % self.script.len()];
                 let mut token = if byte == 0 {
                     BYTE_EOS
@@ -119,6 +125,13 @@ impl ScriptEngine {
                     token,
                     logprobs,
                 });
+                match draft.next() {
+                    Some(&d) if d == token => {
+                        h.push(d);
+                        p += 1;
+                    }
+                    _ => break,
+                }
             }
         }
         StepDone {

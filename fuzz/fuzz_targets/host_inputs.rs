@@ -220,6 +220,14 @@ fuzz_target!(|ops: Vec<Op>| {
     .ok();
     let config = HostConfig {
         keys: keys,
+        // The script repeats itself: prompt lookup drafts, and steps give
+        // several tokens at once.
+        draft: tokenwire_core::DraftConfig {
+            max_tokens: 4,
+            ngram_min: 1,
+            ngram_max: 3,
+            max_seqs: 4,
+        },
         ..HostConfig::default()
     };
     let mut h = Harness::new(config, "the fox. e.g. 3.14 is it? ", 7);

@@ -59,6 +59,8 @@ pub struct Metrics {
     kv_kept: Gauge,
     kv_cached: Gauge,
     prefix_queries: Counter,
+    draft_tokens: Counter,
+    draft_accepted: Counter,
     prefix_hits: Counter,
     kv_capacity: Gauge,
     tokens: Counter,
@@ -90,6 +92,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "tokenwire_kv_blocks_cached",
     "tokenwire_prefix_cache_queries",
     "tokenwire_prefix_cache_hits",
+    "tokenwire_draft_tokens",
+    "tokenwire_draft_tokens_accepted",
     "tokenwire_prompt_tokens_reused",
     "tokenwire_tokens_generated",
     "tokenwire_prompt_tokens",
@@ -133,6 +137,8 @@ impl Metrics {
         let kv_kept = Gauge::default();
         let kv_cached = Gauge::default();
         let prefix_queries = Counter::default();
+        let draft_tokens = Counter::default();
+        let draft_accepted = Counter::default();
         let prefix_hits = Counter::default();
         let prompt_reused = Counter::default();
         let kv_capacity = Gauge::default();
@@ -224,6 +230,16 @@ impl Metrics {
             prefix_queries.clone(),
         );
         registry.register(
+            "draft_tokens",
+            "Draft tokens fed to the engine by speculative decoding (prompt lookup, --draft-tokens)",
+            draft_tokens.clone(),
+        );
+        registry.register(
+            "draft_tokens_accepted",
+            "Draft tokens the engine's samples confirmed: tokens generated beyond one per sequence and step",
+            draft_accepted.clone(),
+        );
+        registry.register(
             "prefix_cache_hits",
             "Prompt tokens whose KV blocks came from the prefix cache instead of being computed",
             prefix_hits.clone(),
@@ -311,6 +327,8 @@ impl Metrics {
             kv_kept,
             kv_cached,
             prefix_queries,
+            draft_tokens,
+            draft_accepted,
             prefix_hits,
             kv_capacity,
             tokens,
@@ -428,6 +446,10 @@ impl Metrics {
             }
             Event::PromptTokensReused { count } => {
                 self.prompt_reused.inc_by(u64::from(*count));
+            }
+            Event::DraftTokens { drafted, confirmed } => {
+                self.draft_tokens.inc_by(u64::from(*drafted));
+                self.draft_accepted.inc_by(u64::from(*confirmed));
             }
             Event::PrefixCacheLookup { queried, hit } => {
                 self.prefix_queries.inc_by(u64::from(*queried));

@@ -65,6 +65,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 logprobs: None,
                 cached_prefix: Vec::new(),
                 allowed: None,
+                draft: Vec::new(),
             }],
             ..Default::default()
         };

@@ -354,7 +354,10 @@ impl Engine {
 
     /// Runs one step: frees the plan's finished sequences, copies blocks,
     /// computes every sequence's tokens in one batch and samples one token
-    /// per sequence with `sample` set. A plan that breaks the engine boundary's
+    /// per sequence with `sample` set, and one more per draft token of a
+    /// drafted sequence, through the first that differs from the draft
+    /// ([`SeqStep::draft`]; each draft token is a one-token row of the same
+    /// batch, drawn with the history through it). A plan that breaks the engine boundary's
     /// rules is refused with [`EngineFaultKind::Internal`] before anything changes.
     pub fn step(&mut self, plan: &StepPlan) -> Result<StepDone, EngineFault> {
         let fault = |kind| EngineFault {
@@ -385,29 +388,48 @@ impl Engine {
             }
             h.truncate(s.start_pos as usize);
             h.extend_from_slice(&s.tokens);
+            // Fed too: each draw after a draft token reads the history
+            // through it.
+            h.extend_from_slice(&s.draft);
         }
         let full = self.full_logits;
         let history = &self.history;
-        let batch: Vec<SeqBatch<'_>> = plan
-            .seqs
-            .iter()
-            .map(|s| SeqBatch {
+        // A drafted sequence is one row per draft token besides its own, each
+        // one token at the next position over the same block table: the
+        // backend writes every row's K/V before any row attends, so each
+        // reads the ones before it, as a prefill chunk would.
+        let mut batch: Vec<SeqBatch<'_>> = Vec::with_capacity(plan.seqs.len());
+        for s in &plan.seqs {
+            let h = history.get(&s.seq).map_or(&[][..], Vec::as_slice);
+            let end = s.start_pos + s.tokens.len() as u32;
+            let spec = |position: u32| SampleSpec {
+                params: &s.sampling,
+                // The token drawn will sit at `position`: it seeds the draw.
+                position,
+                history: &h[..(position as usize).min(h.len())],
+                logprobs: s.logprobs,
+                allowed: s.allowed.as_deref(),
+            };
+            batch.push(SeqBatch {
                 tokens: &s.tokens,
                 start_pos: s.start_pos,
                 block_table: &s.block_table,
                 want_logits: s.sample,
-                sample: s.sample.then(|| SampleSpec {
-                    params: &s.sampling,
-                    // The token drawn here will sit at start_pos + len: that
-                    // position seeds the draw.
-                    position: s.start_pos + s.tokens.len() as u32,
-                    history: history.get(&s.seq).map_or(&[], Vec::as_slice),
-                    logprobs: s.logprobs,
-                    allowed: s.allowed.as_deref(),
-                }),
+                sample: s.sample.then(|| spec(end)),
                 keep_row: full,
-            })
-            .collect();
+            });
+            for (i, d) in s.draft.chunks_exact(1).enumerate() {
+                let pos = end + i as u32;
+                batch.push(SeqBatch {
+                    tokens: d,
+                    start_pos: pos,
+                    block_table: &s.block_table,
+                    want_logits: true,
+                    sample: Some(spec(pos + 1)),
+                    keep_row: full,
+                });
+            }
+        }
         self.backend
             .forward_select(&batch, &mut self.out)
             .map_err(fault)?;
@@ -421,24 +443,46 @@ impl Engine {
                 "backend returned fewer outputs than sampling sequences".into(),
             ))
         };
-        for (s, spec) in plan.seqs.iter().zip(&batch).filter(|(s, _)| s.sample) {
-            let (done, &has_row) = entries.next().ok_or_else(short)?;
-            let row = if has_row {
-                Some(rows.next().ok_or_else(short)?)
-            } else {
-                None
-            };
-            let (token, logprobs) = match (done, row, spec.sample) {
-                (Some(d), _, _) => (d.token, d.logprobs.clone()),
-                // The backend left this one to the shared sampler.
-                (None, Some(logits), Some(sp)) => sp.sample(&mut self.sampler, logits),
-                _ => return Err(short()),
-            };
-            results.push(SeqResult {
-                seq: s.seq,
-                token,
-                logprobs,
-            });
+        let mut specs = batch.iter().filter(|b| b.want_logits);
+        let mut refused = Vec::new();
+        for s in plan.seqs.iter().filter(|s| s.sample) {
+            // Its row's draw, then one per draft token: kept through the
+            // first that differs from the draft token at its position.
+            let mut confirming = true;
+            for i in 0..=s.draft.len() {
+                let spec = specs.next().and_then(|b| b.sample).ok_or_else(short)?;
+                let (done, &has_row) = entries.next().ok_or_else(short)?;
+                let row = if has_row {
+                    Some(rows.next().ok_or_else(short)?)
+                } else {
+                    None
+                };
+                if !confirming {
+                    continue;
+                }
+                let (token, logprobs) = match (done, row) {
+                    (Some(d), _) => (d.token, d.logprobs.clone()),
+                    // The backend left this one to the shared sampler.
+                    (None, Some(logits)) => spec.sample(&mut self.sampler, logits),
+                    _ => return Err(short()),
+                };
+                confirming = s.draft.get(i) == Some(&token);
+                results.push(SeqResult {
+                    seq: s.seq,
+                    token,
+                    logprobs,
+                });
+                if !confirming && i < s.draft.len() {
+                    // The draft tokens from this one on are not the sequence's.
+                    refused.push((s.seq, s.start_pos as usize + s.tokens.len() + i));
+                }
+            }
+        }
+        drop(batch);
+        for (seq, held) in refused {
+            if let Some(h) = self.history.get_mut(&seq) {
+                h.truncate(held);
+            }
         }
         Ok(StepDone {
             step_id: plan.step_id,
@@ -513,7 +557,18 @@ impl Engine {
                 self.info.vocab_size
             ));
         }
-        let end = s.start_pos as u64 + s.tokens.len() as u64;
+        if !s.draft.is_empty() && (!s.sample || s.allowed.is_some()) {
+            return Err(format!(
+                "seq {id:?} carries a draft without sampling, or with a token mask"
+            ));
+        }
+        if let Some(t) = s.draft.iter().find(|&&t| t >= self.info.vocab_size) {
+            return Err(format!(
+                "seq {id:?} drafts token {t}, vocabulary is {}",
+                self.info.vocab_size
+            ));
+        }
+        let end = s.start_pos as u64 + s.tokens.len() as u64 + s.draft.len() as u64;
         if end > self.info.context_len as u64 {
             return Err(format!(
                 "seq {id:?} reaches position {end}, context is {}",
@@ -579,6 +634,7 @@ impl Engine {
             let plan = StepPlan {
                 step_id,
                 seqs: vec![SeqStep {
+                    draft: Vec::new(),
                     seq: SEQ,
                     tokens: std::mem::take(&mut feed),
                     start_pos: pos,

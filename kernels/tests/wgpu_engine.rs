@@ -1313,3 +1313,25 @@ fn wgpu_profiles_name_every_dispatch_without_changing_results() {
     timed.forward(&batch, &mut Vec::new()).expect("step");
     assert_eq!(timed.take_profile().map(|p| p.steps), Some(0));
 }
+
+#[test]
+fn wgpu_drafted_steps_yield_what_plain_steps_yield() {
+    // A drafted sequence is several one-token rows over one block table in
+    // a step: each row reads the K/V the rows before it wrote, and samples
+    // on the device with the history through its own draft token.
+    let Some(mut e) = wgpu_tiny_engine(9) else {
+        return;
+    };
+    drafts_yield_the_plain_tokens(&mut e, &SamplingParams::greedy(), None, 1e-4);
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        seed: 77,
+        ..SamplingParams::default()
+    };
+    let Some(mut e) = wgpu_tiny_engine(9) else {
+        return;
+    };
+    drafts_yield_the_plain_tokens(&mut e, &sampled, Some(3), 1e-4);
+}

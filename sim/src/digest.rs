@@ -65,6 +65,9 @@ impl Digest {
                     for b in &s.block_table {
                         self.h.update(b.to_le_bytes());
                     }
+                    for t in &s.draft {
+                        self.h.update(t.to_le_bytes());
+                    }
                     self.u64(s.sampling.seed);
                     self.h.update(s.sampling.temperature.to_le_bytes());
                     self.h.update(s.sampling.top_p.to_le_bytes());

@@ -164,8 +164,14 @@ impl SimEngine {
             if s.tokens.is_empty() {
                 return Err(format!("{:?} fed no tokens", s.seq));
             }
-            if let Some(t) = s.tokens.iter().find(|&&t| t >= BYTE_VOCAB) {
+            if let Some(t) = s.tokens.iter().chain(&s.draft).find(|&&t| t >= BYTE_VOCAB) {
                 return Err(format!("{:?} fed token {t} outside the vocabulary", s.seq));
+            }
+            if !s.draft.is_empty() && (!s.sample || s.allowed.is_some()) {
+                return Err(format!(
+                    "{:?} drafted without sampling, or with a token mask",
+                    s.seq
+                ));
             }
             let held = if freed.contains(&s.seq) {
                 None
@@ -220,7 +226,8 @@ impl SimEngine {
                     }
                 }
             }
-            let end = start + s.tokens.len();
+            // Draft tokens are written at the positions after its tokens.
+            let end = start + s.tokens.len() + s.draft.len();
             if end > self.info.context_len as usize + 1 {
                 return Err(format!(
                     "{:?} fed up to position {end}, beyond the context of {}",
@@ -315,7 +322,7 @@ impl SimEngine {
             }
         }
         for s in &plan.seqs {
-            for (i, &t) in s.tokens.iter().enumerate() {
+            for (i, &t) in s.tokens.iter().chain(&s.draft).enumerate() {
                 let p = s.start_pos + i as u32;
                 if let Some(&b) = s.block_table.get((p / bs) as usize) {
                     self.kv.insert((b, p % bs), (p, t));
@@ -344,14 +351,23 @@ impl SimEngine {
             } else {
                 s.sampling.seed
             };
-            let token = next_token(&self.symbols, self.opts.eos_permille, st, seed);
-            st.sampled = Some((st.tokens.len(), token));
-            let logprobs = s.logprobs.map(|n| alternatives(token, n));
-            results.push(SeqResult {
-                seq: s.seq,
-                token,
-                logprobs,
-            });
+            // One draw, then one after each draft token as long as the
+            // draws confirm the draft (a real engine's rule).
+            let mut draft = s.draft.iter();
+            loop {
+                let token = next_token(&self.symbols, self.opts.eos_permille, st, seed);
+                st.sampled = Some((st.tokens.len(), token));
+                let logprobs = s.logprobs.map(|n| alternatives(token, n));
+                results.push(SeqResult {
+                    seq: s.seq,
+                    token,
+                    logprobs,
+                });
+                match draft.next() {
+                    Some(&d) if d == token => st.push(d),
+                    _ => break,
+                }
+            }
         }
         StepDone {
             step_id: plan.step_id,
@@ -447,6 +463,7 @@ mod tests {
                 logprobs: Some(2),
                 cached_prefix: Vec::new(),
                 allowed: None,
+                draft: Vec::new(),
             }],
             free: vec![],
             copy_blocks: vec![],

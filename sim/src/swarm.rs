@@ -13,7 +13,7 @@ use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
-use tokenwire_core::{Dialect, Duration, HostConfig, ModelInfo};
+use tokenwire_core::{Dialect, DraftConfig, Duration, HostConfig, ModelInfo};
 
 /// Random stream for the swarm options themselves.
 pub const STREAM_SWARM: u64 = 0x5357_4152_4d00_0001;
@@ -25,6 +25,9 @@ pub const STREAM_ENGINE: u64 = 0x454e_4700_0000_0003;
 pub const STREAM_CLIENT: u64 = 0x434c_4900_0000_0004;
 /// Random stream for the fault plan.
 pub const STREAM_FAULTS: u64 = 0x4641_5500_0000_0005;
+/// Random stream for speculative decoding's options (its own, so that the
+/// options drawn before it existed stay what they were for every seed).
+pub const STREAM_DRAFT: u64 = 0x4452_4146_5400_000e;
 /// Random stream for text jobs (tokenizing): their options and latencies.
 pub const STREAM_TEXT: u64 = 0x5445_5854_0000_0006;
 /// Random stream for the dialect mix and the `session` / `responses`
@@ -244,6 +247,7 @@ impl Swarm {
             max_running_seqs: pick(rng, &[1, 2, 3, 4, 8, 64]),
             max_queued_requests: pick(rng, &[1, 2, 4, 16, 1024]),
             default_max_tokens: pick(rng, &[16, 64, 256]),
+            draft: draft_options(&mut Rng::new(mix64(seed, STREAM_DRAFT))),
             ..HostConfig::default()
         };
 
@@ -488,6 +492,21 @@ fn batch_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
 /// The keys file of a run and the `cai` limits: a key with small per-minute
 /// limits (so that `RATE_LIMITED` happens), one without, one for an
 /// organisation of its own; a few runs have no keys file at all.
+/// Speculative decoding by prompt lookup in half the swarms: from one draft
+/// token to more than most generations hold, for one sequence or many.
+fn draft_options(rng: &mut Rng) -> DraftConfig {
+    if !chance(rng, 0.5) {
+        return DraftConfig::OFF;
+    }
+    let ngram_min = pick(rng, &[1, 1, 2]);
+    DraftConfig {
+        max_tokens: pick(rng, &[1, 2, 4, 8, 64]),
+        ngram_min,
+        ngram_max: ngram_min + pick(rng, &[0, 1, 3]),
+        max_seqs: pick(rng, &[1, 2, 8, 64]),
+    }
+}
+
 fn cai_options(rng: &mut Rng, host: &mut HostConfig) -> CaiOptions {
     let orgs: Vec<String> = ["org_a", "org_b", "org c", "org_d", "org_zzz"]
         .iter()

@@ -22,9 +22,9 @@ use tokenwire_core::keys::{parse_sha256, to_hex, ApiKey, KeyRing};
 use tokenwire_core::principal::AuthScope;
 use tokenwire_core::reasoning::ReasoningTags;
 use tokenwire_core::{
-    ConnId, Dialect, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig, Input, Instant,
-    JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone, TextJobId,
-    TokenLogprobs, Transport,
+    ConnId, Dialect, DraftConfig, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig,
+    Input, Instant, JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone,
+    TextJobId, TokenLogprobs, Transport,
 };
 
 use crate::swarm::EngineOptions;
@@ -159,6 +159,7 @@ fn host_json(h: &HostConfig) -> Value {
         "default_max_tokens": h.default_max_tokens, "max_step_tokens": h.max_step_tokens,
         "max_running_seqs": h.max_running_seqs, "max_queued_requests": h.max_queued_requests,
         "prefix_cache": h.prefix_cache,
+        "draft": [h.draft.max_tokens, h.draft.ngram_min, h.draft.ngram_max, h.draft.max_seqs],
         "reasoning_tags": h.reasoning_tags.map(|t| t.open),
         "max_queued_per_conn": h.max_queued_per_conn,
         "session_max_messages": h.session_max_messages, "max_sessions": h.max_sessions,
@@ -284,6 +285,23 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
         max_step_tokens: u32_of(v, "max_step_tokens")?,
         max_running_seqs: u32_of(v, "max_running_seqs")?,
         prefix_cache: v["prefix_cache"].as_bool().unwrap_or(true),
+        draft: match v["draft"].as_array().map(Vec::as_slice) {
+            None => DraftConfig::OFF,
+            Some([a, b, c, d]) => {
+                let n = |x: &Value| {
+                    x.as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .ok_or_else(|| format!("`draft` holds {x}, not a count"))
+                };
+                DraftConfig {
+                    max_tokens: n(a)?,
+                    ngram_min: n(b)?,
+                    ngram_max: n(c)?,
+                    max_seqs: n(d)?,
+                }
+            }
+            Some(_) => return Err("`draft` is not four counts".into()),
+        },
         reasoning_tags: match v["reasoning_tags"].as_str() {
             None => None,
             Some(open) => Some(

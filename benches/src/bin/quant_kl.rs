@@ -146,6 +146,7 @@ fn evaluate(
                     logprobs: None,
                     cached_prefix: Vec::new(),
                     allowed: None,
+                    draft: Vec::new(),
                 })
                 .collect(),
             ..Default::default()

@@ -660,10 +660,17 @@ impl Host {
         let results = sched.on_step_done(&done);
         let refused = sched.take_constraint_failures();
         let stepped = std::mem::take(&mut self.in_step);
+        let tally = sched.take_draft_tally();
         let count = results.len() as u32;
         if count > 0 {
             self.sh
                 .push_output(Output::Event(Event::TokensGenerated { count }));
+        }
+        if tally.drafted > 0 {
+            self.sh.push_output(Output::Event(Event::DraftTokens {
+                drafted: tally.drafted,
+                confirmed: tally.confirmed,
+            }));
         }
         // Owners are found before the results are applied: a generation that
         // ends in this step is gone afterwards, and its connection still

@@ -141,6 +141,7 @@ impl Shared {
             max_step_tokens: self.config.max_step_tokens,
             max_running_seqs: self.config.max_running_seqs,
             prefix_cache: self.config.prefix_cache,
+            draft: self.config.draft,
         });
         self.sched = Some(sched);
         self.model = Some(Model { info, codec });
@@ -159,6 +160,12 @@ impl Shared {
         let keep = outcome == Outcome::Completed && self.gens.get(&id).is_some_and(|g| g.keep_kv);
         if let Some(s) = self.sched.as_mut() {
             if keep {
+                // A drafted step may have given the sequence tokens past the
+                // one its generation ended at: a continuation must find
+                // exactly the tokens delivered.
+                if let Some(g) = self.gens.get(&id) {
+                    s.truncate(id, g.prompt_tokens() + g.completion_tokens());
+                }
                 s.park(id);
             } else {
                 s.remove(id);
@@ -673,6 +680,11 @@ impl HostPort for Shared {
         }
         if let Some(c) = req.constraint {
             sched.set_constraint(id, c, vocab);
+        }
+        // A beam picks among each step's alternatives itself: drafts would
+        // hand it several tokens of one path.
+        if !req.raw {
+            sched.allow_draft(id);
         }
         let mut gen = Generation::new(
             id,

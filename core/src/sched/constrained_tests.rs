@@ -9,7 +9,7 @@ use crate::testing::{DigitsCodec, BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
 use crate::text::TextCodec;
 use crate::Grammar;
 
-fn digits(n: usize) -> Constraint {
+pub(super) fn digits(n: usize) -> Constraint {
     let c = DigitsCodec::new(n)
         .constrain(&Grammar::JsonObject)
         .expect("compiles");

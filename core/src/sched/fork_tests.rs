@@ -20,6 +20,7 @@ pub(super) fn sched(num_blocks: u32) -> Scheduler {
         max_step_tokens: 512,
         max_running_seqs: 8,
         prefix_cache: false,
+        draft: crate::DraftConfig::OFF,
     })
 }
 
@@ -353,6 +354,7 @@ fn a_failed_step_drops_the_copies_into_a_fork_that_went_outside_it() {
         // its copy.
         max_running_seqs: 1,
         prefix_cache: false,
+        draft: crate::DraftConfig::OFF,
     });
     let mut kv = Kv::default();
     let a = prefilled(&mut s, &mut kv, 20);

@@ -25,14 +25,23 @@
 //! ([`constrained`]): every plan that samples it carries the mask of tokens
 //! its grammar allows next, and each sampled token is fed back; a token
 //! outside the mask fails the sequence ([`Scheduler::take_constraint_failures`]).
+//!
+//! Speculative decoding by prompt lookup ([`draft`]): a decoding sequence
+//! whose last tokens occurred earlier in it gets the tokens that followed
+//! them then as a draft, fed in the same step; the engine's samples confirm
+//! a prefix of it, and the step yields that many tokens more. Drafts use
+//! free blocks only, and only while few sequences decode.
 
 mod blocks;
 mod constrained;
+pub mod draft;
 mod scheduler;
 mod seq;
 
 #[cfg(test)]
 mod constrained_tests;
+#[cfg(test)]
+mod draft_tests;
 #[cfg(test)]
 mod fork_tests;
 #[cfg(test)]
@@ -42,4 +51,5 @@ mod prefix_tests;
 #[cfg(test)]
 mod tests;
 
+pub use draft::DraftConfig;
 pub use scheduler::{AdmitError, SchedConfig, Scheduler};

@@ -15,6 +15,7 @@ fn sched(num_blocks: u32) -> Scheduler {
         max_step_tokens: 512,
         max_running_seqs: 8,
         prefix_cache: true,
+        draft: crate::DraftConfig::OFF,
     })
 }
 
@@ -177,6 +178,7 @@ fn with_the_cache_off_nothing_is_kept_or_reused() {
         max_step_tokens: 512,
         max_running_seqs: 8,
         prefix_cache: false,
+        draft: crate::DraftConfig::OFF,
     });
     let mut kv = Kv::default();
     let p = prompt(40, 0);

@@ -7,6 +7,7 @@ mod checks;
 
 use super::blocks::BlockAllocator;
 use super::constrained::SeqConstraint;
+use super::draft::{self, DraftConfig};
 use super::seq::{Seq, SeqState};
 use crate::constraint::Constraint;
 use crate::engine::{
@@ -34,6 +35,9 @@ pub struct SchedConfig {
     /// Reuse the KV blocks of prompt prefixes already computed (and keep
     /// full blocks no sequence holds, cached, until the pool needs them).
     pub prefix_cache: bool,
+    /// Speculative decoding by prompt lookup for the sequences that allow it
+    /// ([`Scheduler::allow_draft`]); [`DraftConfig::OFF`]: none.
+    pub draft: DraftConfig,
 }
 
 /// Why [`Scheduler::add`] refused a sequence.
@@ -99,13 +103,16 @@ pub struct SchedStats {
 }
 
 /// One sequence's share of the outstanding step, kept to apply its result.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Planned {
     seq: SeqId,
+    /// Its known tokens fed (not counting `draft`).
     fed: u32,
     sample: bool,
     /// The plan carried its cached prefix (sent again if the step fails).
     sent_prefix: bool,
+    /// Draft tokens fed after them ([`SeqStep::draft`]).
+    draft: Vec<TokenId>,
 }
 
 #[derive(Debug, Clone)]
@@ -163,6 +170,19 @@ pub struct Scheduler {
     /// Constrained sequences whose sampled token their grammar refused, with
     /// why; drained by [`Scheduler::take_constraint_failures`].
     constraint_failures: Vec<(SeqId, String)>,
+    /// Draft tokens fed and confirmed since the last
+    /// [`Scheduler::take_draft_tally`].
+    draft_tally: DraftTally,
+}
+
+/// Draft tokens the engine was fed and those its samples confirmed (see
+/// [`SeqStep::draft`]), over the steps since they were last taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DraftTally {
+    /// Draft tokens fed.
+    pub drafted: u32,
+    /// Of them, those kept (each one a token the step yielded beyond one).
+    pub confirmed: u32,
 }
 
 impl Scheduler {
@@ -175,6 +195,7 @@ impl Scheduler {
             max_step_tokens: cfg.max_step_tokens.max(1),
             max_running_seqs: cfg.max_running_seqs.max(1),
             prefix_cache: cfg.prefix_cache,
+            draft: cfg.draft,
         };
         Scheduler {
             alloc: BlockAllocator::new(cfg.num_blocks),
@@ -190,6 +211,7 @@ impl Scheduler {
             seq_cap: cfg.max_running_seqs,
             ok_streak: 0,
             constraint_failures: Vec::new(),
+            draft_tally: DraftTally::default(),
             cfg,
         }
     }
@@ -511,6 +533,51 @@ impl Scheduler {
         }
     }
 
+    /// Lets live `seq` be drafted for ([`SchedConfig::draft`]) while it is
+    /// not constrained. Off for every sequence until this is called: the
+    /// Host allows it for generations that take their tokens as they come
+    /// (not a beam, which picks among each step's alternatives).
+    pub fn allow_draft(&mut self, seq: SeqId) {
+        if let Some(s) = self.live_mut(seq) {
+            s.draft_ok = true;
+        }
+    }
+
+    /// Drops the tokens of live `seq` past its first `len` (at least one):
+    /// its generation ended at a token before the last one a drafted step
+    /// gave it, and a continuation must find exactly the tokens it
+    /// delivered. Whatever was computed past them is forgotten, with the
+    /// blocks that only they needed. No change while `seq` is in the
+    /// outstanding step, or when it holds no more than `len` tokens.
+    pub fn truncate(&mut self, seq: SeqId, len: u32) {
+        if self.in_outstanding(seq) || len == 0 {
+            return;
+        }
+        let bs = self.cfg.block_size;
+        let Some(s) = self.live_mut(seq) else {
+            return;
+        };
+        if len >= s.len() {
+            return;
+        }
+        s.tokens.truncate(len as usize);
+        s.num_computed = s.num_computed.min(len - 1);
+        s.keys.truncate((len / bs) as usize);
+        // Blocks are offered to the prefix cache only up to what a drafted
+        // step computed before its draft, which a generation never ends
+        // before: none registered is past what stays computed.
+        debug_assert!(s.registered as u32 <= s.num_computed / bs);
+        if s.state == SeqState::Running {
+            let keep = self.blocks_for(len + 1);
+            self.trim_table(seq, keep);
+        }
+    }
+
+    /// Draft tokens fed and confirmed since the last call.
+    pub fn take_draft_tally(&mut self) -> DraftTally {
+        std::mem::take(&mut self.draft_tally)
+    }
+
     /// Builds the next step: a decode for every runnable, fully prefilled
     /// running sequence, then the next chunk of any partly prefilled one, then
     /// newly admitted sequences in FIFO order, within the token budget and the
@@ -525,6 +592,7 @@ impl Scheduler {
         let mut budget = self.cfg.max_step_tokens;
         let mut planned: Vec<Planned> = Vec::new();
         let mut in_plan: BTreeSet<SeqId> = BTreeSet::new();
+        let drafting = self.cfg.draft.enabled() && self.decoders() <= self.cfg.draft.max_seqs;
 
         // Decodes before prefill chunks: a decode is one token of latency the
         // client is waiting on, a chunk is one slice of a long prompt.
@@ -550,14 +618,20 @@ impl Scheduler {
                 if !self.grow_table(id, positions, &in_plan) {
                     continue;
                 }
+                let draft = if decode_phase && drafting {
+                    self.take_draft(id, budget - fed)
+                } else {
+                    Vec::new()
+                };
+                budget -= fed + draft.len() as u32;
                 planned.push(Planned {
                     seq: id,
                     fed,
                     sample: fed == remaining,
                     sent_prefix: false,
+                    draft,
                 });
                 in_plan.insert(id);
-                budget -= fed;
             }
         }
 
@@ -599,6 +673,7 @@ impl Scheduler {
                 logprobs: s.logprobs,
                 cached_prefix,
                 allowed,
+                draft: p.draft.clone(),
             });
         }
         let free = std::mem::take(&mut self.pending_free);
@@ -630,9 +705,13 @@ impl Scheduler {
 
     /// Applies the outstanding step's results: every sequence in the step has
     /// its fed tokens counted as computed, and each sampled token of a live
-    /// sequence is appended to it and returned (in plan order). Results of
-    /// removed sequences are dropped and their blocks freed. A `step_id` that
-    /// is not the outstanding step's changes nothing and returns nothing.
+    /// sequence is appended to it and returned (in plan order). A drafted
+    /// sequence takes its results in order through the first that differs
+    /// from its draft (see [`SeqStep::draft`]); the draft tokens they
+    /// confirm count as computed, and the blocks taken for the rest go back.
+    /// Results of removed sequences are dropped and their blocks freed. A
+    /// `step_id` that is not the outstanding step's changes nothing and
+    /// returns nothing.
     pub fn on_step_done(&mut self, done: &StepDone) -> Vec<SeqResult> {
         let Some(Outstanding { entries, holds, .. }) = self.take_outstanding(done.step_id) else {
             return Vec::new();
@@ -652,6 +731,26 @@ impl Scheduler {
                 register_full_blocks(s, &mut self.alloc, self.cfg.block_size);
             }
             if !p.sample {
+                continue;
+            }
+            if !p.draft.is_empty() {
+                let results = done.results.iter().filter(|r| r.seq == p.seq);
+                let (taken, confirmed) = take_drafted(s, &p.draft, results, &mut out);
+                let drafted = p.draft.len() as u32;
+                s.draft_cap = if confirmed == drafted {
+                    drafted.saturating_mul(2).min(self.cfg.draft.max_tokens)
+                } else {
+                    confirmed + 1
+                };
+                if taken == 0 {
+                    // As below: the last token is fed again.
+                    s.num_computed -= 1;
+                }
+                let len = s.len();
+                self.draft_tally.drafted += p.draft.len() as u32;
+                self.draft_tally.confirmed += confirmed;
+                let keep = self.blocks_for(len + 1);
+                self.trim_table(p.seq, keep);
                 continue;
             }
             match done.results.iter().find(|r| r.seq == p.seq) {
@@ -720,6 +819,13 @@ impl Scheduler {
         for id in since {
             if !self.pending_free.contains(&id) {
                 self.pending_free.push(id);
+            }
+        }
+        // Nothing was confirmed: the blocks taken for drafts go back.
+        for p in entries.iter().filter(|p| !p.draft.is_empty()) {
+            if let Some(len) = self.live(p.seq).map(Seq::len) {
+                let keep = self.blocks_for(len + 1);
+                self.trim_table(p.seq, keep);
             }
         }
         // The engine may not have taken the prefixes this plan carried.
@@ -968,9 +1074,14 @@ impl Scheduler {
     /// Drops a sequence that is in no queue: its blocks go back to the pool
     /// and the engine is told to forget it.
     fn forget(&mut self, seq: SeqId) {
-        let Some(s) = self.seqs.remove(&seq) else {
+        let Some(mut s) = self.seqs.remove(&seq) else {
             return;
         };
+        // Draft tokens a step confirmed are registered when the sequence is
+        // next planned: one that ends first offers them now.
+        if self.cfg.prefix_cache && s.state != SeqState::Waiting {
+            register_full_blocks(&mut s, &mut self.alloc, self.cfg.block_size);
+        }
         // A fork not yet sent to the engine is moot now.
         self.pending_forks.retain(|f| f.dst != seq);
         self.drop_copies_into(&s.blocks);
@@ -1033,6 +1144,10 @@ impl Scheduler {
             self.forget(seq);
             return;
         }
+        if self.cfg.prefix_cache {
+            // As in `forget`: what confirmed drafts computed stays cached.
+            register_full_blocks(s, &mut self.alloc, self.cfg.block_size);
+        }
         let blocks = std::mem::take(&mut s.blocks);
         s.num_computed = 0;
         s.registered = 0;
@@ -1081,6 +1196,70 @@ impl Scheduler {
                 // Everything left is in the outstanding step: finish after it.
                 None => break,
             }
+        }
+    }
+
+    /// Running, runnable sequences with one token left to feed: the next
+    /// step's decodes.
+    fn decoders(&self) -> u32 {
+        self.running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|s| s.state == SeqState::Running && s.runnable && s.remaining() == 1)
+            .count() as u32
+    }
+
+    /// The draft for decoding `seq` this step (see [`draft::lookup`]), at
+    /// most `budget` tokens, none past its longest length, and only as many
+    /// as the blocks it holds and the free ones cover: a guess never takes a
+    /// block from another sequence or from the prefix cache. The blocks it
+    /// needs are added to its table.
+    fn take_draft(&mut self, seq: SeqId, budget: u32) -> Vec<TokenId> {
+        let bs = self.cfg.block_size;
+        let free = self.alloc.available().saturating_sub(self.alloc.cached());
+        let Some(s) = self.seqs.get(&seq) else {
+            return Vec::new();
+        };
+        if !s.draft_ok || s.constraint.is_some() {
+            return Vec::new();
+        }
+        let covered = (s.blocks.len() as u32 + free).saturating_mul(bs);
+        // The step yields up to one token more than it confirms.
+        let room = s
+            .max_len
+            .saturating_sub(s.len() + 1)
+            .min(covered.saturating_sub(s.num_computed + 1))
+            .min(budget)
+            .min(match s.draft_cap {
+                0 => self.cfg.draft.max_tokens,
+                cap => cap.min(self.cfg.draft.max_tokens),
+            });
+        let draft = draft::lookup(&s.tokens, &self.cfg.draft, room as usize).to_vec();
+        let need = self.blocks_for(s.num_computed + 1 + draft.len() as u32);
+        let have = s.blocks.len() as u32;
+        for _ in have..need {
+            let Some(b) = self.alloc.allocate() else {
+                break; // cannot happen: counted above
+            };
+            if let Some(s) = self.seqs.get_mut(&seq) {
+                s.blocks.push(b);
+            }
+        }
+        draft
+    }
+
+    /// Lets go of the blocks of `seq`'s table past its first `keep`.
+    fn trim_table(&mut self, seq: SeqId, keep: u32) {
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        if s.blocks.len() as u32 <= keep {
+            return;
+        }
+        let extra = s.blocks.split_off(keep as usize);
+        self.drop_copies_into(&extra);
+        for b in extra {
+            self.alloc.release(b);
         }
     }
 
@@ -1294,11 +1473,43 @@ impl Scheduler {
                 fed,
                 sample: fed == remaining,
                 sent_prefix: false,
+                draft: Vec::new(),
             });
             in_plan.insert(id);
             *budget -= fed;
         }
     }
+}
+
+/// Appends the results of drafted `s` (see [`SeqStep::draft`]) to its
+/// tokens and to `out`, in order: each result after the first confirms the
+/// draft token before it, and is taken only if the result before it was that
+/// token (so an engine that ignored the draft, returning one result, is
+/// taken as having confirmed none). Returns how many it took and how many
+/// draft tokens they confirmed, which now count as computed (the step fed
+/// them).
+fn take_drafted<'r>(
+    s: &mut Seq,
+    draft: &[TokenId],
+    results: impl Iterator<Item = &'r SeqResult>,
+    out: &mut Vec<SeqResult>,
+) -> (u32, u32) {
+    let mut taken = 0u32;
+    let mut last: Option<TokenId> = None;
+    for r in results {
+        if let Some(prev) = last {
+            if draft.get(taken as usize - 1) != Some(&prev) {
+                break;
+            }
+        }
+        s.tokens.push(r.token);
+        out.push(r.clone());
+        taken += 1;
+        last = Some(r.token);
+    }
+    let confirmed = taken.saturating_sub(1);
+    s.num_computed += confirmed;
+    (taken, confirmed)
 }
 
 /// Offers `s`'s newly computed full blocks to the prefix cache (a block

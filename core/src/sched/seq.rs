@@ -52,6 +52,14 @@ pub(crate) struct Seq {
     pub first_cached: Option<u32>,
     /// Its grammar, when its output is constrained (structured output).
     pub constraint: Option<SeqConstraint>,
+    /// It may be drafted for ([`super::Scheduler::allow_draft`]).
+    pub draft_ok: bool,
+    /// Most draft tokens its next draft may have: all its last draft's
+    /// confirmed doubles it (up to the configured most), a refused token
+    /// brings it to one past what was confirmed. A guess costs the engine a
+    /// row whether or not it is kept, so text that does not repeat its
+    /// prompt soon drafts one token at a time. 0: not drafted yet.
+    pub draft_cap: u32,
 }
 
 impl Seq {
@@ -78,6 +86,8 @@ impl Seq {
             send_prefix: false,
             first_cached: None,
             constraint: None,
+            draft_ok: false,
+            draft_cap: 0,
         }
     }
 

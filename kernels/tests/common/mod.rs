@@ -374,6 +374,7 @@ pub fn seq_step(
         logprobs: None,
         cached_prefix: Vec::new(),
         allowed: None,
+        draft: Vec::new(),
     }
 }
 
@@ -671,4 +672,97 @@ pub fn byte_level_bpe() -> tokenwire_kernels::HfCodec {
     let tokenizer =
         tokenizers::Tokenizer::from_bytes(tj.to_string().as_bytes()).expect("tokenizer");
     tokenwire_kernels::HfCodec::new(tokenizer, None)
+}
+
+/// Steps one sequence with drafts of every kind (the true continuation, one
+/// wrong at its start or in its middle, from one to five tokens) and checks
+/// that each step yields the confirmed draft tokens and one more, each the
+/// token (and logprobs, within `tol`) that plain one-token steps of another
+/// sequence yield at that position, and that the engine's history of the
+/// drafted sequence holds exactly the tokens fed and confirmed.
+pub fn drafts_yield_the_plain_tokens(
+    engine: &mut Engine,
+    sampling: &SamplingParams,
+    logprobs: Option<u8>,
+    tol: f32,
+) {
+    use tokenwire_core::SeqResult;
+    let info = engine.model_info();
+    let (bs, vocab) = (info.block_size as usize, info.vocab_size);
+    let prompt: Vec<TokenId> = (0..9).map(|i| (i * 7 + 3) % vocab).collect();
+    let n = 24;
+    let blocks = (prompt.len() + n + 16).div_ceil(bs) as u32;
+    assert!(2 * blocks <= info.num_blocks, "pool too small for the test");
+    let tables = [
+        (0..blocks).collect::<Vec<u32>>(),
+        (blocks..2 * blocks).collect(),
+    ];
+    let step = |seq: u64, tokens: &[TokenId], start: usize, draft: Vec<TokenId>| SeqStep {
+        sampling: sampling.clone(),
+        logprobs,
+        draft,
+        ..seq_step(seq, tokens, start as u32, &tables[seq as usize - 1], true)
+    };
+    let mut id = 0;
+    let mut run = |engine: &mut Engine, s: SeqStep| -> Vec<SeqResult> {
+        id += 1;
+        engine.step(&plan(id, vec![s])).expect("step").results
+    };
+
+    let mut plain = run(engine, step(1, &prompt, 0, vec![]));
+    while plain.len() < n + 8 {
+        let last = plain.last().expect("a token").token;
+        let pos = prompt.len() + plain.len() - 1;
+        let r = run(engine, step(1, &[last], pos, vec![]));
+        assert_eq!(r.len(), 1, "one result without a draft");
+        plain.extend(r);
+    }
+
+    let same = |a: &SeqResult, b: &SeqResult, at: usize| {
+        assert_eq!(a.token, b.token, "token {at}");
+        match (&a.logprobs, &b.logprobs) {
+            (None, None) => {}
+            (Some(x), Some(y)) => {
+                assert!((x.logprob - y.logprob).abs() <= tol, "logprob {at}");
+                assert_eq!(x.top.len(), y.top.len(), "alternatives {at}");
+                for (p, q) in x.top.iter().zip(&y.top) {
+                    assert!(p.0 == q.0 && (p.1 - q.1).abs() <= tol, "alternative {at}");
+                }
+            }
+            _ => panic!("logprobs {at} on one side only"),
+        }
+    };
+    let mut got = run(engine, step(2, &prompt, 0, vec![]));
+    let mut kind = 0usize;
+    let (mut drafted, mut confirmed_all) = (0, 0);
+    while got.len() < n {
+        let at = got.len();
+        let len = 1 + kind % 5;
+        let mut draft: Vec<TokenId> = plain[at..at + len].iter().map(|r| r.token).collect();
+        match kind % 3 {
+            0 => {}
+            1 => draft[0] = (draft[0] + 1) % vocab,
+            _ => draft[len / 2] = (draft[len / 2] + 1) % vocab,
+        }
+        kind += 1;
+        let confirmed = draft
+            .iter()
+            .zip(&plain[at..])
+            .take_while(|(d, p)| **d == p.token)
+            .count();
+        let last = got.last().expect("a token").token;
+        let pos = prompt.len() + at - 1;
+        let r = run(engine, step(2, &[last], pos, draft.clone()));
+        assert_eq!(r.len(), confirmed + 1, "draft {draft:?} at {at}");
+        for (i, x) in r.iter().enumerate() {
+            same(x, &plain[at + i], at + i);
+        }
+        drafted += draft.len();
+        confirmed_all += confirmed;
+        got.extend(r);
+        let mut fed = prompt.clone();
+        fed.extend(got[..got.len() - 1].iter().map(|r| r.token));
+        assert_eq!(engine.history(SeqId(2)), Some(&fed[..]), "history at {at}");
+    }
+    assert!(confirmed_all > 0 && confirmed_all < drafted);
 }

@@ -728,6 +728,7 @@ pub(crate) mod testkit {
                     logprobs: None,
                     cached_prefix: Vec::new(),
                     allowed: None,
+                    draft: Vec::new(),
                 }],
                 free: vec![],
                 copy_blocks: vec![],

@@ -820,13 +820,16 @@ impl View {
                 // Admitted onto cached blocks: the plan says what is before.
                 prefix.clone_from(&s.cached_prefix);
             }
-            if s.start_pos as usize != prefix.len() {
+            if s.start_pos as usize > prefix.len() {
                 // Not contiguous from position 0 (recompute restarts at 0).
                 prefix.clear();
                 if s.start_pos != 0 {
                     continue;
                 }
             }
+            // A failed step's chunk is fed again (the engine checks that the
+            // tokens are the same).
+            prefix.truncate(s.start_pos as usize);
             prefix.extend_from_slice(&s.tokens);
             match parse_tag(prefix) {
                 Tag::Conn(c) => {

@@ -9,7 +9,8 @@
 //! takes them into the same step as capacity allows. Events of one engine
 //! step are gathered and sent when the step ends ([`DialectConn::on_step_end`]):
 //! one PROGRESS frame per step with an element for each prompt that produced a
-//! token in it.
+//! token in it (a step that gave prompts several tokens, by speculative
+//! decoding, sends as many frames, one token per element).
 //!
 //! `generation_config` falls back to the server's [`GenerationDefaults`];
 //! `do_sample: false` is greedy; `repetition_penalty` is the Hugging Face
@@ -652,11 +653,24 @@ impl BatchConn {
             let mut progress = std::mem::take(&mut ev.progress);
             progress.sort_by_key(|(i, _)| *i);
             if job.stream {
-                let frame: Vec<Event> = progress
-                    .into_iter()
-                    .map(|(i, text)| event(rid(i), EventKind::Progress { text }))
-                    .collect();
-                send(cx, &frame);
+                // One element per token: a step that gave a prompt several
+                // tokens (speculative decoding) is sent as that many
+                // frames, the n-th holding each prompt's n-th token, as if
+                // they had come from as many steps.
+                let mut frames: Vec<Vec<Event>> = Vec::new();
+                let mut nth = 0;
+                let mut last = None;
+                for (i, text) in progress {
+                    nth = if last == Some(i) { nth + 1 } else { 0 };
+                    last = Some(i);
+                    if frames.len() <= nth {
+                        frames.push(Vec::new());
+                    }
+                    frames[nth].push(event(rid(i), EventKind::Progress { text }));
+                }
+                for frame in &frames {
+                    send(cx, frame);
+                }
             }
             let mut complete = std::mem::take(&mut ev.complete);
             complete.sort_by_key(|(i, _)| *i);

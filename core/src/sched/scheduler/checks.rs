@@ -61,11 +61,17 @@ impl Scheduler {
                             s.len()
                         ));
                     }
-                    if s.blocks.len() as u32 > self.blocks_for(s.len() + 1) {
+                    // A drafted sequence in the outstanding step holds
+                    // blocks for its draft's positions too.
+                    let mut drafted = self.outstanding.iter().flat_map(|o| &o.entries);
+                    let draft = drafted
+                        .find(|p| p.seq == id)
+                        .map_or(0, |p| p.draft.len() as u32);
+                    if s.blocks.len() as u32 > self.blocks_for(s.len() + 1 + draft) {
                         return Err(format!(
                             "{id:?}: {} blocks, more than {} tokens need",
                             s.blocks.len(),
-                            s.len() + 1
+                            s.len() + 1 + draft
                         ));
                     }
                     if s.state == SeqState::Running && s.remaining() == 0 {

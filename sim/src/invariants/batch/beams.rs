@@ -267,6 +267,7 @@ mod tests {
                 logprobs: Some(4),
                 cached_prefix: Vec::new(),
                 allowed: None,
+                draft: Vec::new(),
             }],
             free: vec![],
             copy_blocks: vec![],

@@ -337,6 +337,15 @@ impl Checker for Metrics {
                         }
                     }
                 }
+                // Confirmed draft tokens are tokens the step generated
+                // beyond one per sequence: never more than it drafted.
+                Event::DraftTokens { drafted, confirmed } => {
+                    if confirmed > drafted || *drafted == 0 {
+                        return Err(format!(
+                            "DraftTokens: {confirmed} confirmed of {drafted} drafted"
+                        ));
+                    }
+                }
                 // A continuation's prompt: checked by `batch_continuation`'s text.
                 Event::PromptTokensReused { .. } => {}
                 // Cached tokens never exceed the prompt and always leave its

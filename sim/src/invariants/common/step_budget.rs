@@ -139,6 +139,7 @@ mod tests {
             logprobs: None,
             cached_prefix: Vec::new(),
             allowed: None,
+            draft: Vec::new(),
         }
     }
 
