@@ -7,8 +7,11 @@ Tasks: answers that copy their prompt (repeat a passage, edit a function,
 extract sentences), where guesses are often right, and one that copies
 nothing, where they cost what a wasted guess costs. For each: the answer's
 tokens, decode speed (tokens after the first per second, from the first
-streamed token to the last) on each server, and the speed-up; the draft
-tokens fed and confirmed are read from the drafting server's /metrics. The
+streamed token to the last; median of the rounds) on each server, and the
+speed-up; the draft tokens fed and confirmed per answer, read from the
+drafting server's /metrics, and the tokens per engine step they make
+(tokens / (tokens - confirmed): exact, where wall-clock speeds on a shared
+machine are not). The
 two servers must write the same answer (greedy decoding is exact under
 speculation); a difference is printed and fails the run.
 """
@@ -105,7 +108,7 @@ def main():
     a = ap.parse_args()
     models = {base: model_name(base) for base in (a.off, a.on)}
     print(f"{'task':<18} {'tokens':>6} {'off tok/s':>10} {'on tok/s':>10} {'speed-up':>8} "
-          f"{'drafted':>8} {'confirmed':>9}")
+          f"{'drafted':>8} {'confirmed':>9} {'tok/step':>8}")
     same = True
     for name, prompt in TASKS:
         speeds = {a.off: [], a.on: []}
@@ -128,7 +131,8 @@ def main():
             print(f"  {name}: the answers differ ({n_off} and {n_on} tokens)")
         off, on = statistics.median(speeds[a.off]), statistics.median(speeds[a.on])
         print(f"{name:<18} {n_on:>6} {off:>10.1f} {on:>10.1f} {on / off:>7.2f}x "
-              f"{drafted / a.rounds:>8.0f} {confirmed / a.rounds:>9.0f}")
+              f"{drafted / a.rounds:>8.0f} {confirmed / a.rounds:>9.0f} "
+              f"{n_on / max(n_on - confirmed / a.rounds, 1):>8.2f}")
     if not same:
         sys.exit("the servers wrote different answers")
 
