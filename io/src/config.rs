@@ -444,19 +444,22 @@ pub struct ServeArgs {
 
     /// With `--draft-tokens`: the shortest run of last tokens matched
     /// against earlier ones (vLLM's `prompt_lookup_min`).
-    #[arg(long, env = "TOKENWIRE_DRAFT_NGRAM_MIN", value_name = "N", default_value_t = 2,
+    #[arg(long, env = "TOKENWIRE_DRAFT_NGRAM_MIN", value_name = "N",
+          default_value_t = tokenwire_core::DraftConfig::OFF.ngram_min,
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub draft_ngram_min: u32,
 
     /// With `--draft-tokens`: the longest run of last tokens matched
     /// first (vLLM's `prompt_lookup_max`); at least `--draft-ngram-min`.
-    #[arg(long, env = "TOKENWIRE_DRAFT_NGRAM_MAX", value_name = "N", default_value_t = 4,
+    #[arg(long, env = "TOKENWIRE_DRAFT_NGRAM_MAX", value_name = "N",
+          default_value_t = tokenwire_core::DraftConfig::OFF.ngram_max,
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub draft_ngram_max: u32,
 
     /// With `--draft-tokens`: draft only while at most N sequences decode in
     /// a step; larger batches keep the engine busy without guesses.
-    #[arg(long, env = "TOKENWIRE_DRAFT_MAX_SEQS", value_name = "N", default_value_t = 4,
+    #[arg(long, env = "TOKENWIRE_DRAFT_MAX_SEQS", value_name = "N",
+          default_value_t = tokenwire_core::DraftConfig::OFF.max_seqs,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub draft_max_seqs: u32,
 

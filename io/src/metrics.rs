@@ -230,6 +230,11 @@ impl Metrics {
             prefix_queries.clone(),
         );
         registry.register(
+            "prefix_cache_hits",
+            "Prompt tokens whose KV blocks came from the prefix cache instead of being computed",
+            prefix_hits.clone(),
+        );
+        registry.register(
             "draft_tokens",
             "Draft tokens fed to the engine by speculative decoding (prompt lookup, --draft-tokens)",
             draft_tokens.clone(),
@@ -238,11 +243,6 @@ impl Metrics {
             "draft_tokens_accepted",
             "Draft tokens the engine's samples confirmed: tokens generated beyond one per sequence and step",
             draft_accepted.clone(),
-        );
-        registry.register(
-            "prefix_cache_hits",
-            "Prompt tokens whose KV blocks came from the prefix cache instead of being computed",
-            prefix_hits.clone(),
         );
         registry.register(
             "prompt_tokens_reused",

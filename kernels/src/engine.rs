@@ -491,7 +491,8 @@ impl Engine {
     }
 
     /// Logits of the last step, one `vocab_size` row per sampled sequence
-    /// whose row the backend returned, in plan order, as the model computed
+    /// (and per draft token of a drafted one) whose row the backend
+    /// returned, in plan order, as the model computed
     /// them (before the repetition penalty and the sampler). The CPU backend
     /// returns every row; the wgpu backend, which samples on the device,
     /// returns rows only while [`Engine::set_full_logits`] is on.

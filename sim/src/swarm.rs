@@ -489,9 +489,6 @@ fn batch_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
     dialects
 }
 
-/// The keys file of a run and the `cai` limits: a key with small per-minute
-/// limits (so that `RATE_LIMITED` happens), one without, one for an
-/// organisation of its own; a few runs have no keys file at all.
 /// Speculative decoding by prompt lookup in half the swarms: from one draft
 /// token to more than most generations hold, for one sequence or many.
 fn draft_options(rng: &mut Rng) -> DraftConfig {
@@ -507,6 +504,9 @@ fn draft_options(rng: &mut Rng) -> DraftConfig {
     }
 }
 
+/// The keys file of a run and the `cai` limits: a key with small per-minute
+/// limits (so that `RATE_LIMITED` happens), one without, one for an
+/// organisation of its own; a few runs have no keys file at all.
 fn cai_options(rng: &mut Rng, host: &mut HostConfig) -> CaiOptions {
     let orgs: Vec<String> = ["org_a", "org_b", "org c", "org_d", "org_zzz"]
         .iter()

@@ -36,17 +36,19 @@ pub struct DraftConfig {
 }
 
 impl DraftConfig {
-    /// No drafting.
+    /// No drafting; its other fields are `tokenwire serve`'s defaults, so
+    /// that `DraftConfig { max_tokens: 8, ..DraftConfig::OFF }` drafts as
+    /// `--draft-tokens 8` does.
     pub const OFF: DraftConfig = DraftConfig {
         max_tokens: 0,
-        ngram_min: 1,
-        ngram_max: 1,
-        max_seqs: 0,
+        ngram_min: 2,
+        ngram_max: 4,
+        max_seqs: 4,
     };
 
     /// True when the scheduler drafts at all.
     pub fn enabled(&self) -> bool {
-        self.max_tokens > 0 && self.max_seqs > 0
+        self.max_tokens > 0 && self.max_seqs > 0 && self.ngram_min <= self.ngram_max
     }
 }
 

@@ -373,3 +373,72 @@ fn drafting_yields_the_same_tokens_in_fewer_steps() {
         "{drafted_steps} steps with drafts, {plain_steps} without"
     );
 }
+
+#[test]
+fn guesses_take_only_what_decodes_chunks_and_admissions_leave() {
+    // Four blocks: three the drafter's, one free, which the waiting
+    // sequence's admission needs. Its guess gets the positions its own
+    // blocks hold, not the free block.
+    let mut s = drafting(4, 4, 4);
+    let a = prefilled(&mut s, 1, 16);
+    let c = SeqId(3);
+    s.add(c, vec![3; 3], 4, SamplingParams::greedy(), None)
+        .expect("admitted");
+    let plan = s.schedule().expect("decode and admission");
+    ok(&s);
+    let step = |id| plan.seqs.iter().find(|q| q.seq == id).expect("planned");
+    assert_eq!(step(c).start_pos, 0, "admitted");
+    assert_eq!(step(a).draft, vec![13, 14, 20], "positions 8..=11 only");
+
+    // The token budget left over is shared evenly: 6 tokens, two decodes,
+    // two guesses each.
+    let mut s = Scheduler::new(SchedConfig {
+        max_step_tokens: 6,
+        ..*drafting(32, 4, 4).config()
+    });
+    let ids = [add(&mut s, 1, &PROMPT, 40), add(&mut s, 2, &PROMPT, 40)];
+    let len = |s: &Scheduler, id| s.tokens(id).map_or(0, <[_]>::len);
+    // Prefill both in chunks of the budget; a decode planned meanwhile gets
+    // no result (it is fed again), so both end with 12 after the prompt.
+    while ids.iter().any(|&id| len(&s, id) < 9) {
+        let plan = s.schedule().expect("prefill");
+        let results = plan
+            .seqs
+            .iter()
+            .filter(|q| q.sample && len(&s, q.seq) < 9)
+            .map(|q| SeqResult {
+                seq: q.seq,
+                token: 12,
+                logprobs: None,
+            })
+            .collect();
+        s.on_step_done(&StepDone {
+            step_id: plan.step_id,
+            results,
+        });
+        ok(&s);
+    }
+    let plan = s.schedule().expect("two decodes");
+    let drafts: Vec<Vec<TokenId>> = plan.seqs.iter().map(|q| q.draft.clone()).collect();
+    assert_eq!(drafts, vec![vec![13, 14], vec![13, 14]]);
+}
+
+#[test]
+fn a_lone_drafted_step_out_of_memory_runs_again_without_guesses() {
+    let mut s = drafting(16, 4, 4);
+    let a = prefilled(&mut s, 1, 40);
+    let plan = s.schedule().expect("decode");
+    assert!(!plan.seqs[0].draft.is_empty());
+    let failed = s.on_step_failed(plan.step_id, &crate::EngineFaultKind::OutOfMemory);
+    ok(&s);
+    assert!(
+        failed.is_empty(),
+        "not failed: its guesses may be what did not fit"
+    );
+    let again = s.schedule().expect("retried");
+    assert_eq!(again.seqs[0].seq, a);
+    assert_eq!((again.seqs[0].start_pos, again.seqs[0].draft.len()), (8, 0));
+    // Undrafted, the same failure is the sequence's own.
+    let failed = s.on_step_failed(again.step_id, &crate::EngineFaultKind::OutOfMemory);
+    assert_eq!(failed, vec![a]);
+}

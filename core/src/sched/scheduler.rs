@@ -111,6 +111,9 @@ struct Planned {
     sample: bool,
     /// The plan carried its cached prefix (sent again if the step fails).
     sent_prefix: bool,
+    /// A running sequence's decode (one known token left to feed), which
+    /// may carry a draft.
+    decode: bool,
     /// Draft tokens fed after them ([`SeqStep::draft`]).
     draft: Vec<TokenId>,
 }
@@ -564,9 +567,11 @@ impl Scheduler {
         s.num_computed = s.num_computed.min(len - 1);
         s.keys.truncate((len / bs) as usize);
         // Blocks are offered to the prefix cache only up to what a drafted
-        // step computed before its draft, which a generation never ends
-        // before: none registered is past what stays computed.
-        debug_assert!(s.registered as u32 <= s.num_computed / bs);
+        // step computed before its draft, which a generation that delivered
+        // its tokens never ends before. Should one be registered past what
+        // stays computed, its K/V is still its key's (computed from those
+        // tokens): it is only no longer counted as this sequence's.
+        s.registered = s.registered.min((s.num_computed / bs) as usize);
         if s.state == SeqState::Running {
             let keep = self.blocks_for(len + 1);
             self.trim_table(seq, keep);
@@ -618,24 +623,34 @@ impl Scheduler {
                 if !self.grow_table(id, positions, &in_plan) {
                     continue;
                 }
-                let draft = if decode_phase && drafting {
-                    self.take_draft(id, budget - fed)
-                } else {
-                    Vec::new()
-                };
-                budget -= fed + draft.len() as u32;
                 planned.push(Planned {
                     seq: id,
                     fed,
                     sample: fed == remaining,
                     sent_prefix: false,
-                    draft,
+                    decode: decode_phase,
+                    draft: Vec::new(),
                 });
                 in_plan.insert(id);
+                budget -= fed;
             }
         }
 
         self.admit(&mut planned, &mut in_plan, &mut budget, limit);
+
+        if drafting {
+            // Guesses take only what the step left over once every decode,
+            // chunk and admission had its share: the rest of the token
+            // budget, split evenly among the decodes, and blocks no one
+            // holds.
+            let decodes: Vec<usize> = (0..planned.len()).filter(|&i| planned[i].decode).collect();
+            for (k, &i) in decodes.iter().enumerate() {
+                let share = budget / (decodes.len() - k) as u32;
+                let draft = self.take_draft(planned[i].seq, share);
+                budget -= draft.len() as u32;
+                planned[i].draft = draft;
+            }
+        }
 
         if planned.is_empty() {
             return None;
@@ -738,7 +753,10 @@ impl Scheduler {
                 let (taken, confirmed) = take_drafted(s, &p.draft, results, &mut out);
                 let drafted = p.draft.len() as u32;
                 s.draft_cap = if confirmed == drafted {
-                    drafted.saturating_mul(2).min(self.cfg.draft.max_tokens)
+                    s.draft_cap
+                        .max(drafted)
+                        .saturating_mul(2)
+                        .min(self.cfg.draft.max_tokens)
                 } else {
                     confirmed + 1
                 };
@@ -786,7 +804,9 @@ impl Scheduler {
     ///   seqs-per-step cap drops to half the step's size (growing back by one
     ///   every few successful steps). If the step had a single sequence, it
     ///   cannot run even alone: it is preempted, returned so the Host can
-    ///   fail (and remove) it, and the cap is left as it was.
+    ///   fail (and remove) it, and the cap is left as it was; unless that
+    ///   sequence carried a draft, which it then never carries again, and
+    ///   is planned again as it was.
     /// - `DeviceLost`: every block's contents are gone. All sequences holding
     ///   blocks go back to the front of the queue (oldest first) to be
     ///   recomputed, and the pool is reset.
@@ -844,6 +864,14 @@ impl Scheduler {
         self.drop_orphaned_work();
         let mut failed = Vec::new();
         match kind {
+            // A lone drafted sequence: its guesses' rows may be what did not
+            // fit. It is not drafted for again, and runs again as it would
+            // have without them.
+            EngineFaultKind::OutOfMemory if entries.len() == 1 && !entries[0].draft.is_empty() => {
+                if let Some(s) = self.seqs.get_mut(&entries[0].seq) {
+                    s.draft_ok = false;
+                }
+            }
             EngineFaultKind::OutOfMemory => {
                 let step_size = entries.len() as u32;
                 // Removed seqs are already gone; the newest is last in `running`.
@@ -1234,17 +1262,22 @@ impl Scheduler {
                 0 => self.cfg.draft.max_tokens,
                 cap => cap.min(self.cfg.draft.max_tokens),
             });
-        let draft = draft::lookup(&s.tokens, &self.cfg.draft, room as usize).to_vec();
-        let need = self.blocks_for(s.num_computed + 1 + draft.len() as u32);
+        let mut draft = draft::lookup(&s.tokens, &self.cfg.draft, room as usize).to_vec();
+        let computed = s.num_computed;
+        let need = self.blocks_for(computed + 1 + draft.len() as u32);
         let have = s.blocks.len() as u32;
         for _ in have..need {
+            // Counted above; should no block come, the draft ends where
+            // the table does.
             let Some(b) = self.alloc.allocate() else {
-                break; // cannot happen: counted above
+                break;
             };
             if let Some(s) = self.seqs.get_mut(&seq) {
                 s.blocks.push(b);
             }
         }
+        let held = self.seqs.get(&seq).map_or(0, |s| s.blocks.len() as u32);
+        draft.truncate((held * self.cfg.block_size).saturating_sub(computed + 1) as usize);
         draft
     }
 
@@ -1473,6 +1506,7 @@ impl Scheduler {
                 fed,
                 sample: fed == remaining,
                 sent_prefix: false,
+                decode: false,
                 draft: Vec::new(),
             });
             in_plan.insert(id);

@@ -43,9 +43,10 @@ pub struct SampleSpec<'a> {
     pub params: &'a SamplingParams,
     /// Position the sampled token will take (it seeds the draw).
     pub position: u32,
-    /// Every token the sequence holds, this step's included (the repetition
-    /// penalty applies to its distinct ids, the OpenAI penalties to those
-    /// from `params.generated_from` on).
+    /// Every token the sequence holds through this entry's tokens (the
+    /// repetition penalty applies to its distinct ids, the OpenAI penalties
+    /// to those from `params.generated_from` on); a drafted sequence's
+    /// entries each end at their own token.
     pub history: &'a [TokenId],
     /// Logprobs of the chosen token and of this many best ones.
     pub logprobs: Option<u8>,
@@ -68,9 +69,13 @@ impl SampleSpec<'_> {
     }
 }
 
-/// One sequence's share of a forward pass. The engine has validated it: tokens
-/// are in the vocabulary, positions within the context, and `block_table`
-/// covers `start_pos + tokens.len()` positions with blocks of the pool.
+/// One sequence's share of a forward pass, or one row of a drafted
+/// sequence's (the engine feeds each draft token as an entry of its own,
+/// at the next position over the same block table, so several entries may
+/// share a table and read the K/V that entries before them write in the
+/// same pass). The engine has validated it: tokens are in the vocabulary,
+/// positions within the context, and `block_table` covers
+/// `start_pos + tokens.len()` positions with blocks of the pool.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqBatch<'a> {
     /// Tokens to feed, at positions `start_pos..`.
@@ -133,7 +138,9 @@ pub trait Backend: Send {
 
     /// Runs one forward pass over `batch`: writes each token's K/V into slot
     /// `block_table[pos / block_size] * block_size + pos % block_size` of every
-    /// layer, attends causally over positions `0..=pos` of its own sequence,
+    /// layer (every entry's, in each layer, before any entry attends: a
+    /// drafted sequence's entries read each other's), attends causally over
+    /// positions `0..=pos` of its own table,
     /// and fills `logits` with one `vocab_size` row per sequence with
     /// `want_logits`, in batch order.
     fn forward(

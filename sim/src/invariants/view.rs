@@ -175,6 +175,8 @@ pub struct StepView {
     /// Distinct KV blocks in its tables and its copies' sources (held
     /// until the copies are done, even when their owner went).
     pub blocks: u32,
+    /// Some sequence of it carried draft tokens.
+    pub drafted: bool,
 }
 
 /// Everything the checkers know.
@@ -853,6 +855,7 @@ impl View {
             id: plan.step_id,
             seqs: plan.seqs.iter().map(|s| s.seq).collect(),
             blocks: blocks.len() as u32,
+            drafted: plan.seqs.iter().any(|s| !s.draft.is_empty()),
         });
     }
 

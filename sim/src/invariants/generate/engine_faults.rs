@@ -1,6 +1,7 @@
 //! `engine_faults`: a failed step fails exactly the requests the contract says.
 //! An out-of-memory step of a single sequence (it cannot run even alone)
-//! fails that request with `memory_pressure`; an internal engine error fails
+//! fails that request with `memory_pressure`, unless the sequence carried
+//! draft tokens (it runs again without them); an internal engine error fails
 //! every request of the step with `internal_error`; each failure is an
 //! `error` carrying the partial text, in the same event.
 
@@ -31,7 +32,9 @@ impl Checker for EngineFaults {
             return Ok(());
         };
         let code = match &fault.kind {
-            EngineFaultKind::OutOfMemory if step.seqs.len() == 1 => "memory_pressure",
+            EngineFaultKind::OutOfMemory if step.seqs.len() == 1 && !step.drafted => {
+                "memory_pressure"
+            }
             EngineFaultKind::Internal(_) => "internal_error",
             _ => return Ok(()),
         };
