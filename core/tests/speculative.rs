@@ -33,6 +33,17 @@ fn drafts(h: &Harness) -> (u32, u32) {
     })
 }
 
+/// Prompt tokens each `batch` continuation reused from its kept blocks.
+fn reused(h: &Harness) -> Vec<u32> {
+    h.others
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(Event::PromptTokensReused { count }) => Some(*count),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A `generate` request's frames (their timing left out) and the steps it took.
 fn generate(draft_tokens: u32, params: Value) -> (Vec<Value>, u64, (u32, u32)) {
     let mut h = Harness::new(config(draft_tokens), SCRIPT, 7);
@@ -124,15 +135,7 @@ fn batch(draft_tokens: u32) -> (Vec<Vec<Value>>, Vec<u32>, (u32, u32)) {
             .collect()
     };
     let elements = vec![of("a"), of("b")];
-    let reused = h
-        .others
-        .iter()
-        .filter_map(|o| match o {
-            Output::Event(Event::PromptTokensReused { count }) => Some(*count),
-            _ => None,
-        })
-        .collect();
-    (elements, reused, drafts(&h))
+    (elements, reused(&h), drafts(&h))
 }
 
 #[test]
@@ -179,15 +182,7 @@ fn a_batch_that_ends_at_a_confirmed_end_of_sequence_continues_from_it() {
             .filter(|e| e["type"] == "COMPLETE")
             .map(|e| json!([e["text"], e["is_eos"], e["new_tokens_count"]]))
             .collect();
-        let reused: Vec<u32> = h
-            .others
-            .iter()
-            .filter_map(|o| match o {
-                Output::Event(Event::PromptTokensReused { count }) => Some(*count),
-                _ => None,
-            })
-            .collect();
-        (completes, reused, drafts(&h))
+        (completes, reused(&h), drafts(&h))
     };
     let (plain, plain_reused, _) = run(0);
     let (drafted, drafted_reused, (_, confirmed)) = run(8);

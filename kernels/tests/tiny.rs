@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use tokenwire_core::{EngineFaultKind, SamplingParams, SeqId, StepPlan, TokenId};
+use tokenwire_core::{EngineFaultKind, SeqId, StepPlan, TokenId};
 use tokenwire_kernels::Engine;
 
 #[test]
@@ -208,15 +208,5 @@ fn drafted_steps_yield_what_plain_steps_yield() {
     // Greedy, then sampled (seeded by position) with logprobs: the CPU
     // backend's products give the same bits for any number of rows, so the
     // tokens and logprobs are exactly those of one-token steps.
-    let mut e = Engine::tiny(9);
-    drafts_yield_the_plain_tokens(&mut e, &SamplingParams::greedy(), None, 0.0);
-    let sampled = SamplingParams {
-        temperature: 0.9,
-        top_p: 0.95,
-        repetition_penalty: 1.1,
-        seed: 77,
-        ..SamplingParams::default()
-    };
-    let mut e = Engine::tiny(9);
-    drafts_yield_the_plain_tokens(&mut e, &sampled, Some(3), 0.0);
+    drafts_greedy_and_sampled(|| Some(Engine::tiny(9)), 0.0);
 }

@@ -1319,19 +1319,5 @@ fn wgpu_drafted_steps_yield_what_plain_steps_yield() {
     // A drafted sequence is several one-token rows over one block table in
     // a step: each row reads the K/V the rows before it wrote, and samples
     // on the device with the history through its own draft token.
-    let Some(mut e) = wgpu_tiny_engine(9) else {
-        return;
-    };
-    drafts_yield_the_plain_tokens(&mut e, &SamplingParams::greedy(), None, 1e-4);
-    let sampled = SamplingParams {
-        temperature: 0.9,
-        top_p: 0.95,
-        repetition_penalty: 1.1,
-        seed: 77,
-        ..SamplingParams::default()
-    };
-    let Some(mut e) = wgpu_tiny_engine(9) else {
-        return;
-    };
-    drafts_yield_the_plain_tokens(&mut e, &sampled, Some(3), 1e-4);
+    drafts_greedy_and_sampled(|| wgpu_tiny_engine(9), 1e-4);
 }

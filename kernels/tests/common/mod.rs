@@ -766,3 +766,22 @@ pub fn drafts_yield_the_plain_tokens(
     }
     assert!(confirmed_all > 0 && confirmed_all < drafted);
 }
+
+/// [`drafts_yield_the_plain_tokens`] greedy, then sampled (temperature,
+/// top-p, a repetition penalty, seeded) with logprobs, each on a fresh
+/// engine from `engine` (`None`: no adapter, nothing to check).
+pub fn drafts_greedy_and_sampled(engine: impl Fn() -> Option<Engine>, tol: f32) {
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        seed: 77,
+        ..SamplingParams::default()
+    };
+    for (params, logprobs) in [(SamplingParams::greedy(), None), (sampled, Some(3))] {
+        let Some(mut e) = engine() else {
+            return;
+        };
+        drafts_yield_the_plain_tokens(&mut e, &params, logprobs, tol);
+    }
+}
