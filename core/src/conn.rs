@@ -33,17 +33,21 @@ pub enum Dialect {
     /// `POST /v1/chat/completions` and `POST /v1/completions` (HTTP only):
     /// the OpenAI Chat Completions and Completions routes.
     Chat,
+    /// `POST /v1/messages` (HTTP only): Anthropic's Messages API, on the
+    /// `chat` machine.
+    Anthropic,
 }
 
 impl Dialect {
     /// Every dialect, in a fixed order (for metrics and tests).
-    pub const ALL: [Dialect; 6] = [
+    pub const ALL: [Dialect; 7] = [
         Dialect::Generate,
         Dialect::Session,
         Dialect::Responses,
         Dialect::Batch,
         Dialect::Cai,
         Dialect::Chat,
+        Dialect::Anthropic,
     ];
 
     /// The name and WebSocket path (if it has one) of each dialect, in one
@@ -56,6 +60,7 @@ impl Dialect {
             Dialect::Batch => ("batch", Some("/ws")),
             Dialect::Cai => ("cai", Some("/")),
             Dialect::Chat => ("chat", None),
+            Dialect::Anthropic => ("anthropic", None),
         }
     }
 
@@ -87,12 +92,15 @@ mod tests {
             }
             for b in &Dialect::ALL[i + 1..] {
                 assert_ne!(a.name(), b.name());
-                assert_ne!(a.ws_path(), b.ws_path());
+                if a.ws_path().is_some() {
+                    assert_ne!(a.ws_path(), b.ws_path());
+                }
             }
         }
         assert_eq!(Dialect::from_path("/nope"), None);
         assert_eq!(Dialect::Session.ws_path(), Some("/ws/session"));
         assert_eq!(Dialect::Chat.ws_path(), None, "chat is HTTP only");
+        assert_eq!(Dialect::Anthropic.ws_path(), None, "so is anthropic");
         assert_eq!(Dialect::Cai.name(), "cai");
     }
 }

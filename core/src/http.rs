@@ -73,6 +73,15 @@ pub enum HttpStep {
     Event(SseEvent),
     /// A streaming response ends with this event.
     LastEvent(SseEvent),
+    /// A streaming response goes on with these events, in order (one frame
+    /// may become several: Anthropic's block starts and stops); with
+    /// `last`, it ends with them.
+    Events {
+        /// The events, in order (at least one).
+        events: Vec<SseEvent>,
+        /// The response ends after them.
+        last: bool,
+    },
     /// A JSON response is complete.
     Reply(HttpReply),
 }

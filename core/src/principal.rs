@@ -57,7 +57,7 @@ impl AuthError {
         match self {
             AuthError::Missing => {
                 "this server needs an API key: send `Authorization: Bearer KEY` \
-                 (or the `authorization` query parameter)"
+                 (or `x-api-key: KEY`, or the `authorization` query parameter)"
             }
             AuthError::Invalid => "invalid API key",
             AuthError::OrgDenied => "organisation not found or not allowed for this key",

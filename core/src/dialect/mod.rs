@@ -13,6 +13,7 @@
 //! ([`crate::gen`]); nothing here names the Host. [`registry`] is the one
 //! module that names every dialect, and no dialect imports it.
 
+pub mod anthropic;
 pub mod batch;
 pub mod cai;
 pub mod chat;

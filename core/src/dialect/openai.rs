@@ -244,7 +244,7 @@ pub const MAX_TOOLS: usize = 128;
 
 /// Whether `name` is a valid function name: 1 to 64 letters, digits,
 /// underscores or dashes (the API's rule).
-fn valid_function_name(name: &str) -> bool {
+pub(crate) fn valid_function_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -7,7 +7,7 @@
 //! This is the one module that imports every dialect; no dialect imports it.
 
 use super::state::{DialectState, HostWide};
-use super::{batch, cai, chat, generate, responses, session, DialectConn};
+use super::{anthropic, batch, cai, chat, generate, responses, session, DialectConn};
 use crate::config::HostConfig;
 use crate::conn::Dialect;
 use crate::http::{
@@ -35,7 +35,7 @@ pub struct DialectSpec {
 }
 
 /// Every dialect this build serves, in [`Dialect::ALL`]'s order.
-pub static DIALECTS: [DialectSpec; 6] = [
+pub static DIALECTS: [DialectSpec; 7] = [
     DialectSpec {
         dialect: Dialect::Generate,
         machine: || Box::new(generate::GenerateConn::default()),
@@ -75,6 +75,15 @@ pub static DIALECTS: [DialectSpec; 6] = [
         dialect: Dialect::Chat,
         machine: || Box::new(chat::ChatConn::default()),
         http: Some(&chat::http::SPEC),
+        state: None,
+        own_auth: false,
+    },
+    DialectSpec {
+        dialect: Dialect::Anthropic,
+        // Anthropic's requests are the chat machine's `messages` route;
+        // the dialect's own part is its HTTP mapping.
+        machine: || Box::new(chat::ChatConn::default()),
+        http: Some(&anthropic::http::SPEC),
         state: None,
         own_auth: false,
     },
@@ -207,6 +216,13 @@ mod tests {
             ("GET", "/v1/responses/", Route::NotFound),
             ("GET", "/v1/responses/a/b", Route::NotFound),
             ("POST", "/v1/nothing", Route::NotFound),
+            ("POST", "/v1/messages", Route::Dialect(Dialect::Anthropic)),
+            (
+                "POST",
+                "/v1/messages/count_tokens",
+                Route::Dialect(Dialect::Anthropic),
+            ),
+            ("GET", "/v1/messages", Route::WrongMethod("POST")),
         ];
         for (method, path, want) in cases {
             assert_eq!(route(method, path), want, "{method} {path}");

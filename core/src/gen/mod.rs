@@ -129,6 +129,9 @@ pub struct Generation {
     pub cached_tokens: u32,
     /// The content-filter rule that ended it, if one did (its name only).
     pub filtered_by: Option<String>,
+    /// The stop string that ended it, if one did (Anthropic's
+    /// `stop_sequence`).
+    pub stop_sequence: Option<String>,
     eos_ids: Vec<TokenId>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
@@ -174,6 +177,7 @@ impl Generation {
             charged_org: None,
             cached_tokens: 0,
             filtered_by: None,
+            stop_sequence: None,
             eos_ids,
             detok,
             stop,
@@ -257,6 +261,10 @@ impl Generation {
             let outcome = self.stop.push_checking(&guarded, self.past_min_tokens());
             text.push_str(&outcome.emit);
             if outcome.stopped {
+                self.stop_sequence = outcome
+                    .matched
+                    .and_then(|i| self.stop.stop(i))
+                    .map(str::to_string);
                 finish = Some(FinishReason::Stop);
             } else if self.filtered_by.is_some() {
                 // What the stop strings held is text before the match.
@@ -405,6 +413,10 @@ mod tests {
         assert_eq!(g.text, "abc");
         let streamed: String = pieces.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(streamed, "abc");
+        assert_eq!(g.stop_sequence.as_deref(), Some("END"), "it names the stop");
+        let mut g = gen(&["END"], 3);
+        feed(&mut g, "abcEND");
+        assert_eq!(g.stop_sequence, None, "ended by its length");
     }
 
     #[test]

@@ -9,6 +9,9 @@ pub struct StopOutcome {
     /// True when a stop string was found: the generation ends; text from the
     /// stop string on is dropped.
     pub stopped: bool,
+    /// Which stop string was found (its index in the list), when one was;
+    /// the first in the text, and of those starting there the first listed.
+    pub matched: Option<usize>,
 }
 
 /// Finds stop strings across token boundaries.
@@ -47,21 +50,23 @@ impl StopMatcher {
         if self.stops.is_empty() {
             return StopOutcome {
                 emit: std::mem::take(&mut self.held),
-                stopped: false,
+                ..StopOutcome::default()
             };
         }
         let first_match = self
             .stops
             .iter()
+            .enumerate()
             .filter(|_| check)
-            .filter_map(|s| self.held.find(s.as_str()))
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, i)))
             .min();
-        if let Some(at) = first_match {
+        if let Some((at, index)) = first_match {
             let emit = self.held[..at].to_string();
             self.held.clear();
             return StopOutcome {
                 emit,
                 stopped: true,
+                matched: Some(index),
             };
         }
         let keep = self.longest_stop_prefix_suffix();
@@ -70,8 +75,13 @@ impl StopMatcher {
         self.held.drain(..cut);
         StopOutcome {
             emit,
-            stopped: false,
+            ..StopOutcome::default()
         }
+    }
+
+    /// The stop string at `index` (as [`StopOutcome::matched`] names it).
+    pub fn stop(&self, index: usize) -> Option<&str> {
+        self.stops.get(index).map(String::as_str)
     }
 
     /// Releases held text at the end of a generation that did not stop on a string.
@@ -154,5 +164,20 @@ mod tests {
     #[test]
     fn earliest_of_several_stops_wins() {
         assert_eq!(run(&["c", "ab"], &["xxabc"]), ("xx".into(), true));
+    }
+
+    #[test]
+    fn the_outcome_names_the_stop_that_matched() {
+        let mut m = StopMatcher::new(vec!["c".into(), "ab".into(), "a".into()]);
+        let o = m.push("xxa");
+        assert_eq!((o.stopped, o.matched), (true, Some(2)));
+        // Two stops starting at one place: the first listed.
+        let mut m = StopMatcher::new(vec!["zz".into(), "ab".into(), "a".into()]);
+        let o = m.push("xxab");
+        assert_eq!((o.matched, m.stop(1)), (Some(1), Some("ab")));
+        assert_eq!(m.stop(3), None);
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("the E").matched, None, "held, not matched");
+        assert_eq!(m.push("ND").matched, Some(0));
     }
 }

@@ -153,8 +153,9 @@ pub(crate) async fn handle(
         let mut exchange = call.exchange;
         let first = match next_step(&queue, &mut guard, &mut exchange).await {
             HttpStep::Reply(r) => return response(r),
-            HttpStep::Event(e) => (e, false),
-            HttpStep::LastEvent(e) => (e, true),
+            HttpStep::Event(e) => (e.encode(), false),
+            HttpStep::LastEvent(e) => (e.encode(), true),
+            HttpStep::Events { events, last } => (encode_all(&events), last),
             HttpStep::Wait => return shutting_down(dialect),
         };
         let mut resp = Response::new(BodyExt::boxed(SseBody {
@@ -364,9 +365,14 @@ struct SseBody {
     queue: ConnQueue,
     guard: VirtualConn,
     exchange: Box<dyn HttpExchange>,
-    /// The event that started the stream, sent first.
-    first: Option<SseEvent>,
+    /// The events that started the stream, encoded, sent first.
+    first: Option<String>,
     done: bool,
+}
+
+/// Several events' wire form, in order, for one body frame.
+fn encode_all(events: &[SseEvent]) -> String {
+    events.iter().map(SseEvent::encode).collect()
 }
 
 impl hyper::body::Body for SseBody {
@@ -379,7 +385,7 @@ impl hyper::body::Body for SseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(first.encode())))));
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(first)))));
         }
         loop {
             if this.done {
@@ -406,12 +412,16 @@ impl hyper::body::Body for SseBody {
                 }
             };
             this.guard.request_id = this.exchange.request_id().map(str::to_owned);
-            let event = match step {
+            let wire = match step {
                 HttpStep::Wait => continue,
-                HttpStep::Event(e) => e,
+                HttpStep::Event(e) => e.encode(),
                 HttpStep::LastEvent(e) => {
                     this.done = true;
-                    e
+                    e.encode()
+                }
+                HttpStep::Events { events, last } => {
+                    this.done = last;
+                    encode_all(&events)
                 }
                 HttpStep::Reply(r) => {
                     // A streaming exchange ends with an event; relay the body.
@@ -420,9 +430,10 @@ impl hyper::body::Body for SseBody {
                         event: None,
                         data: r.body,
                     }
+                    .encode()
                 }
             };
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event.encode())))));
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(wire)))));
         }
     }
 

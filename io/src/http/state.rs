@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use tokenwire_core::dialect::registry::{self, http_failure};
 use tokenwire_core::http::HttpFailure;
@@ -99,13 +99,17 @@ impl PermitSlot {
     }
 }
 
-/// The `Authorization` header's value, if any (UTF-8 only: anything else is
-/// no key).
+/// The key a request presents: its `Authorization` header's value, or
+/// else its `x-api-key` header's (the bare key, as Anthropic's clients
+/// send it), if any (UTF-8 only: anything else is no key).
 pub(crate) fn authorization<B>(req: &Request<B>) -> Option<String> {
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
+    let value = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    value(header::AUTHORIZATION).or_else(|| value(HeaderName::from_static("x-api-key")))
 }
 
 /// The refusal of a request that needs a key and presented none this server

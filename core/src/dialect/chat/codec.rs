@@ -29,6 +29,10 @@ pub enum Route {
     Chat,
     /// `POST /v1/completions`: a raw prompt.
     Completions,
+    /// `POST /v1/messages` (the `anthropic` dialect): Anthropic's Messages
+    /// API, a conversation as chat's, answered in Anthropic's shape by that
+    /// dialect's HTTP mapping.
+    Messages,
 }
 
 impl Route {
@@ -37,13 +41,14 @@ impl Route {
         match self {
             Route::Chat => "chat",
             Route::Completions => "completions",
+            Route::Messages => "messages",
         }
     }
 
     /// The `object` of a whole answer.
     pub fn object(self) -> &'static str {
         match self {
-            Route::Chat => "chat.completion",
+            Route::Chat | Route::Messages => "chat.completion",
             Route::Completions => "text_completion",
         }
     }
@@ -51,7 +56,7 @@ impl Route {
     /// The `object` of a streamed chunk.
     pub fn chunk_object(self) -> &'static str {
         match self {
-            Route::Chat => "chat.completion.chunk",
+            Route::Chat | Route::Messages => "chat.completion.chunk",
             Route::Completions => "text_completion",
         }
     }
@@ -128,7 +133,7 @@ impl BadRequest {
         BadRequest::invalid(FieldError::new(field, message))
     }
 
-    fn unsupported(field: &str, message: impl Into<String>) -> BadRequest {
+    pub(super) fn unsupported(field: &str, message: impl Into<String>) -> BadRequest {
         BadRequest {
             status: 400,
             code: "unsupported_parameter",
@@ -155,6 +160,7 @@ pub fn error_body(status: u16, code: &str, message: &str, param: Option<&str>) -
 ///
 /// Earlier tool calls in assistant messages are written as the model
 /// writes calls (`format`), so the conversation reads as the model's own.
+/// A [`Route::Messages`] body is Anthropic's ([`super::anthropic`]).
 pub fn decode(
     route: Route,
     obj: &Map<String, Value>,
@@ -163,10 +169,13 @@ pub fn decode(
     vocab_size: u32,
     format: ToolFormat,
 ) -> Result<ChatRequest, BadRequest> {
+    if route == Route::Messages {
+        return super::anthropic::decode(obj, context_len, format);
+    }
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let input = match route {
-        Route::Chat => Input::Messages(messages(&f, format)?),
+        Route::Chat | Route::Messages => Input::Messages(messages(&f, format)?),
         Route::Completions => Input::Prompt(prompt(&f)?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set.
@@ -259,7 +268,9 @@ pub fn decode(
         None => None,
     };
     let tools = match route {
-        Route::Chat => openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?,
+        Route::Chat | Route::Messages => {
+            openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?
+        }
         Route::Completions => Tools::default(),
     };
     if tools.forced() && format.is_some() {
@@ -269,7 +280,7 @@ pub fn decode(
         ));
     }
     let template_kwargs = match route {
-        Route::Chat => template_kwargs(&f)?,
+        Route::Chat | Route::Messages => template_kwargs(&f)?,
         Route::Completions => TemplateKwargs::new(),
     };
     let include_reasoning = f
@@ -442,7 +453,7 @@ pub(super) fn token_ids(
 /// number of alternatives (0 to 5).
 fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
     match route {
-        Route::Chat => {
+        Route::Chat | Route::Messages => {
             let on = f
                 .bool("logprobs")
                 .map_err(BadRequest::invalid)?

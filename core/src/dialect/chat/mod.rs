@@ -29,6 +29,7 @@
 //! ([`tokenize`]): the ids of a prompt or a conversation, as these routes
 //! tokenize them (the ids `logit_bias` names), and the text of ids.
 
+mod anthropic;
 pub mod codec;
 pub mod http;
 mod tokenize;
@@ -73,6 +74,9 @@ struct Choice {
     thinker: Option<ReasoningSplitter>,
     /// Its reasoning so far (kept with `include_reasoning`).
     reasoning: String,
+    /// The stop string that ended it, if one did (for Anthropic's
+    /// `stop_sequence`).
+    stop_sequence: Option<String>,
     /// Tokens generated up to the end of the reasoning, its tags included
     /// (0 for an answer without reasoning).
     reasoning_tokens: u32,
@@ -100,12 +104,22 @@ struct Request {
     reasoning: Option<ReasoningPlan>,
 }
 
-/// One `chat` request's machine.
+/// One `chat` (or `anthropic`) request's machine.
 #[derive(Debug, Default)]
 pub struct ChatConn {
     inflight: Option<Request>,
-    /// A `/tokenize` request waiting for its tokens.
-    tokenizing: Option<TextJobId>,
+    /// A `/tokenize` or `count_tokens` request waiting for its tokens, and
+    /// which of the two.
+    tokenizing: Option<(TextJobId, Counting)>,
+}
+
+/// Which route asked for a prompt's tokens alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// vLLM's `/tokenize`: the ids and their count.
+    Tokenize,
+    /// Anthropic's `/v1/messages/count_tokens`: the count.
+    CountTokens,
 }
 
 /// Checks a body's optional `model` against the served one (a 404 when it
@@ -147,12 +161,15 @@ fn on_detokenize(cx: &mut Cx<'_>, body: &Map<String, Value>) {
     }
 }
 
-/// `/tokenize`'s tokens came back.
-fn on_tokenized(cx: &mut Cx<'_>, result: Result<Encoded, String>) {
+/// `/tokenize`'s (or `count_tokens`') tokens came back.
+fn on_tokenized(cx: &mut Cx<'_>, counting: Counting, result: Result<Encoded, String>) {
     let context_len = cx.model().context_len;
     match result {
         Ok(e) if e.dropped == 0 => {
-            let reply = tokenize::tokenize_reply(&e.ids, context_len);
+            let reply = match counting {
+                Counting::Tokenize => tokenize::tokenize_reply(&e.ids, context_len),
+                Counting::CountTokens => json!({"input_tokens": e.ids.len()}),
+            };
             cx.send(json!({"kind": "reply", "data": reply}));
         }
         Ok(_) => too_long_to_tokenize(cx, context_len),
@@ -261,6 +278,7 @@ impl ChatConn {
         let prefix = match route {
             Route::Chat => "chatcmpl-",
             Route::Completions => "cmpl-",
+            Route::Messages => "msg_",
         };
         let choices = (0..req.n)
             .map(|_| Choice {
@@ -305,10 +323,35 @@ impl ChatConn {
             Err(e) => return refuse(cx, &e),
         };
         match job {
-            Ok(job) => self.tokenizing = Some(job),
+            Ok(job) => self.tokenizing = Some((job, Counting::Tokenize)),
             Err((e, field)) => {
                 let (status, code, message) = openai::start_error(&e, "max_tokens");
                 send_error(cx, status, code, &message, Some(field));
+            }
+        }
+    }
+
+    /// Anthropic's `count_tokens`: the conversation (with its tools)
+    /// rendered as `/v1/messages` renders it, counted (answered in
+    /// [`on_tokenized`]).
+    fn on_count_tokens(&mut self, cx: &mut Cx<'_>, body: &Map<String, Value>) {
+        if other_model(cx, body) {
+            return;
+        }
+        let format = cx.codec().tool_format();
+        let context_len = cx.model().context_len;
+        let (messages, tools) =
+            match anthropic::conversation(&crate::json::Fields::new(body, ""), format) {
+                Ok(c) => c,
+                Err(e) => return refuse(cx, &e),
+            };
+        let tools = tools.prompt_defs().to_vec();
+        let kwargs = Map::new();
+        match cx.encode_chat_templated(messages, usize::MAX, context_len, tools, kwargs) {
+            Ok(job) => self.tokenizing = Some((job, Counting::CountTokens)),
+            Err(e) => {
+                let (status, code, message) = openai::start_error(&e, "max_tokens");
+                send_error(cx, status, code, &message, Some("messages"));
             }
         }
     }
@@ -319,7 +362,7 @@ impl ChatConn {
         };
         r.tokenizing = None;
         let field = match r.req.route {
-            Route::Chat => "messages",
+            Route::Chat | Route::Messages => "messages",
             Route::Completions => "prompt",
         };
         let too_long = format!(
@@ -409,7 +452,7 @@ impl ChatConn {
         let lp = piece.logprobs.as_ref()?;
         let text = |t: TokenId| surface(cx, last, t);
         Some(match route {
-            Route::Chat => {
+            Route::Chat | Route::Messages => {
                 let entry = |t: TokenId, logprob: f32| {
                     let s = text(t);
                     json!({"token": s, "logprob": logprob, "bytes": s.as_bytes()})
@@ -438,7 +481,7 @@ impl ChatConn {
         role: bool,
     ) -> Value {
         let mut choice = match r.req.route {
-            Route::Chat => {
+            Route::Chat | Route::Messages => {
                 let mut delta = Map::new();
                 if role {
                     delta.insert("role".into(), json!("assistant"));
@@ -463,16 +506,34 @@ impl ChatConn {
                 "finish_reason": finish,
             }),
         };
-        if choice["logprobs"].is_null() && r.req.route == Route::Chat && r.req.logprobs.is_none() {
+        if choice["logprobs"].is_null()
+            && r.req.route != Route::Completions
+            && r.req.logprobs.is_none()
+        {
             choice.as_object_mut().map(|c| c.remove("logprobs"));
         }
-        json!({
-            "id": r.id,
-            "object": r.req.route.chunk_object(),
-            "created": r.created,
-            "model": r.req.model,
-            "choices": [choice],
-        })
+        if r.req.route == Route::Messages && finish.is_some() {
+            choice["stop_sequence"] = json!(r.choices[index].stop_sequence);
+        }
+        Self::with_running_usage(
+            r,
+            json!({
+                "id": r.id,
+                "object": r.req.route.chunk_object(),
+                "created": r.created,
+                "model": r.req.model,
+                "choices": [choice],
+            }),
+        )
+    }
+
+    /// A Messages chunk carries the usage so far (vLLM's continuous usage
+    /// statistics): Anthropic's `message_start` tells the prompt's tokens.
+    fn with_running_usage(r: &Request, mut chunk: Value) -> Value {
+        if r.req.route == Route::Messages {
+            chunk["usage"] = Self::usage(r);
+        }
+        chunk
     }
 
     /// A streamed chunk carrying choice `index`'s call `k` whole (its
@@ -480,7 +541,7 @@ impl ChatConn {
     /// SDKs' stream accumulators take as they take a split one).
     fn call_chunk(r: &Request, index: usize, k: usize) -> Value {
         let (id, call) = &r.choices[index].calls[k];
-        json!({
+        let chunk = json!({
             "id": r.id,
             "object": r.req.route.chunk_object(),
             "created": r.created,
@@ -495,7 +556,8 @@ impl ChatConn {
                 }]},
                 "finish_reason": null,
             }],
-        })
+        });
+        Self::with_running_usage(r, chunk)
     }
 
     fn usage(r: &Request) -> Value {
@@ -505,7 +567,7 @@ impl ChatConn {
             "completion_tokens": completion,
             "total_tokens": r.prompt_tokens + completion,
         });
-        if r.req.route == Route::Chat {
+        if r.req.route != Route::Completions {
             u["prompt_tokens_details"] = json!({"cached_tokens": r.cached_tokens});
         }
         if r.reasoning.is_some() {
@@ -544,6 +606,12 @@ impl ChatConn {
                     "message": message(c, r.reasoning.is_some() && r.req.include_reasoning),
                     "logprobs": r.req.logprobs.map(|_| json!({"content": c.logprobs, "refusal": null})),
                     "finish_reason": c.finish,
+                }),
+                Route::Messages => json!({
+                    "index": i,
+                    "message": message(c, r.reasoning.is_some() && r.req.include_reasoning),
+                    "finish_reason": c.finish,
+                    "stop_sequence": c.stop_sequence,
                 }),
                 Route::Completions => {
                     let echo = if r.req.echo { r.prompt_text.as_str() } else { "" };
@@ -589,7 +657,7 @@ fn message(c: &Choice, reasoning: bool) -> Value {
 /// all answer and nothing is split.
 fn reasoning_plan(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningPlan> {
     let tags = cx.config().reasoning_tags?;
-    if req.route != Route::Chat {
+    if req.route == Route::Completions {
         return None;
     }
     ReasoningPlan::new(tags, cx.codec(), constrained)
@@ -651,7 +719,8 @@ impl DialectConn for ChatConn {
         let route = match name {
             Some("chat") => Some(Route::Chat),
             Some("completions") => Some(Route::Completions),
-            Some("tokenize" | "detokenize") => None,
+            Some("messages") => Some(Route::Messages),
+            Some("tokenize" | "detokenize" | "count_tokens") => None,
             _ => {
                 return send_error(cx, 400, "invalid_request", "not a request frame", None);
             }
@@ -664,6 +733,7 @@ impl DialectConn for ChatConn {
             Some(body) => match route {
                 Some(route) => self.on_request(cx, route, body),
                 None if name == Some("tokenize") => self.on_tokenize(cx, body),
+                None if name == Some("count_tokens") => self.on_count_tokens(cx, body),
                 None => on_detokenize(cx, body),
             },
             None => send_error(
@@ -687,9 +757,11 @@ impl DialectConn for ChatConn {
     }
 
     fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
-        if self.tokenizing == Some(job) {
-            self.tokenizing = None;
-            return on_tokenized(cx, result);
+        if let Some((waiting, counting)) = self.tokenizing {
+            if waiting == job {
+                self.tokenizing = None;
+                return on_tokenized(cx, counting, result);
+            }
         }
         if self.inflight.as_ref().and_then(|r| r.tokenizing) == Some(job) {
             self.on_tokens(cx, result);
@@ -733,6 +805,7 @@ impl DialectConn for ChatConn {
                 return send_error(cx, 500, "server_error", message, None);
             }
         };
+        let stop_sequence = cx.gen(id).and_then(|g| g.stop_sequence.clone());
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
@@ -781,9 +854,14 @@ impl DialectConn for ChatConn {
                 (text, calls)
             }
         };
+        // Anthropic's clients know calls by `toolu_` ids.
+        let call_prefix = match r.req.route {
+            Route::Messages => "toolu_",
+            _ => "call_",
+        };
         let new_calls: Vec<(String, ParsedCall)> = new_calls
             .into_iter()
-            .map(|c| (cx.new_id("call_"), c))
+            .map(|c| (cx.new_id(call_prefix), c))
             .collect();
         let echo = r.req.echo && r.req.stream && !r.choices[index].announced;
         let c = &mut r.choices[index];
@@ -812,6 +890,9 @@ impl DialectConn for ChatConn {
             f => f,
         };
         c.finish = finish;
+        if finish == Some("stop") {
+            c.stop_sequence = stop_sequence;
+        }
         let news = !visible.is_empty() || !reasoning.is_empty() || entry.is_some();
         if r.req.stream && (news || !c.announced) {
             let role = !c.announced;

@@ -1,0 +1,748 @@
+//! Anthropic's Messages API bodies (`POST /v1/messages`, `POST
+//! /v1/messages/count_tokens`) as the chat machine reads them: decoded into
+//! the same [`ChatRequest`] a Chat Completions body becomes, so both routes
+//! share one machine (templates, tools, grammars, reasoning). Every bad
+//! value is a [`BadRequest`] naming its field, as Anthropic's API spells it.
+//!
+//! The conversation maps onto the chat template's roles: `system` (a
+//! string or text blocks) is the system message; a user message's
+//! `tool_result` blocks are `tool` messages and its text blocks a user
+//! message, in their order; an assistant message's `tool_use` blocks are
+//! written as the model writes calls after its text, and its `thinking`
+//! blocks are left out, as the models' templates leave out earlier
+//! thinking. The answer's shape is [`crate::dialect::anthropic`]'s.
+
+use serde_json::{Map, Value};
+
+use super::codec::{BadRequest, ChatRequest, Input, Route};
+use crate::constraint::Grammar;
+use crate::dialect::openai::{valid_function_name, MAX_TOOLS};
+use crate::json::{self, Fields};
+use crate::params::{self, GenParams, ParamNames};
+use crate::text::{ChatMessage, Role, TemplateKwargs};
+use crate::tools::{self, ToolChoice, ToolDef, ToolFormat, Tools};
+
+/// The sampling fields' names: Anthropic's `stop_sequences` for `stop`.
+/// `seed`, `repetition_penalty` and logprobs are not Anthropic's and are
+/// not read.
+const NAMES: ParamNames = ParamNames {
+    max_tokens: "max_tokens",
+    temperature: "temperature",
+    top_p: "top_p",
+    top_k: "top_k",
+    repetition_penalty: "",
+    stop: "stop_sequences",
+    seed: "",
+    top_logprobs: "",
+};
+
+/// Decodes a `POST /v1/messages` body. `max_tokens` is required, as in
+/// Anthropic's API, and at most `context_len`; earlier calls are written
+/// as the model writes them (`format`). Fields this server does not know
+/// are ignored, as Anthropic's clients expect.
+pub(super) fn decode(
+    obj: &Map<String, Value>,
+    context_len: u32,
+    format: ToolFormat,
+) -> Result<ChatRequest, BadRequest> {
+    let f = Fields::new(obj, "");
+    let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
+    if !f.has("max_tokens") {
+        return Err(BadRequest::field("max_tokens", "`max_tokens` is required"));
+    }
+    let (messages, tools) = conversation(&f, format)?;
+    let defaults = GenParams::defaults(context_len);
+    let params =
+        params::apply(obj, "", &NAMES, &defaults, context_len).map_err(BadRequest::invalid)?;
+    if params.max_tokens == 0 {
+        return Err(BadRequest::field("max_tokens", "must be at least 1"));
+    }
+    let stream = f
+        .bool("stream")
+        .map_err(BadRequest::invalid)?
+        .unwrap_or(false);
+    let format = output_format(&f)?;
+    if tools.forced() && format.is_some() {
+        return Err(BadRequest::field(
+            "tool_choice",
+            "a forced tool call cannot be combined with `output_config.format`; use one or the other",
+        ));
+    }
+    Ok(ChatRequest {
+        route: Route::Messages,
+        model,
+        input: Input::Messages(messages),
+        params,
+        n: 1,
+        logprobs: None,
+        stream,
+        // The closing `message_delta` carries the usage.
+        include_usage: stream,
+        echo: false,
+        format,
+        tools,
+        template_kwargs: TemplateKwargs::new(),
+        include_reasoning: thinking_shown(&f)?,
+    })
+}
+
+/// The conversation and tools of a Messages or `count_tokens` body:
+/// `system`, `messages`, `tools` and `tool_choice`.
+pub(super) fn conversation(
+    f: &Fields<'_>,
+    format: ToolFormat,
+) -> Result<(Vec<ChatMessage>, Tools), BadRequest> {
+    let mut out = Vec::new();
+    if let Some(system) = f.raw("system") {
+        let text = text_of("system", system)?;
+        out.push(ChatMessage {
+            role: Role::System,
+            content: text,
+        });
+    }
+    let items = f
+        .array("messages")
+        .map_err(BadRequest::invalid)?
+        .ok_or_else(|| BadRequest::field("messages", "`messages` is required"))?;
+    if items.is_empty() {
+        return Err(BadRequest::field(
+            "messages",
+            "must hold at least one message",
+        ));
+    }
+    for (i, item) in items.iter().enumerate() {
+        let name = format!("messages[{i}]");
+        let Value::Object(m) = item else {
+            return Err(BadRequest::field(
+                &name,
+                format!("must be an object, got {}", json::type_name(item)),
+            ));
+        };
+        let prefix = format!("{name}.");
+        let mf = Fields::new(m, &prefix);
+        let content = m
+            .get("content")
+            .ok_or_else(|| BadRequest::field(&format!("{name}.content"), "is required"))?;
+        match mf.req_str("role").map_err(BadRequest::invalid)? {
+            "user" => user_turn(&format!("{name}.content"), content, &mut out)?,
+            "assistant" => {
+                if i + 1 == items.len() {
+                    return Err(BadRequest::field(
+                        &name,
+                        "a last `assistant` message (a prefill) is not supported: end with a `user` message",
+                    ));
+                }
+                out.push(assistant_turn(&format!("{name}.content"), content, format)?);
+            }
+            other => {
+                return Err(BadRequest::field(
+                    &format!("{name}.role"),
+                    format!("must be user or assistant, got `{other}`"),
+                ))
+            }
+        }
+    }
+    Ok((out, tools(f)?))
+}
+
+/// A user turn: its `tool_result` blocks as `tool` messages, its text
+/// blocks (runs of them joined) as user messages, in their order.
+fn user_turn(field: &str, content: &Value, out: &mut Vec<ChatMessage>) -> Result<(), BadRequest> {
+    let blocks = match content {
+        Value::String(s) => {
+            out.push(ChatMessage {
+                role: Role::User,
+                content: s.clone(),
+            });
+            return Ok(());
+        }
+        Value::Array(blocks) => blocks,
+        other => return Err(not_content(field, other)),
+    };
+    let mut text: Option<String> = None;
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{field}[{j}]");
+        match block_type(&at, b)? {
+            ("text", o) => text
+                .get_or_insert_with(String::new)
+                .push_str(block_text(&at, o)?),
+            ("tool_result", o) => {
+                if let Some(t) = text.take() {
+                    out.push(ChatMessage {
+                        role: Role::User,
+                        content: t,
+                    });
+                }
+                let prefix = format!("{at}.");
+                Fields::new(o, &prefix)
+                    .req_str("tool_use_id")
+                    .map_err(BadRequest::invalid)?;
+                let result = match o.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(c) => text_of(&format!("{at}.content"), c)?,
+                };
+                out.push(ChatMessage {
+                    role: Role::Tool,
+                    content: result,
+                });
+            }
+            (kind, _) => return Err(unsupported_block(&at, kind, "user")),
+        }
+    }
+    if let Some(t) = text {
+        out.push(ChatMessage {
+            role: Role::User,
+            content: t,
+        });
+    }
+    Ok(())
+}
+
+/// An assistant turn: its text, then its `tool_use` blocks written as the
+/// model writes calls (`format`); `thinking` blocks are left out.
+fn assistant_turn(
+    field: &str,
+    content: &Value,
+    format: ToolFormat,
+) -> Result<ChatMessage, BadRequest> {
+    let blocks = match content {
+        Value::String(s) => {
+            return Ok(ChatMessage {
+                role: Role::Assistant,
+                content: s.clone(),
+            })
+        }
+        Value::Array(blocks) => blocks,
+        other => return Err(not_content(field, other)),
+    };
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{field}[{j}]");
+        match block_type(&at, b)? {
+            ("text", o) => text.push_str(block_text(&at, o)?),
+            ("tool_use", o) => {
+                let prefix = format!("{at}.");
+                let name = Fields::new(o, &prefix)
+                    .req_str("name")
+                    .map_err(BadRequest::invalid)?;
+                let input = match o.get("input") {
+                    Some(i @ Value::Object(_)) => i.to_string(),
+                    _ => {
+                        return Err(BadRequest::field(
+                            &format!("{at}.input"),
+                            "must be an object (the call's arguments)",
+                        ))
+                    }
+                };
+                calls.push(tools::render_call(format, name, &input));
+            }
+            ("thinking" | "redacted_thinking", _) => {}
+            (kind, _) => return Err(unsupported_block(&at, kind, "assistant")),
+        }
+    }
+    let content = [text, calls.concat()]
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok(ChatMessage {
+        role: Role::Assistant,
+        content,
+    })
+}
+
+/// A block's `type` and its object.
+fn block_type<'a>(at: &str, b: &'a Value) -> Result<(&'a str, &'a Map<String, Value>), BadRequest> {
+    let Value::Object(o) = b else {
+        return Err(BadRequest::field(
+            at,
+            format!("must be a content block object, got {}", json::type_name(b)),
+        ));
+    };
+    match o.get("type").and_then(Value::as_str) {
+        Some(kind) => Ok((kind, o)),
+        None => Err(BadRequest::field(
+            &format!("{at}.type"),
+            "each content block needs a `type`",
+        )),
+    }
+}
+
+/// A `text` block's text.
+fn block_text<'a>(at: &str, o: &'a Map<String, Value>) -> Result<&'a str, BadRequest> {
+    o.get("text").and_then(Value::as_str).ok_or_else(|| {
+        BadRequest::field(
+            &format!("{at}.text"),
+            "a `text` block needs a string `text`",
+        )
+    })
+}
+
+/// Text given as a string or as `text` blocks (`system`, a tool result's
+/// `content`), joined.
+fn text_of(field: &str, v: &Value) -> Result<String, BadRequest> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut out = String::new();
+            for (j, b) in blocks.iter().enumerate() {
+                let at = format!("{field}[{j}]");
+                match block_type(&at, b)? {
+                    ("text", o) => out.push_str(block_text(&at, o)?),
+                    (kind, _) => return Err(unsupported_block(&at, kind, "text")),
+                }
+            }
+            Ok(out)
+        }
+        other => Err(not_content(field, other)),
+    }
+}
+
+fn not_content(field: &str, v: &Value) -> BadRequest {
+    BadRequest::field(
+        field,
+        format!(
+            "must be a string or an array of content blocks, got {}",
+            json::type_name(v)
+        ),
+    )
+}
+
+/// A block this text server cannot take where it stands: images and
+/// documents are `unsupported_parameter`, anything else a bad value.
+fn unsupported_block(at: &str, kind: &str, place: &str) -> BadRequest {
+    if matches!(kind, "image" | "document" | "search_result") {
+        return BadRequest::unsupported(
+            at,
+            format!("`{kind}` blocks are not supported by this text model; send `text` blocks"),
+        );
+    }
+    let allowed = match place {
+        "user" => "text or tool_result",
+        "assistant" => "text, tool_use or thinking",
+        _ => "text",
+    };
+    BadRequest::field(
+        &format!("{at}.type"),
+        format!("must be {allowed} here, got `{kind}`"),
+    )
+}
+
+/// `tools` (custom tools: `name`, `description`, `input_schema`) and
+/// `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`; with
+/// `disable_parallel_tool_use`). Anthropic's server tools (web search,
+/// code execution, ...) run on Anthropic's side and are refused.
+fn tools(f: &Fields<'_>) -> Result<Tools, BadRequest> {
+    let items = f
+        .array("tools")
+        .map_err(BadRequest::invalid)?
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    if items.len() > MAX_TOOLS {
+        return Err(BadRequest::field(
+            "tools",
+            format!("at most {MAX_TOOLS} tools, got {}", items.len()),
+        ));
+    }
+    let mut defs: Vec<ToolDef> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Value::Object(o) = item else {
+            return Err(BadRequest::field(&at, "must be an object"));
+        };
+        let prefix = format!("{at}.");
+        let t = Fields::new(o, &prefix);
+        let kind = t
+            .str("type")
+            .map_err(BadRequest::invalid)?
+            .unwrap_or("custom");
+        if kind != "custom" {
+            return Err(BadRequest::field(
+                &format!("{at}.type"),
+                format!("only custom tools (with `input_schema`) are supported, got `{kind}`"),
+            ));
+        }
+        let name = t.req_str("name").map_err(BadRequest::invalid)?;
+        if !valid_function_name(name) {
+            return Err(BadRequest::field(
+                &format!("{at}.name"),
+                "must be 1 to 64 letters, digits, underscores or dashes",
+            ));
+        }
+        if defs.iter().any(|d| d.name == name) {
+            return Err(BadRequest::field(
+                &format!("{at}.name"),
+                format!("`{name}` is offered twice"),
+            ));
+        }
+        let parameters = match o.get("input_schema") {
+            Some(s @ Value::Object(_)) => s.clone(),
+            Some(other) => {
+                return Err(BadRequest::field(
+                    &format!("{at}.input_schema"),
+                    format!(
+                        "must be a JSON Schema object, got {}",
+                        json::type_name(other)
+                    ),
+                ))
+            }
+            None => {
+                return Err(BadRequest::field(
+                    &format!("{at}.input_schema"),
+                    "is required",
+                ))
+            }
+        };
+        defs.push(ToolDef {
+            name: name.to_string(),
+            description: t
+                .str("description")
+                .map_err(BadRequest::invalid)?
+                .map(str::to_string),
+            parameters,
+        });
+    }
+    let (choice, parallel) = match f.obj("tool_choice").map_err(BadRequest::invalid)? {
+        None if defs.is_empty() => (ToolChoice::None, true),
+        None => (ToolChoice::Auto, true),
+        Some(o) => {
+            let c = Fields::new(o, "tool_choice.");
+            let parallel = !c
+                .bool("disable_parallel_tool_use")
+                .map_err(BadRequest::invalid)?
+                .unwrap_or(false);
+            let choice = match c.req_str("type").map_err(BadRequest::invalid)? {
+                "auto" if defs.is_empty() => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "any" if defs.is_empty() => {
+                    return Err(BadRequest::field(
+                        "tool_choice.type",
+                        "`any` needs at least one of `tools`",
+                    ))
+                }
+                "any" => ToolChoice::Required,
+                "tool" => {
+                    let name = c.req_str("name").map_err(BadRequest::invalid)?;
+                    if !defs.iter().any(|d| d.name == name) {
+                        return Err(BadRequest::field(
+                            "tool_choice.name",
+                            format!("`{name}` is not one of the `tools`"),
+                        ));
+                    }
+                    ToolChoice::Named(name.to_string())
+                }
+                other => {
+                    return Err(BadRequest::field(
+                        "tool_choice.type",
+                        format!("must be auto, any, tool or none, got `{other}`"),
+                    ))
+                }
+            };
+            (choice, parallel)
+        }
+    };
+    Ok(Tools {
+        defs,
+        choice,
+        parallel,
+    })
+}
+
+/// `output_config.format`: `{"type": "json_schema", "schema": {...}}`, the
+/// grammar the answer follows (strictly, as Anthropic's structured outputs
+/// do); `None` when absent. `output_config.effort` is ignored.
+fn output_format(f: &Fields<'_>) -> Result<Option<Grammar>, BadRequest> {
+    let Some(config) = f.obj("output_config").map_err(BadRequest::invalid)? else {
+        return Ok(None);
+    };
+    let c = Fields::new(config, "output_config.");
+    let Some(format) = c.obj("format").map_err(BadRequest::invalid)? else {
+        return Ok(None);
+    };
+    let ff = Fields::new(format, "output_config.format.");
+    match ff.req_str("type").map_err(BadRequest::invalid)? {
+        "json_schema" => match format.get("schema") {
+            Some(s @ Value::Object(_)) => Ok(Some(Grammar::JsonSchema {
+                schema: s.clone(),
+                strict: true,
+            })),
+            Some(other) => Err(BadRequest::field(
+                "output_config.format.schema",
+                format!(
+                    "must be a JSON Schema object, got {}",
+                    json::type_name(other)
+                ),
+            )),
+            None => Err(BadRequest::field(
+                "output_config.format.schema",
+                "is required",
+            )),
+        },
+        other => Err(BadRequest::field(
+            "output_config.format.type",
+            format!("must be json_schema, got `{other}`"),
+        )),
+    }
+}
+
+/// Whether the answer's thinking is sent (as `thinking` blocks, with a
+/// reasoning parser): not when `thinking.type` is `disabled`. Its budget
+/// is not enforced; the model's template decides whether it thinks.
+fn thinking_shown(f: &Fields<'_>) -> Result<bool, BadRequest> {
+    let Some(t) = f.obj("thinking").map_err(BadRequest::invalid)? else {
+        return Ok(true);
+    };
+    let tf = Fields::new(t, "thinking.");
+    match tf.req_str("type").map_err(BadRequest::invalid)? {
+        "disabled" => Ok(false),
+        "enabled" | "adaptive" | "between_tools" => Ok(true),
+        other => Err(BadRequest::field(
+            "thinking.type",
+            format!("must be enabled, adaptive or disabled, got `{other}`"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::body;
+    use super::*;
+    use serde_json::json;
+
+    fn decode_body(v: Value) -> Result<ChatRequest, BadRequest> {
+        decode(&body(v), 512, ToolFormat::Hermes)
+    }
+
+    fn param_of(v: Value) -> String {
+        let e = decode_body(v).expect_err("refused");
+        assert_eq!(e.status, 400, "{e:?}");
+        e.param.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_conversation_with_tools_maps_onto_the_chat_roles() {
+        let r = decode_body(json!({
+            "model": "m", "max_tokens": 20, "temperature": 0.5, "top_k": 4,
+            "stop_sequences": ["\n\n"], "stream": true,
+            "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": " Always."}],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": ""},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]},
+                    {"type": "text", "text": "And "}, {"type": "text", "text": "Rome?"}
+                ]}
+            ],
+            "tools": [{"name": "weather", "description": "Weather now",
+                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
+            "metadata": {"user_id": "u"}
+        }))
+        .expect("decodes");
+        let Input::Messages(m) = &r.input else {
+            panic!("messages")
+        };
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                Role::System,
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::User
+            ]
+        );
+        assert_eq!(m[0].content, "Be brief. Always.");
+        let call = tools::render_call(ToolFormat::Hermes, "weather", r#"{"city":"Paris"}"#);
+        assert_eq!(m[2].content, format!("Checking.\n{call}"), "no thinking");
+        assert_eq!(
+            (m[3].content.as_str(), m[4].content.as_str()),
+            ("sunny", "And Rome?")
+        );
+        assert_eq!(r.route, Route::Messages);
+        assert_eq!((r.params.max_tokens, r.params.top_k), (20, 4));
+        assert_eq!(r.params.stop, ["\n\n"]);
+        assert!(r.stream && r.include_usage, "a stream ends with its usage");
+        assert_eq!(r.tools.choice, ToolChoice::Auto);
+        assert!(!r.tools.parallel);
+        assert_eq!(
+            r.tools.defs[0].parameters["properties"]["city"]["type"],
+            "string"
+        );
+        assert_eq!((r.n, r.logprobs, r.include_reasoning), (1, None, true));
+    }
+
+    #[test]
+    fn tool_choice_any_and_tool_force_calls() {
+        let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+        let with = |choice: Value| {
+            decode_body(
+                json!({"model": "m", "max_tokens": 5, "tools": tools.clone(),
+                "tool_choice": choice, "messages": [{"role": "user", "content": "x"}]}),
+            )
+            .expect("decodes")
+            .tools
+        };
+        assert_eq!(with(json!({"type": "any"})).choice, ToolChoice::Required);
+        assert_eq!(
+            with(json!({"type": "tool", "name": "f"})).choice,
+            ToolChoice::Named("f".into())
+        );
+        assert_eq!(with(json!({"type": "none"})).choice, ToolChoice::None);
+        assert!(with(json!({"type": "any"})).forced());
+    }
+
+    #[test]
+    fn structured_output_and_thinking_settings_decode() {
+        let r = decode_body(json!({"model": "m", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}, "effort": "low"},
+            "thinking": {"type": "disabled"}}))
+        .expect("decodes");
+        assert_eq!(
+            r.format,
+            Some(Grammar::JsonSchema {
+                schema: json!({"type": "object"}),
+                strict: true
+            })
+        );
+        assert!(!r.include_reasoning, "disabled thinking is not sent");
+        let r = decode_body(json!({"model": "m", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+            "thinking": {"type": "enabled", "budget_tokens": 2048}}))
+        .expect("decodes");
+        assert!(r.include_reasoning && r.format.is_none());
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let user = json!([{"role": "user", "content": "x"}]);
+        let cases = [
+            (json!({"max_tokens": 5, "messages": user.clone()}), "model"),
+            (
+                json!({"model": "m", "messages": user.clone()}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 0, "messages": user.clone()}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 9999, "messages": user.clone()}),
+                "max_tokens",
+            ),
+            (json!({"model": "m", "max_tokens": 5}), "messages"),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": []}),
+                "messages",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user"}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+                "messages[0].content[0].text",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]}),
+                "messages[0].content[0].type",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "content": "r"}]}]}),
+                "messages[0].content[0].tool_use_id",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": "{}"}]},
+                    {"role": "user", "content": "y"}]}),
+                "messages[1].content[0].input",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure: {"}]}),
+                "messages[1]",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(), "system": 4}),
+                "system",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(), "temperature": 3}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(), "stop_sequences": [""]}),
+                "stop_sequences",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(),
+                       "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(), "tools": [{"name": "f"}]}),
+                "tools[0].input_schema",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(),
+                       "tools": [{"name": "no spaces", "input_schema": {}}]}),
+                "tools[0].name",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(), "tool_choice": {"type": "any"}}),
+                "tool_choice.type",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(),
+                       "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}}),
+                "tool_choice.name",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(),
+                       "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"},
+                       "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(),
+                       "output_config": {"format": {"type": "json_schema"}}}),
+                "output_config.format.schema",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user.clone(), "thinking": {"type": "sometimes"}}),
+                "thinking.type",
+            ),
+        ];
+        for (v, field) in cases {
+            assert_eq!(param_of(v.clone()), field, "{v}");
+        }
+    }
+
+    #[test]
+    fn images_are_unsupported_rather_than_bad() {
+        let e = decode_body(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}))
+        .expect_err("refused");
+        assert_eq!(
+            (e.code, e.param.as_deref()),
+            ("unsupported_parameter", Some("messages[0].content[0]"))
+        );
+    }
+}
