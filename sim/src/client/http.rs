@@ -259,9 +259,17 @@ impl SimClient for HttpClient {
             return Vec::new();
         };
         match exchange.on_frame(text) {
-            HttpStep::Wait | HttpStep::Event(_) => Vec::new(),
+            HttpStep::Wait | HttpStep::Event(_) | HttpStep::Events { last: false, .. } => {
+                Vec::new()
+            }
             HttpStep::LastEvent(event) => {
                 self.remember(&event.data);
+                self.done(cx)
+            }
+            HttpStep::Events { events, last: true } => {
+                if let Some(event) = events.last() {
+                    self.remember(&event.data);
+                }
                 self.done(cx)
             }
             HttpStep::Reply(reply) => {
