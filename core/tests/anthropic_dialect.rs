@@ -177,3 +177,24 @@ fn errors_keep_their_status_and_the_connection_answers_the_next_request() {
         Some(json!("reply"))
     );
 }
+
+#[test]
+fn max_tokens_is_a_ceiling_the_context_may_lower() {
+    let mut h = Harness::new(HostConfig::default(), SCRIPT, 1);
+    let context = u64::from(tiny_model_info().context_len);
+    let c = h.open_http(1, Dialect::Anthropic);
+    h.send(c, request(json!({"max_tokens": 1_000_000})));
+    h.run(context as usize * 2);
+    let r = h.received(c).last().cloned().unwrap_or(Value::Null);
+    let m = message(&r["data"]);
+    assert_eq!(m["stop_reason"], "model_context_window_exceeded", "{m}");
+    let u = &m["usage"];
+    let used = ["input_tokens", "cache_read_input_tokens", "output_tokens"]
+        .iter()
+        .map(|k| u[k].as_u64().unwrap_or(0))
+        .sum::<u64>();
+    assert_eq!(used, context, "the answer took what the prompt left: {u}");
+    // A ceiling the context does not lower is reached as max_tokens.
+    let r = answer(&mut h, 2, request(json!({"max_tokens": 3})));
+    assert_eq!(message(&r["data"])["stop_reason"], "max_tokens");
+}

@@ -262,3 +262,70 @@ async fn with_keys_on_every_route_x_api_key_is_a_key() {
     assert_eq!(r.status, 200, "{}", r.body);
     server.shutdown().await;
 }
+
+/// With `--reasoning-parser`, on stories260K with a template that opens the
+/// reasoning: the thinking is a `thinking` block (streamed as
+/// `thinking_delta`s) holding what Chat Completions gives as
+/// `reasoning_content`, and `thinking: {"type": "disabled"}` closes the
+/// reasoning in the prompt (the template's `enable_thinking`), so the
+/// answer is text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_models_thinking_is_a_thinking_block() {
+    let dir = tokenwire_tests::thinking_stories260k("anthropic");
+    let server = start(ModelSource::Dir(dir.clone()), |c| {
+        c.host.reasoning_tags = Some(tokenwire_core::reasoning::ReasoningTags::THINK);
+    })
+    .await;
+    let chat = json!({"model": "stories260K", "max_tokens": 20, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Once upon a time"}]});
+    let chat = http(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat.to_string()),
+    )
+    .await;
+    let thought = chat.json()["choices"][0]["message"]["reasoning_content"].clone();
+    assert!(
+        thought.as_str().is_some_and(|t| !t.is_empty()),
+        "{}",
+        chat.body
+    );
+
+    let m = http(&server, "POST", MESSAGES, Some(&body(20, json!({}))))
+        .await
+        .json();
+    assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+    assert_eq!(m["content"][0]["thinking"], thought);
+    assert_eq!(m["content"][0]["signature"], "");
+    assert_eq!(
+        m["content"].as_array().map(Vec::len),
+        Some(1),
+        "all thinking: {m}"
+    );
+
+    let r = http(
+        &server,
+        "POST",
+        MESSAGES,
+        Some(&body(20, json!({"stream": true}))),
+    )
+    .await;
+    let ev = events(&r.body);
+    assert_eq!(ev[1].1["content_block"]["type"], "thinking", "{}", r.body);
+    let streamed: String = ev
+        .iter()
+        .filter_map(|(_, d)| d["delta"]["thinking"].as_str())
+        .collect();
+    assert_eq!(Some(streamed.as_str()), thought.as_str());
+
+    let off = body(20, json!({"thinking": {"type": "disabled"}}));
+    let m = http(&server, "POST", MESSAGES, Some(&off)).await.json();
+    let kinds: Vec<&str> = m["content"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|b| b["type"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(kinds, ["text"], "{m}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}

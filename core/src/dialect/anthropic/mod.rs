@@ -30,6 +30,8 @@ use crate::http::SseEvent;
 pub fn stop_reason(finish: &str, stop_sequence: Option<&str>) -> &'static str {
     match finish {
         "length" => "max_tokens",
+        // The answer took what the context left after the prompt.
+        "context_window" => "model_context_window_exceeded",
         "tool_calls" => "tool_use",
         "content_filter" => "refusal",
         _ if stop_sequence.is_some() => "stop_sequence",

@@ -52,8 +52,18 @@ pub(super) fn decode(
     }
     let (messages, tools) = conversation(&f, format)?;
     let defaults = GenParams::defaults(context_len);
-    let params =
-        params::apply(obj, "", &NAMES, &defaults, context_len).map_err(BadRequest::invalid)?;
+    // `max_tokens` is a ceiling: past the context it is the context (the
+    // machine then fits the answer to what the prompt leaves).
+    let ceiling = f.u64("max_tokens").map_err(BadRequest::invalid)?;
+    let params = match ceiling {
+        Some(m) if m > u64::from(context_len) => {
+            let mut capped = obj.clone();
+            capped.insert("max_tokens".into(), context_len.into());
+            params::apply(&capped, "", &NAMES, &defaults, context_len)
+        }
+        _ => params::apply(obj, "", &NAMES, &defaults, context_len),
+    }
+    .map_err(BadRequest::invalid)?;
     if params.max_tokens == 0 {
         return Err(BadRequest::field("max_tokens", "must be at least 1"));
     }
@@ -62,6 +72,7 @@ pub(super) fn decode(
         .map_err(BadRequest::invalid)?
         .unwrap_or(false);
     let format = output_format(&f)?;
+    let thinking = thinking(&f)?;
     if tools.forced() && format.is_some() {
         return Err(BadRequest::field(
             "tool_choice",
@@ -81,8 +92,9 @@ pub(super) fn decode(
         echo: false,
         format,
         tools,
-        template_kwargs: TemplateKwargs::new(),
-        include_reasoning: thinking_shown(&f)?,
+        template_kwargs: thinking.template_kwargs(),
+        include_reasoning: thinking != Thinking::Disabled,
+        fit_to_context: true,
     })
 }
 
@@ -487,17 +499,46 @@ fn output_format(f: &Fields<'_>) -> Result<Option<Grammar>, BadRequest> {
     }
 }
 
-/// Whether the answer's thinking is sent (as `thinking` blocks, with a
-/// reasoning parser): not when `thinking.type` is `disabled`. Its budget
-/// is not enforced; the model's template decides whether it thinks.
-fn thinking_shown(f: &Fields<'_>) -> Result<bool, BadRequest> {
+/// What `thinking` asks of a reasoning model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Thinking {
+    /// No `thinking`, or `adaptive`: as the model's template does.
+    Default,
+    /// `enabled` (its `budget_tokens` is not enforced).
+    Enabled,
+    /// `disabled`: no thinking block is sent.
+    Disabled,
+}
+
+impl Thinking {
+    /// The chat template's switch for it, `enable_thinking`, as Qwen3's
+    /// template (and others after it) reads it; templates without it
+    /// ignore it.
+    fn template_kwargs(self) -> TemplateKwargs {
+        let mut kwargs = TemplateKwargs::new();
+        match self {
+            Thinking::Default => {}
+            Thinking::Enabled => {
+                kwargs.insert("enable_thinking".into(), Value::Bool(true));
+            }
+            Thinking::Disabled => {
+                kwargs.insert("enable_thinking".into(), Value::Bool(false));
+            }
+        }
+        kwargs
+    }
+}
+
+/// `thinking`: `{"type": "enabled" | "adaptive" | "disabled"}`.
+fn thinking(f: &Fields<'_>) -> Result<Thinking, BadRequest> {
     let Some(t) = f.obj("thinking").map_err(BadRequest::invalid)? else {
-        return Ok(true);
+        return Ok(Thinking::Default);
     };
     let tf = Fields::new(t, "thinking.");
     match tf.req_str("type").map_err(BadRequest::invalid)? {
-        "disabled" => Ok(false),
-        "enabled" | "adaptive" | "between_tools" => Ok(true),
+        "disabled" => Ok(Thinking::Disabled),
+        "enabled" => Ok(Thinking::Enabled),
+        "adaptive" | "between_tools" => Ok(Thinking::Default),
         other => Err(BadRequest::field(
             "thinking.type",
             format!("must be enabled, adaptive or disabled, got `{other}`"),
@@ -568,6 +609,7 @@ mod tests {
         );
         assert_eq!(r.route, Route::Messages);
         assert_eq!((r.params.max_tokens, r.params.top_k), (20, 4));
+        assert!(r.fit_to_context);
         assert_eq!(r.params.stop, ["\n\n"]);
         assert!(r.stream && r.include_usage, "a stream ends with its usage");
         assert_eq!(r.tools.choice, ToolChoice::Auto);
@@ -577,6 +619,14 @@ mod tests {
             "string"
         );
         assert_eq!((r.n, r.logprobs, r.include_reasoning), (1, None, true));
+    }
+
+    #[test]
+    fn max_tokens_past_the_context_is_the_context() {
+        let r = decode_body(json!({"model": "m", "max_tokens": 32000,
+            "messages": [{"role": "user", "content": "x"}]}))
+        .expect("decodes");
+        assert_eq!(r.params.max_tokens, 512, "the context");
     }
 
     #[test]
@@ -614,11 +664,17 @@ mod tests {
             })
         );
         assert!(!r.include_reasoning, "disabled thinking is not sent");
+        assert_eq!(r.template_kwargs["enable_thinking"], false, "{r:?}");
         let r = decode_body(json!({"model": "m", "max_tokens": 5,
             "messages": [{"role": "user", "content": "x"}],
             "thinking": {"type": "enabled", "budget_tokens": 2048}}))
         .expect("decodes");
         assert!(r.include_reasoning && r.format.is_none());
+        assert_eq!(r.template_kwargs["enable_thinking"], true);
+        let r = decode_body(json!({"model": "m", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}]}))
+        .expect("decodes");
+        assert!(r.include_reasoning && r.template_kwargs.is_empty());
     }
 
     #[test]
@@ -635,7 +691,7 @@ mod tests {
                 "max_tokens",
             ),
             (
-                json!({"model": "m", "max_tokens": 9999, "messages": user.clone()}),
+                json!({"model": "m", "max_tokens": -1, "messages": user.clone()}),
                 "max_tokens",
             ),
             (json!({"model": "m", "max_tokens": 5}), "messages"),

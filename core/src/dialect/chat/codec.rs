@@ -103,6 +103,10 @@ pub struct ChatRequest {
     /// `include_reasoning` (vLLM's): with a reasoning parser, send the
     /// reasoning as `reasoning_content` (`true`, the default) or drop it.
     pub include_reasoning: bool,
+    /// The length is a ceiling, not a reservation (Anthropic's
+    /// `max_tokens`): the prompt may take all of the context but one token,
+    /// and the answer what it leaves, up to the length.
+    pub fit_to_context: bool,
 }
 
 /// A request refused before anything runs: the status, the OpenAI error
@@ -301,6 +305,7 @@ pub fn decode(
         tools,
         template_kwargs,
         include_reasoning,
+        fit_to_context: false,
     })
 }
 

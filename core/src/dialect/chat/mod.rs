@@ -102,6 +102,10 @@ struct Request {
     /// How a reasoning parser reads this answer, when it is split
     /// ([`reasoning_plan`]).
     reasoning: Option<ReasoningPlan>,
+    /// The length was cut to what the context leaves after the prompt
+    /// ([`codec::ChatRequest::fit_to_context`]): reaching it is reaching
+    /// the context's end.
+    capped: bool,
 }
 
 /// One `chat` (or `anthropic`) request's machine.
@@ -256,7 +260,11 @@ impl ChatConn {
         let max_tokens = req.params.max_tokens;
         let (job, prompt_text) = match &req.input {
             Input::Messages(m) => {
-                let budget = context_len.saturating_sub(max_tokens);
+                let budget = if req.fit_to_context {
+                    context_len.saturating_sub(1)
+                } else {
+                    context_len.saturating_sub(max_tokens)
+                };
                 let tools = req.tools.prompt_defs().to_vec();
                 let kwargs = req.template_kwargs.clone();
                 match cx.encode_chat_templated(m.clone(), usize::MAX, budget, tools, kwargs) {
@@ -301,6 +309,7 @@ impl ChatConn {
             prompt_ids: Vec::new(),
             choices,
             constraint,
+            capped: false,
             req,
         });
     }
@@ -388,6 +397,11 @@ impl ChatConn {
         };
         r.prompt_tokens = encoded.ids.len() as u32;
         r.prompt_ids = encoded.ids;
+        let room = cx.model().context_len.saturating_sub(r.prompt_tokens);
+        if r.req.fit_to_context && room < r.req.params.max_tokens {
+            r.req.params.max_tokens = room;
+            r.capped = true;
+        }
         if let Some(plan) = r.reasoning {
             // Whether the template opened the reasoning is read off the
             // prompt's last tokens.
@@ -794,6 +808,8 @@ impl DialectConn for ChatConn {
         let finish = match piece.finish {
             None => None,
             Some(FinishReason::Stop) => Some("stop"),
+            // Internal to the Messages route, which names it.
+            Some(FinishReason::Length) if r.capped => Some("context_window"),
             Some(FinishReason::Length) => Some("length"),
             Some(FinishReason::ContentFilter) => Some("content_filter"),
             Some(FinishReason::Cancelled | FinishReason::Timeout) => {
