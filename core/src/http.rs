@@ -219,6 +219,23 @@ impl PathMatch {
     }
 }
 
+/// A request body that must be one JSON object (parsed as the WebSocket
+/// frames are, with their nesting limit), or what is wrong with it.
+pub(crate) fn json_object(
+    body: &[u8],
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let text =
+        std::str::from_utf8(body).map_err(|e| format!("the request body is not UTF-8: {e}"))?;
+    match crate::json::parse(text) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(other) => Err(format!(
+            "the request body must be a JSON object, got {}",
+            crate::json::type_name(&other)
+        )),
+        Err(e) => Err(format!("the request body is not valid JSON: {e}")),
+    }
+}
+
 /// Seconds a client is told to wait before retrying a 503 or 429.
 pub(crate) const RETRY_AFTER_S: u32 = 1;
 

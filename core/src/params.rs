@@ -117,7 +117,8 @@ impl GenParams {
     }
 }
 
-/// The names a dialect uses for each parameter (they differ between dialects).
+/// The names a dialect uses for each parameter (they differ between
+/// dialects); an empty name is a parameter the dialect does not have.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamNames {
     /// e.g. `max_tokens`, `max_output_tokens`, `max_new_tokens`.
@@ -152,6 +153,20 @@ impl ParamNames {
     };
 }
 
+/// Reads field `name` with `read`, unless `name` is empty: a dialect
+/// without that field (an empty name in [`ParamNames`]) never reads it,
+/// even from a body with an empty key.
+fn named<T>(
+    name: &str,
+    read: impl FnOnce(&str) -> Result<Option<T>, FieldError>,
+) -> Result<Option<T>, FieldError> {
+    if name.is_empty() {
+        Ok(None)
+    } else {
+        read(name)
+    }
+}
+
 /// Applies the fields present in `obj` onto `base`, validating each; fields
 /// absent keep `base`'s value. `prefix` names the enclosing object in errors
 /// (e.g. `"parameters."`). Nothing is applied when any field is invalid.
@@ -165,7 +180,7 @@ pub fn apply(
     let f = Fields::new(obj, prefix);
     let name = |n: &str| format!("{prefix}{n}");
     let mut p = base.clone();
-    if let Some(v) = f.u64(names.max_tokens)? {
+    if let Some(v) = named(names.max_tokens, |n| f.u64(n))? {
         if v < 1 || v > context_len as u64 {
             return Err(FieldError::new(
                 name(names.max_tokens),
@@ -176,7 +191,7 @@ pub fn apply(
     }
     // Floats are checked as they will be stored (f32), so a value that passes
     // in f64 but rounds to zero, a subnormal or infinity is refused.
-    if let Some(v) = f.f64(names.temperature)? {
+    if let Some(v) = named(names.temperature, |n| f.f64(n))? {
         let t = v as f32;
         if !(0.0..=2.0).contains(&t) {
             return Err(FieldError::new(
@@ -186,7 +201,7 @@ pub fn apply(
         }
         p.temperature = t;
     }
-    if let Some(v) = f.f64(names.top_p)? {
+    if let Some(v) = named(names.top_p, |n| f.f64(n))? {
         let t = v as f32;
         if !(v > 0.0 && v <= 1.0) {
             return Err(FieldError::new(
@@ -199,10 +214,10 @@ pub fn apply(
         }
         p.top_p = t;
     }
-    if let Some(v) = f.u64(names.top_k)? {
+    if let Some(v) = named(names.top_k, |n| f.u64(n))? {
         p.top_k = u32::try_from(v).unwrap_or(u32::MAX);
     }
-    if let Some(v) = f.f64(names.repetition_penalty)? {
+    if let Some(v) = named(names.repetition_penalty, |n| f.f64(n))? {
         let t = v as f32;
         if !(v > 0.0 && t.is_finite()) {
             return Err(FieldError::new(
@@ -215,13 +230,13 @@ pub fn apply(
         }
         p.repetition_penalty = t;
     }
-    if let Some(v) = f.raw(names.stop) {
+    if let Some(v) = f.raw(names.stop).filter(|_| !names.stop.is_empty()) {
         p.stop = parse_stop(v, &name(names.stop))?;
     }
-    if let Some(v) = f.u64(names.seed)? {
+    if let Some(v) = named(names.seed, |n| f.u64(n))? {
         p.seed = Some(v);
     }
-    if let Some(v) = f.u64(names.top_logprobs)? {
+    if let Some(v) = named(names.top_logprobs, |n| f.u64(n))? {
         if v > MAX_TOP_LOGPROBS {
             return Err(FieldError::new(
                 name(names.top_logprobs),
@@ -391,5 +406,19 @@ mod tests {
             .expect_err("must be rejected");
             assert_eq!(err.field, field, "for {v}");
         }
+    }
+
+    #[test]
+    fn a_parameter_a_dialect_does_not_have_is_never_read() {
+        let names = ParamNames {
+            seed: "",
+            stop: "",
+            ..ParamNames::STANDARD
+        };
+        let base = GenParams::defaults(16);
+        let p = apply(&obj(json!({"": 3, "seed": 4})), "", &names, &base, 512).expect("ignored");
+        assert_eq!((p.seed, p.stop.clone()), (None, Vec::<String>::new()));
+        let p = apply(&obj(json!({"": ["x"]})), "", &names, &base, 512).expect("ignored");
+        assert!(p.stop.is_empty());
     }
 }

@@ -574,3 +574,58 @@ fn streamed_with_include_reasoning_false_no_reasoning_chunk_is_sent() {
         .collect();
     assert_eq!(content, "the answer");
 }
+
+/// The events of an Anthropic stream the machine sent on `c`.
+fn anthropic_events(h: &Harness, c: ConnId) -> Vec<Value> {
+    let mut stream = tokenwire_core::dialect::anthropic::MessageStream::default();
+    let mut events = Vec::new();
+    for f in h.received(c) {
+        match f["kind"].as_str() {
+            Some("chunk") => events.extend(stream.on_chunk(&f["data"])),
+            Some("done") => events.extend(stream.on_done()),
+            _ => {}
+        }
+    }
+    events
+        .iter()
+        .map(|e| serde_json::from_str(&e.data).expect("json"))
+        .collect()
+}
+
+#[test]
+fn messages_stream_a_call_and_the_text_after_it_in_the_order_written() {
+    // The same prompt through the Messages route (Anthropic's dialect on
+    // this machine): a call, then text the splitter releases with it.
+    let call = r#"<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>"#;
+    let script = format!("{call}\n\nDone.\0");
+    let def = tokenwire_core::tools::ToolDef {
+        name: "f".into(),
+        description: None,
+        parameters: json!({"type": "object"}),
+    };
+    let (mut h, body) = thinking_with_tools(&script, false, &[def]);
+    let c = h.open_http(1, Dialect::Anthropic);
+    let messages = json!({"route": "messages", "body": {
+        "model": "tiny", "max_tokens": 200, "temperature": 0, "stream": true,
+        "messages": body["messages"],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}]}});
+    h.send(c, messages);
+    h.run(400);
+    let events = anthropic_events(&h, c);
+    let starts: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_start")
+        .filter_map(|e| e["content_block"]["type"].as_str())
+        .collect();
+    assert_eq!(starts, ["tool_use", "text"], "{events:?}");
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert!(text.contains("Done."), "{text:?}");
+    let end = events.iter().find(|e| e["type"] == "message_delta");
+    assert_eq!(
+        end.map(|e| e["delta"]["stop_reason"].clone()),
+        Some(json!("tool_use"))
+    );
+}

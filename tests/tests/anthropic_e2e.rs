@@ -215,6 +215,15 @@ async fn count_tokens_and_errors_answer_in_anthropics_shapes() {
     }
     let r = http(&server, "GET", MESSAGES, None).await;
     assert_eq!(r.status, 405);
+    // Claude Code posts with a query string.
+    let r = http(
+        &server,
+        "POST",
+        "/v1/messages?beta=true",
+        Some(&body(2, json!({}))),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
     server.shutdown().await;
 }
 
@@ -321,6 +330,31 @@ async fn a_reasoning_models_thinking_is_a_thinking_block() {
 
     let off = body(20, json!({"thinking": {"type": "disabled"}}));
     let m = http(&server, "POST", MESSAGES, Some(&off)).await.json();
+    // count_tokens renders the prompt as the message did, switch included.
+    let mut count: Value = serde_json::from_str(&off).expect("json");
+    count.as_object_mut().map(|b| b.remove("max_tokens"));
+    let n = http(
+        &server,
+        "POST",
+        "/v1/messages/count_tokens",
+        Some(&count.to_string()),
+    )
+    .await;
+    let prompt = m["usage"]["input_tokens"].as_u64().unwrap_or(0)
+        + m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(n.json()["input_tokens"], prompt, "{}", n.body);
+    let on = http(
+        &server,
+        "POST",
+        "/v1/messages/count_tokens",
+        Some(&body(1, json!({}))),
+    )
+    .await;
+    assert_ne!(
+        on.json()["input_tokens"],
+        prompt,
+        "the switch changes the prompt"
+    );
     let kinds: Vec<&str> = m["content"]
         .as_array()
         .map(|c| c.iter().filter_map(|b| b["type"].as_str()).collect())

@@ -244,12 +244,57 @@ pub const MAX_TOOLS: usize = 128;
 
 /// Whether `name` is a valid function name: 1 to 64 letters, digits,
 /// underscores or dashes (the API's rule).
-pub(crate) fn valid_function_name(name: &str) -> bool {
+fn valid_function_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// One function a request offers, read from `func`: its `name` (valid and
+/// not among `offered`), `description`, and its arguments' JSON Schema
+/// under `schema_field` (`parameters` here, Anthropic's `input_schema`;
+/// absent, any object). Errors name the field as `func`'s prefix does.
+pub(crate) fn function_def(
+    func: &Fields<'_>,
+    schema_field: &str,
+    offered: &[ToolDef],
+) -> Result<ToolDef, FieldError> {
+    let fn_prefix = func.prefix();
+    let name = func
+        .str("name")?
+        .ok_or_else(|| FieldError::new(format!("{fn_prefix}name"), "is required"))?;
+    if !valid_function_name(name) {
+        return Err(FieldError::new(
+            format!("{fn_prefix}name"),
+            "must be 1 to 64 letters, digits, underscores or dashes",
+        ));
+    }
+    if offered.iter().any(|d| d.name == name) {
+        return Err(FieldError::new(
+            format!("{fn_prefix}name"),
+            format!("`{name}` is offered twice"),
+        ));
+    }
+    let parameters = match func.raw(schema_field) {
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(other) => {
+            return Err(FieldError::new(
+                format!("{fn_prefix}{schema_field}"),
+                format!(
+                    "must be a JSON Schema object, got {}",
+                    crate::json::type_name(other)
+                ),
+            ))
+        }
+    };
+    Ok(ToolDef {
+        name: name.to_string(),
+        description: func.str("description")?.map(str::to_string),
+        parameters,
+    })
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` of a request body:
@@ -288,39 +333,7 @@ pub fn tools(f: &Fields<'_>, shape: FormatShape) -> Result<Tools, FieldError> {
             },
         };
         let func = Fields::new(fn_obj, &fn_prefix);
-        let name = func
-            .str("name")?
-            .ok_or_else(|| FieldError::new(format!("{fn_prefix}name"), "is required"))?;
-        if !valid_function_name(name) {
-            return Err(FieldError::new(
-                format!("{fn_prefix}name"),
-                "must be 1 to 64 letters, digits, underscores or dashes",
-            ));
-        }
-        if defs.iter().any(|d| d.name == name) {
-            return Err(FieldError::new(
-                format!("{fn_prefix}name"),
-                format!("`{name}` is offered twice"),
-            ));
-        }
-        let parameters = match func.raw("parameters") {
-            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p.clone(),
-            Some(other) => {
-                return Err(FieldError::new(
-                    format!("{fn_prefix}parameters"),
-                    format!(
-                        "must be a JSON Schema object, got {}",
-                        crate::json::type_name(other)
-                    ),
-                ))
-            }
-        };
-        defs.push(ToolDef {
-            name: name.to_string(),
-            description: func.str("description")?.map(str::to_string),
-            parameters,
-        });
+        defs.push(function_def(&func, "parameters", &defs)?);
     }
     let choice = match f.raw("tool_choice") {
         None | Some(Value::Null) => {

@@ -135,7 +135,10 @@ impl Replays {
             _ => return None,
         };
         let r = self.live.get_mut(&conn)?;
-        if matches!(step, HttpStep::Reply(_) | HttpStep::LastEvent(_)) {
+        if matches!(
+            step,
+            HttpStep::Reply(_) | HttpStep::LastEvent(_) | HttpStep::Events { last: true, .. }
+        ) {
             r.done = true;
         }
         if matches!(out, Output::Close { .. }) {

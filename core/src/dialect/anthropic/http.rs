@@ -8,11 +8,11 @@
 use serde_json::{json, Value};
 
 use super::{chat_error_message, error_body, error_event, message, MessageStream};
+use crate::http::json_object;
 use crate::http::{
     closed_early, describe, HttpCall, HttpExchange, HttpFailure, HttpReply, HttpRequest, HttpRoute,
     HttpSpec, HttpStep, PathMatch, RETRY_AFTER_S,
 };
-use crate::json;
 
 /// The Messages routes.
 pub(crate) static SPEC: HttpSpec = HttpSpec {
@@ -53,19 +53,7 @@ fn failure(f: &HttpFailure) -> HttpReply {
 /// Maps a request body to its frame.
 fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
     let counting = req.path == COUNT_TOKENS_PATH;
-    let invalid = |m: String| error_reply(400, &m);
-    let text = std::str::from_utf8(req.body)
-        .map_err(|e| invalid(format!("the request body is not UTF-8: {e}")))?;
-    let body = match json::parse(text) {
-        Ok(Value::Object(m)) => m,
-        Ok(other) => {
-            return Err(invalid(format!(
-                "the request body must be a JSON object, got {}",
-                json::type_name(&other)
-            )))
-        }
-        Err(e) => return Err(invalid(format!("the request body is not valid JSON: {e}"))),
-    };
+    let body = json_object(req.body).map_err(|m| error_reply(400, &m))?;
     // A bad `stream` is the machine's to refuse, as a JSON error.
     let stream = !counting && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let route = if counting { "count_tokens" } else { "messages" };

@@ -23,6 +23,7 @@ pub mod http;
 
 use serde_json::{json, Value};
 
+use crate::dialect::chat::CONTEXT_WINDOW;
 use crate::http::SseEvent;
 
 /// Anthropic's `stop_reason` for a chat `finish_reason` (and the stop
@@ -30,8 +31,7 @@ use crate::http::SseEvent;
 pub fn stop_reason(finish: &str, stop_sequence: Option<&str>) -> &'static str {
     match finish {
         "length" => "max_tokens",
-        // The answer took what the context left after the prompt.
-        "context_window" => "model_context_window_exceeded",
+        CONTEXT_WINDOW => "model_context_window_exceeded",
         "tool_calls" => "tool_use",
         "content_filter" => "refusal",
         _ if stop_sequence.is_some() => "stop_sequence",
@@ -141,6 +141,8 @@ pub struct MessageStream {
     /// Set by the chunk that ends the answer.
     stop_reason: Option<&'static str>,
     stop_sequence: Option<String>,
+    /// The `message_delta` went out (with the usage chunk).
+    delta_sent: bool,
 }
 
 fn event(name: &str, data: Value) -> SseEvent {
@@ -175,6 +177,7 @@ impl MessageStream {
         let Some(choice) = chunk["choices"].get(0) else {
             // The last chunk: the usage, after every choice ended.
             if chunk["usage"].is_object() {
+                self.close(&mut out);
                 out.push(self.message_delta(&chunk["usage"]));
             }
             return out;
@@ -212,12 +215,21 @@ impl MessageStream {
         out
     }
 
-    /// The stream's end: `message_stop`.
+    /// The stream's end: `message_stop`, after closing what is still open
+    /// (the machine always sends the usage first; a stream without it still
+    /// ends well-formed).
     pub fn on_done(&mut self) -> Vec<SseEvent> {
-        vec![event("message_stop", json!({"type": "message_stop"}))]
+        let mut out = Vec::new();
+        self.close(&mut out);
+        if !self.delta_sent {
+            out.push(self.message_delta(&json!({})));
+        }
+        out.push(event("message_stop", json!({"type": "message_stop"})));
+        out
     }
 
-    fn message_delta(&self, chat_usage: &Value) -> SseEvent {
+    fn message_delta(&mut self, chat_usage: &Value) -> SseEvent {
+        self.delta_sent = true;
         event(
             "message_delta",
             json!({
@@ -281,12 +293,17 @@ pub fn error_event(status: u16, message: &str) -> SseEvent {
     event("error", error_body(status, message))
 }
 
-/// The message of a chat error body (`{"error": {"message"}}`).
+/// The message of a chat error body (`{"error": {"message", "param"}}`),
+/// naming its field where the message does not: Anthropic's errors have
+/// no field of their own for it.
 pub fn chat_error_message(body: &Value) -> String {
-    body["error"]["message"]
+    let message = body["error"]["message"]
         .as_str()
-        .unwrap_or("the request failed")
-        .to_string()
+        .unwrap_or("the request failed");
+    match body["error"]["param"].as_str() {
+        Some(field) if !message.contains(field) => format!("{field}: {message}"),
+        _ => message.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -370,6 +387,24 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_cut_short_still_closes_its_block_and_message() {
+        let mut s = MessageStream::default();
+        let mut all = s.on_chunk(&chunk(json!({"content": "a"}), None));
+        all.extend(s.on_done());
+        assert_eq!(
+            names(&all),
+            [
+                "message_start",
+                "content_block_start@0",
+                "content_block_delta@0",
+                "content_block_stop@0",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+    }
+
+    #[test]
     fn a_stop_string_is_the_stop_sequence() {
         let mut s = MessageStream::default();
         s.on_chunk(&chunk(json!({"content": "a"}), None));
@@ -431,5 +466,13 @@ mod tests {
             assert_eq!(error_body(status, "m")["error"]["type"], kind);
         }
         assert_eq!(stop_reason("content_filter", None), "refusal");
+        let named =
+            json!({"error": {"message": "images are not read", "param": "messages[0].content[1]"}});
+        assert_eq!(
+            chat_error_message(&named),
+            "messages[0].content[1]: images are not read"
+        );
+        let already = json!({"error": {"message": "invalid `model`: x", "param": "model"}});
+        assert_eq!(chat_error_message(&already), "invalid `model`: x");
     }
 }

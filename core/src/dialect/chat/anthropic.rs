@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 
 use super::codec::{BadRequest, ChatRequest, Input, Route};
 use crate::constraint::Grammar;
-use crate::dialect::openai::{valid_function_name, MAX_TOOLS};
+use crate::dialect::openai::{function_def, MAX_TOOLS};
 use crate::json::{self, Fields};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Role, TemplateKwargs};
@@ -24,9 +24,9 @@ use crate::tools::{self, ToolChoice, ToolDef, ToolFormat, Tools};
 
 /// The sampling fields' names: Anthropic's `stop_sequences` for `stop`.
 /// `seed`, `repetition_penalty` and logprobs are not Anthropic's and are
-/// not read.
+/// not read; `max_tokens` is read apart ([`ceiling`]).
 const NAMES: ParamNames = ParamNames {
-    max_tokens: "max_tokens",
+    max_tokens: "",
     temperature: "temperature",
     top_p: "top_p",
     top_k: "top_k",
@@ -47,33 +47,17 @@ pub(super) fn decode(
 ) -> Result<ChatRequest, BadRequest> {
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
-    if !f.has("max_tokens") {
-        return Err(BadRequest::field("max_tokens", "`max_tokens` is required"));
-    }
-    let (messages, tools) = conversation(&f, format)?;
-    let defaults = GenParams::defaults(context_len);
-    // `max_tokens` is a ceiling: past the context it is the context (the
-    // machine then fits the answer to what the prompt leaves).
-    let ceiling = f.u64("max_tokens").map_err(BadRequest::invalid)?;
-    let params = match ceiling {
-        Some(m) if m > u64::from(context_len) => {
-            let mut capped = obj.clone();
-            capped.insert("max_tokens".into(), context_len.into());
-            params::apply(&capped, "", &NAMES, &defaults, context_len)
-        }
-        _ => params::apply(obj, "", &NAMES, &defaults, context_len),
-    }
-    .map_err(BadRequest::invalid)?;
-    if params.max_tokens == 0 {
-        return Err(BadRequest::field("max_tokens", "must be at least 1"));
-    }
+    let max_tokens = ceiling(&f, context_len)?;
+    let prompt = prompt(&f, format)?;
+    let defaults = GenParams::defaults(max_tokens);
+    let params =
+        params::apply(obj, "", &NAMES, &defaults, context_len).map_err(BadRequest::invalid)?;
     let stream = f
         .bool("stream")
         .map_err(BadRequest::invalid)?
         .unwrap_or(false);
     let format = output_format(&f)?;
-    let thinking = thinking(&f)?;
-    if tools.forced() && format.is_some() {
+    if prompt.tools.forced() && format.is_some() {
         return Err(BadRequest::field(
             "tool_choice",
             "a forced tool call cannot be combined with `output_config.format`; use one or the other",
@@ -82,7 +66,7 @@ pub(super) fn decode(
     Ok(ChatRequest {
         route: Route::Messages,
         model,
-        input: Input::Messages(messages),
+        input: Input::Messages(prompt.messages),
         params,
         n: 1,
         logprobs: None,
@@ -91,19 +75,57 @@ pub(super) fn decode(
         include_usage: stream,
         echo: false,
         format,
-        tools,
-        template_kwargs: thinking.template_kwargs(),
-        include_reasoning: thinking != Thinking::Disabled,
+        tools: prompt.tools,
+        template_kwargs: prompt.thinking.template_kwargs(),
+        include_reasoning: prompt.thinking != Thinking::Disabled,
         fit_to_context: true,
     })
 }
 
-/// The conversation and tools of a Messages or `count_tokens` body:
-/// `system`, `messages`, `tools` and `tool_choice`.
-pub(super) fn conversation(
-    f: &Fields<'_>,
-    format: ToolFormat,
-) -> Result<(Vec<ChatMessage>, Tools), BadRequest> {
+/// `max_tokens`: required, at least 1, and a ceiling: past the context it
+/// is the context (the machine then fits the answer to what the prompt
+/// leaves, [`ChatRequest::fit_to_context`]).
+fn ceiling(f: &Fields<'_>, context_len: u32) -> Result<u32, BadRequest> {
+    match f.u64("max_tokens").map_err(BadRequest::invalid)? {
+        None => Err(BadRequest::field("max_tokens", "`max_tokens` is required")),
+        Some(0) => Err(BadRequest::field("max_tokens", "must be at least 1")),
+        Some(m) => Ok(u32::try_from(m).unwrap_or(u32::MAX).min(context_len)),
+    }
+}
+
+/// What a Messages or `count_tokens` body renders into the prompt.
+#[derive(Debug)]
+pub(super) struct Prompt {
+    /// `system` and `messages`, as the chat template's roles.
+    pub messages: Vec<ChatMessage>,
+    /// `tools` and `tool_choice`.
+    pub tools: Tools,
+    /// `thinking`, which the template may read.
+    thinking: Thinking,
+}
+
+impl Prompt {
+    /// The variables the chat template renders it with.
+    pub fn template_kwargs(&self) -> TemplateKwargs {
+        self.thinking.template_kwargs()
+    }
+}
+
+/// The prompt of a Messages or `count_tokens` body: `system`, `messages`,
+/// `tools`, `tool_choice` and `thinking`, rendered alike by both routes so
+/// that the count is the prompt's.
+pub(super) fn prompt(f: &Fields<'_>, format: ToolFormat) -> Result<Prompt, BadRequest> {
+    Ok(Prompt {
+        messages: conversation(f, format)?,
+        tools: tools(f)?,
+        thinking: thinking(f)?,
+    })
+}
+
+/// `system` and `messages` as the chat template's roles. Consecutive user
+/// (or assistant) messages are one turn, joined by a blank line, as
+/// Anthropic's API combines them.
+fn conversation(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
     let mut out = Vec::new();
     if let Some(system) = f.raw("system") {
         let text = text_of("system", system)?;
@@ -154,7 +176,24 @@ pub(super) fn conversation(
             }
         }
     }
-    Ok((out, tools(f)?))
+    Ok(merge_turns(out))
+}
+
+/// Joins consecutive user (or assistant) messages into one turn: chat
+/// templates that require alternating roles then take what Anthropic's
+/// API takes. Tool results stay one message each.
+fn merge_turns(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
+    for m in messages {
+        match out.last_mut() {
+            Some(last) if last.role == m.role && matches!(m.role, Role::User | Role::Assistant) => {
+                last.content.push_str("\n\n");
+                last.content.push_str(&m.content);
+            }
+            _ => out.push(m),
+        }
+    }
+    out
 }
 
 /// A user turn: its `tool_result` blocks as `tool` messages, its text
@@ -191,11 +230,18 @@ fn user_turn(field: &str, content: &Value, out: &mut Vec<ChatMessage>) -> Result
                     .map_err(BadRequest::invalid)?;
                 let result = match o.get("content") {
                     None | Some(Value::Null) => String::new(),
-                    Some(c) => text_of(&format!("{at}.content"), c)?,
+                    Some(c) => tool_output(&format!("{at}.content"), c)?,
                 };
+                // The chat templates have no flag for a failed call: the
+                // model reads it in the result.
+                let failed = o.get("is_error").and_then(Value::as_bool) == Some(true);
                 out.push(ChatMessage {
                     role: Role::Tool,
-                    content: result,
+                    content: if failed {
+                        format!("Error: {result}")
+                    } else {
+                        result
+                    },
                 });
             }
             (kind, _) => return Err(unsupported_block(&at, kind, "user")),
@@ -253,14 +299,9 @@ fn assistant_turn(
             (kind, _) => return Err(unsupported_block(&at, kind, "assistant")),
         }
     }
-    let content = [text, calls.concat()]
-        .into_iter()
-        .filter(|t| !t.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n");
     Ok(ChatMessage {
         role: Role::Assistant,
-        content,
+        content: super::codec::with_calls(text, &calls),
     })
 }
 
@@ -321,6 +362,28 @@ fn not_content(field: &str, v: &Value) -> BadRequest {
     )
 }
 
+/// What a tool returned: a string or blocks, text joined. An image or a
+/// document a tool returned (a screenshot, a file it read) is left out
+/// with a note saying so, rather than refused: the result stays in the
+/// conversation's history, and refusing it would refuse every later turn.
+fn tool_output(field: &str, v: &Value) -> Result<String, BadRequest> {
+    let Value::Array(blocks) = v else {
+        return text_of(field, v);
+    };
+    let mut out = String::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{field}[{j}]");
+        match block_type(&at, b)? {
+            ("text", o) => out.push_str(block_text(&at, o)?),
+            (kind @ ("image" | "document"), _) => {
+                out.push_str(&format!("[{kind} omitted: this model reads text only]"))
+            }
+            (kind, _) => return Err(unsupported_block(&at, kind, "text")),
+        }
+    }
+    Ok(out)
+}
+
 /// A block this text server cannot take where it stands: images and
 /// documents are `unsupported_parameter`, anything else a bad value.
 fn unsupported_block(at: &str, kind: &str, place: &str) -> BadRequest {
@@ -375,45 +438,13 @@ fn tools(f: &Fields<'_>) -> Result<Tools, BadRequest> {
                 format!("only custom tools (with `input_schema`) are supported, got `{kind}`"),
             ));
         }
-        let name = t.req_str("name").map_err(BadRequest::invalid)?;
-        if !valid_function_name(name) {
+        if !o.contains_key("input_schema") {
             return Err(BadRequest::field(
-                &format!("{at}.name"),
-                "must be 1 to 64 letters, digits, underscores or dashes",
+                &format!("{at}.input_schema"),
+                "is required",
             ));
         }
-        if defs.iter().any(|d| d.name == name) {
-            return Err(BadRequest::field(
-                &format!("{at}.name"),
-                format!("`{name}` is offered twice"),
-            ));
-        }
-        let parameters = match o.get("input_schema") {
-            Some(s @ Value::Object(_)) => s.clone(),
-            Some(other) => {
-                return Err(BadRequest::field(
-                    &format!("{at}.input_schema"),
-                    format!(
-                        "must be a JSON Schema object, got {}",
-                        json::type_name(other)
-                    ),
-                ))
-            }
-            None => {
-                return Err(BadRequest::field(
-                    &format!("{at}.input_schema"),
-                    "is required",
-                ))
-            }
-        };
-        defs.push(ToolDef {
-            name: name.to_string(),
-            description: t
-                .str("description")
-                .map_err(BadRequest::invalid)?
-                .map(str::to_string),
-            parameters,
-        });
+        defs.push(function_def(&t, "input_schema", &defs).map_err(BadRequest::invalid)?);
     }
     let (choice, parallel) = match f.obj("tool_choice").map_err(BadRequest::invalid)? {
         None if defs.is_empty() => (ToolChoice::None, true),
@@ -789,6 +820,40 @@ mod tests {
         for (v, field) in cases {
             assert_eq!(param_of(v.clone()), field, "{v}");
         }
+    }
+
+    #[test]
+    fn turns_of_one_role_join_and_failed_or_image_tool_results_stay_readable() {
+        let r = decode_body(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "user", "content": [{"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "is_error": true, "content": "no such file"},
+                {"type": "tool_result", "tool_use_id": "t2", "content": [
+                    {"type": "text", "text": "shot: "},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
+            {"role": "user", "content": "c"}
+        ]}))
+        .expect("decodes");
+        let Input::Messages(m) = &r.input else {
+            panic!("messages")
+        };
+        let seen: Vec<(Role, &str)> = m.iter().map(|m| (m.role, m.content.as_str())).collect();
+        let call = tools::render_call(ToolFormat::Hermes, "f", "{}");
+        assert_eq!(
+            seen,
+            [
+                (Role::User, "a\n\nb"),
+                (Role::Assistant, call.as_str()),
+                (Role::Tool, "Error: no such file"),
+                (
+                    Role::Tool,
+                    "shot: [image omitted: this model reads text only]"
+                ),
+                (Role::User, "c"),
+            ]
+        );
     }
 
     #[test]

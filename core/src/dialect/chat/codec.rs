@@ -556,18 +556,25 @@ pub(super) fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMes
                 (None | Some(Value::Null), false) => String::new(),
                 (c, _) => content(&format!("{name}.content"), c)?,
             };
-            let content = if calls.is_empty() {
-                text
-            } else {
-                [text, calls.concat()]
-                    .into_iter()
-                    .filter(|t| !t.is_empty())
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            };
-            Ok(ChatMessage { role, content })
+            Ok(ChatMessage {
+                role,
+                content: with_calls(text, &calls),
+            })
         })
         .collect()
+}
+
+/// An assistant turn's text with its earlier calls (each written as the
+/// model writes calls) after it, on their own line.
+pub(super) fn with_calls(text: String, calls: &[String]) -> String {
+    if calls.is_empty() {
+        return text;
+    }
+    [text, calls.concat()]
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// One earlier call of an assistant message, written as the model writes

@@ -10,11 +10,11 @@ use serde_json::{json, Value};
 
 use super::codec::{error_body, Route};
 use crate::dialect::openai::{error_reply, failure};
+use crate::http::json_object;
 use crate::http::{
     closed_early, HttpCall, HttpExchange, HttpReply, HttpRequest, HttpRoute, HttpSpec, HttpStep,
     PathMatch, SseEvent, RETRY_AFTER_S,
 };
-use crate::json;
 
 /// The chat routes.
 pub(crate) static SPEC: HttpSpec = HttpSpec {
@@ -53,19 +53,7 @@ fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
         DETOKENIZE_PATH => "detokenize",
         _ => Route::Completions.name(),
     };
-    let invalid = |m: String| error_reply(400, "invalid_request", &m, None);
-    let text = std::str::from_utf8(req.body)
-        .map_err(|e| invalid(format!("the request body is not UTF-8: {e}")))?;
-    let body = match json::parse(text) {
-        Ok(Value::Object(m)) => m,
-        Ok(other) => {
-            return Err(invalid(format!(
-                "the request body must be a JSON object, got {}",
-                json::type_name(&other)
-            )))
-        }
-        Err(e) => return Err(invalid(format!("the request body is not valid JSON: {e}"))),
-    };
+    let body = json_object(req.body).map_err(|m| error_reply(400, "invalid_request", &m, None))?;
     // A bad `stream` is the machine's to refuse, as a JSON error. The
     // tokenizer routes never stream.
     let generates = req.path == CHAT_PATH || req.path == "/v1/completions";

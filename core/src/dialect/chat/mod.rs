@@ -46,6 +46,11 @@ use crate::reasoning_gate::ReasoningPlan;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
 use crate::tools::{CallSplitter, ParsedCall, Released};
 
+/// The finish reason of an answer that reached the context's end before
+/// its length (the Messages route's, [`codec::ChatRequest::fit_to_context`];
+/// Anthropic's `model_context_window_exceeded`).
+pub const CONTEXT_WINDOW: &str = "context_window";
+
 /// One choice being generated.
 #[derive(Debug, Default)]
 struct Choice {
@@ -240,10 +245,14 @@ impl ChatConn {
             );
             return send_error(cx, 404, "model_not_found", &message, Some("model"));
         }
+        let format_field = match route {
+            Route::Messages => "output_config.format",
+            Route::Chat | Route::Completions => "response_format",
+        };
         let constraint = match openai::output_constraint(
             cx.codec(),
             req.format.as_ref(),
-            "response_format",
+            format_field,
             &req.tools,
             format,
         ) {
@@ -349,14 +358,13 @@ impl ChatConn {
         }
         let format = cx.codec().tool_format();
         let context_len = cx.model().context_len;
-        let (messages, tools) =
-            match anthropic::conversation(&crate::json::Fields::new(body, ""), format) {
-                Ok(c) => c,
-                Err(e) => return refuse(cx, &e),
-            };
-        let tools = tools.prompt_defs().to_vec();
-        let kwargs = Map::new();
-        match cx.encode_chat_templated(messages, usize::MAX, context_len, tools, kwargs) {
+        let prompt = match anthropic::prompt(&crate::json::Fields::new(body, ""), format) {
+            Ok(p) => p,
+            Err(e) => return refuse(cx, &e),
+        };
+        let tools = prompt.tools.prompt_defs().to_vec();
+        let kwargs = prompt.template_kwargs();
+        match cx.encode_chat_templated(prompt.messages, usize::MAX, context_len, tools, kwargs) {
             Ok(job) => self.tokenizing = Some((job, Counting::CountTokens)),
             Err(e) => {
                 let (status, code, message) = openai::start_error(&e, "max_tokens");
@@ -374,10 +382,19 @@ impl ChatConn {
             Route::Chat | Route::Messages => "messages",
             Route::Completions => "prompt",
         };
-        let too_long = format!(
-            "the input does not fit the context beside max_tokens ({})",
-            r.req.params.max_tokens
-        );
+        let context_len = cx.model().context_len;
+        let too_long = if r.req.fit_to_context {
+            // Anthropic's wording, which its clients read to offer
+            // compacting the conversation.
+            format!(
+                "prompt is too long: it does not fit the context of {context_len} tokens with one token left for the answer"
+            )
+        } else {
+            format!(
+                "the input does not fit the context beside max_tokens ({})",
+                r.req.params.max_tokens
+            )
+        };
         let encoded = match result {
             Ok(e) if e.dropped == 0 => e,
             Ok(_) => {
@@ -397,7 +414,7 @@ impl ChatConn {
         };
         r.prompt_tokens = encoded.ids.len() as u32;
         r.prompt_ids = encoded.ids;
-        let room = cx.model().context_len.saturating_sub(r.prompt_tokens);
+        let room = context_len.saturating_sub(r.prompt_tokens);
         if r.req.fit_to_context && room < r.req.params.max_tokens {
             r.req.params.max_tokens = room;
             r.capped = true;
@@ -790,6 +807,17 @@ impl DialectConn for ChatConn {
             if r.choices.first().and_then(|c| c.seq) == Some(id) {
                 r.cached_tokens = cached;
             }
+            // Anthropic's stream starts (`message_start`, with the prompt's
+            // usage) as its prompt is computed, not at the first token.
+            if r.req.route == Route::Messages && r.req.stream {
+                if let Some(i) = r.choices.iter().position(|c| c.seq == Some(id)) {
+                    if !r.choices[i].announced {
+                        r.choices[i].announced = true;
+                        let chunk = Self::chunk(r, i, "", "", None, None, true);
+                        cx.send(json!({"kind": "chunk", "data": chunk}));
+                    }
+                }
+            }
         }
     }
 
@@ -808,8 +836,7 @@ impl DialectConn for ChatConn {
         let finish = match piece.finish {
             None => None,
             Some(FinishReason::Stop) => Some("stop"),
-            // Internal to the Messages route, which names it.
-            Some(FinishReason::Length) if r.capped => Some("context_window"),
+            Some(FinishReason::Length) if r.capped => Some(CONTEXT_WINDOW),
             Some(FinishReason::Length) => Some("length"),
             Some(FinishReason::ContentFilter) => Some("content_filter"),
             Some(FinishReason::Cancelled | FinishReason::Timeout) => {
@@ -851,23 +878,27 @@ impl DialectConn for ChatConn {
         };
         c.reasoning.push_str(&reasoning);
         // With tools, only what cannot be a call's markup is text; calls
-        // come out whole.
-        let (visible, new_calls) = match c.splitter.as_mut() {
-            None => (answer, Vec::new()),
+        // come out whole. Text released after a call (`trailing`) streams
+        // after it, so block order holds where a stream has blocks
+        // (Anthropic's).
+        let (visible, new_calls, trailing) = match c.splitter.as_mut() {
+            None => (answer, Vec::new(), String::new()),
             Some(sp) => {
                 let mut released = sp.push(&answer);
                 if finish.is_some() {
                     released.extend(sp.finish());
                 }
                 let mut text = String::new();
+                let mut trailing = String::new();
                 let mut calls = Vec::new();
                 for item in released {
                     match item {
-                        Released::Text(t) => text.push_str(&t),
+                        Released::Text(t) if calls.is_empty() => text.push_str(&t),
+                        Released::Text(t) => trailing.push_str(&t),
                         Released::Call(c) => calls.push(c),
                     }
                 }
-                (text, calls)
+                (text, calls, trailing)
             }
         };
         // Anthropic's clients know calls by `toolu_` ids.
@@ -890,6 +921,7 @@ impl DialectConn for ChatConn {
             c.offset += e["token"].as_str().map_or(0, str::len);
         }
         c.text.push_str(&visible);
+        c.text.push_str(&trailing);
         if let Some(t) = piece.token_id {
             c.tokens += 1;
             c.last = Some(t);
@@ -925,6 +957,10 @@ impl DialectConn for ChatConn {
         if r.req.stream {
             for k in first_call..r.choices[index].calls.len() {
                 let chunk = Self::call_chunk(r, index, k);
+                cx.send(json!({"kind": "chunk", "data": chunk}));
+            }
+            if !trailing.is_empty() {
+                let chunk = Self::chunk(r, index, &trailing, "", None, None, false);
                 cx.send(json!({"kind": "chunk", "data": chunk}));
             }
         }
