@@ -10,7 +10,9 @@
 //! message, in their order; an assistant message's `tool_use` blocks are
 //! written as the model writes calls after its text, and its `thinking`
 //! blocks are left out, as the models' templates leave out earlier
-//! thinking. The answer's shape is [`crate::dialect::anthropic`]'s.
+//! thinking. Consecutive turns of one role are one turn. `thinking`
+//! reaches the template as its `enable_thinking` switch. The answer's
+//! shape is [`crate::dialect::anthropic`]'s.
 
 use serde_json::{Map, Value};
 

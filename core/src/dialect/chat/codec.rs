@@ -174,6 +174,8 @@ pub fn decode(
     format: ToolFormat,
 ) -> Result<ChatRequest, BadRequest> {
     if route == Route::Messages {
+        // Anthropic's body: the arms below name `Messages` beside `Chat`
+        // only because a match must.
         return super::anthropic::decode(obj, context_len, format);
     }
     let f = Fields::new(obj, "");

@@ -28,6 +28,14 @@
 //! Beside them, vLLM's `POST /tokenize` and `POST /detokenize`
 //! ([`tokenize`]): the ids of a prompt or a conversation, as these routes
 //! tokenize them (the ids `logit_bias` names), and the text of ids.
+//!
+//! The `anthropic` dialect runs on this machine too: its Messages bodies
+//! are a third route ([`codec::Route::Messages`], decoded by [`anthropic`]),
+//! whose chunks carry the usage so far, name the stop string that ended
+//! the answer, and start at admission, for that dialect's HTTP mapping to
+//! write as Anthropic's events; its `max_tokens` is a ceiling the context
+//! may lower ([`codec::ChatRequest::fit_to_context`]). Its
+//! `count_tokens` is answered as `/tokenize` is, with the count alone.
 
 mod anthropic;
 pub mod codec;
