@@ -136,16 +136,7 @@ fn conversation(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, 
             content: text,
         });
     }
-    let items = f
-        .array("messages")
-        .map_err(BadRequest::invalid)?
-        .ok_or_else(|| BadRequest::field("messages", "`messages` is required"))?;
-    if items.is_empty() {
-        return Err(BadRequest::field(
-            "messages",
-            "must hold at least one message",
-        ));
-    }
+    let items = super::codec::message_items(f)?;
     for (i, item) in items.iter().enumerate() {
         let name = format!("messages[{i}]");
         let Value::Object(m) = item else {

@@ -495,17 +495,7 @@ fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
 /// `user`, `assistant` (with `tool_calls`, written in `format`) and `tool`;
 /// content a string or an array of `text` parts.
 pub(super) fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
-    let items = f
-        .array("messages")
-        .map_err(BadRequest::invalid)?
-        .ok_or_else(|| BadRequest::field("messages", "`messages` is required"))?;
-    if items.is_empty() {
-        return Err(BadRequest::field(
-            "messages",
-            "must hold at least one message",
-        ));
-    }
-    items
+    message_items(f)?
         .iter()
         .enumerate()
         .map(|(i, item)| {
@@ -577,6 +567,21 @@ pub(super) fn with_calls(text: String, calls: &[String]) -> String {
         .filter(|t| !t.is_empty())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The `messages` array: required, and not empty (both routes' rule).
+pub(super) fn message_items<'a>(f: &Fields<'a>) -> Result<&'a [Value], BadRequest> {
+    let items = f
+        .array("messages")
+        .map_err(BadRequest::invalid)?
+        .ok_or_else(|| BadRequest::field("messages", "`messages` is required"))?;
+    if items.is_empty() {
+        return Err(BadRequest::field(
+            "messages",
+            "must hold at least one message",
+        ));
+    }
+    Ok(items)
 }
 
 /// One earlier call of an assistant message, written as the model writes
