@@ -39,9 +39,9 @@ const NAMES: ParamNames = ParamNames {
 };
 
 /// Decodes a `POST /v1/messages` body. `max_tokens` is required, as in
-/// Anthropic's API, and at most `context_len`; earlier calls are written
-/// as the model writes them (`format`). Fields this server does not know
-/// are ignored, as Anthropic's clients expect.
+/// Anthropic's API, and lowered to `context_len` past it ([`ceiling`]);
+/// earlier calls are written as the model writes them (`format`). Fields
+/// this server does not know are ignored, as Anthropic's clients expect.
 pub(super) fn decode(
     obj: &Map<String, Value>,
     context_len: u32,
