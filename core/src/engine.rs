@@ -92,6 +92,27 @@ impl SamplingParams {
     }
 }
 
+/// How an embedding sequence's final hidden states (after the model's last
+/// norm) become its one vector ([`SeqStep::embed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pooling {
+    /// The hidden state of the last token (decoder embedding models:
+    /// Qwen3-Embedding, e5-mistral, gte-Qwen2).
+    Last,
+    /// The mean of every token's hidden state.
+    Mean,
+}
+
+impl Pooling {
+    /// Its name in flags and docs (`last`, `mean`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Last => "last",
+            Pooling::Mean => "mean",
+        }
+    }
+}
+
 /// One sequence's share of a step: feed `tokens` at positions
 /// `start_pos..start_pos + tokens.len()`, writing their K/V into the blocks of
 /// `block_table`; if `sample` is set, sample the next token from the logits of
@@ -137,6 +158,13 @@ pub struct SeqStep {
     /// the draft (one result, as without it). Empty: no draft. Never set on
     /// a constrained sequence (`allowed`).
     pub draft: Vec<TokenId>,
+    /// An embedding sequence: nothing is sampled; the step whose chunk
+    /// reaches the prompt's end (`sample` set) returns its pooled vector
+    /// ([`SeqResult::embedding`]). Its chunks come in position order from
+    /// position 0 (never a cached prefix, never a draft), so an engine
+    /// that pools by [`Pooling::Mean`] sums every chunk's hidden states
+    /// and starts again at position 0 (a sequence preempted and recomputed).
+    pub embed: Option<Pooling>,
 }
 
 /// A sequence started as a copy of another (a beam continuing another): the
@@ -192,6 +220,10 @@ pub struct SeqResult {
     pub token: TokenId,
     /// Present when the step asked for logprobs.
     pub logprobs: Option<TokenLogprobs>,
+    /// An embedding sequence's ([`SeqStep::embed`]) pooled vector, not
+    /// normalized, one value per hidden dimension; `token` then means
+    /// nothing (0) and is not added to the sequence.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// The engine's answer to a [`StepPlan`]: one result per [`SeqStep`] with
@@ -244,4 +276,6 @@ pub struct ModelInfo {
     pub num_blocks: u32,
     /// Weight dtype as reported to clients (`f32`, `f16`, `bf16`, ...).
     pub dtype: String,
+    /// Values in an embedding ([`SeqStep::embed`]): the model's hidden size.
+    pub embedding_size: u32,
 }

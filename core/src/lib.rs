@@ -72,8 +72,8 @@ pub use api::{
 pub use config::HostConfig;
 pub use constraint::{Constraint, Grammar, TokenConstraint, TokenMask};
 pub use engine::{
-    BlockId, EngineFault, EngineFaultKind, Fork, LogitBias, ModelInfo, SamplingParams, SeqId,
-    SeqResult, SeqStep, StepDone, StepPlan, TokenId, TokenLogprobs,
+    BlockId, EngineFault, EngineFaultKind, Fork, LogitBias, ModelInfo, Pooling, SamplingParams,
+    SeqId, SeqResult, SeqStep, StepDone, StepPlan, TokenId, TokenLogprobs,
 };
 pub use host::Host;
 pub use sched::DraftConfig;

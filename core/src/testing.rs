@@ -23,6 +23,26 @@ pub fn tiny_model_info() -> ModelInfo {
         block_size: 16,
         num_blocks: 64,
         dtype: "f32".into(),
+        embedding_size: SCRIPT_EMBEDDING_SIZE as u32,
+    }
+}
+
+/// Values in a [`ScriptEngine`] embedding.
+pub const SCRIPT_EMBEDDING_SIZE: usize = 4;
+
+/// The vector a [`ScriptEngine`] returns for an embedding of `tokens`:
+/// `[tokens, mean id, last id, 1]` (pooled by mean) or `[1, last id,
+/// tokens, 0]` (by the last token), so tests can tell inputs and poolings
+/// apart.
+pub fn script_embedding(pooling: crate::engine::Pooling, tokens: &[TokenId]) -> Vec<f32> {
+    let n = tokens.len() as f32;
+    let last = tokens.last().copied().unwrap_or(0) as f32;
+    match pooling {
+        crate::engine::Pooling::Mean => {
+            let mean = tokens.iter().map(|&t| t as f32).sum::<f32>() / n.max(1.0);
+            vec![n, mean, last, 1.0]
+        }
+        crate::engine::Pooling::Last => vec![1.0, last, n, 0.0],
     }
 }
 
@@ -94,6 +114,15 @@ impl ScriptEngine {
             if !s.sample {
                 continue;
             }
+            if let Some(pooling) = s.embed {
+                results.push(SeqResult {
+                    seq: s.seq,
+                    token: 0,
+                    logprobs: None,
+                    embedding: Some(script_embedding(pooling, h)),
+                });
+                continue;
+            }
             // The script's token after the last position fed, then after
             // each draft token as long as those tokens confirm the draft.
             let mut p = s.start_pos as usize + s.tokens.len() - 1;
@@ -124,6 +153,7 @@ impl ScriptEngine {
                     seq: s.seq,
                     token,
                     logprobs,
+                    embedding: None,
                 });
                 match draft.next() {
                     Some(&d) if d == token => {

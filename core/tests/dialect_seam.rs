@@ -48,6 +48,7 @@ impl DialectConn for Probe {
                     raw: false,
                     reuse_kv: None,
                     constraint: None,
+                    embed: None,
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());
@@ -61,6 +62,7 @@ impl DialectConn for Probe {
                     raw: false,
                     reuse_kv: None,
                     constraint: None,
+                    embed: None,
                 };
                 match cx.start(req) {
                     Ok(_) => Self::say(cx, "started".into()),

@@ -66,6 +66,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 cached_prefix: Vec::new(),
                 allowed: None,
                 draft: Vec::new(),
+                embed: None,
             }],
             ..Default::default()
         };

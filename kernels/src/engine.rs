@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{
-    EngineFault, EngineFaultKind, ModelInfo, SamplingParams, SeqId, SeqResult, SeqStep,
+    EngineFault, EngineFaultKind, ModelInfo, Pooling, SamplingParams, SeqId, SeqResult, SeqStep,
     SharedCodec, StepDone, StepPlan, TokenId,
 };
 
@@ -92,6 +92,9 @@ pub struct Engine {
     backend: Box<dyn Backend>,
     sampler: Sampler,
     history: HashMap<SeqId, Vec<TokenId>>,
+    /// Mean-pooled embeddings part way through their prompt: the sum of
+    /// their chunks' rows and the tokens summed.
+    pooled: HashMap<SeqId, (Vec<f32>, u32)>,
     out: ForwardOutput,
     full_logits: bool,
 }
@@ -250,6 +253,7 @@ impl Engine {
         };
         let dtype = model.weights().dtype.clone();
         let vocab_size = cfg.vocab_size as u32;
+        let embedding_size = cfg.hidden_size as u32;
         let model = Arc::new(model);
         report(
             &opts.progress,
@@ -301,6 +305,7 @@ impl Engine {
             block_size: opts.block_size,
             num_blocks,
             dtype,
+            embedding_size,
         };
         report(&opts.progress, 1.0, "loaded");
         Ok(Engine {
@@ -310,6 +315,7 @@ impl Engine {
             backend,
             sampler: Sampler::new(),
             history: HashMap::new(),
+            pooled: HashMap::new(),
             out: ForwardOutput::default(),
             full_logits: false,
         })
@@ -378,6 +384,7 @@ impl Engine {
         }
         for seq in &plan.free {
             self.history.remove(seq);
+            self.pooled.remove(seq);
         }
         self.backend.copy_blocks(&plan.copy_blocks).map_err(fault)?;
         for s in &plan.seqs {
@@ -410,13 +417,16 @@ impl Engine {
                 logprobs: s.logprobs,
                 allowed: s.allowed.as_deref(),
             };
+            // An embedding samples nothing: its rows come back pooled.
+            let sample = s.sample && s.embed.is_none();
             batch.push(SeqBatch {
                 tokens: &s.tokens,
                 start_pos: s.start_pos,
                 block_table: &s.block_table,
-                want_logits: s.sample,
-                sample: s.sample.then(|| spec(end)),
+                want_logits: sample,
+                sample: sample.then(|| spec(end)),
                 keep_row: full,
+                hidden: s.embed,
             });
             for (i, d) in s.draft.chunks_exact(1).enumerate() {
                 let pos = end + i as u32;
@@ -427,6 +437,7 @@ impl Engine {
                     want_logits: true,
                     sample: Some(spec(pos + 1)),
                     keep_row: full,
+                    hidden: None,
                 });
             }
         }
@@ -445,7 +456,24 @@ impl Engine {
         };
         let mut specs = batch.iter().filter(|b| b.want_logits);
         let mut refused = Vec::new();
-        for s in plan.seqs.iter().filter(|s| s.sample) {
+        let h = self.model.config().hidden_size;
+        let mut hidden = self.out.hidden.chunks_exact(h);
+        for s in &plan.seqs {
+            if let Some(pooling) = s.embed {
+                let row = hidden.next().ok_or_else(short)?;
+                if let Some(embedding) = pool_chunk(&mut self.pooled, s, pooling, row) {
+                    results.push(SeqResult {
+                        seq: s.seq,
+                        token: 0,
+                        logprobs: None,
+                        embedding: Some(embedding),
+                    });
+                }
+                continue;
+            }
+            if !s.sample {
+                continue;
+            }
             // Its row's draw, then one per draft token: kept through the
             // first that differs from the draft token at its position.
             let mut confirming = true;
@@ -471,6 +499,7 @@ impl Engine {
                     seq: s.seq,
                     token,
                     logprobs,
+                    embedding: None,
                 });
                 if !confirming && i < s.draft.len() {
                     // The draft tokens from this one on are not the sequence's.
@@ -563,6 +592,22 @@ impl Engine {
                 "seq {id:?} carries a draft without sampling, or with a token mask"
             ));
         }
+        if s.embed.is_some()
+            && (!s.draft.is_empty() || s.allowed.is_some() || !s.cached_prefix.is_empty())
+        {
+            return Err(format!(
+                "seq {id:?} is an embedding with a draft, a token mask or a cached prefix"
+            ));
+        }
+        if s.embed == Some(Pooling::Mean) && s.start_pos > 0 {
+            let pooled = self.pooled.get(&id).map_or(0, |p| p.1);
+            if pooled != s.start_pos || freed.contains(&id) {
+                return Err(format!(
+                    "seq {id:?} is a mean-pooled embedding fed at position {} after {pooled} pooled tokens",
+                    s.start_pos
+                ));
+            }
+        }
         if let Some(t) = s.draft.iter().find(|&&t| t >= self.info.vocab_size) {
             return Err(format!(
                 "seq {id:?} drafts token {t}, vocabulary is {}",
@@ -645,6 +690,7 @@ impl Engine {
                     logprobs: None,
                     cached_prefix: Vec::new(),
                     allowed: None,
+                    embed: None,
                 }],
                 ..Default::default()
             };
@@ -667,6 +713,42 @@ impl Engine {
 /// The default pool: 4 full contexts of `block_size` blocks, at least 64
 /// blocks, but no more than `budget` bytes of f32 K and V (the pool's
 /// element type on both backends) unless 64 blocks already take more.
+/// Adds an embedding chunk's pooled row (`row`, from the backend) to
+/// what `s`'s earlier chunks gave (kept in `pooled`); its vector once the chunk reaches
+/// the prompt's end (`s.sample`).
+fn pool_chunk(
+    pooled: &mut HashMap<SeqId, (Vec<f32>, u32)>,
+    s: &SeqStep,
+    pooling: Pooling,
+    row: &[f32],
+) -> Option<Vec<f32>> {
+    match pooling {
+        Pooling::Last => s.sample.then(|| row.to_vec()),
+        Pooling::Mean => {
+            let (sum, count) = pooled
+                .entry(s.seq)
+                .or_insert_with(|| (vec![0.0; row.len()], 0));
+            if s.start_pos == 0 {
+                // Its first chunk, or its prompt computed again after a
+                // preemption: nothing before counts.
+                sum.iter_mut().for_each(|x| *x = 0.0);
+                *count = 0;
+            }
+            for (a, b) in sum.iter_mut().zip(row) {
+                *a += b;
+            }
+            *count += s.tokens.len() as u32;
+            if !s.sample {
+                return None;
+            }
+            let (mut sum, count) = pooled.remove(&s.seq)?;
+            let n = count as f32;
+            sum.iter_mut().for_each(|x| *x /= n);
+            Some(sum)
+        }
+    }
+}
+
 fn default_pool_blocks(cfg: &ModelConfig, context: u64, block_size: u32, budget: u64) -> u64 {
     let want = context
         .saturating_mul(4)

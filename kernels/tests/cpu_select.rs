@@ -57,6 +57,7 @@ fn rows_sampled_across_the_pool_are_the_shared_samplers_picks() {
                 allowed: (i == 6).then_some(&mask),
             }),
             keep_row: false,
+            hidden: None,
         })
         .collect();
     let mut out = ForwardOutput::default();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::*;
 use tokenwire_core::rng::Rng;
 use tokenwire_core::testing::ByteCodec;
-use tokenwire_core::{SamplingParams, SeqId, StepPlan, TokenId};
+use tokenwire_core::{Pooling, SamplingParams, SeqId, StepPlan, TokenId};
 use tokenwire_kernels::{
     ActivationPrecision, Backend, CpuBackend, Engine, ForwardOutput, LoadError, ModelIdentity,
     RopeScaling, SampleSpec, SeqBatch, WgpuBackend, WgpuOptions,
@@ -375,6 +375,7 @@ fn forward_both(
                     allowed: None,
                 }),
                 keep_row: false,
+                hidden: None,
             })
             .collect();
         let mut want = Vec::new();
@@ -1159,6 +1160,7 @@ fn logits_step<'a>(tokens: &'a [TokenId], start_pos: u32, table: &'a [u32]) -> S
         want_logits: true,
         sample: None,
         keep_row: false,
+        hidden: None,
     }
 }
 
@@ -1320,4 +1322,70 @@ fn wgpu_drafted_steps_yield_what_plain_steps_yield() {
     // a step: each row reads the K/V the rows before it wrote, and samples
     // on the device with the history through its own draft token.
     drafts_greedy_and_sampled(|| wgpu_tiny_engine(9), 1e-4);
+}
+
+#[test]
+fn wgpu_embeddings_match_the_cpu_backend() {
+    // Embedding chunks beside a sampled sequence, in passes of at most 5
+    // rows (so an embedding's rows span passes and share them with others),
+    // then through the engine in chunks: the pooled rows the CPU backend
+    // gives, within f32 tolerance.
+    let model = Arc::new(random_model(&QWEN, 11));
+    let opts = WgpuOptions {
+        max_rows_per_pass: Some(5),
+        ..f32_options()
+    };
+    let Some(mut gpu) = or_skip(WgpuBackend::new(model.clone(), 4, 16, &opts)) else {
+        return;
+    };
+    let kernels = tokenwire_kernels::quant::Kernels::detect();
+    let mut cpu = CpuBackend::with(model.clone(), 4, 16, kernels, ActivationPrecision::F32)
+        .expect("cpu backend");
+    let toks: Vec<TokenId> = (0..11).map(|i| (i * 7 + 3) % 64).collect();
+    let (a, b, c): (Vec<u32>, Vec<u32>, Vec<u32>) =
+        ((0..3).collect(), (3..6).collect(), (6..9).collect());
+    let embed = |tokens, table, pooling| SeqBatch {
+        hidden: Some(pooling),
+        want_logits: false,
+        ..logits_step(tokens, 0, table)
+    };
+    // Rows 0-2 sampled, 3-11 the mean (from the middle of the first pass),
+    // 12-22 the last-token one.
+    let batch = [
+        logits_step(&toks[..3], 0, &b),
+        embed(&toks[..9], &a, Pooling::Mean),
+        embed(&toks, &c, Pooling::Last),
+    ];
+    let (mut want, mut got) = (ForwardOutput::default(), ForwardOutput::default());
+    cpu.forward_select(&batch, &mut want).expect("cpu forward");
+    gpu.forward_select(&batch, &mut got).expect("wgpu forward");
+    let h = model.config().hidden_size;
+    assert_eq!(want.hidden.len(), 2 * h);
+    assert_eq!(got.hidden.len(), 2 * h);
+    for (i, (g, w)) in got.hidden.chunks(h).zip(want.hidden.chunks(h)).enumerate() {
+        let e = nmse(g, w);
+        assert!(e < F32_TOL.nmse, "embedding {i}: nmse {e:e}");
+    }
+    let vocab = model.config().vocab_size;
+    assert_eq!(got.logits.len(), vocab, "the sampled sequence's row alone");
+    assert!(nmse(&got.logits, &want.logits[..vocab]) < F32_TOL.nmse);
+
+    // Through the engines, in chunks of 4 (stories260K).
+    let Some((mut engine, _)) = stories() else {
+        return;
+    };
+    let mut reference = Engine::load(&stories_dir(), &Default::default()).expect("cpu engine");
+    let prompt = reference
+        .codec()
+        .encode(
+            "One day, a bird flew over the tree and sang a happy song.",
+            true,
+        )
+        .expect("encode");
+    for pooling in [Pooling::Mean, Pooling::Last] {
+        let g = embed_alone(&mut engine, &prompt, pooling, 4);
+        let w = embed_alone(&mut reference, &prompt, pooling, prompt.len());
+        let e = nmse(&g, &w);
+        assert!(e < 1e-8, "{pooling:?}: nmse {e:e}");
+    }
 }

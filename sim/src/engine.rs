@@ -362,6 +362,7 @@ impl SimEngine {
                     seq: s.seq,
                     token,
                     logprobs,
+                    embedding: None,
                 });
                 match draft.next() {
                     Some(&d) if d == token => st.push(d),
@@ -464,6 +465,7 @@ mod tests {
                 cached_prefix: Vec::new(),
                 allowed: None,
                 draft: Vec::new(),
+                embed: None,
             }],
             free: vec![],
             copy_blocks: vec![],

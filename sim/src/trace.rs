@@ -123,7 +123,7 @@ pub fn model_json(m: &ModelInfo) -> Value {
     json!({
         "name": m.name, "version": m.version, "context_len": m.context_len,
         "vocab_size": m.vocab_size, "eos_ids": m.eos_ids, "block_size": m.block_size,
-        "num_blocks": m.num_blocks, "dtype": m.dtype,
+        "num_blocks": m.num_blocks, "dtype": m.dtype, "embedding_size": m.embedding_size,
     })
 }
 
@@ -147,6 +147,9 @@ pub fn model_from(v: &Value) -> Result<ModelInfo, String> {
         block_size: u32_of(v, "block_size")?,
         num_blocks: u32_of(v, "num_blocks")?,
         dtype: str_of(v, "dtype")?.to_string(),
+        // Traces written before embeddings lack it: the tiny model's.
+        embedding_size: u32_of(v, "embedding_size")
+            .unwrap_or(tokenwire_core::testing::tiny_model_info().embedding_size),
     })
 }
 
@@ -535,6 +538,7 @@ pub fn input_from(v: &Value) -> Result<Input, String> {
                                     .collect::<Result<_, _>>()?,
                             }),
                         },
+                        embedding: None,
                     })
                 })
                 .collect::<Result<_, _>>()?,
@@ -680,6 +684,7 @@ mod tests {
                         logprob: -0.1,
                         top: vec![(5, -1.3), (6, -2.7)],
                     }),
+                    embedding: None,
                 }],
             }),
             Input::EngineFault(EngineFault {

@@ -552,6 +552,7 @@ fn run(
                     allowed: None,
                 }),
                 keep_row: false,
+                hidden: None,
             })
             .collect();
         be.forward_select(&b, &mut out)

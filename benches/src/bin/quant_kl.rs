@@ -147,6 +147,7 @@ fn evaluate(
                     cached_prefix: Vec::new(),
                     allowed: None,
                     draft: Vec::new(),
+                    embed: None,
                 })
                 .collect(),
             ..Default::default()

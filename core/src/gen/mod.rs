@@ -79,6 +79,10 @@ pub struct TokenPiece {
     pub logprobs: Option<TokenLogprobs>,
     /// Set when this token ends the generation.
     pub finish: Option<FinishReason>,
+    /// An embedding generation's ([`GenRequest::embed`]) pooled vector, as
+    /// the engine returned it (not normalized): its one and last piece,
+    /// with no token and no text.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// One request's generation state.
@@ -225,18 +229,29 @@ impl Generation {
         now: Instant,
     ) -> TokenPiece {
         let token = result.token;
-        self.out_ids.push(token);
-        self.state = GenState::Decoding;
         if self.first_token_at.is_none() {
             self.first_token_at = Some(now);
         }
         self.last_token_at = Some(now);
+        if let Some(vector) = result.embedding {
+            self.state = GenState::Finished;
+            return TokenPiece {
+                token_id: None,
+                text: String::new(),
+                logprobs: None,
+                finish: Some(FinishReason::Stop),
+                embedding: Some(vector),
+            };
+        }
+        self.out_ids.push(token);
+        self.state = GenState::Decoding;
         if self.raw {
             return TokenPiece {
                 token_id: Some(token),
                 text: String::new(),
                 logprobs: result.logprobs,
                 finish: None,
+                embedding: None,
             };
         }
         let mut text = String::new();
@@ -284,6 +299,7 @@ impl Generation {
             text,
             logprobs: result.logprobs,
             finish,
+            embedding: None,
         }
     }
 
@@ -302,6 +318,7 @@ impl Generation {
             text,
             logprobs: None,
             finish: Some(reason),
+            embedding: None,
         }
     }
 
@@ -394,6 +411,7 @@ mod tests {
                         seq: g.id,
                         token: b as u32 + 3,
                         logprobs: None,
+                        embedding: None,
                     },
                     Instant::ZERO,
                 )
@@ -468,6 +486,7 @@ mod tests {
                 seq: g.id,
                 token: BYTE_EOS,
                 logprobs: None,
+                embedding: None,
             },
             Instant::ZERO,
         );
@@ -489,6 +508,7 @@ mod tests {
             seq: g.id,
             token: BYTE_EOS,
             logprobs: None,
+            embedding: None,
         };
         let p = g.on_token(&ByteCodec, eos.clone(), Instant::ZERO);
         assert_eq!((p.finish, p.text.as_str()), (None, ""));

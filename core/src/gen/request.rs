@@ -157,6 +157,11 @@ pub struct GenRequest {
     /// The grammar its output must follow (structured output), compiled
     /// with [`crate::TextCodec::constrain`]; `None` = free text.
     pub constraint: Option<crate::constraint::Constraint>,
+    /// An embedding instead of text: the prompt is computed and its final
+    /// hidden states pooled this way into one vector, the generation's only
+    /// piece ([`TokenPiece::embedding`](super::TokenPiece::embedding)); set
+    /// `params.max_tokens` to 1. `None`: text.
+    pub embed: Option<crate::engine::Pooling>,
 }
 
 /// A finished generation's KV blocks kept by the Host for a continuation

@@ -661,7 +661,8 @@ impl Host {
         let refused = sched.take_constraint_failures();
         let stepped = std::mem::take(&mut self.in_step);
         let tally = sched.take_draft_tally();
-        let count = results.len() as u32;
+        // An embedding's vector is not a generated token.
+        let count = results.iter().filter(|r| r.embedding.is_none()).count() as u32;
         if count > 0 {
             self.sh
                 .push_output(Output::Event(Event::TokensGenerated { count }));

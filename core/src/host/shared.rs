@@ -681,6 +681,9 @@ impl HostPort for Shared {
         if let Some(c) = req.constraint {
             sched.set_constraint(id, c, vocab);
         }
+        if let Some(pooling) = req.embed {
+            sched.set_embed(id, pooling);
+        }
         // A beam picks among each step's alternatives itself: drafts would
         // hand it several tokens of one path.
         if !req.raw {

@@ -50,6 +50,7 @@ fn answer(plan: &StepPlan, answer: &[TokenId]) -> StepDone {
                 seq: s.seq,
                 token: t,
                 logprobs: None,
+                embedding: None,
             });
             if s.draft.get(i) != Some(&t) {
                 break;
@@ -184,6 +185,7 @@ fn an_engine_that_ignores_the_draft_confirms_none_of_it() {
             seq: a,
             token: 13,
             logprobs: None,
+            embedding: None,
         }],
     };
     assert_eq!(s.on_step_done(&one).len(), 1);
@@ -410,6 +412,7 @@ fn guesses_take_only_what_decodes_chunks_and_admissions_leave() {
                 seq: q.seq,
                 token: 12,
                 logprobs: None,
+                embedding: None,
             })
             .collect();
         s.on_step_done(&StepDone {

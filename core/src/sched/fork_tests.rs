@@ -82,6 +82,7 @@ pub(super) fn done(plan: &StepPlan, token: TokenId) -> StepDone {
                 seq: s.seq,
                 token,
                 logprobs: None,
+                embedding: None,
             })
             .collect(),
     }

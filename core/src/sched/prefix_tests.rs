@@ -261,3 +261,38 @@ fn idle_seqs_are_not_evicted_when_all_of_them_would_not_make_room() {
     s.on_step_done(&done(&plan, 7));
     ok(&s);
 }
+
+#[test]
+fn an_embedding_computes_its_prompt_from_the_start_and_ends_with_its_vector() {
+    let mut s = sched(16);
+    let mut kv = Kv::default();
+    let p = prompt(40, 0);
+    run(&mut s, &mut kv, SeqId(1), p.clone(), 3);
+    s.remove(SeqId(1));
+    // The same prompt as an embedding: the cached blocks are there, but it
+    // feeds every token from position 0, each plan naming its pooling.
+    s.add(SeqId(2), p.clone(), 41, SamplingParams::greedy(), None)
+        .expect("admitted");
+    assert!(s.set_embed(SeqId(2), crate::engine::Pooling::Mean));
+    let plan = s.schedule().expect("a step");
+    let step = &plan.seqs[0];
+    assert_eq!((step.start_pos, step.tokens.len()), (0, 40));
+    assert!(step.cached_prefix.is_empty());
+    assert_eq!(step.embed, Some(crate::engine::Pooling::Mean));
+    assert!(step.sample);
+    kv.run(&s, &plan);
+    let mut d = done(&plan, 7);
+    d.results[0].embedding = Some(vec![0.5; 4]);
+    let out = s.on_step_done(&d);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].embedding.as_deref(), Some(&[0.5; 4][..]));
+    assert_eq!(
+        s.tokens(SeqId(2)).map(<[TokenId]>::len),
+        Some(40),
+        "a vector adds no token"
+    );
+    // Done: its owner removes it (the Host does, as the vector is delivered).
+    s.remove(SeqId(2));
+    ok(&s);
+    assert!(!s.set_embed(SeqId(99), crate::engine::Pooling::Last));
+}

@@ -11,8 +11,8 @@ use super::draft::{self, DraftConfig};
 use super::seq::{Seq, SeqState};
 use crate::constraint::Constraint;
 use crate::engine::{
-    BlockId, EngineFaultKind, Fork, SamplingParams, SeqId, SeqResult, SeqStep, StepDone, StepPlan,
-    TokenId,
+    BlockId, EngineFaultKind, Fork, Pooling, SamplingParams, SeqId, SeqResult, SeqStep, StepDone,
+    StepPlan, TokenId,
 };
 
 /// Successful steps in a row after which the adaptive seqs-per-step cap, lowered
@@ -513,6 +513,19 @@ impl Scheduler {
         true
     }
 
+    /// Makes `seq` an embedding sequence ([`crate::engine::SeqStep::embed`]):
+    /// its plans carry `pooling`, it never starts from cached blocks nor
+    /// carries a draft, and its result is a vector, after which it has
+    /// nothing left to feed: the caller removes it then. False (nothing
+    /// changes) when `seq` is unknown.
+    pub fn set_embed(&mut self, seq: SeqId, pooling: Pooling) -> bool {
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return false;
+        };
+        s.embed = Some(pooling);
+        true
+    }
+
     /// Constrained sequences whose grammar refused a sampled token (or whose
     /// grammar engine failed) since the last call, with a message naming the
     /// token; their tokens were not returned by [`Scheduler::on_step_done`].
@@ -689,6 +702,7 @@ impl Scheduler {
                 cached_prefix,
                 allowed,
                 draft: p.draft.clone(),
+                embed: s.embed,
             });
         }
         let free = std::mem::take(&mut self.pending_free);
@@ -772,6 +786,8 @@ impl Scheduler {
                 continue;
             }
             match done.results.iter().find(|r| r.seq == p.seq) {
+                // A vector ends an embedding: no token joins the sequence.
+                Some(r) if s.embed.is_some() && r.embedding.is_some() => out.push(r.clone()),
                 Some(r) => {
                     s.tokens.push(r.token);
                     if let Some(c) = &mut s.constraint {
@@ -1248,7 +1264,7 @@ impl Scheduler {
         let Some(s) = self.seqs.get(&seq) else {
             return Vec::new();
         };
-        if !s.draft_ok || s.constraint.is_some() {
+        if !s.draft_ok || s.constraint.is_some() || s.embed.is_some() {
             return Vec::new();
         }
         let covered = (s.blocks.len() as u32 + free).saturating_mul(bs);
@@ -1415,6 +1431,11 @@ impl Scheduler {
         let Some(s) = self.seqs.get_mut(&id) else {
             return Vec::new();
         };
+        if s.embed.is_some() {
+            // Mean pooling needs every token's hidden state: the engine
+            // sees an embedding from position 0.
+            return Vec::new();
+        }
         let most = (s.tokens.len().saturating_sub(1)) / bs;
         let mut hits = Vec::new();
         for i in 0..most {

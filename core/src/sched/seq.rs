@@ -2,7 +2,7 @@
 
 use super::blocks::{block_key, BlockKey};
 use super::constrained::SeqConstraint;
-use crate::engine::{BlockId, SamplingParams, TokenId};
+use crate::engine::{BlockId, Pooling, SamplingParams, TokenId};
 
 /// Where a sequence is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +60,9 @@ pub(crate) struct Seq {
     /// row whether or not it is kept, so text that does not repeat its
     /// prompt soon drafts one token at a time. 0: not drafted yet.
     pub draft_cap: u32,
+    /// An embedding sequence: computed from position 0 (no cached prefix,
+    /// no draft) and answered with its pooled vector, not a token.
+    pub embed: Option<Pooling>,
 }
 
 impl Seq {
@@ -78,6 +81,7 @@ impl Seq {
             runnable: true,
             started: false,
             seen_by_engine: false,
+            embed: None,
             sampling,
             logprobs,
             parked: false,

@@ -5,7 +5,9 @@
 pub mod cpu;
 pub mod wgpu;
 
-use tokenwire_core::{BlockId, EngineFaultKind, SamplingParams, TokenId, TokenLogprobs, TokenMask};
+use tokenwire_core::{
+    BlockId, EngineFaultKind, Pooling, SamplingParams, TokenId, TokenLogprobs, TokenMask,
+};
 
 use crate::kv::KvGeometry;
 use crate::sampler::Sampler;
@@ -95,6 +97,12 @@ pub struct SeqBatch<'a> {
     /// `Engine::set_full_logits`), as the backend computed it, before any
     /// penalty.
     pub keep_row: bool,
+    /// An embedding's chunk: return one hidden-size row in
+    /// [`ForwardOutput::hidden`] made from its tokens' hidden states after
+    /// the model's final norm ([`pool_rows`]): the last token's
+    /// ([`Pooling::Last`]) or the sum of all of them ([`Pooling::Mean`];
+    /// the engine divides once every chunk is in). Without `want_logits`.
+    pub hidden: Option<Pooling>,
 }
 
 /// A token a backend sampled, with its logprobs when they were asked for.
@@ -121,6 +129,41 @@ pub struct ForwardOutput {
     pub has_row: Vec<bool>,
     /// The `vocab_size`-wide rows of the entries with `has_row`, in order.
     pub logits: Vec<f32>,
+    /// One hidden-size row per entry with [`SeqBatch::hidden`], in batch
+    /// order.
+    pub hidden: Vec<f32>,
+}
+
+/// RMSNorm of each `w.len()`-wide row of `x` into `out` (normalise, then
+/// scale, as Hugging Face does): the final norm of the embedding rows a
+/// device backend reads back.
+pub(crate) fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let h = w.len();
+    out.clear();
+    for row in x.chunks_exact(h) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        out.extend(row.iter().zip(w).map(|(v, wi)| wi * (v * r)));
+    }
+}
+
+/// Pools an embedding chunk's hidden states (`rows`, one `h`-wide row per
+/// token, after the final norm) into one row appended to `out`: the last
+/// row, or the sum of all of them. Both backends use it, so their vectors
+/// are the same arithmetic.
+pub(crate) fn pool_rows(rows: &[f32], h: usize, pooling: Pooling, out: &mut Vec<f32>) {
+    match pooling {
+        Pooling::Last => out.extend_from_slice(&rows[rows.len() - h..]),
+        Pooling::Mean => {
+            let at = out.len();
+            out.resize(at + h, 0.0);
+            for row in rows.chunks_exact(h) {
+                for (o, x) in out[at..].iter_mut().zip(row) {
+                    *o += x;
+                }
+            }
+        }
+    }
 }
 
 /// A compute backend: owns the device-side weights and the KV pool.
@@ -187,6 +230,11 @@ pub(crate) fn check_batch(
     for (i, b) in batch.iter().enumerate() {
         if b.tokens.is_empty() {
             return bad(format!("batch entry {i} has no tokens"));
+        }
+        if b.hidden.is_some() && b.want_logits {
+            return bad(format!(
+                "batch entry {i} asks for both logits and hidden states"
+            ));
         }
         if let Some(&tok) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
             return bad(format!(

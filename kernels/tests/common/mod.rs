@@ -11,7 +11,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 use tokenwire_core::rng::Rng;
-use tokenwire_core::{SamplingParams, SeqId, SeqStep, StepPlan, TokenId};
+use tokenwire_core::{Pooling, SamplingParams, SeqId, SeqStep, StepPlan, TokenId};
 use tokenwire_kernels::{Engine, Model};
 
 pub mod gguf_out;
@@ -375,6 +375,7 @@ pub fn seq_step(
         cached_prefix: Vec::new(),
         allowed: None,
         draft: Vec::new(),
+        embed: None,
     }
 }
 
@@ -384,6 +385,60 @@ pub fn plan(step_id: u64, seqs: Vec<SeqStep>) -> StepPlan {
         seqs,
         ..Default::default()
     }
+}
+
+/// The embedding of `tokens` pooled by `pooling`, fed from position 0 in
+/// chunks of `chunk` tokens, one step each, on a fresh sequence (freed after).
+pub fn embed_alone(
+    engine: &mut Engine,
+    tokens: &[TokenId],
+    pooling: Pooling,
+    chunk: usize,
+) -> Vec<f32> {
+    let bs = engine.model_info().block_size as usize;
+    let table: Vec<u32> = (0..tokens.len().div_ceil(bs) as u32 + 1).collect();
+    let mut got = None;
+    let mut start = 0;
+    let mut step_id = 2_000_000;
+    while start < tokens.len() {
+        let end = (start + chunk).min(tokens.len());
+        let mut s = seq_step(
+            998,
+            &tokens[start..end],
+            start as u32,
+            &table,
+            end == tokens.len(),
+        );
+        s.embed = Some(pooling);
+        let done = engine
+            .step(&plan(step_id, vec![s]))
+            .expect("embedding step");
+        step_id += 1;
+        if end < tokens.len() {
+            assert!(done.results.is_empty(), "a middle chunk returns nothing");
+        } else {
+            assert_eq!(done.results.len(), 1, "the last chunk returns the vector");
+            got = done.results[0].embedding.clone();
+        }
+        start = end;
+    }
+    engine
+        .step(&StepPlan {
+            step_id,
+            free: vec![SeqId(998)],
+            ..Default::default()
+        })
+        .expect("free");
+    got.expect("an embedding")
+}
+
+/// Largest absolute difference of two equally long vectors.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Logits after feeding `tokens` from position 0 as one chunk on a fresh sequence.

@@ -729,6 +729,7 @@ pub(crate) mod testkit {
                     cached_prefix: Vec::new(),
                     allowed: None,
                     draft: Vec::new(),
+                    embed: None,
                 }],
                 free: vec![],
                 copy_blocks: vec![],
@@ -742,6 +743,7 @@ pub(crate) mod testkit {
                     seq: SeqId(seq),
                     token: BYTE_OFFSET + b'a' as u32,
                     logprobs: None,
+                    embedding: None,
                 }],
             }))
         }

@@ -539,6 +539,7 @@ impl BatchConn {
                 raw: beams.is_some(),
                 reuse_kv,
                 constraint: self.jobs[ji].constraint.clone(),
+                embed: None,
             };
             match cx.start(req) {
                 Ok(seq) => {

@@ -343,6 +343,7 @@ impl CaiConn {
             raw: false,
             reuse_kv: None,
             constraint: None,
+            embed: None,
         };
         match cx.start(req) {
             Ok(seq) => {

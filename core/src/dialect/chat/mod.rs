@@ -461,6 +461,7 @@ impl ChatConn {
                 raw: false,
                 reuse_kv: None,
                 constraint: r.constraint.clone(),
+                embed: None,
             });
             match start {
                 Ok(seq) => {

@@ -174,6 +174,7 @@ impl GenerateConn {
             raw: false,
             reuse_kv: None,
             constraint: config.constraint.clone(),
+            embed: None,
         };
         let id = match cx.start(req) {
             Ok(id) => id,

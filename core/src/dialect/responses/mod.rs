@@ -382,6 +382,7 @@ impl ResponsesConn {
             raw: false,
             reuse_kv: None,
             constraint: draft.constraint.clone(),
+            embed: None,
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

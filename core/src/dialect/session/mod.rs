@@ -539,6 +539,7 @@ impl SessionConn {
             raw: false,
             reuse_kv: None,
             constraint: None,
+            embed: None,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -176,6 +176,35 @@ impl Backend for CpuBackend {
         batch: &[SeqBatch<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineFaultKind> {
+        let mut hidden = Vec::new();
+        self.run(batch, logits, &mut hidden)
+    }
+
+    /// The forward pass, then every row with a spec sampled here across
+    /// the pool (the shared sampler's rule, so the tokens are the same
+    /// bits): on one thread, a 32-sequence step's sampling left the other
+    /// idle. The rows come back too: they are in memory already.
+    fn forward_select(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        out: &mut ForwardOutput,
+    ) -> Result<(), EngineFaultKind> {
+        self.run(batch, &mut out.logits, &mut out.hidden)?;
+        super::every_row_unsampled(batch, out);
+        self.sample_rows(batch, out);
+        Ok(())
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::forward`], with the pooled hidden row of every entry
+    /// that asks for one ([`SeqBatch::hidden`]) in `hidden`.
+    fn run(
+        &mut self,
+        batch: &[SeqBatch<'_>],
+        logits: &mut Vec<f32>,
+        hidden: &mut Vec<f32>,
+    ) -> Result<(), EngineFaultKind> {
         let CpuBackend {
             model,
             kv,
@@ -207,8 +236,9 @@ impl Backend for CpuBackend {
             }));
         }
         let t = s.rows.len();
+        logits.clear();
+        hidden.clear();
         if t == 0 {
-            logits.clear();
             return Ok(());
         }
 
@@ -317,6 +347,22 @@ impl Backend for CpuBackend {
             add_in_place(&mut s.x, &s.proj);
         }
 
+        // An embedding's chunk: its tokens' rows after the final norm, pooled.
+        let mut end = 0;
+        for b in batch {
+            let start = end;
+            end += b.tokens.len();
+            if let Some(pooling) = b.hidden {
+                rms_norm(
+                    &s.x[start * h..end * h],
+                    &w.norm,
+                    cfg.rms_norm_eps,
+                    &mut s.xn,
+                );
+                super::pool_rows(&s.xn, h, pooling, hidden);
+            }
+        }
+
         // Only the last token of sampling sequences needs the final norm and head.
         s.up.clear();
         let mut end = 0;
@@ -328,7 +374,6 @@ impl Backend for CpuBackend {
         }
         let n_out = s.up.len() / h;
         if n_out == 0 {
-            logits.clear();
             return Ok(());
         }
         rms_norm(&s.up, &w.norm, cfg.rms_norm_eps, &mut s.xn);
@@ -351,23 +396,6 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    /// The forward pass, then every row with a spec sampled here across
-    /// the pool (the shared sampler's rule, so the tokens are the same
-    /// bits): on one thread, a 32-sequence step's sampling left the other
-    /// idle. The rows come back too: they are in memory already.
-    fn forward_select(
-        &mut self,
-        batch: &[SeqBatch<'_>],
-        out: &mut ForwardOutput,
-    ) -> Result<(), EngineFaultKind> {
-        self.forward(batch, &mut out.logits)?;
-        super::every_row_unsampled(batch, out);
-        self.sample_rows(batch, out);
-        Ok(())
-    }
-}
-
-impl CpuBackend {
     /// Samples every row of `out.logits` (one per sequence of `batch` with
     /// `want_logits`) that has a [`super::SampleSpec`] into `out.sampled`,
     /// split across the pool, each task with its own sampler's scratch.

@@ -618,6 +618,7 @@ impl KernelLab {
                 want_logits: false,
                 sample: None,
                 keep_row: false,
+                hidden: None,
             })
             .collect();
         for (i, s) in seqs.iter().enumerate() {

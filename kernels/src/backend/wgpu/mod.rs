@@ -145,7 +145,7 @@ mod tensors;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenwire_core::{BlockId, EngineFaultKind};
+use tokenwire_core::{BlockId, EngineFaultKind, Pooling};
 
 use super::{Backend, ForwardOutput, SampleSpec, SeqBatch};
 use crate::error::LoadError;
@@ -577,8 +577,14 @@ struct Step {
     sample: SampleRows,
     segments: Vec<Segment>,
     /// What the buffers must hold; the staging buffer's first
-    /// `needs.sampled` bytes are the sampled words, the full rows follow.
+    /// `needs.sampled` bytes are the sampled words, the full rows follow,
+    /// then the embedding rows ([`Step::hidden`]).
     needs: Needs,
+    /// Per batch entry with [`SeqBatch::hidden`], in order: how it pools
+    /// and its rows' count; their residual rows start at `hidden_at` in the
+    /// staging buffer.
+    hidden: Vec<(Pooling, usize)>,
+    hidden_at: u64,
 }
 
 /// Model shape numbers the kernels take.
@@ -1309,6 +1315,7 @@ impl WgpuBackend {
         out.sampled.clear();
         out.has_row.clear();
         out.logits.clear();
+        out.hidden.clear();
         if batch.is_empty() {
             return Ok(());
         }
@@ -1363,6 +1370,21 @@ impl WgpuBackend {
                 at += row_bytes;
             }
         }
+        // Embeddings: each one's rows of the step, and where they go.
+        let hidden_at = at;
+        let row_h = 4 * self.dims.h as u64;
+        let mut hidden = Vec::new();
+        let mut hidden_rows = Vec::new();
+        let mut first = 0u64;
+        for b in batch {
+            let n = b.tokens.len() as u64;
+            if let Some(pooling) = b.hidden {
+                hidden.push((pooling, n as usize));
+                hidden_rows.push((first..first + n, at));
+                at += n * row_h;
+            }
+            first += n;
+        }
         let mut needs = Needs {
             sample: 4 * sample.words.len() as u64,
             sampled: out_bytes,
@@ -1370,16 +1392,32 @@ impl WgpuBackend {
             ..Needs::default()
         };
         self.params.clear();
+        let mut pass_first = 0u64;
         let segments = plan
             .passes
             .iter()
-            .map(|p| self.pass_ops(p, &staging_rows, &on_device, &mut needs))
+            .map(|p| {
+                let mut seg = self.pass_ops(p, &staging_rows, &on_device, &mut needs);
+                let rows = pass_first..pass_first + p.rows as u64;
+                for (range, dst) in &hidden_rows {
+                    let (lo, hi) = (range.start.max(rows.start), range.end.min(rows.end));
+                    if lo < hi {
+                        let src = (lo - rows.start) * row_h;
+                        let dst = dst + (lo - range.start) * row_h;
+                        seg.hidden_copies.push((src, dst, (hi - lo) * row_h));
+                    }
+                }
+                pass_first = rows.end;
+                seg
+            })
             .collect();
         Step {
             plan,
             sample,
             segments,
             needs,
+            hidden,
+            hidden_at,
         }
     }
 
@@ -1431,6 +1469,10 @@ impl WgpuBackend {
                     bytes,
                 );
             }
+            for &(src, dst, bytes) in &seg.hidden_copies {
+                rec.encoder()
+                    .copy_buffer_to_buffer(&self.bufs.x.buf, src, staging, dst, bytes);
+            }
             if let Some(op) = &seg.sample {
                 rec.pass("sample", std::slice::from_ref(op), Op::name, encode)?;
             }
@@ -1446,7 +1488,7 @@ impl WgpuBackend {
     /// Reads back what the step sampled and the rows that come back whole.
     fn read_back(&mut self, step: &Step, out: &mut ForwardOutput) -> Result<(), EngineFaultKind> {
         let g = &self.gpu;
-        if step.plan.full.is_empty() {
+        if step.plan.full.is_empty() && step.hidden.is_empty() {
             return match g.take_error() {
                 Some(e) => Err(e.into_fault()),
                 None => Ok(()),
@@ -1462,11 +1504,26 @@ impl WgpuBackend {
             .collect();
         out.sampled = sample::decode(&words, &step.sample);
         out.has_row.extend_from_slice(&step.plan.full);
-        out.logits.extend(
-            self.staged[sampled..staged as usize]
+        let floats = |bytes: &[u8]| -> Vec<f32> {
+            bytes
                 .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        };
+        let hidden_at = step.hidden_at as usize;
+        out.logits.extend(floats(&self.staged[sampled..hidden_at]));
+        // The final norm of the embeddings' rows, here: a few rows a step,
+        // against a norm and a copy per pass on the device.
+        let (h, c) = (self.dims.h as usize, self.model.config());
+        let norm = &self.model.weights().norm;
+        let mut at = hidden_at;
+        let mut normed = Vec::new();
+        for &(pooling, n) in &step.hidden {
+            let rows = floats(&self.staged[at..at + 4 * n * h]);
+            at += 4 * n * h;
+            super::rms_norm_rows(&rows, norm, c.rms_norm_eps, &mut normed);
+            super::pool_rows(&normed, h, pooling, &mut out.hidden);
+        }
         Ok(())
     }
 }

@@ -153,7 +153,11 @@ impl Op {
 #[derive(Debug, Default)]
 pub(super) struct Segment {
     pub(super) ops: Vec<Op>,
+    /// Logits rows that come back whole: (source, staging, bytes).
     pub(super) copies: Vec<(u64, u64, u64)>,
+    /// Embedding rows of the residual stream `x` (before the final norm,
+    /// which the host applies): (source, staging, bytes).
+    pub(super) hidden_copies: Vec<(u64, u64, u64)>,
     pub(super) sample: Option<Op>,
 }
 

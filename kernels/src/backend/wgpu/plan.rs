@@ -215,6 +215,7 @@ mod tests {
                 want_logits: true,
                 sample: Some(spec),
                 keep_row: false,
+                hidden: None,
             },
             SeqBatch {
                 tokens: &[20],
@@ -223,6 +224,7 @@ mod tests {
                 want_logits: true,
                 sample: None,
                 keep_row: false,
+                hidden: None,
             },
         ];
         let inv = rope::inv_freq(4, 10000.0, &rope::RopeScaling::None);

@@ -268,6 +268,7 @@ mod tests {
                 cached_prefix: Vec::new(),
                 allowed: None,
                 draft: Vec::new(),
+                embed: None,
             }],
             free: vec![],
             copy_blocks: vec![],
@@ -287,6 +288,7 @@ mod tests {
                 seq: SeqId(1),
                 token: tok('x'),
                 logprobs: Some(TokenLogprobs { logprob: -0.1, top }),
+                embedding: None,
             }],
         }))
         .map_err(|v| v.detail)?;

@@ -140,6 +140,7 @@ mod tests {
             cached_prefix: Vec::new(),
             allowed: None,
             draft: Vec::new(),
+            embed: None,
         }
     }
 
