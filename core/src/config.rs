@@ -43,6 +43,9 @@ pub struct HostConfig {
     /// `reasoning_content` and from Responses answers into a `reasoning`
     /// item ([`crate::reasoning`]); `None` leaves the reasoning in the text.
     pub reasoning_tags: Option<crate::reasoning::ReasoningTags>,
+    /// How `POST /v1/embeddings` pools a prompt's final hidden states into
+    /// its vector (`--pooling`).
+    pub embed_pooling: EmbedPooling,
     /// Most tokens computed in one engine step (prefill chunks plus decodes).
     pub max_step_tokens: u32,
     /// Most sequences in one engine step.
@@ -133,6 +136,7 @@ impl Default for HostConfig {
             shutdown_grace: Duration::from_secs(10),
             default_max_tokens: 256,
             reasoning_tags: None,
+            embed_pooling: EmbedPooling::Auto,
             max_step_tokens: 512,
             max_running_seqs: 64,
             prefix_cache: true,
@@ -162,5 +166,50 @@ impl Default for HostConfig {
             conversation_max_bytes: 1024 * 1024,
             conversation_max_messages: 256,
         }
+    }
+}
+
+/// How `POST /v1/embeddings` pools a prompt's final hidden states into its
+/// vector (`--pooling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmbedPooling {
+    /// The pooling the model declares ([`crate::ModelInfo::pooling`]),
+    /// else the mean.
+    #[default]
+    Auto,
+    /// This pooling, whatever the model declares.
+    Fixed(crate::engine::Pooling),
+    /// The route is off (a 400 saying so).
+    Off,
+}
+
+impl EmbedPooling {
+    /// The pooling used for `model`'s embeddings; `None` when off.
+    pub fn resolve(self, model: &crate::ModelInfo) -> Option<crate::engine::Pooling> {
+        match self {
+            EmbedPooling::Auto => Some(model.pooling.unwrap_or(crate::engine::Pooling::Mean)),
+            EmbedPooling::Fixed(p) => Some(p),
+            EmbedPooling::Off => None,
+        }
+    }
+
+    /// Its name in flags (`auto`, `mean`, `last`, `off`).
+    pub fn name(self) -> &'static str {
+        match self {
+            EmbedPooling::Auto => "auto",
+            EmbedPooling::Fixed(p) => p.name(),
+            EmbedPooling::Off => "off",
+        }
+    }
+
+    /// The choice a name in [`EmbedPooling::name`] gives.
+    pub fn from_name(name: &str) -> Option<EmbedPooling> {
+        Some(match name {
+            "auto" => EmbedPooling::Auto,
+            "mean" => EmbedPooling::Fixed(crate::engine::Pooling::Mean),
+            "last" => EmbedPooling::Fixed(crate::engine::Pooling::Last),
+            "off" => EmbedPooling::Off,
+            _ => return None,
+        })
     }
 }

@@ -278,4 +278,8 @@ pub struct ModelInfo {
     pub dtype: String,
     /// Values in an embedding ([`SeqStep::embed`]): the model's hidden size.
     pub embedding_size: u32,
+    /// The pooling the model declares for its embeddings (a
+    /// sentence-transformers Pooling module, a GGUF `pooling_type`), when
+    /// it is one the engine computes; `None` otherwise.
+    pub pooling: Option<Pooling>,
 }

@@ -24,6 +24,7 @@ pub fn tiny_model_info() -> ModelInfo {
         num_blocks: 64,
         dtype: "f32".into(),
         embedding_size: SCRIPT_EMBEDDING_SIZE as u32,
+        pooling: None,
     }
 }
 

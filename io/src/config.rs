@@ -125,6 +125,36 @@ impl ReasoningParser {
     }
 }
 
+/// `--pooling`: how `POST /v1/embeddings` pools a prompt's final hidden
+/// states into its vector.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoolingFlag {
+    /// What the model declares (a sentence-transformers Pooling module, a
+    /// GGUF `pooling_type`), else the mean.
+    #[default]
+    Auto,
+    /// The mean of every token's state.
+    Mean,
+    /// The last token's state (Qwen3-Embedding, e5-mistral, gte-Qwen2).
+    Last,
+    /// No embeddings route.
+    Off,
+}
+
+impl PoolingFlag {
+    /// The Host's setting.
+    pub fn host(self) -> tokenwire_core::config::EmbedPooling {
+        use tokenwire_core::config::EmbedPooling;
+        use tokenwire_core::Pooling;
+        match self {
+            PoolingFlag::Auto => EmbedPooling::Auto,
+            PoolingFlag::Mean => EmbedPooling::Fixed(Pooling::Mean),
+            PoolingFlag::Last => EmbedPooling::Fixed(Pooling::Last),
+            PoolingFlag::Off => EmbedPooling::Off,
+        }
+    }
+}
+
 /// Log line format.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -499,6 +529,15 @@ pub struct ServeArgs {
     #[arg(long, env = "TOKENWIRE_REASONING_PARSER", value_enum)]
     pub reasoning_parser: Option<ReasoningParser>,
 
+    /// How `POST /v1/embeddings` pools a prompt's final hidden states into
+    /// its vector: `auto` takes what the model declares (a
+    /// sentence-transformers `1_Pooling/config.json`, a GGUF
+    /// `pooling_type`) and else the mean; `mean`, `last` (the last token's
+    /// state, as decoder embedding models such as Qwen3-Embedding use);
+    /// `off` turns the route off.
+    #[arg(long, env = "TOKENWIRE_POOLING", value_enum, default_value_t = PoolingFlag::Auto)]
+    pub pooling: PoolingFlag,
+
     /// Keys, tenancy and per-client bounds.
     #[command(flatten)]
     pub tenancy: TenancyArgs,
@@ -659,6 +698,7 @@ impl ServerConfig {
                 max_seqs: args.draft_max_seqs,
             },
             reasoning_tags: args.reasoning_parser.map(ReasoningParser::tags),
+            embed_pooling: args.pooling.host(),
             ..HostConfig::default()
         };
         ServerConfig {

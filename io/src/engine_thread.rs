@@ -38,6 +38,28 @@ pub(crate) struct EngineSpec {
     /// `--reasoning-parser`'s tags, checked against the model's tokenizer
     /// once it loads.
     pub reasoning_tags: Option<tokenwire_core::reasoning::ReasoningTags>,
+    /// `--pooling`, logged with what the model declares.
+    pub embed_pooling: tokenwire_core::config::EmbedPooling,
+}
+
+/// Says how `/v1/embeddings` pools, and warns when the model declares a
+/// pooling the engine does not compute (it then gets the mean, unless
+/// `--pooling` names one).
+fn log_pooling(engine: &Engine, choice: tokenwire_core::config::EmbedPooling) {
+    use tokenwire_core::config::EmbedPooling;
+    use tokenwire_kernels::pooling::DeclaredPooling;
+    let info = engine.model_info();
+    let pooling = choice.resolve(&info).map_or("off", |p| p.name());
+    tracing::info!(pooling, embedding_size = info.embedding_size, "embeddings");
+    if let (DeclaredPooling::Unsupported(what), EmbedPooling::Auto) =
+        (engine.declared_pooling(), choice)
+    {
+        tracing::warn!(
+            declared = %what,
+            "the model declares a pooling tokenwire does not compute; /v1/embeddings \
+             pools by the mean (--pooling mean|last|off says which)"
+        );
+    }
 }
 
 /// Starts the engine thread. It loads the model, sends `ModelLoaded` (or
@@ -82,6 +104,7 @@ fn run(spec: EngineSpec, driver: DriverHandle, plans: mpsc::Receiver<StepPlan>) 
              sets the pool, --max-context a shorter context"
         );
     }
+    log_pooling(&engine, spec.embed_pooling);
     let codec = engine.codec();
     if let Some(Err(e)) = spec.reasoning_tags.map(|t| t.check(&*codec)) {
         let _ = driver.blocking_send(DriverMsg::LoadFailed(format!("--reasoning-parser: {e}")));

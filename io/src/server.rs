@@ -241,6 +241,7 @@ pub async fn start_loading_with(
             cpu_activations: config.cpu_activations,
             seed: config.seed,
             reasoning_tags: config.host.reasoning_tags,
+            embed_pooling: config.host.embed_pooling,
         },
         driver_handle.clone(),
     )?;

@@ -25,6 +25,7 @@ use crate::error::LoadError;
 use crate::gguf_tokenizer::codec_from_gguf;
 use crate::model::Model;
 use crate::model_dir::ModelDir;
+use crate::pooling::DeclaredPooling;
 use crate::progress::{report, LoadProgress};
 use crate::quant::Kernels;
 use crate::sampler::Sampler;
@@ -95,6 +96,7 @@ pub struct Engine {
     /// Mean-pooled embeddings part way through their prompt: the sum of
     /// their chunks' rows and the tokens summed.
     pooled: HashMap<SeqId, (Vec<f32>, u32)>,
+    declared_pooling: DeclaredPooling,
     out: ForwardOutput,
     full_logits: bool,
 }
@@ -159,7 +161,9 @@ impl Engine {
                 .unwrap_or_else(|| cfg.eos_token_ids.clone()),
         };
         codec.enable_grammar(cfg.vocab_size as u32, &identity.eos_ids);
+        let declared = crate::pooling::declared_in_dir(dir);
         Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
+            .map(|e| e.declaring(declared))
     }
 
     /// Loads a GGUF file: weights mapped in their own dtypes, tokenizer,
@@ -194,7 +198,23 @@ impl Engine {
             eos_ids,
         };
         codec.enable_grammar(cfg.vocab_size as u32, &identity.eos_ids);
+        let declared = crate::pooling::declared_in_gguf(&file);
         Engine::from_model(model, SharedCodec(Arc::new(codec)), identity, opts)
+            .map(|e| e.declaring(declared))
+    }
+
+    /// This engine, with the pooling its model's files declare.
+    fn declaring(mut self, declared: DeclaredPooling) -> Engine {
+        self.info.pooling = declared.supported();
+        self.declared_pooling = declared;
+        self
+    }
+
+    /// The pooling the model's files declare for embeddings (see
+    /// [`crate::pooling`]); [`ModelInfo::pooling`] has it when the engine
+    /// computes it.
+    pub fn declared_pooling(&self) -> &DeclaredPooling {
+        &self.declared_pooling
     }
 
     /// The built-in tiny model (see [`crate::tiny`]) with the byte tokenizer:
@@ -306,6 +326,7 @@ impl Engine {
             num_blocks,
             dtype,
             embedding_size,
+            pooling: None,
         };
         report(&opts.progress, 1.0, "loaded");
         Ok(Engine {
@@ -316,6 +337,7 @@ impl Engine {
             sampler: Sampler::new(),
             history: HashMap::new(),
             pooled: HashMap::new(),
+            declared_pooling: DeclaredPooling::None,
             out: ForwardOutput::default(),
             full_logits: false,
         })

@@ -40,6 +40,7 @@ pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod model_dir;
+pub mod pooling;
 pub mod progress;
 pub mod quant;
 pub mod rope;

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tokenwire_core::config::CacheScope;
+use tokenwire_core::config::{CacheScope, EmbedPooling};
 use tokenwire_core::dialect::batch::GenerationDefaults;
 use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{parse_sha256, to_hex, ApiKey, KeyRing};
@@ -23,7 +23,7 @@ use tokenwire_core::principal::AuthScope;
 use tokenwire_core::reasoning::ReasoningTags;
 use tokenwire_core::{
     ConnId, Dialect, DraftConfig, Duration, Encoded, EngineFault, EngineFaultKind, HostConfig,
-    Input, Instant, JobCheckId, JobGrant, ModelInfo, SeqId, SeqResult, StepDone, TextDone,
+    Input, Instant, JobCheckId, JobGrant, ModelInfo, Pooling, SeqId, SeqResult, StepDone, TextDone,
     TextJobId, TokenLogprobs, Transport,
 };
 
@@ -124,6 +124,7 @@ pub fn model_json(m: &ModelInfo) -> Value {
         "name": m.name, "version": m.version, "context_len": m.context_len,
         "vocab_size": m.vocab_size, "eos_ids": m.eos_ids, "block_size": m.block_size,
         "num_blocks": m.num_blocks, "dtype": m.dtype, "embedding_size": m.embedding_size,
+        "pooling": m.pooling.map(|p| p.name()),
     })
 }
 
@@ -150,6 +151,11 @@ pub fn model_from(v: &Value) -> Result<ModelInfo, String> {
         // Traces written before embeddings lack it: the tiny model's.
         embedding_size: u32_of(v, "embedding_size")
             .unwrap_or(tokenwire_core::testing::tiny_model_info().embedding_size),
+        pooling: match v["pooling"].as_str() {
+            Some("mean") => Some(Pooling::Mean),
+            Some("last") => Some(Pooling::Last),
+            _ => None,
+        },
     })
 }
 
@@ -164,6 +170,7 @@ fn host_json(h: &HostConfig) -> Value {
         "prefix_cache": h.prefix_cache,
         "draft": [h.draft.max_tokens, h.draft.ngram_min, h.draft.ngram_max, h.draft.max_seqs],
         "reasoning_tags": h.reasoning_tags.map(|t| t.open),
+        "embed_pooling": h.embed_pooling.name(),
         "max_queued_per_conn": h.max_queued_per_conn,
         "session_max_messages": h.session_max_messages, "max_sessions": h.max_sessions,
         "max_sessions_per_conn": h.max_sessions_per_conn,
@@ -313,6 +320,14 @@ fn host_from(v: &Value) -> Result<HostConfig, String> {
                     .find(|t| t.open == open)
                     .ok_or_else(|| format!("unknown reasoning tags {open}"))?,
             ),
+        },
+        // Traces written before embeddings lack it: the default.
+        embed_pooling: match v.get("embed_pooling") {
+            None => HostConfig::default().embed_pooling,
+            Some(p) => p
+                .as_str()
+                .and_then(EmbedPooling::from_name)
+                .ok_or_else(|| format!("unknown pooling {p}"))?,
         },
         max_queued_requests: u32_of(v, "max_queued_requests")?,
         max_queued_per_conn: u32_of(v, "max_queued_per_conn")?,

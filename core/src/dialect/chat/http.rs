@@ -1,5 +1,6 @@
-//! `POST /v1/chat/completions`, `POST /v1/completions`, and vLLM's `POST
-//! /tokenize` and `POST /detokenize`: the body goes to
+//! `POST /v1/chat/completions`, `POST /v1/completions`, `POST
+//! /v1/embeddings`, and vLLM's `POST /tokenize` and `POST /detokenize`: the
+//! body goes to
 //! the `chat` machine as one frame, `{"route", "body"}`; what the machine
 //! sends back (`{"kind": "chunk" | "done" | "reply" | "error", ...}`)
 //! becomes one JSON reply, or `data: {chunk}` server-sent events ending
@@ -29,6 +30,10 @@ pub(crate) static SPEC: HttpSpec = HttpSpec {
         },
         HttpRoute {
             method: "POST",
+            path: PathMatch::Exact(EMBEDDINGS_PATH),
+        },
+        HttpRoute {
+            method: "POST",
             path: PathMatch::Exact(TOKENIZE_PATH),
         },
         HttpRoute {
@@ -44,6 +49,8 @@ const CHAT_PATH: &str = "/v1/chat/completions";
 /// vLLM's tokenizer routes ([`super::tokenize`]).
 const TOKENIZE_PATH: &str = "/tokenize";
 const DETOKENIZE_PATH: &str = "/detokenize";
+/// The Embeddings route ([`super::embeddings`]).
+const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 
 /// Maps a request body to its frame.
 fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
@@ -51,11 +58,12 @@ fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
         CHAT_PATH => Route::Chat.name(),
         TOKENIZE_PATH => "tokenize",
         DETOKENIZE_PATH => "detokenize",
+        EMBEDDINGS_PATH => "embeddings",
         _ => Route::Completions.name(),
     };
     let body = json_object(req.body).map_err(|m| error_reply(400, "invalid_request", &m, None))?;
     // A bad `stream` is the machine's to refuse, as a JSON error. The
-    // tokenizer routes never stream.
+    // tokenizer and embeddings routes never stream.
     let generates = req.path == CHAT_PATH || req.path == "/v1/completions";
     let stream = generates && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     Ok(HttpCall {

@@ -39,6 +39,7 @@
 
 mod anthropic;
 pub mod codec;
+pub mod embeddings;
 pub mod http;
 mod tokenize;
 
@@ -125,6 +126,8 @@ struct Request {
 #[derive(Debug, Default)]
 pub struct ChatConn {
     inflight: Option<Request>,
+    /// A `/v1/embeddings` request in flight.
+    embedding: Option<embeddings::Embedding>,
     /// A `/tokenize` or `count_tokens` request waiting for its tokens, and
     /// which of the two.
     tokenizing: Option<(TextJobId, Counting)>,
@@ -333,6 +336,47 @@ impl ChatConn {
 
     /// `/tokenize`: starts the tokenizing job (answered in
     /// [`on_tokenized`]).
+    /// `/v1/embeddings`: decodes the body and starts tokenizing its inputs.
+    fn on_embeddings(&mut self, cx: &mut Cx<'_>, body: &Map<String, Value>) {
+        let Some(pooling) = cx.config().embed_pooling.resolve(cx.model()) else {
+            let message = "this server does not serve embeddings (it runs with --pooling off)";
+            return send_error(cx, 400, "invalid_request", message, None);
+        };
+        let m = cx.model();
+        let (vocab, context_len, size) = (m.vocab_size, m.context_len, m.embedding_size);
+        let req = match embeddings::decode(body, vocab, context_len, size) {
+            Ok(r) => r,
+            Err(e) => return refuse(cx, &e),
+        };
+        if other_model(cx, body) {
+            return;
+        }
+        match embeddings::Embedding::begin(cx, req, pooling) {
+            Ok(mut e) => {
+                // Inputs given as ids start at once.
+                let next = e.start_more(cx);
+                self.embedding = Some(e);
+                self.settle_embedding(cx, next);
+            }
+            Err(e) => refuse(cx, &e),
+        }
+    }
+
+    /// Acts on what an embeddings request does next.
+    fn settle_embedding(&mut self, cx: &mut Cx<'_>, next: embeddings::Next) {
+        match next {
+            embeddings::Next::Wait => {}
+            embeddings::Next::Reply(reply) => {
+                self.embedding = None;
+                cx.send(json!({"kind": "reply", "data": reply}));
+            }
+            embeddings::Next::Fail(e) => {
+                self.embedding = None;
+                refuse(cx, &e);
+            }
+        }
+    }
+
     fn on_tokenize(&mut self, cx: &mut Cx<'_>, body: &Map<String, Value>) {
         if other_model(cx, body) {
             return;
@@ -760,7 +804,7 @@ impl DialectConn for ChatConn {
             Some("chat") => Some(Route::Chat),
             Some("completions") => Some(Route::Completions),
             Some("messages") => Some(Route::Messages),
-            Some("tokenize" | "detokenize" | "count_tokens") => None,
+            Some("tokenize" | "detokenize" | "count_tokens" | "embeddings") => None,
             _ => {
                 return send_error(cx, 400, "invalid_request", "not a request frame", None);
             }
@@ -774,6 +818,7 @@ impl DialectConn for ChatConn {
                 Some(route) => self.on_request(cx, route, body),
                 None if name == Some("tokenize") => self.on_tokenize(cx, body),
                 None if name == Some("count_tokens") => self.on_count_tokens(cx, body),
+                None if name == Some("embeddings") => self.on_embeddings(cx, body),
                 None => on_detokenize(cx, body),
             },
             None => send_error(
@@ -797,6 +842,10 @@ impl DialectConn for ChatConn {
     }
 
     fn on_text_done(&mut self, cx: &mut Cx<'_>, job: TextJobId, result: Result<Encoded, String>) {
+        if let Some(e) = self.embedding.as_mut().filter(|e| e.waits_for(job)) {
+            let next = e.on_tokens(cx, job, result);
+            return self.settle_embedding(cx, next);
+        }
         if let Some((waiting, counting)) = self.tokenizing {
             if waiting == job {
                 self.tokenizing = None;
@@ -831,6 +880,22 @@ impl DialectConn for ChatConn {
     }
 
     fn on_token(&mut self, cx: &mut Cx<'_>, id: SeqId, piece: &TokenPiece) {
+        if let Some(e) = self.embedding.as_mut().filter(|e| e.owns(id)) {
+            let next = match &piece.embedding {
+                Some(v) => e.on_vector(cx, id, v.clone()),
+                // Ended without a vector (a deadline, a shutdown).
+                None => e.fail(
+                    cx,
+                    BadRequest {
+                        status: 503,
+                        code: "server_error",
+                        message: "the embedding was ended before it was computed".into(),
+                        param: None,
+                    },
+                ),
+            };
+            return self.settle_embedding(cx, next);
+        }
         let Some(r) = self.inflight.as_ref() else {
             return;
         };
@@ -993,20 +1058,30 @@ impl DialectConn for ChatConn {
     }
 
     fn on_failed(&mut self, cx: &mut Cx<'_>, id: SeqId, failure: &Failure) {
+        let (status, code) = match failure.kind {
+            FailureKind::MemoryPressure | FailureKind::ShuttingDown => (503, "server_error"),
+            FailureKind::Internal => (500, "server_error"),
+        };
+        if let Some(e) = self.embedding.as_mut().filter(|e| e.owns(id)) {
+            let refusal = BadRequest {
+                status,
+                code,
+                message: failure.message.clone(),
+                param: None,
+            };
+            let next = e.fail(cx, refusal);
+            return self.settle_embedding(cx, next);
+        }
         let Some(r) = self.inflight.take() else {
             return;
         };
         for s in r.choices.iter().filter_map(|c| c.seq).filter(|&s| s != id) {
             cx.end(s, FinishReason::Cancelled);
         }
-        let (status, code) = match failure.kind {
-            FailureKind::MemoryPressure | FailureKind::ShuttingDown => (503, "server_error"),
-            FailureKind::Internal => (500, "server_error"),
-        };
         send_error(cx, status, code, &failure.message, None);
     }
 
     fn busy(&self) -> bool {
-        self.inflight.is_some() || self.tokenizing.is_some()
+        self.inflight.is_some() || self.tokenizing.is_some() || self.embedding.is_some()
     }
 }

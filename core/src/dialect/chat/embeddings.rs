@@ -1,0 +1,436 @@
+//! `POST /v1/embeddings`: the OpenAI Embeddings route, on the `chat`
+//! machine. Each input (a string or token ids; up to [`MAX_INPUTS`] of them)
+//! is tokenized off the Host's thread, then computed as an embedding
+//! generation ([`GenRequest::embed`]): its prompt's final hidden states,
+//! pooled by the server's `--pooling` ([`crate::HostConfig::embed_pooling`]),
+//! come back as one vector, which this module normalizes to unit length
+//! (after cutting it to `dimensions`, when asked) and writes as floats or
+//! as base64 of little-endian f32s (what the OpenAI SDK asks for by
+//! default). Inputs run [`WINDOW`] at a time, so a request of 2,048 inputs
+//! neither fills the queue nor waits for all of them to be admitted; the
+//! reply waits for the last.
+
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+
+use super::codec::BadRequest;
+use crate::engine::{Pooling, SeqId, TokenId};
+use crate::gen::{GenRequest, StartError};
+use crate::json::{type_name, Fields};
+use crate::params::GenParams;
+use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
+
+/// Most inputs in one request (OpenAI's limit).
+pub const MAX_INPUTS: usize = 2048;
+
+/// Most inputs computing (queued or running) at once for one request.
+pub const WINDOW: usize = 64;
+
+/// How the vectors are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// A JSON array of numbers.
+    Float,
+    /// Base64 of the vector's little-endian f32 bytes.
+    Base64,
+}
+
+/// One input as the client sent it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbedInput {
+    /// Text, tokenized with the model's tokenizer (special tokens added as
+    /// for a prompt).
+    Text(String),
+    /// Token ids, used as they are.
+    Ids(Vec<TokenId>),
+}
+
+/// A decoded embeddings request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedRequest {
+    /// The model it names.
+    pub model: String,
+    /// Its inputs, in order.
+    pub inputs: Vec<EmbedInput>,
+    /// How the vectors are written.
+    pub encoding: Encoding,
+    /// Keep only the first this many values (then normalize).
+    pub dimensions: Option<u32>,
+}
+
+/// Decodes a body: `model`, `input` (a string, strings, ids, or arrays of
+/// ids), `encoding_format`, `dimensions`; `user` and unknown fields are
+/// ignored. Ids must be below `vocab`, id inputs at most `context_len` long,
+/// `dimensions` at most `size`.
+pub fn decode(
+    obj: &Map<String, Value>,
+    vocab: u32,
+    context_len: u32,
+    size: u32,
+) -> Result<EmbedRequest, BadRequest> {
+    let f = Fields::new(obj, "");
+    let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
+    let inputs = inputs(f.raw("input"), vocab, context_len)?;
+    let encoding = match f.str("encoding_format").map_err(BadRequest::invalid)? {
+        None | Some("float") => Encoding::Float,
+        Some("base64") => Encoding::Base64,
+        Some(other) => {
+            return Err(BadRequest::field(
+                "encoding_format",
+                format!("must be `float` or `base64`, not `{other}`"),
+            ))
+        }
+    };
+    let dimensions = match f.u64("dimensions").map_err(BadRequest::invalid)? {
+        None => None,
+        Some(d) if d >= 1 && d <= u64::from(size) => Some(d as u32),
+        Some(d) => {
+            return Err(BadRequest::field(
+                "dimensions",
+                format!("must be from 1 to the model's embedding size, {size}, not {d}"),
+            ))
+        }
+    };
+    Ok(EmbedRequest {
+        model,
+        inputs,
+        encoding,
+        dimensions,
+    })
+}
+
+fn inputs(v: Option<&Value>, vocab: u32, context_len: u32) -> Result<Vec<EmbedInput>, BadRequest> {
+    let bad = |field: String, message: String| BadRequest::field(&field, message);
+    let items = match v {
+        None => return Err(bad("input".into(), "is required".into())),
+        Some(Value::String(s)) => return Ok(vec![text("input".into(), s)?]),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(bad(
+                "input".into(),
+                format!(
+                    "must be a string, an array of strings, or token ids, not {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    if items.is_empty() {
+        return Err(bad("input".into(), "must not be empty".into()));
+    }
+    if items.len() > MAX_INPUTS {
+        return Err(bad(
+            "input".into(),
+            format!("holds {} inputs; at most {MAX_INPUTS}", items.len()),
+        ));
+    }
+    // An array of numbers is one input of ids; otherwise each item is one.
+    if items.iter().all(Value::is_number) {
+        return Ok(vec![ids("input".into(), items, vocab, context_len)?]);
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let field = format!("input[{i}]");
+            match item {
+                Value::String(s) => text(field, s),
+                Value::Array(a) if !a.is_empty() => ids(field, a, vocab, context_len),
+                Value::Array(_) => Err(bad(field, "must not be empty".into())),
+                other => Err(bad(
+                    field,
+                    format!("must be a string or token ids, not {}", type_name(other)),
+                )),
+            }
+        })
+        .collect()
+}
+
+fn text(field: String, s: &str) -> Result<EmbedInput, BadRequest> {
+    if s.is_empty() {
+        return Err(BadRequest::field(&field, "must not be empty"));
+    }
+    Ok(EmbedInput::Text(s.to_string()))
+}
+
+fn ids(
+    field: String,
+    items: &[Value],
+    vocab: u32,
+    context_len: u32,
+) -> Result<EmbedInput, BadRequest> {
+    if items.len() > context_len as usize {
+        return Err(BadRequest {
+            code: "context_length_exceeded",
+            ..BadRequest::field(
+                &field,
+                format!(
+                    "holds {} tokens, more than the context of {context_len}",
+                    items.len()
+                ),
+            )
+        });
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(j, v)| match v.as_u64() {
+            Some(t) if t < u64::from(vocab) => Ok(t as TokenId),
+            _ => Err(BadRequest::field(
+                &format!("{field}[{j}]"),
+                format!("must be a token id below the vocabulary's size, {vocab}, not {v}"),
+            )),
+        })
+        .collect::<Result<_, _>>()
+        .map(EmbedInput::Ids)
+}
+
+/// Cuts `v` to `dimensions` values and scales it to unit length (a zero
+/// vector stays zero).
+pub fn finish_vector(mut v: Vec<f32>, dimensions: Option<u32>) -> Vec<f32> {
+    if let Some(d) = dimensions {
+        v.truncate(d as usize);
+    }
+    let norm = v
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        for x in &mut v {
+            *x = (f64::from(*x) / norm) as f32;
+        }
+    }
+    v
+}
+
+/// One vector as the route writes it.
+pub fn encode_vector(v: &[f32], encoding: Encoding) -> Value {
+    match encoding {
+        Encoding::Float => Value::Array(v.iter().map(|&x| crate::json::f32_number(x)).collect()),
+        Encoding::Base64 => {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+        }
+    }
+}
+
+/// A request in flight: its inputs' ids as they come back from the
+/// tokenizer, the generations computing them, and their vectors.
+#[derive(Debug)]
+pub(super) struct Embedding {
+    req: EmbedRequest,
+    pooling: Pooling,
+    /// Per input: its tokenizing job while one runs.
+    jobs: Vec<Option<TextJobId>>,
+    /// Per input: its ids, once known.
+    ids: Vec<Option<Vec<TokenId>>>,
+    /// Per input: the generation computing it.
+    seqs: Vec<Option<SeqId>>,
+    /// Per input: its finished vector.
+    vectors: Vec<Option<Vec<f32>>>,
+    /// Inputs started so far (they start in order).
+    started: usize,
+    /// Inputs whose vector came back.
+    done: usize,
+    /// Tokens of the inputs started.
+    prompt_tokens: u64,
+}
+
+/// What the machine does next with a request.
+#[derive(Debug)]
+pub(super) enum Next {
+    /// Keep waiting.
+    Wait,
+    /// Send this reply; the request is over.
+    Reply(Value),
+    /// Send this error; the request is over (its generations were ended).
+    Fail(BadRequest),
+}
+
+impl Embedding {
+    /// Starts a decoded request: tokenizes its text inputs (the ids of the
+    /// others are known).
+    pub(super) fn begin(
+        cx: &mut super::Cx<'_>,
+        req: EmbedRequest,
+        pooling: Pooling,
+    ) -> Result<Embedding, BadRequest> {
+        let n = req.inputs.len();
+        let mut e = Embedding {
+            jobs: vec![None; n],
+            ids: vec![None; n],
+            seqs: vec![None; n],
+            vectors: vec![None; n],
+            started: 0,
+            done: 0,
+            prompt_tokens: 0,
+            pooling,
+            req,
+        };
+        for i in 0..n {
+            match &e.req.inputs[i] {
+                EmbedInput::Ids(ids) => e.ids[i] = Some(ids.clone()),
+                EmbedInput::Text(t) => match cx.encode_prompt(t.clone(), 0) {
+                    Ok(job) => e.jobs[i] = Some(job),
+                    Err(err) => return Err(start_refusal(&err, &e.field(i))),
+                },
+            }
+        }
+        Ok(e)
+    }
+
+    /// Whether `job` is one of this request's tokenizing jobs.
+    pub(super) fn waits_for(&self, job: TextJobId) -> bool {
+        self.jobs.contains(&Some(job))
+    }
+
+    /// An input's ids came back from the tokenizer.
+    pub(super) fn on_tokens(
+        &mut self,
+        cx: &mut super::Cx<'_>,
+        job: TextJobId,
+        result: Result<Encoded, String>,
+    ) -> Next {
+        let Some(i) = self.jobs.iter().position(|j| *j == Some(job)) else {
+            return Next::Wait;
+        };
+        self.jobs[i] = None;
+        let context_len = cx.model().context_len;
+        let field = self.field(i);
+        match result {
+            Ok(e) if e.dropped == 0 && !e.ids.is_empty() => self.ids[i] = Some(e.ids),
+            Ok(e) if e.dropped == 0 => {
+                return self.fail(cx, BadRequest::field(&field, "makes no tokens"));
+            }
+            Err(e) if !e.starts_with(CONTEXT_TOO_LONG) => {
+                let message = format!("could not be tokenized: {e}");
+                return self.fail(cx, BadRequest::field(&field, message));
+            }
+            _ => return self.fail(cx, too_long(&field, context_len)),
+        }
+        self.start_more(cx)
+    }
+
+    /// Starts inputs in order while their ids are known and the window has
+    /// room.
+    pub(super) fn start_more(&mut self, cx: &mut super::Cx<'_>) -> Next {
+        while self.started < self.ids.len() && self.started - self.done < WINDOW {
+            let i = self.started;
+            let Some(ids) = self.ids[i].take() else {
+                break; // still tokenizing
+            };
+            self.prompt_tokens += ids.len() as u64;
+            let start = cx.start(GenRequest {
+                prompt_ids: ids,
+                params: GenParams {
+                    max_tokens: 0,
+                    ..GenParams::defaults(0)
+                },
+                logprobs: None,
+                raw: false,
+                reuse_kv: None,
+                constraint: None,
+                embed: Some(self.pooling),
+            });
+            match start {
+                Ok(seq) => self.seqs[i] = Some(seq),
+                Err(e) => {
+                    let refusal = start_refusal(&e, &self.field(i));
+                    return self.fail(cx, refusal);
+                }
+            }
+            self.started += 1;
+        }
+        Next::Wait
+    }
+
+    /// Whether `id` computes one of this request's inputs.
+    pub(super) fn owns(&self, id: SeqId) -> bool {
+        self.seqs.contains(&Some(id))
+    }
+
+    /// An input's vector came back: the reply once it was the last.
+    pub(super) fn on_vector(&mut self, cx: &mut super::Cx<'_>, id: SeqId, v: Vec<f32>) -> Next {
+        let Some(i) = self.seqs.iter().position(|s| *s == Some(id)) else {
+            return Next::Wait;
+        };
+        self.seqs[i] = None;
+        self.vectors[i] = Some(finish_vector(v, self.req.dimensions));
+        self.done += 1;
+        if self.done == self.vectors.len() {
+            return Next::Reply(self.reply());
+        }
+        self.start_more(cx)
+    }
+
+    /// Ends every generation still computing and answers with `e`.
+    pub(super) fn fail(&mut self, cx: &mut super::Cx<'_>, e: BadRequest) -> Next {
+        self.cancel(cx);
+        Next::Fail(e)
+    }
+
+    /// Ends every generation still computing (the client went, or one
+    /// failed).
+    pub(super) fn cancel(&mut self, cx: &mut super::Cx<'_>) {
+        for id in self.seqs.iter_mut().filter_map(Option::take) {
+            cx.end(id, crate::gen::FinishReason::Cancelled);
+        }
+    }
+
+    fn field(&self, i: usize) -> String {
+        if self.req.inputs.len() == 1 {
+            "input".into()
+        } else {
+            format!("input[{i}]")
+        }
+    }
+
+    fn reply(&self) -> Value {
+        let prompt_tokens = self.prompt_tokens;
+        let data: Vec<Value> = self
+            .vectors
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let v = v.as_deref().unwrap_or(&[]);
+                json!({"object": "embedding", "index": i, "embedding": encode_vector(v, self.req.encoding)})
+            })
+            .collect();
+        json!({
+            "object": "list",
+            "data": data,
+            "model": self.req.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        })
+    }
+}
+
+/// An input longer than the context.
+fn too_long(field: &str, context_len: u32) -> BadRequest {
+    BadRequest {
+        code: "context_length_exceeded",
+        ..BadRequest::field(
+            field,
+            format!("is longer than the context of {context_len} tokens"),
+        )
+    }
+}
+
+/// A refusal to tokenize or start the input `field` names, in the route's
+/// terms.
+fn start_refusal(e: &StartError, field: &str) -> BadRequest {
+    match e {
+        StartError::PromptTooLong { context_len, .. }
+        | StartError::ContextLength { context_len, .. } => too_long(field, *context_len),
+        _ => {
+            let (status, code, message) = super::openai::start_error(e, "max_tokens");
+            BadRequest {
+                status,
+                code,
+                message,
+                param: None,
+            }
+        }
+    }
+}
