@@ -216,3 +216,50 @@ async fn wgpu_json_schema_output_is_the_cpu_engines() {
     gpu.shutdown().await;
     cpu.shutdown().await;
 }
+
+/// `/v1/embeddings` on the wgpu engine: the CPU engine's vectors (mean
+/// pooling; `kernels/tests/wgpu_engine.rs` has both), several inputs
+/// batched in one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wgpu_embeddings_are_the_cpu_engines() {
+    let Some(gpu) = wgpu_server(true).await else {
+        return;
+    };
+    let cpu = tokenwire_tests::start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let inputs = json!([
+        "Once upon a time",
+        "The cat sat on the mat and looked at the ball.",
+        [1, 400, 27, 5]
+    ]);
+    let vectors = |r: tokenwire_tests::HttpResponse| -> Vec<Vec<f64>> {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|d| {
+                d["embedding"]
+                    .as_array()
+                    .expect("floats")
+                    .iter()
+                    .filter_map(Value::as_f64)
+                    .collect()
+            })
+            .collect()
+    };
+    let body = json!({"model": "stories260K", "input": inputs}).to_string();
+    let on_gpu = vectors(tokenwire_tests::http(&gpu, "POST", "/v1/embeddings", Some(&body)).await);
+    let on_cpu = vectors(tokenwire_tests::http(&cpu, "POST", "/v1/embeddings", Some(&body)).await);
+    assert_eq!(on_gpu.len(), 3);
+    for (i, (g, c)) in on_gpu.iter().zip(&on_cpu).enumerate() {
+        assert_eq!(g.len(), c.len());
+        let worst = g
+            .iter()
+            .zip(c)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "input {i}: off by {worst}");
+    }
+    gpu.shutdown().await;
+    cpu.shutdown().await;
+}
