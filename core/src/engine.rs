@@ -162,8 +162,9 @@ pub struct SeqStep {
     /// reaches the prompt's end (`sample` set) returns its pooled vector
     /// ([`SeqResult::embedding`]). Its chunks come in position order from
     /// position 0 (never a cached prefix, never a draft), so an engine
-    /// that pools by [`Pooling::Mean`] sums every chunk's hidden states
-    /// and starts again at position 0 (a sequence preempted and recomputed).
+    /// that pools by [`Pooling::Mean`] sums every chunk's hidden states; a
+    /// chunk fed again (after a failed step, or from 0 after a preemption)
+    /// replaces what was pooled from its position on.
     pub embed: Option<Pooling>,
 }
 

@@ -10,7 +10,8 @@ use tokenwire_core::dialect::chat::embeddings::{finish_vector, MAX_INPUTS, WINDO
 use tokenwire_core::testing::{script_embedding, Harness};
 use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{
-    ConnId, Dialect, EngineFault, EngineFaultKind, HostConfig, Input, Pooling, TextCodec,
+    ConnId, Dialect, EngineFault, EngineFaultKind, Event, HostConfig, Input, Output, Pooling,
+    TextCodec,
 };
 
 fn harness(config: HostConfig) -> Harness {
@@ -72,6 +73,16 @@ fn each_input_gets_its_unit_vector_in_order() {
     assert_eq!(d["usage"]["prompt_tokens"], tokens);
     assert_eq!(d["usage"]["total_tokens"], tokens);
     assert_eq!(h.received(ConnId(1)).len(), 1, "one frame: the reply");
+    // Vectors are not tokens: no token count, no token timings.
+    let token_events = h.others.iter().filter(|o| {
+        matches!(
+            o,
+            Output::Event(
+                Event::TokensGenerated { .. } | Event::FirstToken { .. } | Event::InterToken { .. }
+            )
+        )
+    });
+    assert_eq!(token_events.count(), 0);
 }
 
 #[test]

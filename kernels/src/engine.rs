@@ -93,9 +93,9 @@ pub struct Engine {
     backend: Box<dyn Backend>,
     sampler: Sampler,
     history: HashMap<SeqId, Vec<TokenId>>,
-    /// Mean-pooled embeddings part way through their prompt: the sum of
-    /// their chunks' rows and the tokens summed.
-    pooled: HashMap<SeqId, (Vec<f32>, u32)>,
+    /// Mean-pooled embeddings part way through their prompt: their
+    /// chunks' row sums.
+    pooled: HashMap<SeqId, MeanChunks>,
     declared_pooling: DeclaredPooling,
     out: ForwardOutput,
     full_logits: bool,
@@ -622,10 +622,10 @@ impl Engine {
             ));
         }
         if s.embed == Some(Pooling::Mean) && s.start_pos > 0 {
-            let pooled = self.pooled.get(&id).map_or(0, |p| p.1);
+            let pooled = pooled_end(self.pooled.get(&id), s.start_pos);
             if pooled != s.start_pos || freed.contains(&id) {
                 return Err(format!(
-                    "seq {id:?} is a mean-pooled embedding fed at position {} after {pooled} pooled tokens",
+                    "seq {id:?} is a mean-pooled embedding fed at position {}, but its pooled chunks end at {pooled}",
                     s.start_pos
                 ));
             }
@@ -732,14 +732,17 @@ impl Engine {
     }
 }
 
-/// The default pool: 4 full contexts of `block_size` blocks, at least 64
-/// blocks, but no more than `budget` bytes of f32 K and V (the pool's
-/// element type on both backends) unless 64 blocks already take more.
-/// Adds an embedding chunk's pooled row (`row`, from the backend) to
-/// what `s`'s earlier chunks gave (kept in `pooled`); its vector once the chunk reaches
-/// the prompt's end (`s.sample`).
+/// The row sums of a mean-pooled embedding's chunks so far: `(start,
+/// tokens, sum)` in position order.
+type MeanChunks = Vec<(u32, u32, Vec<f32>)>;
+
+/// Adds an embedding chunk's pooled row (`row`, from the backend) to what
+/// `s`'s earlier chunks gave (kept in `pooled`); its vector once the chunk
+/// reaches the prompt's end (`s.sample`). A chunk replaces every chunk from
+/// its position on: one fed again after a failed step, or a prompt computed
+/// again from 0 after a preemption, counts once.
 fn pool_chunk(
-    pooled: &mut HashMap<SeqId, (Vec<f32>, u32)>,
+    pooled: &mut HashMap<SeqId, MeanChunks>,
     s: &SeqStep,
     pooling: Pooling,
     row: &[f32],
@@ -747,30 +750,40 @@ fn pool_chunk(
     match pooling {
         Pooling::Last => s.sample.then(|| row.to_vec()),
         Pooling::Mean => {
-            let (sum, count) = pooled
-                .entry(s.seq)
-                .or_insert_with(|| (vec![0.0; row.len()], 0));
-            if s.start_pos == 0 {
-                // Its first chunk, or its prompt computed again after a
-                // preemption: nothing before counts.
-                sum.iter_mut().for_each(|x| *x = 0.0);
-                *count = 0;
-            }
-            for (a, b) in sum.iter_mut().zip(row) {
-                *a += b;
-            }
-            *count += s.tokens.len() as u32;
+            let chunks = pooled.entry(s.seq).or_default();
+            chunks.retain(|c| c.0 < s.start_pos);
+            chunks.push((s.start_pos, s.tokens.len() as u32, row.to_vec()));
             if !s.sample {
                 return None;
             }
-            let (mut sum, count) = pooled.remove(&s.seq)?;
-            let n = count as f32;
-            sum.iter_mut().for_each(|x| *x /= n);
-            Some(sum)
+            let chunks = pooled.remove(&s.seq)?;
+            let n: u32 = chunks.iter().map(|c| c.1).sum();
+            let mut mean = vec![0.0f32; row.len()];
+            for (_, _, sum) in &chunks {
+                for (m, x) in mean.iter_mut().zip(sum) {
+                    *m += x;
+                }
+            }
+            mean.iter_mut().for_each(|x| *x /= n as f32);
+            Some(mean)
         }
     }
 }
 
+/// Where a mean-pooled embedding's chunks so far end (0 with none).
+fn pooled_end(chunks: Option<&MeanChunks>, before: u32) -> u32 {
+    chunks
+        .into_iter()
+        .flatten()
+        .filter(|c| c.0 < before)
+        .map(|c| c.0 + c.1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The default pool: 4 full contexts of `block_size` blocks, at least 64
+/// blocks, but no more than `budget` bytes of f32 K and V (the pool's
+/// element type on both backends) unless 64 blocks already take more.
 fn default_pool_blocks(cfg: &ModelConfig, context: u64, block_size: u32, budget: u64) -> u64 {
     let want = context
         .saturating_mul(4)

@@ -76,7 +76,7 @@ fn mean_is_the_average_of_each_prefix_s_last_token() {
 }
 
 #[test]
-fn a_prompt_computed_again_from_zero_pools_afresh() {
+fn a_prompt_or_chunk_computed_again_pools_once() {
     let mut e = engine();
     let p = prompt(&e);
     let table: Vec<u32> = (0..8).collect();
@@ -91,6 +91,20 @@ fn a_prompt_computed_again_from_zero_pools_afresh() {
     let v = done.results[0].embedding.clone().expect("vector");
     assert!(max_diff(&v, &whole) < 1e-5);
     assert_eq!(done.results[0].seq, SeqId(5));
+
+    // A chunk fed twice (its first step failed after the engine saw it)
+    // counts once.
+    let chunk = |id, from: usize, to: usize, last| {
+        let mut s = seq_step(6, &p[from..to], from as u32, &table, last);
+        s.embed = Some(Pooling::Mean);
+        plan(id, vec![s])
+    };
+    e.step(&chunk(3, 0, 4, false)).expect("0..4");
+    e.step(&chunk(4, 4, 8, false)).expect("4..8");
+    e.step(&chunk(5, 4, 8, false)).expect("4..8 again");
+    let done = e.step(&chunk(6, 8, p.len(), true)).expect("the rest");
+    let v = done.results[0].embedding.clone().expect("vector");
+    assert!(max_diff(&v, &whole) < 1e-5, "{}", max_diff(&v, &whole));
 }
 
 #[test]

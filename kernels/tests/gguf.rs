@@ -772,3 +772,39 @@ fn requantized_smollm2_runs_as_its_dequantized_weights_do(
     );
     assert_eq!(common::argmax(&a), common::argmax(&b));
 }
+
+#[test]
+fn a_gguf_file_declares_its_pooling_in_its_metadata() {
+    use tokenwire_core::Pooling;
+    use tokenwire_kernels::gguf::MetaValue;
+    use tokenwire_kernels::pooling::DeclaredPooling;
+    use tokenwire_kernels::{Engine, EngineOptions};
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let opts = EngineOptions {
+        num_blocks: Some(16),
+        ..EngineOptions::default()
+    };
+    let plain = Engine::load_gguf(&path, &opts).expect("loads");
+    assert_eq!(plain.declared_pooling(), &DeclaredPooling::None);
+    assert_eq!(plain.model_info().pooling, None);
+    let bytes = std::fs::read(&path).expect("readable");
+    let dir = common::TempDir::new("pooling-gguf");
+    for (n, want) in [
+        (3, DeclaredPooling::Supported(Pooling::Last)),
+        (1, DeclaredPooling::Supported(Pooling::Mean)),
+        (
+            2,
+            DeclaredPooling::Unsupported("`cls` (llama.pooling_type = 2)".into()),
+        ),
+    ] {
+        let mut f = GgufFile::parse(&bytes).expect("valid");
+        f.metadata
+            .insert("llama.pooling_type".into(), MetaValue::U32(n));
+        dir.write("pooled.gguf", &common::gguf_out::write(&f, &bytes, &[]));
+        let e = Engine::load_gguf(&dir.path().join("pooled.gguf"), &opts).expect("loads");
+        assert_eq!(e.declared_pooling(), &want, "pooling_type {n}");
+        assert_eq!(e.model_info().pooling, want.supported());
+    }
+}

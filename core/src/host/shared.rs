@@ -321,7 +321,12 @@ impl Shared {
         }
         let previous = gen.last_token_at;
         let created = gen.created_at;
+        let vector = r.embedding.is_some();
         let piece = gen.on_token(&*codec, r, now);
+        if vector {
+            // Not a token: the token timings stay the text routes'.
+            return Some(piece);
+        }
         let timing = match previous {
             None => Event::FirstToken {
                 ttft: now - created,
