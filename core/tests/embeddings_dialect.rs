@@ -280,3 +280,41 @@ fn an_engine_fault_fails_the_request_and_ends_its_other_inputs() {
     let s = h.host.stats();
     assert_eq!(s.generations, 0, "nothing left computing");
 }
+
+#[test]
+fn one_input_of_ids_may_be_longer_than_the_input_count_limit() {
+    let info = tokenwire_core::ModelInfo {
+        context_len: 4096,
+        num_blocks: 512,
+        ..tokenwire_core::testing::tiny_model_info()
+    };
+    let mut h = Harness::with_info(HostConfig::default(), info, "abc", 1);
+    let ids: Vec<u32> = (0..MAX_INPUTS as u32 + 100).map(|i| 3 + i % 200).collect();
+    let r = embed(&mut h, 1, json!({"model": "tiny", "input": ids}));
+    assert_eq!(r["kind"], "reply", "{r}");
+    let want = finish_vector(script_embedding(Pooling::Mean, &ids), None);
+    assert!(close(&floats(&r["data"]["data"][0]["embedding"]), &want));
+    // One input too long in a list is named by its place, a lone one as
+    // `input`, before anything is computed.
+    let long = "a".repeat(5000);
+    let r = embed(&mut h, 2, json!({"model": "tiny", "input": ["a", long]}));
+    assert_eq!(r["data"]["error"]["param"], "input[1]", "{r}");
+    assert_eq!(r["data"]["error"]["code"], "context_length_exceeded", "{r}");
+    let r = embed(&mut h, 3, json!({"model": "tiny", "input": [long]}));
+    assert_eq!(r["data"]["error"]["param"], "input[0]", "{r}");
+    let r = embed(&mut h, 4, json!({"model": "tiny", "input": long}));
+    assert_eq!(r["data"]["error"]["param"], "input", "{r}");
+}
+
+#[test]
+fn a_small_queue_share_narrows_the_window_instead_of_failing() {
+    let mut h = harness(HostConfig {
+        max_queued_per_conn: 3,
+        max_queued_requests: 3,
+        ..HostConfig::default()
+    });
+    let inputs: Vec<Value> = (0..20).map(|i| json!([3 + i, 4])).collect();
+    let r = embed(&mut h, 1, json!({"model": "tiny", "input": inputs}));
+    assert_eq!(r["kind"], "reply", "{r}");
+    assert_eq!(r["data"]["data"].as_array().map(Vec::len), Some(20));
+}

@@ -448,7 +448,8 @@ impl Engine {
                 want_logits: sample,
                 sample: sample.then(|| spec(end)),
                 keep_row: full,
-                hidden: s.embed,
+                // The last token's state is wanted from the last chunk only.
+                hidden: s.embed.filter(|&p| p == Pooling::Mean || s.sample),
             });
             for (i, d) in s.draft.chunks_exact(1).enumerate() {
                 let pos = end + i as u32;
@@ -482,6 +483,9 @@ impl Engine {
         let mut hidden = self.out.hidden.chunks_exact(h);
         for s in &plan.seqs {
             if let Some(pooling) = s.embed {
+                if pooling == Pooling::Last && !s.sample {
+                    continue;
+                }
                 let row = hidden.next().ok_or_else(short)?;
                 if let Some(embedding) = pool_chunk(&mut self.pooled, s, pooling, row) {
                     results.push(SeqResult {

@@ -242,7 +242,7 @@ async fn wgpu_embeddings_are_the_cpu_engines() {
                     .as_array()
                     .expect("floats")
                     .iter()
-                    .filter_map(Value::as_f64)
+                    .map(|x| x.as_f64().expect("a number"))
                     .collect()
             })
             .collect()
@@ -250,7 +250,7 @@ async fn wgpu_embeddings_are_the_cpu_engines() {
     let body = json!({"model": "stories260K", "input": inputs}).to_string();
     let on_gpu = vectors(tokenwire_tests::http(&gpu, "POST", "/v1/embeddings", Some(&body)).await);
     let on_cpu = vectors(tokenwire_tests::http(&cpu, "POST", "/v1/embeddings", Some(&body)).await);
-    assert_eq!(on_gpu.len(), 3);
+    assert_eq!((on_gpu.len(), on_cpu.len()), (3, 3));
     for (i, (g, c)) in on_gpu.iter().zip(&on_cpu).enumerate() {
         assert_eq!(g.len(), c.len());
         let worst = g

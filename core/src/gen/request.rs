@@ -160,7 +160,8 @@ pub struct GenRequest {
     /// An embedding instead of text: the prompt is computed and its final
     /// hidden states pooled this way into one vector, the generation's only
     /// piece ([`TokenPiece::embedding`](super::TokenPiece::embedding)); set
-    /// `params.max_tokens` to 1. `None`: text.
+    /// `params.max_tokens` to 0 (nothing is generated, so a prompt may take
+    /// the whole context). `None`: text.
     pub embed: Option<crate::engine::Pooling>,
 }
 

@@ -202,6 +202,7 @@ pub trait Backend: Send {
         batch: &[SeqBatch<'_>],
         out: &mut ForwardOutput,
     ) -> Result<(), EngineFaultKind> {
+        out.hidden.clear();
         self.forward(batch, &mut out.logits)?;
         every_row_unsampled(batch, out);
         Ok(())

@@ -6,9 +6,10 @@
 //! come back as one vector, which this module normalizes to unit length
 //! (after cutting it to `dimensions`, when asked) and writes as floats or
 //! as base64 of little-endian f32s (what the OpenAI SDK asks for by
-//! default). Inputs run [`WINDOW`] at a time, so a request of 2,048 inputs
-//! neither fills the queue nor waits for all of them to be admitted; the
-//! reply waits for the last.
+//! default). Inputs run [`WINDOW`] at a time (fewer when the connection's
+//! share of the queue is smaller) and are tokenized two windows ahead, so a
+//! request of 2,048 inputs fills neither the queue nor the tokenizer's pool;
+//! the reply waits for the last.
 
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
@@ -52,6 +53,9 @@ pub struct EmbedRequest {
     pub model: String,
     /// Its inputs, in order.
     pub inputs: Vec<EmbedInput>,
+    /// `input` was an array of inputs (errors name `input[i]`), not one
+    /// string or one array of ids (errors name `input`).
+    pub listed: bool,
     /// How the vectors are written.
     pub encoding: Encoding,
     /// Keep only the first this many values (then normalize).
@@ -70,7 +74,7 @@ pub fn decode(
 ) -> Result<EmbedRequest, BadRequest> {
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
-    let inputs = inputs(f.raw("input"), vocab, context_len)?;
+    let (inputs, listed) = inputs(f.raw("input"), vocab, context_len)?;
     let encoding = match f.str("encoding_format").map_err(BadRequest::invalid)? {
         None | Some("float") => Encoding::Float,
         Some("base64") => Encoding::Base64,
@@ -94,16 +98,22 @@ pub fn decode(
     Ok(EmbedRequest {
         model,
         inputs,
+        listed,
         encoding,
         dimensions,
     })
 }
 
-fn inputs(v: Option<&Value>, vocab: u32, context_len: u32) -> Result<Vec<EmbedInput>, BadRequest> {
+/// The inputs, and whether `input` listed them (an array of inputs).
+fn inputs(
+    v: Option<&Value>,
+    vocab: u32,
+    context_len: u32,
+) -> Result<(Vec<EmbedInput>, bool), BadRequest> {
     let bad = |field: String, message: String| BadRequest::field(&field, message);
     let items = match v {
         None => return Err(bad("input".into(), "is required".into())),
-        Some(Value::String(s)) => return Ok(vec![text("input".into(), s)?]),
+        Some(Value::String(s)) => return Ok((vec![text("input".into(), s)?], false)),
         Some(Value::Array(items)) => items,
         Some(other) => {
             return Err(bad(
@@ -118,17 +128,18 @@ fn inputs(v: Option<&Value>, vocab: u32, context_len: u32) -> Result<Vec<EmbedIn
     if items.is_empty() {
         return Err(bad("input".into(), "must not be empty".into()));
     }
+    // An array of numbers is one input of ids (as long as the context
+    // allows); otherwise each item is one.
+    if items.iter().all(Value::is_number) {
+        return Ok((vec![ids("input".into(), items, vocab, context_len)?], false));
+    }
     if items.len() > MAX_INPUTS {
         return Err(bad(
             "input".into(),
             format!("holds {} inputs; at most {MAX_INPUTS}", items.len()),
         ));
     }
-    // An array of numbers is one input of ids; otherwise each item is one.
-    if items.iter().all(Value::is_number) {
-        return Ok(vec![ids("input".into(), items, vocab, context_len)?]);
-    }
-    items
+    let inputs = items
         .iter()
         .enumerate()
         .map(|(i, item)| {
@@ -143,7 +154,8 @@ fn inputs(v: Option<&Value>, vocab: u32, context_len: u32) -> Result<Vec<EmbedIn
                 )),
             }
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((inputs, true))
 }
 
 fn text(field: String, s: &str) -> Result<EmbedInput, BadRequest> {
@@ -221,14 +233,21 @@ pub fn encode_vector(v: &[f32], encoding: Encoding) -> Value {
 pub(super) struct Embedding {
     req: EmbedRequest,
     pooling: Pooling,
+    /// Inputs computing at once: [`WINDOW`], or the connection's share of
+    /// the queue when that is smaller.
+    window: usize,
     /// Per input: its tokenizing job while one runs.
     jobs: Vec<Option<TextJobId>>,
-    /// Per input: its ids, once known.
+    /// Per input: its ids, once known, until it starts.
     ids: Vec<Option<Vec<TokenId>>>,
     /// Per input: the generation computing it.
     seqs: Vec<Option<SeqId>>,
     /// Per input: its finished vector.
     vectors: Vec<Option<Vec<f32>>>,
+    /// Inputs handed to the tokenizer (or whose ids were given) so far, in
+    /// order: at most two windows ahead of `started`, so a large request
+    /// does not fill the tokenizer's pool either.
+    read: usize,
     /// Inputs started so far (they start in order).
     started: usize,
     /// Inputs whose vector came back.
@@ -249,35 +268,30 @@ pub(super) enum Next {
 }
 
 impl Embedding {
-    /// Starts a decoded request: tokenizes its text inputs (the ids of the
-    /// others are known).
+    /// Starts a decoded request: the first inputs go to the tokenizer (or,
+    /// given as ids, are ready), and those ready start.
     pub(super) fn begin(
         cx: &mut super::Cx<'_>,
         req: EmbedRequest,
         pooling: Pooling,
-    ) -> Result<Embedding, BadRequest> {
+    ) -> (Embedding, Next) {
         let n = req.inputs.len();
+        let share = cx.config().max_queued_per_conn as usize;
         let mut e = Embedding {
+            window: WINDOW.min(share).max(1),
             jobs: vec![None; n],
             ids: vec![None; n],
             seqs: vec![None; n],
             vectors: vec![None; n],
+            read: 0,
             started: 0,
             done: 0,
             prompt_tokens: 0,
             pooling,
             req,
         };
-        for i in 0..n {
-            match &e.req.inputs[i] {
-                EmbedInput::Ids(ids) => e.ids[i] = Some(ids.clone()),
-                EmbedInput::Text(t) => match cx.encode_prompt(t.clone(), 0) {
-                    Ok(job) => e.jobs[i] = Some(job),
-                    Err(err) => return Err(start_refusal(&err, &e.field(i))),
-                },
-            }
-        }
-        Ok(e)
+        let next = e.start_more(cx);
+        (e, next)
     }
 
     /// Whether `job` is one of this request's tokenizing jobs.
@@ -299,6 +313,9 @@ impl Embedding {
         let context_len = cx.model().context_len;
         let field = self.field(i);
         match result {
+            Ok(e) if e.dropped == 0 && e.ids.len() > context_len as usize => {
+                return self.fail(cx, too_long(&field, context_len));
+            }
             Ok(e) if e.dropped == 0 && !e.ids.is_empty() => self.ids[i] = Some(e.ids),
             Ok(e) if e.dropped == 0 => {
                 return self.fail(cx, BadRequest::field(&field, "makes no tokens"));
@@ -313,16 +330,38 @@ impl Embedding {
     }
 
     /// Starts inputs in order while their ids are known and the window has
-    /// room.
+    /// room, reading ahead as inputs start. A full queue or a rate limit
+    /// waits for one of the request's own inputs to finish, and fails the
+    /// request only when none is computing.
     pub(super) fn start_more(&mut self, cx: &mut super::Cx<'_>) -> Next {
-        while self.started < self.ids.len() && self.started - self.done < WINDOW {
+        loop {
+            let waiting = match self.start_ready(cx) {
+                Ok(waiting) => waiting,
+                Err(e) => return self.fail(cx, e),
+            };
+            let read = self.read;
+            if let Err(e) = self.read_ahead(cx) {
+                return self.fail(cx, e);
+            }
+            // Inputs given as ids are ready as soon as they are read.
+            let ready = self.ids.get(self.started).is_some_and(Option::is_some);
+            if waiting || self.read == read || !ready {
+                return Next::Wait;
+            }
+        }
+    }
+
+    /// Starts the inputs whose ids are known, in order, while the window
+    /// has room; true when the queue or a rate limit made it stop early.
+    fn start_ready(&mut self, cx: &mut super::Cx<'_>) -> Result<bool, BadRequest> {
+        while self.started < self.ids.len() && self.started - self.done < self.window {
             let i = self.started;
             let Some(ids) = self.ids[i].take() else {
-                break; // still tokenizing
+                return Ok(false); // still tokenizing
             };
-            self.prompt_tokens += ids.len() as u64;
+            let tokens = ids.len() as u64;
             let start = cx.start(GenRequest {
-                prompt_ids: ids,
+                prompt_ids: ids.clone(),
                 params: GenParams {
                     max_tokens: 0,
                     ..GenParams::defaults(0)
@@ -335,14 +374,38 @@ impl Embedding {
             });
             match start {
                 Ok(seq) => self.seqs[i] = Some(seq),
-                Err(e) => {
-                    let refusal = start_refusal(&e, &self.field(i));
-                    return self.fail(cx, refusal);
+                Err(
+                    StartError::QueueFull
+                    | StartError::ConnQueueFull { .. }
+                    | StartError::RateLimited { .. },
+                ) if self.started > self.done => {
+                    self.ids[i] = Some(ids);
+                    return Ok(true);
                 }
+                Err(e) => return Err(start_refusal(&e, &self.field(i))),
             }
+            self.prompt_tokens += tokens;
             self.started += 1;
         }
-        Next::Wait
+        Ok(false)
+    }
+
+    /// Hands inputs to the tokenizer (or takes their ids) up to two windows
+    /// past those started.
+    fn read_ahead(&mut self, cx: &mut super::Cx<'_>) -> Result<(), BadRequest> {
+        let until = (self.started + 2 * self.window).min(self.ids.len());
+        while self.read < until {
+            let i = self.read;
+            match &self.req.inputs[i] {
+                EmbedInput::Ids(ids) => self.ids[i] = Some(ids.clone()),
+                EmbedInput::Text(t) => match cx.encode_prompt(t.clone(), 0) {
+                    Ok(job) => self.jobs[i] = Some(job),
+                    Err(err) => return Err(start_refusal(&err, &self.field(i))),
+                },
+            }
+            self.read += 1;
+        }
+        Ok(())
     }
 
     /// Whether `id` computes one of this request's inputs.
@@ -370,19 +433,20 @@ impl Embedding {
         Next::Fail(e)
     }
 
-    /// Ends every generation still computing (the client went, or one
-    /// failed).
+    /// Ends every generation still computing (one failed, or the request
+    /// did).
     pub(super) fn cancel(&mut self, cx: &mut super::Cx<'_>) {
         for id in self.seqs.iter_mut().filter_map(Option::take) {
             cx.end(id, crate::gen::FinishReason::Cancelled);
         }
     }
 
+    /// How errors name input `i`: `input[i]` when the body listed inputs.
     fn field(&self, i: usize) -> String {
-        if self.req.inputs.len() == 1 {
-            "input".into()
-        } else {
+        if self.req.listed {
             format!("input[{i}]")
+        } else {
+            "input".into()
         }
     }
 
@@ -423,6 +487,18 @@ fn start_refusal(e: &StartError, field: &str) -> BadRequest {
     match e {
         StartError::PromptTooLong { context_len, .. }
         | StartError::ContextLength { context_len, .. } => too_long(field, *context_len),
+        StartError::NeverFits {
+            needed_blocks,
+            total_blocks,
+        } => BadRequest {
+            code: "context_length_exceeded",
+            ..BadRequest::field(
+                field,
+                format!(
+                    "needs {needed_blocks} KV cache blocks, more than the {total_blocks} the server holds"
+                ),
+            )
+        },
         _ => {
             let (status, code, message) = super::openai::start_error(e, "max_tokens");
             BadRequest {

@@ -334,8 +334,6 @@ impl ChatConn {
         });
     }
 
-    /// `/tokenize`: starts the tokenizing job (answered in
-    /// [`on_tokenized`]).
     /// `/v1/embeddings`: decodes the body and starts tokenizing its inputs.
     fn on_embeddings(&mut self, cx: &mut Cx<'_>, body: &Map<String, Value>) {
         let Some(pooling) = cx.config().embed_pooling.resolve(cx.model()) else {
@@ -351,15 +349,9 @@ impl ChatConn {
         if other_model(cx, body) {
             return;
         }
-        match embeddings::Embedding::begin(cx, req, pooling) {
-            Ok(mut e) => {
-                // Inputs given as ids start at once.
-                let next = e.start_more(cx);
-                self.embedding = Some(e);
-                self.settle_embedding(cx, next);
-            }
-            Err(e) => refuse(cx, &e),
-        }
+        let (e, next) = embeddings::Embedding::begin(cx, req, pooling);
+        self.embedding = Some(e);
+        self.settle_embedding(cx, next);
     }
 
     /// Acts on what an embeddings request does next.
@@ -377,6 +369,8 @@ impl ChatConn {
         }
     }
 
+    /// `/tokenize`: starts the tokenizing job (answered in
+    /// [`on_tokenized`]).
     fn on_tokenize(&mut self, cx: &mut Cx<'_>, body: &Map<String, Value>) {
         if other_model(cx, body) {
             return;

@@ -581,9 +581,10 @@ struct Step {
     /// then the embedding rows ([`Step::hidden`]).
     needs: Needs,
     /// Per batch entry with [`SeqBatch::hidden`], in order: how it pools
-    /// and its rows' count; their residual rows start at `hidden_at` in the
-    /// staging buffer.
-    hidden: Vec<(Pooling, usize)>,
+    /// and the count of its rows that come back (all of them for the mean,
+    /// the last for the last token); their residual rows start at
+    /// `hidden_at` in the staging buffer.
+    hidden: Vec<(Pooling, u64)>,
     hidden_at: u64,
 }
 
@@ -1379,9 +1380,15 @@ impl WgpuBackend {
         for b in batch {
             let n = b.tokens.len() as u64;
             if let Some(pooling) = b.hidden {
-                hidden.push((pooling, n as usize));
-                hidden_rows.push((first..first + n, at));
-                at += n * row_h;
+                // The last token's row alone, or every row for the mean.
+                let rows = match pooling {
+                    Pooling::Last => first + n - 1..first + n,
+                    Pooling::Mean => first..first + n,
+                };
+                let count = rows.end - rows.start;
+                hidden.push((pooling, count));
+                hidden_rows.push((rows, at));
+                at += count * row_h;
             }
             first += n;
         }
@@ -1519,6 +1526,7 @@ impl WgpuBackend {
         let mut at = hidden_at;
         let mut normed = Vec::new();
         for &(pooling, n) in &step.hidden {
+            let n = n as usize;
             let rows = floats(&self.staged[at..at + 4 * n * h]);
             at += 4 * n * h;
             super::rms_norm_rows(&rows, norm, c.rms_norm_eps, &mut normed);
