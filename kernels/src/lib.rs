@@ -16,8 +16,10 @@
 //! AVX-512 VNNI and NEON code chosen at run time ([`quant`]), the tokenizer and chat
 //! template ([`HfCodec`]; SentencePiece and byte-level decoders decode from a
 //! per-id table built at load), a paged KV cache, two [`Backend`]s (CPU, on
-//! a persistent worker pool; and WGSL kernels on wgpu: [`WgpuBackend`]), and
-//! the deterministic [`sample`] function.
+//! a persistent worker pool; and WGSL kernels on wgpu: [`WgpuBackend`]),
+//! embeddings (a sequence's final-normed hidden states pooled by the last
+//! token or the mean, [`tokenwire_core::SeqStep::embed`]; the pooling a
+//! model declares, [`pooling`]), and the deterministic [`sample`] function.
 //!
 //! ```
 //! use tokenwire_kernels::Engine;
