@@ -802,7 +802,7 @@ fn a_gguf_file_declares_its_pooling_in_its_metadata() {
         let mut f = GgufFile::parse(&bytes).expect("valid");
         f.metadata
             .insert("llama.pooling_type".into(), MetaValue::U32(n));
-        dir.write("pooled.gguf", &common::gguf_out::write(&f, &bytes, &[]));
+        dir.write("pooled.gguf", common::gguf_out::write(&f, &bytes, &[]));
         let e = Engine::load_gguf(&dir.path().join("pooled.gguf"), &opts).expect("loads");
         assert_eq!(e.declared_pooling(), &want, "pooling_type {n}");
         assert_eq!(e.model_info().pooling, want.supported());
