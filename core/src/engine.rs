@@ -166,6 +166,17 @@ pub struct SeqStep {
     /// chunk fed again (after a failed step, or from 0 after a preemption)
     /// replaces what was pooled from its position on.
     pub embed: Option<Pooling>,
+    /// Prompt logprobs (Completions' `echo` with `logprobs`): with
+    /// `Some(k)`, the engine scores this chunk's tokens, each by its
+    /// log-probability given the tokens before it, with the `k` most
+    /// likely tokens at its position, as the model computed them (no
+    /// penalty, bias, mask or temperature). Its chunks come in position
+    /// order from position 0 (never a cached prefix, a draft or an
+    /// embedding); a chunk fed again (after a failed step, or from 0 after
+    /// a preemption) replaces what was scored from its position on. The
+    /// step whose chunk reaches the prompt's end (`sample` set) returns
+    /// them all in [`SeqResult::prompt_logprobs`]. `None`: no scoring.
+    pub prompt_logprobs: Option<u8>,
 }
 
 /// A sequence started as a copy of another (a beam continuing another): the
@@ -225,6 +236,10 @@ pub struct SeqResult {
     /// normalized, one value per hidden dimension; `token` then means
     /// nothing (0) and is not added to the sequence.
     pub embedding: Option<Vec<f32>>,
+    /// With [`SeqStep::prompt_logprobs`], on the result that ends the
+    /// prompt: one entry per prompt token after the first (the first has
+    /// nothing before it to be scored by), in position order.
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// The engine's answer to a [`StepPlan`]: one result per [`SeqStep`] with

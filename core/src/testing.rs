@@ -47,6 +47,24 @@ pub fn script_embedding(pooling: crate::engine::Pooling, tokens: &[TokenId]) -> 
     }
 }
 
+/// The scores a [`ScriptEngine`] gives a prompt of `tokens`
+/// ([`crate::engine::SeqStep::prompt_logprobs`] with `top` alternatives):
+/// the token at position `p` (from 1) scores `-p / 4`, and its
+/// alternatives are the ids after it, each one lower.
+pub fn script_prompt_logprobs(tokens: &[TokenId], top: u8) -> Vec<TokenLogprobs> {
+    (1..tokens.len())
+        .map(|p| {
+            let logprob = -(p as f32) / 4.0;
+            TokenLogprobs {
+                logprob,
+                top: (0..top as TokenId)
+                    .map(|i| (tokens[p] + i, logprob - i as f32))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
 /// A deterministic engine that needs no model: the token sampled after position
 /// `p` is `script[(p + 1) % script.len()]` as a byte token (a `0` byte means EOS).
 /// Because the choice depends only on the position, a sequence that is paused,
@@ -110,6 +128,13 @@ impl ScriptEngine {
                 s.start_pos,
                 h.len()
             );
+            if s.prompt_logprobs.is_some() {
+                assert!(
+                    s.cached_prefix.is_empty() && s.draft.is_empty(),
+                    "seq {:?} scores its prompt from cached blocks or with a draft",
+                    s.seq
+                );
+            }
             h.truncate(s.start_pos as usize);
             h.extend_from_slice(&s.tokens);
             if !s.sample {
@@ -121,6 +146,7 @@ impl ScriptEngine {
                     token: 0,
                     logprobs: None,
                     embedding: Some(script_embedding(pooling, h)),
+                    prompt_logprobs: None,
                 });
                 continue;
             }
@@ -155,6 +181,10 @@ impl ScriptEngine {
                     token,
                     logprobs,
                     embedding: None,
+                    prompt_logprobs: s
+                        .prompt_logprobs
+                        .map(|top| script_prompt_logprobs(h, top))
+                        .filter(|_| p + 1 == h.len()),
                 });
                 match draft.next() {
                     Some(&d) if d == token => {

@@ -49,6 +49,7 @@ impl DialectConn for Probe {
                     reuse_kv: None,
                     constraint: None,
                     embed: None,
+                    prompt_logprobs: None,
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());
@@ -63,6 +64,7 @@ impl DialectConn for Probe {
                     reuse_kv: None,
                     constraint: None,
                     embed: None,
+                    prompt_logprobs: None,
                 };
                 match cx.start(req) {
                     Ok(_) => Self::say(cx, "started".into()),

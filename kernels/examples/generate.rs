@@ -67,6 +67,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 allowed: None,
                 draft: Vec::new(),
                 embed: None,
+                prompt_logprobs: None,
             }],
             ..Default::default()
         };

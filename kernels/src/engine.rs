@@ -29,6 +29,7 @@ use crate::pooling::DeclaredPooling;
 use crate::progress::{report, LoadProgress};
 use crate::quant::Kernels;
 use crate::sampler::Sampler;
+use crate::scoring::PromptScores;
 use crate::tiny::tiny_model;
 use crate::tokenizer::HfCodec;
 
@@ -96,6 +97,9 @@ pub struct Engine {
     /// Mean-pooled embeddings part way through their prompt: their
     /// chunks' row sums.
     pooled: HashMap<SeqId, MeanChunks>,
+    /// Prompts being scored ([`SeqStep::prompt_logprobs`]) part way
+    /// through: their scores so far.
+    scores: HashMap<SeqId, PromptScores>,
     declared_pooling: DeclaredPooling,
     out: ForwardOutput,
     full_logits: bool,
@@ -337,6 +341,7 @@ impl Engine {
             sampler: Sampler::new(),
             history: HashMap::new(),
             pooled: HashMap::new(),
+            scores: HashMap::new(),
             declared_pooling: DeclaredPooling::None,
             out: ForwardOutput::default(),
             full_logits: false,
@@ -385,7 +390,9 @@ impl Engine {
     /// per sequence with `sample` set, and one more per draft token of a
     /// drafted sequence, through the first that differs from the draft
     /// ([`SeqStep::draft`]; each draft token is a one-token row of the same
-    /// batch, drawn with the history through it). A plan that breaks the engine boundary's
+    /// batch, drawn with the history through it). A chunk that scores its
+    /// prompt ([`SeqStep::prompt_logprobs`]) is one row per token as well,
+    /// each row's logits scoring the token after it. A plan that breaks the engine boundary's
     /// rules is refused with [`EngineFaultKind::Internal`] before anything changes.
     pub fn step(&mut self, plan: &StepPlan) -> Result<StepDone, EngineFault> {
         let fault = |kind| EngineFault {
@@ -407,6 +414,7 @@ impl Engine {
         for seq in &plan.free {
             self.history.remove(seq);
             self.pooled.remove(seq);
+            self.scores.remove(seq);
         }
         self.backend.copy_blocks(&plan.copy_blocks).map_err(fault)?;
         for s in &plan.seqs {
@@ -441,11 +449,31 @@ impl Engine {
             };
             // An embedding samples nothing: its rows come back pooled.
             let sample = s.sample && s.embed.is_none();
+            let mut tokens = &s.tokens[..];
+            if s.prompt_logprobs.is_some() {
+                // A scored chunk is one row per token, each with its
+                // logits (as a draft's rows are), but the last, which is
+                // sampled as any chunk's (or, mid-prompt, carried).
+                let (last, scored) = tokens.split_last().unwrap_or((&0, &[]));
+                for (i, t) in scored.chunks_exact(1).enumerate() {
+                    batch.push(SeqBatch {
+                        tokens: t,
+                        start_pos: s.start_pos + i as u32,
+                        block_table: &s.block_table,
+                        want_logits: true,
+                        sample: None,
+                        keep_row: false,
+                        hidden: None,
+                    });
+                }
+                tokens = std::slice::from_ref(last);
+            }
+            let start_pos = end - tokens.len() as u32;
             batch.push(SeqBatch {
-                tokens: &s.tokens,
-                start_pos: s.start_pos,
+                tokens,
+                start_pos,
                 block_table: &s.block_table,
-                want_logits: sample,
+                want_logits: sample || s.prompt_logprobs.is_some(),
                 sample: sample.then(|| spec(end)),
                 keep_row: full,
                 // The last token's state is wanted from the last chunk only.
@@ -493,9 +521,31 @@ impl Engine {
                         token: 0,
                         logprobs: None,
                         embedding: Some(embedding),
+                        prompt_logprobs: None,
                     });
                 }
                 continue;
+            }
+            let mut scored = None;
+            if let Some(top) = s.prompt_logprobs {
+                let mut next = || -> Result<&[f32], EngineFault> {
+                    specs.next().ok_or_else(short)?;
+                    match entries.next() {
+                        Some((None, true)) => rows.next().ok_or_else(short),
+                        _ => Err(short()),
+                    }
+                };
+                let mut p = self.scores.remove(&s.seq).unwrap_or_default();
+                p.begin(s, top);
+                for &t in &s.tokens[1..] {
+                    p.push(next()?, t, top);
+                }
+                if !s.sample {
+                    p.carry(s.start_pos + s.tokens.len() as u32 - 1, next()?);
+                    self.scores.insert(s.seq, p);
+                    continue;
+                }
+                scored = Some(p.finish());
             }
             if !s.sample {
                 continue;
@@ -526,6 +576,7 @@ impl Engine {
                     token,
                     logprobs,
                     embedding: None,
+                    prompt_logprobs: scored.take(),
                 });
                 if !confirming && i < s.draft.len() {
                     // The draft tokens from this one on are not the sequence's.
@@ -546,7 +597,8 @@ impl Engine {
     }
 
     /// Logits of the last step, one `vocab_size` row per sampled sequence
-    /// (and per draft token of a drafted one) whose row the backend
+    /// (and per draft token of a drafted one, and per scored prompt token)
+    /// whose row the backend
     /// returned, in plan order, as the model computed
     /// them (before the repetition penalty and the sampler). The CPU backend
     /// returns every row; the wgpu backend, which samples on the device,
@@ -634,6 +686,24 @@ impl Engine {
                 ));
             }
         }
+        if s.prompt_logprobs.is_some() {
+            if s.embed.is_some() || !s.draft.is_empty() || !s.cached_prefix.is_empty() {
+                return Err(format!(
+                    "seq {id:?} scores its prompt with an embedding, a draft or a cached prefix"
+                ));
+            }
+            let next = if freed.contains(&id) {
+                0
+            } else {
+                PromptScores::next_start(self.scores.get(&id))
+            };
+            if s.start_pos != 0 && s.start_pos != next {
+                return Err(format!(
+                    "seq {id:?} scores its prompt from position {}, but its scores end at {next}",
+                    s.start_pos
+                ));
+            }
+        }
         if let Some(t) = s.draft.iter().find(|&&t| t >= self.info.vocab_size) {
             return Err(format!(
                 "seq {id:?} drafts token {t}, vocabulary is {}",
@@ -717,6 +787,7 @@ impl Engine {
                     cached_prefix: Vec::new(),
                     allowed: None,
                     embed: None,
+                    prompt_logprobs: None,
                 }],
                 ..Default::default()
             };

@@ -47,6 +47,7 @@ pub mod progress;
 pub mod quant;
 pub mod rope;
 pub mod sampler;
+mod scoring;
 pub mod tensor;
 pub mod tiny;
 pub mod tokenizer;

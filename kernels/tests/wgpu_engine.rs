@@ -1389,3 +1389,34 @@ fn wgpu_embeddings_match_the_cpu_backend() {
         assert!(e < 1e-8, "{pooling:?}: nmse {e:e}");
     }
 }
+
+#[test]
+fn wgpu_prompt_logprobs_match_the_cpu_engine() {
+    // A scored prompt is one logits row per token: on the wgpu engine in
+    // chunks of 4 (each chunk's last row carried to the next), the scores
+    // the CPU engine gives the whole prompt, within f32 tolerance.
+    let Some((mut engine, _)) = stories() else {
+        return;
+    };
+    let mut reference = Engine::load(&stories_dir(), &Default::default()).expect("cpu engine");
+    let prompt = reference
+        .codec()
+        .encode(
+            "One day, a bird flew over the tree and sang a happy song.",
+            true,
+        )
+        .expect("encode");
+    let (want, want_token) = score_alone(&mut reference, &prompt, 3, prompt.len());
+    for chunk in [prompt.len(), 4] {
+        let (got, token) = score_alone(&mut engine, &prompt, 3, chunk);
+        assert_eq!(got.len(), prompt.len() - 1, "chunks of {chunk}");
+        assert_eq!(token, want_token, "chunks of {chunk}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g.logprob - w.logprob).abs() < 2e-3 && (g.top[0].1 - w.top[0].1).abs() < 2e-3,
+                "chunks of {chunk}, position {}: {g:?} vs {w:?}",
+                i + 1
+            );
+        }
+    }
+}

@@ -363,6 +363,7 @@ impl SimEngine {
                     token,
                     logprobs,
                     embedding: None,
+                    prompt_logprobs: None,
                 });
                 match draft.next() {
                     Some(&d) if d == token => st.push(d),
@@ -466,6 +467,7 @@ mod tests {
                 allowed: None,
                 draft: Vec::new(),
                 embed: None,
+                prompt_logprobs: None,
             }],
             free: vec![],
             copy_blocks: vec![],

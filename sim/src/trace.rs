@@ -554,6 +554,7 @@ pub fn input_from(v: &Value) -> Result<Input, String> {
                             }),
                         },
                         embedding: None,
+                        prompt_logprobs: None,
                     })
                 })
                 .collect::<Result<_, _>>()?,
@@ -700,6 +701,7 @@ mod tests {
                         top: vec![(5, -1.3), (6, -2.7)],
                     }),
                     embedding: None,
+                    prompt_logprobs: None,
                 }],
             }),
             Input::EngineFault(EngineFault {

@@ -35,6 +35,7 @@ fn reference(engine: &mut Engine, tokens: &[u32], pooling: Pooling) -> Vec<f32> 
         allowed: None,
         draft: Vec::new(),
         embed: Some(pooling),
+        prompt_logprobs: None,
     };
     let done = engine
         .step(&StepPlan {

@@ -148,6 +148,7 @@ fn evaluate(
                     allowed: None,
                     draft: Vec::new(),
                     embed: None,
+                    prompt_logprobs: None,
                 })
                 .collect(),
             ..Default::default()

@@ -190,6 +190,14 @@ impl<'a> Cx<'a> {
         Ok(self.port.tokenize(self.conn, TextWork::Encode { text }))
     }
 
+    /// Refuses a prompt given as token ids whose `text` (the ids decoded)
+    /// a content-filter `refuse` rule matches, as [`Cx::encode_prompt`]
+    /// refuses text ([`StartError::ContentFiltered`], the rule counted by
+    /// name). Nothing else happens.
+    pub fn check_prompt_text(&mut self, text: &str) -> Result<(), StartError> {
+        self.check_filter([text])
+    }
+
     /// Has a conversation rendered with the chat template and tokenized off
     /// the Host's thread, keeping the newest messages that fit
     /// ([`TextWork::Chat`]) in `max_tokens` prompt tokens; the answer comes

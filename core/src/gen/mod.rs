@@ -83,6 +83,10 @@ pub struct TokenPiece {
     /// the engine returned it (not normalized): its one and last piece,
     /// with no token and no text.
     pub embedding: Option<Vec<f32>>,
+    /// With [`GenRequest::prompt_logprobs`], on the first piece: one entry
+    /// per prompt token after the first, in order, as the engine scored
+    /// them ([`crate::engine::SeqResult::prompt_logprobs`]).
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// One request's generation state.
@@ -241,10 +245,12 @@ impl Generation {
                 logprobs: None,
                 finish: Some(FinishReason::Stop),
                 embedding: Some(vector),
+                prompt_logprobs: None,
             };
         }
         self.out_ids.push(token);
         self.state = GenState::Decoding;
+        let prompt_logprobs = result.prompt_logprobs;
         if self.raw {
             return TokenPiece {
                 token_id: Some(token),
@@ -252,6 +258,7 @@ impl Generation {
                 logprobs: result.logprobs,
                 finish: None,
                 embedding: None,
+                prompt_logprobs,
             };
         }
         let mut text = String::new();
@@ -300,6 +307,7 @@ impl Generation {
             logprobs: result.logprobs,
             finish,
             embedding: None,
+            prompt_logprobs,
         }
     }
 
@@ -319,6 +327,7 @@ impl Generation {
             logprobs: None,
             finish: Some(reason),
             embedding: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -412,6 +421,7 @@ mod tests {
                         token: b as u32 + 3,
                         logprobs: None,
                         embedding: None,
+                        prompt_logprobs: None,
                     },
                     Instant::ZERO,
                 )
@@ -487,6 +497,7 @@ mod tests {
                 token: BYTE_EOS,
                 logprobs: None,
                 embedding: None,
+                prompt_logprobs: None,
             },
             Instant::ZERO,
         );
@@ -509,6 +520,7 @@ mod tests {
             token: BYTE_EOS,
             logprobs: None,
             embedding: None,
+            prompt_logprobs: None,
         };
         let p = g.on_token(&ByteCodec, eos.clone(), Instant::ZERO);
         assert_eq!((p.finish, p.text.as_str()), (None, ""));

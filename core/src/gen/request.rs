@@ -163,6 +163,14 @@ pub struct GenRequest {
     /// `params.max_tokens` to 0 (nothing is generated, so a prompt may take
     /// the whole context). `None`: text.
     pub embed: Option<crate::engine::Pooling>,
+    /// Score the prompt (Completions' `echo` with `logprobs`): with
+    /// `Some(k)`, the first piece carries each prompt token's
+    /// log-probability given the tokens before it, with the `k` most likely
+    /// tokens at its position
+    /// ([`TokenPiece::prompt_logprobs`](super::TokenPiece::prompt_logprobs)).
+    /// The prompt is then computed from position 0 (no prefix cache, and
+    /// `reuse_kv` is dropped). Ignored with `embed`. `None`: no scoring.
+    pub prompt_logprobs: Option<u8>,
 }
 
 /// A finished generation's KV blocks kept by the Host for a continuation

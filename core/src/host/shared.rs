@@ -665,7 +665,10 @@ impl HostPort for Shared {
         let max_len = prompt_tokens + req.params.max_tokens;
         let sampling = req.params.sampling(seed, prompt_tokens, &eos_ids);
         let reused = req.reuse_kv.is_some_and(|KeptKv(kept)| {
-            let same = sched.tokens(kept) == Some(req.prompt_ids.as_slice());
+            // A scored prompt is computed from position 0: kept blocks
+            // would skip it (reuse changes time, never tokens).
+            let same = sched.tokens(kept) == Some(req.prompt_ids.as_slice())
+                && req.prompt_logprobs.is_none();
             let reused = same && sched.unpark(kept, id, max_len, sampling.clone(), req.logprobs);
             if !reused {
                 sched.drop_parked(kept);
@@ -685,6 +688,9 @@ impl HostPort for Shared {
         }
         if let Some(c) = req.constraint {
             sched.set_constraint(id, c, vocab);
+        }
+        if let Some(top) = req.prompt_logprobs.filter(|_| req.embed.is_none()) {
+            sched.set_prompt_logprobs(id, top);
         }
         if let Some(pooling) = req.embed {
             sched.set_embed(id, pooling);

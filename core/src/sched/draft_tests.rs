@@ -51,6 +51,7 @@ fn answer(plan: &StepPlan, answer: &[TokenId]) -> StepDone {
                 token: t,
                 logprobs: None,
                 embedding: None,
+                prompt_logprobs: None,
             });
             if s.draft.get(i) != Some(&t) {
                 break;
@@ -186,6 +187,7 @@ fn an_engine_that_ignores_the_draft_confirms_none_of_it() {
             token: 13,
             logprobs: None,
             embedding: None,
+            prompt_logprobs: None,
         }],
     };
     assert_eq!(s.on_step_done(&one).len(), 1);
@@ -413,6 +415,7 @@ fn guesses_take_only_what_decodes_chunks_and_admissions_leave() {
                 token: 12,
                 logprobs: None,
                 embedding: None,
+                prompt_logprobs: None,
             })
             .collect();
         s.on_step_done(&StepDone {

@@ -83,6 +83,7 @@ pub(super) fn done(plan: &StepPlan, token: TokenId) -> StepDone {
                 token,
                 logprobs: None,
                 embedding: None,
+                prompt_logprobs: None,
             })
             .collect(),
     }

@@ -526,6 +526,19 @@ impl Scheduler {
         true
     }
 
+    /// Makes `seq` score its prompt
+    /// ([`crate::engine::SeqStep::prompt_logprobs`], with `top`
+    /// alternatives): its plans ask for the scores until its first token,
+    /// and it never starts from cached blocks. Set before it is first
+    /// planned. False (nothing changes) when `seq` is unknown.
+    pub fn set_prompt_logprobs(&mut self, seq: SeqId, top: u8) -> bool {
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return false;
+        };
+        s.prompt_logprobs = Some(top);
+        true
+    }
+
     /// Constrained sequences whose grammar refused a sampled token (or whose
     /// grammar engine failed) since the last call, with a message naming the
     /// token; their tokens were not returned by [`Scheduler::on_step_done`].
@@ -703,6 +716,9 @@ impl Scheduler {
                 allowed,
                 draft: p.draft.clone(),
                 embed: s.embed,
+                // Scored until it has a token: a recompute after a
+                // preemption past the prompt scores nothing again.
+                prompt_logprobs: s.prompt_logprobs.filter(|_| s.generated().is_empty()),
             });
         }
         let free = std::mem::take(&mut self.pending_free);
@@ -1264,7 +1280,11 @@ impl Scheduler {
         let Some(s) = self.seqs.get(&seq) else {
             return Vec::new();
         };
-        if !s.draft_ok || s.constraint.is_some() || s.embed.is_some() {
+        if !s.draft_ok
+            || s.constraint.is_some()
+            || s.embed.is_some()
+            || (s.prompt_logprobs.is_some() && s.generated().is_empty())
+        {
             return Vec::new();
         }
         let covered = (s.blocks.len() as u32 + free).saturating_mul(bs);
@@ -1431,9 +1451,9 @@ impl Scheduler {
         let Some(s) = self.seqs.get_mut(&id) else {
             return Vec::new();
         };
-        if s.embed.is_some() {
-            // Mean pooling needs every token's hidden state: the engine
-            // sees an embedding from position 0.
+        if s.embed.is_some() || s.prompt_logprobs.is_some() {
+            // Mean pooling needs every token's hidden state, and scoring
+            // every token's logits: the engine sees them from position 0.
             return Vec::new();
         }
         let most = (s.tokens.len().saturating_sub(1)) / bs;

@@ -63,6 +63,10 @@ pub(crate) struct Seq {
     /// An embedding sequence: computed from position 0 (no cached prefix,
     /// no draft) and answered with its pooled vector, not a token.
     pub embed: Option<Pooling>,
+    /// Score its prompt ([`crate::engine::SeqStep::prompt_logprobs`]): set
+    /// on its plans until it has a generated token; computed from position
+    /// 0 (no cached prefix).
+    pub prompt_logprobs: Option<u8>,
 }
 
 impl Seq {
@@ -82,6 +86,7 @@ impl Seq {
             started: false,
             seen_by_engine: false,
             embed: None,
+            prompt_logprobs: None,
             sampling,
             logprobs,
             parked: false,

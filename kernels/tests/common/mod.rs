@@ -11,7 +11,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 use tokenwire_core::rng::Rng;
-use tokenwire_core::{Pooling, SamplingParams, SeqId, SeqStep, StepPlan, TokenId};
+use tokenwire_core::{Pooling, SamplingParams, SeqId, SeqStep, StepPlan, TokenId, TokenLogprobs};
 use tokenwire_kernels::{Engine, Model};
 
 pub mod gguf_out;
@@ -376,6 +376,7 @@ pub fn seq_step(
         allowed: None,
         draft: Vec::new(),
         embed: None,
+        prompt_logprobs: None,
     }
 }
 
@@ -430,6 +431,52 @@ pub fn embed_alone(
         })
         .expect("free");
     got.expect("an embedding")
+}
+
+/// The prompt logprobs of `tokens` ([`SeqStep::prompt_logprobs`] with
+/// `top` alternatives), fed from position 0 in chunks of `chunk` tokens,
+/// one step each, on a fresh sequence (freed after), with the token sampled
+/// after them.
+pub fn score_alone(
+    engine: &mut Engine,
+    tokens: &[TokenId],
+    top: u8,
+    chunk: usize,
+) -> (Vec<TokenLogprobs>, TokenId) {
+    let bs = engine.model_info().block_size as usize;
+    let table: Vec<u32> = (0..tokens.len().div_ceil(bs) as u32 + 1).collect();
+    let mut got = None;
+    let mut start = 0;
+    let mut step_id = 3_000_000;
+    while start < tokens.len() {
+        let end = (start + chunk).min(tokens.len());
+        let mut s = seq_step(
+            997,
+            &tokens[start..end],
+            start as u32,
+            &table,
+            end == tokens.len(),
+        );
+        s.prompt_logprobs = Some(top);
+        let done = engine.step(&plan(step_id, vec![s])).expect("scoring step");
+        step_id += 1;
+        if end < tokens.len() {
+            assert!(done.results.is_empty(), "a middle chunk returns nothing");
+        } else {
+            assert_eq!(done.results.len(), 1, "the last chunk returns a token");
+            let r = &done.results[0];
+            got = Some((r.prompt_logprobs.clone().expect("scores"), r.token));
+        }
+        start = end;
+    }
+    engine
+        .step(&StepPlan {
+            step_id,
+            free: vec![SeqId(997)],
+            ..Default::default()
+        })
+        .expect("free");
+    got.expect("scores")
 }
 
 /// Largest absolute difference of two equally long vectors.

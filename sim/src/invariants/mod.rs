@@ -730,6 +730,7 @@ pub(crate) mod testkit {
                     allowed: None,
                     draft: Vec::new(),
                     embed: None,
+                    prompt_logprobs: None,
                 }],
                 free: vec![],
                 copy_blocks: vec![],
@@ -744,6 +745,7 @@ pub(crate) mod testkit {
                     token: BYTE_OFFSET + b'a' as u32,
                     logprobs: None,
                     embedding: None,
+                    prompt_logprobs: None,
                 }],
             }))
         }

@@ -540,6 +540,7 @@ impl BatchConn {
                 reuse_kv,
                 constraint: self.jobs[ji].constraint.clone(),
                 embed: None,
+                prompt_logprobs: None,
             };
             match cx.start(req) {
                 Ok(seq) => {

@@ -344,6 +344,7 @@ impl CaiConn {
             reuse_kv: None,
             constraint: None,
             embed: None,
+            prompt_logprobs: None,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -68,7 +68,16 @@ pub enum Input {
     /// A conversation, for the chat template.
     Messages(Vec<ChatMessage>),
     /// A raw prompt.
-    Prompt(String),
+    Prompt(PromptInput),
+}
+
+/// Completions' prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Text, for the tokenizer.
+    Text(String),
+    /// Token ids, fed as they are (no beginning-of-sequence token added).
+    Ids(Vec<TokenId>),
 }
 
 /// A decoded request.
@@ -182,7 +191,7 @@ pub fn decode(
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let input = match route {
         Route::Chat | Route::Messages => Input::Messages(messages(&f, format)?),
-        Route::Completions => Input::Prompt(prompt(&f)?),
+        Route::Completions => Input::Prompt(completion_prompt(&f, vocab_size, context_len)?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set.
     let names = if f.has("max_completion_tokens") {
@@ -659,6 +668,65 @@ pub(super) fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
     }
 }
 
+/// Completions' `prompt`: a string or token ids (each alone, or as the one
+/// entry of an array, as clients that batch prompts send one).
+fn completion_prompt(
+    f: &Fields<'_>,
+    vocab: u32,
+    context_len: u32,
+) -> Result<PromptInput, BadRequest> {
+    let items = match f.raw("prompt") {
+        Some(Value::Array(a)) => a,
+        _ => return prompt(f).map(PromptInput::Text),
+    };
+    let ids = |field: &str, a: &[Value]| {
+        if a.is_empty() {
+            return Err(BadRequest::field(field, "must not be empty"));
+        }
+        prompt_ids(field, a, vocab, context_len).map(PromptInput::Ids)
+    };
+    match items.as_slice() {
+        [] => Err(BadRequest::field("prompt", "must not be empty")),
+        [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
+        [Value::Array(a)] => ids("prompt[0]", a),
+        [Value::Number(_), ..] => ids("prompt", items),
+        [Value::String(_) | Value::Array(_), ..] => Err(BadRequest::unsupported(
+            "prompt",
+            "only one prompt per request is supported (a string or token ids, alone or in an array of one)",
+        )),
+        [other, ..] => Err(BadRequest::field(
+            "prompt[0]",
+            format!(
+                "must be a string, token ids or a token id, not {}",
+                json::type_name(other)
+            ),
+        )),
+    }
+}
+
+/// A prompt's token ids (`field` names it in errors): at most
+/// `context_len` of them, each below `vocab`.
+pub(super) fn prompt_ids(
+    field: &str,
+    items: &[Value],
+    vocab: u32,
+    context_len: u32,
+) -> Result<Vec<TokenId>, BadRequest> {
+    if items.len() > context_len as usize {
+        return Err(BadRequest {
+            code: "context_length_exceeded",
+            ..BadRequest::field(
+                field,
+                format!(
+                    "holds {} tokens, more than the context of {context_len}",
+                    items.len()
+                ),
+            )
+        });
+    }
+    token_ids(field, items, vocab)
+}
+
 /// A JSON object's map, for the tests of this dialect's decoders.
 #[cfg(test)]
 pub(super) fn body(v: Value) -> Map<String, Value> {
@@ -891,7 +959,7 @@ mod tests {
             ToolFormat::Hermes,
         )
         .expect("decodes");
-        assert_eq!(r.input, Input::Prompt("Once".into()));
+        assert_eq!(r.input, Input::Prompt(PromptInput::Text("Once".into())));
         assert_eq!(r.logprobs, Some(3));
         assert!(r.echo);
         let e = decode(
@@ -904,6 +972,42 @@ mod tests {
         )
         .expect_err("two prompts");
         assert_eq!(e.code, "unsupported_parameter");
+    }
+
+    #[test]
+    fn completions_take_token_ids_alone_or_as_an_array_of_one() {
+        let prompt = |p: Value| {
+            decode(
+                Route::Completions,
+                &body(json!({"model": "m", "prompt": p})),
+                64,
+                512,
+                1000,
+                ToolFormat::Hermes,
+            )
+        };
+        let ids = Input::Prompt(PromptInput::Ids(vec![1, 999, 0]));
+        assert_eq!(prompt(json!([1, 999, 0])).expect("ids").input, ids);
+        assert_eq!(prompt(json!([[1, 999, 0]])).expect("ids in one").input, ids);
+        let cases = [
+            (json!([]), "prompt", "invalid_request"),
+            (json!([[]]), "prompt[0]", "invalid_request"),
+            (json!([1, 1000]), "prompt[1]", "invalid_request"),
+            (json!([1, -1]), "prompt[1]", "invalid_request"),
+            (json!([[1, 2.5]]), "prompt[0][1]", "invalid_request"),
+            (json!([1, "a"]), "prompt[1]", "invalid_request"),
+            (json!([[1], [2]]), "prompt", "unsupported_parameter"),
+            (json!([{"a": 1}]), "prompt[0]", "invalid_request"),
+            (json!(vec![1; 513]), "prompt", "context_length_exceeded"),
+        ];
+        for (p, field, code) in cases {
+            let e = prompt(p.clone()).expect_err("refused");
+            assert_eq!(
+                (e.param.as_deref(), e.code),
+                (Some(field), code),
+                "{p}: {e:?}"
+            );
+        }
     }
 
     #[test]

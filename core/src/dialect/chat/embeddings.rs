@@ -171,30 +171,7 @@ fn ids(
     vocab: u32,
     context_len: u32,
 ) -> Result<EmbedInput, BadRequest> {
-    if items.len() > context_len as usize {
-        return Err(BadRequest {
-            code: "context_length_exceeded",
-            ..BadRequest::field(
-                &field,
-                format!(
-                    "holds {} tokens, more than the context of {context_len}",
-                    items.len()
-                ),
-            )
-        });
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(j, v)| match v.as_u64() {
-            Some(t) if t < u64::from(vocab) => Ok(t as TokenId),
-            _ => Err(BadRequest::field(
-                &format!("{field}[{j}]"),
-                format!("must be a token id below the vocabulary's size, {vocab}, not {v}"),
-            )),
-        })
-        .collect::<Result<_, _>>()
-        .map(EmbedInput::Ids)
+    super::codec::prompt_ids(&field, items, vocab, context_len).map(EmbedInput::Ids)
 }
 
 /// Cuts `v` to `dimensions` values and scales it to unit length (a zero
@@ -371,6 +348,7 @@ impl Embedding {
                 reuse_kv: None,
                 constraint: None,
                 embed: Some(self.pooling),
+                prompt_logprobs: None,
             });
             match start {
                 Ok(seq) => self.seqs[i] = Some(seq),

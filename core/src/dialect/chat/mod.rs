@@ -45,10 +45,10 @@ mod tokenize;
 
 use serde_json::{json, Map, Value};
 
-use self::codec::{error_body, BadRequest, ChatRequest, Input, Route};
+use self::codec::{error_body, BadRequest, ChatRequest, Input, PromptInput, Route};
 use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
-use crate::engine::{SeqId, TokenId};
+use crate::engine::{SeqId, TokenId, TokenLogprobs};
 use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
 use crate::reasoning::{ReasoningSplitter, PROMPT_TAIL_TOKENS};
 use crate::reasoning_gate::ReasoningPlan;
@@ -110,6 +110,10 @@ struct Request {
     cached_tokens: u32,
     /// The prompt's token ids, for the choices after the first.
     prompt_ids: Vec<TokenId>,
+    /// Completions' `echo` with `logprobs`: the prompt's own logprobs
+    /// object (its first token unscored), from the first choice's first
+    /// piece, opening every choice's.
+    prompt_logprobs: Option<Value>,
     choices: Vec<Choice>,
     /// `response_format`'s compiled grammar, copied into each choice.
     constraint: Option<Constraint>,
@@ -278,7 +282,7 @@ impl ChatConn {
             req.params.ignore_eos = false;
         }
         let max_tokens = req.params.max_tokens;
-        let (job, prompt_text) = match &req.input {
+        let (job, prompt_text) = match &mut req.input {
             Input::Messages(m) => {
                 let budget = if req.fit_to_context {
                     context_len.saturating_sub(1)
@@ -288,20 +292,42 @@ impl ChatConn {
                 let tools = req.tools.prompt_defs().to_vec();
                 let kwargs = req.template_kwargs.clone();
                 match cx.encode_chat_templated(m.clone(), usize::MAX, budget, tools, kwargs) {
-                    Ok(job) => (job, String::new()),
+                    Ok(job) => (Ok(job), String::new()),
                     Err(e) => {
                         let (status, code, message) = openai::start_error(&e, "max_tokens");
                         return send_error(cx, status, code, &message, Some("messages"));
                     }
                 }
             }
-            Input::Prompt(p) => match cx.encode_prompt(p.clone(), max_tokens) {
-                Ok(job) => (job, p.clone()),
+            Input::Prompt(PromptInput::Text(p)) => match cx.encode_prompt(p.clone(), max_tokens) {
+                Ok(job) => (Ok(job), p.clone()),
                 Err(e) => {
                     let (status, code, message) = openai::start_error(&e, "max_tokens");
                     return send_error(cx, status, code, &message, Some("prompt"));
                 }
             },
+            Input::Prompt(PromptInput::Ids(ids)) => {
+                // Ids need no tokenizer, but the content filter reads
+                // their text as it reads a prompt's.
+                let text = cx.codec().decode(ids);
+                if let Err(e) = cx.check_prompt_text(&text) {
+                    let (status, code, message) = openai::start_error(&e, "max_tokens");
+                    return send_error(cx, status, code, &message, Some("prompt"));
+                }
+                if ids.len() as u64 + u64::from(max_tokens) > u64::from(context_len) {
+                    let message = format!(
+                        "the input does not fit the context beside max_tokens ({max_tokens})"
+                    );
+                    return send_error(
+                        cx,
+                        400,
+                        "context_length_exceeded",
+                        &message,
+                        Some("prompt"),
+                    );
+                }
+                (Err(std::mem::take(ids)), text)
+            }
         };
         let prefix = match route {
             Route::Chat => "chatcmpl-",
@@ -323,15 +349,20 @@ impl ChatConn {
             id: cx.new_id(prefix),
             created: cx.unix_ms() / 1000,
             prompt_text,
-            tokenizing: Some(job),
+            tokenizing: job.as_ref().ok().copied(),
             prompt_tokens: 0,
             cached_tokens: 0,
             prompt_ids: Vec::new(),
+            prompt_logprobs: None,
             choices,
             constraint,
             capped: false,
             req,
         });
+        if let Err(ids) = job {
+            // Given as ids: as if they came back from the tokenizer.
+            self.on_tokens(cx, Ok(Encoded { ids, dropped: 0 }));
+        }
     }
 
     /// `/v1/embeddings`: decodes the body and starts tokenizing its inputs.
@@ -500,6 +531,9 @@ impl ChatConn {
                 reuse_kv: None,
                 constraint: r.constraint.clone(),
                 embed: None,
+                // The first choice scores the echoed prompt for all of
+                // them.
+                prompt_logprobs: r.req.logprobs.filter(|_| r.req.echo && i == 0),
             });
             match start {
                 Ok(seq) => {
@@ -696,7 +730,13 @@ impl ChatConn {
                     json!({
                         "index": i,
                         "text": format!("{echo}{}", c.text),
-                        "logprobs": r.req.logprobs.map(|_| completion_logprobs(&c.logprobs, echo.len())),
+                        "logprobs": r.req.logprobs.map(|_| {
+                            let answer = completion_logprobs(&c.logprobs, echo.len());
+                            match (r.req.echo, &r.prompt_logprobs) {
+                                (true, Some(p)) => echoed_logprobs(p, answer),
+                                _ => answer,
+                            }
+                        }),
                         "finish_reason": c.finish,
                     })
                 }
@@ -787,6 +827,39 @@ fn completion_logprobs(entries: &[Value], start: usize) -> Value {
         top.push(e["top"].clone());
     }
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+/// Completions' `logprobs` object of a prompt of `ids` from the engine's
+/// `scores` (one per token after the first): the first token has no
+/// logprob and no alternatives, as OpenAI's `echo` gives it; offsets count
+/// from the prompt's start.
+fn prompt_logprobs(cx: &Cx<'_>, ids: &[TokenId], scores: &[TokenLogprobs]) -> Value {
+    let mut entries = Vec::with_capacity(ids.len());
+    let mut last = None;
+    for (p, &t) in ids.iter().enumerate() {
+        let text = |alt: TokenId| surface(cx, last, alt);
+        entries.push(match p.checked_sub(1).and_then(|i| scores.get(i)) {
+            None => json!({"token": text(t), "logprob": null, "top": null}),
+            Some(lp) => {
+                let top: Map<String, Value> =
+                    lp.top.iter().map(|&(a, l)| (text(a), json!(l))).collect();
+                json!({"token": text(t), "logprob": lp.logprob, "top": top})
+            }
+        });
+        last = Some(t);
+    }
+    completion_logprobs(&entries, 0)
+}
+
+/// Completions' `logprobs` of an echoed prompt followed by the answer's.
+fn echoed_logprobs(prompt: &Value, answer: Value) -> Value {
+    let mut out = prompt.clone();
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(all), Some(more)) = (out[key].as_array_mut(), answer[key].as_array()) {
+            all.extend(more.iter().cloned());
+        }
+    }
+    out
 }
 
 impl DialectConn for ChatConn {
@@ -894,6 +967,25 @@ impl DialectConn for ChatConn {
             return;
         };
         let Some(index) = r.choices.iter().position(|c| c.seq == Some(id)) else {
+            return;
+        };
+        let scoring = r.req.echo && r.req.logprobs.is_some();
+        if scoring && r.prompt_logprobs.is_none() && piece.token_id.is_some() {
+            // The first choice's first token: its piece scores the prompt.
+            let Some(scores) = piece.prompt_logprobs.as_deref() else {
+                for s in r.choices.iter().filter_map(|c| c.seq) {
+                    cx.end(s, FinishReason::Cancelled);
+                }
+                self.inflight = None;
+                let message = "the engine did not score the prompt for `echo` with `logprobs`";
+                return send_error(cx, 500, "server_error", message, None);
+            };
+            let object = prompt_logprobs(cx, &r.prompt_ids, scores);
+            if let Some(r) = self.inflight.as_mut() {
+                r.prompt_logprobs = Some(object);
+            }
+        }
+        let Some(r) = self.inflight.as_ref() else {
             return;
         };
         let route = r.req.route;
@@ -1019,7 +1111,12 @@ impl DialectConn for ChatConn {
                 visible
             };
             let logprobs = entry.map(|e| (e, offset));
-            let chunk = Self::chunk(r, index, &text, &reasoning, logprobs, None, role);
+            let mut chunk = Self::chunk(r, index, &text, &reasoning, logprobs, None, role);
+            if let (true, Some(p)) = (echo, &r.prompt_logprobs) {
+                // The echoed prompt's logprobs open the choice's.
+                let answer = chunk["choices"][0]["logprobs"].take();
+                chunk["choices"][0]["logprobs"] = echoed_logprobs(p, answer);
+            }
             cx.send(json!({"kind": "chunk", "data": chunk}));
         }
         if r.req.stream {

@@ -175,6 +175,7 @@ impl GenerateConn {
             reuse_kv: None,
             constraint: config.constraint.clone(),
             embed: None,
+            prompt_logprobs: None,
         };
         let id = match cx.start(req) {
             Ok(id) => id,

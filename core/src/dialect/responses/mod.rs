@@ -383,6 +383,7 @@ impl ResponsesConn {
             reuse_kv: None,
             constraint: draft.constraint.clone(),
             embed: None,
+            prompt_logprobs: None,
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

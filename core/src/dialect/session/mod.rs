@@ -540,6 +540,7 @@ impl SessionConn {
             reuse_kv: None,
             constraint: None,
             embed: None,
+            prompt_logprobs: None,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -269,6 +269,7 @@ mod tests {
                 allowed: None,
                 draft: Vec::new(),
                 embed: None,
+                prompt_logprobs: None,
             }],
             free: vec![],
             copy_blocks: vec![],
@@ -289,6 +290,7 @@ mod tests {
                 token: tok('x'),
                 logprobs: Some(TokenLogprobs { logprob: -0.1, top }),
                 embedding: None,
+                prompt_logprobs: None,
             }],
         }))
         .map_err(|v| v.detail)?;

@@ -141,6 +141,7 @@ mod tests {
             allowed: None,
             draft: Vec::new(),
             embed: None,
+            prompt_logprobs: None,
         }
     }
 
