@@ -165,3 +165,52 @@ fn token_ids_are_a_prompt_fed_as_given_and_echoed_as_their_text() {
         "prompt[0][1]"
     );
 }
+
+#[test]
+fn a_batch_of_prompts_answers_n_choices_each_in_prompt_order() {
+    let mut h = Harness::new(HostConfig::default(), SCRIPT, 1);
+    let ids = prompt_ids();
+    let r = completion(
+        &mut h,
+        1,
+        json!({"prompt": [PROMPT, ids, "hi"], "n": 2, "echo": true, "logprobs": 1}),
+    );
+    let data = &r.last().expect("reply")["data"];
+    let choices = data["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 6, "{data}");
+    for (i, ch) in choices.iter().enumerate() {
+        assert_eq!(ch["index"], i);
+        let text = ch["text"].as_str().expect("text");
+        if i < 4 {
+            // The text prompt and the same prompt as ids score alike.
+            check_echoed(&ch["logprobs"], text, 1, &text[PROMPT.len()..]);
+        } else {
+            assert!(text.starts_with("hi"), "{text}");
+            assert_eq!(
+                ch["logprobs"]["tokens"].as_array().map(Vec::len),
+                Some(3 + 3)
+            );
+        }
+    }
+    assert_eq!(data["usage"]["prompt_tokens"], 2 * ids.len() + 3);
+    assert_eq!(data["usage"]["completion_tokens"], 6 * 3);
+}
+
+#[test]
+fn prompts_past_the_connection_s_queue_share_wait_for_room() {
+    let config = HostConfig {
+        max_queued_per_conn: 2,
+        ..HostConfig::default()
+    };
+    let mut h = Harness::new(config, SCRIPT, 1);
+    let prompts: Vec<String> = (0..7).map(|i| format!("prompt {i}")).collect();
+    let r = completion(&mut h, 1, json!({"prompt": prompts, "n": 2}));
+    let data = &r.last().expect("reply")["data"];
+    let choices = data["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 14, "{data}");
+    assert!(choices.iter().all(|c| c["finish_reason"] == "length"));
+    // Too many choices in all is refused before anything runs.
+    let r = completion(&mut h, 2, json!({"prompt": vec!["a"; 200], "n": 8}));
+    let err = &r.last().expect("error")["data"]["error"];
+    assert_eq!(err["param"], "n", "{err}");
+}

@@ -67,8 +67,9 @@ impl Route {
 pub enum Input {
     /// A conversation, for the chat template.
     Messages(Vec<ChatMessage>),
-    /// A raw prompt.
-    Prompt(PromptInput),
+    /// Raw prompts (Completions): one or more, each answered with `n`
+    /// choices.
+    Prompts(Vec<PromptInput>),
 }
 
 /// Completions' prompt.
@@ -191,7 +192,7 @@ pub fn decode(
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let input = match route {
         Route::Chat | Route::Messages => Input::Messages(messages(&f, format)?),
-        Route::Completions => Input::Prompt(completion_prompt(&f, vocab_size, context_len)?),
+        Route::Completions => Input::Prompts(completion_prompts(&f, vocab_size, context_len)?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set.
     let names = if f.has("max_completion_tokens") {
@@ -649,16 +650,17 @@ fn content(field: &str, v: Option<&Value>) -> Result<String, BadRequest> {
     }
 }
 
-/// Completions' `prompt`: one string (or an array holding one).
+/// A `prompt` that is one string (or an array holding one), as `/tokenize`
+/// takes it.
 pub(super) fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
     match f.raw("prompt") {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
             Ok(a[0].as_str().unwrap_or_default().to_string())
         }
-        Some(Value::Array(_)) => Err(BadRequest::unsupported(
+        Some(Value::Array(_)) => Err(BadRequest::field(
             "prompt",
-            "only one prompt per request is supported (a string, or an array of one string)",
+            "must be one string (or an array holding one)",
         )),
         None => Err(BadRequest::field("prompt", "`prompt` is required")),
         Some(other) => Err(BadRequest::field(
@@ -668,16 +670,19 @@ pub(super) fn prompt(f: &Fields<'_>) -> Result<String, BadRequest> {
     }
 }
 
-/// Completions' `prompt`: a string or token ids (each alone, or as the one
-/// entry of an array, as clients that batch prompts send one).
-fn completion_prompt(
+/// Most prompts one Completions request may give.
+pub const MAX_PROMPTS: usize = 1024;
+
+/// Completions' `prompt`: a string, token ids, or an array of strings or
+/// of arrays of ids (a batch of prompts, as evaluation clients send them).
+fn completion_prompts(
     f: &Fields<'_>,
     vocab: u32,
     context_len: u32,
-) -> Result<PromptInput, BadRequest> {
+) -> Result<Vec<PromptInput>, BadRequest> {
     let items = match f.raw("prompt") {
         Some(Value::Array(a)) => a,
-        _ => return prompt(f).map(PromptInput::Text),
+        _ => return prompt(f).map(|p| vec![PromptInput::Text(p)]),
     };
     let ids = |field: &str, a: &[Value]| {
         if a.is_empty() {
@@ -685,23 +690,34 @@ fn completion_prompt(
         }
         prompt_ids(field, a, vocab, context_len).map(PromptInput::Ids)
     };
-    match items.as_slice() {
-        [] => Err(BadRequest::field("prompt", "must not be empty")),
-        [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
-        [Value::Array(a)] => ids("prompt[0]", a),
-        [Value::Number(_), ..] => ids("prompt", items),
-        [Value::String(_) | Value::Array(_), ..] => Err(BadRequest::unsupported(
-            "prompt",
-            "only one prompt per request is supported (a string or token ids, alone or in an array of one)",
-        )),
-        [other, ..] => Err(BadRequest::field(
-            "prompt[0]",
-            format!(
-                "must be a string, token ids or a token id, not {}",
-                json::type_name(other)
-            ),
-        )),
+    if items.is_empty() {
+        return Err(BadRequest::field("prompt", "must not be empty"));
     }
+    if items[0].is_number() {
+        // One prompt of ids.
+        return Ok(vec![ids("prompt", items)?]);
+    }
+    if items.len() > MAX_PROMPTS {
+        return Err(BadRequest::field(
+            "prompt",
+            format!("at most {MAX_PROMPTS} prompts, got {}", items.len()),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) => Ok(PromptInput::Text(s.clone())),
+            Value::Array(a) => ids(&format!("prompt[{i}]"), a),
+            other => Err(BadRequest::field(
+                &format!("prompt[{i}]"),
+                format!(
+                    "must be a string or token ids, not {}",
+                    json::type_name(other)
+                ),
+            )),
+        })
+        .collect()
 }
 
 /// A prompt's token ids (`field` names it in errors): at most
@@ -959,23 +975,16 @@ mod tests {
             ToolFormat::Hermes,
         )
         .expect("decodes");
-        assert_eq!(r.input, Input::Prompt(PromptInput::Text("Once".into())));
+        assert_eq!(
+            r.input,
+            Input::Prompts(vec![PromptInput::Text("Once".into())])
+        );
         assert_eq!(r.logprobs, Some(3));
         assert!(r.echo);
-        let e = decode(
-            Route::Completions,
-            &body(json!({"model": "m", "prompt": ["a", "b"]})),
-            64,
-            512,
-            1000,
-            ToolFormat::Hermes,
-        )
-        .expect_err("two prompts");
-        assert_eq!(e.code, "unsupported_parameter");
     }
 
     #[test]
-    fn completions_take_token_ids_alone_or_as_an_array_of_one() {
+    fn completions_take_strings_and_token_ids_alone_or_in_a_batch() {
         let prompt = |p: Value| {
             decode(
                 Route::Completions,
@@ -986,9 +995,17 @@ mod tests {
                 ToolFormat::Hermes,
             )
         };
-        let ids = Input::Prompt(PromptInput::Ids(vec![1, 999, 0]));
-        assert_eq!(prompt(json!([1, 999, 0])).expect("ids").input, ids);
-        assert_eq!(prompt(json!([[1, 999, 0]])).expect("ids in one").input, ids);
+        let ids = PromptInput::Ids(vec![1, 999, 0]);
+        let one = Input::Prompts(vec![ids.clone()]);
+        assert_eq!(prompt(json!([1, 999, 0])).expect("ids").input, one);
+        assert_eq!(prompt(json!([[1, 999, 0]])).expect("ids in one").input, one);
+        let text = PromptInput::Text("a".into());
+        assert_eq!(
+            prompt(json!(["a", [1, 999, 0], "a"]))
+                .expect("a batch")
+                .input,
+            Input::Prompts(vec![text.clone(), ids, text])
+        );
         let cases = [
             (json!([]), "prompt", "invalid_request"),
             (json!([[]]), "prompt[0]", "invalid_request"),
@@ -996,8 +1013,14 @@ mod tests {
             (json!([1, -1]), "prompt[1]", "invalid_request"),
             (json!([[1, 2.5]]), "prompt[0][1]", "invalid_request"),
             (json!([1, "a"]), "prompt[1]", "invalid_request"),
-            (json!([[1], [2]]), "prompt", "unsupported_parameter"),
+            (json!([[1], []]), "prompt[1]", "invalid_request"),
+            (json!(["a", 1]), "prompt[1]", "invalid_request"),
             (json!([{"a": 1}]), "prompt[0]", "invalid_request"),
+            (
+                json!(vec!["a"; MAX_PROMPTS + 1]),
+                "prompt",
+                "invalid_request",
+            ),
             (json!(vec![1; 513]), "prompt", "context_length_exceeded"),
         ];
         for (p, field, code) in cases {

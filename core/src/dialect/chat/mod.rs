@@ -49,7 +49,7 @@ use self::codec::{error_body, BadRequest, ChatRequest, Input, PromptInput, Route
 use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId, TokenLogprobs};
-use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, TokenPiece};
+use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, StartError, TokenPiece};
 use crate::reasoning::{ReasoningSplitter, PROMPT_TAIL_TOKENS};
 use crate::reasoning_gate::ReasoningPlan;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
@@ -63,6 +63,8 @@ pub const CONTEXT_WINDOW: &str = "context_window";
 /// One choice being generated.
 #[derive(Debug, Default)]
 struct Choice {
+    /// Its prompt's index (Completions may batch prompts).
+    prompt: usize,
     seq: Option<SeqId>,
     text: String,
     /// `stop` or `length` once it ended.
@@ -102,20 +104,16 @@ struct Request {
     req: ChatRequest,
     id: String,
     created: u64,
-    /// The prompt's text, for completions' `echo`.
-    prompt_text: String,
-    /// Waiting for the prompt's tokens.
-    tokenizing: Option<TextJobId>,
-    prompt_tokens: u32,
-    cached_tokens: u32,
-    /// The prompt's token ids, for the choices after the first.
-    prompt_ids: Vec<TokenId>,
-    /// Completions' `echo` with `logprobs`: the prompt's own logprobs
-    /// object (its first token unscored), from the first choice's first
-    /// piece, opening every choice's.
-    prompt_logprobs: Option<Value>,
+    /// Its prompts: one, or a Completions batch. Choice `i` is prompt
+    /// `i / n`'s.
+    prompts: Vec<PromptState>,
     choices: Vec<Choice>,
-    /// `response_format`'s compiled grammar, copied into each choice.
+    /// Choices refused a start for want of queue room (or by a rate limit)
+    /// while others of this request ran, in order: tried again as each
+    /// choice ends.
+    waiting: std::collections::VecDeque<usize>,
+    /// `response_format`'s compiled grammar, as each prompt's choices start
+    /// from it ([`PromptState::constraint`]).
     constraint: Option<Constraint>,
     /// How a reasoning parser reads this answer, when it is split
     /// ([`reasoning_plan`]).
@@ -124,6 +122,26 @@ struct Request {
     /// ([`codec::ChatRequest::fit_to_context`]): reaching it is reaching
     /// the context's end.
     capped: bool,
+}
+
+/// One prompt of a request.
+#[derive(Debug, Default)]
+struct PromptState {
+    /// Its text, for completions' `echo`.
+    text: String,
+    /// Waiting for its tokens.
+    tokenizing: Option<TextJobId>,
+    /// Its token ids, once known.
+    ids: Vec<TokenId>,
+    /// Its tokens whose K/V its first choice found in the prefix cache.
+    cached: u32,
+    /// The grammar its choices start with: the request's, waiting for the
+    /// reasoning to end where its prompt opened it.
+    constraint: Option<Constraint>,
+    /// Completions' `echo` with `logprobs`: its own logprobs object (the
+    /// first token unscored), from its first choice's first piece, opening
+    /// each of its choices'.
+    scores: Option<Value>,
 }
 
 /// One `chat` (or `anthropic`) request's machine.
@@ -282,7 +300,8 @@ impl ChatConn {
             req.params.ignore_eos = false;
         }
         let max_tokens = req.params.max_tokens;
-        let (job, prompt_text) = match &mut req.input {
+        let mut prompts = Vec::new();
+        match &mut req.input {
             Input::Messages(m) => {
                 let budget = if req.fit_to_context {
                     context_len.saturating_sub(1)
@@ -292,50 +311,46 @@ impl ChatConn {
                 let tools = req.tools.prompt_defs().to_vec();
                 let kwargs = req.template_kwargs.clone();
                 match cx.encode_chat_templated(m.clone(), usize::MAX, budget, tools, kwargs) {
-                    Ok(job) => (Ok(job), String::new()),
+                    Ok(job) => prompts.push(PromptState {
+                        tokenizing: Some(job),
+                        ..PromptState::default()
+                    }),
                     Err(e) => {
                         let (status, code, message) = openai::start_error(&e, "max_tokens");
                         return send_error(cx, status, code, &message, Some("messages"));
                     }
                 }
             }
-            Input::Prompt(PromptInput::Text(p)) => match cx.encode_prompt(p.clone(), max_tokens) {
-                Ok(job) => (Ok(job), p.clone()),
-                Err(e) => {
-                    let (status, code, message) = openai::start_error(&e, "max_tokens");
-                    return send_error(cx, status, code, &message, Some("prompt"));
+            Input::Prompts(list) => {
+                for p in list.iter_mut() {
+                    match start_prompt(cx, p, max_tokens) {
+                        Ok(state) => prompts.push(state),
+                        Err(e) => {
+                            // Prompts handed to the tokenizer come back to
+                            // no request.
+                            return refuse(cx, &e);
+                        }
+                    }
                 }
-            },
-            Input::Prompt(PromptInput::Ids(ids)) => {
-                // Ids need no tokenizer, but the content filter reads
-                // their text as it reads a prompt's.
-                let text = cx.codec().decode(ids);
-                if let Err(e) = cx.check_prompt_text(&text) {
-                    let (status, code, message) = openai::start_error(&e, "max_tokens");
-                    return send_error(cx, status, code, &message, Some("prompt"));
-                }
-                if ids.len() as u64 + u64::from(max_tokens) > u64::from(context_len) {
-                    let message = format!(
-                        "the input does not fit the context beside max_tokens ({max_tokens})"
-                    );
-                    return send_error(
-                        cx,
-                        400,
-                        "context_length_exceeded",
-                        &message,
-                        Some("prompt"),
-                    );
-                }
-                (Err(std::mem::take(ids)), text)
             }
-        };
+        }
+        let n = req.n as usize;
+        if prompts.len() * n > codec::MAX_PROMPTS {
+            let message = format!(
+                "{} prompts of {n} choices each are more than the {} choices one request may have",
+                prompts.len(),
+                codec::MAX_PROMPTS
+            );
+            return send_error(cx, 400, "invalid_request", &message, Some("n"));
+        }
         let prefix = match route {
             Route::Chat => "chatcmpl-",
             Route::Completions => "cmpl-",
             Route::Messages => "msg_",
         };
-        let choices = (0..req.n)
-            .map(|_| Choice {
+        let choices = (0..prompts.len() * n)
+            .map(|i| Choice {
+                prompt: i / n,
                 splitter: req
                     .tools
                     .active()
@@ -348,20 +363,22 @@ impl ChatConn {
             reasoning,
             id: cx.new_id(prefix),
             created: cx.unix_ms() / 1000,
-            prompt_text,
-            tokenizing: job.as_ref().ok().copied(),
-            prompt_tokens: 0,
-            cached_tokens: 0,
-            prompt_ids: Vec::new(),
-            prompt_logprobs: None,
+            prompts,
             choices,
+            waiting: std::collections::VecDeque::new(),
             constraint,
             capped: false,
             req,
         });
-        if let Err(ids) = job {
-            // Given as ids: as if they came back from the tokenizer.
-            self.on_tokens(cx, Ok(Encoded { ids, dropped: 0 }));
+        // Prompts given as ids are ready now.
+        for p in 0..self.inflight.as_ref().map_or(0, |r| r.prompts.len()) {
+            let given = self.inflight.as_mut().and_then(|r| {
+                let state = &mut r.prompts[p];
+                (state.tokenizing.is_none()).then(|| std::mem::take(&mut state.ids))
+            });
+            if let Some(ids) = given {
+                self.on_tokens(cx, p, Ok(Encoded { ids, dropped: 0 }));
+            }
         }
     }
 
@@ -450,11 +467,13 @@ impl ChatConn {
         }
     }
 
-    fn on_tokens(&mut self, cx: &mut Cx<'_>, result: Result<Encoded, String>) {
+    /// Prompt `p`'s tokens are known: its first choice starts (or the
+    /// request fails with the tokenizer's error).
+    fn on_tokens(&mut self, cx: &mut Cx<'_>, p: usize, result: Result<Encoded, String>) {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
-        r.tokenizing = None;
+        r.prompts[p].tokenizing = None;
         let field = match r.req.route {
             Route::Chat | Route::Messages => "messages",
             Route::Completions => "prompt",
@@ -489,56 +508,78 @@ impl ChatConn {
                 return send_error(cx, 400, "invalid_request", &message, Some(field));
             }
         };
-        r.prompt_tokens = encoded.ids.len() as u32;
-        r.prompt_ids = encoded.ids;
-        let room = context_len.saturating_sub(r.prompt_tokens);
+        let room = context_len.saturating_sub(encoded.ids.len() as u32);
         if r.req.fit_to_context && room < r.req.params.max_tokens {
+            // Messages: one prompt, so the request's length is its.
             r.req.params.max_tokens = room;
             r.capped = true;
         }
+        let n = r.req.n as usize;
+        let mut constraint = r.constraint.clone();
         if let Some(plan) = r.reasoning {
             // Whether the template opened the reasoning is read off the
             // prompt's last tokens.
-            let tail = &r.prompt_ids[r.prompt_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
+            let tail = &encoded.ids[encoded.ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
             let opened = plan.tags.opened_by(&cx.codec().decode(tail));
-            for c in &mut r.choices {
+            for c in &mut r.choices[p * n..(p + 1) * n] {
                 c.thinker = Some(plan.splitter(opened));
             }
             // A grammar waits for the reasoning to end.
-            r.constraint = plan.constrain(r.constraint.take(), opened);
+            constraint = plan.constrain(constraint, opened);
         }
+        let prompt = &mut r.prompts[p];
+        prompt.ids = encoded.ids;
+        prompt.constraint = constraint;
         // The first choice alone computes the prompt; the others start once
         // it has (its first token), and find the prompt's full blocks in
         // the prefix cache instead of computing them again.
-        self.start_choices(cx, 0..1);
+        self.start_choices(cx, [p * n]);
     }
 
-    /// Starts choices `range`; on a refusal, ends every choice started and
-    /// answers with the error.
-    fn start_choices(&mut self, cx: &mut Cx<'_>, range: std::ops::Range<usize>) {
+    /// Starts choices `indices`, in order. A start refused for queue room
+    /// or by a rate limit, while another choice of the request runs, waits
+    /// with those after it for a choice to end; any other refusal (or one
+    /// with nothing running) ends every choice started and answers with the
+    /// error.
+    fn start_choices(&mut self, cx: &mut Cx<'_>, indices: impl IntoIterator<Item = usize>) {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
-        for i in range {
+        let n = r.req.n as usize;
+        let mut indices = indices.into_iter();
+        while let Some(i) = indices.next() {
+            let j = i % n;
+            let prompt = &r.prompts[r.choices[i].prompt];
             let mut params = r.req.params.clone();
-            // Seeded choices differ from each other and repeat run to run.
-            params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+            // Seeded choices differ from each other and repeat run to run
+            // (a prompt's in a batch as alone).
+            params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
             let start = cx.start(GenRequest {
-                prompt_ids: r.prompt_ids.clone(),
+                prompt_ids: prompt.ids.clone(),
                 params,
                 logprobs: r.req.logprobs,
                 raw: false,
                 reuse_kv: None,
-                constraint: r.constraint.clone(),
+                constraint: prompt.constraint.clone(),
                 embed: None,
-                // The first choice scores the echoed prompt for all of
-                // them.
-                prompt_logprobs: r.req.logprobs.filter(|_| r.req.echo && i == 0),
+                // A prompt's first choice scores the echoed prompt for all
+                // of its choices.
+                prompt_logprobs: r.req.logprobs.filter(|_| r.req.echo && j == 0),
             });
             match start {
                 Ok(seq) => {
                     r.choices[i].seq = Some(seq);
-                    r.choices[i].last = r.prompt_ids.last().copied();
+                    r.choices[i].last = prompt.ids.last().copied();
+                }
+                Err(StartError::QueueFull | StartError::ConnQueueFull { .. })
+                | Err(StartError::RateLimited { .. })
+                    if r.choices
+                        .iter()
+                        .any(|c| c.seq.is_some() && c.finish.is_none()) =>
+                {
+                    r.waiting.push_back(i);
+                    r.waiting.extend(indices);
+                    return;
                 }
                 Err(e) => {
                     let live = r.choices.iter().filter(|c| c.finish.is_none());
@@ -674,13 +715,15 @@ impl ChatConn {
 
     fn usage(r: &Request) -> Value {
         let completion: u32 = r.choices.iter().map(|c| c.tokens).sum();
+        let prompt: u32 = r.prompts.iter().map(|p| p.ids.len() as u32).sum();
         let mut u = json!({
-            "prompt_tokens": r.prompt_tokens,
+            "prompt_tokens": prompt,
             "completion_tokens": completion,
-            "total_tokens": r.prompt_tokens + completion,
+            "total_tokens": prompt + completion,
         });
         if r.req.route != Route::Completions {
-            u["prompt_tokens_details"] = json!({"cached_tokens": r.cached_tokens});
+            let cached: u32 = r.prompts.iter().map(|p| p.cached).sum();
+            u["prompt_tokens_details"] = json!({"cached_tokens": cached});
         }
         if r.reasoning.is_some() {
             let reasoning: u32 = r.choices.iter().map(|c| c.reasoning_tokens).sum();
@@ -726,13 +769,14 @@ impl ChatConn {
                     "stop_sequence": c.stop_sequence,
                 }),
                 Route::Completions => {
-                    let echo = if r.req.echo { r.prompt_text.as_str() } else { "" };
+                    let prompt = &r.prompts[c.prompt];
+                    let echo = if r.req.echo { prompt.text.as_str() } else { "" };
                     json!({
                         "index": i,
                         "text": format!("{echo}{}", c.text),
                         "logprobs": r.req.logprobs.map(|_| {
                             let answer = completion_logprobs(&c.logprobs, echo.len());
-                            match (r.req.echo, &r.prompt_logprobs) {
+                            match (r.req.echo, &prompt.scores) {
                                 (true, Some(p)) => echoed_logprobs(p, answer),
                                 _ => answer,
                             }
@@ -862,6 +906,58 @@ fn echoed_logprobs(prompt: &Value, answer: Value) -> Value {
     out
 }
 
+/// Readies one Completions prompt: text goes to the tokenizer (refused at
+/// once when its length alone cannot fit); ids, taken as they are, must fit
+/// beside `max_tokens`, and the content filter reads their text.
+fn start_prompt(
+    cx: &mut Cx<'_>,
+    prompt: &mut PromptInput,
+    max_tokens: u32,
+) -> Result<PromptState, BadRequest> {
+    let refused = |e: StartError| {
+        let (status, code, message) = openai::start_error(&e, "max_tokens");
+        BadRequest {
+            status,
+            code,
+            message,
+            param: Some("prompt".into()),
+        }
+    };
+    match prompt {
+        PromptInput::Text(text) => {
+            let job = cx
+                .encode_prompt(text.clone(), max_tokens)
+                .map_err(refused)?;
+            Ok(PromptState {
+                text: std::mem::take(text),
+                tokenizing: Some(job),
+                ..PromptState::default()
+            })
+        }
+        PromptInput::Ids(ids) => {
+            let text = cx.codec().decode(ids);
+            cx.check_prompt_text(&text).map_err(refused)?;
+            let context_len = cx.model().context_len;
+            if ids.len() as u64 + u64::from(max_tokens) > u64::from(context_len) {
+                return Err(BadRequest {
+                    code: "context_length_exceeded",
+                    ..BadRequest::field(
+                        "prompt",
+                        format!(
+                            "the input does not fit the context beside max_tokens ({max_tokens})"
+                        ),
+                    )
+                });
+            }
+            Ok(PromptState {
+                text,
+                ids: std::mem::take(ids),
+                ..PromptState::default()
+            })
+        }
+    }
+}
+
 impl DialectConn for ChatConn {
     fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
         // Only the HTTP mapping writes here, one frame per request.
@@ -919,18 +1015,24 @@ impl DialectConn for ChatConn {
                 return on_tokenized(cx, counting, result);
             }
         }
-        if self.inflight.as_ref().and_then(|r| r.tokenizing) == Some(job) {
-            self.on_tokens(cx, result);
+        let prompt = self
+            .inflight
+            .as_ref()
+            .and_then(|r| r.prompts.iter().position(|p| p.tokenizing == Some(job)));
+        if let Some(p) = prompt {
+            self.on_tokens(cx, p, result);
         }
     }
 
     fn on_admitted(&mut self, cx: &mut Cx<'_>, id: SeqId) {
         let cached = cx.gen(id).map_or(0, |g| g.cached_tokens);
         if let Some(r) = self.inflight.as_mut() {
-            // Every choice has the same prompt; the first admitted says how
-            // much of it came from the cache.
-            if r.choices.first().and_then(|c| c.seq) == Some(id) {
-                r.cached_tokens = cached;
+            // A prompt's choices share it; its first says how much of it
+            // came from the cache.
+            let n = r.req.n as usize;
+            let first = r.choices.iter().position(|c| c.seq == Some(id));
+            if let Some(i) = first.filter(|i| i % n == 0) {
+                r.prompts[i / n].cached = cached;
             }
             // Anthropic's stream starts (`message_start`, with the prompt's
             // usage) as its prompt is computed, not at the first token.
@@ -970,8 +1072,10 @@ impl DialectConn for ChatConn {
             return;
         };
         let scoring = r.req.echo && r.req.logprobs.is_some();
-        if scoring && r.prompt_logprobs.is_none() && piece.token_id.is_some() {
-            // The first choice's first token: its piece scores the prompt.
+        let p = r.choices[index].prompt;
+        if scoring && r.prompts[p].scores.is_none() && piece.token_id.is_some() {
+            // The prompt's first choice's first token: its piece scores
+            // the prompt.
             let Some(scores) = piece.prompt_logprobs.as_deref() else {
                 for s in r.choices.iter().filter_map(|c| c.seq) {
                     cx.end(s, FinishReason::Cancelled);
@@ -980,9 +1084,9 @@ impl DialectConn for ChatConn {
                 let message = "the engine did not score the prompt for `echo` with `logprobs`";
                 return send_error(cx, 500, "server_error", message, None);
             };
-            let object = prompt_logprobs(cx, &r.prompt_ids, scores);
+            let object = prompt_logprobs(cx, &r.prompts[p].ids, scores);
             if let Some(r) = self.inflight.as_mut() {
-                r.prompt_logprobs = Some(object);
+                r.prompts[p].scores = Some(object);
             }
         }
         let Some(r) = self.inflight.as_ref() else {
@@ -1072,9 +1176,10 @@ impl DialectConn for ChatConn {
             .collect();
         let echo = r.req.echo && r.req.stream && !r.choices[index].announced;
         let c = &mut r.choices[index];
+        let prompt = &r.prompts[c.prompt];
         if echo {
             // A streamed echo: the prompt opens the choice's first chunk.
-            c.offset = r.prompt_text.len();
+            c.offset = prompt.text.len();
         }
         let offset = c.offset;
         if let Some(e) = &entry {
@@ -1086,7 +1191,8 @@ impl DialectConn for ChatConn {
             c.tokens += 1;
             c.last = Some(t);
         }
-        let first_token = index == 0 && piece.token_id.is_some() && c.tokens == 1;
+        let n = r.req.n as usize;
+        let first_token = index % n == 0 && piece.token_id.is_some() && c.tokens == 1;
         if let Some(e) = &entry {
             c.logprobs.push(e.clone());
         }
@@ -1106,13 +1212,13 @@ impl DialectConn for ChatConn {
             let role = !c.announced;
             c.announced = true;
             let text = if echo {
-                format!("{}{}", r.prompt_text, visible)
+                format!("{}{}", r.prompts[r.choices[index].prompt].text, visible)
             } else {
                 visible
             };
             let logprobs = entry.map(|e| (e, offset));
             let mut chunk = Self::chunk(r, index, &text, &reasoning, logprobs, None, role);
-            if let (true, Some(p)) = (echo, &r.prompt_logprobs) {
+            if let (true, Some(p)) = (echo, &r.prompts[r.choices[index].prompt].scores) {
                 // The echoed prompt's logprobs open the choice's.
                 let answer = chunk["choices"][0]["logprobs"].take();
                 chunk["choices"][0]["logprobs"] = echoed_logprobs(p, answer);
@@ -1135,9 +1241,20 @@ impl DialectConn for ChatConn {
                 cx.send(json!({"kind": "chunk", "data": chunk}));
             }
         }
-        let n = r.choices.len();
         if first_token && n > 1 {
-            self.start_choices(cx, 1..n);
+            // The prompt is computed: its other choices start on its blocks.
+            self.start_choices(cx, index + 1..index + n);
+        }
+        if finish.is_some() {
+            // A choice ended: room for those that waited.
+            let waiting = self
+                .inflight
+                .as_mut()
+                .map(|r| std::mem::take(&mut r.waiting))
+                .unwrap_or_default();
+            if !waiting.is_empty() {
+                self.start_choices(cx, waiting);
+            }
         }
         let done = self
             .inflight
