@@ -177,10 +177,14 @@ pub struct TextJobId(pub u64);
 /// What a [`TextJob`] computes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TextWork {
-    /// Tokenize a raw prompt exactly as given, with the BOS the tokenizer adds.
+    /// Tokenize a raw prompt exactly as given, with the BOS the tokenizer
+    /// adds when `add_special` is set.
     Encode {
         /// The prompt.
         text: String,
+        /// Add the special tokens the tokenizer adds (BOS): true for a
+        /// prompt the model computes.
+        add_special: bool,
     },
     /// Render a conversation with the chat template and tokenize it, keeping
     /// the newest messages that fit: every system message, then at most
@@ -285,7 +289,7 @@ impl std::fmt::Debug for TextJob {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the text: jobs carry conversation content.
         let (kind, bytes) = match &self.work {
-            TextWork::Encode { text } => ("encode", text.len()),
+            TextWork::Encode { text, .. } => ("encode", text.len()),
             TextWork::Chat { messages, .. } => (
                 "chat",
                 messages.iter().map(|m| m.content.len()).sum::<usize>(),
@@ -310,9 +314,9 @@ impl TextJob {
     /// Computes the job (pure: the same job always gives the same result).
     pub fn run(&self) -> TextDone {
         let result = match &self.work {
-            TextWork::Encode { text } => self
+            TextWork::Encode { text, add_special } => self
                 .codec
-                .encode(text, true)
+                .encode(text, *add_special)
                 .map(|ids| Encoded { ids, dropped: 0 }),
             TextWork::Chat {
                 messages,

@@ -289,11 +289,14 @@ impl HttpResponse {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The `data:` payloads of an SSE body, parsed as JSON.
+    /// The `data:` payloads of an SSE body, parsed as JSON (the `[DONE]`
+    /// that ends an OpenAI stream left out).
     pub fn sse_events(&self) -> Vec<Value> {
         self.body
             .split("\n\n")
             .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
+            // The OpenAI routes end their streams with a `[DONE]` sentinel.
+            .filter(|d| d.trim() != "[DONE]")
             .map(|d| serde_json::from_str(d.trim()).expect("SSE data is JSON"))
             .collect()
     }

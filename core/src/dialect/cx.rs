@@ -175,6 +175,17 @@ impl<'a> Cx<'a> {
         text: String,
         max_tokens: u32,
     ) -> Result<TextJobId, StartError> {
+        self.encode_text(text, max_tokens, true)
+    }
+
+    /// [`Cx::encode_prompt`], with the tokenizer's special tokens (BOS)
+    /// added only when `add_special` is set (vLLM's `add_special_tokens`).
+    pub fn encode_text(
+        &mut self,
+        text: String,
+        max_tokens: u32,
+        add_special: bool,
+    ) -> Result<TextJobId, StartError> {
         self.check_filter([text.as_str()])?;
         let context_len = self.model().context_len;
         let min_tokens =
@@ -187,7 +198,9 @@ impl<'a> Cx<'a> {
                 context_len,
             });
         }
-        Ok(self.port.tokenize(self.conn, TextWork::Encode { text }))
+        Ok(self
+            .port
+            .tokenize(self.conn, TextWork::Encode { text, add_special }))
     }
 
     /// Refuses a prompt given as token ids whose `text` (the ids decoded)

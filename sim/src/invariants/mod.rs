@@ -654,7 +654,10 @@ pub(crate) mod testkit {
                 id: TextJobId(self.jobs),
                 conn: ConnId(conn),
                 codec: ByteCodec::shared(),
-                work: TextWork::Encode { text: "x".into() },
+                work: TextWork::Encode {
+                    text: "x".into(),
+                    add_special: true,
+                },
             }))?;
             self.end()
         }

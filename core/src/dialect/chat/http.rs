@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`, `POST /v1/completions`, `POST
-//! /v1/embeddings`, and vLLM's `POST /tokenize` and `POST /detokenize`: the
-//! body goes to
+//! /v1/embeddings`, and vLLM's `POST /tokenize`, `POST /detokenize` and `GET
+//! /tokenizer_info` (whose frame's body is empty): the body goes to
 //! the `chat` machine as one frame, `{"route", "body"}`; what the machine
 //! sends back (`{"kind": "chunk" | "done" | "reply" | "error", ...}`)
 //! becomes one JSON reply, or `data: {chunk}` server-sent events ending
@@ -40,6 +40,10 @@ pub(crate) static SPEC: HttpSpec = HttpSpec {
             method: "POST",
             path: PathMatch::Exact(DETOKENIZE_PATH),
         },
+        HttpRoute {
+            method: "GET",
+            path: PathMatch::Exact(TOKENIZER_INFO_PATH),
+        },
     ],
     call,
     failure,
@@ -49,6 +53,7 @@ const CHAT_PATH: &str = "/v1/chat/completions";
 /// vLLM's tokenizer routes ([`super::tokenize`]).
 const TOKENIZE_PATH: &str = "/tokenize";
 const DETOKENIZE_PATH: &str = "/detokenize";
+const TOKENIZER_INFO_PATH: &str = "/tokenizer_info";
 /// The Embeddings route ([`super::embeddings`]).
 const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 
@@ -59,9 +64,15 @@ fn call(req: &HttpRequest<'_>) -> Result<HttpCall, HttpReply> {
         TOKENIZE_PATH => "tokenize",
         DETOKENIZE_PATH => "detokenize",
         EMBEDDINGS_PATH => "embeddings",
+        TOKENIZER_INFO_PATH => "tokenizer_info",
         _ => Route::Completions.name(),
     };
-    let body = json_object(req.body).map_err(|m| error_reply(400, "invalid_request", &m, None))?;
+    let body = if req.path == TOKENIZER_INFO_PATH {
+        // A GET: nothing to read.
+        serde_json::Map::new()
+    } else {
+        json_object(req.body).map_err(|m| error_reply(400, "invalid_request", &m, None))?
+    };
     // A bad `stream` is the machine's to refuse, as a JSON error. The
     // tokenizer and embeddings routes never stream.
     let generates = req.path == CHAT_PATH || req.path == "/v1/completions";

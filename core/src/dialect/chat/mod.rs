@@ -25,9 +25,11 @@
 //! ([`crate::reasoning_gate`]). `chat_template_kwargs` go to the template with the
 //! messages ([`Cx::encode_chat_templated`]).
 //!
-//! Beside them, vLLM's `POST /tokenize` and `POST /detokenize`
-//! ([`tokenize`]): the ids of a prompt or a conversation, as these routes
-//! tokenize them (the ids `logit_bias` names), and the text of ids.
+//! Beside them, vLLM's `POST /tokenize`, `POST /detokenize` and `GET
+//! /tokenizer_info` ([`tokenize`]): the ids of a prompt or a conversation,
+//! as these routes tokenize them (the ids `logit_bias` names), the text of
+//! ids, and the tokenizer's special tokens (what lm-evaluation-harness's
+//! remote tokenizer reads).
 //!
 //! The `anthropic` dialect runs on this machine too: its Messages bodies
 //! are a third route ([`codec::Route::Messages`], decoded by [`anthropic`]),
@@ -426,8 +428,8 @@ impl ChatConn {
         let format = cx.codec().tool_format();
         let context_len = cx.model().context_len;
         let job = match tokenize::decode_tokenize(body, format) {
-            Ok(tokenize::ToTokenize::Prompt(p)) => {
-                cx.encode_prompt(p, 0).map_err(|e| (e, "prompt"))
+            Ok(tokenize::ToTokenize::Prompt(p, add_special)) => {
+                cx.encode_text(p, 0, add_special).map_err(|e| (e, "prompt"))
             }
             Ok(tokenize::ToTokenize::Messages(m, tools, kwargs)) => cx
                 .encode_chat_templated(m, usize::MAX, context_len, tools, kwargs)
@@ -967,7 +969,9 @@ impl DialectConn for ChatConn {
             Some("chat") => Some(Route::Chat),
             Some("completions") => Some(Route::Completions),
             Some("messages") => Some(Route::Messages),
-            Some("tokenize" | "detokenize" | "count_tokens" | "embeddings") => None,
+            Some("tokenize" | "detokenize" | "count_tokens" | "embeddings" | "tokenizer_info") => {
+                None
+            }
             _ => {
                 return send_error(cx, 400, "invalid_request", "not a request frame", None);
             }
@@ -982,6 +986,10 @@ impl DialectConn for ChatConn {
                 None if name == Some("tokenize") => self.on_tokenize(cx, body),
                 None if name == Some("count_tokens") => self.on_count_tokens(cx, body),
                 None if name == Some("embeddings") => self.on_embeddings(cx, body),
+                None if name == Some("tokenizer_info") => {
+                    let info = tokenize::tokenizer_info(cx.codec(), cx.model());
+                    cx.send(json!({"kind": "reply", "data": info}));
+                }
                 None => on_detokenize(cx, body),
             },
             None => send_error(

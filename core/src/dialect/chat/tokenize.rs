@@ -1,22 +1,26 @@
-//! vLLM's `POST /tokenize` and `POST /detokenize`, served beside the OpenAI
-//! routes: the token ids a prompt (as Completions tokenizes it) or a
-//! conversation (as Chat Completions renders it) becomes, which are the ids
-//! `logit_bias` takes, and the text of token ids.
+//! vLLM's `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info`,
+//! served beside the OpenAI routes: the token ids a prompt (as Completions
+//! tokenizes it, or without the special tokens) or a conversation (as Chat
+//! Completions renders it) becomes, which are the ids `logit_bias` takes
+//! and the ids a client scoring prompts sends; the text of token ids; and
+//! the tokenizer's special tokens. lm-evaluation-harness finds the last
+//! two and then tokenizes through the server (its remote tokenizer).
 
 use serde_json::{json, Map, Value};
 
 use super::codec::{self, BadRequest};
 use crate::dialect::openai::{self, FormatShape};
-use crate::engine::TokenId;
+use crate::engine::{ModelInfo, TokenId};
 use crate::json::Fields;
-use crate::text::{ChatMessage, TemplateKwargs};
+use crate::text::{ChatMessage, TemplateKwargs, TextCodec};
 use crate::tools::{ToolDef, ToolFormat};
 
 /// What a `/tokenize` body asks to tokenize.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum ToTokenize {
-    /// `prompt`: a raw prompt, with the BOS the tokenizer adds.
-    Prompt(String),
+    /// `prompt`: a raw prompt, with the BOS the tokenizer adds unless
+    /// `add_special_tokens` is false.
+    Prompt(String, bool),
     /// `messages`: rendered with the chat template and its generation
     /// prompt, with `tools` offered and `chat_template_kwargs` given as
     /// Chat Completions does.
@@ -30,7 +34,13 @@ pub(super) fn decode_tokenize(
 ) -> Result<ToTokenize, BadRequest> {
     let f = Fields::new(obj, "");
     match (f.has("prompt"), f.has("messages")) {
-        (true, false) => codec::prompt(&f).map(ToTokenize::Prompt),
+        (true, false) => {
+            let add_special = f
+                .bool("add_special_tokens")
+                .map_err(BadRequest::invalid)?
+                .unwrap_or(true);
+            codec::prompt(&f).map(|p| ToTokenize::Prompt(p, add_special))
+        }
         (false, true) => {
             let tools = openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?;
             let messages = codec::messages(&f, format)?;
@@ -76,6 +86,28 @@ pub(super) fn tokenize_reply(ids: &[TokenId], context_len: u32) -> Value {
     json!({"count": ids.len(), "max_model_len": context_len, "tokens": ids})
 }
 
+/// The `/tokenizer_info` reply, vLLM's shape where it applies: the
+/// special tokens' text (`bos_token` when the tokenizer adds one, the first
+/// end-of-sequence token as `eos_token`, each `null` without), no padding
+/// token, and the context as `model_max_length`.
+pub(super) fn tokenizer_info(codec: &dyn TextCodec, model: &ModelInfo) -> Value {
+    let plain = codec.encode("a", false).unwrap_or_default();
+    let special = codec.encode("a", true).unwrap_or_default();
+    // The tokenizer adds a BOS when its special encoding is one longer and
+    // ends with the plain one.
+    let bos = (special.len() == plain.len() + 1 && special.ends_with(&plain))
+        .then(|| special.first().map(|&t| codec.token_text(t)))
+        .flatten();
+    let eos = model.eos_ids.first().map(|&t| codec.token_text(t));
+    json!({
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": null,
+        "add_bos_token": bos.is_some(),
+        "model_max_length": model.context_len,
+    })
+}
+
 /// The `/detokenize` reply, vLLM's shape.
 pub(super) fn detokenize_reply(text: &str) -> Value {
     json!({ "prompt": text })
@@ -89,7 +121,12 @@ mod tests {
     #[test]
     fn tokenize_takes_a_prompt_or_messages_not_both() {
         let p = decode_tokenize(&body(json!({"prompt": "Once"})), ToolFormat::Hermes);
-        assert_eq!(p, Ok(ToTokenize::Prompt("Once".into())));
+        assert_eq!(p, Ok(ToTokenize::Prompt("Once".into(), true)));
+        let plain = decode_tokenize(
+            &body(json!({"prompt": "Once", "add_special_tokens": false})),
+            ToolFormat::Hermes,
+        );
+        assert_eq!(plain, Ok(ToTokenize::Prompt("Once".into(), false)));
         let m = decode_tokenize(
             &body(json!({"messages": [{"role": "user", "content": "hi"}]})),
             ToolFormat::Hermes,
@@ -118,10 +155,29 @@ mod tests {
             (json!({}), "prompt"),
             (json!({"prompt": "a", "messages": []}), "messages"),
             (json!({"prompt": 5}), "prompt"),
+            (
+                json!({"prompt": "a", "add_special_tokens": 1}),
+                "add_special_tokens",
+            ),
         ] {
             let e = decode_tokenize(&body(b.clone()), ToolFormat::Hermes).expect_err("refused");
             assert_eq!((e.status, e.param.as_deref()), (400, Some(field)), "{b}");
         }
+    }
+
+    #[test]
+    fn tokenizer_info_names_the_bos_the_tokenizer_adds_and_the_eos() {
+        let codec = crate::text::byte::ByteCodec;
+        let mut model = crate::testing::tiny_model_info();
+        let info = tokenizer_info(&codec, &model);
+        let bos = codec.token_text(crate::text::byte::BYTE_BOS);
+        let eos = codec.token_text(crate::text::byte::BYTE_EOS);
+        assert_eq!(info["bos_token"], json!(bos));
+        assert_eq!(info["eos_token"], json!(eos));
+        assert_eq!(info["add_bos_token"], true);
+        assert_eq!(info["model_max_length"], model.context_len);
+        model.eos_ids.clear();
+        assert_eq!(tokenizer_info(&codec, &model)["eos_token"], Value::Null);
     }
 
     #[test]

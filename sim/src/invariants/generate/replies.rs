@@ -193,7 +193,10 @@ mod tests {
             id: TextJobId(1),
             conn: ConnId(1),
             codec: ByteCodec::shared(),
-            work: TextWork::Encode { text: "hi".into() },
+            work: TextWork::Encode {
+                text: "hi".into(),
+                add_special: true,
+            },
         }))
         .map_err(|v| v.detail)?;
         k.end().map_err(|v| v.detail)?;

@@ -101,7 +101,10 @@ mod tests {
             id: TextJobId(1),
             conn: ConnId(1),
             codec: ByteCodec::shared(),
-            work: TextWork::Encode { text: "hi".into() },
+            work: TextWork::Encode {
+                text: "hi".into(),
+                add_special: true,
+            },
         };
         k.out(Output::Tokenize(job.clone())).expect("job");
         k.end().expect("end");

@@ -101,7 +101,10 @@ mod tests {
                 id: TextJobId(1),
                 conn: ConnId(1),
                 codec: ByteCodec::shared(),
-                work: TextWork::Encode { text: "x".into() },
+                work: TextWork::Encode {
+                    text: "x".into(),
+                    add_special: true,
+                },
             }))
             .expect_err("another model accepted");
         assert!(e.detail.contains("gpt-nope"), "{}", e.detail);

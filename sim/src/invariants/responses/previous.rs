@@ -174,7 +174,10 @@ mod tests {
             id: TextJobId(conn),
             conn: ConnId(conn),
             codec: ByteCodec::shared(),
-            work: TextWork::Encode { text: "x".into() },
+            work: TextWork::Encode {
+                text: "x".into(),
+                add_special: true,
+            },
         })
     }
 

@@ -138,7 +138,10 @@ mod tests {
                 id: tokenwire_core::TextJobId(1),
                 conn: tokenwire_core::ConnId(1),
                 codec: tokenwire_core::testing::ByteCodec::shared(),
-                work: tokenwire_core::TextWork::Encode { text: "x".into() },
+                work: tokenwire_core::TextWork::Encode {
+                    text: "x".into(),
+                    add_special: true,
+                },
             }))
             .expect_err("4 + 7 bytes pass 10");
         assert!(e.detail.contains("11 bytes"), "{}", e.detail);

@@ -183,6 +183,7 @@ mod tests {
             codec: ByteCodec::shared(),
             work: TextWork::Encode {
                 text: "hello".into(),
+                add_special: true,
             },
         })
     }
