@@ -24,12 +24,13 @@ from openai import OpenAI
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from sdk_strict import Hero, fail, run_checks, validate_strict as strict
+from sdk_strict import drop_unscored_first, Hero, fail, run_checks, validate_strict as strict
 
 
 
 def completion_chunk(raw: str) -> Completion:
-    """A streamed Completions chunk, validated strictly. The SDK's
+    """A streamed Completions chunk, validated strictly (an echoed prompt's
+    unscored first token left out, [`drop_unscored_first`]). The SDK's
     `CompletionChoice.finish_reason` admits no null, but the API streams
     null until a choice ends (OpenAI's own stream does, and the SDK's
     stream parser accepts it), so that one field is checked here and
@@ -38,7 +39,7 @@ def completion_chunk(raw: str) -> Completion:
     for choice in body.get("choices", []):
         if choice.get("finish_reason", "missing") is None:
             choice["finish_reason"] = "length"
-    return strict(Completion, json.dumps(body), "a chunk")
+    return strict(Completion, json.dumps(drop_unscored_first(body)), "a chunk")
 
 
 def sse_data(create: Any, **body: Any) -> List[str]:
@@ -195,22 +196,34 @@ def main() -> int:
         if text != c.choices[0].text:
             fail(f"streamed {text!r}, JSON said {c.choices[0].text!r}")
         prompt = "Once upon a time"
-        echoed = client.completions.create(model=model, prompt=prompt, max_tokens=8,
-                                           temperature=0, echo=True, logprobs=1)
+        raw = client.completions.with_raw_response.create(model=model, prompt=prompt, max_tokens=8,
+                                                          temperature=0, echo=True, logprobs=1)
+        body = json.loads(raw.http_response.text)
+        first = body["choices"][0]["logprobs"]
+        if first["token_logprobs"][0] is not None or first["text_offset"][0] != 0:
+            fail("the echoed prompt's first token is scored or not at 0", raw.http_response.text)
+        echoed = strict(Completion, json.dumps(drop_unscored_first(body)), "the echoed completion")
         data = sse_data(client.completions.with_streaming_response.create, model=model,
                         prompt=prompt, max_tokens=8, temperature=0, echo=True, logprobs=1)
         chunks = [completion_chunk(d) for d in data[:-1]]
         text = "".join(ch.choices[0].text for ch in chunks)
         if text != echoed.choices[0].text or not text.startswith(prompt):
             fail(f"streamed echo {text!r}, JSON said {echoed.choices[0].text!r}")
-        offset = len(prompt)
+        # The first chunk carries the prompt's scores with its first token;
+        # the stream's logprobs, stitched, are the reply's: the prompt's
+        # tokens (spelling it), then the 8 generated.
+        want = echoed.choices[0].logprobs
+        got: dict = {"tokens": [], "token_logprobs": [], "text_offset": []}
         for ch in chunks:
             lp = ch.choices[0].logprobs
-            if lp is None:
-                continue
-            if lp.text_offset != [offset]:
-                fail(f"text_offset {lp.text_offset}, expected [{offset}]", ch.model_dump_json())
-            offset += len(lp.tokens[0])
+            for key in got:
+                got[key] += getattr(lp, key) if lp else []
+        for key, values in got.items():
+            if values != getattr(want, key):
+                fail(f"streamed {key} {values}, JSON said {getattr(want, key)}")
+        prompt_part = "".join(want.tokens[:-8])
+        if not prompt.endswith(prompt_part) or len(prompt_part) < len(prompt) - 1:
+            fail(f"the scored prompt's tokens {want.tokens[:-8]} do not spell {prompt!r}")
 
     hero_schema = Hero.model_json_schema()
 

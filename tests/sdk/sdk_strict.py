@@ -79,3 +79,21 @@ def validate_strict(
     if extras:
         fail(f"{what} has fields the SDK's {model.__name__} does not know: {', '.join(extras)}", raw)
     return parsed
+
+
+def drop_unscored_first(body: Any) -> Any:
+    """A Completions body (reply or chunk) with the first entry of each
+    choice's `logprobs` arrays left out where it is the unscored first
+    token of an echoed prompt (`token_logprobs[0]` and `top_logprobs[0]`
+    null). OpenAI's API answers null there (as vLLM does, and
+    lm-evaluation-harness reads), but the SDK's generated `Completion`
+    admits no null in those lists (its parser does not validate), so
+    strict validation checks the rest."""
+    for c in body.get("choices", []):
+        lp = c.get("logprobs") or {}
+        scores, tops = lp.get("token_logprobs") or [0], lp.get("top_logprobs") or [0]
+        if scores[0] is None and tops[0] is None:
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                lp[key] = lp.get(key, [None])[1:]
+    return body
+
