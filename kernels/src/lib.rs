@@ -19,7 +19,11 @@
 //! a persistent worker pool; and WGSL kernels on wgpu: [`WgpuBackend`]),
 //! embeddings (a sequence's final-normed hidden states pooled by the last
 //! token or the mean, [`tokenwire_core::SeqStep::embed`]; the pooling a
-//! model declares, [`pooling`]), and the deterministic [`sample`] function.
+//! model declares, [`pooling`]), prompt scoring (each prompt token's
+//! logprob from the logits of the prefix before it, one row per token, a
+//! chunk's last row carried to the next: `scoring`,
+//! [`tokenwire_core::SeqStep::prompt_logprobs`]), and the deterministic
+//! [`sample`] function.
 //!
 //! ```
 //! use tokenwire_kernels::Engine;
