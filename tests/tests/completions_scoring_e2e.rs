@@ -178,12 +178,24 @@ async fn the_tokenizer_routes_serve_a_remote_tokenizer() {
     };
     let codec = engine.codec();
     let text = "Once upon a time";
-    assert_eq!(tokenize(text, None).await, json!(codec.encode(text, true).expect("ids")));
-    assert_eq!(tokenize(text, Some(true)).await, json!(codec.encode(text, true).expect("ids")));
+    assert_eq!(
+        tokenize(text, None).await,
+        json!(codec.encode(text, true).expect("ids"))
+    );
+    assert_eq!(
+        tokenize(text, Some(true)).await,
+        json!(codec.encode(text, true).expect("ids"))
+    );
     let plain = codec.encode(text, false).expect("ids");
     assert_eq!(tokenize(text, Some(false)).await, json!(plain));
     // The special tokens' text tokenizes to their ids.
-    assert_eq!(tokenize("</s>", Some(false)).await, json!(engine.model_info().eos_ids[..1]));
-    assert_eq!(tokenize("<s>", Some(false)).await[0], json!(codec.encode("", true).expect("bos")[0]));
+    assert_eq!(
+        tokenize("</s>", Some(false)).await,
+        json!(engine.model_info().eos_ids[..1])
+    );
+    assert_eq!(
+        tokenize("<s>", Some(false)).await[0],
+        json!(codec.encode("", true).expect("bos")[0])
+    );
     server.shutdown().await;
 }
