@@ -142,6 +142,7 @@ impl Shared {
             max_running_seqs: self.config.max_running_seqs,
             prefix_cache: self.config.prefix_cache,
             draft: self.config.draft,
+            max_scored_rows: crate::sched::scored_rows_per_step(info.vocab_size),
         });
         self.sched = Some(sched);
         self.model = Some(Model { info, codec });

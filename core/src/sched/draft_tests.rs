@@ -23,6 +23,7 @@ fn drafting(num_blocks: u32, max_tokens: u32, max_seqs: u32) -> Scheduler {
             ngram_max: 3,
             max_seqs,
         },
+        max_scored_rows: u32::MAX,
     })
 }
 

@@ -21,6 +21,7 @@ pub(super) fn sched(num_blocks: u32) -> Scheduler {
         max_running_seqs: 8,
         prefix_cache: false,
         draft: crate::DraftConfig::OFF,
+        max_scored_rows: u32::MAX,
     })
 }
 
@@ -357,6 +358,7 @@ fn a_failed_step_drops_the_copies_into_a_fork_that_went_outside_it() {
         max_running_seqs: 1,
         prefix_cache: false,
         draft: crate::DraftConfig::OFF,
+        max_scored_rows: u32::MAX,
     });
     let mut kv = Kv::default();
     let a = prefilled(&mut s, &mut kv, 20);

@@ -52,4 +52,4 @@ mod prefix_tests;
 mod tests;
 
 pub use draft::DraftConfig;
-pub use scheduler::{AdmitError, SchedConfig, Scheduler};
+pub use scheduler::{scored_rows_per_step, AdmitError, SchedConfig, Scheduler};

@@ -16,6 +16,7 @@ fn sched(num_blocks: u32) -> Scheduler {
         max_running_seqs: 8,
         prefix_cache: true,
         draft: crate::DraftConfig::OFF,
+        max_scored_rows: u32::MAX,
     })
 }
 
@@ -179,6 +180,7 @@ fn with_the_cache_off_nothing_is_kept_or_reused() {
         max_running_seqs: 8,
         prefix_cache: false,
         draft: crate::DraftConfig::OFF,
+        max_scored_rows: u32::MAX,
     });
     let mut kv = Kv::default();
     let p = prompt(40, 0);
@@ -295,4 +297,54 @@ fn an_embedding_computes_its_prompt_from_the_start_and_ends_with_its_vector() {
     s.remove(SeqId(2));
     ok(&s);
     assert!(!s.set_embed(SeqId(99), crate::engine::Pooling::Last));
+}
+
+#[test]
+fn a_scored_prompt_starts_from_0_in_chunks_of_the_scored_rows_a_step_has() {
+    let mut s = Scheduler::new(SchedConfig {
+        max_scored_rows: 5,
+        ..*sched(16).config()
+    });
+    let mut kv = Kv::default();
+    let p = prompt(40, 0);
+    run(&mut s, &mut kv, SeqId(1), p[..21].to_vec(), 2);
+    s.remove(SeqId(1));
+    // Scored: its first 16 tokens are cached, but it feeds from position 0,
+    // five rows a step, beside a plain prompt fed whole; its last chunk
+    // takes one token more (the last token's row is the sample's).
+    // Generated tokens start after the prompt, as the Host sets it.
+    let sampling = SamplingParams {
+        generated_from: 21,
+        ..SamplingParams::greedy()
+    };
+    s.add(SeqId(2), p[..21].to_vec(), 30, sampling, None)
+        .expect("admitted");
+    assert!(s.set_prompt_logprobs(SeqId(2), 1));
+    s.add(
+        SeqId(3),
+        prompt(12, 500),
+        20,
+        SamplingParams::greedy(),
+        None,
+    )
+    .expect("admitted");
+    let mut fed = Vec::new();
+    for id in 0..6 {
+        let plan = s.schedule().expect("a step");
+        kv.run(&s, &plan);
+        for step in &plan.seqs {
+            if step.seq == SeqId(2) {
+                assert!(step.cached_prefix.is_empty() && step.draft.is_empty());
+                assert_eq!(step.prompt_logprobs.is_some(), step.start_pos < 21);
+                fed.push((step.start_pos, step.tokens.len()));
+            } else if step.start_pos == 0 {
+                assert_eq!(step.tokens.len(), 12, "a plain prompt is fed whole");
+                assert_eq!(step.prompt_logprobs, None);
+            }
+        }
+        s.on_step_done(&done(&plan, 7 + id));
+    }
+    assert_eq!(fed[..5], [(0, 5), (5, 5), (10, 5), (15, 6), (21, 1)]);
+    ok(&s);
+    assert!(!s.set_prompt_logprobs(SeqId(99), 1));
 }

@@ -38,6 +38,23 @@ pub struct SchedConfig {
     /// Speculative decoding by prompt lookup for the sequences that allow it
     /// ([`Scheduler::allow_draft`]); [`DraftConfig::OFF`]: none.
     pub draft: DraftConfig,
+    /// Most prompt tokens scored in one step
+    /// ([`crate::engine::SeqStep::prompt_logprobs`]): each is a
+    /// vocabulary-wide row of logits the engine holds for the step, so this
+    /// bounds a step's memory where the token budget would not
+    /// ([`scored_rows_per_step`]).
+    pub max_scored_rows: u32,
+}
+
+/// Bytes of scored logits rows one step may hold.
+pub const SCORED_LOGITS_BYTES: u64 = 64 << 20;
+
+/// [`SchedConfig::max_scored_rows`] for a vocabulary of `vocab` tokens: as
+/// many f32 rows as [`SCORED_LOGITS_BYTES`] holds, at least one.
+pub fn scored_rows_per_step(vocab: u32) -> u32 {
+    u32::try_from(SCORED_LOGITS_BYTES / (4 * u64::from(vocab.max(1))))
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 /// Why [`Scheduler::add`] refused a sequence.
@@ -199,6 +216,7 @@ impl Scheduler {
             max_running_seqs: cfg.max_running_seqs.max(1),
             prefix_cache: cfg.prefix_cache,
             draft: cfg.draft,
+            max_scored_rows: cfg.max_scored_rows.max(1),
         };
         Scheduler {
             alloc: BlockAllocator::new(cfg.num_blocks),
@@ -621,6 +639,7 @@ impl Scheduler {
         self.enforce_capacity();
         let limit = self.step_seq_limit();
         let mut budget = self.cfg.max_step_tokens;
+        let mut scored = self.cfg.max_scored_rows;
         let mut planned: Vec<Planned> = Vec::new();
         let mut in_plan: BTreeSet<SeqId> = BTreeSet::new();
         let drafting = self.cfg.draft.enabled() && self.decoders() <= self.cfg.draft.max_seqs;
@@ -644,11 +663,16 @@ impl Scheduler {
                 if remaining == 0 || (remaining == 1) != decode_phase {
                     continue;
                 }
-                let fed = remaining.min(budget);
+                let fed = remaining.min(budget).min(scored_cap(s, remaining, scored));
+                if fed == 0 {
+                    continue;
+                }
+                let rows = scored_rows(s, fed, remaining);
                 let positions = s.num_computed + fed;
                 if !self.grow_table(id, positions, &in_plan) {
                     continue;
                 }
+                scored -= rows;
                 planned.push(Planned {
                     seq: id,
                     fed,
@@ -662,7 +686,7 @@ impl Scheduler {
             }
         }
 
-        self.admit(&mut planned, &mut in_plan, &mut budget, limit);
+        self.admit(&mut planned, &mut in_plan, &mut budget, &mut scored, limit);
 
         if drafting {
             // Guesses take only what the step left over once every decode,
@@ -718,7 +742,7 @@ impl Scheduler {
                 embed: s.embed,
                 // Scored until it has a token: a recompute after a
                 // preemption past the prompt scores nothing again.
-                prompt_logprobs: s.prompt_logprobs.filter(|_| s.generated().is_empty()),
+                prompt_logprobs: s.prompt_logprobs.filter(|_| s.scores_prompt()),
             });
         }
         let free = std::mem::take(&mut self.pending_free);
@@ -1280,11 +1304,7 @@ impl Scheduler {
         let Some(s) = self.seqs.get(&seq) else {
             return Vec::new();
         };
-        if !s.draft_ok
-            || s.constraint.is_some()
-            || s.embed.is_some()
-            || (s.prompt_logprobs.is_some() && s.generated().is_empty())
-        {
+        if !s.draft_ok || s.constraint.is_some() || s.embed.is_some() || s.scores_prompt() {
             return Vec::new();
         }
         let covered = (s.blocks.len() as u32 + free).saturating_mul(bs);
@@ -1474,6 +1494,7 @@ impl Scheduler {
         planned: &mut Vec<Planned>,
         in_plan: &mut BTreeSet<SeqId>,
         budget: &mut u32,
+        scored: &mut u32,
         limit: u32,
     ) {
         let mut idx = 0;
@@ -1489,6 +1510,11 @@ impl Scheduler {
             if !s.runnable {
                 idx += 1;
                 continue;
+            }
+            if scored_cap(s, s.remaining(), *scored) == 0 {
+                // A scored prompt waits for a step with rows to spare, in
+                // its turn.
+                break;
             }
             // Room for every known token and the next one's position.
             let reserve = self.blocks_for((s.len() + 1).min(s.max_len.max(s.len())));
@@ -1541,7 +1567,10 @@ impl Scheduler {
             s.started = true;
             self.running.push(id);
             let remaining = s.remaining();
-            let fed = remaining.min(*budget);
+            let fed = remaining
+                .min(*budget)
+                .min(scored_cap(s, remaining, *scored));
+            *scored -= scored_rows(s, fed, remaining);
             planned.push(Planned {
                 seq: id,
                 fed,
@@ -1553,6 +1582,27 @@ impl Scheduler {
             in_plan.insert(id);
             *budget -= fed;
         }
+    }
+}
+
+/// How many of `s`'s `remaining` tokens one step may feed with `scored`
+/// scoring rows left: all of them for a sequence not scoring its prompt;
+/// else as many rows as are left, and one more (the prompt's last token,
+/// whose row is the sample's) when that ends the prompt.
+fn scored_cap(s: &Seq, remaining: u32, scored: u32) -> u32 {
+    if !s.scores_prompt() || remaining <= scored.saturating_add(1) {
+        remaining
+    } else {
+        scored
+    }
+}
+
+/// The scoring rows feeding `fed` of `s`'s `remaining` tokens takes.
+fn scored_rows(s: &Seq, fed: u32, remaining: u32) -> u32 {
+    match (s.scores_prompt(), fed == remaining) {
+        (false, _) => 0,
+        (true, true) => fed.saturating_sub(1),
+        (true, false) => fed,
     }
 }
 

@@ -116,6 +116,11 @@ impl Seq {
         self.tokens.len() as u32
     }
 
+    /// It scores its prompt now: asked to, and without a generated token.
+    pub fn scores_prompt(&self) -> bool {
+        self.prompt_logprobs.is_some() && self.generated().is_empty()
+    }
+
     /// The tokens it generated (after `sampling.generated_from`).
     pub fn generated(&self) -> &[TokenId] {
         let from = (self.sampling.generated_from as usize).min(self.tokens.len());

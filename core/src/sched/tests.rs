@@ -37,6 +37,7 @@ fn cfg(num_blocks: u32, max_step_tokens: u32, max_running_seqs: u32) -> SchedCon
         // The reference model here knows no prefix cache; prefix_tests does.
         prefix_cache: false,
         draft: crate::DraftConfig::OFF,
+        max_scored_rows: u32::MAX,
     }
 }
 

@@ -496,18 +496,15 @@ impl ChatConn {
         let encoded = match result {
             Ok(e) if e.dropped == 0 => e,
             Ok(_) => {
-                self.inflight = None;
-                return send_error(cx, 400, "context_length_exceeded", &too_long, Some(field));
+                return self.fail(cx, 400, "context_length_exceeded", &too_long, Some(field));
             }
             Err(e) if e.starts_with(CONTEXT_TOO_LONG) => {
-                self.inflight = None;
-                return send_error(cx, 400, "context_length_exceeded", &too_long, Some(field));
+                return self.fail(cx, 400, "context_length_exceeded", &too_long, Some(field));
             }
             Err(e) => {
-                self.inflight = None;
                 let message = format!("the input could not be tokenized: {e}");
                 let field = kwargs_field(&e).unwrap_or(field);
-                return send_error(cx, 400, "invalid_request", &message, Some(field));
+                return self.fail(cx, 400, "invalid_request", &message, Some(field));
             }
         };
         let room = context_len.saturating_sub(encoded.ids.len() as u32);
@@ -536,6 +533,26 @@ impl ChatConn {
         // it has (its first token), and find the prompt's full blocks in
         // the prefix cache instead of computing them again.
         self.start_choices(cx, [p * n]);
+    }
+
+    /// Ends the request in flight with an error: every choice still
+    /// running is cancelled (whichever prompt it answers), then the error
+    /// goes out.
+    fn fail(
+        &mut self,
+        cx: &mut Cx<'_>,
+        status: u16,
+        code: &'static str,
+        message: &str,
+        param: Option<&str>,
+    ) {
+        if let Some(r) = self.inflight.take() {
+            let live = r.choices.iter().filter(|c| c.finish.is_none());
+            for s in live.filter_map(|c| c.seq) {
+                cx.end(s, FinishReason::Cancelled);
+            }
+        }
+        send_error(cx, status, code, message, param);
     }
 
     /// Starts choices `indices`, in order. A start refused for queue room
@@ -584,13 +601,13 @@ impl ChatConn {
                     return;
                 }
                 Err(e) => {
-                    let live = r.choices.iter().filter(|c| c.finish.is_none());
-                    for s in live.filter_map(|c| c.seq) {
-                        cx.end(s, FinishReason::Cancelled);
-                    }
-                    self.inflight = None;
                     let (status, code, message) = openai::start_error(&e, "max_tokens");
-                    return send_error(cx, status, code, &message, None);
+                    // A prompt that does not fit (one of a batch) is named.
+                    let param = match (&e, r.req.route) {
+                        (StartError::ContextLength { .. }, Route::Completions) => Some("prompt"),
+                        _ => None,
+                    };
+                    return self.fail(cx, status, code, &message, param);
                 }
             }
         }
@@ -1085,12 +1102,8 @@ impl DialectConn for ChatConn {
             // The prompt's first choice's first token: its piece scores
             // the prompt.
             let Some(scores) = piece.prompt_logprobs.as_deref() else {
-                for s in r.choices.iter().filter_map(|c| c.seq) {
-                    cx.end(s, FinishReason::Cancelled);
-                }
-                self.inflight = None;
                 let message = "the engine did not score the prompt for `echo` with `logprobs`";
-                return send_error(cx, 500, "server_error", message, None);
+                return self.fail(cx, 500, "server_error", message, None);
             };
             let object = prompt_logprobs(cx, &r.prompts[p].ids, scores);
             if let Some(r) = self.inflight.as_mut() {
@@ -1112,12 +1125,8 @@ impl DialectConn for ChatConn {
             Some(FinishReason::Length) => Some("length"),
             Some(FinishReason::ContentFilter) => Some("content_filter"),
             Some(FinishReason::Cancelled | FinishReason::Timeout) => {
-                for s in r.choices.iter().filter_map(|c| c.seq).filter(|&s| s != id) {
-                    cx.end(s, FinishReason::Cancelled);
-                }
-                self.inflight = None;
                 let message = "the request ended before it completed";
-                return send_error(cx, 500, "server_error", message, None);
+                return self.fail(cx, 500, "server_error", message, None);
             }
         };
         let stop_sequence = cx.gen(id).and_then(|g| g.stop_sequence.clone());
