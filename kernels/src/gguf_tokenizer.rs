@@ -117,9 +117,16 @@ fn tokenizer_json(file: &GgufFile) -> Result<Value, String> {
     };
     let bos = id_of("tokenizer.ggml.bos_token_id")?;
     let unk = id_of("tokenizer.ggml.unknown_token_id")?;
+    let eos = id_of("tokenizer.ggml.eos_token_id")?;
     let add_bos = file
         .get("tokenizer.ggml.add_bos_token")
         .and_then(MetaValue::as_bool);
+    // Embedding models (Qwen3-Embedding) end every input with their
+    // end-of-text token, as llama.cpp adds it with the special tokens.
+    let add_eos = file
+        .get("tokenizer.ggml.add_eos_token")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(false);
 
     let mut vocab = Map::new();
     for (i, t) in tokens.iter().enumerate() {
@@ -234,25 +241,43 @@ fn tokenizer_json(file: &GgufFile) -> Result<Value, String> {
         ))
         }
     };
-    let post_processor = match (add_bos.unwrap_or(default_bos), bos) {
-        (true, Some(b)) => {
-            let t = tokens[b];
-            json!({"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": t, "type_id": 0}},
-                           {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": t, "type_id": 0}},
-                         {"Sequence": {"id": "A", "type_id": 0}},
-                         {"SpecialToken": {"id": t, "type_id": 1}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {t: {"id": t, "ids": [b], "tokens": [t]}}})
-        }
-        _ => Value::Null,
-    };
+    let first = bos.filter(|_| add_bos.unwrap_or(default_bos));
+    let last = eos.filter(|_| add_eos);
+    let post_processor = special_tokens_around(&tokens, first, last);
     Ok(json!({
         "version": "1.0", "truncation": null, "padding": null,
         "added_tokens": added, "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
         "post_processor": post_processor, "decoder": decoder, "model": model,
     }))
+}
+
+/// The post-processor that puts token `first` before a text's ids and
+/// `last` after them (each when given), as the file's `add_bos_token` and
+/// `add_eos_token` say; `null` when neither.
+fn special_tokens_around(tokens: &[&str], first: Option<usize>, last: Option<usize>) -> Value {
+    if first.is_none() && last.is_none() {
+        return Value::Null;
+    }
+    let around = |seq: &str, type_id: u32| {
+        let mut items = Vec::new();
+        if let Some(b) = first {
+            items.push(json!({"SpecialToken": {"id": tokens[b], "type_id": type_id}}));
+        }
+        items.push(json!({"Sequence": {"id": seq, "type_id": type_id}}));
+        if let Some(e) = last {
+            items.push(json!({"SpecialToken": {"id": tokens[e], "type_id": type_id}}));
+        }
+        items
+    };
+    let mut pair = around("A", 0);
+    pair.extend(around("B", 1));
+    let mut special = Map::new();
+    for id in [first, last].into_iter().flatten() {
+        let t = tokens[id];
+        special.insert(t.to_string(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    json!({"type": "TemplateProcessing", "single": around("A", 0), "pair": pair,
+           "special_tokens": special})
 }
 
 /// Merges of a SentencePiece BPE vocabulary: every split of a normal piece

@@ -39,3 +39,48 @@ fn a_sentencepiece_vocabulary_tokenizes_as_its_tokenizer_json_does() {
     // BOS is added, as the file says.
     assert_eq!(ours.encode("hi", true).expect("ids")[0], 1);
 }
+
+#[test]
+fn add_eos_token_ends_every_text_encoded_with_special_tokens() {
+    // As an embedding model's file says (Qwen3-Embedding's GGUF): its
+    // end-of-text token after each input, as llama.cpp adds it.
+    use tokenwire_kernels::gguf::MetaValue;
+    let path = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/stories260k_tokenizer.gguf"
+    ));
+    let bytes = std::fs::read(path).expect("fixture");
+    let plain = codec_from_gguf(path, &GgufFile::parse(&bytes).expect("parses")).expect("builds");
+    let text = "Once upon a time";
+    let ids = plain.encode(text, true).expect("ids");
+    let eos = 2;
+    assert_ne!(ids.last(), Some(&eos), "no EOS unless the file says so");
+    for add_bos in [true, false] {
+        let mut file = GgufFile::parse(&bytes).expect("parses");
+        file.metadata
+            .insert("tokenizer.ggml.add_eos_token".into(), MetaValue::Bool(true));
+        file.metadata.insert(
+            "tokenizer.ggml.add_bos_token".into(),
+            MetaValue::Bool(add_bos),
+        );
+        let codec = codec_from_gguf(path, &file).expect("builds");
+        let mut want = if add_bos {
+            ids.clone()
+        } else {
+            ids[1..].to_vec()
+        };
+        want.push(eos);
+        assert_eq!(
+            codec.encode(text, true).expect("ids"),
+            want,
+            "add_bos {add_bos}"
+        );
+        // Without special tokens, neither.
+        assert_eq!(
+            codec.encode(text, false).expect("ids"),
+            plain.encode(text, false).expect("ids")
+        );
+        // The EOS is skipped in text, as every special token is.
+        assert_eq!(codec.decode(&want), plain.decode(&ids));
+    }
+}
