@@ -423,10 +423,10 @@ pub fn input_json(input: &Input) -> Value {
             "step_id": d.step_id,
             "results": d.results.iter().map(|r| json!({
                 "seq": r.seq.0, "token": r.token,
-                "logprobs": r.logprobs.as_ref().map(|l| json!({
-                    "logprob": l.logprob,
-                    "top": l.top.iter().map(|(t, p)| json!([t, p])).collect::<Vec<_>>(),
-                })),
+                "logprobs": r.logprobs.as_ref().map(logprobs_json),
+                "embedding": r.embedding,
+                "prompt_logprobs": r.prompt_logprobs.as_ref()
+                    .map(|p| p.iter().map(logprobs_json).collect::<Vec<_>>()),
             })).collect::<Vec<_>>(),
         }}),
         Input::EngineFault(f) => json!({"EngineFault": {
@@ -454,6 +454,33 @@ fn f32_of(v: &Value) -> Result<f32, String> {
     v.as_f64()
         .map(|f| f as f32)
         .ok_or_else(|| format!("not a number: {v}"))
+}
+
+/// A token's logprobs as a trace writes them.
+fn logprobs_json(l: &TokenLogprobs) -> Value {
+    json!({
+        "logprob": l.logprob,
+        "top": l.top.iter().map(|(t, p)| json!([t, p])).collect::<Vec<_>>(),
+    })
+}
+
+/// A token's logprobs from a trace ([`logprobs_json`]).
+fn logprobs_from(l: &Value) -> Result<TokenLogprobs, String> {
+    Ok(TokenLogprobs {
+        logprob: f32_of(&l["logprob"])?,
+        top: l["top"]
+            .as_array()
+            .ok_or("missing top")?
+            .iter()
+            .map(|p| -> Result<(u32, f32), String> {
+                let id = p[0]
+                    .as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or("bad token id")?;
+                Ok((id, f32_of(&p[1])?))
+            })
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 /// An input from JSON (the codec of `ModelLoaded` is the byte tokenizer).
@@ -537,24 +564,30 @@ pub fn input_from(v: &Value) -> Result<Input, String> {
                         token: u32_of(r, "token")?,
                         logprobs: match &r["logprobs"] {
                             Value::Null => None,
-                            l => Some(TokenLogprobs {
-                                logprob: f32_of(&l["logprob"])?,
-                                top: l["top"]
-                                    .as_array()
-                                    .ok_or("missing top")?
-                                    .iter()
-                                    .map(|p| -> Result<(u32, f32), String> {
-                                        let id = p[0]
-                                            .as_u64()
-                                            .and_then(|x| u32::try_from(x).ok())
-                                            .ok_or("bad token id")?;
-                                        Ok((id, f32_of(&p[1])?))
-                                    })
-                                    .collect::<Result<_, _>>()?,
-                            }),
+                            l => Some(logprobs_from(l)?),
                         },
-                        embedding: None,
-                        prompt_logprobs: None,
+                        // Traces written before embeddings and prompt
+                        // scores lack them: none.
+                        embedding: match &r["embedding"] {
+                            Value::Null => None,
+                            v => Some(
+                                v.as_array()
+                                    .ok_or("bad embedding")?
+                                    .iter()
+                                    .map(f32_of)
+                                    .collect::<Result<_, _>>()?,
+                            ),
+                        },
+                        prompt_logprobs: match &r["prompt_logprobs"] {
+                            Value::Null => None,
+                            v => Some(
+                                v.as_array()
+                                    .ok_or("bad prompt_logprobs")?
+                                    .iter()
+                                    .map(logprobs_from)
+                                    .collect::<Result<_, _>>()?,
+                            ),
+                        },
                     })
                 })
                 .collect::<Result<_, _>>()?,
@@ -693,16 +726,28 @@ mod tests {
             Input::Timeout,
             Input::StepDone(StepDone {
                 step_id: 4,
-                results: vec![SeqResult {
-                    seq: SeqId(2),
-                    token: 77,
-                    logprobs: Some(TokenLogprobs {
-                        logprob: -0.1,
-                        top: vec![(5, -1.3), (6, -2.7)],
-                    }),
-                    embedding: None,
-                    prompt_logprobs: None,
-                }],
+                results: vec![
+                    SeqResult {
+                        seq: SeqId(2),
+                        token: 77,
+                        logprobs: Some(TokenLogprobs {
+                            logprob: -0.1,
+                            top: vec![(5, -1.3), (6, -2.7)],
+                        }),
+                        embedding: None,
+                        prompt_logprobs: Some(vec![TokenLogprobs {
+                            logprob: -2.5,
+                            top: vec![(9, -0.5)],
+                        }]),
+                    },
+                    SeqResult {
+                        seq: SeqId(3),
+                        token: 0,
+                        logprobs: None,
+                        embedding: Some(vec![0.25, -1.5]),
+                        prompt_logprobs: None,
+                    },
+                ],
             }),
             Input::EngineFault(EngineFault {
                 step_id: 5,
