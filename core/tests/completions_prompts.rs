@@ -79,7 +79,9 @@ fn check_echoed(lp: &Value, text: &str, top: u8, answer: &str) {
         at += t.as_str().map_or(0, str::len) as u64;
     }
     // The answer's tokens carry the sampler's logprobs.
-    assert_eq!(lp["token_logprobs"][n].as_f64(), Some(-0.5));
+    if !answer.is_empty() {
+        assert_eq!(lp["token_logprobs"][n].as_f64(), Some(-0.5));
+    }
 }
 
 #[test]
@@ -213,4 +215,55 @@ fn prompts_past_the_connection_s_queue_share_wait_for_room() {
     let r = completion(&mut h, 2, json!({"prompt": vec!["a"; 200], "n": 8}));
     let err = &r.last().expect("error")["data"]["error"];
     assert_eq!(err["param"], "n", "{err}");
+}
+
+#[test]
+fn max_tokens_0_with_echo_scores_the_prompt_and_generates_nothing() {
+    let mut h = Harness::new(HostConfig::default(), SCRIPT, 1);
+    for (id, stream) in [(1, false), (2, true)] {
+        let frames = completion(
+            &mut h,
+            id,
+            json!({"prompt": PROMPT, "echo": true, "logprobs": 2, "max_tokens": 0, "n": 2,
+                   "stream": stream, "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null }}),
+        );
+        let (choices, usage) = if stream {
+            let chunks: Vec<&Value> = frames.iter().filter(|f| f["kind"] == "chunk").collect();
+            let firsts: Vec<Value> = (0..2)
+                .map(|i| {
+                    chunks
+                        .iter()
+                        .map(|c| &c["data"]["choices"][0])
+                        .find(|c| c["index"] == i)
+                        .cloned()
+                        .expect("a chunk per choice")
+                })
+                .collect();
+            let usage = chunks.last().expect("usage")["data"]["usage"].clone();
+            assert_eq!(frames.last().expect("done")["kind"], "done");
+            (firsts, usage)
+        } else {
+            let data = &frames.last().expect("reply")["data"];
+            (
+                data["choices"].as_array().expect("choices").clone(),
+                data["usage"].clone(),
+            )
+        };
+        assert_eq!(choices.len(), 2);
+        for ch in &choices {
+            check_echoed(&ch["logprobs"], ch["text"].as_str().expect("text"), 2, "");
+        }
+        assert_eq!(usage["completion_tokens"], 0, "stream {stream}");
+        assert_eq!(
+            usage["prompt_tokens"],
+            prompt_ids().len(),
+            "a prompt counts once"
+        );
+    }
+    // Without `echo`, nothing to answer: refused.
+    let r = completion(&mut h, 3, json!({"prompt": PROMPT, "max_tokens": 0}));
+    assert_eq!(
+        r.last().expect("error")["data"]["error"]["param"],
+        "max_tokens"
+    );
 }

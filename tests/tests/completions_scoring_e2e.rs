@@ -123,6 +123,36 @@ async fn a_batch_of_token_prompts_is_scored_as_the_engine_s_logits_say() {
         }
     }
 
+    // `max_tokens: 0` (the API's way to score without generating): the
+    // same scores, nothing after them.
+    let mut zero = body.clone();
+    zero["max_tokens"] = json!(0);
+    let v = http(&server, "POST", ROUTE, Some(&zero.to_string()))
+        .await
+        .json();
+    assert_eq!(v["usage"]["completion_tokens"], 0, "{v}");
+    for (c, (ids, f)) in v["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .zip(prompts.iter().zip(first.as_ref().expect("scored")))
+    {
+        let n = ids.len();
+        assert_eq!(
+            c["logprobs"]["token_logprobs"].as_array().map(Vec::len),
+            Some(n)
+        );
+        assert_eq!(
+            c["logprobs"]["token_logprobs"],
+            json!(f["token_logprobs"].as_array().expect("scores")[..n])
+        );
+        assert_eq!(
+            c["text"].as_str(),
+            Some(engine.codec().decode(ids).as_str())
+        );
+        assert_eq!(c["finish_reason"], "length");
+    }
+
     // Streamed, a choice's first chunk echoes the prompt with its scores.
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);

@@ -248,9 +248,22 @@ impl Generation {
                 prompt_logprobs: None,
             };
         }
+        let prompt_logprobs = result.prompt_logprobs;
+        if self.params.max_tokens == 0 {
+            // A scored prompt with nothing to generate: its scores are the
+            // answer; the token drawn after it is not the generation's.
+            self.state = GenState::Finished;
+            return TokenPiece {
+                token_id: None,
+                text: String::new(),
+                logprobs: None,
+                finish: Some(FinishReason::Length),
+                embedding: None,
+                prompt_logprobs,
+            };
+        }
         self.out_ids.push(token);
         self.state = GenState::Decoding;
-        let prompt_logprobs = result.prompt_logprobs;
         if self.raw {
             return TokenPiece {
                 token_id: Some(token),

@@ -208,8 +208,21 @@ pub fn decode(
         }
     };
     let defaults = GenParams::defaults(default_max_tokens.min(context_len));
-    let mut params =
-        params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?;
+    // Completions' `max_tokens: 0` with `echo`: the prompt scored, nothing
+    // generated (the API's way to read a text's logprobs).
+    let score_only = route == Route::Completions
+        && f.u64(names.max_tokens).ok().flatten() == Some(0)
+        && f.bool("echo").ok().flatten() == Some(true);
+    let mut params = if score_only {
+        let mut rest = obj.clone();
+        rest.remove(names.max_tokens);
+        let mut p = params::apply(&rest, "", &names, &defaults, context_len)
+            .map_err(BadRequest::invalid)?;
+        p.max_tokens = 0;
+        p
+    } else {
+        params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?
+    };
     params.presence_penalty = penalty(&f, "presence_penalty")?;
     params.frequency_penalty = penalty(&f, "frequency_penalty")?;
     params.logit_bias = logit_bias(&f, vocab_size)?;

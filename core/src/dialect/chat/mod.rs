@@ -1097,8 +1097,12 @@ impl DialectConn for ChatConn {
             return;
         };
         let scoring = r.req.echo && r.req.logprobs.is_some();
+        // `max_tokens: 0` with `echo`: the prompt's first piece ends it.
+        let score_only = r.req.params.max_tokens == 0;
+        let first_piece =
+            piece.token_id.is_some() || (score_only && piece.finish == Some(FinishReason::Length));
         let p = r.choices[index].prompt;
-        if scoring && r.prompts[p].scores.is_none() && piece.token_id.is_some() {
+        if scoring && r.prompts[p].scores.is_none() && first_piece {
             // The prompt's first choice's first token: its piece scores
             // the prompt.
             let Some(scores) = piece.prompt_logprobs.as_deref() else {
@@ -1209,7 +1213,10 @@ impl DialectConn for ChatConn {
             c.last = Some(t);
         }
         let n = r.req.n as usize;
-        let first_token = index % n == 0 && piece.token_id.is_some() && c.tokens == 1;
+        // The prompt is computed once its first choice has its first token
+        // (or, scoring only, has ended).
+        let first_token = index % n == 0
+            && ((piece.token_id.is_some() && c.tokens == 1) || (score_only && finish.is_some()));
         if let Some(e) = &entry {
             c.logprobs.push(e.clone());
         }
