@@ -8,26 +8,11 @@ mod common;
 
 use common::*;
 use tokenwire_core::{EngineFaultKind, Pooling, SeqId, StepPlan};
-use tokenwire_kernels::{Engine, EngineOptions};
-
-fn engine() -> Engine {
-    Engine::load(&stories_dir(), &EngineOptions::default()).expect("stories260K loads")
-}
-
-fn prompt(engine: &Engine) -> Vec<u32> {
-    engine
-        .codec()
-        .encode(
-            "The cat sat on the mat and looked at the big red ball.",
-            true,
-        )
-        .expect("encode")
-}
 
 #[test]
 fn last_token_vector_is_what_the_head_reads() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let v = embed_alone(&mut e, &p, Pooling::Last, p.len());
     let h = e.model().config().hidden_size;
     assert_eq!(v.len(), h);
@@ -49,8 +34,8 @@ fn last_token_vector_is_what_the_head_reads() {
 
 #[test]
 fn mean_is_the_average_of_each_prefix_s_last_token() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let h = e.model().config().hidden_size;
     let mut want = vec![0.0f32; h];
     for k in 1..=p.len() {
@@ -77,8 +62,8 @@ fn mean_is_the_average_of_each_prefix_s_last_token() {
 
 #[test]
 fn a_prompt_or_chunk_computed_again_pools_once() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let table: Vec<u32> = (0..8).collect();
     let whole = embed_alone(&mut e, &p, Pooling::Mean, p.len());
     // Half the prompt, then (a preemption) the whole prompt from position 0.
@@ -109,8 +94,8 @@ fn a_prompt_or_chunk_computed_again_pools_once() {
 
 #[test]
 fn embeddings_and_sampled_sequences_share_a_step() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let alone = embed_alone(&mut e, &p, Pooling::Mean, p.len());
     let logits = logits_alone(&mut e, &p);
     let a: Vec<u32> = (0..8).collect();
@@ -134,8 +119,8 @@ fn embeddings_and_sampled_sequences_share_a_step() {
 
 #[test]
 fn mean_chunks_out_of_order_are_refused() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let table: Vec<u32> = (0..8).collect();
     let mut first = seq_step(3, &p[..4], 0, &table, false);
     first.embed = Some(Pooling::Mean);

@@ -9,21 +9,7 @@ mod common;
 use common::*;
 use tokenwire_core::{EngineFaultKind, SeqId, TokenId, TokenLogprobs};
 use tokenwire_kernels::sampler::log_softmax;
-use tokenwire_kernels::{Engine, EngineOptions};
-
-fn engine() -> Engine {
-    Engine::load(&stories_dir(), &EngineOptions::default()).expect("stories260K loads")
-}
-
-fn prompt(engine: &Engine) -> Vec<u32> {
-    engine
-        .codec()
-        .encode(
-            "The cat sat on the mat and looked at the big red ball.",
-            true,
-        )
-        .expect("encode")
-}
+use tokenwire_kernels::Engine;
 
 /// The scores from each prefix's own logits, computed alone.
 fn reference(e: &mut Engine, p: &[TokenId], top: usize) -> Vec<TokenLogprobs> {
@@ -60,8 +46,8 @@ fn assert_close(got: &[TokenLogprobs], want: &[TokenLogprobs], what: &str) {
 
 #[test]
 fn each_token_is_scored_by_the_logits_of_the_prefix_before_it() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     assert!(p.len() > 10, "a prompt of several chunks");
     let want = reference(&mut e, &p, 3);
     let argmax = {
@@ -87,8 +73,8 @@ fn each_token_is_scored_by_the_logits_of_the_prefix_before_it() {
 
 #[test]
 fn a_prompt_computed_again_from_0_scores_once() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let (whole, _) = score_alone(&mut e, &p, 2, p.len());
     let table: Vec<u32> = (0..8).collect();
     let chunk = |id, seq, from: usize, to: usize| {
@@ -117,8 +103,8 @@ fn a_prompt_computed_again_from_0_scores_once() {
 
 #[test]
 fn a_scored_prompt_shares_a_step_with_a_sampled_sequence() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let (alone, token) = score_alone(&mut e, &p, 2, p.len());
     let a: Vec<u32> = (0..8).collect();
     let b: Vec<u32> = (8..16).collect();
@@ -139,8 +125,8 @@ fn a_scored_prompt_shares_a_step_with_a_sampled_sequence() {
 
 #[test]
 fn scoring_out_of_order_from_a_cached_prefix_or_with_a_draft_is_refused() {
-    let mut e = engine();
-    let p = prompt(&e);
+    let mut e = stories_cpu_engine();
+    let p = cat_prompt(&e);
     let table: Vec<u32> = (0..8).collect();
     let mut first = seq_step(3, &p[..4], 0, &table, false);
     first.prompt_logprobs = Some(1);

@@ -1374,14 +1374,7 @@ fn wgpu_embeddings_match_the_cpu_backend() {
     let Some((mut engine, _)) = stories() else {
         return;
     };
-    let mut reference = Engine::load(&stories_dir(), &Default::default()).expect("cpu engine");
-    let prompt = reference
-        .codec()
-        .encode(
-            "One day, a bird flew over the tree and sang a happy song.",
-            true,
-        )
-        .expect("encode");
+    let (mut reference, prompt) = cpu_reference();
     for pooling in [Pooling::Mean, Pooling::Last] {
         let g = embed_alone(&mut engine, &prompt, pooling, 4);
         let w = embed_alone(&mut reference, &prompt, pooling, prompt.len());
@@ -1398,14 +1391,7 @@ fn wgpu_prompt_logprobs_match_the_cpu_engine() {
     let Some((mut engine, _)) = stories() else {
         return;
     };
-    let mut reference = Engine::load(&stories_dir(), &Default::default()).expect("cpu engine");
-    let prompt = reference
-        .codec()
-        .encode(
-            "One day, a bird flew over the tree and sang a happy song.",
-            true,
-        )
-        .expect("encode");
+    let (mut reference, prompt) = cpu_reference();
     let (want, want_token) = score_alone(&mut reference, &prompt, 3, prompt.len());
     for chunk in [prompt.len(), 4] {
         let (got, token) = score_alone(&mut engine, &prompt, 3, chunk);
@@ -1419,4 +1405,18 @@ fn wgpu_prompt_logprobs_match_the_cpu_engine() {
             );
         }
     }
+}
+
+/// The CPU engine on stories260K, the reference the wgpu engine's pooled
+/// and scored rows are held to, and a prompt for both.
+fn cpu_reference() -> (Engine, Vec<TokenId>) {
+    let reference = Engine::load(&stories_dir(), &Default::default()).expect("cpu engine");
+    let prompt = reference
+        .codec()
+        .encode(
+            "One day, a bird flew over the tree and sang a happy song.",
+            true,
+        )
+        .expect("encode");
+    (reference, prompt)
 }

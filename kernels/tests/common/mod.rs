@@ -433,6 +433,23 @@ pub fn embed_alone(
     got.expect("an embedding")
 }
 
+/// stories260K on the CPU engine, with default options.
+pub fn stories_cpu_engine() -> Engine {
+    Engine::load(&stories_dir(), &tokenwire_kernels::EngineOptions::default())
+        .expect("stories260K loads")
+}
+
+/// A prompt of a dozen words, as `engine` tokenizes it (BOS first).
+pub fn cat_prompt(engine: &Engine) -> Vec<TokenId> {
+    engine
+        .codec()
+        .encode(
+            "The cat sat on the mat and looked at the big red ball.",
+            true,
+        )
+        .expect("encode")
+}
+
 /// The prompt logprobs of `tokens` ([`SeqStep::prompt_logprobs`] with
 /// `top` alternatives), fed from position 0 in chunks of `chunk` tokens,
 /// one step each, on a fresh sequence (freed after), with the token sampled

@@ -213,16 +213,16 @@ pub fn decode(
     let score_only = route == Route::Completions
         && f.u64(names.max_tokens).ok().flatten() == Some(0)
         && f.bool("echo").ok().flatten() == Some(true);
-    let mut params = if score_only {
-        let mut rest = obj.clone();
-        rest.remove(names.max_tokens);
-        let mut p = params::apply(&rest, "", &names, &defaults, context_len)
-            .map_err(BadRequest::invalid)?;
-        p.max_tokens = 0;
-        p
-    } else {
-        params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?
+    let names = ParamNames {
+        // Read here, not by `apply`, which refuses 0.
+        max_tokens: if score_only { "" } else { names.max_tokens },
+        ..names
     };
+    let mut params =
+        params::apply(obj, "", &names, &defaults, context_len).map_err(BadRequest::invalid)?;
+    if score_only {
+        params.max_tokens = 0;
+    }
     params.presence_penalty = penalty(&f, "presence_penalty")?;
     params.frequency_penalty = penalty(&f, "frequency_penalty")?;
     params.logit_bias = logit_bias(&f, vocab_size)?;
