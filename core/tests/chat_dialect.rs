@@ -124,6 +124,40 @@ fn an_engine_failure_is_a_500_and_a_shutdown_a_503() {
     assert_eq!(e["status"], 503, "retry elsewhere: {e}");
 }
 
+/// Found by the simulator's `chat` clients: a request with no generation
+/// running when the grace ends (its prompt still at the tokenizer, or a
+/// `/tokenize` waiting for its ids) got a bare close; it gets the 503 a
+/// going-away server gives, before its connection goes.
+#[test]
+fn a_request_without_a_generation_at_shutdown_gets_a_503_before_the_close() {
+    for body in [
+        request(json!({})),
+        json!({"route": "tokenize", "body": {"prompt": "hi"}}),
+        json!({"route": "embeddings", "body": {"model": "tiny", "input": ["a", "b"]}}),
+    ] {
+        let mut h = harness(HostConfig {
+            shutdown_grace: Duration::from_millis(15),
+            ..HostConfig::default()
+        });
+        h.auto_text = false;
+        let c = open(&mut h, 1);
+        h.send(c, body.clone());
+        assert!(!h.text_jobs.is_empty(), "held at the tokenizer: {body}");
+        h.input(Input::Shutdown);
+        h.advance(Duration::from_millis(50));
+        let frames = h.received(c);
+        assert_eq!(frames.len(), 1, "one answer: {frames:?}");
+        let e = &frames[0];
+        assert_eq!(
+            (e["kind"].as_str(), e["status"].as_u64()),
+            (Some("error"), Some(503)),
+            "{body}: {e}"
+        );
+        assert_eq!(e["data"]["error"]["type"], "server_error", "{e}");
+        assert_eq!(h.closes.get(&c).map(|c| c.0), Some(1001), "then the close");
+    }
+}
+
 #[test]
 fn bad_frames_and_bodies_are_refused_with_their_field() {
     let mut h = harness(HostConfig::default());

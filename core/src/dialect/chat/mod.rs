@@ -1313,6 +1313,23 @@ impl DialectConn for ChatConn {
         send_error(cx, status, code, &failure.message, None);
     }
 
+    fn on_shutdown(&mut self, cx: &mut Cx<'_>) {
+        // Generations were failed first (answered through `on_failed`); what
+        // is left had none running: prompts at the tokenizer or waiting for
+        // queue room, a `/tokenize` waiting for its ids. It gets the 503 a
+        // going-away server gives, so the client retries elsewhere, rather
+        // than a bare close.
+        if !self.busy() {
+            return;
+        }
+        self.tokenizing = None;
+        if let Some(mut e) = self.embedding.take() {
+            e.cancel(cx);
+        }
+        let (status, _, message) = crate::http::closed_early(1001); // going away
+        self.fail(cx, status, "server_error", message, None);
+    }
+
     fn busy(&self) -> bool {
         self.inflight.is_some() || self.tokenizing.is_some() || self.embedding.is_some()
     }
