@@ -674,3 +674,30 @@ fn a_reply_left_waiting_on_its_window_past_the_pause_timeout_is_ended() {
     );
     assert!(of(&h, c, "STREAM_COMPLETE", "r1").is_empty());
 }
+
+/// Found by the simulator: a request its window left waiting, ended by the
+/// pause timeout, restarts the connection's idle clock as any request's end
+/// does; the connection was closed as idle counting from the generation's
+/// end, before the request's.
+#[test]
+fn a_reply_ended_by_the_pause_timeout_restarts_the_idle_clock() {
+    let (mut h, c) = stalled(HostConfig {
+        pause_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(8),
+        ..config()
+    });
+    h.advance(Duration::from_secs(6));
+    assert_eq!(
+        error_codes(&h, c),
+        vec!["GENERATION_FAILED"],
+        "ended at 5 s"
+    );
+    h.advance(Duration::from_secs(6));
+    assert!(h.closes.is_empty(), "idle for 7 s of 8: {:?}", h.closes);
+    h.advance(Duration::from_secs(2));
+    assert_eq!(
+        h.closes.get(&c).map(|x| x.1.as_str()),
+        Some("idle timeout"),
+        "closed 8 s after the request ended"
+    );
+}

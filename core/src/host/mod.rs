@@ -641,7 +641,16 @@ impl Host {
                     }
                 }
                 TimerKey::Conn(conn, ConnTimer::Dialect(tag)) => {
+                    let busy = |h: &Self| h.conns.get(&conn).is_some_and(|c| c.machine.busy());
+                    let was_busy = busy(self);
                     self.with_conn(now, conn, |m, cx| m.on_timer(cx, tag));
+                    // A request the timer ended (a `cai` reply its window
+                    // held past the pause timeout) restarts the idle clock,
+                    // as any other request's end: counted from its
+                    // generation's end, the connection was closed early.
+                    if was_busy && !busy(self) {
+                        self.touch(now, conn);
+                    }
                 }
             }
             self.settle_closings(now);
