@@ -15,7 +15,11 @@
 //! - [`http`]: `POST /v1/inference`, `POST /v1/responses` and
 //!   `GET /v1/responses/{id}`, one request per connection, mapped with the
 //!   dialects' own HTTP mappings (a `session` or `responses` client speaks
-//!   HTTP now and then, see [`new_client`]).
+//!   HTTP now and then, see [`new_client`]), and every `chat` client's
+//!   requests;
+//! - [`chat`]: the OpenAI routes a `chat` client asks (Chat Completions,
+//!   Completions with batches and prompt scoring, Embeddings, the tokenizer
+//!   routes).
 //!
 //! Each only reacts to what it reads and speaks through the same
 //! [`ClientOp`]s, and keeps what every client keeps (its connection, whether
@@ -30,11 +34,13 @@
 //! conversation, the one the conversation started with: conversation ids are
 //! unique per connection) and its prompt, which carries the tag too, a
 //! `batch` prompt as given (a continued batch's sequences keep the tag of
-//! the connection the batch started on).
+//! the connection the batch started on), a `chat` request's through its
+//! system message, its prompts (text or ids) and its embedding inputs.
 
 pub mod base;
 pub mod batch;
 pub mod cai;
+pub mod chat;
 pub mod generate;
 pub mod http;
 pub mod responses;
@@ -140,7 +146,12 @@ pub trait SimClient: std::fmt::Debug + Send {
 /// Client `id` of a run with `swarm`, speaking its dialect, drawing from `rng`.
 pub fn new_client(id: usize, swarm: &Swarm, rng: Rng) -> Box<dyn SimClient> {
     let dialect = swarm.dialects.get(id).copied().unwrap_or(Dialect::Generate);
-    if matches!(dialect, Dialect::Session | Dialect::Responses) && speaks_http(id, swarm) {
+    let http = match dialect {
+        Dialect::Chat => true,
+        Dialect::Session | Dialect::Responses => speaks_http(id, swarm),
+        _ => false,
+    };
+    if http {
         return Box::new(HttpClient::new(id, dialect, swarm, rng));
     }
     match dialect {

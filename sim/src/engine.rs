@@ -19,14 +19,22 @@
 //! its prefix's tokens at their positions in its table's blocks, and every
 //! sequence the token just before its start: a prefix cache that hands out
 //! another prompt's blocks, or a table that lost a block, is rejected.
+//!
+//! Embeddings and prompt scores are functions of the tokens alone too: an
+//! embedding sequence's vector is [`embedding_of`] its prompt, a scored
+//! prompt's token at position `p` scores [`prompt_score`] of the tokens
+//! before it, so a checker can recompute both from the prompt a client
+//! sent. Both must be fed as the engine contract says (chunks in order from
+//! position 0, never onto a cached prefix, never with a draft), which
+//! [`SimEngine::validate`] checks as a real engine refuses it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use tokenwire_core::rng::mix64;
 use tokenwire_core::text::byte::{BYTE_EOS, BYTE_OFFSET, BYTE_VOCAB};
 use tokenwire_core::{
-    BlockId, EngineFaultKind, ModelInfo, SeqId, SeqResult, StepDone, StepPlan, TokenId,
-    TokenLogprobs,
+    BlockId, EngineFaultKind, ModelInfo, Pooling, SeqId, SeqResult, SeqStep, StepDone, StepPlan,
+    TokenId, TokenLogprobs,
 };
 
 use crate::swarm::EngineOptions;
@@ -44,6 +52,10 @@ struct SeqState {
     hashes: Vec<u64>,
     /// The token last handed back, and the position it must be fed at.
     sampled: Option<(usize, TokenId)>,
+    /// Positions fed as a scored chunk (`prompt_logprobs`), from 0.
+    scored: usize,
+    /// Positions fed as an embedding's chunk, from 0.
+    pooled: usize,
 }
 
 impl SeqState {
@@ -53,12 +65,16 @@ impl SeqState {
             tokens: self.tokens[..len].to_vec(),
             hashes: self.hashes[..len].to_vec(),
             sampled: None,
+            scored: 0,
+            pooled: 0,
         }
     }
 
     fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.hashes.truncate(len);
+        self.scored = self.scored.min(len);
+        self.pooled = self.pooled.min(len);
     }
 
     fn push(&mut self, t: TokenId) {
@@ -179,6 +195,7 @@ impl SimEngine {
                 self.seqs.get(&s.seq).or_else(|| forked.get(&s.seq))
             };
             let start = s.start_pos as usize;
+            check_in_order(s, held)?;
             if !s.cached_prefix.is_empty() {
                 if s.cached_prefix.len() != start {
                     return Err(format!(
@@ -343,9 +360,35 @@ impl SimEngine {
             for &t in &s.tokens {
                 st.push(t);
             }
+            if s.prompt_logprobs.is_some() {
+                st.scored = st.tokens.len();
+            }
+            if s.embed.is_some() {
+                st.pooled = st.tokens.len();
+            }
             if !s.sample {
                 continue;
             }
+            if let Some(pooling) = s.embed {
+                // Nothing is sampled, and the token is not the sequence's.
+                results.push(SeqResult {
+                    seq: s.seq,
+                    token: 0,
+                    logprobs: None,
+                    embedding: Some(embedding_of(
+                        pooling,
+                        &st.tokens,
+                        self.info.embedding_size as usize,
+                    )),
+                    prompt_logprobs: None,
+                });
+                continue;
+            }
+            let mut prompt_scores = s.prompt_logprobs.map(|k| {
+                (1..st.tokens.len())
+                    .map(|p| prompt_score(&st.tokens[..p], st.tokens[p], k))
+                    .collect::<Vec<_>>()
+            });
             let seed = if s.sampling.temperature == 0.0 || s.sampling.top_k == 1 {
                 0
             } else {
@@ -363,7 +406,7 @@ impl SimEngine {
                     token,
                     logprobs,
                     embedding: None,
-                    prompt_logprobs: None,
+                    prompt_logprobs: prompt_scores.take(),
                 });
                 match draft.next() {
                     Some(&d) if d == token => st.push(d),
@@ -386,6 +429,68 @@ impl SimEngine {
             self.kv.clear();
         }
     }
+}
+
+/// A scored or embedded chunk must come as the engine contract says: in
+/// position order from 0 (every position before its start fed the same
+/// way), never onto a cached prefix, never with a draft.
+fn check_in_order(s: &SeqStep, held: Option<&SeqState>) -> Result<(), String> {
+    let start = s.start_pos as usize;
+    let (what, fed) = match (s.prompt_logprobs, s.embed) {
+        (Some(_), Some(_)) => return Err(format!("{:?} is both scored and embedded", s.seq)),
+        (Some(_), None) => ("scored", held.map_or(0, |h| h.scored)),
+        (None, Some(_)) => ("embedded", held.map_or(0, |h| h.pooled)),
+        (None, None) => return Ok(()),
+    };
+    if !s.cached_prefix.is_empty() || !s.draft.is_empty() {
+        return Err(format!(
+            "{:?} is {what} onto a cached prefix of {} tokens or with a draft of {}",
+            s.seq,
+            s.cached_prefix.len(),
+            s.draft.len()
+        ));
+    }
+    if start > fed {
+        return Err(format!(
+            "{:?} is {what} from position {start}, but only {fed} positions before it were",
+            s.seq
+        ));
+    }
+    Ok(())
+}
+
+/// The rolling hash of `tokens` (what the engine's sampling draws from).
+fn history_hash(tokens: &[TokenId]) -> u64 {
+    tokens
+        .iter()
+        .fold(HASH_START, |h, &t| mix64(h, u64::from(t)))
+}
+
+/// The score of `token` after `before`, with `k` alternatives: a logprob
+/// and alternatives drawn from the history's hash, all multiples of 1/256
+/// (exact through JSON), so a checker recomputes them from a prompt.
+pub fn prompt_score(before: &[TokenId], token: TokenId, k: u8) -> TokenLogprobs {
+    let h = history_hash(before);
+    let logprob = -((mix64(h, u64::from(token)) % 4096) as f32) / 256.0;
+    TokenLogprobs {
+        logprob,
+        top: (0..u32::from(k))
+            .map(|i| {
+                let alt = BYTE_OFFSET + ((h >> 8) as u32 + i) % 256;
+                (alt, -0.125 - i as f32 / 2.0)
+            })
+            .collect(),
+    }
+}
+
+/// The (unnormalized) vector of an embedding of `tokens` pooled by
+/// `pooling`, `size` values, each a multiple of 1/256 drawn from the
+/// prompt's hash.
+pub fn embedding_of(pooling: Pooling, tokens: &[TokenId], size: usize) -> Vec<f32> {
+    let h = mix64(history_hash(tokens), pooling as u64);
+    (0..size as u64)
+        .map(|i| ((mix64(h, i) % 512) as f32 - 255.5) / 256.0)
+        .collect()
 }
 
 /// The token after `st`'s history under sampler `seed`.
@@ -534,5 +639,77 @@ mod tests {
         let mut freed = step(1, vec![t], 3, 2);
         freed.free.push(SeqId(1));
         assert!(e.validate(&freed).is_err(), "freed state is gone");
+    }
+
+    #[test]
+    fn prompt_scores_are_the_prefixes_scores_however_chunked() {
+        let prompt: Vec<TokenId> = vec![1, 50, 51, 52, 53];
+        let want: Vec<TokenLogprobs> = (1..prompt.len())
+            .map(|p| prompt_score(&prompt[..p], prompt[p], 2))
+            .collect();
+        let scored = |mut plan: StepPlan| {
+            plan.seqs[0].prompt_logprobs = Some(2);
+            plan
+        };
+        // Whole.
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let whole = e.run(&scored(step(1, prompt.clone(), 0, 1)));
+        assert_eq!(whole.results[0].prompt_logprobs.as_ref(), Some(&want));
+        // In two chunks, the first without sampling.
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let mut first = scored(step(1, prompt[..2].to_vec(), 0, 1));
+        first.seqs[0].sample = false;
+        e.validate(&first).expect("valid");
+        assert!(e.run(&first).results.is_empty());
+        let second = scored(step(1, prompt[2..].to_vec(), 2, 2));
+        e.validate(&second).expect("valid");
+        let done = e.run(&second);
+        assert_eq!(done.results[0].prompt_logprobs.as_ref(), Some(&want));
+        assert_eq!(done.results[0].token, whole.results[0].token);
+        // The scores depend on the token scored and what came before it.
+        assert_ne!(want[0], prompt_score(&prompt[..1], 99, 2));
+        assert_ne!(want[1], prompt_score(&[1, 49], prompt[2], 2));
+    }
+
+    #[test]
+    fn scored_or_embedded_chunks_out_of_order_are_rejected() {
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let mut plain = step(1, vec![1, 50], 0, 1);
+        plain.seqs[0].sample = false;
+        e.run(&plain);
+        let mut late = step(1, vec![51], 2, 2);
+        late.seqs[0].prompt_logprobs = Some(1);
+        let err = e.validate(&late).expect_err("scored after a plain chunk");
+        assert!(err.contains("only 0 positions"), "{err}");
+        late.seqs[0].prompt_logprobs = None;
+        late.seqs[0].embed = Some(Pooling::Mean);
+        let err = e.validate(&late).expect_err("embedded after a plain chunk");
+        assert!(err.contains("embedded from position 2"), "{err}");
+        let mut drafted = step(2, vec![1, 50], 0, 2);
+        drafted.seqs[0].prompt_logprobs = Some(1);
+        drafted.seqs[0].draft = vec![51];
+        let err = e.validate(&drafted).expect_err("scored with a draft");
+        assert!(err.contains("draft of 1"), "{err}");
+        let mut both = step(3, vec![1], 0, 2);
+        both.seqs[0].prompt_logprobs = Some(1);
+        both.seqs[0].embed = Some(Pooling::Last);
+        assert!(e.validate(&both).is_err(), "both scored and embedded");
+    }
+
+    #[test]
+    fn embeddings_are_the_prompts_vector_and_add_no_token() {
+        let mut e = SimEngine::new(opts(), tiny_model_info());
+        let prompt: Vec<TokenId> = vec![1, 60, 61];
+        let mut plan = step(1, prompt.clone(), 0, 1);
+        plan.seqs[0].embed = Some(Pooling::Last);
+        plan.seqs[0].logprobs = None;
+        let done = e.run(&plan);
+        let size = tiny_model_info().embedding_size as usize;
+        let want = embedding_of(Pooling::Last, &prompt, size);
+        assert_eq!(done.results[0].embedding.as_ref(), Some(&want));
+        assert_eq!(want.len(), size);
+        assert_ne!(want, embedding_of(Pooling::Mean, &prompt, size));
+        assert_ne!(want, embedding_of(Pooling::Last, &prompt[..2], size));
+        assert_eq!(e.history(SeqId(1)), prompt.as_slice());
     }
 }

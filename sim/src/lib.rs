@@ -5,18 +5,23 @@
 //! [`Host`](tokenwire_core::Host) in virtual time, with invariant checkers
 //! after every event. TigerBeetle's VOPR is the model.
 //!
-//! A run mixes clients of all five dialects the core serves (`generate`,
-//! `session`, `responses`, `cai`, `batch`): most seeds have all five, a few
-//! only one (the swarm decides). The runner plays the shell around the Host: it
+//! A run mixes clients of six of the dialects the core serves (`generate`,
+//! `session`, `responses`, `cai`, `batch`, and `chat`, the OpenAI HTTP
+//! routes): most seeds have all six, a few only one (the swarm decides;
+//! `anthropic`, the `chat` machine's Messages route, has no client yet). The runner plays the shell around the Host: it
 //! opens connections with the query string each client chooses (`cai`
 //! credentials, checked against the run's keys file), delivers frames over a
 //! network with random delays, runs engine steps and text jobs, and
 //! answers the job verifier (`Output::VerifyJob`) with a verdict drawn per
 //! run (a token budget, refusals). `generate`, `session` and `responses`
-//! clients may speak HTTP, one request per connection; the `session` and
-//! `responses` ones map their bodies with the dialects' own HTTP mappings,
-//! as the shell does, and checkers replay each exchange to judge what the
-//! client gets. Faults: Host crashes (the Host is
+//! clients may speak HTTP, one request per connection, and `chat` clients
+//! always do (Chat Completions, Completions with batches and prompt
+//! scoring, Embeddings, the tokenizer routes); the `session`, `responses`
+//! and `chat` ones map their bodies with the dialects' own HTTP mappings,
+//! as the shell does, and checkers judge what the client gets. The engine
+//! computes embeddings and prompt scores as functions of the prompt, so the
+//! `chat` checkers recompute each vector and score from what the client
+//! sent. Faults: Host crashes (the Host is
 //! rebuilt from nothing and `session` clients resume their conversations on
 //! it), engine faults, KV pool shrinks, clock jumps, graceful shutdown,
 //! slow readers, hostile frames (bad credentials among them), early
@@ -36,7 +41,7 @@
 //! - [`faults`]: the fault plan and the counts.
 //! - [`invariants`]: the checkers, one file each, laid out like the core's
 //!   dialects: `common` for every dialect, then `generate`, `session`,
-//!   `responses`, `cai` and `batch`, each beside its part of the view;
+//!   `responses`, `cai`, `batch` and `chat`, each beside its part of the view;
 //!   `invariants::http` replays the shell's part of an HTTP request.
 //! - [`driver`]: feeds a Host and runs the checkers.
 //! - [`runner`]: one whole simulation.

@@ -8,12 +8,12 @@
 
 use std::sync::Arc;
 
-use tokenwire_core::config::CacheScope;
+use tokenwire_core::config::{CacheScope, EmbedPooling};
 use tokenwire_core::filter::{ContentFilter, FilterAction, FilterRule};
 use tokenwire_core::keys::{hash_key, ApiKey, KeyRing};
 use tokenwire_core::rng::{mix64, Rng};
 use tokenwire_core::testing::tiny_model_info;
-use tokenwire_core::{Dialect, DraftConfig, Duration, HostConfig, ModelInfo};
+use tokenwire_core::{Dialect, DraftConfig, Duration, HostConfig, ModelInfo, Pooling};
 
 /// Random stream for the swarm options themselves.
 pub const STREAM_SWARM: u64 = 0x5357_4152_4d00_0001;
@@ -47,6 +47,9 @@ pub const STREAM_CONVERSATIONS: u64 = 0x434f_4e56_0000_000d;
 /// Random stream base for whether a `session` or `responses` client speaks
 /// HTTP (mixed with the client index).
 pub const STREAM_HTTP: u64 = 0x4854_5450_0000_000c;
+/// Random stream for the `chat` clients of a run, its embeddings' pooling
+/// and each connection's share of the queue.
+pub const STREAM_CHAT: u64 = 0x4348_4154_0000_000f;
 
 /// How the simulated engine writes and how fast it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,7 +171,7 @@ pub struct Swarm {
     pub seed: u64,
     /// Simulated clients.
     pub clients: usize,
-    /// The dialect of each client, by index: all five served dialects in
+    /// The dialect of each client, by index: all six simulated dialects in
     /// most seeds, a single one in a few.
     pub dialects: Vec<Dialect>,
     /// The `cai` keys and organisations (the keys file itself is in `host`).
@@ -395,6 +398,22 @@ impl Swarm {
         } else {
             CacheScope::Principal
         };
+        // `chat` from its own stream too: its clients join at the end.
+        let h = &mut Rng::new(mix64(seed, STREAM_CHAT));
+        let dialects = chat_mix(h, dialects);
+        model.pooling = pick(h, &[None, None, Some(Pooling::Last)]);
+        host.embed_pooling = pick(
+            h,
+            &[
+                EmbedPooling::Auto,
+                EmbedPooling::Auto,
+                EmbedPooling::Fixed(Pooling::Mean),
+                EmbedPooling::Off,
+            ],
+        );
+        // Now and then a share small enough that a batch of prompts, or
+        // one prompt's choices, wait for one another.
+        host.max_queued_per_conn = pick(h, &[2, 3, 256, 256, 256]);
         // The content filter from its own stream too: a `stop` rule on two
         // of the symbols the engine writes, so generations run into it.
         let f = &mut Rng::new(mix64(seed, STREAM_FILTER));
@@ -485,6 +504,22 @@ fn batch_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
     }
     if !single {
         dialects.extend(std::iter::repeat_n(Dialect::Batch, n));
+    }
+    dialects
+}
+
+/// Adds one to three `chat` clients (HTTP only) to a mixed run (a run of
+/// one dialect stays so), and makes a few runs all `chat`. Appended last,
+/// so every other client keeps its index and its random stream.
+fn chat_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
+    let x = rng.next_f64();
+    let n = 1 + rng.below(3) as usize;
+    let single = dialects.windows(2).all(|w| w[0] == w[1]);
+    if x < 0.04 {
+        return vec![Dialect::Chat; dialects.len().max(2)];
+    }
+    if !single {
+        dialects.extend(std::iter::repeat_n(Dialect::Chat, n));
     }
     dialects
 }
@@ -616,15 +651,16 @@ mod tests {
     }
 
     #[test]
-    fn most_seeds_mix_all_five_dialects() {
-        // The five the swarm simulates: `chat` is HTTP only and has no
-        // client here yet.
+    fn most_seeds_mix_all_six_dialects() {
+        // The six the swarm simulates (`anthropic` is the `chat` machine's
+        // Messages route and has no client here yet).
         let served = [
             Dialect::Generate,
             Dialect::Session,
             Dialect::Responses,
             Dialect::Batch,
             Dialect::Cai,
+            Dialect::Chat,
         ];
         let mixed = (0..200)
             .filter(|&s| {
@@ -632,7 +668,7 @@ mod tests {
                 served.iter().all(|x| d.contains(x))
             })
             .count();
-        assert!(mixed >= 150, "{mixed} of 200 seeds mix all five dialects");
+        assert!(mixed >= 140, "{mixed} of 200 seeds mix all six dialects");
         let only_cai = (0..200)
             .filter(|&s| {
                 let d = Swarm::from_seed(s).dialects;
@@ -647,6 +683,13 @@ mod tests {
             })
             .count();
         assert!(only_batch >= 1, "no seed of 200 is all batch");
+        let only_chat = (0..200)
+            .filter(|&s| {
+                let d = Swarm::from_seed(s).dialects;
+                d.iter().all(|x| *x == Dialect::Chat)
+            })
+            .count();
+        assert!(only_chat >= 1, "no seed of 200 is all chat");
         let keyless = (0..200)
             .filter(|&s| Swarm::from_seed(s).host.keys.is_none())
             .count();

@@ -1,6 +1,7 @@
-//! A stateless client of the `session` and `responses` HTTP routes
-//! (`POST /v1/inference`, `POST /v1/responses`, `GET /v1/responses/{id}`),
-//! one request per connection as the io shell carries them: it maps its
+//! A stateless client of the `session`, `responses` and `chat` HTTP routes
+//! (`POST /v1/inference`, `POST /v1/responses`, `GET /v1/responses/{id}`,
+//! and the OpenAI routes of [`super::chat`]), one request per connection as
+//! the io shell carries them: it maps its
 //! body with the dialect's own [`http_call`] (the shell's first move),
 //! sends the frames on a [`Transport::Http`] connection once it opens, hands
 //! every frame to the exchange, and hangs up once the exchange gives its
@@ -15,7 +16,7 @@
 //! the tag at the prompt's start is this connection's).
 //!
 //! Whether a reply was right is the `session_http` and `responses_http`
-//! checkers' business: they replay each exchange over the frames the Host
+//! checkers' business, and the `chat` checkers' for the OpenAI routes: they replay each exchange over the frames the Host
 //! sent and judge what it gives.
 
 use serde_json::{json, Map, Value};
@@ -56,7 +57,7 @@ impl std::fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
-    /// Client `id` of `dialect` (`session` or `responses`) in a run with
+    /// Client `id` of `dialect` (`session`, `responses` or `chat`) in a run with
     /// `swarm`, drawing from `rng`.
     pub fn new(id: usize, dialect: Dialect, swarm: &Swarm, mut rng: Rng) -> HttpClient {
         let habits = Habits::draw(&mut rng, swarm, false);
@@ -82,12 +83,18 @@ impl HttpClient {
 
     /// A whole number of tokens to generate, within the run's cap.
     fn max_tokens(&mut self, swarm: &Swarm) -> u64 {
-        let cap = swarm
-            .mix
-            .max_tokens_cap
-            .min(swarm.model.context_len / 3)
-            .max(1);
-        1 + self.rng.below(u64::from(cap))
+        1 + self.rng.below(self.max_tokens_cap(swarm))
+    }
+
+    /// The most tokens a request of this run generates.
+    fn max_tokens_cap(&self, swarm: &Swarm) -> u64 {
+        u64::from(
+            swarm
+                .mix
+                .max_tokens_cap
+                .min(swarm.model.context_len / 3)
+                .max(1),
+        )
     }
 
     /// A `POST /v1/inference` body.
@@ -228,6 +235,10 @@ impl SimClient for HttpClient {
         self.made += 1;
         let (method, path, body) = match self.dialect {
             Dialect::Session => self.inference(cx.swarm),
+            Dialect::Chat => {
+                let cap = self.max_tokens_cap(cx.swarm);
+                super::chat::request(&mut self.rng, cx.swarm, &conn_tag(self.base.conn), cap)
+            }
             _ => self.responses(cx.swarm),
         };
         let body = if body.is_null() {

@@ -2,7 +2,7 @@
 //! the core's dialects: the checkers every dialect must pass in [`common`],
 //! and each dialect's own checkers beside its part of the view in a
 //! directory of its own ([`generate`], [`session`], [`responses`], [`cai`],
-//! [`batch`]).
+//! [`batch`], [`chat`]).
 //!
 //! Checkers judge only what crosses the Host's boundary: the inputs it was
 //! given, the outputs it produced, and its gauges after each event. They never
@@ -28,6 +28,9 @@
 //!   timeout, and that the engine never idles while a request waits.
 //! - [`session`], [`responses`], [`cai`], [`batch`]: each dialect's wire
 //!   format, replies, terminal frames and bounds (see each directory).
+//! - [`chat`]: the OpenAI HTTP routes' answers, judged whole: one per
+//!   request, shaped and counted as the API says, prompt scores and
+//!   embeddings recomputed from the prompt, the tokenizer routes.
 //!
 //! A checker's name (what a violation prints, what `--skip` takes, what a
 //! trace records among the checkers it skipped) is the one its module doc
@@ -38,6 +41,7 @@
 
 pub mod batch;
 pub mod cai;
+pub mod chat;
 pub mod common;
 pub mod generate;
 pub mod http;
@@ -265,6 +269,7 @@ pub fn all_checkers() -> Vec<Box<dyn Checker>> {
     v.extend(responses::checkers());
     v.extend(cai::checkers());
     v.extend(batch::checkers());
+    v.extend(chat::checkers());
     v
 }
 

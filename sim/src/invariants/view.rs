@@ -28,6 +28,7 @@ use tokenwire_core::{
 
 use super::batch::view as batch;
 use super::cai::view as cai;
+use super::chat;
 use super::generate::view::{self as generate, Pending, ReqView};
 use super::responses::view as responses;
 use super::session::view as session;
@@ -104,6 +105,8 @@ pub struct ConnView {
     pub cai: Option<cai::CaiConnView>,
     /// A `batch` connection's payloads and prompts.
     pub batch: Option<batch::BatchConnView>,
+    /// A `chat` request's frame and answer.
+    pub chat: Option<chat::view::ChatConnView>,
 }
 
 impl ConnView {
@@ -132,6 +135,9 @@ impl ConnView {
         }
         if let Some(i) = self.inference.as_ref().filter(|i| i.started && !i.answered) {
             return Some(format!("an HTTP inference ({i:?})"));
+        }
+        if let Some(h) = self.chat.as_ref().filter(|h| h.sent && !h.answered) {
+            return Some(format!("a chat request ({h:?})"));
         }
         // A `cai` request counts once its prompt is tokenized (it started,
         // or was refused), as other dialects' requests do from their start.
@@ -383,6 +389,9 @@ impl View {
             if let Some(b) = &c.batch {
                 v.extend(b.outstanding().into_iter().map(|w| (w, *id)));
             }
+            if let Some(h) = &c.chat {
+                v.extend(h.outstanding(id.0).into_iter().map(|w| (w, *id)));
+            }
         }
         v
     }
@@ -441,6 +450,7 @@ impl View {
                         cai: (*dialect == Dialect::Cai)
                             .then(|| cai::CaiConnView::opened(self.keys.as_ref(), query)),
                         batch: (*dialect == Dialect::Batch).then(batch::BatchConnView::default),
+                        chat: (*dialect == Dialect::Chat).then(chat::view::ChatConnView::default),
                     },
                 );
             }
@@ -453,6 +463,9 @@ impl View {
                     }
                     if let Some(i) = c.inference.as_mut() {
                         i.sent = true;
+                    }
+                    if let Some(h) = c.chat.as_mut() {
+                        h.on_text(text);
                     }
                     if let Some(r) = c.responses.as_mut() {
                         r.on_text(text, max_frame);
@@ -678,6 +691,17 @@ impl View {
                 }
                 return;
             }
+            (Output::Send { conn, .. }, Some(f)) if dialect == Some(Dialect::Chat) => {
+                let key = self
+                    .conns
+                    .get(conn)
+                    .and_then(|c| c.chat.as_ref())
+                    .filter(|h| !h.answered)
+                    .and_then(|h| h.tally_key(f));
+                if let Some(key) = key {
+                    self.count(key);
+                }
+            }
             (Output::Send { .. }, Some(f)) if dialect == Some(Dialect::Cai) => {
                 if let Some(key) = cai::tally_key(f) {
                     self.count(key);
@@ -704,6 +728,14 @@ impl View {
                         }
                         if f.kind() == "response" || f.kind() == "error" {
                             c.last_activity = now;
+                        }
+                    }
+                    (Some(c), Some(f)) if c.chat.is_some() => {
+                        if let Some(h) = c.chat.as_mut() {
+                            h.on_frame(f);
+                            if h.answered {
+                                c.last_activity = now;
+                            }
                         }
                     }
                     (Some(c), Some(f)) if c.inference.is_some() => {

@@ -6,8 +6,10 @@
 //! token counts (a `generate` `completion`'s usage, a `session` `response`'s
 //! `tokens_used`, a `responses` Response's usage; a warm-up runs no
 //! generation), each failure one `Failed`; a `cai` `ERROR` is counted like
-//! any error (and each `batch` ERROR element), but `cai` and `batch`
-//! requests are not matched to finished-request events
+//! any error (and each `batch` ERROR element, and each `chat` error frame
+//! by its `error.code`), but `cai`, `batch` and `chat` requests are not
+//! matched to finished-request events (a `chat` answer gathers several
+//! generations: its choices, its prompts, its embedding inputs)
 //! (a generation is counted when it ends, and its `STREAM_COMPLETE` may
 //! wait for the client's window long after); cancellations are counted; each
 //! feedback ack one `FeedbackReceived`; each sampled `generate` token's frame
@@ -222,6 +224,16 @@ impl Checker for Metrics {
                 }
                 return Ok(());
             }
+            if c.dialect == Dialect::Chat {
+                if f.v["kind"] == "error" {
+                    let code = f.v["data"]["error"]["code"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string();
+                    *t.error_frames.entry(("chat", code)).or_default() += 1;
+                }
+                return Ok(());
+            }
             if c.cai.is_some() {
                 if f.kind() == "ERROR" {
                     let code = f.v["error"]["code"].as_str().unwrap_or("").to_string();
@@ -290,7 +302,7 @@ impl Checker for Metrics {
                     elapsed: _,
                 } => {
                     let d = dialect.name();
-                    if matches!(*dialect, Dialect::Cai | Dialect::Batch) {
+                    if matches!(*dialect, Dialect::Cai | Dialect::Batch | Dialect::Chat) {
                         return Ok(());
                     }
                     let (p, c) = (u64::from(*prompt_tokens), u64::from(*completion_tokens));

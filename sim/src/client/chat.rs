@@ -1,0 +1,243 @@
+//! What a client of the `chat` routes asks: `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /v1/embeddings`, `POST /tokenize`,
+//! `POST /detokenize` and `GET /tokenizer_info`, each body drawn from the
+//! client's own stream. [`super::HttpClient`] sends them, one request per
+//! connection, as the io shell carries them.
+//!
+//! The bodies are what OpenAI clients and evaluation harnesses send: several
+//! choices (`n`), streams with and without usage, logprobs with
+//! alternatives, stop strings, batches of prompts as text and as token ids,
+//! `echo` with `logprobs` (prompt scoring), `max_tokens: 0` with `echo`,
+//! embeddings as floats and base64, cut to `dimensions`. Now and then one
+//! names a model this server does not serve, or asks for more than the
+//! bounds allow. Every prompt, message list, embedding input and text to
+//! tokenize starts with the connection's tag (see [`super`]), as token ids
+//! too: BOS, then the tag's bytes.
+
+use serde_json::{json, Map, Value};
+use tokenwire_core::rng::Rng;
+use tokenwire_core::text::byte::{BYTE_BOS, BYTE_OFFSET};
+use tokenwire_core::TokenId;
+
+use super::{chance, text};
+use crate::swarm::Swarm;
+
+/// A request: its method, its path and its body (`Null` for a GET).
+pub type Request = (String, String, Value);
+
+/// A request of the `chat` routes, tagged with `tag`, most tokens `cap`.
+pub fn request(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Request {
+    let x = rng.next_f64();
+    if x < 0.4 {
+        return post("/v1/chat/completions", chat(rng, swarm, tag, cap));
+    }
+    if x < 0.75 {
+        return post("/v1/completions", completions(rng, swarm, tag, cap));
+    }
+    if x < 0.9 {
+        return post("/v1/embeddings", embeddings(rng, swarm, tag));
+    }
+    if x < 0.95 {
+        let mut body = Map::new();
+        body.insert("prompt".into(), json!(format!("{tag}{}", text(rng, 12))));
+        if chance(rng, 0.5) {
+            body.insert("add_special_tokens".into(), json!(chance(rng, 0.5)));
+        }
+        return post("/tokenize", Value::Object(body));
+    }
+    if x < 0.98 {
+        return post("/detokenize", json!({"tokens": ids(rng, tag, 12)}));
+    }
+    ("GET".into(), "/tokenizer_info".into(), Value::Null)
+}
+
+fn post(path: &str, body: Value) -> Request {
+    ("POST".into(), path.into(), body)
+}
+
+/// `model`: the served one mostly, now and then another, rarely none (a
+/// `400`: the routes require it).
+fn model(rng: &mut Rng, swarm: &Swarm, body: &mut Map<String, Value>) {
+    if chance(rng, 0.05) {
+        body.insert("model".into(), json!(format!("not-{}", swarm.model.name)));
+    } else if !chance(rng, 0.02) {
+        body.insert("model".into(), json!(swarm.model.name));
+    }
+}
+
+/// The prompt's token ids: BOS, `tag`'s bytes and up to `max` more bytes.
+fn ids(rng: &mut Rng, tag: &str, max: u64) -> Vec<TokenId> {
+    let words = format!("{tag}{}", text(rng, max));
+    std::iter::once(BYTE_BOS)
+        .chain(words.bytes().map(|b| TokenId::from(b) + BYTE_OFFSET))
+        .collect()
+}
+
+/// What every generating body may carry: `n`, `stream` (with usage now and
+/// then), temperature, `seed`, stop strings.
+fn common(rng: &mut Rng, body: &mut Map<String, Value>, most_n: u64) {
+    if chance(rng, 0.3) {
+        let n = if chance(rng, 0.03) {
+            9
+        } else {
+            1 + rng.below(most_n)
+        };
+        body.insert("n".into(), json!(n));
+    }
+    if chance(rng, 0.5) {
+        body.insert("stream".into(), json!(true));
+        if chance(rng, 0.5) {
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+    }
+    if chance(rng, 0.4) {
+        body.insert("temperature".into(), json!(rng.below(3)));
+    }
+    if chance(rng, 0.2) {
+        body.insert("seed".into(), json!(rng.below(1000)));
+    }
+    if chance(rng, 0.15) {
+        body.insert("stop".into(), json!([text(rng, 2)]));
+    }
+}
+
+/// A Chat Completions body: a system message with the tag, a few turns.
+fn chat(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Value {
+    let mut messages =
+        vec![json!({"role": "system", "content": format!("{tag}{}", text(rng, 12))})];
+    for _ in 0..rng.below(3) {
+        messages.push(json!({"role": "user", "content": text(rng, 12)}));
+        messages.push(json!({"role": "assistant", "content": text(rng, 12)}));
+    }
+    messages.push(json!({"role": "user", "content": text(rng, 16)}));
+    let mut body = Map::new();
+    body.insert("messages".into(), Value::Array(messages));
+    model(rng, swarm, &mut body);
+    common(rng, &mut body, 3);
+    if chance(rng, 0.85) {
+        let field = if chance(rng, 0.5) {
+            "max_tokens"
+        } else {
+            "max_completion_tokens"
+        };
+        body.insert(field.into(), json!(1 + rng.below(cap)));
+    }
+    if chance(rng, 0.25) {
+        body.insert("logprobs".into(), json!(true));
+        body.insert("top_logprobs".into(), json!(rng.below(4)));
+    }
+    Value::Object(body)
+}
+
+/// A Completions body: one prompt or a batch, text or token ids, scored
+/// (`echo` with `logprobs`) now and then.
+fn completions(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Value {
+    let one = |rng: &mut Rng| -> Value {
+        if chance(rng, 0.25) {
+            json!(ids(rng, tag, 16))
+        } else {
+            json!(format!("{tag}{}", text(rng, 16)))
+        }
+    };
+    let prompt = if chance(rng, 0.3) {
+        Value::Array((0..1 + rng.below(4)).map(|_| one(rng)).collect())
+    } else {
+        one(rng)
+    };
+    let mut body = Map::new();
+    body.insert("prompt".into(), prompt);
+    model(rng, swarm, &mut body);
+    common(rng, &mut body, 2);
+    let echo = chance(rng, 0.35);
+    if echo {
+        body.insert("echo".into(), json!(true));
+    }
+    if chance(rng, if echo { 0.6 } else { 0.2 }) {
+        body.insert("logprobs".into(), json!(rng.below(4)));
+    }
+    if echo && chance(rng, 0.2) {
+        body.insert("max_tokens".into(), json!(0));
+    } else if chance(rng, 0.85) {
+        body.insert("max_tokens".into(), json!(1 + rng.below(cap)));
+    }
+    Value::Object(body)
+}
+
+/// An Embeddings body: one input or several, text or ids, as floats or
+/// base64, cut to `dimensions` now and then.
+fn embeddings(rng: &mut Rng, swarm: &Swarm, tag: &str) -> Value {
+    let one = |rng: &mut Rng| -> Value {
+        if chance(rng, 0.2) {
+            json!(ids(rng, tag, 16))
+        } else {
+            json!(format!("{tag}{}", text(rng, 16)))
+        }
+    };
+    let input = if chance(rng, 0.4) {
+        Value::Array((0..1 + rng.below(4)).map(|_| one(rng)).collect())
+    } else {
+        one(rng)
+    };
+    let mut body = Map::new();
+    body.insert("input".into(), input);
+    model(rng, swarm, &mut body);
+    if chance(rng, 0.3) {
+        body.insert("encoding_format".into(), json!("base64"));
+    }
+    if chance(rng, 0.3) {
+        // Now and then one more than the model has: a `400`.
+        let most = u64::from(swarm.model.embedding_size) + 1;
+        body.insert("dimensions".into(), json!(1 + rng.below(most)));
+    }
+    Value::Object(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_body_starts_with_the_tag() {
+        let swarm = Swarm::from_seed(7);
+        let mut rng = Rng::new(3);
+        let tag_ids: Vec<TokenId> = std::iter::once(BYTE_BOS)
+            .chain("<c5>".bytes().map(|b| TokenId::from(b) + BYTE_OFFSET))
+            .collect();
+        let tagged = |v: &Value| match v {
+            Value::String(s) => s.starts_with("<c5>"),
+            Value::Array(ids) => ids
+                .iter()
+                .map(|i| i.as_u64().unwrap_or(0) as TokenId)
+                .take(tag_ids.len())
+                .eq(tag_ids.iter().copied()),
+            _ => false,
+        };
+        let mut paths = std::collections::BTreeSet::new();
+        for _ in 0..400 {
+            let (_, path, body) = request(&mut rng, &swarm, "<c5>", 8);
+            paths.insert(path.clone());
+            let inputs: Vec<&Value> = match path.as_str() {
+                "/v1/chat/completions" => vec![&body["messages"][0]["content"]],
+                "/v1/completions" | "/v1/embeddings" => {
+                    let v = if path == "/v1/completions" {
+                        &body["prompt"]
+                    } else {
+                        &body["input"]
+                    };
+                    match v {
+                        // A batch: strings and id arrays; else one prompt.
+                        Value::Array(a) if !a[0].is_number() => a.iter().collect(),
+                        other => vec![other],
+                    }
+                }
+                "/tokenize" => vec![&body["prompt"]],
+                "/detokenize" => vec![&body["tokens"]],
+                _ => vec![],
+            };
+            for v in inputs {
+                assert!(tagged(v), "{path}: {v}");
+            }
+        }
+        assert_eq!(paths.len(), 6, "{paths:?}");
+    }
+}

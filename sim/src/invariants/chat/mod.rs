@@ -1,0 +1,34 @@
+//! The `chat` dialect (the OpenAI HTTP routes: `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /v1/embeddings` and vLLM's tokenizer
+//! routes): its checkers, each judging whole answers that [`answers`]
+//! assembles from the Host's frames.
+//!
+//! The checkers: exactly one answer per request and nothing after it, chunks
+//! only when streaming ([`terminal`]); replies and streams shaped as the API
+//! says, every choice there and finished once, usage adding up, logprobs
+//! the engine's, `max_tokens` kept ([`replies`]); echoed prompts and their
+//! scores, position by position, and `max_tokens: 0` ([`scores`]); each
+//! embedding the engine's vector of its own input, normalized
+//! ([`embeddings`]); the tokenizer routes as the tokenizer reads
+//! ([`tokenize`]).
+
+pub mod answers;
+pub mod embeddings;
+pub mod replies;
+pub mod scores;
+pub mod terminal;
+pub mod tokenize;
+pub mod view;
+
+use super::Checker;
+
+/// The `chat` dialect's checkers, in the order they run.
+pub fn checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(terminal::ChatTerminal::default()),
+        Box::new(replies::ChatReplies::default()),
+        Box::new(scores::ChatScores::default()),
+        Box::new(embeddings::ChatEmbeddings::default()),
+        Box::new(tokenize::ChatTokenize::default()),
+    ]
+}

@@ -1,0 +1,114 @@
+//! `chat_tokenize`: vLLM's tokenizer routes answer as the tokenizer reads.
+//! `POST /tokenize` gives the prompt's ids (BOS first unless
+//! `add_special_tokens` is false), their count and the context length;
+//! `POST /detokenize` gives the ids' text; `GET /tokenizer_info` names the
+//! BOS the tokenizer adds. Errors are OpenAI's error object.
+
+use serde_json::{json, Value};
+use tokenwire_core::text::byte::ByteCodec;
+use tokenwire_core::{Input, Output, TextCodec, TokenId};
+
+use super::answers::{Answers, Outcome, Request};
+use super::replies::judge_error;
+use crate::invariants::{clip, Check, Checker, Cx, Frame};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct ChatTokenize {
+    answers: Answers,
+}
+
+fn judge(cx: &Cx<'_>, r: &Request, v: &Value) -> Check {
+    match r.route.as_str() {
+        "tokenize" => {
+            let text = r.body["prompt"].as_str().unwrap_or("");
+            let special = r.body["add_special_tokens"] != false;
+            let ids = ByteCodec.encode(text, special).unwrap_or_default();
+            let want =
+                json!({"count": ids.len(), "max_model_len": cx.model.context_len, "tokens": ids});
+            if v != &want {
+                return Err(format!("answered {} (want {want})", clip(&v.to_string())));
+            }
+        }
+        "detokenize" => {
+            let ids: Vec<TokenId> = r.body["tokens"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.as_u64().and_then(|t| TokenId::try_from(t).ok()))
+                .collect();
+            let want = ByteCodec.decode(&ids);
+            if v["prompt"] != want.as_str() {
+                return Err(format!("answered {} (want {want:?})", clip(&v.to_string())));
+            }
+        }
+        "tokenizer_info" if v["add_bos_token"] != true => {
+            return Err(format!(
+                "answered {} (the tokenizer adds a BOS)",
+                clip(&v.to_string())
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+impl Checker for ChatTokenize {
+    fn name(&self) -> &'static str {
+        "chat_tokenize"
+    }
+
+    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
+        self.answers.on_input(input);
+        Ok(())
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        let Some(a) = self.answers.on_output(out, frame) else {
+            return Ok(());
+        };
+        let r = a.request;
+        if !matches!(
+            r.route.as_str(),
+            "tokenize" | "detokenize" | "tokenizer_info"
+        ) {
+            return Ok(());
+        }
+        let judged = match &a.outcome {
+            Outcome::Reply(v) => judge(cx, r, v),
+            Outcome::Error(status, body) => judge_error(Some(*status), body),
+            Outcome::Stream(..) => Err("a tokenizer route streamed".into()),
+        };
+        judged.map_err(|e| format!("{} request on {:?}: {e}", r.route, a.conn))
+    }
+
+    fn on_crash(&mut self) {
+        self.answers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invariants::testkit::kit;
+    use tokenwire_core::{ConnId, Dialect};
+
+    #[test]
+    fn the_tokenizers_ids_pass_and_a_missing_bos_is_caught() {
+        for (tokens, ok) in [(json!([1, 66, 67]), true), (json!([66, 67]), false)] {
+            let mut k = kit(Box::new(ChatTokenize::default()));
+            k.open_http(1, Dialect::Chat);
+            k.input(Input::Text {
+                conn: ConnId(1),
+                text: json!({"route": "tokenize", "body": {"prompt": "?@"}}).to_string(),
+            })
+            .expect("request");
+            let count = tokens.as_array().map_or(0, Vec::len);
+            let r = k.send(
+                1,
+                json!({"kind": "reply", "data": {"count": count, "max_model_len": 512, "tokens": tokens}}),
+            );
+            assert_eq!(r.is_ok(), ok, "{r:?}");
+        }
+    }
+}
