@@ -194,8 +194,10 @@ pub fn decode(
         Route::Chat | Route::Messages => Input::Messages(messages(&f, format)?),
         Route::Completions => Input::Prompts(completion_prompts(&f, vocab_size, context_len)?),
     };
-    // `max_completion_tokens` is the newer name; it wins when both are set.
+    // `max_completion_tokens` is the newer name; it wins when both are set,
+    // but a `max_tokens` that is no count at all is still refused.
     let names = if f.has("max_completion_tokens") {
+        f.u64("max_tokens").map_err(BadRequest::invalid)?;
         ParamNames {
             max_tokens: "max_completion_tokens",
             top_logprobs: "",
@@ -841,6 +843,12 @@ mod tests {
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
                 "top_logprobs",
+            ),
+            (
+                // Found by the simulator: superseded, but no count at all.
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                       "max_completion_tokens": 4, "max_tokens": -1}),
+                "max_tokens",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}),
