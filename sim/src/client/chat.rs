@@ -25,8 +25,57 @@ use crate::swarm::Swarm;
 /// A request: its method, its path and its body (`Null` for a GET).
 pub type Request = (String, String, Value);
 
-/// A request of the `chat` routes, tagged with `tag`, most tokens `cap`.
+/// A request of the `chat` routes, tagged with `tag`, most tokens `cap`;
+/// now and then with one field the route must refuse ([`BAD_FIELDS`]).
 pub fn request(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Request {
+    let (method, path, mut body) = valid_request(rng, swarm, tag, cap);
+    if chance(rng, 0.06) {
+        if let Value::Object(map) = &mut body {
+            corrupt(rng, &path, map);
+        }
+    }
+    (method, path, body)
+}
+
+/// Fields a client gets wrong, by route: (the field, a value the route
+/// refuses).
+pub const BAD_FIELDS: &[(&str, &str, &str)] = &[
+    ("/v1/chat/completions", "temperature", "9"),
+    ("/v1/chat/completions", "temperature", "\"hot\""),
+    ("/v1/chat/completions", "max_tokens", "-1"),
+    ("/v1/chat/completions", "n", "0"),
+    ("/v1/chat/completions", "top_p", "2"),
+    ("/v1/chat/completions", "messages", "[]"),
+    ("/v1/chat/completions", "stream", "\"yes\""),
+    ("/v1/chat/completions", "seed", "\"x\""),
+    ("/v1/completions", "prompt", "[]"),
+    ("/v1/completions", "logprobs", "9"),
+    ("/v1/completions", "max_tokens", "1.5"),
+    ("/v1/completions", "echo", "\"yes\""),
+    ("/v1/completions", "stop", "5"),
+    ("/v1/embeddings", "input", "[]"),
+    ("/v1/embeddings", "encoding_format", "\"hex\""),
+    ("/v1/embeddings", "dimensions", "0"),
+    ("/tokenize", "prompt", "5"),
+    ("/tokenize", "add_special_tokens", "1"),
+    ("/detokenize", "tokens", "\"1 2\""),
+    ("/detokenize", "tokens", "[-1]"),
+];
+
+/// Sets one of `path`'s [`BAD_FIELDS`] in `body`.
+fn corrupt(rng: &mut Rng, path: &str, body: &mut Map<String, Value>) {
+    let fields: Vec<_> = BAD_FIELDS.iter().filter(|f| f.0 == path).collect();
+    if fields.is_empty() {
+        return;
+    }
+    let (_, field, value) = fields[rng.below(fields.len() as u64) as usize];
+    let value = serde_json::from_str(value).unwrap_or(Value::Null);
+    body.insert((*field).to_string(), value);
+}
+
+/// A request the route accepts (unless it names another model, or asks for
+/// more choices or dimensions than there are).
+fn valid_request(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Request {
     let x = rng.next_f64();
     if x < 0.4 {
         return post("/v1/chat/completions", chat(rng, swarm, tag, cap));

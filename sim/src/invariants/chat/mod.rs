@@ -4,7 +4,8 @@
 //! assembles from the Host's frames.
 //!
 //! The checkers: exactly one answer per request and nothing after it, chunks
-//! only when streaming ([`terminal`]); replies and streams shaped as the API
+//! only when streaming ([`terminal`]); fields the API does not allow
+//! refused with a `400` naming them ([`refusals`]); replies and streams shaped as the API
 //! says, every choice there and finished once, usage adding up, logprobs
 //! the engine's, `max_tokens` kept ([`replies`]); echoed prompts and their
 //! scores, position by position, and `max_tokens: 0` ([`scores`]); each
@@ -14,6 +15,7 @@
 
 pub mod answers;
 pub mod embeddings;
+pub mod refusals;
 pub mod replies;
 pub mod scores;
 pub mod terminal;
@@ -26,6 +28,7 @@ use super::Checker;
 pub fn checkers() -> Vec<Box<dyn Checker>> {
     vec![
         Box::new(terminal::ChatTerminal::default()),
+        Box::new(refusals::ChatRefusals::default()),
         Box::new(replies::ChatReplies::default()),
         Box::new(scores::ChatScores::default()),
         Box::new(embeddings::ChatEmbeddings::default()),

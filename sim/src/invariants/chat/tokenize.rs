@@ -9,6 +9,7 @@ use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{Input, Output, TextCodec, TokenId};
 
 use super::answers::{Answers, Outcome, Request};
+use super::refusals::bad_fields;
 use super::replies::judge_error;
 use crate::invariants::{clip, Check, Checker, Cx, Frame};
 
@@ -68,10 +69,9 @@ impl Checker for ChatTokenize {
             return Ok(());
         };
         let r = a.request;
-        if !matches!(
-            r.route.as_str(),
-            "tokenize" | "detokenize" | "tokenizer_info"
-        ) {
+        // A request with a field the API does not allow is `chat_refusals`'.
+        let routes = ["tokenize", "detokenize", "tokenizer_info"];
+        if !routes.contains(&r.route.as_str()) || !bad_fields(r, cx.model).is_empty() {
             return Ok(());
         }
         let judged = match &a.outcome {
