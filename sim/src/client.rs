@@ -19,7 +19,8 @@
 //!   requests;
 //! - [`chat`]: the OpenAI routes a `chat` client asks (Chat Completions,
 //!   Completions with batches and prompt scoring, Embeddings, the tokenizer
-//!   routes).
+//!   routes);
+//! - [`anthropic`]: Anthropic's Messages routes an `anthropic` client asks.
 //!
 //! Each only reacts to what it reads and speaks through the same
 //! [`ClientOp`]s, and keeps what every client keeps (its connection, whether
@@ -35,8 +36,10 @@
 //! unique per connection) and its prompt, which carries the tag too, a
 //! `batch` prompt as given (a continued batch's sequences keep the tag of
 //! the connection the batch started on), a `chat` request's through its
-//! system message, its prompts (text or ids) and its embedding inputs.
+//! system message, its prompts (text or ids) and its embedding inputs, an
+//! `anthropic` one's through its `system`.
 
+pub mod anthropic;
 pub mod base;
 pub mod batch;
 pub mod cai;
@@ -147,7 +150,7 @@ pub trait SimClient: std::fmt::Debug + Send {
 pub fn new_client(id: usize, swarm: &Swarm, rng: Rng) -> Box<dyn SimClient> {
     let dialect = swarm.dialects.get(id).copied().unwrap_or(Dialect::Generate);
     let http = match dialect {
-        Dialect::Chat => true,
+        Dialect::Chat | Dialect::Anthropic => true,
         Dialect::Session | Dialect::Responses => speaks_http(id, swarm),
         _ => false,
     };

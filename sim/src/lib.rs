@@ -5,19 +5,19 @@
 //! [`Host`](tokenwire_core::Host) in virtual time, with invariant checkers
 //! after every event. TigerBeetle's VOPR is the model.
 //!
-//! A run mixes clients of six of the dialects the core serves (`generate`,
-//! `session`, `responses`, `cai`, `batch`, and `chat`, the OpenAI HTTP
-//! routes): most seeds have all six, a few only one (the swarm decides;
-//! `anthropic`, the `chat` machine's Messages route, has no client yet). The runner plays the shell around the Host: it
+//! A run mixes clients of the seven dialects the core serves (`generate`,
+//! `session`, `responses`, `cai`, `batch`, `chat`, the OpenAI HTTP routes,
+//! and `anthropic`, the Messages routes): most seeds have six or seven, a
+//! few only one (the swarm decides). The runner plays the shell around the Host: it
 //! opens connections with the query string each client chooses (`cai`
 //! credentials, checked against the run's keys file), delivers frames over a
 //! network with random delays, runs engine steps and text jobs, and
 //! answers the job verifier (`Output::VerifyJob`) with a verdict drawn per
 //! run (a token budget, refusals). `generate`, `session` and `responses`
-//! clients may speak HTTP, one request per connection, and `chat` clients
-//! always do (Chat Completions, Completions with batches and prompt
-//! scoring, Embeddings, the tokenizer routes); the `session`, `responses`
-//! and `chat` ones map their bodies with the dialects' own HTTP mappings,
+//! clients may speak HTTP, one request per connection, and `chat` and
+//! `anthropic` clients always do (Chat Completions, Completions with
+//! batches and prompt scoring, Embeddings, the tokenizer routes; Messages
+//! and `count_tokens`); they all map their bodies with the dialects' own HTTP mappings,
 //! as the shell does, and checkers judge what the client gets. The engine
 //! computes embeddings and prompt scores as functions of the prompt, so the
 //! `chat` checkers recompute each vector and score from what the client
@@ -41,7 +41,8 @@
 //! - [`faults`]: the fault plan and the counts.
 //! - [`invariants`]: the checkers, one file each, laid out like the core's
 //!   dialects: `common` for every dialect, then `generate`, `session`,
-//!   `responses`, `cai`, `batch` and `chat`, each beside its part of the view;
+//!   `responses`, `cai`, `batch`, `chat` and `anthropic`, each beside its
+//!   part of the view;
 //!   `invariants::http` replays the shell's part of an HTTP request.
 //! - [`driver`]: feeds a Host and runs the checkers.
 //! - [`runner`]: one whole simulation.

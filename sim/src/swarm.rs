@@ -171,8 +171,9 @@ pub struct Swarm {
     pub seed: u64,
     /// Simulated clients.
     pub clients: usize,
-    /// The dialect of each client, by index: all six simulated dialects in
-    /// most seeds, a single one in a few.
+    /// The dialect of each client, by index: the six simulated dialects
+    /// (and `anthropic` in two mixed runs of three) in most seeds, a single
+    /// one in a few.
     pub dialects: Vec<Dialect>,
     /// The `cai` keys and organisations (the keys file itself is in `host`).
     pub cai: CaiOptions,
@@ -508,18 +509,21 @@ fn batch_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
     dialects
 }
 
-/// Adds one to three `chat` clients (HTTP only) to a mixed run (a run of
-/// one dialect stays so), and makes a few runs all `chat`. Appended last,
-/// so every other client keeps its index and its random stream.
+/// Adds one to three `chat` clients and up to two `anthropic` ones (HTTP
+/// only) to a mixed run (a run of one dialect stays so), and makes a few
+/// runs all `chat`. Appended last, so every other client keeps its index
+/// and its random stream.
 fn chat_mix(rng: &mut Rng, mut dialects: Vec<Dialect>) -> Vec<Dialect> {
     let x = rng.next_f64();
     let n = 1 + rng.below(3) as usize;
+    let m = rng.below(3) as usize;
     let single = dialects.windows(2).all(|w| w[0] == w[1]);
     if x < 0.04 {
         return vec![Dialect::Chat; dialects.len().max(2)];
     }
     if !single {
         dialects.extend(std::iter::repeat_n(Dialect::Chat, n));
+        dialects.extend(std::iter::repeat_n(Dialect::Anthropic, m));
     }
     dialects
 }
@@ -652,8 +656,8 @@ mod tests {
 
     #[test]
     fn most_seeds_mix_all_six_dialects() {
-        // The six the swarm simulates (`anthropic` is the `chat` machine's
-        // Messages route and has no client here yet).
+        // Six of the seven the swarm simulates (`anthropic` joins two
+        // mixed runs in three).
         let served = [
             Dialect::Generate,
             Dialect::Session,

@@ -263,7 +263,7 @@ mod tests {
         };
         let mut paths = std::collections::BTreeSet::new();
         for _ in 0..400 {
-            let (_, path, body) = request(&mut rng, &swarm, "<c5>", 8);
+            let (_, path, body) = valid_request(&mut rng, &swarm, "<c5>", 8);
             paths.insert(path.clone());
             let inputs: Vec<&Value> = match path.as_str() {
                 "/v1/chat/completions" => vec![&body["messages"][0]["content"]],
@@ -288,5 +288,20 @@ mod tests {
             }
         }
         assert_eq!(paths.len(), 6, "{paths:?}");
+    }
+
+    #[test]
+    fn now_and_then_one_field_is_one_the_route_refuses() {
+        let swarm = Swarm::from_seed(7);
+        let mut rng = Rng::new(4);
+        let mut corrupted = 0;
+        for _ in 0..1000 {
+            let (_, path, body) = request(&mut rng, &swarm, "<c5>", 8);
+            let bad = BAD_FIELDS.iter().any(|(p, field, value)| {
+                *p == path && serde_json::from_str::<Value>(value).ok().as_ref() == body.get(*field)
+            });
+            corrupted += u32::from(bad);
+        }
+        assert!((20..120).contains(&corrupted), "{corrupted} of 1000");
     }
 }

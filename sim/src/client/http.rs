@@ -1,6 +1,7 @@
-//! A stateless client of the `session`, `responses` and `chat` HTTP routes
-//! (`POST /v1/inference`, `POST /v1/responses`, `GET /v1/responses/{id}`,
-//! and the OpenAI routes of [`super::chat`]), one request per connection as
+//! A stateless client of the `session`, `responses`, `chat` and
+//! `anthropic` HTTP routes (`POST /v1/inference`, `POST /v1/responses`,
+//! `GET /v1/responses/{id}`, the OpenAI routes of [`super::chat`] and the
+//! Messages routes of [`super::anthropic`]), one request per connection as
 //! the io shell carries them: it maps its
 //! body with the dialect's own [`http_call`] (the shell's first move),
 //! sends the frames on a [`Transport::Http`] connection once it opens, hands
@@ -16,7 +17,8 @@
 //! the tag at the prompt's start is this connection's).
 //!
 //! Whether a reply was right is the `session_http` and `responses_http`
-//! checkers' business, and the `chat` checkers' for the OpenAI routes: they replay each exchange over the frames the Host
+//! checkers' business, and the `chat` and `anthropic` checkers' for the
+//! OpenAI and Messages routes: they replay each exchange over the frames the Host
 //! sent and judge what it gives.
 
 use serde_json::{json, Map, Value};
@@ -57,7 +59,8 @@ impl std::fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
-    /// Client `id` of `dialect` (`session`, `responses` or `chat`) in a run with
+    /// Client `id` of `dialect` (`session`, `responses`, `chat` or
+    /// `anthropic`) in a run with
     /// `swarm`, drawing from `rng`.
     pub fn new(id: usize, dialect: Dialect, swarm: &Swarm, mut rng: Rng) -> HttpClient {
         let habits = Habits::draw(&mut rng, swarm, false);
@@ -238,6 +241,10 @@ impl SimClient for HttpClient {
             Dialect::Chat => {
                 let cap = self.max_tokens_cap(cx.swarm);
                 super::chat::request(&mut self.rng, cx.swarm, &conn_tag(self.base.conn), cap)
+            }
+            Dialect::Anthropic => {
+                let cap = self.max_tokens_cap(cx.swarm);
+                super::anthropic::request(&mut self.rng, cx.swarm, &conn_tag(self.base.conn), cap)
             }
             _ => self.responses(cx.swarm),
         };

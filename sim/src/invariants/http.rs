@@ -1,5 +1,6 @@
 //! The shell's part of an HTTP request, replayed for the checkers that
-//! judge what an HTTP client gets (`session_http`, `responses_http`).
+//! judge what an HTTP client gets (`session_http`, `responses_http`,
+//! `anthropic_http`).
 //!
 //! The io shell maps a request's body to frames with the dialect's own
 //! [`http_call`], sends them on a [`Transport::Http`] connection, hands
@@ -55,22 +56,36 @@ impl std::fmt::Debug for Replays {
 }
 
 /// The request line and body that map to `frame` (its `type` says which
-/// route it came from).
-fn request_of(dialect: Dialect, frame: &str) -> Option<(String, String)> {
+/// route it came from; an `anthropic` frame is `{"route", "body"}`).
+fn request_of(dialect: Dialect, frame: &str) -> Option<(String, String, Vec<u8>)> {
     let v: Value = serde_json::from_str(frame).ok()?;
+    let whole = || frame.as_bytes().to_vec();
     match (dialect, v["type"].as_str()) {
         (Dialect::Responses, Some("response.retrieve")) => Some((
             "GET".into(),
             format!("/v1/responses/{}", v["response_id"].as_str()?),
+            whole(),
         )),
-        (Dialect::Responses, _) => Some(("POST".into(), "/v1/responses".into())),
-        (Dialect::Session, _) => Some(("POST".into(), "/v1/inference".into())),
+        (Dialect::Responses, _) => Some(("POST".into(), "/v1/responses".into(), whole())),
+        (Dialect::Session, _) => Some(("POST".into(), "/v1/inference".into(), whole())),
+        (Dialect::Anthropic, _) => {
+            let path = match v["route"].as_str()? {
+                "count_tokens" => "/v1/messages/count_tokens",
+                _ => "/v1/messages",
+            };
+            Some((
+                "POST".into(),
+                path.into(),
+                v["body"].to_string().into_bytes(),
+            ))
+        }
         _ => None,
     }
 }
 
 impl Replays {
-    /// The HTTP requests of `dialect` (`session` or `responses`).
+    /// The HTTP requests of `dialect` (`session`, `responses` or
+    /// `anthropic`).
     pub fn new(dialect: Dialect) -> Replays {
         Replays {
             dialect,
@@ -102,13 +117,13 @@ impl Replays {
                     return;
                 };
                 r.request = Some(serde_json::from_str(text).unwrap_or(Value::Null));
-                let Some((method, path)) = request_of(self.dialect, text) else {
+                let Some((method, path, body)) = request_of(self.dialect, text) else {
                     return;
                 };
                 let req = HttpRequest {
                     method: &method,
                     path: &path,
-                    body: text.as_bytes(),
+                    body: &body,
                     model,
                 };
                 r.exchange = http_call(self.dialect, &req).ok().map(|c| c.exchange);

@@ -2,7 +2,7 @@
 //! the core's dialects: the checkers every dialect must pass in [`common`],
 //! and each dialect's own checkers beside its part of the view in a
 //! directory of its own ([`generate`], [`session`], [`responses`], [`cai`],
-//! [`batch`], [`chat`]).
+//! [`batch`], [`chat`], [`anthropic`]).
 //!
 //! Checkers judge only what crosses the Host's boundary: the inputs it was
 //! given, the outputs it produced, and its gauges after each event. They never
@@ -31,6 +31,8 @@
 //! - [`chat`]: the OpenAI HTTP routes' answers, judged whole: one per
 //!   request, shaped and counted as the API says, prompt scores and
 //!   embeddings recomputed from the prompt, the tokenizer routes.
+//! - [`anthropic`]: the Messages routes' replies and event streams as
+//!   Anthropic's API orders them.
 //!
 //! A checker's name (what a violation prints, what `--skip` takes, what a
 //! trace records among the checkers it skipped) is the one its module doc
@@ -39,6 +41,7 @@
 //! The names predate this layout and are kept as they were, so that skip
 //! lists in recorded traces keep meaning what they meant.
 
+pub mod anthropic;
 pub mod batch;
 pub mod cai;
 pub mod chat;
@@ -270,6 +273,7 @@ pub fn all_checkers() -> Vec<Box<dyn Checker>> {
     v.extend(cai::checkers());
     v.extend(batch::checkers());
     v.extend(chat::checkers());
+    v.extend(anthropic::checkers());
     v
 }
 

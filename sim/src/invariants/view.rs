@@ -105,7 +105,8 @@ pub struct ConnView {
     pub cai: Option<cai::CaiConnView>,
     /// A `batch` connection's payloads and prompts.
     pub batch: Option<batch::BatchConnView>,
-    /// A `chat` request's frame and answer.
+    /// A `chat` (or `anthropic`: the same machine) request's frame and
+    /// answer.
     pub chat: Option<chat::view::ChatConnView>,
 }
 
@@ -450,7 +451,8 @@ impl View {
                         cai: (*dialect == Dialect::Cai)
                             .then(|| cai::CaiConnView::opened(self.keys.as_ref(), query)),
                         batch: (*dialect == Dialect::Batch).then(batch::BatchConnView::default),
-                        chat: (*dialect == Dialect::Chat).then(chat::view::ChatConnView::default),
+                        chat: matches!(dialect, Dialect::Chat | Dialect::Anthropic)
+                            .then(chat::view::ChatConnView::default),
                     },
                 );
             }
@@ -691,7 +693,9 @@ impl View {
                 }
                 return;
             }
-            (Output::Send { conn, .. }, Some(f)) if dialect == Some(Dialect::Chat) => {
+            (Output::Send { conn, .. }, Some(f))
+                if matches!(dialect, Some(Dialect::Chat | Dialect::Anthropic)) =>
+            {
                 let key = self
                     .conns
                     .get(conn)

@@ -1,4 +1,6 @@
-//! Each `chat` request's answer, assembled from the frames the Host sent
+//! Each `chat` request's answer (an `anthropic` one's too: the same machine
+//! sends the same frames, which the shell writes in Anthropic's shapes),
+//! assembled from the frames the Host sent
 //! (`{"kind": "chunk" | "done" | "reply" | "error", ...}`, which the io
 //! shell writes as one JSON reply or as server-sent events), for the
 //! checkers that judge whole answers. A request is its connection's first
@@ -150,7 +152,7 @@ impl Answers {
         match input {
             Input::Open {
                 conn,
-                dialect: Dialect::Chat,
+                dialect: Dialect::Chat | Dialect::Anthropic,
                 transport: Transport::Http,
                 ..
             } => {

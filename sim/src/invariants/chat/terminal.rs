@@ -1,4 +1,5 @@
-//! `chat_terminal`: every `chat` request gets exactly one answer and
+//! `chat_terminal`: every `chat` (and `anthropic`) request gets exactly one
+//! answer and
 //! nothing after it: chunks (only when it asked to stream, and only on the
 //! generating routes) then `done` or an error, or one reply or error; the
 //! Host sends nothing to a connection before its request or after its
@@ -39,7 +40,7 @@ impl Checker for ChatTerminal {
         match input {
             Input::Open {
                 conn,
-                dialect: Dialect::Chat,
+                dialect: Dialect::Chat | Dialect::Anthropic,
                 transport: Transport::Http,
                 ..
             } => {
@@ -87,7 +88,7 @@ impl Checker for ChatTerminal {
             ));
         }
         let kind = frame.and_then(|f| f.v["kind"].as_str()).unwrap_or("");
-        let generating = matches!(route.as_str(), "chat" | "completions");
+        let generating = matches!(route.as_str(), "chat" | "completions" | "messages");
         let ok = match kind {
             "chunk" | "done" => generating && stream && (kind == "chunk" || s.streamed),
             "reply" => !(generating && stream),

@@ -7,9 +7,10 @@
 //! `tokens_used`, a `responses` Response's usage; a warm-up runs no
 //! generation), each failure one `Failed`; a `cai` `ERROR` is counted like
 //! any error (and each `batch` ERROR element, and each `chat` error frame
-//! by its `error.code`), but `cai`, `batch` and `chat` requests are not
-//! matched to finished-request events (a `chat` answer gathers several
-//! generations: its choices, its prompts, its embedding inputs)
+//! or `anthropic` error frame by its `error.code`), but `cai`, `batch`,
+//! `chat` and `anthropic` requests are not matched to finished-request
+//! events (a `chat` answer gathers several generations: its choices, its
+//! prompts, its embedding inputs)
 //! (a generation is counted when it ends, and its `STREAM_COMPLETE` may
 //! wait for the client's window long after); cancellations are counted; each
 //! feedback ack one `FeedbackReceived`; each sampled `generate` token's frame
@@ -224,13 +225,13 @@ impl Checker for Metrics {
                 }
                 return Ok(());
             }
-            if c.dialect == Dialect::Chat {
+            if c.chat.is_some() {
                 if f.v["kind"] == "error" {
                     let code = f.v["data"]["error"]["code"]
                         .as_str()
                         .unwrap_or("")
                         .to_string();
-                    *t.error_frames.entry(("chat", code)).or_default() += 1;
+                    *t.error_frames.entry((c.dialect.name(), code)).or_default() += 1;
                 }
                 return Ok(());
             }
@@ -302,7 +303,10 @@ impl Checker for Metrics {
                     elapsed: _,
                 } => {
                     let d = dialect.name();
-                    if matches!(*dialect, Dialect::Cai | Dialect::Batch | Dialect::Chat) {
+                    if matches!(
+                        *dialect,
+                        Dialect::Cai | Dialect::Batch | Dialect::Chat | Dialect::Anthropic
+                    ) {
                         return Ok(());
                     }
                     let (p, c) = (u64::from(*prompt_tokens), u64::from(*completion_tokens));
