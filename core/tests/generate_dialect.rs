@@ -1135,3 +1135,64 @@ fn with_the_prefix_cache_off_nothing_is_reused() {
     }
     assert_eq!(h.host.stats().kv_blocks_cached, 0);
 }
+
+/// Found by the simulator: a frame held while the model loads is answered
+/// when the model is there, and the idle clock starts again then, not at
+/// the frame's arrival (the connection was closed as idle before the idle
+/// timeout had passed since its answer).
+#[test]
+fn a_frame_held_while_loading_restarts_the_idle_clock_when_it_is_answered() {
+    let config_with_idle = HostConfig {
+        idle_timeout: Duration::from_secs(8),
+        ..HostConfig::default()
+    };
+    let mut host = tokenwire_core::Host::new(config_with_idle, 1u64);
+    let at = |s: u64| tokenwire_core::Instant::ZERO + Duration::from_secs(s);
+    let c = ConnId(1);
+    host.handle(
+        at(0),
+        Input::Open {
+            conn: c,
+            dialect: Dialect::Generate,
+            transport: tokenwire_core::Transport::WebSocket,
+            query: String::new(),
+            authorization: None,
+            peer: String::new(),
+        },
+    );
+    // Refused as soon as it is read: no generation ever runs.
+    let bad = config("Hi", json!({"temperature": 9}));
+    host.handle(
+        at(0),
+        Input::Text {
+            conn: c,
+            text: bad.to_string(),
+        },
+    );
+    host.handle(
+        at(5),
+        Input::ModelLoaded {
+            info: tiny_model_info(),
+            codec: tokenwire_core::testing::ByteCodec::shared(),
+        },
+    );
+    let mut answered = false;
+    let mut closed_at = None;
+    for s in 5..=14 {
+        host.handle(at(s), Input::Timeout);
+        while let Some(o) = host.poll_output() {
+            match o {
+                Output::Send { text, .. } => answered |= text.contains("\"error\""),
+                Output::Close { reason, .. } if reason == "idle timeout" => {
+                    closed_at.get_or_insert(s);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        answered,
+        "the held config was refused once the model loaded"
+    );
+    assert_eq!(closed_at, Some(13), "idle for 8 s after its answer at 5 s");
+}

@@ -280,8 +280,17 @@ impl Host {
             &c.principal,
             &mut self.sh,
         );
+        let was_busy = c.machine.busy();
         f(&mut *c.machine, &mut cx);
+        let idle = was_busy && !c.machine.busy();
         self.deliver_ended(now);
+        // The connection's last request just ended here (a `cai` reply its
+        // window held past the pause timeout, a `batch` result sent in
+        // payload order after its generation ended): the idle clock starts
+        // now, not at the generation's end.
+        if idle {
+            self.touch(now, conn);
+        }
     }
 
     /// Delivers the last pieces of generations their dialects ended, by the
@@ -466,6 +475,9 @@ impl Host {
                 return;
             };
             c.held_bytes -= frame.len();
+            // Read now: for the idle clock, it arrives now (its request
+            // starts, or is answered, now).
+            self.touch(now, conn);
             match frame {
                 Held::Text(text) => self.with_conn(now, conn, |m, cx| m.on_text(cx, &text)),
                 Held::Binary(len) => self.with_conn(now, conn, |m, cx| m.on_binary(cx, len)),
@@ -641,16 +653,7 @@ impl Host {
                     }
                 }
                 TimerKey::Conn(conn, ConnTimer::Dialect(tag)) => {
-                    let busy = |h: &Self| h.conns.get(&conn).is_some_and(|c| c.machine.busy());
-                    let was_busy = busy(self);
                     self.with_conn(now, conn, |m, cx| m.on_timer(cx, tag));
-                    // A request the timer ended (a `cai` reply its window
-                    // held past the pause timeout) restarts the idle clock,
-                    // as any other request's end: counted from its
-                    // generation's end, the connection was closed early.
-                    if was_busy && !busy(self) {
-                        self.touch(now, conn);
-                    }
                 }
             }
             self.settle_closings(now);
