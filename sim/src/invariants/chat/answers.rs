@@ -18,8 +18,8 @@ use crate::invariants::Frame;
 /// A request as its frame carried it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
-    /// `chat`, `completions`, `embeddings`, `tokenize`, `detokenize` or
-    /// `tokenizer_info`.
+    /// `chat`, `completions`, `embeddings`, `tokenize`, `detokenize`,
+    /// `tokenizer_info`, or Anthropic's `messages` and `count_tokens`.
     pub route: String,
     /// The body (an object).
     pub body: Value,
