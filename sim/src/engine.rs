@@ -386,7 +386,7 @@ impl SimEngine {
             }
             let mut prompt_scores = s.prompt_logprobs.map(|k| {
                 (1..st.tokens.len())
-                    .map(|p| prompt_score(&st.tokens[..p], st.tokens[p], k))
+                    .map(|p| score_after(st.hashes[p - 1], st.tokens[p], k))
                     .collect::<Vec<_>>()
             });
             let seed = if s.sampling.temperature == 0.0 || s.sampling.top_k == 1 {
@@ -433,14 +433,25 @@ impl SimEngine {
 
 /// A scored or embedded chunk must come as the engine contract says: in
 /// position order from 0 (every position before its start fed the same
-/// way), never onto a cached prefix, never with a draft.
+/// way), never onto a cached prefix, never with a draft; and a prompt
+/// being scored is scored to its end (an unscored chunk before its first
+/// token is sampled would leave the client's scores short).
 fn check_in_order(s: &SeqStep, held: Option<&SeqState>) -> Result<(), String> {
     let start = s.start_pos as usize;
     let (what, fed) = match (s.prompt_logprobs, s.embed) {
         (Some(_), Some(_)) => return Err(format!("{:?} is both scored and embedded", s.seq)),
         (Some(_), None) => ("scored", held.map_or(0, |h| h.scored)),
         (None, Some(_)) => ("embedded", held.map_or(0, |h| h.pooled)),
-        (None, None) => return Ok(()),
+        (None, None) => {
+            let mid_prompt = held.is_some_and(|h| h.scored > 0 && h.sampled.is_none());
+            if mid_prompt && start > 0 {
+                return Err(format!(
+                    "{:?} was scored from 0 and goes on unscored at {start}",
+                    s.seq
+                ));
+            }
+            return Ok(());
+        }
     };
     if !s.cached_prefix.is_empty() || !s.draft.is_empty() {
         return Err(format!(
@@ -459,7 +470,8 @@ fn check_in_order(s: &SeqStep, held: Option<&SeqState>) -> Result<(), String> {
     Ok(())
 }
 
-/// The rolling hash of `tokens` (what the engine's sampling draws from).
+/// The rolling hash of `tokens` (what the engine's sampling draws from:
+/// [`SeqState::push`]'s, from scratch).
 fn history_hash(tokens: &[TokenId]) -> u64 {
     tokens
         .iter()
@@ -470,13 +482,17 @@ fn history_hash(tokens: &[TokenId]) -> u64 {
 /// and alternatives drawn from the history's hash, all multiples of 1/256
 /// (exact through JSON), so a checker recomputes them from a prompt.
 pub fn prompt_score(before: &[TokenId], token: TokenId, k: u8) -> TokenLogprobs {
-    let h = history_hash(before);
+    score_after(history_hash(before), token, k)
+}
+
+/// [`prompt_score`] from the hash of what comes before.
+fn score_after(h: u64, token: TokenId, k: u8) -> TokenLogprobs {
     let logprob = -((mix64(h, u64::from(token)) % 4096) as f32) / 256.0;
     TokenLogprobs {
         logprob,
-        top: (0..u32::from(k))
+        top: (0..u64::from(k))
             .map(|i| {
-                let alt = BYTE_OFFSET + ((h >> 8) as u32 + i) % 256;
+                let alt = BYTE_OFFSET + ((h >> 8).wrapping_add(i) % 256) as TokenId;
                 (alt, -0.125 - i as f32 / 2.0)
             })
             .collect(),
@@ -694,6 +710,14 @@ mod tests {
         both.seqs[0].prompt_logprobs = Some(1);
         both.seqs[0].embed = Some(Pooling::Last);
         assert!(e.validate(&both).is_err(), "both scored and embedded");
+        // Scored from 0, then going on unscored before its first token.
+        let mut first = step(4, vec![1, 50], 0, 2);
+        first.seqs[0].prompt_logprobs = Some(1);
+        first.seqs[0].sample = false;
+        e.run(&first);
+        let unscored = step(4, vec![51], 2, 3);
+        let err = e.validate(&unscored).expect_err("scores cut short");
+        assert!(err.contains("goes on unscored"), "{err}");
     }
 
     #[test]

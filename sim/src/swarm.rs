@@ -413,7 +413,8 @@ impl Swarm {
             ],
         );
         // Now and then a share small enough that a batch of prompts, or
-        // one prompt's choices, wait for one another.
+        // one prompt's choices, wait for one another (every dialect's
+        // connections get it: `cai` and `batch` ones meet it too).
         host.max_queued_per_conn = pick(h, &[2, 3, 256, 256, 256]);
         // The content filter from its own stream too: a `stop` rule on two
         // of the symbols the engine writes, so generations run into it.

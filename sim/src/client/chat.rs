@@ -16,8 +16,8 @@
 
 use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
-use tokenwire_core::text::byte::{BYTE_BOS, BYTE_OFFSET};
-use tokenwire_core::TokenId;
+use tokenwire_core::text::byte::ByteCodec;
+use tokenwire_core::{TextCodec, TokenId};
 
 use super::{chance, text};
 use crate::swarm::Swarm;
@@ -37,8 +37,8 @@ pub fn request(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Request {
     (method, path, body)
 }
 
-/// Fields a client gets wrong, by route: (the field, a value the route
-/// refuses).
+/// Fields a client gets wrong: (the route's path, the field, a value the
+/// route refuses, as JSON).
 pub const BAD_FIELDS: &[(&str, &str, &str)] = &[
     ("/v1/chat/completions", "temperature", "9"),
     ("/v1/chat/completions", "temperature", "\"hot\""),
@@ -73,8 +73,9 @@ fn corrupt(rng: &mut Rng, path: &str, body: &mut Map<String, Value>) {
     body.insert((*field).to_string(), value);
 }
 
-/// A request the route accepts (unless it names another model, or asks for
-/// more choices or dimensions than there are).
+/// A request meant to be valid: the route refuses it only when it names
+/// another model (or none), asks for more choices or dimensions than there
+/// are, or draws an empty stop string.
 fn valid_request(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Request {
     let x = rng.next_f64();
     if x < 0.4 {
@@ -117,9 +118,7 @@ fn model(rng: &mut Rng, swarm: &Swarm, body: &mut Map<String, Value>) {
 /// The prompt's token ids: BOS, `tag`'s bytes and up to `max` more bytes.
 fn ids(rng: &mut Rng, tag: &str, max: u64) -> Vec<TokenId> {
     let words = format!("{tag}{}", text(rng, max));
-    std::iter::once(BYTE_BOS)
-        .chain(words.bytes().map(|b| TokenId::from(b) + BYTE_OFFSET))
-        .collect()
+    ByteCodec.encode(&words, true).unwrap_or_default()
 }
 
 /// What every generating body may carry: `n`, `stream` (with usage now and
@@ -244,6 +243,7 @@ fn embeddings(rng: &mut Rng, swarm: &Swarm, tag: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenwire_core::text::byte::{BYTE_BOS, BYTE_OFFSET};
 
     #[test]
     fn every_body_starts_with_the_tag() {

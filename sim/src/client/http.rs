@@ -8,8 +8,9 @@
 //! every frame to the exchange, and hangs up once the exchange gives its
 //! reply or its stream's last event (the shell's last move).
 //!
-//! Its bodies are valid, now and then naming a model this server does not
-//! serve; a `responses` client continues and retrieves responses an earlier
+//! Its `session` and `responses` bodies are valid, now and then naming a
+//! model this server does not serve (the `chat` and `anthropic` bodies say
+//! what they get wrong in their modules); a `responses` client continues and retrieves responses an earlier
 //! request of its own stored, and now and then one that does not exist.
 //! Every prompt starts with the connection's tag: a `session` body through
 //! the system message its `conversation_context` starts with, a `responses`

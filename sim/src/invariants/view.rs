@@ -111,9 +111,11 @@ pub struct ConnView {
 }
 
 impl ConnView {
-    /// `session` turns and `responses` responses started on it.
+    /// `session` turns, `responses` responses, `cai` requests, `batch`
+    /// prompts and `chat` (or `anthropic`) requests started on it.
     pub fn started(&self) -> u64 {
-        self.session.as_ref().map_or(0, |s| s.turns_started)
+        self.chat.as_ref().map_or(0, |h| u64::from(h.sent))
+            + self.session.as_ref().map_or(0, |s| s.turns_started)
             + self.inference.as_ref().map_or(0, |i| u64::from(i.started))
             + self.responses.as_ref().map_or(0, |r| r.created)
             + self.cai.as_ref().map_or(0, |c| c.accepted)
@@ -122,7 +124,7 @@ impl ConnView {
 
     /// A request in flight on it, any dialect: a `generate` request, a
     /// `session` turn, a `responses` response, a `cai` request whose prompt
-    /// was tokenized.
+    /// was tokenized, a `chat` (or `anthropic`) request not yet answered.
     pub fn in_flight(&self) -> Option<String> {
         if let Some(r) = &self.current {
             return Some(r.clone());
@@ -956,8 +958,13 @@ impl View {
         }
         if self.loaded {
             for c in self.conns.values_mut() {
-                // Frames wait while a text job or job check of the connection is out.
+                // Frames wait while a text job or job check of the connection is
+                // out. Read now, they count as activity now, as the Host counts
+                // a held frame (for one that waited, later than its arrival).
                 if c.text_jobs.is_empty() && c.job_checks.is_empty() {
+                    if !c.pending.is_empty() {
+                        c.last_activity = c.last_activity.max(now);
+                    }
                     c.pending.clear();
                 }
             }

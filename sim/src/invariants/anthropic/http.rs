@@ -4,9 +4,10 @@
 //! Anthropic's API and SDKs read it.
 //!
 //! - An error is Anthropic's `{"type": "error", "error": {type, message}}`
-//!   with the type its status means, `Retry-After` exactly on 429 and 503;
-//!   a request naming another model is a `404`, one without `max_tokens` a
-//!   `400`, never answered.
+//!   with the type its status means (Anthropic's table, written out here
+//!   as its docs give it), `Retry-After` exactly on 429 and 503; a request
+//!   naming another model, or a message without `max_tokens`, is never
+//!   answered.
 //! - `count_tokens` answers `{"input_tokens"}`, at least 1.
 //! - A `message` has role `assistant`, `text` (or `thinking`, `tool_use`)
 //!   blocks, a `stop_reason` Anthropic knows, and at most `max_tokens`
@@ -92,15 +93,15 @@ fn judge_error(status: u16, body: &Value) -> Check {
     Ok(())
 }
 
-/// What a request must be refused for, if anything.
-fn refused_for(req: &Value, cx: &Cx<'_>) -> Option<u16> {
+/// Why a request must be refused, if it must.
+fn refused_for(req: &Value, cx: &Cx<'_>) -> Option<&'static str> {
     let body = &req["body"];
     if body["model"].as_str().is_some_and(|m| m != cx.model.name) {
-        return Some(404);
+        return Some("names another model");
     }
     let messages = req["route"] == "messages";
     if messages && body["max_tokens"].is_null() {
-        return Some(400);
+        return Some("gives no max_tokens");
     }
     None
 }
@@ -116,8 +117,8 @@ fn judge_reply(req: &Value, r: &HttpReply, cx: &Cx<'_>) -> Check {
     if r.status != 200 {
         return judge_error(r.status, &body);
     }
-    if let Some(status) = refused_for(req, cx) {
-        return Err(format!("answered a request that needs a {status}"));
+    if let Some(why) = refused_for(req, cx) {
+        return Err(format!("answered a request that {why}"));
     }
     if req["route"] == "count_tokens" {
         if body["input_tokens"].as_u64().unwrap_or(0) == 0 {
@@ -234,6 +235,14 @@ impl Checker for AnthropicHttp {
                 None if stream && r.status == 200 => Err("a reply to a stream".into()),
                 None => judge_reply(request, r, cx),
             },
+            HttpStep::Event(_) | HttpStep::LastEvent(_) | HttpStep::Events { .. }
+                if refused_for(request, cx).is_some() =>
+            {
+                Err(format!(
+                    "streamed a request that {}",
+                    refused_for(request, cx).unwrap_or_default()
+                ))
+            }
             HttpStep::Event(e) | HttpStep::LastEvent(e) if stream => {
                 let last = matches!(step, HttpStep::LastEvent(_));
                 let s = self.streams.entry(conn).or_default();
@@ -251,17 +260,6 @@ impl Checker for AnthropicHttp {
                 "events for a request that did not stream: {step:?}"
             )),
         };
-        let refused = match &step {
-            HttpStep::Reply(r) => r.status != 200,
-            _ => false,
-        };
-        let needs = refused_for(request, cx);
-        let r = r.and_then(|()| match (needs, &step) {
-            (Some(status), HttpStep::Events { .. } | HttpStep::Event(_)) if !refused => {
-                Err(format!("streamed a request that needs a {status}"))
-            }
-            _ => Ok(()),
-        });
         r.map_err(|e| format!("{} request on {conn:?}: {e}", request["route"]))
     }
 

@@ -65,6 +65,15 @@ fn prompt_of(v: &Value) -> Option<Prompt> {
 }
 
 impl Request {
+    /// The request a connection's first frame (`{"route", "body"}`) carries.
+    pub fn of_frame(text: &str) -> Request {
+        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        Request {
+            route: v["route"].as_str().unwrap_or("").to_string(),
+            body: v["body"].clone(),
+        }
+    }
+
     /// The prompts of a Completions body (`prompt`) or the inputs of an
     /// Embeddings one (`input`): one string or id array, or a list of them.
     /// `None` when the field is none of these (the request is refused).
@@ -94,14 +103,16 @@ impl Request {
             "completions" => self.prompts().map_or(0, |p| p.len() as u64),
             _ => 1,
         };
-        prompts * self.n()
+        prompts.saturating_mul(self.n())
     }
 
-    /// Its `max_tokens` (or `max_completion_tokens`), when given.
+    /// Its `max_completion_tokens`, else its `max_tokens`, when given (the
+    /// newer name wins, as the codec reads them).
     pub fn max_tokens(&self) -> Option<u64> {
-        self.body["max_tokens"]
-            .as_u64()
-            .or_else(|| self.body["max_completion_tokens"].as_u64())
+        match &self.body["max_completion_tokens"] {
+            Value::Null => self.body["max_tokens"].as_u64(),
+            newer => newer.as_u64(),
+        }
     }
 
     /// A streamed request.
@@ -160,11 +171,7 @@ impl Answers {
             }
             Input::Text { conn, text } => {
                 if let Some(l) = self.live.get_mut(conn).filter(|l| l.request.is_none()) {
-                    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-                    l.request = Some(Request {
-                        route: v["route"].as_str().unwrap_or("").to_string(),
-                        body: v["body"].clone(),
-                    });
+                    l.request = Some(Request::of_frame(text));
                 }
             }
             Input::Closed { conn } => {

@@ -1,5 +1,7 @@
-//! `chat_embeddings`: what a client of `POST /v1/embeddings` gets. With the
-//! route off (`--pooling off`), an error; otherwise a `list` of the served model whose `data[i]` is input
+//! `chat_embeddings`: what a client of `POST /v1/embeddings` gets when it
+//! asks nothing the API refuses (those are `chat_refusals`'). With the
+//! route off (`--pooling off`), never an answer; refused only as a request
+//! the API allows may be (a full queue, a long input, a fault); otherwise a `list` of the served model whose `data[i]` is input
 //! `i`'s `embedding` (floats, or base64 of little-endian f32s when asked),
 //! equal to the engine's vector of exactly that input's tokens pooled as
 //! the server pools ([`embedding_of`]: the simulated engine's function of
@@ -12,7 +14,7 @@ use tokenwire_core::{HostConfig, Input, ModelInfo, Output, Pooling};
 
 use super::answers::{Answers, Outcome, Request};
 use super::refusals::bad_fields;
-use super::replies::judge_error;
+use super::replies::judge_refusal;
 use crate::engine::embedding_of;
 use crate::invariants::{clip, Check, Checker, Cx, Frame};
 
@@ -63,7 +65,7 @@ fn judge(cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
     let dims = r.body["dimensions"].as_u64();
     let off = cx.config.embed_pooling.resolve(cx.model).is_none();
     let v = match outcome {
-        Outcome::Error(status, body) => return judge_error(Some(*status), body),
+        Outcome::Error(status, body) => return judge_refusal(*status, body),
         Outcome::Stream(..) => return Err("an embeddings request streamed".into()),
         Outcome::Reply(v) => v,
     };

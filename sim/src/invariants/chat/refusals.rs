@@ -7,12 +7,13 @@
 //! `temperature` from 0 to 2, `top_p` above 0 up to 1, `n` from 1 to 8,
 //! `max_tokens` (`max_completion_tokens` when given, and `max_tokens` a
 //! whole number even then) from 1 to the context length (0 with
-//! Completions' `echo`), a boolean `stream`, an integer `seed`, `stop` a
+//! Completions' `echo`), a boolean `stream`, a non-negative integer `seed`, `stop` a
 //! non-empty string or up to 8 of them; Chat's non-empty `messages`;
 //! Completions' `prompt` (text, ids, or a non-empty list of them),
 //! `logprobs` from 0 to 5 and a boolean `echo`; Embeddings' `input`,
 //! `encoding_format` and `dimensions` up to the model's size; `/tokenize`'s
-//! text `prompt` and boolean `add_special_tokens`; `/detokenize`'s ids.
+//! text `prompt` (or an array holding one) and boolean
+//! `add_special_tokens`; `/detokenize`'s ids.
 
 use serde_json::Value;
 use tokenwire_core::{Input, ModelInfo, Output};
@@ -94,10 +95,7 @@ pub fn bad_fields(r: &Request, model: &ModelInfo) -> Vec<&'static str> {
         );
         check("max_tokens", is_count(&b["max_tokens"]));
         check("stream", is_bool(&b["stream"]));
-        check(
-            "seed",
-            b["seed"].is_null() || b["seed"].is_i64() || b["seed"].is_u64(),
-        );
+        check("seed", b["seed"].is_null() || b["seed"].is_u64());
         let stop_ok = |v: &Value| v.as_str().is_some_and(|s| !s.is_empty());
         check(
             "stop",
@@ -127,10 +125,8 @@ pub fn bad_fields(r: &Request, model: &ModelInfo) -> Vec<&'static str> {
             check("input", is_prompt(&b["input"]));
             check(
                 "encoding_format",
-                matches!(
-                    b["encoding_format"].as_str(),
-                    None | Some("float" | "base64")
-                ) && !b["encoding_format"].is_number(),
+                b["encoding_format"].is_null()
+                    || matches!(b["encoding_format"].as_str(), Some("float" | "base64")),
             );
             let size = u64::from(model.embedding_size);
             check(
@@ -142,7 +138,12 @@ pub fn bad_fields(r: &Request, model: &ModelInfo) -> Vec<&'static str> {
             );
         }
         "tokenize" if b["messages"].is_null() => {
-            check("prompt", b["prompt"].is_string());
+            // One string, or an array holding one.
+            let one = |a: &Vec<Value>| a.len() == 1 && a[0].is_string();
+            check(
+                "prompt",
+                b["prompt"].is_string() || b["prompt"].as_array().is_some_and(one),
+            );
             check("add_special_tokens", is_bool(&b["add_special_tokens"]));
         }
         "detokenize" => {
@@ -166,8 +167,13 @@ fn judge(bad: &[&str], off: bool, outcome: &Outcome) -> Check {
         return Err(format!("answered, though {bad:?} are not allowed"));
     };
     let param = &body["error"]["param"];
+    // `messages[0].role` names `messages`; `n` does not name `name`.
+    let names = |p: &str, f: &str| {
+        p.strip_prefix(f)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['[', '.']))
+    };
     let named = match param.as_str() {
-        Some(p) => bad.iter().any(|f| p.starts_with(*f)),
+        Some(p) => bad.iter().any(|f| names(p, f)),
         None => off,
     };
     if !named || !matches!(status, 400 | 404) {

@@ -3,7 +3,11 @@
 //! on each whole answer ([`Answers`]).
 //!
 //! - An error is a status from 400 to 599 whose body is OpenAI's error
-//!   object (a message and a type), before or after a stream began.
+//!   object (a message and a type), before or after a stream began; one
+//!   before it began is only what a request the API allows may meet (a full
+//!   queue, the context, the filter, an unreadable prompt, a fault or a
+//!   shutdown: never `model_not_found` or `unsupported_parameter`). A
+//!   request with a field the API refuses is `chat_refusals`'.
 //! - A reply is a `chat.completion` (`text_completion`) of the served
 //!   model whose choices are exactly indices `0..prompts*n` in order, each
 //!   with a finish reason the API knows; its usage adds up (prompt plus
@@ -17,7 +21,8 @@
 //! - With logprobs, every generated token's entry is the engine's (the
 //!   simulated engine's -0.25) with as many alternatives as asked for
 //!   (Completions' map may hold fewer: alternatives whose text is the same
-//!   collapse), and the entries count the tokens a choice wrote.
+//!   collapse), and no choice has more entries than `max_tokens` (without
+//!   logprobs only the usage's total is bounded).
 
 use std::collections::BTreeMap;
 
@@ -42,8 +47,34 @@ fn generates(r: &Request) -> bool {
     matches!(r.route.as_str(), "chat" | "completions")
 }
 
+/// What a request with no field the API refuses may still be refused
+/// for, as `(status, code)`: a full queue or a rate limit, a prompt past
+/// the context, the content filter, a prompt the tokenizer could not read
+/// or a route that is off, a fault, a shutdown.
+const VALID_REFUSALS: &[(u16, &str)] = &[
+    (429, "rate_limit_exceeded"),
+    (400, "context_length_exceeded"),
+    (400, "content_filter"),
+    (400, "invalid_request"),
+    (500, "server_error"),
+    (503, "server_error"),
+];
+
+/// An error for a request with no field the API refuses: one of
+/// [`VALID_REFUSALS`], with its body.
+pub(super) fn judge_refusal(status: u16, body: &Value) -> Check {
+    judge_error(Some(status), body)?;
+    let code = body["error"]["code"].as_str().unwrap_or("");
+    if !VALID_REFUSALS.contains(&(status, code)) {
+        return Err(format!(
+            "a request the API allows was refused with {status} {code}"
+        ));
+    }
+    Ok(())
+}
+
 /// The error body an error must carry: `{"error": {"message", "type"}}`.
-pub(super) fn judge_error(status: Option<u16>, body: &Value) -> Check {
+fn judge_error(status: Option<u16>, body: &Value) -> Check {
     if let Some(s) = status {
         if !(400..600).contains(&s) {
             return Err(format!("an error with status {s}"));
@@ -330,7 +361,7 @@ impl Checker for ChatReplies {
             return Ok(());
         }
         let judged = match &a.outcome {
-            Outcome::Error(status, body) => judge_error(Some(*status), body),
+            Outcome::Error(status, body) => judge_refusal(*status, body),
             Outcome::Reply(v) => judge_reply(r, v, cx.model),
             Outcome::Stream(chunks, end) => judge_stream(r, chunks, end.as_ref()),
         };

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
 use tokenwire_core::{ConnId, Dialect, Input, Output, Transport};
 
+use super::answers::Request;
 use crate::invariants::{clip, Check, Checker, Cx, Frame};
 
 /// Where one request stands.
@@ -48,10 +48,9 @@ impl Checker for ChatTerminal {
             }
             Input::Text { conn, text } => {
                 if let Some(s) = self.live.get_mut(conn).filter(|s| s.request.is_none()) {
-                    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-                    let route = v["route"].as_str().unwrap_or("").to_string();
-                    let stream = v["body"]["stream"] == true;
-                    s.request = Some((route, stream));
+                    let r = Request::of_frame(text);
+                    let stream = r.stream();
+                    s.request = Some((r.route, stream));
                 }
             }
             Input::Closed { conn } => {
@@ -134,7 +133,7 @@ impl Checker for ChatTerminal {
 mod tests {
     use super::*;
     use crate::invariants::testkit::kit;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn request(k: &mut crate::invariants::testkit::Kit, conn: u64, route: &str, body: Value) {
         k.open_http(conn, Dialect::Chat);

@@ -10,7 +10,7 @@ use tokenwire_core::{Input, Output, TextCodec, TokenId};
 
 use super::answers::{Answers, Outcome, Request};
 use super::refusals::bad_fields;
-use super::replies::judge_error;
+use super::replies::judge_refusal;
 use crate::invariants::{clip, Check, Checker, Cx, Frame};
 
 /// See the module docs.
@@ -76,7 +76,7 @@ impl Checker for ChatTokenize {
         }
         let judged = match &a.outcome {
             Outcome::Reply(v) => judge(cx, r, v),
-            Outcome::Error(status, body) => judge_error(Some(*status), body),
+            Outcome::Error(status, body) => judge_refusal(*status, body),
             Outcome::Stream(..) => Err("a tokenizer route streamed".into()),
         };
         judged.map_err(|e| format!("{} request on {:?}: {e}", r.route, a.conn))

@@ -3,14 +3,15 @@
 //! the Host's queue at once (its choices, or its embedding inputs), which
 //! the queue-bound checkers of other dialects count as requests in flight.
 
-use serde_json::Value;
+use tokenwire_core::dialect::chat::embeddings::WINDOW;
 
 use super::answers::Request;
 use crate::invariants::Frame;
 
-/// Most embedding inputs computing at once for one request (the core's
-/// `embeddings::WINDOW`).
-const EMBED_WINDOW: u64 = 64;
+/// The most generations counted for one request: more than any simulated
+/// client's request holds (4 prompts of 2 choices, 4 embedding inputs),
+/// so a body with a huge `n` costs no more than that.
+const MOST_COUNTED: u64 = 64;
 
 /// One `chat` connection's request (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -32,11 +33,7 @@ impl ChatConnView {
             return;
         }
         self.sent = true;
-        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-        let r = Request {
-            route: v["route"].as_str().unwrap_or("").to_string(),
-            body: v["body"].clone(),
-        };
+        let r = Request::of_frame(text);
         let mut kind = r.route.clone();
         for (flag, set) in [
             ("stream", r.stream()),
@@ -51,12 +48,14 @@ impl ChatConnView {
             }
         }
         self.kind = kind;
+        // At least one, so that the run waits for its answer (a tokenizer
+        // route holds no generation).
         self.weight = match r.route.as_str() {
-            "chat" | "completions" => r.choices(),
-            "embeddings" => r.prompts().map_or(0, |p| p.len() as u64).min(EMBED_WINDOW),
+            "chat" | "completions" | "messages" => r.choices(),
+            "embeddings" => r.prompts().map_or(0, |p| p.len() as u64).min(WINDOW as u64),
             _ => 0,
         }
-        .max(1);
+        .clamp(1, MOST_COUNTED);
     }
 
     /// A frame the Host sent it.
@@ -81,7 +80,7 @@ impl ChatConnView {
     }
 
     /// What is outstanding on it: its request, once sent until answered,
-    /// counted once per generation it may hold.
+    /// counted once per generation it may hold (at least once).
     pub fn outstanding(&self, conn: u64) -> Vec<String> {
         if !self.sent || self.answered {
             return Vec::new();
