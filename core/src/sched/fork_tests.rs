@@ -408,3 +408,38 @@ fn idle_forks_sharing_blocks_give_them_all_up_to_the_head_of_the_queue() {
     assert!(plan.seqs.iter().any(|p| p.seq == c), "{plan:?}");
     ok(&s);
 }
+
+#[test]
+fn idle_forks_give_up_the_source_their_pending_copies_hold() {
+    // A parent's prompt fills part of one block; two forks each wait for
+    // the next plan to copy it into a block of their own, and the copy's
+    // source is held until then. The parent ends and both forks pause
+    // before any step: only they, through their pending copies, keep the
+    // source. The head of the queue needs the whole pool: evicting the
+    // forks drops their copies and frees the source too, so it runs (the
+    // simulator's seed 1061 found the engine idle there, forever while the
+    // forks' slow client read nothing).
+    let mut s = sched(4);
+    let mut kv = Kv::default();
+    let a = prefilled_to(&mut s, &mut kv, 13, 4 * BS);
+    let (b, c) = (SeqId(2), SeqId(3));
+    assert!(s.fork(a, b));
+    assert!(s.fork(a, c));
+    s.remove(a);
+    s.set_runnable(b, false);
+    s.set_runnable(c, false);
+    ok(&s);
+    let d = SeqId(4);
+    let prompt: Vec<TokenId> = (0..4 * BS - 1).map(|t| 500 + t).collect();
+    s.add(d, prompt, 4 * BS, SamplingParams::greedy(), None)
+        .expect("fits the pool");
+    let plan = s
+        .schedule()
+        .expect("the head runs once the idle forks give way");
+    assert!(plan.seqs.iter().any(|p| p.seq == d), "{plan:?}");
+    assert!(
+        plan.copy_blocks.is_empty(),
+        "the evicted forks' copies are dropped"
+    );
+    ok(&s);
+}

@@ -1440,17 +1440,29 @@ impl Scheduler {
     }
 
     /// Blocks that come free once every non-runnable sequence is evicted:
-    /// those whose every holder is one, shared among them or not (a fork's
-    /// or a continuation's shared prefix counted only one holder's, and the
-    /// head of the queue then waited for blocks it could have had, with the
-    /// engine idle).
+    /// those whose every holder is one (or a pending copy into one's
+    /// block), shared among them or not (a fork's or a continuation's shared
+    /// prefix counted only one holder's, and the head of the queue then
+    /// waited for blocks it could have had, with the engine idle).
     fn blocks_only_idle_seqs_hold(&self) -> BTreeSet<BlockId> {
         let mut idle_holders: BTreeMap<BlockId, u32> = BTreeMap::new();
+        let mut idle_blocks: BTreeSet<BlockId> = BTreeSet::new();
         for s in self.running.iter().filter_map(|id| self.seqs.get(id)) {
             if !s.runnable {
                 for &b in &s.blocks {
                     *idle_holders.entry(b).or_default() += 1;
+                    idle_blocks.insert(b);
                 }
+            }
+        }
+        // A pending copy into an idle sequence's block holds its source
+        // until the next plan; evicting that sequence drops the copy and
+        // the hold (counting only the sequences' own blocks left a fork's
+        // copy source held, and the head of the queue waited for it with
+        // the engine idle).
+        for &(src, dst) in &self.pending_copies {
+            if idle_blocks.contains(&dst) {
+                *idle_holders.entry(src).or_default() += 1;
             }
         }
         idle_holders
