@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokenwire_core::text::byte::ByteCodec;
 use tokenwire_core::{ConnId, Dialect, Input, Output, TextCodec, TokenId, Transport};
 
-use crate::invariants::Frame;
+use crate::invariants::{Check, Checker, Cx, Frame};
 
 /// A request as its frame carried it.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,6 +215,63 @@ impl Answers {
     /// The Host crashed: every request is gone.
     pub fn clear(&mut self) {
         self.live.clear();
+    }
+}
+
+/// One `chat` checker's judgement of whole answers: the requests it
+/// judges, and how. [`OnAnswers`] runs it on every answer.
+pub trait JudgeAnswer {
+    /// The checker's name.
+    fn name(&self) -> &'static str;
+    /// Whether it judges `r` (a request with a field the API refuses is
+    /// `chat_refusals`' alone).
+    fn judges(&self, cx: &Cx<'_>, r: &Request) -> bool;
+    /// Judges the answer `outcome` to `r`.
+    fn judge(&self, cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check;
+}
+
+/// The [`Checker`] that runs a [`JudgeAnswer`] on every answer [`Answers`]
+/// assembles, naming the request's route and connection on a violation.
+#[derive(Debug)]
+pub struct OnAnswers<J> {
+    answers: Answers,
+    judge: J,
+}
+
+impl<J: JudgeAnswer + 'static> OnAnswers<J> {
+    /// `judge`, as a checker.
+    pub fn checker(judge: J) -> Box<dyn Checker> {
+        Box::new(OnAnswers {
+            answers: Answers::default(),
+            judge,
+        })
+    }
+}
+
+impl<J: JudgeAnswer> Checker for OnAnswers<J> {
+    fn name(&self) -> &'static str {
+        self.judge.name()
+    }
+
+    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
+        self.answers.on_input(input);
+        Ok(())
+    }
+
+    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
+        let Some(a) = self.answers.on_output(out, frame) else {
+            return Ok(());
+        };
+        if !self.judge.judges(cx, a.request) {
+            return Ok(());
+        }
+        self.judge
+            .judge(cx, a.request, &a.outcome)
+            .map_err(|e| format!("{} request on {:?}: {e}", a.request.route, a.conn))
+    }
+
+    fn on_crash(&mut self) {
+        self.answers.clear();
     }
 }
 

@@ -10,22 +10,20 @@
 
 use base64::Engine as _;
 use serde_json::Value;
-use tokenwire_core::{HostConfig, Input, ModelInfo, Output, Pooling};
+use tokenwire_core::{HostConfig, ModelInfo, Pooling};
 
-use super::answers::{Answers, Outcome, Request};
+use super::answers::{JudgeAnswer, Outcome, Request};
 use super::refusals::bad_fields;
 use super::replies::judge_refusal;
 use crate::engine::embedding_of;
-use crate::invariants::{clip, Check, Checker, Cx, Frame};
+use crate::invariants::{clip, Check, Cx};
 
 /// How far a written value may be from the expected one (f32 rounding).
 const TOLERANCE: f64 = 1e-5;
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ChatEmbeddings {
-    answers: Answers,
-}
+pub struct ChatEmbeddings;
 
 /// The values of an `embedding` as written.
 fn values(v: &Value) -> Option<Vec<f64>> {
@@ -112,30 +110,17 @@ fn judge(cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
     Ok(())
 }
 
-impl Checker for ChatEmbeddings {
+impl JudgeAnswer for ChatEmbeddings {
     fn name(&self) -> &'static str {
         "chat_embeddings"
     }
 
-    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
-        self.answers.on_input(input);
-        Ok(())
+    fn judges(&self, cx: &Cx<'_>, r: &Request) -> bool {
+        r.route == "embeddings" && bad_fields(r, cx.model).is_empty()
     }
 
-    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
-        let Some(a) = self.answers.on_output(out, frame) else {
-            return Ok(());
-        };
-        // A request with a field the API does not allow is `chat_refusals`'.
-        if a.request.route != "embeddings" || !bad_fields(a.request, cx.model).is_empty() {
-            return Ok(());
-        }
-        judge(cx, a.request, &a.outcome)
-            .map_err(|e| format!("embeddings request on {:?}: {e}", a.conn))
-    }
-
-    fn on_crash(&mut self) {
-        self.answers.clear();
+    fn judge(&self, cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
+        judge(cx, r, outcome)
     }
 }
 
@@ -158,10 +143,11 @@ mod tests {
 
     #[test]
     fn the_engines_vector_passes_and_another_inputs_is_caught() {
+        use crate::invariants::chat::answers::OnAnswers;
         use crate::invariants::testkit::kit;
         use serde_json::json;
         use tokenwire_core::testing::tiny_model_info;
-        use tokenwire_core::{ConnId, Dialect};
+        use tokenwire_core::{ConnId, Dialect, Input};
         let model = tiny_model_info();
         let config = HostConfig::default();
         let reply = |input: &str| {
@@ -172,7 +158,7 @@ mod tests {
                    "usage": {"prompt_tokens": ids.len(), "total_tokens": ids.len()}}})
         };
         for (answer, ok) in [("<c1>ab", true), ("<c1>ba", false)] {
-            let mut k = kit(Box::new(ChatEmbeddings::default()));
+            let mut k = kit(OnAnswers::checker(ChatEmbeddings));
             k.open_http(1, Dialect::Chat);
             k.input(Input::Text {
                 conn: ConnId(1),

@@ -1,7 +1,8 @@
 //! The `chat` dialect (the OpenAI HTTP routes: `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `POST /v1/embeddings` and vLLM's tokenizer
 //! routes): its checkers, each judging whole answers that [`answers`]
-//! assembles from the Host's frames.
+//! assembles from the Host's frames (each a [`answers::JudgeAnswer`] that
+//! [`answers::OnAnswers`] runs).
 //!
 //! The checkers: exactly one answer per request and nothing after it, chunks
 //! only when streaming ([`terminal`]); fields the API does not allow
@@ -23,15 +24,16 @@ pub mod tokenize;
 pub mod view;
 
 use super::Checker;
+use answers::OnAnswers;
 
 /// The `chat` dialect's checkers, in the order they run.
 pub fn checkers() -> Vec<Box<dyn Checker>> {
     vec![
         Box::new(terminal::ChatTerminal::default()),
-        Box::new(refusals::ChatRefusals::default()),
-        Box::new(replies::ChatReplies::default()),
-        Box::new(scores::ChatScores::default()),
-        Box::new(embeddings::ChatEmbeddings::default()),
-        Box::new(tokenize::ChatTokenize::default()),
+        OnAnswers::checker(refusals::ChatRefusals),
+        OnAnswers::checker(replies::ChatReplies),
+        OnAnswers::checker(scores::ChatScores),
+        OnAnswers::checker(embeddings::ChatEmbeddings),
+        OnAnswers::checker(tokenize::ChatTokenize),
     ]
 }

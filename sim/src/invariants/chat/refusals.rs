@@ -16,16 +16,14 @@
 //! `add_special_tokens`; `/detokenize`'s ids.
 
 use serde_json::Value;
-use tokenwire_core::{Input, ModelInfo, Output};
+use tokenwire_core::ModelInfo;
 
-use super::answers::{Answers, Outcome, Request};
-use crate::invariants::{clip, Check, Checker, Cx, Frame};
+use super::answers::{JudgeAnswer, Outcome, Request};
+use crate::invariants::{clip, Check, Cx};
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ChatRefusals {
-    answers: Answers,
-}
+pub struct ChatRefusals;
 
 fn is_bool(v: &Value) -> bool {
     v.is_null() || v.is_boolean()
@@ -185,32 +183,18 @@ fn judge(bad: &[&str], off: bool, outcome: &Outcome) -> Check {
     Ok(())
 }
 
-impl Checker for ChatRefusals {
+impl JudgeAnswer for ChatRefusals {
     fn name(&self) -> &'static str {
         "chat_refusals"
     }
 
-    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
-        self.answers.on_input(input);
-        Ok(())
+    fn judges(&self, cx: &Cx<'_>, r: &Request) -> bool {
+        !bad_fields(r, cx.model).is_empty()
     }
 
-    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
-        let Some(a) = self.answers.on_output(out, frame) else {
-            return Ok(());
-        };
-        let bad = bad_fields(a.request, cx.model);
-        if bad.is_empty() {
-            return Ok(());
-        }
-        let off =
-            a.request.route == "embeddings" && cx.config.embed_pooling.resolve(cx.model).is_none();
-        judge(&bad, off, &a.outcome)
-            .map_err(|e| format!("{} request on {:?}: {e}", a.request.route, a.conn))
-    }
-
-    fn on_crash(&mut self) {
-        self.answers.clear();
+    fn judge(&self, cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
+        let off = r.route == "embeddings" && cx.config.embed_pooling.resolve(cx.model).is_none();
+        judge(&bad_fields(r, cx.model), off, outcome)
     }
 }
 

@@ -28,19 +28,17 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::answers::{Answers, Outcome, Request};
+use super::answers::{JudgeAnswer, Outcome, Request};
 use super::refusals::bad_fields;
-use crate::invariants::{clip, Check, Checker, Cx, Frame};
-use tokenwire_core::{Input, ModelInfo, Output};
+use crate::invariants::{clip, Check, Cx};
+use tokenwire_core::ModelInfo;
 
 /// The logprob the simulated engine gives every sampled token.
 const ENGINE_LOGPROB: f64 = -0.25;
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ChatReplies {
-    answers: Answers,
-}
+pub struct ChatReplies;
 
 /// Whether `r` is a generating route's request.
 fn generates(r: &Request) -> bool {
@@ -338,38 +336,21 @@ fn judge_stream(r: &Request, chunks: &[Value], end: Option<&Value>) -> Check {
     }
 }
 
-impl Checker for ChatReplies {
+impl JudgeAnswer for ChatReplies {
     fn name(&self) -> &'static str {
         "chat_replies"
     }
 
-    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
-        self.answers.on_input(input);
-        Ok(())
+    fn judges(&self, cx: &Cx<'_>, r: &Request) -> bool {
+        generates(r) && bad_fields(r, cx.model).is_empty()
     }
 
-    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
-        let Some(a) = self.answers.on_output(out, frame) else {
-            return Ok(());
-        };
-        let r = a.request;
-        if !generates(r) {
-            return Ok(());
-        }
-        // A request with a field the API does not allow is `chat_refusals`'.
-        if !bad_fields(r, cx.model).is_empty() {
-            return Ok(());
-        }
-        let judged = match &a.outcome {
+    fn judge(&self, cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
+        match outcome {
             Outcome::Error(status, body) => judge_refusal(*status, body),
             Outcome::Reply(v) => judge_reply(r, v, cx.model),
             Outcome::Stream(chunks, end) => judge_stream(r, chunks, end.as_ref()),
-        };
-        judged.map_err(|e| format!("{} request on {:?}: {e}", r.route, a.conn))
-    }
-
-    fn on_crash(&mut self) {
-        self.answers.clear();
+        }
     }
 }
 

@@ -10,18 +10,14 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-use tokenwire_core::{Input, Output};
-
-use super::answers::{Answers, Outcome, Prompt, Request};
+use super::answers::{JudgeAnswer, Outcome, Prompt, Request};
 use crate::engine::prompt_score;
-use crate::invariants::{Check, Checker, Cx, Frame};
+use crate::invariants::{Check, Cx};
+use serde_json::Value;
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ChatScores {
-    answers: Answers,
-}
+pub struct ChatScores;
 
 /// One choice as the client reads it: its text, its logprobs' values (when
 /// it has logprobs) and its finish reason.
@@ -125,29 +121,17 @@ fn judge(r: &Request, outcome: &Outcome) -> Check {
     Ok(())
 }
 
-impl Checker for ChatScores {
+impl JudgeAnswer for ChatScores {
     fn name(&self) -> &'static str {
         "chat_scores"
     }
 
-    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
-        self.answers.on_input(input);
-        Ok(())
+    fn judges(&self, _cx: &Cx<'_>, r: &Request) -> bool {
+        r.route == "completions" && r.body["echo"] == true
     }
 
-    fn on_output(&mut self, _cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
-        let Some(a) = self.answers.on_output(out, frame) else {
-            return Ok(());
-        };
-        let r = a.request;
-        if r.route != "completions" || r.body["echo"] != true {
-            return Ok(());
-        }
-        judge(r, &a.outcome).map_err(|e| format!("completions request on {:?}: {e}", a.conn))
-    }
-
-    fn on_crash(&mut self) {
-        self.answers.clear();
+    fn judge(&self, _cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
+        judge(r, outcome)
     }
 }
 

@@ -6,18 +6,16 @@
 
 use serde_json::{json, Value};
 use tokenwire_core::text::byte::ByteCodec;
-use tokenwire_core::{Input, Output, TextCodec, TokenId};
+use tokenwire_core::{TextCodec, TokenId};
 
-use super::answers::{Answers, Outcome, Request};
+use super::answers::{JudgeAnswer, Outcome, Request};
 use super::refusals::bad_fields;
 use super::replies::judge_refusal;
-use crate::invariants::{clip, Check, Checker, Cx, Frame};
+use crate::invariants::{clip, Check, Cx};
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ChatTokenize {
-    answers: Answers,
-}
+pub struct ChatTokenize;
 
 fn judge(cx: &Cx<'_>, r: &Request, v: &Value) -> Check {
     match r.route.as_str() {
@@ -54,49 +52,36 @@ fn judge(cx: &Cx<'_>, r: &Request, v: &Value) -> Check {
     Ok(())
 }
 
-impl Checker for ChatTokenize {
+impl JudgeAnswer for ChatTokenize {
     fn name(&self) -> &'static str {
         "chat_tokenize"
     }
 
-    fn on_input(&mut self, _cx: &Cx<'_>, input: &Input) -> Check {
-        self.answers.on_input(input);
-        Ok(())
+    fn judges(&self, cx: &Cx<'_>, r: &Request) -> bool {
+        let routes = ["tokenize", "detokenize", "tokenizer_info"];
+        routes.contains(&r.route.as_str()) && bad_fields(r, cx.model).is_empty()
     }
 
-    fn on_output(&mut self, cx: &Cx<'_>, out: &Output, frame: Option<&Frame>) -> Check {
-        let Some(a) = self.answers.on_output(out, frame) else {
-            return Ok(());
-        };
-        let r = a.request;
-        // A request with a field the API does not allow is `chat_refusals`'.
-        let routes = ["tokenize", "detokenize", "tokenizer_info"];
-        if !routes.contains(&r.route.as_str()) || !bad_fields(r, cx.model).is_empty() {
-            return Ok(());
-        }
-        let judged = match &a.outcome {
+    fn judge(&self, cx: &Cx<'_>, r: &Request, outcome: &Outcome) -> Check {
+        match outcome {
             Outcome::Reply(v) => judge(cx, r, v),
             Outcome::Error(status, body) => judge_refusal(*status, body),
             Outcome::Stream(..) => Err("a tokenizer route streamed".into()),
-        };
-        judged.map_err(|e| format!("{} request on {:?}: {e}", r.route, a.conn))
-    }
-
-    fn on_crash(&mut self) {
-        self.answers.clear();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::invariants::chat::answers::OnAnswers;
     use crate::invariants::testkit::kit;
-    use tokenwire_core::{ConnId, Dialect};
+    use tokenwire_core::{ConnId, Dialect, Input};
 
     #[test]
     fn the_tokenizers_ids_pass_and_a_missing_bos_is_caught() {
         for (tokens, ok) in [(json!([1, 66, 67]), true), (json!([66, 67]), false)] {
-            let mut k = kit(Box::new(ChatTokenize::default()));
+            let mut k = kit(OnAnswers::checker(ChatTokenize));
             k.open_http(1, Dialect::Chat);
             k.input(Input::Text {
                 conn: ConnId(1),
