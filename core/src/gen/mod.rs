@@ -288,8 +288,13 @@ impl Generation {
         };
         let eos = self.eos_ids.contains(&token) && !self.params.ignore_eos;
         if eos || self.params.stop_token_ids.contains(&token) {
-            text.push_str(&self.flush(codec));
-            finish = Some(filtered(self, FinishReason::Stop));
+            let (tail, stopped) = self.flush(codec);
+            text.push_str(&tail);
+            finish = Some(if stopped {
+                FinishReason::Stop
+            } else {
+                filtered(self, FinishReason::Stop)
+            });
         } else {
             let piece = self.detok.push(codec, token);
             let guarded = self.guard(&piece, false);
@@ -306,8 +311,13 @@ impl Generation {
                 text.push_str(&self.stop.finish());
                 finish = Some(FinishReason::ContentFilter);
             } else if self.out_ids.len() >= self.params.max_tokens as usize {
-                text.push_str(&self.flush(codec));
-                finish = Some(filtered(self, FinishReason::Length));
+                let (tail, stopped) = self.flush(codec);
+                text.push_str(&tail);
+                finish = Some(if stopped {
+                    FinishReason::Stop
+                } else {
+                    filtered(self, FinishReason::Length)
+                });
             }
         }
         self.text.push_str(&text);
@@ -327,10 +337,14 @@ impl Generation {
     /// Ends the generation from outside (cancel, timeout): releases held
     /// text (but never what a content-filter rule matches).
     pub fn end(&mut self, codec: &dyn TextCodec, reason: FinishReason) -> TokenPiece {
+        // A stop string found in the released text still cuts it there, but
+        // the reason stays the caller's: the generation did not end on it.
         let text = if self.state == GenState::Finished {
             String::new()
         } else {
-            self.flush(codec)
+            let (tail, _) = self.flush(codec);
+            self.stop_sequence = None;
+            tail
         };
         self.text.push_str(&text);
         self.state = GenState::Finished;
@@ -344,15 +358,25 @@ impl Generation {
         }
     }
 
-    /// Held text of a generation that did not end on a stop string, less
-    /// anything a content-filter rule matches.
-    fn flush(&mut self, codec: &dyn TextCodec) -> String {
+    /// Releases the text still held at the end: the decoder's last bytes
+    /// and what the content filter held back (less anything one of its rules
+    /// matches) go through the stop strings like any other text, so a stop
+    /// string first seen here still cuts the text and names itself in
+    /// [`Generation::stop_sequence`] (true returned: it ended on it).
+    fn flush(&mut self, codec: &dyn TextCodec) -> (String, bool) {
         let tail = self.detok.finish(codec);
         let guarded = self.guard(&tail, true);
         let check = self.past_min_tokens();
-        let mut out = self.stop.push_checking(&guarded, check).emit;
+        let outcome = self.stop.push_checking(&guarded, check);
+        let mut out = outcome.emit;
+        if outcome.stopped {
+            self.stop_sequence = outcome
+                .matched
+                .and_then(|i| self.stop.stop(i))
+                .map(str::to_string);
+        }
         out.push_str(&self.stop.finish());
-        out
+        (out, outcome.stopped)
     }
 
     /// Whether stop strings may end it: more than `min_tokens` generated
@@ -553,6 +577,77 @@ mod tests {
         let pieces = feed(&mut g, "hi!");
         assert_eq!(pieces[2].finish, Some(FinishReason::Stop));
         assert_eq!((pieces[2].text.as_str(), g.text.as_str()), ("", "hi"));
+    }
+
+    /// A generation whose content filter holds back text that could still
+    /// begin its `stop` rule "end of story".
+    fn filtered_gen(stop: &[&str], max_tokens: u32) -> Generation {
+        let rule = crate::filter::FilterRule {
+            name: "story".into(),
+            pattern: "end of story".into(),
+            action: crate::filter::FilterAction::Stop,
+        };
+        let filter = crate::filter::ContentFilter::new(vec![rule]).expect("rule");
+        let mut g = gen(stop, max_tokens);
+        g.set_filter(FilterGuard::new(std::sync::Arc::new(filter)));
+        g
+    }
+
+    #[test]
+    fn a_stop_string_first_seen_when_held_text_is_released_at_the_end_names_itself() {
+        // The filter holds "end" (it may begin "end of story"), so the stop
+        // string "end" meets the stop matcher only when the end releases it.
+        let eos = |g: &mut Generation| {
+            let result = SeqResult {
+                seq: g.id,
+                token: BYTE_EOS,
+                logprobs: None,
+                embedding: None,
+                prompt_logprobs: None,
+            };
+            g.on_token(&ByteCodec, result, Instant::ZERO)
+        };
+        let mut g = filtered_gen(&["end"], 100);
+        let streamed: String = feed(&mut g, "abc end")
+            .iter()
+            .map(|p| p.text.clone())
+            .collect();
+        assert_eq!(streamed, "abc ", "the filter holds what may begin its rule");
+        let p = eos(&mut g);
+        assert_eq!((p.finish, p.text.as_str()), (Some(FinishReason::Stop), ""));
+        assert_eq!(
+            g.stop_sequence.as_deref(),
+            Some("end"),
+            "the stop names itself"
+        );
+        assert_eq!((g.text.as_str(), g.filtered_by.as_deref()), ("abc ", None));
+
+        // The last token allowed: the text ended on the stop string, not
+        // on its length.
+        let mut g = filtered_gen(&["end"], 7);
+        let pieces = feed(&mut g, "abc end");
+        assert_eq!(pieces[6].finish, Some(FinishReason::Stop));
+        assert_eq!(
+            (g.text.as_str(), g.stop_sequence.as_deref()),
+            ("abc ", Some("end"))
+        );
+
+        // No stop string in the released text: the reasons stay as they were.
+        let mut g = filtered_gen(&["zzz"], 7);
+        let pieces = feed(&mut g, "abc end");
+        assert_eq!(pieces[6].finish, Some(FinishReason::Length));
+        assert_eq!(
+            (g.text.as_str(), g.stop_sequence.as_deref()),
+            ("abc end", None)
+        );
+        let mut g = filtered_gen(&["end"], 100);
+        feed(&mut g, "abc end");
+        let p = g.end(&ByteCodec, FinishReason::Cancelled);
+        assert_eq!(
+            (p.finish, g.text.as_str()),
+            (Some(FinishReason::Cancelled), "abc ")
+        );
+        assert_eq!(g.stop_sequence, None, "a cancel did not end on the stop");
     }
 
     #[test]
