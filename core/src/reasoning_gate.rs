@@ -1,11 +1,15 @@
-//! A grammar that starts where the model's reasoning ends: structured
-//! output (`response_format`, forced tool calls) from a reasoning model
-//! that thinks first, as vLLM applies it.
+//! A grammar that starts where the model's reasoning ends, and a budget
+//! for the reasoning: structured output (`response_format`, forced tool
+//! calls) from a reasoning model that thinks first, as vLLM applies it, and
+//! thinking cut at a client's budget (vLLM's `thinking_token_budget`,
+//! Anthropic's `budget_tokens`).
 //!
-//! [`ReasoningGate`] wraps a compiled [`Constraint`]. While the answer is
-//! inside the reasoning every token may come (the model thinks freely);
-//! from the token after the close tag on, the grammar's mask holds and the
-//! grammar is fed. Where the reasoning starts follows
+//! [`ReasoningGate`] wraps an optional compiled [`Constraint`] and an
+//! optional budget. While the answer is inside the reasoning every token
+//! may come (the model thinks freely) until the budget is spent; then the
+//! close tag alone may come, so the model answers. From the token after
+//! the close tag on, the grammar's mask holds and the grammar is fed (any
+//! token may come without one). Where the reasoning starts follows
 //! [`crate::reasoning`]'s rules, by token instead of by text:
 //!
 //! 1. The prompt ends with the open tag (the template opened the
@@ -15,14 +19,16 @@
 //!    and any other first token is the grammar's first.
 //! 3. The first close tag ends the reasoning; after it the gate is the
 //!    grammar alone, whatever the text holds.
+//! 4. The budget counts the tokens inside the reasoning, neither tag
+//!    included: after that many, the close tag is the only token allowed.
 //!
 //! The gate reads the tags by token id, so it needs each tag to be one
 //! token of the model's vocabulary ([`TagTokens::of`]), as `<think>` and
 //! `</think>` are for Qwen3, QwQ and DeepSeek-R1 and its distills. Where
 //! the close tag is not one token there is no gate: the grammar starts at
-//! the first token and its text is all answer. Where only the open tag is
-//! not one token, rule 2 cannot offer it, so only a template that opens the
-//! reasoning (rule 1) leaves room to think.
+//! the first token and its text is all answer, and no budget is enforced.
+//! Where only the open tag is not one token, rule 2 cannot offer it, so
+//! only a template that opens the reasoning (rule 1) leaves room to think.
 //!
 //! The gate's state depends only on the tokens fed ([`crate::constraint`]'s
 //! rule 1): a recomputed or forked sequence gets the same masks.
@@ -58,25 +64,43 @@ impl TagTokens {
 }
 
 /// How a dialect reads an answer with a reasoning parser: split by `tags`
-/// and, under a grammar, with the grammar gated by `gate`.
+/// and, under a grammar or a budget, with the reasoning gated by `gate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningPlan {
     /// The parser's tags, which split the text.
     pub tags: ReasoningTags,
-    /// The tags' tokens, for a grammar to wait on (`None` without one).
+    /// The tags' tokens, for a grammar to wait on or a budget to force
+    /// (`None` without either, or where the close tag is not one token).
     pub gate: Option<TagTokens>,
+    /// Most tokens the reasoning may take ([`ReasoningGate`]'s rule 4),
+    /// where the request set one.
+    pub budget: Option<u32>,
 }
 
 impl ReasoningPlan {
     /// The plan for an answer read with `tags`, under a grammar or not
-    /// (`constrained`); `None` where the grammar cannot be gated (the close
-    /// tag is not one token): the grammar's text is then all answer.
-    pub fn new(tags: ReasoningTags, codec: &dyn TextCodec, constrained: bool) -> Option<Self> {
-        let gate = match constrained {
-            true => Some(TagTokens::of(tags, codec)?),
+    /// (`constrained`), with a reasoning `budget` or not. `None` where a
+    /// grammar cannot be gated (the close tag is not one token): the
+    /// grammar's text is then all answer. A budget without a gate is not
+    /// enforced (the plan still splits the text).
+    pub fn new(
+        tags: ReasoningTags,
+        codec: &dyn TextCodec,
+        constrained: bool,
+        budget: Option<u32>,
+    ) -> Option<Self> {
+        let tokens = match constrained || budget.is_some() {
+            true => TagTokens::of(tags, codec),
             false => None,
         };
-        Some(ReasoningPlan { tags, gate })
+        if constrained && tokens.is_none() {
+            return None;
+        }
+        Some(ReasoningPlan {
+            tags,
+            gate: tokens,
+            budget: budget.filter(|_| tokens.is_some()),
+        })
     }
 
     /// The splitter for one answer (`opened`: the prompt opened the
@@ -85,12 +109,15 @@ impl ReasoningPlan {
         ReasoningSplitter::new(self.tags, opened).gated(self.gate)
     }
 
-    /// The answer's grammar, `grammar` behind a [`ReasoningGate`] where the
-    /// plan has one (`opened`: the prompt opened the reasoning).
+    /// The answer's constraint: `grammar` and the budget behind a
+    /// [`ReasoningGate`] where the plan has one (`opened`: the prompt
+    /// opened the reasoning); `grammar` as it is where there is neither.
     pub fn constrain(&self, grammar: Option<Constraint>, opened: bool) -> Option<Constraint> {
-        match (grammar, self.gate) {
-            (Some(g), Some(tags)) => Some(ReasoningGate::wrap(g, tags, opened)),
-            (grammar, _) => grammar,
+        match self.gate {
+            Some(tags) if grammar.is_some() || self.budget.is_some() => Some(Constraint::new(
+                Box::new(ReasoningGate::new(grammar, tags, opened).with_budget(self.budget)),
+            )),
+            _ => grammar,
         }
     }
 }
@@ -106,57 +133,83 @@ enum Part {
     Grammar,
 }
 
-/// A grammar held back until the reasoning ends (the module docs give the
-/// rules).
+/// A grammar held back until the reasoning ends, and the reasoning's
+/// budget (the module docs give the rules).
 #[derive(Debug, Clone)]
 pub struct ReasoningGate {
-    grammar: Constraint,
+    /// The answer's grammar; `None`: any answer.
+    grammar: Option<Constraint>,
     tags: TagTokens,
     part: Part,
+    /// Most tokens the reasoning may take (rule 4); `None`: no limit.
+    budget: Option<u32>,
+    /// Tokens taken inside the reasoning so far, neither tag counted.
+    thought: u32,
 }
 
 impl ReasoningGate {
-    /// `grammar` gated by `tags`; `opened`: the prompt ends with the open
-    /// tag, so the answer starts inside the reasoning (rule 1).
-    pub fn new(grammar: Constraint, tags: TagTokens, opened: bool) -> ReasoningGate {
+    /// `grammar` (or any answer, without one) gated by `tags`; `opened`:
+    /// the prompt ends with the open tag, so the answer starts inside the
+    /// reasoning (rule 1). No budget until [`ReasoningGate::with_budget`].
+    pub fn new(grammar: Option<Constraint>, tags: TagTokens, opened: bool) -> ReasoningGate {
         ReasoningGate {
             grammar,
             tags,
             part: if opened { Part::Reasoning } else { Part::Start },
+            budget: None,
+            thought: 0,
         }
     }
 
-    /// [`ReasoningGate::new`] as a constraint a sequence can carry.
-    pub fn wrap(grammar: Constraint, tags: TagTokens, opened: bool) -> Constraint {
-        Constraint::new(Box::new(ReasoningGate::new(grammar, tags, opened)))
+    /// The same gate with the reasoning limited to `budget` tokens (rule 4).
+    pub fn with_budget(self, budget: Option<u32>) -> ReasoningGate {
+        ReasoningGate { budget, ..self }
     }
+
+    /// True once the reasoning has taken its whole budget: only the close
+    /// tag may come.
+    fn spent(&self) -> bool {
+        self.budget.is_some_and(|b| self.thought >= b)
+    }
+}
+
+/// Allows every id of `mask`'s vocabulary.
+fn allow_all(mask: &mut TokenMask) {
+    mask.words_mut().fill(u32::MAX);
+    mask.trim();
 }
 
 impl TokenConstraint for ReasoningGate {
     fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<(), String> {
-        match self.part {
-            Part::Reasoning => {
-                mask.words_mut().fill(u32::MAX);
-                mask.trim();
-                Ok(())
+        let spent = self.spent();
+        match (self.part, self.grammar.as_mut()) {
+            (Part::Reasoning, _) if spent => {
+                mask.clear();
+                mask.allow(self.tags.close);
             }
-            Part::Start => {
-                self.grammar.get_mut().fill_mask(mask)?;
+            (Part::Reasoning, _) | (Part::Start | Part::Grammar, None) => allow_all(mask),
+            (Part::Start, Some(grammar)) => {
+                grammar.get_mut().fill_mask(mask)?;
                 if let Some(open) = self.tags.open {
                     mask.allow(open);
                 }
-                Ok(())
             }
-            Part::Grammar => self.grammar.get_mut().fill_mask(mask),
+            (Part::Grammar, Some(grammar)) => grammar.get_mut().fill_mask(mask)?,
         }
+        Ok(())
     }
 
     fn advance(&mut self, token: TokenId) -> Result<(), String> {
         match self.part {
+            Part::Reasoning if token == self.tags.close => {
+                self.part = Part::Grammar;
+                Ok(())
+            }
+            Part::Reasoning if self.spent() => Err(format!(
+                "token {token} past the reasoning budget, where only the close tag may come"
+            )),
             Part::Reasoning => {
-                if token == self.tags.close {
-                    self.part = Part::Grammar;
-                }
+                self.thought += 1;
                 Ok(())
             }
             Part::Start if Some(token) == self.tags.open => {
@@ -165,13 +218,19 @@ impl TokenConstraint for ReasoningGate {
             }
             Part::Start | Part::Grammar => {
                 self.part = Part::Grammar;
-                self.grammar.get_mut().advance(token)
+                match self.grammar.as_mut() {
+                    Some(grammar) => grammar.get_mut().advance(token),
+                    None => Ok(()),
+                }
             }
         }
     }
 
     fn unconstrained(&self) -> bool {
-        self.part == Part::Reasoning
+        match self.part {
+            Part::Reasoning => !self.spent(),
+            Part::Start | Part::Grammar => self.grammar.is_none(),
+        }
     }
 
     fn boxed_clone(&self) -> Box<dyn TokenConstraint> {
@@ -201,7 +260,7 @@ mod tests {
         let digits = DigitsCodec::thinking(2);
         let grammar = crate::TextCodec::constrain(&digits, &crate::constraint::Grammar::JsonObject)
             .expect("compiles");
-        ReasoningGate::new(Constraint::new(grammar), tags, opened)
+        ReasoningGate::new(Some(Constraint::new(grammar)), tags, opened)
     }
 
     fn mask(g: &mut ReasoningGate) -> TokenMask {
@@ -280,15 +339,16 @@ mod tests {
     #[test]
     fn a_plan_gates_a_grammar_only_where_the_close_tag_is_one_token() {
         let tags = ReasoningTags::THINK;
-        let plan = ReasoningPlan::new(tags, &ByteCodec, false).expect("splits without a grammar");
+        let plan =
+            ReasoningPlan::new(tags, &ByteCodec, false, None).expect("splits without a grammar");
         assert_eq!(plan.gate, None);
         assert_eq!(
-            ReasoningPlan::new(tags, &ByteCodec, true),
+            ReasoningPlan::new(tags, &ByteCodec, true, None),
             None,
             "no gate, no split"
         );
         let codec = DigitsCodec::thinking(2);
-        let plan = ReasoningPlan::new(tags, &codec, true).expect("gated");
+        let plan = ReasoningPlan::new(tags, &codec, true, None).expect("gated");
         let grammar = crate::TextCodec::constrain(&codec, &crate::constraint::Grammar::JsonObject)
             .expect("compiles");
         let mut gated = plan
@@ -298,6 +358,96 @@ mod tests {
         gated.get_mut().fill_mask(&mut m).expect("mask");
         assert_eq!(m.count(), VOCAB, "opened: thinking first");
         assert!(plan.constrain(None, true).is_none());
+    }
+
+    /// A gate without a grammar, limited to `budget` tokens of reasoning.
+    fn budgeted(opened: bool, budget: u32) -> ReasoningGate {
+        ReasoningGate::new(None, TAGS, opened).with_budget(Some(budget))
+    }
+
+    fn only_close(g: &mut ReasoningGate) -> bool {
+        let m = mask(g);
+        m.count() == 1 && m.allows(CLOSE)
+    }
+
+    #[test]
+    fn a_spent_budget_leaves_the_close_tag_alone_then_any_answer() {
+        let mut g = budgeted(true, 3);
+        for t in [b'a', b'b', b'c'] {
+            assert!(g.unconstrained(), "thinking within the budget is free");
+            g.advance(t as TokenId + BYTE_OFFSET).expect("free text");
+        }
+        assert!(!g.unconstrained(), "a mask must be sent now");
+        assert!(only_close(&mut g));
+        assert!(g.advance(digit(1)).is_err(), "nothing but the close tag");
+        g.advance(CLOSE).expect("the close tag");
+        assert!(g.unconstrained(), "no grammar: the answer is free");
+        assert_eq!(mask(&mut g).count(), VOCAB);
+        for t in [digit(1), OPEN, CLOSE, BYTE_EOS] {
+            g.advance(t).expect("any answer");
+        }
+    }
+
+    #[test]
+    fn the_budget_counts_only_tokens_inside_the_reasoning() {
+        // The model's own open tag is not counted; a close within the budget
+        // ends the reasoning as it would without one.
+        let mut g = budgeted(false, 2);
+        assert!(
+            g.unconstrained(),
+            "the first token is free without a grammar"
+        );
+        g.advance(OPEN).expect("opens");
+        g.advance(digit(1)).expect("one");
+        assert!(g.unconstrained());
+        g.advance(CLOSE).expect("closes within the budget");
+        for t in [digit(2), digit(3), digit(4)] {
+            g.advance(t).expect("the answer is not reasoning");
+        }
+        assert!(g.unconstrained());
+        // An answer that never opens the reasoning is never cut.
+        let mut g = budgeted(false, 0);
+        g.advance(digit(5)).expect("no reasoning");
+        g.advance(OPEN).expect("an open tag later is text");
+        assert!(g.unconstrained(), "{g:?}");
+        // A budget of nothing closes at once.
+        let mut g = budgeted(true, 0);
+        assert!(only_close(&mut g));
+        let mut g = budgeted(false, 0);
+        g.advance(OPEN).expect("opens");
+        assert!(only_close(&mut g));
+    }
+
+    #[test]
+    fn a_grammar_follows_a_reasoning_its_budget_cut() {
+        let mut g = gate(true, TAGS).with_budget(Some(2));
+        g.advance(digit(1)).expect("thinks");
+        g.advance(digit(2)).expect("thinks");
+        assert!(only_close(&mut g));
+        let mut fork = g.boxed_clone();
+        let mut m = TokenMask::none(VOCAB);
+        fork.fill_mask(&mut m).expect("mask");
+        assert_eq!(m.count(), 1, "a fork keeps its count");
+        g.advance(CLOSE).expect("closes");
+        assert_eq!(mask(&mut g).count(), 10, "the grammar's digits alone");
+    }
+
+    #[test]
+    fn a_plan_enforces_a_budget_only_where_the_close_tag_is_one_token() {
+        let tags = ReasoningTags::THINK;
+        let plan = ReasoningPlan::new(tags, &ByteCodec, false, Some(4)).expect("still splits");
+        assert_eq!((plan.gate, plan.budget), (None, None), "not enforced");
+        assert!(plan.constrain(None, true).is_none());
+        let codec = DigitsCodec::thinking(2);
+        let plan = ReasoningPlan::new(tags, &codec, false, Some(4)).expect("gated");
+        assert_eq!(plan.budget, Some(4));
+        let mut gated = plan.constrain(None, true).expect("the budget's gate");
+        let mut m = TokenMask::none(VOCAB);
+        gated.get_mut().fill_mask(&mut m).expect("mask");
+        assert_eq!(m.count(), VOCAB, "thinking first");
+        assert!(gated.get_mut().unconstrained());
+        let plain = ReasoningPlan::new(tags, &codec, false, None).expect("splits");
+        assert!(plain.constrain(None, true).is_none(), "nothing to gate");
     }
 
     #[test]

@@ -466,6 +466,115 @@ fn an_answer_that_does_not_open_the_reasoning_is_the_grammars_from_its_first_tok
     );
 }
 
+/// A harness whose engine thinks `GATED`'s plan (opened by the template,
+/// tags of one token each), and a chat body without a grammar.
+fn budgeted_thinking() -> (Harness, Value) {
+    use tokenwire_core::testing::DigitsCodec;
+    let script = GATED.trim_start_matches('\u{1}');
+    let content = starting_prompt(&DigitsCodec::thinking(3), script, true, &[]);
+    let codec = DigitsCodec::shared_thinking(3);
+    let h = Harness::with_codec(thinking_config(), long_context(), codec, script, 1);
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}],
+                      "max_tokens": 16, "temperature": 0});
+    (h, body)
+}
+
+#[test]
+fn a_thinking_budget_closes_the_reasoning_after_that_many_tokens() {
+    // The model would think "\nplan it\n" (9 tokens) before its close tag.
+    // Given 3 (vLLM's `thinking_token_budget`), it thinks "\npl", the close
+    // tag is the only token allowed next, and the answer goes on from the
+    // model's next token; given 9 or more it thinks as it would.
+    let (mut h, body) = budgeted_thinking();
+    let c = open(&mut h, 1);
+    h.send(c, with(body.clone(), json!({"thinking_token_budget": 3})));
+    h.run(200);
+    let r = last(&h, c);
+    let choice = &r["data"]["choices"][0];
+    assert_eq!(choice["message"]["reasoning_content"], "pl", "{r}");
+    let content = choice["message"]["content"].as_str().expect("content");
+    assert!(content.starts_with("n it"), "the model's next tokens: {r}");
+    assert_eq!(
+        r["data"]["usage"]["completion_tokens_details"]["reasoning_tokens"], 4,
+        "three thought, then the close tag: {r}"
+    );
+    assert_eq!(choice["finish_reason"], "length");
+
+    for budget in [9, 1000] {
+        let c = open(&mut h, 2 + budget);
+        h.send(
+            c,
+            with(body.clone(), json!({"thinking_token_budget": budget})),
+        );
+        h.run(200);
+        let r = last(&h, c);
+        let m = &r["data"]["choices"][0]["message"];
+        assert_eq!(m["reasoning_content"], "plan it", "{r}");
+        assert!(
+            m["content"].as_str().is_some_and(|t| t.starts_with("the")),
+            "{r}"
+        );
+    }
+
+    // Streamed, the same split.
+    let c = open(&mut h, 3);
+    h.send(
+        c,
+        with(
+            body.clone(),
+            json!({"thinking_token_budget": 3, "stream": true}),
+        ),
+    );
+    h.run(200);
+    let deltas = first_choice_deltas(&h, c);
+    let reasoning: String = deltas
+        .iter()
+        .filter_map(|d| d["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(reasoning.trim(), "pl", "{deltas:?}");
+
+    // Not a whole number: refused by name.
+    let c = open(&mut h, 4);
+    h.send(c, with(body, json!({"thinking_token_budget": -1})));
+    h.run(50);
+    let r = last(&h, c);
+    assert_eq!(r["data"]["error"]["param"], "thinking_token_budget", "{r}");
+}
+
+#[test]
+fn anthropic_budget_tokens_is_the_thinking_budget() {
+    let (mut h, body) = budgeted_thinking();
+    let c = h.open_http(1, Dialect::Anthropic);
+    h.send(
+        c,
+        json!({"route": "messages", "body": {
+            "model": "tiny", "max_tokens": 12, "temperature": 0,
+            "messages": body["messages"],
+            "thinking": {"type": "enabled", "budget_tokens": 3}}}),
+    );
+    h.run(200);
+    let r = last(&h, c);
+    let m = tokenwire_core::dialect::anthropic::message(&r["data"]);
+    assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+    assert_eq!(m["content"][0]["thinking"], "pl", "{m}");
+    assert!(
+        m["content"][1]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("n it")),
+        "{m}"
+    );
+    let c = h.open_http(2, Dialect::Anthropic);
+    h.send(
+        c,
+        json!({"route": "messages", "body": {
+            "model": "tiny", "max_tokens": 12, "messages": body["messages"],
+            "thinking": {"type": "enabled", "budget_tokens": "lots"}}}),
+    );
+    h.run(50);
+    let r = last(&h, c);
+    assert_eq!(r["data"]["error"]["param"], "thinking.budget_tokens", "{r}");
+}
+
 #[test]
 fn a_grammar_leaves_no_room_to_think_where_the_tags_are_several_tokens() {
     // Completions never split; neither does a chat answer under

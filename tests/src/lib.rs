@@ -79,6 +79,33 @@ pub fn thinking_stories260k(name: &str) -> PathBuf {
     dir
 }
 
+/// Makes `</think>` one token of the stories260K copy in `dir` (from
+/// [`thinking_stories260k`]), as it is in Qwen3's and DeepSeek-R1's
+/// vocabularies: the byte token `<0x7E>` (`~`, which no story uses) is
+/// renamed and made an added token, so the text `</think>` encodes to it
+/// and it decodes to the text. What needs the tag as one token (a grammar
+/// that waits for the reasoning, a thinking budget) then works on a real
+/// model.
+pub fn make_close_tag_one_token(dir: &std::path::Path) {
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read tokenizer.json"))
+            .expect("tokenizer.json is JSON");
+    let vocab = tokenizer["model"]["vocab"]
+        .as_object_mut()
+        .expect("a BPE vocabulary");
+    let id = vocab.remove("<0x7E>").expect("the byte token for `~`");
+    vocab.insert("</think>".into(), id.clone());
+    tokenizer["added_tokens"]
+        .as_array_mut()
+        .expect("added tokens")
+        .push(
+            serde_json::json!({"id": id, "content": "</think>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": false}),
+        );
+    std::fs::write(&path, tokenizer.to_string()).expect("write tokenizer.json");
+}
+
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`
 /// puts it in `target/models`; `TOKENWIRE_SMOLLM2_GGUF` names another place).
 /// Under CI (`CI=true`) a missing file is a failure, elsewhere the caller

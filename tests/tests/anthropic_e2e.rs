@@ -363,3 +363,51 @@ async fn a_reasoning_models_thinking_is_a_thinking_block() {
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
 }
+
+/// `thinking.budget_tokens` on the CPU engine, where `</think>` is one
+/// token ([`tokenwire_tests::make_close_tag_one_token`]): the thinking
+/// block holds the story's first `budget_tokens` tokens, the close tag is
+/// forced, and a text block follows with what the model wrote after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_tokens_cuts_the_thinking_and_the_model_answers() {
+    let dir = tokenwire_tests::thinking_stories260k("anthropic-budget");
+    tokenwire_tests::make_close_tag_one_token(&dir);
+    let server = start(ModelSource::Dir(dir.clone()), |c| {
+        c.host.reasoning_tags = Some(tokenwire_core::reasoning::ReasoningTags::THINK);
+    })
+    .await;
+    let first_four = http(&server, "POST", MESSAGES, Some(&body(4, json!({}))))
+        .await
+        .json();
+    let thought = first_four["content"][0]["thinking"].clone();
+    assert!(
+        thought.as_str().is_some_and(|t| !t.is_empty()),
+        "{first_four}"
+    );
+    let budgeted = json!({"thinking": {"type": "enabled", "budget_tokens": 4}});
+    let m = http(&server, "POST", MESSAGES, Some(&body(20, budgeted)))
+        .await
+        .json();
+    let kinds: Vec<&str> = m["content"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|b| b["type"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(kinds, ["thinking", "text"], "{m}");
+    assert_eq!(m["content"][0]["thinking"], thought, "{m}");
+    assert!(
+        m["content"][1]["text"]
+            .as_str()
+            .is_some_and(|t| !t.trim().is_empty()),
+        "{m}"
+    );
+    assert_eq!(
+        (
+            m["stop_reason"].as_str(),
+            m["usage"]["output_tokens"].as_u64()
+        ),
+        (Some("max_tokens"), Some(20)),
+        "{m}"
+    );
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}

@@ -629,6 +629,61 @@ async fn max_context_bounds_what_the_routes_take() {
     server.shutdown().await;
 }
 
+/// `thinking_token_budget` on the CPU engine, with stories260K whose
+/// tokenizer spells `</think>` in one token
+/// ([`tokenwire_tests::make_close_tag_one_token`]). Its story is all
+/// reasoning without a budget (the template opened it and the model never
+/// closes it). Given 5, the reasoning is the story's first five tokens,
+/// the close tag is forced as the sixth, and the model answers from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_budget_forces_the_close_tag_after_that_many_tokens() {
+    use tokenwire_core::reasoning::ReasoningTags;
+    let dir = tokenwire_tests::thinking_stories260k("budget");
+    tokenwire_tests::make_close_tag_one_token(&dir);
+    let server = start(ModelSource::Dir(dir.clone()), |c| {
+        c.host.reasoning_tags = Some(ReasoningTags::THINK);
+    })
+    .await;
+    let reply = |extra: Value| {
+        let server = &server;
+        async move {
+            let v = http(server, "POST", CHAT, Some(&body(extra))).await.json();
+            assert!(v["choices"][0]["message"].is_object(), "{v}");
+            v
+        }
+    };
+    let first_five = reply(json!({"max_tokens": 5})).await;
+    let thought = first_five["choices"][0]["message"]["reasoning_content"].clone();
+    assert!(
+        thought.as_str().is_some_and(|t| !t.is_empty()),
+        "{first_five}"
+    );
+
+    let v = reply(json!({"max_tokens": 20, "thinking_token_budget": 5})).await;
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], thought, "{v}");
+    assert!(
+        m["content"].as_str().is_some_and(|t| !t.trim().is_empty()),
+        "the model answers after the forced close: {v}"
+    );
+    let usage = &v["usage"];
+    assert_eq!(
+        usage["completion_tokens_details"]["reasoning_tokens"], 6,
+        "{v}"
+    );
+    assert_eq!(usage["completion_tokens"], 20, "{v}");
+
+    // A budget the story never reaches changes nothing.
+    let unbounded = reply(json!({"max_tokens": 20})).await;
+    let roomy = reply(json!({"max_tokens": 20, "thinking_token_budget": 50})).await;
+    assert_eq!(
+        roomy["choices"][0]["message"],
+        unbounded["choices"][0]["message"]
+    );
+    server.shutdown().await;
+    std::fs::remove_dir_all(dir.parent().expect("its temp folder")).ok();
+}
+
 /// `--reasoning-parser` on a model whose chat template opens the reasoning
 /// (stories260K with [`tokenwire_tests::THINKING_TEMPLATE`]): the story it
 /// writes is all reasoning, since it never closes the tag, and equals what a

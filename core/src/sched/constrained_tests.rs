@@ -128,7 +128,7 @@ fn a_grammar_held_back_while_the_model_reasons_sends_no_mask_until_the_close_tag
     add(&mut s, 1, 4);
     s.set_constraint(
         SeqId(1),
-        ReasoningGate::wrap(digits(1), tags, false),
+        Constraint::new(Box::new(ReasoningGate::new(Some(digits(1)), tags, false))),
         BYTE_VOCAB,
     );
     // The first token: the open tag or the grammar's first.

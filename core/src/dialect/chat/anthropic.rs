@@ -80,6 +80,10 @@ pub(super) fn decode(
         tools: prompt.tools,
         template_kwargs: prompt.thinking.template_kwargs(),
         include_reasoning: prompt.thinking != Thinking::Disabled,
+        thinking_budget: match prompt.thinking {
+            Thinking::Enabled { budget } => budget,
+            Thinking::Default | Thinking::Disabled => None,
+        },
         fit_to_context: true,
     })
 }
@@ -528,8 +532,12 @@ fn output_format(f: &Fields<'_>) -> Result<Option<Grammar>, BadRequest> {
 enum Thinking {
     /// No `thinking`, or `adaptive`: as the model's template does.
     Default,
-    /// `enabled` (its `budget_tokens` is not enforced).
-    Enabled,
+    /// `enabled`, with its `budget_tokens` (most tokens the thinking may
+    /// take; enforced where the model's close tag is one token).
+    Enabled {
+        /// `budget_tokens`.
+        budget: Option<u32>,
+    },
     /// `disabled`: no thinking block is sent.
     Disabled,
 }
@@ -542,7 +550,7 @@ impl Thinking {
         let mut kwargs = TemplateKwargs::new();
         match self {
             Thinking::Default => {}
-            Thinking::Enabled => {
+            Thinking::Enabled { .. } => {
                 kwargs.insert("enable_thinking".into(), Value::Bool(true));
             }
             Thinking::Disabled => {
@@ -553,7 +561,9 @@ impl Thinking {
     }
 }
 
-/// `thinking`: `{"type": "enabled" | "adaptive" | "disabled"}`.
+/// `thinking`: `{"type": "enabled" | "adaptive" | "disabled"}`, and with
+/// `enabled` a `budget_tokens` (a whole number; Anthropic's 1,024 minimum
+/// is not required, so small models can be given small budgets).
 fn thinking(f: &Fields<'_>) -> Result<Thinking, BadRequest> {
     let Some(t) = f.obj("thinking").map_err(BadRequest::invalid)? else {
         return Ok(Thinking::Default);
@@ -561,7 +571,12 @@ fn thinking(f: &Fields<'_>) -> Result<Thinking, BadRequest> {
     let tf = Fields::new(t, "thinking.");
     match tf.req_str("type").map_err(BadRequest::invalid)? {
         "disabled" => Ok(Thinking::Disabled),
-        "enabled" => Ok(Thinking::Enabled),
+        "enabled" => Ok(Thinking::Enabled {
+            budget: tf
+                .u64("budget_tokens")
+                .map_err(BadRequest::invalid)?
+                .map(|b| u32::try_from(b).unwrap_or(u32::MAX)),
+        }),
         "adaptive" | "between_tools" => Ok(Thinking::Default),
         other => Err(BadRequest::field(
             "thinking.type",

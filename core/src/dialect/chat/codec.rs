@@ -113,6 +113,10 @@ pub struct ChatRequest {
     /// `include_reasoning` (vLLM's): with a reasoning parser, send the
     /// reasoning as `reasoning_content` (`true`, the default) or drop it.
     pub include_reasoning: bool,
+    /// Most tokens the reasoning may take before the close tag is forced:
+    /// vLLM's `thinking_token_budget`, Anthropic's `thinking.budget_tokens`
+    /// ([`crate::reasoning_gate`]; chat answers with a reasoning parser).
+    pub thinking_budget: Option<u32>,
     /// The length is a ceiling, not a reservation (Anthropic's
     /// `max_tokens`): the prompt may take all of the context but one token,
     /// and the answer what it leaves, up to the length.
@@ -318,6 +322,13 @@ pub fn decode(
         .bool("include_reasoning")
         .map_err(BadRequest::invalid)?
         .unwrap_or(true);
+    let thinking_budget = match route {
+        Route::Chat | Route::Messages => f
+            .u64("thinking_token_budget")
+            .map_err(BadRequest::invalid)?
+            .map(|b| u32::try_from(b).unwrap_or(u32::MAX)),
+        Route::Completions => None,
+    };
     Ok(ChatRequest {
         route,
         model,
@@ -332,6 +343,7 @@ pub fn decode(
         tools,
         template_kwargs,
         include_reasoning,
+        thinking_budget,
         fit_to_context: false,
     })
 }

@@ -835,13 +835,14 @@ fn message(c: &Choice, reasoning: bool) -> Value {
 /// chat answers. Under a grammar (`response_format`, forced calls) the
 /// grammar waits for the reasoning to end where the model's tags are one
 /// token each ([`ReasoningPlan::new`]); where not, the grammar's text is
-/// all answer and nothing is split.
+/// all answer and nothing is split. A thinking budget is enforced where
+/// the tags are one token each.
 fn reasoning_plan(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningPlan> {
     let tags = cx.config().reasoning_tags?;
     if req.route == Route::Completions {
         return None;
     }
-    ReasoningPlan::new(tags, cx.codec(), constrained)
+    ReasoningPlan::new(tags, cx.codec(), constrained, req.thinking_budget)
 }
 
 fn message_without_reasoning(c: &Choice) -> Value {
