@@ -260,7 +260,7 @@ fn a_json_grammar_behind_the_reasoning_gate_holds_only_after_the_close_tag() {
     assert_eq!((tags.open, tags.close), (Some(open), close));
     let vocab = eos + 1;
     let grammar = Constraint::new(codec.constrain(&Grammar::JsonObject).expect("compiles"));
-    let mut gate = ReasoningGate::new(grammar, tags, false);
+    let mut gate = ReasoningGate::new(Some(grammar), tags, false);
     let ids = |text: &str| codec.encode(text, false).expect("encodes");
     let mask = |g: &mut ReasoningGate| {
         let mut m = TokenMask::none(vocab);
