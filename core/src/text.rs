@@ -69,6 +69,13 @@ pub trait TextCodec: Send + Sync {
         self.decode(&[id])
     }
 
+    /// The model's chat template as its files give it (Jinja source), for
+    /// clients that render it themselves (lm-evaluation-harness's remote
+    /// tokenizer reads it from `/tokenizer_info`); `None` without one.
+    fn chat_template(&self) -> Option<String> {
+        None
+    }
+
     /// The prompt for `messages`: the model's chat template rendered with the
     /// generation prompt added; with no template, the contents joined by `\n`.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {

@@ -21,6 +21,8 @@ pub const TEMPLATE_FUEL: u64 = 5_000_000;
 /// A compiled chat template plus the special-token strings it may reference.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The Jinja source, as the model's files give it.
+    source: String,
     bos_token: String,
     eos_token: String,
     /// The template reads `tools` (renders function definitions itself).
@@ -73,6 +75,7 @@ impl ChatTemplate {
         };
         Ok(ChatTemplate {
             env,
+            source: source.to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             takes_tools: source.contains("tools"),
@@ -89,6 +92,11 @@ impl ChatTemplate {
     /// How the template's model writes tool calls.
     pub fn tool_format(&self) -> ToolFormat {
         self.tool_format
+    }
+
+    /// The template's Jinja source, as the model's files give it.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The BOS token's text as the template sees it (`bos_token`).

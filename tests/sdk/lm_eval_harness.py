@@ -17,7 +17,10 @@ and the one it generates.
 Checks: the SDK's echoed scores are strictly valid as its `Completion`;
 lm-eval's accuracy is 1 with each right choice greedy and no other; each
 log-likelihood lm-eval reports is the sum the SDK's echo gives for the same
-ids; lm-eval's batched generations match exactly. Each check prints `ok:
+ids; lm-eval's batched generations match exactly; with a model that has a
+chat template, lm-eval's remote tokenizer renders it (read from
+`/tokenizer_info`, as `--apply_chat_template` does) into the very ids the
+server's own rendering gives. Each check prints `ok:
 <name>` or `FAIL: <name>: <reason>`; exit status 0 only when all passed.
 """
 
@@ -136,6 +139,26 @@ def main() -> int:
                 want = sum(c.logprobs.token_logprobs[len(ctx):len(p)])
                 if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4):
                     fail(f"doc {s['doc_id']}: lm-eval {got}, the echo {want}")
+
+    @check
+    def lm_eval_renders_the_servers_chat_template() -> None:
+        from lm_eval.utils import RemoteTokenizer
+
+        info = requests.get(f"{server}/tokenizer_info", timeout=30).json()
+        if not info.get("chat_template"):
+            fail(f"no chat template in /tokenizer_info: {info}")
+        chat = [{"role": "user", "content": OPENINGS[0]}]
+        text = RemoteTokenizer(server).apply_chat_template(chat)
+        if OPENINGS[0] not in text or text == OPENINGS[0]:
+            fail(f"rendered {text!r}")
+        r = requests.post(f"{server}/tokenize", json={"messages": chat}, timeout=30)
+        r.raise_for_status()
+        served = r.json()["tokens"]
+        # The server adds the BOS the template did not write; lm-eval
+        # tokenizes without special tokens.
+        rendered = ids(text)
+        if served[len(served) - len(rendered):] != rendered or len(served) - len(rendered) not in (0, 1):
+            fail(f"lm-eval's rendering {rendered} vs the server's {served}")
 
     @check
     def lm_eval_generates_the_greedy_continuations_in_batches() -> None:

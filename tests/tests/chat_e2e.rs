@@ -759,6 +759,9 @@ async fn a_reasoning_parser_sends_the_thinking_as_reasoning_content() {
                "chat_template_kwargs": kwargs})
         .to_string()
     };
+    // The template itself, for clients that render it (lm-eval).
+    let info = http(&parsed, "GET", "/tokenizer_info", None).await.json();
+    assert_eq!(info["chat_template"], tokenwire_tests::THINKING_TEMPLATE);
     let on = http(&parsed, "POST", "/tokenize", Some(&count(json!({})))).await;
     let off = http(
         &parsed,

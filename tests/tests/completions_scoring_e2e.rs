@@ -194,6 +194,7 @@ async fn the_tokenizer_routes_serve_a_remote_tokenizer() {
     assert_eq!(info["bos_token"], "<s>", "{info}");
     assert_eq!(info["eos_token"], "</s>", "{info}");
     assert_eq!(info["model_max_length"], engine.model_info().context_len);
+    assert_eq!(info["chat_template"], Value::Null, "stories260K has none");
     let tokenize = |prompt: &str, add: Option<bool>| {
         let mut body = json!({"prompt": prompt});
         if let Some(add) = add {

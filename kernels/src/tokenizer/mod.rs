@@ -154,6 +154,10 @@ impl TextCodec for HfCodec {
             .map_or(ToolFormat::Hermes, ChatTemplate::tool_format)
     }
 
+    fn chat_template(&self) -> Option<String> {
+        self.template.as_ref().map(|t| t.source().to_string())
+    }
+
     fn encode_chat_with_tools(
         &self,
         messages: &[ChatMessage],

@@ -89,7 +89,9 @@ pub(super) fn tokenize_reply(ids: &[TokenId], context_len: u32) -> Value {
 /// The `/tokenizer_info` reply, vLLM's shape where it applies: the
 /// special tokens' text (`bos_token` when the tokenizer adds one, the first
 /// end-of-sequence token as `eos_token`, each `null` without), no padding
-/// token, and the context as `model_max_length`.
+/// token, the context as `model_max_length`, and the model's
+/// `chat_template` source (`null` without one), which lm-evaluation-harness
+/// renders itself under `--apply_chat_template`.
 pub(super) fn tokenizer_info(codec: &dyn TextCodec, model: &ModelInfo) -> Value {
     let plain = codec.encode("a", false).unwrap_or_default();
     let special = codec.encode("a", true).unwrap_or_default();
@@ -105,6 +107,7 @@ pub(super) fn tokenizer_info(codec: &dyn TextCodec, model: &ModelInfo) -> Value 
         "pad_token": null,
         "add_bos_token": bos.is_some(),
         "model_max_length": model.context_len,
+        "chat_template": codec.chat_template(),
     })
 }
 
@@ -176,6 +179,11 @@ mod tests {
         assert_eq!(info["eos_token"], json!(eos));
         assert_eq!(info["add_bos_token"], true);
         assert_eq!(info["model_max_length"], model.context_len);
+        assert_eq!(
+            info["chat_template"],
+            Value::Null,
+            "the byte codec has none"
+        );
         model.eos_ids.clear();
         assert_eq!(tokenizer_info(&codec, &model)["eos_token"], Value::Null);
     }
