@@ -71,10 +71,14 @@ impl ReasoningTags {
         close: "[/THINK]",
     };
 
-    /// Whether `codec` keeps both tags in the text it decodes: a tokenizer
-    /// that makes them special tokens (Magistral's since 2507) drops them
-    /// from every answer, and then nothing can be split. The error says
-    /// which tag and why.
+    /// Every parser's tags. A tokenizer that makes one of them a special
+    /// token (Magistral's since 2507) still decodes it into text, so that
+    /// the reasoning it encloses can be found.
+    pub const ALL: [ReasoningTags; 2] = [ReasoningTags::THINK, ReasoningTags::MISTRAL];
+
+    /// Whether `codec` keeps both tags in the text it decodes: a codec
+    /// that drops them (special tokens it skips) leaves nothing to split.
+    /// The error says which tag and why.
     pub fn check(&self, codec: &dyn crate::TextCodec) -> Result<(), String> {
         for tag in [self.open, self.close] {
             let ids = codec

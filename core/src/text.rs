@@ -61,7 +61,10 @@ pub trait TextCodec: Send + Sync {
     /// model expects. Errors are messages naming what was wrong.
     fn encode(&self, text: &str, add_special: bool) -> Result<Vec<TokenId>, String>;
 
-    /// Text of `ids`, special tokens skipped. Invalid UTF-8 byte runs decode to U+FFFD.
+    /// Text of `ids`, special tokens skipped (a codec may keep some in the
+    /// text: the server's keeps the reasoning tags of
+    /// [`crate::reasoning::ReasoningTags::ALL`]). Invalid UTF-8 byte runs
+    /// decode to U+FFFD.
     fn decode(&self, ids: &[TokenId]) -> String;
 
     /// Display text of one token (for logprobs lists), as the vocabulary spells it.

@@ -84,3 +84,77 @@ fn other_decoders_keep_the_tokenizers_own_path() {
     assert!(!codec.decodes_by_table());
     agree(&codec, &[4, 5, 6]).unwrap();
 }
+
+/// `tokenizer` with Magistral's reasoning tags added as special tokens
+/// (as its tokenizer has them since 2507), at the ids after the last.
+fn with_special_think_tags(tokenizer: &Tokenizer) -> (Tokenizer, [u32; 2]) {
+    let mut tj: serde_json::Value =
+        serde_json::from_str(&tokenizer.to_string(false).expect("json")).expect("json");
+    let next = tokenizer.get_vocab_size(true) as u32;
+    let ids = [next, next + 1];
+    for (id, tag) in ids.iter().zip(["[THINK]", "[/THINK]"]) {
+        if let Some(vocab) = tj["model"]["vocab"].as_object_mut() {
+            vocab.insert(tag.into(), serde_json::json!(id));
+        }
+        tj["added_tokens"]
+            .as_array_mut()
+            .expect("added tokens")
+            .push(
+                serde_json::json!({"id": id, "content": tag, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+            );
+    }
+    let tokenizer = Tokenizer::from_bytes(tj.to_string().as_bytes()).expect("tokenizer");
+    (tokenizer, ids)
+}
+
+/// What the tokenizer gives for `ids` with the reasoning tags kept: every
+/// other special token dropped, then decoded without skipping.
+fn decoded_keeping(tokenizer: &Tokenizer, tags: [u32; 2], ids: &[u32]) -> String {
+    let added = tokenizer.get_added_tokens_decoder();
+    let shown: Vec<u32> = ids
+        .iter()
+        .copied()
+        .filter(|id| tags.contains(id) || !added.get(id).is_some_and(|t| t.special))
+        .collect();
+    tokenizer.decode(&shown, false).expect("decode")
+}
+
+#[test]
+fn reasoning_tags_that_are_special_tokens_still_decode_into_text() {
+    use tokenwire_core::reasoning::ReasoningTags;
+    use tokenwire_core::reasoning_gate::TagTokens;
+    let sentencepiece = HfCodec::load(&stories_dir()).expect("codec");
+    let wordlevel = Tokenizer::from_bytes(toy_tokenizer_json(10).as_bytes()).expect("tokenizer");
+    for (base, byte_ids, table) in [
+        (sentencepiece.tokenizer().clone(), 3..259, true),
+        (byte_level_bpe().tokenizer().clone(), 0x80..0x100, true),
+        (wordlevel, 1..10, false),
+    ] {
+        let (tokenizer, [open, close]) = with_special_think_tags(&base);
+        let codec = HfCodec::new(tokenizer.clone(), None);
+        assert_eq!(codec.decodes_by_table(), table);
+        // Encoded as one token each, decoded back to their text: the
+        // Mistral parser can find them, and a gate or a budget can use them.
+        assert_eq!(ReasoningTags::MISTRAL.check(&codec), Ok(()));
+        let tags = TagTokens::of(ReasoningTags::MISTRAL, &codec).expect("one token each");
+        assert_eq!((tags.open, tags.close), (Some(open), close));
+        // Every other special token is still skipped.
+        let skipped: Vec<u32> = tokenizer
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(id, t)| t.special && ![open, close].contains(id))
+            .map(|(&id, _)| id)
+            .collect();
+        assert!(!skipped.is_empty());
+        for &id in &skipped {
+            assert_eq!(codec.decode(&[id]), "", "special {id}");
+        }
+        let vocab = tokenizer.get_vocab_size(true) as u32;
+        let byte_ids = byte_ids.clone();
+        proptest!(ProptestConfig::with_cases(500), |(mut ids in ids(vocab, byte_ids.clone()), at in 0..24usize, which in 0..2usize)| {
+            ids.insert(at.min(ids.len()), [open, close][which]);
+            prop_assert_eq!(codec.decode(&ids), decoded_keeping(&tokenizer, [open, close], &ids));
+        });
+    }
+}

@@ -59,6 +59,13 @@ pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.rol
 /// [`THINKING_TEMPLATE`], in a fresh folder of the system's temp dir named
 /// after `name` and this process.
 pub fn thinking_stories260k(name: &str) -> PathBuf {
+    stories260k_with_template(name, THINKING_TEMPLATE)
+}
+
+/// A copy of stories260K (named so still) whose tokenizer config carries
+/// `template`, in a fresh folder of the system's temp dir named after
+/// `name` and this process.
+pub fn stories260k_with_template(name: &str, template: &str) -> PathBuf {
     let parent =
         std::env::temp_dir().join(format!("tokenwire-thinking-{name}-{}", std::process::id()));
     let dir = parent.join("stories260K");
@@ -74,35 +81,47 @@ pub fn thinking_stories260k(name: &str) -> PathBuf {
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(&config_path).expect("read the config"))
             .expect("the config is JSON");
-    config["chat_template"] = Value::String(THINKING_TEMPLATE.into());
+    config["chat_template"] = Value::String(template.into());
     std::fs::write(&config_path, config.to_string()).expect("write the config");
     dir
 }
 
 /// Makes `</think>` one token of the stories260K copy in `dir` (from
 /// [`thinking_stories260k`]), as it is in Qwen3's and DeepSeek-R1's
-/// vocabularies: the byte token `<0x7E>` (`~`, which no story uses) is
-/// renamed and made an added token, so the text `</think>` encodes to it
-/// and it decodes to the text. What needs the tag as one token (a grammar
-/// that waits for the reasoning, a thinking budget) then works on a real
-/// model.
+/// vocabularies ([`make_tags_one_token`]). What needs the tag as one token
+/// (a grammar that waits for the reasoning, a thinking budget) then works
+/// on a real model.
 pub fn make_close_tag_one_token(dir: &std::path::Path) {
+    make_tags_one_token(dir, &["</think>"], false);
+}
+
+/// Byte tokens no story uses (`~`, `|`, `` ` ``), in the order
+/// [`make_tags_one_token`] renames them.
+const SPARE_BYTE_TOKENS: [&str; 3] = ["<0x7E>", "<0x7C>", "<0x60>"];
+
+/// Makes each of `tags` (at most three) one token of the stories260K copy
+/// in `dir`: a byte token no story uses is renamed to it and made an added
+/// token (`special` as asked, as Magistral's `[THINK]` is since 2507), so
+/// the text encodes to it and, where it is not special, decodes to it.
+pub fn make_tags_one_token(dir: &std::path::Path, tags: &[&str], special: bool) {
     let path = dir.join("tokenizer.json");
     let mut tokenizer: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("read tokenizer.json"))
             .expect("tokenizer.json is JSON");
-    let vocab = tokenizer["model"]["vocab"]
-        .as_object_mut()
-        .expect("a BPE vocabulary");
-    let id = vocab.remove("<0x7E>").expect("the byte token for `~`");
-    vocab.insert("</think>".into(), id.clone());
-    tokenizer["added_tokens"]
-        .as_array_mut()
-        .expect("added tokens")
-        .push(
-            serde_json::json!({"id": id, "content": "</think>", "single_word": false,
-            "lstrip": false, "rstrip": false, "normalized": false, "special": false}),
-        );
+    assert!(tags.len() <= SPARE_BYTE_TOKENS.len(), "too many tags");
+    for (tag, spare) in tags.iter().zip(SPARE_BYTE_TOKENS) {
+        let vocab = tokenizer["model"]["vocab"]
+            .as_object_mut()
+            .expect("a BPE vocabulary");
+        let id = vocab.remove(spare).expect("a spare byte token");
+        vocab.insert((*tag).into(), id.clone());
+        let token = serde_json::json!({"id": id, "content": tag, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": special});
+        tokenizer["added_tokens"]
+            .as_array_mut()
+            .expect("added tokens")
+            .push(token);
+    }
     std::fs::write(&path, tokenizer.to_string()).expect("write tokenizer.json");
 }
 

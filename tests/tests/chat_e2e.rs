@@ -684,6 +684,74 @@ async fn a_thinking_budget_forces_the_close_tag_after_that_many_tokens() {
     std::fs::remove_dir_all(dir.parent().expect("its temp folder")).ok();
 }
 
+/// Magistral's tags since 2507: `[THINK]` and `[/THINK]` special tokens
+/// (stories260K with both made so, and a template opening `[THINK]`).
+/// Decoding keeps them in the text, so `--reasoning-parser mistral` starts
+/// (it refused such a tokenizer before) and finds the thinking, and a
+/// budget forces `[/THINK]`, one token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_token_reasoning_tags_are_found_and_forced() {
+    use tokenwire_core::reasoning::ReasoningTags;
+    let template = tokenwire_tests::THINKING_TEMPLATE
+        .replace("</think>", "[/THINK]")
+        .replace("<think>", "[THINK]");
+    let dir = tokenwire_tests::stories260k_with_template("magistral", &template);
+    tokenwire_tests::make_tags_one_token(&dir, &["[THINK]", "[/THINK]"], true);
+    let plain = start(ModelSource::Dir(dir.clone()), |_| {}).await;
+    let server = start(ModelSource::Dir(dir.clone()), |c| {
+        c.host.reasoning_tags = Some(ReasoningTags::MISTRAL);
+    })
+    .await;
+    let reply = |server, extra: Value| async move {
+        let v = http(server, "POST", CHAT, Some(&body(extra))).await.json();
+        assert!(v["choices"][0]["message"].is_object(), "{v}");
+        v
+    };
+    // Without the parser the story is the content; with it, the reasoning.
+    let raw = reply(&plain, json!({"max_tokens": 12})).await;
+    let story = raw["choices"][0]["message"]["content"].clone();
+    let v = reply(&server, json!({"max_tokens": 12})).await;
+    let trimmed = story.as_str().map(str::trim);
+    assert_eq!(
+        v["choices"][0]["message"]["reasoning_content"].as_str(),
+        trimmed,
+        "{v}"
+    );
+
+    // A budget of 4: the first four tokens are the thinking, `[/THINK]` is
+    // forced, the rest is the answer, and `[/THINK]` is in no text.
+    let first_four = reply(&server, json!({"max_tokens": 4})).await;
+    let v = reply(
+        &server,
+        json!({"max_tokens": 12, "thinking_token_budget": 4}),
+    )
+    .await;
+    let m = &v["choices"][0]["message"];
+    assert_eq!(
+        m["reasoning_content"], first_four["choices"][0]["message"]["reasoning_content"],
+        "{v}"
+    );
+    let answer = m["content"].as_str().expect("content");
+    assert!(
+        !answer.trim().is_empty() && !answer.contains("[/THINK]"),
+        "{v}"
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 5,
+        "{v}"
+    );
+    // Without the parser nothing is known of the tags, so nothing is cut.
+    let v = reply(
+        &plain,
+        json!({"max_tokens": 12, "thinking_token_budget": 4}),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["message"]["content"], story, "{v}");
+    plain.shutdown().await;
+    server.shutdown().await;
+    std::fs::remove_dir_all(dir.parent().expect("its temp folder")).ok();
+}
+
 /// `--reasoning-parser` on a model whose chat template opens the reasoning
 /// (stories260K with [`tokenwire_tests::THINKING_TEMPLATE`]): the story it
 /// writes is all reasoning, since it never closes the tag, and equals what a

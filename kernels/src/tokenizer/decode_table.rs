@@ -9,6 +9,8 @@
 //! contribution is computed once at load, so decoding a window is lookups and
 //! one UTF-8 check. Any other decoder keeps the crate's own path.
 
+use std::collections::HashSet;
+
 use tokenizers::Tokenizer;
 
 /// SentencePiece's word-boundary marker, which decoders turn into a space.
@@ -45,8 +47,9 @@ pub(crate) struct DecodeTable {
 
 impl DecodeTable {
     /// The table for `tokenizer`, or `None` when its decoder is not one this
-    /// module reproduces exactly.
-    pub(crate) fn build(tokenizer: &Tokenizer) -> Option<DecodeTable> {
+    /// module reproduces exactly. The special tokens in `kept` decode as
+    /// any other added token does, into their text.
+    pub(crate) fn build(tokenizer: &Tokenizer, kept: &HashSet<u32>) -> Option<DecodeTable> {
         let json: serde_json::Value =
             serde_json::from_str(&tokenizer.to_string(false).ok()?).ok()?;
         let pipeline = recognize(&json["decoder"])?;
@@ -55,14 +58,14 @@ impl DecodeTable {
         let pieces = (0..ids as u32)
             .map(|id| match tokenizer.id_to_token(id) {
                 None => Piece::Skip,
-                Some(token) if added.is_special_token(&token) => Piece::Skip,
+                Some(token) if added.is_special_token(&token) && !kept.contains(&id) => Piece::Skip,
                 Some(token) => piece(pipeline, &token),
             })
             .collect();
         Some(DecodeTable { pipeline, pieces })
     }
 
-    /// The text of `ids`, special tokens skipped.
+    /// The text of `ids`, special tokens skipped (but the kept ones).
     pub(crate) fn decode(&self, ids: &[u32]) -> String {
         let mut bytes: Vec<u8> = Vec::with_capacity(ids.len() * 8);
         match self.pipeline {

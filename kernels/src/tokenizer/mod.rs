@@ -4,10 +4,12 @@
 //! SentencePiece and byte-level decoder pipelines (`decode_table`) and the
 //! crate's decoder chain for any other.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
+use tokenwire_core::reasoning::ReasoningTags;
 use tokenwire_core::text::TemplateKwargs;
 use tokenwire_core::tools::{self, ToolDef, ToolFormat};
 use tokenwire_core::{ChatMessage, Grammar, TextCodec, TokenConstraint, TokenId};
@@ -31,6 +33,13 @@ pub struct HfCodec {
     table: Option<DecodeTable>,
     /// The text of every special added token (`<|im_start|>`, `<s>`, ...).
     specials: Vec<String>,
+    /// Special tokens that decode into text all the same: the reasoning
+    /// tags of [`ReasoningTags::ALL`] where the tokenizer makes them
+    /// special (Magistral's `[THINK]` since 2507), so a reasoning parser
+    /// finds them, as vLLM's Mistral parser does.
+    kept_specials: HashSet<TokenId>,
+    /// Ids of the special tokens decoding skips (the others are kept).
+    skipped_specials: HashSet<TokenId>,
     /// The tokenizer with special-token text encoded as plain text, for
     /// message contents that contain some; made the first time one does.
     plain: OnceLock<Tokenizer>,
@@ -69,9 +78,19 @@ impl HfCodec {
     /// A codec from parts already built.
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> HfCodec {
         let max_token_bytes = max_token_bytes(&tokenizer);
-        let table = DecodeTable::build(&tokenizer);
-        let mut specials: Vec<String> = tokenizer
-            .get_added_tokens_decoder()
+        let added = tokenizer.get_added_tokens_decoder();
+        let is_tag = |text: &str| {
+            ReasoningTags::ALL
+                .iter()
+                .any(|t| t.open == text || t.close == text)
+        };
+        let (kept_specials, skipped_specials): (HashSet<TokenId>, HashSet<TokenId>) = added
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .partition(|id| is_tag(&added[id].content));
+        let table = DecodeTable::build(&tokenizer, &kept_specials);
+        let mut specials: Vec<String> = added
             .into_values()
             .filter(|t| t.special && !t.content.is_empty())
             .map(|t| t.content)
@@ -83,6 +102,8 @@ impl HfCodec {
             max_token_bytes,
             table,
             specials,
+            kept_specials,
+            skipped_specials,
             plain: OnceLock::new(),
             grammar: Err("structured output is not enabled for this model".into()),
         }
@@ -129,7 +150,15 @@ impl TextCodec for HfCodec {
         }
         // Decoding only fails inside exotic decoders; an empty string is the
         // least surprising text for such ids.
-        self.tokenizer.decode(ids, true).unwrap_or_default()
+        if self.kept_specials.is_empty() {
+            return self.tokenizer.decode(ids, true).unwrap_or_default();
+        }
+        let shown: Vec<TokenId> = ids
+            .iter()
+            .copied()
+            .filter(|id| !self.skipped_specials.contains(id))
+            .collect();
+        self.tokenizer.decode(&shown, false).unwrap_or_default()
     }
 
     fn token_text(&self, id: TokenId) -> String {
