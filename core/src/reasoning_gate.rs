@@ -75,22 +75,32 @@ pub struct ReasoningPlan {
     /// Most tokens the reasoning may take ([`ReasoningGate`]'s rule 4),
     /// where the request set one.
     pub budget: Option<u32>,
+    /// Under a grammar (the gate then holds from the first token).
+    pub constrained: bool,
 }
 
 impl ReasoningPlan {
     /// The plan for an answer read with `tags`, under a grammar or not
-    /// (`constrained`), with a reasoning `budget` or not. `None` where a
-    /// grammar cannot be gated (the close tag is not one token): the
-    /// grammar's text is then all answer. A budget without a gate is not
-    /// enforced (the plan still splits the text).
+    /// (`constrained`), with a reasoning `budget` or not, for a model of
+    /// `vocab_size` logits (a tag token past them cannot be sampled, so it
+    /// counts as no token). `None` where a grammar cannot be gated (the
+    /// close tag is not one token): the grammar's text is then all answer.
+    /// A budget without a gate is not enforced (the plan still splits the
+    /// text).
     pub fn new(
         tags: ReasoningTags,
         codec: &dyn TextCodec,
         constrained: bool,
         budget: Option<u32>,
+        vocab_size: u32,
     ) -> Option<Self> {
         let tokens = match constrained || budget.is_some() {
-            true => TagTokens::of(tags, codec),
+            true => TagTokens::of(tags, codec)
+                .filter(|t| t.close < vocab_size)
+                .map(|t| TagTokens {
+                    open: t.open.filter(|&o| o < vocab_size),
+                    ..t
+                }),
             false => None,
         };
         if constrained && tokens.is_none() {
@@ -100,20 +110,31 @@ impl ReasoningPlan {
             tags,
             gate: tokens,
             budget: budget.filter(|_| tokens.is_some()),
+            constrained,
         })
+    }
+
+    /// The gate one answer follows (`opened`: the prompt opened the
+    /// reasoning). A grammar always waits behind it; a budget alone only
+    /// where the gate can see the reasoning start (the prompt opened it, or
+    /// the open tag is one token): elsewhere it could never count, and the
+    /// text is split as without one.
+    fn gate_for(&self, opened: bool) -> Option<TagTokens> {
+        self.gate
+            .filter(|g| self.constrained || opened || g.open.is_some())
     }
 
     /// The splitter for one answer (`opened`: the prompt opened the
     /// reasoning), following the gate where there is one.
     pub fn splitter(&self, opened: bool) -> ReasoningSplitter {
-        ReasoningSplitter::new(self.tags, opened).gated(self.gate)
+        ReasoningSplitter::new(self.tags, opened).gated(self.gate_for(opened))
     }
 
     /// The answer's constraint: `grammar` and the budget behind a
     /// [`ReasoningGate`] where the plan has one (`opened`: the prompt
     /// opened the reasoning); `grammar` as it is where there is neither.
     pub fn constrain(&self, grammar: Option<Constraint>, opened: bool) -> Option<Constraint> {
-        match self.gate {
+        match self.gate_for(opened) {
             Some(tags) if grammar.is_some() || self.budget.is_some() => Some(Constraint::new(
                 Box::new(ReasoningGate::new(grammar, tags, opened).with_budget(self.budget)),
             )),
@@ -209,7 +230,7 @@ impl TokenConstraint for ReasoningGate {
                 "token {token} past the reasoning budget, where only the close tag may come"
             )),
             Part::Reasoning => {
-                self.thought += 1;
+                self.thought = self.thought.saturating_add(1);
                 Ok(())
             }
             Part::Start if Some(token) == self.tags.open => {
@@ -339,16 +360,16 @@ mod tests {
     #[test]
     fn a_plan_gates_a_grammar_only_where_the_close_tag_is_one_token() {
         let tags = ReasoningTags::THINK;
-        let plan =
-            ReasoningPlan::new(tags, &ByteCodec, false, None).expect("splits without a grammar");
+        let plan = ReasoningPlan::new(tags, &ByteCodec, false, None, VOCAB)
+            .expect("splits without a grammar");
         assert_eq!(plan.gate, None);
         assert_eq!(
-            ReasoningPlan::new(tags, &ByteCodec, true, None),
+            ReasoningPlan::new(tags, &ByteCodec, true, None, VOCAB),
             None,
             "no gate, no split"
         );
         let codec = DigitsCodec::thinking(2);
-        let plan = ReasoningPlan::new(tags, &codec, true, None).expect("gated");
+        let plan = ReasoningPlan::new(tags, &codec, true, None, VOCAB).expect("gated");
         let grammar = crate::TextCodec::constrain(&codec, &crate::constraint::Grammar::JsonObject)
             .expect("compiles");
         let mut gated = plan
@@ -435,19 +456,31 @@ mod tests {
     #[test]
     fn a_plan_enforces_a_budget_only_where_the_close_tag_is_one_token() {
         let tags = ReasoningTags::THINK;
-        let plan = ReasoningPlan::new(tags, &ByteCodec, false, Some(4)).expect("still splits");
+        let plan =
+            ReasoningPlan::new(tags, &ByteCodec, false, Some(4), VOCAB).expect("still splits");
         assert_eq!((plan.gate, plan.budget), (None, None), "not enforced");
         assert!(plan.constrain(None, true).is_none());
         let codec = DigitsCodec::thinking(2);
-        let plan = ReasoningPlan::new(tags, &codec, false, Some(4)).expect("gated");
+        let close = TagTokens::of(tags, &codec).expect("one token each").close;
+        let unreachable = ReasoningPlan::new(tags, &codec, false, Some(4), close).expect("splits");
+        assert_eq!(unreachable.budget, None, "a close tag past the logits");
+        let plan = ReasoningPlan::new(tags, &codec, false, Some(4), VOCAB).expect("gated");
         assert_eq!(plan.budget, Some(4));
         let mut gated = plan.constrain(None, true).expect("the budget's gate");
         let mut m = TokenMask::none(VOCAB);
         gated.get_mut().fill_mask(&mut m).expect("mask");
         assert_eq!(m.count(), VOCAB, "thinking first");
         assert!(gated.get_mut().unconstrained());
-        let plain = ReasoningPlan::new(tags, &codec, false, None).expect("splits");
+        let plain = ReasoningPlan::new(tags, &codec, false, None, VOCAB).expect("splits");
         assert!(plain.constrain(None, true).is_none(), "nothing to gate");
+        // A budget alone where the open tag is several tokens: only a
+        // prompt that opened the reasoning can be cut; elsewhere the text is
+        // split as without a budget.
+        let mut no_open = plan;
+        no_open.gate = no_open.gate.map(|g| TagTokens { open: None, ..g });
+        assert!(no_open.constrain(None, true).is_some());
+        assert!(no_open.constrain(None, false).is_none());
+        assert_eq!(no_open.gate_for(false), None);
     }
 
     #[test]

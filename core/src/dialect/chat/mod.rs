@@ -842,7 +842,8 @@ fn reasoning_plan(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<R
     if req.route == Route::Completions {
         return None;
     }
-    ReasoningPlan::new(tags, cx.codec(), constrained, req.thinking_budget)
+    let vocab = cx.model().vocab_size;
+    ReasoningPlan::new(tags, cx.codec(), constrained, req.thinking_budget, vocab)
 }
 
 fn message_without_reasoning(c: &Choice) -> Value {

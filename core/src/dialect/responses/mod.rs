@@ -364,8 +364,9 @@ impl ResponsesConn {
             .len()
             .saturating_sub(crate::reasoning::PROMPT_TAIL_TOKENS)..]
             .to_vec();
+        let vocab = cx.model().vocab_size;
         let plan = cx.config().reasoning_tags.and_then(|tags| {
-            ReasoningPlan::new(tags, cx.codec(), draft.constraint.is_some(), None)
+            ReasoningPlan::new(tags, cx.codec(), draft.constraint.is_some(), None, vocab)
         });
         if let Some(plan) = plan {
             // As the chat route reads it: did the template open the
