@@ -139,6 +139,16 @@ pub trait TokenConstraint: Send {
         false
     }
 
+    /// How many next tokens may each be any id, whatever the ones before
+    /// them are: a speculative draft of one fewer keeps every sample of its
+    /// step free, so the step carries no mask and every token it confirms
+    /// is allowed (0: the next token is constrained). More than 0 implies
+    /// [`TokenConstraint::unconstrained`]; by default the next token alone
+    /// is counted, which lets no draft through.
+    fn free_tokens(&self) -> u32 {
+        u32::from(self.unconstrained())
+    }
+
     /// A copy in the same state (a sequence forked from this one).
     fn boxed_clone(&self) -> Box<dyn TokenConstraint>;
 }

@@ -254,6 +254,19 @@ impl TokenConstraint for ReasoningGate {
         }
     }
 
+    fn free_tokens(&self) -> u32 {
+        let left = |thought: u32| self.budget.map_or(u32::MAX, |b| b.saturating_sub(thought));
+        match (self.part, &self.grammar) {
+            // Any next token may be the close tag, after which the grammar
+            // holds: only the next one is free.
+            (_, Some(_)) => u32::from(self.unconstrained()),
+            (Part::Grammar, None) => u32::MAX,
+            (Part::Reasoning, None) => left(self.thought),
+            // The open tag first, then the whole budget.
+            (Part::Start, None) => left(0).saturating_add(1),
+        }
+    }
+
     fn boxed_clone(&self) -> Box<dyn TokenConstraint> {
         Box::new(self.clone())
     }

@@ -2,7 +2,9 @@
 //! stories260K on the CPU engine, a server with `--draft-tokens` writes
 //! exactly the texts (and logprobs) of a server without it, greedy and
 //! seeded, streamed and whole, for several choices at once, and its
-//! `/metrics` count the draft tokens it fed and those the model confirmed.
+//! `/metrics` count the draft tokens it fed and those the model confirmed;
+//! an answer under a thinking budget is drafted for and cut where it is
+//! without drafts.
 
 use serde_json::{json, Value};
 use tokenwire_core::DraftConfig;
@@ -82,4 +84,63 @@ async fn drafting_writes_the_texts_of_a_server_without_it() {
         confirmed > 0.0 && confirmed <= fed,
         "{confirmed} of {fed} draft tokens confirmed"
     );
+}
+
+/// A server on stories260K with a template that opens the reasoning and a
+/// one-token `</think>`, with the `<think>` parser, drafting or not.
+async fn thinking_server(dir: &std::path::Path, draft_tokens: u32) -> RunningServer {
+    start(ModelSource::Dir(dir.to_path_buf()), move |c| {
+        c.host.reasoning_tags = Some(tokenwire_core::reasoning::ReasoningTags::THINK);
+        c.host.draft = DraftConfig {
+            max_tokens: draft_tokens,
+            ngram_min: 1,
+            ngram_max: 4,
+            max_seqs: 4,
+        };
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_budget_is_drafted_for_and_cut_where_it_is_without_drafts() {
+    // The story repeats, so lookup guesses while the model thinks; the
+    // guesses stop short of the budget, so the close tag comes where it
+    // does without them, and the answers are the same.
+    let dir = tokenwire_tests::thinking_stories260k("draft-budget");
+    tokenwire_tests::make_close_tag_one_token(&dir);
+    let plain = thinking_server(&dir, 0).await;
+    let drafting = thinking_server(&dir, 8).await;
+    let answers = |server| async move {
+        let mut out = Vec::new();
+        for budget in [6, 17, 30] {
+            let body = json!({"model": "stories260K", "max_tokens": 48, "temperature": 0,
+                              "messages": [{"role": "user", "content": STORY}],
+                              "thinking_token_budget": budget});
+            let r = http(
+                server,
+                "POST",
+                "/v1/chat/completions",
+                Some(&body.to_string()),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            let v = r.json();
+            out.push(json!([v["choices"][0]["message"], v["usage"]]));
+        }
+        out
+    };
+    let want = answers(&plain).await;
+    assert_eq!(answers(&drafting).await, want);
+    for (answer, budget) in want.iter().zip([6, 17, 30]) {
+        let thought = &answer[1]["completion_tokens_details"]["reasoning_tokens"];
+        assert_eq!(thought.as_u64(), Some(budget + 1), "{answer}");
+    }
+    let (fed, confirmed) = draft_counters(&drafting).await;
+    assert!(
+        confirmed > 0.0 && confirmed <= fed,
+        "{confirmed} of {fed} draft tokens confirmed"
+    );
+    plain.shutdown().await;
+    drafting.shutdown().await;
+    std::fs::remove_dir_all(dir.parent().expect("its temp folder")).ok();
 }

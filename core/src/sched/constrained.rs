@@ -90,6 +90,16 @@ impl SeqConstraint {
         }
     }
 
+    /// [`crate::constraint::TokenConstraint::free_tokens`] after
+    /// `generated` (0 once failed).
+    pub fn free_tokens(&mut self, generated: &[TokenId]) -> u32 {
+        self.catch_up(generated);
+        if self.failed.is_some() {
+            return 0;
+        }
+        self.machine.get_mut().free_tokens()
+    }
+
     /// Why it failed, if it did (a message for the client and operators;
     /// it names tokens, never text).
     pub fn failure(&self) -> Option<&str> {

@@ -269,6 +269,58 @@ fn no_draft_for_a_constrained_sequence() {
 }
 
 #[test]
+fn a_reasoning_budget_lets_drafts_through_as_far_as_it_leaves_every_token_free() {
+    use crate::constraint::Constraint;
+    use crate::reasoning_gate::{ReasoningGate, TagTokens};
+    // Tags no test token uses; the template opened the reasoning, so the
+    // first sampled token (12) is the reasoning's first. Its draft is
+    // 13 14 20 10 unconstrained.
+    const CLOSE: TokenId = 201;
+    let tags = TagTokens {
+        open: Some(200),
+        close: CLOSE,
+    };
+    let gated = |budget: Option<u32>, grammar: bool| {
+        let grammar = grammar.then(|| super::constrained_tests::digits(3));
+        let gate = ReasoningGate::new(grammar, tags, true).with_budget(budget);
+        Constraint::new(Box::new(gate))
+    };
+    let cases: [(Option<u32>, bool, &[TokenId]); 5] = [
+        (None, false, &[13, 14, 20, 10]),
+        (Some(100), false, &[13, 14, 20, 10]),
+        // One thought; two more are free, so one guess and the sample after it.
+        (Some(3), false, &[13]),
+        (Some(2), false, &[]),
+        // Behind a grammar any token may hand over to it.
+        (Some(100), true, &[]),
+    ];
+    for (budget, grammar, want) in cases {
+        let mut s = drafting(16, 4, 4);
+        let id = add(&mut s, 1, &PROMPT, 40);
+        s.set_constraint(id, gated(budget, grammar), BYTE_VOCAB);
+        let plan = s.schedule().expect("prefill");
+        assert_eq!(plan.seqs[0].allowed, None, "thinking is free");
+        s.on_step_done(&answer(&plan, &[12]));
+        let plan = s.schedule().expect("decode");
+        assert_eq!(
+            plan.seqs[0].draft, want,
+            "budget {budget:?}, grammar {grammar}"
+        );
+        assert_eq!(plan.seqs[0].allowed, None, "no mask while free");
+        // The budget of 3, its guess confirmed and one token more: spent,
+        // so the next step forces the close tag and guesses nothing.
+        if budget == Some(3) {
+            s.on_step_done(&answer(&plan, &[13, 14]));
+            assert!(s.take_constraint_failures().is_empty());
+            let plan = s.schedule().expect("decode");
+            let mask = plan.seqs[0].allowed.clone().expect("the close tag alone");
+            assert!(mask.allows(CLOSE) && mask.count() == 1);
+            assert!(plan.seqs[0].draft.is_empty());
+        }
+    }
+}
+
+#[test]
 fn no_draft_for_an_unallowed_sequence_or_a_large_batch() {
     let mut s = drafting(16, 4, 4);
     let id = SeqId(1);

@@ -1301,10 +1301,23 @@ impl Scheduler {
     fn take_draft(&mut self, seq: SeqId, budget: u32) -> Vec<TokenId> {
         let bs = self.cfg.block_size;
         let free = self.alloc.available().saturating_sub(self.alloc.cached());
+        // A constraint lets a draft through only as far as every sample of
+        // the step may be any token (a reasoning budget not yet spent): the
+        // step then carries no mask, and what it confirms is allowed.
+        let free_run = match self.seqs.get_mut(&seq) {
+            Some(s) => match &mut s.constraint {
+                Some(c) => {
+                    let from = (s.sampling.generated_from as usize).min(s.tokens.len());
+                    c.free_tokens(&s.tokens[from..])
+                }
+                None => u32::MAX,
+            },
+            None => return Vec::new(),
+        };
         let Some(s) = self.seqs.get(&seq) else {
             return Vec::new();
         };
-        if !s.draft_ok || s.constraint.is_some() || s.embed.is_some() || s.scores_prompt() {
+        if !s.draft_ok || s.embed.is_some() || s.scores_prompt() {
             return Vec::new();
         }
         let covered = (s.blocks.len() as u32 + free).saturating_mul(bs);
@@ -1317,7 +1330,8 @@ impl Scheduler {
             .min(match s.draft_cap {
                 0 => self.cfg.draft.max_tokens,
                 cap => cap.min(self.cfg.draft.max_tokens),
-            });
+            })
+            .min(free_run.saturating_sub(1));
         let mut draft = draft::lookup(&s.tokens, &self.cfg.draft, room as usize).to_vec();
         let computed = s.num_computed;
         let need = self.blocks_for(computed + 1 + draft.len() as u32);
