@@ -453,6 +453,27 @@ mod tests {
     }
 
     #[test]
+    fn free_tokens_count_what_any_tokens_may_take_before_the_close_is_forced() {
+        // Not opened: the open tag first, then the whole budget.
+        let mut g = budgeted(false, 3);
+        assert_eq!(g.free_tokens(), 4);
+        g.advance(OPEN).expect("opens");
+        assert_eq!(g.free_tokens(), 3);
+        g.advance(digit(1)).expect("thinks");
+        assert_eq!(g.free_tokens(), 2);
+        g.advance(CLOSE).expect("closes");
+        assert_eq!(g.free_tokens(), u32::MAX, "no grammar after it");
+        let mut spent = budgeted(true, 1);
+        spent.advance(digit(1)).expect("thinks");
+        assert_eq!(spent.free_tokens(), 0, "the close tag is forced");
+        let unlimited = ReasoningGate::new(None, TAGS, true);
+        assert_eq!(unlimited.free_tokens(), u32::MAX);
+        // Behind a grammar any token may hand over to it: the next alone.
+        assert_eq!(gate(true, TAGS).free_tokens(), 1);
+        assert_eq!(gate(false, TAGS).free_tokens(), 0);
+    }
+
+    #[test]
     fn a_grammar_follows_a_reasoning_its_budget_cut() {
         let mut g = gate(true, TAGS).with_budget(Some(2));
         g.advance(digit(1)).expect("thinks");

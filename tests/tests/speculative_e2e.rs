@@ -15,7 +15,18 @@ const STORY: &str = "Once upon a time, there was a little girl named Lily. She l
                      outside with her dog, Max. Once upon a time, there was a little girl named";
 
 async fn server(draft_tokens: u32) -> RunningServer {
-    start(ModelSource::Dir(stories260k()), move |c| {
+    serve(&stories260k(), draft_tokens, None).await
+}
+
+/// A server on the model in `dir` that drafts up to `draft_tokens`, with
+/// the reasoning parser of `tags`.
+async fn serve(
+    dir: &std::path::Path,
+    draft_tokens: u32,
+    tags: Option<tokenwire_core::reasoning::ReasoningTags>,
+) -> RunningServer {
+    start(ModelSource::Dir(dir.to_path_buf()), move |c| {
+        c.host.reasoning_tags = tags;
         c.host.draft = DraftConfig {
             max_tokens: draft_tokens,
             ngram_min: 1,
@@ -86,21 +97,6 @@ async fn drafting_writes_the_texts_of_a_server_without_it() {
     );
 }
 
-/// A server on stories260K with a template that opens the reasoning and a
-/// one-token `</think>`, with the `<think>` parser, drafting or not.
-async fn thinking_server(dir: &std::path::Path, draft_tokens: u32) -> RunningServer {
-    start(ModelSource::Dir(dir.to_path_buf()), move |c| {
-        c.host.reasoning_tags = Some(tokenwire_core::reasoning::ReasoningTags::THINK);
-        c.host.draft = DraftConfig {
-            max_tokens: draft_tokens,
-            ngram_min: 1,
-            ngram_max: 4,
-            max_seqs: 4,
-        };
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thinking_budget_is_drafted_for_and_cut_where_it_is_without_drafts() {
     // The story repeats, so lookup guesses while the model thinks; the
@@ -108,8 +104,10 @@ async fn a_thinking_budget_is_drafted_for_and_cut_where_it_is_without_drafts() {
     // does without them, and the answers are the same.
     let dir = tokenwire_tests::thinking_stories260k("draft-budget");
     tokenwire_tests::make_close_tag_one_token(&dir);
-    let plain = thinking_server(&dir, 0).await;
-    let drafting = thinking_server(&dir, 8).await;
+    // A template that opens the reasoning, a one-token `</think>`.
+    let think = Some(tokenwire_core::reasoning::ReasoningTags::THINK);
+    let plain = serve(&dir, 0, think).await;
+    let drafting = serve(&dir, 8, think).await;
     let answers = |server| async move {
         let mut out = Vec::new();
         for budget in [6, 17, 30] {

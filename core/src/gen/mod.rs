@@ -279,45 +279,27 @@ impl Generation {
         // Text goes through the content filter first, then the stop
         // strings: what the filter holds back is checked against the stop
         // strings of the moment it is released.
-        let filtered = |g: &Self, otherwise| {
-            if g.filtered_by.is_some() {
-                FinishReason::ContentFilter
-            } else {
-                otherwise
-            }
-        };
         let eos = self.eos_ids.contains(&token) && !self.params.ignore_eos;
         if eos || self.params.stop_token_ids.contains(&token) {
-            let (tail, stopped) = self.flush(codec);
+            let (tail, reason) = self.release_at_end(codec, FinishReason::Stop);
             text.push_str(&tail);
-            finish = Some(if stopped {
-                FinishReason::Stop
-            } else {
-                filtered(self, FinishReason::Stop)
-            });
+            finish = Some(reason);
         } else {
             let piece = self.detok.push(codec, token);
             let guarded = self.guard(&piece, false);
             let outcome = self.stop.push_checking(&guarded, self.past_min_tokens());
             text.push_str(&outcome.emit);
             if outcome.stopped {
-                self.stop_sequence = outcome
-                    .matched
-                    .and_then(|i| self.stop.stop(i))
-                    .map(str::to_string);
+                self.name_stop(outcome.matched);
                 finish = Some(FinishReason::Stop);
             } else if self.filtered_by.is_some() {
                 // What the stop strings held is text before the match.
                 text.push_str(&self.stop.finish());
                 finish = Some(FinishReason::ContentFilter);
             } else if self.out_ids.len() >= self.params.max_tokens as usize {
-                let (tail, stopped) = self.flush(codec);
+                let (tail, reason) = self.release_at_end(codec, FinishReason::Length);
                 text.push_str(&tail);
-                finish = Some(if stopped {
-                    FinishReason::Stop
-                } else {
-                    filtered(self, FinishReason::Length)
-                });
+                finish = Some(reason);
             }
         }
         self.text.push_str(&text);
@@ -370,13 +352,32 @@ impl Generation {
         let outcome = self.stop.push_checking(&guarded, check);
         let mut out = outcome.emit;
         if outcome.stopped {
-            self.stop_sequence = outcome
-                .matched
-                .and_then(|i| self.stop.stop(i))
-                .map(str::to_string);
+            self.name_stop(outcome.matched);
         }
         out.push_str(&self.stop.finish());
         (out, outcome.stopped)
+    }
+
+    /// [`Generation::flush`] for a generation that ends by itself, and why
+    /// it ended: on a stop string in the released text, on a content-filter
+    /// rule, or for `otherwise` (its end-of-sequence token, its length).
+    fn release_at_end(
+        &mut self,
+        codec: &dyn TextCodec,
+        otherwise: FinishReason,
+    ) -> (String, FinishReason) {
+        let (tail, stopped) = self.flush(codec);
+        let reason = match (stopped, self.filtered_by.is_some()) {
+            (true, _) => FinishReason::Stop,
+            (false, true) => FinishReason::ContentFilter,
+            (false, false) => otherwise,
+        };
+        (tail, reason)
+    }
+
+    /// Records the stop string at `matched` as the one that ended it.
+    fn name_stop(&mut self, matched: Option<usize>) {
+        self.stop_sequence = matched.and_then(|i| self.stop.stop(i)).map(str::to_string);
     }
 
     /// Whether stop strings may end it: more than `min_tokens` generated

@@ -320,6 +320,61 @@ fn a_reasoning_budget_lets_drafts_through_as_far_as_it_leaves_every_token_free()
     }
 }
 
+/// A constraint that says every token is free but refuses `refused`: a
+/// `free_tokens` that over-reports.
+#[derive(Clone)]
+struct Overclaims {
+    refused: TokenId,
+}
+
+impl crate::constraint::TokenConstraint for Overclaims {
+    fn fill_mask(&mut self, mask: &mut crate::constraint::TokenMask) -> Result<(), String> {
+        mask.words_mut().fill(u32::MAX);
+        mask.trim();
+        Ok(())
+    }
+
+    fn advance(&mut self, token: TokenId) -> Result<(), String> {
+        match token == self.refused {
+            true => Err("refused".into()),
+            false => Ok(()),
+        }
+    }
+
+    fn unconstrained(&self) -> bool {
+        true
+    }
+
+    fn free_tokens(&self) -> u32 {
+        u32::MAX
+    }
+
+    fn boxed_clone(&self) -> Box<dyn crate::constraint::TokenConstraint> {
+        Box::new(self.clone())
+    }
+}
+
+#[test]
+fn a_drafted_token_the_constraint_refuses_fails_the_sequence_and_reaches_no_one() {
+    use crate::constraint::Constraint;
+    let mut s = drafting(16, 4, 4);
+    let id = add(&mut s, 1, &PROMPT, 40);
+    s.set_constraint(
+        id,
+        Constraint::new(Box::new(Overclaims { refused: 14 })),
+        BYTE_VOCAB,
+    );
+    let plan = s.schedule().expect("prefill");
+    s.on_step_done(&answer(&plan, &[12]));
+    let plan = s.schedule().expect("decode");
+    assert_eq!(plan.seqs[0].draft, vec![13, 14, 20, 10]);
+    let results = s.on_step_done(&answer(&plan, &[13, 14, 20]));
+    assert!(results.iter().all(|r| r.seq != id), "{results:?}");
+    let failures = s.take_constraint_failures();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].0, id);
+}
+
 #[test]
 fn no_draft_for_an_unallowed_sequence_or_a_large_batch() {
     let mut s = drafting(16, 4, 4);

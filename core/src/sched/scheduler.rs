@@ -821,6 +821,17 @@ impl Scheduler {
                 let len = s.len();
                 self.draft_tally.drafted += p.draft.len() as u32;
                 self.draft_tally.confirmed += confirmed;
+                // A constrained sequence is drafted for only while every
+                // sample is free, so its tokens pass; should one not, none
+                // of the step's tokens reach the client.
+                if let Some(c) = &mut s.constraint {
+                    let from = (s.sampling.generated_from as usize).min(s.tokens.len());
+                    c.catch_up(&s.tokens[from..]);
+                    if let Some(why) = c.failure() {
+                        out.retain(|r: &SeqResult| r.seq != p.seq);
+                        self.constraint_failures.push((p.seq, why.to_string()));
+                    }
+                }
                 let keep = self.blocks_for(len + 1);
                 self.trim_table(p.seq, keep);
                 continue;
