@@ -78,7 +78,7 @@ pub use engine::{
 pub use host::Host;
 pub use sched::DraftConfig;
 pub use text::{
-    ChatMessage, Encoded, Role, SharedCodec, TextCodec, TextDone, TextJob, TextJobId, TextWork,
-    CONTEXT_TOO_LONG,
+    ChatMessage, Encoded, HistoryCall, Role, SharedCodec, TextCodec, TextDone, TextJob, TextJobId,
+    TextWork, CONTEXT_TOO_LONG,
 };
 pub use time::{Duration, Instant};

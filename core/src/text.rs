@@ -48,8 +48,41 @@ impl Role {
 pub struct ChatMessage {
     /// Who said it.
     pub role: Role,
-    /// What was said.
+    /// What was said (for an assistant turn that called tools, the text
+    /// beside its calls).
     pub content: String,
+    /// The tools an assistant turn called, in order. A chat template that
+    /// reads `tool_calls` renders them itself, as the model was trained;
+    /// for any other they are written into the content in the model's
+    /// format ([`crate::tools::flatten_calls`]).
+    pub tool_calls: Vec<HistoryCall>,
+    /// For a tool's output, the id of the call it answers (templates such
+    /// as Mistral's write it beside the result).
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message of plain text: no calls, answering no call.
+    pub fn new(role: Role, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A tool call made earlier in a conversation, as a client sends it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryCall {
+    /// The call's id (Chat Completions' `tool_calls[].id`, Anthropic's
+    /// `tool_use.id`, Responses' `call_id`).
+    pub id: String,
+    /// The function called.
+    pub name: String,
+    /// Its arguments as the client sent them (JSON text, normally an object).
+    pub arguments: String,
 }
 
 /// Tokenizer and chat template of the served model.
@@ -63,7 +96,8 @@ pub trait TextCodec: Send + Sync {
 
     /// Text of `ids`, special tokens skipped (a codec may keep some in the
     /// text: the server's keeps the reasoning tags of
-    /// [`crate::reasoning::ReasoningTags::ALL`]). Invalid UTF-8 byte runs
+    /// [`crate::reasoning::ReasoningTags::ALL`] and Mistral's tool-call
+    /// markers, [`crate::tools::MISTRAL_MARKERS`]). Invalid UTF-8 byte runs
     /// decode to U+FFFD.
     fn decode(&self, ids: &[TokenId]) -> String;
 
@@ -80,9 +114,10 @@ pub trait TextCodec: Send + Sync {
     }
 
     /// The prompt for `messages`: the model's chat template rendered with the
-    /// generation prompt added; with no template, the contents joined by `\n`.
+    /// generation prompt added; with no template, the contents (earlier
+    /// calls written into them) joined by `\n`.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
-        Ok(messages
+        Ok(tools::flatten_calls(messages, self.tool_format())
             .iter()
             .map(|m| m.content.as_str())
             .collect::<Vec<_>>()

@@ -17,7 +17,7 @@ fn messages() -> impl Strategy<Value = Vec<ChatMessage>> {
             prop_oneof![Just(Role::User), Just(Role::Assistant), Just(Role::System)],
             ".{0,12}",
         )
-            .prop_map(|(role, content)| ChatMessage { role, content }),
+            .prop_map(|(role, content)| ChatMessage::new(role, content)),
         0..4,
     )
 }

@@ -226,10 +226,7 @@ fn starting_prompt(
     (0..script.len())
         .map(|pad| format!("{}{base}", "x".repeat(pad)))
         .find(|c| {
-            let m = [ChatMessage {
-                role: Role::User,
-                content: c.clone(),
-            }];
+            let m = [ChatMessage::new(Role::User, c.clone())];
             let n = codec
                 .encode_chat_templated(&m, tools, &Default::default())
                 .expect("encodes")

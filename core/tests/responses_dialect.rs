@@ -46,10 +46,7 @@ fn error_parts(e: &Value) -> (Option<u64>, Option<&str>, Option<&str>) {
 fn prompt_len(messages: &[(Role, &str)]) -> usize {
     let m: Vec<ChatMessage> = messages
         .iter()
-        .map(|(role, c)| ChatMessage {
-            role: *role,
-            content: c.to_string(),
-        })
+        .map(|(role, c)| ChatMessage::new(*role, c.to_string()))
         .collect();
     ByteCodec.encode_chat(&m).expect("enc").len()
 }

@@ -21,7 +21,7 @@ fn role() -> impl Strategy<Value = Role> {
 
 fn messages(max: usize) -> impl Strategy<Value = Vec<ChatMessage>> {
     prop::collection::vec(
-        (role(), ".{0,16}").prop_map(|(role, content)| ChatMessage { role, content }),
+        (role(), ".{0,16}").prop_map(|(role, content)| ChatMessage::new(role, content)),
         0..max,
     )
 }

@@ -39,10 +39,7 @@ fn errors(h: &Harness, c: ConnId) -> Vec<String> {
 fn rendered_len(messages: &[(&str, &str)]) -> usize {
     let msgs: Vec<ChatMessage> = messages
         .iter()
-        .map(|(r, c)| ChatMessage {
-            role: Role::parse(r).expect("role"),
-            content: c.to_string(),
-        })
+        .map(|(r, c)| ChatMessage::new(Role::parse(r).expect("role"), c.to_string()))
         .collect();
     ByteCodec.encode_chat(&msgs).expect("encode").len()
 }

@@ -7,7 +7,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use serde_json::Value;
 use tokenwire_core::text::TemplateKwargs;
-use tokenwire_core::tools::{ToolDef, ToolFormat};
+use tokenwire_core::tools::{self, ToolDef, ToolFormat};
 use tokenwire_core::ChatMessage;
 
 use crate::error::LoadError;
@@ -27,6 +27,8 @@ pub struct ChatTemplate {
     eos_token: String,
     /// The template reads `tools` (renders function definitions itself).
     takes_tools: bool,
+    /// The template reads `tool_calls` (renders earlier calls itself).
+    reads_tool_calls: bool,
     /// How the template's model writes calls.
     tool_format: ToolFormat,
 }
@@ -40,10 +42,20 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// A message as Hugging Face's `apply_chat_template` gives it to a
+/// template: `tool_calls` on an assistant turn that called tools
+/// (`{"id", "type": "function", "function": {"name", "arguments"}}`, the
+/// arguments an object), and `tool_call_id` on a tool's output. A turn
+/// with calls and no text has content `""`, as vLLM gives it (templates
+/// test it with `in`, which `none` fails).
 #[derive(Serialize)]
 struct Message<'a> {
     role: &'a str,
     content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<String>,
 }
 
 impl ChatTemplate {
@@ -60,15 +72,25 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         // Python string/dict methods (`.strip()`, `.startswith()`, `.items()`) that HF templates call.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
             .map_err(|e| e.to_string())?;
-        // Llama 3.1's templates announce calls with `<|python_tag|>` and
-        // name the tool role `ipython`; Hermes-style ones (Qwen 2.5,
-        // Hermes) write `<tool_call>` blocks, as does the default.
-        let tool_format = if source.contains("<|python_tag|>") || source.contains("ipython") {
+        // Mistral's templates write `[TOOL_CALLS]` (and, from v11,
+        // `[ARGS]` after each name); Llama 3.1's announce calls with
+        // `<|python_tag|>` and name the tool role `ipython`; Hermes-style
+        // ones (Qwen 2.5, Hermes) write `<tool_call>` blocks, as does the
+        // default.
+        let tool_format = if source.contains(tools::TOOL_CALLS) {
+            if source.contains(tools::ARGS) {
+                ToolFormat::MistralArgs
+            } else {
+                ToolFormat::MistralJson
+            }
+        } else if source.contains("<|python_tag|>") || source.contains("ipython") {
             ToolFormat::Llama3Json
         } else {
             ToolFormat::Hermes
@@ -79,6 +101,7 @@ impl ChatTemplate {
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             takes_tools: source.contains("tools"),
+            reads_tool_calls: source.contains("tool_calls"),
             tool_format,
         })
     }
@@ -92,6 +115,16 @@ impl ChatTemplate {
     /// How the template's model writes tool calls.
     pub fn tool_format(&self) -> ToolFormat {
         self.tool_format
+    }
+
+    /// A call's id as the template is given it: Mistral's templates
+    /// refuse any but nine letters and digits ([`tools::mistral_call_id`]).
+    fn call_id(&self, id: &str) -> String {
+        if self.tool_format.is_mistral() {
+            tools::mistral_call_id(id)
+        } else {
+            id.to_string()
+        }
     }
 
     /// The template's Jinja source, as the model's files give it.
@@ -131,11 +164,31 @@ impl ChatTemplate {
         tools: &[ToolDef],
         kwargs: &TemplateKwargs,
     ) -> Result<String, String> {
+        // A template that does not read `tool_calls` sees earlier calls
+        // in the content, as the model writes them.
+        let messages = if self.reads_tool_calls {
+            std::borrow::Cow::Borrowed(messages)
+        } else {
+            tools::flatten_calls(messages, self.tool_format)
+        };
         let msgs: Vec<Message<'_>> = messages
             .iter()
             .map(|m| Message {
                 role: m.role.as_str(),
                 content: &m.content,
+                tool_calls: (!m.tool_calls.is_empty()).then(|| {
+                    m.tool_calls
+                        .iter()
+                        .map(|c| {
+                            serde_json::json!({
+                                "id": self.call_id(&c.id),
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": tools::arguments_value(&c.arguments)},
+                            })
+                        })
+                        .collect()
+                }),
+                tool_call_id: m.tool_call_id.as_deref().map(|id| self.call_id(id)),
             })
             .collect();
         let tmpl = self
@@ -237,9 +290,122 @@ fn default_from_list(path: &Path, list: &[Value]) -> Result<String, LoadError> {
     ))
 }
 
-/// What a codec without a template renders: the contents joined by `\n`.
+/// `source` with transformers' `{% generation %}` and `{% endgeneration %}`
+/// tags (which mark the assistant's tokens for training masks and render
+/// what they enclose, as LFM2.5's and Laguna's templates use them) made
+/// `{% if true %}` and `{% endif %}`, which minijinja knows: the same text,
+/// whitespace control (`{%-`, `-%}`) kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            // An unclosed tag: minijinja names the error.
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (left, body) = inner.strip_prefix('-').map_or(("", inner), |b| ("-", b));
+        let (body, right) = body.strip_suffix('-').map_or((body, ""), |b| (b, "-"));
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{left} if true {right}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{left} endif {right}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `tojson` as transformers gives it to chat templates: Python's
+/// `json.dumps` with its defaults, so tools and calls read as the model
+/// saw them in training. Keys keep their order, items are separated by
+/// `", "` and keys by `": "`, and nothing is HTML-escaped (minijinja's own
+/// filter writes `{"a":1}` and `\u003c`); `indent=n` puts each item on
+/// its own line, as Python does.
+fn tojson(
+    value: &minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<minijinja::Value, Error> {
+    use serde::Serialize as _;
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, fmt))
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out, PythonJson,
+        )),
+    };
+    written.map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let text = String::from_utf8(out)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    Ok(minijinja::Value::from_safe_string(text))
+}
+
+/// `strftime_now(format)` as transformers gives it to chat templates:
+/// the current date and time in Python's `strftime` format (UTC here; the
+/// server's clock has no zone to speak of). Mistral Small 3.2's template
+/// writes today's date into its system prompt; Llama 3.2's, where it is
+/// defined. A directive chrono does not know is the template's error.
+fn strftime_now(format: String) -> Result<String, Error> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Utc::now().format(&format)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: `{format}` is not a date format this server knows"),
+        )
+    })?;
+    Ok(out)
+}
+
+/// `json.dumps`'s default separators: `", "` between items, `": "` after keys.
+struct PythonJson;
+
+impl serde_json::ser::Formatter for PythonJson {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// What a codec without a template renders: the contents (earlier calls
+/// written into them in the default format) joined by `\n`.
 pub fn join_contents(messages: &[ChatMessage]) -> String {
-    messages
+    tools::flatten_calls(messages, ToolFormat::Hermes)
         .iter()
         .map(|m| m.content.as_str())
         .collect::<Vec<_>>()

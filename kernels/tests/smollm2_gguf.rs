@@ -26,13 +26,15 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
     v.as_array()
         .expect("messages")
         .iter()
-        .map(|m| ChatMessage {
-            role: match m["role"].as_str().expect("role") {
-                "system" => Role::System,
-                "user" => Role::User,
-                other => panic!("role {other} in the goldens"),
-            },
-            content: m["content"].as_str().expect("content").into(),
+        .map(|m| {
+            ChatMessage::new(
+                match m["role"].as_str().expect("role") {
+                    "system" => Role::System,
+                    "user" => Role::User,
+                    other => panic!("role {other} in the goldens"),
+                },
+                m["content"].as_str().expect("content"),
+            )
         })
         .collect()
 }

@@ -154,14 +154,8 @@ fn tokenizer_cases_round_trip() {
     assert_eq!(codec.decode(&[1, 2]), "");
     assert_eq!(
         codec.render_chat(&[
-            tokenwire_core::ChatMessage {
-                role: tokenwire_core::Role::User,
-                content: "a".into()
-            },
-            tokenwire_core::ChatMessage {
-                role: tokenwire_core::Role::User,
-                content: "b".into()
-            }
+            tokenwire_core::ChatMessage::new(tokenwire_core::Role::User, "a"),
+            tokenwire_core::ChatMessage::new(tokenwire_core::Role::User, "b")
         ]),
         Ok("a\nb".into()),
         "no chat template: contents joined by newline"

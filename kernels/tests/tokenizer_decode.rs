@@ -85,14 +85,18 @@ fn other_decoders_keep_the_tokenizers_own_path() {
     agree(&codec, &[4, 5, 6]).unwrap();
 }
 
-/// `tokenizer` with Magistral's reasoning tags added as special tokens
-/// (as its tokenizer has them since 2507), at the ids after the last.
-fn with_special_think_tags(tokenizer: &Tokenizer) -> (Tokenizer, [u32; 2]) {
+/// Magistral's reasoning tags (special tokens since 2507) and Mistral's
+/// tool-call markers, in the order [`with_special_tokens`] adds them.
+const MISTRAL_SPECIALS: [&str; 5] = ["[THINK]", "[/THINK]", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"];
+
+/// `tokenizer` with [`MISTRAL_SPECIALS`] added as special tokens, as
+/// Mistral's tokenizers have them, at the ids after the last.
+fn with_special_tokens(tokenizer: &Tokenizer) -> (Tokenizer, Vec<u32>) {
     let mut tj: serde_json::Value =
         serde_json::from_str(&tokenizer.to_string(false).expect("json")).expect("json");
     let next = tokenizer.get_vocab_size(true) as u32;
-    let ids = [next, next + 1];
-    for (id, tag) in ids.iter().zip(["[THINK]", "[/THINK]"]) {
+    let ids: Vec<u32> = (next..).take(MISTRAL_SPECIALS.len()).collect();
+    for (id, tag) in ids.iter().zip(MISTRAL_SPECIALS) {
         if let Some(vocab) = tj["model"]["vocab"].as_object_mut() {
             vocab.insert(tag.into(), serde_json::json!(id));
         }
@@ -108,20 +112,20 @@ fn with_special_think_tags(tokenizer: &Tokenizer) -> (Tokenizer, [u32; 2]) {
     (tokenizer, ids)
 }
 
-/// What the tokenizer gives for `ids` with the reasoning tags kept: every
+/// What the tokenizer gives for `ids` with the `kept` specials kept: every
 /// other special token dropped, then decoded without skipping.
-fn decoded_keeping(tokenizer: &Tokenizer, tags: [u32; 2], ids: &[u32]) -> String {
+fn decoded_keeping(tokenizer: &Tokenizer, kept: &[u32], ids: &[u32]) -> String {
     let added = tokenizer.get_added_tokens_decoder();
     let shown: Vec<u32> = ids
         .iter()
         .copied()
-        .filter(|id| tags.contains(id) || !added.get(id).is_some_and(|t| t.special))
+        .filter(|id| kept.contains(id) || !added.get(id).is_some_and(|t| t.special))
         .collect();
     tokenizer.decode(&shown, false).expect("decode")
 }
 
 #[test]
-fn reasoning_tags_that_are_special_tokens_still_decode_into_text() {
+fn reasoning_tags_and_tool_markers_that_are_special_tokens_still_decode_into_text() {
     use tokenwire_core::reasoning::ReasoningTags;
     use tokenwire_core::reasoning_gate::TagTokens;
     let sentencepiece = HfCodec::load(&stories_dir()).expect("codec");
@@ -131,7 +135,8 @@ fn reasoning_tags_that_are_special_tokens_still_decode_into_text() {
         (byte_level_bpe().tokenizer().clone(), 0x80..0x100, true),
         (wordlevel, 1..10, false),
     ] {
-        let (tokenizer, [open, close]) = with_special_think_tags(&base);
+        let (tokenizer, kept) = with_special_tokens(&base);
+        let (open, close) = (kept[0], kept[1]);
         let codec = HfCodec::new(tokenizer.clone(), None);
         assert_eq!(codec.decodes_by_table(), table);
         // Encoded as one token each, decoded back to their text: the
@@ -139,11 +144,16 @@ fn reasoning_tags_that_are_special_tokens_still_decode_into_text() {
         assert_eq!(ReasoningTags::MISTRAL.check(&codec), Ok(()));
         let tags = TagTokens::of(ReasoningTags::MISTRAL, &codec).expect("one token each");
         assert_eq!((tags.open, tags.close), (Some(open), close));
+        // So are the tool-call markers, which the parser finds in the text.
+        for (&id, text) in kept.iter().zip(MISTRAL_SPECIALS) {
+            assert_eq!(codec.encode(text, false), Ok(vec![id]));
+            assert_eq!(codec.decode(&[id]), text);
+        }
         // Every other special token is still skipped.
         let skipped: Vec<u32> = tokenizer
             .get_added_tokens_decoder()
             .iter()
-            .filter(|(id, t)| t.special && ![open, close].contains(id))
+            .filter(|(id, t)| t.special && !kept.contains(id))
             .map(|(&id, _)| id)
             .collect();
         assert!(!skipped.is_empty());
@@ -152,9 +162,9 @@ fn reasoning_tags_that_are_special_tokens_still_decode_into_text() {
         }
         let vocab = tokenizer.get_vocab_size(true) as u32;
         let byte_ids = byte_ids.clone();
-        proptest!(ProptestConfig::with_cases(500), |(mut ids in ids(vocab, byte_ids.clone()), at in 0..24usize, which in 0..2usize)| {
-            ids.insert(at.min(ids.len()), [open, close][which]);
-            prop_assert_eq!(codec.decode(&ids), decoded_keeping(&tokenizer, [open, close], &ids));
+        proptest!(ProptestConfig::with_cases(500), |(mut ids in ids(vocab, byte_ids.clone()), at in 0..24usize, which in 0..MISTRAL_SPECIALS.len())| {
+            ids.insert(at.min(ids.len()), kept[which]);
+            prop_assert_eq!(codec.decode(&ids), decoded_keeping(&tokenizer, &kept, &ids));
         });
     }
 }

@@ -1,10 +1,17 @@
 //! Tool calls over real sockets on stories260K: a forced call parses (JSON
 //! and streamed, its markup never streamed as text), a named choice calls
 //! that function, the Responses API gives a `function_call` item, and bad
-//! tool definitions are refused with their field.
+//! tool definitions are refused with their field. Mistral's two formats on
+//! a copy whose template writes them and whose tokenizer has their markers
+//! as special tokens: forced calls come back parsed, and a conversation
+//! with earlier calls renders through the template with Mistral's ids on
+//! every route.
 
 use serde_json::{json, Value};
-use tokenwire_tests::{http, start, stories260k, ModelSource};
+use tokenwire_core::tools::mistral_call_id;
+use tokenwire_tests::{
+    http, make_tags_one_token, start, stories260k, stories260k_with_template, ModelSource,
+};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -131,4 +138,198 @@ async fn responses_gives_a_function_call_item_and_bad_tools_are_refused() {
         let e: Value = serde_json::from_str(&r.body).expect("json");
         assert_eq!(e["error"]["param"], field, "{e}");
     }
+}
+
+/// A template in the form of Mistral's from tokenizer v11 (Small 3.2,
+/// Magistral): written here, not copied. Earlier calls as
+/// `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, results with their call's id,
+/// and ids that are not nine characters refused as Mistral's templates do.
+const MISTRAL_ARGS_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]{% elif message['role'] == 'assistant' %}{{ message['content'] }}{% if message.tool_calls %}{% for call in message.tool_calls %}{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}[TOOL_CALLS]{{ call.function.name }}[CALL_ID]{{ call.id }}[ARGS]{{ call.function.arguments | tojson }}{% endfor %}{% endif %}{{ eos_token }}{% elif message['role'] == 'tool' %}{% if message.tool_call_id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}[TOOL_RESULTS]{{ message.tool_call_id }}[TOOL_CONTENT]{{ message['content'] }}[/TOOL_RESULTS]{% endif %}{% endfor %}";
+
+/// The same for Mistral's earlier form (7B v0.3, Nemo): `[TOOL_CALLS]` and
+/// a JSON list of calls, each with its id.
+const MISTRAL_JSON_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]{% elif message.tool_calls %}[TOOL_CALLS][{% for call in message.tool_calls %}{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}, \"id\": \"{{ call.id }}\"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}{% elif message['role'] == 'assistant' %}{{ message['content'] }}{{ eos_token }}{% elif message['role'] == 'tool' %}[TOOL_RESULTS]{\"content\": {{ message['content'] | tojson }}, \"call_id\": \"{{ message.tool_call_id }}\"}[/TOOL_RESULTS]{% endif %}{% endfor %}";
+
+/// A stories260K copy with `template`, and `[TOOL_CALLS]` and `[ARGS]`
+/// special tokens of its tokenizer, as in Mistral's.
+fn mistral_copy(name: &str, template: &str) -> std::path::PathBuf {
+    let dir = stories260k_with_template(name, template);
+    make_tags_one_token(&dir, &["[TOOL_CALLS]", "[ARGS]"], true);
+    dir
+}
+
+/// The calls of a chat completion, checked against [`tools`]' schemas.
+fn checked_calls(v: &Value) -> Vec<String> {
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().expect("calls");
+    calls
+        .iter()
+        .map(|c| {
+            let args: Value =
+                serde_json::from_str(c["function"]["arguments"].as_str().expect("args"))
+                    .expect("arguments parse");
+            let name = c["function"]["name"].as_str().expect("a name");
+            match name {
+                "get_weather" => assert!(args["city"].is_string(), "{c}"),
+                "ping" => assert_eq!(args, json!({}), "{c}"),
+                other => panic!("unknown function {other:?}"),
+            }
+            name.to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistral_calls_are_forced_by_their_special_tokens_and_parsed() {
+    for (name, template) in [
+        ("mistral-args", MISTRAL_ARGS_TEMPLATE),
+        ("mistral-json", MISTRAL_JSON_TEMPLATE),
+    ] {
+        let server = start(ModelSource::Dir(mistral_copy(name, template)), |_| {}).await;
+        let mut names = Vec::new();
+        // A list of up to four calls is longer than a small context leaves
+        // room for after the tools: parallel calls are tried on the other.
+        let parallel = name == "mistral-args";
+        for seed in 0..4 {
+            let body = ask(json!({"tool_choice": "required", "seed": seed,
+                                   "parallel_tool_calls": parallel, "logprobs": true}));
+            let r = http(&server, "POST", CHAT, Some(&body)).await;
+            assert_eq!(r.status, 200, "{name}: {}", r.body);
+            let v: Value = serde_json::from_str(&r.body).expect("json");
+            // The marker came as the special token, not spelled in bytes.
+            let first = &v["choices"][0]["logprobs"]["content"][0]["token"];
+            assert_eq!(first, "[TOOL_CALLS]", "{name}: {v}");
+            assert!(
+                v["choices"][0]["message"]["content"].is_null(),
+                "{name}: {v}"
+            );
+            names.extend(checked_calls(&v));
+        }
+        assert!(names.len() >= 4, "{name}: {names:?}");
+        // Streamed and named: one call, no text.
+        let body = ask(json!({"stream": true, "seed": 3,
+                               "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}));
+        let r = http(&server, "POST", CHAT, Some(&body)).await;
+        assert_eq!(r.status, 200, "{name}: {}", r.body);
+        let chunks: Vec<Value> = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).expect("chunk"))
+            .collect();
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(calls.len(), 1, "{name}: {}", r.body);
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        for c in &chunks {
+            let text = c["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+            assert!(text.is_empty(), "{name}: text streamed beside a call: {c}");
+        }
+    }
+}
+
+/// Token ids of a `/tokenize` body.
+async fn tokens(server: &tokenwire_tests::RunningServer, body: Value) -> Vec<u64> {
+    let r = http(server, "POST", "/tokenize", Some(&body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).expect("json");
+    v["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("an id"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_conversation_renders_through_mistrals_template_on_every_route() {
+    let server = start(
+        ModelSource::Dir(mistral_copy("mistral-history", MISTRAL_ARGS_TEMPLATE)),
+        |_| {},
+    )
+    .await;
+    // Clients send back the ids the server gave (`call_…`); Mistral's
+    // template takes nine letters and digits only.
+    let id = mistral_call_id("call_weather1");
+    assert_ne!(id, "call_weather1");
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_weather1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_weather1", "content": "sunny"},
+        {"role": "user", "content": "And then?"}
+    ]);
+    let expected = format!(
+        "<s>[INST]Weather in Paris?[/INST][TOOL_CALLS]get_weather[CALL_ID]{id}[ARGS]{{\"city\": \"Paris\"}}</s>[TOOL_RESULTS]{id}[TOOL_CONTENT]sunny[/TOOL_RESULTS][INST]And then?[/INST]"
+    );
+    let rendered = tokens(
+        &server,
+        json!({"model": "stories260K", "messages": history}),
+    )
+    .await;
+    let wanted = tokens(
+        &server,
+        json!({"model": "stories260K", "prompt": expected, "add_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(rendered, wanted, "the template renders the calls itself");
+
+    // Chat Completions answers after it.
+    let body = json!({"model": "stories260K", "messages": history, "max_tokens": 8,
+                      "tools": tools(), "temperature": 0});
+    let r = http(&server, "POST", CHAT, Some(&body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let chat: Value = serde_json::from_str(&r.body).expect("json");
+    assert!(
+        chat["usage"]["prompt_tokens"].as_u64() > Some(rendered.len() as u64),
+        "tools too: {chat}"
+    );
+
+    // Anthropic's tool_use and tool_result, with Anthropic's ids.
+    let body = json!({"model": "stories260K", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_01A", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01A", "content": "sunny"},
+            {"type": "text", "text": "And then?"}]}
+    ]});
+    let r = http(
+        &server,
+        "POST",
+        "/v1/messages/count_tokens",
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let counted: Value = serde_json::from_str(&r.body).expect("json");
+    let anthropic_id = mistral_call_id("toolu_01A");
+    let expected_anthropic = expected.replace(&id, &anthropic_id);
+    let wanted = tokens(
+        &server,
+        json!({"model": "stories260K", "prompt": expected_anthropic, "add_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(counted["input_tokens"], wanted.len(), "{counted}");
+    let r = http(&server, "POST", "/v1/messages", Some(&body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // The Responses API's function_call and function_call_output items.
+    let body = json!({"model": "stories260K", "max_output_tokens": 8, "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_weather1", "name": "get_weather",
+         "arguments": "{\"city\":\"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_weather1", "output": "sunny"},
+        {"role": "user", "content": "And then?"}
+    ]});
+    let r = http(&server, "POST", "/v1/responses", Some(&body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).expect("json");
+    assert_eq!(v["usage"]["input_tokens"], rendered.len(), "{v}");
 }

@@ -37,10 +37,7 @@ pub fn decode(f: &Fields<'_>, field: &str) -> Result<Vec<ChatMessage>, FieldErro
                     ))
                 }
             };
-            Ok(ChatMessage {
-                role,
-                content: f.req_str("content")?.to_string(),
-            })
+            Ok(ChatMessage::new(role, f.req_str("content")?.to_string()))
         })
         .collect()
 }

@@ -418,7 +418,10 @@ pub fn output_constraint(
     tools: &Tools,
     tool_format: ToolFormat,
 ) -> Result<Option<Constraint>, (&'static str, String)> {
-    let (grammar, field) = match (format, crate::tools::forcing_grammar(tools, tool_format)) {
+    let (grammar, field) = match (
+        format,
+        crate::tools::forcing_grammar(tools, tool_format, codec),
+    ) {
         (Some(g), _) => (g.clone(), format_field),
         (None, Some(g)) => (g, "tools"),
         (None, None) => return Ok(None),

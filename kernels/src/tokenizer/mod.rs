@@ -36,7 +36,8 @@ pub struct HfCodec {
     /// Special tokens that decode into text all the same: the reasoning
     /// tags of [`ReasoningTags::ALL`] where the tokenizer makes them
     /// special (Magistral's `[THINK]` since 2507), so a reasoning parser
-    /// finds them, as vLLM's Mistral parser does.
+    /// finds them, as vLLM's Mistral parser does; and Mistral's tool-call
+    /// markers ([`tools::MISTRAL_MARKERS`]), so calls are found.
     kept_specials: HashSet<TokenId>,
     /// Ids of the special tokens decoding skips (the others are kept).
     skipped_specials: HashSet<TokenId>,
@@ -79,16 +80,17 @@ impl HfCodec {
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> HfCodec {
         let max_token_bytes = max_token_bytes(&tokenizer);
         let added = tokenizer.get_added_tokens_decoder();
-        let is_tag = |text: &str| {
+        let is_kept = |text: &str| {
             ReasoningTags::ALL
                 .iter()
                 .any(|t| t.open == text || t.close == text)
+                || tools::MISTRAL_MARKERS.contains(&text)
         };
         let (kept_specials, skipped_specials): (HashSet<TokenId>, HashSet<TokenId>) = added
             .iter()
             .filter(|(_, t)| t.special)
             .map(|(&id, _)| id)
-            .partition(|id| is_tag(&added[id].content));
+            .partition(|id| is_kept(&added[id].content));
         let table = DecodeTable::build(&tokenizer, &kept_specials);
         let mut specials: Vec<String> = added
             .into_values()
@@ -261,7 +263,11 @@ impl HfCodec {
             // The common case: the whole text at once, as it always was.
             return self.encode(&text, !template_wrote_bos);
         }
-        self.encode_chat_guarded(messages, kwargs, &text, !template_wrote_bos)
+        // The guarded path keeps every content plain: earlier calls, which
+        // hold client text too, are written into theirs.
+        let flat = tools::flatten_calls(messages, self.tool_format());
+        let text = self.render(&flat, kwargs)?;
+        self.encode_chat_guarded(&flat, kwargs, &text, !template_wrote_bos)
     }
 
     /// `messages` with `tools` rendered by the template itself, when it
@@ -384,11 +390,17 @@ impl HfCodec {
         }
     }
 
-    /// Whether any content holds a special token's text.
+    /// Whether any text a client wrote into a message (its content, its
+    /// calls, the call id it answers) holds a special token's text.
     fn has_control_text(&self, messages: &[ChatMessage]) -> bool {
-        messages
-            .iter()
-            .any(|m| self.specials.iter().any(|s| m.content.contains(s.as_str())))
+        let holds = |t: &str| self.specials.iter().any(|s| t.contains(s.as_str()));
+        messages.iter().any(|m| {
+            holds(&m.content)
+                || m.tool_call_id.as_deref().is_some_and(holds)
+                || m.tool_calls
+                    .iter()
+                    .any(|c| holds(&c.id) || holds(&c.name) || holds(&c.arguments))
+        })
     }
 
     /// The first kwarg (its key) whose text, anywhere in its value, holds a
@@ -440,12 +452,23 @@ impl HfCodec {
         if messages.iter().any(|m| m.content.contains('\u{E000}')) {
             return Err(refused());
         }
+        if messages.iter().any(|m| {
+            m.tool_call_id
+                .as_deref()
+                .is_some_and(|id| self.specials.iter().any(|s| id.contains(s.as_str())))
+        }) {
+            return Err(
+                "a tool_call_id contains the model's control text (such as a turn \
+                        marker); send the id the call was given"
+                    .into(),
+            );
+        }
         let placeheld: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| ChatMessage {
-                role: m.role,
                 content: marker(i),
+                ..m.clone()
             })
             .collect();
         let skeleton = self.render(&placeheld, kwargs)?;

@@ -313,10 +313,7 @@ impl CaiClient {
 
     /// A context: the tag's system message, then a few turns now and then.
     fn context(&mut self) -> Vec<ChatMessage> {
-        let mut ctx = vec![ChatMessage {
-            role: Role::System,
-            content: conn_tag(self.base.conn),
-        }];
+        let mut ctx = vec![ChatMessage::new(Role::System, conn_tag(self.base.conn))];
         let turns = match self.rng.below(4) {
             0..=1 => 0,
             2 => 1,
@@ -324,19 +321,10 @@ impl CaiClient {
         };
         for _ in 0..turns {
             if chance(&mut self.rng, 0.1) {
-                ctx.push(ChatMessage {
-                    role: Role::System,
-                    content: text(&mut self.rng, 8),
-                });
+                ctx.push(ChatMessage::new(Role::System, text(&mut self.rng, 8)));
             }
-            ctx.push(ChatMessage {
-                role: Role::User,
-                content: text(&mut self.rng, 10),
-            });
-            ctx.push(ChatMessage {
-                role: Role::Assistant,
-                content: text(&mut self.rng, 10),
-            });
+            ctx.push(ChatMessage::new(Role::User, text(&mut self.rng, 10)));
+            ctx.push(ChatMessage::new(Role::Assistant, text(&mut self.rng, 10)));
         }
         ctx
     }

@@ -144,10 +144,7 @@ impl SessionClient {
             }
             _ => self.new_job(),
         };
-        let mut history = vec![ChatMessage {
-            role: Role::System,
-            content: conn_tag(self.base.conn),
-        }];
+        let mut history = vec![ChatMessage::new(Role::System, conn_tag(self.base.conn))];
         // A conversation handed over from elsewhere: a few turns already.
         let turns = match self.rng.below(4) {
             0 | 1 => 0,
@@ -156,19 +153,10 @@ impl SessionClient {
         };
         for _ in 0..turns {
             if chance(&mut self.rng, 0.1) {
-                history.push(ChatMessage {
-                    role: Role::System,
-                    content: text(&mut self.rng, 10),
-                });
+                history.push(ChatMessage::new(Role::System, text(&mut self.rng, 10)));
             }
-            history.push(ChatMessage {
-                role: Role::User,
-                content: text(&mut self.rng, 12),
-            });
-            history.push(ChatMessage {
-                role: Role::Assistant,
-                content: text(&mut self.rng, 12),
-            });
+            history.push(ChatMessage::new(Role::User, text(&mut self.rng, 12)));
+            history.push(ChatMessage::new(Role::Assistant, text(&mut self.rng, 12)));
         }
         self.convs.push(Conversation {
             sid,
@@ -624,14 +612,11 @@ impl SimClient for SessionClient {
                 if let Some(c) = self.conv(&sid) {
                     if let State::Prompting { content } = &c.state {
                         let content = content.clone();
-                        c.history.push(ChatMessage {
-                            role: Role::User,
-                            content,
-                        });
-                        c.history.push(ChatMessage {
-                            role: Role::Assistant,
-                            content: v["content"].as_str().unwrap_or("").to_string(),
-                        });
+                        c.history.push(ChatMessage::new(Role::User, content));
+                        c.history.push(ChatMessage::new(
+                            Role::Assistant,
+                            v["content"].as_str().unwrap_or("").to_string(),
+                        ));
                         c.state = State::Ready;
                         c.since = now;
                     }

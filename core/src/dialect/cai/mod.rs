@@ -269,10 +269,7 @@ impl CaiConn {
             }
             (None, None) => Vec::new(),
         };
-        messages.push(ChatMessage {
-            role: Role::User,
-            content: c.prompt,
-        });
+        messages.push(ChatMessage::new(Role::User, c.prompt));
         let budget = context_len.saturating_sub(params.max_tokens);
         let job = match cx.encode_chat(messages.clone(), usize::MAX, budget) {
             Ok(job) => job,
@@ -470,10 +467,7 @@ impl CaiConn {
         let Some(id) = conversation else {
             return;
         };
-        messages.push(ChatMessage {
-            role: Role::Assistant,
-            content: reply.to_string(),
-        });
+        messages.push(ChatMessage::new(Role::Assistant, reply.to_string()));
         let (now, org) = (cx.now, self.org().to_string());
         cx.state::<CaiState>()
             .conversations

@@ -240,10 +240,7 @@ mod tests {
     }
 
     fn msg(role: Role, content: &str) -> ChatMessage {
-        ChatMessage {
-            role,
-            content: content.into(),
-        }
+        ChatMessage::new(role, content)
     }
 
     #[test]

@@ -21,8 +21,8 @@ use crate::constraint::Grammar;
 use crate::dialect::openai::{function_def, MAX_TOOLS};
 use crate::json::{self, Fields};
 use crate::params::{self, GenParams, ParamNames};
-use crate::text::{ChatMessage, Role, TemplateKwargs};
-use crate::tools::{self, ToolChoice, ToolDef, ToolFormat, Tools};
+use crate::text::{ChatMessage, HistoryCall, Role, TemplateKwargs};
+use crate::tools::{ToolChoice, ToolDef, Tools};
 
 /// The sampling fields' names: Anthropic's `stop_sequences` for `stop`.
 /// `seed`, `repetition_penalty` and logprobs are not Anthropic's and are
@@ -39,18 +39,16 @@ const NAMES: ParamNames = ParamNames {
 };
 
 /// Decodes a `POST /v1/messages` body. `max_tokens` is required, as in
-/// Anthropic's API, and lowered to `context_len` past it ([`ceiling`]);
-/// earlier calls are written as the model writes them (`format`). Fields
+/// Anthropic's API, and lowered to `context_len` past it ([`ceiling`]). Fields
 /// this server does not know are ignored, as Anthropic's clients expect.
 pub(super) fn decode(
     obj: &Map<String, Value>,
     context_len: u32,
-    format: ToolFormat,
 ) -> Result<ChatRequest, BadRequest> {
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let max_tokens = ceiling(&f, context_len)?;
-    let prompt = prompt(&f, format)?;
+    let prompt = prompt(&f)?;
     let defaults = GenParams::defaults(max_tokens);
     let params =
         params::apply(obj, "", &NAMES, &defaults, context_len).map_err(BadRequest::invalid)?;
@@ -120,9 +118,9 @@ impl Prompt {
 /// The prompt of a Messages or `count_tokens` body: `system`, `messages`,
 /// `tools`, `tool_choice` and `thinking`, rendered alike by both routes so
 /// that the count is the prompt's.
-pub(super) fn prompt(f: &Fields<'_>, format: ToolFormat) -> Result<Prompt, BadRequest> {
+pub(super) fn prompt(f: &Fields<'_>) -> Result<Prompt, BadRequest> {
     Ok(Prompt {
-        messages: conversation(f, format)?,
+        messages: conversation(f)?,
         tools: tools(f)?,
         thinking: thinking(f)?,
     })
@@ -131,14 +129,11 @@ pub(super) fn prompt(f: &Fields<'_>, format: ToolFormat) -> Result<Prompt, BadRe
 /// `system` and `messages` as the chat template's roles. Consecutive user
 /// (or assistant) messages are one turn, joined by a blank line, as
 /// Anthropic's API combines them.
-fn conversation(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
+fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
     let mut out = Vec::new();
     if let Some(system) = f.raw("system") {
         let text = text_of("system", system)?;
-        out.push(ChatMessage {
-            role: Role::System,
-            content: text,
-        });
+        out.push(ChatMessage::new(Role::System, text));
     }
     let items = super::codec::message_items(f)?;
     for (i, item) in items.iter().enumerate() {
@@ -163,7 +158,7 @@ fn conversation(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, 
                         "a last `assistant` message (a prefill) is not supported: end with a `user` message",
                     ));
                 }
-                out.push(assistant_turn(&format!("{name}.content"), content, format)?);
+                out.push(assistant_turn(&format!("{name}.content"), content)?);
             }
             other => {
                 return Err(BadRequest::field(
@@ -184,8 +179,13 @@ fn merge_turns(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
     for m in messages {
         match out.last_mut() {
             Some(last) if last.role == m.role && matches!(m.role, Role::User | Role::Assistant) => {
-                last.content.push_str("\n\n");
-                last.content.push_str(&m.content);
+                if !m.content.is_empty() {
+                    if !last.content.is_empty() {
+                        last.content.push_str("\n\n");
+                    }
+                    last.content.push_str(&m.content);
+                }
+                last.tool_calls.extend(m.tool_calls);
             }
             _ => out.push(m),
         }
@@ -198,10 +198,7 @@ fn merge_turns(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
 fn user_turn(field: &str, content: &Value, out: &mut Vec<ChatMessage>) -> Result<(), BadRequest> {
     let blocks = match content {
         Value::String(s) => {
-            out.push(ChatMessage {
-                role: Role::User,
-                content: s.clone(),
-            });
+            out.push(ChatMessage::new(Role::User, s.clone()));
             return Ok(());
         }
         Value::Array(blocks) => blocks,
@@ -216,13 +213,10 @@ fn user_turn(field: &str, content: &Value, out: &mut Vec<ChatMessage>) -> Result
                 .push_str(block_text(&at, o)?),
             ("tool_result", o) => {
                 if let Some(t) = text.take() {
-                    out.push(ChatMessage {
-                        role: Role::User,
-                        content: t,
-                    });
+                    out.push(ChatMessage::new(Role::User, t));
                 }
                 let prefix = format!("{at}.");
-                Fields::new(o, &prefix)
+                let answers = Fields::new(o, &prefix)
                     .req_str("tool_use_id")
                     .map_err(BadRequest::invalid)?;
                 let result = match o.get("content") {
@@ -233,40 +227,31 @@ fn user_turn(field: &str, content: &Value, out: &mut Vec<ChatMessage>) -> Result
                 // model reads it in the result.
                 let failed = o.get("is_error").and_then(Value::as_bool) == Some(true);
                 out.push(ChatMessage {
-                    role: Role::Tool,
-                    content: if failed {
-                        format!("Error: {result}")
-                    } else {
-                        result
-                    },
+                    tool_call_id: Some(answers.to_string()),
+                    ..ChatMessage::new(
+                        Role::Tool,
+                        if failed {
+                            format!("Error: {result}")
+                        } else {
+                            result
+                        },
+                    )
                 });
             }
             (kind, _) => return Err(unsupported_block(&at, kind, "user")),
         }
     }
     if let Some(t) = text {
-        out.push(ChatMessage {
-            role: Role::User,
-            content: t,
-        });
+        out.push(ChatMessage::new(Role::User, t));
     }
     Ok(())
 }
 
-/// An assistant turn: its text, then its `tool_use` blocks written as the
-/// model writes calls (`format`); `thinking` blocks are left out.
-fn assistant_turn(
-    field: &str,
-    content: &Value,
-    format: ToolFormat,
-) -> Result<ChatMessage, BadRequest> {
+/// An assistant turn: its text, and its `tool_use` blocks as its calls;
+/// `thinking` blocks are left out.
+fn assistant_turn(field: &str, content: &Value) -> Result<ChatMessage, BadRequest> {
     let blocks = match content {
-        Value::String(s) => {
-            return Ok(ChatMessage {
-                role: Role::Assistant,
-                content: s.clone(),
-            })
-        }
+        Value::String(s) => return Ok(ChatMessage::new(Role::Assistant, s.clone())),
         Value::Array(blocks) => blocks,
         other => return Err(not_content(field, other)),
     };
@@ -278,9 +263,9 @@ fn assistant_turn(
             ("text", o) => text.push_str(block_text(&at, o)?),
             ("tool_use", o) => {
                 let prefix = format!("{at}.");
-                let name = Fields::new(o, &prefix)
-                    .req_str("name")
-                    .map_err(BadRequest::invalid)?;
+                let fields = Fields::new(o, &prefix);
+                let name = fields.req_str("name").map_err(BadRequest::invalid)?;
+                let id = fields.str("id").map_err(BadRequest::invalid)?.unwrap_or("");
                 let input = match o.get("input") {
                     Some(i @ Value::Object(_)) => i.to_string(),
                     _ => {
@@ -290,15 +275,19 @@ fn assistant_turn(
                         ))
                     }
                 };
-                calls.push(tools::render_call(format, name, &input));
+                calls.push(HistoryCall {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    arguments: input,
+                });
             }
             ("thinking" | "redacted_thinking", _) => {}
             (kind, _) => return Err(unsupported_block(&at, kind, "assistant")),
         }
     }
     Ok(ChatMessage {
-        role: Role::Assistant,
-        content: super::codec::with_calls(text, &calls),
+        tool_calls: calls,
+        ..ChatMessage::new(Role::Assistant, text)
     })
 }
 
@@ -592,7 +581,7 @@ mod tests {
     use serde_json::json;
 
     fn decode_body(v: Value) -> Result<ChatRequest, BadRequest> {
-        decode(&body(v), 512, ToolFormat::Hermes)
+        decode(&body(v), 512)
     }
 
     fn param_of(v: Value) -> String {
@@ -640,8 +629,16 @@ mod tests {
             ]
         );
         assert_eq!(m[0].content, "Be brief. Always.");
-        let call = tools::render_call(ToolFormat::Hermes, "weather", r#"{"city":"Paris"}"#);
-        assert_eq!(m[2].content, format!("Checking.\n{call}"), "no thinking");
+        assert_eq!(m[2].content, "Checking.", "no thinking");
+        assert_eq!(
+            m[2].tool_calls,
+            [HistoryCall {
+                id: "toolu_1".into(),
+                name: "weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into()
+            }]
+        );
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(
             (m[3].content.as_str(), m[4].content.as_str()),
             ("sunny", "And Rome?")
@@ -848,12 +845,12 @@ mod tests {
             panic!("messages")
         };
         let seen: Vec<(Role, &str)> = m.iter().map(|m| (m.role, m.content.as_str())).collect();
-        let call = tools::render_call(ToolFormat::Hermes, "f", "{}");
+        assert_eq!(m[1].tool_calls.len(), 1);
         assert_eq!(
             seen,
             [
                 (Role::User, "a\n\nb"),
-                (Role::Assistant, call.as_str()),
+                (Role::Assistant, ""),
                 (Role::Tool, "Error: no such file"),
                 (
                     Role::Tool,

@@ -9,8 +9,8 @@ use crate::dialect::openai::{self, FormatShape};
 use crate::engine::{LogitBias, TokenId};
 use crate::json::{self, FieldError, Fields};
 use crate::params::{self, GenParams, ParamNames};
-use crate::text::{ChatMessage, Role, TemplateKwargs};
-use crate::tools::{self, ToolFormat, Tools};
+use crate::text::{ChatMessage, HistoryCall, Role, TemplateKwargs};
+use crate::tools::Tools;
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u64 = 8;
@@ -176,8 +176,6 @@ pub fn error_body(status: u16, code: &str, message: &str, param: Option<&str>) -
 /// `logit_bias`; fields this server does not know are ignored, as the
 /// API's clients expect.
 ///
-/// Earlier tool calls in assistant messages are written as the model
-/// writes calls (`format`), so the conversation reads as the model's own.
 /// A [`Route::Messages`] body is Anthropic's ([`super::anthropic`]).
 pub fn decode(
     route: Route,
@@ -185,17 +183,16 @@ pub fn decode(
     default_max_tokens: u32,
     context_len: u32,
     vocab_size: u32,
-    format: ToolFormat,
 ) -> Result<ChatRequest, BadRequest> {
     if route == Route::Messages {
         // Anthropic's body: the arms below name `Messages` beside `Chat`
         // only because a match must.
-        return super::anthropic::decode(obj, context_len, format);
+        return super::anthropic::decode(obj, context_len);
     }
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let input = match route {
-        Route::Chat | Route::Messages => Input::Messages(messages(&f, format)?),
+        Route::Chat | Route::Messages => Input::Messages(messages(&f)?),
         Route::Completions => Input::Prompts(completion_prompts(&f, vocab_size, context_len)?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set,
@@ -529,9 +526,10 @@ fn logprobs(route: Route, f: &Fields<'_>) -> Result<Option<u8>, BadRequest> {
 }
 
 /// Chat `messages`: roles `system`, `developer` (a system message),
-/// `user`, `assistant` (with `tool_calls`, written in `format`) and `tool`;
+/// `user`, `assistant` (with `tool_calls`) and `tool` (with its
+/// `tool_call_id`);
 /// content a string or an array of `text` parts.
-pub(super) fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMessage>, BadRequest> {
+pub(super) fn messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
     message_items(f)?
         .iter()
         .enumerate()
@@ -571,7 +569,7 @@ pub(super) fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMes
                 Some(Value::Array(calls)) => calls
                     .iter()
                     .enumerate()
-                    .map(|(j, c)| history_call(&format!("{name}.tool_calls[{j}]"), c, format))
+                    .map(|(j, c)| history_call(&format!("{name}.tool_calls[{j}]"), c))
                     .collect::<Result<Vec<_>, _>>()?,
                 Some(other) => {
                     return Err(BadRequest::field(
@@ -585,25 +583,18 @@ pub(super) fn messages(f: &Fields<'_>, format: ToolFormat) -> Result<Vec<ChatMes
                 (None | Some(Value::Null), false) => String::new(),
                 (c, _) => content(&format!("{name}.content"), c)?,
             };
+            let tool_call_id = match (role, m.get("tool_call_id")) {
+                (Role::Tool, Some(Value::String(id))) => Some(id.clone()),
+                _ => None,
+            };
             Ok(ChatMessage {
                 role,
-                content: with_calls(text, &calls),
+                content: text,
+                tool_calls: calls,
+                tool_call_id,
             })
         })
         .collect()
-}
-
-/// An assistant turn's text with its earlier calls (each written as the
-/// model writes calls) after it, on their own line.
-pub(super) fn with_calls(text: String, calls: &[String]) -> String {
-    if calls.is_empty() {
-        return text;
-    }
-    [text, calls.concat()]
-        .into_iter()
-        .filter(|t| !t.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The `messages` array: required, and not empty (both routes' rule).
@@ -621,9 +612,8 @@ pub(super) fn message_items<'a>(f: &Fields<'a>) -> Result<&'a [Value], BadReques
     Ok(items)
 }
 
-/// One earlier call of an assistant message, written as the model writes
-/// calls.
-fn history_call(field: &str, v: &Value, format: ToolFormat) -> Result<String, BadRequest> {
+/// One earlier call of an assistant message.
+fn history_call(field: &str, v: &Value) -> Result<HistoryCall, BadRequest> {
     let Value::Object(o) = v else {
         return Err(BadRequest::field(field, "must be an object"));
     };
@@ -638,7 +628,21 @@ fn history_call(field: &str, v: &Value, format: ToolFormat) -> Result<String, Ba
         .str("arguments")
         .map_err(BadRequest::invalid)?
         .unwrap_or("{}");
-    Ok(tools::render_call(format, name, arguments))
+    let id = match o.get("id") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(id)) => id,
+        Some(other) => {
+            return Err(BadRequest::field(
+                &format!("{field}.id"),
+                format!("must be a string, got {}", json::type_name(other)),
+            ))
+        }
+    };
+    Ok(HistoryCall {
+        id: id.to_string(),
+        name: name.to_string(),
+        arguments: arguments.to_string(),
+    })
 }
 
 /// A message's content: a string, or `text` parts joined.
@@ -785,7 +789,7 @@ mod tests {
     use crate::tools::ToolChoice;
 
     fn chat(v: Value) -> Result<ChatRequest, BadRequest> {
-        decode(Route::Chat, &body(v), 64, 512, 1000, ToolFormat::Hermes)
+        decode(Route::Chat, &body(v), 64, 512, 1000)
     }
 
     #[test]
@@ -955,12 +959,17 @@ mod tests {
         let Input::Messages(m) = &r.input else {
             panic!("messages")
         };
-        assert_eq!(m[1].role, Role::Assistant);
+        assert_eq!((m[1].role, m[1].content.as_str()), (Role::Assistant, ""));
         assert_eq!(
-            m[1].content,
-            r#"<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>"#
+            m[1].tool_calls,
+            [HistoryCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city": "Paris"}"#.into()
+            }]
         );
         assert_eq!((m[2].role, m[2].content.as_str()), (Role::Tool, "sunny"));
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("call_1"));
         assert_eq!(r.tools.defs.len(), 1);
         assert_eq!(r.tools.choice, ToolChoice::Named("get_weather".into()));
         assert!(!r.tools.parallel && r.tools.forced());
@@ -1005,7 +1014,6 @@ mod tests {
             64,
             512,
             1000,
-            ToolFormat::Hermes,
         )
         .expect("decodes");
         assert_eq!(
@@ -1025,7 +1033,6 @@ mod tests {
                 64,
                 512,
                 1000,
-                ToolFormat::Hermes,
             )
         };
         let ids = PromptInput::Ids(vec![1, 999, 0]);

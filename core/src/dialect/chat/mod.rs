@@ -266,9 +266,7 @@ impl ChatConn {
         let context_len = cx.model().context_len;
         let vocab_size = cx.model().vocab_size;
         let default_max = cx.config().default_max_tokens;
-        let format = cx.codec().tool_format();
-        let mut req = match codec::decode(route, body, default_max, context_len, vocab_size, format)
-        {
+        let mut req = match codec::decode(route, body, default_max, context_len, vocab_size) {
             Ok(r) => r,
             Err(e) => return refuse(cx, &e),
         };
@@ -289,7 +287,7 @@ impl ChatConn {
             req.format.as_ref(),
             format_field,
             &req.tools,
-            format,
+            cx.codec().tool_format(),
         ) {
             Ok(c) => c,
             Err((field, message)) => {
@@ -356,7 +354,7 @@ impl ChatConn {
                 splitter: req
                     .tools
                     .active()
-                    .then(|| CallSplitter::new(format, &req.tools.defs)),
+                    .then(|| CallSplitter::new(cx.codec().tool_format(), &req.tools.defs)),
                 ..Choice::default()
             })
             .collect();
@@ -425,9 +423,8 @@ impl ChatConn {
         if other_model(cx, body) {
             return;
         }
-        let format = cx.codec().tool_format();
         let context_len = cx.model().context_len;
-        let job = match tokenize::decode_tokenize(body, format) {
+        let job = match tokenize::decode_tokenize(body) {
             Ok(tokenize::ToTokenize::Prompt(p, add_special)) => {
                 cx.encode_text(p, 0, add_special).map_err(|e| (e, "prompt"))
             }
@@ -452,9 +449,8 @@ impl ChatConn {
         if other_model(cx, body) {
             return;
         }
-        let format = cx.codec().tool_format();
         let context_len = cx.model().context_len;
-        let prompt = match anthropic::prompt(&crate::json::Fields::new(body, ""), format) {
+        let prompt = match anthropic::prompt(&crate::json::Fields::new(body, "")) {
             Ok(p) => p,
             Err(e) => return refuse(cx, &e),
         };

@@ -13,7 +13,7 @@ use crate::dialect::openai::{self, FormatShape};
 use crate::engine::{ModelInfo, TokenId};
 use crate::json::Fields;
 use crate::text::{ChatMessage, TemplateKwargs, TextCodec};
-use crate::tools::{ToolDef, ToolFormat};
+use crate::tools::ToolDef;
 
 /// What a `/tokenize` body asks to tokenize.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,10 +28,7 @@ pub(super) enum ToTokenize {
 }
 
 /// Decodes a `/tokenize` body: exactly one of `prompt` and `messages`.
-pub(super) fn decode_tokenize(
-    obj: &Map<String, Value>,
-    format: ToolFormat,
-) -> Result<ToTokenize, BadRequest> {
+pub(super) fn decode_tokenize(obj: &Map<String, Value>) -> Result<ToTokenize, BadRequest> {
     let f = Fields::new(obj, "");
     match (f.has("prompt"), f.has("messages")) {
         (true, false) => {
@@ -43,7 +40,7 @@ pub(super) fn decode_tokenize(
         }
         (false, true) => {
             let tools = openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?;
-            let messages = codec::messages(&f, format)?;
+            let messages = codec::messages(&f)?;
             let kwargs = codec::template_kwargs(&f)?;
             Ok(ToTokenize::Messages(
                 messages,
@@ -123,35 +120,31 @@ mod tests {
 
     #[test]
     fn tokenize_takes_a_prompt_or_messages_not_both() {
-        let p = decode_tokenize(&body(json!({"prompt": "Once"})), ToolFormat::Hermes);
+        let p = decode_tokenize(&body(json!({"prompt": "Once"})));
         assert_eq!(p, Ok(ToTokenize::Prompt("Once".into(), true)));
-        let plain = decode_tokenize(
-            &body(json!({"prompt": "Once", "add_special_tokens": false})),
-            ToolFormat::Hermes,
-        );
+        let plain = decode_tokenize(&body(
+            json!({"prompt": "Once", "add_special_tokens": false}),
+        ));
         assert_eq!(plain, Ok(ToTokenize::Prompt("Once".into(), false)));
-        let m = decode_tokenize(
-            &body(json!({"messages": [{"role": "user", "content": "hi"}]})),
-            ToolFormat::Hermes,
-        )
+        let m = decode_tokenize(&body(
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ))
         .expect("messages");
         assert!(
             matches!(m, ToTokenize::Messages(ref v, ref t, ref k) if v.len() == 1 && t.is_empty() && k.is_empty())
         );
-        let with_kwargs = decode_tokenize(
-            &body(json!({"messages": [{"role": "user", "content": "hi"}],
-                         "chat_template_kwargs": {"enable_thinking": false}})),
-            ToolFormat::Hermes,
-        )
+        let with_kwargs = decode_tokenize(&body(
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                         "chat_template_kwargs": {"enable_thinking": false}}),
+        ))
         .expect("messages with kwargs");
         assert!(
             matches!(with_kwargs, ToTokenize::Messages(_, _, ref k) if k["enable_thinking"] == json!(false))
         );
         let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
-        let with_tools = decode_tokenize(
-            &body(json!({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})),
-            ToolFormat::Hermes,
-        )
+        let with_tools = decode_tokenize(&body(
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}),
+        ))
         .expect("messages with tools");
         assert!(matches!(with_tools, ToTokenize::Messages(_, ref t, _) if t.len() == 1));
         for (b, field) in [
@@ -163,7 +156,7 @@ mod tests {
                 "add_special_tokens",
             ),
         ] {
-            let e = decode_tokenize(&body(b.clone()), ToolFormat::Hermes).expect_err("refused");
+            let e = decode_tokenize(&body(b.clone())).expect_err("refused");
             assert_eq!((e.status, e.param.as_deref()), (400, Some(field)), "{b}");
         }
     }

@@ -13,8 +13,8 @@ use serde_json::{json, Map, Value};
 use crate::constraint::Grammar;
 use crate::dialect::openai::{self, FormatShape};
 use crate::json::{self, FieldError, Fields};
-use crate::text::{ChatMessage, Role};
-use crate::tools::{self, ToolFormat, Tools};
+use crate::text::{ChatMessage, HistoryCall, Role};
+use crate::tools::Tools;
 
 /// Longest `metadata` map the API allows.
 pub const MAX_METADATA_KEYS: usize = 16;
@@ -114,30 +114,18 @@ const SAMPLING_KEYS: [&str; 7] = [
     "seed",
 ];
 
-/// Decodes one client frame (earlier `function_call` input items written
-/// in the Hermes format; see [`decode_client_with`]).
+/// Decodes one client frame.
 pub fn decode_client(text: &str) -> Result<ClientEvent, DecodeError> {
-    decode_client_with(text, ToolFormat::Hermes)
-}
-
-/// Decodes one client frame, writing earlier `function_call` input items
-/// as a model whose calls look like `format` writes them.
-pub fn decode_client_with(text: &str, format: ToolFormat) -> Result<ClientEvent, DecodeError> {
     let v = json::parse(text).map_err(|m| DecodeError {
         code: "invalid_json",
         message: m,
         param: None,
     })?;
-    decode_value_with(&v, format)
+    decode_value(&v)
 }
 
 /// Decodes one client event from JSON ([`decode_client`]'s format).
 pub fn decode_value(v: &Value) -> Result<ClientEvent, DecodeError> {
-    decode_value_with(v, ToolFormat::Hermes)
-}
-
-/// Decodes one client event from JSON, earlier calls written in `format`.
-fn decode_value_with(v: &Value, format: ToolFormat) -> Result<ClientEvent, DecodeError> {
     let Value::Object(obj) = v else {
         return Err(DecodeError {
             code: "invalid_request",
@@ -148,7 +136,7 @@ fn decode_value_with(v: &Value, format: ToolFormat) -> Result<ClientEvent, Decod
     let f = Fields::new(obj, "");
     let kind = f.req_str("type").map_err(DecodeError::invalid)?;
     match kind {
-        "response.create" => decode_create(obj, format).map(|r| ClientEvent::Create(Box::new(r))),
+        "response.create" => decode_create(obj).map(|r| ClientEvent::Create(Box::new(r))),
         "response.cancel" => Ok(ClientEvent::Cancel {
             response_id: f
                 .str("response_id")
@@ -171,10 +159,7 @@ fn decode_value_with(v: &Value, format: ToolFormat) -> Result<ClientEvent, Decod
     }
 }
 
-fn decode_create(
-    obj: &Map<String, Value>,
-    tool_format: ToolFormat,
-) -> Result<CreateRequest, DecodeError> {
+fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError> {
     // The SDKs may nest the body under `response`; flat fields win.
     let merged;
     let obj = match obj.get("response") {
@@ -194,29 +179,23 @@ fn decode_create(
     let e = DecodeError::invalid;
     let input = match f.raw("input") {
         None => Vec::new(),
-        Some(Value::String(s)) => vec![ChatMessage {
-            role: Role::User,
-            content: s.clone(),
-        }],
+        Some(Value::String(s)) => vec![ChatMessage::new(Role::User, s.clone())],
         Some(Value::Array(items)) => {
             let mut messages: Vec<ChatMessage> = Vec::with_capacity(items.len());
             let mut after_call = false;
             for (i, item) in items.iter().enumerate() {
-                let Some((m, is_call)) = input_item(i, item, tool_format).map_err(e)? else {
+                let Some((m, is_call)) = input_item(i, item).map_err(e)? else {
                     continue;
                 };
                 // Calls of one turn (and the text before them) make one
                 // assistant message, as the model wrote them.
                 match messages.last_mut() {
-                    Some(prev) if is_call && prev.role == Role::Assistant => {
-                        prev.content.push_str(&m.content);
-                    }
                     Some(prev)
-                        if after_call
-                            && m.role == Role::Assistant
-                            && prev.role == Role::Assistant =>
+                        if prev.role == Role::Assistant
+                            && (is_call || after_call && m.role == Role::Assistant) =>
                     {
                         prev.content.push_str(&m.content);
+                        prev.tool_calls.extend(m.tool_calls);
                     }
                     _ => messages.push(m),
                 }
@@ -316,11 +295,7 @@ fn check_metadata(m: &Value) -> Result<(), FieldError> {
 /// for a `reasoning` item, which clients send back with a turn's output and
 /// which the prompt leaves out (as reasoning models' templates leave out
 /// earlier turns' thinking).
-fn input_item(
-    i: usize,
-    item: &Value,
-    format: ToolFormat,
-) -> Result<Option<(ChatMessage, bool)>, FieldError> {
+fn input_item(i: usize, item: &Value) -> Result<Option<(ChatMessage, bool)>, FieldError> {
     let name = format!("input[{i}]");
     let Value::Object(m) = item else {
         return Err(FieldError::new(
@@ -357,15 +332,19 @@ fn input_item(
                 }
                 None => return Err(FieldError::new(format!("{name}.content"), "is required")),
             };
-            Ok(Some((ChatMessage { role, content }, false)))
+            Ok(Some((ChatMessage::new(role, content), false)))
         }
         "reasoning" => Ok(None),
         "function_call" => {
-            let call = tools::render_call(format, f.req_str("name")?, f.req_str("arguments")?);
+            let call = HistoryCall {
+                id: f.str("call_id")?.unwrap_or_default().to_string(),
+                name: f.req_str("name")?.to_string(),
+                arguments: f.req_str("arguments")?.to_string(),
+            };
             Ok(Some((
                 ChatMessage {
-                    role: Role::Assistant,
-                    content: call,
+                    tool_calls: vec![call],
+                    ..ChatMessage::new(Role::Assistant, "")
                 },
                 true,
             )))
@@ -379,8 +358,8 @@ fn input_item(
             };
             Ok(Some((
                 ChatMessage {
-                    role: Role::Tool,
-                    content: output,
+                    tool_call_id: f.str("call_id")?.map(str::to_string),
+                    ..ChatMessage::new(Role::Tool, output)
                 },
                 false,
             )))

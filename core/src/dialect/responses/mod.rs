@@ -36,8 +36,8 @@ use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
 use crate::reasoning::ReasoningSplitter;
 use crate::reasoning_gate::ReasoningPlan;
-use crate::text::{ChatMessage, Encoded, Role, TextJobId};
-use crate::tools::{self, CallSplitter, ParsedCall, Released, ToolChoice, ToolFormat, Tools};
+use crate::text::{ChatMessage, Encoded, HistoryCall, Role, TextJobId};
+use crate::tools::{CallSplitter, ParsedCall, Released, ToolChoice, Tools};
 
 /// Close code past the connection limit (try again later).
 const CLOSE_TRY_AGAIN: u16 = 1013;
@@ -87,13 +87,11 @@ struct Draft {
     msg_index: usize,
     /// Output items closed so far, in order.
     output: Vec<Value>,
-    /// What the model wrote, calls included as it wrote them: the
-    /// assistant turn a continuation sees.
-    transcript: String,
+    /// What the model wrote, its text and its calls: the assistant turn a
+    /// continuation sees.
+    transcript: ChatMessage,
     /// The tools offered and their choice.
     tools: Tools,
-    /// How the model writes calls.
-    tool_format: ToolFormat,
     /// With tools offered: holds back text that may be a call's markup.
     splitter: Option<CallSplitter>,
     /// Why an incomplete response stopped (`max_output_tokens`,
@@ -257,13 +255,12 @@ impl ResponsesConn {
                 Some("input"),
             );
         }
-        let tool_format = cx.codec().tool_format();
         let constraint = match openai::output_constraint(
             cx.codec(),
             req.format.as_ref(),
             "text.format",
             &req.tools,
-            tool_format,
+            cx.codec().tool_format(),
         ) {
             Ok(c) => c,
             Err((field, message)) => {
@@ -273,7 +270,7 @@ impl ResponsesConn {
         let splitter = req
             .tools
             .active()
-            .then(|| CallSplitter::new(tool_format, &req.tools.defs));
+            .then(|| CallSplitter::new(cx.codec().tool_format(), &req.tools.defs));
         let draft = Draft {
             id: cx.new_id("resp_"),
             msg_id: String::new(),
@@ -293,9 +290,8 @@ impl ResponsesConn {
             item_open: false,
             msg_index: 0,
             output: Vec::new(),
-            transcript: String::new(),
+            transcript: ChatMessage::new(Role::Assistant, ""),
             tools: req.tools,
-            tool_format,
             splitter,
             incomplete_reason: "max_output_tokens",
             thinker: None,
@@ -304,10 +300,7 @@ impl ResponsesConn {
         };
         let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
         if let Some(i) = &draft.instructions {
-            prompt.push(ChatMessage {
-                role: Role::System,
-                content: i.clone(),
-            });
+            prompt.push(ChatMessage::new(Role::System, i.clone()));
         }
         prompt.extend(draft.messages.iter().cloned());
         // Every message is kept (no truncation): one left out is an error.
@@ -480,7 +473,7 @@ impl ResponsesConn {
             Self::open_message(cx, draft);
         }
         draft.text.push_str(text);
-        draft.transcript.push_str(text);
+        draft.transcript.content.push_str(text);
         let (msg_id, at) = (draft.msg_id.clone(), draft.msg_index);
         draft.emit_json(cx, json!({"type": "response.output_text.delta", "item_id": msg_id, "output_index": at, "content_index": 0, "delta": text, "logprobs": []}));
     }
@@ -506,11 +499,11 @@ impl ResponsesConn {
             json!({"type": "response.output_item.done", "output_index": at, "item": done.clone()}),
         );
         draft.output.push(done);
-        draft.transcript.push_str(&tools::render_call(
-            draft.tool_format,
-            &call.name,
-            &call.arguments,
-        ));
+        draft.transcript.tool_calls.push(HistoryCall {
+            id: call_id,
+            name: call.name,
+            arguments: call.arguments,
+        });
     }
 
     /// Closes the open message item (its `done` events) with `item_status`.
@@ -552,10 +545,7 @@ impl ResponsesConn {
         let kind = codec::terminal_event_type(status);
         draft.emit_json(cx, json!({"type": kind, "response": object.clone()}));
         if status != "cancelled" {
-            draft.messages.push(ChatMessage {
-                role: Role::Assistant,
-                content: draft.transcript.clone(),
-            });
+            draft.messages.push(draft.transcript.clone());
             self.remember(cx, &draft, object);
         }
     }
@@ -664,7 +654,7 @@ impl DialectConn for ResponsesConn {
     }
 
     fn on_text(&mut self, cx: &mut Cx<'_>, text: &str) {
-        match codec::decode_client_with(text, cx.codec().tool_format()) {
+        match codec::decode_client(text) {
             Ok(ClientEvent::Create(req)) => self.on_create(cx, *req),
             Ok(ClientEvent::Cancel { response_id }) => self.on_cancel(cx, response_id),
             Ok(ClientEvent::Retrieve { response_id }) if cx.transport == Transport::Http => {

@@ -450,10 +450,7 @@ impl SessionConn {
                 ),
             );
         }
-        session.messages.push(ChatMessage {
-            role: Role::User,
-            content,
-        });
+        session.messages.push(ChatMessage::new(Role::User, content));
         let messages = session.messages.clone();
         let max_messages = cx.config().session_max_messages;
         let budget = context_len.saturating_sub(params.max_tokens);
@@ -641,10 +638,9 @@ impl DialectConn for SessionConn {
             return;
         };
         session.turn = None;
-        session.messages.push(ChatMessage {
-            role: Role::Assistant,
-            content: content.clone(),
-        });
+        session
+            .messages
+            .push(ChatMessage::new(Role::Assistant, content.clone()));
         let job = session.job_id.clone();
         let used = settle(cx, job.as_deref(), turn);
         let response = codec::Response {

@@ -179,10 +179,7 @@ impl Checker for CaiConversations {
                 if let Some((org, id, mut messages)) =
                     self.requests.remove(&(*conn, rid.to_string()))
                 {
-                    messages.push(ChatMessage {
-                        role: Role::Assistant,
-                        content: reply.to_string(),
-                    });
+                    messages.push(ChatMessage::new(Role::Assistant, reply.to_string()));
                     self.store.put(cx, &org, &id, messages);
                 }
                 Ok(())
@@ -297,10 +294,7 @@ mod tests {
     }
 
     fn msg(role: Role, content: &str) -> ChatMessage {
-        ChatMessage {
-            role,
-            content: content.into(),
-        }
+        ChatMessage::new(role, content)
     }
 
     #[test]

@@ -68,10 +68,7 @@ mod tests {
             work: TextWork::Chat {
                 messages: contents
                     .iter()
-                    .map(|c| ChatMessage {
-                        role: Role::User,
-                        content: (*c).into(),
-                    })
+                    .map(|c| ChatMessage::new(Role::User, *c))
                     .collect(),
                 max_messages: usize::MAX,
                 max_tokens: 100,

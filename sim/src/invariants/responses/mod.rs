@@ -80,10 +80,7 @@ pub(crate) mod testkit {
             conn: ConnId(1),
             codec: ByteCodec::shared(),
             work: TextWork::Chat {
-                messages: vec![ChatMessage {
-                    role: Role::User,
-                    content: input.into(),
-                }],
+                messages: vec![ChatMessage::new(Role::User, input)],
                 max_messages: usize::MAX,
                 max_tokens: 100,
                 tools: Vec::new(),

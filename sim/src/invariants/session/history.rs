@@ -98,10 +98,7 @@ impl Checker for SessionHistory {
                             return Ok(());
                         };
                         let mut want = l.history.clone();
-                        want.push(ChatMessage {
-                            role: Role::User,
-                            content: content.clone(),
-                        });
+                        want.push(ChatMessage::new(Role::User, content.clone()));
                         let ctx = cx.model.context_len;
                         let max = max_tokens.map_or(cx.config.default_max_tokens.min(ctx), |m| {
                             u32::try_from(m).unwrap_or(u32::MAX)
@@ -173,10 +170,7 @@ mod tests {
     use tokenwire_core::{ConnId, Encoded, Input, JobGrant, TextDone, TextJob, TextJobId};
 
     fn msg(role: Role, c: &str) -> ChatMessage {
-        ChatMessage {
-            role,
-            content: c.into(),
-        }
+        ChatMessage::new(role, c)
     }
 
     /// Resumes `s` with a system message and two turns; returns the context.

@@ -297,10 +297,10 @@ fn raw_fields(v: &Value) -> Raw {
             items
                 .iter()
                 .map(|m| {
-                    Some(ChatMessage {
-                        role: Role::parse(m.get("role")?.as_str()?)?,
-                        content: m.get("content")?.as_str()?.to_string(),
-                    })
+                    Some(ChatMessage::new(
+                        Role::parse(m.get("role")?.as_str()?)?,
+                        m.get("content")?.as_str()?.to_string(),
+                    ))
                 })
                 .collect()
         });
@@ -532,14 +532,11 @@ impl SessionConnView {
             "response" => {
                 if let Some(l) = self.live.get_mut(&sid) {
                     if let Some(t) = l.turn.take() {
-                        l.history.push(ChatMessage {
-                            role: Role::User,
-                            content: t.prompt,
-                        });
-                        l.history.push(ChatMessage {
-                            role: Role::Assistant,
-                            content: f.str("content").unwrap_or("").to_string(),
-                        });
+                        l.history.push(ChatMessage::new(Role::User, t.prompt));
+                        l.history.push(ChatMessage::new(
+                            Role::Assistant,
+                            f.str("content").unwrap_or("").to_string(),
+                        ));
                         l.count += 2;
                     }
                     l.last_index = f.v["message_index"].as_u64();
