@@ -57,6 +57,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only this check (repeatable)")
     args = ap.parse_args()
     client = OpenAI(base_url=args.base_url, api_key="unused", max_retries=0)
     model = args.model
@@ -347,6 +349,12 @@ def main() -> int:
             if e.body.get("param") != "response_format":
                 fail(f"param {e.body!r}")
 
+    if args.only:
+        unknown = set(args.only) - {name for name, _ in checks}
+        if unknown:
+            print(f"FAIL: no such checks: {sorted(unknown)}")
+            return 1
+        checks = [(name, fn) for name, fn in checks if name in args.only]
     return run_checks(checks)
 
 

@@ -125,6 +125,26 @@ pub fn make_tags_one_token(dir: &std::path::Path, tags: &[&str], special: bool) 
     std::fs::write(&path, tokenizer.to_string()).expect("write tokenizer.json");
 }
 
+/// A template in the form of Mistral's from tokenizer v11 (Small 3.2,
+/// Magistral): written here, not copied. Earlier calls as
+/// `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, results with their call's id,
+/// and ids that are not nine characters refused as Mistral's templates do.
+pub const MISTRAL_ARGS_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]{% elif message['role'] == 'assistant' %}{{ message['content'] }}{% if message.tool_calls %}{% for call in message.tool_calls %}{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}[TOOL_CALLS]{{ call.function.name }}[CALL_ID]{{ call.id }}[ARGS]{{ call.function.arguments | tojson }}{% endfor %}{% endif %}{{ eos_token }}{% elif message['role'] == 'tool' %}{% if message.tool_call_id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}[TOOL_RESULTS]{{ message.tool_call_id }}[TOOL_CONTENT]{{ message['content'] }}[/TOOL_RESULTS]{% endif %}{% endfor %}";
+
+/// The same for Mistral's earlier form (7B v0.3, Nemo): `[TOOL_CALLS]` and
+/// a JSON list of calls, each with its id.
+pub const MISTRAL_JSON_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]{% elif message.tool_calls %}[TOOL_CALLS][{% for call in message.tool_calls %}{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}, \"id\": \"{{ call.id }}\"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}{% elif message['role'] == 'assistant' %}{{ message['content'] }}{{ eos_token }}{% elif message['role'] == 'tool' %}[TOOL_RESULTS]{\"content\": {{ message['content'] | tojson }}, \"call_id\": \"{{ message.tool_call_id }}\"}[/TOOL_RESULTS]{% endif %}{% endfor %}";
+
+/// A stories260K copy with `template`, and `[TOOL_CALLS]` and `[ARGS]`
+/// special tokens of its tokenizer, as in Mistral's: a model that calls
+/// tools in Mistral's format ([`MISTRAL_ARGS_TEMPLATE`] or
+/// [`MISTRAL_JSON_TEMPLATE`]).
+pub fn mistral_copy(name: &str, template: &str) -> PathBuf {
+    let dir = stories260k_with_template(name, template);
+    make_tags_one_token(&dir, &["[TOOL_CALLS]", "[ARGS]"], true);
+    dir
+}
+
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF file (`scripts/fetch-smollm2-gguf.sh`
 /// puts it in `target/models`; `TOKENWIRE_SMOLLM2_GGUF` names another place).
 /// Under CI (`CI=true`) a missing file is a failure, elsewhere the caller

@@ -22,6 +22,24 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     server.shutdown().await;
 }
 
+/// The SDK's tool round trip (`chat_sdk.py`'s forced call, streamed, and
+/// its result sent back with the SDK's `call_…` id) on a model that calls in
+/// Mistral's current format (`[TOOL_CALLS]name[ARGS]{...}`): stories260K
+/// with a Mistral-style template and `[TOOL_CALLS]`/`[ARGS]` as special
+/// tokens. (The older list form takes more tokens per call than the check's
+/// `max_tokens` leaves four parallel calls; `tools_e2e.rs` covers it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_calls_tools_on_a_mistral_format_model() {
+    let Some(python) = sdk_python() else { return };
+    let dir = tokenwire_tests::mistral_copy("sdk-mistral", tokenwire_tests::MISTRAL_ARGS_TEMPLATE);
+    let server = start(ModelSource::Dir(dir.clone()), |_| {}).await;
+    let only = ["--only", "a_forced_tool_call_parses_json_and_stream"];
+    let out = run_sdk_script(&python, "chat_sdk.py", &server, &only).await;
+    assert!(out.contains("1 of 1 checks passed"), "{out}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}
+
 /// LangChain's `ChatOpenAI` (`tests/sdk/langchain_chat.py`): invoke, stream
 /// with usage, batch and `n`, the same text the route gives the SDK,
 /// `with_structured_output` with a pydantic model, and `bind_tools` with a

@@ -10,7 +10,8 @@
 use serde_json::{json, Value};
 use tokenwire_core::tools::mistral_call_id;
 use tokenwire_tests::{
-    http, make_tags_one_token, start, stories260k, stories260k_with_template, ModelSource,
+    http, mistral_copy, start, stories260k, ModelSource, MISTRAL_ARGS_TEMPLATE,
+    MISTRAL_JSON_TEMPLATE,
 };
 
 const CHAT: &str = "/v1/chat/completions";
@@ -138,24 +139,6 @@ async fn responses_gives_a_function_call_item_and_bad_tools_are_refused() {
         let e: Value = serde_json::from_str(&r.body).expect("json");
         assert_eq!(e["error"]["param"], field, "{e}");
     }
-}
-
-/// A template in the form of Mistral's from tokenizer v11 (Small 3.2,
-/// Magistral): written here, not copied. Earlier calls as
-/// `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, results with their call's id,
-/// and ids that are not nine characters refused as Mistral's templates do.
-const MISTRAL_ARGS_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]{% elif message['role'] == 'assistant' %}{{ message['content'] }}{% if message.tool_calls %}{% for call in message.tool_calls %}{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}[TOOL_CALLS]{{ call.function.name }}[CALL_ID]{{ call.id }}[ARGS]{{ call.function.arguments | tojson }}{% endfor %}{% endif %}{{ eos_token }}{% elif message['role'] == 'tool' %}{% if message.tool_call_id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}[TOOL_RESULTS]{{ message.tool_call_id }}[TOOL_CONTENT]{{ message['content'] }}[/TOOL_RESULTS]{% endif %}{% endfor %}";
-
-/// The same for Mistral's earlier form (7B v0.3, Nemo): `[TOOL_CALLS]` and
-/// a JSON list of calls, each with its id.
-const MISTRAL_JSON_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]{% elif message.tool_calls %}[TOOL_CALLS][{% for call in message.tool_calls %}{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}, \"id\": \"{{ call.id }}\"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}{% elif message['role'] == 'assistant' %}{{ message['content'] }}{{ eos_token }}{% elif message['role'] == 'tool' %}[TOOL_RESULTS]{\"content\": {{ message['content'] | tojson }}, \"call_id\": \"{{ message.tool_call_id }}\"}[/TOOL_RESULTS]{% endif %}{% endfor %}";
-
-/// A stories260K copy with `template`, and `[TOOL_CALLS]` and `[ARGS]`
-/// special tokens of its tokenizer, as in Mistral's.
-fn mistral_copy(name: &str, template: &str) -> std::path::PathBuf {
-    let dir = stories260k_with_template(name, template);
-    make_tags_one_token(&dir, &["[TOOL_CALLS]", "[ARGS]"], true);
-    dir
 }
 
 /// The calls of a chat completion, checked against [`tools`]' schemas.
