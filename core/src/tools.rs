@@ -424,13 +424,16 @@ const CLOSE: &str = "</tool_call>";
 /// them or none. Each marker is followed by a JSON list of calls (or one
 /// call object), or by `name[ARGS]{...}` (with `[CALL_ID]id` before
 /// `[ARGS]` where the model writes one): models trained on one form
-/// sometimes write the other, so both are read in either format.
+/// sometimes write the other, so both are read in either format. Each JSON
+/// value is read whole, so arguments may hold the markers' text.
 fn mistral_calls(region: &str, known: &dyn Fn(&str) -> bool) -> Option<Vec<ParsedCall>> {
     let mut calls = Vec::new();
-    for segment in region.split(TOOL_CALLS).skip(1) {
-        let segment = segment.trim();
-        if segment.starts_with('[') || segment.starts_with('{') {
-            match serde_json::from_str::<Value>(segment).ok()? {
+    let mut rest = region.trim_start();
+    while !rest.is_empty() {
+        rest = rest.strip_prefix(TOOL_CALLS)?.trim_start();
+        if rest.starts_with('[') || rest.starts_with('{') {
+            let (value, after) = one_json(rest)?;
+            match value {
                 Value::Array(items) if !items.is_empty() => {
                     for item in &items {
                         calls.push(call_from(item, "arguments", known)?);
@@ -439,20 +442,34 @@ fn mistral_calls(region: &str, known: &dyn Fn(&str) -> bool) -> Option<Vec<Parse
                 v @ Value::Object(_) => calls.push(call_from(&v, "arguments", known)?),
                 _ => return None,
             }
+            rest = after;
         } else {
-            let (head, args) = segment.split_once(ARGS)?;
+            let at = rest.find(ARGS)?;
+            let head = &rest[..at];
             let name = head.split_once(CALL_ID).map_or(head, |(n, _)| n).trim();
             if !known(name) {
                 return None;
             }
-            let args: Map<String, Value> = serde_json::from_str(args.trim()).ok()?;
+            let (args, after) = one_json(rest[at + ARGS.len()..].trim_start())?;
+            if !args.is_object() {
+                return None;
+            }
             calls.push(ParsedCall {
                 name: name.to_string(),
-                arguments: Value::Object(args).to_string(),
+                arguments: args.to_string(),
             });
+            rest = after;
         }
+        rest = rest.trim_start();
     }
     (!calls.is_empty()).then_some(calls)
+}
+
+/// The JSON value `text` starts with, and the text after it.
+fn one_json(text: &str) -> Option<(Value, &str)> {
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    let value = values.next()?.ok()?;
+    Some((value, &text[values.byte_offset()..]))
 }
 
 /// One call object: `{"name", <args_key> or "arguments"}`, the name offered.
@@ -792,6 +809,20 @@ mod tests {
                 );
             }
         }
+        // Arguments that hold the markers' own text.
+        let text = r#"[TOOL_CALLS]add[ARGS]{"a": "[TOOL_CALLS]x[ARGS]{}"}[TOOL_CALLS][{"name": "add", "arguments": {"b": "[TOOL_CALLS]"}}]"#;
+        for format in [ToolFormat::MistralJson, ToolFormat::MistralArgs] {
+            let (content, calls) = parse_calls(format, text, &defs());
+            assert_eq!(content, "");
+            let args: Vec<&str> = calls.iter().map(|c| c.arguments.as_str()).collect();
+            assert_eq!(
+                args,
+                [
+                    r#"{"a":"[TOOL_CALLS]x[ARGS]{}"}"#,
+                    r#"{"b":"[TOOL_CALLS]"}"#
+                ]
+            );
+        }
         // One call object rather than a list; arguments as a JSON string.
         let (_, calls) = parse_calls(
             ToolFormat::MistralJson,
@@ -810,6 +841,7 @@ mod tests {
             r#"[TOOL_CALLS]add{"a": 1}"#,
             r#"[TOOL_CALLS]add[ARGS][1, 2]"#,
             r#"[TOOL_CALLS][]"#,
+            r#"[TOOL_CALLS]add[ARGS]{"a": 1} and some text"#,
             "[TOOL_CALLS]",
         ] {
             for format in [ToolFormat::MistralJson, ToolFormat::MistralArgs] {

@@ -505,6 +505,17 @@ fn input_after_a_function_call_joins_the_calls_turn_only_when_the_assistant_wrot
     assert_eq!(same_turn.len(), 1, "{same_turn:?}");
     assert_eq!(same_turn[0].0, Role::Assistant);
     assert!(same_turn[0].1.ends_with("then"), "{same_turn:?}");
+    // Text before and after the call: one turn, its texts on their own
+    // lines, the call (with its id) beside them.
+    let text = json!({"type":"response.create","model":"tiny","input":[
+        {"role":"assistant","content":"Let me check."}, call, {"role":"assistant","content":"then"}]});
+    let ClientEvent::Create(c) = decode_client(&text.to_string()).expect("a valid create") else {
+        panic!("not a create")
+    };
+    assert_eq!(c.input.len(), 1, "{:?}", c.input);
+    assert_eq!(c.input[0].content, "Let me check.\nthen");
+    assert_eq!(c.input[0].tool_calls.len(), 1);
+    assert_eq!(c.input[0].tool_calls[0].id, "c1");
     // A user message after the call is the user's own.
     let next = input(json!([call, {"role":"user","content":"next"}]));
     assert_eq!(next.len(), 2, "{next:?}");

@@ -166,10 +166,12 @@ impl ChatTemplate {
     ) -> Result<String, String> {
         // A template that does not read `tool_calls` sees earlier calls
         // in the content, as the model writes them.
-        let messages = if self.reads_tool_calls {
-            std::borrow::Cow::Borrowed(messages)
-        } else {
+        let messages = if !self.reads_tool_calls {
             tools::flatten_calls(messages, self.tool_format)
+        } else if self.tool_format == ToolFormat::Llama3Json {
+            one_call_per_turn(messages)
+        } else {
+            std::borrow::Cow::Borrowed(messages)
         };
         let msgs: Vec<Message<'_>> = messages
             .iter()
@@ -290,6 +292,36 @@ fn default_from_list(path: &Path, list: &[Value]) -> Result<String, LoadError> {
     ))
 }
 
+/// `messages` with each assistant turn of several calls given as that many
+/// turns of one call each (its text with the first): Llama 3.x's templates
+/// take one call per turn and refuse more ("This model only supports
+/// single tool-calls at once!"), while clients send parallel calls back
+/// together. Borrowed unchanged when no turn has more than one.
+fn one_call_per_turn(messages: &[ChatMessage]) -> std::borrow::Cow<'_, [ChatMessage]> {
+    if messages.iter().all(|m| m.tool_calls.len() <= 1) {
+        return std::borrow::Cow::Borrowed(messages);
+    }
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    for m in messages {
+        if m.tool_calls.len() <= 1 {
+            out.push(m.clone());
+            continue;
+        }
+        for (i, call) in m.tool_calls.iter().enumerate() {
+            out.push(ChatMessage {
+                content: if i == 0 {
+                    m.content.clone()
+                } else {
+                    String::new()
+                },
+                tool_calls: vec![call.clone()],
+                ..m.clone()
+            });
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `source` with transformers' `{% generation %}` and `{% endgeneration %}`
 /// tags (which mark the assistant's tokens for training masks and render
 /// what they enclose, as LFM2.5's and Laguna's templates use them) made
@@ -301,7 +333,8 @@ fn without_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The close after the open's own `%` (`{%}` is no tag).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             // An unclosed tag: minijinja names the error.
             out.push_str(tag);
             return out;
@@ -321,32 +354,187 @@ fn without_generation_tags(source: &str) -> String {
 }
 
 /// `tojson` as transformers gives it to chat templates: Python's
-/// `json.dumps` with its defaults, so tools and calls read as the model
-/// saw them in training. Keys keep their order, items are separated by
-/// `", "` and keys by `": "`, and nothing is HTML-escaped (minijinja's own
-/// filter writes `{"a":1}` and `\u003c`); `indent=n` puts each item on
-/// its own line, as Python does.
+/// `json.dumps`, so tools and calls read as the model saw them in training.
+/// Keys keep their order, items are separated by `", "` and keys by
+/// `": "`, and nothing is HTML-escaped (minijinja's own filter writes
+/// `{"a":1}` and `\u003c`). Python's `indent` (also as the one positional
+/// argument), `separators`, `sort_keys` and `ensure_ascii` are taken; any
+/// other argument is the template's error rather than silently different
+/// text.
 fn tojson(
     value: &minijinja::Value,
+    indent: Option<usize>,
     kwargs: minijinja::value::Kwargs,
 ) -> Result<minijinja::Value, Error> {
     use serde::Serialize as _;
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let mut out = Vec::new();
-    let written = match indent {
-        Some(n) => {
-            let pad = vec![b' '; n];
-            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
-            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, fmt))
-        }
-        None => value.serialize(&mut serde_json::Serializer::with_formatter(
-            &mut out, PythonJson,
-        )),
+    let indent: Option<usize> = match kwargs.get::<Option<usize>>("indent")? {
+        Some(n) => Some(n),
+        None => indent,
     };
-    written.map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let text = String::from_utf8(out)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let (item, key) = match separators.as_deref() {
+        None => (
+            (if indent.is_some() { "," } else { ", " }).to_string(),
+            ": ".to_string(),
+        ),
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be two strings (item, key)",
+            ))
+        }
+    };
+    let fail =
+        |e: &dyn std::fmt::Display| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"));
+    let mut json = serde_json::to_value(value).map_err(|e| fail(&e))?;
+    if sort_keys == Some(true) {
+        sort_object_keys(&mut json);
+    }
+    let mut out = Vec::new();
+    let fmt = PythonJson {
+        item: item.into_bytes(),
+        key: key.into_bytes(),
+        indent: indent.map(|n| vec![b' '; n]),
+        level: 0,
+        has_item: false,
+    };
+    json.serialize(&mut serde_json::Serializer::with_formatter(&mut out, fmt))
+        .map_err(|e| fail(&e))?;
+    let mut text = String::from_utf8(out).map_err(|e| fail(&e))?;
+    // Every character past ASCII as `\uXXXX` (UTF-16), as Python writes it.
+    // transformers passes `ensure_ascii=False` unless the template asks.
+    if ensure_ascii == Some(true) {
+        let mut ascii = String::with_capacity(text.len());
+        for c in text.chars() {
+            if c.is_ascii() {
+                ascii.push(c);
+            } else {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    ascii.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+        text = ascii;
+    }
     Ok(minijinja::Value::from_safe_string(text))
+}
+
+/// Sorts every object's keys, as `sort_keys=True` does.
+fn sort_object_keys(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            let mut entries: Vec<(String, serde_json::Value)> =
+                std::mem::take(o).into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (k, mut v) in entries {
+                sort_object_keys(&mut v);
+                o.insert(k, v);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(sort_object_keys),
+        _ => {}
+    }
+}
+
+/// `json.dumps`'s layout: `item` between items, `key` after keys, and with
+/// an indent each item on its own line, `indent` spaces per level.
+struct PythonJson {
+    item: Vec<u8>,
+    key: Vec<u8>,
+    indent: Option<Vec<u8>>,
+    level: usize,
+    /// The innermost open container has an item (its close goes on a new
+    /// line under an indent).
+    has_item: bool,
+}
+
+impl PythonJson {
+    /// Before an item: its separator (after the first), then with an indent
+    /// a new line at the current level.
+    fn before_item<W: ?Sized + std::io::Write>(
+        &self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if !first {
+            w.write_all(&self.item)?;
+        }
+        self.new_line(w)
+    }
+
+    fn new_line<W: ?Sized + std::io::Write>(&self, w: &mut W) -> std::io::Result<()> {
+        if let Some(pad) = &self.indent {
+            w.write_all(b"\n")?;
+            for _ in 0..self.level {
+                w.write_all(pad)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl serde_json::ser::Formatter for PythonJson {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_item = false;
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_item {
+            self.new_line(w)?;
+        }
+        w.write_all(b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.before_item(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_item = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_item = false;
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_item {
+            self.new_line(w)?;
+        }
+        w.write_all(b"}")
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_item = true;
+        Ok(())
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.before_item(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(&self.key)
+    }
 }
 
 /// `strftime_now(format)` as transformers gives it to chat templates:
@@ -364,42 +552,6 @@ fn strftime_now(format: String) -> Result<String, Error> {
         )
     })?;
     Ok(out)
-}
-
-/// `json.dumps`'s default separators: `", "` between items, `": "` after keys.
-struct PythonJson;
-
-impl serde_json::ser::Formatter for PythonJson {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-    ) -> std::io::Result<()> {
-        writer.write_all(b": ")
-    }
 }
 
 /// What a codec without a template renders: the contents (earlier calls

@@ -280,9 +280,9 @@ impl HfCodec {
         kwargs: &TemplateKwargs,
     ) -> Option<Result<Vec<TokenId>, String>> {
         let template = self.template.as_ref().filter(|t| t.takes_tools())?;
-        // Contents with typed control text take the guarded path, through
-        // the tools described in a system message instead.
-        if self.has_control_text(messages) {
+        // Contents or tools with typed control text take the guarded path,
+        // through the tools described in a system message instead.
+        if self.has_control_text(messages) || self.tools_hold_control_text(tools) {
             return None;
         }
         Some(
@@ -379,7 +379,12 @@ impl HfCodec {
         kwargs: &TemplateKwargs,
     ) -> Result<String, String> {
         match self.template.as_ref() {
-            Some(t) if !tools.is_empty() && t.takes_tools() && !self.has_control_text(messages) => {
+            Some(t)
+                if !tools.is_empty()
+                    && t.takes_tools()
+                    && !self.has_control_text(messages)
+                    && !self.tools_hold_control_text(tools) =>
+            {
                 t.render_with(messages, tools, kwargs)
             }
             _ if !tools.is_empty() => {
@@ -390,16 +395,35 @@ impl HfCodec {
         }
     }
 
-    /// Whether any text a client wrote into a message (its content, its
-    /// calls, the call id it answers) holds a special token's text.
+    /// Whether any text a client wrote into a message holds a special
+    /// token's text: its content, its calls' names and arguments (as sent
+    /// and as parsed, since JSON escapes such as `\u007c` spell the same
+    /// text once a template writes the value), and the call ids, unless the
+    /// template is Mistral's, which is given hashed ids
+    /// ([`tools::mistral_call_id`]).
     fn has_control_text(&self, messages: &[ChatMessage]) -> bool {
         let holds = |t: &str| self.specials.iter().any(|s| t.contains(s.as_str()));
+        let ids_written = !self.tool_format().is_mistral();
         messages.iter().any(|m| {
             holds(&m.content)
-                || m.tool_call_id.as_deref().is_some_and(holds)
-                || m.tool_calls
-                    .iter()
-                    .any(|c| holds(&c.id) || holds(&c.name) || holds(&c.arguments))
+                || (ids_written && m.tool_call_id.as_deref().is_some_and(holds))
+                || m.tool_calls.iter().any(|c| {
+                    (ids_written && holds(&c.id))
+                        || holds(&c.name)
+                        || holds(&c.arguments)
+                        || holds(&tools::arguments_value(&c.arguments).to_string())
+                })
+        })
+    }
+
+    /// Whether any tool definition (its name, description or schema, as the
+    /// template would write it) holds a special token's text: such tools
+    /// are described in a system message instead, whose content the
+    /// guarded path keeps plain.
+    fn tools_hold_control_text(&self, tools: &[ToolDef]) -> bool {
+        tools.iter().any(|d| {
+            let text = d.to_json().to_string();
+            self.specials.iter().any(|s| text.contains(s.as_str()))
         })
     }
 
@@ -452,11 +476,13 @@ impl HfCodec {
         if messages.iter().any(|m| m.content.contains('\u{E000}')) {
             return Err(refused());
         }
-        if messages.iter().any(|m| {
-            m.tool_call_id
-                .as_deref()
-                .is_some_and(|id| self.specials.iter().any(|s| id.contains(s.as_str())))
-        }) {
+        if !self.tool_format().is_mistral()
+            && messages.iter().any(|m| {
+                m.tool_call_id
+                    .as_deref()
+                    .is_some_and(|id| self.specials.iter().any(|s| id.contains(s.as_str())))
+            })
+        {
             return Err(
                 "a tool_call_id contains the model's control text (such as a turn \
                         marker); send the id the call was given"

@@ -194,6 +194,10 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
                         if prev.role == Role::Assistant
                             && (is_call || after_call && m.role == Role::Assistant) =>
                     {
+                        // Text after a call goes on a line of its own.
+                        if !prev.content.is_empty() && !m.content.is_empty() {
+                            prev.content.push('\n');
+                        }
                         prev.content.push_str(&m.content);
                         prev.tool_calls.extend(m.tool_calls);
                     }

@@ -471,6 +471,11 @@ impl ResponsesConn {
         Self::close_reasoning(cx, draft, "completed");
         if !draft.item_open {
             Self::open_message(cx, draft);
+            // A new message item after a call: its text on a line of its
+            // own in the turn a continuation sees.
+            if !draft.transcript.content.is_empty() {
+                draft.transcript.content.push('\n');
+            }
         }
         draft.text.push_str(text);
         draft.transcript.content.push_str(text);
