@@ -36,41 +36,37 @@ fn ask(extra: Value) -> String {
     b.to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forced_calls_parse_as_json_and_as_a_stream() {
-    let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
-    for seed in 0..5 {
-        let r = http(
-            &server,
-            "POST",
-            CHAT,
-            Some(&ask(json!({"tool_choice": "required", "seed": seed}))),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v: Value = serde_json::from_str(&r.body).expect("json");
-        let choice = &v["choices"][0];
-        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-        assert!(choice["message"]["content"].is_null(), "{v}");
-        let calls = choice["message"]["tool_calls"].as_array().expect("calls");
-        assert_eq!(calls.len(), 1, "parallel calls are off: {v}");
-        for c in calls {
+/// The calls of a chat completion, checked against [`tools`]' schemas
+/// (`finish_reason` `tool_calls`); their names.
+fn checked_calls(v: &Value) -> Vec<String> {
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().expect("calls");
+    calls
+        .iter()
+        .map(|c| {
             let args: Value =
                 serde_json::from_str(c["function"]["arguments"].as_str().expect("args"))
                     .expect("arguments parse");
-            match c["function"]["name"].as_str() {
-                Some("get_weather") => assert!(args["city"].is_string(), "{c}"),
-                Some("ping") => assert_eq!(args, json!({}), "{c}"),
+            let name = c["function"]["name"].as_str().expect("a name");
+            match name {
+                "get_weather" => assert!(args["city"].is_string(), "{c}"),
+                "ping" => assert_eq!(args, json!({}), "{c}"),
                 other => panic!("unknown function {other:?}"),
             }
-        }
-    }
-    // Named, streamed: one call to that function, no text chunk at all.
-    let body = ask(
-        json!({"stream": true, "seed": 9, "parallel_tool_calls": false,
-                          "tool_choice": {"type": "function", "function": {"name": "ping"}}}),
-    );
-    let r = http(&server, "POST", CHAT, Some(&body)).await;
+            name.to_string()
+        })
+        .collect()
+}
+
+/// Streams `body` (a forced call to `function`): exactly one call, to it,
+/// and no text in any chunk. Returns the chunks.
+async fn one_streamed_call(
+    server: &tokenwire_tests::RunningServer,
+    body: &str,
+    function: &str,
+) -> Vec<Value> {
+    let r = http(server, "POST", CHAT, Some(body)).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let chunks: Vec<Value> = r
         .body
@@ -85,11 +81,36 @@ async fn forced_calls_parse_as_json_and_as_a_stream() {
         .flatten()
         .collect();
     assert_eq!(calls.len(), 1, "{}", r.body);
-    assert_eq!(calls[0]["function"]["name"], "ping");
+    assert_eq!(calls[0]["function"]["name"], function);
     for c in &chunks {
         let text = c["choices"][0]["delta"]["content"].as_str().unwrap_or("");
         assert!(text.is_empty(), "text streamed beside a forced call: {c}");
     }
+    chunks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_calls_parse_as_json_and_as_a_stream() {
+    let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
+    for seed in 0..5 {
+        let r = http(
+            &server,
+            "POST",
+            CHAT,
+            Some(&ask(json!({"tool_choice": "required", "seed": seed}))),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v: Value = serde_json::from_str(&r.body).expect("json");
+        assert!(v["choices"][0]["message"]["content"].is_null(), "{v}");
+        assert_eq!(checked_calls(&v).len(), 1, "parallel calls are off: {v}");
+    }
+    // Named, streamed: one call to that function, no text chunk at all.
+    let body = ask(
+        json!({"stream": true, "seed": 9, "parallel_tool_calls": false,
+                          "tool_choice": {"type": "function", "function": {"name": "ping"}}}),
+    );
+    let chunks = one_streamed_call(&server, &body, "ping").await;
     assert_eq!(
         chunks.last().expect("chunks")["choices"][0]["finish_reason"],
         "tool_calls"
@@ -141,28 +162,6 @@ async fn responses_gives_a_function_call_item_and_bad_tools_are_refused() {
     }
 }
 
-/// The calls of a chat completion, checked against [`tools`]' schemas.
-fn checked_calls(v: &Value) -> Vec<String> {
-    let choice = &v["choices"][0];
-    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-    let calls = choice["message"]["tool_calls"].as_array().expect("calls");
-    calls
-        .iter()
-        .map(|c| {
-            let args: Value =
-                serde_json::from_str(c["function"]["arguments"].as_str().expect("args"))
-                    .expect("arguments parse");
-            let name = c["function"]["name"].as_str().expect("a name");
-            match name {
-                "get_weather" => assert!(args["city"].is_string(), "{c}"),
-                "ping" => assert_eq!(args, json!({}), "{c}"),
-                other => panic!("unknown function {other:?}"),
-            }
-            name.to_string()
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mistral_calls_are_forced_by_their_special_tokens_and_parsed() {
     for (name, template) in [
@@ -193,26 +192,7 @@ async fn mistral_calls_are_forced_by_their_special_tokens_and_parsed() {
         // Streamed and named: one call, no text.
         let body = ask(json!({"stream": true, "seed": 3,
                                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}));
-        let r = http(&server, "POST", CHAT, Some(&body)).await;
-        assert_eq!(r.status, 200, "{name}: {}", r.body);
-        let chunks: Vec<Value> = r
-            .body
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .filter(|d| *d != "[DONE]")
-            .map(|d| serde_json::from_str(d).expect("chunk"))
-            .collect();
-        let calls: Vec<&Value> = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
-            .flatten()
-            .collect();
-        assert_eq!(calls.len(), 1, "{name}: {}", r.body);
-        assert_eq!(calls[0]["function"]["name"], "get_weather");
-        for c in &chunks {
-            let text = c["choices"][0]["delta"]["content"].as_str().unwrap_or("");
-            assert!(text.is_empty(), "{name}: text streamed beside a call: {c}");
-        }
+        one_streamed_call(&server, &body, "get_weather").await;
     }
 }
 
