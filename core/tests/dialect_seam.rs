@@ -50,6 +50,7 @@ impl DialectConn for Probe {
                     constraint: None,
                     embed: None,
                     prompt_logprobs: None,
+                    admitted: false,
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());
@@ -65,6 +66,7 @@ impl DialectConn for Probe {
                     constraint: None,
                     embed: None,
                     prompt_logprobs: None,
+                    admitted: false,
                 };
                 match cx.start(req) {
                     Ok(_) => Self::say(cx, "started".into()),

@@ -11,6 +11,12 @@ order, with usage; `dimensions` cuts them; token-id inputs work; errors are
 the SDK's exceptions; LangChain embeds documents and a query to the same
 vectors. Each check prints `ok: <name>` or `FAIL: <name>: <reason>`; exit
 status 0 only when all passed.
+
+With `--one-request-per-minute` (a server started with
+`--anon-requests-per-minute 1`) it checks the limit instead: LangChain's
+`embed_documents` sends many documents as one request, which is admitted
+and answered whole, and the SDK's next call is refused with its
+`RateLimitError` and a `Retry-After`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ def main() -> int:
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--one-request-per-minute", action="store_true")
     args = ap.parse_args()
     sdk = OpenAI(base_url=args.base_url, api_key="unused", max_retries=0)
     checks: List[tuple[str, Callable[[], None]]] = []
@@ -117,6 +124,20 @@ def main() -> int:
             if e.body.get("param") != "dimensions":
                 fail(f"dimensions: {e.body!r}")
 
+    def one_request_per_minute() -> None:
+        lc = OpenAIEmbeddings(model=args.model, base_url=args.base_url, api_key="unused",
+                              check_embedding_ctx_length=False, max_retries=0)
+        docs = [f"{TEXTS[i % 3]} ({i})" for i in range(150)]
+        vectors = lc.embed_documents(docs)
+        if len(vectors) != 150 or not all(len(v) == args.size for v in vectors):
+            fail(f"embed_documents gave {len(vectors)} vectors for 150 documents")
+        try:
+            sdk.embeddings.create(model=args.model, input="a")
+            fail("a second request in the minute was accepted")
+        except openai.RateLimitError as e:
+            if e.body.get("code") != "rate_limit_exceeded" or not e.response.headers.get("retry-after"):
+                fail(f"refused without the API's code or Retry-After: {e.body!r}")
+
     @check
     def langchain_embeds_documents_and_queries() -> None:
         # LangChain counts tokens with tiktoken unless told not to, which
@@ -130,6 +151,8 @@ def main() -> int:
         if not close(lc.embed_query(TEXTS[2]), want[2].embedding):
             fail("embed_query differs from the SDK's vector")
 
+    if args.one_request_per_minute:
+        return run_checks([("many_inputs_are_one_request_to_the_limit", one_request_per_minute)])
     return run_checks(checks)
 
 

@@ -502,7 +502,8 @@ async fn tokenize_and_detokenize_agree_with_the_routes() {
 
 /// `--anon-requests-per-minute`: a client without a key is limited by its
 /// address, answered 429 with `Retry-After` and the API's code; a key's
-/// requests are not.
+/// requests are not. Each HTTP request counts once, however many choices
+/// or prompts it asks for, and is computed whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_clients_over_their_rate_get_429_with_retry_after() {
     let key = "sk-anon-e2e";
@@ -513,10 +514,26 @@ async fn anonymous_clients_over_their_rate_get_429_with_retry_after() {
     })
     .await;
     let b = body(json!({"max_tokens": 2}));
-    for _ in 0..2 {
-        let r = http(&server, "POST", CHAT, Some(&b)).await;
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
+    let r = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&body(json!({"max_tokens": 2, "n": 3}))),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"].as_array().map(Vec::len), Some(3));
+    let prompts = json!({"model": "stories260K", "prompt": ["Once", "Lily", "Ben"],
+                         "max_tokens": 2, "n": 2});
+    let r = http(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&prompts.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"].as_array().map(Vec::len), Some(6));
     let r = http(&server, "POST", CHAT, Some(&b)).await;
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(

@@ -330,9 +330,11 @@ impl<'a> Cx<'a> {
     }
 
     /// Starts a generation owned by this connection. With a key (outside
-    /// `cai`, which admits its requests itself) it is one request of the
-    /// key's organisation, refused when its rate limit is reached, and its
-    /// prompt and generated tokens are charged to it.
+    /// `cai`, which admits its requests itself), or an address under
+    /// anonymous limits, it is one request of the key's organisation (or the
+    /// address), refused when its rate limit is reached, unless
+    /// [`GenRequest::admitted`] says it is part of a request already
+    /// admitted; its prompt and generated tokens are charged either way.
     pub fn start(&mut self, req: GenRequest) -> Result<SeqId, StartError> {
         let (now, conn, dialect) = (self.now, self.conn, self.dialect);
         self.port.start(now, conn, dialect, self.principal, req)

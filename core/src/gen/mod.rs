@@ -132,6 +132,9 @@ pub struct Generation {
     /// The organisation its tokens are charged to (a key's, outside `cai`,
     /// which charges its own), when its owner has rate limits.
     pub charged_org: Option<(String, crate::keys::OrgLimits)>,
+    /// Generated tokens it took over from the generation it was forked
+    /// from (a beam's copy): charged to that one, so not again to this.
+    pub inherited_tokens: u32,
     /// Prompt tokens whose K/V came from the prefix cache when it was
     /// admitted (0 before, and without a hit).
     pub cached_tokens: u32,
@@ -183,6 +186,7 @@ impl Generation {
             raw: false,
             keep_kv: false,
             charged_org: None,
+            inherited_tokens: 0,
             cached_tokens: 0,
             filtered_by: None,
             stop_sequence: None,

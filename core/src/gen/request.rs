@@ -171,6 +171,14 @@ pub struct GenRequest {
     /// The prompt is then computed from position 0 (no prefix cache, and
     /// `reuse_kv` is dropped). Ignored with `embed`. `None`: no scoring.
     pub prompt_logprobs: Option<u8>,
+    /// Part of a client request already admitted by an earlier start
+    /// (another choice, prompt or input of one Chat Completions, Completions
+    /// or embeddings request): it is not counted again against the
+    /// requests-per-minute limit and is never refused by a rate limit, so a
+    /// request the limits admitted is computed whole. Its prompt and
+    /// generated tokens are charged as any generation's. `false` for a
+    /// request's first (or only) generation.
+    pub admitted: bool,
 }
 
 /// A finished generation's KV blocks kept by the Host for a continuation

@@ -176,7 +176,7 @@ impl Shared {
         let gen = self.gens.remove(&id)?;
         let dialect = gen.dialect;
         if let Some((payer, limits)) = &gen.charged_org {
-            let tokens = u64::from(gen.completion_tokens());
+            let tokens = u64::from(gen.completion_tokens().saturating_sub(gen.inherited_tokens));
             self.dialects
                 .limits
                 .charge_tokens(now, payer, *limits, tokens);
@@ -633,12 +633,13 @@ impl HostPort for Shared {
             }
         }
         // A key's organisation pays for what its requests compute, on every
-        // dialect (one with `own_auth`, `cai`, admits and charges its own requests). Beams are
-        // parts of one request.
-        // A client without a key pays by its address, when anonymous
-        // limits are set (`--anon-requests-per-minute`, ...).
+        // dialect (one with `own_auth`, `cai`, admits and charges its own
+        // requests). A client without a key pays by its address, when
+        // anonymous limits are set (`--anon-requests-per-minute`, ...).
+        // A beam search's first beam is its request; the beams forked from
+        // it are charged the tokens they generate.
         let payer = match (principal, &self.config.keys) {
-            _ if registry::spec(dialect).own_auth || req.raw => None,
+            _ if registry::spec(dialect).own_auth => None,
             (Principal::Key { org, .. }, Some(ring)) => Some((org.clone(), ring.org_limits(org))),
             (Principal::Key { .. }, None) => None,
             (Principal::Conn(_) | Principal::Anonymous, _) => self
@@ -647,11 +648,13 @@ impl HostPort for Shared {
                 .filter(|_| self.config.anon_limits != OrgLimits::default())
                 .map(|addr| (format!("address {addr}"), self.config.anon_limits)),
         };
-        if let Some((payer, limits)) = &payer {
+        if let Some((payer, limits)) = payer.as_ref().filter(|_| !req.admitted) {
             if let Err(wait) = self.dialects.limits.admit(now, payer, *limits) {
                 let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
                 return Err(StartError::RateLimited { retry_after_ms });
             }
+        }
+        if let Some((payer, limits)) = &payer {
             self.dialects
                 .limits
                 .charge_tokens(now, payer, *limits, u64::from(prompt_tokens));
@@ -805,6 +808,7 @@ impl HostPort for Shared {
         self.next_seq += 1;
         let mut child = gen;
         child.id = id;
+        child.inherited_tokens = child.completion_tokens();
         self.gens.insert(id, child);
         self.sync_runnable(id);
         Some(id)

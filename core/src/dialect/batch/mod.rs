@@ -541,6 +541,7 @@ impl BatchConn {
                 constraint: self.jobs[ji].constraint.clone(),
                 embed: None,
                 prompt_logprobs: None,
+                admitted: false,
             };
             match cx.start(req) {
                 Ok(seq) => {

@@ -342,6 +342,7 @@ impl CaiConn {
             constraint: None,
             embed: None,
             prompt_logprobs: None,
+            admitted: false,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -307,9 +307,11 @@ impl Embedding {
     }
 
     /// Starts inputs in order while their ids are known and the window has
-    /// room, reading ahead as inputs start. A full queue or a rate limit
-    /// waits for one of the request's own inputs to finish, and fails the
-    /// request only when none is computing.
+    /// room, reading ahead as inputs start. The first input's start admits
+    /// the request under its rate limits, and the others are parts of it
+    /// (one request however many inputs). A full queue waits for one of the
+    /// request's own inputs to finish, and fails the request only when none
+    /// is computing.
     pub(super) fn start_more(&mut self, cx: &mut super::Cx<'_>) -> Next {
         loop {
             let waiting = match self.start_ready(cx) {
@@ -329,7 +331,7 @@ impl Embedding {
     }
 
     /// Starts the inputs whose ids are known, in order, while the window
-    /// has room; true when the queue or a rate limit made it stop early.
+    /// has room; true when the queue made it stop early.
     fn start_ready(&mut self, cx: &mut super::Cx<'_>) -> Result<bool, BadRequest> {
         while self.started < self.ids.len() && self.started - self.done < self.window {
             let i = self.started;
@@ -349,14 +351,13 @@ impl Embedding {
                 constraint: None,
                 embed: Some(self.pooling),
                 prompt_logprobs: None,
+                admitted: i > 0,
             });
             match start {
                 Ok(seq) => self.seqs[i] = Some(seq),
-                Err(
-                    StartError::QueueFull
-                    | StartError::ConnQueueFull { .. }
-                    | StartError::RateLimited { .. },
-                ) if self.started > self.done => {
+                Err(StartError::QueueFull | StartError::ConnQueueFull { .. })
+                    if self.started > self.done =>
+                {
                     self.ids[i] = Some(ids);
                     return Ok(true);
                 }

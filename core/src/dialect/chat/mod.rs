@@ -551,11 +551,13 @@ impl ChatConn {
         send_error(cx, status, code, message, param);
     }
 
-    /// Starts choices `indices`, in order. A start refused for queue room
-    /// or by a rate limit, while another choice of the request runs, waits
-    /// with those after it for a choice to end; any other refusal (or one
-    /// with nothing running) ends every choice started and answers with the
-    /// error.
+    /// Starts choices `indices`, in order. The first start admits the
+    /// request under its rate limits; the others are parts of it, never
+    /// refused by a limit (one request however many prompts and choices).
+    /// A start refused for queue room, while another choice of the request
+    /// runs, waits with those after it for a choice to end; any other
+    /// refusal (or one with nothing running) ends every choice started and
+    /// answers with the error.
     fn start_choices(&mut self, cx: &mut Cx<'_>, indices: impl IntoIterator<Item = usize>) {
         let Some(r) = self.inflight.as_mut() else {
             return;
@@ -569,6 +571,7 @@ impl ChatConn {
             // Seeded choices differ from each other and repeat run to run
             // (a prompt's in a batch as alone).
             params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
+            let admitted = r.choices.iter().any(|c| c.seq.is_some());
             let start = cx.start(GenRequest {
                 prompt_ids: prompt.ids.clone(),
                 params,
@@ -580,6 +583,7 @@ impl ChatConn {
                 // A prompt's first choice scores the echoed prompt for all
                 // of its choices.
                 prompt_logprobs: r.req.logprobs.filter(|_| r.req.echo && j == 0),
+                admitted,
             });
             match start {
                 Ok(seq) => {
@@ -587,7 +591,6 @@ impl ChatConn {
                     r.choices[i].last = prompt.ids.last().copied();
                 }
                 Err(StartError::QueueFull | StartError::ConnQueueFull { .. })
-                | Err(StartError::RateLimited { .. })
                     if r.choices
                         .iter()
                         .any(|c| c.seq.is_some() && c.finish.is_none()) =>

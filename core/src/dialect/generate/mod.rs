@@ -176,6 +176,7 @@ impl GenerateConn {
             constraint: config.constraint.clone(),
             embed: None,
             prompt_logprobs: None,
+            admitted: false,
         };
         let id = match cx.start(req) {
             Ok(id) => id,

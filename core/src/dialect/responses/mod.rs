@@ -377,6 +377,7 @@ impl ResponsesConn {
             constraint: draft.constraint.clone(),
             embed: None,
             prompt_logprobs: None,
+            admitted: false,
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

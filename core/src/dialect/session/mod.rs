@@ -538,6 +538,7 @@ impl SessionConn {
             constraint: None,
             embed: None,
             prompt_logprobs: None,
+            admitted: false,
         };
         match cx.start(req) {
             Ok(seq) => {
