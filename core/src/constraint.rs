@@ -40,8 +40,13 @@ pub enum Grammar {
         strict: bool,
     },
     /// A grammar in llguidance's Lark dialect (the server's own tool-call
-    /// grammars; not taken from clients).
+    /// grammars, and a client's `structured_outputs.grammar`).
     Lark(String),
+    /// Text that matches a regular expression whole (Rust `regex` syntax;
+    /// vLLM's `structured_outputs.regex`).
+    Regex(String),
+    /// Exactly one of these strings (vLLM's `structured_outputs.choice`).
+    Choice(Vec<String>),
 }
 
 /// The set of token ids that may be sampled next: one bit per vocabulary id.

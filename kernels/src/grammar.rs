@@ -99,14 +99,30 @@ impl GrammarEngine {
                 TopLevelGrammar::from_json_schema(compact(schema.clone(), !strict))
             }
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            // Lark's string literals are JSON strings, so any choice's text
+            // is written exactly.
+            Grammar::Choice(choices) => {
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|c| Value::String(c.clone()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
+            }
+        };
+        let what = match grammar {
+            Grammar::JsonObject | Grammar::JsonSchema { .. } => "the schema",
+            Grammar::Lark(_) => "the grammar",
+            Grammar::Regex(_) => "the regular expression",
+            Grammar::Choice(_) => "the choice",
         };
         let parser = self
             .factory
             .create_parser(top)
-            .map_err(|e| format!("the schema cannot be enforced: {e}"))?;
+            .map_err(|e| format!("{what} cannot be enforced: {e}"))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(format!("the schema cannot be enforced: {e}"));
+            return Err(format!("{what} cannot be enforced: {e}"));
         }
         Ok(Box::new(LlgConstraint {
             matcher,

@@ -289,3 +289,83 @@ fn a_json_grammar_behind_the_reasoning_gate_holds_only_after_the_close_tag() {
     }
     assert!(mask(&mut gate).allows(eos), "the object may end the answer");
 }
+
+/// Whether all of `text` matches `pattern` (as vLLM's `regex` means it).
+fn matches_whole(pattern: &str, text: &str) -> bool {
+    let re = regex_automata::meta::Regex::new(&format!("^(?:{pattern})$")).expect("a valid regex");
+    re.is_match(text)
+}
+
+#[test]
+fn random_walks_follow_a_regular_expression_whole() {
+    let (codec, vocab, eos) = stories_codec();
+    for pattern in [
+        r"[0-9]{3}-[a-z]{2,4}",
+        r"(cat|dog|bird) #[1-9][0-9]?",
+        r"[A-Z][a-z ]{0,20}\.",
+    ] {
+        let grammar = Grammar::Regex(pattern.into());
+        for seed in 0..50 {
+            let (text, ended) = walk(&codec, vocab, &eos, &grammar, seed, 60);
+            assert!(ended, "{pattern} seed {seed}: no end: {text:?}");
+            assert!(
+                matches_whole(pattern, &text),
+                "{pattern} seed {seed}: {text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn random_walks_pick_exactly_one_choice() {
+    let (codec, vocab, eos) = stories_codec();
+    // Prefixes of each other, quotes, a backslash, a newline and a
+    // character outside ASCII: each is written exactly.
+    let choices = ["yes", "yes, but", "no \"way\"", "a\\b\nc", "été"];
+    let grammar = Grammar::Choice(choices.iter().map(|c| c.to_string()).collect());
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..100 {
+        let (text, ended) = walk(&codec, vocab, &eos, &grammar, seed, 40);
+        assert!(ended, "seed {seed}: no end: {text:?}");
+        assert!(choices.contains(&text.as_str()), "seed {seed}: {text:?}");
+        seen.insert(text);
+    }
+    assert!(
+        seen.len() >= 3,
+        "random logits reach several choices: {seen:?}"
+    );
+}
+
+#[test]
+fn a_client_s_lark_grammar_is_followed() {
+    let (codec, vocab, eos) = stories_codec();
+    let lark = r#"start: greeting " " name "!"
+greeting: "hi" | "hello"
+name: /[a-z]{1,8}/"#;
+    let grammar = Grammar::Lark(lark.into());
+    for seed in 0..50 {
+        let (text, ended) = walk(&codec, vocab, &eos, &grammar, seed, 40);
+        assert!(ended, "seed {seed}: no end: {text:?}");
+        assert!(
+            matches_whole(r"(hi|hello) [a-z]{1,8}!", &text),
+            "seed {seed}: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_regexes_and_grammars_are_refused_naming_what() {
+    let (codec, _, _) = stories_codec();
+    for (grammar, what) in [
+        (Grammar::Regex("[a-z".into()), "the regular expression"),
+        (Grammar::Regex("(a".into()), "the regular expression"),
+        (Grammar::Lark("start: undefined_rule".into()), "the grammar"),
+        (Grammar::Lark("root ::= \"a\"".into()), "the grammar"),
+    ] {
+        let e = codec.constrain(&grammar).err().expect("refused");
+        assert!(
+            e.starts_with(what) && e.contains("cannot be enforced"),
+            "{grammar:?}: {e}"
+        );
+    }
+}

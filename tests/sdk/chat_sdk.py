@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Callable, List, Optional, Type
 
@@ -272,6 +273,32 @@ def main() -> int:
             final = stream.get_final_completion()
         if final.choices[0].message.parsed != parsed:
             fail(f"stream() parsed {final.choices[0].message.parsed!r}, parse() {parsed!r}")
+
+    @check
+    def vllm_structured_outputs_through_extra_body() -> None:
+        # What clients written for vLLM send: its fields in `extra_body`.
+        places = ["forest", "castle", "sea"]
+        for seed in range(4):
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=msgs, max_tokens=20, temperature=1, seed=seed,
+                extra_body={"structured_outputs": {"choice": places}})
+            c = strict(ChatCompletion, raw.http_response.text, "the completion")
+            if c.choices[0].message.content not in places or c.choices[0].finish_reason != "stop":
+                fail("the answer is not one of the choices", raw.http_response.text)
+        text = ""
+        for chunk in client.completions.create(
+                model=model, prompt="Once upon a time", max_tokens=20, temperature=1, seed=5,
+                stream=True, extra_body={"guided_regex": "[A-Z][a-z]{1,6} [0-9]{2}"}):
+            text += "".join(ch.text for ch in chunk.choices)
+        if not re.fullmatch(r"[A-Z][a-z]{1,6} [0-9]{2}", text):
+            fail(f"the streamed text {text!r} does not match the regex")
+        try:
+            client.chat.completions.create(model=model, messages=msgs, max_tokens=5,
+                                           extra_body={"guided_regex": "[a-z"})
+            fail("a broken regex was accepted")
+        except openai.BadRequestError as e:
+            if e.body.get("param") != "guided_regex":
+                fail(f"a broken regex: {e.body!r}")
 
     weather_tool = {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",

@@ -5,7 +5,8 @@
 //! `logit_bias`, stop strings,
 //! `completions.create` as JSON and streamed,
 //! `json_schema` output validated with a pydantic model,
-//! `chat.completions.parse()` and `.stream()` with a pydantic model, a
+//! `chat.completions.parse()` and `.stream()` with a pydantic model, vLLM's
+//! `structured_outputs` / `guided_regex` through `extra_body`, a
 //! forced tool call (JSON, streamed, and its result sent back), and the
 //! SDK's exceptions for bad requests; every body and chunk validated with
 //! the SDK's own pydantic types in strict mode. Skips without
@@ -18,7 +19,7 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
-    assert!(out.contains("11 of 11 checks passed"), "{out}");
+    assert!(out.contains("12 of 12 checks passed"), "{out}");
     server.shutdown().await;
 }
 

@@ -153,3 +153,104 @@ async fn a_model_without_a_grammar_engine_refuses_with_the_reason() {
     assert_eq!(resp.status, 400, "{}", resp.body);
     assert!(resp.body.contains("no grammar engine"), "{}", resp.body);
 }
+
+/// Whether all of `text` matches `pattern`.
+fn matches_whole(pattern: &str, text: &str) -> bool {
+    regex_automata::meta::Regex::new(&format!("^(?:{pattern})$"))
+        .expect("a valid regex")
+        .is_match(text)
+}
+
+/// vLLM's fields (`structured_outputs`, `guided_*`), as clients written for
+/// vLLM send them: 40 seeded samples at temperature 1 for each of a
+/// choice, a regular expression (on Completions, streamed) and a Lark
+/// grammar, every one checked; and the refusals, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_s_choice_regex_and_grammar_fields_hold_on_every_sample() {
+    let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let msgs = json!([{"role": "user", "content": "Where did the hero go?"}]);
+    let places = ["forest", "castle", "sea", "the old mill"];
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..10 {
+        let body = json!({"model": "stories260K", "messages": msgs, "n": 4,
+                          "temperature": 1, "seed": seed, "max_tokens": 20,
+                          "guided_choice": places});
+        let r = http(&server, "POST", CHAT, Some(&body.to_string())).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        for ch in r.json()["choices"].as_array().expect("choices") {
+            let text = ch["message"]["content"].as_str().unwrap_or("");
+            assert!(places.contains(&text), "seed {seed}: {ch}");
+            assert_eq!(ch["finish_reason"], "stop", "seed {seed}: {ch}");
+            seen.insert(text.to_string());
+        }
+    }
+    assert!(seen.len() >= 2, "temperature 1 reaches several: {seen:?}");
+
+    let pattern = "[A-Z][a-z]{2,8} (is|was) [0-9]{1,2}";
+    for seed in 0..40 {
+        let body = json!({"model": "stories260K", "prompt": "Once upon a time",
+                          "temperature": 1, "seed": seed, "max_tokens": 30, "stream": true,
+                          "structured_outputs": {"regex": pattern}});
+        let r = http(&server, "POST", "/v1/completions", Some(&body.to_string())).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let text: String = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+            .collect();
+        assert!(matches_whole(pattern, &text), "seed {seed}: {text:?}");
+    }
+
+    let lark = "start: name \" met \" name \".\"\nname: \"Lily\" | \"Ben\" | /[A-Z][a-z]{1,5}/";
+    for seed in 0..10 {
+        let body = json!({"model": "stories260K", "messages": msgs, "n": 4,
+                          "temperature": 1, "seed": seed, "max_tokens": 30,
+                          "structured_outputs": {"grammar": lark}});
+        let r = http(&server, "POST", CHAT, Some(&body.to_string())).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        for ch in r.json()["choices"].as_array().expect("choices") {
+            let text = ch["message"]["content"].as_str().unwrap_or("");
+            let name = "(Lily|Ben|[A-Z][a-z]{1,5})";
+            assert!(
+                matches_whole(&format!("{name} met {name}\\."), text),
+                "seed {seed}: {ch}"
+            );
+        }
+    }
+
+    for (extra, param, needle) in [
+        (
+            json!({"structured_outputs": {"regex": "[a-z"}}),
+            "structured_outputs.regex",
+            "the regular expression cannot be enforced",
+        ),
+        (
+            json!({"guided_grammar": "root ::= \"a\""}),
+            "guided_grammar",
+            "the grammar cannot be enforced",
+        ),
+        (
+            json!({"guided_choice": []}),
+            "guided_choice",
+            "1 to 1024 strings",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
+            "guided_regex",
+            "only one output format",
+        ),
+    ] {
+        let mut body = json!({"model": "stories260K", "messages": msgs, "max_tokens": 4});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let r = http(&server, "POST", CHAT, Some(&body.to_string())).await;
+        assert_eq!(r.status, 400, "{extra}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{extra}: {}", r.body);
+        assert!(r.body.contains(needle), "{extra}: {}", r.body);
+    }
+    server.shutdown().await;
+}

@@ -19,6 +19,7 @@ pub mod cai;
 pub mod chat;
 pub mod cx;
 pub mod generate;
+pub mod guided;
 pub mod messages;
 pub mod openai;
 pub mod registry;

@@ -75,6 +75,7 @@ pub(super) fn decode(
         include_usage: stream,
         echo: false,
         format,
+        format_field: "output_config.format",
         tools: prompt.tools,
         template_kwargs: prompt.thinking.template_kwargs(),
         include_reasoning: prompt.thinking != Thinking::Disabled,

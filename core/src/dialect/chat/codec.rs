@@ -2,6 +2,7 @@
 //! say (decoded into a [`ChatRequest`], every bad value a [`BadRequest`]
 //! naming its field) and the objects the answer is made of.
 
+use crate::dialect::guided::guided_format;
 use serde_json::{json, Map, Value};
 
 use crate::constraint::Grammar;
@@ -102,9 +103,11 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// Completions' `echo`: the prompt before the text.
     pub echo: bool,
-    /// `response_format`: the grammar every choice's text must follow
-    /// (`None` for free text).
+    /// `response_format` (or vLLM's fields, [`crate::dialect::guided`]):
+    /// the grammar every choice's text must follow (`None` for free text).
     pub format: Option<Grammar>,
+    /// The field that asked for `format`, for errors that name it.
+    pub format_field: &'static str,
     /// `tools`, `tool_choice`, `parallel_tool_calls` (chat only).
     pub tools: Tools,
     /// `chat_template_kwargs`: more variables for the chat template (chat
@@ -299,6 +302,16 @@ pub fn decode(
             .map_err(BadRequest::invalid)?,
         None => None,
     };
+    let (format, format_field) = match (format, guided_format(obj).map_err(BadRequest::invalid)?) {
+        (format, None) => (format, "response_format"),
+        (None, Some((grammar, field))) => (Some(grammar), field),
+        (Some(_), Some((_, field))) => {
+            return Err(BadRequest::field(
+                field,
+                "only one output format may be given, and `response_format` already is",
+            ))
+        }
+    };
     let tools = match route {
         Route::Chat | Route::Messages => {
             openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?
@@ -337,6 +350,7 @@ pub fn decode(
         include_usage,
         echo,
         format,
+        format_field,
         tools,
         template_kwargs,
         include_reasoning,
@@ -1004,6 +1018,41 @@ mod tests {
                 strict: false
             })
         );
+    }
+
+    #[test]
+    fn vllm_s_structured_output_fields_are_formats_too_but_only_one_of_all() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let r = chat(json!({"model": "m", "messages": msgs, "guided_choice": ["a", "b"]}))
+            .expect("decodes");
+        assert_eq!(
+            r.format,
+            Some(Grammar::Choice(vec!["a".into(), "b".into()]))
+        );
+        assert_eq!(r.format_field, "guided_choice");
+        let r = chat(
+            json!({"model": "m", "messages": msgs, "response_format": {"type": "text"},
+                            "structured_outputs": {"regex": "[0-9]+"}}),
+        )
+        .expect("a text response_format asks for nothing");
+        assert_eq!(r.format, Some(Grammar::Regex("[0-9]+".into())));
+        assert_eq!(r.format_field, "structured_outputs.regex");
+        let r = chat(
+            json!({"model": "m", "messages": msgs, "response_format": {"type": "json_object"}}),
+        )
+        .expect("decodes");
+        assert_eq!(r.format_field, "response_format");
+        let e = chat(
+            json!({"model": "m", "messages": msgs, "response_format": {"type": "json_object"},
+                            "guided_regex": "a"}),
+        )
+        .expect_err("two formats");
+        assert_eq!(e.param.as_deref(), Some("guided_regex"), "{e:?}");
+        let e = chat(json!({"model": "m", "messages": msgs, "guided_regex": "a",
+                            "tools": [{"type": "function", "function": {"name": "f"}}],
+                            "tool_choice": "required"}))
+        .expect_err("a forced call and a format");
+        assert_eq!(e.param.as_deref(), Some("tool_choice"), "{e:?}");
     }
 
     #[test]

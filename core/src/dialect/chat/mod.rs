@@ -7,10 +7,11 @@
 //! answers with one completion object, or with `stream: true` one chunk per
 //! piece, a usage chunk when asked, and `[DONE]` ([`http`] writes them).
 //!
-//! `response_format` (`json_object`, `json_schema`) is compiled by the
-//! model's grammar engine before the prompt is tokenized (a schema it cannot
-//! enforce is a 400 naming `response_format`), and every choice decodes
-//! under its own copy ([`crate::constraint`]).
+//! `response_format` (`json_object`, `json_schema`), or vLLM's fields for
+//! a choice, a regular expression or a grammar ([`crate::dialect::guided`]),
+//! is compiled by the model's grammar engine before the prompt is tokenized
+//! (one it cannot enforce is a 400 naming the field), and every choice
+//! decodes under its own copy ([`crate::constraint`]).
 //!
 //! `tools` are rendered into the prompt ([`crate::tools`]); with
 //! `tool_choice` `required` or a named function a grammar forces the
@@ -278,14 +279,10 @@ impl ChatConn {
             );
             return send_error(cx, 404, "model_not_found", &message, Some("model"));
         }
-        let format_field = match route {
-            Route::Messages => "output_config.format",
-            Route::Chat | Route::Completions => "response_format",
-        };
         let constraint = match openai::output_constraint(
             cx.codec(),
             req.format.as_ref(),
-            format_field,
+            req.format_field,
             &req.tools,
             cx.codec().tool_format(),
         ) {
