@@ -59,6 +59,12 @@ pub struct ChatMessage {
     /// For a tool's output, the id of the call it answers (templates such
     /// as Mistral's write it beside the result).
     pub tool_call_id: Option<String>,
+    /// On the last message, an assistant turn, the start of the answer
+    /// rather than a finished turn (Anthropic's prefill, vLLM's
+    /// `continue_final_message`): the prompt ends right after its content,
+    /// with no end of turn and no generation prompt, so the model goes on
+    /// writing it. Ignored on any other message.
+    pub prefill: bool,
 }
 
 impl ChatMessage {
@@ -69,7 +75,16 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            prefill: false,
         }
+    }
+
+    /// Whether the conversation ends in an assistant turn to be continued
+    /// ([`ChatMessage::prefill`] on its last message).
+    pub fn ends_in_prefill(messages: &[ChatMessage]) -> bool {
+        messages
+            .last()
+            .is_some_and(|m| m.prefill && m.role == Role::Assistant)
     }
 }
 

@@ -15,6 +15,10 @@ use crate::model_dir::ModelDir;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Marks where a prefill's content ends in a rendering, to cut it there (a
+/// private-use character, which no model's markup holds).
+const PREFILL_END: char = '\u{E002}';
+
 /// Most minijinja instructions one rendering may take.
 pub const TEMPLATE_FUEL: u64 = 5_000_000;
 
@@ -73,6 +77,7 @@ impl ChatTemplate {
         // Python string/dict methods (`.strip()`, `.startswith()`, `.items()`) that HF templates call.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
+        env.add_test("iterable", is_iterable);
         env.add_function("strftime_now", strftime_now);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
@@ -193,21 +198,46 @@ impl ChatTemplate {
                 tool_call_id: m.tool_call_id.as_deref().map(|id| self.call_id(id)),
             })
             .collect();
+        let prefill = ChatMessage::ends_in_prefill(&messages);
+        let mut msgs = msgs;
+        let marked;
+        if prefill {
+            if let Some(last) = msgs.last_mut() {
+                marked = format!("{}{PREFILL_END}", last.content);
+                last.content = &marked;
+            }
+        }
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| e.to_string())?;
         let tools: Option<Vec<serde_json::Value>> =
             (!tools.is_empty()).then(|| tools.iter().map(ToolDef::to_json).collect());
-        tmpl.render(minijinja::context! {
-            messages => msgs,
-            tools => tools,
-            add_generation_prompt => true,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            ..minijinja::Value::from_serialize(kwargs)
-        })
-        .map_err(|e| format!("chat template: {e}"))
+        let text = tmpl
+            .render(minijinja::context! {
+                messages => msgs,
+                tools => tools,
+                add_generation_prompt => !prefill,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+                ..minijinja::Value::from_serialize(kwargs)
+            })
+            .map_err(|e| format!("chat template: {e}"))?;
+        if !prefill {
+            return Ok(text);
+        }
+        // The prompt ends where the prefill does: the end of its turn is
+        // cut, so the model writes on. Found by a mark, not by searching
+        // for the text, which the markup after it may contain too.
+        let mut marks = text.match_indices(PREFILL_END);
+        match (marks.next(), marks.next()) {
+            (Some((at, _)), None) => Ok(text[..at].to_string()),
+            _ => Err(
+                "the chat template does not write the final assistant message as given, \
+                 so it cannot be continued"
+                    .into(),
+            ),
+        }
     }
 
     /// The template of a model directory: `tokenizer_config.json`'s
@@ -534,6 +564,19 @@ impl serde_json::ser::Formatter for PythonJson {
 
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(&self.key)
+    }
+}
+
+/// Jinja's `iterable` test: `none` and undefined are not iterable, as in
+/// Python (minijinja iterates them as empty and says they are). Qwen3-Coder's
+/// and Nemotron's templates guard `tools | length` with it, and fail
+/// without tools otherwise.
+fn is_iterable(v: &minijinja::Value) -> bool {
+    use minijinja::value::ValueKind;
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None | ValueKind::Bool | ValueKind::Number => false,
+        ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map => true,
+        _ => v.try_iter().is_ok(),
     }
 }
 

@@ -745,3 +745,80 @@ fn an_empty_block_tag_is_the_templates_error_not_a_crash() {
     let e = ChatTemplate::new("{%}", "", "").expect_err("no tag");
     assert!(!e.is_empty());
 }
+
+fn with_prefill(mut msgs: Vec<ChatMessage>, text: &str) -> Vec<ChatMessage> {
+    msgs.push(ChatMessage {
+        prefill: true,
+        ..ChatMessage::new(Role::Assistant, text)
+    });
+    msgs
+}
+
+#[test]
+fn a_prefill_leaves_the_assistant_turn_open_at_its_text() {
+    let t = ChatTemplate::new(CHATML, "", "<|im_end|>").expect("compiles");
+    let user = vec![ChatMessage::new(Role::User, "Hi")];
+    assert_eq!(
+        t.render(&with_prefill(user.clone(), "Hello, I"))
+            .expect("renders"),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello, I"
+    );
+    // Text the markup after it also holds ("i" is in `<|im_end|>`) is cut
+    // where the message ends, not where the text is last seen.
+    assert_eq!(
+        t.render(&with_prefill(user.clone(), "i")).expect("renders"),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\ni"
+    );
+    // An empty prefill is the plain generation prompt.
+    assert_eq!(
+        t.render(&with_prefill(user.clone(), "")).expect("renders"),
+        t.render(&user).expect("renders")
+    );
+    // The flag means nothing on an earlier message.
+    let mut earlier = with_prefill(user.clone(), "Yes");
+    earlier.push(ChatMessage::new(Role::User, "And?"));
+    assert!(t
+        .render(&earlier)
+        .expect("renders")
+        .ends_with("Yes<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n"));
+    // A template that leaves the final assistant message out cannot
+    // continue it.
+    let drops =
+        "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}";
+    let t = ChatTemplate::new(drops, "", "").expect("compiles");
+    let e = t.render(&with_prefill(user, "Yes")).expect_err("refused");
+    assert!(e.contains("cannot be continued"), "{e}");
+}
+
+#[test]
+fn a_prefill_tokenizes_open_on_both_paths_and_its_control_text_stays_plain() {
+    let codec = chatml_codec();
+    let id = |t: &str| codec.tokenizer().token_to_id(t).expect("special");
+    let (start, end) = (id("<|im_start|>"), id("<|im_end|>"));
+    let ids = codec
+        .encode_chat(&with_prefill(msgs(), "Sure"))
+        .expect("encodes");
+    let sure = codec.encode("Sure", false).expect("encodes");
+    assert!(ids.ends_with(&sure), "{ids:?}");
+    assert_eq!(ids.iter().filter(|&&t| t == start).count(), 3);
+    assert_eq!(
+        ids.iter().filter(|&&t| t == end).count(),
+        2,
+        "the turn stays open"
+    );
+    // Control text typed in the prefill: the guarded path, still open, the
+    // typed marker plain text.
+    let ids = codec
+        .encode_chat(&with_prefill(msgs(), "x<|im_end|>"))
+        .expect("encodes");
+    assert_eq!(ids.iter().filter(|&&t| t == end).count(), 2, "{ids:?}");
+    assert!(!ids.ends_with(&[end]), "{ids:?}");
+}
+
+#[test]
+fn none_is_not_iterable_as_in_python() {
+    // Qwen3-Coder's guard for `tools | length`.
+    let src = "{% if tools is iterable and tools | length > 0 %}T{% endif %}{% if 'ab' is iterable %}S{% endif %}{% if messages is iterable %}M{% endif %}{% if 3 is iterable %}N{% endif %}";
+    let t = ChatTemplate::new(src, "", "").expect("compiles");
+    assert_eq!(t.render(&msgs()).expect("renders"), "SM");
+}

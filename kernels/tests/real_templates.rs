@@ -7,7 +7,8 @@
 //! except the few named here with the reason each fails, which is theirs or
 //! a known limit of minijinja. The call formats are known for the families
 //! the server parses, and Mistral's get the nine-character ids their
-//! templates require.
+//! templates require. Each continues a final assistant message (a prefill),
+//! and renders without tools (Jinja's `iterable` test, as Python has it).
 
 use std::path::PathBuf;
 
@@ -201,4 +202,52 @@ fn the_call_formats_of_real_templates_are_known() {
         )),
         "{text}"
     );
+}
+
+/// Templates that do not render a plain conversation ending in a prefill,
+/// and a piece of the error each gives.
+const NO_PREFILL: &[(&str, &str)] = &[
+    // Reads a `datetime` variable its callers must pass.
+    (
+        "fireworks-ai-llama-3-firefunction-v2.jinja",
+        "string and undefined",
+    ),
+];
+
+/// A prefill (Anthropic's, vLLM's `continue_final_message`) on every real
+/// template: the prompt ends with the prefill's text, the assistant's turn
+/// left open, everything before it as the template renders it.
+#[test]
+fn real_templates_continue_a_final_assistant_message() {
+    let Some(dir) = templates_dir() else {
+        return;
+    };
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read the templates")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    paths.sort();
+    let mut continued = 0;
+    for path in &paths {
+        let name = path.file_name().expect("a name").to_string_lossy();
+        let source = std::fs::read_to_string(path).expect("read a template");
+        let t = ChatTemplate::new(&source, "<s>", "</s>").expect("compiles");
+        let prefill = ChatMessage {
+            prefill: true,
+            ..ChatMessage::new(Role::Assistant, "Once upon a time, a cat")
+        };
+        let msgs = [ChatMessage::new(Role::User, "Tell me a story."), prefill];
+        let result = t.render(&msgs);
+        if let Some((_, why)) = NO_PREFILL.iter().find(|(n, _)| *n == name) {
+            let e = result.expect_err(&format!("{name} continues now: take it off the list"));
+            assert!(e.contains(why), "{name}: {e}");
+            continue;
+        }
+        let text = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(text.ends_with("Once upon a time, a cat"), "{name}:\n{text}");
+        assert!(text.contains("Tell me a story."), "{name}:\n{text}");
+        continued += 1;
+    }
+    assert_eq!(continued, paths.len() - NO_PREFILL.len());
 }

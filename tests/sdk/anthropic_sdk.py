@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.request
 from typing import Any, Callable, Dict, List, Literal, Tuple
 
 import anthropic
@@ -198,6 +199,38 @@ def main() -> int:
         if not isinstance(r.parsed_output, Pick):
             fail(f"parsed {r.parsed_output!r}", r.model_dump_json())
         json.loads(r.content[0].text)
+
+    @check
+    def a_prefill_is_continued() -> None:
+        # A last assistant message starts the answer: the reply is what the
+        # model adds, greedy, as the same prompt gives on Completions
+        # (stories260K has no template: the contents joined by newlines).
+        pre = "Once upon a time, there was a"
+        turns = [{"role": "user", "content": "Tell me a story."},
+                 {"role": "assistant", "content": pre}]
+        m = message(max_tokens=10, messages=turns)
+        text = m.content[0].text
+        prompt = "\n".join([system, "Tell me a story.", pre])
+        req = urllib.request.Request(
+            base + "/v1/completions", method="POST", headers={"content-type": "application/json"},
+            data=json.dumps({"model": model, "prompt": prompt, "max_tokens": 10,
+                             "temperature": 0}).encode())
+        with urllib.request.urlopen(req) as r:
+            want = json.load(r)
+        if text != want["choices"][0]["text"] or text.startswith(pre):
+            fail(f"continued {text!r}, Completions gives {want['choices'][0]['text']!r}")
+        if m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) != want["usage"]["prompt_tokens"]:
+            fail("the prefilled prompt's length", m.model_dump_json())
+        counted = client.messages.count_tokens(model=model, system=system, messages=turns)
+        if counted.input_tokens != want["usage"]["prompt_tokens"]:
+            fail(f"count_tokens says {counted.input_tokens}")
+        try:
+            client.messages.create(model=model, max_tokens=4, messages=[
+                {"role": "user", "content": "x"}, {"role": "assistant", "content": "trailing "}])
+            fail("a prefill ending in whitespace was accepted")
+        except anthropic.BadRequestError as e:
+            if "trailing whitespace" not in str(e):
+                fail(f"trailing whitespace: {e}")
 
     @check
     def count_tokens_counts_the_message_prompt() -> None:

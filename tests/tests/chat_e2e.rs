@@ -879,3 +879,83 @@ async fn a_reasoning_parser_sends_the_thinking_as_reasoning_content() {
     plain.shutdown().await;
     let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
 }
+
+/// A ChatML template, as Qwen's and SmolLM2's.
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// vLLM's `continue_final_message`: the model continues the final
+/// assistant message. The prompt ends with its text (no end of turn, no new
+/// turn, as `/tokenize` shows with the same fields), the answer is only
+/// what the model adds (greedy: exactly what Completions gives for that
+/// prompt), and without the field the message is answered as a finished
+/// turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_final_message_continues_the_assistant_s_text() {
+    let dir = tokenwire_tests::stories260k_with_template("continue-final", CHATML);
+    let server = start(ModelSource::Dir(dir.clone()), |_| {}).await;
+    let messages = json!([{"role": "user", "content": "Tell me a story."},
+                          {"role": "assistant", "content": "Once upon a time, there was a"}]);
+    let continued = json!({"model": "stories260K", "messages": messages, "max_tokens": 12,
+                           "temperature": 0, "continue_final_message": true,
+                           "add_generation_prompt": false});
+    let r = http(&server, "POST", CHAT, Some(&continued.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let answer = r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
+    let tokenized = http(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(&json!({"messages": messages, "continue_final_message": true}).to_string()),
+    )
+    .await;
+    assert_eq!(tokenized.status, 200, "{}", tokenized.body);
+    let ids = tokenized.json()["tokens"].clone();
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens"],
+        ids.as_array().expect("ids").len()
+    );
+    let text = http(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(&json!({"tokens": ids}).to_string()),
+    )
+    .await;
+    let prompt = text.json()["prompt"].as_str().expect("text").to_string();
+    assert!(
+        prompt.ends_with("<|im_start|>assistant\nOnce upon a time, there was a"),
+        "{prompt:?}"
+    );
+    let raw = json!({"model": "stories260K", "prompt": ids, "max_tokens": 12, "temperature": 0});
+    let c = http(&server, "POST", "/v1/completions", Some(&raw.to_string())).await;
+    assert_eq!(
+        c.json()["choices"][0]["text"],
+        answer.as_str(),
+        "{}",
+        c.body
+    );
+    // Without the field, the final message is a finished turn, answered.
+    let answered = json!({"model": "stories260K", "messages": messages, "max_tokens": 12,
+                          "temperature": 0});
+    let tokenized = http(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(&json!({"messages": messages}).to_string()),
+    )
+    .await;
+    let n = tokenized.json()["count"].as_u64().expect("count");
+    let a = http(&server, "POST", CHAT, Some(&answered.to_string())).await;
+    assert_eq!(a.json()["usage"]["prompt_tokens"], n);
+    assert!(n > ids.as_array().map_or(0, Vec::len) as u64);
+    let bad = json!({"model": "stories260K", "continue_final_message": true,
+                     "messages": [{"role": "user", "content": "x"}]});
+    let e = http(&server, "POST", CHAT, Some(&bad.to_string())).await;
+    assert_eq!(e.status, 400, "{}", e.body);
+    assert_eq!(e.json()["error"]["param"], "continue_final_message");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}

@@ -63,6 +63,23 @@ pub(super) fn decode(
             "a forced tool call cannot be combined with `output_config.format`; use one or the other",
         ));
     }
+    if ChatMessage::ends_in_prefill(&prompt.messages) {
+        // As Anthropic's API: a prefill starts the answer, which a format
+        // or a thinking block would have to start instead.
+        let last = format!("messages[{}]", super::codec::message_items(&f)?.len() - 1);
+        let clash = if format.is_some() {
+            Some("a final `assistant` message (a prefill) cannot be combined with `output_config.format`")
+        } else if matches!(prompt.thinking, Thinking::Enabled { .. }) {
+            Some(
+                "a final `assistant` message (a prefill) cannot be combined with extended thinking",
+            )
+        } else {
+            None
+        };
+        if let Some(message) = clash {
+            return Err(BadRequest::field(&last, message));
+        }
+    }
     Ok(ChatRequest {
         route: Route::Messages,
         model,
@@ -153,13 +170,11 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
         match mf.req_str("role").map_err(BadRequest::invalid)? {
             "user" => user_turn(&format!("{name}.content"), content, &mut out)?,
             "assistant" => {
+                let mut turn = assistant_turn(&format!("{name}.content"), content)?;
                 if i + 1 == items.len() {
-                    return Err(BadRequest::field(
-                        &name,
-                        "a last `assistant` message (a prefill) is not supported: end with a `user` message",
-                    ));
+                    prefill(&name, &mut turn)?;
                 }
-                out.push(assistant_turn(&format!("{name}.content"), content)?);
+                out.push(turn);
             }
             other => {
                 return Err(BadRequest::field(
@@ -170,6 +185,26 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
         }
     }
     Ok(merge_turns(out))
+}
+
+/// A last `assistant` message is a prefill: the start of the answer, which
+/// the model continues ([`ChatMessage::prefill`]), refused as Anthropic's
+/// API refuses it when it ends in whitespace or calls a tool.
+fn prefill(field: &str, turn: &mut ChatMessage) -> Result<(), BadRequest> {
+    if !turn.tool_calls.is_empty() {
+        return Err(BadRequest::field(
+            field,
+            "a final `assistant` message with `tool_use` cannot be continued: send its `tool_result` in a `user` message",
+        ));
+    }
+    if turn.content.ends_with(char::is_whitespace) {
+        return Err(BadRequest::field(
+            field,
+            "final assistant content cannot end with trailing whitespace",
+        ));
+    }
+    turn.prefill = true;
+    Ok(())
 }
 
 /// Joins consecutive user (or assistant) messages into one turn: chat
@@ -187,6 +222,7 @@ fn merge_turns(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                     last.content.push_str(&m.content);
                 }
                 last.tool_calls.extend(m.tool_calls);
+                last.prefill = m.prefill;
             }
             _ => out.push(m),
         }
@@ -592,6 +628,24 @@ mod tests {
     }
 
     #[test]
+    fn a_last_assistant_message_is_a_prefill_and_only_the_last() {
+        let r = decode_body(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "no"},
+            {"role": "user", "content": "y"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Sure"}]},
+            {"role": "assistant", "content": "thing: {"}]}))
+        .expect("decodes");
+        let Input::Messages(m) = r.input else {
+            panic!("messages")
+        };
+        assert_eq!(m.len(), 4, "the two last assistant messages are one turn");
+        assert!(!m[1].prefill, "an earlier assistant turn is finished");
+        assert_eq!(m[3].content, "Sure\n\nthing: {");
+        assert!(m[3].prefill && ChatMessage::ends_in_prefill(&m));
+    }
+
+    #[test]
     fn a_conversation_with_tools_maps_onto_the_chat_roles() {
         let r = decode_body(json!({
             "model": "m", "max_tokens": 20, "temperature": 0.5, "top_k": 4,
@@ -769,7 +823,25 @@ mod tests {
             ),
             (
                 json!({"model": "m", "max_tokens": 5, "messages": [
-                    {"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure: {"}]}),
+                    {"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure: "}]}),
+                "messages[1]",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]}),
+                "messages[1]",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"}, {"role": "assistant", "content": "{"}],
+                    "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+                "messages[1]",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"}, {"role": "assistant", "content": "Hm"}],
+                    "thinking": {"type": "enabled", "budget_tokens": 1024}}),
                 "messages[1]",
             ),
             (

@@ -195,7 +195,7 @@ pub fn decode(
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
     let input = match route {
-        Route::Chat | Route::Messages => Input::Messages(messages(&f)?),
+        Route::Chat | Route::Messages => Input::Messages(continued(&f, messages(&f)?)?),
         Route::Completions => Input::Prompts(completion_prompts(&f, vocab_size, context_len)?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set,
@@ -602,13 +602,49 @@ pub(super) fn messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
                 _ => None,
             };
             Ok(ChatMessage {
-                role,
-                content: text,
                 tool_calls: calls,
                 tool_call_id,
+                ..ChatMessage::new(role, text)
             })
         })
         .collect()
+}
+
+/// vLLM's `continue_final_message: true`: the last message, an
+/// assistant's, is the start of the answer, which the model continues
+/// ([`ChatMessage::prefill`]). `add_generation_prompt` may be left out or
+/// `false` beside it (vLLM asks for `false`); `true` contradicts it.
+pub(super) fn continued(
+    f: &Fields<'_>,
+    mut msgs: Vec<ChatMessage>,
+) -> Result<Vec<ChatMessage>, BadRequest> {
+    let field = "continue_final_message";
+    if !f.bool(field).map_err(BadRequest::invalid)?.unwrap_or(false) {
+        return Ok(msgs);
+    }
+    if f.bool("add_generation_prompt")
+        .map_err(BadRequest::invalid)?
+        == Some(true)
+    {
+        return Err(BadRequest::field(
+            "add_generation_prompt",
+            "must be false with `continue_final_message`: the final message is continued, not answered",
+        ));
+    }
+    match msgs.last_mut() {
+        Some(last) if last.role == Role::Assistant && last.tool_calls.is_empty() => {
+            last.prefill = true;
+            Ok(msgs)
+        }
+        Some(last) if last.role == Role::Assistant => Err(BadRequest::field(
+            field,
+            "the final assistant message has `tool_calls`, so there is no text to continue",
+        )),
+        _ => Err(BadRequest::field(
+            field,
+            "needs the last message to be an `assistant` message to continue",
+        )),
+    }
 }
 
 /// The `messages` array: required, and not empty (both routes' rule).
@@ -1053,6 +1089,52 @@ mod tests {
                             "tool_choice": "required"}))
         .expect_err("a forced call and a format");
         assert_eq!(e.param.as_deref(), Some("tool_choice"), "{e:?}");
+    }
+
+    #[test]
+    fn continue_final_message_makes_the_last_assistant_message_a_prefill() {
+        let msgs =
+            json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": "The"}]);
+        let decode_msgs = |extra: Value| {
+            let mut b = json!({"model": "m", "messages": msgs});
+            for (k, v) in extra.as_object().expect("object") {
+                b[k] = v.clone();
+            }
+            chat(b).map(|r| match r.input {
+                Input::Messages(m) => m,
+                Input::Prompts(_) => panic!("messages"),
+            })
+        };
+        let m = decode_msgs(json!({})).expect("decodes");
+        assert!(
+            !ChatMessage::ends_in_prefill(&m),
+            "answered, by default, as vLLM does"
+        );
+        for extra in [
+            json!({"continue_final_message": true}),
+            json!({"continue_final_message": true, "add_generation_prompt": false}),
+        ] {
+            let m = decode_msgs(extra.clone()).expect("decodes");
+            assert!(ChatMessage::ends_in_prefill(&m), "{extra}");
+            assert!(!m[0].prefill);
+        }
+        let e = decode_msgs(json!({"continue_final_message": true, "add_generation_prompt": true}))
+            .expect_err("contradicts");
+        assert_eq!(e.param.as_deref(), Some("add_generation_prompt"));
+        let e = chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                            "continue_final_message": true}),
+        )
+        .expect_err("nothing to continue");
+        assert_eq!(e.param.as_deref(), Some("continue_final_message"));
+        let e = chat(
+            json!({"model": "m", "continue_final_message": true, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+        )
+        .expect_err("a call to continue");
+        assert_eq!(e.param.as_deref(), Some("continue_final_message"));
     }
 
     #[test]

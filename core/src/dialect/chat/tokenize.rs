@@ -40,7 +40,7 @@ pub(super) fn decode_tokenize(obj: &Map<String, Value>) -> Result<ToTokenize, Ba
         }
         (false, true) => {
             let tools = openai::tools(&f, FormatShape::Nested).map_err(BadRequest::invalid)?;
-            let messages = codec::messages(&f)?;
+            let messages = codec::continued(&f, codec::messages(&f)?)?;
             let kwargs = codec::template_kwargs(&f)?;
             Ok(ToTokenize::Messages(
                 messages,
