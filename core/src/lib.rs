@@ -44,6 +44,7 @@ pub mod constraint;
 pub mod dialect;
 pub mod engine;
 pub mod filter;
+pub mod fim;
 pub mod gen;
 pub mod host;
 pub mod http;

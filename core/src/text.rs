@@ -157,6 +157,12 @@ pub trait TextCodec: Send + Sync {
         None
     }
 
+    /// The fill-in-the-middle markers of a model trained for it
+    /// (Completions' `suffix`); `None` (the default) for any other.
+    fn fim_markers(&self) -> Option<crate::fim::FimMarkers> {
+        None
+    }
+
     /// How this model writes tool calls (its chat template's format;
     /// [`ToolFormat::Hermes`] by default, which [`crate::tools`] also
     /// describes to a model whose template has none).

@@ -60,6 +60,8 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--only", action="append", default=[],
                     help="run only this check (repeatable)")
+    ap.add_argument("--fim", action="store_true",
+                    help="the model has fill-in-the-middle tokens (<|fim_prefix|>, ...)")
     args = ap.parse_args()
     client = OpenAI(base_url=args.base_url, api_key="unused", max_retries=0)
     model = args.model
@@ -179,6 +181,28 @@ def main() -> int:
                                            temperature=0, stop=["."])
         if "." in (c.choices[0].message.content or "") or c.choices[0].finish_reason != "stop":
             fail(f"got {c.choices[0].message.content!r}, {c.choices[0].finish_reason}")
+
+    @check
+    def completions_fill_in_the_middle() -> None:
+        before, after = "Once upon a time, Lily", " and they were happy."
+        if not args.fim:
+            # A model without the markers refuses a suffix, naming it.
+            try:
+                client.completions.create(model=model, prompt=before, suffix=after, max_tokens=4)
+                fail("a suffix was taken by a model without fill-in-the-middle tokens")
+            except openai.BadRequestError as e:
+                if e.body.get("param") != "suffix":
+                    fail(f"suffix refused without naming it: {e.body!r}")
+            return
+        raw = client.completions.with_raw_response.create(
+            model=model, prompt=before, suffix=after, max_tokens=8, temperature=0)
+        c = strict(Completion, raw.http_response.text, "the completion")
+        # The same greedy text as the prompt written out by hand.
+        by_hand = client.completions.create(
+            model=model, prompt=f"<|fim_prefix|>{before}<|fim_suffix|>{after}<|fim_middle|>",
+            max_tokens=8, temperature=0)
+        if c.choices[0].text != by_hand.choices[0].text or c.usage != by_hand.usage:
+            fail(f"{c.choices[0].text!r} vs {by_hand.choices[0].text!r}", raw.http_response.text)
 
     @check
     def completions_json_and_stream() -> None:

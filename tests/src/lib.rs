@@ -86,6 +86,17 @@ pub fn stories260k_with_template(name: &str, template: &str) -> PathBuf {
     dir
 }
 
+/// Qwen2.5-Coder's fill-in-the-middle markers.
+pub const FIM_TAGS: [&str; 3] = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
+
+/// A copy of stories260K (as [`stories260k_with_template`] makes) with
+/// [`FIM_TAGS`] as special tokens, so that it takes Completions' `suffix`.
+pub fn fim_stories260k(name: &str) -> PathBuf {
+    let dir = stories260k_with_template(name, "{{ messages[0].content }}");
+    make_tags_one_token(&dir, &FIM_TAGS, true);
+    dir
+}
+
 /// Makes `</think>` one token of the stories260K copy in `dir` (from
 /// [`thinking_stories260k`]), as it is in Qwen3's and DeepSeek-R1's
 /// vocabularies ([`make_tags_one_token`]). What needs the tag as one token

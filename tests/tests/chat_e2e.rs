@@ -959,3 +959,93 @@ async fn continue_final_message_continues_the_assistant_s_text() {
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
 }
+
+/// Completions' `suffix` on a model with fill-in-the-middle tokens: the
+/// prompt is the markers around the two texts (the ids `/tokenize` gives
+/// for it written out), one each; the text is the greedy middle; the
+/// refusals name `suffix`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suffix_fills_in_the_middle() {
+    let dir = tokenwire_tests::fim_stories260k("fim-e2e");
+    let server = start(ModelSource::Dir(dir.clone()), |_| {}).await;
+    let (before, after) = ("Once upon a time, Lily", " and they were happy.");
+    let body = json!({"model": "stories260K", "prompt": before, "suffix": after,
+                      "max_tokens": 8, "temperature": 0});
+    let r = http(&server, "POST", "/v1/completions", Some(&body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let written = format!("<|fim_prefix|>{before}<|fim_suffix|>{after}<|fim_middle|>");
+    let t = http(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(&json!({"prompt": written}).to_string()),
+    )
+    .await;
+    let ids: Vec<u64> = t.json()["tokens"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    for tag in tokenwire_tests::FIM_TAGS {
+        let d = http(
+            &server,
+            "POST",
+            "/tokenize",
+            Some(&json!({"prompt": tag, "add_special_tokens": false}).to_string()),
+        )
+        .await;
+        let tag_ids = d.json()["tokens"].clone();
+        assert_eq!(
+            tag_ids.as_array().map(Vec::len),
+            Some(1),
+            "{tag}: one token"
+        );
+        let id = tag_ids[0].as_u64().expect("an id");
+        assert_eq!(
+            ids.iter().filter(|&&i| i == id).count(),
+            1,
+            "{tag} in {ids:?}"
+        );
+    }
+    assert_eq!(r.json()["usage"]["prompt_tokens"], ids.len());
+    let by_hand = json!({"model": "stories260K", "prompt": ids, "max_tokens": 8, "temperature": 0});
+    let h = http(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&by_hand.to_string()),
+    )
+    .await;
+    assert_eq!(
+        r.json()["choices"][0]["text"],
+        h.json()["choices"][0]["text"],
+        "{} vs {}",
+        r.body,
+        h.body
+    );
+    for (extra, why) in [
+        (json!({"echo": true}), "echo"),
+        (json!({"prompt": [[1, 2, 3]]}), "token ids"),
+    ] {
+        let mut b = body.clone();
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        let e = http(&server, "POST", "/v1/completions", Some(&b.to_string())).await;
+        assert_eq!(e.status, 400, "{why}: {}", e.body);
+        assert_eq!(e.json()["error"]["param"], "suffix", "{why}");
+    }
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+    // A model without the markers refuses a suffix, naming it.
+    let plain = start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let e = http(&plain, "POST", "/v1/completions", Some(&body.to_string())).await;
+    assert_eq!(e.status, 400, "{}", e.body);
+    assert_eq!(e.json()["error"]["param"], "suffix");
+    // An empty suffix is no suffix, as clients that always send one mean.
+    let empty = json!({"model": "stories260K", "prompt": before, "suffix": "", "max_tokens": 2});
+    let ok = http(&plain, "POST", "/v1/completions", Some(&empty.to_string())).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    plain.shutdown().await;
+}

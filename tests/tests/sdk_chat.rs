@@ -5,6 +5,7 @@
 //! `logit_bias`, stop strings,
 //! `completions.create` as JSON and streamed,
 //! `json_schema` output validated with a pydantic model,
+//! Completions' `suffix` (fill in the middle),
 //! `chat.completions.parse()` and `.stream()` with a pydantic model, vLLM's
 //! `structured_outputs` / `guided_regex` through `extra_body`, a
 //! forced tool call (JSON, streamed, and its result sent back), and the
@@ -19,7 +20,7 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
-    assert!(out.contains("12 of 12 checks passed"), "{out}");
+    assert!(out.contains("13 of 13 checks passed"), "{out}");
     server.shutdown().await;
 }
 
@@ -35,6 +36,23 @@ async fn the_official_sdk_calls_tools_on_a_mistral_format_model() {
     let dir = tokenwire_tests::mistral_copy("sdk-mistral", tokenwire_tests::MISTRAL_ARGS_TEMPLATE);
     let server = start(ModelSource::Dir(dir.clone()), |_| {}).await;
     let only = ["--only", "a_forced_tool_call_parses_json_and_stream"];
+    let out = run_sdk_script(&python, "chat_sdk.py", &server, &only).await;
+    assert!(out.contains("1 of 1 checks passed"), "{out}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir.parent().expect("its folder"));
+}
+
+/// Completions' `suffix` through the SDK on a model with Qwen's
+/// fill-in-the-middle tokens (stories260K with `<|fim_prefix|>`,
+/// `<|fim_suffix|>` and `<|fim_middle|>` as special tokens): strict types,
+/// and the same greedy text as the prompt written out by hand. (The full
+/// run above checks that a model without them refuses a suffix.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_fills_in_the_middle() {
+    let Some(python) = sdk_python() else { return };
+    let dir = tokenwire_tests::fim_stories260k("sdk-fim");
+    let server = start(ModelSource::Dir(dir.clone()), |_| {}).await;
+    let only = ["--only", "completions_fill_in_the_middle", "--fim"];
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &only).await;
     assert!(out.contains("1 of 1 checks passed"), "{out}");
     server.shutdown().await;

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
+use tokenwire_core::fim::FimMarkers;
 use tokenwire_core::reasoning::ReasoningTags;
 use tokenwire_core::text::TemplateKwargs;
 use tokenwire_core::tools::{self, ToolDef, ToolFormat};
@@ -48,6 +49,8 @@ pub struct HfCodec {
     /// size and end tokens are known ([`HfCodec::enable_grammar`]), or why
     /// there is none.
     grammar: Result<GrammarEngine, String>,
+    /// Its fill-in-the-middle markers, when its added tokens have them.
+    fim: Option<FimMarkers>,
 }
 
 impl std::fmt::Debug for HfCodec {
@@ -92,6 +95,9 @@ impl HfCodec {
             .map(|(&id, _)| id)
             .partition(|id| is_kept(&added[id].content));
         let table = DecodeTable::build(&tokenizer, &kept_specials);
+        // Markers are added tokens, which a raw prompt's text matches
+        // literally, so the prompt they are written into encodes to them.
+        let fim = FimMarkers::detect(|t| added.values().any(|a| a.content == t));
         let mut specials: Vec<String> = added
             .into_values()
             .filter(|t| t.special && !t.content.is_empty())
@@ -108,6 +114,7 @@ impl HfCodec {
             skipped_specials,
             plain: OnceLock::new(),
             grammar: Err("structured output is not enabled for this model".into()),
+            fim,
         }
     }
 
@@ -177,6 +184,10 @@ impl TextCodec for HfCodec {
 
     fn max_token_bytes(&self) -> Option<usize> {
         self.max_token_bytes
+    }
+
+    fn fim_markers(&self) -> Option<FimMarkers> {
+        self.fim.clone()
     }
 
     fn tool_format(&self) -> ToolFormat {

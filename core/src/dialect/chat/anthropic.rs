@@ -91,6 +91,7 @@ pub(super) fn decode(
         // The closing `message_delta` carries the usage.
         include_usage: stream,
         echo: false,
+        suffix: None,
         format,
         format_field: "output_config.format",
         tools: prompt.tools,

@@ -103,6 +103,10 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// Completions' `echo`: the prompt before the text.
     pub echo: bool,
+    /// Completions' `suffix`: each prompt is the text before a gap and
+    /// this the text after it, and the model writes what goes between
+    /// (fill in the middle, [`crate::fim`]); `None` when absent or empty.
+    pub suffix: Option<String>,
     /// `response_format` (or vLLM's fields, [`crate::dialect::guided`]):
     /// the grammar every choice's text must follow (`None` for free text).
     pub format: Option<Grammar>,
@@ -297,6 +301,29 @@ pub fn decode(
         && f.bool("echo")
             .map_err(BadRequest::invalid)?
             .unwrap_or(false);
+    let suffix = match route {
+        Route::Completions => f
+            .str("suffix")
+            .map_err(BadRequest::invalid)?
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        Route::Chat | Route::Messages => None,
+    };
+    if suffix.is_some() {
+        if echo {
+            return Err(BadRequest::field(
+                "suffix",
+                "`suffix` cannot be combined with `echo`",
+            ));
+        }
+        let any_ids = matches!(&input, Input::Prompts(p) if p.iter().any(|p| matches!(p, PromptInput::Ids(_))));
+        if any_ids {
+            return Err(BadRequest::field(
+                "suffix",
+                "`suffix` needs text prompts, which the server writes around the markers; a prompt of token ids cannot take one",
+            ));
+        }
+    }
     let format = match f.obj("response_format").map_err(BadRequest::invalid)? {
         Some(rf) => openai::output_format(rf, "response_format.", FormatShape::Nested)
             .map_err(BadRequest::invalid)?,
@@ -349,6 +376,7 @@ pub fn decode(
         stream,
         include_usage,
         echo,
+        suffix,
         format,
         format_field,
         tools,
@@ -1135,6 +1163,30 @@ mod tests {
         )
         .expect_err("a call to continue");
         assert_eq!(e.param.as_deref(), Some("continue_final_message"));
+    }
+
+    #[test]
+    fn a_completions_suffix_needs_text_prompts_and_no_echo() {
+        let completions = |v: Value| decode(Route::Completions, &body(v), 64, 512, 1000);
+        let r = completions(json!({"model": "m", "prompt": ["a", "b"], "suffix": "z"}))
+            .expect("decodes");
+        assert_eq!(r.suffix.as_deref(), Some("z"));
+        let r = completions(json!({"model": "m", "prompt": "a", "suffix": ""})).expect("decodes");
+        assert_eq!(r.suffix, None, "an empty suffix is none");
+        for bad in [
+            json!({"model": "m", "prompt": "a", "suffix": "z", "echo": true}),
+            json!({"model": "m", "prompt": [[1, 2]], "suffix": "z"}),
+            json!({"model": "m", "prompt": ["a", [1, 2]], "suffix": "z"}),
+        ] {
+            let e = completions(bad.clone()).expect_err("refused");
+            assert_eq!(e.param.as_deref(), Some("suffix"), "{bad}");
+        }
+        let r = chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                            "suffix": "z"}),
+        )
+        .expect("chat ignores it");
+        assert_eq!(r.suffix, None);
     }
 
     #[test]

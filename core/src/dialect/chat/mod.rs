@@ -320,7 +320,7 @@ impl ChatConn {
             }
             Input::Prompts(list) => {
                 for p in list.iter_mut() {
-                    match start_prompt(cx, p, max_tokens) {
+                    match start_prompt(cx, p, req.suffix.as_deref(), max_tokens) {
                         Ok(state) => prompts.push(state),
                         Err(e) => {
                             // Prompts handed to the tokenizer come back to
@@ -924,11 +924,13 @@ fn echoed_logprobs(prompt: &Value, answer: Value) -> Value {
 }
 
 /// Readies one Completions prompt: text goes to the tokenizer (refused at
-/// once when its length alone cannot fit); ids, taken as they are, must fit
-/// beside `max_tokens`, and the content filter reads their text.
+/// once when its length alone cannot fit), with `suffix` written into the
+/// model's fill-in-the-middle prompt around it; ids, taken as they are,
+/// must fit beside `max_tokens`, and the content filter reads their text.
 fn start_prompt(
     cx: &mut Cx<'_>,
     prompt: &mut PromptInput,
+    suffix: Option<&str>,
     max_tokens: u32,
 ) -> Result<PromptState, BadRequest> {
     let refused = |e: StartError| {
@@ -942,9 +944,17 @@ fn start_prompt(
     };
     match prompt {
         PromptInput::Text(text) => {
-            let job = cx
-                .encode_prompt(text.clone(), max_tokens)
-                .map_err(refused)?;
+            let full = match suffix {
+                None => text.clone(),
+                Some(suffix) => match cx.codec().fim_markers() {
+                    Some(fim) => fim.prompt(text, suffix),
+                    None => return Err(BadRequest::field(
+                        "suffix",
+                        "this model has no fill-in-the-middle tokens, so it cannot take a `suffix`",
+                    )),
+                },
+            };
+            let job = cx.encode_prompt(full, max_tokens).map_err(refused)?;
             Ok(PromptState {
                 text: std::mem::take(text),
                 tokenizing: Some(job),
