@@ -50,7 +50,7 @@ impl DialectConn for Probe {
                     constraint: None,
                     embed: None,
                     prompt_logprobs: None,
-                    admitted: false,
+                    part: Default::default(),
                 };
                 self.gen = cx.start(req).ok();
                 Self::say(cx, "started".into());
@@ -66,7 +66,7 @@ impl DialectConn for Probe {
                     constraint: None,
                     embed: None,
                     prompt_logprobs: None,
-                    admitted: false,
+                    part: Default::default(),
                 };
                 match cx.start(req) {
                     Ok(_) => Self::say(cx, "started".into()),

@@ -69,6 +69,25 @@ fn a_chat_request_with_several_choices_counts_once_and_is_computed_whole() {
 }
 
 #[test]
+fn choices_of_one_prompt_are_charged_the_prompt_once_as_the_usage_counts_it() {
+    // Three choices of a 3-token prompt, 3 tokens each: the usage's 12
+    // tokens. A bucket of 13 keeps one token for the next request; one of
+    // 12 keeps none.
+    for (tokens_per_minute, next_admitted) in [(13, true), (12, false)] {
+        let mut h = harness(None, Some(tokens_per_minute));
+        let r = call(&mut h, 1, "chat", chat(3));
+        assert!(answered(&r), "{r}");
+        assert_eq!(r["data"]["usage"]["total_tokens"], 12, "{r}");
+        let next = call(&mut h, 2, "chat", chat(1));
+        assert_eq!(
+            answered(&next),
+            next_admitted,
+            "{tokens_per_minute}: {next}"
+        );
+    }
+}
+
+#[test]
 fn a_completions_prompt_list_with_choices_counts_once() {
     let mut h = harness(Some(2), None);
     let body = json!({"model": "tiny", "max_tokens": 2, "n": 2,

@@ -198,12 +198,26 @@ impl ChatTemplate {
                 tool_call_id: m.tool_call_id.as_deref().map(|id| self.call_id(id)),
             })
             .collect();
-        let prefill = ChatMessage::ends_in_prefill(&messages);
         let mut msgs = msgs;
+        let mut prefill = ChatMessage::ends_in_prefill(&messages);
+        let start = messages.last().map_or("", |m| m.content.as_str());
+        if prefill && start.is_empty() {
+            // An empty prefill starts nothing: the answer starts where the
+            // generation prompt has it start.
+            msgs.pop();
+            prefill = false;
+        }
+        if prefill && start.contains(PREFILL_END) {
+            return Err(format!(
+                "the final assistant message holds U+{:04X}, a private-use character the \
+                 server reserves to mark where it ends; remove it",
+                PREFILL_END as u32
+            ));
+        }
         let marked;
         if prefill {
             if let Some(last) = msgs.last_mut() {
-                marked = format!("{}{PREFILL_END}", last.content);
+                marked = format!("{start}{PREFILL_END}");
                 last.content = &marked;
             }
         }
@@ -228,10 +242,12 @@ impl ChatTemplate {
         }
         // The prompt ends where the prefill does: the end of its turn is
         // cut, so the model writes on. Found by a mark, not by searching
-        // for the text, which the markup after it may contain too.
+        // for the text, which the markup after it may contain too; and the
+        // text must end there, so that a mark typed elsewhere cannot move
+        // the cut.
         let mut marks = text.match_indices(PREFILL_END);
         match (marks.next(), marks.next()) {
-            (Some((at, _)), None) => Ok(text[..at].to_string()),
+            (Some((at, _)), None) if text[..at].ends_with(start) => Ok(text[..at].to_string()),
             _ => Err(
                 "the chat template does not write the final assistant message as given, \
                  so it cannot be continued"
@@ -567,10 +583,12 @@ impl serde_json::ser::Formatter for PythonJson {
     }
 }
 
-/// Jinja's `iterable` test: `none` and undefined are not iterable, as in
-/// Python (minijinja iterates them as empty and says they are). Qwen3-Coder's
-/// and Nemotron's templates guard `tools | length` with it, and fail
-/// without tools otherwise.
+/// Jinja's `iterable` test for `none` as Python has it: not iterable
+/// (minijinja iterates it as empty and says it is). Qwen3-Coder's and
+/// Nemotron's templates guard `tools | length` with it, and fail without
+/// tools otherwise. Undefined is not iterable here either: the templates
+/// test `is defined` first, and Jinja's lenient undefined would only
+/// iterate as empty.
 fn is_iterable(v: &minijinja::Value) -> bool {
     use minijinja::value::ValueKind;
     match v.kind() {

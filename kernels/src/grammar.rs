@@ -18,6 +18,30 @@ use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 use tokenwire_core::{Grammar, TokenConstraint, TokenId, TokenMask};
 
+/// `text` as a Lark string literal that matches exactly it. llguidance
+/// reads a literal's inside as a JSON string, but its lexer takes only
+/// printable ASCII raw: every other character is written as `\uXXXX`
+/// (UTF-16 units, surrogate pairs past the BMP).
+fn lark_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            ' '..='~' => out.push(c),
+            _ => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// Compiles grammars for one model's vocabulary.
 pub struct GrammarEngine {
     factory: Arc<ParserFactory>,
@@ -100,13 +124,8 @@ impl GrammarEngine {
             }
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
             Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            // Lark's string literals are JSON strings, so any choice's text
-            // is written exactly.
             Grammar::Choice(choices) => {
-                let alternatives: Vec<String> = choices
-                    .iter()
-                    .map(|c| Value::String(c.clone()).to_string())
-                    .collect();
+                let alternatives: Vec<String> = choices.iter().map(|c| lark_literal(c)).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
             }
         };

@@ -786,8 +786,20 @@ fn a_prefill_leaves_the_assistant_turn_open_at_its_text() {
     let drops =
         "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}";
     let t = ChatTemplate::new(drops, "", "").expect("compiles");
-    let e = t.render(&with_prefill(user, "Yes")).expect_err("refused");
+    let e = t
+        .render(&with_prefill(user.clone(), "Yes"))
+        .expect_err("refused");
     assert!(e.contains("cannot be continued"), "{e}");
+    // Nor can a mark typed in an earlier message move the cut there.
+    let typed = vec![ChatMessage::new(Role::User, "Hi\u{E002} there")];
+    let e = t.render(&with_prefill(typed, "Yes")).expect_err("refused");
+    assert!(e.contains("cannot be continued"), "{e}");
+    // The mark in the prefill itself is refused by name.
+    let t = ChatTemplate::new(CHATML, "", "<|im_end|>").expect("compiles");
+    let e = t
+        .render(&with_prefill(user, "a\u{E002}b"))
+        .expect_err("refused");
+    assert!(e.contains("U+E002"), "{e}");
 }
 
 #[test]

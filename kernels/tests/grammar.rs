@@ -337,6 +337,22 @@ fn random_walks_pick_exactly_one_choice() {
 }
 
 #[test]
+fn any_character_a_choice_holds_is_written_exactly() {
+    let (codec, vocab, eos) = stories_codec();
+    // DEL, a tab, a C1 control and a character past the BMP.
+    let choices = ["a\u{7f}b", "tab\there", "c\u{85}", "emoji 😀"];
+    let grammar = Grammar::Choice(choices.iter().map(|c| c.to_string()).collect());
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..60 {
+        let (text, ended) = walk(&codec, vocab, &eos, &grammar, seed, 40);
+        assert!(ended, "seed {seed}: no end: {text:?}");
+        assert!(choices.contains(&text.as_str()), "seed {seed}: {text:?}");
+        seen.insert(text);
+    }
+    assert!(seen.len() >= 2, "{seen:?}");
+}
+
+#[test]
 fn a_client_s_lark_grammar_is_followed() {
     let (codec, vocab, eos) = stories_codec();
     let lark = r#"start: greeting " " name "!"

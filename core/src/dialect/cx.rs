@@ -333,8 +333,10 @@ impl<'a> Cx<'a> {
     /// `cai`, which admits its requests itself), or an address under
     /// anonymous limits, it is one request of the key's organisation (or the
     /// address), refused when its rate limit is reached, unless
-    /// [`GenRequest::admitted`] says it is part of a request already
-    /// admitted; its prompt and generated tokens are charged either way.
+    /// [`GenRequest::part`] says it is part of a request already admitted;
+    /// its generated tokens are charged either way, and its prompt unless
+    /// another choice of the same prompt was charged for it
+    /// ([`crate::gen::RequestPart::SamePrompt`]).
     pub fn start(&mut self, req: GenRequest) -> Result<SeqId, StartError> {
         let (now, conn, dialect) = (self.now, self.conn, self.dialect);
         self.port.start(now, conn, dialect, self.principal, req)

@@ -27,7 +27,7 @@ pub mod responses;
 pub mod session;
 pub mod state;
 
-pub use crate::gen::{Failure, FailureKind, GenRequest, StartError};
+pub use crate::gen::{Failure, FailureKind, GenRequest, RequestPart, StartError};
 pub use cx::{Cx, HostPort};
 pub use registry::machine_for;
 

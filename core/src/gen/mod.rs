@@ -20,7 +20,7 @@ use crate::time::Instant;
 
 use detok::IncrementalDecoder;
 pub use hold::{HoldReason, Holds};
-pub use request::{Failure, FailureKind, GenRequest, KeptKv, StartError};
+pub use request::{Failure, FailureKind, GenRequest, KeptKv, RequestPart, StartError};
 use stop::StopMatcher;
 
 /// Why a generation ended normally.

@@ -171,14 +171,29 @@ pub struct GenRequest {
     /// The prompt is then computed from position 0 (no prefix cache, and
     /// `reuse_kv` is dropped). Ignored with `embed`. `None`: no scoring.
     pub prompt_logprobs: Option<u8>,
-    /// Part of a client request already admitted by an earlier start
-    /// (another choice, prompt or input of one Chat Completions, Completions
-    /// or embeddings request): it is not counted again against the
-    /// requests-per-minute limit and is never refused by a rate limit, so a
-    /// request the limits admitted is computed whole. Its prompt and
-    /// generated tokens are charged as any generation's. `false` for a
-    /// request's first (or only) generation.
-    pub admitted: bool,
+    /// Which part of its client's request it is, for the rate limits.
+    pub part: RequestPart,
+}
+
+/// Which part of a client request a generation computes, for the rate
+/// limits: a request counts once however many generations compute it, and
+/// once admitted is computed whole ([`crate::dialect::Cx::start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RequestPart {
+    /// The request's first (or only) generation: admitted under the
+    /// requests-per-minute limit (or refused), its prompt and generated
+    /// tokens charged.
+    #[default]
+    First,
+    /// A later generation of an admitted request with a prompt of its own
+    /// (another Completions prompt, another embedding input): never
+    /// refused by a limit; its prompt and generated tokens charged.
+    NewPrompt,
+    /// Another choice of a prompt a generation of the same request already
+    /// computes (Chat Completions' `n`): never refused by a limit, and only
+    /// its generated tokens charged, as the prompt was (the usage counts it
+    /// once).
+    SamePrompt,
 }
 
 /// A finished generation's KV blocks kept by the Host for a continuation

@@ -12,8 +12,8 @@ use crate::dialect::{registry, HostPort};
 use crate::engine::{ModelInfo, SeqId, SeqResult, TokenId};
 use crate::filter::{FilterAction, FilterGuard};
 use crate::gen::{
-    FinishReason, GenRequest, GenState, Generation, HoldReason, Holds, KeptKv, StartError,
-    TokenPiece,
+    FinishReason, GenRequest, GenState, Generation, HoldReason, Holds, KeptKv, RequestPart,
+    StartError, TokenPiece,
 };
 use crate::keys::OrgLimits;
 use crate::params::GenParams;
@@ -648,13 +648,16 @@ impl HostPort for Shared {
                 .filter(|_| self.config.anon_limits != OrgLimits::default())
                 .map(|addr| (format!("address {addr}"), self.config.anon_limits)),
         };
-        if let Some((payer, limits)) = payer.as_ref().filter(|_| !req.admitted) {
+        if let Some((payer, limits)) = payer.as_ref().filter(|_| req.part == RequestPart::First) {
             if let Err(wait) = self.dialects.limits.admit(now, payer, *limits) {
                 let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
                 return Err(StartError::RateLimited { retry_after_ms });
             }
         }
-        if let Some((payer, limits)) = &payer {
+        if let Some((payer, limits)) = payer
+            .as_ref()
+            .filter(|_| req.part != RequestPart::SamePrompt)
+        {
             self.dialects
                 .limits
                 .charge_tokens(now, payer, *limits, u64::from(prompt_tokens));

@@ -504,7 +504,13 @@ impl HfCodec {
             .iter()
             .enumerate()
             .map(|(i, m)| ChatMessage {
-                content: marker(i),
+                // An empty content stays empty: a template may treat it
+                // apart (a turn that only called tools; an empty prefill).
+                content: if m.content.is_empty() {
+                    String::new()
+                } else {
+                    marker(i)
+                },
                 ..m.clone()
             })
             .collect();

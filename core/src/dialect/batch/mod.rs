@@ -34,7 +34,7 @@ use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId};
 use crate::gen::beam::{BeamConfig, BeamSearch, EarlyStopping};
-use crate::gen::{Failure, FinishReason, GenRequest, KeptKv, StartError, TokenPiece};
+use crate::gen::{Failure, FinishReason, GenRequest, KeptKv, RequestPart, StartError, TokenPiece};
 use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
 use crate::principal::Principal;
@@ -541,7 +541,7 @@ impl BatchConn {
                 constraint: self.jobs[ji].constraint.clone(),
                 embed: None,
                 prompt_logprobs: None,
-                admitted: false,
+                part: RequestPart::First,
             };
             match cx.start(req) {
                 Ok(seq) => {

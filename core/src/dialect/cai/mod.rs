@@ -27,7 +27,9 @@ use self::flow::{Outbox, Release};
 use self::state::CaiState;
 use super::{Cx, DialectConn, Refusal};
 use crate::engine::SeqId;
-use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, StartError, TokenPiece};
+use crate::gen::{
+    Failure, FailureKind, FinishReason, GenRequest, RequestPart, StartError, TokenPiece,
+};
 use crate::json::Fields;
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId, CONTEXT_TOO_LONG};
@@ -342,7 +344,7 @@ impl CaiConn {
             constraint: None,
             embed: None,
             prompt_logprobs: None,
-            admitted: false,
+            part: RequestPart::First,
         };
         match cx.start(req) {
             Ok(seq) => {

@@ -63,22 +63,14 @@ pub(super) fn decode(
             "a forced tool call cannot be combined with `output_config.format`; use one or the other",
         ));
     }
-    if ChatMessage::ends_in_prefill(&prompt.messages) {
-        // As Anthropic's API: a prefill starts the answer, which a format
-        // or a thinking block would have to start instead.
+    if format.is_some() && ChatMessage::ends_in_prefill(&prompt.messages) {
+        // As Anthropic's API: a prefill starts the answer, which the
+        // format's grammar would have to start instead.
         let last = format!("messages[{}]", super::codec::message_items(&f)?.len() - 1);
-        let clash = if format.is_some() {
-            Some("a final `assistant` message (a prefill) cannot be combined with `output_config.format`")
-        } else if matches!(prompt.thinking, Thinking::Enabled { .. }) {
-            Some(
-                "a final `assistant` message (a prefill) cannot be combined with extended thinking",
-            )
-        } else {
-            None
-        };
-        if let Some(message) = clash {
-            return Err(BadRequest::field(&last, message));
-        }
+        return Err(BadRequest::field(
+            &last,
+            "a final `assistant` message (a prefill) cannot be combined with `output_config.format`",
+        ));
     }
     Ok(ChatRequest {
         route: Route::Messages,
@@ -138,11 +130,29 @@ impl Prompt {
 /// `tools`, `tool_choice` and `thinking`, rendered alike by both routes so
 /// that the count is the prompt's.
 pub(super) fn prompt(f: &Fields<'_>) -> Result<Prompt, BadRequest> {
-    Ok(Prompt {
+    let p = Prompt {
         messages: conversation(f)?,
         tools: tools(f)?,
         thinking: thinking(f)?,
-    })
+    };
+    if ChatMessage::ends_in_prefill(&p.messages) {
+        // As Anthropic's API: a prefill starts the answer, which a
+        // thinking block or a forced call would have to start instead.
+        let last = format!("messages[{}]", super::codec::message_items(f)?.len() - 1);
+        let clash = if matches!(p.thinking, Thinking::Enabled { .. }) {
+            Some(
+                "a final `assistant` message (a prefill) cannot be combined with extended thinking",
+            )
+        } else if p.tools.forced() {
+            Some("a final `assistant` message (a prefill) cannot be combined with a forced `tool_choice`")
+        } else {
+            None
+        };
+        if let Some(message) = clash {
+            return Err(BadRequest::field(&last, message));
+        }
+    }
+    Ok(p)
 }
 
 /// `system` and `messages` as the chat template's roles. Consecutive user
@@ -170,13 +180,7 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
             .ok_or_else(|| BadRequest::field(&format!("{name}.content"), "is required"))?;
         match mf.req_str("role").map_err(BadRequest::invalid)? {
             "user" => user_turn(&format!("{name}.content"), content, &mut out)?,
-            "assistant" => {
-                let mut turn = assistant_turn(&format!("{name}.content"), content)?;
-                if i + 1 == items.len() {
-                    prefill(&name, &mut turn)?;
-                }
-                out.push(turn);
-            }
+            "assistant" => out.push(assistant_turn(&format!("{name}.content"), content)?),
             other => {
                 return Err(BadRequest::field(
                     &format!("{name}.role"),
@@ -185,7 +189,13 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
             }
         }
     }
-    Ok(merge_turns(out))
+    let mut turns = merge_turns(out);
+    // A last assistant message, merged with those before it as one turn,
+    // is a prefill.
+    if let Some(last) = turns.last_mut().filter(|m| m.role == Role::Assistant) {
+        prefill(&format!("messages[{}]", items.len() - 1), last)?;
+    }
+    Ok(turns)
 }
 
 /// A last `assistant` message is a prefill: the start of the answer, which
@@ -195,7 +205,7 @@ fn prefill(field: &str, turn: &mut ChatMessage) -> Result<(), BadRequest> {
     if !turn.tool_calls.is_empty() {
         return Err(BadRequest::field(
             field,
-            "a final `assistant` message with `tool_use` cannot be continued: send its `tool_result` in a `user` message",
+            "a final `assistant` turn with `tool_use` cannot be continued: send its `tool_result` in a `user` message",
         ));
     }
     if turn.content.ends_with(char::is_whitespace) {
@@ -843,6 +853,21 @@ mod tests {
                 json!({"model": "m", "max_tokens": 5, "messages": [
                     {"role": "user", "content": "x"}, {"role": "assistant", "content": "Hm"}],
                     "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+                "messages[1]",
+            ),
+            (
+                // A call earlier in the merged last turn is refused too.
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
+                    {"role": "assistant", "content": "and"}]}),
+                "messages[2]",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": "x"}, {"role": "assistant", "content": "Hm"}],
+                    "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                    "tool_choice": {"type": "any"}}),
                 "messages[1]",
             ),
             (

@@ -348,7 +348,15 @@ pub fn decode(
     if tools.forced() && format.is_some() {
         return Err(BadRequest::field(
             "tool_choice",
-            "a forced tool call cannot be combined with a `response_format`; use one or the other",
+            format!(
+                "a forced tool call cannot be combined with `{format_field}`; use one or the other"
+            ),
+        ));
+    }
+    if tools.forced() && matches!(&input, Input::Messages(m) if ChatMessage::ends_in_prefill(m)) {
+        return Err(BadRequest::field(
+            "tool_choice",
+            "a forced tool call cannot be combined with `continue_final_message`: the call would have to start the answer the final message starts",
         ));
     }
     let template_kwargs = match route {
@@ -1163,6 +1171,13 @@ mod tests {
         )
         .expect_err("a call to continue");
         assert_eq!(e.param.as_deref(), Some("continue_final_message"));
+        let e = chat(
+            json!({"model": "m", "messages": msgs, "continue_final_message": true,
+                            "tools": [{"type": "function", "function": {"name": "f"}}],
+                            "tool_choice": "required"}),
+        )
+        .expect_err("a forced call cannot start a continued answer");
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 
 use super::codec::BadRequest;
 use crate::engine::{Pooling, SeqId, TokenId};
-use crate::gen::{GenRequest, StartError};
+use crate::gen::{GenRequest, RequestPart, StartError};
 use crate::json::{type_name, Fields};
 use crate::params::GenParams;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
@@ -351,7 +351,11 @@ impl Embedding {
                 constraint: None,
                 embed: Some(self.pooling),
                 prompt_logprobs: None,
-                admitted: i > 0,
+                part: if i == 0 {
+                    RequestPart::First
+                } else {
+                    RequestPart::NewPrompt
+                },
             });
             match start {
                 Ok(seq) => self.seqs[i] = Some(seq),

@@ -52,7 +52,9 @@ use self::codec::{error_body, BadRequest, ChatRequest, Input, PromptInput, Route
 use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenId, TokenLogprobs};
-use crate::gen::{Failure, FailureKind, FinishReason, GenRequest, StartError, TokenPiece};
+use crate::gen::{
+    Failure, FailureKind, FinishReason, GenRequest, RequestPart, StartError, TokenPiece,
+};
 use crate::reasoning::{ReasoningSplitter, PROMPT_TAIL_TOKENS};
 use crate::reasoning_gate::ReasoningPlan;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
@@ -568,7 +570,13 @@ impl ChatConn {
             // Seeded choices differ from each other and repeat run to run
             // (a prompt's in a batch as alone).
             params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
-            let admitted = r.choices.iter().any(|c| c.seq.is_some());
+            let part = if !r.choices.iter().any(|c| c.seq.is_some()) {
+                RequestPart::First
+            } else if j == 0 {
+                RequestPart::NewPrompt
+            } else {
+                RequestPart::SamePrompt
+            };
             let start = cx.start(GenRequest {
                 prompt_ids: prompt.ids.clone(),
                 params,
@@ -580,7 +588,7 @@ impl ChatConn {
                 // A prompt's first choice scores the echoed prompt for all
                 // of its choices.
                 prompt_logprobs: r.req.logprobs.filter(|_| r.req.echo && j == 0),
-                admitted,
+                part,
             });
             match start {
                 Ok(seq) => {

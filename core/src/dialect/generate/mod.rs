@@ -18,6 +18,7 @@ use super::{openai, Cx, DialectConn, Failure, FailureKind, GenRequest, StartErro
 use crate::api::FeedbackRecord;
 use crate::constraint::Constraint;
 use crate::engine::{SeqId, TokenLogprobs};
+use crate::gen::RequestPart;
 use crate::gen::{FinishReason, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
 use crate::rate::TokenBucket;
@@ -176,7 +177,7 @@ impl GenerateConn {
             constraint: config.constraint.clone(),
             embed: None,
             prompt_logprobs: None,
-            admitted: false,
+            part: RequestPart::First,
         };
         let id = match cx.start(req) {
             Ok(id) => id,

@@ -31,7 +31,7 @@ use super::{openai, Cx, DialectConn, Refusal};
 use crate::api::{Dialect, Transport};
 use crate::constraint::Constraint;
 use crate::engine::SeqId;
-use crate::gen::{Failure, FinishReason, GenRequest, TokenPiece};
+use crate::gen::{Failure, FinishReason, GenRequest, RequestPart, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
 use crate::reasoning::ReasoningSplitter;
@@ -377,7 +377,7 @@ impl ResponsesConn {
             constraint: draft.constraint.clone(),
             embed: None,
             prompt_logprobs: None,
-            admitted: false,
+            part: RequestPart::First,
         };
         let seq = match cx.start(req) {
             Ok(seq) => seq,

@@ -29,7 +29,7 @@ use self::state::SessionState;
 use super::{Cx, DialectConn};
 use crate::api::{JobCheckId, JobGrant, Transport};
 use crate::engine::SeqId;
-use crate::gen::{Failure, FailureKind, GenRequest, StartError, TokenPiece};
+use crate::gen::{Failure, FailureKind, GenRequest, RequestPart, StartError, TokenPiece};
 use crate::params::{self, GenParams, ParamNames};
 use crate::text::{ChatMessage, Encoded, Role, TextJobId, CONTEXT_TOO_LONG};
 
@@ -538,7 +538,7 @@ impl SessionConn {
             constraint: None,
             embed: None,
             prompt_logprobs: None,
-            admitted: false,
+            part: RequestPart::First,
         };
         match cx.start(req) {
             Ok(seq) => {
