@@ -207,10 +207,19 @@ impl ChatTemplate {
             msgs.pop();
             prefill = false;
         }
-        if prefill && start.contains(PREFILL_END) {
+        // The mark must be the server's alone, wherever the template might
+        // write a client's text.
+        let typed = |s: &str| s.contains(PREFILL_END);
+        if prefill
+            && (messages
+                .iter()
+                .any(|m| typed(&m.content) || m.tool_calls.iter().any(|c| typed(&c.arguments)))
+                || typed(&serde_json::to_string(kwargs).unwrap_or_default())
+                || tools.iter().any(|t| typed(&t.to_json().to_string())))
+        {
             return Err(format!(
-                "the final assistant message holds U+{:04X}, a private-use character the \
-                 server reserves to mark where it ends; remove it",
+                "the conversation holds U+{:04X}, a private-use character the server \
+                 reserves to mark where a continued message ends; remove it",
                 PREFILL_END as u32
             ));
         }
@@ -242,12 +251,11 @@ impl ChatTemplate {
         }
         // The prompt ends where the prefill does: the end of its turn is
         // cut, so the model writes on. Found by a mark, not by searching
-        // for the text, which the markup after it may contain too; and the
-        // text must end there, so that a mark typed elsewhere cannot move
-        // the cut.
+        // for the text, which the markup after it may contain too (and
+        // which a template may rewrite: Llama 3's trim it).
         let mut marks = text.match_indices(PREFILL_END);
         match (marks.next(), marks.next()) {
-            (Some((at, _)), None) if text[..at].ends_with(start) => Ok(text[..at].to_string()),
+            (Some((at, _)), None) => Ok(text[..at].to_string()),
             _ => Err(
                 "the chat template does not write the final assistant message as given, \
                  so it cannot be continued"

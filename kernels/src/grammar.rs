@@ -19,9 +19,10 @@ use tokenizers::Tokenizer;
 use tokenwire_core::{Grammar, TokenConstraint, TokenId, TokenMask};
 
 /// `text` as a Lark string literal that matches exactly it. llguidance
-/// reads a literal's inside as a JSON string, but its lexer takes only
-/// printable ASCII raw: every other character is written as `\uXXXX`
-/// (UTF-16 units, surrogate pairs past the BMP).
+/// reads a literal's inside as a JSON string, and its lexer refuses control
+/// characters and DEL raw (which JSON does not escape); every character
+/// outside printable ASCII is written as `\uXXXX` (UTF-16 units, surrogate
+/// pairs past the BMP), which covers them.
 fn lark_literal(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');

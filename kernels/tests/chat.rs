@@ -793,7 +793,20 @@ fn a_prefill_leaves_the_assistant_turn_open_at_its_text() {
     // Nor can a mark typed in an earlier message move the cut there.
     let typed = vec![ChatMessage::new(Role::User, "Hi\u{E002} there")];
     let e = t.render(&with_prefill(typed, "Yes")).expect_err("refused");
-    assert!(e.contains("cannot be continued"), "{e}");
+    assert!(e.contains("U+E002"), "{e}");
+    // A template that rewrites the text (Llama 3's trim) is still cut
+    // where the message ends.
+    let t = ChatTemplate::new(LLAMA3, "<s>", "").expect("compiles");
+    let text = t
+        .render(&with_prefill(
+            vec![ChatMessage::new(Role::User, "Hi")],
+            "  Sure,",
+        ))
+        .expect("renders");
+    assert!(
+        text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\nSure,"),
+        "{text:?}"
+    );
     // The mark in the prefill itself is refused by name.
     let t = ChatTemplate::new(CHATML, "", "<|im_end|>").expect("compiles");
     let e = t

@@ -165,6 +165,7 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
         out.push(ChatMessage::new(Role::System, text));
     }
     let items = super::codec::message_items(f)?;
+    let mut last_is_assistant = false;
     for (i, item) in items.iter().enumerate() {
         let name = format!("messages[{i}]");
         let Value::Object(m) = item else {
@@ -179,8 +180,14 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
             .get("content")
             .ok_or_else(|| BadRequest::field(&format!("{name}.content"), "is required"))?;
         match mf.req_str("role").map_err(BadRequest::invalid)? {
-            "user" => user_turn(&format!("{name}.content"), content, &mut out)?,
-            "assistant" => out.push(assistant_turn(&format!("{name}.content"), content)?),
+            "user" => {
+                user_turn(&format!("{name}.content"), content, &mut out)?;
+                last_is_assistant = false;
+            }
+            "assistant" => {
+                out.push(assistant_turn(&format!("{name}.content"), content)?);
+                last_is_assistant = true;
+            }
             other => {
                 return Err(BadRequest::field(
                     &format!("{name}.role"),
@@ -191,8 +198,12 @@ fn conversation(f: &Fields<'_>) -> Result<Vec<ChatMessage>, BadRequest> {
     }
     let mut turns = merge_turns(out);
     // A last assistant message, merged with those before it as one turn,
-    // is a prefill.
-    if let Some(last) = turns.last_mut().filter(|m| m.role == Role::Assistant) {
+    // is a prefill (and only the client's last message: a last user
+    // message with no blocks adds no turn, but answers nothing either).
+    if let Some(last) = turns
+        .last_mut()
+        .filter(|m| last_is_assistant && m.role == Role::Assistant)
+    {
         prefill(&format!("messages[{}]", items.len() - 1), last)?;
     }
     Ok(turns)
@@ -654,6 +665,17 @@ mod tests {
         assert!(!m[1].prefill, "an earlier assistant turn is finished");
         assert_eq!(m[3].content, "Sure\n\nthing: {");
         assert!(m[3].prefill && ChatMessage::ends_in_prefill(&m));
+        // A last user message with no blocks adds no turn, and makes no
+        // prefill of the assistant's before it.
+        let r = decode_body(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "Hi"},
+            {"role": "user", "content": []}]}))
+        .expect("decodes");
+        let Input::Messages(m) = r.input else {
+            panic!("messages")
+        };
+        assert!(!ChatMessage::ends_in_prefill(&m), "{m:?}");
     }
 
     #[test]
