@@ -64,6 +64,20 @@ fn templates_dir() -> Option<PathBuf> {
     None
 }
 
+/// The collection's templates in name order (at least 60 of them), or
+/// `None` as [`templates_dir`] says.
+fn template_paths() -> Option<Vec<PathBuf>> {
+    let dir = templates_dir()?;
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read the templates")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    paths.sort();
+    assert!(paths.len() >= 60, "{} templates", paths.len());
+    Some(paths)
+}
+
 /// A user asks, the model calls, the tool answers, the model answers, the
 /// user asks again: the shape every tool-using template takes.
 fn conversation() -> Vec<ChatMessage> {
@@ -97,16 +111,9 @@ fn weather() -> ToolDef {
 
 #[test]
 fn real_templates_render_a_tool_conversation() {
-    let Some(dir) = templates_dir() else {
+    let Some(paths) = template_paths() else {
         return;
     };
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("read the templates")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 60, "{} templates", paths.len());
     let mut rendered = 0;
     for path in &paths {
         let name = path.file_name().expect("a name").to_string_lossy();
@@ -219,15 +226,9 @@ const NO_PREFILL: &[(&str, &str)] = &[
 /// left open, everything before it as the template renders it.
 #[test]
 fn real_templates_continue_a_final_assistant_message() {
-    let Some(dir) = templates_dir() else {
+    let Some(paths) = template_paths() else {
         return;
     };
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("read the templates")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
-        .collect();
-    paths.sort();
     let mut continued = 0;
     for path in &paths {
         let name = path.file_name().expect("a name").to_string_lossy();
