@@ -20,9 +20,10 @@ const ARCHITECTURES: &[&str] = &[
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
 ];
 /// `model_type` values of those architectures.
-const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "phi3"];
 
 /// The shape and hyper-parameters of a llama-family decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +58,10 @@ pub struct ModelConfig {
     /// weights, the model's epsilon) before RoPE: Qwen3's `q_norm` and
     /// `k_norm`.
     pub qk_norm: bool,
+    /// The checkpoint stores q|k|v as one matrix and gate|up as another
+    /// (Phi-3's `qkv_proj` and `gate_up_proj`), split at load into the
+    /// projections the backends read.
+    pub fused_projections: bool,
     /// Beginning-of-sequence id, if the config names one.
     pub bos_token_id: Option<TokenId>,
     /// End-of-sequence ids from `config.json` (generation config overrides these).
@@ -180,7 +185,7 @@ impl ModelConfig {
     /// Validates an already-parsed `config.json`; `path` is only for error messages.
     pub fn from_json(path: &Path, v: &Value) -> Result<ModelConfig, LoadError> {
         let f = Fields::new(path, v)?;
-        let qk_norm = check_architecture(&f)?;
+        let arch = check_architecture(&f)?;
 
         let hidden_size = f.usize("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
@@ -191,34 +196,22 @@ impl ModelConfig {
             f.opt_usize("head_dim")?,
         )
         .map_err(|m| f.err(m))?;
-        let max_position_embeddings = f.usize("max_position_embeddings")?;
+        let trained_context = f.usize("max_position_embeddings")?;
         let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
-        check_limits(max_position_embeddings, rms_norm_eps).map_err(|m| f.err(m))?;
-        let (rope_theta, rope_scaling) = rope(&f)?;
-        // Mistral's sliding window (v0.1: 4,096 of a 32,768 context) limits
-        // attention to the last window's tokens, which this engine does not;
-        // a window the whole context fits in changes nothing. (Qwen's
-        // `sliding_window` is off unless `use_sliding_window`, refused
-        // above.)
-        let mistral = f.opt_str("model_type")? == Some("mistral")
-            || f.get("architectures")
-                .and_then(Value::as_array)
-                .is_some_and(|a| a.iter().any(|n| n == "MistralForCausalLM"));
-        let window = if mistral {
-            f.opt_usize("sliding_window")?
+        check_limits(trained_context, rms_norm_eps).map_err(|m| f.err(m))?;
+        let (rope_theta, rope_scaling) = rope(&f, trained_context, head_dim)?;
+        // Mistral's (v0.1: 4,096 of a 32,768 context) and Phi-3's (2,047 of
+        // 4,096 for mini-4k) sliding windows limit attention to the last
+        // window's tokens, which this engine does not compute; a context
+        // the window holds whole changes nothing, so that is the context
+        // served. (Qwen's `sliding_window` is off unless
+        // `use_sliding_window`, refused above.)
+        let window = if arch.windowed {
+            f.opt_usize("sliding_window")?.filter(|&w| w > 0)
         } else {
             None
         };
-        if let Some(window) = window {
-            if window < max_position_embeddings {
-                return Err(LoadError::Unsupported {
-                    path: path.to_path_buf(),
-                    msg: format!(
-                        "sliding_window {window} below the context of {max_position_embeddings} tokens (attention over a sliding window)"
-                    ),
-                });
-            }
-        }
+        let max_position_embeddings = window.map_or(trained_context, |w| w.min(trained_context));
 
         Ok(ModelConfig {
             hidden_size,
@@ -234,7 +227,8 @@ impl ModelConfig {
             rope_scaling,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             attention_bias: f.opt_bool("attention_bias")?.unwrap_or(false),
-            qk_norm,
+            qk_norm: arch.qk_norm,
+            fused_projections: arch.fused_projections,
             bos_token_id: f.opt_token("bos_token_id")?,
             eos_token_ids: f.token_list("eos_token_id")?.unwrap_or_default(),
             name_or_path: f.opt_str("_name_or_path")?.map(str::to_owned),
@@ -247,31 +241,61 @@ impl ModelConfig {
     }
 }
 
-/// Refuses what the engine does not compute; says whether the architecture
-/// normalises query and key heads (Qwen3).
-fn check_architecture(f: &Fields<'_>) -> Result<bool, LoadError> {
+/// What differs from a llama in the architecture a `config.json` names.
+#[derive(Debug, Clone, Copy, Default)]
+struct ArchTraits {
+    /// Qwen3's per-head q/k norms.
+    qk_norm: bool,
+    /// Phi-3's fused q|k|v and gate|up matrices.
+    fused_projections: bool,
+    /// Its `sliding_window` field is a window attention keeps to (Mistral,
+    /// Phi-3).
+    windowed: bool,
+}
+
+impl ArchTraits {
+    /// The traits of an architecture named `name` (a class name or a
+    /// `model_type`).
+    fn of(name: &str) -> ArchTraits {
+        let is = |class: &str, model_type: &str| name == class || name == model_type;
+        let phi3 = is("Phi3ForCausalLM", "phi3");
+        ArchTraits {
+            qk_norm: is("Qwen3ForCausalLM", "qwen3"),
+            fused_projections: phi3,
+            windowed: phi3 || is("MistralForCausalLM", "mistral"),
+        }
+    }
+}
+
+/// Refuses what the engine does not compute; says what differs from a
+/// llama in the architecture it names.
+fn check_architecture(f: &Fields<'_>) -> Result<ArchTraits, LoadError> {
     let unsupported = |msg: String| LoadError::Unsupported {
         path: f.path.to_path_buf(),
         msg,
     };
-    let mut qk_norm = false;
+    let mut traits = ArchTraits::default();
     if let Some(arch) = f.get("architectures") {
         let names: Vec<&str> = arch
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        if !names.iter().any(|n| ARCHITECTURES.contains(n)) {
+        let Some(known) = names.iter().find(|n| ARCHITECTURES.contains(n)) else {
             return Err(unsupported(format!(
                 "architectures {arch} (supported: {})",
                 ARCHITECTURES.join(", ")
             )));
+        };
+        traits = ArchTraits::of(known);
+        // A Mistral checkpoint may say so in `model_type` only.
+        if let Some(t) = f.opt_str("model_type")? {
+            traits.windowed |= ArchTraits::of(t).windowed;
         }
-        qk_norm = names.contains(&"Qwen3ForCausalLM");
     } else if let Some(t) = f.opt_str("model_type")? {
         if !MODEL_TYPES.contains(&t) {
             return Err(unsupported(format!("model_type `{t}`")));
         }
-        qk_norm = t == "qwen3";
+        traits = ArchTraits::of(t);
     }
     if let Some(act) = f.opt_str("hidden_act")? {
         if act != "silu" {
@@ -284,7 +308,19 @@ fn check_architecture(f: &Fields<'_>) -> Result<bool, LoadError> {
     if f.opt_bool("mlp_bias")? == Some(true) {
         return Err(unsupported("mlp_bias: true".into()));
     }
-    Ok(qk_norm)
+    // Phi-4-mini rotates only part of each head.
+    let partial = match f.get("rope_parameters") {
+        Some(p) => Fields::new(f.path, p)?.opt_f64("partial_rotary_factor")?,
+        None => None,
+    };
+    if let Some(p) = partial.or(f.opt_f64("partial_rotary_factor")?) {
+        if p != 1.0 {
+            return Err(unsupported(format!(
+                "partial_rotary_factor {p} (RoPE over part of each head)"
+            )));
+        }
+    }
+    Ok(traits)
 }
 
 /// `rope_theta` and `rope_scaling`, from the top level or from transformers 5's
@@ -346,7 +382,13 @@ pub(crate) fn check_limits(
     Ok(())
 }
 
-fn rope(f: &Fields<'_>) -> Result<(f64, RopeScaling), LoadError> {
+/// `rope_theta` and the scaling, for a model pre-trained (or stretched) to
+/// `trained_context` tokens with heads of `head_dim`.
+fn rope(
+    f: &Fields<'_>,
+    trained_context: usize,
+    head_dim: usize,
+) -> Result<(f64, RopeScaling), LoadError> {
     let nested =
         match f.get("rope_parameters") {
             Some(v) => Some(Fields::new(f.path, v).map_err(|_| {
@@ -400,14 +442,80 @@ fn rope(f: &Fields<'_>) -> Result<(f64, RopeScaling), LoadError> {
                     .positive_f64("original_max_position_embeddings")?,
             }
         }
+        "longrope" | "su" => longrope(f, &s, trained_context, head_dim)?,
         other => {
             return Err(LoadError::Unsupported {
                 path: f.path.to_path_buf(),
-                msg: format!("rope_scaling type `{other}` (supported: default, linear, llama3)"),
+                msg: format!(
+                    "rope_scaling type `{other}` (supported: default, linear, llama3, longrope)"
+                ),
             })
         }
     };
     Ok((theta, scaling))
+}
+
+/// Phi-3's LongRoPE, read as Hugging Face's `_compute_longrope_parameters`
+/// reads it: `short_factor` and `long_factor` (one per rotary pair); the
+/// pre-trained context from the top level's (Phi-3's) or the scaling's
+/// `original_max_position_embeddings`, the stretch then the context over it
+/// (else the scaling's `factor`); the scaling's `attention_factor`, else
+/// [`crate::rope::longrope_mscale`] of the stretch.
+fn longrope(
+    f: &Fields<'_>,
+    s: &Fields<'_>,
+    trained_context: usize,
+    head_dim: usize,
+) -> Result<RopeScaling, LoadError> {
+    let list = |name: &str| -> Result<std::sync::Arc<[f64]>, LoadError> {
+        let items = s
+            .get(name)
+            .and_then(Value::as_array)
+            .ok_or_else(|| f.err(format!("rope_scaling: missing array `{name}`")))?;
+        if items.len() != head_dim / 2 {
+            return Err(f.err(format!(
+                "rope_scaling: `{name}` has {} factors for {} rotary pairs",
+                items.len(),
+                head_dim / 2
+            )));
+        }
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+                _ => Err(f.err(format!(
+                    "rope_scaling: `{name}[{i}]` must be a positive number, got {v}"
+                ))),
+            })
+            .collect()
+    };
+    let (short, long) = (list("short_factor")?, list("long_factor")?);
+    let original = match f.opt_usize("original_max_position_embeddings")? {
+        Some(n) => Some(n),
+        None => s.opt_usize("original_max_position_embeddings")?,
+    };
+    let (original_context, factor) = match original {
+        Some(0) => return Err(f.err("original_max_position_embeddings must be positive".into())),
+        Some(n) => (n, trained_context as f64 / n as f64),
+        None => (trained_context, s.opt_f64("factor")?.unwrap_or(1.0)),
+    };
+    let mscale = match s.opt_f64("attention_factor")? {
+        Some(a) if a > 0.0 => a,
+        Some(a) => {
+            return Err(f.err(format!(
+                "rope_scaling: attention_factor must be positive, got {a}"
+            )))
+        }
+        None => crate::rope::longrope_mscale(factor, original_context),
+    };
+    Ok(RopeScaling::LongRope {
+        short,
+        long,
+        original_context,
+        use_long: trained_context > original_context,
+        mscale,
+    })
 }
 
 /// What `generation_config.json` says about special tokens.
@@ -463,6 +571,66 @@ mod tests {
         assert_eq!(c.rope_theta, 10000.0);
         assert_eq!(c.rope_scaling, RopeScaling::None);
         assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn phi3_longrope_as_transformers_4_and_5_write_it() {
+        // Phi-3-mini-128k's shape: the pre-trained context at the top level
+        // (transformers 4, type `su` in the first checkpoints) or inside
+        // `rope_parameters` (transformers 5).
+        let factors = |x: f64| serde_json::to_string(&vec![x; 8]).expect("json");
+        let (short, long) = (factors(1.0), factors(2.5));
+        let phi3 = r#"{"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":2,"num_attention_heads":4,"vocab_size":100"#;
+        let v4 = parse(&format!(
+            r#"{phi3},"max_position_embeddings":131072,"original_max_position_embeddings":4096,
+            "sliding_window":262144,"rope_scaling":{{"type":"su","short_factor":{short},"long_factor":{long}}}}}"#
+        ))
+        .expect("valid");
+        let v5 = parse(&format!(
+            r#"{phi3},"max_position_embeddings":131072,"rope_parameters":{{"rope_type":"longrope",
+            "rope_theta":10000.0,"original_max_position_embeddings":4096,"short_factor":{short},"long_factor":{long}}}}}"#
+        ))
+        .expect("valid");
+        for c in [&v4, &v5] {
+            assert!(c.fused_projections);
+            assert_eq!(
+                c.max_position_embeddings, 131072,
+                "a window past the context"
+            );
+            let RopeScaling::LongRope {
+                original_context,
+                use_long,
+                mscale,
+                ..
+            } = c.rope_scaling
+            else {
+                panic!("LongRoPE: {:?}", c.rope_scaling);
+            };
+            assert_eq!((original_context, use_long), (4096, true));
+            // sqrt(1 + ln 32 / ln 4096) = sqrt(1 + 5/12), Phi-3's 1.1902.
+            assert!((mscale - (17.0f64 / 12.0).sqrt()).abs() < 1e-12);
+        }
+        // Frequencies: the base ones over the list in use.
+        let base = crate::rope::inv_freq(16, 10000.0, &RopeScaling::None);
+        let long_freq = crate::rope::inv_freq(16, 10000.0, &v4.rope_scaling);
+        let short = v4.rope_scaling.for_context(4096);
+        let short_freq = crate::rope::inv_freq(16, 10000.0, &short);
+        for i in 0..8 {
+            assert_eq!(long_freq[i], base[i] / 2.5);
+            assert_eq!(short_freq[i], base[i]);
+        }
+        assert_eq!(
+            short.mscale(),
+            v4.rope_scaling.mscale(),
+            "applied to both lists"
+        );
+        // Phi-3-mini-4k: a window of 2,047 in a context of 4,096.
+        let mini = parse(&format!(
+            r#"{phi3},"max_position_embeddings":4096,"sliding_window":2047}}"#
+        ))
+        .expect("valid");
+        assert_eq!(mini.max_position_embeddings, 2047);
     }
 
     #[test]

@@ -187,13 +187,9 @@ impl Engine {
         let mut eos_ids = cfg.eos_token_ids.clone();
         // Chat models may end a turn with a token other than EOS: the end
         // of a turn, or Llama 3.1's end of a message that calls a tool.
-        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            if let Ok(Some(id)) = file.uint(key) {
-                if let Ok(id) = TokenId::try_from(id) {
-                    if (id as usize) < cfg.vocab_size && !eos_ids.contains(&id) {
-                        eos_ids.push(id);
-                    }
-                }
+        for id in crate::gguf_tokenizer::turn_end_ids(&file, cfg.vocab_size) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
             }
         }
         let identity = ModelIdentity {
@@ -278,7 +274,7 @@ impl Engine {
         let dtype = model.weights().dtype.clone();
         let vocab_size = cfg.vocab_size as u32;
         let embedding_size = cfg.hidden_size as u32;
-        let model = Arc::new(model);
+        let model = Arc::new(model.for_context(context as usize));
         report(
             &opts.progress,
             0.3,

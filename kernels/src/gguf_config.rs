@@ -20,7 +20,13 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures whose GGUF tensors and keys this engine maps (the llama
 /// family it runs from Hugging Face directories).
-const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
+
+/// Phi-3's LongRoPE factors, as llama.cpp's converter writes them (F32,
+/// one per rotary pair).
+const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+/// The short list beside [`ROPE_FACTORS_LONG`].
+const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 
 impl ModelConfig {
     /// The configuration the GGUF file at `path` (parsed as `file` from its
@@ -71,9 +77,71 @@ impl ModelConfig {
             .float(&key("rope.freq_base"))
             .map_err(err)?
             .unwrap_or(10_000.0);
-        let rope_scaling = match rope_divisors(file, bytes, head_dim).map_err(err)? {
-            None => rope_scaling(file, arch).map_err(err)?,
-            Some(_)
+        // llama.cpp rotates the first `rope.dimension_count` values of each
+        // head (Phi-4-mini: three quarters); this engine the whole head.
+        if let Some(n) = uint("rope.dimension_count")? {
+            if n != head_dim {
+                return Err(LoadError::Unsupported {
+                    path: path.to_path_buf(),
+                    msg: format!(
+                        "`{}` = {n} below the head width {head_dim} (RoPE over part of each head)",
+                        key("rope.dimension_count")
+                    ),
+                });
+            }
+        }
+        let longrope = match (
+            factors(file, bytes, ROPE_FACTORS_SHORT, head_dim).map_err(err)?,
+            factors(file, bytes, ROPE_FACTORS_LONG, head_dim).map_err(err)?,
+        ) {
+            (None, None) => None,
+            (Some(short), Some(long)) => {
+                let original_context = match uint("rope.scaling.original_context_length")? {
+                    Some(n) if n > 0 => n,
+                    _ => {
+                        return Err(err(format!(
+                            "LongRoPE factors without a positive `{}`",
+                            key("rope.scaling.original_context_length")
+                        )))
+                    }
+                };
+                let mscale = match file.float(&key("rope.scaling.attn_factor")).map_err(err)? {
+                    Some(a) if a > 0.0 && a.is_finite() => a,
+                    Some(a) => {
+                        return Err(err(format!(
+                            "`{}` is {a}, not a positive number",
+                            key("rope.scaling.attn_factor")
+                        )))
+                    }
+                    None => crate::rope::longrope_mscale(
+                        max_position_embeddings as f64 / original_context as f64,
+                        original_context,
+                    ),
+                };
+                Some(RopeScaling::LongRope {
+                    short,
+                    long,
+                    original_context,
+                    use_long: max_position_embeddings > original_context,
+                    mscale,
+                })
+            }
+            _ => {
+                return Err(err(format!(
+                    "one of `{ROPE_FACTORS_SHORT}` and `{ROPE_FACTORS_LONG}` without the other"
+                )))
+            }
+        };
+        let divisors = factors(file, bytes, ROPE_FREQS, head_dim).map_err(err)?;
+        let rope_scaling = match (longrope, divisors) {
+            (Some(_), Some(_)) => {
+                return Err(err(format!(
+                    "both `{ROPE_FREQS}` and LongRoPE factors: one RoPE scaling or the other"
+                )))
+            }
+            (Some(longrope), None) => longrope,
+            (None, None) => rope_scaling(file, arch).map_err(err)?,
+            (None, Some(_))
                 if file
                     .str(&key("rope.scaling.type"))
                     .map_err(err)?
@@ -84,7 +152,7 @@ impl ModelConfig {
                     key("rope.scaling.type")
                 )))
             }
-            Some(divisors) => RopeScaling::PerPair { divisors },
+            (None, Some(divisors)) => RopeScaling::PerPair { divisors },
         };
         let tokens = file.array("tokenizer.ggml.tokens").map_err(err)?;
         let vocab_size = match (uint("vocab_size")?, tokens) {
@@ -119,6 +187,9 @@ impl ModelConfig {
             // Qwen3 files must carry the norms (a missing one is then a
             // missing tensor, not a llama computed in their place).
             qk_norm: arch == "qwen3" || file.tensor("blk.0.attn_q_norm.weight").is_some(),
+            // Phi-3 files hold q|k|v and gate|up stacked ([`Weights::from_gguf`]
+            // splits them).
+            fused_projections: arch == "phi3",
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             name_or_path: file.str("general.name").map_err(err)?.map(str::to_owned),
@@ -126,21 +197,23 @@ impl ModelConfig {
     }
 }
 
-/// The per-pair divisors of `rope_freqs.weight`, if the file has it: F32,
+/// The per-pair divisors of the tensor `name` (`rope_freqs.weight`,
+/// Phi-3's `rope_factors_*.weight`), if the file has it: F32,
 /// `head_dim / 2` of them, each positive and finite (llama.cpp divides each
 /// pair's frequency by its factor).
-fn rope_divisors(
+fn factors(
     file: &GgufFile,
     bytes: &[u8],
+    name: &str,
     head_dim: usize,
 ) -> Result<Option<Arc<[f64]>>, String> {
-    let Some(t) = file.tensor(ROPE_FREQS) else {
+    let Some(t) = file.tensor(name) else {
         return Ok(None);
     };
     let pairs = head_dim / 2;
     if t.dtype != GgmlType::F32 || t.dims != [pairs as u64] {
         return Err(format!(
-            "`{ROPE_FREQS}` is {} {:?}; RoPE factors are F32 [{pairs}] (head_dim / 2)",
+            "`{name}` is {} {:?}; RoPE factors are F32 [{pairs}] (head_dim / 2)",
             t.dtype.name(),
             t.dims
         ));
@@ -149,7 +222,7 @@ fn rope_divisors(
     let data = usize::try_from(t.offset)
         .ok()
         .and_then(|start| bytes.get(start..start.checked_add(pairs * 4)?))
-        .ok_or_else(|| format!("`{ROPE_FREQS}` lies outside the file"))?;
+        .ok_or_else(|| format!("`{name}` lies outside the file"))?;
     data.chunks_exact(4)
         .enumerate()
         .map(|(i, b)| {
@@ -158,7 +231,7 @@ fn rope_divisors(
                 Ok(f64::from(x))
             } else {
                 Err(format!(
-                    "`{ROPE_FREQS}`[{i}] is {x}; RoPE factors are positive and finite"
+                    "`{name}`[{i}] is {x}; RoPE factors are positive and finite"
                 ))
             }
         })

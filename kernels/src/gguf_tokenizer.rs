@@ -32,6 +32,45 @@ const USER_DEFINED: i64 = 4;
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Texts of the tokens that end a chat turn in the families this engine
+/// runs, whether or not a file names them (`tokenizer.ggml.eot_token_id`):
+/// llama.cpp's converters wrote Phi-3 files, and older Llama 3 and Qwen
+/// ones, with only the end-of-text token as EOS, and llama.cpp ends a
+/// generation at these by name. (Not `<|endoftext|>`, which llama.cpp
+/// also ends at: where it is not a file's EOS, as in SmolLM2's, the
+/// Hugging Face checkpoint does not stop at it either.)
+const TURN_END_TEXTS: &[&str] = &[
+    "<|end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end_of_text|>",
+];
+
+/// The ids a generation from `file`'s model ends at besides its EOS: the
+/// end of a turn and Llama 3.1's end of a message that calls a tool
+/// (`tokenizer.ggml.eot_token_id`, `eom_token_id`), and any token whose
+/// text is one of [`TURN_END_TEXTS`]; each below `vocab_size`.
+pub fn turn_end_ids(file: &GgufFile, vocab_size: usize) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Ok(Some(id)) = file.uint(key) {
+            ids.extend(u32::try_from(id).ok());
+        }
+    }
+    if let Ok(Some(tokens)) = file.array("tokenizer.ggml.tokens") {
+        let named = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.as_str().is_some_and(|t| TURN_END_TEXTS.contains(&t)));
+        ids.extend(named.filter_map(|(i, _)| u32::try_from(i).ok()));
+    }
+    ids.retain(|&id| (id as usize) < vocab_size);
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
 /// The codec (tokenizer plus chat template) of the GGUF file at `path`.
 pub fn codec_from_gguf(path: &Path, file: &GgufFile) -> Result<HfCodec, LoadError> {
     let err = |msg: String| LoadError::Gguf {

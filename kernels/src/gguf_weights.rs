@@ -80,15 +80,54 @@ impl Weights {
                     b: optional_vector(&format!("{p}.{name}.bias"), rows)?,
                 })
             };
+            // A stacked matrix (Phi-3's `attn_qkv`, and its `ffn_up` holding
+            // gate then up) split into parts of `parts` rows each.
+            let split = |name: &str, parts: &[usize]| -> Result<Vec<Linear>, LoadError> {
+                let whole = lin(name, parts.iter().sum(), h)?;
+                let full = format!("{p}.{name}.weight");
+                let mut at = 0;
+                let mut out = Vec::with_capacity(parts.len());
+                for &rows in parts {
+                    out.push(Linear {
+                        w: whole
+                            .w
+                            .row_range(at, rows)
+                            .map_err(|m| LoadError::bad_tensor(path, &full, m))?,
+                        b: whole.b.as_ref().map(|b| b[at..at + rows].to_vec()),
+                    });
+                    at += rows;
+                }
+                Ok(out)
+            };
+            let (q, k, v) = if file.tensor(&format!("{p}.attn_qkv.weight")).is_some() {
+                let mut qkv = split("attn_qkv", &[q_out, kv_out, kv_out])?.into_iter();
+                let mut next = || qkv.next().expect("three parts");
+                (next(), next(), next())
+            } else {
+                (
+                    lin("attn_q", q_out, h)?,
+                    lin("attn_k", kv_out, h)?,
+                    lin("attn_v", kv_out, h)?,
+                )
+            };
+            let (gate, up) = if cfg.fused_projections
+                && file.tensor(&format!("{p}.ffn_gate.weight")).is_none()
+            {
+                let mut gate_up = split("ffn_up", &[i, i])?.into_iter();
+                let mut next = || gate_up.next().expect("two parts");
+                (next(), next())
+            } else {
+                (lin("ffn_gate", i, h)?, lin("ffn_up", i, h)?)
+            };
             layers.push(LayerWeights {
                 input_norm: vector(&format!("{p}.attn_norm.weight"), h)?,
-                q: lin("attn_q", q_out, h)?,
-                k: lin("attn_k", kv_out, h)?,
-                v: lin("attn_v", kv_out, h)?,
+                q,
+                k,
+                v,
                 o: lin("attn_output", h, q_out)?,
                 post_norm: vector(&format!("{p}.ffn_norm.weight"), h)?,
-                gate: lin("ffn_gate", i, h)?,
-                up: lin("ffn_up", i, h)?,
+                gate,
+                up,
                 down: lin("ffn_down", h, i)?,
                 qk_norm: if cfg.qk_norm {
                     Some(QkNorm {
@@ -112,7 +151,8 @@ impl Weights {
             lm_head,
             dtype,
             // llama.cpp's converter permutes a llama's q and k rows for its
-            // interleaved RoPE; Qwen2 files keep Hugging Face's order.
+            // interleaved RoPE; Qwen and Phi-3 files keep Hugging Face's
+            // order.
             rope: if arch == "llama" {
                 RopeLayout::Interleaved
             } else {

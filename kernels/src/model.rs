@@ -94,7 +94,7 @@ impl Model {
         if c.head_dim % 2 == 1 {
             return Err(format!("head_dim {} is odd; RoPE needs pairs", c.head_dim));
         }
-        if let crate::rope::RopeScaling::PerPair { divisors } = &c.rope_scaling {
+        for divisors in c.rope_scaling.divisors() {
             if divisors.len() != c.head_dim / 2 {
                 return Err(format!(
                     "{} RoPE divisors for {} rotary pairs",
@@ -143,6 +143,13 @@ impl Model {
             lin("lm_head", head, c.vocab_size, h)?;
         }
         Ok(Model { config, weights })
+    }
+
+    /// This model as served with a context of `context` tokens: LongRoPE's
+    /// factors are chosen by it ([`crate::rope::RopeScaling::for_context`]).
+    pub fn for_context(mut self, context: usize) -> Model {
+        self.config.rope_scaling = self.config.rope_scaling.for_context(context);
+        self
     }
 
     /// The config.

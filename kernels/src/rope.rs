@@ -36,6 +36,80 @@ pub enum RopeScaling {
         /// finite: checked where they are read).
         divisors: Arc<[f64]>,
     },
+    /// Phi-3's LongRoPE (`rope_type: "longrope"`, formerly `"su"`): each
+    /// rotary pair's frequency divided by its own factor, from the short
+    /// list when the served context is within the pre-trained one and the
+    /// long list beyond it, and every rotation scaled by `mscale` (both
+    /// queries and keys, so the scores by its square).
+    LongRope {
+        /// Divisors for contexts up to `original_context` (`head_dim / 2`).
+        short: Arc<[f64]>,
+        /// Divisors for longer contexts (`head_dim / 2`).
+        long: Arc<[f64]>,
+        /// The context the model was pre-trained with.
+        original_context: usize,
+        /// Which list is in use: set by the context served
+        /// ([`RopeScaling::for_context`]).
+        use_long: bool,
+        /// What the cosines and sines are multiplied by (HF's
+        /// `attention_factor`).
+        mscale: f64,
+    },
+}
+
+impl RopeScaling {
+    /// What every rotation's cosine and sine are multiplied by (1 but for
+    /// [`RopeScaling::LongRope`]).
+    pub fn mscale(&self) -> f64 {
+        match *self {
+            RopeScaling::LongRope { mscale, .. } => mscale,
+            _ => 1.0,
+        }
+    }
+
+    /// The scaling for a served context of `context` tokens: LongRoPE takes
+    /// its long factors only past the pre-trained context, as llama.cpp
+    /// chooses them (by the context, once for every position), and as
+    /// Hugging Face computes every sequence that stays within it.
+    pub fn for_context(&self, context: usize) -> RopeScaling {
+        match self {
+            RopeScaling::LongRope {
+                short,
+                long,
+                original_context,
+                mscale,
+                ..
+            } => RopeScaling::LongRope {
+                short: short.clone(),
+                long: long.clone(),
+                original_context: *original_context,
+                use_long: context > *original_context,
+                mscale: *mscale,
+            },
+            other => other.clone(),
+        }
+    }
+
+    /// The per-pair divisors it holds, if any (for checks of their count).
+    pub fn divisors(&self) -> Vec<&[f64]> {
+        match self {
+            RopeScaling::PerPair { divisors } => vec![divisors],
+            RopeScaling::LongRope { short, long, .. } => vec![short, long],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Phi-3's default attention factor (Hugging Face's
+/// `_compute_longrope_parameters`, llama.cpp's converter): 1 unless the
+/// context is stretched (`factor` above 1), then
+/// `sqrt(1 + ln(factor) / ln(original_context))`.
+pub fn longrope_mscale(factor: f64, original_context: usize) -> f64 {
+    if factor <= 1.0 || original_context < 2 {
+        1.0
+    } else {
+        (1.0 + factor.ln() / (original_context as f64).ln()).sqrt()
+    }
 }
 
 /// The `head_dim / 2` inverse frequencies of rotary pair `i` (HF's `inv_freq`),
@@ -58,6 +132,15 @@ fn scale_one(freq: f64, i: usize, scaling: &RopeScaling) -> f64 {
         // A missing divisor leaves its pair as it is; the loaders refuse a
         // table of the wrong length before it gets here.
         RopeScaling::PerPair { ref divisors } => freq / divisors.get(i).copied().unwrap_or(1.0),
+        RopeScaling::LongRope {
+            ref short,
+            ref long,
+            use_long,
+            ..
+        } => {
+            let divisors = if use_long { long } else { short };
+            freq / divisors.get(i).copied().unwrap_or(1.0)
+        }
         RopeScaling::Linear { factor } => freq / factor,
         RopeScaling::Llama3 {
             factor,
@@ -81,13 +164,15 @@ fn scale_one(freq: f64, i: usize, scaling: &RopeScaling) -> f64 {
     }
 }
 
-/// Fills `cos`/`sin` (each `inv_freq.len()` long) with the rotation of position `pos`.
+/// Fills `cos`/`sin` (each `inv_freq.len()` long) with the rotation of
+/// position `pos`, each value multiplied by `mscale`
+/// ([`RopeScaling::mscale`]).
 #[inline]
-pub fn angles(inv_freq: &[f64], pos: u32, cos: &mut [f32], sin: &mut [f32]) {
+pub fn angles(inv_freq: &[f64], mscale: f64, pos: u32, cos: &mut [f32], sin: &mut [f32]) {
     for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
         let a = pos as f64 * f;
-        *c = a.cos() as f32;
-        *s = a.sin() as f32;
+        *c = (a.cos() * mscale) as f32;
+        *s = (a.sin() * mscale) as f32;
     }
 }
 
@@ -203,12 +288,12 @@ mod tests {
     fn rotation_at_position_zero_is_identity_and_preserves_norm() {
         let inv = inv_freq(8, 10000.0, &RopeScaling::None);
         let (mut c, mut s) = (vec![0.0; 4], vec![0.0; 4]);
-        angles(&inv, 0, &mut c, &mut s);
+        angles(&inv, 1.0, 0, &mut c, &mut s);
         let mut h = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
         let orig = h;
         rotate(&mut h, &c, &s);
         assert_eq!(h, orig);
-        angles(&inv, 37, &mut c, &mut s);
+        angles(&inv, 1.0, 37, &mut c, &mut s);
         rotate(&mut h, &c, &s);
         let n0: f32 = orig.iter().map(|x| x * x).sum();
         let n1: f32 = h.iter().map(|x| x * x).sum();

@@ -244,6 +244,51 @@ impl WeightMatrix {
         }
     }
 
+    /// Rows `start..start + count` as a matrix of their own: a fused
+    /// projection (Phi-3's `qkv_proj`, `gate_up_proj`) split into the
+    /// separate ones the backends read. A mapped matrix's rows stay where
+    /// they lie in the file; an owned one's are copied.
+    pub fn row_range(&self, start: usize, count: usize) -> Result<WeightMatrix, String> {
+        let end = start
+            .checked_add(count)
+            .filter(|&e| e <= self.rows)
+            .ok_or_else(|| {
+                format!(
+                    "rows {start}..{start}+{count} of a matrix of {} rows",
+                    self.rows
+                )
+            })?;
+        let n = self.row_len_bytes();
+        let storage = match &self.storage {
+            Storage::F32(v) => Storage::F32(v[start * self.cols..end * self.cols].to_vec()),
+            Storage::Bytes(b) => Storage::Bytes(Arc::new(b[start * n..end * n].to_vec())),
+            Storage::Mapped { map, start: at, .. } => {
+                let at = at + start * n;
+                // An f32 range off 4-byte alignment is copied, as `mapped` does.
+                if self.dtype == GgmlType::F32 && !(map.as_ptr() as usize + at).is_multiple_of(4) {
+                    let values = map[at..at + count * n]
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    Storage::F32(values)
+                } else {
+                    Storage::Mapped {
+                        map: map.clone(),
+                        start: at,
+                        len: count * n,
+                    }
+                }
+            }
+        };
+        Ok(WeightMatrix {
+            dtype: self.dtype,
+            rows: count,
+            cols: self.cols,
+            layout: self.layout,
+            storage,
+        })
+    }
+
     /// Whether the bytes are a range of a mapped file rather than owned.
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped { .. })

@@ -29,6 +29,7 @@ pub fn tiny_config() -> ModelConfig {
         tie_word_embeddings: false,
         attention_bias: false,
         qk_norm: false,
+        fused_projections: false,
         bos_token_id: Some(BYTE_BOS),
         eos_token_ids: vec![BYTE_EOS],
         name_or_path: None,

@@ -177,12 +177,17 @@ fn specs(cfg: &ModelConfig) -> Vec<Spec> {
             vec![h],
             true,
         );
-        for (proj, out_dim, in_dim) in [
-            ("q_proj", q_out, h),
-            ("k_proj", kv_out, h),
-            ("v_proj", kv_out, h),
-            ("o_proj", h, q_out),
-        ] {
+        let attn: &[(&str, usize, usize)] = if cfg.fused_projections {
+            &[("qkv_proj", q_out + 2 * kv_out, h), ("o_proj", h, q_out)]
+        } else {
+            &[
+                ("q_proj", q_out, h),
+                ("k_proj", kv_out, h),
+                ("v_proj", kv_out, h),
+                ("o_proj", h, q_out),
+            ]
+        };
+        for &(proj, out_dim, in_dim) in attn {
             add(
                 format!("{p}.self_attn.{proj}.weight"),
                 vec![out_dim, in_dim],
@@ -195,8 +200,12 @@ fn specs(cfg: &ModelConfig) -> Vec<Spec> {
                 bias_required,
             );
         }
-        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], true);
-        add(format!("{p}.mlp.up_proj.weight"), vec![i, h], true);
+        if cfg.fused_projections {
+            add(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h], true);
+        } else {
+            add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], true);
+            add(format!("{p}.mlp.up_proj.weight"), vec![i, h], true);
+        }
         add(format!("{p}.mlp.down_proj.weight"), vec![h, i], true);
         if cfg.qk_norm {
             add(
@@ -274,15 +283,46 @@ impl Weights {
             };
             let mut lin =
                 |name: &str| Ok::<_, LoadError>(Linear::new(take(format!("{p}.{name}.weight"))?));
+            let (q, k, v, gate, up) = if cfg.fused_projections {
+                let (q_out, kv_out) = (
+                    cfg.num_heads * cfg.head_dim,
+                    cfg.num_kv_heads * cfg.head_dim,
+                );
+                let i = cfg.intermediate_size;
+                let qkv = lin("self_attn.qkv_proj")?.w;
+                let gate_up = lin("mlp.gate_up_proj")?.w;
+                // (The shapes were checked against the specs, so every range
+                // lies inside its matrix.)
+                let part = |m: &WeightMatrix, at: usize, rows: usize, name: &str| {
+                    m.row_range(at, rows).map(Linear::new).map_err(|msg| {
+                        LoadError::bad_tensor(&missing_in, format!("{p}.{name}"), msg)
+                    })
+                };
+                (
+                    part(&qkv, 0, q_out, "self_attn.qkv_proj")?,
+                    part(&qkv, q_out, kv_out, "self_attn.qkv_proj")?,
+                    part(&qkv, q_out + kv_out, kv_out, "self_attn.qkv_proj")?,
+                    part(&gate_up, 0, i, "mlp.gate_up_proj")?,
+                    part(&gate_up, i, i, "mlp.gate_up_proj")?,
+                )
+            } else {
+                (
+                    lin("self_attn.q_proj")?,
+                    lin("self_attn.k_proj")?,
+                    lin("self_attn.v_proj")?,
+                    lin("mlp.gate_proj")?,
+                    lin("mlp.up_proj")?,
+                )
+            };
             layers.push(LayerWeights {
                 input_norm,
-                q: lin("self_attn.q_proj")?,
-                k: lin("self_attn.k_proj")?,
-                v: lin("self_attn.v_proj")?,
+                q,
+                k,
+                v,
                 o: lin("self_attn.o_proj")?,
                 post_norm,
-                gate: lin("mlp.gate_proj")?,
-                up: lin("mlp.up_proj")?,
+                gate,
+                up,
                 down: lin("mlp.down_proj")?,
                 qk_norm,
             });

@@ -313,29 +313,61 @@ fn a_llama3_style_file_loads_with_its_rope_factors_and_turn_end_ids() {
 }
 
 #[test]
-fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
-    use std::collections::BTreeMap;
+fn a_turn_end_token_ends_a_generation_even_where_the_file_does_not_name_it() {
+    use tokenwire_kernels::gguf::MetaValue;
+    use tokenwire_kernels::{Engine, EngineOptions};
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let bytes = std::fs::read(&path).expect("readable");
+    let mut f = GgufFile::parse(&bytes).expect("valid");
+    // SmolLM2's special tokens 5 and 6 renamed as Phi-3's end of turn and
+    // Llama 3's, in a file whose metadata names neither (as llama.cpp's
+    // converter wrote Phi-3 files): llama.cpp ends at them by name.
+    let Some(MetaValue::Array(tokens)) = f.metadata.get_mut("tokenizer.ggml.tokens") else {
+        panic!("a token list");
+    };
+    tokens[5] = MetaValue::Str("<|end|>".into());
+    tokens[6] = MetaValue::Str("<|eot_id|>".into());
+    assert!(!f.metadata.contains_key("tokenizer.ggml.eot_token_id"));
+    let out = common::gguf_out::write(&f, &bytes, &[]);
+    let dir = common::TempDir::new("turn-end-gguf");
+    dir.write("renamed.gguf", &out);
+    let opts = EngineOptions {
+        num_blocks: Some(16),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_gguf(&dir.path().join("renamed.gguf"), &opts).expect("loads");
+    assert_eq!(engine.model_info().eos_ids, vec![2, 5, 6]);
+    // SmolLM2 itself: its EOS alone (its `<|endoftext|>` is not an end).
+    let engine = Engine::load_gguf(&path, &opts).expect("loads");
+    assert_eq!(engine.model_info().eos_ids, vec![2]);
+}
+
+/// `model`'s weights written as llama.cpp's converter names them in an
+/// `arch` GGUF file, all F32 (rows in Hugging Face's order: the converter
+/// permutes only llamas'); with `stacked`, each layer's q|k|v in one
+/// `attn_qkv` and gate|up in one `ffn_up`, as in a `phi3` file. Returns
+/// the header and the data it points into.
+fn gguf_of(model: &tokenwire_kernels::Model, arch: &str, stacked: bool) -> (GgufFile, Vec<u8>) {
     use tokenwire_kernels::gguf::{MetaValue, TensorInfo};
-    use tokenwire_kernels::{Engine, EngineOptions, Model, WeightMatrix};
-    // The Qwen3 toy checkpoint, and the same weights written as llama.cpp's
-    // converter names them in a `qwen3` GGUF file (rows in Hugging Face's
-    // order: the converter permutes only llamas').
-    let dir = common::TempDir::new("qwen3-hf");
-    common::write_qwen3_toy(&dir, &common::Toy::default());
-    let hf = Model::load(dir.path()).expect("the toy loads");
-    let c = hf.config().clone();
-    let w = hf.weights();
+    use tokenwire_kernels::WeightMatrix;
+    let (c, w) = (model.config(), model.weights());
     let mut source = Vec::new();
     let mut tensors = Vec::new();
-    let mut put = |name: String, m: &WeightMatrix| {
-        let vals = m.to_f32_vec();
+    let mut put = |name: String, parts: &[&WeightMatrix]| {
+        let vals: Vec<f32> = parts.iter().flat_map(|m| m.to_f32_vec()).collect();
+        let (rows, cols) = (
+            parts.iter().map(|m| m.rows()).sum::<usize>(),
+            parts[0].cols(),
+        );
         let offset = source.len() as u64;
         source.extend(vals.iter().flat_map(|x| x.to_le_bytes()));
         source.resize(source.len().next_multiple_of(32), 0);
-        let dims = if m.rows() == 1 {
-            vec![m.cols() as u64]
+        let dims = if rows == 1 {
+            vec![cols as u64]
         } else {
-            vec![m.cols() as u64, m.rows() as u64]
+            vec![cols as u64, rows as u64]
         };
         tensors.push(TensorInfo {
             name,
@@ -354,45 +386,74 @@ fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
         )
         .expect("a vector")
     };
-    put("token_embd.weight".into(), &w.embed);
+    put("token_embd.weight".into(), &[&w.embed]);
     for (l, lw) in w.layers.iter().enumerate() {
-        let qk = lw.qk_norm.as_ref().expect("Qwen3 norms");
-        put(format!("blk.{l}.attn_norm.weight"), &vector(&lw.input_norm));
-        put(format!("blk.{l}.attn_q.weight"), &lw.q.w);
-        put(format!("blk.{l}.attn_k.weight"), &lw.k.w);
-        put(format!("blk.{l}.attn_v.weight"), &lw.v.w);
-        put(format!("blk.{l}.attn_output.weight"), &lw.o.w);
-        put(format!("blk.{l}.attn_q_norm.weight"), &vector(&qk.q));
-        put(format!("blk.{l}.attn_k_norm.weight"), &vector(&qk.k));
-        put(format!("blk.{l}.ffn_norm.weight"), &vector(&lw.post_norm));
-        put(format!("blk.{l}.ffn_gate.weight"), &lw.gate.w);
-        put(format!("blk.{l}.ffn_up.weight"), &lw.up.w);
-        put(format!("blk.{l}.ffn_down.weight"), &lw.down.w);
+        put(
+            format!("blk.{l}.attn_norm.weight"),
+            &[&vector(&lw.input_norm)],
+        );
+        if stacked {
+            put(
+                format!("blk.{l}.attn_qkv.weight"),
+                &[&lw.q.w, &lw.k.w, &lw.v.w],
+            );
+        } else {
+            put(format!("blk.{l}.attn_q.weight"), &[&lw.q.w]);
+            put(format!("blk.{l}.attn_k.weight"), &[&lw.k.w]);
+            put(format!("blk.{l}.attn_v.weight"), &[&lw.v.w]);
+        }
+        put(format!("blk.{l}.attn_output.weight"), &[&lw.o.w]);
+        if let Some(qk) = &lw.qk_norm {
+            put(format!("blk.{l}.attn_q_norm.weight"), &[&vector(&qk.q)]);
+            put(format!("blk.{l}.attn_k_norm.weight"), &[&vector(&qk.k)]);
+        }
+        put(
+            format!("blk.{l}.ffn_norm.weight"),
+            &[&vector(&lw.post_norm)],
+        );
+        if stacked {
+            put(format!("blk.{l}.ffn_up.weight"), &[&lw.gate.w, &lw.up.w]);
+        } else {
+            put(format!("blk.{l}.ffn_gate.weight"), &[&lw.gate.w]);
+            put(format!("blk.{l}.ffn_up.weight"), &[&lw.up.w]);
+        }
+        put(format!("blk.{l}.ffn_down.weight"), &[&lw.down.w]);
     }
-    put("output_norm.weight".into(), &vector(&w.norm));
+    put("output_norm.weight".into(), &[&vector(&w.norm)]);
     put(
         "output.weight".into(),
-        &w.lm_head.as_ref().expect("the toy's head is untied").w,
+        &[&w.lm_head.as_ref().expect("the toy's head is untied").w],
     );
     let u = |n: usize| MetaValue::U32(n as u32);
-    let metadata: BTreeMap<String, MetaValue> = [
-        ("general.architecture", MetaValue::Str("qwen3".into())),
-        ("qwen3.embedding_length", u(c.hidden_size)),
-        ("qwen3.block_count", u(c.num_layers)),
-        ("qwen3.feed_forward_length", u(c.intermediate_size)),
-        ("qwen3.attention.head_count", u(c.num_heads)),
-        ("qwen3.attention.head_count_kv", u(c.num_kv_heads)),
-        ("qwen3.attention.key_length", u(c.head_dim)),
-        ("qwen3.context_length", u(c.max_position_embeddings)),
-        ("qwen3.vocab_size", u(c.vocab_size)),
+    let metadata: std::collections::BTreeMap<String, MetaValue> = [
         (
-            "qwen3.attention.layer_norm_rms_epsilon",
+            "general.architecture".to_string(),
+            MetaValue::Str(arch.into()),
+        ),
+        (format!("{arch}.embedding_length"), u(c.hidden_size)),
+        (format!("{arch}.block_count"), u(c.num_layers)),
+        (
+            format!("{arch}.feed_forward_length"),
+            u(c.intermediate_size),
+        ),
+        (format!("{arch}.attention.head_count"), u(c.num_heads)),
+        (format!("{arch}.attention.head_count_kv"), u(c.num_kv_heads)),
+        (format!("{arch}.attention.key_length"), u(c.head_dim)),
+        (
+            format!("{arch}.context_length"),
+            u(c.max_position_embeddings),
+        ),
+        (format!("{arch}.vocab_size"), u(c.vocab_size)),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
             MetaValue::F32(c.rms_norm_eps),
         ),
-        ("qwen3.rope.freq_base", MetaValue::F32(c.rope_theta as f32)),
+        (
+            format!("{arch}.rope.freq_base"),
+            MetaValue::F32(c.rope_theta as f32),
+        ),
     ]
     .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
     .collect();
     let file = GgufFile {
         version: 3,
@@ -401,8 +462,41 @@ fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
         data_offset: 0,
         alignment: 32,
     };
-    let out = common::gguf_out::write(&file, &source, &[]);
-    dir.write("toy-qwen3.gguf", &out);
+    (file, source)
+}
+
+/// An engine over `model` (a small pool, the byte codec).
+fn toy_engine(
+    model: tokenwire_kernels::Model,
+    max_context: Option<u32>,
+) -> tokenwire_kernels::Engine {
+    let opts = tokenwire_kernels::EngineOptions {
+        num_blocks: Some(16),
+        max_context,
+        ..tokenwire_kernels::EngineOptions::default()
+    };
+    let id = tokenwire_kernels::ModelIdentity {
+        name: "toy".into(),
+        version: "1".into(),
+        eos_ids: vec![2],
+    };
+    let codec = tokenwire_core::text::byte::ByteCodec::shared();
+    tokenwire_kernels::Engine::from_model(model, codec, id, &opts).expect("engine")
+}
+
+const TOY_PROMPT: [u32; 9] = [1, 5, 9, 13, 2, 30, 7, 7, 39];
+
+#[test]
+fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
+    use tokenwire_kernels::Model;
+    let dir = common::TempDir::new("qwen3-hf");
+    common::write_qwen3_toy(&dir, &common::Toy::default());
+    let hf = Model::load(dir.path()).expect("the toy loads");
+    let (file, source) = gguf_of(&hf, "qwen3", false);
+    dir.write(
+        "toy-qwen3.gguf",
+        common::gguf_out::write(&file, &source, &[]),
+    );
     // A qwen3 file without its norms is refused, not run as a llama.
     let mut bare = file.clone();
     bare.tensors.retain(|t| {
@@ -415,23 +509,110 @@ fn a_qwen3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
     assert!(e.contains("blk.0.attn_q_norm.weight"), "{e}");
     let (gguf, _) = Model::load_gguf(&dir.path().join("toy-qwen3.gguf")).expect("loads");
     assert!(gguf.config().qk_norm);
-    assert_eq!(gguf.config().head_dim, c.head_dim);
-    let opts = EngineOptions {
-        num_blocks: Some(16),
-        ..EngineOptions::default()
-    };
-    let id = || tokenwire_kernels::ModelIdentity {
-        name: "toy".into(),
-        version: "1".into(),
-        eos_ids: vec![2],
-    };
-    let codec = tokenwire_core::text::byte::ByteCodec::shared;
-    let mut from_gguf = Engine::from_model(gguf, codec(), id(), &opts).expect("engine");
-    let mut from_hf = Engine::from_model(hf, codec(), id(), &opts).expect("engine");
-    let prompt = [1, 5, 9, 13, 2, 30, 7, 7, 39];
-    let a = common::logits_alone(&mut from_gguf, &prompt);
-    let b = common::logits_alone(&mut from_hf, &prompt);
+    assert_eq!(gguf.config().head_dim, hf.config().head_dim);
+    let a = common::logits_alone(&mut toy_engine(gguf, None), &TOY_PROMPT);
+    let b = common::logits_alone(&mut toy_engine(hf, None), &TOY_PROMPT);
     assert_eq!(a, b, "the same weights, the same arithmetic");
+}
+
+#[test]
+fn a_phi3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
+    use tokenwire_kernels::gguf::{MetaValue, TensorInfo};
+    use tokenwire_kernels::{Model, RopeScaling};
+    // The Phi-3 toy with LongRoPE, written as llama.cpp's converter writes
+    // a phi3 file: q|k|v and gate|up stacked, the factor lists as tensors,
+    // the pre-trained context and the attention factor in the metadata.
+    let dir = common::TempDir::new("phi3-hf");
+    let scaling = serde_json::json!({
+        "type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [3.0, 9.0],
+    });
+    common::write_phi3_toy(&dir, &common::Toy::default(), scaling);
+    let hf = Model::load(dir.path()).expect("the toy loads");
+    let mscale = hf.config().rope_scaling.mscale();
+    let (mut file, mut source) = gguf_of(&hf, "phi3", true);
+    for (name, factors) in [
+        ("rope_factors_short.weight", [1.0f32, 1.5]),
+        ("rope_factors_long.weight", [3.0, 9.0]),
+    ] {
+        let offset = source.len() as u64;
+        source.extend(factors.iter().flat_map(|x| x.to_le_bytes()));
+        source.resize(source.len().next_multiple_of(32), 0);
+        file.tensors.push(TensorInfo {
+            name: name.into(),
+            dims: vec![2],
+            dtype: GgmlType::F32,
+            offset,
+            len: 8,
+        });
+    }
+    let meta = |file: &mut GgufFile, k: &str, v: MetaValue| {
+        file.metadata.insert(k.to_string(), v);
+    };
+    meta(
+        &mut file,
+        "phi3.rope.scaling.original_context_length",
+        MetaValue::U32(32),
+    );
+    meta(
+        &mut file,
+        "phi3.rope.scaling.attn_factor",
+        MetaValue::F32(mscale as f32),
+    );
+    meta(
+        &mut file,
+        "phi3.rope.dimension_count",
+        MetaValue::U32(hf.config().head_dim as u32),
+    );
+    meta(
+        &mut file,
+        "phi3.attention.sliding_window",
+        MetaValue::U32(64),
+    );
+    let path = dir.path().join("toy-phi3.gguf");
+    dir.write(
+        "toy-phi3.gguf",
+        common::gguf_out::write(&file, &source, &[]),
+    );
+    for context in [None, Some(32)] {
+        let (gguf, _) = Model::load_gguf(&path).expect("loads");
+        assert!(gguf.config().fused_projections);
+        // As llama.cpp runs a phi3 file: attention over the whole context.
+        assert_eq!(gguf.config().max_position_embeddings, 128);
+        let hf = Model::load(dir.path()).expect("the toy loads");
+        let (mut a, mut b) = (toy_engine(gguf, context), toy_engine(hf, context));
+        assert!(matches!(
+            a.model().config().rope_scaling,
+            RopeScaling::LongRope { use_long, .. } if use_long == context.is_none()
+        ));
+        let (x, y) = (
+            common::logits_alone(&mut a, &TOY_PROMPT),
+            common::logits_alone(&mut b, &TOY_PROMPT),
+        );
+        // (The attention factor is stored as an f32.)
+        assert!(common::max_abs_diff(&x, &y) < 1e-5, "{context:?}");
+    }
+    // Phi-4-mini's partial rotation is refused; so is half a pair of lists.
+    let mut partial = file.clone();
+    meta(&mut partial, "phi3.rope.dimension_count", MetaValue::U32(2));
+    dir.write(
+        "partial.gguf",
+        common::gguf_out::write(&partial, &source, &[]),
+    );
+    let e = Model::load_gguf(&dir.path().join("partial.gguf"))
+        .expect_err("partial RoPE")
+        .to_string();
+    assert!(
+        e.contains("`phi3.rope.dimension_count` = 2 below the head width 4"),
+        "{e}"
+    );
+    let mut half = file.clone();
+    half.tensors
+        .retain(|t| t.name != "rope_factors_long.weight");
+    dir.write("half.gguf", common::gguf_out::write(&half, &source, &[]));
+    let e = Model::load_gguf(&dir.path().join("half.gguf"))
+        .expect_err("one list")
+        .to_string();
+    assert!(e.contains("without the other"), "{e}");
 }
 
 /// Values of one block quantized as llama.cpp's reference quantizers do:

@@ -148,9 +148,10 @@ fn qwen3_toy_normalises_query_and_key_heads() {
 }
 
 #[test]
-fn mistral_loads_unless_its_sliding_window_is_shorter_than_the_context() {
+fn a_sliding_window_shorter_than_the_context_is_the_context_served() {
     // Mistral is a llama with another name, and (v0.1) attention over a
-    // sliding window, which the engine does not compute.
+    // sliding window, which the engine does not compute: a context the
+    // window holds whole is computed exactly, so that is what is served.
     let dir = TempDir::new("mistral");
     write_toy(&dir, &Toy::default());
     let mut want = load(&dir).expect("the llama toy loads");
@@ -161,6 +162,7 @@ fn mistral_loads_unless_its_sliding_window_is_shorter_than_the_context() {
         cfg["sliding_window"] = window;
         dir.write("config.json", cfg.to_string());
         let mut e = load(&dir).expect("a window the context fits in");
+        assert_eq!(e.model_info().context_len, 128);
         assert_eq!(
             logits_alone(&mut e, PROMPT),
             logits_alone(&mut want, PROMPT)
@@ -168,21 +170,183 @@ fn mistral_loads_unless_its_sliding_window_is_shorter_than_the_context() {
     }
     cfg["sliding_window"] = serde_json::json!(64);
     dir.write("config.json", cfg.to_string());
-    let err = load_err(&dir);
-    assert!(
-        err.contains("sliding_window 64 below the context of 128 tokens"),
-        "{err}"
+    let mut e = load(&dir).expect("a window shorter than the context");
+    assert_eq!(e.model_info().context_len, 64, "the window, not 128");
+    assert_eq!(
+        logits_alone(&mut e, PROMPT),
+        logits_alone(&mut want, PROMPT)
     );
+    // No longer context can be asked for.
+    let err = match Engine::load(
+        dir.path(),
+        &EngineOptions {
+            max_context: Some(100),
+            ..EngineOptions::default()
+        },
+    ) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a context above the window"),
+    };
+    assert!(err.contains("above the model's context of 64"), "{err}");
     // Named by its architecture alone, it is still Mistral.
     cfg.as_object_mut().expect("object").remove("model_type");
     dir.write("config.json", cfg.to_string());
-    assert!(load_err(&dir).contains("sliding_window 64"));
+    assert_eq!(load(&dir).expect("loads").model_info().context_len, 64);
     // Another architecture's window is not read (Qwen2 keeps one that
     // `use_sliding_window: false` turns off).
     let mut llama = toy_config(false);
     llama["sliding_window"] = serde_json::json!(64);
     dir.write("config.json", llama.to_string());
-    load(&dir).expect("a llama's window field is not Mistral's");
+    let e = load(&dir).expect("a llama's window field is not Mistral's");
+    assert_eq!(e.model_info().context_len, 128);
+}
+
+#[test]
+fn phi3_splits_its_stacked_projections_into_the_llama_s() {
+    // The llama toy's values stacked as Phi-3 stores them compute what the
+    // llama toy computes, bit for bit.
+    let llama = TempDir::new("phi3-llama");
+    write_toy(&llama, &Toy::default());
+    let mut want = load(&llama).expect("the llama toy loads");
+    let dir = TempDir::new("phi3");
+    write_phi3_toy(&dir, &Toy::default(), serde_json::Value::Null);
+    let mut e = load(&dir).expect("loads");
+    assert!(e.model().config().fused_projections);
+    assert_eq!(
+        logits_alone(&mut e, PROMPT),
+        logits_alone(&mut want, PROMPT)
+    );
+    check_against_naive(&mut e);
+    // Sharded and in bf16, the split views the right rows too.
+    let bf16 = Toy {
+        dtype: Dtype::BF16,
+        shards: 2,
+        ..Toy::default()
+    };
+    let (a, b) = (TempDir::new("phi3-bf16"), TempDir::new("llama-bf16"));
+    write_phi3_toy(&a, &bf16, serde_json::Value::Null);
+    write_toy(&b, &bf16);
+    assert_eq!(
+        logits_alone(&mut load(&a).expect("loads"), PROMPT),
+        logits_alone(&mut load(&b).expect("loads"), PROMPT)
+    );
+    // A missing stacked matrix is named; a mis-shaped one too.
+    let mut tensors = phi3_toy_tensors(&Toy::default());
+    tensors.retain(|t| t.0 != "model.layers.1.mlp.gate_up_proj.weight");
+    write_weights(&dir, Dtype::F32, 0, &tensors);
+    let err = load_err(&dir);
+    assert!(
+        err.contains("model.layers.1.mlp.gate_up_proj.weight"),
+        "{err}"
+    );
+    let mut tensors = phi3_toy_tensors(&Toy::default());
+    for t in tensors.iter_mut() {
+        if t.0 == "model.layers.0.self_attn.qkv_proj.weight" {
+            t.1 = vec![t.1[0] - 1, t.1[1]];
+            t.2.truncate(t.2.len() - 16 * 4);
+        }
+    }
+    write_weights(&dir, Dtype::F32, 0, &tensors);
+    let err = load_err(&dir);
+    assert!(err.contains("qkv_proj"), "{err}");
+    // Phi-4-mini's partial rotation is refused, not computed as a whole one.
+    let mut cfg = phi3_toy_config(serde_json::Value::Null);
+    cfg["partial_rotary_factor"] = serde_json::json!(0.75);
+    write_phi3_toy(&dir, &Toy::default(), serde_json::Value::Null);
+    dir.write("config.json", cfg.to_string());
+    let err = load_err(&dir);
+    assert!(err.contains("partial_rotary_factor 0.75"), "{err}");
+}
+
+#[test]
+fn phi3_longrope_takes_its_long_factors_only_past_the_trained_context() {
+    // Head width 4: two rotary pairs, so two factors in each list. The
+    // toy's context (128) is four times its pre-trained one (32).
+    let scaling = serde_json::json!({
+        "type": "longrope",
+        "short_factor": [1.0, 1.5],
+        "long_factor": [3.0, 9.0],
+    });
+    let dir = TempDir::new("phi3-longrope");
+    write_phi3_toy(&dir, &Toy::default(), scaling.clone());
+    let mut long = load(&dir).expect("loads");
+    let tokenwire_kernels::RopeScaling::LongRope {
+        use_long, mscale, ..
+    } = long.model().config().rope_scaling.clone()
+    else {
+        panic!("LongRoPE");
+    };
+    assert!(use_long, "a context of 128 past the 32 trained");
+    // Hugging Face's default: sqrt(1 + ln(128 / 32) / ln(32)) = sqrt(1.4).
+    assert!((mscale - 1.4f64.sqrt()).abs() < 1e-12, "{mscale}");
+    check_against_naive(&mut long);
+    // Served within the trained context, the short factors.
+    let mut short = Engine::load(
+        dir.path(),
+        &EngineOptions {
+            max_context: Some(32),
+            ..EngineOptions::default()
+        },
+    )
+    .expect("loads");
+    assert!(matches!(
+        short.model().config().rope_scaling,
+        tokenwire_kernels::RopeScaling::LongRope {
+            use_long: false,
+            ..
+        }
+    ));
+    check_against_naive(&mut short);
+    // Each part matters: the lists, and the attention factor.
+    let plain = {
+        let d = TempDir::new("phi3-plain");
+        write_phi3_toy(&d, &Toy::default(), serde_json::Value::Null);
+        logits_alone(&mut load(&d).expect("loads"), PROMPT)
+    };
+    let (l, s) = (
+        logits_alone(&mut long, PROMPT),
+        logits_alone(&mut short, PROMPT),
+    );
+    assert!(max_abs_diff(&l, &s) > 1e-3 && max_abs_diff(&s, &plain) > 1e-3);
+    let mut given = scaling.clone();
+    given["attention_factor"] = serde_json::json!(1.0);
+    write_phi3_toy(&dir, &Toy::default(), given);
+    let mut unscaled = Engine::load(
+        dir.path(),
+        &EngineOptions {
+            max_context: Some(32),
+            ..EngineOptions::default()
+        },
+    )
+    .expect("loads");
+    let u = logits_alone(&mut unscaled, PROMPT);
+    assert!(
+        max_abs_diff(&u, &s) > 1e-3,
+        "the attention factor is applied"
+    );
+    // Bad lists are named.
+    for (edit, needle) in [
+        (
+            serde_json::json!({"short_factor": [1.0]}),
+            "`short_factor` has 1 factors for 2",
+        ),
+        (
+            serde_json::json!({"long_factor": [1.0, -2.0]}),
+            "`long_factor[1]`",
+        ),
+        (
+            serde_json::json!({"short_factor": null}),
+            "missing array `short_factor`",
+        ),
+    ] {
+        let mut bad = scaling.clone();
+        for (k, v) in edit.as_object().expect("object") {
+            bad[k] = v.clone();
+        }
+        write_phi3_toy(&dir, &Toy::default(), bad);
+        let err = load_err(&dir);
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
 }
 
 #[test]

@@ -595,6 +595,30 @@ fn wgpu_matches_cpu_backend_on_random_models() {
 }
 
 #[test]
+fn wgpu_applies_phi3_s_longrope_as_the_cpu_backend_does() {
+    // Per-pair divisors and the attention factor on every cosine and sine,
+    // through the separate RoPE pass and the q|k|v mat-vec's fused one.
+    let factors = |base: f64| -> Arc<[f64]> { (0..8).map(|i| base + 0.7 * i as f64).collect() };
+    let longrope = Shape {
+        scaling: RopeScaling::LongRope {
+            short: factors(1.0),
+            long: factors(4.0),
+            original_context: 32,
+            use_long: true,
+            mscale: 1.19,
+        },
+        ..LLAMA
+    };
+    let d = f32_options();
+    case(&longrope, &d, 16, 64, 21, "llama, LongRoPE");
+    let fused = WgpuOptions {
+        fuse_rope: true,
+        ..d
+    };
+    case(&longrope, &fused, 16, 64, 22, "llama, LongRoPE, fused RoPE");
+}
+
+#[test]
 fn wgpu_runs_quantized_weights_as_blocks() {
     // Every matrix in a GGUF block type, q|k|v and gate|up stacks mixing
     // them: uploaded as blocks (no f32 copy) and unpacked by the kernels.

@@ -883,7 +883,7 @@ fn wgpu_rope_matches_cpu_rotation() {
         let mut r = 0;
         for sq in &seqs {
             for i in 0..sq.rows {
-                rope::angles(&inv, sq.start_pos + i as u32, &mut c, &mut s);
+                rope::angles(&inv, 1.0, sq.start_pos + i as u32, &mut c, &mut s);
                 let row = &mut want[r * shape.qkv_width()..(r + 1) * shape.qkv_width()];
                 for head in row[..(q_heads + kv_heads) * head_dim].chunks_exact_mut(head_dim) {
                     rope::rotate(head, &c, &s);
@@ -962,7 +962,7 @@ fn rope_ref(qkv: &mut [f32], shape: &HeadShape, seqs: &[LabSeq], inv: &[f64]) {
     let mut rows = qkv.chunks_exact_mut(shape.qkv_width());
     for sq in seqs {
         for i in 0..sq.rows {
-            rope::angles(inv, sq.start_pos + i as u32, &mut c, &mut s);
+            rope::angles(inv, 1.0, sq.start_pos + i as u32, &mut c, &mut s);
             let row = rows.next().expect("a row per position");
             for head in row[..rotated].chunks_exact_mut(shape.head_dim) {
                 rope::rotate(head, &c, &s);

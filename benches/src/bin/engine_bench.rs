@@ -301,6 +301,7 @@ fn config(shape: &str, layers: Option<usize>) -> Result<ModelConfig, String> {
         tie_word_embeddings: tied,
         attention_bias: false,
         qk_norm: false,
+        fused_projections: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         name_or_path: Some(shape.to_string()),

@@ -313,6 +313,68 @@ pub fn qwen3_toy_tensors(toy: &Toy) -> Vec<(String, Vec<usize>, Vec<u8>)> {
     tensors
 }
 
+/// The llama toy as a Phi-3 checkpoint: `Phi3ForCausalLM` with each
+/// layer's q, k and v rows stacked in `qkv_proj` and its gate and up rows
+/// in `gate_up_proj`, as Phi-3 stores them; the same values as
+/// [`write_toy`]'s, so it computes what the llama toy does. `rope_scaling`
+/// goes into the config as given (with `original_max_position_embeddings`
+/// 32 at the top level, as Phi-3's config has it).
+pub fn write_phi3_toy(dir: &TempDir, toy: &Toy, rope_scaling: Value) {
+    dir.write("config.json", phi3_toy_config(rope_scaling).to_string());
+    dir.write("tokenizer.json", toy_tokenizer_json(TOY_VOCAB));
+    write_weights(dir, toy.dtype, toy.shards, &phi3_toy_tensors(toy));
+}
+
+/// The Phi-3 toy's config.json.
+pub fn phi3_toy_config(rope_scaling: Value) -> Value {
+    let mut cfg = toy_config(false);
+    cfg["architectures"] = json!(["Phi3ForCausalLM"]);
+    cfg["model_type"] = json!("phi3");
+    cfg["_name_or_path"] = json!("toy-phi3");
+    cfg["original_max_position_embeddings"] = json!(32);
+    cfg["rope_scaling"] = rope_scaling;
+    cfg
+}
+
+/// The Phi-3 toy's tensors: the llama toy's, stacked.
+pub fn phi3_toy_tensors(toy: &Toy) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let values: std::collections::HashMap<String, Vec<f32>> = toy_values(toy)
+        .into_iter()
+        .map(|(n, _, v)| (n, v))
+        .collect();
+    let mut out = Vec::new();
+    for (name, shape) in toy_shapes(false) {
+        let stacked = |parts: &[&str]| -> Vec<f32> {
+            parts
+                .iter()
+                .flat_map(|p| values[&name.replace("q_proj", p).replace("gate_proj", p)].clone())
+                .collect()
+        };
+        let (name, shape, vals) = if name.ends_with("q_proj.weight") {
+            let vals = stacked(&["q_proj", "k_proj", "v_proj"]);
+            let rows = vals.len() / H;
+            (name.replace("q_proj", "qkv_proj"), vec![rows, H], vals)
+        } else if name.ends_with("gate_proj.weight") {
+            let vals = stacked(&["gate_proj", "up_proj"]);
+            (
+                name.replace("gate_proj", "gate_up_proj"),
+                vec![2 * INTER, H],
+                vals,
+            )
+        } else if name.ends_with("k_proj.weight")
+            || name.ends_with("v_proj.weight")
+            || name.ends_with("up_proj.weight")
+        {
+            continue;
+        } else {
+            let vals = values[&name].clone();
+            (name, shape, vals)
+        };
+        out.push((name, shape, encode(toy.dtype, &vals)));
+    }
+    out
+}
+
 /// Writes a complete toy model directory (config, weights, tokenizer).
 pub fn write_toy(dir: &TempDir, toy: &Toy) {
     dir.write("config.json", toy_config(toy.qwen).to_string());
@@ -568,8 +630,22 @@ pub fn naive_logits(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
         let r = 1.0 / (ms + c.rms_norm_eps as f64).sqrt();
         x.iter().zip(wt).map(|(v, &g)| v * r * g as f64).collect()
     };
+    // LongRoPE (Phi-3): each pair's frequency over its factor from the list
+    // in use, every cosine and sine times the attention factor. Other
+    // scalings are not computed here.
+    let (divisors, mscale): (Vec<f64>, f64) = match &c.rope_scaling {
+        tokenwire_kernels::RopeScaling::LongRope {
+            short,
+            long,
+            use_long,
+            mscale,
+            ..
+        } => (if *use_long { long } else { short }.to_vec(), *mscale),
+        tokenwire_kernels::RopeScaling::None => (vec![1.0; hd / 2], 1.0),
+        other => panic!("the naive forward does not compute {other:?}"),
+    };
     let inv: Vec<f64> = (0..hd / 2)
-        .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f64 / hd as f64))
+        .map(|i| 1.0 / (divisors[i] * c.rope_theta.powf(2.0 * i as f64 / hd as f64)))
         .collect();
     // Which element pairs with element i of a head (GGUF llamas interleave).
     let partner = |i: usize| match w.rope {
@@ -582,8 +658,9 @@ pub fn naive_logits(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
                 let a = pos as f64 * f;
                 let (i0, i1) = partner(i);
                 let (x0, x1) = (head[i0], head[i1]);
-                head[i0] = x0 * a.cos() - x1 * a.sin();
-                head[i1] = x1 * a.cos() + x0 * a.sin();
+                let (cos, sin) = (a.cos() * mscale, a.sin() * mscale);
+                head[i0] = x0 * cos - x1 * sin;
+                head[i1] = x1 * cos + x0 * sin;
             }
         }
     };

@@ -318,6 +318,7 @@ pub fn random_model(s: &Shape, seed: u64) -> tokenwire_kernels::Model {
         tie_word_embeddings: s.tied,
         attention_bias: s.bias,
         qk_norm: s.qk_norm,
+        fused_projections: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         name_or_path: None,

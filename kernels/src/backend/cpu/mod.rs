@@ -256,6 +256,7 @@ impl CpuBackend {
             let span = r * half..(r + 1) * half;
             rope::angles(
                 inv_freq,
+                cfg.rope_scaling.mscale(),
                 row.pos as u32,
                 &mut s.cos[span.clone()],
                 &mut s.sin[span],

@@ -627,7 +627,7 @@ impl KernelLab {
                 return Err(format!("sequence {i}: empty or block table too short"));
             }
         }
-        let hp = plan::build(&batch, theta_inv_freq, &limits, &[]);
+        let hp = plan::build(&batch, theta_inv_freq, 1.0, &limits, &[]);
         match hp.passes.as_slice() {
             [p] => Ok((hp.words, p.clone())),
             _ => Err("case too big for one pass".into()),

@@ -1359,7 +1359,13 @@ impl WgpuBackend {
             .collect();
         let sample = sample::encode(&specs, self.dims.vocab, &mut self.sample_scratch);
         let on_device: Vec<bool> = sample.rows.iter().map(|r| r.0).collect();
-        let plan = plan::build(batch, &self.inv_freq, &self.limits, &on_device);
+        let plan = plan::build(
+            batch,
+            &self.inv_freq,
+            self.model.config().rope_scaling.mscale(),
+            &self.limits,
+            &on_device,
+        );
         let row_bytes = 4 * self.dims.vocab as u64;
         let out_bytes = 4 * sample.out_words as u64;
         // Staging: the sampled words, then the full rows in order.

@@ -69,6 +69,7 @@ fn off(words: &[u32]) -> u32 {
 pub(crate) fn build(
     batch: &[SeqBatch<'_>],
     inv_freq: &[f64],
+    mscale: f64,
     lim: &PlanLimits,
     on_device: &[bool],
 ) -> HostPlan {
@@ -130,7 +131,7 @@ pub(crate) fn build(
         p.cos_off = off(&words);
         let mut sins = Vec::with_capacity(pr.len() * half);
         for r in pr {
-            rope::angles(inv_freq, r.1, &mut cos, &mut sin);
+            rope::angles(inv_freq, mscale, r.1, &mut cos, &mut sin);
             words.extend(cos.iter().map(|c| c.to_bits()));
             sins.extend(sin.iter().map(|s| s.to_bits()));
         }
@@ -228,7 +229,7 @@ mod tests {
             },
         ];
         let inv = rope::inv_freq(4, 10000.0, &rope::RopeScaling::None);
-        let plan = build(&batch, &inv, &lim(64, 8), &[true, false]);
+        let plan = build(&batch, &inv, 1.0, &lim(64, 8), &[true, false]);
         assert_eq!(plan.full, vec![false, true]);
         assert_eq!(plan.passes.len(), 1);
         let p = &plan.passes[0];
@@ -250,7 +251,7 @@ mod tests {
         let c = f32::from_bits(w[(p.cos_off + 5 * 2) as usize]);
         assert!((c - (2.0f64).cos() as f32).abs() < 1e-7);
 
-        let small = build(&batch, &inv, &lim(4, 1), &[]);
+        let small = build(&batch, &inv, 1.0, &lim(4, 1), &[]);
         assert_eq!(small.full, vec![true, true]);
         let rows: Vec<u32> = small.passes.iter().map(|p| p.rows).collect();
         // 4 rows, then A's last (a logits row) with B's first would make two
