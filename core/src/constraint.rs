@@ -91,6 +91,13 @@ impl TokenMask {
         }
     }
 
+    /// Forbids `id` (ids outside the mask are ignored).
+    pub fn forbid(&mut self, id: TokenId) {
+        if id < self.len {
+            self.words[(id / 32) as usize] &= !(1 << (id % 32));
+        }
+    }
+
     /// Forbids every id.
     pub fn clear(&mut self) {
         self.words.fill(0);
@@ -104,6 +111,11 @@ impl TokenMask {
     /// Number of ids allowed.
     pub fn count(&self) -> u32 {
         self.words.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// The bits, read-only (as [`TokenMask::words_mut`] lays them out).
+    pub fn words(&self) -> &[u32] {
+        &self.words
     }
 
     /// The bits, id `i` at bit `i % 32` of word `i / 32` (the layout of
@@ -166,6 +178,11 @@ impl Constraint {
     /// Wraps a compiled constraint.
     pub fn new(inner: Box<dyn TokenConstraint>) -> Constraint {
         Constraint(inner)
+    }
+
+    /// The constraint's state machine, read-only.
+    pub fn get(&self) -> &dyn TokenConstraint {
+        self.0.as_ref()
     }
 
     /// The constraint's state machine.

@@ -64,6 +64,7 @@ pub mod testing;
 pub mod text;
 pub mod time;
 pub(crate) mod timer;
+pub mod token_rules;
 pub mod tools;
 
 pub use api::{

@@ -49,6 +49,9 @@ pub struct GenParams {
     /// end-of-sequence token does (their text left out), `ignore_eos` or
     /// not; `min_tokens` holds them back too.
     pub stop_token_ids: Vec<TokenId>,
+    /// vLLM's `include_stop_str_in_output`: the stop string that ends the
+    /// generation is part of its text (at its end) instead of cut off.
+    pub include_stop_str: bool,
 }
 
 impl GenParams {
@@ -70,6 +73,7 @@ impl GenParams {
             min_tokens: 0,
             ignore_eos: false,
             stop_token_ids: Vec::new(),
+            include_stop_str: false,
         }
     }
 

@@ -324,6 +324,36 @@ def main() -> int:
             if e.body.get("param") != "guided_regex":
                 fail(f"a broken regex: {e.body!r}")
 
+    @check
+    def vllm_token_limits_through_extra_body() -> None:
+        # vLLM's `bad_words`, `allowed_token_ids` and
+        # `include_stop_str_in_output`, as its clients send them.
+        plain = client.completions.create(model=model, prompt="Once upon a time",
+                                          max_tokens=24, temperature=0)
+        words = [w for w in plain.choices[0].text.split(" ") if len(w) > 3 and w.isalpha()]
+        if len(words) < 2:
+            fail(f"no word to ban in {plain.choices[0].text!r}")
+        word = words[1]
+        raw = client.completions.with_raw_response.create(
+            model=model, prompt="Once upon a time", max_tokens=24, temperature=0,
+            extra_body={"bad_words": [word]})
+        banned = strict(Completion, raw.http_response.text, "the completion")
+        if f" {word}" in banned.choices[0].text:
+            fail(f"the banned word {word!r} is in {banned.choices[0].text!r}")
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=msgs, max_tokens=6, temperature=1, seed=2, logprobs=True,
+            extra_body={"allowed_token_ids": [300]})
+        c = strict(ChatCompletion, raw.http_response.text, "the completion")
+        got = {t.token for t in c.choices[0].logprobs.content}
+        if len(got) != 1 or c.choices[0].finish_reason != "length":
+            fail("one allowed token is not every token", raw.http_response.text)
+        stop = f" {word}"
+        kept = client.completions.create(
+            model=model, prompt="Once upon a time", max_tokens=24, temperature=0, stop=[stop],
+            extra_body={"include_stop_str_in_output": True})
+        if not kept.choices[0].text.endswith(stop) or kept.choices[0].finish_reason != "stop":
+            fail(f"the stop string is not kept: {kept.choices[0].text!r}")
+
     weather_tool = {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",
         "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],

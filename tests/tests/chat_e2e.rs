@@ -408,6 +408,89 @@ async fn ignore_eos_min_tokens_and_min_p_on_a_story_that_ends() {
     server.shutdown().await;
 }
 
+/// vLLM's `allowed_token_ids`, `bad_words` and `include_stop_str_in_output`
+/// on a greedy story: one allowed id is every token, two allowed ids are
+/// every token of a draw at temperature 1 (and the end of the story,
+/// not listed, never comes); a word of the story, banned, is written no
+/// more while the text before it stays; a stop string kept ends the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_token_ids_bad_words_and_include_stop_str() {
+    let server = server().await;
+    let ask = |extra: Value| {
+        let b = completion_body(24, extra);
+        let server = &server;
+        async move {
+            let r = http(server, "POST", "/v1/completions", Some(&b)).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()["choices"][0].clone()
+        }
+    };
+    let text = |c: &Value| c["text"].as_str().expect("text").to_owned();
+    let tokens = |c: &Value| -> Vec<String> {
+        c["logprobs"]["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|t| t.as_str().expect("a token").to_owned())
+            .collect()
+    };
+    // One id allowed: every token is it, to the length (no end allowed).
+    let only = |id: u32| ask(json!({"allowed_token_ids": [id], "logprobs": 1, "max_tokens": 5}));
+    let (a, b) = (only(300).await, only(301).await);
+    let (ta, tb) = (tokens(&a), tokens(&b));
+    assert_eq!((ta.len(), a["finish_reason"].as_str()), (5, Some("length")));
+    assert!(
+        ta.iter().all(|t| *t == ta[1]) && tb.iter().all(|t| *t == tb[1]),
+        "{ta:?} {tb:?}"
+    );
+    let drawn = ask(json!({"allowed_token_ids": [300, 301], "logprobs": 1,
+        "temperature": 1, "seed": 5}))
+    .await;
+    let td = tokens(&drawn);
+    assert_eq!(td.len(), 24, "{drawn}");
+    assert!(
+        td[1..].iter().all(|t| *t == ta[1] || *t == tb[1]),
+        "only the two allowed tokens: {td:?}"
+    );
+    // A word of the greedy story, banned.
+    let plain = text(&ask(json!({})).await);
+    let word = plain
+        .split(' ')
+        .filter(|w| w.len() > 3 && w.chars().all(char::is_alphabetic))
+        .nth(1)
+        .expect("a word")
+        .to_owned();
+    let at = plain
+        .find(&format!(" {word}"))
+        .expect("the word is in the text");
+    let banned = text(&ask(json!({ "bad_words": [word.clone()] })).await);
+    assert!(
+        !banned.contains(&format!(" {word}")),
+        "{word:?} banned: {banned:?}"
+    );
+    assert!(banned.starts_with(&plain[..at]), "{plain:?} / {banned:?}");
+    // The stop string kept at the end of the text.
+    let stop = format!(" {word}");
+    let kept = ask(json!({"stop": [stop.clone()], "include_stop_str_in_output": true})).await;
+    assert_eq!(kept["finish_reason"], "stop");
+    assert_eq!(text(&kept), format!("{}{stop}", &plain[..at]));
+    let cut = ask(json!({ "stop": [stop] })).await;
+    assert_eq!(text(&cut), plain[..at]);
+    // Bad values name their field.
+    for (extra, field) in [
+        (
+            json!({"allowed_token_ids": [3, 512]}),
+            "allowed_token_ids[1]",
+        ),
+        (json!({"bad_words": [""]}), "bad_words[0]"),
+    ] {
+        let r = http(&server, "POST", CHAT, Some(&body(extra.clone()))).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(r.json()["error"]["param"], field, "{extra}");
+    }
+    server.shutdown().await;
+}
+
 /// vLLM's `/tokenize` and `/detokenize`: a prompt's ids are the ones the
 /// Completions route counts, a conversation's those Chat Completions
 /// counts, the text of the ids is the prompt again, and bad bodies name

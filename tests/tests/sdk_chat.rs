@@ -20,7 +20,7 @@ async fn the_official_openai_sdk_speaks_chat_completions_and_completions_strictl
     let Some(python) = sdk_python() else { return };
     let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
     let out = run_sdk_script(&python, "chat_sdk.py", &server, &[]).await;
-    assert!(out.contains("13 of 13 checks passed"), "{out}");
+    assert!(out.contains("14 of 14 checks passed"), "{out}");
     server.shutdown().await;
 }
 

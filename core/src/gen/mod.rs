@@ -295,6 +295,7 @@ impl Generation {
             text.push_str(&outcome.emit);
             if outcome.stopped {
                 self.name_stop(outcome.matched);
+                text.push_str(self.included_stop());
                 finish = Some(FinishReason::Stop);
             } else if self.filtered_by.is_some() {
                 // What the stop strings held is text before the match.
@@ -357,6 +358,7 @@ impl Generation {
         let mut out = outcome.emit;
         if outcome.stopped {
             self.name_stop(outcome.matched);
+            out.push_str(self.included_stop());
         }
         out.push_str(&self.stop.finish());
         (out, outcome.stopped)
@@ -377,6 +379,15 @@ impl Generation {
             (false, false) => otherwise,
         };
         (tail, reason)
+    }
+
+    /// The stop string that ended it, where the text keeps it (vLLM's
+    /// `include_stop_str_in_output`); else nothing.
+    fn included_stop(&self) -> &str {
+        match &self.stop_sequence {
+            Some(s) if self.params.include_stop_str => s,
+            _ => "",
+        }
     }
 
     /// Records the stop string at `matched` as the one that ended it.
@@ -582,6 +593,26 @@ mod tests {
         let pieces = feed(&mut g, "hi!");
         assert_eq!(pieces[2].finish, Some(FinishReason::Stop));
         assert_eq!((pieces[2].text.as_str(), g.text.as_str()), ("", "hi"));
+    }
+
+    #[test]
+    fn with_include_stop_str_the_stop_string_ends_the_text() {
+        let mut g = gen(&["END", "ENOUGH"], 40);
+        g.set_params(GenParams {
+            include_stop_str: true,
+            ..g.params.clone()
+        });
+        let pieces = feed(&mut g, "abc ENOUGH");
+        let last = pieces.len() - 1;
+        assert_eq!(pieces[last].finish, Some(FinishReason::Stop));
+        assert_eq!(g.text, "abc ENOUGH", "the stop string kept");
+        let streamed: String = pieces[..=last].iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(streamed, g.text);
+        assert_eq!(g.stop_sequence.as_deref(), Some("ENOUGH"));
+        // Without it, the text ends before the stop string.
+        let mut plain = gen(&["END", "ENOUGH"], 40);
+        feed(&mut plain, "abc ENOUGH");
+        assert_eq!(plain.text, "abc ");
     }
 
     /// A generation whose content filter holds back text that could still

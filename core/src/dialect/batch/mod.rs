@@ -295,6 +295,7 @@ fn config_params(
         min_tokens: 0,
         ignore_eos: false,
         stop_token_ids: Vec::new(),
+        include_stop_str: false,
     };
     // Only the source's fields: a stop list or a seed is not part of it.
     let known: Map<String, Value> = cfg

@@ -94,6 +94,8 @@ pub(super) fn decode(
             Thinking::Default | Thinking::Disabled => None,
         },
         fit_to_context: true,
+        allowed_token_ids: None,
+        bad_words: Vec::new(),
     })
 }
 

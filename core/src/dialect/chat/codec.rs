@@ -128,7 +128,18 @@ pub struct ChatRequest {
     /// `max_tokens`): the prompt may take all of the context but one token,
     /// and the answer what it leaves, up to the length.
     pub fit_to_context: bool,
+    /// vLLM's `allowed_token_ids`: the only ids that may be sampled
+    /// ([`crate::token_rules`]); `None` when absent.
+    pub allowed_token_ids: Option<Vec<TokenId>>,
+    /// vLLM's `bad_words`: words never generated ([`crate::token_rules`]),
+    /// tokenized with the prompt.
+    pub bad_words: Vec<String>,
 }
+
+/// Most `bad_words` one request may give.
+pub const MAX_BAD_WORDS: usize = 256;
+/// Longest bad word, in bytes.
+pub const MAX_BAD_WORD_BYTES: usize = 256;
 
 /// A request refused before anything runs: the status, the OpenAI error
 /// code, the message and the field.
@@ -254,6 +265,22 @@ pub fn decode(
         .map_err(BadRequest::invalid)?
         .unwrap_or(false);
     params.stop_token_ids = stop_token_ids(&f, vocab_size)?;
+    params.include_stop_str = f
+        .bool("include_stop_str_in_output")
+        .map_err(BadRequest::invalid)?
+        .unwrap_or(false);
+    let allowed = f.array("allowed_token_ids").map_err(BadRequest::invalid)?;
+    let allowed_token_ids = match allowed.map(Vec::as_slice) {
+        None => None,
+        Some([]) => {
+            return Err(BadRequest::field(
+                "allowed_token_ids",
+                "must list at least one token id",
+            ))
+        }
+        Some(items) => Some(token_ids("allowed_token_ids", items, vocab_size)?),
+    };
+    let bad_words = bad_words(&f)?;
     if let Some(m) = f.u64("min_tokens").map_err(BadRequest::invalid)? {
         if m > params.max_tokens as u64 {
             return Err(BadRequest::field(
@@ -392,7 +419,36 @@ pub fn decode(
         include_reasoning,
         thinking_budget,
         fit_to_context: false,
+        allowed_token_ids,
+        bad_words,
     })
+}
+
+/// vLLM's `bad_words`: up to [`MAX_BAD_WORDS`] non-empty strings of at
+/// most [`MAX_BAD_WORD_BYTES`] bytes; empty when absent.
+fn bad_words(f: &Fields<'_>) -> Result<Vec<String>, BadRequest> {
+    let Some(items) = f.array("bad_words").map_err(BadRequest::invalid)? else {
+        return Ok(Vec::new());
+    };
+    if items.len() > MAX_BAD_WORDS {
+        return Err(BadRequest::field(
+            "bad_words",
+            format!("at most {MAX_BAD_WORDS} words, got {}", items.len()),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v.as_str() {
+            Some(w) if !w.trim().is_empty() && w.len() <= MAX_BAD_WORD_BYTES => Ok(w.to_string()),
+            _ => Err(BadRequest::field(
+                &format!("bad_words[{i}]"),
+                format!(
+                    "must be a string of 1 to {MAX_BAD_WORD_BYTES} bytes that is not all whitespace, got {v}"
+                ),
+            )),
+        })
+        .collect()
 }
 
 /// Most `chat_template_kwargs` one request may give.
@@ -1295,6 +1351,50 @@ mod tests {
             (json!({"min_p": 1e-50}), "min_p"),
             (json!({"stop_token_ids": [5, 1000]}), "stop_token_ids[1]"),
             (json!({"stop_token_ids": 5}), "stop_token_ids"),
+        ] {
+            let mut b = json!({"model": "m", "messages": msgs});
+            for (k, v) in extra.as_object().expect("object") {
+                b[k] = v.clone();
+            }
+            let e = chat(b).expect_err("refused");
+            assert_eq!(e.param.as_deref(), Some(field), "{extra}");
+        }
+    }
+
+    #[test]
+    fn allowed_token_ids_bad_words_and_include_stop_str_decode_in_range() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let r = chat(
+            json!({"model": "m", "messages": msgs, "allowed_token_ids": [5, 999],
+            "bad_words": ["foo", " bar baz"], "include_stop_str_in_output": true}),
+        )
+        .expect("decodes");
+        assert_eq!(r.allowed_token_ids, Some(vec![5, 999]));
+        assert_eq!(r.bad_words, ["foo", " bar baz"]);
+        assert!(r.params.include_stop_str);
+        let off = chat(json!({"model": "m", "messages": msgs})).expect("decodes");
+        assert_eq!((off.allowed_token_ids, off.bad_words.len()), (None, 0));
+        assert!(!off.params.include_stop_str);
+        for (extra, field) in [
+            (json!({"allowed_token_ids": []}), "allowed_token_ids"),
+            (
+                json!({"allowed_token_ids": [1, 1000]}),
+                "allowed_token_ids[1]",
+            ),
+            (json!({"allowed_token_ids": 4}), "allowed_token_ids"),
+            (json!({"bad_words": "foo"}), "bad_words"),
+            (json!({"bad_words": ["a", ""]}), "bad_words[1]"),
+            (json!({"bad_words": ["  "]}), "bad_words[0]"),
+            (json!({"bad_words": [7]}), "bad_words[0]"),
+            (json!({"bad_words": ["x".repeat(257)]}), "bad_words[0]"),
+            (
+                json!({"bad_words": vec!["w"; MAX_BAD_WORDS + 1]}),
+                "bad_words",
+            ),
+            (
+                json!({"include_stop_str_in_output": 1}),
+                "include_stop_str_in_output",
+            ),
         ] {
             let mut b = json!({"model": "m", "messages": msgs});
             for (k, v) in extra.as_object().expect("object") {

@@ -58,6 +58,7 @@ use crate::gen::{
 use crate::reasoning::{ReasoningSplitter, PROMPT_TAIL_TOKENS};
 use crate::reasoning_gate::ReasoningPlan;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
+use crate::token_rules::TokenRules;
 use crate::tools::{CallSplitter, ParsedCall, Released};
 
 /// The finish reason of an answer that reached the context's end before
@@ -123,6 +124,9 @@ struct Request {
     /// How a reasoning parser reads this answer, when it is split
     /// ([`reasoning_plan`]).
     reasoning: Option<ReasoningPlan>,
+    /// `allowed_token_ids` and `bad_words`, put around each prompt's
+    /// grammar (outside the reasoning gate: they hold while it thinks too).
+    rules: TokenRules,
     /// The length was cut to what the context leaves after the prompt
     /// ([`codec::ChatRequest::fit_to_context`]): reaching it is reaching
     /// the context's end.
@@ -358,8 +362,10 @@ impl ChatConn {
             })
             .collect();
         let reasoning = reasoning_plan(cx, &req, constraint.is_some());
+        let rules = token_rules(cx, &req);
         self.inflight = Some(Request {
             reasoning,
+            rules,
             id: cx.new_id(prefix),
             created: cx.unix_ms() / 1000,
             prompts,
@@ -523,7 +529,7 @@ impl ChatConn {
         }
         let prompt = &mut r.prompts[p];
         prompt.ids = encoded.ids;
-        prompt.constraint = constraint;
+        prompt.constraint = r.rules.wrap(constraint, cx.model().vocab_size);
         // The first choice alone computes the prompt; the others start once
         // it has (its first token), and find the prompt's full blocks in
         // the prefix cache instead of computing them again.
@@ -841,6 +847,31 @@ fn message(c: &Choice, reasoning: bool) -> Value {
 /// token each ([`ReasoningPlan::new`]); where not, the grammar's text is
 /// all answer and nothing is split. A thinking budget is enforced where
 /// the tags are one token each.
+/// A request's `allowed_token_ids` and `bad_words` as token ids: each bad
+/// word as vLLM tokenizes it, its leading whitespace dropped, and also
+/// with one space before it where that is as many tokens and starts with
+/// another one (the word in the middle of a text).
+fn token_rules(cx: &Cx<'_>, req: &ChatRequest) -> TokenRules {
+    let mut bad_words = Vec::new();
+    for word in &req.bad_words {
+        let word = word.trim_start();
+        let Ok(alone) = cx.codec().encode(word, false) else {
+            continue;
+        };
+        if let Ok(spaced) = cx.codec().encode(&format!(" {word}"), false) {
+            if spaced.len() == alone.len() && spaced.first() != alone.first() {
+                bad_words.push(spaced);
+            }
+        }
+        bad_words.push(alone);
+    }
+    TokenRules {
+        allowed: req.allowed_token_ids.clone(),
+        bad_words,
+        eos: cx.model().eos_ids.clone(),
+    }
+}
+
 fn reasoning_plan(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningPlan> {
     let tags = cx.config().reasoning_tags?;
     if req.route == Route::Completions {
