@@ -664,6 +664,30 @@ class Checks:
         if wire.status != "completed":
             fail(f"expected status completed, got {wire.status!r} (try another --complete-prompt)", raw)
 
+    def http_output_text_logprobs(self) -> None:
+        """include=["message.output_text.logprobs"], top_logprobs: every output token's entry, strictly
+        typed, in the message's text part and in the stream's text deltas."""
+        args = self.create_args(self.small, input=self.FIRST_INPUT)
+        response = self.client.responses.create(
+            **args, include=["message.output_text.logprobs"], top_logprobs=2)
+        raw = self.recorder.last("POST").text()
+        wire = validate_strict(Response, raw, "HTTP create body")
+        part = wire.output[0].content[0]
+        logprobs = part.logprobs or []
+        if not logprobs or "".join(lp.token for lp in logprobs) != part.text:
+            fail("the logprobs' tokens do not spell the text", raw)
+        if any(len(lp.top_logprobs) != 2 or lp.logprob > 0 for lp in logprobs):
+            fail("each entry has 2 alternatives and a logprob of at most 0", raw)
+        if wire.top_logprobs != 2 or response.output_text != part.text:
+            fail("top_logprobs is not echoed", raw)
+        stream = self.client.responses.create(
+            **args, include=["message.output_text.logprobs"], top_logprobs=2, stream=True)
+        streamed = [lp for event in stream if event.type == "response.output_text.delta"
+                    for lp in event.logprobs]
+        sse_track(self.recorder.last("POST"), "HTTP stream with logprobs")
+        if [(lp.token, lp.logprob) for lp in streamed] != [(lp.token, lp.logprob) for lp in logprobs]:
+            fail("the streamed deltas' logprobs differ from the JSON response's")
+
     def http_create_stream(self) -> None:
         """create(stream=True) yields valid SSE events (with event: lines) ending in a terminal event."""
         stream = self.client.responses.create(**self.create_args(input=self.FIRST_INPUT), stream=True)
@@ -829,6 +853,7 @@ class Checks:
             ("ws response.steer and unknown types -> 400, socket stays", self.ws_unknown_event),
             ("http create (JSON) completed", self.http_create_json),
             ("http create(stream=True) SSE events", self.http_create_stream),
+            ("http output text logprobs (include, top_logprobs)", self.http_output_text_logprobs),
             ("http responses.stream() and get_final_response()", self.http_stream_helper),
             ("http responses.parse(text_format=pydantic model)", self.http_parse_with_pydantic),
             ("http forced function call and function_call_output", self.http_tool_call_and_its_output),

@@ -244,3 +244,83 @@ async fn http_create_stream_store_retrieve_and_continue() {
     );
     server.shutdown().await;
 }
+
+/// `include: ["message.output_text.logprobs"]` with `top_logprobs`: every
+/// output token's entry, the same as Chat Completions gives for the same
+/// conversation, in the message's content part (with `bytes`) and, over
+/// the socket, in the text deltas and the text's `done` event (without,
+/// as the API's event types have them); none without `include`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_text_logprobs_match_chat_completions() {
+    let server = start(ModelSource::Dir(stories260k()), |_| {}).await;
+    let body = json!({"model":"stories260K","input":"Once upon a time","max_output_tokens":8,
+        "temperature":0,"top_logprobs":3,"include":["message.output_text.logprobs"]});
+    let r = http(&server, "POST", "/v1/responses", Some(&body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let resp = r.json();
+    assert_eq!(resp["top_logprobs"], 3);
+    let part = &resp["output"][0]["content"][0];
+    let entries = part["logprobs"].as_array().expect("logprobs").clone();
+    assert_eq!(entries.len(), 8, "{part}");
+    let joined: String = entries
+        .iter()
+        .map(|e| e["token"].as_str().expect("token"))
+        .collect();
+    assert_eq!(joined, part["text"].as_str().expect("text"));
+    for e in &entries {
+        let top = e["top_logprobs"].as_array().expect("top");
+        assert_eq!(top.len(), 3, "{e}");
+        // Greedy: the token is the most likely one.
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert!(e["bytes"].is_array() && top[0]["bytes"].is_array(), "{e}");
+    }
+    let chat = json!({"model":"stories260K","messages":[{"role":"user","content":"Once upon a time"}],
+        "max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":3});
+    let c = http(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat.to_string()),
+    )
+    .await;
+    assert_eq!(c.status, 200, "{}", c.body);
+    assert_eq!(
+        c.json()["choices"][0]["logprobs"]["content"],
+        Value::Array(entries.clone())
+    );
+    // Over the socket: the deltas' entries are the done event's, and the
+    // part's without `bytes`.
+    let mut ws = Client::connect(&server, "/v1/responses").await;
+    let mut create = create(json!("Once upon a time"), 8);
+    create["include"] = json!(["message.output_text.logprobs"]);
+    create["top_logprobs"] = json!(2);
+    ws.send(create).await;
+    let evs = response(&mut ws).await;
+    let streamed: Vec<Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .flat_map(|e| e["logprobs"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let done = evs
+        .iter()
+        .find(|e| e["type"] == "response.output_text.done")
+        .expect("done");
+    assert_eq!(Value::Array(streamed.clone()), done["logprobs"]);
+    assert_eq!(streamed.len(), 8);
+    for (s, e) in streamed.iter().zip(&entries) {
+        assert_eq!((&s["token"], &s["logprob"]), (&e["token"], &e["logprob"]));
+        assert!(s.get("bytes").is_none(), "{s}");
+        assert_eq!(s["top_logprobs"].as_array().map(Vec::len), Some(2));
+    }
+    // Without `include` (or a `top_logprobs` above 0), none.
+    let plain = json!({"model":"stories260K","input":"Once upon a time","max_output_tokens":4,"temperature":0});
+    let r = http(&server, "POST", "/v1/responses", Some(&plain.to_string())).await;
+    let v = r.json();
+    assert_eq!(v["output"][0]["content"][0]["logprobs"], json!([]));
+    assert_eq!(v["top_logprobs"], Value::Null);
+    let bad = json!({"model":"stories260K","input":"x","top_logprobs":21});
+    let r = http(&server, "POST", "/v1/responses", Some(&bad.to_string())).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "top_logprobs");
+    server.shutdown().await;
+}

@@ -37,6 +37,7 @@ async fn the_official_openai_sdk_streams_continues_and_validates_strictly() {
         "ok: ws generate:false warm-up and its continuation",
         "ok: http create (JSON) completed",
         "ok: http create(stream=True) SSE events",
+        "ok: http output text logprobs (include, top_logprobs)",
         "ok: http responses.stream() and get_final_response()",
         "ok: http responses.parse(text_format=pydantic model)",
         "ok: http forced function call and function_call_output",

@@ -6,6 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::constraint::{Constraint, Grammar};
+use crate::engine::{TokenId, TokenLogprobs};
 use crate::gen::StartError;
 use crate::http::{describe, HttpFailure, HttpReply, RETRY_AFTER_S};
 use crate::json::{FieldError, Fields};
@@ -430,4 +431,35 @@ pub fn output_constraint(
         .constrain(&grammar)
         .map(|c| Some(Constraint::new(c)))
         .map_err(|e| (field, format!("`{field}` cannot be used: {e}")))
+}
+
+/// The text token `t` adds after `last` (its leading space included, which
+/// a SentencePiece decoder drops from a token decoded alone): what a token
+/// shows in a logprobs list.
+pub fn surface(codec: &dyn TextCodec, last: Option<TokenId>, t: TokenId) -> String {
+    if let Some(p) = last {
+        let before = codec.decode(&[p]);
+        if let Some(added) = codec.decode(&[p, t]).strip_prefix(before.as_str()) {
+            return added.to_string();
+        }
+    }
+    codec.decode(&[t])
+}
+
+/// One token's log-probability entry as Chat Completions' `logprobs.content`
+/// and the Responses API's `output_text.logprobs` write it: `token`,
+/// `logprob`, `bytes`, and `top_logprobs` (the same without their own).
+pub fn token_logprob(
+    codec: &dyn TextCodec,
+    last: Option<TokenId>,
+    token: TokenId,
+    lp: &TokenLogprobs,
+) -> Value {
+    let entry = |t: TokenId, logprob: f32| {
+        let s = surface(codec, last, t);
+        json!({"token": s, "logprob": logprob, "bytes": s.as_bytes()})
+    };
+    let mut e = entry(token, lp.logprob);
+    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+    e
 }

@@ -51,6 +51,7 @@ use serde_json::{json, Map, Value};
 use self::codec::{error_body, BadRequest, ChatRequest, Input, PromptInput, Route};
 use super::{openai, Cx, DialectConn};
 use crate::constraint::Constraint;
+use crate::dialect::openai::surface;
 use crate::engine::{SeqId, TokenId, TokenLogprobs};
 use crate::gen::{
     Failure, FailureKind, FinishReason, GenRequest, RequestPart, StartError, TokenPiece,
@@ -632,17 +633,9 @@ impl ChatConn {
         piece: &TokenPiece,
     ) -> Option<Value> {
         let lp = piece.logprobs.as_ref()?;
-        let text = |t: TokenId| surface(cx, last, t);
+        let text = |t: TokenId| surface(cx.codec(), last, t);
         Some(match route {
-            Route::Chat | Route::Messages => {
-                let entry = |t: TokenId, logprob: f32| {
-                    let s = text(t);
-                    json!({"token": s, "logprob": logprob, "bytes": s.as_bytes()})
-                };
-                let mut e = entry(token, lp.logprob);
-                e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
-                e
-            }
+            Route::Chat | Route::Messages => openai::token_logprob(cx.codec(), last, token, lp),
             Route::Completions => {
                 let top: Map<String, Value> =
                     lp.top.iter().map(|&(t, l)| (text(t), json!(l))).collect();
@@ -897,19 +890,6 @@ fn message_without_reasoning(c: &Choice) -> Value {
     json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls})
 }
 
-/// The text token `t` adds after `last` (leading space included, as the
-/// text reads), which decoding `t` alone loses with SentencePiece.
-fn surface(cx: &Cx<'_>, last: Option<TokenId>, t: TokenId) -> String {
-    let codec = cx.codec();
-    if let Some(p) = last {
-        let before = codec.decode(&[p]);
-        if let Some(added) = codec.decode(&[p, t]).strip_prefix(before.as_str()) {
-            return added.to_string();
-        }
-    }
-    codec.decode(&[t])
-}
-
 /// Completions' `logprobs` object from per-token entries, offsets counted
 /// from `start` bytes into the text.
 fn completion_logprobs(entries: &[Value], start: usize) -> Value {
@@ -937,7 +917,7 @@ fn prompt_logprobs(cx: &Cx<'_>, ids: &[TokenId], scores: &[TokenLogprobs]) -> Va
     let mut entries = Vec::with_capacity(ids.len());
     let mut last = None;
     for (p, &t) in ids.iter().enumerate() {
-        let text = |alt: TokenId| surface(cx, last, alt);
+        let text = |alt: TokenId| surface(cx.codec(), last, alt);
         entries.push(match p.checked_sub(1).and_then(|i| scores.get(i)) {
             None => json!({"token": text(t), "logprob": null, "top": null}),
             Some(lp) => {

@@ -64,7 +64,14 @@ pub struct CreateRequest {
     pub format: Option<Grammar>,
     /// `tools`, `tool_choice`, `parallel_tool_calls`.
     pub tools: Tools,
+    /// Each output text token's log-probability with this many alternatives
+    /// (`include: ["message.output_text.logprobs"]`, `top_logprobs`);
+    /// `None`: none.
+    pub logprobs: Option<u8>,
 }
+
+/// The `include` value that asks for the output text's logprobs.
+pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 /// What the client sent, echoed as sent.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -79,6 +86,8 @@ pub struct Echo {
     pub metadata: Option<Value>,
     /// `text` as sent (its `format`).
     pub text: Option<Value>,
+    /// `top_logprobs` as sent.
+    pub top_logprobs: Option<Value>,
 }
 
 /// Why a client event is not valid: the error event's code, status and
@@ -233,6 +242,7 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
         None => None,
     };
     let tools = openai::tools(&f, FormatShape::Flat).map_err(e)?;
+    let logprobs = logprobs(&f).map_err(e)?;
     if tools.forced() && format.is_some() {
         return Err(e(FieldError::new(
             "tool_choice",
@@ -253,6 +263,7 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
             max_output_tokens: f.raw("max_output_tokens").cloned(),
             metadata,
             text: text.map(|t| Value::Object(t.clone())),
+            top_logprobs: f.raw("top_logprobs").cloned(),
         },
         previous_response_id: f
             .str("previous_response_id")
@@ -264,6 +275,45 @@ fn decode_create(obj: &Map<String, Value>) -> Result<CreateRequest, DecodeError>
         stream_id,
         format,
         tools,
+        logprobs,
+    })
+}
+
+/// The output text's logprobs: asked for by `include` holding
+/// [`INCLUDE_LOGPROBS`] (other `include` values name items this server
+/// does not produce, and are ignored) or by a `top_logprobs` above 0, with
+/// `top_logprobs` (0 to 20) alternatives each.
+fn logprobs(f: &Fields<'_>) -> Result<Option<u8>, FieldError> {
+    let top = match f.u64("top_logprobs")? {
+        Some(k) if k > crate::params::MAX_TOP_LOGPROBS => {
+            return Err(FieldError::new(
+                "top_logprobs",
+                format!(
+                    "must be between 0 and {}, got {k}",
+                    crate::params::MAX_TOP_LOGPROBS
+                ),
+            ))
+        }
+        k => k.map(|k| k as u8),
+    };
+    let mut included = false;
+    if let Some(items) = f.array("include")? {
+        for (i, item) in items.iter().enumerate() {
+            match item.as_str() {
+                Some(s) => included |= s == INCLUDE_LOGPROBS,
+                None => {
+                    return Err(FieldError::new(
+                        format!("include[{i}]"),
+                        format!("must be a string, got {}", json::type_name(item)),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(match top {
+        Some(k) if included || k > 0 => Some(k),
+        None if included => Some(0),
+        _ => None,
     })
 }
 
@@ -462,18 +512,41 @@ pub fn reasoning_item(id: &str, status: &str, text: Option<&str>) -> Value {
 }
 
 /// An output text part.
-pub fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+pub fn text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+}
+
+/// Log-probability entries as the text events carry them
+/// (`response.output_text.delta` and `.done`): without the `bytes` the
+/// content part's entries have, at either level.
+pub fn event_logprobs(entries: &[Value]) -> Vec<Value> {
+    let strip = |e: &Value| {
+        let mut e = e.clone();
+        if let Some(o) = e.as_object_mut() {
+            o.remove("bytes");
+        }
+        e
+    };
+    entries
+        .iter()
+        .map(|e| {
+            let mut out = strip(e);
+            if let Some(top) = e["top_logprobs"].as_array() {
+                out["top_logprobs"] = top.iter().map(strip).collect();
+            }
+            out
+        })
+        .collect()
 }
 
 /// An assistant message item.
-pub fn message_item(id: &str, status: &str, text: Option<&str>) -> Value {
+pub fn message_item(id: &str, status: &str, text: Option<(&str, &[Value])>) -> Value {
     json!({
         "type": "message",
         "id": id,
         "role": "assistant",
         "status": status,
-        "content": text.map_or_else(Vec::new, |t| vec![text_part(t)]),
+        "content": text.map_or_else(Vec::new, |(t, lp)| vec![text_part(t, lp)]),
     })
 }
 

@@ -30,7 +30,7 @@ use self::store::{ResponseStore, Stored};
 use super::{openai, Cx, DialectConn, Refusal};
 use crate::api::{Dialect, Transport};
 use crate::constraint::Constraint;
-use crate::engine::SeqId;
+use crate::engine::{SeqId, TokenId};
 use crate::gen::{Failure, FinishReason, GenRequest, RequestPart, TokenPiece};
 use crate::json::f32_number;
 use crate::params::{self, GenParams, ParamNames};
@@ -104,6 +104,17 @@ struct Draft {
     thinker: Option<ReasoningSplitter>,
     /// The reasoning item, while open: its id, place in `output` and text.
     reasoning: Option<(String, usize, String)>,
+    /// Alternatives per token where the output text's logprobs are asked
+    /// for ([`codec::CreateRequest::logprobs`]).
+    logprobs: Option<u8>,
+    /// Log-probability entries of tokens whose text is not out yet (held
+    /// by the call splitter): they go with the text delta that releases
+    /// it, or nowhere if it turns out a call's or the reasoning's.
+    pending_logprobs: Vec<Value>,
+    /// The open message's entries so far (its `output_text.logprobs`).
+    msg_logprobs: Vec<Value>,
+    /// The last token generated (how the next one's text reads).
+    last_token: Option<TokenId>,
 }
 
 impl Draft {
@@ -136,6 +147,7 @@ impl Draft {
             "max_output_tokens": self.echo.max_output_tokens.clone().unwrap_or(Value::Null),
             "metadata": self.echo.metadata.clone().unwrap_or_else(|| json!({})),
             "text": self.echo.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}})),
+            "top_logprobs": self.echo.top_logprobs.clone().unwrap_or(Value::Null),
             "error": error,
             "incomplete_details": incomplete,
             "usage": if usage { self.usage.to_json() } else { Value::Null },
@@ -297,6 +309,10 @@ impl ResponsesConn {
             thinker: None,
             reasoning: None,
             constraint,
+            logprobs: req.logprobs,
+            pending_logprobs: Vec::new(),
+            msg_logprobs: Vec::new(),
+            last_token: None,
         };
         let mut prompt = Vec::with_capacity(draft.messages.len() + 1);
         if let Some(i) = &draft.instructions {
@@ -368,10 +384,13 @@ impl ResponsesConn {
             draft.thinker = Some(plan.splitter(opened));
             draft.constraint = plan.constrain(draft.constraint.take(), opened);
         }
+        // The first token's text reads as it follows the prompt, as Chat
+        // Completions reads it.
+        draft.last_token = encoded.ids.last().copied();
         let req = GenRequest {
             prompt_ids: encoded.ids,
             params: draft.params.clone(),
-            logprobs: None,
+            logprobs: draft.logprobs,
             raw: false,
             reuse_kv: None,
             constraint: draft.constraint.clone(),
@@ -411,6 +430,7 @@ impl ResponsesConn {
         draft.msg_id = cx.new_id("msg_");
         draft.msg_index = draft.output.len();
         draft.text.clear();
+        draft.msg_logprobs.clear();
         let at = draft.msg_index;
         let item = codec::message_item(&draft.msg_id, "in_progress", None);
         draft.emit_json(
@@ -481,7 +501,9 @@ impl ResponsesConn {
         draft.text.push_str(text);
         draft.transcript.content.push_str(text);
         let (msg_id, at) = (draft.msg_id.clone(), draft.msg_index);
-        draft.emit_json(cx, json!({"type": "response.output_text.delta", "item_id": msg_id, "output_index": at, "content_index": 0, "delta": text, "logprobs": []}));
+        let logprobs = std::mem::take(&mut draft.pending_logprobs);
+        draft.msg_logprobs.extend(logprobs.iter().cloned());
+        draft.emit_json(cx, json!({"type": "response.output_text.delta", "item_id": msg_id, "output_index": at, "content_index": 0, "delta": text, "logprobs": codec::event_logprobs(&logprobs)}));
     }
 
     /// A call the model made: the open message closes, and a
@@ -521,9 +543,10 @@ impl ResponsesConn {
         let id = draft.msg_id.clone();
         let text = draft.text.clone();
         let at = draft.msg_index;
-        draft.emit_json(cx, json!({"type": "response.output_text.done", "item_id": id, "output_index": at, "content_index": 0, "text": text, "logprobs": []}));
-        draft.emit_json(cx, json!({"type": "response.content_part.done", "item_id": id, "output_index": at, "content_index": 0, "part": codec::text_part(&text)}));
-        let item = codec::message_item(&id, item_status, Some(&text));
+        let logprobs = std::mem::take(&mut draft.msg_logprobs);
+        draft.emit_json(cx, json!({"type": "response.output_text.done", "item_id": id, "output_index": at, "content_index": 0, "text": text, "logprobs": codec::event_logprobs(&logprobs)}));
+        draft.emit_json(cx, json!({"type": "response.content_part.done", "item_id": id, "output_index": at, "content_index": 0, "part": codec::text_part(&text, &logprobs)}));
+        let item = codec::message_item(&id, item_status, Some((&text, &logprobs)));
         draft.emit_json(
             cx,
             json!({"type": "response.output_item.done", "output_index": at, "item": item.clone()}),
@@ -691,6 +714,15 @@ impl DialectConn for ResponsesConn {
             return;
         }
         let draft = &mut inflight.draft;
+        if let (Some(t), Some(lp)) = (piece.token_id, piece.logprobs.as_ref()) {
+            if draft.logprobs.is_some() {
+                let entry = openai::token_logprob(cx.codec(), draft.last_token, t, lp);
+                draft.pending_logprobs.push(entry);
+            }
+        }
+        if let Some(t) = piece.token_id {
+            draft.last_token = Some(t);
+        }
         let answer = match draft.thinker.as_mut() {
             None => piece.text.clone(),
             Some(thinker) => {
@@ -698,9 +730,14 @@ impl DialectConn for ResponsesConn {
                 if piece.finish.is_some() {
                     split.extend(thinker.finish());
                 }
-                if thinker.last_in_reasoning() {
+                let reasoning_token = thinker.last_in_reasoning();
+                if reasoning_token {
                     // Every token so far, this one included.
                     draft.usage.reasoning_tokens = cx.gen(id).map_or(0, |g| g.completion_tokens());
+                    if split.answer.is_empty() {
+                        // Not the answer's: no entry in its logprobs.
+                        draft.pending_logprobs.pop();
+                    }
                 }
                 Self::push_reasoning(cx, draft, &split.reasoning);
                 split.answer
@@ -719,8 +756,17 @@ impl DialectConn for ResponsesConn {
         for item in released {
             match item {
                 Released::Text(t) => Self::push_text(cx, draft, &t),
-                Released::Call(c) => Self::push_call(cx, draft, c),
+                Released::Call(c) => {
+                    // The call's own tokens: no text to score.
+                    draft.pending_logprobs.clear();
+                    Self::push_call(cx, draft, c)
+                }
             }
+        }
+        if draft.splitter.is_none() {
+            // Nothing is held: a token that added no answer text was the
+            // reasoning's (or added none at all).
+            draft.pending_logprobs.clear();
         }
         let Some(reason) = piece.finish else { return };
         if let Some(g) = cx.gen(id) {
