@@ -274,48 +274,68 @@ impl Engine {
         let dtype = model.weights().dtype.clone();
         let vocab_size = cfg.vocab_size as u32;
         let embedding_size = cfg.hidden_size as u32;
-        let model = Arc::new(model.for_context(context as usize));
+        // LongRoPE's factors follow the context served: the one asked for,
+        // or what the default pool holds of it (wgpu may cut that pool
+        // further to the device's largest binding: then the backend is
+        // built again below, where that changes the factors).
+        let pooled = |blocks: u32| {
+            if opts.num_blocks.is_none() {
+                context.min(u64::from(blocks) * u64::from(opts.block_size))
+            } else {
+                context
+            }
+        };
+        let model = Arc::new(model.for_context(pooled(num_blocks) as usize));
         report(
             &opts.progress,
             0.3,
             "setting up the backend and its KV cache",
         );
-        let backend: Box<dyn Backend> = match &opts.backend {
-            BackendKind::Cpu => Box::new(
-                CpuBackend::with(
+        let build = |model: &Arc<Model>, num_blocks: u32| -> Result<Box<dyn Backend>, LoadError> {
+            Ok(match &opts.backend {
+                BackendKind::Cpu => Box::new(
+                    CpuBackend::with(
+                        model.clone(),
+                        opts.block_size as usize,
+                        num_blocks as usize,
+                        Kernels::detect(),
+                        opts.cpu_activations,
+                    )
+                    .map_err(LoadError::Options)?,
+                ),
+                BackendKind::Wgpu {
+                    adapter,
+                    cooperative_matrix,
+                } => Box::new(WgpuBackend::new(
                     model.clone(),
                     opts.block_size as usize,
                     num_blocks as usize,
-                    Kernels::detect(),
-                    opts.cpu_activations,
-                )
-                .map_err(LoadError::Options)?,
-            ),
-            BackendKind::Wgpu {
-                adapter,
-                cooperative_matrix,
-            } => Box::new(WgpuBackend::new(
-                model.clone(),
-                opts.block_size as usize,
-                num_blocks as usize,
-                &WgpuOptions {
-                    adapter: adapter.clone(),
-                    cooperative_matrix: *cooperative_matrix,
-                    progress: opts.progress.as_ref().map(|p| p.span(0.3, 1.0)),
-                    fit_kv_pool: opts.num_blocks.is_none(),
-                    ..WgpuOptions::default()
-                },
-            )?),
+                    &WgpuOptions {
+                        adapter: adapter.clone(),
+                        cooperative_matrix: *cooperative_matrix,
+                        progress: opts.progress.as_ref().map(|p| p.span(0.3, 1.0)),
+                        fit_kv_pool: opts.num_blocks.is_none(),
+                        ..WgpuOptions::default()
+                    },
+                )?),
+            })
         };
+        let mut backend = build(&model, num_blocks)?;
         // The default pool may have been cut to the budget or to the
         // device's binding: a context it cannot hold once is lowered to what
         // it holds, so no request is admitted that could never be placed.
         let num_blocks = backend.kv_blocks() as u32;
-        let context_len = if opts.num_blocks.is_none() {
-            context.min(u64::from(num_blocks) * u64::from(opts.block_size))
-        } else {
-            context
-        };
+        let context_len = pooled(num_blocks);
+        let mut model = model;
+        let served = model
+            .config()
+            .rope_scaling
+            .for_context(context_len as usize);
+        if served != model.config().rope_scaling {
+            model = Arc::new((*model).clone().for_context(context_len as usize));
+            drop(backend);
+            backend = build(&model, num_blocks)?;
+        }
         let info = ModelInfo {
             name: identity.name,
             version: identity.version,

@@ -84,7 +84,7 @@ impl ModelConfig {
                 return Err(LoadError::Unsupported {
                     path: path.to_path_buf(),
                     msg: format!(
-                        "`{}` = {n} below the head width {head_dim} (RoPE over part of each head)",
+                        "`{}` = {n}, not the head width {head_dim} (RoPE over part of each head)",
                         key("rope.dimension_count")
                     ),
                 });
@@ -113,10 +113,9 @@ impl ModelConfig {
                             key("rope.scaling.attn_factor")
                         )))
                     }
-                    None => crate::rope::longrope_mscale(
-                        max_position_embeddings as f64 / original_context as f64,
-                        original_context,
-                    ),
+                    // llama.cpp leaves the rotations unscaled without it
+                    // (its converter always writes it).
+                    None => 1.0,
                 };
                 Some(RopeScaling::LongRope {
                     short,

@@ -339,9 +339,17 @@ impl Weights {
         let mut bias = |name: String| biases.remove(&name).map(|m| m.to_f32_vec());
         for (l, layer) in layers.iter_mut().enumerate() {
             let p = format!("model.layers.{l}.self_attn");
-            layer.q.b = bias(format!("{p}.q_proj.bias"));
-            layer.k.b = bias(format!("{p}.k_proj.bias"));
-            layer.v.b = bias(format!("{p}.v_proj.bias"));
+            if let Some(qkv) = bias(format!("{p}.qkv_proj.bias")) {
+                // A stacked bias splits as its matrix's rows do.
+                let (q, kv) = (layer.q.out_dim(), layer.k.out_dim());
+                layer.q.b = Some(qkv[..q].to_vec());
+                layer.k.b = Some(qkv[q..q + kv].to_vec());
+                layer.v.b = Some(qkv[q + kv..].to_vec());
+            } else {
+                layer.q.b = bias(format!("{p}.q_proj.bias"));
+                layer.k.b = bias(format!("{p}.k_proj.bias"));
+                layer.v.b = bias(format!("{p}.v_proj.bias"));
+            }
             layer.o.b = bias(format!("{p}.o_proj.bias"));
         }
         Ok(Weights {

@@ -602,7 +602,7 @@ fn a_phi3_gguf_file_computes_what_its_hugging_face_checkpoint_does() {
         .expect_err("partial RoPE")
         .to_string();
     assert!(
-        e.contains("`phi3.rope.dimension_count` = 2 below the head width 4"),
+        e.contains("`phi3.rope.dimension_count` = 2, not the head width 4"),
         "{e}"
     );
     let mut half = file.clone();

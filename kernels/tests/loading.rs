@@ -230,6 +230,26 @@ fn phi3_splits_its_stacked_projections_into_the_llama_s() {
         logits_alone(&mut load(&a).expect("loads"), PROMPT),
         logits_alone(&mut load(&b).expect("loads"), PROMPT)
     );
+    // A stacked bias is split as its rows are.
+    let mut tensors = phi3_toy_tensors(&Toy::default());
+    let qkv_bias: Vec<f32> = (0..16 + 8 + 8).map(|i| i as f32 / 10.0).collect();
+    for l in 0..2 {
+        tensors.push((
+            format!("model.layers.{l}.self_attn.qkv_proj.bias"),
+            vec![qkv_bias.len()],
+            encode(Dtype::F32, &qkv_bias),
+        ));
+    }
+    let mut cfg = phi3_toy_config(serde_json::Value::Null);
+    cfg["attention_bias"] = serde_json::json!(true);
+    dir.write("config.json", cfg.to_string());
+    write_weights(&dir, Dtype::F32, 0, &tensors);
+    let biased = load(&dir).expect("loads");
+    let layer = &biased.model().weights().layers[1];
+    assert_eq!(layer.q.b.as_deref(), Some(&qkv_bias[..16]));
+    assert_eq!(layer.k.b.as_deref(), Some(&qkv_bias[16..24]));
+    assert_eq!(layer.v.b.as_deref(), Some(&qkv_bias[24..]));
+    write_phi3_toy(&dir, &Toy::default(), serde_json::Value::Null);
     // A missing stacked matrix is named; a mis-shaped one too.
     let mut tensors = phi3_toy_tensors(&Toy::default());
     tensors.retain(|t| t.0 != "model.layers.1.mlp.gate_up_proj.weight");
@@ -324,6 +344,29 @@ fn phi3_longrope_takes_its_long_factors_only_past_the_trained_context() {
         max_abs_diff(&u, &s) > 1e-3,
         "the attention factor is applied"
     );
+    // A default pool that holds less than the pre-trained context serves
+    // that much, with the short factors.
+    let mut cfg = phi3_toy_config(scaling.clone());
+    cfg["original_max_position_embeddings"] = serde_json::json!(100);
+    write_phi3_toy(&dir, &Toy::default(), scaling.clone());
+    dir.write("config.json", cfg.to_string());
+    let small = Engine::load(
+        dir.path(),
+        &EngineOptions {
+            block_size: 1,
+            kv_budget: Some(1),
+            ..EngineOptions::default()
+        },
+    )
+    .expect("loads");
+    assert_eq!(small.model_info().context_len, 64, "the smallest pool");
+    assert!(matches!(
+        small.model().config().rope_scaling,
+        tokenwire_kernels::RopeScaling::LongRope {
+            use_long: false,
+            ..
+        }
+    ));
     // Bad lists are named.
     for (edit, needle) in [
         (
