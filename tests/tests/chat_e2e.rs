@@ -476,6 +476,19 @@ async fn allowed_token_ids_bad_words_and_include_stop_str() {
     assert_eq!(text(&kept), format!("{}{stop}", &plain[..at]));
     let cut = ask(json!({ "stop": [stop] })).await;
     assert_eq!(text(&cut), plain[..at]);
+    // A grammar the allowed ids cannot write: the answer ends, empty.
+    let none = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&body(json!({"allowed_token_ids": [300], "max_tokens": 8,
+            "response_format": {"type": "json_object"}}))),
+    )
+    .await;
+    assert_eq!(none.status, 200, "{}", none.body);
+    let v = none.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "", "{v}");
     // Bad values name their field.
     for (extra, field) in [
         (

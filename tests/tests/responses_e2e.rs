@@ -262,6 +262,13 @@ async fn output_text_logprobs_match_chat_completions() {
     let part = &resp["output"][0]["content"][0];
     let entries = part["logprobs"].as_array().expect("logprobs").clone();
     assert_eq!(entries.len(), 8, "{part}");
+    // The store keeps the text, not the logprobs.
+    let id = resp["id"].as_str().expect("id");
+    let stored = http(&server, "GET", &format!("/v1/responses/{id}"), None)
+        .await
+        .json();
+    assert_eq!(stored["output"][0]["content"][0]["text"], part["text"]);
+    assert_eq!(stored["output"][0]["content"][0]["logprobs"], json!([]));
     let joined: String = entries
         .iter()
         .map(|e| e["token"].as_str().expect("token"))

@@ -834,12 +834,6 @@ fn message(c: &Choice, reasoning: bool) -> Value {
     m
 }
 
-/// How to read this request's answers: the server's reasoning parser, for
-/// chat answers. Under a grammar (`response_format`, forced calls) the
-/// grammar waits for the reasoning to end where the model's tags are one
-/// token each ([`ReasoningPlan::new`]); where not, the grammar's text is
-/// all answer and nothing is split. A thinking budget is enforced where
-/// the tags are one token each.
 /// A request's `allowed_token_ids` and `bad_words` as token ids: each bad
 /// word as vLLM tokenizes it, its leading whitespace dropped, and also
 /// with one space before it where that is as many tokens and starts with
@@ -865,6 +859,12 @@ fn token_rules(cx: &Cx<'_>, req: &ChatRequest) -> TokenRules {
     }
 }
 
+/// How to read this request's answers: the server's reasoning parser, for
+/// chat answers. Under a grammar (`response_format`, forced calls) the
+/// grammar waits for the reasoning to end where the model's tags are one
+/// token each ([`ReasoningPlan::new`]); where not, the grammar's text is
+/// all answer and nothing is split. A thinking budget is enforced where
+/// the tags are one token each.
 fn reasoning_plan(cx: &Cx<'_>, req: &ChatRequest, constrained: bool) -> Option<ReasoningPlan> {
     let tags = cx.config().reasoning_tags?;
     if req.route == Route::Completions {

@@ -539,6 +539,20 @@ pub fn event_logprobs(entries: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// A Response object with its text parts' logprobs emptied: what the
+/// store keeps, which is bounded by count, so that a response's size there
+/// is its text's (up to 21 alternatives per token would be many times it).
+pub fn without_logprobs(mut object: Value) -> Value {
+    for item in object["output"].as_array_mut().into_iter().flatten() {
+        for part in item["content"].as_array_mut().into_iter().flatten() {
+            if part["type"] == "output_text" {
+                part["logprobs"] = json!([]);
+            }
+        }
+    }
+    object
+}
+
 /// An assistant message item.
 pub fn message_item(id: &str, status: &str, text: Option<(&str, &[Value])>) -> Value {
     json!({

@@ -589,7 +589,7 @@ impl ResponsesConn {
                     &owner,
                     draft.id.clone(),
                     Stored {
-                        response: object,
+                        response: codec::without_logprobs(object),
                         messages: draft.messages.clone(),
                     },
                 );
@@ -734,7 +734,7 @@ impl DialectConn for ResponsesConn {
                 if reasoning_token {
                     // Every token so far, this one included.
                     draft.usage.reasoning_tokens = cx.gen(id).map_or(0, |g| g.completion_tokens());
-                    if split.answer.is_empty() {
+                    if split.answer.is_empty() && piece.token_id.is_some() {
                         // Not the answer's: no entry in its logprobs.
                         draft.pending_logprobs.pop();
                     }
@@ -762,11 +762,6 @@ impl DialectConn for ResponsesConn {
                     Self::push_call(cx, draft, c)
                 }
             }
-        }
-        if draft.splitter.is_none() {
-            // Nothing is held: a token that added no answer text was the
-            // reasoning's (or added none at all).
-            draft.pending_logprobs.clear();
         }
         let Some(reason) = piece.finish else { return };
         if let Some(g) = cx.gen(id) {
