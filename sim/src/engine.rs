@@ -399,6 +399,7 @@ impl SimEngine {
             let mut draft = s.draft.iter();
             loop {
                 let token = next_token(&self.symbols, self.opts.eos_permille, st, seed);
+                let token = allowed_or_next(token, s.allowed.as_deref());
                 st.sampled = Some((st.tokens.len(), token));
                 let logprobs = s.logprobs.map(|n| alternatives(token, n));
                 results.push(SeqResult {
@@ -540,6 +541,21 @@ fn next_token(symbols: &[Vec<u8>], eos_permille: u32, st: &SeqState, seed: u64) 
     TokenId::from(sym[0]) + BYTE_OFFSET
 }
 
+/// `token`, or where `allowed` (a grammar's or a request's token mask)
+/// forbids it, the next id it allows, counting up from it around the
+/// vocabulary: as a real engine, never a token outside the mask, and
+/// still a function of the history alone. (A mask that allows nothing
+/// leaves `token`, which the core then refuses as the mask's.)
+fn allowed_or_next(token: TokenId, allowed: Option<&tokenwire_core::TokenMask>) -> TokenId {
+    let Some(mask) = allowed else {
+        return token;
+    };
+    (0..BYTE_VOCAB)
+        .map(|i| (token + i) % BYTE_VOCAB)
+        .find(|&t| mask.allows(t))
+        .unwrap_or(token)
+}
+
 /// `n` plausible alternatives to `token` with falling log-probabilities.
 fn alternatives(token: TokenId, n: u8) -> TokenLogprobs {
     TokenLogprobs {
@@ -556,6 +572,24 @@ fn alternatives(token: TokenId, n: u8) -> TokenLogprobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mask_moves_the_token_to_the_next_id_it_allows() {
+        let mut mask = tokenwire_core::TokenMask::none(BYTE_VOCAB);
+        for id in [2, 100, 140] {
+            mask.allow(id);
+        }
+        assert_eq!(allowed_or_next(100, Some(&mask)), 100);
+        assert_eq!(allowed_or_next(101, Some(&mask)), 140);
+        assert_eq!(
+            allowed_or_next(141, Some(&mask)),
+            2,
+            "around the vocabulary"
+        );
+        assert_eq!(allowed_or_next(77, None), 77);
+        let nothing = tokenwire_core::TokenMask::none(BYTE_VOCAB);
+        assert_eq!(allowed_or_next(77, Some(&nothing)), 77);
+    }
     use tokenwire_core::testing::tiny_model_info;
     use tokenwire_core::{SamplingParams, SeqStep};
 

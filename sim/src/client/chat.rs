@@ -8,7 +8,8 @@
 //! choices (`n`), streams with and without usage, logprobs with
 //! alternatives, stop strings, batches of prompts as text and as token ids,
 //! `echo` with `logprobs` (prompt scoring), `max_tokens: 0` with `echo`,
-//! embeddings as floats and base64, cut to `dimensions`. Now and then one
+//! embeddings as floats and base64, cut to `dimensions`, vLLM's
+//! `allowed_token_ids` and `bad_words`. Now and then one
 //! names a model this server does not serve, or asks for more than the
 //! bounds allow. Every prompt, message list, embedding input and text to
 //! tokenize starts with the connection's tag (see [`super`]), as token ids
@@ -16,7 +17,7 @@
 
 use serde_json::{json, Map, Value};
 use tokenwire_core::rng::Rng;
-use tokenwire_core::text::byte::ByteCodec;
+use tokenwire_core::text::byte::{ByteCodec, BYTE_EOS, BYTE_OFFSET};
 use tokenwire_core::{TextCodec, TokenId};
 
 use super::{chance, text};
@@ -174,7 +175,46 @@ fn chat(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Value {
         body.insert("logprobs".into(), json!(true));
         body.insert("top_logprobs".into(), json!(rng.below(4)));
     }
+    limits(rng, swarm, &mut body);
     Value::Object(body)
+}
+
+/// Now and then vLLM's `allowed_token_ids` (a few of the engine's ASCII
+/// symbols, mostly with the end of sequence) and `bad_words` (pairs of
+/// them, so the engine runs into them), which every choice must keep.
+fn limits(rng: &mut Rng, swarm: &Swarm, body: &mut Map<String, Value>) {
+    let ascii: Vec<u8> = swarm
+        .engine
+        .symbols
+        .iter()
+        .filter(|s| s.len() == 1)
+        .map(|s| s.as_bytes()[0])
+        .collect();
+    if ascii.is_empty() {
+        return;
+    }
+    let pick = |rng: &mut Rng| ascii[rng.below(ascii.len() as u64) as usize];
+    if chance(rng, 0.1) {
+        let mut ids: Vec<TokenId> = (0..1 + rng.below(4))
+            .map(|_| TokenId::from(pick(rng)) + BYTE_OFFSET)
+            .collect();
+        if chance(rng, 0.7) {
+            ids.push(BYTE_EOS);
+        }
+        body.insert("allowed_token_ids".into(), json!(ids));
+    }
+    if chance(rng, 0.1) {
+        let words: Vec<String> = (0..1 + rng.below(2))
+            .map(|_| {
+                let pair = [pick(rng), pick(rng)];
+                String::from_utf8_lossy(&pair).into_owned()
+            })
+            .filter(|w| !w.trim().is_empty())
+            .collect();
+        if !words.is_empty() {
+            body.insert("bad_words".into(), json!(words));
+        }
+    }
 }
 
 /// A Completions body: one prompt or a batch, text or token ids, scored
@@ -207,6 +247,9 @@ fn completions(rng: &mut Rng, swarm: &Swarm, tag: &str, cap: u64) -> Value {
         body.insert("max_tokens".into(), json!(0));
     } else if chance(rng, 0.85) {
         body.insert("max_tokens".into(), json!(1 + rng.below(cap)));
+    }
+    if !echo {
+        limits(rng, swarm, &mut body);
     }
     Value::Object(body)
 }

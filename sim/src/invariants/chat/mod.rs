@@ -12,10 +12,12 @@
 //! scores, position by position, and `max_tokens: 0` ([`scores`]); each
 //! embedding the engine's vector of its own input, normalized
 //! ([`embeddings`]); the tokenizer routes as the tokenizer reads
-//! ([`tokenize`]).
+//! ([`tokenize`]); vLLM's `allowed_token_ids` and `bad_words` kept in every
+//! choice ([`limits`]).
 
 pub mod answers;
 pub mod embeddings;
+pub mod limits;
 pub mod refusals;
 pub mod replies;
 pub mod scores;
@@ -35,5 +37,6 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         OnAnswers::checker(scores::ChatScores),
         OnAnswers::checker(embeddings::ChatEmbeddings),
         OnAnswers::checker(tokenize::ChatTokenize),
+        OnAnswers::checker(limits::ChatTokenLimits),
     ]
 }
