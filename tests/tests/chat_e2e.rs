@@ -504,6 +504,72 @@ async fn allowed_token_ids_bad_words_and_include_stop_str() {
     server.shutdown().await;
 }
 
+/// vLLM's `truncate_prompt_tokens`: a prompt twice the context, cut to
+/// its last 100 tokens, is answered as those 100 ids given as the prompt
+/// are (its echo is their text), where uncut it is refused; a long
+/// conversation is cut after its template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_prompt_tokens_keeps_the_last_tokens() {
+    let server = server().await;
+    let post = |path: &'static str, body: Value| {
+        let server = &server;
+        async move { http(server, "POST", path, Some(&body.to_string())).await }
+    };
+    let long = "Once upon a time there was a little dog. ".repeat(100);
+    let ids = post("/tokenize", json!({"model": "stories260K", "prompt": long}))
+        .await
+        .json()["tokens"]
+        .as_array()
+        .expect("tokens")
+        .clone();
+    assert!(ids.len() > 1000, "{} tokens", ids.len());
+    let last = ids[ids.len() - 100..].to_vec();
+    let ask = |prompt: Value, extra: Value| {
+        let mut b = json!({"model": "stories260K", "prompt": prompt, "max_tokens": 8,
+                           "temperature": 0});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        post("/v1/completions", b)
+    };
+    let refused = ask(json!(long), json!({})).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "context_length_exceeded");
+    let cut = ask(json!(long), json!({"truncate_prompt_tokens": 100})).await;
+    assert_eq!(cut.status, 200, "{}", cut.body);
+    let cut = cut.json();
+    assert_eq!(cut["usage"]["prompt_tokens"], 100, "{cut}");
+    let given = ask(json!(last), json!({})).await.json();
+    assert_eq!(cut["choices"][0]["text"], given["choices"][0]["text"]);
+    // Ids are cut as given; an echo is the text of what is kept.
+    let ids_cut = ask(json!(ids), json!({"truncate_prompt_tokens": 100}))
+        .await
+        .json();
+    assert_eq!(ids_cut["choices"][0]["text"], given["choices"][0]["text"]);
+    let echoed = ask(
+        json!(long),
+        json!({"truncate_prompt_tokens": 100, "echo": true}),
+    )
+    .await
+    .json();
+    let kept = post("/detokenize", json!({ "tokens": last })).await.json();
+    let kept = kept["prompt"].as_str().expect("text");
+    let text = echoed["choices"][0]["text"].as_str().expect("text");
+    assert!(text.starts_with(kept), "{text:?} / {kept:?}");
+    // A conversation, cut after its template.
+    let chat = http(
+        &server,
+        "POST",
+        CHAT,
+        Some(&body(json!({"max_tokens": 4, "truncate_prompt_tokens": 50,
+            "messages": [{"role": "user", "content": long}]}))),
+    )
+    .await;
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    assert_eq!(chat.json()["usage"]["prompt_tokens"], 50);
+    server.shutdown().await;
+}
+
 /// vLLM's `/tokenize` and `/detokenize`: a prompt's ids are the ones the
 /// Completions route counts, a conversation's those Chat Completions
 /// counts, the text of the ids is the prompt again, and bad bodies name

@@ -117,6 +117,40 @@ async fn vectors_are_the_engine_s_pooled_states_in_order() {
     server.shutdown().await;
 }
 
+/// vLLM's `truncate_prompt_tokens`: an input longer than the context, cut
+/// to its last 40 tokens, is the engine's vector of those 40 (as text and
+/// as ids); uncut, it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_prompt_tokens_embeds_the_last_tokens() {
+    let server = server(EmbedPooling::Auto).await;
+    let mut engine = Engine::load(&stories260k(), &EngineOptions::default()).expect("engine");
+    let long = "The cat sat on the mat and looked at the moon. ".repeat(60);
+    let ids = engine.codec().encode(&long, true).expect("encode");
+    assert!(ids.len() > 512, "{} tokens", ids.len());
+    let want = reference(&mut engine, &ids[ids.len() - 40..], Pooling::Mean);
+    let refused = http(
+        &server,
+        "POST",
+        ROUTE,
+        Some(&json!({"model": "stories260K", "input": long}).to_string()),
+    )
+    .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    for input in [json!([long]), json!([ids])] {
+        let body = json!({"model": "stories260K", "input": input, "truncate_prompt_tokens": 40});
+        let r = http(&server, "POST", ROUTE, Some(&body.to_string())).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["usage"]["prompt_tokens"], 40, "{v}");
+        assert_close(
+            &floats(&v["data"][0]["embedding"]),
+            &want,
+            "the last 40 tokens",
+        );
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pooling_flag_is_used_and_off_turns_the_route_off() {
     let last = server(EmbedPooling::Fixed(Pooling::Last)).await;

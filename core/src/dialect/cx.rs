@@ -178,6 +178,20 @@ impl<'a> Cx<'a> {
         self.encode_text(text, max_tokens, true)
     }
 
+    /// [`Cx::encode_prompt`] for a prompt that is cut to its last tokens
+    /// once tokenized (vLLM's `truncate_prompt_tokens`): its length is
+    /// not bounded here, only the content filter applies.
+    pub fn encode_prompt_to_cut(&mut self, text: String) -> Result<TextJobId, StartError> {
+        self.check_filter([text.as_str()])?;
+        Ok(self.port.tokenize(
+            self.conn,
+            TextWork::Encode {
+                text,
+                add_special: true,
+            },
+        ))
+    }
+
     /// [`Cx::encode_prompt`], with the tokenizer's special tokens (BOS)
     /// added only when `add_special` is set (vLLM's `add_special_tokens`).
     pub fn encode_text(

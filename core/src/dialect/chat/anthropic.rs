@@ -96,6 +96,7 @@ pub(super) fn decode(
         fit_to_context: true,
         allowed_token_ids: None,
         bad_words: Vec::new(),
+        truncate_prompt_tokens: None,
     })
 }
 

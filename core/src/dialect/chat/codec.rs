@@ -134,6 +134,11 @@ pub struct ChatRequest {
     /// vLLM's `bad_words`: words never generated ([`crate::token_rules`]),
     /// tokenized with the prompt.
     pub bad_words: Vec<String>,
+    /// vLLM's `truncate_prompt_tokens`: each prompt is cut to its last this
+    /// many tokens once tokenized (a conversation after its template, a
+    /// prompt of ids as given), before its length is checked; `None`: no
+    /// cut.
+    pub truncate_prompt_tokens: Option<u32>,
 }
 
 /// Most `bad_words` one request may give.
@@ -209,9 +214,15 @@ pub fn decode(
     }
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
+    let truncate_prompt_tokens = truncation(&f, context_len)?;
     let input = match route {
         Route::Chat | Route::Messages => Input::Messages(continued(&f, messages(&f)?)?),
-        Route::Completions => Input::Prompts(completion_prompts(&f, vocab_size, context_len)?),
+        Route::Completions => Input::Prompts(completion_prompts(
+            &f,
+            vocab_size,
+            context_len,
+            truncate_prompt_tokens,
+        )?),
     };
     // `max_completion_tokens` is the newer name; it wins when both are set,
     // but a `max_tokens` that is no count at all is still refused.
@@ -343,6 +354,14 @@ pub fn decode(
                 "`suffix` cannot be combined with `echo`",
             ));
         }
+        if truncate_prompt_tokens.is_some() {
+            // A cut from the left would take the markers the server writes
+            // before the text.
+            return Err(BadRequest::field(
+                "truncate_prompt_tokens",
+                "`truncate_prompt_tokens` cannot be combined with `suffix`",
+            ));
+        }
         let any_ids = matches!(&input, Input::Prompts(p) if p.iter().any(|p| matches!(p, PromptInput::Ids(_))));
         if any_ids {
             return Err(BadRequest::field(
@@ -421,7 +440,27 @@ pub fn decode(
         fit_to_context: false,
         allowed_token_ids,
         bad_words,
+        truncate_prompt_tokens,
     })
+}
+
+/// vLLM's `truncate_prompt_tokens`: a number of tokens from 1 to the
+/// context length, or -1 for the context length; `None` when absent.
+pub(super) fn truncation(f: &Fields<'_>, context_len: u32) -> Result<Option<u32>, BadRequest> {
+    let bad = |v: &Value| {
+        BadRequest::field(
+            "truncate_prompt_tokens",
+            format!("must be -1 (the context length) or from 1 to the context length {context_len}, got {v}"),
+        )
+    };
+    match f.raw("truncate_prompt_tokens") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(-1) => Ok(Some(context_len)),
+            Some(k) if k >= 1 && k <= i64::from(context_len) => Ok(Some(k as u32)),
+            _ => Err(bad(v)),
+        },
+    }
 }
 
 /// vLLM's `bad_words`: up to [`MAX_BAD_WORDS`] non-empty strings of at
@@ -852,6 +891,7 @@ fn completion_prompts(
     f: &Fields<'_>,
     vocab: u32,
     context_len: u32,
+    truncate: Option<u32>,
 ) -> Result<Vec<PromptInput>, BadRequest> {
     let items = match f.raw("prompt") {
         Some(Value::Array(a)) => a,
@@ -861,7 +901,15 @@ fn completion_prompts(
         if a.is_empty() {
             return Err(BadRequest::field(field, "must not be empty"));
         }
-        prompt_ids(field, a, vocab, context_len).map(PromptInput::Ids)
+        // Cut before the length is checked; every id is still checked.
+        let kept = match truncate {
+            Some(k) => {
+                token_ids(field, a, vocab)?;
+                &a[a.len().saturating_sub(k as usize)..]
+            }
+            None => a,
+        };
+        prompt_ids(field, kept, vocab, context_len).map(PromptInput::Ids)
     };
     if items.is_empty() {
         return Err(BadRequest::field("prompt", "must not be empty"));
@@ -1403,6 +1451,40 @@ mod tests {
             let e = chat(b).expect_err("refused");
             assert_eq!(e.param.as_deref(), Some(field), "{extra}");
         }
+    }
+
+    #[test]
+    fn truncate_prompt_tokens_cuts_id_prompts_before_their_length_is_checked() {
+        let completions = |v: Value| decode(Route::Completions, &body(v), 64, 512, 1000);
+        let long: Vec<u32> = (0..700).map(|i| i % 1000).collect();
+        let r = completions(json!({"model": "m", "prompt": long.clone(),
+            "truncate_prompt_tokens": 100}))
+        .expect("cut to fit");
+        assert_eq!(r.truncate_prompt_tokens, Some(100));
+        assert_eq!(
+            r.input,
+            Input::Prompts(vec![PromptInput::Ids(long[600..].to_vec())])
+        );
+        let r = completions(json!({"model": "m", "prompt": "a", "truncate_prompt_tokens": -1}))
+            .expect("the context");
+        assert_eq!(r.truncate_prompt_tokens, Some(512));
+        let e = completions(json!({"model": "m", "prompt": long})).expect_err("too long");
+        assert_eq!(e.code, "context_length_exceeded");
+        for bad in [json!(0), json!(-2), json!(513), json!(1.5), json!("9")] {
+            let e =
+                completions(json!({"model": "m", "prompt": "a", "truncate_prompt_tokens": bad}))
+                    .expect_err("refused");
+            assert_eq!(e.param.as_deref(), Some("truncate_prompt_tokens"), "{bad}");
+        }
+        // An id past the vocabulary in the part cut off is still refused.
+        let e = completions(json!({"model": "m", "prompt": [5000, 1, 2],
+            "truncate_prompt_tokens": 2}))
+        .expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("prompt[0]"));
+        let e = completions(json!({"model": "m", "prompt": "a", "suffix": "b",
+            "truncate_prompt_tokens": 2}))
+        .expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("truncate_prompt_tokens"));
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct EmbedRequest {
     pub encoding: Encoding,
     /// Keep only the first this many values (then normalize).
     pub dimensions: Option<u32>,
+    /// vLLM's `truncate_prompt_tokens`: each input cut to its last this
+    /// many tokens before its length is checked.
+    pub truncate_prompt_tokens: Option<u32>,
 }
 
 /// Decodes a body: `model`, `input` (a string, strings, ids, or arrays of
@@ -74,7 +77,8 @@ pub fn decode(
 ) -> Result<EmbedRequest, BadRequest> {
     let f = Fields::new(obj, "");
     let model = f.req_str("model").map_err(BadRequest::invalid)?.to_string();
-    let (inputs, listed) = inputs(f.raw("input"), vocab, context_len)?;
+    let truncate_prompt_tokens = super::codec::truncation(&f, context_len)?;
+    let (inputs, listed) = inputs(f.raw("input"), vocab, context_len, truncate_prompt_tokens)?;
     let encoding = match f.str("encoding_format").map_err(BadRequest::invalid)? {
         None | Some("float") => Encoding::Float,
         Some("base64") => Encoding::Base64,
@@ -101,6 +105,7 @@ pub fn decode(
         listed,
         encoding,
         dimensions,
+        truncate_prompt_tokens,
     })
 }
 
@@ -109,7 +114,11 @@ fn inputs(
     v: Option<&Value>,
     vocab: u32,
     context_len: u32,
+    truncate: Option<u32>,
 ) -> Result<(Vec<EmbedInput>, bool), BadRequest> {
+    let ids = |field: String, items: &[Value], vocab: u32, context_len: u32| {
+        ids(field, items, vocab, context_len, truncate)
+    };
     let bad = |field: String, message: String| BadRequest::field(&field, message);
     let items = match v {
         None => return Err(bad("input".into(), "is required".into())),
@@ -170,8 +179,16 @@ fn ids(
     items: &[Value],
     vocab: u32,
     context_len: u32,
+    truncate: Option<u32>,
 ) -> Result<EmbedInput, BadRequest> {
-    super::codec::prompt_ids(&field, items, vocab, context_len).map(EmbedInput::Ids)
+    let kept = match truncate {
+        Some(k) => {
+            super::codec::token_ids(&field, items, vocab)?;
+            &items[items.len().saturating_sub(k as usize)..]
+        }
+        None => items,
+    };
+    super::codec::prompt_ids(&field, kept, vocab, context_len).map(EmbedInput::Ids)
 }
 
 /// Cuts `v` to `dimensions` values and scales it to unit length (a zero
@@ -289,6 +306,12 @@ impl Embedding {
         self.jobs[i] = None;
         let context_len = cx.model().context_len;
         let field = self.field(i);
+        let result = result.map(|mut e| {
+            if let Some(k) = self.req.truncate_prompt_tokens {
+                e.ids.drain(..e.ids.len().saturating_sub(k as usize));
+            }
+            e
+        });
         match result {
             Ok(e) if e.dropped == 0 && e.ids.len() > context_len as usize => {
                 return self.fail(cx, too_long(&field, context_len));
@@ -381,6 +404,12 @@ impl Embedding {
             let i = self.read;
             match &self.req.inputs[i] {
                 EmbedInput::Ids(ids) => self.ids[i] = Some(ids.clone()),
+                EmbedInput::Text(t) if self.req.truncate_prompt_tokens.is_some() => {
+                    match cx.encode_prompt_to_cut(t.clone()) {
+                        Ok(job) => self.jobs[i] = Some(job),
+                        Err(err) => return Err(start_refusal(&err, &self.field(i))),
+                    }
+                }
                 EmbedInput::Text(t) => match cx.encode_prompt(t.clone(), 0) {
                     Ok(job) => self.jobs[i] = Some(job),
                     Err(err) => return Err(start_refusal(&err, &self.field(i))),

@@ -307,7 +307,11 @@ impl ChatConn {
         let mut prompts = Vec::new();
         match &mut req.input {
             Input::Messages(m) => {
-                let budget = if req.fit_to_context {
+                let budget = if req.truncate_prompt_tokens.is_some() {
+                    // Cut once tokenized ([`ChatConn::on_tokens`]): no
+                    // message is left out to fit.
+                    u32::MAX
+                } else if req.fit_to_context {
                     context_len.saturating_sub(1)
                 } else {
                     context_len.saturating_sub(max_tokens)
@@ -327,7 +331,8 @@ impl ChatConn {
             }
             Input::Prompts(list) => {
                 for p in list.iter_mut() {
-                    match start_prompt(cx, p, req.suffix.as_deref(), max_tokens) {
+                    let cut = req.truncate_prompt_tokens.is_some();
+                    match start_prompt(cx, p, req.suffix.as_deref(), max_tokens, cut) {
                         Ok(state) => prompts.push(state),
                         Err(e) => {
                             // Prompts handed to the tokenizer come back to
@@ -495,7 +500,7 @@ impl ChatConn {
                 r.req.params.max_tokens
             )
         };
-        let encoded = match result {
+        let mut encoded = match result {
             Ok(e) if e.dropped == 0 => e,
             Ok(_) => {
                 return self.fail(cx, 400, "context_length_exceeded", &too_long, Some(field));
@@ -509,6 +514,14 @@ impl ChatConn {
                 return self.fail(cx, 400, "invalid_request", &message, Some(field));
             }
         };
+        if let Some(k) = r.req.truncate_prompt_tokens {
+            let over = encoded.ids.len().saturating_sub(k as usize);
+            if over > 0 {
+                encoded.ids.drain(..over);
+                // An echo shows the prompt the model read.
+                r.prompts[p].text = cx.codec().decode(&encoded.ids);
+            }
+        }
         let room = context_len.saturating_sub(encoded.ids.len() as u32);
         if r.req.fit_to_context && room < r.req.params.max_tokens {
             // Messages: one prompt, so the request's length is its.
@@ -951,6 +964,7 @@ fn start_prompt(
     prompt: &mut PromptInput,
     suffix: Option<&str>,
     max_tokens: u32,
+    cut: bool,
 ) -> Result<PromptState, BadRequest> {
     let refused = |e: StartError| {
         let (status, code, message) = openai::start_error(&e, "max_tokens");
@@ -973,7 +987,12 @@ fn start_prompt(
                     )),
                 },
             };
-            let job = cx.encode_prompt(full, max_tokens).map_err(refused)?;
+            let job = if cut {
+                cx.encode_prompt_to_cut(full)
+            } else {
+                cx.encode_prompt(full, max_tokens)
+            }
+            .map_err(refused)?;
             Ok(PromptState {
                 text: std::mem::take(text),
                 tokenizing: Some(job),
