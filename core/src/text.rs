@@ -236,6 +236,34 @@ pub fn min_tokens_for_bytes(codec: &dyn TextCodec, bytes: usize) -> usize {
     }
 }
 
+/// Cuts `ids`, a text's tokens with the special tokens the tokenizer adds
+/// (`added`: what it gives an empty text, BOS and perhaps an EOS), to `k`
+/// tokens, keeping its last ones and the added tokens at either end, as
+/// Hugging Face tokenizers truncate from the left (vLLM's
+/// `truncate_prompt_tokens` on a text prompt). Where `k` leaves no room
+/// beside the added tokens, the last `k` are kept.
+pub fn cut_keeping_added(ids: &mut Vec<TokenId>, k: usize, added: &[TokenId]) {
+    if ids.len() <= k {
+        return;
+    }
+    let head = (0..=added.len())
+        .rev()
+        .find(|&n| ids.starts_with(&added[..n]))
+        .unwrap_or(0);
+    let tail = if ids.ends_with(&added[head..]) {
+        added.len() - head
+    } else {
+        0
+    };
+    if head + tail >= k {
+        ids.drain(..ids.len() - k);
+        return;
+    }
+    let body_end = ids.len() - tail;
+    let keep_from = body_end - (k - head - tail);
+    ids.drain(head..keep_from);
+}
+
 /// Identifies one [`TextJob`] of a Host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TextJobId(pub u64);
@@ -314,6 +342,14 @@ fn encode_fitting(
     let fits = |ids: &[TokenId]| ids.len() as u64 <= u64::from(max_tokens);
     let least = others.len().saturating_sub(max_messages);
     let most = others.len().saturating_sub(1).max(least);
+    // Most conversations fit whole: one rendering then.
+    let whole = encode(least)?;
+    if fits(&whole) {
+        return Ok(Encoded {
+            ids: whole,
+            dropped: u32::try_from(least).unwrap_or(u32::MAX),
+        });
+    }
     let at_most = encode(most)?;
     if !fits(&at_most) {
         return Err(format!("{CONTEXT_TOO_LONG} {} tokens", at_most.len()));
@@ -429,5 +465,32 @@ impl std::ops::Deref for SharedCodec {
     type Target = dyn TextCodec;
     fn deref(&self) -> &Self::Target {
         &*self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_keeps_the_last_tokens_and_the_added_ones_at_either_end() {
+        let cut = |ids: &[TokenId], k: usize, added: &[TokenId]| {
+            let mut v = ids.to_vec();
+            cut_keeping_added(&mut v, k, added);
+            v
+        };
+        // BOS (1) added before the text.
+        assert_eq!(cut(&[1, 10, 11, 12, 13], 3, &[1]), [1, 12, 13]);
+        // BOS and EOS (2) around it.
+        assert_eq!(cut(&[1, 10, 11, 12, 13, 2], 4, &[1, 2]), [1, 12, 13, 2]);
+        // EOS alone after it (a decoder embedding model's).
+        assert_eq!(cut(&[10, 11, 12, 2], 2, &[2]), [12, 2]);
+        // Nothing added, or ids that do not carry it: the last k.
+        assert_eq!(cut(&[10, 11, 12, 13], 2, &[]), [12, 13]);
+        assert_eq!(cut(&[10, 11, 12, 13], 2, &[1]), [12, 13]);
+        // No room beside the added tokens: the last k.
+        assert_eq!(cut(&[1, 10, 11, 2], 2, &[1, 2]), [11, 2]);
+        // Short enough already: untouched.
+        assert_eq!(cut(&[1, 10], 5, &[1]), [1, 10]);
     }
 }

@@ -504,10 +504,11 @@ async fn allowed_token_ids_bad_words_and_include_stop_str() {
     server.shutdown().await;
 }
 
-/// vLLM's `truncate_prompt_tokens`: a prompt twice the context, cut to
-/// its last 100 tokens, is answered as those 100 ids given as the prompt
-/// are (its echo is their text), where uncut it is refused; a long
-/// conversation is cut after its template.
+/// vLLM's `truncate_prompt_tokens`: a text prompt twice the context, cut
+/// to 100 tokens, keeps its BOS and its last 99 (as Hugging Face
+/// tokenizers truncate), and is answered as those ids given as the prompt
+/// are, its echo their text; a prompt of ids keeps its last 100; uncut it
+/// is refused; a long conversation is cut after its template.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncate_prompt_tokens_keeps_the_last_tokens() {
     let server = server().await;
@@ -523,7 +524,13 @@ async fn truncate_prompt_tokens_keeps_the_last_tokens() {
         .expect("tokens")
         .clone();
     assert!(ids.len() > 1000, "{} tokens", ids.len());
-    let last = ids[ids.len() - 100..].to_vec();
+    let bos = post("/tokenize", json!({"model": "stories260K", "prompt": ""}))
+        .await
+        .json()["tokens"]
+        .clone();
+    assert_eq!(bos, json!([ids[0]]), "the tokenizer adds BOS alone");
+    let mut kept = vec![ids[0].clone()];
+    kept.extend_from_slice(&ids[ids.len() - 99..]);
     let ask = |prompt: Value, extra: Value| {
         let mut b = json!({"model": "stories260K", "prompt": prompt, "max_tokens": 8,
                            "temperature": 0});
@@ -532,6 +539,7 @@ async fn truncate_prompt_tokens_keeps_the_last_tokens() {
         }
         post("/v1/completions", b)
     };
+    let answer = |v: &Value| v["choices"][0]["text"].as_str().expect("text").to_owned();
     let refused = ask(json!(long), json!({})).await;
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert_eq!(refused.json()["error"]["code"], "context_length_exceeded");
@@ -539,23 +547,25 @@ async fn truncate_prompt_tokens_keeps_the_last_tokens() {
     assert_eq!(cut.status, 200, "{}", cut.body);
     let cut = cut.json();
     assert_eq!(cut["usage"]["prompt_tokens"], 100, "{cut}");
-    let given = ask(json!(last), json!({})).await.json();
-    assert_eq!(cut["choices"][0]["text"], given["choices"][0]["text"]);
-    // Ids are cut as given; an echo is the text of what is kept.
-    let ids_cut = ask(json!(ids), json!({"truncate_prompt_tokens": 100}))
-        .await
-        .json();
-    assert_eq!(ids_cut["choices"][0]["text"], given["choices"][0]["text"]);
+    let given = ask(json!(kept), json!({})).await.json();
+    assert_eq!(answer(&cut), answer(&given));
+    // The echo is the kept prompt's text, then the answer.
     let echoed = ask(
         json!(long),
         json!({"truncate_prompt_tokens": 100, "echo": true}),
     )
     .await
     .json();
-    let kept = post("/detokenize", json!({ "tokens": last })).await.json();
-    let kept = kept["prompt"].as_str().expect("text");
-    let text = echoed["choices"][0]["text"].as_str().expect("text");
-    assert!(text.starts_with(kept), "{text:?} / {kept:?}");
+    let kept_text = post("/detokenize", json!({ "tokens": kept })).await.json();
+    let kept_text = kept_text["prompt"].as_str().expect("text");
+    assert_eq!(answer(&echoed), format!("{kept_text}{}", answer(&given)));
+    // Ids are cut as given: the last 100.
+    let ids_cut = ask(json!(ids), json!({"truncate_prompt_tokens": 100}))
+        .await
+        .json();
+    let last = ask(json!(ids[ids.len() - 100..]), json!({})).await.json();
+    assert_eq!(ids_cut["usage"]["prompt_tokens"], 100);
+    assert_eq!(answer(&ids_cut), answer(&last));
     // A conversation, cut after its template.
     let chat = http(
         &server,

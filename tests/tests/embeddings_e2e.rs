@@ -118,8 +118,8 @@ async fn vectors_are_the_engine_s_pooled_states_in_order() {
 }
 
 /// vLLM's `truncate_prompt_tokens`: an input longer than the context, cut
-/// to its last 40 tokens, is the engine's vector of those 40 (as text and
-/// as ids); uncut, it is refused.
+/// to 40 tokens, is the engine's vector of its BOS and last 39 as text, of
+/// its last 40 as ids; uncut, it is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncate_prompt_tokens_embeds_the_last_tokens() {
     let server = server(EmbedPooling::Auto).await;
@@ -127,7 +127,10 @@ async fn truncate_prompt_tokens_embeds_the_last_tokens() {
     let long = "The cat sat on the mat and looked at the moon. ".repeat(60);
     let ids = engine.codec().encode(&long, true).expect("encode");
     assert!(ids.len() > 512, "{} tokens", ids.len());
-    let want = reference(&mut engine, &ids[ids.len() - 40..], Pooling::Mean);
+    let mut kept = vec![ids[0]];
+    kept.extend_from_slice(&ids[ids.len() - 39..]);
+    let want_text = reference(&mut engine, &kept, Pooling::Mean);
+    let want_ids = reference(&mut engine, &ids[ids.len() - 40..], Pooling::Mean);
     let refused = http(
         &server,
         "POST",
@@ -136,7 +139,7 @@ async fn truncate_prompt_tokens_embeds_the_last_tokens() {
     )
     .await;
     assert_eq!(refused.status, 400, "{}", refused.body);
-    for input in [json!([long]), json!([ids])] {
+    for (input, want) in [(json!([long]), want_text), (json!([ids]), want_ids)] {
         let body = json!({"model": "stories260K", "input": input, "truncate_prompt_tokens": 40});
         let r = http(&server, "POST", ROUTE, Some(&body.to_string())).await;
         assert_eq!(r.status, 200, "{}", r.body);
@@ -145,7 +148,7 @@ async fn truncate_prompt_tokens_embeds_the_last_tokens() {
         assert_close(
             &floats(&v["data"][0]["embedding"]),
             &want,
-            "the last 40 tokens",
+            "the kept tokens",
         );
     }
     server.shutdown().await;

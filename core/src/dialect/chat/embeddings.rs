@@ -308,7 +308,9 @@ impl Embedding {
         let field = self.field(i);
         let result = result.map(|mut e| {
             if let Some(k) = self.req.truncate_prompt_tokens {
-                e.ids.drain(..e.ids.len().saturating_sub(k as usize));
+                // A text input keeps the special tokens its tokenizer adds.
+                let added = cx.codec().encode("", true).unwrap_or_default();
+                crate::text::cut_keeping_added(&mut e.ids, k as usize, &added);
             }
             e
         });

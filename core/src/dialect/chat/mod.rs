@@ -58,6 +58,7 @@ use crate::gen::{
 };
 use crate::reasoning::{ReasoningSplitter, PROMPT_TAIL_TOKENS};
 use crate::reasoning_gate::ReasoningPlan;
+use crate::text::cut_keeping_added;
 use crate::text::{Encoded, TextJobId, CONTEXT_TOO_LONG};
 use crate::token_rules::TokenRules;
 use crate::tools::{CallSplitter, ParsedCall, Released};
@@ -514,10 +515,21 @@ impl ChatConn {
                 return self.fail(cx, 400, "invalid_request", &message, Some(field));
             }
         };
-        if let Some(k) = r.req.truncate_prompt_tokens {
-            let over = encoded.ids.len().saturating_sub(k as usize);
-            if over > 0 {
-                encoded.ids.drain(..over);
+        if let Some(k) = r.req.truncate_prompt_tokens.map(|k| k as usize) {
+            if encoded.ids.len() > k {
+                match r.req.route {
+                    // A text prompt keeps the BOS its tokenizer added (the
+                    // ids given as a prompt were cut as given).
+                    Route::Completions => {
+                        let added = cx.codec().encode("", true).unwrap_or_default();
+                        cut_keeping_added(&mut encoded.ids, k, &added);
+                    }
+                    // A conversation's BOS is its template's text: cut as
+                    // any other token.
+                    Route::Chat | Route::Messages => {
+                        encoded.ids.drain(..encoded.ids.len() - k);
+                    }
+                }
                 // An echo shows the prompt the model read.
                 r.prompts[p].text = cx.codec().decode(&encoded.ids);
             }
@@ -956,7 +968,8 @@ fn echoed_logprobs(prompt: &Value, answer: Value) -> Value {
 }
 
 /// Readies one Completions prompt: text goes to the tokenizer (refused at
-/// once when its length alone cannot fit), with `suffix` written into the
+/// once when its length alone cannot fit, unless it is to be `cut` to its
+/// last tokens once tokenized), with `suffix` written into the
 /// model's fill-in-the-middle prompt around it; ids, taken as they are,
 /// must fit beside `max_tokens`, and the content filter reads their text.
 fn start_prompt(
